@@ -1,0 +1,264 @@
+"""Reversible interventions: context managers that always restore the model, even on errors.
+
+Head interventions act at the *input* of a mixer's output projection (``o_proj``/``out_proj``),
+reshaped to ``[..., heads, head_dim]``: zeroing head h there removes exactly h's contribution
+to the residual stream, which is what the paper does by zeroing h's columns of the projection
+(we test the equivalence). Layer interventions swap the decoder-layer list and put the original
+back. No weight is ever edited in place.
+
+Every intervention is a small dataclass that can ``describe()`` itself, so result files record
+exactly what was done, and ``apply(adapter, [..])`` stacks several.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import GandaError
+from .heads import HeadId, expand, format_heads
+from .models.base import Mixer, ModelAdapter
+
+# Per-row index of the "query" position (the last prompt token) for the current forward pass.
+# Scoring sets it when rows are right-padded; unset means the last position (-1).
+_QUERY_POS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("ganda_query_pos", default=None)
+
+
+@contextmanager
+def query_positions(index: torch.Tensor | None) -> Iterator[None]:
+    """Tell position-restricted interventions where each row's last prompt token is."""
+    token = _QUERY_POS.set(index)
+    try:
+        yield
+    finally:
+        _QUERY_POS.reset(token)
+
+
+def _head_mask(mixer: Mixer, heads: Iterable[int], keep: bool) -> torch.Tensor:
+    w = mixer.out_proj.weight
+    mask = torch.full((mixer.num_heads, mixer.head_dim), 1.0 if not keep else 0.0, dtype=w.dtype, device=w.device)
+    for h in heads:
+        mask[h] = 0.0 if not keep else 1.0
+    return mask.reshape(-1)
+
+
+def _group_by_mixer(adapter: ModelAdapter, heads: Sequence[HeadId]) -> dict[int, tuple[Mixer, list[int]]]:
+    groups: dict[int, tuple[Mixer, list[int]]] = {}
+    for h in heads:
+        mixer = adapter.mixer_of(h)
+        groups.setdefault(id(mixer), (mixer, []))[1].append(h.head)
+    return groups
+
+
+def _masking_hook(mask: torch.Tensor, positions: str | None):
+    def hook(_module: nn.Module, args: tuple[Any, ...]):
+        x = args[0]
+        m = mask.to(dtype=x.dtype, device=x.device)
+        if positions is None:
+            return (x * m, *args[1:])
+        x = x.clone()
+        qpos = _QUERY_POS.get()
+        rows = torch.arange(x.shape[0], device=x.device)
+        if qpos is None:
+            idx = torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)
+        else:
+            idx = qpos.to(x.device)
+        x[rows, idx] = x[rows, idx] * m
+        return (x, *args[1:])
+
+    return hook
+
+
+class Intervention:
+    """Base class: a reversible change to a model, usable as ``with iv.apply(adapter):``."""
+
+    def apply(self, adapter: ModelAdapter):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass
+class AblateHeads(Intervention):
+    """Zero-ablate heads at the output-projection input (all positions, or only the query row)."""
+
+    heads: Sequence[HeadId | str] | str
+    positions: str | None = None  # None: every position; "query": the last prompt token only
+
+    @contextmanager
+    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        heads = expand(self.heads, adapter)
+        handles = []
+        try:
+            for mixer, hs in _group_by_mixer(adapter, heads).values():
+                mask = _head_mask(mixer, hs, keep=False)
+                handles.append(adapter.register_out_proj_pre_hook(mixer, _masking_hook(mask, self.positions)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def describe(self) -> dict[str, Any]:
+        heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
+        d: dict[str, Any] = {"type": "ablate_heads", "heads": heads}
+        if self.positions:
+            d["positions"] = self.positions
+        return d
+
+
+@dataclass
+class KeepHeads(Intervention):
+    """In each given layer keep only the listed heads; every other head of that layer is zeroed.
+
+    ``layers`` defaults to the layers the heads are in; a layer listed with no kept head is
+    zeroed whole (the paper's "no critical heads retained" configuration).
+    """
+
+    heads: Sequence[HeadId | str] | str
+    layers: Sequence[int] | None = None
+    kind: str | None = None
+
+    @contextmanager
+    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        heads = expand(self.heads, adapter)
+        layers = sorted(set(self.layers) if self.layers is not None else {h.layer for h in heads})
+        handles = []
+        try:
+            for layer in layers:
+                mixer = adapter.mixer(layer, self.kind)
+                kept = [h.head for h in heads if h.layer == layer and adapter.mixer_of(h) is mixer]
+                mask = _head_mask(mixer, kept, keep=True)
+                handles.append(adapter.register_out_proj_pre_hook(mixer, _masking_hook(mask, None)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def describe(self) -> dict[str, Any]:
+        heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
+        return {"type": "keep_heads", "heads": heads, "layers": list(self.layers) if self.layers else None}
+
+
+@dataclass
+class KeepLayers(Intervention):
+    """Run only the listed decoder layers (the final norm and LM head are kept).
+
+    ``KeepLayers(range(18))`` is the paper's "minimal model" (truncate to the first 18 layers).
+    """
+
+    layers: Sequence[int]
+
+    @contextmanager
+    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        original = adapter.decoder_layers()
+        n = len(original)
+        keep = sorted(set(self.layers))
+        bad = [i for i in keep if not 0 <= i < n]
+        if bad:
+            raise GandaError(f"layer {bad[0]} out of range, the model has layers 0-{n - 1}")
+        if not keep:
+            raise GandaError("cannot remove every layer")
+        adapter.set_decoder_layers(nn.ModuleList([original[i] for i in keep]))
+        try:
+            yield
+        finally:
+            adapter.set_decoder_layers(original)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "keep_layers", "layers": compress_ranges(self.layers)}
+
+
+def truncate(k: int) -> KeepLayers:
+    """The first ``k`` layers only."""
+    return KeepLayers(list(range(k)))
+
+
+@dataclass
+class RemoveLayers(Intervention):
+    """Skip the listed decoder layers (the residual stream passes them unchanged)."""
+
+    layers: Sequence[int]
+
+    @contextmanager
+    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        n = len(adapter.decoder_layers())
+        bad = [i for i in self.layers if not 0 <= i < n]
+        if bad:
+            raise GandaError(f"layer {bad[0]} out of range, the model has layers 0-{n - 1}")
+        with KeepLayers([i for i in range(n) if i not in set(self.layers)]).apply(adapter):
+            yield
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "remove_layers", "layers": compress_ranges(self.layers)}
+
+
+def mask_last_row(heads: Sequence[HeadId | str] | str) -> AblateHeads:
+    """Zero the final query position's attention row of these heads (the paper's Zamba2 test).
+
+    A row of zeros after the softmax makes that head's output at the last position zero, which
+    is exactly zeroing the head's slice of the output-projection input at that position.
+    """
+    return AblateHeads(heads, positions="query")
+
+
+@dataclass
+class Compose(Intervention):
+    items: list[Intervention] = field(default_factory=list)
+
+    @contextmanager
+    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        with ExitStack() as stack:
+            for iv in self.items:
+                stack.enter_context(iv.apply(adapter))
+            yield
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "compose", "items": [iv.describe() for iv in self.items]}
+
+
+@contextmanager
+def apply(adapter: ModelAdapter, interventions: Iterable[Intervention] | None) -> Iterator[None]:
+    """Apply several interventions at once (in order) and undo them all on exit."""
+    with Compose(list(interventions or [])).apply(adapter):
+        yield
+
+
+def describe_all(interventions: Iterable[Intervention] | None) -> list[dict[str, Any]]:
+    return [iv.describe() for iv in interventions or []]
+
+
+def parse_layers(text: str) -> list[int]:
+    """``"0-17"`` or ``"0,2,5-7"`` -> list of ints."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                a, b = (int(x) for x in part.split("-"))
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise GandaError(f"not a layer list: {text!r} (expected e.g. 0-17 or 3,5,7)") from None
+    return out
+
+
+def compress_ranges(xs: Iterable[int]) -> str:
+    xs = sorted(set(xs))
+    parts, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)

@@ -1,0 +1,7 @@
+"""Model loading and the per-family adapters (see ``base.ModelAdapter``)."""
+
+from .base import Mixer, ModelAdapter
+from .loading import DEFAULT_MODEL, from_model, load_model
+from .registry import adapter_for, register
+
+__all__ = ["DEFAULT_MODEL", "Mixer", "ModelAdapter", "adapter_for", "from_model", "load_model", "register"]

@@ -1,0 +1,181 @@
+"""The one place that runs models on tasks: log-likelihood of choices, accuracy with a CI.
+
+Conventions follow lm-eval so that numbers are comparable: a choice is a continuation of the
+context (``" A"``, ``" 42"``), trailing whitespace of the context moves into the continuation,
+``context + continuation`` is encoded whole and split at the length of the encoded context, and
+the prediction is the argmax of the summed continuation log-probabilities (``acc``);
+``acc_norm`` divides by the continuation's length in characters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .interventions import Intervention, apply, describe_all, query_positions
+from .models.base import ModelAdapter
+from .stats import wilson
+from .tasks.base import Example, Task
+
+
+def add_bos(adapter: ModelAdapter) -> bool:
+    """Gemma models need a BOS token (lm-eval adds it for them); Llama-style SmolLM2 does not."""
+    mt = getattr(getattr(adapter.model, "config", None), "model_type", "") or ""
+    return mt.startswith("gemma")
+
+
+def encode(adapter: ModelAdapter, text: str) -> list[int]:
+    ids = adapter.tokenizer(text, add_special_tokens=False).input_ids
+    if add_bos(adapter) and adapter.tokenizer.bos_token_id is not None:
+        ids = [adapter.tokenizer.bos_token_id, *ids]
+    return ids
+
+
+def encode_pair(adapter: ModelAdapter, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's ``_encode_pair``: returns (context ids, continuation ids)."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces > 0:
+        continuation = context[-n_spaces:] + continuation
+        context = context[:-n_spaces]
+    whole = encode(adapter, context + continuation)
+    ctx = encode(adapter, context)
+    return whole[: len(ctx)], whole[len(ctx) :]
+
+
+@dataclass
+class ChoiceScores:
+    loglik: list[float]
+    n_chars: list[int]
+
+    @property
+    def pred(self) -> int:
+        return max(range(len(self.loglik)), key=lambda i: self.loglik[i])
+
+    @property
+    def pred_norm(self) -> int:
+        vals = [ll / max(1, n) for ll, n in zip(self.loglik, self.n_chars, strict=True)]
+        return max(range(len(vals)), key=lambda i: vals[i])
+
+
+@torch.no_grad()
+def score_choices(adapter: ModelAdapter, context: str, choices: Sequence[str]) -> ChoiceScores:
+    """Summed log-likelihood of each continuation after ``context`` (one batched forward).
+
+    When every continuation is one token after the same context (MMLU letters) a single
+    forward of the context suffices; otherwise all ``context+choice`` rows run as one batch.
+    """
+    pairs = [encode_pair(adapter, context, c) for c in choices]
+    ctxs = {tuple(p[0]) for p in pairs}
+    n_chars = [len(c) for c in choices]
+    dev = adapter.device
+    if len(ctxs) == 1 and all(len(p[1]) == 1 for p in pairs):
+        ctx = pairs[0][0]
+        adapter.check_length(len(ctx))
+        ids = torch.tensor([ctx], device=dev)
+        with query_positions(torch.tensor([len(ctx) - 1], device=dev)):
+            logits = adapter.forward(ids)[0, -1].float()
+        logp = torch.log_softmax(logits, -1)
+        return ChoiceScores([float(logp[p[1][0]]) for p in pairs], n_chars)
+    rows = [p[0] + p[1] for p in pairs]
+    width = max(len(r) for r in rows)
+    adapter.check_length(width)
+    pad = adapter.tokenizer.pad_token_id or 0
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    qpos = torch.tensor([len(p[0]) - 1 for p in pairs], device=dev)
+    with query_positions(qpos):
+        logits = adapter.forward(ids, attention_mask=mask).float()
+    logp = torch.log_softmax(logits, -1)
+    out = []
+    for i, (ctx, cont) in enumerate(pairs):
+        pos = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=dev)
+        out.append(float(logp[i, pos, torch.tensor(cont, device=dev)].sum()))
+    return ChoiceScores(out, n_chars)
+
+
+@dataclass
+class EvalResult:
+    task: str
+    model: str
+    n: int
+    correct: int
+    accuracy: float
+    ci95: tuple[float, float]
+    seconds: float
+    interventions: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    acc_norm: float | None = None
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self, with_predictions: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        d["ci95"] = list(self.ci95)
+        if not with_predictions:
+            d.pop("predictions")
+        return d
+
+
+def evaluate_examples(
+    adapter: ModelAdapter,
+    examples: Sequence[Example],
+    interventions: Sequence[Intervention] | None = None,
+    *,
+    task_name: str = "?",
+    config: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> EvalResult:
+    """Accuracy of the model on multiple-choice examples, under the given interventions."""
+    t0 = time.perf_counter()
+    preds: list[dict[str, Any]] = []
+    correct = correct_norm = 0
+    with apply(adapter, interventions):
+        for ex in tqdm(examples, desc=task_name, disable=not progress, leave=False):
+            sc = score_choices(adapter, ex.prompt, ex.choices)
+            ok = sc.pred == ex.gold
+            correct += ok
+            correct_norm += sc.pred_norm == ex.gold
+            preds.append({"pred": sc.pred, "gold": ex.gold, "loglik": sc.loglik, "correct": bool(ok)})
+    n = len(examples)
+    return EvalResult(
+        task=task_name,
+        model=adapter.spec,
+        n=n,
+        correct=correct,
+        accuracy=correct / n if n else 0.0,
+        ci95=wilson(correct, n),
+        seconds=time.perf_counter() - t0,
+        interventions=describe_all(interventions),
+        config=config or {},
+        acc_norm=correct_norm / n if n else None,
+        predictions=preds,
+    )
+
+
+def evaluate(
+    adapter: ModelAdapter,
+    task: Task,
+    interventions: Sequence[Intervention] | None = None,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> EvalResult:
+    """Evaluate a task (multiple-choice tasks here; generation tasks provide their own runner)."""
+    examples = task.examples(limit=limit, seed=seed)
+    if task.kind != "mc":
+        from .generation import evaluate_generation  # generation tasks (GSM8K, BBH)
+
+        return evaluate_generation(adapter, task, examples, interventions, seed=seed, progress=progress)
+    return evaluate_examples(
+        adapter, examples, interventions, task_name=task.name,
+        config={**task.config(), "limit": limit, "seed": seed}, progress=progress,
+    )
