@@ -1,0 +1,26 @@
+"""``ganda report RUN_DIR...``: one self-contained HTML page from experiment run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..errors import GandaError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        run_dirs: list[Path] = typer.Argument(..., help="run directories (each with result.json, *.png, *.csv)"),
+        out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write"),
+        title: str = typer.Option("ganda report", help="page title"),
+    ) -> None:
+        """Render run directories into ONE offline HTML page (PNGs inlined, no external files)."""
+        from ..report import write_report
+
+        missing = [str(d) for d in run_dirs if not Path(d).is_dir()]
+        if missing:
+            raise GandaError(f"not a run directory: {', '.join(missing)}")
+        path = write_report(list(run_dirs), out, title=title)
+        print(path)

@@ -1,0 +1,220 @@
+"""Matplotlib figures (Agg backend, no display needed): attention panels, curves, heat maps, bars.
+
+Every function writes one PNG to ``path`` and returns the path, so experiments can draw
+themselves into a run directory and the HTML report can inline whatever PNGs it finds.
+
+Colour conventions for attention maps: softmax maps (non-negative, rows sum to 1) use a
+sequential colormap on the fixed range [0, 1], so panels are comparable across heads; SSM
+implicit maps (signed, not normalised) use a diverging colormap centred at 0 with a symmetric
+range ``[-max|M|, max|M|]``, so the sign of every entry is visible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+SEQUENTIAL = "viridis"
+DIVERGING = "RdBu_r"
+
+
+def _np(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=float)
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def show_token(tok: str) -> str:
+    """A token as a readable tick label (newlines, tabs and leading spaces made visible)."""
+    tok = tok.replace("Ġ", " ").replace("Ċ", "\n").replace("▁", " ")
+    return tok.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "·") or "∅"
+
+
+def attention_panels(
+    maps: Mapping[str, Any],
+    tokens: Sequence[str],
+    kinds: Mapping[str, str] | None = None,
+    path: str | Path = "attention.png",
+    *,
+    rows: Sequence[int] | None = None,
+    title: str | None = None,
+    max_cols: int = 3,
+) -> Path:
+    """One panel per head: keys (columns) and queries (rows) labelled with their tokens.
+
+    ``maps`` is head name -> ``[R, T]`` matrix (``R == T`` or the rows listed in ``rows``);
+    ``kinds`` is head name -> ``"softmax"`` or ``"implicit"`` (default softmax).
+    """
+    kinds = kinds or {}
+    names = list(maps)
+    if not names:
+        raise ValueError("attention_panels: no maps given")
+    n = len(names)
+    cols = min(max_cols, n)
+    nrows = math.ceil(n / cols)
+    t = len(tokens)
+    side = max(3.5, min(12.0, 0.22 * t + 1.5))
+    fig, axes = plt.subplots(nrows, cols, figsize=(side * cols, side * nrows * 0.9 + 0.4), squeeze=False)
+    labels = [show_token(x) for x in tokens]
+    fs = max(4, min(9, int(220 / max(t, 1))))
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, name in zip(axes.flat, names, strict=False):
+        m = _np(maps[name])
+        kind = kinds.get(name, "softmax")
+        if kind == "implicit":
+            vmax = float(np.abs(m).max()) or 1.0
+            im = ax.imshow(m, cmap=DIVERGING, vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
+        else:
+            im = ax.imshow(m, cmap=SEQUENTIAL, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        row_ids = list(rows) if rows is not None else list(range(m.shape[0]))
+        ax.set_xticks(range(m.shape[1]))
+        ax.set_xticklabels(labels[: m.shape[1]], rotation=90, fontsize=fs)
+        ax.set_yticks(range(m.shape[0]))
+        ax.set_yticklabels([labels[i] if 0 <= i < t else str(i) for i in row_ids], fontsize=fs)
+        ax.set_title(f"{name} ({kind})", fontsize=10)
+        ax.set_xlabel("key", fontsize=8)
+        ax.set_ylabel("query", fontsize=8)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def curves(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float | None]],
+    path: str | Path,
+    *,
+    bands: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+    xlabel: str = "",
+    ylabel: str = "accuracy",
+    title: str | None = None,
+    hlines: Mapping[str, float] | None = None,
+    vlines: Mapping[str, float] | None = None,
+    ylim: tuple[float, float] | None = (0.0, 1.0),
+    invert_x: bool = False,
+) -> Path:
+    """Line plot of several series over ``x`` with optional CI bands and reference lines."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, ys in series.items():
+        yy = np.array([np.nan if y is None else y for y in ys], dtype=float)
+        (line,) = ax.plot(list(x), yy, marker="o", ms=3.5, label=name)
+        if bands and name in bands:
+            lo, hi = bands[name]
+            ax.fill_between(list(x), list(lo), list(hi), color=line.get_color(), alpha=0.18, lw=0)
+    for i, (name, y) in enumerate((hlines or {}).items()):
+        ax.axhline(y, ls="--", lw=1, color=f"C{7 + i % 3}", label=name)
+    for i, (name, xv) in enumerate((vlines or {}).items()):
+        ax.axvline(xv, ls=":", lw=1.2, color=f"C{3 + i % 3}", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if ylim:
+        ax.set_ylim(*ylim)
+    if invert_x:
+        ax.invert_xaxis()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def heatmap(
+    values: Any,
+    path: str | Path,
+    *,
+    xlabels: Sequence[str] | None = None,
+    ylabels: Sequence[str] | None = None,
+    xlabel: str = "",
+    ylabel: str = "",
+    title: str | None = None,
+    cmap: str | None = None,
+    center: float | None = None,
+    annotate: bool | None = None,
+    colorbar_label: str = "",
+) -> Path:
+    """A matrix as a heat map (e.g. layers x heads of accuracy drops). ``center`` makes it diverging."""
+    m = _np(values)
+    h, w = m.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * w + 2), max(3.0, 0.28 * h + 1.5)))
+    if center is not None:
+        span = float(np.nanmax(np.abs(m - center))) or 1.0
+        im = ax.imshow(m, cmap=cmap or DIVERGING, vmin=center - span, vmax=center + span, aspect="auto")
+    else:
+        im = ax.imshow(m, cmap=cmap or SEQUENTIAL, aspect="auto")
+    ax.set_xticks(range(w))
+    ax.set_xticklabels(list(xlabels) if xlabels is not None else [str(i) for i in range(w)], fontsize=7)
+    ax.set_yticks(range(h))
+    ax.set_yticklabels(list(ylabels) if ylabels is not None else [str(i) for i in range(h)], fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if annotate if annotate is not None else h * w <= 400:
+        for i in range(h):
+            for j in range(w):
+                if np.isfinite(m[i, j]):
+                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=5.5, color="w")
+    cb = fig.colorbar(im, ax=ax)
+    if colorbar_label:
+        cb.set_label(colorbar_label)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def bars(
+    labels: Sequence[str],
+    series: Mapping[str, Sequence[float | None]],
+    path: str | Path,
+    *,
+    errors: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+    ylabel: str = "accuracy",
+    title: str | None = None,
+    hlines: Mapping[str, float] | None = None,
+    ylim: tuple[float, float] | None = (0.0, 1.0),
+    rotate: int = 0,
+) -> Path:
+    """Grouped bars: one group per label, one bar per series; ``errors`` are (lo, hi) CI bounds."""
+    k = max(1, len(series))
+    width = 0.8 / k
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(labels) * k + 2), 4.2))
+    for i, (name, ys) in enumerate(series.items()):
+        yy = np.array([np.nan if y is None else y for y in ys], dtype=float)
+        yerr = None
+        if errors and name in errors:
+            lo, hi = (np.asarray(v, dtype=float) for v in errors[name])
+            yerr = np.vstack([np.clip(yy - lo, 0, None), np.clip(hi - yy, 0, None)])
+        ax.bar(x + (i - (k - 1) / 2) * width, yy, width, label=name, yerr=yerr, capsize=2)
+    for i, (name, y) in enumerate((hlines or {}).items()):
+        ax.axhline(y, ls="--", lw=1, color=f"C{7 + i % 3}", label=name)
+    ax.set_xticks(x)
+    ax.set_xticklabels(list(labels), rotation=rotate, ha="right" if rotate else "center", fontsize=8)
+    ax.set_ylabel(ylabel)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return _save(fig, path)
