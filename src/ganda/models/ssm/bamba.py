@@ -1,0 +1,54 @@
+"""Bamba (``BambaForCausalLM``): interleaved Mamba-2 and attention layers.
+
+Each layer has one mixer, so ids are plain ``L{layer}H{head}`` (SSD heads on Mamba layers,
+query heads on attention layers). Quirk handled: the model picks each layer's mask by *position*
+(``config.layers_block_type[i]``, derived from ``attn_layer_indices``), so after a layer is
+removed an attention layer would get the recurrent mask (None: no causal masking) and a Mamba
+layer the 4-D causal mask. Truncation and removal therefore re-point ``attn_layer_indices`` at
+the attention layers' new positions and restore it afterwards.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..base import Mixer
+from .common import SSMAdapterBase, mamba2_params, ssm_mixer
+from .materialize import SSMParams
+
+
+class BambaAdapter(SSMAdapterBase):
+    family = "bamba"
+
+    def __init__(self, model: nn.Module, tokenizer, spec: str = "") -> None:  # type: ignore[no-untyped-def]
+        super().__init__(model, tokenizer, spec)
+        self._attn_indices = list(model.config.attn_layer_indices or [])
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) == "bamba"
+
+    def _layers_attr(self) -> tuple[nn.Module, str]:
+        return self.model.model, "layers"
+
+    def _build_mixers(self) -> list[Mixer]:
+        cfg = self.model.config
+        out = []
+        for i, layer in enumerate(self._original_layers):
+            if layer.block_type == "full_attention":
+                attn = layer.self_attn
+                out.append(Mixer(layer=i, kind="attn", num_heads=cfg.num_attention_heads, head_dim=attn.head_dim,
+                                 out_proj=attn.o_proj, module=attn))
+            else:
+                out.append(ssm_mixer(i, layer.mamba))
+        return out
+
+    def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
+        return mamba2_params(mixer.module, captured)[0]
+
+    def _on_layers_changed(self, kept: list[int] | None) -> None:
+        cfg = self.model.config
+        if kept is None:
+            cfg.attn_layer_indices = list(self._attn_indices)
+        else:
+            cfg.attn_layer_indices = [pos for pos, orig in enumerate(kept) if orig in self._attn_indices]

@@ -1,0 +1,324 @@
+"""Shared machinery of the SSM and hybrid adapters: the forced PyTorch path, capture, maps, layers.
+
+Every SSM adapter captures, during one real forward pass, the tensor from which Δ, B, C and x
+are computed (usually the ``in_proj`` output), recomputes them in fp32 from the layer's own
+weights and hands them to :mod:`.materialize`. Attention heads of hybrids are read from eager
+attention in the same pass.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...errors import GandaError
+from ...heads import HeadId
+from ..base import Mixer, ModelAdapter, PreHook
+from ..transformer import eager_attention
+from .materialize import SSMParams, head_map
+
+log = logging.getLogger(__name__)
+
+# transformers modules whose module-level kernel functions we swap for their PyTorch references.
+_HF_MODULES = (
+    "transformers.models.mamba.modeling_mamba",
+    "transformers.models.falcon_mamba.modeling_falcon_mamba",
+    "transformers.models.mamba2.modeling_mamba2",
+    "transformers.models.zamba2.modeling_zamba2",
+    "transformers.models.bamba.modeling_bamba",
+    "transformers.models.falcon_h1.modeling_falcon_h1",
+    "transformers.models.nemotron_h.modeling_nemotron_h",
+)
+_KERNEL_FUNCS = (
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "mamba_inner_fn",
+    "mamba_selective_scan",
+    "mamba_selective_state_update",
+    "mamba2_chunk_scan",
+    "mamba2_selective_state_update",
+    "mamba2_split_conv1d_scan_combined",
+)
+_warned = False
+
+
+@contextmanager
+def torch_path(model: nn.Module) -> Iterator[None]:
+    """Run ``model`` on the pure-PyTorch SSM path, in eval mode, for the duration.
+
+    transformers picks Hub kernels, then ``mamba_ssm``/``causal_conv1d``, then PyTorch, per
+    function, at import time; the fused training kernels skip ``norm`` and ``out_proj`` (so their
+    hooks never fire) and the others compute with their own numerics. For analysis we unwrap each
+    kernelised module-level function to the PyTorch reference it wraps and force eval mode.
+    """
+    global _warned
+    patched: list[tuple[Any, str, Any]] = []
+    for name in _HF_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - family absent from this transformers version
+            continue
+        for fn_name in _KERNEL_FUNCS:
+            fn = getattr(mod, fn_name, None)
+            if fn is None or not callable(fn):
+                continue
+            ref = inspect.unwrap(fn)
+            if ref is not fn:
+                patched.append((mod, fn_name, fn))
+                setattr(mod, fn_name, ref)
+    was_training = model.training
+    model.eval()
+    if not _warned:
+        log.info("ganda: SSM analysis runs the PyTorch reference path (kernels disabled) so that hooks fire")
+        _warned = True
+    try:
+        yield
+    finally:
+        for mod, fn_name, fn in reversed(patched):
+            setattr(mod, fn_name, fn)
+        model.train(was_training)
+
+
+def causal_conv(x: torch.Tensor, conv: nn.Conv1d, act: str | None) -> torch.Tensor:
+    """Depthwise causal conv of ``x`` [T, D] with ``conv``'s weights (fp32), then ``act``."""
+    T = x.shape[0]
+    w = conv.weight.float()  # [D, 1, K]
+    b = conv.bias.float() if conv.bias is not None else None
+    y = F.conv1d(x.float().T[None], w, b, padding=w.shape[-1] - 1, groups=w.shape[0])[0, :, :T].T
+    if act in ("silu", "swish"):
+        y = F.silu(y)
+    elif act not in (None, "identity"):
+        raise GandaError(f"unsupported SSM conv activation {act!r}")
+    return y
+
+
+class _Gate:
+    """True while the decoder layer of one invocation of a shared module is running."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+
+class _Handles:
+    """Several hook handles removed as one."""
+
+    def __init__(self, handles: Sequence[Any]) -> None:
+        self.handles = list(handles)
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+class _Reindexed(nn.Module):
+    """A decoder layer moved to another position, told its original index (see set_decoder_layers)."""
+
+    def __init__(self, inner: nn.Module, index: int, arg_pos: int | None, kwarg: str | None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.index = index
+        self.arg_pos = arg_pos
+        self.kwarg = kwarg
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.kwarg is not None and self.kwarg in kwargs:
+            kwargs[self.kwarg] = self.index
+        elif self.arg_pos is not None and len(args) > self.arg_pos:
+            args = (*args[: self.arg_pos], self.index, *args[self.arg_pos + 1:])
+        return self.inner(*args, **kwargs)
+
+
+def unwrap_layer(layer: nn.Module) -> nn.Module:
+    return layer.inner if isinstance(layer, _Reindexed) else layer
+
+
+class SSMAdapterBase(ModelAdapter):
+    """Common parts of SSM and hybrid adapters (subclasses say where things are)."""
+
+    # Set where a decoder layer is called with its own index as an argument (Zamba2): removal
+    # then wraps moved layers so they still see their original index.
+    layer_index_arg: tuple[int | None, str | None] = (None, None)
+
+    def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:
+        super().__init__(model, tokenizer, spec)
+        self._original_layers = self.decoder_layers()
+        self._orig_index = {id(layer): i for i, layer in enumerate(self._original_layers)}
+
+    # ---- family hooks -------------------------------------------------------------------
+    def _layers_attr(self) -> tuple[nn.Module, str]:
+        """(object, attribute) holding the decoder ModuleList."""
+        raise NotImplementedError
+
+    def ssm_capture_module(self, mixer: Mixer) -> nn.Module:
+        """The module whose *output* the SSM inputs are recomputed from (default: in_proj)."""
+        return mixer.module.in_proj
+
+    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
+        """Δ, B, C, x, ... of one layer from the captured tensor of sequence 0 ([T, ...])."""
+        raise NotImplementedError
+
+    def _on_layers_changed(self, kept: list[int] | None) -> None:
+        """Fix per-position config after truncation/removal (None: the original list is back)."""
+
+    # ---- layers -------------------------------------------------------------------------
+    def decoder_layers(self) -> nn.ModuleList:
+        obj, attr = self._layers_attr()
+        return getattr(obj, attr)
+
+    def set_decoder_layers(self, layers: nn.ModuleList) -> None:
+        obj, attr = self._layers_attr()
+        inner = [unwrap_layer(m) for m in layers]
+        kept = [self._orig_index.get(id(m), -1) for m in inner]
+        if kept == list(range(len(self._original_layers))):
+            setattr(obj, attr, self._original_layers)
+            self._on_layers_changed(None)
+            return
+        arg_pos, kwarg = self.layer_index_arg
+        new = []
+        for pos, (m, orig) in enumerate(zip(inner, kept, strict=True)):
+            if (arg_pos is not None or kwarg is not None) and orig != pos and orig >= 0:
+                new.append(_Reindexed(m, orig, arg_pos, kwarg))
+            else:
+                new.append(m)
+        setattr(obj, attr, nn.ModuleList(new))
+        self._on_layers_changed(kept)
+
+    def _layer_module(self, layer: int) -> nn.Module:
+        return self._original_layers[layer]
+
+    # ---- hooks --------------------------------------------------------------------------
+    def _shared(self, mixer: Mixer, module: nn.Module) -> bool:
+        return any(m is not mixer and (m.module is module or m.out_proj is module) for m in self.mixers())
+
+    def _gated(self, mixer: Mixer, module: nn.Module, register: Callable[[Callable[..., Any]], Any],
+               fn: Callable[..., Any]) -> Any:
+        """Register ``fn`` on ``module`` so that it fires only inside ``mixer.layer``'s invocation."""
+        if not self._shared(mixer, module):
+            return register(fn)
+        gate = _Gate()
+        root = self._layer_module(mixer.layer)
+
+        def on(_m: nn.Module, _a: Any) -> None:
+            gate.on = True
+
+        def off(_m: nn.Module, _a: Any, _o: Any) -> None:
+            gate.on = False
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs) if gate.on else None
+
+        return _Handles([root.register_forward_pre_hook(on), root.register_forward_hook(off), register(gated)])
+
+    def register_out_proj_pre_hook(self, mixer: Mixer, fn: PreHook) -> Any:
+        return self._gated(mixer, mixer.out_proj, mixer.out_proj.register_forward_pre_hook, fn)
+
+    # ---- capture ------------------------------------------------------------------------
+    @torch.no_grad()
+    def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int]) -> dict[int, SSMParams]:
+        """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path."""
+        params, _ = self._capture(input_ids, [self.mixer(layer, "ssm") for layer in layers], [])
+        return params
+
+    def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Sequence[Mixer]
+                 ) -> tuple[dict[int, SSMParams], dict[int, torch.Tensor]]:
+        raw: dict[int, torch.Tensor] = {}
+        weights: dict[int, torch.Tensor] = {}
+
+        def cap_ssm(layer: int) -> Callable[..., None]:
+            def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+                t = out[0] if isinstance(out, tuple) else out
+                raw[layer] = t[0].detach()
+
+            return hook
+
+        def cap_attn(layer: int) -> Callable[..., None]:
+            def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+                if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
+                    raise GandaError(f"layer {layer}: the attention module returned no weights (eager needed)")
+                weights[layer] = out[1][0].detach()
+
+            return hook
+
+        handles = []
+        try:
+            for mx in ssm:
+                mod = self.ssm_capture_module(mx)
+                handles.append(self._gated(mx, mod, mod.register_forward_hook, cap_ssm(mx.layer)))
+            for mx in attn:
+                handles.append(self._gated(mx, mx.module, mx.module.register_forward_hook, cap_attn(mx.layer)))
+            with ExitStack() as stack:
+                stack.enter_context(torch_path(self.model))
+                if attn:
+                    stack.enter_context(eager_attention(self.model))
+                self.forward(input_ids[:1].to(self.device))
+        finally:
+            for h in handles:
+                h.remove()
+        missing = [m.layer for m in (*ssm, *attn) if m.layer not in (raw if m.kind == "ssm" else weights)]
+        if missing:
+            raise GandaError(f"nothing captured for layers {missing} (removed by an intervention?)")
+        params = {mx.layer: self.ssm_params(mx, raw[mx.layer]) for mx in ssm}
+        return params, weights
+
+    # ---- maps ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def attention_maps(
+        self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None = None
+    ) -> dict[HeadId, torch.Tensor]:
+        heads = [self.canonical(h) for h in heads]
+        ssm = {self.mixer_of(h).layer: self.mixer_of(h) for h in heads if self.mixer_of(h).kind == "ssm"}
+        attn = {self.mixer_of(h).layer: self.mixer_of(h) for h in heads if self.mixer_of(h).kind == "attn"}
+        params, weights = self._capture(input_ids, list(ssm.values()), list(attn.values()))
+        out: dict[HeadId, torch.Tensor] = {}
+        for h in heads:
+            if self.mixer_of(h).kind == "ssm":
+                out[h] = head_map(params[h.layer], h.head, rows).cpu()
+            else:
+                w = weights[h.layer][h.head]
+                if rows is not None:
+                    w = w[list(rows)]
+                out[h] = w.float().cpu()
+        return out
+
+
+def mamba2_params(mixer_module: nn.Module, proj: torch.Tensor) -> tuple[SSMParams, torch.Tensor]:
+    """SSD inputs of a transformers Mamba-2 mixer (Mamba2/Zamba2/Bamba) from its in_proj output.
+
+    Returns the params and the gate z. Splits ``[d_mlp, d_mlp, z, xBC, dt]`` (d_mlp is 0 in
+    current checkpoints), recomputes conv+SiLU, Δ = clamp(softplus(dt + dt_bias), limit).
+    """
+    from .materialize import SSDParams
+
+    m = mixer_module
+    H, P, G, N = m.num_heads, m.head_dim, m.n_groups, m.ssm_state_size
+    E = m.intermediate_size
+    conv_dim = E + 2 * G * N
+    d_mlp = (proj.shape[-1] - E - conv_dim - H) // 2
+    proj = proj.float()
+    _, _, z, xBC, dt = proj.split([d_mlp, d_mlp, E, conv_dim, H], dim=-1)
+    xBC = causal_conv(xBC, m.conv1d, getattr(m, "activation", "silu"))
+    x, B, C = xBC.split([E, G * N, G * N], dim=-1)
+    T = x.shape[0]
+    delta = F.softplus(dt + m.dt_bias.float())
+    lo, hi = getattr(m, "time_step_limit", (0.0, float("inf"))) or (0.0, float("inf"))
+    delta = torch.clamp(delta, min=lo, max=hi)
+    A = -torch.exp(m.A_log.float())
+    p = SSDParams(
+        x=x.reshape(T, H, P), B=B.reshape(T, G, N), C=C.reshape(T, G, N),
+        log_decay=delta * A[None, :], col_scale=delta, D=m.D.float(), z=z,
+    )
+    return p, z
+
+
+def ssm_mixer(layer: int, module: nn.Module, kind: str = "ssm", **extra: Any) -> Mixer:
+    """A Mixer for a Mamba-2-style module (heads = SSD heads)."""
+    return Mixer(layer=layer, kind=kind, num_heads=module.num_heads, head_dim=module.head_dim,
+                 out_proj=module.out_proj, module=module, extra=dict(extra))

@@ -1,0 +1,318 @@
+"""Llamba (cartesia-ai/Llamba-*, goombalab/Llamba-8B-untied-unaligned): Discrete Mamba-2 + Llama MLP.
+
+transformers has no class for it, so this is a self-contained PyTorch implementation that loads
+the published layout (``config.json`` with ``d_model``/``n_layer``/``ssm_cfg``/``mlp_cfg`` and
+safetensors keyed ``backbone.layers.{i}.mixer.{in_proj,conv1d,z_bias,D,out_proj}``,
+``backbone.layers.{i}.{input_layernorm,post_attention_layernorm,mlp.*}``, ``backbone.embedding``,
+``backbone.final_layernorm``, ``lm_head``). The reference code calls a Triton kernel with
+``x/softplus(a)``, ``dt = softplus(a)``, ``A = -1``; algebraically that is the recurrence
+
+    h_t = exp(-softplus(a_t)) · h_{t-1} + B_t x_tᵀ,    y_t = C_t·h_t + D x_t
+
+which we evaluate with a chunked SSD in fp32 (no division by softplus, so no round trip error).
+Heads are the ``n_v_heads`` value heads (32 for Llamba-8B); head h reads B/C group
+``h // (n_v_heads / n_qk_heads)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import CausalLMOutput
+
+from ...errors import GandaError
+from ..base import Mixer
+from .common import SSMAdapterBase, causal_conv
+from .materialize import SSDParams, SSMParams
+
+_SSM_DEFAULTS: dict[str, Any] = {
+    "d_state": 64, "n_v_heads": 32, "n_qk_heads": 32, "expand": 1, "chunk_size": 128,
+    "activation": "identity", "bias": False, "d_conv": 4, "conv_bias": True,
+}
+_MLP_DEFAULTS: dict[str, Any] = {"intermediate_size": 14336, "bias": False, "act_fn": "silu"}
+
+
+class LlambaConfig:
+    """The published Llamba config (cartesia-pytorch ``LlambaConfig`` fields)."""
+
+    model_type = "llamba"
+
+    def __init__(self, vocab_size: int, d_model: int, n_layer: int = 32, tie_embeddings: bool = False,
+                 pad_vocab_size_multiple: int = 8, lm_head_bias: bool = False, norm_epsilon: float = 1e-5,
+                 resid_dropout: float = 0.0, mlp_cfg: dict[str, Any] | None = None,
+                 ssm_cfg: dict[str, Any] | None = None, **extra: Any) -> None:
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.hidden_size = d_model
+        self.n_layer = n_layer
+        self.num_hidden_layers = n_layer
+        self.tie_embeddings = tie_embeddings
+        self.pad_vocab_size_multiple = pad_vocab_size_multiple
+        self.lm_head_bias = lm_head_bias
+        self.norm_epsilon = norm_epsilon
+        self.resid_dropout = resid_dropout
+        self.mlp_cfg = {**_MLP_DEFAULTS, **(mlp_cfg or {})}
+        self.ssm_cfg = {**_SSM_DEFAULTS, **(ssm_cfg or {})}
+        self.extra = {k: v for k, v in extra.items() if k != "model_type"}
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.pad_vocab_size_multiple
+        return self.vocab_size + (-self.vocab_size) % m if m else self.vocab_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_type": self.model_type, "vocab_size": self.vocab_size, "d_model": self.d_model,
+            "n_layer": self.n_layer, "tie_embeddings": self.tie_embeddings,
+            "pad_vocab_size_multiple": self.pad_vocab_size_multiple, "lm_head_bias": self.lm_head_bias,
+            "norm_epsilon": self.norm_epsilon, "resid_dropout": self.resid_dropout,
+            "mlp_cfg": dict(self.mlp_cfg), "ssm_cfg": dict(self.ssm_cfg),
+        }
+
+    @staticmethod
+    def looks_like(raw: dict[str, Any]) -> bool:
+        """True for a Llamba config.json (with or without ``model_type``)."""
+        return raw.get("model_type") in (None, "llamba") and {"d_model", "n_layer", "ssm_cfg"} <= raw.keys()
+
+
+def ssd_chunked(x: torch.Tensor, log_a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk: int) -> torch.Tensor:
+    """y_t = Σ_{j≤t} (C_t·B_j) exp(Σ_{k=j+1..t} a_k) x_j, chunked; fp32.
+
+    x: [b, T, H, P]; log_a: [b, T, H]; B, C: [b, T, H, N] (already per head). Intra-chunk terms are
+    an explicit masked product, inter-chunk terms a short recurrence over chunk states.
+    """
+    b, T, H, P = x.shape
+    N = B.shape[-1]
+    pad = (-T) % chunk
+    if pad:
+        x, B, C = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (x, B, C))
+        log_a = F.pad(log_a, (0, 0, 0, pad))
+    nc = (T + pad) // chunk
+    x, B, C = (t.reshape(b, nc, chunk, H, -1) for t in (x, B, C))
+    acs = torch.cumsum(log_a.reshape(b, nc, chunk, H), dim=2)
+    causal = torch.tril(torch.ones(chunk, chunk, dtype=torch.bool, device=x.device))
+    seg = acs[:, :, :, None, :] - acs[:, :, None, :, :]  # [b, nc, i, j, H]
+    seg = seg.masked_fill(~causal[None, None, :, :, None], float("-inf"))
+    scores = torch.einsum("bcihn,bcjhn->bcijh", C, B) * torch.exp(seg)
+    y = torch.einsum("bcijh,bcjhp->bcihp", scores, x)
+    to_end = torch.exp(acs[:, :, -1:, :] - acs)  # [b, nc, Q, H]
+    states = torch.einsum("bcjh,bcjhn,bcjhp->bchpn", to_end, B, x)
+    h = x.new_zeros(b, H, P, N)
+    for c in range(nc):
+        if c:
+            y[:, c] += torch.einsum("bihn,bhpn->bihp", C[:, c], h) * torch.exp(acs[:, c])[..., None]
+        h = torch.exp(acs[:, c, -1])[:, :, None, None] * h + states[:, c]
+    return y.reshape(b, nc * chunk, H, P)[:, :T]
+
+
+class DiscreteMamba2(nn.Module):
+    """The Discrete Mamba-2 mixer (phi-mamba / Llamba), PyTorch only."""
+
+    def __init__(self, d_model: int, d_state: int = 64, n_qk_heads: int = 32, n_v_heads: int = 32, d_conv: int = 4,
+                 expand: int = 1, activation: str = "identity", bias: bool = False, conv_bias: bool = True,
+                 chunk_size: int = 128, layer_idx: int | None = None, **_: Any) -> None:
+        super().__init__()
+        self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
+        self.d_inner = expand * d_model
+        self.n_qk_heads, self.n_v_heads = n_qk_heads, n_v_heads
+        self.num_heads = n_v_heads
+        self.head_dim = self.d_inner // n_v_heads
+        if n_v_heads % n_qk_heads or self.d_inner % n_v_heads:
+            raise GandaError("Llamba: n_v_heads must be a multiple of n_qk_heads and divide d_inner")
+        self.activation, self.chunk_size, self.layer_idx = activation, chunk_size, layer_idx
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * n_qk_heads * d_state + n_v_heads, bias=bias)
+        self.z_bias = nn.Parameter(torch.zeros(self.d_inner)) if not bias else None
+        conv_dim = self.d_inner + 2 * n_qk_heads * d_state
+        self.conv1d = nn.Conv1d(conv_dim, conv_dim, d_conv, groups=conv_dim, padding=d_conv - 1, bias=conv_bias)
+        self.D = nn.Parameter(torch.ones(n_v_heads))
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
+        # Hook point: y + D·x per head, before the gate ([b, T, H, P]); used by reconstruction checks.
+        self.ssd_output = nn.Identity()
+
+    def split(self, proj: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(x [.., T, Hv, P], B, C [.., T, Hqk, N], z [.., T, d_inner], a_raw [.., T, Hv]) from in_proj output."""
+        E, G, N = self.d_inner, self.n_qk_heads, self.d_state
+        xBC, z, a_raw = proj.split([E + 2 * G * N, E, self.n_v_heads], dim=-1)
+        T = proj.shape[-2]
+        w = self.conv1d.weight
+        xBC = F.conv1d(xBC.transpose(-1, -2), w, self.conv1d.bias, padding=self.d_conv - 1, groups=w.shape[0])[..., :T]
+        xBC = xBC.transpose(-1, -2)
+        if self.activation in ("silu", "swish"):
+            xBC = F.silu(xBC)
+        x, B, C = xBC.split([E, G * N, G * N], dim=-1)
+        lead = x.shape[:-1]
+        return (x.reshape(*lead, self.n_v_heads, self.head_dim), B.reshape(*lead, G, N), C.reshape(*lead, G, N),
+                z, a_raw)
+
+    def forward(self, u: torch.Tensor, **_: Any) -> torch.Tensor:
+        dtype = u.dtype
+        x, B, C, z, a_raw = self.split(self.in_proj(u))
+        rep = self.n_v_heads // self.n_qk_heads
+        B = B.float().repeat_interleave(rep, dim=2)
+        C = C.float().repeat_interleave(rep, dim=2)
+        log_a = -F.softplus(a_raw.float())
+        y = ssd_chunked(x.float(), log_a, B, C, self.chunk_size)
+        y = self.ssd_output(y + self.D.float()[:, None] * x.float())
+        y = y.reshape(*y.shape[:-2], self.d_inner)
+        zb = z.float() + (self.z_bias.float() if self.z_bias is not None else 0.0)
+        return self.out_proj((y * F.silu(zb)).to(dtype))
+
+
+class LlambaRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class LlambaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, act_fn: str = "silu") -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = ACT2FN[act_fn]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlambaBlock(nn.Module):
+    def __init__(self, config: LlambaConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.mixer = DiscreteMamba2(config.d_model, layer_idx=layer_idx, **config.ssm_cfg)
+        self.input_layernorm = LlambaRMSNorm(config.d_model, eps=1e-5)
+        self.post_attention_layernorm = LlambaRMSNorm(config.d_model, eps=1e-5)
+        self.mlp = LlambaMLP(config.d_model, **config.mlp_cfg)
+
+    def forward(self, hidden_states: torch.Tensor, **_: Any) -> torch.Tensor:
+        h = hidden_states + self.mixer(self.input_layernorm(hidden_states)).to(hidden_states.dtype)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlambaBackbone(nn.Module):
+    def __init__(self, config: LlambaConfig) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(config.padded_vocab_size, config.d_model)
+        self.layers = nn.ModuleList([LlambaBlock(config, i) for i in range(config.n_layer)])
+        self.final_layernorm = LlambaRMSNorm(config.d_model, eps=config.norm_epsilon)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embedding(input_ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.final_layernorm(h)
+
+
+class LlambaForCausalLM(nn.Module):
+    """Llamba language model; ``forward(input_ids).logits`` like a transformers causal LM."""
+
+    def __init__(self, config: LlambaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.backbone = LlambaBackbone(config)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(
+            config.d_model, config.padded_vocab_size, bias=config.lm_head_bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                use_cache: bool = False, **_: Any) -> CausalLMOutput:
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise GandaError("Llamba runs without padding masks: give unpadded (or right-padded, unmasked) rows")
+        h = self.backbone(input_ids)
+        w = self.backbone.embedding.weight if self.lm_head is None else self.lm_head.weight
+        bias = None if self.lm_head is None else self.lm_head.bias
+        return CausalLMOutput(logits=F.linear(h, w, bias).float())
+
+
+def load_llamba(path: str | Path) -> LlambaForCausalLM:
+    """Build a Llamba from a local directory in the published layout (config.json + *.safetensors)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    raw = json.loads((path / "config.json").read_text())
+    if not LlambaConfig.looks_like(raw):
+        raise GandaError(f"{path}/config.json is not a Llamba config (needs d_model, n_layer, ssm_cfg)")
+    config = LlambaConfig(**raw)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise GandaError(f"{path} has no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    with torch.device("meta"):
+        model = LlambaForCausalLM(config)
+    missing, unexpected = _check_keys(model, state)
+    if missing or unexpected:
+        raise GandaError(
+            f"{path}: weights do not match the Llamba layout (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+def _check_keys(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    want = set(model.state_dict().keys())
+    have = set(state)
+    return sorted(want - have), sorted(have - want)
+
+
+def save_llamba(model: LlambaForCausalLM, path: str | Path, with_model_type: bool = True) -> None:
+    """Write ``model`` in the published layout (used by tests to make tiny checkpoints)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = model.config.to_dict()
+    if not with_model_type:
+        cfg.pop("model_type")
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+
+
+def load_unlabelled(path: str | Path) -> nn.Module:
+    """Loader for config.json files without ``model_type``: Llamba's published configs omit it."""
+    from ..registry import supported_text
+
+    raw = json.loads((Path(path) / "config.json").read_text())
+    if LlambaConfig.looks_like(raw):
+        return load_llamba(path)
+    raise GandaError(f"unsupported architecture None; ganda supports: {supported_text()}")
+
+
+class LlambaAdapter(SSMAdapterBase):
+    family = "llamba"
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return isinstance(model, LlambaForCausalLM)
+
+    def _layers_attr(self) -> tuple[nn.Module, str]:
+        return self.model.backbone, "layers"
+
+    def _build_mixers(self) -> list[Mixer]:
+        return [Mixer(layer=i, kind="ssm", num_heads=b.mixer.num_heads, head_dim=b.mixer.head_dim,
+                      out_proj=b.mixer.out_proj, module=b.mixer) for i, b in enumerate(self._original_layers)]
+
+    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
+        m: DiscreteMamba2 = mixer.module
+        w_conv = m.conv1d
+        E, G, N = m.d_inner, m.n_qk_heads, m.d_state
+        xBC, z, a_raw = captured.float().split([E + 2 * G * N, E, m.n_v_heads], dim=-1)
+        xBC = causal_conv(xBC, w_conv, m.activation)
+        x, B, C = xBC.split([E, G * N, G * N], dim=-1)
+        T = x.shape[0]
+        zb = z + (m.z_bias.float() if m.z_bias is not None else 0.0)
+        return SSDParams(x=x.reshape(T, m.n_v_heads, m.head_dim), B=B.reshape(T, G, N), C=C.reshape(T, G, N),
+                         log_decay=-F.softplus(a_raw), col_scale=None, D=m.D.float(), z=zb)

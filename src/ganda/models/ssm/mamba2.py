@@ -1,0 +1,27 @@
+"""Mamba-2 (transformers ``Mamba2ForCausalLM``): heads are the SSD heads of each layer's mixer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..base import Mixer
+from .common import SSMAdapterBase, mamba2_params, ssm_mixer
+from .materialize import SSMParams
+
+
+class Mamba2Adapter(SSMAdapterBase):
+    family = "mamba2"
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) == "mamba2" and hasattr(model, "backbone")
+
+    def _layers_attr(self) -> tuple[nn.Module, str]:
+        return self.model.backbone, "layers"
+
+    def _build_mixers(self) -> list[Mixer]:
+        return [ssm_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]
+
+    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
+        return mamba2_params(mixer.module, captured)[0]

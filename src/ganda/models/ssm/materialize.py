@@ -1,0 +1,193 @@
+"""Exact implicit attention of SSM heads (the matrix M with y = M·x + D·x).
+
+Two parametrisations cover every family ganda supports:
+
+* :class:`SSDParams` (Mamba-2, Zamba2/Bamba Mamba-2 layers, Discrete Mamba-2 / Llamba): one scalar
+  decay per head and step, ``M[i,j] = (C_i·B_j) · exp(Σ_{k=j+1..i} a_k) · w_j`` where ``a = Δ·A_h``
+  and ``w = Δ`` for Mamba-2, ``a = -softplus(A_log)`` and ``w = 1`` for Discrete Mamba-2.
+* :class:`SelectiveParams` (Mamba-1 / Falcon-Mamba): one decay per channel *and* state dim,
+  ``M^d[i,j] = Σ_n C_i[n] B_j[n] Δ_j[d] exp(Σ_{k=j+1..i} Δ_k[d] A[d,n])``.
+
+Why this layout: the exponent is a difference of prefix sums, computed in float64 (a float32
+cumsum over thousands of steps loses the digits that the difference needs), masked to ``-inf``
+above the diagonal *before* ``exp`` (the upper triangle has positive exponents that overflow), and
+only the requested rows are built, so one head at 4,096 tokens is 64 MB and the last row alone
+costs O(L·N). The result is float32 on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from ...heads import HeadId
+    from ..base import ModelAdapter
+
+# Rows per block when building a map: bounds the float64 scratch to ~block·T (SSD) or
+# block·T·N (selective) elements.
+_SSD_ROW_BLOCK = 512
+_SEL_SCRATCH = 1 << 22
+
+
+@dataclass
+class SSDParams:
+    """One Mamba-2-style layer's SSM inputs for one sequence (all float32, CPU or device).
+
+    x: [T, H, P]; B, C: [T, G, N] (head h reads group ``h // (H // G)``); log_decay: [T, H]
+    (``a_t``, the log of the per-step decay, ≤ 0); col_scale: [T, H] or None (Δ_j for Mamba-2,
+    None for Discrete Mamba-2); D: [H].
+    """
+
+    x: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    log_decay: torch.Tensor
+    col_scale: torch.Tensor | None
+    D: torch.Tensor
+    z: torch.Tensor | None = None  # the gate ([T, H·P]); kept for reconstruction checks
+
+    @property
+    def num_heads(self) -> int:
+        return self.x.shape[1]
+
+    def group(self, head: int) -> int:
+        return head // (self.num_heads // self.B.shape[1])
+
+
+@dataclass
+class SelectiveParams:
+    """One Mamba-1 layer's SSM inputs for one sequence.
+
+    x, delta: [T, E]; A: [E, N] (negative); B, C: [T, N]; D: [E].
+    """
+
+    x: torch.Tensor
+    delta: torch.Tensor
+    A: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+    D: torch.Tensor
+    z: torch.Tensor | None = None  # the gate ([T, E]); y_gated = (M·x + D·x) · silu(z)
+
+    @property
+    def num_heads(self) -> int:
+        return self.x.shape[1]
+
+
+SSMParams = SSDParams | SelectiveParams
+
+
+def _rows(rows: Sequence[int] | torch.Tensor | None, T: int) -> torch.Tensor:
+    if rows is None:
+        return torch.arange(T)
+    r = torch.as_tensor(list(rows) if not isinstance(rows, torch.Tensor) else rows, dtype=torch.long)
+    r = torch.where(r < 0, r + T, r)
+    if r.numel() and (int(r.min()) < 0 or int(r.max()) >= T):
+        raise IndexError(f"rows out of range for a sequence of {T} tokens")
+    return r
+
+
+def ssd_head_map(p: SSDParams, head: int, rows: Sequence[int] | torch.Tensor | None = None,
+                 include_d: bool = False) -> torch.Tensor:
+    """``M_h[rows, :]`` for one SSD head: [len(rows), T] float32."""
+    T = p.x.shape[0]
+    dev = p.x.device
+    r = _rows(rows, T).to(dev)
+    g = p.group(head)
+    Bg = p.B[:, g].float()  # [T, N]
+    Cr = p.C[r, g].float()  # [R, N]
+    cs = torch.cumsum(p.log_decay[:, head].double(), 0)  # [T], float64 prefix sums
+    w = p.col_scale[:, head].float() if p.col_scale is not None else None
+    cols = torch.arange(T, device=dev)
+    out = torch.empty(len(r), T, dtype=torch.float32, device=dev)
+    for s in range(0, len(r), _SSD_ROW_BLOCK):
+        rb = r[s:s + _SSD_ROW_BLOCK]
+        causal = cols[None, :] <= rb[:, None]
+        expo = torch.where(causal, cs[rb][:, None] - cs[None, :], torch.tensor(float("-inf"), dtype=torch.float64, device=dev))
+        block = (Cr[s:s + _SSD_ROW_BLOCK] @ Bg.T) * torch.exp(expo).float()
+        if w is not None:
+            block = block * w[None, :]
+        out[s:s + _SSD_ROW_BLOCK] = block
+    if include_d:
+        out[torch.arange(len(r), device=dev), r] += p.D[head].float()
+    return out
+
+
+def selective_channel_map(p: SelectiveParams, channel: int, rows: Sequence[int] | torch.Tensor | None = None,
+                          include_d: bool = False) -> torch.Tensor:
+    """``α^d[rows, :]`` for one Mamba-1 channel: [len(rows), T] float32."""
+    T, N = p.B.shape
+    dev = p.x.device
+    r = _rows(rows, T).to(dev)
+    delta = p.delta[:, channel].double()  # [T]
+    cs = torch.cumsum(delta[:, None] * p.A[channel].double()[None, :], 0)  # [T, N]
+    Bw = (p.B.double() * delta[:, None])  # B̄_j = Δ_j B_j (Euler, as HF and the CUDA kernel)
+    C = p.C.double()
+    cols = torch.arange(T, device=dev)
+    out = torch.empty(len(r), T, dtype=torch.float32, device=dev)
+    step = max(1, _SEL_SCRATCH // max(1, T * N))
+    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=dev)
+    for s in range(0, len(r), step):
+        rb = r[s:s + step]
+        causal = (cols[None, :] <= rb[:, None])[..., None]  # [R, T, 1]
+        expo = torch.where(causal, cs[rb][:, None, :] - cs[None, :, :], neg_inf)  # [R, T, N]
+        out[s:s + step] = torch.einsum("rn,tn,rtn->rt", C[rb], Bw, torch.exp(expo)).float()
+    if include_d:
+        out[torch.arange(len(r), device=dev), r] += p.D[channel].float()
+    return out
+
+
+def head_map(p: SSMParams, head: int, rows: Sequence[int] | torch.Tensor | None = None,
+             include_d: bool = False) -> torch.Tensor:
+    if isinstance(p, SSDParams):
+        return ssd_head_map(p, head, rows, include_d)
+    return selective_channel_map(p, head, rows, include_d)
+
+
+def apply_map(p: SSMParams, head: int, M: torch.Tensor, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+    """``(M·x + D·x)[rows]`` for one head: [R, P] (SSD) or [R] (selective); for reconstruction tests."""
+    T = p.x.shape[0]
+    r = _rows(rows, T).to(p.x.device)
+    if isinstance(p, SSDParams):
+        xh = p.x[:, head].float()  # [T, P]
+        return M @ xh + p.D[head].float() * xh[r]
+    xd = p.x[:, head].float()
+    return M @ xd + p.D[head].float() * xd[r]
+
+
+def group_channels(maps: dict[int, torch.Tensor], block: int, reduce: str = "mean") -> dict[int, torch.Tensor]:
+    """Mamba-1 readability helper: combine per-channel maps into blocks of ``block`` channels.
+
+    Key k of the result is the block ``[k·block, (k+1)·block)``; ``reduce`` is ``mean`` or
+    ``absmean`` (signed maps cancel under a plain mean).
+    """
+    out: dict[int, list[torch.Tensor]] = {}
+    for ch, m in maps.items():
+        out.setdefault(ch // block, []).append(m.abs() if reduce == "absmean" else m)
+    return {k: torch.stack(v).mean(0) for k, v in sorted(out.items())}
+
+
+def materialize(adapter: ModelAdapter, input_ids: torch.Tensor, heads: Sequence[HeadId | str] | str,
+                rows: Sequence[int] | None = None, include_d: bool = False) -> dict[HeadId, torch.Tensor]:
+    """Implicit attention of SSM heads: ``{head: M[rows or all, :]}``, float32 on CPU.
+
+    Runs one forward pass with the PyTorch SSM path forced (kernels can skip the hooked modules),
+    captures each requested layer's SSM inputs and builds only the requested heads and rows.
+    ``include_d`` adds the skip D_h on the diagonal (the paper's plots do; the default keeps
+    y = M·x + D·x with D separate).
+    """
+    from ...heads import expand
+
+    ids = expand(heads, adapter)
+    bad = [str(h) for h in ids if adapter.mixer_of(h).kind != "ssm"]
+    if bad:
+        from ...errors import GandaError
+
+        raise GandaError(f"{', '.join(bad)}: not SSM heads (materialize is for implicit attention)")
+    layers = sorted({h.layer for h in ids})
+    params = adapter.capture_ssm(input_ids, layers)  # type: ignore[attr-defined]
+    return {h: head_map(params[h.layer], h.head, rows, include_d).cpu() for h in ids}

@@ -1,0 +1,68 @@
+"""Zamba2 (``Zamba2ForCausalLM``): Mamba-2 layers plus shared attention blocks.
+
+A hybrid layer runs one invocation of a shared transformer block (attention + MLP, weights tied
+across every ``num_mem_blocks``-th hybrid layer, with per-invocation LoRA adapters) and then its
+own Mamba-2 mixer. Ids: ``L6.attnH3`` is head 3 of the attention *invocation at layer 6* and
+``L6.ssmH3`` head 3 of that layer's Mamba mixer; plain Mamba layers take ``L5H3``. Hooks fire
+for one invocation only (even if the block's modules are one Python object), so ablating
+``L6.attnH3`` leaves the same weights' other invocations alone; :meth:`Zamba2Adapter.block_heads`
+lists a head in every invocation of a block, to ablate them all.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ...errors import GandaError
+from ...heads import HeadId
+from ..base import Mixer
+from .common import SSMAdapterBase, mamba2_params, ssm_mixer
+from .materialize import SSMParams
+
+
+class Zamba2Adapter(SSMAdapterBase):
+    family = "zamba2"
+    layer_index_arg = (2, "layer_idx")  # Zamba2Model calls layer(h, orig_h, layer_idx, ...)
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) == "zamba2"
+
+    def _layers_attr(self) -> tuple[nn.Module, str]:
+        return self.model.model, "layers"
+
+    def _build_mixers(self) -> list[Mixer]:
+        cfg = self.model.config
+        out = []
+        for i, layer in enumerate(self._original_layers):
+            if hasattr(layer, "shared_transformer"):
+                block = layer.shared_transformer
+                attn = block.self_attn
+                key = f"block{block.block_id}"
+                out.append(Mixer(layer=i, kind="attn", num_heads=cfg.num_attention_heads, head_dim=attn.head_dim,
+                                 out_proj=attn.o_proj, module=attn, shared_key=key,
+                                 extra={"block": block.block_id}))
+                out.append(ssm_mixer(i, layer.mamba_decoder.mamba))
+            else:
+                out.append(ssm_mixer(i, layer.mamba))
+        return out
+
+    def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
+        return mamba2_params(mixer.module, captured)[0]
+
+    def shared_blocks(self) -> dict[str, list[int]]:
+        """``{"block0": [layers invoking it], ...}``."""
+        out: dict[str, list[int]] = {}
+        for m in self.mixers():
+            if m.shared_key:
+                out.setdefault(m.shared_key, []).append(m.layer)
+        return out
+
+    def block_heads(self, block: int | str, heads: list[int] | None = None) -> list[HeadId]:
+        """Head ids of ``heads`` (default all) in *every* invocation of a shared block."""
+        key = block if isinstance(block, str) else f"block{block}"
+        layers = self.shared_blocks().get(key)
+        if not layers:
+            raise GandaError(f"no shared block {key!r}; the model has: {', '.join(self.shared_blocks())}")
+        n = self.mixer(layers[0], "attn").num_heads
+        return [HeadId(layer, h, "attn") for layer in layers for h in (heads if heads is not None else range(n))]
