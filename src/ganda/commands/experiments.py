@@ -1,0 +1,195 @@
+"""The paper's experiments as commands: ``prune``, ``retain``, ``kv-curve``, ``mask-last-row``,
+``transplant``. Each writes ``result.json``, a CSV, PNG figures and ``report.html`` into ``--out``
+and prints the summary as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+from ..errors import GandaError
+from ..models import DEFAULT_MODEL
+
+LIMIT = typer.Option(100, "--limit", "-n", help="examples per task (same examples in every condition)")
+KLIMIT = typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: --limit)")
+TASKS = typer.Option("mmlu,knowledge", "--tasks", help="comma-separated: mmlu, knowledge, letters, kv20, ...")
+SEED = typer.Option(0, "--seed")
+PICKLE = typer.Option(False, help="allow *.bin/*.pt weights (runs pickle)")
+HTML = typer.Option(True, "--html/--no-html", help="also write report.html into the run directory")
+QUIET = typer.Option(False, "--quiet", "-q", help="no progress bars")
+
+
+def _out(out: Path | None, kind: str, model: str) -> Path:
+    if out is not None:
+        return out
+    return Path("runs") / f"{kind}-{Path(model).stem or model}"
+
+
+def _finish(result, out: Path, html: bool) -> None:
+    command = "ganda " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    result.save(out, command=command)
+    if html:
+        from ..report import write_report
+
+        write_report([out], out / "report.html", title=f"ganda {result.kind}: {result.model}")
+    print(json.dumps({"out": str(out), "summary": result.summary}, indent=2, default=str))
+
+
+def _layers(text: str | None) -> list[int] | None:
+    from ..interventions import parse_layers
+
+    return parse_layers(text) if text else None
+
+
+def _scorer(adapter, tasks: str, limit: int, klimit: int | None, seed: int, quiet: bool):
+    from ..experiments.common import Scorer, knowledge_available, parse_tasks
+
+    names = parse_tasks(tasks)
+    if "knowledge" in names and not knowledge_available():
+        print("ganda: warning: ganda.tasks.knowledge is not available; knowledge is skipped", file=sys.stderr)
+        names = [t for t in names if t != "knowledge"] or ["mmlu"]
+    return Scorer(adapter, names, limit=limit, knowledge_limit=klimit, seed=seed, progress=not quiet)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def prune(
+        model: str = typer.Argument(DEFAULT_MODEL, help="alias, .gguf file or local HF directory"),
+        limit: int = LIMIT,
+        knowledge_limit: int | None = KLIMIT,
+        tasks: str = TASKS,
+        layers: int = typer.Option(1, "--layers", help="pruning step: score every LAYERS-th truncation"),
+        min_layers: int = typer.Option(1, "--min-layers", help="smallest number of kept layers"),
+        remove_restore: bool = typer.Option(False, "--remove-restore", help="Fig. 3 on the minimal model"),
+        minimal: int | None = typer.Option(None, "--minimal", help="minimal model size (skips the curve)"),
+        seed: int = SEED,
+        out: Path | None = typer.Option(None, "--out", "-o", help="run directory"),
+        allow_pickle: bool = PICKLE,
+        html: bool = HTML,
+        quiet: bool = QUIET,
+    ) -> None:
+        """Cumulative layer pruning (Fig. 2) and the minimal model; --remove-restore: Fig. 3."""
+        from ..experiments.prune import prune_curve
+        from ..experiments.prune import remove_restore as rr
+        from ..models import load_model
+
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
+        drop_task = "mmlu" if "mmlu" in scorer.tasks else scorer.tasks[0]
+        out_dir = _out(out, "remove_restore" if remove_restore else "prune", model)
+        if not remove_restore:
+            _finish(prune_curve(adapter, scorer, step=layers, min_layers=min_layers, drop_task=drop_task), out_dir, html)
+            return
+        if minimal is None:
+            curve = prune_curve(adapter, scorer, step=layers, min_layers=min_layers, drop_task=drop_task)
+            _finish(curve, out_dir / "prune", html)
+            if "minimal_layers" not in curve.summary:
+                raise GandaError("could not find the minimal model; pass --minimal N")
+            minimal = int(curve.summary["minimal_layers"])
+        _finish(rr(adapter, scorer, minimal, drop_task=drop_task), out_dir, html)
+
+    @app.command()
+    def retain(
+        model: str = typer.Argument(DEFAULT_MODEL),
+        gather: str = typer.Option(..., "--gather", help="Gather head(s), one layer, e.g. L16H22"),
+        aggregate: str = typer.Option(..., "--aggregate", help="Aggregate head(s), one later layer, e.g. L17H24"),
+        keep_layers: str | None = typer.Option(None, "--keep-layers", help="run on a submodel, e.g. 0-17"),
+        limit: int = LIMIT,
+        knowledge_limit: int | None = KLIMIT,
+        tasks: str = TASKS,
+        seed: int = SEED,
+        out: Path | None = typer.Option(None, "--out", "-o"),
+        allow_pickle: bool = PICKLE,
+        html: bool = HTML,
+        quiet: bool = QUIET,
+    ) -> None:
+        """Table 1: keep none / only Aggregate / only Gather / both critical heads in the two layers."""
+        from ..experiments.retain import retain as run
+        from ..models import load_model
+
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
+        result = run(adapter, scorer, gather, aggregate, keep_layers=_layers(keep_layers))
+        _finish(result, _out(out, "retain", model), html)
+
+    @app.command("kv-curve")
+    def kv_curve(
+        model: str = typer.Argument(DEFAULT_MODEL),
+        heads: str | None = typer.Option(None, "--heads", help="heads to ablate, e.g. L17H24 (none: intact only)"),
+        pairs: str = typer.Option("5,10,20,30,40,50", "--pairs", help="numbers of key-value pairs"),
+        keep_layers: str | None = typer.Option(None, "--keep-layers"),
+        limit: int = LIMIT,
+        seed: int = SEED,
+        out: Path | None = typer.Option(None, "--out", "-o"),
+        allow_pickle: bool = PICKLE,
+        html: bool = HTML,
+        quiet: bool = QUIET,
+    ) -> None:
+        """Fig. 4: KV-retrieval accuracy vs number of pairs, intact vs heads ablated (Wilson CIs)."""
+        from ..experiments.kv_curve import kv_curve as run
+        from ..models import load_model
+
+        try:
+            ps = [int(p) for p in pairs.split(",") if p.strip()]
+        except ValueError:
+            raise GandaError(f"--pairs: not a list of integers: {pairs!r}") from None
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        result = run(adapter, heads, ps, limit=limit, seed=seed, keep_layers=_layers(keep_layers), progress=not quiet)
+        _finish(result, _out(out, "kv_curve", model), html)
+
+    @app.command("mask-last-row")
+    def mask_last_row(
+        model: str = typer.Argument(DEFAULT_MODEL),
+        heads: str | None = typer.Option(None, "--heads", help="attention heads (default: all, L*.attnH*)"),
+        per_layer: bool = typer.Option(False, "--per-layer", help="also mask each attention layer alone"),
+        keep_layers: str | None = typer.Option(None, "--keep-layers"),
+        limit: int = LIMIT,
+        knowledge_limit: int | None = KLIMIT,
+        tasks: str = TASKS,
+        seed: int = SEED,
+        out: Path | None = typer.Option(None, "--out", "-o"),
+        allow_pickle: bool = PICKLE,
+        html: bool = HTML,
+        quiet: bool = QUIET,
+    ) -> None:
+        """Sec. 5.3: zero attention's last row (the answer position) and score MMLU and knowledge."""
+        from ..experiments.mask_last_row import mask_last_row_experiment
+        from ..models import load_model
+
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
+        result = mask_last_row_experiment(adapter, scorer, heads, per_layer=per_layer, keep_layers=_layers(keep_layers))
+        _finish(result, _out(out, "mask_last_row", model), html)
+
+    @app.command()
+    def transplant(
+        student: str = typer.Argument(..., help="the model that receives the donor's pieces"),
+        donor: str = typer.Option(..., "--donor", help="Transformer donor with the same d_model"),
+        layers: str | None = typer.Option(None, "--layers", help="student layers to sweep (default: all)"),
+        head: str | None = typer.Option(None, "--head", help="transplant single heads instead, e.g. L17H3"),
+        donor_head: str | None = typer.Option(None, "--donor-head", help="donor head (default: same L/H)"),
+        score_donor: bool = typer.Option(False, "--score-donor", help="also score the donor itself"),
+        limit: int = LIMIT,
+        knowledge_limit: int | None = KLIMIT,
+        tasks: str = typer.Option("mmlu", "--tasks"),
+        seed: int = SEED,
+        out: Path | None = typer.Option(None, "--out", "-o"),
+        allow_pickle: bool = PICKLE,
+        html: bool = HTML,
+        quiet: bool = QUIET,
+    ) -> None:
+        """Fig. 7: replace each student layer (or one head) with the donor's, score the student."""
+        from ..experiments.transplant import transplant_sweep
+        from ..models import load_model
+
+        s = load_model(student, allow_pickle=allow_pickle)
+        d = s if donor == student else load_model(donor, allow_pickle=allow_pickle)
+        scorer = _scorer(s, tasks, limit, knowledge_limit, seed, quiet)
+        result = transplant_sweep(s, d, scorer, layers=_layers(layers), heads=head, donor_head=donor_head,
+                                  score_donor=score_donor)
+        _finish(result, _out(out, "transplant", student), html)

@@ -1,0 +1,360 @@
+"""Section 5.4 of the paper (Fig. 7): replace a student layer (or one student head) with the
+corresponding attention layer (or head) of a donor Transformer, and score the student.
+
+**Layer transplant** (:class:`TransplantLayer`). Student decoder block i is replaced by donor block
+j (default j = i): the *whole* donor block (norms, attention, MLP), as in the authors' code. The
+donor block is wrapped in :class:`DonorBlock`, which gives it what the donor model would have
+given it: rotary position embeddings computed by the donor's own ``rotary_emb`` from the positions
+(``position_ids`` when the student passes them, else ``0..T-1``) and an additive causal mask
+(plus key padding from the 2-D ``attention_mask`` given to the student's forward). It returns what
+the student's own block returned (a tensor, or a tuple whose first item is the hidden states), so
+the student's layer loop is unchanged. Reversible: the original layer list is put back on exit.
+
+**Head transplant** (:class:`TransplantHead`), the paper's "replace a single G&A head with an
+attention variant". Exact definition: let student head s in layer i have output-projection input
+slice ``y_s`` and contribution ``W_out[:, s] @ y_s`` to the residual stream; let donor attention
+head d in donor layer j have query/key/value rows ``W_q[d], W_k[kv(d)], W_v[kv(d)]`` (GQA:
+kv(d) = d // (heads / kv_heads)) and output columns ``W_o[:, d]``. Under the transplant
+
+    out_proj(y) = W_out @ y  -  W_out[:, s] @ y_s  +  W_o[:, d] @ o_d
+
+where ``o_d = softmax(q k^T * scale + causal mask) v`` with ``q, k, v`` computed from
+``donor.input_layernorm(h)``, ``h`` the residual stream entering the student's block i, and RoPE
+from the donor's ``rotary_emb`` (and the donor's q/k norms where it has them). I.e. the student
+head's slice of ``out_proj``'s input is zeroed and the donor head's output, mapped into the
+residual stream by its own o_proj columns, is added to ``out_proj``'s output. The o_proj bias (if
+any) is not added (it belongs to the donor layer, not to one head). Everything else in the student
+(other heads, the MLP, other layers) is untouched. With donor == student and d == s this is the
+identity (tested). Supported donors: Llama-layout Transformers (Llama, SmolLM2, Qwen2/3, Mistral);
+Gemma's soft-capping and sliding windows are not reproduced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import GandaError
+from ..heads import HeadId, expand
+from ..interventions import Intervention
+from ..models.base import ModelAdapter
+from .common import CHANCE, ExperimentResult, Scorer, flat_scores
+from .prune import _tasks_in
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rotary(donor: ModelAdapter) -> nn.Module:
+    backbone = getattr(donor.model, "model", None)
+    rot = getattr(backbone, "rotary_emb", None)
+    if rot is None:
+        raise GandaError(f"donor {donor.spec} has no rotary_emb: only Llama-layout Transformers can be donors")
+    return rot
+
+
+def _hidden_size(adapter: ModelAdapter) -> int:
+    cfg = getattr(adapter.model, "config", None)
+    hs = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
+    if hs is None:
+        hs = adapter.mixers()[0].out_proj.out_features
+    return int(hs)
+
+
+def _check_compatible(student: ModelAdapter, donor: ModelAdapter) -> None:
+    a, b = _hidden_size(student), _hidden_size(donor)
+    if a != b:
+        raise GandaError(f"student d_model {a} != donor d_model {b}: layers cannot be swapped")
+
+
+def _additive_mask(t: int, pad: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[B or 1, 1, T, T]`` additive causal mask, with padded keys masked (diagonal always open)."""
+    neg = torch.finfo(dtype).min
+    allowed = torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]
+    if pad is not None and pad.dim() == 2 and pad.shape[-1] == t:
+        allowed = allowed & pad.to(device=device, dtype=torch.bool)[:, None, None, :]
+        allowed = allowed | torch.eye(t, dtype=torch.bool, device=device)[None, None]
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(allowed, zero, torch.full((), neg, dtype=dtype, device=device))
+
+
+def _positions(kwargs: dict[str, Any], t: int, device: torch.device) -> torch.Tensor:
+    pos = kwargs.get("position_ids")
+    if isinstance(pos, torch.Tensor) and pos.shape[-1] == t:
+        return pos if pos.dim() == 2 else pos[None]
+    return torch.arange(t, device=device)[None]
+
+
+class _PadCapture:
+    """Remembers the 2-D attention mask given to the student's top-level forward."""
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None
+
+    def hook(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        m = kwargs.get("attention_mask")
+        if m is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            m = args[1]
+        self.mask = m if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+
+
+class DonorBlock(nn.Module):
+    """A donor decoder block that runs inside a student's layer loop (see module docstring)."""
+
+    def __init__(self, block: nn.Module, rotary_emb: nn.Module, pad: _PadCapture, returns_tuple: bool) -> None:
+        super().__init__()
+        self.block = block
+        self.rotary_emb = rotary_emb
+        self._pad = pad
+        self.returns_tuple = returns_tuple
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        p = next(self.block.parameters())
+        h = hidden_states.to(dtype=p.dtype, device=p.device)
+        t = h.shape[1]
+        pos = _positions(kwargs, t, h.device)
+        cos, sin = self.rotary_emb(h, pos)
+        mask = _additive_mask(t, self._pad.mask, h.dtype, h.device)
+        out = self.block(h, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin), use_cache=False)
+        if isinstance(out, tuple):
+            out = out[0]
+        out = out.to(dtype=hidden_states.dtype, device=hidden_states.device)
+        return (out,) if self.returns_tuple else out
+
+
+def _block_returns_tuple(student: ModelAdapter, index: int) -> bool:
+    """Probe (on 2 tokens) whether the student's block ``index`` returns a tuple."""
+    seen: dict[str, bool] = {}
+
+    def hook(_m, _a, out):
+        seen["tuple"] = isinstance(out, tuple)
+
+    h = student.decoder_layers()[index].register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            student.forward(torch.zeros((1, 2), dtype=torch.long, device=student.device))
+    finally:
+        h.remove()
+    return seen.get("tuple", False)
+
+
+@dataclass
+class TransplantLayer(Intervention):
+    """Replace student decoder blocks ``layers`` with donor blocks (``donor_layers``, default same)."""
+
+    donor: ModelAdapter
+    layers: Sequence[int]
+    donor_layers: Sequence[int] | None = None
+
+    @contextmanager
+    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        _check_compatible(adapter, self.donor)
+        original = adapter.decoder_layers()
+        dl = list(self.donor_layers) if self.donor_layers is not None else list(self.layers)
+        if len(dl) != len(self.layers):
+            raise GandaError("give one donor layer per student layer")
+        n_d = len(self.donor.decoder_layers())
+        for i, j in zip(self.layers, dl, strict=True):
+            if not 0 <= i < len(original):
+                raise GandaError(f"student layer {i} out of range, the student has layers 0-{len(original) - 1}")
+            if not 0 <= j < n_d:
+                raise GandaError(f"donor layer {j} out of range, the donor has layers 0-{n_d - 1}")
+        rot = _rotary(self.donor)
+        pad = _PadCapture()
+        tuples = {i: _block_returns_tuple(adapter, i) for i in self.layers}
+        new = list(original)
+        for i, j in zip(self.layers, dl, strict=True):
+            new[i] = DonorBlock(self.donor.decoder_layers()[j], rot, pad, tuples[i])
+        handle = adapter.model.register_forward_pre_hook(pad.hook, with_kwargs=True)
+        adapter.set_decoder_layers(nn.ModuleList(new))
+        try:
+            yield
+        finally:
+            adapter.set_decoder_layers(original)
+            handle.remove()
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "transplant_layer", "donor": self.donor.spec, "layers": list(self.layers),
+                "donor_layers": list(self.donor_layers) if self.donor_layers is not None else list(self.layers)}
+
+
+def donor_head_output(
+    block: nn.Module, rotary_emb: nn.Module, head: int, h: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """One donor attention head's contribution ``W_o[:, d] @ o_d`` to the residual stream ``[B, T, D]``."""
+    attn = block.self_attn
+    cfg = attn.config
+    hd = attn.head_dim
+    n_heads, n_kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    kv = head // (n_heads // n_kv)
+    x = block.input_layernorm(h)
+
+    def proj(lin: nn.Linear, idx: int) -> torch.Tensor:
+        sl = slice(idx * hd, (idx + 1) * hd)
+        b = lin.bias[sl] if lin.bias is not None else None
+        return F.linear(x, lin.weight[sl], b)[:, None]  # [B, 1, T, hd]
+
+    q, k, v = proj(attn.q_proj, head), proj(attn.k_proj, kv), proj(attn.v_proj, kv)
+    if getattr(attn, "q_norm", None) is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    cos, sin = rotary_emb(x, pos)
+    cos, sin = cos[:, None], sin[:, None]
+    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    scale = getattr(attn, "scaling", hd**-0.5)
+    scores = (q @ k.transpose(-1, -2)) * scale + mask
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    o = (probs @ v)[:, 0]  # [B, T, hd]
+    return F.linear(o, attn.o_proj.weight[:, head * hd : (head + 1) * hd])
+
+
+@dataclass
+class TransplantHead(Intervention):
+    """Replace one student head's contribution with one donor attention head's (module docstring)."""
+
+    donor: ModelAdapter
+    head: HeadId | str
+    donor_head: HeadId | str | None = None
+    _last: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def _resolve(self, adapter: ModelAdapter) -> tuple[HeadId, HeadId]:
+        hs = expand([self.head] if isinstance(self.head, HeadId) else self.head, adapter)
+        if len(hs) != 1:
+            raise GandaError(f"--head must name exactly one student head, got {len(hs)}")
+        s = hs[0]
+        d_spec = self.donor_head if self.donor_head is not None else HeadId(s.layer, s.head)
+        dh = expand([d_spec] if isinstance(d_spec, HeadId) else d_spec, self.donor)
+        if len(dh) != 1:
+            raise GandaError("--donor-head must name exactly one donor head")
+        if self.donor.mixer_of(dh[0]).kind != "attn":
+            raise GandaError(f"donor head {dh[0]} is not an attention head")
+        return s, dh[0]
+
+    @contextmanager
+    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        _check_compatible(adapter, self.donor)
+        s, d = self._resolve(adapter)
+        mixer = adapter.mixer_of(s)
+        block = next((b for b in adapter.decoder_layers() if any(m is mixer.module for m in b.modules())), None)
+        if block is None:
+            raise GandaError(f"the block holding {s} is not in the model (removed by another intervention?)")
+        dblock = self.donor.decoder_layers()[d.layer]
+        rot = _rotary(self.donor)
+        pad = _PadCapture()
+        state: dict[str, Any] = {}
+        sl = mixer.head_slice(s.head)
+
+        def block_pre(_m, args, kwargs):
+            state["h"] = args[0] if args else kwargs["hidden_states"]
+            state["pos"] = _positions(kwargs, state["h"].shape[1], state["h"].device)
+
+        def out_pre(_m, args):
+            x = args[0].clone()
+            x[..., sl] = 0
+            h = state["h"]
+            p = next(dblock.parameters())
+            hh = h.to(dtype=p.dtype, device=p.device)
+            mask = _additive_mask(hh.shape[1], pad.mask, hh.dtype, hh.device)
+            state["add"] = donor_head_output(dblock, rot, d.head, hh, state["pos"].to(hh.device), mask)
+            return (x, *args[1:])
+
+        def out_post(_m, _args, out):
+            add = state.pop("add", None)
+            if add is None:
+                return out
+            return out + add.to(dtype=out.dtype, device=out.device)
+
+        handles = [
+            adapter.model.register_forward_pre_hook(pad.hook, with_kwargs=True),
+            block.register_forward_pre_hook(block_pre, with_kwargs=True),
+            adapter.register_out_proj_pre_hook(mixer, out_pre),
+            mixer.out_proj.register_forward_hook(out_post, prepend=True),
+        ]
+        self._last = {"student_head": str(s), "donor_head": str(d)}
+        try:
+            yield
+        finally:
+            for hd in handles:
+                hd.remove()
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "transplant_head", "donor": self.donor.spec, "head": str(self.head),
+                "donor_head": str(self.donor_head) if self.donor_head is not None else None}
+
+
+@dataclass
+class TransplantResult(ExperimentResult):
+    kind: str = "transplant"
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        from ..report.figures import bars
+
+        rows = [r for r in self.rows if r["condition"] not in ("student", "donor")]
+        base = next((r for r in self.rows if r["condition"] == "student"), {})
+        donor = next((r for r in self.rows if r["condition"] == "donor"), {})
+        labels = [r["condition"] for r in rows]
+        series, errors = {}, {}
+        for t in _tasks_in(rows):
+            series[t] = [r.get(t) for r in rows]
+            if all(f"{t}_lo" in r for r in rows):
+                errors[t] = ([r[f"{t}_lo"] for r in rows], [r[f"{t}_hi"] for r in rows])
+        hl = {f"student {t}": base[t] for t in series if base.get(t) is not None}
+        hl.update({f"donor {t}": donor[t] for t in series if donor.get(t) is not None})
+        if "mmlu" in series:
+            hl["MMLU chance"] = CHANCE["mmlu"]
+        return [bars(labels, series, Path(out_dir) / "transplant.png", errors=errors, hlines=hl,
+                     rotate=90 if len(labels) > 10 else 0,
+                     title=f"{self.model} with donor {self.config.get('donor')} pieces")]
+
+
+def transplant_sweep(
+    student: ModelAdapter,
+    donor: ModelAdapter,
+    scorer: Scorer,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: str | None = None,
+    donor_head: str | None = None,
+    score_donor: bool = False,
+) -> TransplantResult:
+    """Score the student, then the student with each layer (or each listed head) transplanted."""
+    _check_compatible(student, donor)
+    rows: list[dict[str, Any]] = [{"condition": "student", **flat_scores(scorer.score([], label="student"))}]
+    if score_donor:
+        dscorer = Scorer(donor, scorer.tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
+                         seed=scorer.seed, progress=scorer.progress)
+        rows.append({"condition": "donor", **flat_scores(dscorer.score([], label="donor"))})
+    conditions: list[tuple[str, Intervention]] = []
+    if heads:
+        for h in expand(heads, student):
+            conditions.append((f"head {h}", TransplantHead(donor, h, donor_head)))
+    else:
+        n = min(len(student.decoder_layers()), len(donor.decoder_layers()))
+        for i in layers if layers is not None else range(n):
+            conditions.append((f"L{i}", TransplantLayer(donor, [i])))
+    for name, iv in tqdm(conditions, desc="transplant", leave=False, disable=not scorer.progress):
+        rows.append({"condition": name, **flat_scores(scorer.score([iv], label=name)), "intervention": iv.describe()})
+    task = scorer.tasks[0]
+    base = rows[0].get(task)
+    swept = [r for r in rows if r["condition"] not in ("student", "donor") and r.get(task) is not None]
+    summary: dict[str, Any] = {"task": task, "baseline_accuracy": base}
+    if swept:
+        best = max(swept, key=lambda r: r[task])
+        summary.update({"best": best["condition"], "best_accuracy": best[task],
+                        "best_gain": best[task] - base if base is not None else None})
+        if best["condition"].startswith("L"):
+            summary["best_layer"] = int(best["condition"][1:])
+    return TransplantResult(
+        model=student.spec, rows=rows, summary=summary,
+        config={**scorer.config(), "donor": donor.spec, "layers": list(layers) if layers is not None else None,
+                "heads": heads, "donor_head": donor_head},
+    )

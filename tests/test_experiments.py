@@ -1,0 +1,295 @@
+"""The paper's experiments on tiny random models: each runs end to end and writes JSON + PNG;
+transplants are exact where they must be (identity donor) and local (one head's contribution)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from ganda.experiments import Scorer, draw_result
+from ganda.experiments.prune import find_drop
+from ganda.heads import HeadId
+from ganda.interventions import AblateHeads, KeepHeads
+from ganda.models import from_model
+
+CORPUS = (
+    "The following are multiple choice questions (with answers) about astronomy.\n"
+    "A. one\nB. two\nC. three\nD. four\nAnswer: A B C D\n"
+    "Memorize the following dictionary:\napple:42\nriver:7\nThe value of the key 'river' is 7\n"
+    "0 1 2 3 4 5 6 7 8 9 the of and to in is that for it as was with be by on not he this are or his"
+)
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<eos>"], show_progress=False)
+    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
+    return fast
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def tiny_llama(tok, seed: int = 0, layers: int = 4):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    model = LlamaForCausalLM(cfg)
+    return from_model(model, tok, spec=f"tiny-llama-{seed}")
+
+
+@pytest.fixture(scope="module")
+def student(tok):
+    return tiny_llama(tok, 0)
+
+
+@pytest.fixture(scope="module")
+def fake_knowledge():
+    """A stand-in knowledge module (the real one may not be installed yet): accuracy from the
+    number of interventions, so conditions differ deterministically."""
+    mod = types.ModuleType("ganda.tasks.knowledge")
+    mod.evaluate_knowledge = lambda adapter, interventions, limit: {"accuracy": 0.5, "n": limit or 10}
+    saved = sys.modules.get("ganda.tasks.knowledge")
+    sys.modules["ganda.tasks.knowledge"] = mod
+    yield mod
+    if saved is None:
+        sys.modules.pop("ganda.tasks.knowledge", None)
+    else:
+        sys.modules["ganda.tasks.knowledge"] = saved
+
+
+def _scorer(adapter, tasks=("mmlu",), limit=3):
+    return Scorer(adapter, list(tasks), limit=limit, progress=False)
+
+
+def _check_saved(result, out: Path) -> dict:
+    result.save(out)
+    d = json.loads((out / "result.json").read_text())
+    assert d["kind"] == result.kind and d["model"]
+    assert list(out.glob("*.png")), "no figure written"
+    assert list(out.glob("*.csv"))
+    return d
+
+
+def test_find_drop_rule() -> None:
+    pts = [(6, 0.6), (5, 0.58), (4, 0.6), (3, 0.3), (2, 0.28), (1, 0.25)]
+    d = find_drop(pts)
+    assert d["minimal_layers"] == 4 and d["critical_layer"] == 3 and d["removed_to"] == 3
+    assert d["drop"] == pytest.approx(0.3)
+    # ties: the drop met first while pruning from the end wins
+    assert find_drop([(3, 0.5), (2, 0.4), (1, 0.3)])["minimal_layers"] == 3
+
+
+def test_prune_and_remove_restore(student, tmp_path: Path, fake_knowledge) -> None:
+    from ganda.experiments.prune import prune_curve, remove_restore
+
+    scorer = _scorer(student, ("mmlu", "knowledge"))
+    res = prune_curve(student, scorer)
+    assert [r["layers"] for r in res.rows] == [4, 3, 2, 1]
+    assert 1 <= res.summary["minimal_layers"] <= 4 and res.rows[0]["knowledge"] == 0.5
+    d = _check_saved(res, tmp_path / "prune")
+    assert d["summary"]["critical_layer"] == d["summary"]["minimal_layers"] - 1
+    assert len(student.decoder_layers()) == 4  # restored
+    rr = remove_restore(student, scorer, 3)
+    assert [r["removed_layer"] for r in rr.rows] == [None, 0, 1, 2]
+    _check_saved(rr, tmp_path / "rr")
+    # the report can redraw a result from its JSON alone
+    assert draw_result(json.loads((tmp_path / "rr" / "result.json").read_text()), tmp_path / "redraw")
+
+
+def test_retain(student, tmp_path: Path) -> None:
+    from ganda.experiments.retain import retain
+
+    res = retain(student, _scorer(student), "L2H1", "L3H0")
+    assert [r["config"] for r in res.rows] == ["intact", "none", "aggregate", "gather", "both"]
+    _check_saved(res, tmp_path)
+    res2 = retain(student, _scorer(student), "L1H1", "L2H0", keep_layers=[0, 1, 2])
+    assert res2.config["keep_layers"] == [0, 1, 2] and not res2.notes
+
+
+def test_kv_curve(student, tmp_path: Path) -> None:
+    from ganda.experiments.kv_curve import kv_curve
+
+    res = kv_curve(student, "L3H0,L2H1", [2, 3], limit=4, progress=False)
+    assert [r["pairs"] for r in res.rows] == [2, 3]
+    assert all(0 <= r["intact_lo"] <= r["intact"] <= r["intact_hi"] <= 1 for r in res.rows)
+    assert "mean_gap" in res.summary
+    _check_saved(res, tmp_path)
+
+
+def test_mask_last_row(student, tmp_path: Path) -> None:
+    from ganda.experiments.mask_last_row import mask_last_row_experiment
+
+    res = mask_last_row_experiment(student, _scorer(student), None, per_layer=True)
+    assert res.summary["n_heads_masked"] == 16
+    assert [r["condition"] for r in res.rows][:3] == ["intact", "masked", "masked L0"]
+    _check_saved(res, tmp_path)
+
+
+def _ids(tok, text="The value of the key 'river' is 7 and apple:42"):
+    return torch.tensor([tok(text).input_ids])
+
+
+def test_layer_transplant_identity_and_restore(tok, student) -> None:
+    from ganda.experiments.transplant import TransplantLayer
+
+    ids = _ids(tok)
+    ref = student.forward(ids)
+    twin = from_model(copy.deepcopy(student.model), tok, spec="twin")
+    layers_before = list(student.decoder_layers())
+    for k in range(4):
+        with TransplantLayer(twin, [k]).apply(student):
+            assert student.decoder_layers()[k] is not layers_before[k]
+            out = student.forward(ids)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert list(student.decoder_layers()) == layers_before
+    other = tiny_llama(tok, seed=1)
+    with TransplantLayer(other, [2]).apply(student):
+        changed = student.forward(ids)
+    assert not torch.allclose(changed, ref, atol=1e-4)
+    torch.testing.assert_close(student.forward(ids), ref)
+
+
+def test_layer_transplant_padded_batch(tok, student) -> None:
+    """Right-padded rows give the same logits on their real tokens as unpadded ones."""
+    from ganda.experiments.transplant import TransplantLayer
+
+    other = tiny_llama(tok, seed=1)
+    a, b = tok("apple:42 river").input_ids, tok("apple:42\nriver:7\nThe value").input_ids
+    ids = torch.full((2, len(b)), tok.pad_token_id)
+    ids[0, : len(a)], ids[1] = torch.tensor(a), torch.tensor(b)
+    mask = (torch.arange(len(b))[None] < torch.tensor([[len(a)], [len(b)]])).long()
+    with TransplantLayer(other, [1]).apply(student):
+        batched = student.forward(ids, attention_mask=mask)
+        single = student.forward(torch.tensor([a]))
+    torch.testing.assert_close(batched[0, : len(a)], single[0], atol=1e-5, rtol=1e-5)
+
+
+def test_head_transplant_identity(tok, student) -> None:
+    from ganda.experiments.transplant import TransplantHead
+
+    ids = _ids(tok)
+    ref = student.forward(ids)
+    twin = from_model(copy.deepcopy(student.model), tok, spec="twin")
+    for head in ("L0H0", "L2H3", "L3H1"):
+        with TransplantHead(twin, head).apply(student):
+            out = student.forward(ids)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(student.forward(ids), ref)
+
+
+def test_head_transplant_changes_only_that_head(tok, student) -> None:
+    """At layer 0 (where student and donor see the same input when they share embeddings) the
+    transplant's o_proj output = student's output with the head ablated + the donor head's own
+    o_proj contribution (the donor run with only that head kept)."""
+    from ganda.experiments.transplant import TransplantHead
+
+    donor = tiny_llama(tok, seed=2)
+    donor.model.model.embed_tokens.weight.data.copy_(student.model.model.embed_tokens.weight.data)
+    ids = _ids(tok)
+
+    def o_proj_out(adapter, layer, ivs):
+        got = {}
+        h = adapter.mixer(layer).out_proj.register_forward_hook(lambda m, a, o: got.setdefault("o", o.detach()))
+        try:
+            from ganda.interventions import apply
+
+            with apply(adapter, ivs):
+                adapter.forward(ids)
+        finally:
+            h.remove()
+        return got["o"]
+
+    transplanted = o_proj_out(student, 0, [TransplantHead(donor, "L0H2", "L0H1")])
+    ablated = o_proj_out(student, 0, [AblateHeads("L0H2")])
+    donor_head = o_proj_out(donor, 0, [KeepHeads("L0H1")])
+    torch.testing.assert_close(transplanted - ablated, donor_head, atol=1e-5, rtol=1e-4)
+    # other layers' heads are untouched: layer-1 out_proj differs only through its changed input
+    assert not torch.allclose(transplanted, o_proj_out(student, 0, []), atol=1e-4)
+
+
+def test_transplant_into_mamba2_student(tok) -> None:
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    from ganda.experiments.transplant import TransplantHead, TransplantLayer
+
+    torch.manual_seed(0)
+    cfg = Mamba2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, state_size=8, expand=2,
+                       head_dim=8, num_heads=8, n_groups=1, chunk_size=16, pad_token_id=tok.pad_token_id)
+    try:
+        ssm = from_model(Mamba2ForCausalLM(cfg), tok, spec="tiny-mamba2")
+    except Exception as exc:  # noqa: BLE001 - the SSM adapters land separately
+        pytest.skip(f"no Mamba-2 adapter yet: {exc}")
+    donor = tiny_llama(tok, seed=3, layers=3)
+    ids = _ids(tok)
+    ref = ssm.forward(ids)
+    with TransplantLayer(donor, [1]).apply(ssm):
+        out = ssm.forward(ids)
+    assert out.shape == ref.shape and not torch.allclose(out, ref, atol=1e-4)
+    with TransplantHead(donor, HeadId(1, 3, None), "L1H0").apply(ssm):
+        out2 = ssm.forward(ids)
+    assert torch.isfinite(out2).all() and not torch.allclose(out2, ref, atol=1e-5)
+    torch.testing.assert_close(ssm.forward(ids), ref)
+
+
+def test_transplant_sweep(student, tok, tmp_path: Path) -> None:
+    from ganda.experiments.transplant import transplant_sweep
+
+    donor = tiny_llama(tok, seed=1)
+    res = transplant_sweep(student, donor, _scorer(student), layers=[1, 3], score_donor=True)
+    assert [r["condition"] for r in res.rows] == ["student", "donor", "L1", "L3"]
+    assert res.summary["best_layer"] in (1, 3)
+    _check_saved(res, tmp_path / "layers")
+    res_h = transplant_sweep(student, donor, _scorer(student), heads="L2H0-1")
+    assert [r["condition"] for r in res_h.rows] == ["student", "head L2H0", "head L2H1"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tok, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tiny-llama")
+    m = tiny_llama(tok, 0)
+    m.model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def test_cli_commands(model_dir: Path, tmp_path: Path) -> None:
+    from ganda.cli import main
+
+    m = str(model_dir)
+    common = ["--limit", "2", "--tasks", "mmlu", "--quiet"]
+    cmds = {
+        "prune": ["prune", m, *common, "--out"],
+        "rr": ["prune", m, *common, "--remove-restore", "--minimal", "3", "--out"],
+        "retain": ["retain", m, "--gather", "L2H0", "--aggregate", "L3H1", *common, "--out"],
+        "kv": ["kv-curve", m, "--heads", "L3H0", "--pairs", "2,4", "--limit", "2", "--quiet", "--out"],
+        "mask": ["mask-last-row", m, *common, "--out"],
+        "transplant": ["transplant", m, "--donor", m, "--layers", "0,3", *common, "--out"],
+    }
+    for name, argv in cmds.items():
+        out = tmp_path / name
+        assert main([*argv, str(out)]) == 0, name
+        assert (out / "result.json").exists() and list(out.glob("*.png")) and (out / "report.html").exists(), name
+    # a donor equal to the student leaves the score unchanged
+    d = json.loads((tmp_path / "transplant" / "result.json").read_text())
+    assert {r["mmlu"] for r in d["rows"]} == {d["rows"][0]["mmlu"]}
+    assert main(["retain", m, "--gather", "L3H0", "--aggregate", "L3H1", *common]) == 2
+    assert main(["kv-curve", m, "--pairs", "x"]) == 2
