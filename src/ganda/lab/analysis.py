@@ -1,0 +1,94 @@
+"""Find a lab model's Gather and Aggregate heads by exhaustive single-head zero-ablation.
+
+For every head: ablate it alone (``AblateHeads``), score ``lab-mmlu`` and ``lab-knowledge``
+(and optionally ``lab-letters``/``lab-kv``), record the drop. The heads whose single ablation
+hurts MMLU-format while leaving knowledge intact are the G&A candidates; their attention maps
+then tell which is which (a Gather head's option newlines attend inside their own option line;
+an Aggregate head's final position attends to the gold option's newline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..heads import HeadId
+from ..interventions import AblateHeads
+from ..models.base import ModelAdapter
+from ..scoring import evaluate_examples
+from ..tasks import get_task
+from ..tasks.base import Example, token_spans
+
+
+def _examples(task: str, n: int, seed: int) -> list[Example]:
+    return get_task(task).examples(limit=n, seed=seed)
+
+
+def head_sweep(
+    adapter: ModelAdapter,
+    tasks: Sequence[str] = ("lab-mmlu", "lab-knowledge"),
+    n: int = 200,
+    seed: int = 0,
+    heads: Sequence[HeadId] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Accuracy of every single-head ablation on each task, with the baseline."""
+    from tqdm.auto import tqdm
+
+    exs = {t: _examples(t, n, seed) for t in tasks}
+    base = {t: evaluate_examples(adapter, e, None, task_name=t, progress=False).accuracy for t, e in exs.items()}
+    rows = []
+    for h in tqdm(list(heads or adapter.heads()), desc="head sweep", disable=not progress):
+        accs = {t: evaluate_examples(adapter, e, [AblateHeads([h])], task_name=t, progress=False).accuracy
+                for t, e in exs.items()}
+        rows.append({"head": str(h), **{t: accs[t] for t in tasks},
+                     **{f"drop:{t}": base[t] - accs[t] for t in tasks}})
+    return {"model": adapter.spec, "n": n, "seed": seed, "baseline": base, "heads": rows}
+
+
+@torch.no_grad()
+def pattern_scores(adapter: ModelAdapter, heads: Sequence[HeadId | str], n: int = 32, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Per head, two attention-pattern scores on ``lab-mmlu`` prompts (attention heads only):
+
+    * ``gather``: mean attention mass that each option's newline puts on its own option line
+      (excluding the newline itself);
+    * ``aggregate``: mean attention mass the final position puts on the gold option's newline.
+    """
+    hs = [h if isinstance(h, HeadId) else HeadId.parse(h) for h in heads]
+    hs = [adapter.canonical(h) for h in hs]
+    out = {str(h): {"gather": 0.0, "aggregate": 0.0} for h in hs}
+    exs = _examples("lab-mmlu", n, seed)
+    tok = adapter.tokenizer
+    for ex in exs:
+        enc = tok(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
+        spans = token_spans(enc.offset_mapping, ex.segments)
+        ids = torch.tensor([enc.input_ids])
+        maps = adapter.attention_maps(ids, hs)
+        last = ids.shape[1] - 1
+        for h in hs:
+            m = maps[h]
+            g = sum(float(m[e, s:e].sum()) for s, e in spans) / len(spans)
+            a = float(m[last, spans[ex.gold_segment][1]])
+            out[str(h)]["gather"] += g / len(exs)
+            out[str(h)]["aggregate"] += a / len(exs)
+    return out
+
+
+def find_ga(sweep: dict[str, Any], task: str = "lab-mmlu", knowledge: str = "lab-knowledge",
+            min_drop: float = 0.2) -> list[dict[str, Any]]:
+    """Heads whose single ablation drops ``task`` by at least ``min_drop``, largest drop first."""
+    rows = [r for r in sweep["heads"] if r[f"drop:{task}"] >= min_drop]
+    rows.sort(key=lambda r: -r[f"drop:{task}"])
+    return rows
+
+
+def format_sweep(sweep: dict[str, Any], top: int | None = None) -> str:
+    tasks = list(sweep["baseline"])
+    lines = ["head      " + "  ".join(f"{t:>14}" for t in tasks),
+             "baseline  " + "  ".join(f"{sweep['baseline'][t]:>14.3f}" for t in tasks)]
+    rows = sorted(sweep["heads"], key=lambda r: -r[f"drop:{tasks[0]}"])
+    for r in rows[:top] if top else rows:
+        lines.append(f"{r['head']:<10}" + "  ".join(f"{r[t]:>8.3f} ({-r['drop:' + t]:+.2f})" for t in tasks))
+    return "\n".join(lines)

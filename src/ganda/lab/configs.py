@@ -1,0 +1,149 @@
+"""Named lab configurations: architecture, model size, world, and training schedule.
+
+A config is a plain dict (JSON-serialisable) with keys ``arch`` (``llama`` | ``mamba2`` |
+``hybrid``), ``model`` (keyword overrides for the transformers config), ``world``
+(:class:`~ganda.lab.world.WorldConfig` fields) and ``train`` (see ``TRAIN_DEFAULTS``).
+``ganda train NAME`` takes one of the names below or a JSON file/string.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import GandaError
+
+TRAIN_DEFAULTS: dict[str, Any] = {
+    "steps": 3000,
+    "batch_size": 48,
+    "lr": 2e-3,
+    "min_lr_frac": 0.1,
+    "warmup": 100,
+    "weight_decay": 0.01,
+    "grad_clip": 1.0,
+    # mixture of training sequences (weights, normalised)
+    "mixture": {"statement": 0.3, "mmlu": 0.4, "letters": 0.15, "kv": 0.15},
+    "kv_pairs": [2, 10],  # n_pairs drawn uniformly from this inclusive range
+    "eval_every": 250,
+    "eval_n": 64,
+    "ckpt_every": 250,
+    "seed": 0,
+    "threads": 1,  # one thread per run: far faster than 2 on a shared 2-core box
+}
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "arch": "llama",
+        "model": {
+            "hidden_size": 64,
+            "intermediate_size": 192,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 128,
+        },
+        "train": {"steps": 3000, "lr": 3e-3},
+    },
+    "mamba2": {
+        "arch": "mamba2",
+        "model": {
+            "hidden_size": 64,
+            "num_hidden_layers": 4,
+            "num_heads": 8,
+            "head_dim": 16,
+            "state_size": 8,
+            "expand": 2,
+            "n_groups": 1,
+            "chunk_size": 16,
+        },
+        "train": {"steps": 3000},
+    },
+    "hybrid": {
+        "arch": "hybrid",
+        "model": {
+            "hidden_size": 64,
+            "intermediate_size": 192,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "attn_layer_indices": [2],
+            "mamba_n_heads": 8,
+            "mamba_d_head": 16,
+            "mamba_d_state": 8,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 16,
+            "max_position_embeddings": 128,
+        },
+        "train": {"steps": 3000},
+    },
+    # CI smoke test: a very small Llama, a couple of hundred steps
+    "smoke": {
+        "arch": "llama",
+        "model": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "max_position_embeddings": 128,
+        },
+        "world": {"n_entities": 24, "n_novel": 40},
+        "train": {"steps": 150, "batch_size": 32, "lr": 1e-2, "warmup": 20, "eval_every": 150, "eval_n": 48,
+                  "ckpt_every": 75, "mixture": {"statement": 0.6, "mmlu": 0.2, "letters": 0.1, "kv": 0.1}},
+    },
+}
+
+
+def resolve_config(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """A named config, a JSON file, or a JSON string -> full config with training defaults."""
+    if isinstance(spec, dict):
+        cfg = copy.deepcopy(spec)
+    elif spec in CONFIGS:
+        cfg = copy.deepcopy(CONFIGS[spec])
+        cfg.setdefault("name", spec)
+    elif Path(spec).is_file():
+        try:
+            cfg = json.loads(Path(spec).read_text())
+        except json.JSONDecodeError as exc:
+            raise GandaError(f"{spec} is not valid JSON: {exc}") from None
+    elif spec.lstrip().startswith("{"):
+        try:
+            cfg = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise GandaError(f"config is not valid JSON: {exc}") from None
+    else:
+        raise GandaError(f"unknown lab config {spec!r}; known: {', '.join(CONFIGS)} (or a JSON file)")
+    if cfg.get("arch") not in ("llama", "mamba2", "hybrid"):
+        raise GandaError(f"config arch must be llama, mamba2 or hybrid, not {cfg.get('arch')!r}")
+    train = dict(TRAIN_DEFAULTS)
+    train.update(cfg.get("train") or {})
+    cfg["train"] = train
+    cfg.setdefault("model", {})
+    cfg.setdefault("world", {})
+    cfg.setdefault("name", cfg["arch"])
+    return cfg
+
+
+def build_model(cfg: dict[str, Any], tokenizer):
+    """A freshly initialised transformers model for the config (seed torch before calling)."""
+    import transformers as tf
+
+    ids = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "tie_word_embeddings": True,
+    }
+    m = {**ids, **cfg["model"]}
+    arch = cfg["arch"]
+    if arch == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**m))
+    if arch == "mamba2":
+        m.setdefault("initializer_range", 0.02)
+        return tf.Mamba2ForCausalLM(tf.Mamba2Config(**m))
+    if arch == "hybrid":
+        return tf.BambaForCausalLM(tf.BambaConfig(**m))
+    raise GandaError(f"unknown arch {arch!r}")

@@ -1,0 +1,253 @@
+"""Train a lab model on the synthetic world: seeded, resumable, with a progress bar.
+
+Each batch is a fresh, seeded mixture (``train_rng(seed, step)``) of
+
+* ``statement``: ``The home of bako is red hill.`` for every entity's facts (loss on all tokens),
+* ``mmlu``: MMLU-format questions about *training* facts (loss on the answer letter),
+* ``letters``: MMLU-format questions whose answer is stated in context (loss on the letter),
+* ``kv``: dictionary prompts (loss on the value).
+
+Because batches are a pure function of (seed, step), resuming from a checkpoint continues the
+exact same run. The output directory is an ordinary Hugging Face model directory
+(``config.json``, ``model.safetensors``, tokenizer files) plus ``lab.json`` (config, world, log).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..tasks.base import Example
+from .configs import build_model, resolve_config
+from .tokenizer import build_tokenizer
+from .world import World, WorldConfig, eval_rng, train_rng
+
+
+# ---- batches ----------------------------------------------------------------------------------
+def example_ids(tok, ex: Example) -> tuple[list[int], int]:
+    """Token ids of prompt + gold choice, and the index where the answer starts."""
+    ctx = tok(ex.prompt, add_special_tokens=False).input_ids
+    full = tok(ex.prompt + ex.choices[ex.gold], add_special_tokens=False).input_ids
+    return full, len(ctx)
+
+
+def sample_sequence(world: World, tok, rng, kind: str, kv_pairs: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """(ids, labels) for one training sequence; labels are -100 where there is no loss."""
+    if kind == "statement":
+        f = rng.choice(world.facts)
+        ids = tok(world.statement(f.entity, f.relation, f.value), add_special_tokens=False).input_ids
+        return ids, list(ids)
+    if kind == "mmlu":
+        ex = world.mmlu_example(rng, rng.choice(world.train_facts))
+    elif kind == "letters":
+        ex = world.letters_example(rng)
+    elif kind == "kv":
+        ex = world.kv_example(rng, rng.randint(kv_pairs[0], kv_pairs[1]))
+    else:
+        raise ValueError(f"unknown mixture component {kind!r}")
+    ids, start = example_ids(tok, ex)
+    return ids, [-100] * start + ids[start:]
+
+
+def make_batch(world: World, tok, cfg_train: dict[str, Any], seed: int, step: int) -> dict[str, torch.Tensor]:
+    rng = train_rng(seed, step)
+    mix = cfg_train["mixture"]
+    kinds, weights = list(mix), [float(mix[k]) for k in mix]
+    kvp = tuple(cfg_train["kv_pairs"])
+    seqs = [sample_sequence(world, tok, rng, rng.choices(kinds, weights)[0], kvp) for _ in range(cfg_train["batch_size"])]
+    width = max(len(s[0]) for s in seqs)
+    pad = tok.pad_token_id
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (s, lab) in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        labels[i, : len(s)] = torch.tensor(lab)
+        mask[i, : len(s)] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+# ---- quick evaluation (batched; the final numbers use ganda.scoring) ----------------------------
+def eval_examples(world: World, kind: str, n: int, seed: int = 0, split: str = "all", n_pairs: int = 8) -> list[Example]:
+    rng = eval_rng(kind, seed)
+    if kind == "knowledge":
+        facts = world.fact_split(split)
+        return [world.knowledge_example(rng, facts[i % len(facts)]) for i in _order(rng, len(facts), n)]
+    if kind == "mmlu":
+        facts = world.fact_split(split)
+        return [world.mmlu_example(rng, facts[i % len(facts)]) for i in _order(rng, len(facts), n)]
+    if kind == "letters":
+        return [world.letters_example(rng) for _ in range(n)]
+    if kind == "kv":
+        return [world.kv_example(rng, n_pairs) for _ in range(n)]
+    raise ValueError(kind)
+
+
+def _order(rng, n_items: int, n: int) -> list[int]:
+    idx = list(range(n_items))
+    rng.shuffle(idx)
+    return [idx[i % n_items] for i in range(n)]
+
+
+@torch.no_grad()
+def quick_accuracy(model, tok, examples: list[Example], batch_rows: int = 256) -> float:
+    """Accuracy by summed log-likelihood of each choice (same rule as ganda.scoring's ``acc``)."""
+    rows, owners = [], []
+    for ei, ex in enumerate(examples):
+        ctx = tok(ex.prompt, add_special_tokens=False).input_ids
+        for ci, c in enumerate(ex.choices):
+            full = tok(ex.prompt + c, add_special_tokens=False).input_ids
+            rows.append((full, len(ctx)))
+            owners.append((ei, ci))
+    scores: dict[tuple[int, int], float] = {}
+    was_training = model.training
+    model.eval()
+    for b in range(0, len(rows), batch_rows):
+        chunk = rows[b : b + batch_rows]
+        width = max(len(r[0]) for r in chunk)
+        ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, (r, _) in enumerate(chunk):
+            ids[i, : len(r)] = torch.tensor(r)
+            mask[i, : len(r)] = 1
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        for i, (r, start) in enumerate(chunk):
+            pos = torch.arange(start - 1, len(r) - 1)
+            scores[owners[b + i]] = float(logp[i, pos, torch.tensor(r[start:])].sum())
+    if was_training:
+        model.train()
+    correct = 0
+    for ei, ex in enumerate(examples):
+        best = max(range(len(ex.choices)), key=lambda ci: scores[(ei, ci)])
+        correct += best == ex.gold
+    return correct / max(1, len(examples))
+
+
+def quick_eval(model, tok, world: World, n: int, seed: int = 1) -> dict[str, float]:
+    return {
+        "knowledge": quick_accuracy(model, tok, eval_examples(world, "knowledge", n, seed)),
+        "mmlu": quick_accuracy(model, tok, eval_examples(world, "mmlu", n, seed)),
+        "mmlu_held": quick_accuracy(model, tok, eval_examples(world, "mmlu", n, seed, split="held")),
+        "letters": quick_accuracy(model, tok, eval_examples(world, "letters", n, seed)),
+        "kv": quick_accuracy(model, tok, eval_examples(world, "kv", n, seed)),
+    }
+
+
+# ---- training -----------------------------------------------------------------------------------
+def _lr(step: int, cfg_train: dict[str, Any]) -> float:
+    base, warm, total = cfg_train["lr"], cfg_train["warmup"], cfg_train["steps"]
+    if step < warm:
+        return base * (step + 1) / warm
+    frac = (step - warm) / max(1, total - warm)
+    lo = cfg_train["min_lr_frac"]
+    return base * (lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Next-token cross-entropy on labelled positions only (the LM head runs only there)."""
+    h = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    labels = batch["labels"][:, 1:]
+    keep = labels != -100
+    logits = model.lm_head(h[:, :-1][keep]).float()
+    return torch.nn.functional.cross_entropy(logits, labels[keep])
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_model(model, tok, out: Path, meta: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save_pretrained(str(out))
+    (out / "lab.json").write_text(json.dumps(meta, indent=2))
+
+
+def train(
+    config: str | dict[str, Any],
+    out: str | Path,
+    *,
+    steps: int | None = None,
+    seed: int | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    log=print,
+) -> dict[str, Any]:
+    """Train a model from a config; returns the run record (also written to ``out/lab.json``)."""
+    from tqdm.auto import tqdm
+
+    cfg = resolve_config(config)
+    tr = cfg["train"]
+    if steps is not None:
+        tr["steps"] = int(steps)
+    if seed is not None:
+        tr["seed"] = int(seed)
+    if tr.get("threads"):
+        torch.set_num_threads(int(tr["threads"]))
+    out = Path(out)
+    world = World(WorldConfig.from_json(cfg["world"]))
+    tok = build_tokenizer(world)
+    torch.manual_seed(tr["seed"])
+    model = build_model(cfg, tok)
+    opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], weight_decay=tr["weight_decay"], betas=(0.9, 0.98))
+    ckpt = out / "checkpoint"
+    start, history, elapsed = 0, [], 0.0
+    if resume and (ckpt / "state.json").exists():
+        from safetensors.torch import load_file
+
+        state = json.loads((ckpt / "state.json").read_text())
+        model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
+        model.tie_weights()
+        opt.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+        start, history, elapsed = state["step"], state["history"], state["seconds"]
+        log(f"resuming from step {start}")
+    model.train()
+    record: dict[str, Any] = {"config": cfg, "world": world.config.to_json(), "params": n_params(model)}
+    t0 = time.perf_counter() - elapsed
+    bar = tqdm(range(start, tr["steps"]), desc=f"train {cfg['name']}", disable=not progress, initial=start, total=tr["steps"])
+    ema = None
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, tr)
+        batch = make_batch(world, tok, tr, tr["seed"], step)
+        loss = lm_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
+        opt.step()
+        lv = loss.item()
+        if step == 0:
+            record["first_loss"] = round(lv, 4)
+        ema = lv if ema is None else 0.95 * ema + 0.05 * lv
+        bar.set_postfix(loss=f"{ema:.3f}")
+        done = step + 1
+        if done % tr["eval_every"] == 0 or done == tr["steps"]:
+            acc = quick_eval(model, tok, world, tr["eval_n"])
+            history.append({"step": done, "loss": round(ema, 4), "seconds": round(time.perf_counter() - t0, 1),
+                            **{k: round(v, 3) for k, v in acc.items()}})
+            log(json.dumps(history[-1]))
+        if done % tr["ckpt_every"] == 0 and done < tr["steps"]:
+            _save_checkpoint(model, opt, ckpt, done, history, time.perf_counter() - t0)
+    record.update({"steps": tr["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
+                   "torch_threads": torch.get_num_threads()})
+    model.eval()
+    save_model(model, tok, out, record)
+    return record
+
+
+def _save_checkpoint(model, opt, ckpt: Path, step: int, history: list, seconds: float) -> None:
+    from safetensors.torch import save_file
+
+    ckpt.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    # tied weights share storage; safetensors refuses duplicates
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(ckpt / "model.safetensors"))
+    torch.save(opt.state_dict(), ckpt / "optimizer.pt")
+    (ckpt / "state.json").write_text(json.dumps({"step": step, "history": history, "seconds": seconds}))

@@ -1,0 +1,254 @@
+"""A seeded synthetic world where knowledge and retrieval are exactly separable.
+
+* **Entities** (a few hundred made-up names such as ``bako``) each have one fixed value per
+  **relation** (``home``, ``job``, ...). Values are two words (``red hill``), so an option line
+  has several content tokens that a Gather head must summarise into its newline.
+* **Knowledge** (the ARC/PIQA analogue): ``The home of bako is`` + `` red hill``; four candidate
+  values scored by log-likelihood. No letters, nothing to retrieve: only the stored fact helps.
+* **MMLU format**: ``Question: What is the home of bako?`` + four options ``A. red hill`` ... +
+  ``Answer:`` -> `` A``..`` D``. Needs the stored fact *and* the Gather-and-Aggregate step.
+* **Letters**: the same format about a *novel* entity (a name with no stored facts) whose value
+  is stated in a ``Context:`` line, so the answer's content is in the prompt.
+* **KV**: the paper's dictionary prompt with novel names as keys and numbers 0-99 as values.
+
+Everything is a pure function of :class:`WorldConfig` (and a seed for sampled examples), so
+the tasks, the training mixture and the tokenizer's vocabulary always agree.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+from ..tasks.base import Example
+
+LETTERS = "ABCD"
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+
+# relation -> (word lists whose product gives the values)
+RELATIONS: dict[str, tuple[list[str], list[str]]] = {
+    "home": (["red", "cold", "dark", "old", "high", "wet"], ["hill", "lake", "town", "wood", "port", "cave"]),
+    "job": (["sky", "sea", "iron", "salt", "glass", "stone"], ["smith", "guard", "cook", "miner", "baker", "farmer"]),
+    "pet": (["small", "loud", "shy", "fat", "quick", "lazy"], ["cat", "dog", "goat", "crow", "frog", "horse"]),
+}
+
+KV_HEADER = "Memorize the following dictionary:\n"
+TEMPLATE_WORDS = (
+    "The home job pet of is What Question Answer Context Memorize the following dictionary "
+    "value key"
+).split()
+PUNCT = [".", ":", "?", "'", "\n"]
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    seed: int = 0
+    n_entities: int = 200
+    n_novel: int = 200  # names with no facts: letters-task subjects and KV keys
+    relations: tuple[str, ...] = ("home", "job")
+    n_values: int = 16  # values per relation (adjective x noun combinations)
+    holdout_frac: float = 0.2  # facts whose MMLU-format questions never appear in training
+    n_kv_values: int = 100
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["relations"] = list(self.relations)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> WorldConfig:
+        d = dict(d or {})
+        if "relations" in d:
+            d["relations"] = tuple(d["relations"])
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Fact:
+    entity: str
+    relation: str
+    value: str
+
+
+def _names(rng: random.Random, n: int, taken: set[str]) -> list[str]:
+    out: list[str] = []
+    seen = set(taken)
+    while len(out) < n:
+        name = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(2))
+        if name not in seen:
+            seen.add(name)
+            out.append(name)
+    return out
+
+
+@dataclass
+class World:
+    config: WorldConfig = field(default_factory=WorldConfig)
+
+    # ---- the fixed world ----------------------------------------------------------------
+    @cached_property
+    def _built(self) -> tuple[list[str], list[str], dict[str, list[str]], dict[tuple[str, str], str]]:
+        cfg = self.config
+        rng = random.Random(f"ganda-lab-world-{cfg.seed}")
+        reserved = {w.lower() for w in TEMPLATE_WORDS}
+        for rel in RELATIONS.values():
+            reserved |= set(rel[0]) | set(rel[1])
+        names = _names(rng, cfg.n_entities + cfg.n_novel, reserved)
+        entities, novel = names[: cfg.n_entities], names[cfg.n_entities :]
+        values: dict[str, list[str]] = {}
+        for r in cfg.relations:
+            adjs, nouns = RELATIONS[r]
+            combos = [f"{a} {n}" for a in adjs for n in nouns]
+            rng.shuffle(combos)
+            if cfg.n_values > len(combos):
+                raise ValueError(f"relation {r} has only {len(combos)} values")
+            values[r] = sorted(combos[: cfg.n_values])
+        facts = {(e, r): rng.choice(values[r]) for e in entities for r in cfg.relations}
+        return entities, novel, values, facts
+
+    @property
+    def entities(self) -> list[str]:
+        return self._built[0]
+
+    @property
+    def novel(self) -> list[str]:
+        return self._built[1]
+
+    @property
+    def values(self) -> dict[str, list[str]]:
+        return self._built[2]
+
+    @cached_property
+    def facts(self) -> list[Fact]:
+        return [Fact(e, r, v) for (e, r), v in self._built[3].items()]
+
+    def value(self, entity: str, relation: str) -> str:
+        return self._built[3][(entity, relation)]
+
+    @cached_property
+    def heldout_facts(self) -> list[Fact]:
+        """Facts whose MMLU-format questions are never trained on (knowledge statements are)."""
+        rng = random.Random(f"ganda-lab-holdout-{self.config.seed}")
+        facts = list(self.facts)
+        rng.shuffle(facts)
+        return sorted(facts[: int(round(self.config.holdout_frac * len(facts)))], key=self.facts.index)
+
+    @cached_property
+    def train_facts(self) -> list[Fact]:
+        held = set(self.heldout_facts)
+        return [f for f in self.facts if f not in held]
+
+    def fact_split(self, split: str) -> list[Fact]:
+        if split == "all":
+            return self.facts
+        if split in ("held", "heldout"):
+            return self.heldout_facts
+        if split == "train":
+            return self.train_facts
+        raise ValueError(f"unknown fact split {split!r} (all, train, held)")
+
+    # ---- vocabulary ---------------------------------------------------------------------
+    @cached_property
+    def words(self) -> list[str]:
+        """Every word that can appear in any prompt (the tokenizer adds " word" and "word")."""
+        ws: list[str] = list(TEMPLATE_WORDS) + list(LETTERS)
+        for r in self.config.relations:
+            ws += RELATIONS[r][0] + RELATIONS[r][1]
+        ws += self.entities + self.novel + [str(i) for i in range(self.config.n_kv_values)]
+        seen: set[str] = set()
+        return [w for w in ws if not (w in seen or seen.add(w))]
+
+    # ---- text builders ------------------------------------------------------------------
+    @staticmethod
+    def statement(entity: str, relation: str, value: str) -> str:
+        return f"The {relation} of {entity} is {value}."
+
+    @staticmethod
+    def knowledge_prompt(entity: str, relation: str) -> str:
+        return f"The {relation} of {entity} is"
+
+    @staticmethod
+    def question(entity: str, relation: str) -> str:
+        return f"Question: What is the {relation} of {entity}?\n"
+
+    def _options(self, rng: random.Random, relation: str, gold_value: str, n: int = 4) -> tuple[list[str], int]:
+        others = [v for v in self.values[relation] if v != gold_value]
+        opts = rng.sample(others, n - 1) + [gold_value]
+        rng.shuffle(opts)
+        return opts, opts.index(gold_value)
+
+    @staticmethod
+    def _mc(head: str, options: list[str], gold: int, meta: dict[str, Any]) -> Example:
+        prompt = head
+        segments = []
+        for letter, opt in zip(LETTERS, options, strict=False):
+            line = f"{letter}. {opt}\n"
+            segments.append((len(prompt), len(prompt) + len(line)))
+            prompt += line
+        prompt += "Answer:"
+        return Example(
+            prompt=prompt,
+            choices=[f" {c}" for c in LETTERS[: len(options)]],
+            gold=gold,
+            segments=segments,
+            gold_segment=gold,
+            meta={**meta, "options": options},
+        )
+
+    # ---- examples -----------------------------------------------------------------------
+    def knowledge_example(self, rng: random.Random, fact: Fact) -> Example:
+        opts, gold = self._options(rng, fact.relation, fact.value)
+        return Example(
+            prompt=self.knowledge_prompt(fact.entity, fact.relation),
+            choices=[f" {o}" for o in opts],
+            gold=gold,
+            meta={"entity": fact.entity, "relation": fact.relation, "value": fact.value},
+        )
+
+    def mmlu_example(self, rng: random.Random, fact: Fact) -> Example:
+        opts, gold = self._options(rng, fact.relation, fact.value)
+        meta = {"entity": fact.entity, "relation": fact.relation, "value": fact.value}
+        return self._mc(self.question(fact.entity, fact.relation), opts, gold, meta)
+
+    def letters_example(self, rng: random.Random) -> Example:
+        entity = rng.choice(self.novel)
+        relation = rng.choice(self.config.relations)
+        value = rng.choice(self.values[relation])
+        opts, gold = self._options(rng, relation, value)
+        head = f"Context: {self.statement(entity, relation, value)}\n" + self.question(entity, relation)
+        return self._mc(head, opts, gold, {"entity": entity, "relation": relation, "value": value})
+
+    def kv_example(self, rng: random.Random, n_pairs: int = 8) -> Example:
+        keys = rng.sample(self.novel, n_pairs)
+        vals = rng.sample(range(self.config.n_kv_values), n_pairs)
+        q = rng.randrange(n_pairs)
+        prompt = KV_HEADER
+        segments = []
+        for k, v in zip(keys, vals, strict=True):
+            line = f"{k}:{v}\n"
+            segments.append((len(prompt), len(prompt) + len(line)))
+            prompt += line
+        prompt += f"The value of the key '{keys[q]}' is"
+        return Example(
+            prompt=prompt,
+            choices=[f" {v}" for v in vals],
+            gold=q,
+            segments=segments,
+            gold_segment=q,
+            meta={"key": keys[q], "value": vals[q], "n_pairs": n_pairs},
+        )
+
+
+DEFAULT_WORLD = WorldConfig()
+
+
+def eval_rng(kind: str, seed: int) -> random.Random:
+    """Evaluation streams are seeded apart from training streams (``train_rng``)."""
+    return random.Random(f"ganda-lab-eval-{kind}-{seed}")
+
+
+def train_rng(seed: int, step: int) -> random.Random:
+    return random.Random(f"ganda-lab-train-{seed}-{step}")
