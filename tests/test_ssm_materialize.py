@@ -1,0 +1,141 @@
+"""The implicit-attention math on its own: rows mode, D on the diagonal, numerics at long
+lengths, the ``materialize`` entry point, Mamba-1 channel blocks, unsupported architectures."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ganda
+from ganda import HeadId
+from ganda.errors import GandaError
+from ganda.models.ssm.materialize import (
+    SelectiveParams,
+    SSDParams,
+    materialize,
+    selective_channel_map,
+    ssd_head_map,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_ssm_families import build  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _ssd(T: int, H: int = 4, G: int = 2, N: int = 5, P: int = 3, decay: float = 1.0, seed: int = 0) -> SSDParams:
+    g = torch.Generator().manual_seed(seed)
+    delta = torch.nn.functional.softplus(torch.randn(T, H, generator=g))
+    A = -torch.rand(H, generator=g) * decay
+    return SSDParams(x=torch.randn(T, H, P, generator=g), B=torch.randn(T, G, N, generator=g),
+                     C=torch.randn(T, G, N, generator=g), log_decay=delta * A, col_scale=delta,
+                     D=torch.randn(H, generator=g))
+
+
+def _recurrence(p: SSDParams, head: int) -> torch.Tensor:
+    """S_t = exp(a_t) S_{t-1} + Δ_t x_t B_tᵀ, y_t = S_t C_t (float64, token by token)."""
+    g = p.group(head)
+    S = torch.zeros(p.x.shape[2], p.B.shape[2], dtype=torch.float64)
+    ys = []
+    for t in range(p.x.shape[0]):
+        w = p.col_scale[t, head].double() if p.col_scale is not None else 1.0
+        S = torch.exp(p.log_decay[t, head].double()) * S + w * torch.outer(p.x[t, head].double(), p.B[t, g].double())
+        ys.append(S @ p.C[t, g].double())
+    return torch.stack(ys)
+
+
+def test_ssd_map_equals_recurrence():
+    p = _ssd(40)
+    for head in range(4):
+        M = ssd_head_map(p, head)
+        y = M.double() @ p.x[:, head].double()
+        ref = _recurrence(p, head)
+        assert (y - ref).norm() / ref.norm() < 1e-5
+        assert torch.all(M.triu(1) == 0)
+
+
+def test_selective_map_equals_scan():
+    g = torch.Generator().manual_seed(1)
+    T, E, N = 30, 3, 4
+    p = SelectiveParams(x=torch.randn(T, E, generator=g), delta=torch.rand(T, E, generator=g),
+                        A=-torch.rand(E, N, generator=g) * 3, B=torch.randn(T, N, generator=g),
+                        C=torch.randn(T, N, generator=g), D=torch.randn(E, generator=g))
+    for d in range(E):
+        h = torch.zeros(N, dtype=torch.float64)
+        ys = []
+        for t in range(T):
+            dt = p.delta[t, d].double()
+            h = torch.exp(dt * p.A[d].double()) * h + dt * p.B[t].double() * p.x[t, d].double()
+            ys.append(h @ p.C[t].double())
+        ref = torch.stack(ys)
+        y = selective_channel_map(p, d).double() @ p.x[:, d].double()
+        assert (y - ref).norm() / ref.norm() < 1e-5
+
+
+def test_rows_mode_and_d_on_diagonal():
+    p = _ssd(50)
+    full = ssd_head_map(p, 1)
+    assert torch.allclose(ssd_head_map(p, 1, rows=[-1])[0], full[-1], rtol=1e-6, atol=1e-9)
+    assert torch.allclose(ssd_head_map(p, 1, rows=[3, 17]), full[[3, 17]], rtol=1e-6, atol=1e-9)
+    with_d = ssd_head_map(p, 1, include_d=True)
+    assert torch.allclose(with_d - full, torch.diag(torch.full((50,), float(p.D[1]))))
+    with pytest.raises(IndexError):
+        ssd_head_map(p, 1, rows=[50])
+
+
+def test_long_sequences_stay_finite_and_exact():
+    """Strong decays over 3,000 steps: masking before exp keeps the upper triangle at 0 (no inf·0),
+    and float64 prefix sums keep the far-diagonal decays right."""
+    p = _ssd(3000, decay=8.0)
+    M = ssd_head_map(p, 0, rows=[0, 1500, 2999])
+    assert torch.isfinite(M).all()
+    assert torch.all(M[0, 1:] == 0) and torch.all(M[1, 1501:] == 0)
+    # entry-wise check near the diagonal, against the direct product of decays
+    i, j = 2999, 2990
+    direct = (p.C[i, 0] @ p.B[j, 0]).double() * torch.exp(p.log_decay[j + 1:i + 1, 0].double().sum()) * p.col_scale[j, 0]
+    assert abs(float(M[2, j]) - float(direct)) <= 1e-5 * abs(float(direct)) + 1e-30
+
+
+def test_materialize_entry_point():
+    ad = ganda.from_model(build("zamba2"))
+    ids = torch.randint(0, 60, (1, 9), generator=torch.Generator().manual_seed(0))
+    maps = materialize(ad, ids, "L1.ssmH2,L0H1", rows=[-1])
+    assert set(maps) == {HeadId(0, 1), HeadId(1, 2, "ssm")} and maps[HeadId(0, 1)].shape == (1, 9)
+    full = materialize(ad, ids, [HeadId(1, 2, "ssm")], include_d=False)[HeadId(1, 2, "ssm")]
+    assert torch.allclose(full[-1], maps[HeadId(1, 2, "ssm")][0], atol=1e-7)
+    with pytest.raises(GandaError, match="not SSM heads"):
+        materialize(ad, ids, "L1.attnH0")
+
+
+def test_mamba1_channel_blocks():
+    ad = ganda.from_model(build("mamba"))
+    ids = torch.randint(0, 60, (1, 8), generator=torch.Generator().manual_seed(0))
+    E = ad.mixer(1).num_heads
+    assert ad.mixer(1).head_dim == 1 and E == 32
+    blocks = ad.grouped_maps(ids, 1, block=8)
+    assert sorted(blocks) == [0, 1, 2, 3]
+    per = ad.attention_maps(ids, [HeadId(1, c) for c in range(8, 16)])
+    assert torch.allclose(blocks[1], torch.stack(list(per.values())).mean(0), atol=1e-6)
+    assert [str(h) for h in ad.channel_heads(1, 8, 3)][:2] == ["L1H24", "L1H25"]
+
+
+def test_unsupported_architecture_names_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "rwkv"}))
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(GandaError) as err:
+        ganda.load_model(str(tmp_path), device="cpu")
+    msg = str(err.value)
+    for name in ("rwkv", "Mamba-2", "Mamba-1", "Falcon-Mamba", "Llamba", "Zamba2", "Bamba"):
+        assert name in msg
