@@ -67,6 +67,8 @@ def register(app: typer.Typer) -> None:
         min_layers: int = typer.Option(1, "--min-layers", help="smallest number of kept layers"),
         remove_restore: bool = typer.Option(False, "--remove-restore", help="Fig. 3 on the minimal model"),
         minimal: int | None = typer.Option(None, "--minimal", help="minimal model size (skips the curve)"),
+        drop_task: str | None = typer.Option(None, "--drop-task", help="task whose drop defines the minimal "
+                                             "model (default: mmlu if scored, else the first task)"),
         seed: int = SEED,
         out: Path | None = typer.Option(None, "--out", "-o", help="run directory"),
         allow_pickle: bool = PICKLE,
@@ -80,7 +82,9 @@ def register(app: typer.Typer) -> None:
 
         adapter = load_model(model, allow_pickle=allow_pickle)
         scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
-        drop_task = "mmlu" if "mmlu" in scorer.tasks else scorer.tasks[0]
+        drop_task = drop_task or ("mmlu" if "mmlu" in scorer.tasks else scorer.tasks[0])
+        if drop_task not in scorer.tasks:
+            raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(scorer.tasks)}")
         out_dir = _out(out, "remove_restore" if remove_restore else "prune", model)
         if not remove_restore:
             _finish(prune_curve(adapter, scorer, step=layers, min_layers=min_layers, drop_task=drop_task), out_dir, html)
