@@ -1,7 +1,8 @@
 """SSM and hybrid families: Mamba-2, Llamba (Discrete Mamba-2), Mamba-1/Falcon-Mamba, Zamba2, Bamba.
 
 Importing this package registers the adapters (``families.py`` imports it) and the Llamba loader;
-see docs/ssm.md for head ids, formulas and the forced PyTorch path.
+see docs/ssm.md for head ids, formulas and the forced PyTorch path. The implicit-attention
+entry point is ``ganda.models.ssm.materialize.materialize(adapter, input_ids, heads, rows)``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from .bamba import BambaAdapter
 from .llamba import LlambaAdapter, LlambaForCausalLM, load_llamba, load_unlabelled
 from .mamba1 import Mamba1Adapter
 from .mamba2 import Mamba2Adapter
-from .materialize import materialize
 from .zamba2 import Zamba2Adapter
 
 register(Mamba2Adapter, {"mamba2": "Mamba-2"})
@@ -26,6 +26,6 @@ CUSTOM_LOADERS.setdefault(None, load_unlabelled)
 
 __all__ = [
     "BambaAdapter",
-    "LlambaAdapter", "LlambaForCausalLM", "Mamba1Adapter", "Mamba2Adapter", "load_llamba", "materialize",
+    "LlambaAdapter", "LlambaForCausalLM", "Mamba1Adapter", "Mamba2Adapter", "load_llamba",
     "Zamba2Adapter",
 ]

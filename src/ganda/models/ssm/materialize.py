@@ -27,10 +27,9 @@ if TYPE_CHECKING:
     from ...heads import HeadId
     from ..base import ModelAdapter
 
-# Rows per block when building a map: bounds the float64 scratch to ~block·T (SSD) or
-# block·T·N (selective) elements.
+# Rows per block for SSD maps (float64 scratch ~block·T); column block for Mamba-1 maps.
 _SSD_ROW_BLOCK = 512
-_SEL_SCRATCH = 1 << 22
+_SEL_BLOCK = 64
 
 
 @dataclass
@@ -119,23 +118,37 @@ def ssd_head_map(p: SSDParams, head: int, rows: Sequence[int] | torch.Tensor | N
 
 def selective_channel_map(p: SelectiveParams, channel: int, rows: Sequence[int] | torch.Tensor | None = None,
                           include_d: bool = False) -> torch.Tensor:
-    """``α^d[rows, :]`` for one Mamba-1 channel: [len(rows), T] float32."""
+    """``α^d[rows, :]`` for one Mamba-1 channel: [len(rows), T] float32.
+
+    The decay differs per state dim n, so a naive map is L²·N exponentials. Columns are taken in
+    blocks J ending at ``ref``; for rows r ≥ ref, ``exp(cs_r − cs_j) = exp(cs_r − cs_ref) ·
+    exp(cs_ref − cs_j)`` with both exponents ≤ 0 (no overflow), turning the block into one
+    [R, N]×[N, |J|] product; only the band where J holds r itself is exponentiated entry-wise.
+    """
     T, N = p.B.shape
     dev = p.x.device
     r = _rows(rows, T).to(dev)
     delta = p.delta[:, channel].double()  # [T]
-    cs = torch.cumsum(delta[:, None] * p.A[channel].double()[None, :], 0)  # [T, N]
-    Bw = (p.B.double() * delta[:, None])  # B̄_j = Δ_j B_j (Euler, as HF and the CUDA kernel)
-    C = p.C.double()
-    cols = torch.arange(T, device=dev)
-    out = torch.empty(len(r), T, dtype=torch.float32, device=dev)
-    step = max(1, _SEL_SCRATCH // max(1, T * N))
-    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=dev)
-    for s in range(0, len(r), step):
-        rb = r[s:s + step]
-        causal = (cols[None, :] <= rb[:, None])[..., None]  # [R, T, 1]
-        expo = torch.where(causal, cs[rb][:, None, :] - cs[None, :, :], neg_inf)  # [R, T, N]
-        out[s:s + step] = torch.einsum("rn,tn,rtn->rt", C[rb], Bw, torch.exp(expo)).float()
+    cs = torch.cumsum(delta[:, None] * p.A[channel].double()[None, :], 0)  # [T, N], non-increasing
+    Bw = p.B.double() * delta[:, None]  # B̄_j = Δ_j B_j (Euler, as HF and the CUDA kernel)
+    C = p.C.double()[r]  # [R, N]
+    csr = cs[r]
+    out = torch.zeros(len(r), T, dtype=torch.float32, device=dev)
+    Q = _SEL_BLOCK
+    for j0 in range(0, T, Q):
+        j1 = min(T, j0 + Q)
+        ref = j1 - 1
+        after = r >= ref  # rows that see the whole block
+        if bool(after.any()):
+            left = C[after] * torch.exp(csr[after] - cs[ref])  # [R', N]
+            right = Bw[j0:j1] * torch.exp(cs[ref] - cs[j0:j1])  # [|J|, N]
+            out[after, j0:j1] = (left @ right.T).float()
+        band = (r >= j0) & (r < ref)  # rows inside the block: causal part only
+        if bool(band.any()):
+            rb, cols = r[band], torch.arange(j0, j1, device=dev)
+            causal = (cols[None, :] <= rb[:, None])[..., None]
+            expo = torch.where(causal, csr[band][:, None, :] - cs[j0:j1][None], torch.tensor(float("-inf"), dtype=torch.float64, device=dev))
+            out[band, j0:j1] = torch.einsum("rn,tn,rtn->rt", C[band], Bw[j0:j1], torch.exp(expo)).float()
     if include_d:
         out[torch.arange(len(r), device=dev), r] += p.D[channel].float()
     return out

@@ -1,0 +1,126 @@
+"""Time and peak memory to materialise one SSM head's implicit attention on this machine.
+
+Realistic per-head sizes: Llamba-8B / Mamba-2 heads (d_state N=64, head_dim P=128) and a
+Falcon-Mamba-7B channel (N=16). For L in (1024, 4096): the full L×L map and the last-row mode.
+Inputs are random SSM parameters (the math does not depend on where they came from); capture
+needs one forward pass of the real model, which is not included.
+
+Usage: python benchmarks/bench_materialize.py [--lengths 1024 4096] [--repeat 3] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from ganda.models.ssm.materialize import SelectiveParams, SSDParams, selective_channel_map, ssd_head_map
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRSS:
+    """Peak resident memory above the starting point, sampled every millisecond."""
+
+    def __enter__(self) -> PeakRSS:
+        self.start = _rss()
+        self.peak = self.start
+        self._stop = False
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop:
+            self.peak = max(self.peak, _rss())
+            time.sleep(0.001)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._t.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def mib(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def ssd_params(L: int, N: int = 64, P: int = 128) -> SSDParams:
+    g = torch.Generator().manual_seed(0)
+    delta = torch.nn.functional.softplus(torch.randn(L, 1, generator=g))
+    return SSDParams(x=torch.randn(L, 1, P, generator=g), B=torch.randn(L, 1, N, generator=g),
+                     C=torch.randn(L, 1, N, generator=g), log_decay=-delta * 0.5, col_scale=delta,
+                     D=torch.ones(1))
+
+
+def sel_params(L: int, N: int = 16) -> SelectiveParams:
+    g = torch.Generator().manual_seed(0)
+    return SelectiveParams(x=torch.randn(L, 1, generator=g), delta=torch.rand(L, 1, generator=g),
+                           A=-torch.arange(1, N + 1, dtype=torch.float32)[None], B=torch.randn(L, N, generator=g),
+                           C=torch.randn(L, N, generator=g), D=torch.ones(1))
+
+
+def measure(fn, repeat: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    fn()  # warm-up
+    times, mem = [], 0.0
+    for _ in range(repeat):
+        with PeakRSS() as pk:
+            t = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t)
+            del out
+        mem = max(mem, pk.mib)
+    return min(times), mem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    rows = []
+    for L in args.lengths:
+        p = ssd_params(L)
+        s = sel_params(L)
+        cases = [
+            ("Mamba-2 / Llamba head (N=64)", "full", lambda p=p: ssd_head_map(p, 0)),
+            ("Mamba-2 / Llamba head (N=64)", "last row", lambda p=p, L=L: ssd_head_map(p, 0, rows=[L - 1])),
+            ("Mamba-1 channel (N=16)", "full", lambda s=s: selective_channel_map(s, 0)),
+            ("Mamba-1 channel (N=16)", "last row", lambda s=s, L=L: selective_channel_map(s, 0, rows=[L - 1])),
+        ]
+        for name, mode, fn in cases:
+            sec, mib = measure(fn, args.repeat)
+            out_mib = (L * L if mode == "full" else L) * 4 / 2**20
+            rows.append((name, L, mode, sec, mib, out_mib))
+            print(f"{name:30s} L={L:5d} {mode:8s} {sec * 1000:9.1f} ms  peak +{mib:7.1f} MiB  (output {out_mib:.2f} MiB)")
+    load = os.getloadavg()[0]
+    lines = [
+        "## Materialising one SSM head (implicit attention)",
+        "",
+        f"`python benchmarks/bench_materialize.py` on {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, load average {load:.1f} at the end "
+        "(other jobs shared the machine). Best of "
+        f"{args.repeat}; peak = resident memory above the starting point (1 ms sampling).",
+        "",
+        "| head | L | rows | time | peak memory | output |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for name, L, mode, sec, mib, out_mib in rows:
+        lines.append(f"| {name} | {L} | {mode} | {sec * 1000:.1f} ms | {mib:.1f} MiB | {out_mib:.2f} MiB |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
