@@ -35,7 +35,7 @@ def tiny_tokenizer():
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=["<eos>"], show_progress=False)
-    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator([CORPUS] * 4 + [" A B C D"] * 50, trainer=trainer)  # " A" etc. one token
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
     return fast
 
@@ -293,3 +293,34 @@ def test_cli_commands(model_dir: Path, tmp_path: Path) -> None:
     assert {r["mmlu"] for r in d["rows"]} == {d["rows"][0]["mmlu"]}
     assert main(["retain", m, "--gather", "L3H0", "--aggregate", "L3H1", *common]) == 2
     assert main(["kv-curve", m, "--pairs", "x"]) == 2
+
+
+def test_fast_pruning_equals_truncation(student) -> None:
+    from ganda.experiments.prune import prune_curve
+
+    scorer = _scorer(student, ("mmlu", "letters"), limit=4)
+    fast = prune_curve(student, scorer)
+    assert any("one pass" in n for n in fast.notes)
+    slow = prune_curve(student, scorer, fast_path=False)
+    assert fast.rows == slow.rows
+
+
+def test_fast_truncation_on_mamba2(tok) -> None:
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    from ganda.experiments.prune import truncation_logprobs
+    from ganda.interventions import truncate
+
+    torch.manual_seed(0)
+    cfg = Mamba2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, state_size=8, expand=2,
+                       head_dim=8, num_heads=8, n_groups=1, chunk_size=16, pad_token_id=tok.pad_token_id)
+    try:
+        ssm = from_model(Mamba2ForCausalLM(cfg), tok, spec="tiny-mamba2")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no Mamba-2 adapter yet: {exc}")
+    ctx = _ids(tok)[0].tolist()
+    lps = truncation_logprobs(ssm, ctx, [1, 2, 3])
+    for k in (1, 2):
+        with truncate(k).apply(ssm), torch.no_grad():
+            ref = torch.log_softmax(ssm.forward(torch.tensor([ctx]))[0, -1], -1)
+        torch.testing.assert_close(lps[k], ref, atol=1e-4, rtol=1e-4)

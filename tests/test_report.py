@@ -80,3 +80,21 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
            f"--screenshot={shot}", out.resolve().as_uri()]
     subprocess.run(cmd, check=False, capture_output=True, timeout=90)
     assert shot.exists() and shot.stat().st_size > 5000
+
+
+def test_report_sweep_and_fallback_figures(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    lines = [{"type": "header", "config": {"model": "tiny", "heads": ["L0H0", "L0H1"]}},
+             {"type": "baseline", "acc": 0.8, "n": 5, "pred": [0, 1]},
+             {"type": "head", "head": "L0H0", "layer": 0, "index": 0, "acc": 0.7, "pred": [0]},
+             {"type": "head", "head": "L0H1", "layer": 0, "index": 1, "acc": 0.3, "loglik": [[1.0]]}]
+    (sweep / "results.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    (maps / "result.json").write_text(json.dumps({
+        "kind": "ga_maps", "model": "tiny", "tokens": ["a", "b"],
+        "maps": {"L0H0": [[1, 0], [0.5, 0.5]], "L1H0": [[0.2, 0], [-0.3, 0.1]]}, "map_kinds": {"L1H0": "implicit"}}))
+    text = write_report([sweep, maps], tmp_path / "r.html").read_text()
+    assert "Most critical head: <b>L0H1</b>" in text and "loglik" not in text.split("raw result.json")[0]
+    assert text.count("data:image/png;base64,") == 1

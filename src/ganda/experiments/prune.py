@@ -26,12 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import GandaError
 from ..interventions import KeepLayers, truncate
 from ..models.base import ModelAdapter
-from .common import CHANCE, ExperimentResult, Scorer, acc, flat_scores
+from .common import CHANCE, ExperimentResult, Scorer, _summary, acc, flat_scores
 
 
 def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[list[Any], list[Any]] | None]:
@@ -66,6 +68,105 @@ def find_drop(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
     return best
 
 
+class _Inject(nn.Module):
+    """A stand-in decoder block that ignores its input and returns stored hidden states."""
+
+    def __init__(self, h: torch.Tensor, returns_tuple: bool) -> None:
+        super().__init__()
+        self.h, self.returns_tuple = h, returns_tuple
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        h = self.h.to(dtype=hidden_states.dtype, device=hidden_states.device)
+        return (h,) if self.returns_tuple else h
+
+
+def _single_token(adapter: ModelAdapter, ex: Any) -> tuple[list[int], list[int]] | None:
+    """(context ids, one token id per choice) when every choice is one token after one context."""
+    from ..scoring import encode_pair
+
+    pairs = [encode_pair(adapter, ex.prompt, c) for c in ex.choices]
+    if len({tuple(p[0]) for p in pairs}) != 1 or any(len(p[1]) != 1 for p in pairs):
+        return None
+    return pairs[0][0], [p[1][0] for p in pairs]
+
+
+@torch.no_grad()
+def truncation_logprobs(adapter: ModelAdapter, ctx: list[int], ks: Sequence[int]) -> dict[int, torch.Tensor]:
+    """Next-token log-probs at the last position of the first-k-layer model, for every k, from ONE
+    full forward: the residual after layer k-1 is the same for every truncation that keeps layer
+    k-1, so the k-layer model's output is the final norm + LM head applied to it. The stored
+    residual is fed through the model's own head by a stand-in block (:class:`_Inject`) on a
+    one-token input, so no family-specific code is needed."""
+    from .transplant import _block_returns_tuple
+
+    layers = adapter.decoder_layers()
+    n = len(layers)
+    resid: dict[int, torch.Tensor] = {}
+
+    def make(i: int):
+        def hook(_m, _a, out):
+            h = out[0] if isinstance(out, tuple) else out
+            resid[i] = h[:, -1:].detach()
+
+        return hook
+
+    ids = torch.tensor([ctx], device=adapter.device)
+    handles = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
+    try:
+        full = adapter.forward(ids)[0, -1].float()
+    finally:
+        for h in handles:
+            h.remove()
+    out = {n: torch.log_softmax(full, -1)}
+    tup = _block_returns_tuple(adapter, 0)
+    for k in ks:
+        if k == n:
+            continue
+        adapter.set_decoder_layers(nn.ModuleList([_Inject(resid[k - 1], tup)]))
+        try:
+            logits = adapter.forward(ids[:, -1:])[0, -1].float()
+        finally:
+            adapter.set_decoder_layers(layers)
+        out[k] = torch.log_softmax(logits, -1)
+    return out
+
+
+def fast_truncation_scores(
+    adapter: ModelAdapter, examples: Sequence[Any], ks: Sequence[int], *, progress: bool = False, check: bool = True
+) -> dict[int, dict[str, Any]] | None:
+    """Accuracy of every first-k-layer model on single-token-choice examples (None if not applicable).
+
+    With ``check`` the shortcut is verified once against a real truncated forward (any family
+    whose blocks do not fit the stand-in trick falls back to the slow path)."""
+    prepared = [_single_token(adapter, ex) for ex in examples]
+    if not examples or any(p is None for p in prepared):
+        return None
+    n = len(adapter.decoder_layers())
+    if check:
+        k = next((k for k in ks if k != n), None)
+        if k is not None:
+            ctx = prepared[0][0]
+            try:
+                fast = truncation_logprobs(adapter, ctx, [k])[k]
+            except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
+                return None
+            with truncate(k).apply(adapter), torch.no_grad():
+                slow = torch.log_softmax(adapter.forward(torch.tensor([ctx], device=adapter.device))[0, -1].float(), -1)
+            if not torch.allclose(fast, slow, atol=1e-3, rtol=1e-3):
+                return None
+    correct = dict.fromkeys(ks, 0)
+    for ex, (ctx, toks) in tqdm(list(zip(examples, prepared, strict=True)), desc="prune (one pass)", leave=False,
+                                disable=not progress):
+        adapter.check_length(len(ctx))
+        lps = truncation_logprobs(adapter, ctx, ks)
+        for k in ks:
+            scores = [float(lps[k][t]) for t in toks]
+            pred = max(range(len(scores)), key=lambda i: scores[i])
+            correct[k] += int(pred == ex.gold)
+    m = len(examples)
+    return {k: _summary(correct[k] / m, m, correct[k]) for k in ks}
+
+
 @dataclass
 class PruneResult(ExperimentResult):
     kind: str = "prune"
@@ -96,6 +197,7 @@ def prune_curve(
     step: int = 1,
     min_layers: int = 1,
     drop_task: str = "mmlu",
+    fast_path: bool = True,
 ) -> PruneResult:
     """Score the first-k-layer models for k = N, N-step, ..., min_layers (Fig. 2)."""
     n = len(adapter.decoder_layers())
@@ -104,13 +206,34 @@ def prune_curve(
     ks = list(range(n, min_layers - 1, -step))
     if ks[-1] != min_layers and min_layers >= 1:
         ks.append(min_layers)
+    per_k: dict[int, dict[str, Any]] = {k: {} for k in ks}
+    slow_tasks = []
+    for name in scorer.tasks:
+        fast = None
+        if fast_path and name != "knowledge":
+            _task, examples = scorer._task_examples(name)
+            fast = fast_truncation_scores(adapter, examples, ks, progress=scorer.progress)
+        if fast is None:
+            slow_tasks.append(name)
+        else:
+            for k in ks:
+                per_k[k][name] = fast[k]
+    if slow_tasks:
+        sub = Scorer(adapter, slow_tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
+                     seed=scorer.seed, progress=scorer.progress)
+        sub._examples = scorer._examples
+        for k in tqdm(ks, desc="prune", leave=False, disable=not scorer.progress):
+            ivs = [] if k == n else [truncate(k)]
+            per_k[k].update(sub.score(ivs, label=f"k={k}"))
     rows = []
-    for k in tqdm(ks, desc="prune", leave=False, disable=not scorer.progress):
-        ivs = [] if k == n else [truncate(k)]
-        scores = scorer.score(ivs, label=f"k={k}")
+    for k in ks:
+        scores = {t: per_k[k].get(t) for t in scorer.tasks}
         rows.append({"layers": k, "removed": n - k, **flat_scores(scores)})
     result = PruneResult(model=adapter.spec, config={**scorer.config(), "step": step, "num_layers": n,
                                                    "drop_task": drop_task}, rows=rows)
+    if slow_tasks != list(scorer.tasks):
+        result.notes.append("single-token tasks scored in one pass per example (truncation = final norm + LM head "
+                            f"on the residual after layer k-1); full forwards for: {', '.join(slow_tasks) or '-'}")
     pts = [(r["layers"], r[drop_task]) for r in rows if r.get(drop_task) is not None]
     if len(pts) >= 2:
         d = find_drop(pts)

@@ -144,6 +144,18 @@ def headline(result: dict[str, Any]) -> str:
                 f"Best transplant: layer <b>{_e(s['best_layer'])}</b>, {_pct(s.get('best_accuracy'))} "
                 f"vs baseline {_pct(s.get('baseline_accuracy'))}."
             )
+    elif kind == "sweep":
+        if s.get("top_head"):
+            lines.append(f"Most critical head: <b>{_e(s['top_head'])}</b> (ablating it costs {_pct(s.get('top_drop'))} "
+                         f"of {_pct(s.get('baseline_acc'))}).")
+    elif kind == "retain":
+        both, none = s.get("both") or {}, s.get("none") or {}
+        if "mmlu" in both:
+            lines.append(f"MMLU with both critical heads kept: <b>{_pct(both['mmlu'])}</b>; with none: "
+                         f"<b>{_pct(none.get('mmlu'))}</b>.")
+    elif kind == "mask_last_row":
+        if s.get("mmlu_intact") is not None:
+            lines.append(f"MMLU intact <b>{_pct(s['mmlu_intact'])}</b> → last row masked <b>{_pct(s.get('mmlu_masked'))}</b>.")
     elif kind == "kv_curve":
         if "mean_gap" in s:
             lines.append(f"Mean accuracy lost by ablating the heads: <b>{_pct(s['mean_gap'])}</b>.")
@@ -166,7 +178,20 @@ def _csv_table(path: Path) -> str:
 
 
 def _fallback_figures(result: dict[str, Any], tmp: Path) -> list[Path]:
-    """Draw figures for a run dir that has none, when its kind knows how."""
+    """Draw figures for a run dir that has none, when its kind knows how.
+
+    Any result with ``tokens`` and ``maps`` (head -> matrix, optional ``map_kinds``) gets G&A
+    attention panels; experiment kinds redraw themselves from their JSON.
+    """
+    if isinstance(result.get("maps"), dict) and isinstance(result.get("tokens"), list) and result["maps"]:
+        try:
+            from .figures import attention_panels
+
+            return [attention_panels(result["maps"], result["tokens"], result.get("map_kinds") or {},
+                                     tmp / "attention.png", rows=result.get("rows") if isinstance(
+                                         result.get("rows"), list) and all(isinstance(r, int) for r in result["rows"]) else None)]
+        except Exception:  # noqa: BLE001
+            return []
     try:
         from ..experiments import draw_result
     except Exception:  # noqa: BLE001 - the report must render even if experiments cannot import
@@ -178,12 +203,41 @@ def _fallback_figures(result: dict[str, Any], tmp: Path) -> list[Path]:
 
 
 SKIP_KEYS = {"kind", "model", "summary"}
+HEAVY = ("pred", "pred_norm", "gold", "loglik", "predictions")
+
+
+def sweep_result(path: Path, top: int = 20) -> dict[str, Any]:
+    """A head sweep's ``results.jsonl`` (header, baseline, one record per head) as a result dict:
+    the heads whose ablation costs the most accuracy first, per-prompt lists left out."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    header = next((x for x in lines if x.get("type") == "header"), {})
+    base = next((x for x in lines if x.get("type") == "baseline"), None)
+    recs = [x for x in lines if x.get("type") not in ("header", "baseline")]
+    b = base.get("acc") if base else None
+    slim = []
+    for r in recs:
+        row = {k: v for k, v in r.items() if k not in HEAVY and k != "type"}
+        if b is not None and isinstance(r.get("acc"), int | float):
+            row["drop"] = b - r["acc"]
+        slim.append(row)
+    slim.sort(key=lambda r: -r.get("drop", 0.0))
+    cfg = header.get("config", {})
+    return {
+        "kind": "sweep",
+        "model": cfg.get("model", "?"),
+        "summary": {"baseline_acc": b, "heads": len(recs), "top_head": slim[0].get("head") if slim else None,
+                    "top_drop": slim[0].get("drop") if slim else None},
+        "top_heads": slim[:top],
+        "config": {k: v for k, v in cfg.items() if k != "heads"},
+    }
 
 
 def render_run(run_dir: Path, index: int) -> str:
     run_dir = Path(run_dir)
     rfile = run_dir / "result.json"
-    if rfile.exists():
+    if not rfile.exists() and (run_dir / "results.jsonl").exists():
+        result = sweep_result(run_dir / "results.jsonl")
+    elif rfile.exists():
         try:
             result = json.loads(rfile.read_text())
         except json.JSONDecodeError as exc:
