@@ -86,3 +86,22 @@ def test_shipped_checkpoint_hits_its_accuracy(name):
     for task in ("lab-mmlu", "lab-letters"):
         r = evaluate(adapter, get_task(task), limit=60, seed=7, progress=False)
         assert r.accuracy >= expected[task]["accuracy"] - 0.12, (task, r.accuracy)
+
+
+def test_distill_builds_an_aligned_ssm(tmp_path):
+    import ganda
+    from ganda.lab.distill import distill, teacher_states
+
+    micro = {**MICRO, "model": {**MICRO["model"], "num_hidden_layers": 2}}
+    train(micro, tmp_path / "t", progress=False, log=lambda *_: None)
+    rec = distill(tmp_path / "t", tmp_path / "s", steps=4, eval_every=4, eval_n=4, batch_size=4,
+                  progress=False, log=lambda *_: None)
+    assert rec["history"][-1]["step"] == 4
+    student = ganda.load_model(str(tmp_path / "s"))
+    teacher = ganda.load_model(str(tmp_path / "t"))
+    assert student.num_layers == teacher.num_layers == 2
+    assert all(m.kind == "ssm" for m in student.mixers())
+    # frozen parts are the teacher's
+    assert torch.equal(student.model.model.embed_tokens.weight, teacher.model.model.embed_tokens.weight)
+    hs = teacher_states(teacher.model, torch.tensor([[5, 6, 7]]))
+    assert len(hs) == 3

@@ -33,6 +33,25 @@ def register(app: typer.Typer) -> None:
         print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
 
     @app.command()
+    def distill(
+        teacher: str = typer.Argument(..., help="lab Llama teacher: a model directory or a shipped checkpoint name"),
+        out: Path = typer.Option(..., "--out", help="output directory for the distilled SSM"),
+        steps: int = typer.Option(None, help="alignment steps"),
+        seed: int = typer.Option(None, help="seed"),
+        progress: bool = typer.Option(True, help="show a progress bar"),
+    ) -> None:
+        """Distil a Mamba-2 student from a lab Llama, layer by layer (no end-to-end stage)."""
+        from ..lab import checkpoint, shipped
+        from ..lab.distill import distill as run
+
+        path = Path(teacher) if Path(teacher).exists() else checkpoint(teacher) if teacher in shipped() else None
+        if path is None:
+            raise GandaError(f"{teacher!r} is neither a model directory nor a shipped lab checkpoint")
+        rec = run(path, out, steps=steps, seed=seed, progress=progress)
+        last = rec["history"][-1] if rec["history"] else {}
+        print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
+
+    @app.command()
     def lab(
         models: str = typer.Option("lab-llama", help="comma-separated shipped checkpoint names or model directories"),
         n: int = typer.Option(200, help="examples per task"),

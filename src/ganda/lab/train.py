@@ -115,7 +115,7 @@ def quick_accuracy(model, tok, examples: list[Example], batch_rows: int = 256) -
         for i, (r, _) in enumerate(chunk):
             ids[i, : len(r)] = torch.tensor(r)
             mask[i, : len(r)] = 1
-        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), -1)
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float(), -1)
         for i, (r, start) in enumerate(chunk):
             pos = torch.arange(start - 1, len(r) - 1)
             scores[owners[b + i]] = float(logp[i, pos, torch.tensor(r[start:])].sum())
