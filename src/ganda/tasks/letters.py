@@ -1,0 +1,84 @@
+"""Knowledge-free letter retrieval in MMLU format: isolates the Gather-and-Aggregate step.
+
+    The following are multiple choice questions (with answers).
+
+    Which option is "velvet harbor"?
+    A. copper lantern
+    B. velvet harbor
+    C. silent meadow
+    D. frozen candle
+    Answer: B
+
+The question states the right option's content, so no stored knowledge is needed: the model
+must gather each option line into its ``\\n`` and aggregate the matching one into the letter.
+Options are ``words`` random nouns/adjectives (multi-token), ``options`` of them (A, B, ...).
+``shots`` solved examples can precede the question (small models need the format shown).
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+from .base import Example, Task
+from .words import word_list
+
+HEADER = "The following are multiple choice questions (with answers).\n\n"
+
+
+class LettersTask(Task):
+    name = "letters"
+    kind = "mc"
+
+    def __init__(self, options: int = 4, words: int = 2, shots: int = 0, n: int = 100) -> None:
+        if not 2 <= options <= 26:
+            raise ValueError("options must be between 2 and 26")
+        if words < 1:
+            raise ValueError("words must be at least 1")
+        self.options, self.words, self.shots, self.n = options, words, shots, n
+
+    def config(self) -> dict[str, Any]:
+        return {"task": self.name, "options": self.options, "words": self.words, "shots": self.shots, "n": self.n}
+
+    def _phrase(self, rng: random.Random) -> str:
+        adjs, nouns = word_list("adjective"), word_list("noun")
+        return " ".join([*(rng.choice(adjs) for _ in range(self.words - 1)), rng.choice(nouns)])
+
+    def _question(self, rng: random.Random) -> tuple[str, list[str], int]:
+        opts: list[str] = []
+        while len(opts) < self.options:
+            p = self._phrase(rng)
+            if p not in opts:
+                opts.append(p)
+        gold = rng.randrange(self.options)
+        return f'Which option is "{opts[gold]}"?\n', opts, gold
+
+    def make_example(self, rng: random.Random) -> Example:
+        letters = string.ascii_uppercase[: self.options]
+        prompt = HEADER
+        for _ in range(self.shots):
+            q, opts, g = self._question(rng)
+            prompt += q + "".join(f"{L}. {o}\n" for L, o in zip(letters, opts, strict=True))
+            prompt += f"Answer: {letters[g]}\n\n"
+        q, opts, gold = self._question(rng)
+        prompt += q
+        segments = []
+        for L, o in zip(letters, opts, strict=True):
+            start = len(prompt)
+            prompt += f"{L}. {o}\n"
+            segments.append((start, len(prompt)))
+        prompt += "Answer:"
+        return Example(
+            prompt=prompt,
+            choices=[f" {L}" for L in letters],
+            gold=gold,
+            segments=segments,
+            gold_segment=gold,
+            meta={"options": opts},
+        )
+
+    def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
+        rng = random.Random(f"letters-{self.options}-{self.words}-{self.shots}-{seed}")
+        n = self.n if limit is None else limit
+        return [self.make_example(rng) for _ in range(n)]

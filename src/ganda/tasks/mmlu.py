@@ -1,0 +1,120 @@
+"""MMLU with lm-eval's template and scoring (the paper's main benchmark).
+
+Prompt (0-shot)::
+
+    The following are multiple choice questions (with answers) about abstract algebra.
+
+    <question>
+    A. <choice A>
+    B. <choice B>
+    C. <choice C>
+    D. <choice D>
+    Answer:
+
+k-shot prepends the first k dev questions of the same subject, each followed by ``" <letter>\\n\\n"``
+(lm-eval's ``first_n`` sampler, target delimiter ``" "``, fewshot delimiter ``"\\n\\n"``). The answer
+is the argmax of the log-likelihoods of ``" A"``..``" D"`` after ``Answer:``. Each option line
+(``B. ...\\n``) is a segment; its ``\\n`` is the summary token of the Gather/Aggregate pattern.
+
+``limit`` takes a seeded random sample of questions across the selected subjects (lm-eval's
+``--limit`` instead caps each subject); with no limit every test question is used.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import GandaError
+from .base import Example, Task
+
+LETTERS = "ABCD"
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "mmlu"
+
+
+@lru_cache(maxsize=256)
+def read_split(data_dir: str, split: str, subject: str) -> tuple[tuple[str, tuple[str, ...], int], ...]:
+    path = Path(data_dir) / split / f"{subject}_{split}.csv"
+    rows = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.reader(f):
+            if len(row) != 6:
+                raise GandaError(f"{path}: malformed row with {len(row)} fields")
+            rows.append((row[0], tuple(row[1:5]), LETTERS.index(row[5].strip())))
+    return tuple(rows)
+
+
+def subjects(data_dir: Path = DATA_DIR) -> list[str]:
+    return sorted(p.name[: -len("_test.csv")] for p in (data_dir / "test").glob("*_test.csv"))
+
+
+def question_text(question: str, choices: tuple[str, ...] | list[str]) -> tuple[str, list[tuple[int, int]]]:
+    """lm-eval's ``doc_to_text``, plus the char spans of the option lines (relative)."""
+    text = question.strip() + "\n"
+    spans = []
+    for letter, choice in zip(LETTERS, choices, strict=True):
+        start = len(text)
+        text += f"{letter}. {choice}\n"
+        spans.append((start, len(text)))
+    return text + "Answer:", spans
+
+
+def description(subject: str) -> str:
+    return f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
+
+
+class MMLUTask(Task):
+    name = "mmlu"
+    kind = "mc"
+
+    def __init__(self, shots: int = 0, subjects: str | list[str] | None = None, data_dir: str | None = None) -> None:
+        self.data_dir = Path(data_dir) if data_dir else DATA_DIR
+        if not (self.data_dir / "test").is_dir():
+            raise GandaError(f"no MMLU data in {self.data_dir} (expected test/<subject>_test.csv)")
+        known = globals()["subjects"](self.data_dir)
+        if isinstance(subjects, str):
+            subjects = [s.strip() for s in subjects.split(",") if s.strip()]
+        chosen = subjects or known
+        bad = [s for s in chosen if s not in known]
+        if bad:
+            raise GandaError(f"unknown MMLU subject {bad[0]!r}; e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
+        if not 0 <= shots <= 5:
+            raise GandaError("MMLU has 5 dev exemplars per subject: --shots must be 0-5")
+        self.shots, self.subjects = shots, list(chosen)
+
+    def config(self) -> dict[str, Any]:
+        subj = "all" if len(self.subjects) == 57 else self.subjects
+        return {"task": self.name, "shots": self.shots, "subjects": subj}
+
+    def build(self, subject: str, question: str, choices: tuple[str, ...], gold: int) -> Example:
+        prompt = description(subject)
+        for q, ch, g in read_split(str(self.data_dir), "dev", subject)[: self.shots]:
+            text, _ = question_text(q, ch)
+            prompt += f"{text} {LETTERS[g]}\n\n"
+        text, spans = question_text(question, choices)
+        offset = len(prompt)
+        return Example(
+            prompt=prompt + text,
+            choices=[f" {L}" for L in LETTERS],
+            gold=gold,
+            segments=[(a + offset, b + offset) for a, b in spans],
+            gold_segment=gold,
+            meta={"subject": subject},
+        )
+
+    def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
+        items = [
+            (s, i) for s in self.subjects for i in range(len(read_split(str(self.data_dir), "test", s)))
+        ]
+        if limit is not None and limit < len(items):
+            items = sorted(random.Random(f"mmlu-{seed}").sample(items, limit))
+        out = []
+        for s, i in items:
+            q, ch, g = read_split(str(self.data_dir), "test", s)[i]
+            ex = self.build(s, q, ch, g)
+            ex.meta["index"] = i
+            out.append(ex)
+        return out
