@@ -324,3 +324,11 @@ def test_fast_truncation_on_mamba2(tok) -> None:
         with truncate(k).apply(ssm), torch.no_grad():
             ref = torch.log_softmax(ssm.forward(torch.tensor([ctx]))[0, -1], -1)
         torch.testing.assert_close(lps[k], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_fast_remove_restore_equals_slow(student) -> None:
+    from ganda.experiments.prune import fast_removal_scores, remove_restore
+
+    scorer = _scorer(student, ("mmlu", "letters"), limit=4)
+    assert fast_removal_scores(student, scorer._task_examples("mmlu")[1], 3) is not None
+    assert remove_restore(student, scorer, 3).rows == remove_restore(student, scorer, 3, fast_path=False).rows

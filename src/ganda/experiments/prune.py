@@ -167,6 +167,70 @@ def fast_truncation_scores(
     return {k: _summary(correct[k] / m, m, correct[k]) for k in ks}
 
 
+@torch.no_grad()
+def removal_logprobs(adapter: ModelAdapter, ctx: list[int], m: int) -> dict[int | None, torch.Tensor]:
+    """Last-position log-probs of the first-m-layer model (key None) and of it with each layer i
+    removed (key i), sharing the prefix: with layer i removed, layers 0..i-1 compute what they
+    compute in the intact pass, so layer i+1 starts from layer i's stored *input*."""
+    from .transplant import _block_returns_tuple
+
+    layers = adapter.decoder_layers()
+    inputs: dict[int, torch.Tensor] = {}
+
+    def make(i: int):
+        def pre(_m, args, kwargs):
+            inputs[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+        return pre
+
+    ids = torch.tensor([ctx], device=adapter.device)
+    handles = [layers[i].register_forward_pre_hook(make(i), with_kwargs=True) for i in range(m)]
+    try:
+        with KeepLayers(list(range(m))).apply(adapter):
+            out: dict[int | None, torch.Tensor] = {None: torch.log_softmax(adapter.forward(ids)[0, -1].float(), -1)}
+    finally:
+        for h in handles:
+            h.remove()
+    tup = _block_returns_tuple(adapter, 0)
+    for i in range(m):
+        adapter.set_decoder_layers(nn.ModuleList([_Inject(inputs[i], tup), *[layers[j] for j in range(i + 1, m)]]))
+        try:
+            out[i] = torch.log_softmax(adapter.forward(ids)[0, -1].float(), -1)
+        finally:
+            adapter.set_decoder_layers(layers)
+    return out
+
+
+def fast_removal_scores(
+    adapter: ModelAdapter, examples: Sequence[Any], m: int, *, progress: bool = False
+) -> dict[int | None, dict[str, Any]] | None:
+    """Accuracy of the m-layer model and of it minus each layer (None where the shortcut does not apply)."""
+    prepared = [_single_token(adapter, ex) for ex in examples]
+    if not examples or any(p is None for p in prepared):
+        return None
+    ctx = prepared[0][0]
+    i = m // 2
+    try:
+        fast = removal_logprobs(adapter, ctx, m)[i]
+    except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
+        return None
+    with KeepLayers([j for j in range(m) if j != i]).apply(adapter), torch.no_grad():
+        slow = torch.log_softmax(adapter.forward(torch.tensor([ctx], device=adapter.device))[0, -1].float(), -1)
+    if not torch.allclose(fast, slow, atol=1e-3, rtol=1e-3):
+        return None
+    keys: list[int | None] = [None, *range(m)]
+    correct = dict.fromkeys(keys, 0)
+    for ex, (ctx, toks) in tqdm(list(zip(examples, prepared, strict=True)), desc="remove-restore (shared prefix)",
+                                leave=False, disable=not progress):
+        adapter.check_length(len(ctx))
+        lps = removal_logprobs(adapter, ctx, m)
+        for k in keys:
+            scores = [float(lps[k][t]) for t in toks]
+            correct[k] += int(max(range(len(scores)), key=lambda j: scores[j]) == ex.gold)
+    n = len(examples)
+    return {k: _summary(correct[k] / n, n, correct[k]) for k in keys}
+
+
 @dataclass
 class PruneResult(ExperimentResult):
     kind: str = "prune"
@@ -274,18 +338,35 @@ class RemoveRestoreResult(ExperimentResult):
 
 
 def remove_restore(
-    adapter: ModelAdapter, scorer: Scorer, minimal_layers: int, *, drop_task: str = "mmlu"
+    adapter: ModelAdapter, scorer: Scorer, minimal_layers: int, *, drop_task: str = "mmlu", fast_path: bool = True
 ) -> RemoveRestoreResult:
     """Fig. 3: on the first ``minimal_layers`` layers, remove each layer once and restore it."""
     n = len(adapter.decoder_layers())
     if not 1 <= minimal_layers <= n:
         raise GandaError(f"minimal model of {minimal_layers} layers: the model has {n}")
     keep = list(range(minimal_layers))
-    base = scorer.score([KeepLayers(keep)], label="minimal")
+    per: dict[int | None, dict[str, Any]] = {k: {} for k in [None, *keep]}
+    slow_tasks = []
+    for name in scorer.tasks:
+        fast = None
+        if fast_path and name != "knowledge":
+            fast = fast_removal_scores(adapter, scorer._task_examples(name)[1], minimal_layers, progress=scorer.progress)
+        if fast is None:
+            slow_tasks.append(name)
+        else:
+            for k in per:
+                per[k][name] = fast[k]
+    if slow_tasks:
+        sub = Scorer(adapter, slow_tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
+                     seed=scorer.seed, progress=scorer.progress)
+        sub._examples = scorer._examples
+        per[None].update(sub.score([KeepLayers(keep)], label="minimal"))
+        for i in tqdm(keep, desc="remove-restore", leave=False, disable=not scorer.progress):
+            per[i].update(sub.score([KeepLayers([j for j in keep if j != i])], label=f"-L{i}"))
+    base = {t: per[None].get(t) for t in scorer.tasks}
     rows: list[dict[str, Any]] = [{"removed_layer": None, **flat_scores(base)}]
-    for i in tqdm(keep, desc="remove-restore", leave=False, disable=not scorer.progress):
-        scores = scorer.score([KeepLayers([j for j in keep if j != i])], label=f"-L{i}")
-        rows.append({"removed_layer": i, **flat_scores(scores)})
+    for i in keep:
+        rows.append({"removed_layer": i, **flat_scores({t: per[i].get(t) for t in scorer.tasks})})
     result = RemoveRestoreResult(model=adapter.spec, rows=rows,
                                  config={**scorer.config(), "minimal_layers": minimal_layers, "drop_task": drop_task})
     b = acc(base, drop_task)
