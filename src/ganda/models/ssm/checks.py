@@ -26,15 +26,19 @@ def _reference_site(mixer: Mixer) -> tuple[nn.Module, str]:
     m = mixer.module
     if hasattr(m, "ssd_output"):  # Llamba: y + D·x before the gate
         return m.ssd_output, "out"
-    if hasattr(m, "norm") and hasattr(m, "dt_bias"):  # Mamba-2 family: gated-norm input = y + D·x
-        return m.norm, "pre"
-    return m.out_proj, "pre"  # Mamba-1: (y + D·x)·silu(z), the gate is applied inside the scan
+    norm = getattr(m, "norm", None)
+    if hasattr(m, "dt_bias") and getattr(m, "mamba_rms_norm", True) and not isinstance(norm, (nn.Identity, type(None))):
+        # Mamba-2 family: the gated norm's input is y + D·x
+        return norm, "pre"
+    # Mamba-1 (gate applied inside the scan) and Falcon-H1 without its norm: (y + D·x)·silu(z).
+    return m.out_proj, "pre"
 
 
 @torch.no_grad()
 def reconstruction_error(adapter: ModelAdapter, input_ids: torch.Tensor, layer: int) -> dict[str, float]:
     """Relative errors over the layer: ``full`` (M·x + D·x vs captured y), ``worst_head`` (max over
-    heads of the same) and ``ssm`` (M·x alone against y - D·x)."""
+    heads of the same) and ``ssm`` (M·x alone against y - D·x, inflated by cancellation when D·x dominates) and
+    ``ssm_share`` = ‖M·x‖/‖y‖ (how much the check is about M rather than the skip)."""
     mixer = adapter.mixer(layer, "ssm")
     module, where = _reference_site(mixer)
     cap: dict[str, torch.Tensor] = {}
@@ -60,6 +64,9 @@ def reconstruction_error(adapter: ModelAdapter, input_ids: torch.Tensor, layer: 
         if isinstance(p, SSDParams):
             ref = y.reshape(T, p.num_heads, -1)[:, head]
             skip = p.D[head].float().cpu() * p.x[:, head].float().cpu()
+            if module is mixer.out_proj:  # gated, no norm
+                g = F.silu(p.z.reshape(T, p.num_heads, -1)[:, head].float().cpu())  # type: ignore[union-attr]
+                rec, skip = rec * g, skip * g
         else:
             g = F.silu(p.z[:, head].float().cpu())  # type: ignore[index]
             rec, ref = rec * g, y[:, head]
@@ -74,6 +81,7 @@ def reconstruction_error(adapter: ModelAdapter, input_ids: torch.Tensor, layer: 
         "full": float((rec_all - ref_all).norm() / ref_all.norm()),
         "worst_head": worst,
         "ssm": float((mx - (ref_all - skip_all)).norm() / mx.norm().clamp_min(1e-30)),
+        "ssm_share": float(mx.norm() / ref_all.norm()),
     }
 
 

@@ -1,0 +1,46 @@
+"""Falcon-H1 (``FalconH1ForCausalLM``): a *parallel* hybrid, every layer runs attention and a
+Mamba-2 mixer side by side on the same input and sums them.
+
+Every layer therefore has two mixers and ids always name the kind: ``L3.attnH2``,
+``L3.ssmH5``. Quirks handled: the mixer scales its ``in_proj`` output by a per-segment µP vector
+(``mup_vector`` for z/x/B/C/dt), so Δ, B, C and x are recomputed *after* that multiplier (the
+``in_proj`` output alone is wrong); ``ssm_in_multiplier`` acts before ``in_proj`` and is already
+in the captured tensor; ``ssm_out_multiplier``/``attention_out_multiplier`` act after
+``out_proj``/``o_proj`` and do not change which head contributes what. With
+``mamba_rms_norm=False`` the gate is applied without a norm; the head layout is the same.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..base import Mixer
+from .common import SSMAdapterBase, mamba2_params, ssm_mixer
+from .materialize import SSMParams
+
+
+class FalconH1Adapter(SSMAdapterBase):
+    family = "falcon_h1"
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) == "falcon_h1"
+
+    def _layers_attr(self) -> tuple[nn.Module, str]:
+        return self.model.model, "layers"
+
+    def _build_mixers(self) -> list[Mixer]:
+        cfg = self.model.config
+        out = []
+        for i, layer in enumerate(self._original_layers):
+            attn = layer.self_attn
+            out.append(Mixer(layer=i, kind="attn", num_heads=cfg.num_attention_heads, head_dim=attn.head_dim,
+                             out_proj=attn.o_proj, module=attn))
+            out.append(ssm_mixer(i, layer.mamba))
+        return out
+
+    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
+        mup = getattr(mixer.module, "mup_vector", None)
+        proj = captured.float() * (mup.float().reshape(-1) if mup is not None else 1.0)
+        return mamba2_params(mixer.module, proj)[0]
