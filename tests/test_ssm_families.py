@@ -14,80 +14,11 @@ import torch
 
 import ganda
 from ganda import HeadId, KeepHeads, KeepLayers, RemoveLayers, truncate
-from ganda.models.ssm.checks import ablation_diff, last_row_diff, reconstruction_error
+from ganda.models.ssm.checks import FAMILIES, ablation_diff, last_row_diff, reconstruction_error
+from ganda.models.ssm.checks import tiny_model as build
 from ganda.models.transformer import eager_attention
 
 T = 13
-
-
-def _randomise_ssm(model: torch.nn.Module) -> None:
-    """Random init leaves Δ tiny (M·x ≈ 0); spread Δ, A and D so the checks bite."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for mod in model.modules():
-            if hasattr(mod, "dt_bias") and isinstance(mod.dt_bias, torch.nn.Parameter):
-                mod.dt_bias.copy_(torch.randn(mod.dt_bias.shape, generator=g))
-                mod.A_log.copy_(torch.rand(mod.A_log.shape, generator=g) * 2 - 1)
-            if hasattr(mod, "dt_proj") and hasattr(mod, "A_log"):
-                mod.dt_proj.bias.copy_(torch.randn(mod.dt_proj.bias.shape, generator=g))
-            if hasattr(mod, "D") and isinstance(mod.D, torch.nn.Parameter):
-                mod.D.copy_(0.3 * torch.randn(mod.D.shape, generator=g))
-            if hasattr(mod, "in_proj") and hasattr(mod, "A_log"):  # HF inits in_proj at std 0.02: C·B ≈ 0
-                mod.in_proj.weight.copy_(torch.randn(mod.in_proj.weight.shape, generator=g) * 0.3)
-                mod.conv1d.weight.copy_(torch.rand(mod.conv1d.weight.shape, generator=g) - 0.5)
-            if getattr(mod, "z_bias", None) is not None:
-                mod.z_bias.copy_(torch.randn(mod.z_bias.shape, generator=g))
-
-
-def build(family: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if family == "mamba2":
-        from transformers import Mamba2Config, Mamba2ForCausalLM
-
-        cfg = Mamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_heads=8, head_dim=8,
-                           state_size=8, n_groups=2, expand=2, chunk_size=4)
-        model = Mamba2ForCausalLM(cfg)
-    elif family in ("mamba", "falcon_mamba"):
-        from transformers import FalconMambaConfig, FalconMambaForCausalLM, MambaConfig, MambaForCausalLM
-
-        C, M = (MambaConfig, MambaForCausalLM) if family == "mamba" else (FalconMambaConfig, FalconMambaForCausalLM)
-        model = M(C(vocab_size=64, hidden_size=16, num_hidden_layers=3, state_size=4, expand=2, time_step_rank=4))
-    elif family == "llamba":
-        from ganda.models.ssm.llamba import LlambaConfig, LlambaForCausalLM
-
-        model = LlambaForCausalLM(LlambaConfig(
-            vocab_size=61, d_model=32, n_layer=3, mlp_cfg={"intermediate_size": 48},
-            ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 2, "chunk_size": 4}))
-    elif family == "zamba2":
-        from transformers import Zamba2Config, Zamba2ForCausalLM
-
-        cfg = Zamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=5, num_attention_heads=4,
-                           num_key_value_heads=4, mamba_d_state=8, mamba_headdim=8, n_mamba_heads=8,
-                           mamba_ngroups=2, num_mem_blocks=2, chunk_size=4, intermediate_size=64,
-                           layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
-                           use_shared_attention_adapter=True, adapter_rank=4)
-        model = Zamba2ForCausalLM(cfg)
-    elif family == "bamba":
-        from transformers import BambaConfig, BambaForCausalLM
-
-        cfg = BambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                          num_key_value_heads=2, intermediate_size=64, mamba_n_heads=8, mamba_d_head=8,
-                          mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=4, attn_layer_indices=[1, 3])
-        model = BambaForCausalLM(cfg)
-    elif family in ("falcon_h1", "falcon_h1_nonorm"):
-        from transformers import FalconH1Config, FalconH1ForCausalLM
-
-        cfg = FalconH1Config(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                             num_key_value_heads=2, intermediate_size=48, mamba_n_heads=8, mamba_d_head=8,
-                             mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=4, mamba_d_ssm=64,
-                             mamba_rms_norm=family == "falcon_h1", key_multiplier=0.7,
-                             ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9], ssm_in_multiplier=1.3,
-                             ssm_out_multiplier=0.6, attention_out_multiplier=0.9)
-        model = FalconH1ForCausalLM(cfg)
-    else:  # pragma: no cover
-        raise ValueError(family)
-    _randomise_ssm(model)
-    return model.eval()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,7 +30,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-FAMILIES = ["mamba2", "mamba", "falcon_mamba", "llamba", "zamba2", "bamba", "falcon_h1", "falcon_h1_nonorm"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

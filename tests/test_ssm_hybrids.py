@@ -5,18 +5,14 @@ softmax row, and Bamba's interleaved ids."""
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import ganda
 from ganda import AblateHeads, HeadId, mask_last_row
+from ganda.models.ssm.checks import tiny_model as build
 from ganda.models.transformer import eager_attention
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_ssm_families import build  # noqa: E402
 
 T = 12
 

@@ -4,8 +4,6 @@ lengths, the ``materialize`` entry point, Mamba-1 channel blocks, unsupported ar
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ import torch
 import ganda
 from ganda import HeadId
 from ganda.errors import GandaError
+from ganda.models.ssm.checks import tiny_model as build
 from ganda.models.ssm.materialize import (
     SelectiveParams,
     SSDParams,
@@ -20,9 +19,6 @@ from ganda.models.ssm.materialize import (
     selective_channel_map,
     ssd_head_map,
 )
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_ssm_families import build  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -127,3 +127,102 @@ def last_row_diff(adapter: ModelAdapter, input_ids: torch.Tensor, heads: list[He
         masked = adapter.forward(input_ids)
     d = (masked - base).abs()
     return {"before": float(d[:, :-1].max()), "last": float(d[:, -1].max())}
+
+
+FAMILIES = [
+    "mamba2", "mamba", "falcon_mamba", "llamba", "zamba2", "bamba", "falcon_h1", "falcon_h1_nonorm",
+]
+
+
+def _randomise_ssm(model: nn.Module) -> None:
+    """Random init leaves Δ tiny (M·x ≈ 0); spread Δ, A and D so the checks bite."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for mod in model.modules():
+            if hasattr(mod, "dt_bias") and isinstance(mod.dt_bias, torch.nn.Parameter):
+                mod.dt_bias.copy_(torch.randn(mod.dt_bias.shape, generator=g))
+                mod.A_log.copy_(torch.rand(mod.A_log.shape, generator=g) * 2 - 1)
+            if hasattr(mod, "dt_proj") and hasattr(mod, "A_log"):
+                mod.dt_proj.bias.copy_(torch.randn(mod.dt_proj.bias.shape, generator=g))
+            if hasattr(mod, "D") and isinstance(mod.D, torch.nn.Parameter):
+                mod.D.copy_(0.3 * torch.randn(mod.D.shape, generator=g))
+            if hasattr(mod, "in_proj") and hasattr(mod, "A_log"):  # HF inits in_proj at std 0.02: C·B ≈ 0
+                mod.in_proj.weight.copy_(torch.randn(mod.in_proj.weight.shape, generator=g) * 0.3)
+                mod.conv1d.weight.copy_(torch.rand(mod.conv1d.weight.shape, generator=g) - 0.5)
+            if getattr(mod, "z_bias", None) is not None:
+                mod.z_bias.copy_(torch.randn(mod.z_bias.shape, generator=g))
+
+
+def tiny_model(family: str) -> nn.Module:
+    """A few-layer random model of ``family`` (real architecture classes), SSM params spread out."""
+    torch.manual_seed(0)
+    if family == "mamba2":
+        from transformers import Mamba2Config, Mamba2ForCausalLM
+
+        cfg = Mamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_heads=8, head_dim=8,
+                           state_size=8, n_groups=2, expand=2, chunk_size=4)
+        model = Mamba2ForCausalLM(cfg)
+    elif family in ("mamba", "falcon_mamba"):
+        from transformers import FalconMambaConfig, FalconMambaForCausalLM, MambaConfig, MambaForCausalLM
+
+        C, M = (MambaConfig, MambaForCausalLM) if family == "mamba" else (FalconMambaConfig, FalconMambaForCausalLM)
+        model = M(C(vocab_size=64, hidden_size=16, num_hidden_layers=3, state_size=4, expand=2, time_step_rank=4))
+    elif family == "llamba":
+        from ganda.models.ssm.llamba import LlambaConfig, LlambaForCausalLM
+
+        model = LlambaForCausalLM(LlambaConfig(
+            vocab_size=61, d_model=32, n_layer=3, mlp_cfg={"intermediate_size": 48},
+            ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 2, "chunk_size": 4}))
+    elif family == "zamba2":
+        from transformers import Zamba2Config, Zamba2ForCausalLM
+
+        cfg = Zamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=5, num_attention_heads=4,
+                           num_key_value_heads=4, mamba_d_state=8, mamba_headdim=8, n_mamba_heads=8,
+                           mamba_ngroups=2, num_mem_blocks=2, chunk_size=4, intermediate_size=64,
+                           layers_block_type=["mamba", "hybrid", "mamba", "hybrid", "hybrid"],
+                           use_shared_attention_adapter=True, adapter_rank=4)
+        model = Zamba2ForCausalLM(cfg)
+    elif family == "bamba":
+        from transformers import BambaConfig, BambaForCausalLM
+
+        cfg = BambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=64, mamba_n_heads=8, mamba_d_head=8,
+                          mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=4, attn_layer_indices=[1, 3])
+        model = BambaForCausalLM(cfg)
+    elif family in ("falcon_h1", "falcon_h1_nonorm"):
+        from transformers import FalconH1Config, FalconH1ForCausalLM
+
+        cfg = FalconH1Config(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=48, mamba_n_heads=8, mamba_d_head=8,
+                             mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=4, mamba_d_ssm=64,
+                             mamba_rms_norm=family == "falcon_h1", key_multiplier=0.7,
+                             ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9], ssm_in_multiplier=1.3,
+                             ssm_out_multiplier=0.6, attention_out_multiplier=0.9)
+        model = FalconH1ForCausalLM(cfg)
+    else:  # pragma: no cover
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+    _randomise_ssm(model)
+    return model.eval()
+
+
+@torch.no_grad()
+def invariant_rows(families: list[str] | None = None, T: int = 13) -> list[dict[str, Any]]:
+    """The three invariants, worst case over every mixer of each tiny family (for docs/benchmarks)."""
+    from ...models.loading import from_model
+
+    ids = torch.randint(0, 60, (1, T), generator=torch.Generator().manual_seed(2))
+    rows = []
+    for fam in families or FAMILIES:
+        ad = from_model(tiny_model(fam))
+        rec = [reconstruction_error(ad, ids, m.layer) for m in ad.mixers() if m.kind == "ssm"]
+        abl = [ablation_diff(ad, ids, ad.canonical(HeadId(m.layer, m.num_heads - 1, m.kind))) for m in ad.mixers()]
+        last = [last_row_diff(ad, ids, [ad.canonical(HeadId(m.layer, 1, m.kind))]) for m in ad.mixers()]
+        rows.append({
+            "family": fam, "class": type(ad.model).__name__,
+            "mixers": ", ".join(sorted({m.kind for m in ad.mixers()})),
+            "recon_full": max(r["full"] for r in rec), "recon_worst_head": max(r["worst_head"] for r in rec),
+            "recon_ssm": max(r["ssm"] for r in rec), "ssm_share": min(r["ssm_share"] for r in rec),
+            "ablation_equiv": max(a["equiv"] for a in abl), "ablation_effect": min(a["effect"] for a in abl),
+            "lastrow_before": max(x["before"] for x in last), "lastrow_last": min(x["last"] for x in last),
+        })
+    return rows

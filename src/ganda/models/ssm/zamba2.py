@@ -11,6 +11,8 @@ lists a head in every invocation of a block, to ablate them all.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from ...errors import GandaError
@@ -49,6 +51,11 @@ class Zamba2Adapter(SSMAdapterBase):
 
     def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
         return mamba2_params(mixer.module, captured)[0]
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["shared_blocks"] = self.shared_blocks()
+        return d
 
     def shared_blocks(self) -> dict[str, list[int]]:
         """``{"block0": [layers invoking it], ...}``."""
