@@ -3,6 +3,7 @@ lengths, the ``materialize`` entry point, Mamba-1 channel blocks, unsupported ar
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -63,8 +64,7 @@ def test_ssd_map_equals_recurrence():
 @pytest.mark.parametrize("T,block", [(30, 64), (150, 64), (37, 4)])
 def test_selective_map_equals_scan(T, block, monkeypatch):
     """Blocked evaluation (factorised off-band blocks + entry-wise band) equals the scan."""
-    from ganda.models.ssm import materialize as mat
-
+    mat = importlib.import_module("ganda.models.ssm.materialize")
     monkeypatch.setattr(mat, "_SEL_BLOCK", block)
     g = torch.Generator().manual_seed(1)
     E, N = 3, 4
@@ -143,3 +143,52 @@ def test_unsupported_architecture_names_supported_ones(tmp_path):
     msg = str(err.value)
     for name in ("rwkv", "Mamba-2", "Mamba-1", "Falcon-Mamba", "Llamba", "Zamba2", "Bamba"):
         assert name in msg
+
+
+def test_batched_channel_maps_equal_single_channel(monkeypatch):
+    mat = importlib.import_module("ganda.models.ssm.materialize")
+    monkeypatch.setattr(mat, "_SEL_SCRATCH", 300)  # force several channel chunks
+    g = torch.Generator().manual_seed(4)
+    T, E, N = 70, 9, 4
+    p = SelectiveParams(x=torch.randn(T, E, generator=g), delta=torch.rand(T, E, generator=g),
+                        A=-torch.rand(E, N, generator=g) * 2, B=torch.randn(T, N, generator=g),
+                        C=torch.randn(T, N, generator=g), D=torch.randn(E, generator=g))
+    chans = [7, 0, 3, 3, 8]
+    many = mat.selective_maps(p, chans, rows=[69, 2, 64, 63], include_d=True)
+    for k, c in enumerate(chans):
+        one = selective_channel_map(p, c, rows=[69, 2, 64, 63], include_d=True)
+        assert torch.allclose(many[k], one, rtol=1e-6, atol=1e-10)
+
+
+def test_analysis_forces_torch_path_and_eval(monkeypatch):
+    """A stand-in "kernel" (a wrapper like transformers' kernel dispatch) must not run during
+    analysis, and a fused training path that would skip out_proj must not be taken."""
+    import functools
+
+    from transformers.models.mamba2 import modeling_mamba2 as mm
+
+    ad = ganda.from_model(build("mamba2"))
+    calls = []
+    ref_scan = mm.mamba2_chunk_scan
+
+    @functools.wraps(ref_scan)
+    def fake_kernel(*a, **k):
+        calls.append("scan")
+        return ref_scan(*a, **k) * 0  # a "kernel" with different numerics
+
+    @functools.wraps(mm.mamba2_split_conv1d_scan_combined)
+    def fake_fused(zxbcdt, *a, **k):
+        calls.append("fused")
+        return torch.zeros(*zxbcdt.shape[:2], 32)  # bypasses norm and out_proj
+
+    monkeypatch.setattr(mm, "mamba2_chunk_scan", fake_kernel)
+    monkeypatch.setattr(mm, "mamba2_split_conv1d_scan_combined", fake_fused)
+    ids = torch.randint(0, 60, (1, 9), generator=torch.Generator().manual_seed(0))
+    ad.model.train()
+    maps = ad.attention_maps(ids, [HeadId(1, 0)])
+    assert calls == [] and ad.model.training  # torch path used, training mode restored
+    assert mm.mamba2_chunk_scan is fake_kernel  # and the module restored
+    ad.model.eval()
+    assert torch.isfinite(maps[HeadId(1, 0)]).all() and maps[HeadId(1, 0)].abs().sum() > 0
+    ad.forward(ids)
+    assert calls and set(calls) == {"scan"}  # plain forward keeps the installed implementation

@@ -23,7 +23,7 @@ from ...errors import GandaError
 from ...heads import HeadId
 from ..base import Mixer, ModelAdapter, PreHook
 from ..transformer import eager_attention
-from .materialize import SSMParams, head_map
+from .materialize import SelectiveParams, SSMParams, head_map, selective_maps
 
 log = logging.getLogger(__name__)
 
@@ -224,11 +224,13 @@ class SSMAdapterBase(ModelAdapter):
     @torch.no_grad()
     def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int]) -> dict[int, SSMParams]:
         """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path."""
-        params, _ = self._capture(input_ids, [self.mixer(layer, "ssm") for layer in layers], [])
-        return params
+        mixers = [self.mixer(layer, "ssm") for layer in layers]
+        raw, _ = self._capture(input_ids, mixers, [])
+        return {mx.layer: self.ssm_params(mx, raw[mx.layer]) for mx in mixers}
 
     def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Sequence[Mixer]
-                 ) -> tuple[dict[int, SSMParams], dict[int, torch.Tensor]]:
+                 ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """One forward on the PyTorch path: raw SSM capture tensors and attention weights, by layer."""
         raw: dict[int, torch.Tensor] = {}
         weights: dict[int, torch.Tensor] = {}
 
@@ -265,8 +267,7 @@ class SSMAdapterBase(ModelAdapter):
         missing = [m.layer for m in (*ssm, *attn) if m.layer not in (raw if m.kind == "ssm" else weights)]
         if missing:
             raise GandaError(f"nothing captured for layers {missing} (removed by an intervention?)")
-        params = {mx.layer: self.ssm_params(mx, raw[mx.layer]) for mx in ssm}
-        return params, weights
+        return raw, weights
 
     # ---- maps ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -276,17 +277,24 @@ class SSMAdapterBase(ModelAdapter):
         heads = [self.canonical(h) for h in heads]
         ssm = {self.mixer_of(h).layer: self.mixer_of(h) for h in heads if self.mixer_of(h).kind == "ssm"}
         attn = {self.mixer_of(h).layer: self.mixer_of(h) for h in heads if self.mixer_of(h).kind == "attn"}
-        params, weights = self._capture(input_ids, list(ssm.values()), list(attn.values()))
+        raw, weights = self._capture(input_ids, list(ssm.values()), list(attn.values()))
         out: dict[HeadId, torch.Tensor] = {}
-        for h in heads:
-            if self.mixer_of(h).kind == "ssm":
-                out[h] = head_map(params[h.layer], h.head, rows).cpu()
+        for layer, mx in ssm.items():  # one layer's fp32 params at a time
+            p = self.ssm_params(mx, raw.pop(layer))
+            wanted = [h for h in heads if h.layer == layer and self.mixer_of(h) is mx]
+            if isinstance(p, SelectiveParams):  # thousands of one-channel heads: batch them
+                maps = selective_maps(p, [h.head for h in wanted], rows).cpu()
+                out.update(zip(wanted, maps, strict=True))
             else:
+                out.update((h, head_map(p, h.head, rows).cpu()) for h in wanted)
+            del p
+        for h in heads:
+            if self.mixer_of(h).kind == "attn":
                 w = weights[h.layer][h.head]
                 if rows is not None:
                     w = w[list(rows)]
                 out[h] = w.float().cpu()
-        return out
+        return {h: out[h] for h in heads}
 
 
 def mamba2_params(mixer_module: nn.Module, proj: torch.Tensor) -> tuple[SSMParams, torch.Tensor]:

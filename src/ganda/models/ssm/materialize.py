@@ -27,9 +27,11 @@ if TYPE_CHECKING:
     from ...heads import HeadId
     from ..base import ModelAdapter
 
-# Rows per block for SSD maps (float64 scratch ~block·T); column block for Mamba-1 maps.
+# Rows per block for SSD maps (float64 scratch ~block·T); column block for Mamba-1 maps and
+# the channel batch that keeps their [T, channels, N] scratch bounded.
 _SSD_ROW_BLOCK = 512
 _SEL_BLOCK = 64
+_SEL_SCRATCH = 1 << 22  # float64 elements of per-chunk scratch ([T, channels, N])
 
 
 @dataclass
@@ -118,39 +120,54 @@ def ssd_head_map(p: SSDParams, head: int, rows: Sequence[int] | torch.Tensor | N
 
 def selective_channel_map(p: SelectiveParams, channel: int, rows: Sequence[int] | torch.Tensor | None = None,
                           include_d: bool = False) -> torch.Tensor:
-    """``α^d[rows, :]`` for one Mamba-1 channel: [len(rows), T] float32.
+    """``α^d[rows, :]`` for one Mamba-1 channel: [len(rows), T] float32."""
+    return selective_maps(p, [channel], rows, include_d)[0]
 
-    The decay differs per state dim n, so a naive map is L²·N exponentials. Columns are taken in
-    blocks J ending at ``ref``; for rows r ≥ ref, ``exp(cs_r − cs_j) = exp(cs_r − cs_ref) ·
-    exp(cs_ref − cs_j)`` with both exponents ≤ 0 (no overflow), turning the block into one
-    [R, N]×[N, |J|] product; only the band where J holds r itself is exponentiated entry-wise.
+
+def selective_maps(p: SelectiveParams, channels: Sequence[int], rows: Sequence[int] | torch.Tensor | None = None,
+                   include_d: bool = False) -> torch.Tensor:
+    """``α^d[rows, :]`` for several Mamba-1 channels at once: [len(channels), len(rows), T] float32.
+
+    The decay differs per state dim n, so a naive map is L²·N exponentials per channel. Columns
+    are taken in blocks J ending at ``ref``; for rows r ≥ ref, ``exp(cs_r − cs_j) =
+    exp(cs_r − cs_ref) · exp(cs_ref − cs_j)`` with both exponents ≤ 0 (no overflow), which turns
+    the block into one product over n; only the band where J holds r itself is exponentiated
+    entry-wise. Channels are batched (a Mamba-1 layer has thousands of one-channel "heads").
     """
     T, N = p.B.shape
     dev = p.x.device
     r = _rows(rows, T).to(dev)
-    delta = p.delta[:, channel].double()  # [T]
-    cs = torch.cumsum(delta[:, None] * p.A[channel].double()[None, :], 0)  # [T, N], non-increasing
-    Bw = p.B.double() * delta[:, None]  # B̄_j = Δ_j B_j (Euler, as HF and the CUDA kernel)
+    chans = torch.as_tensor(list(channels), dtype=torch.long, device=dev)
+    out = torch.zeros(len(chans), len(r), T, dtype=torch.float32, device=dev)
     C = p.C.double()[r]  # [R, N]
-    csr = cs[r]
-    out = torch.zeros(len(r), T, dtype=torch.float32, device=dev)
+    Bd = p.B.double()
+    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=dev)
+    step = max(1, _SEL_SCRATCH // (T * N))
     Q = _SEL_BLOCK
-    for j0 in range(0, T, Q):
-        j1 = min(T, j0 + Q)
-        ref = j1 - 1
-        after = r >= ref  # rows that see the whole block
-        if bool(after.any()):
-            left = C[after] * torch.exp(csr[after] - cs[ref])  # [R', N]
-            right = Bw[j0:j1] * torch.exp(cs[ref] - cs[j0:j1])  # [|J|, N]
-            out[after, j0:j1] = (left @ right.T).float()
-        band = (r >= j0) & (r < ref)  # rows inside the block: causal part only
-        if bool(band.any()):
-            rb, cols = r[band], torch.arange(j0, j1, device=dev)
-            causal = (cols[None, :] <= rb[:, None])[..., None]
-            expo = torch.where(causal, csr[band][:, None, :] - cs[j0:j1][None], torch.tensor(float("-inf"), dtype=torch.float64, device=dev))
-            out[band, j0:j1] = torch.einsum("rn,tn,rtn->rt", C[band], Bw[j0:j1], torch.exp(expo)).float()
+    for c0 in range(0, len(chans), step):
+        cc = chans[c0:c0 + step]
+        o = out[c0:c0 + step]
+        delta = p.delta[:, cc].double()  # [T, c]
+        cs = torch.cumsum(delta[..., None] * p.A[cc].double()[None], 0)  # [T, c, N], non-increasing
+        Bw = Bd[:, None, :] * delta[..., None]  # B̄_j = Δ_j B_j (Euler, as HF and the CUDA kernel)
+        csr = cs[r]
+        for j0 in range(0, T, Q):
+            j1 = min(T, j0 + Q)
+            ref = j1 - 1
+            after = r >= ref  # rows that see the whole block
+            if bool(after.any()):
+                left = C[after][:, None, :] * torch.exp(csr[after] - cs[ref])  # [R', c, N]
+                right = Bw[j0:j1] * torch.exp(cs[ref] - cs[j0:j1])  # [J, c, N]
+                o[:, after, j0:j1] = torch.einsum("rcn,jcn->crj", left, right).float()
+            band = (r >= j0) & (r < ref)  # rows inside the block: causal part only
+            if bool(band.any()):
+                rb, cols = r[band], torch.arange(j0, j1, device=dev)
+                causal = (cols[None, :] <= rb[:, None])[:, :, None, None]
+                expo = torch.where(causal, csr[band][:, None] - cs[j0:j1][None], neg_inf)  # [Rb, J, c, N]
+                o[:, band, j0:j1] = torch.einsum("rn,jcn,rjcn->crj", C[band], Bw[j0:j1], torch.exp(expo)).float()
     if include_d:
-        out[torch.arange(len(r), device=dev), r] += p.D[channel].float()
+        idx = torch.arange(len(r), device=dev)
+        out[:, idx, r] += p.D[chans].float()[:, None]
     return out
 
 
