@@ -13,6 +13,11 @@ TASKS: dict[str, str] = {
     "kv": "ganda.tasks.kv:KVTask",
     "letters": "ganda.tasks.letters:LettersTask",
     "mmlu": "ganda.tasks.mmlu:MMLUTask",
+    "gsm8k": "ganda.tasks.gsm8k:GSM8KTask",
+    "gsm8k-cot": "ganda.tasks.gsm8k:GSM8KCoTTask",
+    "bbh": "ganda.tasks.bbh:BBHTask",
+    "dream": "ganda.tasks.dream:DreamTask",
+    "dream-letters": "ganda.tasks.dream:DreamLettersTask",
 }
 
 

@@ -1,0 +1,305 @@
+"""Greedy generation under interventions, and the runner for generation tasks (GSM8K, BBH).
+
+Interventions are forward hooks (or a swapped layer list), so they act during generation
+unchanged. Two paths, chosen per call:
+
+* **cached** (Llama-layout Transformers whose decoder-layer list is intact): one prefill of the
+  left-padded batch, then one token per step with a fresh HF ``DynamicCache`` built for this
+  call only. Hooks fire on every step, so a head ablation applies to every generated token; a
+  ``positions="query"`` ablation applies to the newest position of each step (each generated
+  token is the query when it is produced).
+* **uncached** (any other family, or when a layer intervention changed the layer list, which
+  would desynchronise the cache's layer indices): the whole growing sequence is re-run through
+  ``adapter.forward`` for every new token, one example at a time. Slower (quadratic) but
+  correct for every adapter.
+
+Both are greedy (argmax), stop at the tokenizer's EOS ids, at any stop string (the text is cut
+at the earliest one, as lm-eval's ``until`` does) or after ``max_new_tokens``. The prompt is
+encoded like lm-eval's HFLM encodes a ``generate_until`` context: as-is, no trailing-space
+move, no special tokens (BOS only for Gemma, see :func:`ganda.scoring.encode`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .interventions import Intervention, apply, describe_all
+from .models.base import ModelAdapter
+from .scoring import EvalResult, encode
+from .stats import wilson
+from .tasks.base import Example, Task
+
+DEFAULT_MAX_NEW_TOKENS = 256
+
+
+@dataclass
+class Generation:
+    text: str  # the generated text cut at the first stop sequence (what tasks score)
+    raw: str  # everything generated, special tokens included
+    n_tokens: int  # tokens generated (including the one that completed a stop or EOS)
+    finish: str  # "stop" | "eos" | "length" | "context"
+    prompt_tokens: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cut_at_stops(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:
+    """Cut ``text`` at the earliest occurrence of any stop string (lm-eval ``until``)."""
+    cut = len(text)
+    for s in stop or []:
+        if s:
+            i = text.find(s)
+            if i != -1:
+                cut = min(cut, i)
+    return text[:cut], cut < len(text)
+
+
+def eos_ids(adapter: ModelAdapter) -> set[int]:
+    ids: set[int] = set()
+    tok_eos = getattr(adapter.tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(int(tok_eos))
+    gen_cfg = getattr(adapter.model, "generation_config", None)
+    g = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+    if isinstance(g, int):
+        ids.add(g)
+    elif isinstance(g, (list, tuple)):
+        ids.update(int(x) for x in g)
+    return ids
+
+
+def can_cache(adapter: ModelAdapter) -> bool:
+    """True when the fast cached path is safe: a Llama-layout Transformer with its full layer list."""
+    if getattr(adapter, "family", "") != "transformer":
+        return False
+    try:
+        layers = adapter.decoder_layers()
+    except Exception:  # pragma: no cover - adapters without a layer list
+        return False
+    n_cfg = getattr(getattr(adapter.model, "config", None), "num_hidden_layers", None)
+    if n_cfg is not None and len(layers) != n_cfg:
+        return False
+    for i, layer in enumerate(layers):
+        idx = getattr(getattr(layer, "self_attn", None), "layer_idx", i)
+        if idx != i:
+            return False
+    return True
+
+
+class _Row:
+    def __init__(self, prompt_ids: list[int], stop: Sequence[str] | None, max_new: int) -> None:
+        self.prompt_ids = prompt_ids
+        self.stop = list(stop or [])
+        self.max_new = max_new
+        self.new: list[int] = []
+        self.finish: str | None = None
+
+
+def _check_row(adapter: ModelAdapter, row: _Row, token: int, eos: set[int], n_ctx: int | None) -> None:
+    row.new.append(token)
+    if token in eos:
+        row.finish = "eos"
+        return
+    if row.stop:
+        # stops are checked on the decoded text; only the tail can contain a new match
+        text = adapter.tokenizer.decode(row.new, skip_special_tokens=False)
+        if cut_at_stops(text, row.stop)[1]:
+            row.finish = "stop"
+            return
+    if len(row.new) >= row.max_new:
+        row.finish = "length"
+    elif n_ctx is not None and len(row.prompt_ids) + len(row.new) >= n_ctx:
+        row.finish = "context"
+
+
+def _finish(adapter: ModelAdapter, row: _Row) -> Generation:
+    raw = adapter.tokenizer.decode(row.new, skip_special_tokens=False)
+    eos = eos_ids(adapter)
+    body = row.new[:-1] if row.finish == "eos" and row.new and row.new[-1] in eos else row.new
+    text = adapter.tokenizer.decode(body, skip_special_tokens=False)
+    text, _ = cut_at_stops(text, row.stop)
+    return Generation(text=text, raw=raw, n_tokens=len(row.new), finish=row.finish or "length",
+                      prompt_tokens=len(row.prompt_ids))
+
+
+@torch.no_grad()
+def _generate_cached(adapter: ModelAdapter, rows: list[_Row], eos: set[int]) -> None:
+    """Batched greedy decoding with a per-call KV cache (left padding, explicit position ids)."""
+    from transformers import DynamicCache
+
+    model = adapter.model
+    dev = adapter.device
+    pad = adapter.tokenizer.pad_token_id
+    pad = 0 if pad is None else pad
+    width = max(len(r.prompt_ids) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+        mask[i, width - len(r.prompt_ids):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    n_ctx = adapter.n_ctx
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    next_pos = pos[:, -1:] + 1
+    while True:
+        nxt = out.logits[:, -1].argmax(-1)
+        step = torch.full((len(rows), 1), pad, dtype=torch.long, device=dev)
+        for i, r in enumerate(rows):
+            if r.finish is None:
+                tok = int(nxt[i])
+                _check_row(adapter, r, tok, eos, n_ctx)
+                step[i, 0] = tok
+        if all(r.finish is not None for r in rows):
+            return
+        mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
+        out = model(input_ids=step, attention_mask=mask, position_ids=next_pos, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        next_pos = next_pos + 1
+
+
+@torch.no_grad()
+def _generate_uncached(adapter: ModelAdapter, row: _Row, eos: set[int]) -> None:
+    dev = adapter.device
+    seq = list(row.prompt_ids)
+    n_ctx = adapter.n_ctx
+    while row.finish is None:
+        logits = adapter.forward(torch.tensor([seq], device=dev))
+        tok = int(logits[0, -1].argmax())
+        _check_row(adapter, row, tok, eos, n_ctx)
+        seq.append(tok)
+
+
+def generate(
+    adapter: ModelAdapter,
+    prompts: str | Sequence[str],
+    *,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    stop: Sequence[str] | Sequence[Sequence[str] | None] | None = None,
+    batch_size: int = 8,
+    use_cache: bool | None = None,
+    progress: bool = False,
+) -> list[Generation]:
+    """Greedy continuations of ``prompts`` with the interventions currently applied.
+
+    ``stop`` is one list of stop strings for every prompt, or one list per prompt.
+    ``use_cache=None`` picks the cached path where it is safe (see :func:`can_cache`);
+    ``True`` where it is not raises nothing but falls back to the uncached path.
+    """
+    single = isinstance(prompts, str)
+    plist = [prompts] if single else list(prompts)
+    if stop is None or (len(stop) > 0 and isinstance(stop[0], str)):
+        stops: list[Sequence[str] | None] = [stop] * len(plist)  # type: ignore[list-item]
+    else:
+        if len(stop) != len(plist):
+            raise ValueError("one stop list per prompt expected")
+        stops = list(stop)  # type: ignore[arg-type]
+    rows = []
+    for p, s in zip(plist, stops, strict=True):
+        ids = encode(adapter, p)
+        if not ids:
+            raise ValueError("empty prompt")
+        adapter.check_length(len(ids))
+        rows.append(_Row(ids, s, max_new_tokens))
+    eos = eos_ids(adapter)
+    cached = can_cache(adapter) if use_cache is None else (use_cache and can_cache(adapter))
+    bar = tqdm(total=len(rows), desc="generate", disable=not progress, leave=False)
+    if cached:
+        # similar lengths together: less padding
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt_ids))
+        for k in range(0, len(order), max(1, batch_size)):
+            chunk = [rows[i] for i in order[k: k + max(1, batch_size)]]
+            _generate_cached(adapter, chunk, eos)
+            bar.update(len(chunk))
+    else:
+        for r in rows:
+            _generate_uncached(adapter, r, eos)
+            bar.update(1)
+    bar.close()
+    gens = [_finish(adapter, r) for r in rows]
+    return gens[:1] if single else gens
+
+
+def evaluate_generation(
+    adapter: ModelAdapter,
+    task: Task,
+    examples: Sequence[Example],
+    interventions: Sequence[Intervention] | None = None,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    batch_size: int | None = None,
+    max_new_tokens: int | None = None,
+    use_cache: bool | None = None,
+) -> EvalResult:
+    """Exact-match accuracy of greedy generations on a generation task.
+
+    The task supplies ``score_generation(example, text) -> bool`` (the primary metric) and,
+    optionally, ``metrics(example, text) -> dict[name, bool]`` (every metric it reports, e.g.
+    GSM8K's strict and flexible matches) and ``extract(example, text) -> str`` (the answer it
+    read). Secondary metrics are aggregated into ``result.config["metrics"]``; a task's optional
+    ``aggregate(records) -> dict`` (BBH: per-subtask and macro accuracy) is merged into ``config``.
+    """
+    t0 = time.perf_counter()
+    max_new = max_new_tokens or getattr(task, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    bs = batch_size or getattr(task, "batch_size", 8)
+    preds: list[dict[str, Any]] = []
+    correct = 0
+    metric_sums: dict[str, int] = {}
+    finishes: dict[str, int] = {}
+    with apply(adapter, interventions):
+        gens: list[Generation] = []
+        step = max(1, bs) * 4  # chunks so the progress bar moves
+        bar = tqdm(total=len(examples), desc=task.name, disable=not progress, leave=False)
+        for k in range(0, len(examples), step):
+            chunk = examples[k: k + step]
+            gens.extend(generate(adapter, [ex.prompt for ex in chunk], max_new_tokens=max_new,
+                                 stop=[ex.stop for ex in chunk], batch_size=bs, use_cache=use_cache))
+            bar.update(len(chunk))
+        bar.close()
+    for ex, g in zip(examples, gens, strict=True):
+        ok = bool(task.score_generation(ex, g.text))
+        correct += ok
+        rec: dict[str, Any] = {"target": ex.target, "generated": g.text, "finish": g.finish,
+                               "n_tokens": g.n_tokens, "correct": ok}
+        if hasattr(task, "extract"):
+            rec["extracted"] = task.extract(ex, g.text)
+        if hasattr(task, "metrics"):
+            ms = task.metrics(ex, g.text)
+            rec["metrics"] = ms
+            for name, v in ms.items():
+                metric_sums[name] = metric_sums.get(name, 0) + bool(v)
+        if ex.meta:
+            rec["meta"] = ex.meta
+        finishes[g.finish] = finishes.get(g.finish, 0) + 1
+        preds.append(rec)
+    n = len(examples)
+    cfg = {**task.config(), "seed": seed, "max_new_tokens": max_new, "finish": finishes}
+    if metric_sums:
+        cfg["metrics"] = {k: {"correct": v, "accuracy": v / n if n else 0.0, "ci95": list(wilson(v, n))}
+                          for k, v in metric_sums.items()}
+    if hasattr(task, "aggregate"):
+        cfg.update(task.aggregate(preds))
+    return EvalResult(
+        task=task.name,
+        model=adapter.spec,
+        n=n,
+        correct=correct,
+        accuracy=correct / n if n else 0.0,
+        ci95=wilson(correct, n),
+        seconds=time.perf_counter() - t0,
+        interventions=describe_all(interventions),
+        config=cfg,
+        predictions=preds,
+    )

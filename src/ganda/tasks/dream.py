@@ -1,0 +1,153 @@
+"""DREAM: multiple-choice reading comprehension over a dialogue (3 options per question).
+
+**Licence: non-commercial research only.** The data is *not* shipped with ganda. It is read from
+``data_dir`` (CLI ``--data-dir``), else ``$GANDA_DREAM_DIR``, else ``/work/shared/data/dream``;
+the directory holds the upstream ``test.json`` / ``dev.json`` (nlpdata/dream ``data/``).
+
+Two scorings, both 0-shot by default (``shots`` prepends the first questions of ``dev.json``):
+
+* ``dream`` - log-likelihood of each answer text (lm-eval ``acc``; ``acc_norm`` recorded)::
+
+      Dialogue:
+      W: ...
+      M: ...
+
+      Question: <question>
+      Answer: <choice text>
+
+* ``dream-letters`` - the options are listed and the answer is a letter, the MMLU-style format
+  where a Gather/Aggregate head must retrieve the right letter from context::
+
+      Dialogue:
+      ...
+
+      Question: <question>
+      A. <choice 0>
+      B. <choice 1>
+      C. <choice 2>
+      Answer: <letter>
+
+Segments are the option lines (``dream-letters``, ending with their ``\\n``) or the dialogue
+turns (``dream``); ``gold_segment`` is the gold option's line in the letter format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..errors import GandaError
+from .base import Example, Task
+
+LETTERS = "ABC"
+SHARED_DIR = Path("/work/shared/data/dream")
+ENV = "GANDA_DREAM_DIR"
+
+
+def find_data_dir(data_dir: str | None = None) -> Path:
+    candidates = [Path(data_dir)] if data_dir else []
+    if not data_dir and os.environ.get(ENV):
+        candidates.append(Path(os.environ[ENV]))
+    if not data_dir:
+        candidates.append(SHARED_DIR)
+    for c in candidates:
+        if (c / "test.json").is_file():
+            return c
+    raise GandaError(
+        "DREAM data not found: it is licensed for non-commercial research only and not shipped with "
+        f"ganda. Download test.json/dev.json from github.com/nlpdata/dream (data/) and pass --data-dir DIR "
+        f"or set {ENV}=DIR (looked in: {', '.join(str(c) for c in candidates)})"
+    )
+
+
+@lru_cache(maxsize=8)
+def read_split(data_dir: str, split: str) -> tuple[tuple[tuple[str, ...], str, tuple[str, ...], int, str], ...]:
+    """Flattened questions: (turns, question, choices, gold index, dialogue id)."""
+    path = Path(data_dir) / f"{split}.json"
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    out = []
+    for turns, questions, did in data:
+        for q in questions:
+            choices = tuple(q["choice"])
+            if q["answer"] not in choices:
+                raise GandaError(f"{path}: dialogue {did}: answer is not one of the choices")
+            out.append((tuple(turns), q["question"], choices, choices.index(q["answer"]), did))
+    return tuple(out)
+
+
+def render(turns: tuple[str, ...], question: str, choices: tuple[str, ...], letters: bool
+           ) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+    """The question block (no answer), the char spans of dialogue turns and of option lines."""
+    text = "Dialogue:\n"
+    turn_spans = []
+    for t in turns:
+        start = len(text)
+        text += t.strip() + "\n"
+        turn_spans.append((start, len(text)))
+    text += f"\nQuestion: {question.strip()}\n"
+    opt_spans = []
+    if letters:
+        for letter, c in zip(LETTERS, choices, strict=True):
+            start = len(text)
+            text += f"{letter}. {c.strip()}\n"
+            opt_spans.append((start, len(text)))
+    return text + "Answer:", turn_spans, opt_spans
+
+
+class DreamTask(Task):
+    name = "dream"
+    kind = "mc"
+    letters = False
+
+    def __init__(self, split: str = "test", shots: int = 0, data_dir: str | None = None) -> None:
+        if split not in ("test", "dev"):
+            raise GandaError("dream: split must be 'test' or 'dev'")
+        self.dir = find_data_dir(data_dir)
+        if shots and not (self.dir / "dev.json").is_file():
+            raise GandaError(f"dream: shots need dev.json in {self.dir}")
+        self.split, self.shots = split, int(shots)
+
+    def config(self) -> dict[str, Any]:
+        return {"task": self.name, "split": self.split, "shots": self.shots, "letters": self.letters}
+
+    def _answer(self, choices: tuple[str, ...], gold: int) -> str:
+        return f" {LETTERS[gold]}" if self.letters else f" {choices[gold].strip()}"
+
+    def build(self, turns, question, choices, gold) -> Example:
+        prompt = ""
+        for t, q, ch, g, _ in read_split(str(self.dir), "dev")[: self.shots]:
+            text, _, _ = render(t, q, ch, self.letters)
+            prompt += text + self._answer(ch, g) + "\n\n"
+        text, turn_spans, opt_spans = render(turns, question, choices, self.letters)
+        off = len(prompt)
+        spans = opt_spans if self.letters else turn_spans
+        return Example(
+            prompt=prompt + text,
+            choices=[self._answer(choices, i) for i in range(len(choices))],
+            gold=gold,
+            segments=[(a + off, b + off) for a, b in spans],
+            gold_segment=gold if self.letters else None,
+        )
+
+    def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
+        rows = read_split(str(self.dir), self.split)
+        idx = list(range(len(rows)))
+        if limit is not None and limit < len(idx):
+            idx = sorted(random.Random(f"dream-{self.split}-{seed}").sample(idx, limit))
+        out = []
+        for i in idx:
+            turns, q, ch, g, did = rows[i]
+            ex = self.build(turns, q, ch, g)
+            ex.meta = {"index": i, "dialogue": did}
+            out.append(ex)
+        return out
+
+
+class DreamLettersTask(DreamTask):
+    name = "dream-letters"
+    letters = True
