@@ -111,3 +111,27 @@ def test_attention_maps_shapes_and_kinds(adapter, ids):
         assert kind == ("softmax" if adapter.mixer_of(h).kind == "attn" else "implicit")
         if kind == "softmax":
             assert torch.allclose(maps[h].sum(-1), torch.ones(T), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "mamba", "falcon_mamba", "zamba2", "bamba", "falcon_h1"])
+def test_loads_from_local_directory(family, tmp_path, ids):
+    """``ganda.load_model(dir)`` (save_pretrained layout) gives the right adapter and the same logits."""
+    import ganda.models.ssm  # noqa: F401  (registration; see the fresh-process test below)
+
+    model = build(family)
+    model.save_pretrained(tmp_path)
+    ad = ganda.load_model(str(tmp_path), device="cpu", dtype=torch.float32)
+    assert type(ad).__name__ == type(ganda.from_model(model)).__name__
+    assert torch.allclose(ad.forward(ids), model(input_ids=ids, use_cache=False).logits, atol=1e-5)
+
+
+@pytest.mark.xfail(reason="registry.check_model_type runs before the SSM families register (lead: call "
+                          "_ensure_builtin() there)", strict=False)
+def test_fresh_process_loads_ssm_directory(tmp_path):
+    import subprocess
+    import sys
+
+    build("mamba2").save_pretrained(tmp_path)
+    code = f"import ganda; print(ganda.load_model({str(tmp_path)!r}, device='cpu').family)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().endswith("mamba2"), out.stderr[-500:]

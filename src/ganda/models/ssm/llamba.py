@@ -116,10 +116,10 @@ class DiscreteMamba2(nn.Module):
 
     def __init__(self, d_model: int, d_state: int = 64, n_qk_heads: int = 32, n_v_heads: int = 32, d_conv: int = 4,
                  expand: int = 1, activation: str = "identity", bias: bool = False, conv_bias: bool = True,
-                 chunk_size: int = 128, layer_idx: int | None = None, **_: Any) -> None:
+                 chunk_size: int = 128, layer_idx: int | None = None, d_inner: int | None = None, **_: Any) -> None:
         super().__init__()
         self.d_model, self.d_state, self.d_conv = d_model, d_state, d_conv
-        self.d_inner = expand * d_model
+        self.d_inner = d_inner or expand * d_model
         self.n_qk_heads, self.n_v_heads = n_qk_heads, n_v_heads
         self.num_heads = n_v_heads
         self.head_dim = self.d_inner // n_v_heads
