@@ -19,7 +19,13 @@ from pathlib import Path
 
 import torch
 
-from ganda.models.ssm.materialize import SelectiveParams, SSDParams, selective_channel_map, ssd_head_map
+from ganda.models.ssm.materialize import (
+    SelectiveParams,
+    SSDParams,
+    selective_channel_map,
+    selective_maps,
+    ssd_head_map,
+)
 
 
 def _rss() -> int:
@@ -53,19 +59,19 @@ class PeakRSS:
         return (self.peak - self.start) / 2**20
 
 
-def ssd_params(L: int, N: int = 64, P: int = 128) -> SSDParams:
+def ssd_params(L: int, N: int = 64, P: int = 128, H: int = 1) -> SSDParams:
     g = torch.Generator().manual_seed(0)
-    delta = torch.nn.functional.softplus(torch.randn(L, 1, generator=g))
-    return SSDParams(x=torch.randn(L, 1, P, generator=g), B=torch.randn(L, 1, N, generator=g),
-                     C=torch.randn(L, 1, N, generator=g), log_decay=-delta * 0.5, col_scale=delta,
-                     D=torch.ones(1))
+    delta = torch.nn.functional.softplus(torch.randn(L, H, generator=g))
+    return SSDParams(x=torch.randn(L, H, P, generator=g), B=torch.randn(L, H, N, generator=g),
+                     C=torch.randn(L, H, N, generator=g), log_decay=-delta * 0.5, col_scale=delta,
+                     D=torch.ones(H))
 
 
-def sel_params(L: int, N: int = 16) -> SelectiveParams:
+def sel_params(L: int, N: int = 16, E: int = 1) -> SelectiveParams:
     g = torch.Generator().manual_seed(0)
-    return SelectiveParams(x=torch.randn(L, 1, generator=g), delta=torch.rand(L, 1, generator=g),
-                           A=-torch.arange(1, N + 1, dtype=torch.float32)[None], B=torch.randn(L, N, generator=g),
-                           C=torch.randn(L, N, generator=g), D=torch.ones(1))
+    return SelectiveParams(x=torch.randn(L, E, generator=g), delta=torch.rand(L, E, generator=g),
+                           A=-torch.arange(1, N + 1, dtype=torch.float32)[None].expand(E, N),
+                           B=torch.randn(L, N, generator=g), C=torch.randn(L, N, generator=g), D=torch.ones(E))
 
 
 def measure(fn, repeat: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
@@ -103,6 +109,18 @@ def main() -> None:
             out_mib = (L * L if mode == "full" else L) * 4 / 2**20
             rows.append((name, L, mode, sec, mib, out_mib))
             print(f"{name:30s} L={L:5d} {mode:8s} {sec * 1000:9.1f} ms  peak +{mib:7.1f} MiB  (output {out_mib:.2f} MiB)")
+    # Whole layers in the rows mode that head discovery uses (final query + 10 summary rows).
+    Ld = 512
+    rows10 = list(range(Ld - 11, Ld))
+    layer_cases = [
+        ("Llamba-8B layer: 32 heads (N=64)", lambda: [ssd_head_map(lp, h, rows=rows10) for h in range(32)]),
+        ("Falcon-Mamba-7B layer: 8192 channels (N=16)", lambda: selective_maps(ls, range(8192), rows=rows10)),
+    ]
+    lp, ls = ssd_params(Ld, H=32), sel_params(Ld, E=8192)
+    for name, fn in layer_cases:
+        sec, mib = measure(fn, args.repeat)
+        rows.append((name, Ld, "11 rows", sec, mib, 0.0))
+        print(f"{name:30s} L={Ld:5d} 11 rows  {sec * 1000:9.1f} ms  peak +{mib:7.1f} MiB")
     load = os.getloadavg()[0]
     lines = [
         "## Materialising one SSM head (implicit attention)",
@@ -116,7 +134,8 @@ def main() -> None:
         "|---|---:|---|---:|---:|---:|",
     ]
     for name, L, mode, sec, mib, out_mib in rows:
-        lines.append(f"| {name} | {L} | {mode} | {sec * 1000:.1f} ms | {mib:.1f} MiB | {out_mib:.2f} MiB |")
+        out = f"{out_mib:.2f} MiB" if out_mib else "-"
+        lines.append(f"| {name} | {L} | {mode} | {sec * 1000:.1f} ms | {mib:.1f} MiB | {out} |")
     if args.invariants:
         from ganda.models.ssm.checks import invariant_rows
 

@@ -23,7 +23,7 @@ from ...errors import GandaError
 from ...heads import HeadId
 from ..base import Mixer, ModelAdapter, PreHook
 from ..transformer import eager_attention
-from .materialize import SelectiveParams, SSMParams, head_map, selective_maps
+from .materialize import SelectiveParams, SSMParams, for_math, head_map, selective_maps
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class SSMAdapterBase(ModelAdapter):
         """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path."""
         mixers = [self.mixer(layer, "ssm") for layer in layers]
         raw, _ = self._capture(input_ids, mixers, [])
-        return {mx.layer: self.ssm_params(mx, raw[mx.layer]) for mx in mixers}
+        return {mx.layer: for_math(self.ssm_params(mx, raw[mx.layer])) for mx in mixers}
 
     def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Sequence[Mixer]
                  ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
@@ -280,7 +280,7 @@ class SSMAdapterBase(ModelAdapter):
         raw, weights = self._capture(input_ids, list(ssm.values()), list(attn.values()))
         out: dict[HeadId, torch.Tensor] = {}
         for layer, mx in ssm.items():  # one layer's fp32 params at a time
-            p = self.ssm_params(mx, raw.pop(layer))
+            p = for_math(self.ssm_params(mx, raw.pop(layer)))
             wanted = [h for h in heads if h.layer == layer and self.mixer_of(h) is mx]
             if isinstance(p, SelectiveParams):  # thousands of one-channel heads: batch them
                 maps = selective_maps(p, [h.head for h in wanted], rows).cpu()

@@ -82,6 +82,14 @@ class SelectiveParams:
 SSMParams = SSDParams | SelectiveParams
 
 
+def for_math(p: SSMParams) -> SSMParams:
+    """The params on a device that has float64 (MPS has none: fall back to the CPU)."""
+    if p.x.device.type != "mps":
+        return p
+    fields = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in vars(p).items()}
+    return type(p)(**fields)
+
+
 def _rows(rows: Sequence[int] | torch.Tensor | None, T: int) -> torch.Tensor:
     if rows is None:
         return torch.arange(T)
