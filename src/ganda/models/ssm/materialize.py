@@ -155,24 +155,27 @@ def selective_maps(p: SelectiveParams, channels: Sequence[int], rows: Sequence[i
     for c0 in range(0, len(chans), step):
         cc = chans[c0:c0 + step]
         o = out[c0:c0 + step]
-        delta = p.delta[:, cc].double()  # [T, c]
-        cs = torch.cumsum(delta[..., None] * p.A[cc].double()[None], 0)  # [T, c, N], non-increasing
-        Bw = Bd[:, None, :] * delta[..., None]  # B̄_j = Δ_j B_j (Euler, as HF and the CUDA kernel)
-        csr = cs[r]
+        delta = p.delta[:, cc].double().T.contiguous()  # [c, T]
+        # [c, N, T]: the prefix sum runs along the contiguous axis (float64, non-increasing)
+        cs = torch.cumsum(delta[:, None, :] * p.A[cc].double()[:, :, None], dim=-1)
+        Bw = (Bd.T[None] * delta[:, None, :]).float()  # B̄_j = Δ_j B_j (Euler, as HF and CUDA), [c, N, T]
+        csr = cs[:, :, r]  # [c, N, R]
         for j0 in range(0, T, Q):
             j1 = min(T, j0 + Q)
             ref = j1 - 1
             after = r >= ref  # rows that see the whole block
             if bool(after.any()):
-                left = C[after][:, None, :] * torch.exp(csr[after] - cs[ref])  # [R', c, N]
-                right = Bw[j0:j1] * torch.exp(cs[ref] - cs[j0:j1])  # [J, c, N]
-                o[:, after, j0:j1] = torch.einsum("rcn,jcn->crj", left, right).float()
+                # both exponents ≤ 0; the factors are computed in float64 and multiplied in float32
+                left = (C[after].T[None] * torch.exp(csr[:, :, after] - cs[:, :, ref:ref + 1])).float()  # [c, N, R']
+                right = Bw[:, :, j0:j1] * torch.exp(cs[:, :, ref:ref + 1] - cs[:, :, j0:j1]).float()  # [c, N, J]
+                o[:, after, j0:j1] = left.transpose(1, 2) @ right
             band = (r >= j0) & (r < ref)  # rows inside the block: causal part only
             if bool(band.any()):
                 rb, cols = r[band], torch.arange(j0, j1, device=dev)
-                causal = (cols[None, :] <= rb[:, None])[:, :, None, None]
-                expo = torch.where(causal, csr[band][:, None] - cs[j0:j1][None], neg_inf)  # [Rb, J, c, N]
-                o[:, band, j0:j1] = torch.einsum("rn,jcn,rjcn->crj", C[band], Bw[j0:j1], torch.exp(expo)).float()
+                causal = (cols[None, :] <= rb[:, None])[None, None]  # [1, 1, Rb, J]
+                expo = torch.where(causal, csr[:, :, band][..., None] - cs[:, :, None, j0:j1], neg_inf)  # [c, N, Rb, J]
+                w = torch.exp(expo) * Bw[:, :, None, j0:j1].double() * C[band].T[None, :, :, None]
+                o[:, band, j0:j1] = w.sum(1).float()
     if include_d:
         idx = torch.arange(len(r), device=dev)
         out[:, idx, r] += p.D[chans].float()[:, None]
