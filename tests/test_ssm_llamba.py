@@ -122,3 +122,13 @@ def test_config_without_model_type_that_is_not_llamba(tmp_path):
     save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(GandaError, match="unsupported architecture.*Llamba"):
         ganda.load_model(str(tmp_path), device="cpu")
+
+
+def test_right_padding_is_accepted_left_padding_refused():
+    adapter = ganda.from_model(_tiny())
+    ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    out = adapter.forward(ids, attention_mask=mask)
+    assert torch.allclose(out[1, :4], adapter.forward(ids[1:, :4])[0], atol=1e-5)
+    with pytest.raises(GandaError, match="right padding"):
+        adapter.forward(ids, attention_mask=mask.flip(1))

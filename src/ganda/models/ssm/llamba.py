@@ -229,8 +229,9 @@ class LlambaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 use_cache: bool = False, **_: Any) -> CausalLMOutput:
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise GandaError("Llamba runs without padding masks: give unpadded (or right-padded, unmasked) rows")
+        if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
+            # Right padding is harmless (causal: real positions never see later pads); left is not.
+            raise GandaError("Llamba supports right padding only (a recurrent state would carry the left pads)")
         h = self.backbone(input_ids)
         w = self.backbone.embedding.weight if self.lm_head is None else self.lm_head.weight
         bias = None if self.lm_head is None else self.lm_head.bias
