@@ -1,0 +1,669 @@
+"""Exhaustive single-head ablation sweeps, fast and resumable.
+
+``run_sweep(adapter, examples)`` ablates every head of every layer, one at a time, and scores
+the same multiple-choice examples under each ablation. It returns (and writes) per-head
+accuracy, per-prompt predictions and choice log-likelihoods that equal those of the naive
+loop ::
+
+    for head in adapter.heads():
+        evaluate_examples(adapter, examples, [AblateHeads([head])])
+
+(predictions identical, log-likelihoods to float tolerance; ``naive=True`` runs exactly that
+loop, and the tests and ``benchmarks/bench_sweep.py`` check the two agree), but much faster:
+
+* **Layer skipping.** Ablating a head of layer L leaves layers 0..L-1 untouched, so the
+  residual stream entering layer L is taken from one intact pass per prompt and only layers
+  L..end are recomputed. Layers are visited in order, so only the current layer's residual
+  per prompt is held in memory (one intact pass is advanced a layer at a time).
+* **Head batching.** The heads of a layer are ablated in one forward: the residual is
+  repeated once per head along the batch dimension and a per-row mask at the output
+  projection's input zeroes a different head in each row.
+* **Shared context.** An example's choices are packed into one sequence: the tokens all its
+  ``context + choice`` rows share are run once and each choice's remaining tokens follow,
+  with a block attention mask (each choice sees the shared prefix and itself) and position
+  ids that continue the prefix. That is the KV-cache trick without a cache object; for
+  single-token choices (MMLU letters) it is exactly one forward of the context.
+* **Logits only where read.** The LM head runs only at the positions whose next-token
+  log-probabilities are summed, not at every position.
+
+The fast path needs to run decoder layers by hand: the "run layers from k" helper below
+(:class:`_TransformerRunner`) captures, in the one intact pass, the keyword arguments the
+model itself gives each decoder layer (its rotary embeddings, masks, position ids) and replays
+them, so each family's own conventions are kept. It is implemented for the Llama-layout
+Transformer family; other families (SSMs, hybrids) fall back to full forwards (still batched
+over heads, with the per-row mask). An adapter may provide its own ``sweep_runner()`` returning
+an object with the same methods.
+
+Resumable: ``out_dir/progress.jsonl`` gets one JSON line per finished head (flushed
+immediately). A run killed at any point (even SIGKILL) continues where it stopped, and heads
+are computed in fixed batches (a partially written batch is recomputed whole), so the final
+``results.jsonl`` / ``results.csv`` / ``heatmap.png`` are identical to an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from .errors import GandaError
+from .heads import HeadId
+from .models.base import ModelAdapter
+from .scoring import encode_pair
+from .tasks.base import Example
+
+# ---------------------------------------------------------------------------------------------
+# prepared examples
+
+
+@dataclass
+class _Packed:
+    """One example as token rows (as the naive scorer builds them) and as one packed sequence."""
+
+    rows: list[list[int]]  # row i = context_i + continuation_i (naive layout)
+    ctx_lens: list[int]
+    conts: list[list[int]]
+    single: bool  # the naive scorer's single-forward path (shared context, 1-token choices)
+    n_chars: list[int]
+    gold: int
+    # packed layout
+    tokens: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    parent: list[int] = field(default_factory=list)  # -1: prefix token; else the choice index
+    prefix: int = 0
+    read: list[list[int]] = field(default_factory=list)  # per choice: packed indices whose logits are read
+
+    @property
+    def width(self) -> int:
+        return max(len(r) for r in self.rows)
+
+
+def prepare(adapter: ModelAdapter, ex: Example) -> _Packed:
+    """Tokenise one example exactly as :func:`ganda.scoring.score_choices` does, then pack it."""
+    pairs = [encode_pair(adapter, ex.prompt, c) for c in ex.choices]
+    ctxs = {tuple(p[0]) for p in pairs}
+    single = len(ctxs) == 1 and all(len(p[1]) == 1 for p in pairs)
+    p = _Packed(
+        rows=[list(c) + list(t) for c, t in pairs],
+        ctx_lens=[len(c) for c, _ in pairs],
+        conts=[list(t) for _, t in pairs],
+        single=single,
+        n_chars=[len(c) for c in ex.choices],
+        gold=ex.gold,
+    )
+    for c, t in pairs:
+        if not t:
+            raise GandaError(f"a choice encodes to no token after the context: {ex.prompt[-40:]!r}")
+        if not c:
+            raise GandaError("an empty context cannot be scored")
+    # longest prefix shared by every row's inputs (a row's last token is never an input we read)
+    inputs = [r[:-1] for r in p.rows]
+    n = min(len(r) for r in inputs)
+    pre = 0
+    while pre < n and all(r[pre] == inputs[0][pre] for r in inputs):
+        pre += 1
+    p.prefix = pre
+    p.tokens = list(inputs[0][:pre])
+    p.positions = list(range(pre))
+    p.parent = [-1] * pre
+    for i, r in enumerate(inputs):
+        start = len(p.tokens)
+        p.tokens.extend(r[pre:])
+        p.positions.extend(range(pre, len(r)))
+        p.parent.extend([i] * (len(r) - pre))
+        read = []
+        for pos in range(p.ctx_lens[i] - 1, len(p.rows[i]) - 1):
+            read.append(pos if pos < pre else start + pos - pre)
+        p.read.append(read)
+    return p
+
+
+def _packed_mask(p: _Packed, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive ``[1, 1, W, W]`` mask: causal in the prefix, each choice sees prefix + itself."""
+    w = len(p.tokens)
+    parent = torch.tensor(p.parent, device=device)
+    idx = torch.arange(w, device=device)
+    causal = idx[None, :] <= idx[:, None]
+    same = (parent[None, :] == -1) | (parent[None, :] == parent[:, None])
+    allowed = causal & same
+    mask = torch.zeros((w, w), dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# running layers by hand
+
+
+def _repeat_batch(obj: Any, reps: int, batch: int) -> Any:
+    """Repeat every tensor whose leading dim is the batch (``batch`` > 1) ``reps`` times."""
+    if reps == 1:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        if obj.ndim >= 2 and obj.shape[0] == batch and batch > 1:
+            return obj.repeat(reps, *([1] * (obj.ndim - 1)))
+        return obj
+    if isinstance(obj, tuple):
+        return tuple(_repeat_batch(o, reps, batch) for o in obj)
+    if isinstance(obj, list):
+        return [_repeat_batch(o, reps, batch) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _repeat_batch(v, reps, batch) for k, v in obj.items()}
+    return obj
+
+
+class _Captured:
+    """What one intact pass gave each decoder layer: keyword arguments (and layer 0's input)."""
+
+    def __init__(self, h0: torch.Tensor, kwargs: list[dict[str, Any]], positional: bool) -> None:
+        self.h0 = h0
+        self.kwargs = kwargs
+        self.positional = positional
+        self.batch = h0.shape[0]
+
+
+class _TransformerRunner:
+    """Run decoder layers from layer k for Llama-layout Transformers (``model.model.layers``)."""
+
+    def __init__(self, adapter: ModelAdapter) -> None:
+        self.adapter = adapter
+        self.backbone = adapter.model.model
+        self.norm = self.backbone.norm
+        self.lm_head = adapter.model.get_output_embeddings()
+        cfg = adapter.model.config
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+
+    def can_pack(self, width: int) -> bool:
+        return not self.window or width <= self.window
+
+    @torch.no_grad()
+    def capture(
+        self, ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+    ) -> _Captured:
+        layers = self.adapter.decoder_layers()
+        store: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+        def hook(_m, args, kwargs):
+            store.append((args, dict(kwargs)))
+
+        handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
+        try:
+            self.backbone(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        if len(store) != len(layers):
+            raise RuntimeError("could not capture every decoder layer's inputs")
+        kwargs_list = []
+        h0 = None
+        positional = bool(store[0][0])
+        for i, (args, kw) in enumerate(store):
+            h = args[0] if args else kw.pop("hidden_states")
+            if i == 0:
+                h0 = h
+            kw.pop("past_key_values", None)
+            kw.pop("past_key_value", None)
+            kw["use_cache"] = False
+            kwargs_list.append(kw)
+        assert h0 is not None
+        return _Captured(h0, kwargs_list, positional)
+
+    def layer(self, i: int, h: torch.Tensor, cap: _Captured, reps: int) -> torch.Tensor:
+        kw = _repeat_batch(cap.kwargs[i], reps, cap.batch)
+        layer = self.adapter.decoder_layers()[i]
+        out = layer(h, **kw) if cap.positional else layer(hidden_states=h, **kw)
+        return out[0] if isinstance(out, tuple) else out
+
+    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[K, d]`` final residuals -> ``[K, V]`` fp32 log-probabilities."""
+        logits = self.lm_head(self.norm(hidden))
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return torch.log_softmax(logits.float(), -1)
+
+
+def runner_for(adapter: ModelAdapter) -> Any | None:
+    """The fast "run layers from k" helper for this adapter, or None (full-forward fallback)."""
+    custom = getattr(adapter, "sweep_runner", None)
+    if callable(custom):
+        return custom()
+    if adapter.family == "transformer" and hasattr(getattr(adapter.model, "model", None), "layers"):
+        return _TransformerRunner(adapter)
+    return None
+
+
+def _row_mask_hook(masks: torch.Tensor) -> Callable:
+    """Forward pre-hook: multiply the out_proj input ``[B, T, H*D]`` by a per-row mask ``[B, 1, H*D]``."""
+
+    def hook(_module, args):
+        x = args[0]
+        m = masks.to(dtype=x.dtype, device=x.device)
+        if x.shape[0] != m.shape[0]:  # rows are head-major: head b owns rows b*C .. b*C+C-1
+            m = m.repeat_interleave(x.shape[0] // m.shape[0], dim=0)
+        return (x * m, *args[1:])
+
+    return hook
+
+
+def _head_masks(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> tuple[Any, torch.Tensor] | None:
+    """``[B, 1, H*D]`` masks (None entries keep everything) for heads of one mixer."""
+    real = [h for h in heads if h is not None]
+    if not real:
+        return None
+    mixer = adapter.mixer_of(real[0])
+    w = mixer.out_proj.weight
+    masks = torch.ones((len(heads), 1, mixer.num_heads * mixer.head_dim), dtype=w.dtype, device=w.device)
+    for b, h in enumerate(heads):
+        if h is not None:
+            masks[b, 0, mixer.head_slice(h.head)] = 0.0
+    return mixer, masks
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine
+
+
+class _FastEngine:
+    def __init__(self, adapter: ModelAdapter, packed: list[_Packed], runner: Any) -> None:
+        self.adapter = adapter
+        self.packed = packed
+        self.runner = runner
+        self.dev = adapter.device
+        self.caps: list[_Captured] = []
+        self.modes: list[str] = []
+        self.state: list[torch.Tensor] = []
+        self.layer_at = 0
+        dtype = next(adapter.model.parameters()).dtype
+        for p in packed:
+            if runner.can_pack(len(p.tokens)):
+                ids = torch.tensor([p.tokens], device=self.dev)
+                mask = _packed_mask(p, dtype, self.dev)
+                pos = torch.tensor([p.positions], device=self.dev)
+                self.caps.append(runner.capture(ids, mask, pos))
+                self.modes.append("packed")
+            else:
+                ids, mask = _rows_tensors(adapter, p, self.dev)
+                self.caps.append(runner.capture(ids, mask, None))
+                self.modes.append("rows")
+        self.state = [c.h0 for c in self.caps]
+
+    def advance_to(self, layer: int) -> None:
+        """Move each prompt's intact residual forward to the input of ``layer``."""
+        if layer < self.layer_at:
+            raise RuntimeError("layers must be visited in order")
+        with torch.no_grad():
+            while self.layer_at < layer:
+                i = self.layer_at
+                self.state = [self.runner.layer(i, h, c, 1) for h, c in zip(self.state, self.caps, strict=True)]
+                self.layer_at += 1
+
+    @torch.no_grad()
+    def score(self, layer: int, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
+        """Per batch entry, per example, the choices' summed log-likelihoods."""
+        self.advance_to(layer)
+        b = len(heads)
+        hm = _head_masks(self.adapter, heads)
+        out: list[list[list[float]]] = [[] for _ in range(b)]
+        n_layers = len(self.adapter.decoder_layers())
+        for p, cap, h, mode in zip(self.packed, self.caps, self.state, self.modes, strict=True):
+            c = h.shape[0]
+            x = h.repeat(b, 1, 1) if b > 1 else h
+            for i in range(layer, n_layers):
+                handle = None
+                if i == layer and hm is not None:
+                    handle = self.adapter.register_out_proj_pre_hook(hm[0], _row_mask_hook(hm[1]))
+                try:
+                    x = self.runner.layer(i, x, cap, b)
+                finally:
+                    if handle is not None:
+                        handle.remove()
+            for bi in range(b):
+                if mode == "packed":
+                    idx = [k for r in p.read for k in r]
+                    lp = self.runner.logprobs(x[bi, idx])
+                    vals, k0 = [], 0
+                    for r, cont in zip(p.read, p.conts, strict=True):
+                        rows = torch.arange(k0, k0 + len(r), device=lp.device)
+                        vals.append(float(lp[rows, torch.tensor(cont, device=lp.device)].sum()))
+                        k0 += len(r)
+                else:
+                    vals = []
+                    for ci, cont in enumerate(p.conts):
+                        pos = list(range(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1))
+                        lp = self.runner.logprobs(x[bi * c + ci, pos])
+                        vals.append(float(lp[torch.arange(len(pos)), torch.tensor(cont)].sum()))
+                out[bi].append(vals)
+        return out
+
+
+def _rows_tensors(adapter: ModelAdapter, p: _Packed, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The naive scorer's input: the context alone (single path) or right-padded rows + mask."""
+    if p.single:
+        return torch.tensor([p.rows[0][: p.ctx_lens[0]]], device=dev), None
+    width = p.width
+    pad = adapter.tokenizer.pad_token_id or 0 if adapter.tokenizer is not None else 0
+    ids = torch.full((len(p.rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(p.rows), width), dtype=torch.long)
+    for i, r in enumerate(p.rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids.to(dev), mask.to(dev)
+
+
+class _FallbackEngine:
+    """Full forwards (no layer runner), batched over heads with per-row masks."""
+
+    def __init__(self, adapter: ModelAdapter, packed: list[_Packed]) -> None:
+        self.adapter = adapter
+        self.packed = packed
+        self.dev = adapter.device
+
+    @torch.no_grad()
+    def score(self, layer: int, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
+        b = len(heads)
+        hm = _head_masks(self.adapter, heads)
+        out: list[list[list[float]]] = [[] for _ in range(b)]
+        for p in self.packed:
+            ids, mask = _rows_tensors(self.adapter, p, self.dev)
+            c = ids.shape[0]
+            ids_b = ids.repeat(b, 1)
+            mask_b = mask.repeat(b, 1) if mask is not None else None
+            handle = self.adapter.register_out_proj_pre_hook(hm[0], _row_mask_hook(hm[1])) if hm else None
+            try:
+                logp = torch.log_softmax(self.adapter.forward(ids_b, attention_mask=mask_b).float(), -1)
+            finally:
+                if handle is not None:
+                    handle.remove()
+            for bi in range(b):
+                vals = []
+                for ci, cont in enumerate(p.conts):
+                    row = bi * c + (0 if p.single else ci)
+                    pos = torch.arange(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1, device=self.dev)
+                    vals.append(float(logp[row, pos, torch.tensor(cont, device=self.dev)].sum()))
+                out[bi].append(vals)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# records, files, resume
+
+
+def _record(kind: str, head: HeadId | None, packed: list[_Packed], logliks: list[list[float]]) -> dict[str, Any]:
+    preds, preds_norm = [], []
+    for p, ll in zip(packed, logliks, strict=True):
+        preds.append(max(range(len(ll)), key=lambda i: ll[i]))
+        norm = [v / max(1, n) for v, n in zip(ll, p.n_chars, strict=True)]
+        preds_norm.append(max(range(len(norm)), key=lambda i: norm[i]))
+    n = len(packed)
+    correct = sum(int(pr == p.gold) for pr, p in zip(preds, packed, strict=True))
+    correct_norm = sum(int(pr == p.gold) for pr, p in zip(preds_norm, packed, strict=True))
+    rec: dict[str, Any] = {"type": kind}
+    if head is not None:
+        rec.update({"head": str(head), "layer": head.layer, "index": head.head, "kind": head.kind})
+    rec.update(
+        {
+            "n": n,
+            "correct": correct,
+            "acc": correct / n if n else 0.0,
+            "acc_norm": correct_norm / n if n else 0.0,
+            "pred": preds,
+            "pred_norm": preds_norm,
+            "gold": [p.gold for p in packed],
+            "loglik": logliks,
+        }
+    )
+    return rec
+
+
+def _read_progress(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON lines of a progress file; a torn last line (killed mid-write) is cut off."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    good_end = 0
+    out = []
+    start = 0
+    while True:
+        nl = data.find(b"\n", start)
+        if nl < 0:
+            break
+        try:
+            out.append(json.loads(data[start:nl]))
+        except json.JSONDecodeError:
+            break
+        good_end = nl + 1
+        start = nl + 1
+    if good_end != len(data):
+        with path.open("r+b") as f:
+            f.truncate(good_end)
+    return out
+
+
+@dataclass
+class SweepResult:
+    config: dict[str, Any]
+    baseline: dict[str, Any]
+    records: list[dict[str, Any]]  # one per head, in head order
+    seconds: float = 0.0
+    out_dir: Path | None = None
+
+    def drop(self, rec: dict[str, Any], metric: str = "acc") -> float:
+        return self.baseline[metric] - rec[metric]
+
+    def top(self, k: int = 10, metric: str = "acc") -> list[dict[str, Any]]:
+        """Heads whose ablation lowers ``metric`` most (ties: head order)."""
+        order = sorted(range(len(self.records)), key=lambda i: (-self.drop(self.records[i], metric), i))
+        return [self.records[i] for i in order[:k]]
+
+    def matrix(self, metric: str = "acc", kind: str | None = None) -> torch.Tensor:
+        """``[layers, heads]`` accuracy drop (NaN where a head was not swept)."""
+        recs = [r for r in self.records if kind is None or r.get("kind") == kind]
+        n_l = max((r["layer"] for r in recs), default=-1) + 1
+        n_h = max((r["index"] for r in recs), default=-1) + 1
+        m = torch.full((n_l, n_h), float("nan"))
+        for r in recs:
+            m[r["layer"], r["index"]] = self.drop(r, metric)
+        return m
+
+    def write(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with (out_dir / "results.jsonl").open("w") as f:
+            f.write(json.dumps({"type": "header", "config": self.config}) + "\n")
+            f.write(json.dumps(self.baseline) + "\n")
+            for r in self.records:
+                f.write(json.dumps(r) + "\n")
+        with (out_dir / "results.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["head", "layer", "index", "kind", "n", "correct", "acc", "acc_norm", "drop", "drop_norm"])
+            w.writerow(["none", "", "", "", self.baseline["n"], self.baseline["correct"], self.baseline["acc"],
+                        self.baseline["acc_norm"], 0.0, 0.0])
+            for r in self.records:
+                w.writerow([r["head"], r["layer"], r["index"], r["kind"] or "", r["n"], r["correct"], r["acc"],
+                            r["acc_norm"], self.drop(r), self.drop(r, "acc_norm")])
+        self.heatmap(out_dir / "heatmap.png")
+
+    def heatmap(self, path: Path, metric: str = "acc") -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        kinds = sorted({r.get("kind") or "" for r in self.records}) or [""]
+        fig, axes = plt.subplots(1, len(kinds), figsize=(4 + 3 * len(kinds), 6), squeeze=False)
+        for ax, kind in zip(axes[0], kinds, strict=True):
+            m = self.matrix(metric, kind or None).numpy()
+            lim = max(1e-9, float(abs(m[~(m != m)]).max()) if m.size and (m == m).any() else 1.0)
+            im = ax.imshow(m, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim, origin="lower", interpolation="nearest")
+            ax.set_xlabel("head")
+            ax.set_ylabel("layer")
+            ax.set_title(f"{kind + ' ' if kind else ''}{metric} drop when ablated")
+            fig.colorbar(im, ax=ax, label=f"baseline {metric} {self.baseline[metric]:.3f} minus ablated")
+        model = self.config.get("model", "")
+        task = self.config.get("task", {})
+        fig.suptitle(f"{model}: {task.get('task', '?') if isinstance(task, dict) else task} (n={self.baseline['n']})")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def _batches(heads: Sequence[HeadId], batch_heads: int) -> list[list[HeadId]]:
+    """Fixed batches: consecutive heads of the same mixer, at most ``batch_heads`` each."""
+    out: list[list[HeadId]] = []
+    for h in heads:
+        if out and len(out[-1]) < batch_heads and out[-1][0].layer == h.layer and out[-1][0].kind == h.kind:
+            out[-1].append(h)
+        else:
+            out.append([h])
+    return out
+
+
+def run_sweep(
+    adapter: ModelAdapter,
+    examples: Sequence[Example],
+    *,
+    heads: Sequence[HeadId] | None = None,
+    out_dir: str | Path | None = None,
+    resume: bool = True,
+    naive: bool = False,
+    batch_heads: int = 16,
+    progress: bool = True,
+    config: dict[str, Any] | None = None,
+    on_head: Callable[[dict[str, Any]], None] | None = None,
+) -> SweepResult:
+    """Ablate each head alone and score ``examples`` (see the module docstring).
+
+    ``config`` (task options, seed, ...) is recorded and must match on resume. ``naive=True``
+    runs the reference loop (``AblateHeads`` + ``evaluate_examples`` per head) with the same
+    output format. ``on_head`` is called with each finished head's record.
+    """
+    t0 = time.perf_counter()
+    heads = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
+    if not examples:
+        raise GandaError("no examples to sweep")
+    if batch_heads < 1:
+        raise GandaError("batch_heads must be at least 1")
+    packed = [prepare(adapter, ex) for ex in examples]
+    for p in packed:
+        adapter.check_length(p.width)
+    cfg = {
+        "model": adapter.spec,
+        "n": len(examples),
+        "heads": [str(h) for h in heads],
+        "prompts_sha": _prompts_digest(examples),
+        **(config or {}),
+    }
+    out = Path(out_dir) if out_dir is not None else None
+    done: dict[str, dict[str, Any]] = {}
+    baseline: dict[str, Any] | None = None
+    progress_path = out / "progress.jsonl" if out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        assert progress_path is not None
+        if not resume and progress_path.exists():
+            progress_path.unlink()
+        lines = _read_progress(progress_path)
+        if lines:
+            if lines[0].get("type") != "header" or lines[0].get("config") != cfg:
+                raise GandaError(
+                    f"{progress_path} holds a different sweep (model, task, prompts or heads differ); "
+                    "use --no-resume to start over or another --out"
+                )
+            for rec in lines[1:]:
+                if rec.get("type") == "baseline":
+                    baseline = rec
+                elif rec.get("type") == "head":
+                    done[rec["head"]] = rec
+        else:
+            progress_path.write_text(json.dumps({"type": "header", "config": cfg}) + "\n")
+    fh = progress_path.open("a") if progress_path else None
+
+    def emit(rec: dict[str, Any]) -> None:
+        if fh is not None:
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+
+    todo = [h for h in heads if str(h) not in done]
+    bar = tqdm(total=len(heads), initial=len(heads) - len(todo), desc="sweep", unit="head", disable=not progress)
+    try:
+        if naive:
+            baseline, new = _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head)
+        else:
+            runner = runner_for(adapter)
+            engine: Any = _FastEngine(adapter, packed, runner) if runner is not None else _FallbackEngine(adapter, packed)
+            if baseline is None:
+                baseline = _record("baseline", None, packed, engine.score(0, [None])[0])
+                emit(baseline)
+            for batch in _batches(heads, batch_heads):
+                if all(str(h) in done for h in batch):
+                    continue
+                scores = engine.score(batch[0].layer, batch)
+                for h, ll in zip(batch, scores, strict=True):
+                    if str(h) in done:
+                        continue
+                    rec = _record("head", h, packed, ll)
+                    done[str(h)] = rec
+                    emit(rec)
+                    bar.update(1)
+                    if on_head:
+                        on_head(rec)
+    finally:
+        bar.close()
+        if fh is not None:
+            fh.close()
+    assert baseline is not None
+    result = SweepResult(cfg, baseline, [done[str(h)] for h in heads], time.perf_counter() - t0, out)
+    if out is not None:
+        result.write(out)
+    return result
+
+
+def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head):
+    from .interventions import AblateHeads
+    from .scoring import evaluate_examples
+
+    def logliks(ivs):
+        res = evaluate_examples(adapter, examples, ivs, progress=False)
+        return [pr["loglik"] for pr in res.predictions]
+
+    if baseline is None:
+        baseline = _record("baseline", None, packed, logliks([]))
+        emit(baseline)
+    for h in heads:
+        if str(h) in done:
+            continue
+        rec = _record("head", h, packed, logliks([AblateHeads([h])]))
+        done[str(h)] = rec
+        emit(rec)
+        bar.update(1)
+        if on_head:
+            on_head(rec)
+    return baseline, done
+
+
+def _prompts_digest(examples: Sequence[Example]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(json.dumps([ex.prompt, ex.choices, ex.gold]).encode())
+    return h.hexdigest()[:16]
+
+
+def load_result(out_dir: str | Path) -> SweepResult:
+    """Read a finished sweep's ``results.jsonl``."""
+    path = Path(out_dir) / "results.jsonl"
+    if not path.exists():
+        raise GandaError(f"no sweep results in {out_dir}")
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir))
+
+
+__all__ = ["SweepResult", "load_result", "prepare", "run_sweep", "runner_for"]
