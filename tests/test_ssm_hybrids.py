@@ -128,3 +128,21 @@ def test_bamba_ids_are_plain_per_layer():
     assert str(ad.canonical(HeadId(1, 3, "attn"))) == "L1H3"
     assert ad.mixer(1).num_heads == 4 and ad.mixer(0).num_heads == 8
     assert ad.map_kind(HeadId(1, 0)) == "softmax" and ad.map_kind(HeadId(0, 0)) == "implicit"
+
+
+def test_block_syntax_targets_every_invocation(ids):
+    from ganda.errors import GandaError
+    from ganda.heads import expand
+
+    ad = ganda.from_model(build("zamba2"))
+    assert expand("B0H2", ad) == sorted(ad.block_heads(0, [2]))
+    assert expand("B0.attnH1-2,B1H*", ad) == sorted(ad.block_heads(0, [1, 2]) + ad.block_heads(1))
+    with AblateHeads("B0H2").apply(ad):
+        a = ad.forward(ids)
+    with AblateHeads(ad.block_heads(0, [2])).apply(ad):
+        b = ad.forward(ids)
+    assert torch.equal(a, b)
+    with pytest.raises(GandaError, match="no shared block 7"):
+        expand("B7H0", ad)
+    with pytest.raises(GandaError, match="shared blocks: none"):
+        expand("B0H0", ganda.from_model(build("bamba")))

@@ -6,9 +6,11 @@ Grammar (0-based, like the paper's ``L17H24``)::
     layer    := INT | "*"              # "*" = every layer that has this mixer kind
     kind     := "attn" | "ssm"          # needed only where a layer has more than one mixer
     heads    := INT | INT "-" INT | "*" # one head, an inclusive range, or every head
-    headset  := head ( "," head )*
+    headset  := ( head | block ) ( "," ( head | block ) )*
+    block    := "B" INT [ ".attn" ] "H" heads   # every invocation of shared block INT (Zamba2)
 
-Examples: ``L17H24``, ``L3H0-2``, ``L5H*``, ``L6.attnH3``, ``L*.attnH3``.
+Examples: ``L17H24``, ``L3H0-2``, ``L5H*``, ``L6.attnH3``, ``L*.attnH3``, ``B0H3`` (head 3 of
+shared block 0 at every depth where it runs; ``L6.attnH3`` is the invocation at layer 6 only).
 A pattern with ``*`` or a range expands against a model (:func:`expand`), which also
 validates indices so a typo like ``L99H0`` fails with a clear message.
 """
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 KINDS = ("attn", "ssm")
 _PAT = re.compile(r"^L(\d+|\*)(?:\.(attn|ssm))?H(\d+|\*|\d+-\d+)$")
+_BLOCK = re.compile(r"^B(\d+)(?:\.attn)?H(\d+|\*|\d+-\d+)$")
 
 
 @dataclass(frozen=True, order=True)
@@ -80,7 +83,20 @@ def expand(spec: str | Iterable[str | HeadId] | None, adapter: ModelAdapter) -> 
     return sorted(out)
 
 
+def _expand_block(part: str, block: str, heads: str, adapter: ModelAdapter) -> list[HeadId]:
+    """``B{k}H..``: the heads in every invocation of a shared attention block."""
+    blocks = adapter.shared_blocks() if hasattr(adapter, "shared_blocks") else {}
+    layers = blocks.get(f"block{block}")
+    if not layers:
+        have = ", ".join(k.replace("block", "B") for k in blocks) or "none"
+        raise GandaError(f"{part}: no shared block {block} (this model's shared blocks: {have})")
+    return [h for layer in layers for h in _expand_one(f"L{layer}.attnH{heads}", adapter)]
+
+
 def _expand_one(part: str, adapter: ModelAdapter) -> list[HeadId]:
+    mb = _BLOCK.match(part)
+    if mb:
+        return _expand_block(part, mb.group(1), mb.group(2), adapter)
     m = _PAT.match(part)
     if not m:
         raise GandaError(f"not a head id: {part!r} (expected e.g. L17H24, L3H0-2, L5H*, L6.attnH3)")
