@@ -172,3 +172,54 @@ def discover(
         task=task_config or {}, baseline_accuracy=base.accuracy, n_pattern=len(pattern_examples),
         n_verify=len(verify_examples), scores=scores, top_aggregate=top_agg, top_gather=top_gat,
     )
+
+
+def save_discovery(d: Discovery, out: Any, model: str) -> None:
+    """``result.json`` (kind ``heads``) and ``heads.csv`` (every head, sorted by aggregate score)."""
+    import json
+    from pathlib import Path
+
+    from .experiments.common import ganda_version, write_csv
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [s.to_json() for s in sorted(d.scores, key=lambda s: -s.aggregate)]
+    verified = [r for r in rows if r["drop"] is not None]
+    result = {
+        "kind": "heads", "model": model, "ganda_version": ganda_version(), "config": d.task,
+        "summary": {
+            "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
+            "top_aggregate": d.top_aggregate, "top_gather": d.top_gather,
+        },
+        "rows": verified,
+        "all_heads": rows,
+    }
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    write_csv(out / "heads.csv", rows)
+
+
+def ablate_until_chance(
+    adapter: ModelAdapter,
+    examples: Sequence[Example],
+    ranked_heads: Sequence[str],
+    *,
+    chance: float,
+    max_heads: int = 24,
+    margin: float = 0.05,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Ablate heads cumulatively in ranked order until accuracy is within ``margin`` of chance.
+
+    For models with no single-head bottleneck this answers "how many heads must go": the
+    returned curve lists the accuracy after each added head; the last row reached chance (or
+    ``max_heads`` was hit).
+    """
+    curve = []
+    chosen: list[str] = []
+    for name in tqdm(list(ranked_heads)[:max_heads], desc="cumulative ablation", disable=not progress, leave=False):
+        chosen.append(name)
+        r = evaluate_examples(adapter, examples, [AblateHeads(list(chosen))], progress=False)
+        curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, "ci95": list(r.ci95)})
+        if r.accuracy <= chance + margin:
+            break
+    return curve

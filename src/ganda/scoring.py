@@ -135,6 +135,9 @@ def evaluate_examples(
 ) -> EvalResult:
     """Accuracy of the model on multiple-choice examples, under the given interventions."""
     t0 = time.perf_counter()
+    if adapter.n_ctx is not None:  # fail before any work, not halfway through
+        for ex in examples:
+            adapter.check_length(len(encode(adapter, ex.prompt)))
     preds: list[dict[str, Any]] = []
     correct = correct_norm = 0
     with apply(adapter, interventions):

@@ -13,4 +13,6 @@ def wilson(correct: int, n: int, z: float = 1.959963984540054) -> tuple[float, f
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    lo = 0.0 if correct == 0 else max(0.0, centre - half)
+    hi = 1.0 if correct == n else min(1.0, centre + half)
+    return (lo, hi)

@@ -177,6 +177,16 @@ def _load_hf_dir(path: Path, allow_pickle: bool) -> tuple[Any, Any]:
     return model, tok
 
 
+def _quiet_transformers() -> None:
+    """Hide transformers' per-tensor loading bars (set GANDA_VERBOSE=1 to see them)."""
+    if os.environ.get("GANDA_VERBOSE"):
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def load_model(
     spec: str = DEFAULT_MODEL,
     *,
@@ -190,6 +200,7 @@ def load_model(
     Runs on CUDA in bf16 when available, else CPU fp32; the model is put in eval mode.
     """
     spec = str(spec)
+    _quiet_transformers()
     if spec in ALIASES:
         path = resolve_alias(spec)
     else:

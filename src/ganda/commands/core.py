@@ -1,0 +1,177 @@
+"""Core commands: ``ganda eval``, ``ganda attn``, ``ganda heads``, ``ganda demo``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from ..errors import GandaError
+from ..models import DEFAULT_MODEL
+
+MODEL = typer.Argument(DEFAULT_MODEL, help="alias (smollm2-135m, gemma3-270m), .gguf file or local HF directory")
+PICKLE = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (unpickling runs code)")
+
+
+def build_interventions(
+    ablate: str | None = None,
+    keep_layers: str | None = None,
+    remove_layers: str | None = None,
+    mask_last_row: str | None = None,
+) -> list:
+    """CLI flags -> interventions (layer edits first, so head ids keep their original layers)."""
+    from ..interventions import AblateHeads, KeepLayers, RemoveLayers, parse_layers
+    from ..interventions import mask_last_row as mlr
+
+    out: list = []
+    if keep_layers:
+        out.append(KeepLayers(parse_layers(keep_layers)))
+    if remove_layers:
+        out.append(RemoveLayers(parse_layers(remove_layers)))
+    if ablate:
+        out.append(AblateHeads(ablate))
+    if mask_last_row:
+        out.append(mlr(mask_last_row))
+    return out
+
+
+def validate_interventions(adapter, interventions: list) -> None:
+    """Fail fast (before any long run) on a bad head id or layer."""
+    from ..interventions import apply
+
+    with apply(adapter, interventions):
+        pass
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_(
+        model: str = MODEL,
+        task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, or any registered task"),
+        limit: int | None = typer.Option(None, "--limit", "-n", help="number of examples (default: the task's)"),
+        shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)"),
+        pairs: int | None = typer.Option(None, "--pairs", help="kv: number of key-value pairs"),
+        subjects: str | None = typer.Option(None, "--subjects", help="mmlu: comma-separated subjects"),
+        ablate: str | None = typer.Option(None, "--ablate", help="heads to zero-ablate, e.g. L3H1,L4H2"),
+        keep_layers: str | None = typer.Option(None, "--keep-layers", help="run only these layers, e.g. 0-17"),
+        remove_layers: str | None = typer.Option(None, "--remove-layers", help="skip these layers"),
+        mask_last_row: str | None = typer.Option(None, "--mask-last-row", help="attention heads whose last row is zeroed"),
+        seed: int = typer.Option(0, "--seed"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        predictions: Path | None = typer.Option(None, "--predictions", help="write per-example predictions (JSONL)"),
+        allow_pickle: bool = PICKLE,
+    ) -> None:
+        """Accuracy of MODEL on a task (Wilson 95% CI), optionally under interventions."""
+        from ..models import load_model
+        from ..scoring import evaluate
+        from ..tasks import get_task
+
+        opts = {"shots": shots, "pairs": pairs, "subjects": subjects}
+        task_obj = get_task(task, **opts)
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row)
+        validate_interventions(adapter, ivs)
+        res = evaluate(adapter, task_obj, ivs, limit=limit, seed=seed, progress=not as_json)
+        if predictions:
+            with open(predictions, "w") as f:
+                for p in res.predictions:
+                    f.write(json.dumps(p) + "\n")
+        if as_json:
+            print(json.dumps(res.to_json()))
+        else:
+            lo, hi = res.ci95
+            ivtxt = "; ".join(json.dumps(i) for i in res.interventions) or "none"
+            print(f"{res.task} on {res.model}: accuracy {res.accuracy:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
+                  f"n={res.n}, {res.seconds:.1f} s, interventions: {ivtxt}")
+
+    @app.command()
+    def attn(
+        model: str = MODEL,
+        heads: str = typer.Option(..., "--heads", help="heads to draw, e.g. L16H22,L17H24 or L6.attnH3,L7.ssmH2"),
+        task: str = typer.Option("kv", "--task", "-t"),
+        index: int = typer.Option(0, "--index", "-i", help="which example of the task"),
+        pairs: int | None = typer.Option(None, "--pairs"),
+        shots: int | None = typer.Option(None, "--shots"),
+        prompt: str | None = typer.Option(None, "--prompt", help="draw this text instead of a task example"),
+        out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG file"),
+        last_rows: int | None = typer.Option(None, "--rows", help="draw only the last N query rows"),
+        seed: int = typer.Option(0, "--seed"),
+        allow_pickle: bool = PICKLE,
+    ) -> None:
+        """Draw attention maps (softmax, or exact SSM implicit attention) of heads on one prompt."""
+        from ..attention import draw_attention
+        from ..models import load_model
+
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        if prompt is None:
+            from ..tasks import get_task
+
+            exs = get_task(task, pairs=pairs, shots=shots).examples(limit=index + 1, seed=seed)
+            prompt = exs[index].prompt
+        path = draw_attention(adapter, prompt, heads, out, last_rows=last_rows)
+        print(f"wrote {path}")
+
+    @app.command()
+    def heads(
+        model: str = MODEL,
+        task: str = typer.Option("kv", "--task", "-t", help="kv, letters or mmlu (tasks with segments)"),
+        n: int = typer.Option(16, "--n", help="prompts for the pattern scores"),
+        verify_n: int = typer.Option(50, "--verify-n", help="prompts for the causal verification"),
+        top: int = typer.Option(5, "--top", help="candidates verified per role"),
+        pairs: int | None = typer.Option(None, "--pairs"),
+        shots: int | None = typer.Option(None, "--shots"),
+        seed: int = typer.Option(0, "--seed"),
+        out: Path = typer.Option(Path("runs/heads"), "--out", "-o", help="directory for JSON and CSV"),
+        allow_pickle: bool = PICKLE,
+    ) -> None:
+        """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation."""
+        from ..discovery import discover, save_discovery
+        from ..models import load_model
+        from ..tasks import get_task
+
+        t = get_task(task, pairs=pairs, shots=shots)
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        pat = t.examples(limit=n, seed=seed)
+        ver = t.examples(limit=verify_n, seed=seed + 1)
+        if not pat or not pat[0].segments:
+            raise GandaError(f"task {task!r} has no segments to score heads on")
+        d = discover(adapter, pat, ver, top=top, task_config=t.config())
+        save_discovery(d, out, model=adapter.spec)
+        _print_discovery(d)
+        print(f"wrote {out}/result.json and {out}/heads.csv")
+
+    @app.command()
+    def demo(
+        model: str = MODEL,
+        out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
+        pairs: int = typer.Option(5, "--pairs", help="key-value pairs per prompt"),
+        n: int = typer.Option(8, "--n", help="prompts for the pattern scores"),
+        verify_n: int = typer.Option(40, "--verify-n", help="prompts for the accuracy measurements"),
+        top: int = typer.Option(4, "--top"),
+        seed: int = typer.Option(0, "--seed"),
+    ) -> None:
+        """The main job: KV baseline -> head ranking -> ablate the top G&A heads -> figures -> HTML report."""
+        from ..demo import run_demo
+
+        report = run_demo(model, out, pairs=pairs, n=n, verify_n=verify_n, top=top, seed=seed)
+        print(f"report: {report}")
+
+
+def _print_discovery(d) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts")
+    for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
+        tab = Table(title=f"top {role} candidates")
+        for col in ("head", "aggregate", "gather", "agg peak", "gather contrast", "ablated acc", "drop"):
+            tab.add_column(col)
+        by = {s.head: s for s in d.scores}
+        for name in names:
+            s = by[name]
+            tab.add_row(name, f"{s.aggregate:.3f}", f"{s.gather:.3f}", f"{s.aggregate_peak:.2f}",
+                        f"{s.gather_contrast:.1f}", f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",
+                        f"{s.drop:+.3f}" if s.drop is not None else "-")
+        con.print(tab)

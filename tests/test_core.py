@@ -1,0 +1,223 @@
+"""Core behaviour on tiny real-architecture models: heads, interventions, tasks, scoring, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ganda import AblateHeads, GandaError, HeadId, KeepHeads, KeepLayers, RemoveLayers, mask_last_row
+from ganda.heads import expand
+from ganda.interventions import apply, parse_layers
+from ganda.scoring import encode_pair, score_choices
+from ganda.stats import wilson
+from ganda.tasks import get_task, token_spans
+
+
+def ids(tok, text="Memorize the following dictionary:\napple:42\nriver:7\nThe value of the key 'river' is"):
+    return torch.tensor([tok(text, add_special_tokens=False).input_ids])
+
+
+# ---- head ids --------------------------------------------------------------------------------
+def test_head_parsing_and_expansion(tiny):
+    assert str(HeadId.parse("L17H24")) == "L17H24"
+    assert HeadId.parse("L6.attnH3") == HeadId(6, 3, "attn")
+    assert expand("L1H0-2,L2H*", tiny) == [HeadId(1, 0), HeadId(1, 1), HeadId(1, 2)] + [HeadId(2, h) for h in range(4)]
+    assert len(expand("L*H1", tiny)) == 3
+    with pytest.raises(GandaError, match="layer 99 out of range"):
+        expand("L99H0", tiny)
+    with pytest.raises(GandaError, match="head 4 out of range"):
+        expand("L0H4", tiny)
+    with pytest.raises(GandaError, match="not a head id"):
+        expand("layer3", tiny)
+
+
+# ---- interventions ---------------------------------------------------------------------------
+def test_hook_ablation_equals_weight_column_zeroing_with_gqa(tiny, byte_tok):
+    x = ids(byte_tok)
+    base = tiny.forward(x)
+    with AblateHeads("L1H3,L2H0").apply(tiny):
+        hooked = tiny.forward(x)
+    attn = tiny.model.model.layers
+    saved = [attn[1].self_attn.o_proj.weight.data.clone(), attn[2].self_attn.o_proj.weight.data.clone()]
+    hd = tiny.mixer(1).head_dim
+    assert tiny.mixer(1).num_heads == 4 and tiny.model.config.num_key_value_heads == 2  # query heads, not KV
+    attn[1].self_attn.o_proj.weight.data[:, 3 * hd : 4 * hd] = 0
+    attn[2].self_attn.o_proj.weight.data[:, 0:hd] = 0
+    zeroed = tiny.forward(x)
+    attn[1].self_attn.o_proj.weight.data.copy_(saved[0])
+    attn[2].self_attn.o_proj.weight.data.copy_(saved[1])
+    assert (hooked - zeroed).abs().max().item() < 1e-6
+    assert (hooked - base).abs().max().item() > 1e-4  # the ablation did something
+
+
+def test_interventions_restore_bit_for_bit_even_on_error(tiny, byte_tok):
+    x = ids(byte_tok)
+    base = tiny.forward(x)
+    state = {k: v.clone() for k, v in tiny.model.state_dict().items()}
+    n_layers = len(tiny.decoder_layers())
+    with pytest.raises(RuntimeError):
+        with apply(tiny, [AblateHeads("L0H1"), KeepLayers([0, 1]), KeepHeads("L0H0")]):
+            assert len(tiny.decoder_layers()) == 2
+            raise RuntimeError("boom")
+    assert len(tiny.decoder_layers()) == n_layers
+    assert torch.equal(tiny.forward(x), base)
+    assert all(torch.equal(v, state[k]) for k, v in tiny.model.state_dict().items())
+    assert all(not m.out_proj._forward_pre_hooks for m in tiny.mixers())
+
+
+def test_keep_heads_equals_ablating_the_rest(tiny, byte_tok):
+    x = ids(byte_tok)
+    with KeepHeads("L1H2").apply(tiny):
+        a = tiny.forward(x)
+    with AblateHeads("L1H0,L1H1,L1H3").apply(tiny):
+        b = tiny.forward(x)
+    assert torch.equal(a, b)
+    with KeepHeads([], layers=[1]).apply(tiny):  # no critical head retained: the layer's attention is zero
+        c = tiny.forward(x)
+    with AblateHeads("L1H*").apply(tiny):
+        d = tiny.forward(x)
+    assert torch.equal(c, d)
+
+
+def test_layer_interventions(tiny, byte_tok):
+    x = ids(byte_tok)
+    with RemoveLayers([1]).apply(tiny):
+        removed = tiny.forward(x)
+    with KeepLayers([0, 2]).apply(tiny):
+        kept = tiny.forward(x)
+    assert torch.equal(removed, kept)
+    # by hand: run layer 0 and 2 only
+    m = tiny.model.model
+    layers = m.layers
+    m.layers = torch.nn.ModuleList([layers[0], layers[2]])
+    ref = tiny.model(input_ids=x, use_cache=False).logits
+    m.layers = layers
+    assert torch.equal(removed, ref)
+    assert parse_layers("0-2,5") == [0, 1, 2, 5]
+    with pytest.raises(GandaError):
+        with RemoveLayers([7]).apply(tiny):
+            pass
+
+
+def test_mask_last_row_changes_only_the_last_position(tiny, byte_tok):
+    x = ids(byte_tok)
+    base = tiny.forward(x)
+    with mask_last_row("L*H*").apply(tiny):
+        masked = tiny.forward(x)
+    assert torch.equal(masked[0, :-1], base[0, :-1])
+    assert (masked[0, -1] - base[0, -1]).abs().max().item() > 1e-4
+
+
+# ---- tasks -----------------------------------------------------------------------------------
+def test_kv_task_format_and_segments(byte_tok):
+    t = get_task("kv", pairs=5)
+    ex = t.examples(limit=3, seed=7)[1]
+    assert ex.prompt.startswith("Memorize the following dictionary:\n")
+    assert ex.prompt.endswith(f"The value of the key '{ex.meta['key']}' is")
+    lines = ex.prompt.split("\n")[1:6]
+    assert [s for s in lines] == [ex.prompt[a:b - 1] for a, b in ex.segments]
+    assert ex.choices[ex.gold] == f" {ex.meta['value']}"
+    assert ex.prompt[slice(*ex.segments[ex.gold_segment])] == f"{ex.meta['key']}:{ex.meta['value']}\n"
+    assert t.examples(limit=3, seed=7)[1] == ex  # seeded
+    assert t.examples(limit=3, seed=8)[1] != ex
+    enc = byte_tok(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
+    spans = token_spans(enc.offset_mapping, ex.segments)
+    toks = byte_tok.convert_ids_to_tokens(enc.input_ids)
+    assert all(toks[e].endswith("Ċ") for _, e in spans)  # the summary token is the newline
+
+
+def test_letters_task_format():
+    ex = get_task("letters", options=5, words=3).examples(limit=1, seed=3)[0]
+    assert ex.prompt.endswith("Answer:")
+    assert ex.choices == [" A", " B", " C", " D", " E"]
+    target = ex.meta["options"][ex.gold]
+    assert f'Which option is "{target}"?' in ex.prompt
+    assert ex.prompt[slice(*ex.segments[ex.gold])] == f"{'ABCDE'[ex.gold]}. {target}\n"
+    assert all(len(o.split()) == 3 for o in ex.meta["options"])
+
+
+def test_mmlu_prompt_equals_lm_eval_template():
+    ex = get_task("mmlu", subjects="abstract_algebra").examples()[0]
+    expected = (
+        "The following are multiple choice questions (with answers) about abstract algebra.\n\n"
+        "Find the degree for the given field extension Q(sqrt(2), sqrt(3), sqrt(18)) over Q.\n"
+        "A. 0\nB. 4\nC. 2\nD. 6\nAnswer:"
+    )
+    assert ex.prompt == expected and ex.gold == 1 and ex.choices == [" A", " B", " C", " D"]
+    assert ex.prompt[slice(*ex.segments[1])] == "B. 4\n"
+    five = get_task("mmlu", subjects="abstract_algebra", shots=5).examples()[0]
+    assert five.prompt.count("Answer:") == 6 and five.prompt.endswith(expected.split("\n\n", 1)[1])
+    assert "\nAnswer: A\n\n" in five.prompt or "\nAnswer: B\n\n" in five.prompt
+    assert len(get_task("mmlu").examples(limit=50, seed=1)) == 50
+    with pytest.raises(GandaError, match="unknown MMLU subject"):
+        get_task("mmlu", subjects="astrology")
+
+
+# ---- scoring ---------------------------------------------------------------------------------
+def test_encode_pair_moves_trailing_space(byte_tok, tiny):
+    ctx, cont = encode_pair(tiny, "Answer: ", "A")
+    ctx2, cont2 = encode_pair(tiny, "Answer:", " A")
+    assert ctx == ctx2 and cont == cont2
+
+
+def test_multi_token_choices_sum_every_token(tiny, byte_tok):
+    ctx = "The value of the key 'river' is"
+    sc = score_choices(tiny, ctx, [" 42", " 7"])
+    full = byte_tok(ctx + " 42", add_special_tokens=False).input_ids
+    n_ctx = len(byte_tok(ctx, add_special_tokens=False).input_ids)
+    assert len(full) - n_ctx >= 2  # a multi-token value
+    logp = torch.log_softmax(tiny.forward(torch.tensor([full]))[0].detach().float(), -1)
+    manual = sum(float(logp[i - 1, full[i]]) for i in range(n_ctx, len(full)))
+    assert sc.loglik[0] == pytest.approx(manual, abs=1e-4)
+
+
+def test_wilson_interval():
+    lo, hi = wilson(50, 100)
+    assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
+    assert wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == 1.0
+
+
+# ---- CLI: bad inputs exit non-zero with one clear line ---------------------------------------
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "ganda", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("which, message", [("missing", "no such model"), ("text", "is not a model"), ("gguf", "not a GGUF")])
+def test_cli_bad_model_paths(which, message, tmp_path):
+    path = tmp_path / {"missing": "nope", "text": "notes.txt", "gguf": "fake.gguf"}[which]
+    if which != "missing":
+        path.write_text("hello")
+    r = run_cli("eval", str(path))
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cli_errors_on_real_directories(tiny_dir, tmp_path):
+    r = run_cli("eval", str(tiny_dir), "--ablate", "L99H0", "--limit", "1")
+    assert r.returncode == 2 and "layer 99 out of range" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("eval", str(tiny_dir), "--task", "kv", "--pairs", "40", "--limit", "1")  # ctx is 128 tokens
+    assert r.returncode == 2 and "longer than the model's context of 128" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("eval", str(tiny_dir), "--limit", "2", "--pairs", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"task", "model", "n", "accuracy", "ci95", "interventions"} <= set(out) and out["n"] == 2
+    # an architecture ganda does not support
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gdir = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(gdir)
+    r = run_cli("info", str(gdir))
+    assert r.returncode == 2 and "unsupported architecture 'gpt2'" in r.stderr and "Llama" in r.stderr
+    # pickle weights are refused
+    pdir = tmp_path / "pickled"
+    pdir.mkdir()
+    (pdir / "config.json").write_text((tiny_dir / "config.json").read_text())
+    (pdir / "pytorch_model.bin").write_bytes(b"x")
+    r = run_cli("info", str(pdir))
+    assert r.returncode == 2 and "pickle" in r.stderr
