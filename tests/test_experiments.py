@@ -298,9 +298,9 @@ def test_cli_commands(model_dir: Path, tmp_path: Path) -> None:
 def test_fast_pruning_equals_truncation(student) -> None:
     from ganda.experiments.prune import prune_curve
 
-    scorer = _scorer(student, ("mmlu", "letters"), limit=4)
+    scorer = _scorer(student, ("mmlu", "letters", "kv3"), limit=4)
     fast = prune_curve(student, scorer)
-    assert any("one pass" in n for n in fast.notes)
+    assert any("full forwards for: -" in n for n in fast.notes)
     slow = prune_curve(student, scorer, fast_path=False)
     assert fast.rows == slow.rows
 
@@ -308,8 +308,9 @@ def test_fast_pruning_equals_truncation(student) -> None:
 def test_fast_truncation_on_mamba2(tok) -> None:
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
-    from ganda.experiments.prune import truncation_logprobs
+    from ganda.experiments.prune import _forward_logp, _logliks_from, _prepare, truncation_logliks
     from ganda.interventions import truncate
+    from ganda.tasks import get_task
 
     torch.manual_seed(0)
     cfg = Mamba2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, state_size=8, expand=2,
@@ -318,17 +319,18 @@ def test_fast_truncation_on_mamba2(tok) -> None:
         ssm = from_model(Mamba2ForCausalLM(cfg), tok, spec="tiny-mamba2")
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"no Mamba-2 adapter yet: {exc}")
-    ctx = _ids(tok)[0].tolist()
-    lps = truncation_logprobs(ssm, ctx, [1, 2, 3])
+    p = _prepare(ssm, get_task("kv", pairs=3).examples(limit=1)[0])
+    lls = truncation_logliks(ssm, p, [1, 2, 3])
     for k in (1, 2):
         with truncate(k).apply(ssm), torch.no_grad():
-            ref = torch.log_softmax(ssm.forward(torch.tensor([ctx]))[0, -1], -1)
-        torch.testing.assert_close(lps[k], ref, atol=1e-4, rtol=1e-4)
+            ref = _logliks_from(_forward_logp(ssm, p), p)
+        assert lls[k] == pytest.approx(ref, abs=1e-4)
 
 
 def test_fast_remove_restore_equals_slow(student) -> None:
     from ganda.experiments.prune import fast_removal_scores, remove_restore
 
-    scorer = _scorer(student, ("mmlu", "letters"), limit=4)
+    scorer = _scorer(student, ("mmlu", "letters", "kv3"), limit=4)
     assert fast_removal_scores(student, scorer._task_examples("mmlu")[1], 3) is not None
+    assert fast_removal_scores(student, scorer._task_examples("kv3")[1], 3) is not None
     assert remove_restore(student, scorer, 3).rows == remove_restore(student, scorer, 3, fast_path=False).rows

@@ -80,96 +80,101 @@ class _Inject(nn.Module):
         return (h,) if self.returns_tuple else h
 
 
-def _single_token(adapter: ModelAdapter, ex: Any) -> tuple[list[int], list[int]] | None:
-    """(context ids, one token id per choice) when every choice is one token after one context."""
+@dataclass
+class _Prepared:
+    """One example as model input: ``ids``/``mask`` rows and, per choice, the (row, position,
+    token) triples whose log-probs sum to its log-likelihood (scoring.score_choices' layout)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor | None
+    targets: list[list[tuple[int, int, int]]]
+    gold: int
+
+
+def _prepare(adapter: ModelAdapter, ex: Any) -> _Prepared:
     from ..scoring import encode_pair
 
     pairs = [encode_pair(adapter, ex.prompt, c) for c in ex.choices]
-    if len({tuple(p[0]) for p in pairs}) != 1 or any(len(p[1]) != 1 for p in pairs):
-        return None
-    return pairs[0][0], [p[1][0] for p in pairs]
+    dev = adapter.device
+    if len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs):
+        ctx = pairs[0][0]
+        adapter.check_length(len(ctx))
+        return _Prepared(torch.tensor([ctx], device=dev), None, [[(0, len(ctx) - 1, p[1][0])] for p in pairs], ex.gold)
+    rows = [p[0] + p[1] for p in pairs]
+    width = max(len(r) for r in rows)
+    adapter.check_length(width)
+    pad = adapter.tokenizer.pad_token_id or 0
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    targets = [[(i, len(c) - 1 + t, tok) for t, tok in enumerate(cont)] for i, (c, cont) in enumerate(pairs)]
+    return _Prepared(ids.to(dev), mask.to(dev), targets, ex.gold)
+
+
+def _pred(logliks: list[float]) -> int:
+    return max(range(len(logliks)), key=lambda i: logliks[i])
+
+
+def _logliks_from(logp: torch.Tensor, p: _Prepared) -> list[float]:
+    """``logp`` is ``[B, T, V]`` log-probs over the prepared rows."""
+    return [float(sum(logp[r, t, tok] for r, t, tok in choice)) for choice in p.targets]
+
+
+def _forward_logp(adapter: ModelAdapter, p: _Prepared) -> torch.Tensor:
+    return torch.log_softmax(adapter.forward(p.ids, attention_mask=p.mask).float(), -1)
 
 
 @torch.no_grad()
-def truncation_logprobs(adapter: ModelAdapter, ctx: list[int], ks: Sequence[int]) -> dict[int, torch.Tensor]:
-    """Next-token log-probs at the last position of the first-k-layer model, for every k, from ONE
-    full forward: the residual after layer k-1 is the same for every truncation that keeps layer
-    k-1, so the k-layer model's output is the final norm + LM head applied to it. The stored
-    residual is fed through the model's own head by a stand-in block (:class:`_Inject`) on a
-    one-token input, so no family-specific code is needed."""
+def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -> dict[int, list[float]]:
+    """Choice log-likelihoods of the first-k-layer model for every k, from ONE full forward.
+
+    The residual after layer k-1 is the same in every truncation that keeps layer k-1, so the
+    k-layer model's outputs are the final norm + LM head applied to it (both position-wise). The
+    stored residual at the scored positions is fed through the model's own head by a stand-in
+    block (:class:`_Inject`) on a dummy input of that many tokens: no family-specific code."""
     from .transplant import _block_returns_tuple
 
     layers = adapter.decoder_layers()
     n = len(layers)
+    pos = sorted({(r, t) for choice in p.targets for r, t, _ in choice})
+    where = {rt: j for j, rt in enumerate(pos)}
+    rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
+    tt = torch.tensor([t for _, t in pos], device=p.ids.device)
     resid: dict[int, torch.Tensor] = {}
 
     def make(i: int):
         def hook(_m, _a, out):
             h = out[0] if isinstance(out, tuple) else out
-            resid[i] = h[:, -1:].detach()
+            resid[i] = h[rr, tt][None].detach()  # [1, P, D]
 
         return hook
 
-    ids = torch.tensor([ctx], device=adapter.device)
     handles = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
     try:
-        full = adapter.forward(ids)[0, -1].float()
+        full = _forward_logp(adapter, p)
     finally:
         for h in handles:
             h.remove()
-    out = {n: torch.log_softmax(full, -1)}
+    out = {n: _logliks_from(full, p)}
     tup = _block_returns_tuple(adapter, 0)
+    dummy = torch.zeros((1, len(pos)), dtype=torch.long, device=p.ids.device)
     for k in ks:
         if k == n:
             continue
         adapter.set_decoder_layers(nn.ModuleList([_Inject(resid[k - 1], tup)]))
         try:
-            logits = adapter.forward(ids[:, -1:])[0, -1].float()
+            logp = torch.log_softmax(adapter.forward(dummy)[0].float(), -1)  # [P, V]
         finally:
             adapter.set_decoder_layers(layers)
-        out[k] = torch.log_softmax(logits, -1)
+        out[k] = [float(sum(logp[where[(r, t)], tok] for r, t, tok in choice)) for choice in p.targets]
     return out
 
 
-def fast_truncation_scores(
-    adapter: ModelAdapter, examples: Sequence[Any], ks: Sequence[int], *, progress: bool = False, check: bool = True
-) -> dict[int, dict[str, Any]] | None:
-    """Accuracy of every first-k-layer model on single-token-choice examples (None if not applicable).
-
-    With ``check`` the shortcut is verified once against a real truncated forward (any family
-    whose blocks do not fit the stand-in trick falls back to the slow path)."""
-    prepared = [_single_token(adapter, ex) for ex in examples]
-    if not examples or any(p is None for p in prepared):
-        return None
-    n = len(adapter.decoder_layers())
-    if check:
-        k = next((k for k in ks if k != n), None)
-        if k is not None:
-            ctx = prepared[0][0]
-            try:
-                fast = truncation_logprobs(adapter, ctx, [k])[k]
-            except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
-                return None
-            with truncate(k).apply(adapter), torch.no_grad():
-                slow = torch.log_softmax(adapter.forward(torch.tensor([ctx], device=adapter.device))[0, -1].float(), -1)
-            if not torch.allclose(fast, slow, atol=1e-3, rtol=1e-3):
-                return None
-    correct = dict.fromkeys(ks, 0)
-    for ex, (ctx, toks) in tqdm(list(zip(examples, prepared, strict=True)), desc="prune (one pass)", leave=False,
-                                disable=not progress):
-        adapter.check_length(len(ctx))
-        lps = truncation_logprobs(adapter, ctx, ks)
-        for k in ks:
-            scores = [float(lps[k][t]) for t in toks]
-            pred = max(range(len(scores)), key=lambda i: scores[i])
-            correct[k] += int(pred == ex.gold)
-    m = len(examples)
-    return {k: _summary(correct[k] / m, m, correct[k]) for k in ks}
-
-
 @torch.no_grad()
-def removal_logprobs(adapter: ModelAdapter, ctx: list[int], m: int) -> dict[int | None, torch.Tensor]:
-    """Last-position log-probs of the first-m-layer model (key None) and of it with each layer i
+def removal_logliks(adapter: ModelAdapter, p: _Prepared, m: int) -> dict[int | None, list[float]]:
+    """Choice log-likelihoods of the first-m-layer model (key None) and of it with each layer i
     removed (key i), sharing the prefix: with layer i removed, layers 0..i-1 compute what they
     compute in the intact pass, so layer i+1 starts from layer i's stored *input*."""
     from .transplant import _block_returns_tuple
@@ -183,11 +188,10 @@ def removal_logprobs(adapter: ModelAdapter, ctx: list[int], m: int) -> dict[int 
 
         return pre
 
-    ids = torch.tensor([ctx], device=adapter.device)
     handles = [layers[i].register_forward_pre_hook(make(i), with_kwargs=True) for i in range(m)]
     try:
         with KeepLayers(list(range(m))).apply(adapter):
-            out: dict[int | None, torch.Tensor] = {None: torch.log_softmax(adapter.forward(ids)[0, -1].float(), -1)}
+            out: dict[int | None, list[float]] = {None: _logliks_from(_forward_logp(adapter, p), p)}
     finally:
         for h in handles:
             h.remove()
@@ -195,40 +199,71 @@ def removal_logprobs(adapter: ModelAdapter, ctx: list[int], m: int) -> dict[int 
     for i in range(m):
         adapter.set_decoder_layers(nn.ModuleList([_Inject(inputs[i], tup), *[layers[j] for j in range(i + 1, m)]]))
         try:
-            out[i] = torch.log_softmax(adapter.forward(ids)[0, -1].float(), -1)
+            out[i] = _logliks_from(_forward_logp(adapter, p), p)
         finally:
             adapter.set_decoder_layers(layers)
     return out
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return all(abs(x - y) <= 1e-3 * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))
+
+
+def fast_truncation_scores(
+    adapter: ModelAdapter, examples: Sequence[Any], ks: Sequence[int], *, progress: bool = False
+) -> dict[int, dict[str, Any]] | None:
+    """Accuracy of every first-k-layer model (None where the shortcut does not apply).
+
+    The shortcut is verified once against a real truncated forward, so a family whose blocks
+    do not fit the stand-in trick falls back to full forwards."""
+    if not examples:
+        return None
+    n = len(adapter.decoder_layers())
+    prepared = [_prepare(adapter, ex) for ex in examples]
+    k = next((k for k in ks if k != n), None)
+    if k is not None:
+        try:
+            fast = truncation_logliks(adapter, prepared[0], [k])[k]
+        except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
+            return None
+        with truncate(k).apply(adapter), torch.no_grad():
+            slow = _logliks_from(_forward_logp(adapter, prepared[0]), prepared[0])
+        if not _close(fast, slow):
+            return None
+    correct = dict.fromkeys(ks, 0)
+    for p in tqdm(prepared, desc="prune (one pass)", leave=False, disable=not progress):
+        lls = truncation_logliks(adapter, p, ks)
+        for k in ks:
+            correct[k] += int(_pred(lls[k]) == p.gold)
+    m = len(examples)
+    return {k: _summary(correct[k] / m, m, correct[k]) for k in ks}
 
 
 def fast_removal_scores(
     adapter: ModelAdapter, examples: Sequence[Any], m: int, *, progress: bool = False
 ) -> dict[int | None, dict[str, Any]] | None:
     """Accuracy of the m-layer model and of it minus each layer (None where the shortcut does not apply)."""
-    prepared = [_single_token(adapter, ex) for ex in examples]
-    if not examples or any(p is None for p in prepared):
+    if not examples:
         return None
-    ctx = prepared[0][0]
+    prepared = [_prepare(adapter, ex) for ex in examples]
     i = m // 2
     try:
-        fast = removal_logprobs(adapter, ctx, m)[i]
+        fast = removal_logliks(adapter, prepared[0], m)[i]
     except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
         return None
     with KeepLayers([j for j in range(m) if j != i]).apply(adapter), torch.no_grad():
-        slow = torch.log_softmax(adapter.forward(torch.tensor([ctx], device=adapter.device))[0, -1].float(), -1)
-    if not torch.allclose(fast, slow, atol=1e-3, rtol=1e-3):
+        slow = _logliks_from(_forward_logp(adapter, prepared[0]), prepared[0])
+    if not _close(fast, slow):
         return None
     keys: list[int | None] = [None, *range(m)]
     correct = dict.fromkeys(keys, 0)
-    for ex, (ctx, toks) in tqdm(list(zip(examples, prepared, strict=True)), desc="remove-restore (shared prefix)",
-                                leave=False, disable=not progress):
-        adapter.check_length(len(ctx))
-        lps = removal_logprobs(adapter, ctx, m)
-        for k in keys:
-            scores = [float(lps[k][t]) for t in toks]
-            correct[k] += int(max(range(len(scores)), key=lambda j: scores[j]) == ex.gold)
+    for p in tqdm(prepared, desc="remove-restore (shared prefix)", leave=False, disable=not progress):
+        lls = removal_logliks(adapter, p, m)
+        for key in keys:
+            correct[key] += int(_pred(lls[key]) == p.gold)
     n = len(examples)
-    return {k: _summary(correct[k] / n, n, correct[k]) for k in keys}
+    return {key: _summary(correct[key] / n, n, correct[key]) for key in keys}
+
 
 
 @dataclass
