@@ -138,8 +138,18 @@ def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -
 
     layers = adapter.decoder_layers()
     n = len(layers)
-    pos = sorted({(r, t) for choice in p.targets for r, t, _ in choice})
-    where = {rt: j for j, rt in enumerate(pos)}
+    # positions with the same token prefix have the same residual (shared context): score once
+    rep: dict[tuple[int, ...], int] = {}
+    where: dict[tuple[int, int], int] = {}
+    pos: list[tuple[int, int]] = []
+    ids_list = p.ids.tolist()
+    for choice in p.targets:
+        for r, t, _tok in choice:
+            key = tuple(ids_list[r][: t + 1])
+            if key not in rep:
+                rep[key] = len(pos)
+                pos.append((r, t))
+            where[(r, t)] = rep[key]
     rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
     tt = torch.tensor([t for _, t in pos], device=p.ids.device)
     resid: dict[int, torch.Tensor] = {}
@@ -147,7 +157,7 @@ def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -
     def make(i: int):
         def hook(_m, _a, out):
             h = out[0] if isinstance(out, tuple) else out
-            resid[i] = h[rr, tt][None].detach()  # [1, P, D]
+            resid[i] = h[rr, tt].detach()  # [P, D]
 
         return hook
 
@@ -158,17 +168,21 @@ def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -
         for h in handles:
             h.remove()
     out = {n: _logliks_from(full, p)}
+    todo = [k for k in ks if k != n]
+    if not todo:
+        return out
     tup = _block_returns_tuple(adapter, 0)
-    dummy = torch.zeros((1, len(pos)), dtype=torch.long, device=p.ids.device)
-    for k in ks:
-        if k == n:
-            continue
-        adapter.set_decoder_layers(nn.ModuleList([_Inject(resid[k - 1], tup)]))
-        try:
-            logp = torch.log_softmax(adapter.forward(dummy)[0].float(), -1)  # [P, V]
-        finally:
-            adapter.set_decoder_layers(layers)
-        out[k] = [float(sum(logp[where[(r, t)], tok] for r, t, tok in choice)) for choice in p.targets]
+    stacked = torch.cat([resid[k - 1] for k in todo])[None]  # [1, K*P, D]: every k in one pass
+    dummy = torch.zeros((1, stacked.shape[1]), dtype=torch.long, device=p.ids.device)
+    adapter.set_decoder_layers(nn.ModuleList([_Inject(stacked, tup)]))
+    try:
+        logp = torch.log_softmax(adapter.forward(dummy)[0].float(), -1)  # [K*P, V]
+    finally:
+        adapter.set_decoder_layers(layers)
+    npos = len(pos)
+    for j, k in enumerate(todo):
+        base = j * npos
+        out[k] = [float(sum(logp[base + where[(r, t)], tok] for r, t, tok in choice)) for choice in p.targets]
     return out
 
 
