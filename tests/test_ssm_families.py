@@ -43,7 +43,7 @@ def ids():
 
 
 def test_family_detected(adapter):
-    assert adapter.family in {"mamba2", "mamba1", "llamba", "zamba2", "bamba", "falcon_h1"}
+    assert adapter.family in {"mamba2", "mamba1", "llamba", "zamba2", "bamba", "falcon_h1", "jamba"}
     assert adapter.heads("ssm")
 
 
@@ -88,7 +88,7 @@ def test_removal_keeps_causality(adapter, ids):
     other = ids.clone()
     other[0, -1] = (other[0, -1] + 1) % 60
     impls = [nullcontext()]
-    if adapter.family in ("zamba2", "bamba", "falcon_h1"):
+    if adapter.family in ("zamba2", "bamba", "falcon_h1", "jamba"):
         impls.append(eager_attention(adapter.model))
     for impl in impls:
         with impl:
@@ -113,7 +113,7 @@ def test_attention_maps_shapes_and_kinds(adapter, ids):
             assert torch.allclose(maps[h].sum(-1), torch.ones(T), atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["mamba2", "mamba", "falcon_mamba", "zamba2", "bamba", "falcon_h1"])
+@pytest.mark.parametrize("family", ["mamba2", "mamba", "falcon_mamba", "zamba2", "bamba", "falcon_h1", "jamba"])
 def test_loads_from_local_directory(family, tmp_path, ids):
     """``ganda.load_model(dir)`` (save_pretrained layout) gives the right adapter and the same logits."""
     import ganda.models.ssm  # noqa: F401  (registration; see the fresh-process test below)

@@ -1,5 +1,5 @@
 """SSM and hybrid families: Mamba-2, Llamba (Discrete Mamba-2), Mamba-1/Falcon-Mamba, Zamba2, Bamba,
-Falcon-H1.
+Falcon-H1, Jamba.
 
 Importing this package registers the adapters (``families.py`` imports it) and the Llamba loader;
 see docs/ssm.md for head ids, formulas and the forced PyTorch path. The implicit-attention
@@ -12,6 +12,7 @@ from ..loading import CUSTOM_LOADERS
 from ..registry import register
 from .bamba import BambaAdapter
 from .falcon_h1 import FalconH1Adapter
+from .jamba import JambaAdapter
 from .llamba import LlambaAdapter, LlambaForCausalLM, load_llamba, load_unlabelled
 from .mamba1 import Mamba1Adapter
 from .mamba2 import Mamba2Adapter
@@ -23,6 +24,7 @@ register(LlambaAdapter, {"llamba": "Llamba (Discrete Mamba-2)"})
 register(Zamba2Adapter, {"zamba2": "Zamba2 (hybrid)"})
 register(BambaAdapter, {"bamba": "Bamba (hybrid)"})
 register(FalconH1Adapter, {"falcon_h1": "Falcon-H1 (parallel hybrid)"})
+register(JambaAdapter, {"jamba": "Jamba (hybrid)"})
 CUSTOM_LOADERS["llamba"] = load_llamba
 # Llamba's published config.json may carry no model_type; anything else without one is refused.
 CUSTOM_LOADERS.setdefault(None, load_unlabelled)
@@ -30,6 +32,7 @@ CUSTOM_LOADERS.setdefault(None, load_unlabelled)
 __all__ = [
     "BambaAdapter",
     "FalconH1Adapter",
+    "JambaAdapter",
     "LlambaAdapter", "LlambaForCausalLM", "Mamba1Adapter", "Mamba2Adapter", "load_llamba",
     "Zamba2Adapter",
 ]

@@ -130,7 +130,7 @@ def last_row_diff(adapter: ModelAdapter, input_ids: torch.Tensor, heads: list[He
 
 
 FAMILIES = [
-    "mamba2", "mamba", "falcon_mamba", "llamba", "zamba2", "bamba", "falcon_h1", "falcon_h1_nonorm",
+    "mamba2", "mamba", "falcon_mamba", "llamba", "zamba2", "bamba", "falcon_h1", "falcon_h1_nonorm", "jamba",
 ]
 
 
@@ -199,6 +199,14 @@ def tiny_model(family: str) -> nn.Module:
                              ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.9], ssm_in_multiplier=1.3,
                              ssm_out_multiplier=0.6, attention_out_multiplier=0.9)
         model = FalconH1ForCausalLM(cfg)
+    elif family == "jamba":
+        from transformers import JambaConfig, JambaForCausalLM
+
+        cfg = JambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=32, num_experts=2, num_experts_per_tok=1,
+                          expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
+                          mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4)
+        model = JambaForCausalLM(cfg)
     else:  # pragma: no cover
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
     _randomise_ssm(model)

@@ -20,6 +20,30 @@ from .common import SSMAdapterBase, causal_conv
 from .materialize import SelectiveParams, SSMParams, group_channels, selective_channel_map
 
 
+def mamba1_params(m: nn.Module, captured: torch.Tensor) -> SelectiveParams:
+    """Selective-scan inputs of a Mamba-1 mixer (Mamba, Falcon-Mamba, Jamba) from its in_proj output."""
+    x, z = captured.float().chunk(2, dim=-1)
+    x = causal_conv(x, m.conv1d, getattr(m, "activation", "silu"))
+    R, N = m.time_step_rank, m.ssm_state_size
+    ts, B, C = F.linear(x, m.x_proj.weight.float()).split([R, N, N], dim=-1)
+    # Falcon-Mamba (weightless) and Jamba (weighted) RMS-normalise Δ-rank, B and C first.
+    if getattr(m, "dt_layernorm", None) is not None:
+        ts = m.dt_layernorm(ts)
+    if getattr(m, "b_layernorm", None) is not None:
+        B = m.b_layernorm(B)
+    if getattr(m, "c_layernorm", None) is not None:
+        C = m.c_layernorm(C)
+    bias = m.dt_proj.bias.float() if m.dt_proj.bias is not None else 0.0
+    delta = F.softplus(ts.float() @ m.dt_proj.weight.float().T + bias)
+    A = -torch.exp(m.A_log.float())
+    return SelectiveParams(x=x, delta=delta, A=A, B=B.float(), C=C.float(), D=m.D.float(), z=z)
+
+
+def channel_mixer(layer: int, m: nn.Module) -> Mixer:
+    """Every inner channel of a Mamba-1 mixer is a head (the paper's convention)."""
+    return Mixer(layer=layer, kind="ssm", num_heads=m.intermediate_size, head_dim=1, out_proj=m.out_proj, module=m)
+
+
 class Mamba1Adapter(SSMAdapterBase):
     family = "mamba1"
 
@@ -32,30 +56,10 @@ class Mamba1Adapter(SSMAdapterBase):
         return self.model.backbone, "layers"
 
     def _build_mixers(self) -> list[Mixer]:
-        out = []
-        for i, layer in enumerate(self._original_layers):
-            mx = layer.mixer
-            out.append(Mixer(layer=i, kind="ssm", num_heads=mx.intermediate_size, head_dim=1,
-                             out_proj=mx.out_proj, module=mx))
-        return out
+        return [channel_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
-        m = mixer.module
-        x, z = captured.float().chunk(2, dim=-1)
-        x = causal_conv(x, m.conv1d, getattr(m, "activation", "silu"))
-        R, N = m.time_step_rank, m.ssm_state_size
-        ts, B, C = F.linear(x, m.x_proj.weight.float()).split([R, N, N], dim=-1)
-        # Falcon-Mamba normalises Δ-rank, B and C (weightless RMSNorm) before discretising.
-        for name, t in (("dt_layernorm", "ts"), ("b_layernorm", "B"), ("c_layernorm", "C")):
-            norm = getattr(m, name, None)
-            if norm is not None:
-                val = {"ts": ts, "B": B, "C": C}[t]
-                val = norm(val)
-                ts, B, C = (val if t == "ts" else ts, val if t == "B" else B, val if t == "C" else C)
-        bias = m.dt_proj.bias.float() if m.dt_proj.bias is not None else 0.0
-        delta = F.softplus(ts @ m.dt_proj.weight.float().T + bias)
-        A = -torch.exp(m.A_log.float())
-        return SelectiveParams(x=x, delta=delta, A=A, B=B, C=C, D=m.D.float(), z=z)
+        return mamba1_params(mixer.module, captured)
 
     @torch.no_grad()
     def grouped_maps(self, input_ids: torch.Tensor, layer: int, block: int, blocks: Sequence[int] | None = None,

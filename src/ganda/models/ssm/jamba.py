@@ -1,0 +1,68 @@
+"""Jamba (``JambaForCausalLM``): interleaved Mamba-1 and attention layers, MoE feed-forwards.
+
+Mamba layers follow the Mamba-1 convention (every inner channel is a head, ``L3H100``);
+attention layers have query heads (``L4H2``). One mixer per layer, so ids need no kind.
+Quirks handled: the Mamba mixer RMS-normalises Δ-rank, B and C with *learned* weights
+(``dt_layernorm``, ``b_layernorm``, ``c_layernorm``) before discretising, so the implicit
+attention uses the normalised B and C. The model picks each layer's mask by position from
+``config.layer_types`` (a read-only property derived from ``attn_layer_period/offset``), so
+while layers are removed the config's class is swapped for a subclass whose ``layer_types`` /
+``layers_block_type`` follow the kept layers, and swapped back afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..base import Mixer
+from .common import SSMAdapterBase
+from .mamba1 import channel_mixer, mamba1_params
+from .materialize import SSMParams
+
+
+class JambaAdapter(SSMAdapterBase):
+    family = "jamba"
+
+    def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:
+        super().__init__(model, tokenizer, spec)
+        self._config_class = type(model.config)
+        self._types = list(model.config.layer_types)
+        self._block_types = list(model.config.layers_block_type)
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) == "jamba"
+
+    def _layers_attr(self) -> tuple[nn.Module, str]:
+        return self.model.model, "layers"
+
+    def _build_mixers(self) -> list[Mixer]:
+        cfg = self.model.config
+        out = []
+        for i, layer in enumerate(self._original_layers):
+            if hasattr(layer, "self_attn"):
+                attn = layer.self_attn
+                out.append(Mixer(layer=i, kind="attn", num_heads=cfg.num_attention_heads, head_dim=attn.head_dim,
+                                 out_proj=attn.o_proj, module=attn))
+            else:
+                out.append(channel_mixer(i, layer.mamba))
+        return out
+
+    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
+        return mamba1_params(mixer.module, captured)
+
+    def _on_layers_changed(self, kept: list[int] | None) -> None:
+        cfg = self.model.config
+        if kept is None:
+            cfg.__class__ = self._config_class
+            return
+        types = tuple(self._types[k] for k in kept)
+        blocks = tuple(self._block_types[k] for k in kept)
+        patched = type(f"Ganda{self._config_class.__name__}", (self._config_class,), {
+            "layer_types": property(lambda _self: list(types)),
+            "layers_block_type": property(lambda _self: list(blocks)),
+        })
+        cfg.__class__ = patched
