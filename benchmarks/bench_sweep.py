@@ -47,12 +47,13 @@ def main() -> None:
     examples = get_task(args.task, **opts).examples(limit=args.n, seed=args.seed)
     heads = adapter.heads()
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     fast = run_sweep(adapter, examples, heads=heads, progress=True)
-    t_fast = time.perf_counter() - t
-    t = time.perf_counter()
+    t_fast, c_fast = time.perf_counter() - t, time.process_time() - c
+    print(f"fast: {t_fast:.1f} s wall, {c_fast:.1f} s CPU", flush=True)
+    t, c = time.perf_counter(), time.process_time()
     naive = run_sweep(adapter, examples, heads=heads, progress=True, naive=True)
-    t_naive = time.perf_counter() - t
+    t_naive, c_naive = time.perf_counter() - t, time.process_time() - c
 
     same_acc = all(a["acc"] == b["acc"] for a, b in zip(fast.records, naive.records, strict=True))
     same_pred = all(a["pred"] == b["pred"] for a, b in zip(fast.records, naive.records, strict=True))
@@ -75,6 +76,10 @@ def main() -> None:
         "seconds_naive": round(t_naive, 1),
         "seconds_fast": round(t_fast, 1),
         "ratio": round(t_naive / t_fast, 2),
+        "cpu_seconds_naive": round(c_naive, 1),
+        "cpu_seconds_fast": round(c_fast, 1),
+        "cpu_ratio": round(c_naive / c_fast, 2),
+        "load_average_at_end": list(__import__("os").getloadavg()),
         "identical_accuracies": same_acc,
         "identical_predictions": same_pred,
         "max_abs_loglik_diff": max_diff,

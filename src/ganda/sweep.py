@@ -87,7 +87,9 @@ class _Packed:
 
 def prepare(adapter: ModelAdapter, ex: Example) -> _Packed:
     """Tokenise one example exactly as :func:`ganda.scoring.score_choices` does, then pack it."""
-    pairs = [encode_pair(adapter, ex.prompt, c) for c in ex.choices]
+    from .tasks.knowledge import example_pairs, norm_chars
+
+    pairs = [encode_pair(adapter, ctx, cont) for ctx, cont in example_pairs(ex)]
     ctxs = {tuple(p[0]) for p in pairs}
     single = len(ctxs) == 1 and all(len(p[1]) == 1 for p in pairs)
     p = _Packed(
@@ -95,7 +97,7 @@ def prepare(adapter: ModelAdapter, ex: Example) -> _Packed:
         ctx_lens=[len(c) for c, _ in pairs],
         conts=[list(t) for _, t in pairs],
         single=single,
-        n_chars=[len(c) for c in ex.choices],
+        n_chars=norm_chars(ex),
         gold=ex.gold,
     )
     for c, t in pairs:
@@ -338,7 +340,7 @@ class _FastEngine:
                     vals = []
                     for ci, cont in enumerate(p.conts):
                         pos = list(range(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1))
-                        lp = self.runner.logprobs(x[bi * c + ci, pos])
+                        lp = self.runner.logprobs(x[bi * c + (0 if p.single else ci), pos])
                         vals.append(float(lp[torch.arange(len(pos)), torch.tensor(cont)].sum()))
                 out[bi].append(vals)
         return out
@@ -626,12 +628,15 @@ def run_sweep(
 
 
 def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head):
-    from .interventions import AblateHeads
-    from .scoring import evaluate_examples
+    """The reference loop: ``AblateHeads([head])`` around lm-eval-style scoring of every example
+    (``score_choices``, as ``evaluate_examples`` runs it; Winogrande-style examples with
+    several contexts through ``score_example``)."""
+    from .interventions import AblateHeads, apply
+    from .tasks.knowledge import score_example
 
     def logliks(ivs):
-        res = evaluate_examples(adapter, examples, ivs, progress=False)
-        return [pr["loglik"] for pr in res.predictions]
+        with apply(adapter, ivs):
+            return [score_example(adapter, ex) for ex in examples]
 
     if baseline is None:
         baseline = _record("baseline", None, packed, logliks([]))

@@ -1,0 +1,345 @@
+"""The paper's knowledge tasks, scored like lm-eval 0-shot: ARC-Easy, ARC-Challenge, OpenBookQA,
+PIQA, HellaSwag, Winogrande. The "knowledge score" is the mean ``acc`` over the six.
+
+Prompts follow lm-evaluation-harness's task YAMLs (``lm_eval/tasks/...``), with its default
+``target_delimiter`` of one space before every choice:
+
+============  ====================================  ==========================  =============
+task          context (doc_to_text)                 choices (doc_to_choice)     metrics
+============  ====================================  ==========================  =============
+arc_easy      ``"Question: {stem}\\nAnswer:"``        ``" " + choice text``       acc, acc_norm
+arc_challenge same                                  same                        acc, acc_norm
+openbookqa    ``"{question_stem}"``                   ``" " + choice text``       acc, acc_norm
+piqa          ``"Question: {goal}\\nAnswer:"``        ``" " + sol1``, ``" " + sol2`` acc, acc_norm
+hellaswag     ``preprocess(label + ": " + ctx)``      ``" " + preprocess(ending)`` acc, acc_norm
+winogrande    ``sentence[:blank] + option`` (one     ``" " + text after blank``  acc
+              context per option)                   (same for both)
+============  ====================================  ==========================  =============
+
+Data: the test splits of ARC (AI2, CC BY-SA 4.0) and OpenBookQA main (Apache-2.0), the
+validation splits of PIQA (AFL-3.0), HellaSwag (MIT) and WinoGrande 1.1 dev (the
+``winogrande_xl`` validation split lm-eval scores; CC-BY), vendored gzip-compressed in
+``ganda/data/<task>/`` with their licence files (see ``ganda/data/KNOWLEDGE.md``).
+
+**Winogrande** uses lm-eval's *partial* scoring: the contexts differ (the sentence up to the
+blank, with each option filled in) and the continuation is the same (the rest of the sentence).
+Such an example carries ``meta["contexts"]`` and ``meta["continuation"]``; score it with
+:func:`score_example` (which :func:`evaluate_knowledge` and :mod:`ganda.sweep` do). Its
+``prompt``/``choices`` hold the sentence and the two options for display only.
+
+**HellaSwag** here is not lm-eval's input byte for byte: the only copy available is a
+preprocessed text export of all 10,042 validation items (klosax/hellaswag_text_data, made for
+llama.cpp), whose first line per item is ``activity_label: ctx`` with the WikiHow ``[header]``,
+``[step]``, ``[substeps]`` and ``[title]`` tags already removed. We apply lm-eval's
+``preprocess`` again on top (strip; ``" [title]"`` -> ``". "``; remove any ``[...]``; collapse
+double spaces), which also removes the few tags the export left. lm-eval builds the context as
+``ctx_a + " " + ctx_b.capitalize()``, and the export only has ``ctx`` (``ctx_b`` not
+capitalised); ``capitalize_ctx_b=True`` (default) approximates it by applying
+``str.capitalize`` to the final sentence fragment of the context (after the last ``". "``,
+``"! "`` or ``"? "``) when that fragment starts with a lower-case letter ("... on a roof. he" ->
+"... on a roof. He"), which is what ``ctx_b`` is in the ActivityNet items. Expect scores close to,
+not identical with, lm-eval's ``hellaswag``.
+
+``acc_norm`` is lm-eval's: the choice's summed log-likelihood divided by the length in
+characters of the choice *without* the target delimiter.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import random
+import re
+import time
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import torch
+
+from ..errors import GandaError
+from .base import Example, Task
+
+KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")
+
+
+def _data(*parts: str):
+    return resources.files("ganda").joinpath("data", *parts)
+
+
+def _jsonl_gz(*parts: str) -> list[dict[str, Any]]:
+    with gzip.open(str(_data(*parts)), "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _labels(*parts: str) -> list[str]:
+    return [x.strip() for x in _data(*parts).read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+class _KnowledgeTask(Task):
+    kind = "mc"
+    metrics: tuple[str, ...] = ("acc", "acc_norm")
+
+    def __init__(self, n: int | None = None) -> None:
+        self.n = n
+        self._docs: list[Example] | None = None
+
+    def config(self) -> dict[str, Any]:
+        return {"task": self.name, "n": self.n}
+
+    def _load(self) -> list[Example]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def all_examples(self) -> list[Example]:
+        if self._docs is None:
+            self._docs = self._load()
+        return self._docs
+
+    def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
+        """The first ``limit`` documents in file order when ``seed`` is 0 (lm-eval's ``--limit``);
+        another seed draws a seeded random sample of that size."""
+        docs = self.all_examples()
+        k = min(x for x in (limit, self.n, len(docs)) if x is not None)
+        if seed == 0:
+            return docs[:k]
+        idx = sorted(random.Random(seed).sample(range(len(docs)), k))
+        return [docs[i] for i in idx]
+
+
+def _mc(context: str, texts: Sequence[str], gold: int, **meta: Any) -> Example:
+    return Example(prompt=context, choices=[" " + t for t in texts], gold=gold, meta=dict(meta))
+
+
+class _ArcBase(_KnowledgeTask):
+    file = ""
+
+    def _load(self) -> list[Example]:
+        out = []
+        for d in _jsonl_gz("arc", self.file):
+            q = d["question"]
+            labels = [c["label"] for c in q["choices"]]
+            out.append(
+                _mc(f"Question: {q['stem']}\nAnswer:", [c["text"] for c in q["choices"]],
+                    labels.index(d["answerKey"]), id=d["id"])
+            )
+        return out
+
+
+class ArcEasyTask(_ArcBase):
+    name = "arc_easy"
+    file = "ARC-Easy-Test.jsonl.gz"
+
+
+class ArcChallengeTask(_ArcBase):
+    name = "arc_challenge"
+    file = "ARC-Challenge-Test.jsonl.gz"
+
+
+class OpenBookQATask(_KnowledgeTask):
+    name = "openbookqa"
+
+    def _load(self) -> list[Example]:
+        out = []
+        for d in _jsonl_gz("openbookqa", "test.jsonl.gz"):
+            q = d["question"]
+            labels = [c["label"] for c in q["choices"]]
+            out.append(_mc(q["stem"], [c["text"] for c in q["choices"]], labels.index(d["answerKey"].lstrip()), id=d["id"]))
+        return out
+
+
+class PIQATask(_KnowledgeTask):
+    name = "piqa"
+
+    def _load(self) -> list[Example]:
+        docs = _jsonl_gz("piqa", "valid.jsonl.gz")
+        labels = _labels("piqa", "valid-labels.lst")
+        if len(docs) != len(labels):
+            raise GandaError("piqa: data and labels differ in length")
+        return [_mc(f"Question: {d['goal']}\nAnswer:", [d["sol1"], d["sol2"]], int(lab), index=i)
+                for i, (d, lab) in enumerate(zip(docs, labels, strict=True))]
+
+
+def hellaswag_preprocess(text: str) -> str:
+    """lm-eval's ``hellaswag/utils.py:preprocess``."""
+    text = text.strip()
+    text = text.replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
+    text = text.replace("  ", " ")
+    return text
+
+
+_FRAGMENT = re.compile(r"^(.*[.!?] )([^.!?]*)$", re.S)
+
+
+def capitalize_last_fragment(ctx: str) -> str:
+    """Approximate lm-eval's ``ctx_b.capitalize()`` on a joined ``ctx`` (see the module docstring)."""
+    m = _FRAGMENT.match(ctx)
+    if not m:
+        return ctx
+    head, frag = m.groups()
+    if frag[:1].islower():
+        return head + frag.capitalize()
+    return ctx
+
+
+class HellaSwagTask(_KnowledgeTask):
+    name = "hellaswag"
+
+    def __init__(self, n: int | None = None, capitalize_ctx_b: bool = True) -> None:
+        super().__init__(n)
+        self.capitalize_ctx_b = capitalize_ctx_b
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "capitalize_ctx_b": self.capitalize_ctx_b}
+
+    def _load(self) -> list[Example]:
+        raw = bz2.decompress(_data("hellaswag", "hellaswag_val_full.txt.bz2").read_bytes()).decode("utf-8")
+        lines = raw.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        if len(lines) % 6:
+            raise GandaError("hellaswag: expected 6 lines per item")
+        out = []
+        for i in range(0, len(lines), 6):
+            first, label, *endings = lines[i : i + 6]
+            activity, sep, ctx = first.partition(": ")
+            if self.capitalize_ctx_b and sep:
+                ctx = capitalize_last_fragment(ctx)
+            query = hellaswag_preprocess(activity + sep + ctx)
+            out.append(_mc(query, [hellaswag_preprocess(e) for e in endings], int(label), index=i // 6))
+        return out
+
+
+class WinograndeTask(_KnowledgeTask):
+    name = "winogrande"
+    metrics = ("acc",)
+
+    def _load(self) -> list[Example]:
+        out = []
+        for d in _jsonl_gz("winogrande", "dev.jsonl.gz"):
+            s = d["sentence"]
+            idx = s.index("_")
+            contexts = [s[:idx] + opt for opt in (d["option1"], d["option2"])]
+            continuation = " " + s[idx + 1 :].strip()
+            out.append(Example(
+                prompt=s, choices=[d["option1"], d["option2"]], gold={"1": 0, "2": 1}[d["answer"]],
+                meta={"contexts": contexts, "continuation": continuation, "id": d["qID"]},
+            ))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring
+
+
+def example_pairs(ex: Example) -> list[tuple[str, str]]:
+    """(context, continuation) per choice: one context for ordinary examples, one per choice
+    for partial scoring (Winogrande)."""
+    if "contexts" in ex.meta:
+        return [(c, ex.meta["continuation"]) for c in ex.meta["contexts"]]
+    return [(ex.prompt, c) for c in ex.choices]
+
+
+def norm_chars(ex: Example) -> list[int]:
+    """lm-eval's acc_norm lengths: the choice text without the target delimiter."""
+    if "contexts" in ex.meta:
+        return [len(ex.meta["continuation"]) - 1] * len(ex.meta["contexts"])
+    return [len(c[1:]) if c.startswith(" ") else len(c) for c in ex.choices]
+
+
+@torch.no_grad()
+def score_example(adapter, ex: Example) -> list[float]:
+    """Summed log-likelihood per choice, lm-eval style (handles Winogrande's several contexts)."""
+    from ..scoring import encode_pair, score_choices
+
+    if "contexts" not in ex.meta:
+        return score_choices(adapter, ex.prompt, ex.choices).loglik
+    pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(ex)]
+    rows = [p[0] + p[1] for p in pairs]
+    width = max(len(r) for r in rows)
+    adapter.check_length(width)
+    pad = adapter.tokenizer.pad_token_id or 0
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    dev = adapter.device
+    logp = torch.log_softmax(adapter.forward(ids.to(dev), attention_mask=mask.to(dev)).float(), -1)
+    out = []
+    for i, (ctx, cont) in enumerate(pairs):
+        pos = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=dev)
+        out.append(float(logp[i, pos, torch.tensor(cont, device=dev)].sum()))
+    return out
+
+
+def _argmax(xs: Sequence[float]) -> int:
+    return max(range(len(xs)), key=lambda i: xs[i])
+
+
+def evaluate_knowledge(
+    adapter,
+    interventions=None,
+    limit: int | None = None,
+    *,
+    tasks: Sequence[str] = KNOWLEDGE_TASKS,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Each knowledge task's ``acc`` (and ``acc_norm`` where lm-eval reports it) and the mean
+    ``acc`` over the tasks (the paper's knowledge score), under ``interventions``.
+
+    ``limit`` examples per task (the first ones, like lm-eval's ``--limit``, when ``seed`` is 0).
+    """
+    from tqdm.auto import tqdm
+
+    from ..interventions import apply, describe_all
+    from ..stats import wilson
+
+    out: dict[str, Any] = {"tasks": {}, "limit": limit, "seed": seed, "interventions": describe_all(interventions)}
+    t0 = time.perf_counter()
+    with apply(adapter, interventions):
+        for name in tasks:
+            task = make_task(name)
+            exs = task.examples(limit=limit, seed=seed)
+            correct = correct_norm = 0
+            for ex in tqdm(exs, desc=name, disable=not progress, leave=False):
+                ll = score_example(adapter, ex)
+                correct += _argmax(ll) == ex.gold
+                correct_norm += _argmax([v / max(1, n) for v, n in zip(ll, norm_chars(ex), strict=True)]) == ex.gold
+            n = len(exs)
+            res: dict[str, Any] = {"n": n, "acc": correct / n, "ci95": list(wilson(correct, n))}
+            if "acc_norm" in task.metrics:
+                res["acc_norm"] = correct_norm / n
+            out["tasks"][name] = res
+    out["mean"] = sum(r["acc"] for r in out["tasks"].values()) / max(1, len(out["tasks"]))
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+_CLASSES = {
+    "arc_easy": ArcEasyTask,
+    "arc_challenge": ArcChallengeTask,
+    "openbookqa": OpenBookQATask,
+    "piqa": PIQATask,
+    "hellaswag": HellaSwagTask,
+    "winogrande": WinograndeTask,
+}
+
+
+def make_task(name: str, **opts: Any) -> _KnowledgeTask:
+    if name not in _CLASSES:
+        raise GandaError(f"unknown knowledge task {name!r}; known: {', '.join(KNOWLEDGE_TASKS)}")
+    return _CLASSES[name](**opts)
+
+
+def _register() -> None:
+    from . import TASKS, register_task
+
+    for name, cls in _CLASSES.items():
+        if name not in TASKS:
+            register_task(name, f"{__name__}:{cls.__name__}")
+
+
+_register()

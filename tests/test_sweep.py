@@ -1,0 +1,205 @@
+"""The fast sweep engine equals the naive ablation loop, and a killed sweep resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import ganda.sweep as sweep_mod
+from ganda.errors import GandaError
+from ganda.interventions import AblateHeads
+from ganda.scoring import evaluate_examples
+from ganda.sweep import load_result, prepare, run_sweep
+
+# Shared by the test process and the subprocess that gets killed (so both build the same model).
+SETUP = textwrap.dedent(
+    """
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import ganda
+    from ganda.tasks.base import Example
+
+
+    class CharTok:
+        pad_token_id = 0
+        bos_token_id = None
+
+        def __call__(self, text, add_special_tokens=False):
+            return SimpleNamespace(input_ids=[1 + (ord(c) % 60) for c in text])
+
+
+    def tiny_adapter():
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        model = LlamaForCausalLM(cfg)
+        return ganda.from_model(model, CharTok(), spec="tiny-llama")
+
+
+    def tiny_examples():
+        return [
+            # multi-token choices after one shared context (the KV-task shape)
+            Example(prompt="ab:13\\ncd:57\\nef:20\\nkey cd is", choices=[" 13", " 57", " 20"], gold=1),
+            # single-token choices (the MMLU-letter shape)
+            Example(prompt="Q: which?\\nA. x\\nB. y\\nAnswer:", choices=["A", "B"], gold=0),
+            # a context ending in a space (moves into the continuation), choices of different lengths
+            Example(prompt="The sky is ", choices=["blue", "green and wide", "red"], gold=0),
+            # Winogrande partial scoring: several contexts, one continuation
+            Example(prompt="Tom beat Ann so _ won.", choices=["Tom", "Ann"], gold=0,
+                    meta={"contexts": ["Tom beat Ann so Tom", "Tom beat Ann so Ann"], "continuation": " won."}),
+        ]
+    """
+)
+_ns: dict = {}
+exec(SETUP, _ns)
+tiny_adapter, tiny_examples = _ns["tiny_adapter"], _ns["tiny_examples"]
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    return tiny_adapter()
+
+
+def _assert_same(a, b, tol=1e-4):
+    assert [r["head"] for r in a.records] == [r["head"] for r in b.records]
+    for ra, rb in zip([a.baseline, *a.records], [b.baseline, *b.records], strict=True):
+        assert ra["pred"] == rb["pred"], ra.get("head")
+        assert ra["pred_norm"] == rb["pred_norm"], ra.get("head")
+        assert ra["acc"] == rb["acc"]
+        for la, lb in zip(ra["loglik"], rb["loglik"], strict=True):
+            assert la == pytest.approx(lb, abs=tol), ra.get("head")
+
+
+def test_packing_layout(adapter):
+    p = prepare(adapter, tiny_examples()[0])
+    assert not p.single and p.prefix > 0
+    # every read position's token context equals the naive row's
+    for i, read in enumerate(p.read):
+        assert len(read) == len(p.conts[i])
+    p1 = prepare(adapter, tiny_examples()[1])
+    assert p1.single and p1.tokens == p1.rows[0][: p1.ctx_lens[0]]
+
+
+def test_fast_equals_naive(adapter):
+    exs = tiny_examples()
+    fast = run_sweep(adapter, exs, progress=False)
+    naive = run_sweep(adapter, exs, progress=False, naive=True)
+    assert len(fast.records) == 12
+    _assert_same(fast, naive)
+    # and the naive loop is literally AblateHeads + evaluate_examples for ordinary examples
+    ordinary = exs[:3]
+    res = evaluate_examples(adapter, ordinary, [AblateHeads(["L1H2"])], progress=False)
+    rec = next(r for r in fast.records if r["head"] == "L1H2")
+    for pr, ll in zip(res.predictions, rec["loglik"][:3], strict=True):
+        assert pr["loglik"] == pytest.approx(ll, abs=1e-4)
+        assert pr["pred"] == max(range(len(ll)), key=lambda i: ll[i])
+
+
+def test_fast_rows_mode_and_batches(adapter, monkeypatch):
+    """Unpacked rows (models with a short sliding window) and one-head batches agree too."""
+    exs = tiny_examples()
+    naive = run_sweep(adapter, exs, progress=False, naive=True)
+    monkeypatch.setattr(sweep_mod._TransformerRunner, "can_pack", lambda self, w: False)
+    rows = run_sweep(adapter, exs, progress=False, batch_heads=3)
+    _assert_same(rows, naive)
+
+
+def test_fallback_engine_equals_naive(adapter, monkeypatch):
+    monkeypatch.setattr(sweep_mod, "runner_for", lambda a: None)
+    exs = tiny_examples()
+    _assert_same(run_sweep(adapter, exs, progress=False), run_sweep(adapter, exs, progress=False, naive=True))
+
+
+def test_outputs_and_mismatch(adapter, tmp_path):
+    exs = tiny_examples()
+    res = run_sweep(adapter, exs, out_dir=tmp_path, progress=False, config={"task": {"task": "tiny"}})
+    for name in ("results.jsonl", "results.csv", "heatmap.png", "progress.jsonl"):
+        assert (tmp_path / name).exists()
+    again = load_result(tmp_path)
+    assert again.records == res.records
+    assert res.matrix().shape == (3, 4)
+    assert len(res.top(3)) == 3
+    with pytest.raises(GandaError, match="different sweep"):
+        run_sweep(adapter, exs[:2], out_dir=tmp_path, progress=False, config={"task": {"task": "tiny"}})
+    # a finished sweep resumed computes nothing and gives the same result
+    assert run_sweep(adapter, exs, out_dir=tmp_path, progress=False, config={"task": {"task": "tiny"}}).records == res.records
+
+
+def test_kill_and_resume(adapter, tmp_path):
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    script = tmp_path / "run.py"
+    script.write_text(
+        SETUP
+        + textwrap.dedent(
+            f"""
+            import time
+            from ganda.sweep import run_sweep
+            run_sweep(tiny_adapter(), tiny_examples(), out_dir={str(killed)!r}, progress=False, batch_heads=2,
+                      on_head=lambda rec: time.sleep(0.4))
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env)
+    progress = killed / "progress.jsonl"
+    deadline = time.time() + 120
+    heads_done = 0
+    while time.time() < deadline and proc.poll() is None:
+        if progress.exists():
+            heads_done = sum(1 for line in progress.read_text().splitlines() if '"type": "head"' in line)
+            if heads_done >= 3:
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "results.jsonl").exists()
+    # simulate a torn last line as well (killed mid-write)
+    with progress.open("a") as f:
+        f.write('{"type": "head", "head": "L2')
+    lines_before = progress.read_text().count("\n")
+    assert 3 <= lines_before - 2 < 12
+
+    resumed_heads = []
+    resumed = run_sweep(adapter, tiny_examples(), out_dir=killed, progress=False, batch_heads=2,
+                        on_head=lambda rec: resumed_heads.append(rec["head"]))
+    uninterrupted = run_sweep(adapter, tiny_examples(), out_dir=clean, progress=False, batch_heads=2)
+    assert len(resumed_heads) == 12 - (lines_before - 2)  # only the missing heads were computed
+    assert (killed / "results.jsonl").read_bytes() == (clean / "results.jsonl").read_bytes()
+    assert (killed / "results.csv").read_bytes() == (clean / "results.csv").read_bytes()
+    assert resumed.records == uninterrupted.records
+    assert json.loads((killed / "progress.jsonl").read_text().splitlines()[0])["type"] == "header"
+
+
+def test_no_resume_starts_over(adapter, tmp_path):
+    exs = tiny_examples()[:2]
+    run_sweep(adapter, exs, out_dir=tmp_path, progress=False)
+    seen = []
+    run_sweep(adapter, exs, out_dir=tmp_path, progress=False, resume=False, on_head=lambda r: seen.append(r))
+    assert len(seen) == 12
+
+
+@pytest.mark.slow
+def test_smollm2_fast_equals_naive_subset():
+    import ganda
+    from ganda.heads import HeadId
+    from ganda.tasks import get_task
+
+    a = ganda.load_model("smollm2-135m")
+    exs = get_task("kv", pairs=3).examples(limit=2)
+    heads = [HeadId(0, 0), HeadId(16, 3), HeadId(29, 8)]
+    fast = run_sweep(a, exs, heads=heads, progress=False)
+    naive = run_sweep(a, exs, heads=heads, progress=False, naive=True)
+    _assert_same(fast, naive, tol=1e-3)
+    assert torch.isfinite(torch.tensor(fast.baseline["loglik"])).all()
