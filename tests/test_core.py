@@ -221,3 +221,26 @@ def test_cli_errors_on_real_directories(tiny_dir, tmp_path):
     (pdir / "pytorch_model.bin").write_bytes(b"x")
     r = run_cli("info", str(pdir))
     assert r.returncode == 2 and "pickle" in r.stderr
+
+
+def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
+    png = tmp_path / "fig.png"
+    r = run_cli("attn", str(tiny_dir), "--task", "kv", "--pairs", "3", "--heads", "L0H1,L2H3", "--out", str(png))
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = tmp_path / "heads"
+    r = run_cli("heads", str(tiny_dir), "--task", "kv", "--pairs", "3", "--n", "2", "--verify-n", "4", "--top", "2",
+                "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads((out / "result.json").read_text())
+    assert len(res["all_heads"]) == 12 and len(res["summary"]["top_aggregate"]) == 2
+    assert all(0.0 <= h["gather"] <= 1.0 and -1.0 <= h["aggregate"] <= 1.0 for h in res["all_heads"])
+    assert (out / "heads.csv").read_text().count("\n") == 13
+    from ganda.demo import run_demo
+
+    report = run_demo(str(tiny_dir), tmp_path / "demo", pairs=3, n=2, verify_n=4, top=1, max_heads=2)
+    html = report.read_text()
+    assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
+    demo = json.loads((tmp_path / "demo" / "result.json").read_text())
+    assert demo["kind"] == "demo" and demo["rows"][0]["condition"] == "intact"
+    assert 1 <= len(demo["cumulative_ablation"]) <= 2
