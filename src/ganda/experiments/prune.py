@@ -126,19 +126,13 @@ def _forward_logp(adapter: ModelAdapter, p: _Prepared) -> torch.Tensor:
     return torch.log_softmax(adapter.forward(p.ids, attention_mask=p.mask).float(), -1)
 
 
-@torch.no_grad()
-def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -> dict[int, list[float]]:
-    """Choice log-likelihoods of the first-k-layer model for every k, from ONE full forward.
+class _Stop(Exception):
+    """Raised by a hook to end a forward once the needed residuals are captured (no LM head)."""
 
-    The residual after layer k-1 is the same in every truncation that keeps layer k-1, so the
-    k-layer model's outputs are the final norm + LM head applied to it (both position-wise). The
-    stored residual at the scored positions is fed through the model's own head by a stand-in
-    block (:class:`_Inject`) on a dummy input of that many tokens: no family-specific code."""
-    from .transplant import _block_returns_tuple
 
-    layers = adapter.decoder_layers()
-    n = len(layers)
-    # positions with the same token prefix have the same residual (shared context): score once
+def _score_positions(p: _Prepared) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int]]:
+    """The (row, position) pairs to score; positions with the same token prefix share a residual
+    (shared context), so each prefix is scored once."""
     rep: dict[tuple[int, ...], int] = {}
     where: dict[tuple[int, int], int] = {}
     pos: list[tuple[int, int]] = []
@@ -150,40 +144,84 @@ def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -
                 rep[key] = len(pos)
                 pos.append((r, t))
             where[(r, t)] = rep[key]
-    rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
-    tt = torch.tensor([t for _, t in pos], device=p.ids.device)
-    resid: dict[int, torch.Tensor] = {}
+    return pos, where
 
-    def make(i: int):
-        def hook(_m, _a, out):
-            h = out[0] if isinstance(out, tuple) else out
-            resid[i] = h[rr, tt].detach()  # [P, D]
 
-        return hook
+def _out_hidden(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
 
-    handles = [layer.register_forward_hook(make(i)) for i, layer in enumerate(layers)]
+
+def _head_logp(adapter: ModelAdapter, resid: torch.Tensor) -> torch.Tensor:
+    """Final norm + LM head of the model applied to residuals ``[N, D]`` -> log-probs ``[N, V]``,
+    through the model's own forward with a stand-in block (:class:`_Inject`) on a dummy input."""
+    from .transplant import _block_returns_tuple
+
+    layers = adapter.decoder_layers()
+    tup = _block_returns_tuple(adapter, 0)
+    dummy = torch.zeros((1, resid.shape[0]), dtype=torch.long, device=resid.device)
+    adapter.set_decoder_layers(nn.ModuleList([_Inject(resid[None], tup)]))
     try:
-        full = _forward_logp(adapter, p)
+        return torch.log_softmax(adapter.forward(dummy)[0].float(), -1)
+    finally:
+        adapter.set_decoder_layers(layers)
+
+
+def _read(logp: torch.Tensor, base: int, where: dict[tuple[int, int], int], p: _Prepared) -> list[float]:
+    return [float(sum(logp[base + where[(r, t)], tok] for r, t, tok in choice)) for choice in p.targets]
+
+
+def _run_until(adapter: ModelAdapter, p: _Prepared, last: nn.Module, rr: torch.Tensor, tt: torch.Tensor,
+               extra: list[tuple[nn.Module, Any]] | None = None) -> torch.Tensor:
+    """Run the model until block ``last`` has run; return its output at the scored positions."""
+    got: dict[str, torch.Tensor] = {}
+
+    def stop(_m, _a, out):
+        got["h"] = _out_hidden(out)[rr, tt].detach()
+        raise _Stop
+
+    handles = [last.register_forward_hook(stop)]
+    for mod, hook in extra or []:
+        handles.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        adapter.forward(p.ids, attention_mask=p.mask)
+    except _Stop:
+        pass
     finally:
         for h in handles:
             h.remove()
-    out = {n: _logliks_from(full, p)}
-    todo = [k for k in ks if k != n]
-    if not todo:
-        return out
-    tup = _block_returns_tuple(adapter, 0)
-    stacked = torch.cat([resid[k - 1] for k in todo])[None]  # [1, K*P, D]: every k in one pass
-    dummy = torch.zeros((1, stacked.shape[1]), dtype=torch.long, device=p.ids.device)
-    adapter.set_decoder_layers(nn.ModuleList([_Inject(stacked, tup)]))
+    return got["h"]
+
+
+@torch.no_grad()
+def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -> dict[int, list[float]]:
+    """Choice log-likelihoods of the first-k-layer model for every k, from ONE pass of the layers.
+
+    The residual after layer k-1 is the same in every truncation that keeps layer k-1, so the
+    k-layer model's outputs are the final norm + LM head applied to it (both position-wise). The
+    residuals at the scored positions go through the model's own head in one batched pass
+    (:func:`_head_logp`), so no family-specific code is needed."""
+    layers = adapter.decoder_layers()
+    pos, where = _score_positions(p)
+    rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
+    tt = torch.tensor([t for _, t in pos], device=p.ids.device)
+    resid: dict[int, torch.Tensor] = {}
+    need = sorted({k - 1 for k in ks})
+
+    def make(i: int):
+        def hook(_m, _a, out):
+            resid[i] = _out_hidden(out)[rr, tt].detach()
+
+        return hook
+
+    handles = [layers[i].register_forward_hook(make(i)) for i in need[:-1]]
     try:
-        logp = torch.log_softmax(adapter.forward(dummy)[0].float(), -1)  # [K*P, V]
+        resid[need[-1]] = _run_until(adapter, p, layers[need[-1]], rr, tt)
     finally:
-        adapter.set_decoder_layers(layers)
-    npos = len(pos)
-    for j, k in enumerate(todo):
-        base = j * npos
-        out[k] = [float(sum(logp[base + where[(r, t)], tok] for r, t, tok in choice)) for choice in p.targets]
-    return out
+        for h in handles:
+            h.remove()
+    ks = list(ks)
+    logp = _head_logp(adapter, torch.cat([resid[k - 1] for k in ks]))
+    return {k: _read(logp, j * len(pos), where, p) for j, k in enumerate(ks)}
 
 
 @torch.no_grad()
@@ -194,6 +232,9 @@ def removal_logliks(adapter: ModelAdapter, p: _Prepared, m: int) -> dict[int | N
     from .transplant import _block_returns_tuple
 
     layers = adapter.decoder_layers()
+    pos, where = _score_positions(p)
+    rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
+    tt = torch.tensor([t for _, t in pos], device=p.ids.device)
     inputs: dict[int, torch.Tensor] = {}
 
     def make(i: int):
@@ -202,21 +243,21 @@ def removal_logliks(adapter: ModelAdapter, p: _Prepared, m: int) -> dict[int | N
 
         return pre
 
-    handles = [layers[i].register_forward_pre_hook(make(i), with_kwargs=True) for i in range(m)]
-    try:
-        with KeepLayers(list(range(m))).apply(adapter):
-            out: dict[int | None, list[float]] = {None: _logliks_from(_forward_logp(adapter, p), p)}
-    finally:
-        for h in handles:
-            h.remove()
+    base = _run_until(adapter, p, layers[m - 1], rr, tt, [(layers[i], make(i)) for i in range(m)])
     tup = _block_returns_tuple(adapter, 0)
+    finals: list[torch.Tensor] = [base]
     for i in range(m):
+        if i == m - 1:
+            finals.append(inputs[i][rr, tt])
+            continue
         adapter.set_decoder_layers(nn.ModuleList([_Inject(inputs[i], tup), *[layers[j] for j in range(i + 1, m)]]))
         try:
-            out[i] = _logliks_from(_forward_logp(adapter, p), p)
+            finals.append(_run_until(adapter, p, layers[m - 1], rr, tt))
         finally:
             adapter.set_decoder_layers(layers)
-    return out
+    logp = _head_logp(adapter, torch.cat(finals))
+    keys: list[int | None] = [None, *range(m)]
+    return {key: _read(logp, j * len(pos), where, p) for j, key in enumerate(keys)}
 
 
 def _close(a: list[float], b: list[float]) -> bool:
