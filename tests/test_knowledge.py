@@ -1,0 +1,152 @@
+"""Knowledge tasks: prompts equal lm-eval's formats character for character, gold indices right.
+
+Expected strings are written from lm-eval's task definitions (lm_eval/tasks/...):
+arc_easy/arc_challenge ``doc_to_text: "Question: {{question}}\\nAnswer:"``, ``doc_to_choice:
+"{{choices.text}}"``, ``doc_to_target: "{{choices.label.index(answerKey)}}"``; openbookqa
+``doc_to_text: question_stem``, target ``choices.label.index(answerKey.lstrip())``; piqa
+``"Question: {{goal}}\\nAnswer:"`` with ``[sol1, sol2]`` and ``label``; hellaswag
+``preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize())`` with preprocessed
+endings; winogrande ``doc_to_choice`` = ``sentence[:idx] + option`` (the contexts) and
+``doc_to_target`` = ``sentence[idx+1:].strip()``; target_delimiter is " " throughout.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ganda.tasks import get_task
+from ganda.tasks.knowledge import (
+    KNOWLEDGE_TASKS,
+    capitalize_last_fragment,
+    evaluate_knowledge,
+    example_pairs,
+    hellaswag_preprocess,
+    make_task,
+    norm_chars,
+)
+
+
+def test_registered():
+    for name in KNOWLEDGE_TASKS:
+        assert get_task(name).name == name
+
+
+def test_arc_easy_format():
+    exs = make_task("arc_easy").all_examples()
+    assert len(exs) == 2376
+    ex = exs[0]
+    assert ex.prompt == (
+        "Question: Which statement best explains why photosynthesis is the foundation of most food webs?\nAnswer:"
+    )
+    assert ex.choices == [
+        " Sunlight is the source of energy for nearly all ecosystems.",
+        " Most ecosystems are found on land instead of in water.",
+        " Carbon dioxide is more available than other gases.",
+        " The producers in all ecosystems are plants.",
+    ]
+    assert ex.gold == 0
+    # numeric labels ("1".."4"): the gold index is the label's position
+    ex = exs[14]
+    assert ex.prompt == "Question: All living and nonliving material is composed of\nAnswer:"
+    assert ex.choices == [" air", " elements", " water", " soil"] and ex.gold == 1
+    # five choices
+    ex = exs[500]
+    assert ex.choices[-1] == " water vapor" and ex.gold == 1
+
+
+def test_arc_challenge_format():
+    exs = make_task("arc_challenge").all_examples()
+    assert len(exs) == 1172
+    ex = exs[0]
+    assert ex.prompt == (
+        "Question: An astronomer observes that a planet rotates faster after a meteorite impact. "
+        "Which is the most likely effect of this increase in rotation?\nAnswer:"
+    )
+    assert ex.choices[2] == " Planetary days will become shorter." and ex.gold == 2
+
+
+def test_openbookqa_format():
+    exs = make_task("openbookqa").all_examples()
+    assert len(exs) == 500
+    ex = exs[0]
+    assert ex.prompt == (
+        "A person wants to start saving money so that they can afford a nice vacation at the end of the year. "
+        "After looking over their budget and expenses, they decide the best way to save money is to"
+    )
+    assert ex.choices == [" make more phone calls", " quit eating lunch out", " buy less with monopoly money",
+                          " have lunch with friends"]
+    assert ex.gold == 1
+
+
+def test_piqa_format():
+    exs = make_task("piqa").all_examples()
+    assert len(exs) == 1838
+    assert exs[0].prompt == "Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:"
+    assert exs[0].gold == 0
+    # upstream whitespace is kept, as lm-eval renders it
+    assert exs[1].prompt == "Question: dresser\nAnswer:"
+    assert exs[1].choices == [" replace drawer with bobby pin ", " finish, woodgrain with  bobby pin "]
+    assert exs[1].gold == 1
+
+
+def test_hellaswag_format():
+    exs = make_task("hellaswag").all_examples()
+    assert len(exs) == 10042
+    ex = exs[0]
+    # lm-eval: "Roof shingle removal: " + ctx_a + " " + "he".capitalize()
+    assert ex.prompt == "Roof shingle removal: A man is sitting on a roof. He"
+    assert ex.choices == [" is using wrap to wrap a pair of skis.", " is ripping level tiles off.",
+                          " is holding a rubik's cube.", " starts pulling up roofing on a roof."]
+    assert ex.gold == 3
+    assert exs[1].prompt == "Clean and jerk: A lady walks to a barbell. She bends down and grabs the pole. The lady"
+    raw = make_task("hellaswag", capitalize_ctx_b=False).all_examples()[0]
+    assert raw.prompt == "Roof shingle removal: A man is sitting on a roof. he"
+
+
+def test_hellaswag_preprocess_matches_lm_eval():
+    assert hellaswag_preprocess(" How to x [title] Do y [step] z  w ") == "How to x. Do y z w"
+    assert capitalize_last_fragment("A man sits. the Man") == "A man sits. The man"
+    assert capitalize_last_fragment("A man sits. He") == "A man sits. He"
+    assert capitalize_last_fragment("no boundary here") == "no boundary here"
+
+
+def test_winogrande_partial_scoring_shape():
+    exs = make_task("winogrande").all_examples()
+    assert len(exs) == 1267
+    ex = exs[0]
+    assert example_pairs(ex) == [
+        ("Sarah was a much better surgeon than Maria so Sarah", " always got the easier cases."),
+        ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases."),
+    ]
+    assert ex.gold == 1 and exs[1].gold == 0
+    assert make_task("winogrande").metrics == ("acc",)
+    assert norm_chars(ex) == [len("always got the easier cases.")] * 2
+
+
+def test_norm_chars_exclude_delimiter():
+    ex = make_task("arc_easy").all_examples()[0]
+    assert norm_chars(ex) == [len(c) - 1 for c in ex.choices]
+
+
+def test_limit_and_seed():
+    t = make_task("piqa")
+    assert [e.meta["index"] for e in t.examples(limit=3)] == [0, 1, 2]
+    a = [e.meta["index"] for e in t.examples(limit=5, seed=1)]
+    assert a == [e.meta["index"] for e in t.examples(limit=5, seed=1)] and a != [0, 1, 2, 3, 4]
+
+
+def test_evaluate_knowledge_tiny():
+    from test_sweep import tiny_adapter
+
+    res = evaluate_knowledge(tiny_adapter(), None, limit=2, tasks=("piqa", "winogrande"), progress=False)
+    assert set(res["tasks"]) == {"piqa", "winogrande"}
+    assert "acc_norm" in res["tasks"]["piqa"] and "acc_norm" not in res["tasks"]["winogrande"]
+    assert res["mean"] == pytest.approx((res["tasks"]["piqa"]["acc"] + res["tasks"]["winogrande"]["acc"]) / 2)
+
+
+@pytest.mark.slow
+def test_smollm2_knowledge_runs():
+    import ganda
+
+    res = evaluate_knowledge(ganda.load_model("smollm2-135m"), None, limit=5, progress=False)
+    assert len(res["tasks"]) == 6 and 0.0 <= res["mean"] <= 1.0
