@@ -1,0 +1,262 @@
+"""GSM8K, BBH and DREAM: prompts match the reference formats, answer extraction and scoring."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from ganda.errors import GandaError
+from ganda.tasks import get_task
+from ganda.tasks.bbh import BBHTask, extract_answer, flexible_match, read_cot_prompt, subtasks
+from ganda.tasks.dream import find_data_dir
+from ganda.tasks.gsm8k import COT_EXEMPLARS, GSM8KTask, exact_match, extract_flexible, extract_strict
+
+JANET = ("Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins "
+         "for her friends every day with four. She sells the remainder at the farmers' market daily for $2 per "
+         "fresh duck egg. How much in dollars does she make every day at the farmers' market?")
+
+
+def _lm_eval_tasks_dir() -> Path | None:
+    spec = importlib.util.find_spec("lm_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(next(iter(spec.submodule_search_locations))) / "tasks"
+    return d if d.is_dir() else None
+
+
+def _render_lm_eval(cfg: dict, doc: dict) -> str:
+    """lm-eval's few-shot context: description + (text + delimiter + target + "\\n\\n") * k + text."""
+    import jinja2
+
+    env = jinja2.Environment(keep_trailing_newline=True)  # as lm_eval.utils does
+    text = env.from_string(cfg["doc_to_text"])
+    target = env.from_string(cfg.get("doc_to_target", "{{target}}"))
+    delim = cfg.get("target_delimiter", " ")
+    out = cfg.get("description", "")
+    for s in cfg["fewshot_config"]["samples"]:
+        out += text.render(**s) + delim + target.render(**s) + "\n\n"
+    return out + text.render(**doc)
+
+
+# ---- GSM8K -------------------------------------------------------------------------------
+
+def test_gsm8k_prompts():
+    ex = GSM8KTask().examples(limit=None)[0]
+    assert ex.prompt == f"Q: {JANET}\nA:"
+    assert ex.target == "18" and ex.stop == ["Q:", "</s>", "<|im_end|>"]
+    zs = GSM8KTask(cot=True).examples()[0]
+    assert zs.prompt == f"Q: {JANET}\nA: Let's think step by step."  # lm-eval gsm8k_cot_zeroshot
+    cot = get_task("gsm8k-cot").examples()[0]
+    assert cot.prompt.startswith(
+        "Q: There are 15 trees in the grove. Grove workers will plant trees in the grove today. After they are "
+        "done, there will be 21 trees. How many trees did the grove workers plant today?\nA: There are 15 trees "
+        "originally. Then there were 21 trees after some more were planted. So there must have been 21 - 15 = 6. "
+        "The answer is 6.\n\nQ: If there are 3 cars in the parking lot and 2 more cars arrive, how many cars are "
+        "in the parking lot?\nA: There are originally 3 cars. 2 more cars arrive. 3 + 2 = 5. The answer is 5.\n\n")
+    assert cot.prompt.endswith(
+        "Q: Olivia has $23. She bought five bagels for $3 each. How much money does she have left?\nA: Olivia had "
+        "23 dollars. 5 bagels for 3 dollars each will be 5 x 3 = 15 dollars. So she has 23 - 15 dollars left. "
+        f"23 - 15 is 8. The answer is 8.\n\nQ: {JANET}\nA:")
+    assert cot.prompt.count("\n\nQ: ") == 8
+    assert len(GSM8KTask().examples(limit=7, seed=1)) == 7
+    with pytest.raises(GandaError):
+        GSM8KTask(shots=9)
+
+
+def test_gsm8k_matches_lm_eval_yaml():
+    d = _lm_eval_tasks_dir()
+    if d is None:
+        pytest.skip("lm-eval not installed")
+    import yaml
+
+    cfg = yaml.safe_load((d / "gsm8k" / "gsm8k-cot.yaml").read_text())
+    assert [(s["question"], s["target"]) for s in cfg["fewshot_config"]["samples"]] == COT_EXEMPLARS
+    assert cfg["generation_kwargs"]["until"] == ["Q:", "</s>", "<|im_end|>"]
+    cfg["doc_to_target"] = "{{target}}"
+    ex = get_task("gsm8k-cot").examples()[0]
+    assert ex.prompt == _render_lm_eval(cfg, {"question": JANET})
+
+
+# real SmolLM2-135M-Instruct generations (8-shot CoT, greedy), cut at the stop sequences
+SMOL_GSM8K = [
+    # well-formed, right
+    (" Janet eats 3 eggs for breakfast and 4 for muffins, so 3 + 4 = 7. 16 - 7 = 9 eggs are left. She sells "
+     "them for $2 each, so 9 * 2 = 18. The answer is 18.\n\n", "18", "18", "18."),
+    # well-formed, wrong
+    (" The robe takes 2 bolts of blue fiber. It takes half that much white fiber, so 2 / 2 = 1. 2 + 1 = 3. "
+     "So 2 bolts. The answer is 2.\n\n", "3", "2", "2."),
+    # malformed: no "The answer is", a number with a dollar sign and a comma, cut by the token cap
+    (" He bought the house for $80,000 and put in $50,000 in repairs so the total is $130,000", "70000",
+     "[invalid]", "$130,000"),
+    # malformed: no number at all
+    (" Let me think about this problem carefully.", "5", "[invalid]", "[invalid]"),
+]
+
+
+@pytest.mark.parametrize("text,target,strict,flexible", SMOL_GSM8K)
+def test_gsm8k_extraction(text, target, strict, flexible):
+    assert extract_strict(text) == strict
+    assert extract_flexible(text) == flexible
+    t = GSM8KTask()
+    ex = t.examples(limit=1)[0]
+    ex.target = target
+    m = t.metrics(ex, text)
+    assert m["strict"] == exact_match(strict, target)
+    assert m["flexible"] == exact_match(flexible, target)
+
+
+def test_gsm8k_normalisation():
+    assert exact_match("$1,000.", "1000")
+    assert exact_match("18", "18") and not exact_match("18.5", "18")
+    assert exact_match("The total is 7\n#### 42", "42")
+
+
+# ---- BBH ---------------------------------------------------------------------------------
+
+BOOL_COT = (
+    "Evaluate the result of a random Boolean expression.\n\n"
+    "Q: not ( ( not not True ) ) is\nA: Let's think step by step.\n"
+    "Remember that (i) expressions inside brackets are always evaluated first and that (ii) the order of "
+    "operations from highest priority to lowest priority is \"not\", \"and\", \"or\", respectively.\n"
+    "We first simplify this expression \"Z\" as follows: \"Z = not ( ( not not True ) ) = not ( ( A ) )\" "
+    "where \"A = not not True\".\n"
+    "Let's evaluate A: A = not not True = not (not True) = not False = True.\n"
+    "Plugging in A, we get: Z = not ( ( A ) ) = not ( ( True ) ) = not True = False. So the answer is False.\n\n"
+)
+
+
+def test_bbh_prompts():
+    cot = BBHTask(subtask="boolean_expressions").examples()[0]
+    assert cot.prompt.startswith(BOOL_COT)
+    assert cot.prompt.endswith("So the answer is True.\n\nQ: not ( True ) and ( True ) is\nA: Let's think step by step.\n")
+    assert cot.target == "False" and cot.stop == ["</s>", "Q", "\n\n"]
+    plain = BBHTask(subtask="boolean_expressions", cot=False).examples()[0]
+    assert plain.prompt == (
+        "Evaluate the result of a random Boolean expression.\n\n"
+        "Q: not ( ( not not True ) ) is\nA: False\n\n"
+        "Q: True and False and not True and True is\nA: False\n\n"
+        "Q: not not ( not ( False ) ) is\nA: True\n\n"
+        "Q: not ( True ) and ( True ) is\nA:")
+    assert len(subtasks()) == 27
+    ex = BBHTask().examples(limit=54)
+    assert len(ex) == 54 and {e.meta["subtask"] for e in ex} == set(subtasks())
+    with pytest.raises(GandaError):
+        BBHTask(subtask="nope")
+
+
+def test_bbh_matches_lm_eval_yaml():
+    d = _lm_eval_tasks_dir()
+    if d is None:
+        pytest.skip("lm-eval not installed")
+    import yaml
+
+    for s in subtasks():
+        doc = {"input": "QUESTION?"}
+        for cot, sub in ((True, "cot_fewshot"), (False, "fewshot")):
+            cfg = yaml.safe_load((d / "bbh" / sub / f"{s}.yaml").read_text())
+            tmpl = yaml.safe_load((d / "bbh" / sub / cfg["include"]).read_text())
+            cfg = {**tmpl, **cfg}
+            task = BBHTask(subtask=s, cot=cot)
+            from ganda.tasks.bbh import build_prompt
+
+            mine = build_prompt(str(task.data_dir), s, doc["input"], cot)
+            assert mine == _render_lm_eval(cfg, doc), (s, cot)
+            assert cfg["generation_kwargs"]["until"] == ["</s>", "Q", "\n\n"]
+
+
+def test_bbh_cot_prompt_files_parse():
+    for s in subtasks():
+        desc, shots = read_cot_prompt(str(BBHTask().data_dir), s)
+        assert desc and len(shots) == 3
+
+
+# real SmolLM2-135M-Instruct BBH generations, cut at the stop sequences
+SMOL_BBH = [
+    # CoT, well-formed
+    (True, "Remember that (i) ... Z = not True and True = False and True = False. So the answer is False.",
+     "False", "False", True, True),
+    # CoT, option letter with text
+    (True, "The date 10 days ago is 12/14/1937. So the answer is (D) 12/14/1937.", "(D)", "(D) 12/14/1937",
+     False, True),
+    # CoT, malformed: never says "the answer is"
+    (True, "Let's evaluate A: A = not ( False ) = True.\nPlugging in A, we get", "True", "[invalid]", False, False),
+    # no CoT, answer then rambling on the same line
+    (False, " (B)", "(B)", "(B)", True, True),
+    (False, " yes\nno", "yes", "yes", True, True),
+    (False, " Valid.", "valid", "Valid.", False, True),
+]
+
+
+@pytest.mark.parametrize("cot,text,target,extracted,strict,flexible", SMOL_BBH)
+def test_bbh_extraction(cot, text, target, extracted, strict, flexible):
+    assert extract_answer(text, cot) == extracted
+    t = BBHTask(subtask="boolean_expressions", cot=cot)
+    ex = t.examples(limit=1)[0]
+    ex.target = target
+    assert t.metrics(ex, text) == {"strict": strict, "flexible": flexible}
+
+
+def test_bbh_flexible_letters():
+    assert flexible_match("B", "(B)") and flexible_match("(B) 11/11/2018", "(B)") and flexible_match("B)", "(B)")
+    assert not flexible_match("(C)", "(B)") and not flexible_match("[invalid]", "(B)")
+
+
+def test_bbh_aggregate_macro():
+    t = BBHTask()
+    recs = [{"correct": True, "meta": {"subtask": "a"}}, {"correct": False, "meta": {"subtask": "a"}},
+            {"correct": True, "meta": {"subtask": "b"}}]
+    agg = t.aggregate(recs)
+    assert agg["macro_accuracy"] == pytest.approx(0.75)
+    assert agg["per_subtask"]["a"] == {"correct": 1, "n": 2, "accuracy": 0.5}
+
+
+# ---- DREAM -------------------------------------------------------------------------------
+
+def _dream_available() -> bool:
+    try:
+        find_data_dir()
+        return True
+    except GandaError:
+        return False
+
+
+needs_dream = pytest.mark.skipif(not _dream_available(), reason="DREAM data (non-commercial) not available")
+
+
+@needs_dream
+def test_dream_prompts():
+    turns = ("Dialogue:\nW: The movie next Tuesday has been cancelled due to lack of interest.\n"
+             "M: What do you mean?\nW: Well, by last night only a few tickets has been sold.\n\n"
+             "Question: What can we conclude about the movie?\n")
+    ex = get_task("dream").examples()[0]
+    assert ex.prompt == turns + "Answer:"
+    assert ex.choices == [" They want to buy the tickets for the movie.", " The tickets for the movie were sold.",
+                          " The movie will not be shown."]
+    assert ex.gold == 2 and len(ex.segments) == 3
+    let = get_task("dream-letters").examples()[0]
+    assert let.prompt == turns + ("A. They want to buy the tickets for the movie.\nB. The tickets for the movie "
+                                  "were sold.\nC. The movie will not be shown.\nAnswer:")
+    assert let.choices == [" A", " B", " C"] and let.gold == 2 and let.gold_segment == 2
+    a, b = let.segments[2]
+    assert let.prompt[a:b] == "C. The movie will not be shown.\n"
+    assert len(get_task("dream").examples(limit=5, seed=3)) == 5
+    shot = get_task("dream-letters", shots=1).examples()[0]
+    assert shot.prompt.endswith(let.prompt) and shot.prompt.count("Answer:") == 2
+
+
+def test_dream_missing_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("GANDA_DREAM_DIR", str(tmp_path))
+    with pytest.raises(GandaError, match="non-commercial"):
+        get_task("dream", data_dir=str(tmp_path))
+
+
+@needs_dream
+def test_dream_env_dir(tmp_path, monkeypatch):
+    src = find_data_dir()
+    (tmp_path / "test.json").write_text((src / "test.json").read_text())
+    monkeypatch.setenv("GANDA_DREAM_DIR", str(tmp_path))
+    assert find_data_dir() == tmp_path
+    assert os.path.samefile(get_task("dream").dir, tmp_path)
