@@ -46,9 +46,9 @@ class BambaAdapter(SSMAdapterBase):
     def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
         return mamba2_params(mixer.module, captured)[0]
 
-    def _on_layers_changed(self, kept: list[int] | None) -> None:
+    def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         cfg = self.model.config
         if kept is None:
             cfg.attn_layer_indices = list(self._attn_indices)
-        else:
-            cfg.attn_layer_indices = [pos for pos, orig in enumerate(kept) if orig in self._attn_indices]
+        else:  # read each layer's type from the module itself (a swapped-in layer has no index)
+            cfg.attn_layer_indices = [pos for pos, m in enumerate(layers) if hasattr(m, "self_attn")]

@@ -165,8 +165,12 @@ class SSMAdapterBase(ModelAdapter):
         """Δ, B, C, x, ... of one layer from the captured tensor of sequence 0 ([T, ...])."""
         raise NotImplementedError
 
-    def _on_layers_changed(self, kept: list[int] | None) -> None:
-        """Fix per-position config after truncation/removal (None: the original list is back)."""
+    def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
+        """Fix per-position config after truncation/removal.
+
+        ``kept``: original indices (-1 for a foreign layer) or None when the original list is back;
+        ``layers``: the new (unwrapped) layer modules in order.
+        """
 
     # ---- layers -------------------------------------------------------------------------
     def decoder_layers(self) -> nn.ModuleList:
@@ -179,7 +183,7 @@ class SSMAdapterBase(ModelAdapter):
         kept = [self._orig_index.get(id(m), -1) for m in inner]
         if kept == list(range(len(self._original_layers))):
             setattr(obj, attr, self._original_layers)
-            self._on_layers_changed(None)
+            self._on_layers_changed(None, list(self._original_layers))
             return
         arg_pos, kwarg = self.layer_index_arg
         new = []
@@ -189,7 +193,7 @@ class SSMAdapterBase(ModelAdapter):
             else:
                 new.append(m)
         setattr(obj, attr, nn.ModuleList(new))
-        self._on_layers_changed(kept)
+        self._on_layers_changed(kept, inner)
 
     def _layer_module(self, layer: int) -> nn.Module:
         return self._original_layers[layer]

@@ -29,8 +29,6 @@ class JambaAdapter(SSMAdapterBase):
     def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:
         super().__init__(model, tokenizer, spec)
         self._config_class = type(model.config)
-        self._types = list(model.config.layer_types)
-        self._block_types = list(model.config.layers_block_type)
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -54,13 +52,15 @@ class JambaAdapter(SSMAdapterBase):
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
         return mamba1_params(mixer.module, captured)
 
-    def _on_layers_changed(self, kept: list[int] | None) -> None:
+    def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         cfg = self.model.config
         if kept is None:
             cfg.__class__ = self._config_class
             return
-        types = tuple(self._types[k] for k in kept)
-        blocks = tuple(self._block_types[k] for k in kept)
+        # each layer's type from the module itself (a swapped-in layer has no original index)
+        attn = [hasattr(m, "self_attn") for m in layers]
+        types = tuple("full_attention" if a else "linear_attention" for a in attn)
+        blocks = tuple("attention" if a else "mamba" for a in attn)
         patched = type(f"Ganda{self._config_class.__name__}", (self._config_class,), {
             "layer_types": property(lambda _self: list(types)),
             "layers_block_type": property(lambda _self: list(blocks)),
