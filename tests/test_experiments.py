@@ -61,7 +61,7 @@ def student(tok):
     return tiny_llama(tok, 0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fake_knowledge():
     """A stand-in knowledge module (the real one may not be installed yet): accuracy from the
     number of interventions, so conditions differ deterministically."""
@@ -334,3 +334,13 @@ def test_fast_remove_restore_equals_slow(student) -> None:
     assert fast_removal_scores(student, scorer._task_examples("mmlu")[1], 3) is not None
     assert fast_removal_scores(student, scorer._task_examples("kv3")[1], 3) is not None
     assert remove_restore(student, scorer, 3).rows == remove_restore(student, scorer, 3, fast_path=False).rows
+
+
+def test_fast_knowledge_equals_slow(student) -> None:
+    pytest.importorskip("ganda.tasks.knowledge")
+    from ganda.experiments.prune import prune_curve
+
+    scorer = Scorer(student, ["knowledge"], limit=2, knowledge_limit=2, progress=False)
+    fast = prune_curve(student, scorer, min_layers=3)
+    assert any("full forwards for: -" in n for n in fast.notes)
+    assert fast.rows == prune_curve(student, scorer, min_layers=3, fast_path=False).rows

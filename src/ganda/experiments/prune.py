@@ -94,7 +94,10 @@ class _Prepared:
 def _prepare(adapter: ModelAdapter, ex: Any) -> _Prepared:
     from ..scoring import encode_pair
 
-    pairs = [encode_pair(adapter, ex.prompt, c) for c in ex.choices]
+    if "contexts" in ex.meta:  # Winogrande-style partial scoring: one context per choice
+        pairs = [encode_pair(adapter, c, ex.meta["continuation"]) for c in ex.meta["contexts"]]
+    else:
+        pairs = [encode_pair(adapter, ex.prompt, c) for c in ex.choices]
     dev = adapter.device
     if len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs):
         ctx = pairs[0][0]
@@ -321,6 +324,28 @@ def fast_removal_scores(
 
 
 
+def _fast_knowledge(adapter: ModelAdapter, scorer: Scorer, run: Any) -> dict[Any, dict[str, Any]] | None:
+    """The knowledge score (mean accuracy over the knowledge tasks) through a fast path ``run``
+    (examples -> {condition: summary}); None when the knowledge tasks or the shortcut are unavailable."""
+    try:
+        from ..tasks.knowledge import KNOWLEDGE_TASKS, make_task
+    except ImportError:
+        return None
+    limit = scorer.knowledge_limit if scorer.knowledge_limit is not None else scorer.limit
+    per_task = {}
+    for name in tqdm(KNOWLEDGE_TASKS, desc="knowledge", leave=False, disable=not scorer.progress):
+        res = run(make_task(name).examples(limit=limit, seed=scorer.seed))
+        if res is None:
+            return None
+        per_task[name] = res
+    out = {}
+    for cond in next(iter(per_task.values())):
+        accs = {t: per_task[t][cond]["accuracy"] for t in per_task}
+        out[cond] = {"accuracy": sum(accs.values()) / len(accs), "ci95": None,
+                     "n": sum(per_task[t][cond]["n"] for t in per_task), "tasks": accs}
+    return out
+
+
 @dataclass
 class PruneResult(ExperimentResult):
     kind: str = "prune"
@@ -364,7 +389,9 @@ def prune_curve(
     slow_tasks = []
     for name in scorer.tasks:
         fast = None
-        if fast_path and name != "knowledge":
+        if fast_path and name == "knowledge":
+            fast = _fast_knowledge(adapter, scorer, lambda exs: fast_truncation_scores(adapter, exs, ks))
+        elif fast_path:
             _task, examples = scorer._task_examples(name)
             fast = fast_truncation_scores(adapter, examples, ks, progress=scorer.progress)
         if fast is None:
@@ -439,7 +466,9 @@ def remove_restore(
     slow_tasks = []
     for name in scorer.tasks:
         fast = None
-        if fast_path and name != "knowledge":
+        if fast_path and name == "knowledge":
+            fast = _fast_knowledge(adapter, scorer, lambda exs: fast_removal_scores(adapter, exs, minimal_layers))
+        elif fast_path:
             fast = fast_removal_scores(adapter, scorer._task_examples(name)[1], minimal_layers, progress=scorer.progress)
         if fast is None:
             slow_tasks.append(name)
