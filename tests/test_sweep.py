@@ -203,3 +203,10 @@ def test_smollm2_fast_equals_naive_subset():
     naive = run_sweep(a, exs, heads=heads, progress=False, naive=True)
     _assert_same(fast, naive, tol=1e-3)
     assert torch.isfinite(torch.tensor(fast.baseline["loglik"])).all()
+
+
+def test_cli_unknown_task(capsys):
+    from ganda.cli import main
+
+    assert main(["sweep", "smollm2-135m", "--task", "nope"]) == 2
+    assert "unknown task" in capsys.readouterr().err

@@ -460,9 +460,20 @@ class SweepResult:
     def drop(self, rec: dict[str, Any], metric: str = "acc") -> float:
         return self.baseline[metric] - rec[metric]
 
+    @staticmethod
+    def gold_loglik(rec: dict[str, Any]) -> float:
+        """Mean log-likelihood of the gold choice over the prompts."""
+        lls = [ll[g] for ll, g in zip(rec["loglik"], rec["gold"], strict=True)]
+        return sum(lls) / max(1, len(lls))
+
+    def ll_drop(self, rec: dict[str, Any]) -> float:
+        """How much ablating the head lowers the gold choice's mean log-likelihood."""
+        return self.gold_loglik(self.baseline) - self.gold_loglik(rec)
+
     def top(self, k: int = 10, metric: str = "acc") -> list[dict[str, Any]]:
-        """Heads whose ablation lowers ``metric`` most (ties: head order)."""
-        order = sorted(range(len(self.records)), key=lambda i: (-self.drop(self.records[i], metric), i))
+        """Heads whose ablation lowers ``metric`` most (ties: larger gold log-likelihood drop first)."""
+        order = sorted(range(len(self.records)),
+                       key=lambda i: (-self.drop(self.records[i], metric), -self.ll_drop(self.records[i]), i))
         return [self.records[i] for i in order[:k]]
 
     def matrix(self, metric: str = "acc", kind: str | None = None) -> torch.Tensor:
@@ -484,12 +495,14 @@ class SweepResult:
                 f.write(json.dumps(r) + "\n")
         with (out_dir / "results.csv").open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["head", "layer", "index", "kind", "n", "correct", "acc", "acc_norm", "drop", "drop_norm"])
+            w.writerow(["head", "layer", "index", "kind", "n", "correct", "acc", "acc_norm", "drop", "drop_norm",
+                        "gold_loglik", "gold_loglik_drop"])
             w.writerow(["none", "", "", "", self.baseline["n"], self.baseline["correct"], self.baseline["acc"],
-                        self.baseline["acc_norm"], 0.0, 0.0])
+                        self.baseline["acc_norm"], 0.0, 0.0, self.gold_loglik(self.baseline), 0.0])
             for r in self.records:
                 w.writerow([r["head"], r["layer"], r["index"], r["kind"] or "", r["n"], r["correct"], r["acc"],
-                            r["acc_norm"], self.drop(r), self.drop(r, "acc_norm")])
+                            r["acc_norm"], self.drop(r), self.drop(r, "acc_norm"), self.gold_loglik(r),
+                            self.ll_drop(r)])
         self.heatmap(out_dir / "heatmap.png")
 
     def heatmap(self, path: Path, metric: str = "acc") -> None:

@@ -1,0 +1,76 @@
+"""``ganda sweep``: ablate every head alone and rank heads by the accuracy drop (resumable)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..errors import GandaError
+from ..models import DEFAULT_MODEL
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def sweep(
+        model: str = typer.Argument(DEFAULT_MODEL, help="alias (smollm2-135m, ...), .gguf file or local HF directory"),
+        task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, or any multiple-choice task "
+                                 "(arc_easy, arc_challenge, openbookqa, piqa, hellaswag, winogrande, ...)"),
+        limit: int | None = typer.Option(None, "--limit", "-n", help="number of prompts (default: 32)"),
+        pairs: int | None = typer.Option(None, "--pairs", help="kv: number of key-value pairs"),
+        shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)"),
+        subjects: str | None = typer.Option(None, "--subjects", help="mmlu: comma-separated subjects"),
+        heads: str | None = typer.Option(None, "--heads", help="only these heads (default: all), e.g. 'L16H*' or 'L*H0,L17H3'"),
+        seed: int = typer.Option(0, "--seed"),
+        out: Path = typer.Option(None, "--out", "-o", help="directory (default: runs/sweep-<task>)"),
+        resume: bool = typer.Option(True, "--resume/--no-resume", help="continue a stopped sweep in --out"),
+        naive: bool = typer.Option(False, "--naive", help="reference loop (AblateHeads + scoring per head), slow"),
+        batch_heads: int = typer.Option(16, "--batch-heads", help="heads of one layer ablated per forward"),
+        top: int = typer.Option(15, "--top", help="rows in the printed table"),
+        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (runs pickle)"),
+    ) -> None:
+        """Exhaustive single-head ablation: accuracy with each head zeroed, heat map and top heads.
+
+        Writes OUT/progress.jsonl (one line per finished head; a killed run resumes from it),
+        then OUT/results.jsonl, results.csv and heatmap.png.
+        """
+        from rich.console import Console
+        from rich.table import Table
+
+        from ..heads import expand
+        from ..models import load_model
+        from ..sweep import run_sweep
+        from ..tasks import TASKS, get_task
+        from ..tasks import knowledge as _knowledge  # noqa: F401  (registers the knowledge tasks)
+
+        if task not in TASKS:
+            raise GandaError(f"unknown task {task!r}; known: {', '.join(sorted(TASKS))}")
+        if limit is not None and limit < 1:
+            raise GandaError("--limit must be at least 1")
+        opts = {"pairs": pairs, "shots": shots, "subjects": subjects}
+        task_obj = get_task(task, **opts)
+        if task_obj.kind != "mc":
+            raise GandaError(f"task {task!r} is a generation task; sweep scores multiple-choice tasks only")
+        n = limit if limit is not None else 32
+        examples = task_obj.examples(limit=n, seed=seed)
+        if not examples:
+            raise GandaError(f"task {task!r} gave no examples")
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        head_list = expand(heads, adapter) if heads else adapter.heads()
+        out_dir = out if out is not None else Path("runs") / f"sweep-{task}"
+        cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
+        res = run_sweep(adapter, examples, heads=head_list, out_dir=out_dir, resume=resume, naive=naive,
+                        batch_heads=batch_heads, config=cfg)
+
+        console = Console()
+        b = res.baseline
+        console.print(f"[bold]{model}[/bold] on {task} (n={b['n']}): intact acc {b['acc']:.3f}"
+                      f" (acc_norm {b['acc_norm']:.3f}); {len(res.records)} heads in {res.seconds:.1f} s")
+        table = Table(title=f"top {min(top, len(res.records))} heads by accuracy drop")
+        for col in ("rank", "head", "acc", "drop", "acc_norm", "drop_norm", "gold logp drop"):
+            table.add_column(col, justify="right")
+        for i, r in enumerate(res.top(top), 1):
+            table.add_row(str(i), r["head"], f"{r['acc']:.3f}", f"{res.drop(r):+.3f}", f"{r['acc_norm']:.3f}",
+                          f"{res.drop(r, 'acc_norm'):+.3f}", f"{res.ll_drop(r):+.3f}")
+        console.print(table)
+        console.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
