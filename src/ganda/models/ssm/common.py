@@ -308,8 +308,21 @@ class SSMAdapterBase(ModelAdapter):
     def attention_maps(
         self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None = None
     ) -> dict[HeadId, torch.Tensor]:
+        return self._maps(input_ids, heads, rows, include_d=False, ssm_only=False)
+
+    @torch.no_grad()
+    def implicit_maps(self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None = None,
+                      include_d: bool = False) -> dict[HeadId, torch.Tensor]:
+        """SSM heads only: M[rows, :] per head (``include_d`` adds D_h on the diagonal)."""
+        return self._maps(input_ids, heads, rows, include_d=include_d, ssm_only=True)
+
+    def _maps(self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None,
+              include_d: bool, ssm_only: bool) -> dict[HeadId, torch.Tensor]:
         heads = [self.canonical(h) for h in heads]
         of = {h: self.mixer_of(h) for h in set(heads)}
+        if ssm_only and any(m.kind != "ssm" for m in of.values()):
+            bad = sorted(str(h) for h, m in of.items() if m.kind != "ssm")
+            raise GandaError(f"{', '.join(bad)}: not SSM heads (implicit maps are for SSM heads)")
         ssm = {m.layer: m for m in of.values() if m.kind == "ssm"}
         attn = {m.layer: m for m in of.values() if m.kind == "attn"}
         raw, weights = self._capture(input_ids, list(ssm.values()), list(attn.values()))
@@ -318,10 +331,10 @@ class SSMAdapterBase(ModelAdapter):
             p = for_math(self.ssm_params(mx, raw.pop(layer)))
             wanted = [h for h in of if of[h] is mx]
             if isinstance(p, SelectiveParams):  # thousands of one-channel heads: batch them
-                maps = selective_maps(p, [h.head for h in wanted], rows).cpu()
+                maps = selective_maps(p, [h.head for h in wanted], rows, include_d).cpu()
                 out.update(zip(wanted, maps, strict=True))
             else:
-                out.update((h, head_map(p, h.head, rows).cpu()) for h in wanted)
+                out.update((h, head_map(p, h.head, rows, include_d).cpu()) for h in wanted)
             del p
         for h in of:
             if of[h].kind == "attn":

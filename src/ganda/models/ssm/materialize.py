@@ -221,14 +221,9 @@ def materialize(adapter: ModelAdapter, input_ids: torch.Tensor, heads: Sequence[
     ``include_d`` adds the skip D_h on the diagonal (the paper's plots do; the default keeps
     y = M·x + D·x with D separate).
     """
+    from ...errors import GandaError
     from ...heads import expand
 
-    ids = expand(heads, adapter)
-    bad = [str(h) for h in ids if adapter.mixer_of(h).kind != "ssm"]
-    if bad:
-        from ...errors import GandaError
-
-        raise GandaError(f"{', '.join(bad)}: not SSM heads (materialize is for implicit attention)")
-    layers = sorted({h.layer for h in ids})
-    params = adapter.capture_ssm(input_ids, layers)  # type: ignore[attr-defined]
-    return {h: head_map(params[h.layer], h.head, rows, include_d).cpu() for h in ids}
+    if not hasattr(adapter, "implicit_maps"):
+        raise GandaError(f"{adapter.family} models have no SSM heads (implicit attention is for SSMs)")
+    return adapter.implicit_maps(input_ids, expand(heads, adapter), rows, include_d)  # type: ignore[attr-defined]
