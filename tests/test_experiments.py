@@ -344,3 +344,37 @@ def test_fast_knowledge_equals_slow(student) -> None:
     fast = prune_curve(student, scorer, min_layers=3)
     assert any("full forwards for: -" in n for n in fast.notes)
     assert fast.rows == prune_curve(student, scorer, min_layers=3, fast_path=False).rows
+
+
+@pytest.mark.slow
+def test_smollm2_shortcuts_and_transplant_identity(smollm2) -> None:
+    """On the real model: one-pass truncation/removal scoring equals real truncated forwards, and
+    transplanting a layer or a head from the model into itself changes nothing."""
+    from ganda.experiments.prune import (
+        _forward_logp,
+        _logliks_from,
+        _prepare,
+        removal_logliks,
+        truncation_logliks,
+    )
+    from ganda.experiments.transplant import TransplantHead, TransplantLayer
+    from ganda.interventions import KeepLayers, truncate
+    from ganda.tasks import get_task
+
+    for ex in (get_task("mmlu").examples(limit=1)[0], get_task("kv", pairs=3).examples(limit=1)[0]):
+        p = _prepare(smollm2, ex)
+        lls = truncation_logliks(smollm2, p, [30, 18, 5])
+        rem = removal_logliks(smollm2, p, 18)
+        with torch.no_grad():
+            for k in (18, 5):
+                with truncate(k).apply(smollm2):
+                    assert lls[k] == pytest.approx(_logliks_from(_forward_logp(smollm2, p), p), abs=2e-3)
+            with KeepLayers([j for j in range(18) if j != 16]).apply(smollm2):
+                assert rem[16] == pytest.approx(_logliks_from(_forward_logp(smollm2, p), p), abs=2e-3)
+    ids = torch.tensor([smollm2.tokenizer("The capital of France is Paris. The capital of Italy is").input_ids])
+    with torch.no_grad():
+        ref = smollm2.forward(ids)
+        with TransplantLayer(smollm2, [7]).apply(smollm2):
+            torch.testing.assert_close(smollm2.forward(ids), ref, atol=2e-3, rtol=1e-3)
+        with TransplantHead(smollm2, "L7H3").apply(smollm2):
+            torch.testing.assert_close(smollm2.forward(ids), ref, atol=2e-3, rtol=1e-3)
