@@ -92,3 +92,47 @@ def format_sweep(sweep: dict[str, Any], top: int | None = None) -> str:
     for r in rows[:top] if top else rows:
         lines.append(f"{r['head']:<10}" + "  ".join(f"{r[t]:>8.3f} ({-r['drop:' + t]:+.2f})" for t in tasks))
     return "\n".join(lines)
+
+
+LAB_TASKS = ("lab-knowledge", "lab-mmlu", "lab-letters", "lab-kv")
+
+
+def evaluate_lab(adapter: ModelAdapter, n: int = 200, seed: int = 0, interventions=None,
+                 tasks: Sequence[str] = LAB_TASKS, held: bool = True) -> dict[str, Any]:
+    """Accuracy (with Wilson 95% CI) of a model on the lab tasks (+ ``lab-mmlu`` on held-out facts)."""
+    from ..scoring import evaluate
+
+    out: dict[str, Any] = {}
+    todo = [(t, get_task(t)) for t in tasks]
+    if held and "lab-mmlu" in tasks:
+        todo.append(("lab-mmlu:held", get_task("lab-mmlu", split="held")))
+    for name, task in todo:
+        r = evaluate(adapter, task, interventions, limit=n, seed=seed, progress=False)
+        out[name] = {"accuracy": round(r.accuracy, 4), "ci95": [round(x, 4) for x in r.ci95], "n": r.n}
+    return out
+
+
+def finalize_checkpoint(run_dir: str, dest: str, n: int = 400, seed: int = 0, sweep: bool = True,
+                        sweep_n: int = 200) -> dict[str, Any]:
+    """Copy a trained run (model + tokenizer + lab.json, not the resume checkpoint) to ``dest``,
+    evaluate it with ganda's scorer, optionally run the single-head sweep, and record both."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from ..models import load_model
+
+    src, dst = Path(run_dir), Path(dest)
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name != "generation_config.json":
+            shutil.copy2(f, dst / f.name)
+    adapter = load_model(str(dst))
+    meta = json.loads((dst / "lab.json").read_text())
+    meta["eval"] = evaluate_lab(adapter, n=n, seed=seed)
+    meta["eval_protocol"] = {"n": n, "seed": seed, "scorer": "ganda.scoring.evaluate (acc)"}
+    if sweep:
+        sw = head_sweep(adapter, n=sweep_n, seed=seed, progress=False)
+        meta["head_sweep"] = sw
+    (dst / "lab.json").write_text(json.dumps(meta, indent=2))
+    return meta

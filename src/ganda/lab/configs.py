@@ -26,6 +26,10 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     # mixture of training sequences (weights, normalised)
     "mixture": {"statement": 0.3, "mmlu": 0.4, "letters": 0.15, "kv": 0.15},
     "kv_pairs": [2, 10],  # n_pairs drawn uniformly from this inclusive range
+    "n_options": [4, 4],  # options per MMLU-format training question (inclusive range)
+    "two_option_steps": 0,  # curriculum: only 2-option questions for the first steps
+    "space_tied_init": False,  # initialise " w" embeddings as "w"
+    "answer_weight": None,  # None: loss on answers only; a number: all tokens, answers weighted
     "eval_every": 250,
     "eval_n": 64,
     "ckpt_every": 250,

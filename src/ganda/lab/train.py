@@ -36,22 +36,32 @@ def example_ids(tok, ex: Example) -> tuple[list[int], int]:
     return full, len(ctx)
 
 
-def sample_sequence(world: World, tok, rng, kind: str, kv_pairs: tuple[int, int]) -> tuple[list[int], list[int]]:
-    """(ids, labels) for one training sequence; labels are -100 where there is no loss."""
+def sample_sequence(world: World, tok, rng, kind: str, kv_pairs: tuple[int, int],
+                    n_options: tuple[int, int] = (4, 4), answer_weight: float | None = None,
+                    ) -> tuple[list[int], list[int], list[float]]:
+    """(ids, labels, weights) for one training sequence; labels are -100 where there is no loss.
+
+    ``answer_weight`` None: loss on the answer only; a number: loss on every token, the answer's
+    weighted this much more (predicting the next option letter trains the Gather side early).
+
+    ``n_options``: MMLU-format training questions get between these many options (a 2-4 option
+    curriculum shortens the plateau before the Gather-and-Aggregate circuit forms)."""
     if kind == "statement":
         f = rng.choice(world.facts)
         ids = tok(world.statement(f.entity, f.relation, f.value), add_special_tokens=False).input_ids
-        return ids, list(ids)
+        return ids, list(ids), [1.0] * len(ids)
     if kind == "mmlu":
-        ex = world.mmlu_example(rng, rng.choice(world.train_facts))
+        ex = world.mmlu_example(rng, rng.choice(world.train_facts), rng.randint(*n_options))
     elif kind == "letters":
-        ex = world.letters_example(rng)
+        ex = world.letters_example(rng, rng.randint(*n_options))
     elif kind == "kv":
         ex = world.kv_example(rng, rng.randint(kv_pairs[0], kv_pairs[1]))
     else:
         raise ValueError(f"unknown mixture component {kind!r}")
     ids, start = example_ids(tok, ex)
-    return ids, [-100] * start + ids[start:]
+    if answer_weight is None:
+        return ids, [-100] * start + ids[start:], [1.0] * len(ids)
+    return ids, list(ids), [1.0] * start + [float(answer_weight)] * (len(ids) - start)
 
 
 def make_batch(world: World, tok, cfg_train: dict[str, Any], seed: int, step: int) -> dict[str, torch.Tensor]:
@@ -59,17 +69,24 @@ def make_batch(world: World, tok, cfg_train: dict[str, Any], seed: int, step: in
     mix = cfg_train["mixture"]
     kinds, weights = list(mix), [float(mix[k]) for k in mix]
     kvp = tuple(cfg_train["kv_pairs"])
-    seqs = [sample_sequence(world, tok, rng, rng.choices(kinds, weights)[0], kvp) for _ in range(cfg_train["batch_size"])]
+    nopt = tuple(cfg_train.get("n_options", (4, 4)))
+    if step < cfg_train.get("two_option_steps", 0):  # curriculum: binary questions first
+        nopt = (2, 2)
+    aw = cfg_train.get("answer_weight")
+    seqs = [sample_sequence(world, tok, rng, rng.choices(kinds, weights)[0], kvp, nopt, aw)
+            for _ in range(cfg_train["batch_size"])]
     width = max(len(s[0]) for s in seqs)
     pad = tok.pad_token_id
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     labels = torch.full((len(seqs), width), -100, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, lab) in enumerate(seqs):
+    wts = torch.zeros((len(seqs), width))
+    for i, (s, lab, w) in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
         labels[i, : len(s)] = torch.tensor(lab)
         mask[i, : len(s)] = 1
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        wts[i, : len(s)] = torch.tensor(w)
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "weights": wts}
 
 
 # ---- quick evaluation (batched; the final numbers use ganda.scoring) ----------------------------
@@ -154,7 +171,21 @@ def lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     labels = batch["labels"][:, 1:]
     keep = labels != -100
     logits = model.lm_head(h[:, :-1][keep]).float()
-    return torch.nn.functional.cross_entropy(logits, labels[keep])
+    if "weights" not in batch:
+        return torch.nn.functional.cross_entropy(logits, labels[keep])
+    w = batch["weights"][:, 1:][keep]
+    return (torch.nn.functional.cross_entropy(logits, labels[keep], reduction="none") * w).sum() / w.sum()
+
+
+@torch.no_grad()
+def space_tied_init(model, tok) -> None:
+    """Start " word" with the embedding of "word" (so copying a label "A" to the answer " A" is
+    easy from step 0); the two rows are free to drift apart during training."""
+    emb = model.get_input_embeddings().weight
+    vocab = tok.get_vocab()
+    for t, i in vocab.items():
+        if t.startswith(" ") and t[1:] in vocab:
+            emb[i] = emb[vocab[t[1:]]]
 
 
 def n_params(model) -> int:
@@ -194,6 +225,8 @@ def train(
     tok = build_tokenizer(world)
     torch.manual_seed(tr["seed"])
     model = build_model(cfg, tok)
+    if tr.get("space_tied_init"):
+        space_tied_init(model, tok)
     opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], weight_decay=tr["weight_decay"], betas=(0.9, 0.98))
     ckpt = out / "checkpoint"
     start, history, elapsed = 0, [], 0.0

@@ -208,16 +208,16 @@ class World:
             meta={"entity": fact.entity, "relation": fact.relation, "value": fact.value},
         )
 
-    def mmlu_example(self, rng: random.Random, fact: Fact) -> Example:
-        opts, gold = self._options(rng, fact.relation, fact.value)
+    def mmlu_example(self, rng: random.Random, fact: Fact, n_options: int = 4) -> Example:
+        opts, gold = self._options(rng, fact.relation, fact.value, n_options)
         meta = {"entity": fact.entity, "relation": fact.relation, "value": fact.value}
         return self._mc(self.question(fact.entity, fact.relation), opts, gold, meta)
 
-    def letters_example(self, rng: random.Random) -> Example:
+    def letters_example(self, rng: random.Random, n_options: int = 4) -> Example:
         entity = rng.choice(self.novel)
         relation = rng.choice(self.config.relations)
         value = rng.choice(self.values[relation])
-        opts, gold = self._options(rng, relation, value)
+        opts, gold = self._options(rng, relation, value, n_options)
         head = f"Context: {self.statement(entity, relation, value)}\n" + self.question(entity, relation)
         return self._mc(head, opts, gold, {"entity": entity, "relation": relation, "value": value})
 
