@@ -260,3 +260,38 @@ def test_dream_env_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("GANDA_DREAM_DIR", str(tmp_path))
     assert find_data_dir() == tmp_path
     assert os.path.samefile(get_task("dream").dir, tmp_path)
+
+
+# ---- ganda extends -----------------------------------------------------------------------
+
+def test_control_heads(tiny):
+    from ganda.commands.extends import control_heads
+    from ganda.heads import expand
+
+    ga = expand("L1H0,L1H2,L2H3", tiny)
+    ctrl = control_heads(tiny, ga, seed=0)
+    assert len(ctrl) == 3 and not set(ctrl) & set(ga)
+    assert sorted(h.layer for h in ctrl) == [1, 1, 2]
+    assert ctrl == control_heads(tiny, ga, seed=0)
+    with pytest.raises(GandaError):
+        control_heads(tiny, expand("L1H*", tiny))
+
+
+def test_run_extends_writes_json_and_csv(tiny, tmp_path):
+    import csv as _csv
+    import json
+
+    from ganda.commands.extends import parse_options, run_extends
+
+    opts = parse_options(["gsm8k.max_new_tokens=3", "bbh.cot=false", "bbh.max_new_tokens=3",
+                          "bbh.subtask=navigate"])
+    assert opts["bbh"] == {"cot": False, "max_new_tokens": 3, "subtask": "navigate"}
+    tasks = ["gsm8k", "bbh"] + (["dream-letters"] if _dream_available() else [])
+    res = run_extends(tiny, "L1H0,L2H1", tasks, limit=2, out=tmp_path, options=opts, progress=False)
+    assert [r["condition"] for r in res["results"]] == ["intact", "ablated", "control"] * len(tasks)
+    assert all(r["n"] == 2 for r in res["results"])
+    saved = json.loads((tmp_path / "extends.json").read_text())
+    assert saved["heads"] == "L1H0,L2H1" and saved["control_heads"]
+    rows = list(_csv.DictReader(open(tmp_path / "extends.csv")))
+    assert len(rows) == 3 * len(tasks) and rows[1]["heads"] == "L1H0,L2H1"
+    assert (tmp_path / "predictions" / "gsm8k.ablated.jsonl").is_file()

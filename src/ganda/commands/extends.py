@@ -106,6 +106,8 @@ def run_extends(adapter: Any, heads: str, tasks: list[str], *, limit: int | None
     ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga)], "control": [AblateHeads(ctrl)]}
     options = options or {}
     rows: list[dict[str, Any]] = []
+    header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
+              "limit": limit, "seed": seed}
     pred_dir = out / "predictions" if out else None
     if pred_dir:
         pred_dir.mkdir(parents=True, exist_ok=True)
@@ -132,11 +134,12 @@ def run_extends(adapter: Any, heads: str, tasks: list[str], *, limit: int | None
                         for p in res.predictions:
                             f.write(json.dumps(p) + "\n")
             rows.append(row)
+            if out:  # after every run, so an interrupted sweep keeps what it finished
+                write_results({**header, "results": rows}, out)
             acc = row["accuracy"]
             acc_s = "n/a" if acc is None else f"{acc:.3f}"
             print(f"{row['task']:>14} {cond:>8}: {acc_s} (n={row['n']}, {row['seconds']:.0f}s)", file=sys.stderr)
-    result = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
-              "limit": limit, "seed": seed, "results": rows}
+    result = {**header, "results": rows}
     if out:
         write_results(result, out)
     return result
@@ -166,6 +169,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("runs/extends"), "--out", "-o", help="directory for JSON, CSV, predictions"),
         option: list[str] = typer.Option([], "--option", help="task option TASK.KEY=VALUE (repeatable), e.g. bbh.cot=false"),
         data_dir: str | None = typer.Option(None, "--data-dir", help="DREAM data directory (non-commercial licence)"),
+        conditions: str = typer.Option(",".join(CONDITIONS), "--conditions",
+                                       help="which of intact,ablated,control to run"),
         allow_pickle: bool = typer.Option(False, help="allow *.bin/*.pt weights (runs pickle)"),
     ) -> None:
         """Each task intact vs G&A heads ablated vs as many random heads from the same layers ablated."""
@@ -177,8 +182,13 @@ def register(app: typer.Typer) -> None:
             for n in names:
                 if n.startswith("dream"):
                     opts.setdefault(n, {})["data_dir"] = data_dir
+        conds = tuple(c.strip() for c in conditions.split(",") if c.strip())
+        bad = [c for c in conds if c not in CONDITIONS]
+        if bad or not conds:
+            raise GandaError(f"--conditions: expected some of {','.join(CONDITIONS)}, got {conditions!r}")
         adapter = load_model(model, allow_pickle=allow_pickle)
-        result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts)
+        result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts,
+                             conditions=conds)
         for r in result["results"]:
             ci = r.get("ci95") or [float("nan"), float("nan")]
             acc = r["accuracy"]
