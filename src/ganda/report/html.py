@@ -133,7 +133,9 @@ def headline(result: dict[str, Any]) -> str:
             lines.append(
                 f"Minimal model: <b>{_e(s['minimal_layers'])} layers</b> (0-{_e(s['minimal_layers'] - 1)}); "
                 f"the largest one-step MMLU drop is when layer <b>{_e(s.get('critical_layer'))}</b> is removed "
-                f"({_pct(s.get('drop_from'))} → {_pct(s.get('drop_to'))})."
+                f"({_pct(s.get('drop_from'))} → {_pct(s.get('drop_to'))})"
+                + ("." if s.get("significant", True) else
+                   " — <i>not significant</i> (the Wilson intervals overlap: the curve may be flat noise).")
             )
     elif kind == "remove_restore":
         if s.get("critical_layers") is not None:
