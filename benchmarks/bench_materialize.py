@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--invariants", action="store_true", help="also measure the invariants on tiny models")
+    ap.add_argument("--end-to-end", action="store_true",
+                    help="also time materialize() on a 2-layer random Llamba (d_model 1024, 8 heads of 128, N=64)")
     args = ap.parse_args()
     rows = []
     for L in args.lengths:
@@ -121,6 +123,24 @@ def main() -> None:
         sec, mib = measure(fn, args.repeat)
         rows.append((name, Ld, "11 rows", sec, mib, 0.0))
         print(f"{name:30s} L={Ld:5d} 11 rows  {sec * 1000:9.1f} ms  peak +{mib:7.1f} MiB")
+    if args.end_to_end:
+        from ganda.models.loading import from_model
+        from ganda.models.ssm.llamba import LlambaConfig, LlambaForCausalLM
+        from ganda.models.ssm.materialize import materialize
+
+        torch.manual_seed(0)
+        model = LlambaForCausalLM(LlambaConfig(
+            vocab_size=1000, d_model=1024, n_layer=2, mlp_cfg={"intermediate_size": 2048},
+            ssm_cfg={"d_state": 64, "n_v_heads": 8, "n_qk_heads": 8, "chunk_size": 128}))
+        ad = from_model(model)
+        for L in args.lengths:
+            ids = torch.randint(0, 1000, (1, L))
+            for mode, r in (("full", None), ("last row", [L - 1])):
+                with torch.no_grad():
+                    sec, mib = measure(lambda ids=ids, r=r: materialize(ad, ids, "L1H0", rows=r), args.repeat)
+                name = "end to end: Llamba-like forward + capture + 1 head"
+                rows.append((name, L, mode, sec, mib, (L * L if r is None else L) * 4 / 2**20))
+                print(f"{name} L={L:5d} {mode:8s} {sec * 1000:9.1f} ms  peak +{mib:7.1f} MiB")
     load = os.getloadavg()[0]
     lines = [
         "## Materialising one SSM head (implicit attention)",
