@@ -192,3 +192,21 @@ def test_analysis_forces_torch_path_and_eval(monkeypatch):
     assert torch.isfinite(maps[HeadId(1, 0)]).all() and maps[HeadId(1, 0)].abs().sum() > 0
     ad.forward(ids)
     assert calls and set(calls) == {"scan"}  # plain forward keeps the installed implementation
+
+
+def test_maps_stop_the_forward_after_the_last_needed_layer():
+    from ganda.models.ssm.materialize import head_map
+
+    ad = ganda.from_model(build("zamba2"))
+    ids = torch.randint(0, 60, (1, 9), generator=torch.Generator().manual_seed(0))
+    seen = []
+    hooks = [layer.register_forward_pre_hook(lambda _m, _a, i=i: seen.append(i))
+             for i, layer in enumerate(ad.decoder_layers())]
+    maps = ad.attention_maps(ids, [HeadId(1, 2, "attn"), HeadId(0, 3)])
+    assert seen == [0, 1]  # layers 2-4 never ran
+    seen.clear()
+    full = ad.capture_ssm(ids, [0])[0]  # checks run to the end
+    assert seen == [0, 1, 2, 3, 4]
+    for h in hooks:
+        h.remove()
+    assert torch.allclose(maps[HeadId(0, 3)], head_map(full, 3), atol=1e-7)

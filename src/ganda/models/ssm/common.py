@@ -100,6 +100,10 @@ def causal_conv(x: torch.Tensor, conv: nn.Conv1d, act: str | None) -> torch.Tens
     return y
 
 
+class _Captured(Exception):
+    """Raised by a capture hook once every requested tensor is in: the rest of the forward is skipped."""
+
+
 class _Gate:
     """True while the decoder layer of one invocation of a shared module is running."""
 
@@ -256,22 +260,33 @@ class SSMAdapterBase(ModelAdapter):
 
     # ---- capture ------------------------------------------------------------------------
     @torch.no_grad()
-    def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int]) -> dict[int, SSMParams]:
-        """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path."""
+    def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int], stop_early: bool = False
+                    ) -> dict[int, SSMParams]:
+        """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path
+        (run to the end unless ``stop_early``, so other hooks see the whole pass)."""
         mixers = [self.mixer(layer, "ssm") for layer in layers]
-        raw, _ = self._capture(input_ids, mixers, [])
+        raw, _ = self._capture(input_ids, mixers, [], stop_early)
         return {mx.layer: for_math(self.ssm_params(mx, raw[mx.layer])) for mx in mixers}
 
-    def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Sequence[Mixer]
+    def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Sequence[Mixer], stop_early: bool = True
                  ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """One forward on the PyTorch path: raw SSM capture tensors and attention weights, by layer."""
+        """One forward on the PyTorch path: raw SSM capture tensors and attention weights, by layer.
+
+        ``stop_early`` abandons the forward once everything is captured (maps of early layers
+        then cost a fraction of a forward); checks that watch later modules turn it off.
+        """
         raw: dict[int, torch.Tensor] = {}
         weights: dict[int, torch.Tensor] = {}
+
+        def done() -> None:  # everything captured: skip the rest of the network
+            if stop_early and len(raw) == len(ssm) and len(weights) == len(attn):
+                raise _Captured
 
         def cap_ssm(layer: int) -> Callable[..., None]:
             def hook(_m: nn.Module, _a: Any, out: Any) -> None:
                 t = out[0] if isinstance(out, tuple) else out
                 raw[layer] = t[0].detach()
+                done()
 
             return hook
 
@@ -280,6 +295,7 @@ class SSMAdapterBase(ModelAdapter):
                 if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
                     raise GandaError(f"layer {layer}: the attention module returned no weights (eager needed)")
                 weights[layer] = out[1][0].detach()
+                done()
 
             return hook
 
@@ -294,7 +310,10 @@ class SSMAdapterBase(ModelAdapter):
                 stack.enter_context(torch_path(self.model))
                 if attn:
                     stack.enter_context(eager_attention(self.model))
-                self.forward(input_ids[:1].to(self.device))
+                try:
+                    self.forward(input_ids[:1].to(self.device))
+                except _Captured:
+                    pass
         finally:
             for h in handles:
                 h.remove()
