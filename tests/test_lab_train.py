@@ -105,3 +105,13 @@ def test_distill_builds_an_aligned_ssm(tmp_path):
     assert torch.equal(student.model.model.embed_tokens.weight, teacher.model.model.embed_tokens.weight)
     hs = teacher_states(teacher.model, torch.tensor([[5, 6, 7]]))
     assert len(hs) == 3
+
+
+def test_export_checkpoint(tmp_path):
+    import ganda
+    from ganda.lab.train import export_checkpoint
+
+    train(MICRO, tmp_path / "a", progress=False, log=lambda *_: None)
+    rec = export_checkpoint(tmp_path / "a", tmp_path / "e")
+    assert rec["steps"] == 2 and rec["exported_from_checkpoint"]
+    assert ganda.load_model(str(tmp_path / "e")).num_layers == 1

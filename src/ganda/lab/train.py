@@ -265,7 +265,7 @@ def train(
                             **{k: round(v, 3) for k, v in acc.items()}})
             log(json.dumps(history[-1]))
         if done % tr["ckpt_every"] == 0 and done < tr["steps"]:
-            _save_checkpoint(model, opt, ckpt, done, history, time.perf_counter() - t0)
+            _save_checkpoint(model, opt, ckpt, done, history, time.perf_counter() - t0, cfg)
     record.update({"steps": tr["steps"], "seconds": round(time.perf_counter() - t0, 1), "history": history,
                    "torch_threads": torch.get_num_threads()})
     model.eval()
@@ -273,7 +273,8 @@ def train(
     return record
 
 
-def _save_checkpoint(model, opt, ckpt: Path, step: int, history: list, seconds: float) -> None:
+def _save_checkpoint(model, opt, ckpt: Path, step: int, history: list, seconds: float,
+                     cfg: dict[str, Any] | None = None) -> None:
     from safetensors.torch import save_file
 
     ckpt.mkdir(parents=True, exist_ok=True)
@@ -283,4 +284,26 @@ def _save_checkpoint(model, opt, ckpt: Path, step: int, history: list, seconds: 
         state.pop("lm_head.weight", None)
     save_file(state, str(ckpt / "model.safetensors"))
     torch.save(opt.state_dict(), ckpt / "optimizer.pt")
-    (ckpt / "state.json").write_text(json.dumps({"step": step, "history": history, "seconds": seconds}))
+    (ckpt / "state.json").write_text(json.dumps({"step": step, "history": history, "seconds": seconds, "config": cfg}))
+
+
+def export_checkpoint(run_dir: str | Path, out: str | Path, config: str | dict[str, Any] | None = None) -> dict[str, Any]:
+    """Turn a run's latest resume checkpoint (``run_dir/checkpoint``) into a model directory,
+    e.g. to ship a run that was stopped before its last step. ``config`` is needed only for
+    checkpoints written before the config was stored in ``state.json``."""
+    from safetensors.torch import load_file
+
+    ckpt = Path(run_dir) / "checkpoint"
+    state = json.loads((ckpt / "state.json").read_text())
+    cfg = resolve_config(config if config is not None else state["config"])
+    world = World(WorldConfig.from_json(cfg["world"]))
+    tok = build_tokenizer(world)
+    model = build_model(cfg, tok)
+    model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
+    model.tie_weights()
+    model.eval()
+    cfg["train"]["stopped_at"] = state["step"]
+    record = {"config": cfg, "world": world.config.to_json(), "params": n_params(model), "steps": state["step"],
+              "seconds": round(state["seconds"], 1), "history": state["history"], "exported_from_checkpoint": True}
+    save_model(model, tok, Path(out), record)
+    return record
