@@ -53,7 +53,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def lab(
-        models: str = typer.Option("lab-llama", help="comma-separated shipped checkpoint names or model directories"),
+        models: str = typer.Option("lab-llama", help="comma-separated shipped checkpoint names, model directories, "
+                                   "or lab config names (llama, mamba2, hybrid, smoke: trained into --workdir)"),
+        workdir: Path = typer.Option(Path("lab-runs"), help="where config names are trained (resumable)"),
+        steps: int = typer.Option(None, help="training steps for config names"),
         n: int = typer.Option(200, help="examples per task"),
         seed: int = typer.Option(0, help="evaluation seed"),
         sweep: bool = typer.Option(False, help="also run the single-head ablation sweep on lab-mmlu/lab-knowledge"),
@@ -61,6 +64,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The lab programme: load shipped (or given) lab models and evaluate the four lab tasks."""
         from ..lab import checkpoint, shipped
+        from ..lab.configs import CONFIGS
         from ..models import load_model
         from ..scoring import evaluate
         from ..tasks import get_task
@@ -68,12 +72,21 @@ def register(app: typer.Typer) -> None:
         results = {}
         for spec in [m.strip() for m in models.split(",") if m.strip()]:
             path = Path(spec) if Path(spec).exists() else checkpoint(spec) if spec in shipped() else None
+            if path is None and spec in CONFIGS:
+                from ..lab.train import train as run
+
+                path = Path(workdir) / spec
+                if not (path / "lab.json").exists():
+                    run(spec, path, steps=steps, resume=True)
             if path is None:
                 raise GandaError(f"{spec!r} is neither a model directory nor a shipped lab checkpoint ({', '.join(shipped())})")
             adapter = load_model(str(path))
+            from ..lab.analysis import model_world
+
+            world = model_world(adapter)
             res = {}
             for t in LAB_TASK_NAMES:
-                r = evaluate(adapter, get_task(t), limit=n, seed=seed, progress=False)
+                r = evaluate(adapter, get_task(t, world=world), limit=n, seed=seed, progress=False)
                 res[t] = {"accuracy": r.accuracy, "ci95": list(r.ci95), "n": r.n}
                 print(f"{spec:<16} {t:<14} {r.accuracy:6.3f}  [{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]  n={r.n}")
             entry = {"tasks": res}

@@ -22,8 +22,19 @@ from ..tasks import get_task
 from ..tasks.base import Example, token_spans
 
 
-def _examples(task: str, n: int, seed: int) -> list[Example]:
-    return get_task(task).examples(limit=n, seed=seed)
+def model_world(adapter: ModelAdapter) -> dict[str, Any] | None:
+    """The world a lab model was trained on (from its ``lab.json``), None for the default world."""
+    import json
+    from pathlib import Path
+
+    f = Path(str(adapter.spec)) / "lab.json"
+    if f.is_file():
+        return json.loads(f.read_text()).get("world")
+    return None
+
+
+def _examples(task: str, n: int, seed: int, world: dict[str, Any] | None = None) -> list[Example]:
+    return get_task(task, world=world).examples(limit=n, seed=seed)
 
 
 def head_sweep(
@@ -37,7 +48,7 @@ def head_sweep(
     """Accuracy of every single-head ablation on each task, with the baseline."""
     from tqdm.auto import tqdm
 
-    exs = {t: _examples(t, n, seed) for t in tasks}
+    exs = {t: _examples(t, n, seed, model_world(adapter)) for t in tasks}
     base = {t: evaluate_examples(adapter, e, None, task_name=t, progress=False).accuracy for t, e in exs.items()}
     rows = []
     for h in tqdm(list(heads or adapter.heads()), desc="head sweep", disable=not progress):
@@ -59,7 +70,7 @@ def pattern_scores(adapter: ModelAdapter, heads: Sequence[HeadId | str], n: int 
     hs = [h if isinstance(h, HeadId) else HeadId.parse(h) for h in heads]
     hs = [adapter.canonical(h) for h in hs]
     out = {str(h): {"gather": 0.0, "aggregate": 0.0} for h in hs}
-    exs = _examples("lab-mmlu", n, seed)
+    exs = _examples("lab-mmlu", n, seed, model_world(adapter))
     tok = adapter.tokenizer
     for ex in exs:
         enc = tok(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
@@ -103,9 +114,10 @@ def evaluate_lab(adapter: ModelAdapter, n: int = 200, seed: int = 0, interventio
     from ..scoring import evaluate
 
     out: dict[str, Any] = {}
-    todo = [(t, get_task(t)) for t in tasks]
+    world = model_world(adapter)
+    todo = [(t, get_task(t, world=world)) for t in tasks]
     if held and "lab-mmlu" in tasks:
-        todo.append(("lab-mmlu:held", get_task("lab-mmlu", split="held")))
+        todo.append(("lab-mmlu:held", get_task("lab-mmlu", split="held", world=world)))
     for name, task in todo:
         r = evaluate(adapter, task, interventions, limit=n, seed=seed, progress=False)
         out[name] = {"accuracy": round(r.accuracy, 4), "ci95": [round(x, 4) for x in r.ci95], "n": r.n}

@@ -27,9 +27,10 @@ class _LabTask(Task):
     kind = "mc"
     default_n = 400
 
-    def __init__(self, n: int | None = None, world_seed: int | None = None, **kw: Any) -> None:
+    def __init__(self, n: int | None = None, world_seed: int | None = None, world: dict[str, Any] | None = None,
+                 **kw: Any) -> None:
         self.n = int(n) if n is not None else self.default_n
-        cfg = DEFAULT_WORLD if world_seed is None else WorldConfig.from_json({**DEFAULT_WORLD.to_json(), "seed": int(world_seed)})
+        cfg = WorldConfig.from_json(world) if world is not None else DEFAULT_WORLD if world_seed is None else WorldConfig.from_json({**DEFAULT_WORLD.to_json(), "seed": int(world_seed)})
         self.world = get_world(cfg)
         self._init(**kw)
 
