@@ -413,8 +413,9 @@ def prune_curve(
     result = PruneResult(model=adapter.spec, config={**scorer.config(), "step": step, "num_layers": n,
                                                    "drop_task": drop_task}, rows=rows)
     if slow_tasks != list(scorer.tasks):
-        result.notes.append("single-token tasks scored in one pass per example (truncation = final norm + LM head "
-                            f"on the residual after layer k-1); full forwards for: {', '.join(slow_tasks) or '-'}")
+        result.notes.append("scored with one pass of the layers per example (truncation to k layers = final norm + "
+                            "LM head on the residual after layer k-1, checked against a real truncated forward); "
+                            f"full forwards for: {', '.join(slow_tasks) or '-'}")
     pts = [(r["layers"], r[drop_task]) for r in rows if r.get(drop_task) is not None]
     if len(pts) >= 2:
         d = find_drop(pts)
