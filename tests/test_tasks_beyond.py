@@ -80,18 +80,22 @@ def test_gsm8k_matches_lm_eval_yaml():
     assert ex.prompt == _render_lm_eval(cfg, {"question": JANET})
 
 
-# real SmolLM2-135M-Instruct generations (8-shot CoT, greedy), cut at the stop sequences
+# Real SmolLM2-135M-Instruct generations: `ganda extends smollm2-135m --tasks gsm8k-cot --limit 8`
+# (8-shot CoT, greedy, max 160 new tokens), cut at the stop sequences, copied from the predictions files.
 SMOL_GSM8K = [
-    # well-formed, right
-    (" Janet eats 3 eggs for breakfast and 4 for muffins, so 3 + 4 = 7. 16 - 7 = 9 eggs are left. She sells "
-     "them for $2 each, so 9 * 2 = 18. The answer is 18.\n\n", "18", "18", "18."),
-    # well-formed, wrong
-    (" The robe takes 2 bolts of blue fiber. It takes half that much white fiber, so 2 / 2 = 1. 2 + 1 = 3. "
-     "So 2 bolts. The answer is 2.\n\n", "3", "2", "2."),
-    # malformed: no "The answer is", a number with a dollar sign and a comma, cut by the token cap
-    (" He bought the house for $80,000 and put in $50,000 in repairs so the total is $130,000", "70000",
-     "[invalid]", "$130,000"),
-    # malformed: no number at all
+    # intact, well-formed, wrong (test index 181)
+    (" Sandra had 40 red roses. 5 pm is 10 pm. 40 - 5 = 25. The answer is 25.\n\n", "160", "25", "25."),
+    # intact, well-formed, right
+    (" 1000 x 1/5 = 500. 50 patients are admitted into the hospital each day. 50 x 2 = 100. The answer is "
+     "100.\n\n", "100", "100", "100."),
+    # G&A placeholder heads ablated: several answers, never stops, cut by the token cap
+    (" 240 - 80 = 120. 120 is 180. 180 is 18 * 2 = 24. The answer is 24.\n\n"
+     + "A: The answer is 2.\n\n" * 11 + "A", "6", "24", "2."),
+    # ablated: a loop with no "The answer is", cut mid-expression by the token cap
+    (" 15 x 2 = 20. 20 x 4 = 80. 20 x 4 = 80. 20 x 4 = 80. 30 x 4 = 120. 40 x 4 = 160. 50 x 4 = 200. 60 x 4 = "
+     "240. 70 x 4 = 240. 80 x 4 = 240. 90 x 4 = 320. 100 x 4 = 400. 110 x 4 = 440. 120 x ", "135", "[invalid]",
+     "120"),
+    # constructed: no number at all
     (" Let me think about this problem carefully.", "5", "[invalid]", "[invalid]"),
 ]
 
@@ -173,20 +177,21 @@ def test_bbh_cot_prompt_files_parse():
         assert desc and len(shots) == 3
 
 
-# real SmolLM2-135M-Instruct BBH generations, cut at the stop sequences
+# BBH generations. "real": SmolLM2-135M-Instruct, 3-shot without CoT (`ganda extends ... --tasks bbh
+# --option bbh.cot=false`), cut at the stops; "constructed": written by hand in the model's style.
 SMOL_BBH = [
-    # CoT, well-formed
+    (False, " (B)", "(B)", "(B)", True, True),  # real, disambiguation_qa
+    (False, " } ] >", "> ]", "} ] >", False, False),  # real, dyck_languages
+    (False, " invalid", "valid", "invalid", False, False),  # real, formal_fallacies
+    (False, " (G)\nB: The blue book is the third from the right\n", "(F)", "(G)", False, False),  # real, ablated
+    (False, "\nA:\nA:\nA:\nA:\nA:\n", "(A)", "A:", False, False),  # real, ablated snarks: a format echo
+    (False, " Valid.", "valid", "Valid.", False, True),  # constructed
+    # constructed CoT outputs
     (True, "Remember that (i) ... Z = not True and True = False and True = False. So the answer is False.",
      "False", "False", True, True),
-    # CoT, option letter with text
     (True, "The date 10 days ago is 12/14/1937. So the answer is (D) 12/14/1937.", "(D)", "(D) 12/14/1937",
      False, True),
-    # CoT, malformed: never says "the answer is"
     (True, "Let's evaluate A: A = not ( False ) = True.\nPlugging in A, we get", "True", "[invalid]", False, False),
-    # no CoT, answer then rambling on the same line
-    (False, " (B)", "(B)", "(B)", True, True),
-    (False, " yes\nno", "yes", "yes", True, True),
-    (False, " Valid.", "valid", "Valid.", False, True),
 ]
 
 

@@ -14,7 +14,8 @@ Generation is greedy and stops at ``</s>``, ``Q`` or a blank line (lm-eval's ``u
 does) and 64 without. Answer extraction: with CoT lm-eval's ``(?<=the answer is )(.*)(?=.)``
 (first match; ``[invalid]`` when absent), without CoT the stripped first line. The headline is
 exact match with the target (``strict``); ``flexible`` also accepts a case-insensitive match,
-a trailing period and, for lettered options ``(A)``, a bare ``A`` or ``(A) <option text>``.
+a trailing period and, for lettered options ``(A)``, ``A``, ``A)``, ``A.`` or ``(A) <option text>``
+(not ``A:``, which a collapsed model emits as a format echo).
 Accuracy is reported per subtask and as the macro average over subtasks (``config``).
 
 ``limit`` samples evenly from each selected subtask (seeded), so the macro average stays fair.
@@ -103,7 +104,7 @@ def flexible_match(pred: str, target: str) -> bool:
     mt = _OPTION.match(t)
     if mt:
         letter = mt.group(1)
-        if p == letter or p.startswith(f"({letter})") or re.fullmatch(rf"{letter}[\).:]?", p):
+        if p == letter or p.startswith(f"({letter})") or re.fullmatch(rf"{letter}[\).]?", p):
             return True
     return False
 
