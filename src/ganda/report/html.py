@@ -128,11 +128,12 @@ def headline(result: dict[str, Any]) -> str:
     kind = result.get("kind", "")
     s = result.get("summary") or {}
     lines: list[str] = []
+    drop_task = (result.get("config") or {}).get("drop_task", "MMLU")
     if kind == "prune":
         if "minimal_layers" in s:
             lines.append(
                 f"Minimal model: <b>{_e(s['minimal_layers'])} layers</b> (0-{_e(s['minimal_layers'] - 1)}); "
-                f"the largest one-step MMLU drop is when layer <b>{_e(s.get('critical_layer'))}</b> is removed "
+                f"the largest one-step {_e(drop_task)} drop is when layer <b>{_e(s.get('critical_layer'))}</b> is removed "
                 f"({_pct(s.get('drop_from'))} → {_pct(s.get('drop_to'))})"
                 + ("." if s.get("significant", True) else
                    " — <i>not significant</i> (the Wilson intervals overlap: the curve may be flat noise).")
