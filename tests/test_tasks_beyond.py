@@ -300,3 +300,19 @@ def test_run_extends_writes_json_and_csv(tiny, tmp_path):
     rows = list(_csv.DictReader(open(tmp_path / "extends.csv")))
     assert len(rows) == 3 * len(tasks) and rows[1]["heads"] == "L1H0,L2H1"
     assert (tmp_path / "predictions" / "gsm8k.ablated.jsonl").is_file()
+
+
+def test_run_extends_knowledge(tiny, monkeypatch):
+    import ganda.tasks.knowledge as kn
+    from ganda.commands.extends import run_extends
+
+    seen = []
+
+    def fake(adapter, interventions=None, limit=None, *, seed=0, progress=True):
+        seen.append((len(interventions or []), limit))
+        return {"tasks": {"arc_easy": {"n": 3, "acc": 0.5, "ci95": [0.1, 0.9]}}, "mean": 0.5, "seconds": 0.1}
+
+    monkeypatch.setattr(kn, "evaluate_knowledge", fake)
+    res = run_extends(tiny, "L1H0", ["knowledge"], limit=3, progress=False)
+    assert [r["accuracy"] for r in res["results"]] == [0.5, 0.5, 0.5] and seen == [(0, 3), (1, 3), (1, 3)]
+    assert res["results"][0]["config"]["per_task"]["arc_easy"]["n"] == 3

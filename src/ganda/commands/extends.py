@@ -71,7 +71,8 @@ def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _knowledge(adapter: Any, interventions: list[Intervention], limit: int | None) -> dict[str, Any] | None:
+def _knowledge(adapter: Any, interventions: list[Intervention], limit: int | None, seed: int = 0,
+               progress: bool = True) -> dict[str, Any] | None:
     try:
         from ..tasks.knowledge import evaluate_knowledge  # type: ignore[attr-defined]
     except ImportError:
@@ -79,16 +80,22 @@ def _knowledge(adapter: Any, interventions: list[Intervention], limit: int | Non
                       stacklevel=2)
         return None
     t0 = time.perf_counter()
-    r = evaluate_knowledge(adapter, interventions, limit)
+    try:
+        r = evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
+    except TypeError:  # an older signature
+        r = evaluate_knowledge(adapter, interventions, limit)
     d = r.to_json() if hasattr(r, "to_json") else dict(r) if isinstance(r, dict) else {"value": r}
+    if isinstance(d.get("tasks"), dict):
+        # {"tasks": {name: {"n", "acc", "ci95"}}, "mean": ...}: the paper's knowledge score is the mean acc
+        per = d["tasks"]
+        n = sum(int(t.get("n", 0)) for t in per.values())
+        return {"n": n, "correct": None, "accuracy": d.get("mean"), "ci95": None,
+                "seconds": d.get("seconds", time.perf_counter() - t0), "detail": d}
     n, correct = d.get("n"), d.get("correct")
     acc = d.get("accuracy", d.get("score", d.get("mean")))
     row = {"n": n, "correct": correct, "accuracy": acc, "seconds": d.get("seconds", time.perf_counter() - t0),
            "detail": d}
-    if n and correct is not None:
-        row["ci95"] = list(wilson(int(correct), int(n)))
-    else:
-        row["ci95"] = d.get("ci95")
+    row["ci95"] = list(wilson(int(correct), int(n))) if n and correct is not None else d.get("ci95")
     return row
 
 
@@ -118,11 +125,12 @@ def run_extends(adapter: Any, heads: str, tasks: list[str], *, limit: int | None
         for cond in conditions:
             t0 = time.perf_counter()
             if task is None:
-                k = _knowledge(adapter, ivs[cond], limit)
+                k = _knowledge(adapter, ivs[cond], limit, seed, progress)
                 if k is None:
                     break
                 row = {"task": "knowledge", "condition": cond, **{x: k[x] for x in ("n", "correct", "accuracy", "ci95")},
-                       "seconds": round(time.perf_counter() - t0, 2), "config": {"task": "knowledge"},
+                       "seconds": round(time.perf_counter() - t0, 2),
+                       "config": {"task": "knowledge", "per_task": k["detail"].get("tasks")},
                        "interventions": describe_all(ivs[cond])}
             else:
                 res = evaluate(adapter, task, ivs[cond], limit=limit, seed=seed, progress=progress)
