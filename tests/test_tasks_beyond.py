@@ -95,6 +95,9 @@ SMOL_GSM8K = [
     (" 15 x 2 = 20. 20 x 4 = 80. 20 x 4 = 80. 20 x 4 = 80. 30 x 4 = 120. 40 x 4 = 160. 50 x 4 = 200. 60 x 4 = "
      "240. 70 x 4 = 240. 80 x 4 = 240. 90 x 4 = 320. 100 x 4 = 400. 110 x 4 = 440. 120 x ", "135", "[invalid]",
      "120"),
+    # real, 0-shot `gsm8k` (no exemplars, cap 48): the model lists options instead of answering
+    (" 100%\nB: 100%\nC: 100%\nD: 100%\nE: 100%\nF: 100%\nG:", "21", "[invalid]", "100"),
+    (" 10\nB: 12\nC: 14\nD: 16\nE: 18\nF: 20\nG: 22\nH: 24\nI:", "5", "[invalid]", "24"),
     # constructed: no number at all
     (" Let me think about this problem carefully.", "5", "[invalid]", "[invalid]"),
 ]
@@ -177,8 +180,9 @@ def test_bbh_cot_prompt_files_parse():
         assert desc and len(shots) == 3
 
 
-# BBH generations. "real": SmolLM2-135M-Instruct, 3-shot without CoT (`ganda extends ... --tasks bbh
-# --option bbh.cot=false`), cut at the stops; "constructed": written by hand in the model's style.
+# BBH generations. "real": SmolLM2-135M-Instruct, greedy, cut at the stops (3-shot without CoT from
+# `ganda extends ... --tasks bbh --option bbh.cot=false`, CoT from `generate(..., max_new_tokens=96)`);
+# "constructed": written by hand in the model's style.
 SMOL_BBH = [
     (False, " (B)", "(B)", "(B)", True, True),  # real, disambiguation_qa
     (False, " } ] >", "> ]", "} ] >", False, False),  # real, dyck_languages
@@ -186,12 +190,17 @@ SMOL_BBH = [
     (False, " (G)\nB: The blue book is the third from the right\n", "(F)", "(G)", False, False),  # real, ablated
     (False, "\nA:\nA:\nA:\nA:\nA:\n", "(A)", "A:", False, False),  # real, ablated snarks: a format echo
     (False, " Valid.", "valid", "Valid.", False, True),  # constructed
-    # constructed CoT outputs
-    (True, "Remember that (i) ... Z = not True and True = False and True = False. So the answer is False.",
-     "False", "False", True, True),
+    # real 3-shot CoT (cap 96): cut by the cap before any "the answer is"
+    (True, "Remember that (i) expressions inside brackets are always evaluated first and that (ii) the order of "
+     "operations from highest priority to lowest priority is \"not\", \"and\", \"or\", respectively.\nWe first "
+     "simplify this expression \"Z\" as follows: \"Z = not not ( not ( False ) ) = not not ( A )\" where \"A = "
+     "False\" and \"B = True\" = True.\nLet's evaluate A: A = False = False =", "True", "[invalid]", False, False),
+    # real 3-shot CoT, date_understanding: well-formed, right
+    (True, "If today is today, then tomorrow is tomorrow. Tomorrow is 10/07/2008. So the answer is (E).", "(E)",
+     "(E)", True, True),
+    # constructed: option letter followed by its text
     (True, "The date 10 days ago is 12/14/1937. So the answer is (D) 12/14/1937.", "(D)", "(D) 12/14/1937",
      False, True),
-    (True, "Let's evaluate A: A = not ( False ) = True.\nPlugging in A, we get", "True", "[invalid]", False, False),
 ]
 
 
