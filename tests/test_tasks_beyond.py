@@ -198,6 +198,9 @@ SMOL_BBH = [
     # real 3-shot CoT, date_understanding: well-formed, right
     (True, "If today is today, then tomorrow is tomorrow. Tomorrow is 10/07/2008. So the answer is (E).", "(E)",
      "(E)", True, True),
+    # real 3-shot CoT, date_understanding: capitalised "The answer is": lm-eval's regex misses it
+    (True, "If today is Apr 10, 1985, then tomorrow is 24 hours later. So tomorrow is 24 hours later. The answer "
+     "is (D).", "(D)", "[invalid]", False, True),
     # constructed: option letter followed by its text
     (True, "The date 10 days ago is 12/14/1937. So the answer is (D) 12/14/1937.", "(D)", "(D) 12/14/1937",
      False, True),

@@ -13,7 +13,8 @@ Generation is greedy and stops at ``</s>``, ``Q`` or a blank line (lm-eval's ``u
 256 new tokens with CoT (lm-eval allows 1024; a 135M model that has not answered by 256 rarely
 does) and 64 without. Answer extraction: with CoT lm-eval's ``(?<=the answer is )(.*)(?=.)``
 (first match; ``[invalid]`` when absent), without CoT the stripped first line. The headline is
-exact match with the target (``strict``); ``flexible`` also accepts a case-insensitive match,
+exact match with the target (``strict``); ``flexible`` also reads ``The answer is X`` in any case
+and accepts a case-insensitive match,
 a trailing period and, for lettered options ``(A)``, ``A``, ``A)``, ``A.`` or ``(A) <option text>``
 (not ``A:``, which a collapsed model emits as a format echo).
 Accuracy is reported per subtask and as the macro average over subtasks (``config``).
@@ -36,6 +37,7 @@ from .base import Example, Task
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "bbh"
 STOP = ["</s>", "Q", "\n\n"]
 COT_RE = re.compile(r"(?<=the answer is )(.*)(?=.)")
+COT_RE_ANYCASE = re.compile(r"(?<=answer is )(.*)(?=.)", re.IGNORECASE)
 INVALID = "[invalid]"
 
 
@@ -84,9 +86,10 @@ def build_prompt(data_dir: str, subtask: str, question: str, cot: bool, shots: i
     return "\n\n".join([*parts, tail])
 
 
-def extract_answer(text: str, cot: bool) -> str:
+def extract_answer(text: str, cot: bool, anycase: bool = False) -> str:
+    """lm-eval's extraction; ``anycase`` (flexible) also reads ``The answer is X.``."""
     if cot:
-        m = COT_RE.findall(text)
+        m = (COT_RE_ANYCASE if anycase else COT_RE).findall(text)
         return m[0].strip() if m else INVALID
     lines = text.strip().split("\n")
     return lines[0].strip() if lines else ""
@@ -162,7 +165,8 @@ class BBHTask(Task):
     def metrics(self, example: Example, generated: str) -> dict[str, bool]:
         pred = extract_answer(generated, self.cot)
         t = example.target or ""
-        return {"strict": pred == t.strip(), "flexible": flexible_match(pred, t)}
+        loose = extract_answer(generated, self.cot, anycase=True)
+        return {"strict": pred == t.strip(), "flexible": flexible_match(pred, t) or flexible_match(loose, t)}
 
     def score_generation(self, example: Example, generated: str) -> bool:
         return self.metrics(example, generated)[self.match]
