@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import ganda
+from ganda.heads import expand
 from ganda.sweep import run_sweep
 from ganda.tasks import get_task
 
@@ -39,13 +40,14 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heads", default=None, help="only these heads (e.g. 'L0H*,L15H*,L29H*'); default all")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sweep.json"))
     args = ap.parse_args()
 
     adapter = ganda.load_model(args.model)
     opts = {"pairs": args.pairs} if args.task == "kv" else {}
     examples = get_task(args.task, **opts).examples(limit=args.n, seed=args.seed)
-    heads = adapter.heads()
+    heads = expand(args.heads, adapter) if args.heads else adapter.heads()
 
     t, c = time.perf_counter(), time.process_time()
     fast = run_sweep(adapter, examples, heads=heads, progress=True)
@@ -65,7 +67,8 @@ def main() -> None:
     )
     top = fast.top(5)
     result = {
-        "command": f"python benchmarks/bench_sweep.py --task {args.task} --pairs {args.pairs} --n {args.n} --seed {args.seed}",
+        "command": f"python benchmarks/bench_sweep.py --task {args.task} --pairs {args.pairs} --n {args.n} --seed {args.seed}"
+        + (f" --heads '{args.heads}'" if args.heads else ""),
         "model": args.model,
         "task": args.task,
         "task_options": opts,
