@@ -75,6 +75,9 @@ def test_shipped_checkpoint_hits_its_accuracy(name):
     from ganda.scoring import evaluate
     from ganda.tasks import get_task
 
+    from ganda.models.registry import _ensure_builtin
+
+    _ensure_builtin()  # SSM/hybrid families register their model types on import
     path = checkpoint(name)
     size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     assert size < 6_000_000

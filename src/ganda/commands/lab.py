@@ -66,7 +66,10 @@ def register(app: typer.Typer) -> None:
         from ..lab import checkpoint, shipped
         from ..lab.configs import CONFIGS
         from ..models import load_model
+        from ..models.registry import _ensure_builtin
         from ..scoring import evaluate
+
+        _ensure_builtin()  # SSM/hybrid families register their model types on import
         from ..tasks import get_task
 
         results = {}

@@ -133,7 +133,9 @@ def finalize_checkpoint(run_dir: str, dest: str, n: int = 400, seed: int = 0, sw
     from pathlib import Path
 
     from ..models import load_model
+    from ..models.registry import _ensure_builtin
 
+    _ensure_builtin()  # SSM/hybrid families register their model types on import
     src, dst = Path(run_dir), Path(dest)
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
