@@ -26,6 +26,15 @@ from ..stats import wilson
 log = logging.getLogger(__name__)
 
 CHANCE = {"mmlu": 0.25, "letters": 0.25}
+
+
+def chance(task: str) -> float:
+    """Chance accuracy of a task (kvN: 1/N; unknown tasks: 0)."""
+    if task.startswith("kv") and task[2:].isdigit():
+        return 1 / int(task[2:])
+    if task == "kv":
+        return 0.1
+    return CHANCE.get(task, 0.0)
 KNOWN_TASKS = ("mmlu", "knowledge", "letters", "kv")
 
 

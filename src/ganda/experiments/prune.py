@@ -15,7 +15,8 @@ and whether it is significant (the two Wilson 95% intervals do not overlap).
 
 **Remove-and-restore.** On the minimal model (first m layers), for each layer i < m remove layer
 i only, score, and put it back. The *critical layers* are those whose removal costs at least half
-of the minimal model's MMLU margin above chance (``drop >= 0.5 * (mmlu_min - 0.25)``), sorted by
+of the minimal model's margin above chance (``drop >= 0.5 * (score_min - chance)``, chance 0.25
+for MMLU, 1/N for kvN), sorted by
 drop; the paper finds the last two layers (Gather and Aggregate layers).
 """
 
@@ -33,7 +34,7 @@ from tqdm.auto import tqdm
 from ..errors import GandaError
 from ..interventions import KeepLayers, truncate
 from ..models.base import ModelAdapter
-from .common import CHANCE, ExperimentResult, Scorer, _summary, acc, flat_scores
+from .common import CHANCE, ExperimentResult, Scorer, _summary, acc, chance, flat_scores
 
 
 def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[list[Any], list[Any]] | None]:
@@ -494,7 +495,7 @@ def remove_restore(
     if b is not None:
         drops = sorted(((b - r[drop_task], r["removed_layer"]) for r in rows[1:] if r.get(drop_task) is not None),
                        reverse=True)
-        margin = b - CHANCE.get(drop_task, 0.0)
+        margin = b - chance(drop_task)
         summary["critical_layers"] = [layer for d, layer in drops if margin > 0 and d >= 0.5 * margin]
         summary["largest_drops"] = [{"layer": layer, "drop": d} for d, layer in drops[:5]]
         if "knowledge" in base and base["knowledge"] is not None:
