@@ -72,10 +72,9 @@ def test_cli_train(tmp_path, capsys):
 def test_shipped_checkpoint_hits_its_accuracy(name):
     import ganda
     from ganda.errors import GandaError
+    from ganda.models.registry import _ensure_builtin
     from ganda.scoring import evaluate
     from ganda.tasks import get_task
-
-    from ganda.models.registry import _ensure_builtin
 
     _ensure_builtin()  # SSM/hybrid families register their model types on import
     path = checkpoint(name)
