@@ -223,6 +223,29 @@ def test_cli_errors_on_real_directories(tiny_dir, tmp_path):
     assert r.returncode == 2 and "pickle" in r.stderr
 
 
+def test_parse_options_types_and_errors():
+    from ganda.commands.core import parse_options
+
+    assert parse_options(["cot=true", "subtask=date_understanding", "pairs=10", "frac=0.5", "match=no"]) == {
+        "cot": True, "subtask": "date_understanding", "pairs": 10, "frac": 0.5, "match": False}
+    assert parse_options(["data-dir=/x"]) == {"data_dir": "/x"}
+    with pytest.raises(GandaError, match="KEY=VALUE"):
+        parse_options(["cot"])
+
+
+def test_cli_eval_knowledge_task_with_options(tiny_dir):
+    """Knowledge tasks (Winogrande's per-option contexts included) run through ``ganda eval``,
+    and ``--option`` reaches the task (an unknown option is a clear error)."""
+    r = run_cli("eval", str(tiny_dir), "--task", "winogrande", "--limit", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["task"] == "winogrande" and out["n"] == 3 and 0.0 <= out["accuracy"] <= 1.0
+    r = run_cli("eval", str(tiny_dir), "--task", "bbh", "--option", "subtask=no_such_task", "--limit", "1")
+    assert r.returncode == 2 and "unknown BBH subtask 'no_such_task'" in r.stderr
+    r = run_cli("eval", str(tiny_dir), "--task", "kv", "--option", "bogus=1", "--limit", "1")
+    assert r.returncode == 2 and "bogus" in r.stderr
+
+
 def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
     png = tmp_path / "fig.png"
     r = run_cli("attn", str(tiny_dir), "--task", "kv", "--pairs", "3", "--heads", "L0H1,L2H3", "--out", str(png))

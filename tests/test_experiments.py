@@ -250,6 +250,47 @@ def test_transplant_into_mamba2_student(tok) -> None:
     torch.testing.assert_close(ssm.forward(ids), ref)
 
 
+def test_transplant_into_bamba_student_is_exact() -> None:
+    """Bamba's layer loop unpacks (hidden, attn_weights): the donor block must fit that, and what
+    reaches the student's next layer must be exactly the donor block applied to the embeddings."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ganda.experiments.transplant import TransplantLayer
+    from ganda.models.ssm.checks import tiny_model
+
+    student = from_model(tiny_model("bamba"))
+    cfg = student.model.config
+    torch.manual_seed(0)
+    donor = from_model(LlamaForCausalLM(LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2)))
+    ids = torch.randint(1, 50, (1, 10), generator=torch.Generator().manual_seed(1))
+    base = student.forward(ids)
+    seen: dict[str, torch.Tensor] = {}
+    hook = student.decoder_layers()[1].register_forward_pre_hook(
+        lambda _m, args, kwargs: seen.__setitem__("student", (args[0] if args else kwargs["hidden_states"]).detach()),
+        with_kwargs=True)
+    try:
+        with TransplantLayer(donor, [0], donor_layers=[1]).apply(student):
+            out = student.forward(ids)
+    finally:
+        hook.remove()
+    emb = student.model.get_input_embeddings()(ids)
+    h2 = donor.decoder_layers()[1].register_forward_hook(
+        lambda _m, _a, o: seen.__setitem__("donor", (o[0] if isinstance(o, tuple) else o).detach()))
+    try:
+        with torch.no_grad():
+            backbone = donor.model.model
+            pos = torch.arange(ids.shape[1])[None]
+            backbone.layers[1](emb, attention_mask=None, position_ids=pos,
+                               position_embeddings=backbone.rotary_emb(emb, pos), use_cache=False)
+    finally:
+        h2.remove()
+    torch.testing.assert_close(seen["student"], seen["donor"], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, base, atol=1e-4)
+    torch.testing.assert_close(student.forward(ids), base)
+
+
 def test_transplant_sweep(student, tok, tmp_path: Path) -> None:
     from ganda.experiments.transplant import transplant_sweep
 

@@ -23,6 +23,7 @@ from ganda.tasks.knowledge import (
     hellaswag_preprocess,
     make_task,
     norm_chars,
+    score_example,
 )
 
 
@@ -150,3 +151,20 @@ def test_smollm2_knowledge_runs():
 
     res = evaluate_knowledge(ganda.load_model("smollm2-135m"), None, limit=5, progress=False)
     assert len(res["tasks"]) == 6 and 0.0 <= res["mean"] <= 1.0
+
+
+def test_winogrande_scores_the_same_through_evaluate_examples(tiny):
+    """``evaluate_examples`` (what ``ganda eval`` runs) uses the per-option contexts, so its
+    log-likelihoods equal ``score_example``'s, and acc_norm divides by the length without the space."""
+    from ganda.scoring import evaluate_examples, norm_chars, score_choices
+    from ganda.scoring import score_example as score_full
+
+    exs = make_task("winogrande").examples(limit=3)
+    res = evaluate_examples(tiny, exs, progress=False)
+    for ex, p in zip(exs, res.predictions, strict=True):
+        assert p["loglik"] == pytest.approx(score_example(tiny, ex), abs=1e-5)
+        assert p["loglik"] != pytest.approx(score_choices(tiny, ex.prompt, ex.choices).loglik, abs=1e-3)
+        assert score_full(tiny, ex).n_chars == norm_chars(ex) == [len(ex.meta["continuation"]) - 1] * 2
+    from ganda.tasks import get_task
+
+    assert get_task("arc_easy").name == "arc_easy" and get_task("lab-mmlu").name == "lab-mmlu"

@@ -125,8 +125,6 @@ def test_loads_from_local_directory(family, tmp_path, ids):
     assert torch.allclose(ad.forward(ids), model(input_ids=ids, use_cache=False).logits, atol=1e-5)
 
 
-@pytest.mark.xfail(reason="registry.check_model_type runs before the SSM families register (lead: call "
-                          "_ensure_builtin() there)", strict=False)
 def test_fresh_process_loads_ssm_directory(tmp_path):
     import subprocess
     import sys
@@ -135,3 +133,23 @@ def test_fresh_process_loads_ssm_directory(tmp_path):
     code = f"import ganda; print(ganda.load_model({str(tmp_path)!r}, device='cpu').family)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().endswith("mamba2"), out.stderr[-500:]
+
+
+def test_keep_heads_takes_the_mixer_from_the_head_names():
+    """On Falcon-H1 every layer has an attention and an SSM mixer: ``KeepHeads("L0.ssmH0")``
+    must keep that SSM head (not fail for want of ``kind=``) and equal the explicit form."""
+    ad = ganda.from_model(build("falcon_h1"))
+    ids = torch.randint(1, 60, (1, 12), generator=torch.Generator().manual_seed(0))
+    base = ad.forward(ids)
+    with KeepHeads("L0.ssmH0").apply(ad):
+        inferred = ad.forward(ids)
+    with KeepHeads("L0.ssmH0", kind="ssm").apply(ad):
+        explicit = ad.forward(ids)
+    with KeepHeads("L0.attnH0").apply(ad):
+        attn_kept = ad.forward(ids)
+    assert torch.equal(inferred, explicit) and not torch.allclose(inferred, base)
+    assert not torch.allclose(inferred, attn_kept)
+    with pytest.raises(ganda.GandaError, match="several mixers"):
+        with KeepHeads(["L0.ssmH0", "L0.attnH1"]).apply(ad):
+            pass
+    assert torch.equal(ad.forward(ids), base)

@@ -132,7 +132,16 @@ class KeepHeads(Intervention):
         handles = []
         try:
             for layer in layers:
-                mixer = adapter.mixer(layer, self.kind)
+                kind = self.kind
+                if kind is None:  # on a two-mixer layer the heads themselves say which mixer
+                    kinds = {h.kind for h in heads if h.layer == layer and h.kind}
+                    if len(kinds) > 1:
+                        raise GandaError(
+                            f"KeepHeads: layer {layer} lists heads of several mixers ({', '.join(sorted(kinds))}); "
+                            "use one KeepHeads per mixer kind"
+                        )
+                    kind = next(iter(kinds), None)
+                mixer = adapter.mixer(layer, kind)
                 kept = [h.head for h in heads if h.layer == layer and adapter.mixer_of(h) is mixer]
                 mask = _head_mask(mixer, kept, keep=True)
                 handles.append(adapter.register_out_proj_pre_hook(mixer, _masking_hook(mask, None)))

@@ -4,7 +4,7 @@ Conventions follow lm-eval so that numbers are comparable: a choice is a continu
 context (``" A"``, ``" 42"``), trailing whitespace of the context moves into the continuation,
 ``context + continuation`` is encoded whole and split at the length of the encoded context, and
 the prediction is the argmax of the summed continuation log-probabilities (``acc``);
-``acc_norm`` divides by the continuation's length in characters.
+``acc_norm`` divides by the continuation's length in characters, not counting the leading space.
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ class ChoiceScores:
         return max(range(len(vals)), key=lambda i: vals[i])
 
 
+def choice_chars(choices: Sequence[str]) -> list[int]:
+    """lm-eval's acc_norm lengths: each choice's characters without the leading target delimiter."""
+    return [len(c[1:]) if c.startswith(" ") else len(c) for c in choices]
+
+
 @torch.no_grad()
 def score_choices(adapter: ModelAdapter, context: str, choices: Sequence[str]) -> ChoiceScores:
     """Summed log-likelihood of each continuation after ``context`` (one batched forward).
@@ -69,9 +74,31 @@ def score_choices(adapter: ModelAdapter, context: str, choices: Sequence[str]) -
     When every continuation is one token after the same context (MMLU letters) a single
     forward of the context suffices; otherwise all ``context+choice`` rows run as one batch.
     """
-    pairs = [encode_pair(adapter, context, c) for c in choices]
+    return _score_pairs(adapter, [(context, c) for c in choices], choice_chars(choices))
+
+
+def example_pairs(ex: Example) -> list[tuple[str, str]]:
+    """(context, continuation) per choice: one context for ordinary examples, one per choice
+    for lm-eval's *partial* scoring (Winogrande: ``meta["contexts"]`` + ``meta["continuation"]``)."""
+    if "contexts" in ex.meta:
+        return [(c, ex.meta["continuation"]) for c in ex.meta["contexts"]]
+    return [(ex.prompt, c) for c in ex.choices]
+
+
+def norm_chars(ex: Example) -> list[int]:
+    """lm-eval's acc_norm lengths for an example (the continuation without its leading space)."""
+    return choice_chars([cont for _, cont in example_pairs(ex)])
+
+
+@torch.no_grad()
+def score_example(adapter: ModelAdapter, ex: Example) -> ChoiceScores:
+    """Score one multiple-choice example, Winogrande-style partial scoring included."""
+    return _score_pairs(adapter, example_pairs(ex), norm_chars(ex))
+
+
+def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int]) -> ChoiceScores:
+    pairs = [encode_pair(adapter, c, t) for c, t in texts]
     ctxs = {tuple(p[0]) for p in pairs}
-    n_chars = [len(c) for c in choices]
     dev = adapter.device
     if len(ctxs) == 1 and all(len(p[1]) == 1 for p in pairs):
         ctx = pairs[0][0]
@@ -142,7 +169,7 @@ def evaluate_examples(
     correct = correct_norm = 0
     with apply(adapter, interventions):
         for ex in tqdm(examples, desc=task_name, disable=not progress, leave=False):
-            sc = score_choices(adapter, ex.prompt, ex.choices)
+            sc = score_example(adapter, ex)
             ok = sc.pred == ex.gold
             correct += ok
             correct_norm += sc.pred_norm == ex.gold

@@ -87,7 +87,7 @@ class _Packed:
 
 def prepare(adapter: ModelAdapter, ex: Example) -> _Packed:
     """Tokenise one example exactly as :func:`ganda.scoring.score_choices` does, then pack it."""
-    from .tasks.knowledge import example_pairs, norm_chars
+    from .scoring import example_pairs, norm_chars
 
     pairs = [encode_pair(adapter, ctx, cont) for ctx, cont in example_pairs(ex)]
     ctxs = {tuple(p[0]) for p in pairs}
@@ -642,14 +642,13 @@ def run_sweep(
 
 def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head):
     """The reference loop: ``AblateHeads([head])`` around lm-eval-style scoring of every example
-    (``score_choices``, as ``evaluate_examples`` runs it; Winogrande-style examples with
-    several contexts through ``score_example``)."""
+    (``score_example``, exactly as ``evaluate_examples`` runs it)."""
     from .interventions import AblateHeads, apply
-    from .tasks.knowledge import score_example
+    from .scoring import score_example
 
     def logliks(ivs):
         with apply(adapter, ivs):
-            return [score_example(adapter, ex) for ex in examples]
+            return [score_example(adapter, ex).loglik for ex in examples]
 
     if baseline is None:
         baseline = _record("baseline", None, packed, logliks([]))

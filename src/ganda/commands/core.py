@@ -36,6 +36,31 @@ def build_interventions(
     return out
 
 
+def parse_options(items: list[str] | None) -> dict:
+    """``["cot=true", "subtask=date_understanding", "pairs=10"]`` -> typed task options."""
+    out: dict = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise GandaError(f"--option takes KEY=VALUE, got {item!r}")
+        low = raw.strip().lower()
+        val: object
+        if low in ("true", "yes", "on"):
+            val = True
+        elif low in ("false", "no", "off"):
+            val = False
+        else:
+            try:
+                val = int(raw)
+            except ValueError:
+                try:
+                    val = float(raw)
+                except ValueError:
+                    val = raw
+        out[key.strip().replace("-", "_")] = val
+    return out
+
+
 def validate_interventions(adapter, interventions: list) -> None:
     """Fail fast (before any long run) on a bad head id or layer."""
     from ..interventions import apply
@@ -48,7 +73,7 @@ def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_(
         model: str = MODEL,
-        task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, or any registered task"),
+        task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, arc_easy, gsm8k, bbh, lab-mmlu, ..."),
         limit: int | None = typer.Option(None, "--limit", "-n", help="number of examples (default: the task's)"),
         shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)"),
         pairs: int | None = typer.Option(None, "--pairs", help="kv: number of key-value pairs"),
@@ -60,6 +85,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         predictions: Path | None = typer.Option(None, "--predictions", help="write per-example predictions (JSONL)"),
+        option: list[str] | None = typer.Option(None, "--option", help="any task option, KEY=VALUE (repeatable), "
+                                                 "e.g. --option cot=true --option subtask=date_understanding"),
         allow_pickle: bool = PICKLE,
     ) -> None:
         """Accuracy of MODEL on a task (Wilson 95% CI), optionally under interventions."""
@@ -67,7 +94,7 @@ def register(app: typer.Typer) -> None:
         from ..scoring import evaluate
         from ..tasks import get_task
 
-        opts = {"shots": shots, "pairs": pairs, "subjects": subjects}
+        opts = {"shots": shots, "pairs": pairs, "subjects": subjects, **parse_options(option)}
         task_obj = get_task(task, **opts)
         adapter = load_model(model, allow_pickle=allow_pickle)
         ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row)

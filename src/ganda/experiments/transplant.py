@@ -111,7 +111,7 @@ class _PadCapture:
 class DonorBlock(nn.Module):
     """A donor decoder block that runs inside a student's layer loop (see module docstring)."""
 
-    def __init__(self, block: nn.Module, rotary_emb: nn.Module, pad: _PadCapture, returns_tuple: bool) -> None:
+    def __init__(self, block: nn.Module, rotary_emb: nn.Module, pad: _PadCapture, returns_tuple: int) -> None:
         super().__init__()
         self.block = block
         self.rotary_emb = rotary_emb
@@ -129,15 +129,17 @@ class DonorBlock(nn.Module):
         if isinstance(out, tuple):
             out = out[0]
         out = out.to(dtype=hidden_states.dtype, device=hidden_states.device)
-        return (out,) if self.returns_tuple else out
+        # the student's loop may unpack several values (Bamba: hidden states, attention weights)
+        return (out,) + (None,) * (self.returns_tuple - 1) if self.returns_tuple else out
 
 
-def _block_returns_tuple(student: ModelAdapter, index: int) -> bool:
-    """Probe (on 2 tokens) whether the student's block ``index`` returns a tuple."""
-    seen: dict[str, bool] = {}
+def _block_returns_tuple(student: ModelAdapter, index: int) -> int:
+    """Probe (on 2 tokens) what the student's block ``index`` returns: 0 for a bare tensor,
+    else the length of the tuple its model's layer loop unpacks."""
+    seen: dict[str, int] = {}
 
     def hook(_m, _a, out):
-        seen["tuple"] = isinstance(out, tuple)
+        seen["tuple"] = len(out) if isinstance(out, tuple) else 0
 
     h = student.decoder_layers()[index].register_forward_hook(hook)
     try:
@@ -145,7 +147,7 @@ def _block_returns_tuple(student: ModelAdapter, index: int) -> bool:
             student.forward(torch.zeros((1, 2), dtype=torch.long, device=student.device))
     finally:
         h.remove()
-    return seen.get("tuple", False)
+    return seen.get("tuple", 0)
 
 
 @dataclass

@@ -28,7 +28,7 @@ import torch
 from ..device import default_device, default_dtype
 from ..errors import GandaError
 from .base import ModelAdapter
-from .registry import adapter_for, check_model_type
+from .registry import _ensure_builtin, adapter_for, check_model_type
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool) -> tuple[Any, Any]:
     except json.JSONDecodeError as exc:
         raise GandaError(f"{cfg_file} is not valid JSON: {exc}") from None
     model_type = raw.get("model_type")
+    _ensure_builtin()  # families (Llamba, Mamba, hybrids) register their loaders on import
     has_safetensors = any(path.glob("*.safetensors"))
     has_pickle = any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth"))
     if not has_safetensors:

@@ -35,10 +35,12 @@ def register(adapter: type[ModelAdapter], model_types: dict[str, str] | None = N
 
 
 def supported_text() -> str:
+    _ensure_builtin()
     return ", ".join(f"{v} ({k})" for k, v in sorted(SUPPORTED.items()))
 
 
 def check_model_type(model_type: str | None) -> None:
+    _ensure_builtin()
     if model_type not in SUPPORTED:
         raise GandaError(
             f"unsupported architecture {model_type!r}; ganda supports: {supported_text()}"

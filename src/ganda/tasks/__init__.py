@@ -18,6 +18,13 @@ TASKS: dict[str, str] = {
     "bbh": "ganda.tasks.bbh:BBHTask",
     "dream": "ganda.tasks.dream:DreamTask",
     "dream-letters": "ganda.tasks.dream:DreamLettersTask",
+    # knowledge tasks (the paper's control: they should not move when G&A heads are ablated)
+    "arc_easy": "ganda.tasks.knowledge:ArcEasyTask",
+    "arc_challenge": "ganda.tasks.knowledge:ArcChallengeTask",
+    "openbookqa": "ganda.tasks.knowledge:OpenBookQATask",
+    "piqa": "ganda.tasks.knowledge:PIQATask",
+    "hellaswag": "ganda.tasks.knowledge:HellaSwagTask",
+    "winogrande": "ganda.tasks.knowledge:WinograndeTask",
 }
 
 
@@ -27,6 +34,8 @@ def register_task(name: str, target: str) -> None:
 
 def get_task(name: str, **options: Any) -> Task:
     """Build a task by name; options that are None are left at the task's defaults."""
+    if name not in TASKS:
+        import ganda.lab  # noqa: F401  (registers the lab's synthetic-world tasks)
     if name not in TASKS:
         raise GandaError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
     module, factory = TASKS[name].split(":")

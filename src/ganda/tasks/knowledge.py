@@ -59,7 +59,11 @@ from typing import Any
 import torch
 
 from ..errors import GandaError
+from ..scoring import example_pairs, norm_chars
+from ..scoring import score_example as _score_example
 from .base import Example, Task
+
+__all__ = ["KNOWLEDGE_TASKS", "evaluate_knowledge", "example_pairs", "make_task", "norm_chars", "score_example"]
 
 KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")
 
@@ -233,45 +237,10 @@ class WinograndeTask(_KnowledgeTask):
 # scoring
 
 
-def example_pairs(ex: Example) -> list[tuple[str, str]]:
-    """(context, continuation) per choice: one context for ordinary examples, one per choice
-    for partial scoring (Winogrande)."""
-    if "contexts" in ex.meta:
-        return [(c, ex.meta["continuation"]) for c in ex.meta["contexts"]]
-    return [(ex.prompt, c) for c in ex.choices]
-
-
-def norm_chars(ex: Example) -> list[int]:
-    """lm-eval's acc_norm lengths: the choice text without the target delimiter."""
-    if "contexts" in ex.meta:
-        return [len(ex.meta["continuation"]) - 1] * len(ex.meta["contexts"])
-    return [len(c[1:]) if c.startswith(" ") else len(c) for c in ex.choices]
-
-
 @torch.no_grad()
 def score_example(adapter, ex: Example) -> list[float]:
     """Summed log-likelihood per choice, lm-eval style (handles Winogrande's several contexts)."""
-    from ..scoring import encode_pair, score_choices
-
-    if "contexts" not in ex.meta:
-        return score_choices(adapter, ex.prompt, ex.choices).loglik
-    pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(ex)]
-    rows = [p[0] + p[1] for p in pairs]
-    width = max(len(r) for r in rows)
-    adapter.check_length(width)
-    pad = adapter.tokenizer.pad_token_id or 0
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    dev = adapter.device
-    logp = torch.log_softmax(adapter.forward(ids.to(dev), attention_mask=mask.to(dev)).float(), -1)
-    out = []
-    for i, (ctx, cont) in enumerate(pairs):
-        pos = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=dev)
-        out.append(float(logp[i, pos, torch.tensor(cont, device=dev)].sum()))
-    return out
+    return _score_example(adapter, ex).loglik
 
 
 def _argmax(xs: Sequence[float]) -> int:
