@@ -267,3 +267,22 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
     demo = json.loads((tmp_path / "demo" / "result.json").read_text())
     assert demo["kind"] == "demo" and demo["rows"][0]["condition"] == "intact"
     assert 1 <= len(demo["cumulative_ablation"]) <= 2
+
+
+def test_discover_drops_equal_the_plain_ablation_loop(tiny):
+    """``discover`` verifies candidates through the sweep engine; its numbers must be exactly
+    what ``evaluate_examples`` under ``AblateHeads([head])`` gives for every verified head."""
+    from ganda.discovery import discover
+    from ganda.scoring import evaluate_examples
+    from ganda.tasks import get_task
+
+    task = get_task("kv", pairs=3)
+    d = discover(tiny, task.examples(limit=2, seed=0), task.examples(limit=6, seed=1), top=3, progress=False)
+    verify = task.examples(limit=6, seed=1)
+    base = evaluate_examples(tiny, verify, progress=False).accuracy
+    assert d.baseline_accuracy == base
+    checked = [s for s in d.scores if s.drop is not None]
+    assert 3 <= len(checked) <= 6
+    for s in checked:
+        acc = evaluate_examples(tiny, verify, [AblateHeads([s.head])], progress=False).accuracy
+        assert s.ablated_accuracy == acc and s.drop == pytest.approx(base - acc)

@@ -162,14 +162,19 @@ def discover(
     top_agg = [s.head for s in sorted(scores, key=lambda s: -s.aggregate)[:top]]
     top_gat = [s.head for s in sorted(scores, key=lambda s: -s.gather)[:top]]
     # gather heads must sit before some aggregate candidate to feed it; we still verify them all.
-    base = evaluate_examples(adapter, verify_examples, progress=False, task_name="baseline")
+    # Single-head ablations through the sweep engine: the same numbers as
+    # ``evaluate_examples(..., [AblateHeads([h])])`` per head (tested), several times faster.
+    from .sweep import run_sweep
+
     to_verify = list(dict.fromkeys(top_agg + top_gat))
-    for name in tqdm(to_verify, desc="verifying heads", disable=not progress, leave=False):
-        r = evaluate_examples(adapter, verify_examples, [AblateHeads([name])], progress=False)
-        by_name[name].ablated_accuracy = r.accuracy
-        by_name[name].drop = base.accuracy - r.accuracy
+    sw = run_sweep(adapter, verify_examples, heads=[HeadId.parse(h) for h in to_verify], progress=progress)
+    by_str = {rec["head"]: rec for rec in sw.records}
+    for name in to_verify:
+        rec = by_str[str(adapter.canonical(HeadId.parse(name)))]
+        by_name[name].ablated_accuracy = rec["acc"]
+        by_name[name].drop = sw.baseline["acc"] - rec["acc"]
     return Discovery(
-        task=task_config or {}, baseline_accuracy=base.accuracy, n_pattern=len(pattern_examples),
+        task=task_config or {}, baseline_accuracy=sw.baseline["acc"], n_pattern=len(pattern_examples),
         n_verify=len(verify_examples), scores=scores, top_aggregate=top_agg, top_gather=top_gat,
     )
 
