@@ -36,6 +36,7 @@ def chance(task: str) -> float:
         return 0.1
     return CHANCE.get(task, 0.0)
 KNOWN_TASKS = ("mmlu", "knowledge", "letters", "kv")
+LAB_TASKS = ("lab-mmlu", "lab-knowledge", "lab-letters", "lab-kv")  # the CPU lab's tasks (ganda.lab)
 
 
 def ganda_version() -> str:
@@ -47,9 +48,10 @@ def ganda_version() -> str:
 
 def parse_tasks(text: str | Sequence[str]) -> list[str]:
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
-    bad = [t for t in items if t not in KNOWN_TASKS and not t.startswith("kv")]
+    bad = [t for t in items if t not in KNOWN_TASKS + LAB_TASKS and not t.startswith("kv")]
     if bad:
-        raise GandaError(f"unknown task {bad[0]!r}; known: {', '.join(KNOWN_TASKS)} (kv20 = kv with 20 pairs)")
+        raise GandaError(f"unknown task {bad[0]!r}; known: {', '.join(KNOWN_TASKS + LAB_TASKS)} "
+                         "(kv20 = kv with 20 pairs)")
     if not items:
         raise GandaError("no task given")
     return items

@@ -9,6 +9,10 @@ given it: rotary position embeddings computed by the donor's own ``rotary_emb`` 
 (plus key padding from the 2-D ``attention_mask`` given to the student's forward). It returns what
 the student's own block returned (a tensor, or a tuple whose first item is the hidden states), so
 the student's layer loop is unchanged. Reversible: the original layer list is put back on exit.
+When the student already holds some of the donor block's pieces (a distilled student that kept the
+teacher's frozen norms and MLP, like ``lab-distilled``), swapping the whole block swaps in effect
+only the pieces that differ: :func:`block_diff` says which (``transplant_sweep`` records it per
+layer as ``swapped``).
 
 **Head transplant** (:class:`TransplantHead`), the paper's "replace a single G&A head with an
 attention variant". Exact definition: let student head s in layer i have output-projection input
@@ -148,6 +152,37 @@ def _block_returns_tuple(student: ModelAdapter, index: int) -> int:
     finally:
         h.remove()
     return seen.get("tuple", 0)
+
+
+def _same_param(p: torch.Tensor, params: Sequence[torch.Tensor]) -> bool:
+    return any(p.shape == q.shape and p.dtype == q.dtype and torch.equal(p, q.to(p.device)) for q in params)
+
+
+def block_diff(student_block: nn.Module, donor_block: nn.Module) -> dict[str, list[str]]:
+    """Which direct children of the donor block the student block already has (every parameter equal
+    in value), which are the donor's own, and which of the student's children they replace.
+
+    ``{"identical": [...], "donor_only": [...], "student_only": [...]}`` (donor names for the first
+    two, student names for the last); children without parameters are left out.
+    """
+    s_params = list(student_block.parameters())
+    d_params = list(donor_block.parameters())
+    identical, donor_only, student_only = [], [], []
+    for name, child in donor_block.named_children():
+        ps = list(child.parameters())
+        if ps:
+            (identical if all(_same_param(p, s_params) for p in ps) else donor_only).append(name)
+    for name, child in student_block.named_children():
+        ps = list(child.parameters())
+        if ps and not all(_same_param(p, d_params) for p in ps):
+            student_only.append(name)
+    return {"identical": identical, "donor_only": donor_only, "student_only": student_only}
+
+
+def describe_swap(diff: dict[str, list[str]]) -> str:
+    """``"self_attn for mamba (input_layernorm, mlp, ... identical)"`` from :func:`block_diff`."""
+    text = f"{'+'.join(diff['donor_only']) or 'nothing'} for {'+'.join(diff['student_only']) or 'nothing'}"
+    return text + (f" ({', '.join(diff['identical'])} identical)" if diff["identical"] else "")
 
 
 @dataclass
@@ -305,13 +340,14 @@ class TransplantResult(ExperimentResult):
         donor = next((r for r in self.rows if r["condition"] == "donor"), {})
         labels = [r["condition"] for r in rows]
         series, errors = {}, {}
-        for t in _tasks_in(rows):
+        tasks = self.config.get("tasks") or _tasks_in(rows)
+        for t in tasks:
             series[t] = [r.get(t) for r in rows]
             if all(f"{t}_lo" in r for r in rows):
                 errors[t] = ([r[f"{t}_lo"] for r in rows], [r[f"{t}_hi"] for r in rows])
         hl = {f"student {t}": base[t] for t in series if base.get(t) is not None}
         hl.update({f"donor {t}": donor[t] for t in series if donor.get(t) is not None})
-        if "mmlu" in series:
+        if "mmlu" in series or "lab-mmlu" in series:
             hl["MMLU chance"] = CHANCE["mmlu"]
         return [bars(labels, series, Path(out_dir) / "transplant.png", errors=errors, hlines=hl,
                      rotate=90 if len(labels) > 10 else 0,
@@ -344,11 +380,18 @@ def transplant_sweep(
         for i in layers if layers is not None else range(n):
             conditions.append((f"L{i}", TransplantLayer(donor, [i])))
     for name, iv in tqdm(conditions, desc="transplant", leave=False, disable=not scorer.progress):
-        rows.append({"condition": name, **flat_scores(scorer.score([iv], label=name)), "intervention": iv.describe()})
+        row = {"condition": name, **flat_scores(scorer.score([iv], label=name)), "intervention": iv.describe()}
+        if isinstance(iv, TransplantLayer):
+            i = iv.layers[0]
+            row["swapped"] = describe_swap(block_diff(student.decoder_layers()[i], donor.decoder_layers()[i]))
+        rows.append(row)
     task = scorer.tasks[0]
     base = rows[0].get(task)
     swept = [r for r in rows if r["condition"] not in ("student", "donor") and r.get(task) is not None]
     summary: dict[str, Any] = {"task": task, "baseline_accuracy": base}
+    swapped = {r["condition"]: r["swapped"] for r in rows if "swapped" in r}
+    if swapped:
+        summary["swapped"] = swapped
     if swept:
         best = max(swept, key=lambda r: r[task])
         summary.update({"best": best["condition"], "best_accuracy": best[task],
