@@ -19,6 +19,13 @@ smooth") is measured per head as well:
 * **aggregate_hit** = fraction of prompts where e_g has the largest |M[q, ·]| among summaries,
 * **gather_contrast** = mean in-segment |M| per token / mean out-of-segment |M| per token on e_k's row.
 
+Every metric is computed per prompt (:func:`prompt_metrics`) and kept (``HeadScore.samples``),
+so each comes with a 95% interval over prompts (``<metric>_ci95``): a Student-t interval of the
+mean for ``aggregate``, ``aggregate_segment`` and ``gather``; the t interval of ``log x``,
+exponentiated, for the geometric means ``aggregate_peak`` and ``gather_contrast``; a Wilson interval
+for the proportion ``aggregate_hit``. Intervals treat prompts as independent draws.
+:func:`compare_sharpness` compares models' top heads with a paired bootstrap over prompts.
+
 Causal verification then zero-ablates the top candidates one at a time and measures the drop in
 task accuracy, which is what decides whether a head matters.
 """
@@ -26,18 +33,26 @@ task accuracy, which is what decides whether a head matters.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from .heads import HeadId
+from .heads import HeadId, expand
 from .interventions import AblateHeads
 from .models.base import ModelAdapter
 from .scoring import encode, evaluate_examples
+from .stats import bootstrap_paired, geo_t_interval, t_interval, wilson
 from .tasks.base import Example, token_spans
+
+METRICS = ("aggregate", "aggregate_segment", "gather", "aggregate_peak", "aggregate_hit", "gather_contrast")
+RATIO_METRICS = ("aggregate_peak", "gather_contrast")  # averaged geometrically, compared on log scale
+AGGREGATE_METRICS = ("aggregate", "aggregate_segment", "aggregate_peak", "aggregate_hit")
+CI_METHOD = ("95% over prompts: Student-t interval of the mean (aggregate, aggregate_segment, gather); "
+             "t interval of log x, exponentiated (geometric means aggregate_peak, gather_contrast); "
+             "Wilson (aggregate_hit)")
 
 
 @dataclass
@@ -53,9 +68,19 @@ class HeadScore:
     gather_contrast: float
     drop: float | None = None  # accuracy drop when this head alone is ablated (verified heads)
     ablated_accuracy: float | None = None
+    n_prompts: int = 0
+    aggregate_ci95: list[float] | None = None
+    aggregate_segment_ci95: list[float] | None = None
+    gather_ci95: list[float] | None = None
+    aggregate_peak_ci95: list[float] | None = None
+    aggregate_hit_ci95: list[float] | None = None
+    gather_contrast_ci95: list[float] | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict, repr=False)  # per-prompt values
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("samples")
+        return d
 
 
 def prompt_positions(adapter: ModelAdapter, ex: Example) -> tuple[list[int], list[tuple[int, int]], int]:
@@ -67,57 +92,77 @@ def prompt_positions(adapter: ModelAdapter, ex: Example) -> tuple[list[int], lis
     return ids, spans, len(ids) - 1
 
 
+def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int) -> dict[str, float]:
+    """Every pattern metric of one head on one prompt (module docstring).
+
+    ``m`` holds the rows of the head's mixing matrix that matter, ``[1 + K, T]``: row 0 is the
+    final query position's row, row ``1 + k`` is the row of segment k's summary token ``e_k``;
+    ``spans`` are the segments' token spans ``(a_k, e_k)``, ``gold`` the gold segment. Absolute
+    values are taken here, so softmax and signed implicit-attention rows are scored alike.
+    """
+    m = m.abs().float()
+    g = gold
+    ends = [e for _, e in spans]
+    row_q = m[0]
+    tot_q = float(row_q.sum()) or 1e-30
+    summ = row_q[ends]
+    others = torch.cat([summ[:g], summ[g + 1 :]])
+    seg_a, seg_e = spans[g]
+    out = {
+        "aggregate": (float(summ[g]) - float(others.mean())) / tot_q,
+        "aggregate_segment": float(row_q[seg_a : seg_e + 1].sum()) / tot_q,
+        "aggregate_peak": float(summ[g]) / max(float(others.max()), 1e-30),
+        "aggregate_hit": float(int(summ.argmax()) == g),
+    }
+    gathers, contrasts = [], []
+    for k, (a, e) in enumerate(spans):
+        row = m[1 + k, : e + 1]
+        tot = float(row.sum()) or 1e-30
+        inside = float(row[a:e].sum())
+        gathers.append(inside / tot)
+        n_in, n_out = max(e - a, 1), max(e + 1 - (e - a) - 1, 1)
+        outside = tot - inside - float(row[e])
+        contrasts.append((inside / n_in) / max(outside / n_out, 1e-30))
+    out["gather"] = sum(gathers) / len(gathers)
+    out["gather_contrast"] = sum(contrasts) / len(contrasts)
+    return out
+
+
+def head_score(head: str, layer: int, kind: str, samples: dict[str, list[float]]) -> HeadScore:
+    """Summaries (means, geometric means, hit rate) and 95% intervals over prompts from per-prompt values."""
+    n = len(samples["aggregate"])
+    summary: dict[str, Any] = {}
+    for k in METRICS:
+        xs = samples[k]
+        if k in RATIO_METRICS:
+            summary[k], ci = _geo_mean(xs), geo_t_interval(xs)
+        elif k == "aggregate_hit":
+            summary[k], ci = sum(xs) / n, wilson(int(round(sum(xs))), n)
+        else:
+            summary[k], ci = sum(xs) / n, t_interval(xs)
+        summary[f"{k}_ci95"] = list(ci) if ci is not None else None
+    return HeadScore(head=head, layer=layer, kind=kind, n_prompts=n, samples=samples, **summary)
+
+
 def pattern_scores(
     adapter: ModelAdapter,
     examples: Sequence[Example],
     heads: Sequence[HeadId] | None = None,
     progress: bool = True,
 ) -> list[HeadScore]:
-    """Aggregate/Gather pattern scores and sharpness for every head (see module docstring)."""
+    """Aggregate/Gather pattern scores and sharpness for every head, with per-prompt values and
+    95% intervals over prompts (see module docstring)."""
     heads = list(heads) if heads is not None else adapter.heads()
-    acc: dict[HeadId, dict[str, list[float]]] = {h: {} for h in heads}
+    acc: dict[HeadId, dict[str, list[float]]] = {h: {k: [] for k in METRICS} for h in heads}
     for ex in tqdm(examples, desc="pattern scores", disable=not progress, leave=False):
         ids, spans, q = prompt_positions(adapter, ex)
         g = ex.gold_segment if ex.gold_segment is not None else ex.gold
-        ends = [e for _, e in spans]
-        rows = [q, *ends]
+        rows = [q, *(e for _, e in spans)]
         maps = adapter.attention_maps(torch.tensor([ids]), heads, rows=rows)
         for h, m in maps.items():
-            m = m.abs()
-            row_q = m[0]
-            tot_q = float(row_q.sum()) or 1e-30
-            summ = row_q[ends]
-            others = torch.cat([summ[:g], summ[g + 1 :]])
-            d = acc[h]
-            d.setdefault("aggregate", []).append((float(summ[g]) - float(others.mean())) / tot_q)
-            seg_a, seg_e = spans[g]
-            d.setdefault("aggregate_segment", []).append(float(row_q[seg_a : seg_e + 1].sum()) / tot_q)
-            d.setdefault("aggregate_peak", []).append(float(summ[g]) / max(float(others.max()), 1e-30))
-            d.setdefault("aggregate_hit", []).append(float(int(summ.argmax()) == g))
-            gathers, contrasts = [], []
-            for k, (a, e) in enumerate(spans):
-                row = m[1 + k, : e + 1]
-                tot = float(row.sum()) or 1e-30
-                inside = float(row[a:e].sum())
-                gathers.append(inside / tot)
-                n_in, n_out = max(e - a, 1), max(e + 1 - (e - a) - 1, 1)
-                outside = tot - inside - float(row[e])
-                contrasts.append((inside / n_in) / max(outside / n_out, 1e-30))
-            d.setdefault("gather", []).append(sum(gathers) / len(gathers))
-            d.setdefault("gather_contrast", []).append(sum(contrasts) / len(contrasts))
-    out = []
-    for h in heads:
-        d = acc[h]
-        mean = {k: sum(v) / len(v) for k, v in d.items()}
-        out.append(
-            HeadScore(
-                head=str(h), layer=h.layer, kind=adapter.mixer_of(h).kind,
-                aggregate=mean["aggregate"], aggregate_segment=mean["aggregate_segment"], gather=mean["gather"],
-                aggregate_peak=_geo_mean(d["aggregate_peak"]), aggregate_hit=mean["aggregate_hit"],
-                gather_contrast=_geo_mean(d["gather_contrast"]),
-            )
-        )
-    return out
+            for k, v in prompt_metrics(m, spans, g).items():
+                acc[h][k].append(v)
+    return [head_score(str(h), h.layer, adapter.mixer_of(h).kind, acc[h]) for h in heads]
 
 
 def _geo_mean(xs: list[float]) -> float:
@@ -180,7 +225,8 @@ def discover(
 
 
 def save_discovery(d: Discovery, out: Any, model: str) -> None:
-    """``result.json`` (kind ``heads``) and ``heads.csv`` (every head, sorted by aggregate score)."""
+    """``result.json`` (kind ``heads``), ``heads.csv`` (every head, sorted by aggregate score, with
+    ``<metric>_ci95`` intervals) and ``per_prompt.csv`` (every head's metrics on every prompt)."""
     import json
     from pathlib import Path
 
@@ -188,19 +234,22 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [s.to_json() for s in sorted(d.scores, key=lambda s: -s.aggregate)]
+    ordered = sorted(d.scores, key=lambda s: -s.aggregate)
+    rows = [s.to_json() for s in ordered]
     verified = [r for r in rows if r["drop"] is not None]
     result = {
         "kind": "heads", "model": model, "ganda_version": ganda_version(), "config": d.task,
         "summary": {
             "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
-            "top_aggregate": d.top_aggregate, "top_gather": d.top_gather,
+            "top_aggregate": d.top_aggregate, "top_gather": d.top_gather, "ci_method": CI_METHOD,
         },
         "rows": verified,
         "all_heads": rows,
     }
     (out / "result.json").write_text(json.dumps(result, indent=2))
     write_csv(out / "heads.csv", rows)
+    write_csv(out / "per_prompt.csv", [{"head": s.head, "prompt": i, **{k: s.samples[k][i] for k in METRICS}}
+                                       for s in ordered if s.samples for i in range(s.n_prompts)])
 
 
 def ablate_until_chance(
@@ -228,3 +277,111 @@ def ablate_until_chance(
         if r.accuracy <= chance + margin:
             break
     return curve
+
+
+def _select_heads(adapter: ModelAdapter, examples: Sequence[Example], k: int, select: str,
+                  progress: bool) -> tuple[list[str], list[str], dict[str, float]]:
+    """Top-``k`` Aggregate-role and Gather-role heads of a model, chosen on ``examples``."""
+    if select == "pattern":
+        sc = pattern_scores(adapter, examples, progress=progress)
+        agg = [s.head for s in sorted(sc, key=lambda s: -s.aggregate)[:k]]
+        gat = [s.head for s in sorted(sc, key=lambda s: -s.gather)[:k]]
+        return agg, gat, {s.head: s.aggregate for s in sc}
+    if select == "drop":
+        base = evaluate_examples(adapter, examples, progress=False).accuracy
+        drops = {}
+        for h in tqdm(adapter.heads(), desc="single-head ablations", disable=not progress, leave=False):
+            drops[str(h)] = base - evaluate_examples(adapter, examples, [AblateHeads([str(h)])], progress=False).accuracy
+        top = sorted(drops, key=lambda h: -drops[h])[:k]
+        return top, list(top), drops
+    raise ValueError(f"select must be 'pattern' or 'drop', not {select!r}")
+
+
+def compare_sharpness(
+    adapters: Mapping[str, ModelAdapter] | Sequence[ModelAdapter],
+    task: Any = "lab-mmlu",
+    *,
+    k: int = 3,
+    n: int = 100,
+    seed: int = 0,
+    select: str = "pattern",
+    select_n: int | None = None,
+    resamples: int = 2000,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """How sharp each model's top G&A heads are, and the differences between models, with CIs.
+
+    Heads are **chosen on other prompts** (``select_n`` prompts, seed ``seed + 1``) than those they
+    are measured on (``n`` prompts, seed ``seed``), so selection does not inflate the scores:
+
+    * ``select="pattern"``: the Aggregate-role heads are the top ``k`` by Aggregate score, the
+      Gather-role heads the top ``k`` by Gather score;
+    * ``select="drop"``: the top ``k`` heads by accuracy drop when each head alone is zero-ablated
+      (both roles use the same heads).
+
+    Aggregate metrics (``aggregate``, ``aggregate_segment``, ``aggregate_peak``, ``aggregate_hit``)
+    are read from the Aggregate-role heads, Gather metrics from the Gather-role heads. A model's
+    value on one prompt is the mean over its ``k`` heads (of ``log x`` for the ratio metrics
+    ``aggregate_peak`` and ``gather_contrast``); its summary is the mean over prompts (exponentiated
+    for the ratios: a geometric mean). Every model sees the same prompts, so differences are
+    paired: the 95% intervals are percentile bootstraps over prompts (``resamples`` draws, seeded
+    with ``seed``), the same draw for both models. Differences are first model minus each other
+    model (for the ratios: the first model's geometric mean divided by the other's). Positive
+    means the first model is sharper: every metric grows with sharpness.
+    """
+    from .tasks import get_task
+
+    t = get_task(task) if isinstance(task, str) else task
+    named = dict(adapters) if isinstance(adapters, Mapping) else {a.spec: a for a in adapters}
+    if len(named) < 1:
+        raise ValueError("give at least one model")
+    measure = t.examples(limit=n, seed=seed)
+    chooser = t.examples(limit=select_n or n, seed=seed + 1)
+    models: dict[str, Any] = {}
+    per_prompt: dict[str, dict[str, list[float]]] = {}
+    for name, adapter in named.items():
+        agg, gat, sel_scores = _select_heads(adapter, chooser, k, select, progress)
+        chosen = list(dict.fromkeys(agg + gat))
+        scored = dict(zip(chosen, pattern_scores(adapter, measure, heads=[expand([h], adapter)[0] for h in chosen],
+                                                 progress=progress), strict=True))
+        values: dict[str, list[float]] = {}
+        for metric in METRICS:
+            role = agg if metric in AGGREGATE_METRICS else gat
+            f = (lambda x: math.log(max(x, 1e-30))) if metric in RATIO_METRICS else (lambda x: x)
+            values[metric] = [sum(f(scored[h].samples[metric][i]) for h in role) / len(role)
+                              for i in range(len(measure))]
+        per_prompt[name] = values
+        summary = {}
+        for metric, xs in values.items():
+            b = bootstrap_paired(xs, resamples=resamples, seed=seed)
+            if metric in RATIO_METRICS:
+                summary[metric] = {"value": math.exp(b["a"]), "ci95": [math.exp(v) for v in b["a_ci95"]],
+                                   "scale": "geometric mean"}
+            else:
+                summary[metric] = {"value": b["a"], "ci95": b["a_ci95"], "scale": "mean"}
+        models[name] = {
+            "spec": adapter.spec, "aggregate_heads": agg, "gather_heads": gat,
+            "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
+            "heads": [scored[h].to_json() for h in chosen], "metrics": summary,
+        }
+    names = list(named)
+    diffs = []
+    for other in names[1:]:
+        for metric in METRICS:
+            b = bootstrap_paired(per_prompt[names[0]][metric], per_prompt[other][metric], resamples=resamples,
+                                 seed=seed)
+            if metric in RATIO_METRICS:
+                row = {"value": math.exp(b["diff"]), "ci95": [math.exp(v) for v in b["diff_ci95"]],
+                       "scale": f"ratio {names[0]} / {other} of geometric means"}
+            else:
+                row = {"value": b["diff"], "ci95": b["diff_ci95"], "scale": f"difference {names[0]} - {other}"}
+            lo, hi = row["ci95"]
+            neutral = 1.0 if metric in RATIO_METRICS else 0.0
+            row["sharper"] = names[0] if lo > neutral else other if hi < neutral else "undecided (CI covers no difference)"
+            diffs.append({"a": names[0], "b": other, "metric": metric, **row})
+    return {
+        "kind": "sharpness", "task": t.config(), "n": len(measure), "seed": seed, "k": k, "select": select,
+        "select_n": len(chooser), "select_seed": seed + 1, "resamples": resamples,
+        "ci_method": "percentile bootstrap over prompts (paired: one draw for all models), seeded",
+        "models": models, "differences": diffs,
+    }

@@ -1,0 +1,61 @@
+"""``ganda sharpness``: how sharp the top G&A heads' maps are, per model and between models, with CIs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from ..errors import GandaError
+
+
+def _resolve(spec: str) -> str:
+    """A model spec, or the directory of a shipped lab checkpoint (``lab-llama``, ...)."""
+    if Path(spec).exists():
+        return spec
+    from ..lab import checkpoint, shipped
+
+    return str(checkpoint(spec)) if spec in shipped() else spec
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def sharpness(
+        models: list[str] = typer.Argument(..., help="two or more models; differences are first minus each other"),
+        task: str = typer.Option("lab-mmlu", "--task", "-t", help="a task with segments (lab-mmlu, letters, kv, ...)"),
+        n: int = typer.Option(100, "--n", help="prompts the metrics are measured on (seed --seed)"),
+        top: int = typer.Option(3, "--top", "-k", help="heads per role and model"),
+        select: str = typer.Option("pattern", "--select", help="choose heads by 'pattern' score or causal 'drop'"),
+        select_n: int | None = typer.Option(None, "--select-n", help="prompts for choosing heads (seed --seed+1; "
+                                            "default --n)"),
+        resamples: int = typer.Option(2000, "--resamples", help="bootstrap draws"),
+        seed: int = typer.Option(0, "--seed"),
+        out: Path = typer.Option(Path("runs/sharpness"), "--out", "-o"),
+        quiet: bool = typer.Option(False, "--quiet", "-q"),
+    ) -> None:
+        """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
+        95% bootstrap intervals over prompts and the paired difference between models."""
+        from ..discovery import compare_sharpness
+        from ..experiments.common import write_csv
+        from ..models import load_model
+
+        if select not in ("pattern", "drop"):
+            raise GandaError(f"--select must be 'pattern' or 'drop', not {select!r}")
+        if len(models) < 2:
+            raise GandaError("give at least two models to compare")
+        adapters = {m: load_model(_resolve(m)) for m in models}
+        res = compare_sharpness(adapters, task, k=top, n=n, seed=seed, select=select, select_n=select_n,
+                                resamples=resamples, progress=not quiet)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "result.json").write_text(json.dumps(res, indent=2))
+        rows = [{"model": m, "metric": k, "value": v["value"], "lo": v["ci95"][0], "hi": v["ci95"][1],
+                 "scale": v["scale"], "heads": ",".join(d["aggregate_heads"] if k.startswith("aggregate")
+                                                        else d["gather_heads"])}
+                for m, d in res["models"].items() for k, v in d["metrics"].items()]
+        rows += [{"model": f"{r['a']} vs {r['b']}", "metric": r["metric"], "value": r["value"], "lo": r["ci95"][0],
+                  "hi": r["ci95"][1], "scale": r["scale"], "heads": r["sharper"]} for r in res["differences"]]
+        write_csv(out / "sharpness.csv", rows)
+        for r in rows:
+            print(f"{r['model']:>40}  {r['metric']:<18} {r['value']:9.4f}  [{r['lo']:.4f}, {r['hi']:.4f}]  {r['heads']}")
+        print(f"wrote {out}/result.json and {out}/sharpness.csv")

@@ -1,0 +1,268 @@
+"""The paper's lab findings 4 (sharpness with intervals) and 6 (transplant into the distilled SSM):
+the statistics, the per-prompt metrics on synthetic maps, and the transplant on the shipped
+lab checkpoints (``lab-llama`` teacher, ``lab-distilled`` Bamba student with no attention)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from ganda.lab import checkpoint
+
+# ---- statistics ----------------------------------------------------------------------------------
+
+
+def test_t_quantile_matches_tables():
+    from ganda.stats import t_quantile
+
+    for df, want in [(1, 12.7062), (2, 4.3027), (3, 3.1824), (5, 2.5706), (10, 2.2281), (30, 2.0423), (10**6, 1.96)]:
+        assert t_quantile(0.975, df) == pytest.approx(want, abs=2e-4)
+
+
+def test_t_interval_contains_the_mean_and_shrinks_with_n():
+    from ganda.stats import geo_t_interval, t_interval
+
+    rng = random.Random(0)
+    small = [rng.gauss(1.0, 2.0) for _ in range(25)]
+    big = [rng.gauss(1.0, 2.0) for _ in range(400)]
+    for xs in (small, big):
+        lo, hi = t_interval(xs)
+        assert lo < sum(xs) / len(xs) < hi
+    w_small, w_big = (t_interval(xs)[1] - t_interval(xs)[0] for xs in (small, big))
+    assert w_big < w_small / 2.5  # ~ sqrt(400 / 25) = 4 times narrower
+    assert t_interval([1.0]) is None
+    ratios = [math.exp(x) for x in small]
+    lo, hi = geo_t_interval(ratios)
+    geo = math.exp(sum(small) / len(small))
+    assert lo < geo < hi
+
+
+def test_paired_bootstrap_is_seeded_and_sees_a_paired_shift():
+    from ganda.stats import bootstrap_paired
+
+    rng = random.Random(1)
+    a = [rng.gauss(0, 5) for _ in range(60)]  # large between-prompt spread ...
+    b = [x - 0.5 + rng.gauss(0, 0.1) for x in a]  # ... but a clear paired shift of 0.5
+    r1, r2 = bootstrap_paired(a, b, seed=3), bootstrap_paired(a, b, seed=3)
+    assert r1 == r2
+    assert r1["diff_ci95"][0] < r1["diff"] < r1["diff_ci95"][1]
+    assert 0.4 < r1["diff_ci95"][0] and r1["diff_ci95"][1] < 0.6
+    assert r1["a_ci95"][0] < 0 < r1["a_ci95"][1]  # unpaired, the spread hides the shift
+
+
+# ---- sharpness metrics on synthetic maps ---------------------------------------------------------
+
+
+def _synthetic_rows(smooth: float) -> tuple[torch.Tensor, list[tuple[int, int]], int]:
+    """4 segments of 4 tokens after a 3-token header, gold = 2, final position 19.
+
+    Sharp (smooth = 0): the final row is one-hot on the gold summary, each summary row is uniform
+    over its own segment. Smoothed: mixed with a uniform row."""
+    spans = [(3 + 4 * k, 6 + 4 * k) for k in range(4)]
+    t, gold = 20, 2
+    rows = torch.zeros(5, t)
+    rows[0, spans[gold][1]] = 1.0
+    for k, (a, e) in enumerate(spans):
+        rows[1 + k, a:e] = 1.0 / (e - a)
+    for r in range(5):
+        upto = t if r == 0 else spans[r - 1][1] + 1
+        uniform = torch.zeros(t)
+        uniform[:upto] = 1.0 / upto
+        rows[r] = (1 - smooth) * rows[r] + smooth * uniform
+    return rows, spans, gold
+
+
+def test_one_hot_map_is_sharper_than_a_smoothed_one_on_every_metric():
+    from ganda.discovery import METRICS, prompt_metrics
+
+    sharp = prompt_metrics(*_synthetic_rows(0.0))
+    soft = prompt_metrics(*_synthetic_rows(0.6))
+    assert sharp["aggregate_peak"] > 1e6 and sharp["aggregate_hit"] == 1.0 and sharp["gather"] == pytest.approx(1.0)
+    for m in METRICS:
+        if m != "aggregate_hit":
+            assert sharp[m] > soft[m], m
+    # signed implicit-attention rows are scored by |M|
+    rows, spans, gold = _synthetic_rows(0.6)
+    assert prompt_metrics(-rows, spans, gold) == soft
+
+
+def test_head_score_intervals_contain_their_summaries():
+    from ganda.discovery import METRICS, head_score
+
+    rng = random.Random(2)
+    samples = {m: [abs(rng.gauss(1, 0.3)) for _ in range(30)] for m in METRICS}
+    samples["aggregate_hit"] = [float(rng.random() < 0.7) for _ in range(30)]
+    s = head_score("L0H0", 0, "attn", samples)
+    d = s.to_json()
+    assert "samples" not in d and d["n_prompts"] == 30
+    for m in METRICS:
+        lo, hi = d[f"{m}_ci95"]
+        assert lo <= d[m] <= hi, m
+    assert d["aggregate_hit"] == pytest.approx(sum(samples["aggregate_hit"]) / 30)
+    assert d["aggregate_peak"] < sum(samples["aggregate_peak"]) / 30  # geometric mean <= arithmetic mean
+
+
+# ---- the shipped lab models ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lab():
+    import ganda
+
+    torch.set_num_threads(1)
+    return {n: ganda.load_model(str(checkpoint(n)), device="cpu", dtype=torch.float32)
+            for n in ("lab-llama", "lab-mamba2", "lab-distilled")}
+
+
+def _batch(adapter, n=3):
+    from ganda.scoring import encode
+    from ganda.tasks import get_task
+
+    rows = [encode(adapter, e.prompt) for e in get_task("lab-mmlu").examples(limit=n, seed=0)]
+    ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):  # ragged: exercises the key-padding mask
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+    return ids, mask
+
+
+def test_pattern_scores_keep_per_prompt_values_and_intervals(lab):
+    from ganda.discovery import METRICS, pattern_scores
+    from ganda.heads import expand
+    from ganda.tasks import get_task
+
+    for name in ("lab-llama", "lab-mamba2"):
+        a = lab[name]
+        ex = get_task("lab-mmlu").examples(limit=6, seed=0)
+        for s in pattern_scores(a, ex, heads=expand("L1H*", a), progress=False):
+            assert s.n_prompts == 6 and all(len(s.samples[m]) == 6 for m in METRICS)
+            assert s.aggregate == pytest.approx(sum(s.samples["aggregate"]) / 6)
+            for m in METRICS:
+                lo, hi = getattr(s, f"{m}_ci95")
+                assert lo - 1e-12 <= getattr(s, m) <= hi + 1e-12
+
+
+def test_transplanting_a_layer_of_a_model_into_itself_changes_nothing(lab):
+    from ganda.experiments.transplant import TransplantLayer
+
+    a = lab["lab-llama"]
+    ids, mask = _batch(a)
+    with torch.no_grad():
+        ref = a.forward(ids, attention_mask=mask)
+        for i in range(3):
+            with TransplantLayer(a, [i]).apply(a):
+                out = a.forward(ids, attention_mask=mask)
+            assert (out - ref)[mask.bool()].abs().max() < 1e-5
+
+
+def test_all_teacher_layers_in_the_distilled_student_give_the_teacher(lab):
+    """The student kept the teacher's embeddings, norms, MLPs and head: with every mixer swapped
+    back it *is* the teacher (checks the donor block's RoPE, causal and padding mask in Bamba's loop)."""
+    from ganda.experiments.transplant import TransplantLayer
+
+    s, d = lab["lab-distilled"], lab["lab-llama"]
+    ids, mask = _batch(s)
+    with torch.no_grad():
+        ref = d.forward(ids, attention_mask=mask)
+        with TransplantLayer(d, [0, 1, 2]).apply(s):
+            out = s.forward(ids, attention_mask=mask)
+        base = s.forward(ids, attention_mask=mask)
+    m = mask.bool()
+    assert (out - ref)[m].abs().max() < 1e-4
+    assert (base - ref)[m].abs().max() > 1.0  # the student alone differs
+
+
+def test_block_diff_says_only_the_mixer_is_swapped(lab):
+    from ganda.experiments.transplant import block_diff, describe_swap
+
+    s, d = lab["lab-distilled"], lab["lab-llama"]
+    diff = block_diff(s.decoder_layers()[1], d.decoder_layers()[1])
+    assert sorted(diff["identical"]) == ["input_layernorm", "mlp", "post_attention_layernorm"]
+    assert diff["donor_only"] == ["self_attn"] and diff["student_only"] == ["mamba"]
+    assert describe_swap(diff).startswith("self_attn for mamba")
+
+
+def test_donor_heads_of_a_layer_compose_to_the_layer_transplant_on_the_bamba_student(lab):
+    """4 single-head transplants (donor LiH0-3 into student LiH0-3) + the other 4 student heads
+    zeroed = replacing the student's mixer by the donor's attention = the layer transplant here."""
+    from ganda.experiments.transplant import TransplantHead, TransplantLayer
+    from ganda.interventions import AblateHeads, apply
+
+    s, d = lab["lab-distilled"], lab["lab-llama"]
+    ids, mask = _batch(s, 2)
+    layer = 1
+    with torch.no_grad():
+        with TransplantLayer(d, [layer]).apply(s):
+            ref = s.forward(ids, attention_mask=mask)
+        ivs = [TransplantHead(d, f"L{layer}H{h}", f"L{layer}H{h}") for h in range(4)] + [AblateHeads(f"L{layer}H4-7")]
+        with apply(s, ivs):
+            out = s.forward(ids, attention_mask=mask)
+    assert (out - ref)[mask.bool()].abs().max() < 1e-4
+
+
+def test_transplanting_teacher_layer_0_restores_lab_mmlu_in_the_distilled_student(lab):
+    from ganda.experiments.transplant import TransplantLayer
+    from ganda.scoring import evaluate_examples
+    from ganda.tasks import get_task
+
+    s, d = lab["lab-distilled"], lab["lab-llama"]
+    ex = get_task("lab-mmlu").examples(limit=40, seed=0)
+    base = evaluate_examples(s, ex, progress=False)
+    with TransplantLayer(d, [0]).apply(s):
+        swapped = evaluate_examples(s, ex, progress=False)
+    with TransplantLayer(d, [1]).apply(s):
+        l1 = evaluate_examples(s, ex, progress=False)
+    assert base.accuracy < 0.4 and swapped.accuracy > base.accuracy + 0.35
+    assert abs(l1.accuracy - base.accuracy) < 0.15  # the recorded result: layer 1 does little
+
+
+def test_transplant_cli_runs_lab_tasks_and_records_the_swap(tmp_path, capsys):
+    from ganda.cli import main
+    from ganda.experiments.common import parse_tasks
+
+    assert parse_tasks("lab-mmlu,lab-knowledge") == ["lab-mmlu", "lab-knowledge"]
+    rc = main(["transplant", str(checkpoint("lab-distilled")), "--donor", str(checkpoint("lab-llama")),
+               "--layers", "2", "--tasks", "lab-mmlu", "-n", "8", "--out", str(tmp_path), "-q", "--no-html"])
+    assert rc == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["summary"]["swapped"]["L2"].startswith("self_attn for mamba")
+    assert [r["condition"] for r in res["rows"]] == ["student", "L2"]
+    assert (tmp_path / "transplant.png").exists()
+
+
+def test_compare_sharpness_gives_paired_differences_with_intervals(lab):
+    from ganda.discovery import compare_sharpness
+
+    res = compare_sharpness({"llama": lab["lab-llama"], "mamba2": lab["lab-mamba2"]}, "lab-mmlu",
+                            k=1, n=8, select_n=8, resamples=300, progress=False)
+    assert set(res["models"]) == {"llama", "mamba2"} and res["n"] == 8 and res["select_seed"] == 1
+    for m in res["models"].values():
+        assert len(m["aggregate_heads"]) == 1 and len(m["gather_heads"]) == 1
+        for v in m["metrics"].values():
+            assert v["ci95"][0] - 1e-9 <= v["value"] <= v["ci95"][1] + 1e-9
+    by = {r["metric"]: r for r in res["differences"]}
+    g = by["gather"]
+    assert g["value"] == pytest.approx(res["models"]["llama"]["metrics"]["gather"]["value"]
+                                       - res["models"]["mamba2"]["metrics"]["gather"]["value"])
+    p = by["aggregate_peak"]  # ratio of geometric means
+    assert p["value"] == pytest.approx(res["models"]["llama"]["metrics"]["aggregate_peak"]["value"]
+                                       / res["models"]["mamba2"]["metrics"]["aggregate_peak"]["value"])
+    json.dumps(res)
+
+
+def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
+    from ganda.cli import main
+
+    rc = main(["heads", str(checkpoint("lab-llama")), "--task", "lab-mmlu", "--n", "5", "--verify-n", "4",
+               "--top", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    row = res["all_heads"][0]
+    assert len(row["aggregate_peak_ci95"]) == 2 and row["n_prompts"] == 5 and "ci_method" in res["summary"]
+    lines = (tmp_path / "per_prompt.csv").read_text().splitlines()
+    assert lines[0].startswith("head,prompt,aggregate") and len(lines) == 1 + 12 * 5
+    assert "aggregate_peak_ci95" in (tmp_path / "heads.csv").read_text().splitlines()[0]
