@@ -286,3 +286,20 @@ def test_discover_drops_equal_the_plain_ablation_loop(tiny):
     for s in checked:
         acc = evaluate_examples(tiny, verify, [AblateHeads([s.head])], progress=False).accuracy
         assert s.ablated_accuracy == acc and s.drop == pytest.approx(base - acc)
+
+
+def test_shipped_lab_checkpoints_load_by_name_and_sweep_from_the_cli(tmp_path):
+    """``lab-llama`` is a model spec like ``smollm2-135m``; ``ganda sweep`` takes lab tasks."""
+    import ganda
+    from ganda.lab.analysis import model_world
+
+    ad = ganda.load_model("lab-llama", device="cpu")
+    assert ad.spec == "lab-llama" and ad.num_layers == 3 and model_world(ad)["n_entities"] == 200
+    r = run_cli("sweep", "lab-llama", "--task", "lab-mmlu", "--limit", "12", "--heads", "L1H2,L2H0", "--out",
+                str(tmp_path / "sw"))
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "sw" / "results.csv").read_text().strip().splitlines()
+    assert len(rows) == 4 and rows[1].startswith("none,") and rows[2].startswith("L1H2,")
+    assert float(rows[2].split(",")[8]) > 0.2  # L1H2 carries lab-mmlu (docs/lab.md: 0.92 -> 0.46)
+    r = run_cli("info", "lab-nope")
+    assert r.returncode == 2 and "shipped lab checkpoint" in r.stderr

@@ -40,11 +40,8 @@ def register(app: typer.Typer) -> None:
         from ..heads import expand
         from ..models import load_model
         from ..sweep import run_sweep
-        from ..tasks import TASKS, get_task
-        from ..tasks import knowledge as _knowledge  # noqa: F401  (registers the knowledge tasks)
+        from ..tasks import get_task
 
-        if task not in TASKS:
-            raise GandaError(f"unknown task {task!r}; known: {', '.join(sorted(TASKS))}")
         if limit is not None and limit < 1:
             raise GandaError("--limit must be at least 1")
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects}

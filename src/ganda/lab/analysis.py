@@ -27,7 +27,12 @@ def model_world(adapter: ModelAdapter) -> dict[str, Any] | None:
     import json
     from pathlib import Path
 
-    f = Path(str(adapter.spec)) / "lab.json"
+    from ..models.loading import _lab_checkpoint
+
+    root = Path(str(adapter.spec))
+    if not root.exists() and str(adapter.spec).startswith("lab-"):
+        root = _lab_checkpoint(str(adapter.spec)) or root
+    f = root / "lab.json"
     if f.is_file():
         return json.loads(f.read_text()).get("world")
     return None

@@ -206,9 +206,12 @@ def load_model(
         path = resolve_alias(spec)
     else:
         path = Path(spec).expanduser()
+        if not path.exists() and spec.startswith("lab-"):
+            path = _lab_checkpoint(spec) or path
         if not path.exists():
             raise GandaError(
-                f"no such model: {spec!r} (give a local HF directory, a .gguf file, or one of: {', '.join(ALIASES)})"
+                f"no such model: {spec!r} (give a local HF directory, a .gguf file, or one of: "
+                f"{', '.join(ALIASES)}, or a shipped lab checkpoint: lab-llama, lab-mamba2, lab-hybrid, lab-distilled)"
             )
     if path.is_dir():
         model, tok = _load_hf_dir(path, allow_pickle)
@@ -222,6 +225,12 @@ def load_model(
     if tok is not None and tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return adapter_for(model, tok, spec)
+
+
+def _lab_checkpoint(name: str) -> Path | None:
+    """A checkpoint shipped in ``ganda/lab/checkpoints`` (``lab-llama``, ``lab-mamba2``, ...), if any."""
+    path = Path(__file__).resolve().parent.parent / "lab" / "checkpoints" / name
+    return path if (path / "config.json").exists() else None
 
 
 def from_model(model: Any, tokenizer: Any = None, spec: str = "<in-memory>") -> ModelAdapter:
