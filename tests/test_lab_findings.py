@@ -266,3 +266,23 @@ def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
     lines = (tmp_path / "per_prompt.csv").read_text().splitlines()
     assert lines[0].startswith("head,prompt,aggregate") and len(lines) == 1 + 12 * 5
     assert "aggregate_peak_ci95" in (tmp_path / "heads.csv").read_text().splitlines()[0]
+
+
+def test_shipped_hybrid_needs_its_attention_last_row_and_ssm_head_l1h1_for_lab_mmlu():
+    """Finding 5 on the shipped ``lab-hybrid``: masking the final row of its attention layer (L2)
+    cuts lab-mmlu by far more than noise, and zero-ablating SSM head L1H1 does too while the
+    knowledge task holds (docs/lab.md: 0.865 -> 0.51 and -> 0.345, knowledge 0.985)."""
+    import ganda
+    from ganda.interventions import AblateHeads, mask_last_row
+    from ganda.scoring import evaluate
+    from ganda.tasks import get_task
+
+    ad = ganda.load_model("lab-hybrid", device="cpu")
+    mmlu, know = get_task("lab-mmlu"), get_task("lab-knowledge")
+    base = evaluate(ad, mmlu, limit=60, progress=False).accuracy
+    masked = evaluate(ad, mmlu, [mask_last_row("L2H*")], limit=60, progress=False).accuracy
+    ablated = evaluate(ad, mmlu, [AblateHeads("L1H1")], limit=60, progress=False).accuracy
+    know_ablated = evaluate(ad, know, [AblateHeads("L1H1")], limit=60, progress=False).accuracy
+    assert base >= 0.75
+    assert masked <= base - 0.2 and ablated <= base - 0.3
+    assert know_ablated >= 0.9

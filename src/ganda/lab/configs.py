@@ -89,9 +89,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "mamba_chunk_size": 16,
             "max_position_embeddings": 128,
         },
-        "train": {"steps": 2000, "batch_size": 16, "eval_every": 500, "two_option_steps": 500,
-                  "mixture": {"statement": 0.15, "mmlu": 0.35, "letters": 0.35, "kv": 0.15},
-                  "n_options": [2, 4], "space_tied_init": True, "answer_weight": 5.0},
+        # the shipped lab-hybrid: 4000 steps, then resumed with --steps 6000 (G&A formed at ~3000-3500)
+        "train": {"steps": 6000, **RECIPE},
     },
     # CI smoke test: a very small Llama, a couple of hundred steps
     "smoke": {
