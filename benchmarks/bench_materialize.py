@@ -191,7 +191,7 @@ def main() -> None:
         "## Materialising one SSM head (implicit attention)",
         "",
         f"`python benchmarks/bench_materialize.py` on {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, load average {load:.1f} at the end "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, load average {load:.1f} at the end. "
         "Best of "
         f"{args.repeat}; peak = resident memory above the starting point (1 ms sampling).",
         "",
