@@ -46,7 +46,24 @@ def test_mmlu_config_matches_lm_eval_template():
     assert mmlu_task("anatomy", shots=5)["fewshot_config"] == {"sampler": "first_n"}
     assert len(mmlu_tasks()) == 57
     arc = arc_easy_task()
-    assert arc["dataset_path"] == "json" and arc["doc_to_text"] == "Question: {{question_text}}\nAnswer:"
+    assert arc["dataset_path"] == "json" and arc["dataset_kwargs"]["data_files"]["test"].endswith(
+        "ganda/data/arc/ARC-Easy-Test.jsonl.gz")
+
+
+def test_arc_config_matches_lm_eval_yaml():
+    """The local ARC-Easy config uses lm-eval's own arc_easy.yaml strings and metrics."""
+    from pathlib import Path
+
+    import lm_eval
+    import yaml
+
+    from ganda.lmeval import arc_easy_task
+
+    ref = yaml.safe_load((Path(lm_eval.__file__).parent / "tasks" / "arc" / "arc_easy.yaml").read_text())
+    cfg = arc_easy_task()
+    for key in ("output_type", "doc_to_text", "doc_to_target", "doc_to_choice", "metric_list"):
+        assert cfg[key] == ref[key], key
+    assert cfg.get("target_delimiter", " ") == ref.get("target_delimiter", " ") == " "
 
 
 @pytest.mark.parametrize("shots", [0, 2])
@@ -71,6 +88,40 @@ def test_bridge_matches_ganda_under_ablation(tiny, tmp_path, shots):
     ll_intact = [p["loglik"] for p in sample_predictions(intact, "ganda_mmlu_astronomy")]
     assert ll_intact != [p["loglik"] for p in lm]
     assert tiny.model.model.layers[1].self_attn.o_proj._forward_pre_hooks == {}
+
+
+def _assert_arc_agree(r, n):
+    assert r["n"] == n and r["same_requests"] == n and r["same_gold"]
+    assert r["same_pred"] == n and r["same_pred_norm"] == n
+    assert r["max_abs_loglik_diff"] < 1e-4 and r["max_abs_norm_diff"] < 1e-5
+    assert r["lm_eval_acc_norm_consistent"]
+    assert r["lm_eval_correct"] == r["ganda_correct"] and r["lm_eval_correct_norm"] == r["ganda_correct_norm"]
+    assert r["lm_eval_acc"] == pytest.approx(r["ganda_acc"]) == r["ganda_correct"] / n
+    assert r["lm_eval_acc_norm"] == pytest.approx(r["ganda_acc_norm"]) == r["ganda_correct_norm"] / n
+
+
+def test_arc_easy_bridge_matches_ganda_per_question(tiny, monkeypatch):
+    """ARC-Easy through lm-eval (vendored data) and ganda's arc_easy task, intact and under an
+    ablation: the same requests, log-likelihoods, acc and acc_norm predictions per question."""
+    import ganda.scoring
+    from ganda.lmeval import arc_easy_cross_check, arc_easy_task, compare_arc, simple_evaluate
+    from ganda.scoring import evaluate_examples
+    from ganda.tasks import get_task
+
+    n, ivs = 5, [AblateHeads("L1H0,L2H3")]
+    intact = arc_easy_cross_check(tiny, n, None, batch_size=4)
+    _assert_arc_agree(intact, n)
+    res = simple_evaluate(tiny, [arc_easy_task()], ivs, limit=n, log_samples=True, batch_size=4)
+    ex = get_task("arc_easy").examples(limit=n)
+    ga = evaluate_examples(tiny, ex, ivs, progress=False)
+    _assert_arc_agree(compare_arc(res, ex, ga), n)
+    # the ablation acted inside lm-eval (its log-likelihoods differ from ganda's intact ones)
+    assert compare_arc(res, ex, evaluate_examples(tiny, ex, None, progress=False))["max_abs_loglik_diff"] > 1e-3
+    assert tiny.model.model.layers[1].self_attn.o_proj._forward_pre_hooks == {}
+    # the check can fail: acc_norm over the length *with* the leading space is not lm-eval's
+    monkeypatch.setattr(ganda.scoring, "choice_chars", lambda chs: [len(c) for c in chs])
+    with pytest.raises(AssertionError):
+        _assert_arc_agree(compare_arc(res, ex, ga), n)
 
 
 @pytest.mark.slow

@@ -14,7 +14,9 @@ makes every lm-eval request run on the intervened model::
 lm-eval must not touch the Hugging Face hub (ganda runs offline), so this module sets
 ``HF_DATASETS_OFFLINE``/``HF_HUB_OFFLINE`` before importing lm-eval and provides *local* task
 configs: :func:`mmlu_tasks` (lm-eval's MMLU template over the vendored CSVs, ``dataset_path:
-csv``) and :func:`arc_easy_task` (ARC-Easy from a JSONL file, ``dataset_path: json``). Named
+csv``) and :func:`arc_easy_task` (lm-eval's ``arc_easy`` over the vendored ARC-Easy JSONL,
+``dataset_path: json``). :func:`arc_easy_cross_check` scores the same ARC-Easy questions with
+lm-eval and with ganda's own scorer and counts per-question agreement. Named
 lm-eval tasks whose data is cached locally work too; others fail to download.
 
 lm-eval is an optional dependency: ``pip install 'ganda[eval]'`` (``lm-eval==0.4.13``).
@@ -33,6 +35,7 @@ from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter
 
 MMLU_DIR = Path(__file__).resolve().parent / "data" / "mmlu"
+ARC_EASY = Path(__file__).resolve().parent / "data" / "arc" / "ARC-Easy-Test.jsonl.gz"
 SHARED = Path("/work/shared/data")
 MMLU_COLUMNS = ["question", "A", "B", "C", "D", "answer"]
 
@@ -160,19 +163,27 @@ def mmlu_tasks(subjects: Sequence[str] | None = None, **kwargs: Any) -> list[dic
 
 
 def _arc_docs(dataset):
-    """ARC's original JSONL layout -> lm-eval's ``allenai/ai2_arc`` fields."""
+    """ARC's original JSONL layout -> the fields of lm-eval's ``allenai/ai2_arc`` dataset
+    (``id``, ``question``, ``choices: {text, label}``, ``answerKey``)."""
     def convert(doc):
-        labels = [c["label"] for c in doc["question"]["choices"]]
-        return {"id": doc["id"], "question_text": doc["question"]["stem"],
-                "choice_text": [c["text"] for c in doc["question"]["choices"]],
-                "gold": labels.index(doc["answerKey"])}
-    return dataset.map(convert)
+        q = doc["question"]
+        return {"id": doc["id"], "question": q["stem"],
+                "choices": {"text": [c["text"] for c in q["choices"]], "label": [c["label"] for c in q["choices"]]},
+                "answerKey": doc["answerKey"]}
+    return dataset.map(convert, remove_columns=dataset.column_names)
 
 
 def arc_easy_task(path: str | Path | None = None, name: str = "ganda_arc_easy") -> dict[str, Any]:
-    """lm-eval's ``arc_easy`` (``Question: ...\\nAnswer:`` + each choice text, acc/acc_norm) over
-    the authors' ``ARC-Easy-Test.jsonl`` (``dataset_path: json``)."""
-    p = Path(path) if path else SHARED / "arc" / "ARC-Easy-Test.jsonl"
+    """lm-eval's ``arc_easy`` (``lm_eval/tasks/arc/arc_easy.yaml``: ``Question: ...\nAnswer:`` +
+    each choice text, ``acc``/``acc_norm``) over ARC's JSONL (``dataset_path: json``).
+
+    By default it reads ganda's vendored ``ganda/data/arc/ARC-Easy-Test.jsonl.gz``, the file
+    ``get_task("arc_easy")`` reads, so both see the same questions in the same order (lm-eval's
+    ``limit=N`` = ``examples(limit=N)``); ``path=`` takes another ``.jsonl`` / ``.jsonl.gz``.
+    ``process_docs`` maps the authors' layout to ``ai2_arc``'s fields, so ``doc_to_text``,
+    ``doc_to_choice`` and ``doc_to_target`` are lm-eval's own strings.
+    """
+    p = Path(path) if path else ARC_EASY
     if not p.is_file():
         raise GandaError(f"no ARC-Easy JSONL at {p} (pass path=...)")
     return {
@@ -182,9 +193,9 @@ def arc_easy_task(path: str | Path | None = None, name: str = "ganda_arc_easy") 
         "test_split": "test",
         "process_docs": _arc_docs,
         "output_type": "multiple_choice",
-        "doc_to_text": "Question: {{question_text}}\nAnswer:",
-        "doc_to_choice": "{{choice_text}}",
-        "doc_to_target": "{{gold}}",
+        "doc_to_text": "Question: {{question}}\nAnswer:",
+        "doc_to_target": "{{choices.label.index(answerKey)}}",
+        "doc_to_choice": "{{choices.text}}",
         "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
                         {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
         "metadata": {"version": 1.0, "source": "ganda local ARC-Easy JSONL"},
@@ -207,4 +218,81 @@ def sample_predictions(res: dict[str, Any], task: str) -> list[dict[str, Any]]:
             gold = "ABCDE".index(gold.strip())  # MMLU's letter targets
         out.append({"doc_id": s["doc_id"], "pred": max(range(len(ll)), key=lambda i: ll[i]),
                     "gold": gold, "loglik": ll, "acc": s.get("acc")})
+    return out
+
+
+def compare_arc(res: dict[str, Any], examples: Sequence[Any], ganda: Any,
+                task: str = "ganda_arc_easy") -> dict[str, Any]:
+    """Per-question agreement between an lm-eval ARC run (``log_samples=True``) and ganda's
+    :func:`~ganda.scoring.evaluate_examples` result on the same ``examples`` (same order).
+
+    lm-eval's side is taken from its samples: the requests it built (``arguments``), its
+    log-likelihoods, ``pred`` = argmax, ``pred_norm`` = argmax of loglik / ``len(choice)`` over
+    its ``doc_to_choice`` (what ``ConfigurableTask.process_results`` does; checked against the
+    ``acc_norm`` it logged). ganda's side: its predictions, and ``acc_norm`` from its
+    :func:`~ganda.scoring.norm_chars`.
+    """
+    from .scoring import ChoiceScores, example_pairs, norm_chars
+
+    samples = sorted(res.get("samples", {}).get(task) or [], key=lambda s: s["doc_id"])
+    if not samples:
+        raise GandaError(f"no samples for {task!r}: run with log_samples=True")
+    n = len(samples)
+    if n != len(examples) or n != len(ganda.predictions):
+        raise GandaError(f"{task}: lm-eval scored {n} questions, ganda {len(examples)}")
+    out = {"n": n, "same_requests": 0, "same_pred": 0, "same_pred_norm": 0,
+           "lm_eval_correct": 0, "lm_eval_correct_norm": 0, "ganda_correct": 0, "ganda_correct_norm": 0,
+           "lm_eval_acc_norm_consistent": True, "same_gold": True,
+           "max_abs_loglik_diff": 0.0, "max_abs_norm_diff": 0.0}
+    for s, ex, g in zip(samples, examples, ganda.predictions, strict=True):
+        ll_lm = [float(r[0]) for r in s["filtered_resps"]]
+        lens = [float(len(c)) for c in s["doc"]["choices"]["text"]]
+        norm_lm = [v / n_ for v, n_ in zip(ll_lm, lens, strict=True)]
+        gold = int(s["target"])
+        pred_lm = max(range(len(ll_lm)), key=lambda i: ll_lm[i])
+        pred_norm_lm = max(range(len(norm_lm)), key=lambda i: norm_lm[i])
+        if "acc_norm" in s and float(s["acc_norm"]) != float(pred_norm_lm == gold):
+            out["lm_eval_acc_norm_consistent"] = False
+        sc = ChoiceScores(list(g["loglik"]), norm_chars(ex))
+        norm_ga = [v / max(1, n_) for v, n_ in zip(sc.loglik, sc.n_chars, strict=True)]
+        out["same_requests"] += [tuple(a) for a in s["arguments"]] == example_pairs(ex)
+        out["same_pred"] += pred_lm == sc.pred
+        out["same_pred_norm"] += pred_norm_lm == sc.pred_norm
+        out["same_gold"] &= gold == ex.gold
+        out["lm_eval_correct"] += pred_lm == gold
+        out["lm_eval_correct_norm"] += pred_norm_lm == gold
+        out["ganda_correct"] += sc.pred == ex.gold
+        out["ganda_correct_norm"] += sc.pred_norm == ex.gold
+        out["max_abs_loglik_diff"] = max(out["max_abs_loglik_diff"],
+                                         *(abs(a - b) for a, b in zip(ll_lm, sc.loglik, strict=True)))
+        out["max_abs_norm_diff"] = max(out["max_abs_norm_diff"],
+                                       *(abs(a - b) for a, b in zip(norm_lm, norm_ga, strict=True)))
+    r = res["results"][task]
+    out.update({"lm_eval_acc": r["acc,none"], "lm_eval_acc_norm": r["acc_norm,none"],
+                "ganda_acc": ganda.accuracy, "ganda_acc_norm": ganda.acc_norm})
+    return out
+
+
+def arc_easy_cross_check(adapter: ModelAdapter, limit: int,
+                         interventions: Sequence[Intervention] | None = None, *,
+                         batch_size: int | str = 1) -> dict[str, Any]:
+    """Score the first ``limit`` ARC-Easy questions with lm-eval (through the bridge, local
+    :func:`arc_easy_task`) and with ganda (``get_task("arc_easy").examples(limit=...)`` +
+    :func:`~ganda.scoring.evaluate_examples`) under the same interventions; :func:`compare_arc`
+    plus the wall time of each side (``lm_eval_seconds``, ``ganda_seconds``)."""
+    import time
+
+    from .scoring import evaluate_examples
+    from .tasks import get_task
+
+    t0 = time.perf_counter()
+    res = simple_evaluate(adapter, [arc_easy_task()], interventions, limit=limit, log_samples=True,
+                          batch_size=batch_size)
+    t1 = time.perf_counter()
+    examples = get_task("arc_easy").examples(limit=limit)
+    ga = evaluate_examples(adapter, examples, interventions, task_name="arc_easy", progress=False)
+    t2 = time.perf_counter()
+    out = compare_arc(res, examples, ga)
+    out.update({"interventions": describe_all(interventions), "batch_size": batch_size,
+                "lm_eval_seconds": round(t1 - t0, 2), "ganda_seconds": round(t2 - t1, 2)})
     return out
