@@ -96,6 +96,21 @@ def score_example(adapter: ModelAdapter, ex: Example) -> ChoiceScores:
     return _score_pairs(adapter, example_pairs(ex), norm_chars(ex))
 
 
+def pad_rows(adapter: ModelAdapter, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``[rows, width]`` ids and attention mask on the model's device (lm-eval's
+    batch layout); fails before any work if the longest row exceeds the context."""
+    width = max(len(r) for r in rows)
+    adapter.check_length(width)
+    tok = adapter.tokenizer
+    pad = (tok.pad_token_id or 0) if tok is not None else 0
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(list(r))
+        mask[i, : len(r)] = 1
+    return ids.to(adapter.device), mask.to(adapter.device)
+
+
 def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int]) -> ChoiceScores:
     pairs = [encode_pair(adapter, c, t) for c, t in texts]
     ctxs = {tuple(p[0]) for p in pairs}
@@ -108,16 +123,7 @@ def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_char
             logits = adapter.forward(ids)[0, -1].float()
         logp = torch.log_softmax(logits, -1)
         return ChoiceScores([float(logp[p[1][0]]) for p in pairs], n_chars)
-    rows = [p[0] + p[1] for p in pairs]
-    width = max(len(r) for r in rows)
-    adapter.check_length(width)
-    pad = adapter.tokenizer.pad_token_id or 0
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    ids, mask = ids.to(dev), mask.to(dev)
+    ids, mask = pad_rows(adapter, [p[0] + p[1] for p in pairs])
     qpos = torch.tensor([len(p[0]) - 1 for p in pairs], device=dev)
     with query_positions(qpos):
         logits = adapter.forward(ids, attention_mask=mask).float()

@@ -350,14 +350,9 @@ def _rows_tensors(adapter: ModelAdapter, p: _Packed, dev: torch.device) -> tuple
     """The naive scorer's input: the context alone (single path) or right-padded rows + mask."""
     if p.single:
         return torch.tensor([p.rows[0][: p.ctx_lens[0]]], device=dev), None
-    width = p.width
-    pad = adapter.tokenizer.pad_token_id or 0 if adapter.tokenizer is not None else 0
-    ids = torch.full((len(p.rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(p.rows), width), dtype=torch.long)
-    for i, r in enumerate(p.rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    return ids.to(dev), mask.to(dev)
+    from .scoring import pad_rows
+
+    return pad_rows(adapter, p.rows)
 
 
 class _FallbackEngine:

@@ -93,28 +93,17 @@ class _Prepared:
 
 
 def _prepare(adapter: ModelAdapter, ex: Any) -> _Prepared:
-    from ..scoring import encode_pair
+    from ..scoring import encode_pair, example_pairs, pad_rows
 
-    if "contexts" in ex.meta:  # Winogrande-style partial scoring: one context per choice
-        pairs = [encode_pair(adapter, c, ex.meta["continuation"]) for c in ex.meta["contexts"]]
-    else:
-        pairs = [encode_pair(adapter, ex.prompt, c) for c in ex.choices]
+    pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(ex)]  # Winogrande: one context per choice
     dev = adapter.device
     if len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs):
         ctx = pairs[0][0]
         adapter.check_length(len(ctx))
         return _Prepared(torch.tensor([ctx], device=dev), None, [[(0, len(ctx) - 1, p[1][0])] for p in pairs], ex.gold)
-    rows = [p[0] + p[1] for p in pairs]
-    width = max(len(r) for r in rows)
-    adapter.check_length(width)
-    pad = adapter.tokenizer.pad_token_id or 0
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
+    ids, mask = pad_rows(adapter, [p[0] + p[1] for p in pairs])
     targets = [[(i, len(c) - 1 + t, tok) for t, tok in enumerate(cont)] for i, (c, cont) in enumerate(pairs)]
-    return _Prepared(ids.to(dev), mask.to(dev), targets, ex.gold)
+    return _Prepared(ids, mask, targets, ex.gold)
 
 
 def _pred(logliks: list[float]) -> int:
