@@ -24,6 +24,8 @@ echo "== 2: layer pruning and remove-and-restore (Transformer)"
 $G prune lab-llama --tasks "$T" --drop-task lab-mmlu --limit "$N" --min-layers 1 --out "$OUT/prune-llama" -q
 $G prune lab-llama --tasks "$T" --remove-restore --minimal 3 --limit "$N" --out "$OUT/remove-restore-llama" -q
 
+$G retain lab-llama --gather L1H2 --aggregate L2H3 --tasks "$T" --limit "$N" --out "$OUT/retain-llama" -q
+
 echo "== 4: sharpness of the G&A maps, Transformer vs SSM, with bootstrap intervals"
 $G sharpness lab-llama lab-mamba2 --task lab-mmlu --n 100 --top 1 --out "$OUT/sharpness" -q
 
@@ -34,6 +36,6 @@ echo "== 6: transplant teacher layers into the layer-wise distilled SSM"
 $G transplant lab-distilled --donor lab-llama --layers 0,1,2 --score-donor --tasks "$T" --limit "$N" \
   --out "$OUT/transplant" -q
 
-$G report "$OUT"/sweep-llama "$OUT"/sweep-mamba2 "$OUT"/prune-llama "$OUT"/remove-restore-llama "$OUT"/sharpness \
+$G report "$OUT"/sweep-llama "$OUT"/sweep-mamba2 "$OUT"/prune-llama "$OUT"/remove-restore-llama "$OUT"/retain-llama "$OUT"/sharpness \
   "$OUT"/mask-hybrid "$OUT"/transplant --out "$OUT/report.html" --title "ganda lab: the paper's findings on CPU"
 echo "wrote $OUT/report.html"
