@@ -10,15 +10,6 @@ import typer
 from ..errors import GandaError
 
 
-def _resolve(spec: str) -> str:
-    """A model spec, or the directory of a shipped lab checkpoint (``lab-llama``, ...)."""
-    if Path(spec).exists():
-        return spec
-    from ..lab import checkpoint, shipped
-
-    return str(checkpoint(spec)) if spec in shipped() else spec
-
-
 def register(app: typer.Typer) -> None:
     @app.command()
     def sharpness(
@@ -44,7 +35,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"--select must be 'pattern' or 'drop', not {select!r}")
         if len(models) < 2:
             raise GandaError("give at least two models to compare")
-        adapters = {m: load_model(_resolve(m)) for m in models}
+        adapters = {m: load_model(m) for m in models}
         res = compare_sharpness(adapters, task, k=top, n=n, seed=seed, select=select, select_n=select_n,
                                 resamples=resamples, progress=not quiet)
         out.mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,10 @@ def model_world(adapter: ModelAdapter) -> dict[str, Any] | None:
     import json
     from pathlib import Path
 
-    from ..models.loading import _lab_checkpoint
+    from . import checkpoint, shipped
 
-    root = Path(str(adapter.spec))
-    if not root.exists() and str(adapter.spec).startswith("lab-"):
-        root = _lab_checkpoint(str(adapter.spec)) or root
+    spec = str(adapter.spec)
+    root = Path(spec) if Path(spec).exists() or spec not in shipped() else checkpoint(spec)
     f = root / "lab.json"
     if f.is_file():
         return json.loads(f.read_text()).get("world")

@@ -229,7 +229,9 @@ def load_model(
 
 def _lab_checkpoint(name: str) -> Path | None:
     """A checkpoint shipped in ``ganda/lab/checkpoints`` (``lab-llama``, ``lab-mamba2``, ...), if any."""
-    path = Path(__file__).resolve().parent.parent / "lab" / "checkpoints" / name
+    from ..lab import CHECKPOINTS
+
+    path = CHECKPOINTS / name
     return path if (path / "config.json").exists() else None
 
 

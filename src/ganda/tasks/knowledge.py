@@ -24,7 +24,7 @@ validation splits of PIQA (AFL-3.0), HellaSwag (MIT) and WinoGrande 1.1 dev (the
 **Winogrande** uses lm-eval's *partial* scoring: the contexts differ (the sentence up to the
 blank, with each option filled in) and the continuation is the same (the rest of the sentence).
 Such an example carries ``meta["contexts"]`` and ``meta["continuation"]``; score it with
-:func:`score_example` (which :func:`evaluate_knowledge` and :mod:`ganda.sweep` do). Its
+:func:`ganda.scoring.score_example` (which ``evaluate_examples``, :func:`evaluate_knowledge` and :mod:`ganda.sweep` use). Its
 ``prompt``/``choices`` hold the sentence and the two options for display only.
 
 **HellaSwag** here is not lm-eval's input byte for byte: the only copy available is a
@@ -243,9 +243,6 @@ def score_example(adapter, ex: Example) -> list[float]:
     return _score_example(adapter, ex).loglik
 
 
-def _argmax(xs: Sequence[float]) -> int:
-    return max(range(len(xs)), key=lambda i: xs[i])
-
 
 def evaluate_knowledge(
     adapter,
@@ -274,9 +271,9 @@ def evaluate_knowledge(
             exs = task.examples(limit=limit, seed=seed)
             correct = correct_norm = 0
             for ex in tqdm(exs, desc=name, disable=not progress, leave=False):
-                ll = score_example(adapter, ex)
-                correct += _argmax(ll) == ex.gold
-                correct_norm += _argmax([v / max(1, n) for v, n in zip(ll, norm_chars(ex), strict=True)]) == ex.gold
+                sc = _score_example(adapter, ex)
+                correct += sc.pred == ex.gold
+                correct_norm += sc.pred_norm == ex.gold
             n = len(exs)
             res: dict[str, Any] = {"n": n, "acc": correct / n, "ci95": list(wilson(correct, n))}
             if "acc_norm" in task.metrics:
