@@ -140,8 +140,15 @@ def test_mask_last_row(student, tmp_path: Path) -> None:
 
     res = mask_last_row_experiment(student, _scorer(student), None, per_layer=True)
     assert res.summary["n_heads_masked"] == 16
-    assert [r["condition"] for r in res.rows][:3] == ["intact", "masked", "masked L0"]
+    assert [r["condition"] for r in res.rows][:4] == ["intact", "masked", "masked (last)", "masked L0"]
+    assert res.summary["rules"] == ["query", "last"]
+    # MMLU answers are one token: the last prompt token is the last scored position, same result
+    rows = {r["condition"]: r for r in res.rows}
+    assert rows["masked"]["mmlu"] == rows["masked (last)"]["mmlu"]
+    assert res.summary["mmlu_masked"] == res.summary["mmlu_masked_last"]
     _check_saved(res, tmp_path)
+    only = mask_last_row_experiment(student, _scorer(student), None, rules=("last",))
+    assert [r["condition"] for r in only.rows] == ["intact", "masked (last)"]
 
 
 def _ids(tok, text="The value of the key 'river' is 7 and apple:42"):
@@ -419,3 +426,29 @@ def test_smollm2_shortcuts_and_transplant_identity(smollm2) -> None:
             torch.testing.assert_close(smollm2.forward(ids), ref, atol=2e-3, rtol=1e-3)
         with TransplantHead(smollm2, "L7H3").apply(smollm2):
             torch.testing.assert_close(smollm2.forward(ids), ref, atol=2e-3, rtol=1e-3)
+
+
+def test_head_roles_label_by_where_the_ablation_hurts(student, tmp_path: Path) -> None:
+    from ganda.experiments.roles import head_roles
+    from ganda.tasks import get_task
+
+    exs = get_task("kv", pairs=3).examples(limit=12, seed=0)
+    ctrl = get_task("kv", pairs=2).examples(limit=8, seed=1)
+    res = head_roles(student, exs, control=ctrl, top=5, min_drop=0.0, max_control_drop=2.0, max_heads=3,
+                     task_name="kv3", control_name="kv2", progress=False)
+    assert len(res.rows) == 5 and res.summary["chance"] == pytest.approx(1 / 3)
+    drops = res.extra["sweep_drops"]
+    ranked = [r["head"] for r in res.rows]
+    assert [drops[h] for h in ranked] == sorted((drops[h] for h in ranked), reverse=True)  # most damaging first
+    for r in res.rows:
+        assert r["drop_all"] == pytest.approx(res.summary["baseline"] - r["all"])
+        assert r["drop_all"] == pytest.approx(drops[r["head"]], abs=1e-9)  # the sweep and AblateHeads agree
+        assert r["role"] == ("aggregate" if r["drop_query"] > r["drop_context"] else "gather")
+    cum = res.extra["cumulative"]
+    assert [c["n_heads"] for c in cum] == list(range(1, len(cum) + 1)) and len(cum) <= 3
+    # a strict control threshold turns every head that costs the control task into a "knowledge" head
+    strict = head_roles(student, exs, control=ctrl, ranked=ranked, top=5, min_drop=0.0, max_control_drop=-1.0,
+                        until_chance=False, progress=False)
+    assert all(r["role"] == "knowledge" for r in strict.rows) and strict.summary["gather"] is None
+    d = _check_saved(res, tmp_path)
+    assert d["kind"] == "roles" and (tmp_path / "roles.png").exists() and (tmp_path / "cumulative.png").exists()

@@ -17,12 +17,19 @@ smooth") is measured per head as well:
 
 * **aggregate_peak** = |M[q, e_g]| / max_{k≠g} |M[q, e_k]|  (gold summary vs the best other summary),
 * **aggregate_hit** = fraction of prompts where e_g has the largest |M[q, ·]| among summaries,
-* **gather_contrast** = mean in-segment |M| per token / mean out-of-segment |M| per token on e_k's row.
+* **gather_contrast** = mean in-segment |M| per token / mean out-of-segment |M| per token on e_k's row;
+* **aggregate_neighbour** = |M[q, e_g]| / mean(|M[q, e_g − 1]|, |M[q, e_g + 1]|)  (the gold summary
+  against the tokens right beside it: a one-hot read is ≫ 1, a smooth one ≈ 1);
+* **gather_edge** = mean |M[e_k, j]| per token inside the segment (a_k ≤ j < e_k) / mean |M[e_k, j]|
+  per token over the same number of tokens just before a_k (the sharp boundary the paper says SSMs
+  lack; unlike ``gather_contrast`` it is not inflated by a decay that merely forgets far tokens;
+  geometric mean over the segments).
 
 Every metric is computed per prompt (:func:`prompt_metrics`) and kept (``HeadScore.samples``),
 so each comes with a 95% interval over prompts (``<metric>_ci95``): a Student-t interval of the
 mean for ``aggregate``, ``aggregate_segment`` and ``gather``; the t interval of ``log x``,
-exponentiated, for the geometric means ``aggregate_peak`` and ``gather_contrast``; a Wilson interval
+exponentiated, for the geometric means of the ratios (``aggregate_peak``, ``aggregate_neighbour``,
+``gather_contrast``, ``gather_edge``); a Wilson interval
 for the proportion ``aggregate_hit``. Intervals treat prompts as independent draws.
 :func:`compare_sharpness` compares models' top heads with a paired bootstrap over prompts.
 
@@ -40,6 +47,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .errors import GandaError
 from .heads import HeadId, expand
 from .interventions import AblateHeads
 from .models.base import ModelAdapter
@@ -47,12 +55,14 @@ from .scoring import encode, evaluate_examples
 from .stats import bootstrap_paired, geo_t_interval, t_interval, wilson
 from .tasks.base import Example, token_spans
 
-METRICS = ("aggregate", "aggregate_segment", "gather", "aggregate_peak", "aggregate_hit", "gather_contrast")
-RATIO_METRICS = ("aggregate_peak", "gather_contrast")  # averaged geometrically, compared on log scale
-AGGREGATE_METRICS = ("aggregate", "aggregate_segment", "aggregate_peak", "aggregate_hit")
+METRICS = ("aggregate", "aggregate_segment", "gather", "aggregate_peak", "aggregate_hit", "gather_contrast",
+           "aggregate_neighbour", "gather_edge")
+# averaged geometrically, compared on log scale
+RATIO_METRICS = ("aggregate_peak", "gather_contrast", "aggregate_neighbour", "gather_edge")
+AGGREGATE_METRICS = ("aggregate", "aggregate_segment", "aggregate_peak", "aggregate_hit", "aggregate_neighbour")
 CI_METHOD = ("95% over prompts: Student-t interval of the mean (aggregate, aggregate_segment, gather); "
-             "t interval of log x, exponentiated (geometric means aggregate_peak, gather_contrast); "
-             "Wilson (aggregate_hit)")
+             "t interval of log x, exponentiated (geometric means aggregate_peak, aggregate_neighbour, "
+             "gather_contrast, gather_edge); Wilson (aggregate_hit)")
 
 
 @dataclass
@@ -66,6 +76,8 @@ class HeadScore:
     aggregate_peak: float
     aggregate_hit: float
     gather_contrast: float
+    aggregate_neighbour: float = float("nan")
+    gather_edge: float = float("nan")
     drop: float | None = None  # accuracy drop when this head alone is ablated (verified heads)
     ablated_accuracy: float | None = None
     n_prompts: int = 0
@@ -75,6 +87,8 @@ class HeadScore:
     aggregate_peak_ci95: list[float] | None = None
     aggregate_hit_ci95: list[float] | None = None
     gather_contrast_ci95: list[float] | None = None
+    aggregate_neighbour_ci95: list[float] | None = None
+    gather_edge_ci95: list[float] | None = None
     samples: dict[str, list[float]] = field(default_factory=dict, repr=False)  # per-prompt values
 
     def to_json(self) -> dict[str, Any]:
@@ -114,7 +128,10 @@ def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int)
         "aggregate_peak": float(summ[g]) / max(float(others.max()), 1e-30),
         "aggregate_hit": float(int(summ.argmax()) == g),
     }
-    gathers, contrasts = [], []
+    e_g = ends[g]
+    beside = [float(row_q[j]) for j in (e_g - 1, e_g + 1) if 0 <= j < row_q.shape[0]]
+    out["aggregate_neighbour"] = float(summ[g]) / max(sum(beside) / max(len(beside), 1), 1e-30)
+    gathers, contrasts, edges = [], [], []
     for k, (a, e) in enumerate(spans):
         row = m[1 + k, : e + 1]
         tot = float(row.sum()) or 1e-30
@@ -123,8 +140,13 @@ def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int)
         n_in, n_out = max(e - a, 1), max(e + 1 - (e - a) - 1, 1)
         outside = tot - inside - float(row[e])
         contrasts.append((inside / n_in) / max(outside / n_out, 1e-30))
+        before = row[max(a - n_in, 0) : a]
+        if before.numel():
+            edges.append((inside / n_in) / max(float(before.mean()), 1e-30))
     out["gather"] = sum(gathers) / len(gathers)
     out["gather_contrast"] = sum(contrasts) / len(contrasts)
+    # a segment at the very start has nothing before it: the mean is over the others
+    out["gather_edge"] = math.exp(sum(math.log(max(x, 1e-30)) for x in edges) / len(edges)) if edges else float("nan")
     return out
 
 
@@ -279,6 +301,50 @@ def ablate_until_chance(
     return curve
 
 
+def cumulative_ablation(
+    adapter: ModelAdapter,
+    examples: Sequence[Example],
+    ranked_heads: Sequence[str],
+    *,
+    max_heads: int = 24,
+    margin: float = 0.05,
+    out_dir: Any = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """:func:`ablate_until_chance` with chance taken from the examples (mean of 1/choices), as a
+    JSON-able record; with ``out_dir`` also ``cumulative.json``, ``cumulative.csv`` and a figure.
+
+    The number of heads it takes is the paper's "SSMs need more heads for G&A" measured: a model
+    whose retrieval runs through one bottleneck head reaches chance after one or two."""
+    chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
+    base = evaluate_examples(adapter, examples, progress=False)
+    curve = ablate_until_chance(adapter, examples, ranked_heads, chance=chance, max_heads=max_heads,
+                                margin=margin, progress=progress)
+    reached = bool(curve) and curve[-1]["accuracy"] <= chance + margin
+    rec = {"model": adapter.spec, "n": len(examples), "chance": chance, "margin": margin,
+           "baseline": base.accuracy, "baseline_ci95": list(base.ci95), "reached_chance": reached,
+           "heads_to_chance": curve[-1]["n_heads"] if reached else None, "max_heads": max_heads, "curve": curve}
+    if out_dir is not None:
+        import json
+        from pathlib import Path
+
+        from .experiments.common import write_csv
+        from .report.figures import curves
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cumulative.json").write_text(json.dumps(rec, indent=2))
+        write_csv(out / "cumulative.csv", curve)
+        x = [0] + [r["n_heads"] for r in curve]
+        ys = [base.accuracy] + [r["accuracy"] for r in curve]
+        los = [base.ci95[0]] + [r["ci95"][0] for r in curve]
+        his = [base.ci95[1]] + [r["ci95"][1] for r in curve]
+        curves(x, {"accuracy": ys}, out / "cumulative.png", bands={"accuracy": (los, his)},
+               xlabel="heads ablated (most damaging first)", hlines={"chance": chance},
+               title=f"Cumulative head ablation ({adapter.spec})")
+    return rec
+
+
 def _select_heads(adapter: ModelAdapter, examples: Sequence[Example], k: int, select: str,
                   progress: bool) -> tuple[list[str], list[str], dict[str, float]]:
     """Top-``k`` Aggregate-role and Gather-role heads of a model, chosen on ``examples``."""
@@ -308,8 +374,13 @@ def compare_sharpness(
     select_n: int | None = None,
     resamples: int = 2000,
     progress: bool = True,
+    heads: Mapping[str, tuple[Sequence[str], Sequence[str]]] | None = None,
 ) -> dict[str, Any]:
     """How sharp each model's top G&A heads are, and the differences between models, with CIs.
+
+    ``heads`` (model name -> (Aggregate-role heads, Gather-role heads)) skips the selection and
+    measures these heads, e.g. the ones :func:`ganda.experiments.roles.head_roles` labelled
+    causally (chosen on other prompts than ``seed``'s).
 
     Heads are **chosen on other prompts** (``select_n`` prompts, seed ``seed + 1``) than those they
     are measured on (``n`` prompts, seed ``seed``), so selection does not inflate the scores:
@@ -331,16 +402,33 @@ def compare_sharpness(
     """
     from .tasks import get_task
 
-    t = get_task(task) if isinstance(task, str) else task
     named = dict(adapters) if isinstance(adapters, Mapping) else {a.spec: a for a in adapters}
     if len(named) < 1:
         raise ValueError("give at least one model")
+    if isinstance(task, str):
+        # paired comparisons need the same prompts: every model must read them in the same world
+        built = {name: get_task(task, adapter=a) for name, a in named.items()}
+        configs = {name: t.config() for name, t in built.items()}
+        first = next(iter(configs.values()))
+        odd = [name for name, c in configs.items() if c != first]
+        if odd:
+            raise GandaError(f"{task}: {', '.join(odd)} was trained on another world than {next(iter(named))}; "
+                             "a paired comparison needs the same prompts for every model")
+        t = next(iter(built.values()))
+    else:
+        t = task
     measure = t.examples(limit=n, seed=seed)
     chooser = t.examples(limit=select_n or n, seed=seed + 1)
     models: dict[str, Any] = {}
     per_prompt: dict[str, dict[str, list[float]]] = {}
     for name, adapter in named.items():
-        agg, gat, sel_scores = _select_heads(adapter, chooser, k, select, progress)
+        if heads is not None and name in heads:
+            agg, gat = list(heads[name][0]), list(heads[name][1])
+            if not agg or not gat:
+                raise GandaError(f"{name}: give at least one Aggregate-role and one Gather-role head")
+            sel_scores = {h: float("nan") for h in agg + gat}
+        else:
+            agg, gat, sel_scores = _select_heads(adapter, chooser, k, select, progress)
         chosen = list(dict.fromkeys(agg + gat))
         scored = dict(zip(chosen, pattern_scores(adapter, measure, heads=[expand([h], adapter)[0] for h in chosen],
                                                  progress=progress), strict=True))
@@ -380,8 +468,64 @@ def compare_sharpness(
             row["sharper"] = names[0] if lo > neutral else other if hi < neutral else "undecided (CI covers no difference)"
             diffs.append({"a": names[0], "b": other, "metric": metric, **row})
     return {
-        "kind": "sharpness", "task": t.config(), "n": len(measure), "seed": seed, "k": k, "select": select,
+        "kind": "sharpness", "task": t.config(), "n": len(measure), "seed": seed, "k": k,
+        "select": "given" if heads is not None else select,
         "select_n": len(chooser), "select_seed": seed + 1, "resamples": resamples,
         "ci_method": "percentile bootstrap over prompts (paired: one draw for all models), seeded",
         "models": models, "differences": diffs,
     }
+
+
+def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
+    """``result.json`` (kind ``sharpness``), ``sharpness.csv`` and ``sharpness.png`` (a forest plot
+    of every between-model difference with its 95% interval) for a :func:`compare_sharpness` result;
+    returns the CSV rows."""
+    import json
+    from pathlib import Path
+
+    from .experiments.common import write_csv
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(res, indent=2))
+    rows = [{"model": m, "metric": k, "value": v["value"], "lo": v["ci95"][0], "hi": v["ci95"][1],
+             "scale": v["scale"], "heads": ",".join(d["aggregate_heads"] if k.startswith("aggregate")
+                                                    else d["gather_heads"])}
+            for m, d in res["models"].items() for k, v in d["metrics"].items()]
+    rows += [{"model": f"{r['a']} vs {r['b']}", "metric": r["metric"], "value": r["value"], "lo": r["ci95"][0],
+              "hi": r["ci95"][1], "scale": r["scale"], "heads": r["sharper"]} for r in res["differences"]]
+    write_csv(out / "sharpness.csv", rows)
+    if res["differences"]:
+        _forest(res["differences"], out / "sharpness.png")
+    return rows
+
+
+def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
+    """One row per metric: ratio (log axis) or difference with its interval; right of the line
+    means the first model is sharper."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = [d for d in diffs if d["metric"] in RATIO_METRICS]
+    plain = [d for d in diffs if d["metric"] not in RATIO_METRICS]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * max(len(ratios), len(plain)) + 1.6))
+    for ax, group, neutral, log in ((axes[0], ratios, 1.0, True), (axes[1], plain, 0.0, False)):
+        for i, d in enumerate(group):
+            lo, hi = d["ci95"]
+            color = "C0" if lo > neutral else "C3" if hi < neutral else "0.5"
+            ax.errorbar([d["value"]], [i], xerr=[[d["value"] - lo], [hi - d["value"]]], fmt="o", color=color,
+                        capsize=3)
+        ax.axvline(neutral, color="k", lw=0.8, ls="--")
+        ax.set_yticks(range(len(group)), [f"{d['metric']} ({d['b']})" if len(diffs) > len(METRICS) else d["metric"]
+                                          for d in group], fontsize=8)
+        if log:
+            ax.set_xscale("log")
+        ax.set_title(("ratio" if log else "difference") + f": {group[0]['a']} vs other" if group else "", fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Sharpness, first model vs the other (blue: first sharper, red: other sharper, grey: undecided)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -25,18 +25,24 @@ from .errors import GandaError
 from .heads import HeadId, expand, format_heads
 from .models.base import Mixer, ModelAdapter
 
-# Per-row index of the "query" position (the last prompt token) for the current forward pass.
-# Scoring sets it when rows are right-padded; unset means the last position (-1).
+# Per-row index of the "query" position (the last prompt token) and of the "last" scored position
+# (the one predicting the answer's final token) for the current forward pass. Scoring sets them
+# when rows are right-padded or carry a continuation; unset means the last position (-1).
 _QUERY_POS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("ganda_query_pos", default=None)
+_LAST_POS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("ganda_last_pos", default=None)
+POSITIONS = ("query", "last", "context")
 
 
 @contextmanager
-def query_positions(index: torch.Tensor | None) -> Iterator[None]:
-    """Tell position-restricted interventions where each row's last prompt token is."""
+def query_positions(index: torch.Tensor | None, last: torch.Tensor | None = None) -> Iterator[None]:
+    """Tell position-restricted interventions where each row's last prompt token is (``index``)
+    and where its last scored position is (``last``: default ``index``, as for one-token answers)."""
     token = _QUERY_POS.set(index)
+    token_last = _LAST_POS.set(last if last is not None else index)
     try:
         yield
     finally:
+        _LAST_POS.reset(token_last)
         _QUERY_POS.reset(token)
 
 
@@ -63,12 +69,17 @@ def _masking_hook(mask: torch.Tensor, positions: str | None):
         if positions is None:
             return (x * m, *args[1:])
         x = x.clone()
-        qpos = _QUERY_POS.get()
+        qpos = (_LAST_POS if positions == "last" else _QUERY_POS).get()
         rows = torch.arange(x.shape[0], device=x.device)
         if qpos is None:
             idx = torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)
         else:
             idx = qpos.to(x.device)
+        if positions == "context":  # every position before the query (its row kept as it was)
+            keep = x[rows, idx].clone()
+            x = x * m
+            x[rows, idx] = keep
+            return (x, *args[1:])
         x[rows, idx] = x[rows, idx] * m
         return (x, *args[1:])
 
@@ -90,10 +101,16 @@ class AblateHeads(Intervention):
     """Zero-ablate heads at the output-projection input (all positions, or only the query row)."""
 
     heads: Sequence[HeadId | str] | str
-    positions: str | None = None  # None: every position; "query": the last prompt token only
+    # None: every position; "query": the last prompt token only (it predicts the answer's first
+    # token); "last": the last scored position (it predicts the answer's final token);
+    # "context": every position except the query (what a Gather head writes, not what an
+    # Aggregate head reads at the answer position)
+    positions: str | None = None
 
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        if self.positions is not None and self.positions not in POSITIONS:
+            raise GandaError(f"positions must be None, 'query', 'last' or 'context', not {self.positions!r}")
         heads = expand(self.heads, adapter)
         handles = []
         try:
@@ -208,13 +225,24 @@ class RemoveLayers(Intervention):
         return {"type": "remove_layers", "layers": compress_ranges(self.layers)}
 
 
-def mask_last_row(heads: Sequence[HeadId | str] | str) -> AblateHeads:
-    """Zero the final query position's attention row of these heads (the paper's Zamba2 test).
+def mask_last_row(heads: Sequence[HeadId | str] | str, rule: str = "query") -> AblateHeads:
+    """Zero the final position's attention row of these heads (the paper's Zamba2 test).
 
-    A row of zeros after the softmax makes that head's output at the last position zero, which
-    is exactly zeroing the head's slice of the output-projection input at that position.
+    A row of zeros after the softmax makes that head's output at that position zero, which is
+    exactly zeroing the head's slice of the output-projection input there. Which position is
+    "final" matters for answers of several tokens:
+
+    * ``rule="query"`` (default): the last prompt token, which predicts the answer's first token
+      (for every choice); the stricter test;
+    * ``rule="last"``: the last position of the scored input ``context + continuation[:-1]``,
+      which predicts the answer's final token: what the authors' Zamba2 code masks
+      (``(input_ids != 0).sum(1) - 1`` on lm-eval's inputs).
+
+    For one-token answers (MMLU letters) both are the same position.
     """
-    return AblateHeads(heads, positions="query")
+    if rule not in POSITIONS:
+        raise GandaError(f"mask-last-row rule must be 'query' or 'last', not {rule!r}")
+    return AblateHeads(heads, positions=rule)
 
 
 @dataclass

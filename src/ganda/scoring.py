@@ -125,7 +125,8 @@ def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_char
         return ChoiceScores([float(logp[p[1][0]]) for p in pairs], n_chars)
     ids, mask = pad_rows(adapter, [p[0] + p[1] for p in pairs])
     qpos = torch.tensor([len(p[0]) - 1 for p in pairs], device=dev)
-    with query_positions(qpos):
+    last = torch.tensor([len(p[0]) + len(p[1]) - 2 for p in pairs], device=dev)
+    with query_positions(qpos, last):
         logits = adapter.forward(ids, attention_mask=mask).float()
     logp = torch.log_softmax(logits, -1)
     out = []

@@ -19,6 +19,7 @@ def build_interventions(
     keep_layers: str | None = None,
     remove_layers: str | None = None,
     mask_last_row: str | None = None,
+    mask_rule: str = "query",
 ) -> list:
     """CLI flags -> interventions (layer edits first, so head ids keep their original layers)."""
     from ..interventions import AblateHeads, KeepLayers, RemoveLayers, parse_layers
@@ -32,7 +33,7 @@ def build_interventions(
     if ablate:
         out.append(AblateHeads(ablate))
     if mask_last_row:
-        out.append(mlr(mask_last_row))
+        out.append(mlr(mask_last_row, mask_rule))
     return out
 
 
@@ -82,6 +83,8 @@ def register(app: typer.Typer) -> None:
         keep_layers: str | None = typer.Option(None, "--keep-layers", help="run only these layers, e.g. 0-17"),
         remove_layers: str | None = typer.Option(None, "--remove-layers", help="skip these layers"),
         mask_last_row: str | None = typer.Option(None, "--mask-last-row", help="attention heads whose last row is zeroed"),
+        mask_rule: str = typer.Option("query", "--mask-rule", help="--mask-last-row's row: query (last prompt token) "
+                                      "or last (last scored position, as the authors' Zamba2 code)"),
         seed: int = typer.Option(0, "--seed"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         predictions: Path | None = typer.Option(None, "--predictions", help="write per-example predictions (JSONL)"),
@@ -92,12 +95,13 @@ def register(app: typer.Typer) -> None:
         """Accuracy of MODEL on a task (Wilson 95% CI), optionally under interventions."""
         from ..models import load_model
         from ..scoring import evaluate
-        from ..tasks import get_task
+        from ..tasks import get_task, task_for_model
 
         opts = {"shots": shots, "pairs": pairs, "subjects": subjects, **parse_options(option)}
         task_obj = get_task(task, **opts)
         adapter = load_model(model, allow_pickle=allow_pickle)
-        ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row)
+        task_obj = task_for_model(task, task_obj, adapter, **opts)
+        ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule)
         validate_interventions(adapter, ivs)
         res = evaluate(adapter, task_obj, ivs, limit=limit, seed=seed, progress=not as_json)
         if predictions:
@@ -134,7 +138,7 @@ def register(app: typer.Typer) -> None:
         if prompt is None:
             from ..tasks import get_task
 
-            exs = get_task(task, pairs=pairs, shots=shots).examples(limit=index + 1, seed=seed)
+            exs = get_task(task, adapter=adapter, pairs=pairs, shots=shots).examples(limit=index + 1, seed=seed)
             prompt = exs[index].prompt
         path = draw_attention(adapter, prompt, heads, out, last_rows=last_rows)
         print(f"wrote {path}")
@@ -155,10 +159,11 @@ def register(app: typer.Typer) -> None:
         """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation."""
         from ..discovery import discover, save_discovery
         from ..models import load_model
-        from ..tasks import get_task
+        from ..tasks import get_task, task_for_model
 
         t = get_task(task, pairs=pairs, shots=shots)
         adapter = load_model(model, allow_pickle=allow_pickle)
+        t = task_for_model(task, t, adapter, pairs=pairs, shots=shots)
         pat = t.examples(limit=n, seed=seed)
         ver = t.examples(limit=verify_n, seed=seed + 1)
         if not pat or not pat[0].segments:

@@ -126,6 +126,9 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(DEFAULT_MODEL),
         heads: str | None = typer.Option(None, "--heads", help="heads to ablate, e.g. L17H24 (none: intact only)"),
         pairs: str = typer.Option("5,10,20,30,40,50", "--pairs", help="numbers of key-value pairs"),
+        task: str = typer.Option("kv", "--task", help="kv (SmolLM2's dictionary prompt) or lab-kv (the lab world)"),
+        compare: str | None = typer.Option(None, "--compare", help="other models' intact curves on the same "
+                                           "prompts, comma-separated (e.g. lab-mamba2)"),
         keep_layers: str | None = typer.Option(None, "--keep-layers"),
         limit: int = LIMIT,
         seed: int = SEED,
@@ -143,7 +146,10 @@ def register(app: typer.Typer) -> None:
         except ValueError:
             raise GandaError(f"--pairs: not a list of integers: {pairs!r}") from None
         adapter = load_model(model, allow_pickle=allow_pickle)
-        result = run(adapter, heads, ps, limit=limit, seed=seed, keep_layers=_layers(keep_layers), progress=not quiet)
+        others = {m.strip(): load_model(m.strip(), allow_pickle=allow_pickle)
+                  for m in (compare or "").split(",") if m.strip()}
+        result = run(adapter, heads, ps, limit=limit, seed=seed, keep_layers=_layers(keep_layers), progress=not quiet,
+                     task=task, compare=others)
         _finish(result, _out(out, "kv_curve", model), html)
 
     @app.command("mask-last-row")
@@ -151,6 +157,8 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(DEFAULT_MODEL),
         heads: str | None = typer.Option(None, "--heads", help="attention heads (default: all, L*.attnH*)"),
         per_layer: bool = typer.Option(False, "--per-layer", help="also mask each attention layer alone"),
+        rule: str = typer.Option("both", "--rule", help="which row: query (last prompt token), last (last scored "
+                                 "position, the authors' code) or both; they differ only for multi-token answers"),
         keep_layers: str | None = typer.Option(None, "--keep-layers"),
         limit: int = LIMIT,
         knowledge_limit: int | None = KLIMIT,
@@ -165,10 +173,59 @@ def register(app: typer.Typer) -> None:
         from ..experiments.mask_last_row import mask_last_row_experiment
         from ..models import load_model
 
+        rules = {"both": ("query", "last"), "query": ("query",), "last": ("last",)}.get(rule)
+        if rules is None:
+            raise GandaError(f"--rule must be query, last or both, not {rule!r}")
         adapter = load_model(model, allow_pickle=allow_pickle)
         scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
-        result = mask_last_row_experiment(adapter, scorer, heads, per_layer=per_layer, keep_layers=_layers(keep_layers))
+        result = mask_last_row_experiment(adapter, scorer, heads, per_layer=per_layer, keep_layers=_layers(keep_layers),
+                                          rules=rules)
         _finish(result, _out(out, "mask_last_row", model), html)
+
+    @app.command()
+    def roles(
+        model: str = typer.Argument(DEFAULT_MODEL),
+        task: str = typer.Option("lab-mmlu", "--task", "-t", help="multiple-choice task the heads are ranked on"),
+        control: str | None = typer.Option("lab-knowledge", "--control", help="control task scored with the full "
+                                           "ablation (knowledge); 'none' to skip"),
+        also: str | None = typer.Option(None, "--also", help="further tasks scored with the full ablation, e.g. lab-letters"),
+        top: int = typer.Option(6, "--top", help="heads labelled (the most damaging of a single-head sweep)"),
+        max_heads: int = typer.Option(24, "--max-heads", help="cumulative ablation gives up after this many heads"),
+        limit: int = LIMIT,
+        seed: int = SEED,
+        out: Path | None = typer.Option(None, "--out", "-o"),
+        allow_pickle: bool = PICKLE,
+        html: bool = HTML,
+        quiet: bool = QUIET,
+    ) -> None:
+        """Label the most damaging heads Gather or Aggregate by where ablating them hurts (final position or
+        before it), with a control task and the number of heads it takes to reach chance."""
+        from ..experiments.roles import head_roles
+        from ..models import load_model
+        from ..tasks import get_task
+
+        adapter = load_model(model, allow_pickle=allow_pickle)
+
+        def exs(name: str):
+            t = get_task(name, adapter=adapter)
+            if t.kind != "mc":
+                raise GandaError(f"task {name!r} is not multiple-choice")
+            return t.examples(limit=limit, seed=seed)
+
+        ctrl = None if control in (None, "", "none") else control
+        more = {t.strip(): exs(t.strip()) for t in (also or "").split(",") if t.strip()}
+        result = head_roles(adapter, exs(task), control=exs(ctrl) if ctrl else None, also=more, top=top,
+                            max_heads=max_heads, task_name=task, control_name=ctrl, progress=not quiet)
+        result.config.update({"limit": limit, "seed": seed})
+        _finish(result, _out(out, "roles", model), html)
+        s = result.summary
+        for role in ("gather", "aggregate"):
+            if s.get(role):
+                print(f"{role:9s} {s[role]}: {task} {s['baseline']:.3f} -> {s[f'{role}_ablated']:.3f}"
+                      + (f", {ctrl} drop {s[f'{role}_control_drop']:+.3f}" if ctrl else ""))
+        if "heads_to_chance" in s:
+            n_heads = s["heads_to_chance"] or f"more than {s['heads_to_chance_max']}"
+            print(f"heads to chance: {n_heads}")
 
     @app.command()
     def transplant(

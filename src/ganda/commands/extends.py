@@ -121,7 +121,7 @@ def run_extends(adapter: Any, heads: str, tasks: list[str], *, limit: int | None
     for name in tasks:
         task = None
         if name != "knowledge":
-            task = get_task(name, **options.get(name, {}))
+            task = get_task(name, adapter=adapter, **options.get(name, {}))
         for cond in conditions:
             t0 = time.perf_counter()
             if task is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -27,8 +26,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
         95% bootstrap intervals over prompts and the paired difference between models."""
-        from ..discovery import compare_sharpness
-        from ..experiments.common import write_csv
+        from ..discovery import compare_sharpness, save_sharpness
         from ..models import load_model
 
         if select not in ("pattern", "drop"):
@@ -38,15 +36,7 @@ def register(app: typer.Typer) -> None:
         adapters = {m: load_model(m) for m in models}
         res = compare_sharpness(adapters, task, k=top, n=n, seed=seed, select=select, select_n=select_n,
                                 resamples=resamples, progress=not quiet)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "result.json").write_text(json.dumps(res, indent=2))
-        rows = [{"model": m, "metric": k, "value": v["value"], "lo": v["ci95"][0], "hi": v["ci95"][1],
-                 "scale": v["scale"], "heads": ",".join(d["aggregate_heads"] if k.startswith("aggregate")
-                                                        else d["gather_heads"])}
-                for m, d in res["models"].items() for k, v in d["metrics"].items()]
-        rows += [{"model": f"{r['a']} vs {r['b']}", "metric": r["metric"], "value": r["value"], "lo": r["ci95"][0],
-                  "hi": r["ci95"][1], "scale": r["scale"], "heads": r["sharper"]} for r in res["differences"]]
-        write_csv(out / "sharpness.csv", rows)
+        rows = save_sharpness(res, out)
         for r in rows:
             print(f"{r['model']:>40}  {r['metric']:<18} {r['value']:9.4f}  [{r['lo']:.4f}, {r['hi']:.4f}]  {r['heads']}")
-        print(f"wrote {out}/result.json and {out}/sharpness.csv")
+        print(f"wrote {out}/result.json, sharpness.csv and sharpness.png")

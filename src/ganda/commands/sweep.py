@@ -27,6 +27,9 @@ def register(app: typer.Typer) -> None:
         naive: bool = typer.Option(False, "--naive", help="reference loop (AblateHeads + scoring per head), slow"),
         batch_heads: int = typer.Option(16, "--batch-heads", help="heads of one layer ablated per forward"),
         top: int = typer.Option(15, "--top", help="rows in the printed table"),
+        until_chance: bool = typer.Option(False, "--until-chance", help="then ablate the heads cumulatively, most "
+                                          "damaging first, until accuracy is at chance: how many heads must go"),
+        max_heads: int = typer.Option(24, "--max-heads", help="--until-chance: give up after this many heads"),
         allow_pickle: bool = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (runs pickle)"),
     ) -> None:
         """Exhaustive single-head ablation: accuracy with each head zeroed, heat map and top heads.
@@ -40,7 +43,7 @@ def register(app: typer.Typer) -> None:
         from ..heads import expand
         from ..models import load_model
         from ..sweep import run_sweep
-        from ..tasks import get_task
+        from ..tasks import get_task, task_for_model
 
         if limit is not None and limit < 1:
             raise GandaError("--limit must be at least 1")
@@ -49,10 +52,11 @@ def register(app: typer.Typer) -> None:
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; sweep scores multiple-choice tasks only")
         n = limit if limit is not None else 32
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        task_obj = task_for_model(task, task_obj, adapter, **opts)
         examples = task_obj.examples(limit=n, seed=seed)
         if not examples:
             raise GandaError(f"task {task!r} gave no examples")
-        adapter = load_model(model, allow_pickle=allow_pickle)
         head_list = expand(heads, adapter) if heads else adapter.heads()
         out_dir = out if out is not None else Path("runs") / f"sweep-{task}"
         cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
@@ -71,3 +75,13 @@ def register(app: typer.Typer) -> None:
                           f"{res.drop(r, 'acc_norm'):+.3f}", f"{res.ll_drop(r):+.3f}")
         console.print(table)
         console.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
+        if until_chance:
+            from ..discovery import cumulative_ablation
+
+            cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.top(len(res.records))],
+                                      max_heads=max_heads, out_dir=out_dir, progress=True)
+            last = cum["curve"][-1] if cum["curve"] else None
+            if last is not None:
+                verdict = "reached" if cum["reached_chance"] else "did not reach"
+                console.print(f"cumulative ablation {verdict} chance ({cum['chance']:.3f} + {cum['margin']:.2f}) "
+                              f"with {last['n_heads']} heads: acc {last['accuracy']:.3f}; wrote {out_dir}/cumulative.json")

@@ -11,6 +11,8 @@ kind               paper                                   module
 ``kv_curve``       Fig. 4, KV retrieval vs pairs            :mod:`.kv_curve`
 ``mask_last_row``  Sec. 5.3, hybrids' last attention row    :mod:`.mask_last_row`
 ``transplant``     Fig. 7, donor layers/heads in a student  :mod:`.transplant`
+``roles``          Gather vs Aggregate, by where a head     :mod:`.roles`
+                   matters (final position or before it)
 =================  ======================================  =============================
 """
 
@@ -28,6 +30,7 @@ RESULT_CLASSES: dict[str, str] = {
     "kv_curve": "ganda.experiments.kv_curve:KVCurveResult",
     "mask_last_row": "ganda.experiments.mask_last_row:MaskLastRowResult",
     "transplant": "ganda.experiments.transplant:TransplantResult",
+    "roles": "ganda.experiments.roles:RolesResult",
 }
 
 

@@ -28,13 +28,24 @@ log = logging.getLogger(__name__)
 CHANCE = {"mmlu": 0.25, "letters": 0.25}
 
 
+def kv_task_name(name: str) -> tuple[str | None, int | None]:
+    """``kv20`` -> ("kv", 20), ``lab-kv16`` -> ("lab-kv", 16), ``kv`` -> ("kv", None); else (None, None)."""
+    for base in ("lab-kv", "kv"):
+        if name == base:
+            return base, None
+        if name.startswith(base) and name[len(base):].isdigit():
+            return base, int(name[len(base):])
+    return None, None
+
+
 def chance(task: str) -> float:
-    """Chance accuracy of a task (kvN: 1/N; unknown tasks: 0)."""
-    if task.startswith("kv") and task[2:].isdigit():
-        return 1 / int(task[2:])
-    if task == "kv":
-        return 0.1
-    return CHANCE.get(task, 0.0)
+    """Chance accuracy of a task (kvN, lab-kvN: 1/N; unknown tasks: 0)."""
+    base, pairs = kv_task_name(task)
+    if pairs:
+        return 1 / pairs
+    if base is not None:
+        return 0.1 if base == "kv" else 0.125
+    return CHANCE.get(task.removeprefix("lab-"), 0.0)
 KNOWN_TASKS = ("mmlu", "knowledge", "letters", "kv")
 LAB_TASKS = ("lab-mmlu", "lab-knowledge", "lab-letters", "lab-kv")  # the CPU lab's tasks (ganda.lab)
 
@@ -48,10 +59,10 @@ def ganda_version() -> str:
 
 def parse_tasks(text: str | Sequence[str]) -> list[str]:
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
-    bad = [t for t in items if t not in KNOWN_TASKS + LAB_TASKS and not t.startswith("kv")]
+    bad = [t for t in items if t not in KNOWN_TASKS + LAB_TASKS and kv_task_name(t)[0] is None]
     if bad:
         raise GandaError(f"unknown task {bad[0]!r}; known: {', '.join(KNOWN_TASKS + LAB_TASKS)} "
-                         "(kv20 = kv with 20 pairs)")
+                         "(kv20 = kv with 20 pairs, lab-kv16 = lab-kv with 16)")
     if not items:
         raise GandaError("no task given")
     return items
@@ -129,11 +140,11 @@ class Scorer:
         if name not in self._examples:
             from ..tasks import get_task
 
-            if name.startswith("kv"):
-                pairs = int(name[2:]) if name[2:] else None
-                task = get_task("kv", pairs=pairs)
+            base, pairs = kv_task_name(name)
+            if base is not None:
+                task = get_task(base, adapter=self.adapter, pairs=pairs)
             else:
-                task = get_task(name)
+                task = get_task(name, adapter=self.adapter)
             self._examples[name] = (task, task.examples(limit=self.limit, seed=self.seed))
         return self._examples[name]
 

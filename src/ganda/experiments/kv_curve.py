@@ -4,17 +4,22 @@ intact model and with the given heads zero-ablated (every position), with Wilson
 Chance is 1/pairs (multiple choice over the dictionary's values). The summary reports the mean
 gap (intact - ablated) and the gap at the largest number of pairs, which is where the paper sees
 the gap widen.
+
+``compare`` adds other models' intact curves on the same prompts (the lab's Transformer vs SSM:
+which one's accuracy falls faster with the number of pairs). ``task`` is ``kv`` (SmolLM2's
+dictionary prompt) or ``lab-kv`` (the lab world's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..errors import GandaError
 from ..heads import expand, format_heads
 from ..interventions import AblateHeads, Intervention, KeepLayers
 from ..models.base import ModelAdapter
@@ -30,15 +35,18 @@ class KVCurveResult(ExperimentResult):
 
         rows = sorted(self.rows, key=lambda r: r["pairs"])
         x = [r["pairs"] for r in rows]
+        others = list(self.config.get("compare") or [])
         series, bands = {}, {}
-        for cond in ("intact", "ablated"):
+        for cond in ("intact", "ablated", *others):
             if all(cond in r for r in rows):
-                series[cond] = [r[cond] for r in rows]
-                bands[cond] = ([r[f"{cond}_lo"] for r in rows], [r[f"{cond}_hi"] for r in rows])
+                label = f"{self.model}" if cond == "intact" and others else cond
+                series[label] = [r[cond] for r in rows]
+                bands[label] = ([r[f"{cond}_lo"] for r in rows], [r[f"{cond}_hi"] for r in rows])
         series["chance (1/pairs)"] = [1 / p for p in x]
-        heads = self.config.get("heads") or "-"
-        return [curves(x, series, Path(out_dir) / "kv_curve.png", bands=bands, xlabel="key-value pairs",
-                       title=f"KV retrieval, intact vs {heads} ablated ({self.model})")]
+        heads = self.config.get("heads")
+        title = (f"KV retrieval, intact vs {heads} ablated ({self.model})" if heads and not others
+                 else f"KV retrieval vs number of pairs ({self.config.get('task', 'kv')})")
+        return [curves(x, series, Path(out_dir) / "kv_curve.png", bands=bands, xlabel="key-value pairs", title=title)]
 
 
 def kv_curve(
@@ -50,19 +58,28 @@ def kv_curve(
     seed: int = 0,
     keep_layers: list[int] | None = None,
     progress: bool = True,
+    task: str = "kv",
+    compare: Mapping[str, ModelAdapter] | None = None,
 ) -> KVCurveResult:
+    if task not in ("kv", "lab-kv"):
+        raise GandaError(f"kv-curve task must be kv or lab-kv, not {task!r}")
     hs = expand(heads, adapter) if heads else []
     base: list[Intervention] = [KeepLayers(keep_layers)] if keep_layers else []
     ablated: list[Intervention] = base + ([AblateHeads(hs)] if hs else [])
+    compare = dict(compare or {})
     rows: list[dict[str, Any]] = []
     for p in tqdm(list(pairs), desc="kv-curve", leave=False, disable=not progress):
-        scorer = Scorer(adapter, [f"kv{p}"], limit=limit, seed=seed, progress=progress)
+        name = f"{task}{p}"
+        scorer = Scorer(adapter, [name], limit=limit, seed=seed, progress=progress)
         row: dict[str, Any] = {"pairs": p, "chance": 1 / p}
-        for cond, ivs in (("intact", base), ("ablated", ablated)):
-            if cond == "ablated" and not hs:
-                continue
-            s = flat_scores(scorer.score(ivs, label=f"{cond} {p}"))
-            row[cond], row[f"{cond}_lo"], row[f"{cond}_hi"] = s[f"kv{p}"], s[f"kv{p}_lo"], s[f"kv{p}_hi"]
+        runs: list[tuple[str, Scorer, list[Intervention]]] = [("intact", scorer, base)]
+        if hs:
+            runs.append(("ablated", scorer, ablated))
+        runs += [(label, Scorer(other, [name], limit=limit, seed=seed, progress=progress), base)
+                 for label, other in compare.items()]
+        for cond, sc, ivs in runs:
+            s = flat_scores(sc.score(ivs, label=f"{cond} {p}"))
+            row[cond], row[f"{cond}_lo"], row[f"{cond}_hi"] = s[name], s[f"{name}_lo"], s[f"{name}_hi"]
         if hs:
             row["gap"] = row["intact"] - row["ablated"]
         rows.append(row)
@@ -71,9 +88,14 @@ def kv_curve(
         summary["mean_gap"] = sum(r["gap"] for r in rows) / len(rows)
         summary["gap_at_max_pairs"] = max(rows, key=lambda r: r["pairs"])["gap"]
         summary["gap_at_min_pairs"] = min(rows, key=lambda r: r["pairs"])["gap"]
+    if compare and rows:
+        lo, hi = min(rows, key=lambda r: r["pairs"]), max(rows, key=lambda r: r["pairs"])
+        # how much of each model's accuracy is lost between the fewest and the most pairs
+        summary["fall"] = {label: lo[col] - hi[col] for label, col in [(adapter.spec, "intact"), *((k, k) for k in compare)]}
+        summary["at_max_pairs"] = {label: hi[col] for label, col in [(adapter.spec, "intact"), *((k, k) for k in compare)]}
     return KVCurveResult(
         model=adapter.spec, rows=rows, summary=summary,
         config={"heads": format_heads(hs) if hs else None, "pairs": list(pairs), "limit": limit, "seed": seed,
-                "keep_layers": keep_layers},
+                "keep_layers": keep_layers, "task": task, "compare": list(compare)},
         interventions=[iv.describe() for iv in ablated],
     )

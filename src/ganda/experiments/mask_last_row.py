@@ -9,6 +9,12 @@ paper's "every attention matrix" setting; on a pure Transformer that is all head
 
 With ``per_layer=True`` each attention layer is also masked on its own (the authors' exploratory
 search for Zamba2's Aggregate layers), giving one row per layer.
+
+``rules`` says which position is "the last row" (``interventions.mask_last_row``): ``query``, the
+last prompt token (it predicts an answer's first token: the stricter test), and/or ``last``, the
+last position of the scored input (it predicts an answer's final token: what the authors' Zamba2
+code masks). They coincide for one-token answers (MMLU letters) and differ for multi-token
+answers (knowledge tasks), which is why both are reported by default.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ class MaskLastRowResult(ExperimentResult):
             if all(f"{t}_lo" in r for r in self.rows):
                 errors[t] = ([r[f"{t}_lo"] for r in self.rows], [r[f"{t}_hi"] for r in self.rows])
         return [bars(labels, series, Path(out_dir) / "mask_last_row.png", errors=errors,
-                     hlines={"MMLU chance": CHANCE["mmlu"]}, rotate=45 if len(labels) > 4 else 0,
+                     hlines={"MMLU chance": CHANCE["mmlu"]}, rotate=45 if len(labels) > 3 else 0,
                      title=f"Last attention row masked ({self.model})")]
 
 
@@ -52,7 +58,10 @@ def mask_last_row_experiment(
     *,
     per_layer: bool = False,
     keep_layers: list[int] | None = None,
+    rules: tuple[str, ...] = ("query", "last"),
 ) -> MaskLastRowResult:
+    if not rules or any(r not in ("query", "last") for r in rules):
+        raise GandaError(f"rules must be 'query' and/or 'last', not {rules!r}")
     spec = heads or "L*.attnH*"
     try:
         hs = expand(spec, adapter)
@@ -65,26 +74,35 @@ def mask_last_row_experiment(
     base: list[Intervention] = [KeepLayers(keep_layers)] if keep_layers else []
     if keep_layers:
         hs = [h for h in hs if h.layer in set(keep_layers)]
-    conditions: list[tuple[str, list[Intervention], str]] = [
-        ("intact", base, "-"),
-        ("masked", base + [mask_last_row(hs)], format_heads(hs) if len(hs) <= 12 else f"{len(hs)} heads ({spec})"),
-    ]
+    desc_all = format_heads(hs) if len(hs) <= 12 else f"{len(hs)} heads ({spec})"
+    suffix = {"query": "", "last": " (last)"}
+    conditions: list[tuple[str, list[Intervention], str, str]] = [("intact", base, "-", "-")]
+    for rule in rules:
+        conditions.append((f"masked{suffix[rule]}", base + [mask_last_row(hs, rule)], desc_all, rule))
     if per_layer:
         for layer in sorted({h.layer for h in hs}):
             lh = [h for h in hs if h.layer == layer]
-            conditions.append((f"masked L{layer}", base + [mask_last_row(lh)], format_heads(lh)))
+            for rule in rules:
+                conditions.append((f"masked L{layer}{suffix[rule]}", base + [mask_last_row(lh, rule)],
+                                   format_heads(lh), rule))
     rows: list[dict[str, Any]] = []
-    for name, ivs, desc in tqdm(conditions, desc="mask-last-row", leave=False, disable=not scorer.progress):
-        rows.append({"condition": name, "heads": desc, **flat_scores(scorer.score(ivs, label=name))})
-    intact, masked = rows[0], rows[1]
-    summary: dict[str, Any] = {"n_heads_masked": len(hs)}
+    for name, ivs, desc, rule in tqdm(conditions, desc="mask-last-row", leave=False, disable=not scorer.progress):
+        rows.append({"condition": name, "heads": desc, "rule": rule, **flat_scores(scorer.score(ivs, label=name))})
+    intact = rows[0]
+    summary: dict[str, Any] = {"n_heads_masked": len(hs), "rules": list(rules)}
     for t in _tasks_in(rows):
-        summary[f"{t}_intact"], summary[f"{t}_masked"] = intact.get(t), masked.get(t)
-    if per_layer and len(rows) > 2 and intact.get("mmlu") is not None:
-        worst = min(rows[2:], key=lambda r: r.get("mmlu") if r.get("mmlu") is not None else 1.0)
+        summary[f"{t}_intact"] = intact.get(t)
+        for rule in rules:
+            masked = next(r for r in rows if r["condition"] == f"masked{suffix[rule]}")
+            summary[f"{t}_masked{'' if rule == 'query' else '_last'}"] = masked.get(t)
+    mm = next((t for t in ("mmlu", "lab-mmlu") if intact.get(t) is not None), None)
+    layer_rows = [r for r in rows if r["condition"].startswith("masked L") and r["rule"] == rules[0]]
+    if per_layer and layer_rows and mm:
+        worst = min(layer_rows, key=lambda r: r.get(mm) if r.get(mm) is not None else 1.0)
         summary["most_critical_layer"] = worst["condition"]
     return MaskLastRowResult(
         model=adapter.spec, rows=rows, summary=summary,
-        config={**scorer.config(), "heads": spec, "per_layer": per_layer, "keep_layers": keep_layers},
+        config={**scorer.config(), "heads": spec, "per_layer": per_layer, "keep_layers": keep_layers,
+                "rules": list(rules)},
         interventions=[iv.describe() for iv in conditions[1][1]],
     )

@@ -45,10 +45,13 @@ def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[lis
 
 
 def _tasks_in(rows: list[dict[str, Any]]) -> list[str]:
+    """The task columns of result rows: the paper's tasks, the lab's, and ``kvN``/``lab-kvN``."""
+    from .common import KNOWN_TASKS, LAB_TASKS, kv_task_name
+
     out: list[str] = []
     for r in rows:
         for k in r:
-            if k in ("mmlu", "knowledge", "letters") or (k.startswith("kv") and not k.endswith(("_lo", "_hi"))):
+            if k in KNOWN_TASKS or k in LAB_TASKS or kv_task_name(k)[0] is not None:
                 if k not in out:
                     out.append(k)
     return out

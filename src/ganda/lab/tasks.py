@@ -34,6 +34,14 @@ class _LabTask(Task):
         self.world = get_world(cfg)
         self._init(**kw)
 
+    @classmethod
+    def for_model(cls, adapter: Any) -> dict[str, Any]:
+        """The world ``adapter`` was trained on (its ``lab.json``), if it records one."""
+        from .analysis import model_world
+
+        world = model_world(adapter)
+        return {"world": world} if world is not None else {}
+
     def _init(self) -> None:
         pass
 
@@ -101,10 +109,10 @@ class LabKVTask(_LabTask):
 
     name = "lab-kv"
 
-    def _init(self, n_pairs: int = 8) -> None:
-        self.n_pairs = int(n_pairs)
-        if not 2 <= self.n_pairs <= len(self.world.novel):
-            raise ValueError(f"n_pairs must be between 2 and {len(self.world.novel)}")
+    def _init(self, n_pairs: int = 8, pairs: int | None = None) -> None:
+        self.n_pairs = int(pairs if pairs is not None else n_pairs)  # ``pairs`` as for ``kv``
+        if not 2 <= self.n_pairs <= len(self.world.kv_key_pool):
+            raise ValueError(f"n_pairs must be between 2 and {len(self.world.kv_key_pool)}")
 
     def _make(self, n: int, seed: int) -> list[Example]:
         rng = eval_rng("kv", seed)

@@ -153,15 +153,36 @@ def headline(result: dict[str, Any]) -> str:
                          f"of {_pct(s.get('baseline_acc'))}).")
     elif kind == "retain":
         both, none = s.get("both") or {}, s.get("none") or {}
-        if "mmlu" in both:
-            lines.append(f"MMLU with both critical heads kept: <b>{_pct(both['mmlu'])}</b>; with none: "
-                         f"<b>{_pct(none.get('mmlu'))}</b>.")
+        for t in ("mmlu", "lab-mmlu"):
+            if t in both:
+                lines.append(f"{_e(t)} with both critical heads kept: <b>{_pct(both[t])}</b>; with none: "
+                             f"<b>{_pct(none.get(t))}</b>.")
     elif kind == "mask_last_row":
-        if s.get("mmlu_intact") is not None:
-            lines.append(f"MMLU intact <b>{_pct(s['mmlu_intact'])}</b> → last row masked <b>{_pct(s.get('mmlu_masked'))}</b>.")
+        for t in ("mmlu", "lab-mmlu", "knowledge", "lab-knowledge"):
+            if s.get(f"{t}_intact") is not None:
+                last = f"; last scored position masked <b>{_pct(s[f'{t}_masked_last'])}</b>" if f"{t}_masked_last" in s else ""
+                lines.append(f"{_e(t)} intact <b>{_pct(s[f'{t}_intact'])}</b> → last prompt token masked "
+                             f"<b>{_pct(s.get(f'{t}_masked'))}</b>{last}.")
     elif kind == "kv_curve":
         if "mean_gap" in s:
             lines.append(f"Mean accuracy lost by ablating the heads: <b>{_pct(s['mean_gap'])}</b>.")
+        for name, fall in (s.get("fall") or {}).items():
+            lines.append(f"{_e(name)}: loses <b>{_pct(fall)}</b> from the fewest to the most pairs "
+                         f"(at the most: {_pct((s.get('at_max_pairs') or {}).get(name))}).")
+    elif kind == "roles":
+        for role in ("gather", "aggregate"):
+            if s.get(role):
+                lines.append(f"{role.capitalize()} head <b>{_e(s[role])}</b>: {_pct(s.get('baseline'))} → "
+                             f"<b>{_pct(s.get(f'{role}_ablated'))}</b> (control task {_pct(-(s.get(f'{role}_control_drop') or 0))} "
+                             f"change); {role} heads: {_e(', '.join(s.get(f'{role}_heads') or []))}.")
+        if "heads_to_chance" in s:
+            lines.append(f"Heads ablated together (most damaging first) to reach chance: "
+                         f"<b>{_e(s['heads_to_chance'] or 'more than ' + str(s.get('heads_to_chance_max')))}</b>.")
+    elif kind == "lab_findings":
+        for key, label in (("reproduced", "Reproduced"), ("partly", "Partly reproduced"), ("not", "Not reproduced")):
+            lines.append(f"{label}: <b>{_e(', '.join(str(x) for x in s.get(key) or []) or 'none')}</b>")
+        if s.get("seconds") is not None:
+            lines.append(f"The programme ran in {float(s['seconds']):.0f} s.")
     if not lines:
         return ""
     return '<div class="headline">' + "<br>".join(lines) + "</div>"
@@ -225,7 +246,7 @@ def sweep_result(path: Path, top: int = 20) -> dict[str, Any]:
         slim.append(row)
     slim.sort(key=lambda r: -r.get("drop", 0.0))
     cfg = header.get("config", {})
-    return {
+    out = {
         "kind": "sweep",
         "model": cfg.get("model", "?"),
         "summary": {"baseline_acc": b, "heads": len(recs), "top_head": slim[0].get("head") if slim else None,
@@ -233,6 +254,12 @@ def sweep_result(path: Path, top: int = 20) -> dict[str, Any]:
         "top_heads": slim[:top],
         "config": {k: v for k, v in cfg.items() if k != "heads"},
     }
+    cum = path.parent / "cumulative.json"
+    if cum.is_file():  # ``ganda sweep --until-chance``
+        c = json.loads(cum.read_text())
+        out["summary"]["heads_to_chance"] = c.get("heads_to_chance")
+        out["cumulative_ablation"] = c.get("curve", [])
+    return out
 
 
 def render_run(run_dir: Path, index: int) -> str:

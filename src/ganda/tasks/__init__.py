@@ -32,8 +32,14 @@ def register_task(name: str, target: str) -> None:
     TASKS[name] = target
 
 
-def get_task(name: str, **options: Any) -> Task:
-    """Build a task by name; options that are None are left at the task's defaults."""
+def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
+    """Build a task by name; options that are None are left at the task's defaults.
+
+    With ``adapter`` (the model the task will run on) a task class may take defaults from the
+    model through a ``for_model(adapter) -> dict`` classmethod: the lab's tasks read the world a
+    lab model was trained on from its ``lab.json``, so its facts are the ones it learned. Options
+    given explicitly win over those defaults.
+    """
     if name not in TASKS:
         import ganda.lab  # noqa: F401  (registers the lab's synthetic-world tasks)
     if name not in TASKS:
@@ -41,10 +47,22 @@ def get_task(name: str, **options: Any) -> Task:
     module, factory = TASKS[name].split(":")
     cls = getattr(importlib.import_module(module), factory)
     opts = {k: v for k, v in options.items() if v is not None}
+    if adapter is not None and hasattr(cls, "for_model"):
+        opts = {**cls.for_model(adapter), **opts}
     try:
         return cls(**opts)
     except TypeError as exc:
         raise GandaError(f"task {name!r}: {exc}") from None
 
 
-__all__ = ["Example", "TASKS", "Task", "get_task", "register_task", "token_spans"]
+def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
+    """``task`` rebuilt with ``adapter``'s defaults when its class takes any (else ``task``).
+
+    Commands build the task before loading the model, so that a bad task name fails fast, then
+    call this once the model is loaded."""
+    if hasattr(type(task), "for_model"):
+        return get_task(name, adapter=adapter, **options)
+    return task
+
+
+__all__ = ["Example", "TASKS", "Task", "get_task", "register_task", "task_for_model", "token_spans"]

@@ -1,0 +1,159 @@
+"""Which heads Gather and which Aggregate, decided causally by *where* a head's output matters.
+
+The paper's two roles differ in position: a Gather head writes each segment's summary into the
+segment's tokens (positions before the answer), an Aggregate head reads those summaries *at the
+final position*. So for each of the heads whose zero-ablation hurts the task most (a single-head
+sweep ranks them), three ablations are scored on the same prompts:
+
+* ``all``: the head zeroed at every position (the paper's ablation);
+* ``query``: zeroed only at the final prompt position (what an Aggregate head does there);
+* ``context``: zeroed everywhere except the final position (what a Gather head writes before it).
+
+A head whose ``query`` ablation costs more than its ``context`` ablation is labelled
+**aggregate**, the other way round **gather**; a control task (knowledge) is scored with the full
+ablation to show the dissociation. Labels come from causal drops, not from attention maps, so
+they also hold for heads whose maps are hard to read (SSM heads, small lab models). A head whose
+full ablation costs less than ``min_drop`` is labelled ``-``, and one whose full ablation costs the
+control task more than ``max_control_drop`` is labelled ``knowledge``: it carries what the task needs
+to know, not how it is retrieved (the paper's G&A heads leave knowledge tasks alone).
+
+The result also records the cumulative ablation of the ranked heads until the task is at chance
+(how many heads must go), the measure of how concentrated the mechanism is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..errors import GandaError
+from ..interventions import AblateHeads
+from ..models.base import ModelAdapter
+from ..scoring import evaluate_examples
+from ..tasks.base import Example
+from .common import ExperimentResult
+
+MODES = ("all", "query", "context")
+
+
+@dataclass
+class RolesResult(ExperimentResult):
+    kind: str = "roles"
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        from ..report.figures import bars, curves
+
+        task = self.config.get("task", "task")
+        control = self.config.get("control")
+        rows = self.rows
+        labels = [f"{r['head']} ({r['role']})" for r in rows]
+        series = {f"{task}, ablated at {m}": [r[f"{m}"] for r in rows] for m in MODES}
+        if control:
+            series[f"{control}, ablated at all"] = [r.get("control") for r in rows]
+        hl = {f"{task} intact": self.summary.get("baseline"), "chance": self.summary.get("chance")}
+        paths = [bars(labels, series, Path(out_dir) / "roles.png", hlines={k: v for k, v in hl.items() if v is not None},
+                      rotate=45 if len(labels) > 4 else 0,
+                      title=f"Where each head matters ({self.model}): all / final position only / before it")]
+        cum = self.extra.get("cumulative") or []
+        if cum:
+            x = [0] + [c["n_heads"] for c in cum]
+            ys = [self.summary.get("baseline")] + [c["accuracy"] for c in cum]
+            paths.append(curves(x, {task: ys}, Path(out_dir) / "cumulative.png", xlabel="heads ablated (ranked by drop)",
+                                hlines={"chance": self.summary.get("chance", 0.0)},
+                                title=f"Cumulative head ablation ({self.model})"))
+        return paths
+
+
+def _acc(adapter: ModelAdapter, examples: Sequence[Example], ivs: list) -> tuple[float, list[float]]:
+    r = evaluate_examples(adapter, examples, ivs, progress=False)
+    return r.accuracy, list(r.ci95)
+
+
+def head_roles(
+    adapter: ModelAdapter,
+    examples: Sequence[Example],
+    *,
+    control: Sequence[Example] | None = None,
+    also: dict[str, Sequence[Example]] | None = None,
+    ranked: Sequence[str] | None = None,
+    top: int = 6,
+    min_drop: float = 0.05,
+    max_control_drop: float = 0.1,
+    until_chance: bool = True,
+    max_heads: int = 24,
+    task_name: str = "task",
+    control_name: str | None = None,
+    progress: bool = True,
+) -> RolesResult:
+    """Label the ``top`` most damaging heads Gather or Aggregate (module docstring).
+
+    ``ranked``: heads in order of damage (default: a single-head sweep on ``examples``);
+    ``also``: further tasks scored with the full ablation (e.g. the letters task)."""
+    if not examples:
+        raise GandaError("no examples to find head roles on")
+    if any(len(ex.choices) < 2 for ex in examples):
+        raise GandaError("head roles need multiple-choice examples")
+    chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
+    base, base_ci = _acc(adapter, examples, [])
+    sweep_drops: dict[str, float] = {}
+    if ranked is None:
+        from ..sweep import run_sweep
+
+        sw = run_sweep(adapter, examples, progress=progress)
+        ranked = [r["head"] for r in sw.top(len(sw.records))]
+        sweep_drops = {r["head"]: sw.drop(r) for r in sw.records}
+    ranked = list(ranked)
+    control_base = _acc(adapter, control, [])[0] if control else None
+    also = dict(also or {})
+    also_base = {k: _acc(adapter, v, [])[0] for k, v in also.items()}
+    rows: list[dict[str, Any]] = []
+    for h in tqdm(ranked[:top], desc="head roles", disable=not progress, leave=False):
+        row: dict[str, Any] = {"head": h}
+        for m in MODES:
+            acc, ci = _acc(adapter, examples, [AblateHeads(h, positions=None if m == "all" else m)])
+            row[m], row[f"{m}_lo"], row[f"{m}_hi"] = acc, ci[0], ci[1]
+            row[f"drop_{m}"] = base - acc
+        if control:
+            row["control"] = _acc(adapter, control, [AblateHeads(h)])[0]
+            row["drop_control"] = control_base - row["control"]
+        for k, exs in also.items():
+            row[k] = _acc(adapter, exs, [AblateHeads(h)])[0]
+            row[f"drop_{k}"] = also_base[k] - row[k]
+        if row["drop_all"] < min_drop:
+            row["role"] = "-"
+        elif control and row["drop_control"] > max_control_drop:
+            row["role"] = "knowledge"
+        else:
+            row["role"] = "aggregate" if row["drop_query"] > row["drop_context"] else "gather"
+        rows.append(row)
+    summary: dict[str, Any] = {"baseline": base, "baseline_ci95": base_ci, "chance": chance, "n": len(examples),
+                               "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()}}
+    for role in ("gather", "aggregate"):
+        cands = [r for r in rows if r["role"] == role]
+        best = min(cands, key=lambda r: r["all"]) if cands else None
+        summary[role] = best["head"] if best else None
+        summary[f"{role}_ablated"] = best["all"] if best else None
+        summary[f"{role}_ablated_ci95"] = [best["all_lo"], best["all_hi"]] if best else None
+        summary[f"{role}_control_drop"] = best.get("drop_control") if best else None
+        summary[f"{role}_heads"] = [r["head"] for r in cands]
+    extra: dict[str, Any] = {}
+    if until_chance:
+        from ..discovery import ablate_until_chance
+
+        cum = ablate_until_chance(adapter, examples, ranked, chance=chance, max_heads=max_heads, progress=progress)
+        reached = bool(cum) and cum[-1]["accuracy"] <= chance + 0.05
+        summary["heads_to_chance"] = cum[-1]["n_heads"] if reached else None
+        summary["heads_to_chance_max"] = max_heads
+        extra["cumulative"] = cum
+    if sweep_drops:
+        extra["sweep_drops"] = sweep_drops
+    return RolesResult(
+        model=adapter.spec, rows=rows, summary=summary, extra=extra,
+        config={"task": task_name, "control": control_name, "also": list(also), "top": top, "min_drop": min_drop,
+                "max_control_drop": max_control_drop,
+                "ranked": list(ranked[:top])},
+    )

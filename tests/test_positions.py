@@ -1,0 +1,96 @@
+"""Position-restricted ablations: the final position ("query"), every position before it
+("context"), and the last scored position of a multi-token answer ("last")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ganda.interventions import AblateHeads, apply, mask_last_row
+
+
+def _ids(tok, text="Question: which is it?\nA. red hill\nB. old port\nAnswer:"):
+    return torch.tensor([tok(text).input_ids])
+
+
+def test_query_and_context_ablations_add_up_to_the_full_ablation(tiny, byte_tok):
+    ids = _ids(byte_tok)
+    with apply(tiny, [AblateHeads("L1H2")]):
+        full = tiny.forward(ids)
+    with apply(tiny, [AblateHeads("L1H2", positions="query"), AblateHeads("L1H2", positions="context")]):
+        both = tiny.forward(ids)
+    torch.testing.assert_close(both, full, rtol=0, atol=1e-6)
+    with apply(tiny, [AblateHeads("L1H2", positions="query")]):
+        q = tiny.forward(ids)
+    with apply(tiny, [AblateHeads("L1H2", positions="context")]):
+        c = tiny.forward(ids)
+    intact = tiny.forward(ids)
+    # a query-only ablation changes nothing before the final position (causal model)
+    torch.testing.assert_close(q[0, :-1], intact[0, :-1], rtol=0, atol=0)
+    assert (q[0, -1] - intact[0, -1]).abs().max() > 1e-5
+    # a context-only ablation changes the final position too (through attention), but not by
+    # zeroing the head there: the final row of the out_proj input keeps the head
+    assert (c[0, :-1] - intact[0, :-1]).abs().max() > 1e-5
+
+
+def test_context_ablation_keeps_the_final_row_of_the_head(tiny, byte_tok):
+    from ganda.heads import HeadId
+
+    ids = _ids(byte_tok)
+    mixer = tiny.mixer_of(HeadId(1, 2))
+    sl = mixer.head_slice(2)
+    seen = []
+
+    def grab(_m, args):
+        seen.append(args[0].detach().clone())
+
+    with apply(tiny, [AblateHeads("L1H2", positions="context")]):
+        h = mixer.out_proj.register_forward_pre_hook(grab)
+        tiny.forward(ids)
+        h.remove()
+    x = seen[0]
+    assert x[0, :-1, sl].abs().max() == 0  # zeroed before the final position
+    assert x[0, -1, sl].abs().max() > 0  # kept at it
+    other = mixer.head_slice(1)
+    assert x[0, :, other].abs().min() >= 0 and x[0, :-1, other].abs().max() > 0  # other heads untouched
+
+
+def test_last_rule_masks_the_position_predicting_the_final_answer_token(tiny, byte_tok):
+    from ganda.scoring import score_choices
+
+    ctx, cont = "Answer:", " old port"
+    base = score_choices(tiny, ctx, [cont, " red hill"])
+    with apply(tiny, [mask_last_row("L*H*", "query")]):
+        q = score_choices(tiny, ctx, [cont, " red hill"])
+    with apply(tiny, [mask_last_row("L*H*", "last")]):
+        last = score_choices(tiny, ctx, [cont, " red hill"])
+    assert q.loglik != base.loglik and last.loglik != base.loglik and q.loglik != last.loglik
+    # by hand, with plain hooks: zero every head's output at the row that predicts the final byte
+    ids = torch.tensor([byte_tok(ctx + cont).input_ids])
+    n_ctx = len(byte_tok(ctx).input_ids)
+    row = ids.shape[1] - 2
+
+    def zero_row(_m, args):
+        x = args[0].clone()
+        x[:, row] = 0
+        return (x, *args[1:])
+
+    mixers = {id(tiny.mixer_of(h)): tiny.mixer_of(h) for h in tiny.heads()}
+    handles = [m.out_proj.register_forward_pre_hook(zero_row) for m in mixers.values()]
+    try:
+        with torch.no_grad():
+            logp = torch.log_softmax(tiny.forward(ids)[0].float(), -1)
+    finally:
+        for h in handles:
+            h.remove()
+    ll = sum(float(logp[p - 1, ids[0, p]]) for p in range(n_ctx, ids.shape[1]))
+    assert ll == pytest.approx(last.loglik[0], abs=1e-4)
+
+
+def test_bad_position_rule_is_refused(tiny):
+    from ganda.errors import GandaError
+
+    with pytest.raises(GandaError):
+        mask_last_row("L0H0", "first")
+    with pytest.raises(GandaError), apply(tiny, [AblateHeads("L0H0", positions="middle")]):
+        pass
