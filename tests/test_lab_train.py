@@ -117,3 +117,39 @@ def test_export_checkpoint(tmp_path):
     rec = export_checkpoint(tmp_path / "a", tmp_path / "e")
     assert rec["steps"] == 2 and rec["exported_from_checkpoint"]
     assert ganda.load_model(str(tmp_path / "e")).num_layers == 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "mamba2"])
+def test_length_buckets_give_the_whole_batch_gradient(arch):
+    """Bucketing a batch by length cuts padding; the summed, once-normalised loss must give the
+    gradient of the whole padded batch (right padding never reaches a real token)."""
+    from ganda.lab.configs import build_model, resolve_config
+    from ganda.lab.tokenizer import build_tokenizer
+    from ganda.lab.train import bucket_batch, lm_loss, lm_loss_parts, make_batch
+    from ganda.lab.world import World, WorldConfig
+
+    model = ({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 2} if arch == "llama" else
+             {"hidden_size": 32, "num_hidden_layers": 2, "num_heads": 4, "head_dim": 16, "state_size": 8,
+              "expand": 2, "n_groups": 1, "chunk_size": 8})
+    cfg = resolve_config({"arch": arch, "model": model, "world": {"distractors": "hard", "n_values": 36},
+                          "train": {"batch_size": 12, "answer_weight": 5.0, "kv_queries": [1, 3],
+                                    "mixture": {"statement": 1, "drill": 1, "kv": 1, "mmlu": 1}}})
+    world = World(WorldConfig.from_json(cfg["world"]))
+    tok = build_tokenizer(world)
+    torch.manual_seed(0)
+    m = build_model(cfg, tok)
+    batch = make_batch(world, tok, cfg["train"], 0, 1)
+    lengths = batch["attention_mask"].sum(1)
+    assert lengths.min() < lengths.max()  # something to bucket
+    lm_loss(m, batch).backward()
+    full = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad()
+    parts = bucket_batch(batch, 3)
+    assert len(parts) == 3 and sum(p["input_ids"].shape[0] for p in parts) == 12
+    assert sum(p["input_ids"].numel() for p in parts) < batch["input_ids"].numel()  # less padding
+    weight = sum(lm_loss_parts(m, p)[1] for p in parts)
+    for p in parts:
+        (lm_loss_parts(m, p)[0] / weight).backward()
+    for n, g in full.items():
+        torch.testing.assert_close(dict(m.named_parameters())[n].grad, g, atol=1e-6, rtol=1e-4, msg=n)

@@ -107,3 +107,95 @@ def test_letters_entities_have_no_stored_facts(world):
     for ex in get_task("lab-letters").examples(limit=20):
         assert ex.meta["entity"] not in stored
         assert f"Context: The {ex.meta['relation']} of {ex.meta['entity']} is {ex.meta['value']}." in ex.prompt
+
+
+# ---- the hard world: distractors, the option drill, multi-query dictionaries ---------------------
+
+HARD = WorldConfig(distractors="hard", n_values=36)
+
+
+def _words(opt: str) -> tuple[str, str]:
+    a, n = opt.split()
+    return a, n
+
+
+def test_hard_distractors_leave_no_single_word_that_identifies_the_answer():
+    w, rng = World(HARD), random.Random(0)
+    for i in range(300):
+        ex = w.mmlu_example(rng, w.facts[i % len(w.facts)]) if i % 2 else w.letters_example(rng)
+        opts = [_words(o) for o in ex.meta["options"]]
+        gold = opts[ex.gold]
+        assert len(set(opts)) == 4 and ex.meta["value"] == " ".join(gold)
+        # both the gold adjective and the gold noun appear in some distractor
+        assert sum(o[0] == gold[0] for o in opts) >= 2 and sum(o[1] == gold[1] for o in opts) >= 2
+    # the default world draws distractors at random: there, one word usually does identify it
+    w0 = World()
+    single = 0
+    for i in range(300):
+        ex = w0.mmlu_example(rng, w0.facts[i])
+        opts = [_words(o) for o in ex.meta["options"]]
+        g = opts[ex.gold]
+        single += sum(o[0] == g[0] for o in opts) == 1 or sum(o[1] == g[1] for o in opts) == 1
+    assert single > 200
+    # knowledge questions keep random distractors in the hard world too
+    ex = w.knowledge_example(random.Random(1), w.facts[0])
+    assert ex.choices[ex.gold] == " " + w.facts[0].value
+
+
+def test_hard_world_can_be_switched_off_per_example():
+    w = World(HARD)
+    a = w.mmlu_example(random.Random(5), w.facts[3], hard=False)
+    b = World(WorldConfig(n_values=36)).mmlu_example(random.Random(5), w.facts[3])
+    assert a.prompt == b.prompt
+
+
+def test_option_drill_asks_several_letters_of_one_option_block():
+    w = World(HARD)
+    tok = build_tokenizer(w)
+    pieces = w.drill_pieces(random.Random(2), n_options=4, n_queries=3)
+    text = "".join(t for t, _ in pieces)
+    assert text.startswith("Question: Which option is ") and text.count("Question:") == 3
+    assert text.count("\nA. ") == 1 and text.count("Answer:") == 3
+    answers = [t for t, is_answer in pieces if is_answer]
+    assert len(answers) == 3 and len(set(answers)) == 3
+    lines = dict(line.split(". ", 1) for line in text.split("\n") if line[:2] in ("A.", "B.", "C.", "D."))
+    asked = [q.split("is ", 1)[1].rstrip("?") for q in text.split("\n") if q.startswith("Question:")]
+    for content, ans in zip(asked, answers, strict=True):  # every answer is the letter of that option
+        assert lines[ans.strip()] == content
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert tok.unk_token_id not in ids and tok.decode(ids) == text
+
+
+def test_training_sequences_weight_only_the_answers(tmp_path):
+    from ganda.lab.train import sample_sequence
+
+    w = World(HARD)
+    tok = build_tokenizer(w)
+    for kind, kvq in (("drill", (1, 1)), ("kv", (3, 3))):
+        ids, labels, weights = sample_sequence(w, tok, random.Random(4), kind, (5, 5), (4, 4), 5.0, None, kvq)
+        heavy = [tok.convert_ids_to_tokens(i) for i, x in zip(ids, weights, strict=True) if x == 5.0]
+        assert len(heavy) >= (2 if kind == "drill" else 3) and all(t.startswith(" ") for t in heavy)
+        assert labels == ids  # all-token loss (answer_weight set)
+        # without an answer weight only the answers carry a loss
+        ids2, labels2, _ = sample_sequence(w, tok, random.Random(4), kind, (5, 5), (4, 4), None, None, kvq)
+        assert ids2 == ids and sum(x != -100 for x in labels2) == len(heavy)
+
+
+def test_multi_query_dictionary_answers_each_key_with_its_value():
+    w = World(HARD)
+    pieces = w.kv_pieces(random.Random(3), n_pairs=6, n_queries=4)
+    text = "".join(t for t, _ in pieces)
+    table = dict(line.split(":") for line in text.split("\n")[1:7])
+    queries = [q.split("'")[1] for q in text.split("\n")[7:] if q.startswith("The value")]
+    answers = [t.strip() for t, a in pieces if a]
+    assert len(queries) == 4 and len(set(queries)) == 4
+    assert [table[k] for k in queries] == answers
+
+
+def test_phrase_keys_are_two_words_of_the_world():
+    w = World(WorldConfig(kv_keys="phrases"))
+    ex = w.kv_example(random.Random(0), 8)
+    keys = [line.split(":")[0] for line in ex.prompt.split("\n")[1:9]]
+    assert all(len(k.split()) == 2 for k in keys) and len(set(keys)) == 8
+    with pytest.raises(ValueError):
+        World(WorldConfig(kv_keys="nope")).kv_example(random.Random(0), 2)

@@ -26,8 +26,10 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     # mixture of training sequences (weights, normalised)
     "mixture": {"statement": 0.3, "mmlu": 0.4, "letters": 0.15, "kv": 0.15},
     "kv_pairs": [2, 10],  # n_pairs drawn uniformly from this inclusive range
+    "kv_queries": [1, 1],  # keys asked per training dictionary (inclusive range; evaluation asks one)
     "n_options": [4, 4],  # options per MMLU-format training question (inclusive range)
     "two_option_steps": 0,  # curriculum: only 2-option questions for the first steps
+    "hard_from_step": 0,  # curriculum: random distractors before this step (worlds with hard ones)
     "space_tied_init": False,  # initialise " w" embeddings as "w"
     "answer_weight": None,  # None: loss on answers only; a number: all tokens, answers weighted
     "eval_every": 250,
@@ -35,6 +37,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "ckpt_every": 250,
     "seed": 0,
     "threads": 1,  # one thread per run: far faster than 2 on a shared 2-core box
+    "buckets": 1,  # split each batch into this many length groups (less padding, the same gradient)
 }
 
 # The recipe of the shipped runs: all-token loss with the answer weighted 5x, 2-4 option

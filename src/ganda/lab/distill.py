@@ -99,8 +99,13 @@ def distill(teacher_dir: str | Path, out: str | Path, *, steps: int | None = Non
     student = build_student(teacher, cfg["mamba"])
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
-    tr = {"batch_size": cfg["batch_size"], "mixture": (meta.get("config") or {}).get("train", {}).get(
-        "mixture", {"statement": 0.3, "mmlu": 0.4, "letters": 0.15, "kv": 0.15}), "kv_pairs": [2, 10]}
+    ttrain = (meta.get("config") or {}).get("train", {})
+    tr = {"batch_size": cfg["batch_size"],
+          "mixture": ttrain.get("mixture", {"statement": 0.3, "mmlu": 0.4, "letters": 0.15, "kv": 0.15}),
+          "kv_pairs": ttrain.get("kv_pairs", [2, 10]), "kv_queries": ttrain.get("kv_queries", [1, 1]),
+          "n_options": ttrain.get("n_options", [4, 4]),
+          # the answer weight only marks answer positions here (for the per-position diagnostic)
+          "answer_weight": ttrain.get("answer_weight") or 5.0}
     layers = student.model.layers
     history: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -112,14 +117,22 @@ def distill(teacher_dir: str | Path, out: str | Path, *, steps: int | None = Non
         batch = make_batch(world, tok, tr, 10_000 + cfg["seed"], step)
         hs = teacher_states(teacher, batch["input_ids"], batch["attention_mask"])
         mask = batch["attention_mask"].bool()
-        losses = []
+        # positions that predict an answer token (the next token carries the answer weight): where
+        # an Aggregate head acts; their alignment is reported apart, since a layer can match the
+        # teacher everywhere else and still miss the one position retrieval needs
+        answer = torch.zeros_like(mask)
+        answer[:, :-1] = batch["weights"][:, 1:] > 1.0
+        losses, answer_losses = [], []
         for i, layer in enumerate(layers):
             y = layer(hs[i].detach())
             y = y[0] if isinstance(y, tuple) else y
             target = hs[i + 1]
-            err = ((y - target) ** 2).sum(-1)[mask]
-            scale = ((target - hs[i]) ** 2).sum(-1)[mask].mean().clamp_min(1e-6)
-            losses.append(err.mean() / scale)
+            sq = ((y - target) ** 2).sum(-1)
+            upd = ((target - hs[i]) ** 2).sum(-1)
+            scale = upd[mask].mean().clamp_min(1e-6)
+            losses.append(sq[mask].mean() / scale)
+            if answer.any():
+                answer_losses.append(float(sq[answer].mean() / upd[answer].mean().clamp_min(1e-6)))
         loss = torch.stack(losses).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -131,6 +144,7 @@ def distill(teacher_dir: str | Path, out: str | Path, *, steps: int | None = Non
             acc = quick_eval(student, tok, world, cfg["eval_n"])
             student.train()
             history.append({"step": done, "layer_loss": [round(x.item(), 4) for x in losses],
+                            "layer_loss_answer": [round(x, 4) for x in answer_losses],
                             "seconds": round(time.perf_counter() - t0, 1), **{k: round(v, 3) for k, v in acc.items()}})
             log(json.dumps(history[-1]))
     student.eval()

@@ -36,8 +36,22 @@ def example_ids(tok, ex: Example) -> tuple[list[int], int]:
     return full, len(ctx)
 
 
+def _pieces_sequence(tok, pieces: list[tuple[str, bool]], answer_weight: float | None
+                     ) -> tuple[list[int], list[int], list[float]]:
+    """(ids, labels, weights) of text pieces, the answer pieces weighted (or the only ones with loss)."""
+    ids, weights = [], []
+    aw = 1.0 if answer_weight is None else float(answer_weight)
+    for text, is_answer in pieces:
+        piece = tok(text, add_special_tokens=False).input_ids
+        ids += piece
+        weights += [aw if is_answer else (1.0 if answer_weight is not None else 0.0)] * len(piece)
+    labels = [i if w > 0 else -100 for i, w in zip(ids, weights, strict=True)]
+    return ids, labels, [w if w > 0 else 1.0 for w in weights]
+
+
 def sample_sequence(world: World, tok, rng, kind: str, kv_pairs: tuple[int, int],
                     n_options: tuple[int, int] = (4, 4), answer_weight: float | None = None,
+                    hard: bool | None = None, kv_queries: tuple[int, int] = (1, 1),
                     ) -> tuple[list[int], list[int], list[float]]:
     """(ids, labels, weights) for one training sequence; labels are -100 where there is no loss.
 
@@ -45,15 +59,26 @@ def sample_sequence(world: World, tok, rng, kind: str, kv_pairs: tuple[int, int]
     weighted this much more (predicting the next option letter trains the Gather side early).
 
     ``n_options``: MMLU-format training questions get between these many options (a 2-4 option
-    curriculum shortens the plateau before the Gather-and-Aggregate circuit forms)."""
+    curriculum shortens the plateau before the Gather-and-Aggregate circuit forms).
+
+    ``hard``: override the world's distractor kind (a random-then-hard curriculum).
+    ``kv_queries``: dictionary prompts ask between these many keys in turn (a dense signal)."""
     if kind == "statement":
         f = rng.choice(world.facts)
         ids = tok(world.statement(f.entity, f.relation, f.value), add_special_tokens=False).input_ids
         return ids, list(ids), [1.0] * len(ids)
+    if kind == "drill":
+        return _pieces_sequence(tok, world.drill_pieces(rng, 4, rng.randint(2, 4), hard), answer_weight)
+    if kind == "kvrepeat":
+        return _pieces_sequence(tok, world.kv_repeat_pieces(rng, rng.randint(kv_pairs[0], kv_pairs[1])), answer_weight)
+    if kind == "kv" and kv_queries[1] > 1:
+        n_pairs = rng.randint(kv_pairs[0], kv_pairs[1])
+        pieces = world.kv_pieces(rng, n_pairs, rng.randint(kv_queries[0], kv_queries[1]))
+        return _pieces_sequence(tok, pieces, answer_weight)
     if kind == "mmlu":
-        ex = world.mmlu_example(rng, rng.choice(world.train_facts), rng.randint(*n_options))
+        ex = world.mmlu_example(rng, rng.choice(world.train_facts), rng.randint(*n_options), hard)
     elif kind == "letters":
-        ex = world.letters_example(rng, rng.randint(*n_options))
+        ex = world.letters_example(rng, rng.randint(*n_options), hard)
     elif kind == "kv":
         ex = world.kv_example(rng, rng.randint(kv_pairs[0], kv_pairs[1]))
     else:
@@ -73,8 +98,33 @@ def make_batch(world: World, tok, cfg_train: dict[str, Any], seed: int, step: in
     if step < cfg_train.get("two_option_steps", 0):  # curriculum: binary questions first
         nopt = (2, 2)
     aw = cfg_train.get("answer_weight")
-    seqs = [sample_sequence(world, tok, rng, rng.choices(kinds, weights)[0], kvp, nopt, aw)
+    # curriculum: random distractors before ``hard_from_step`` in a world with hard ones
+    hard = False if step < cfg_train.get("hard_from_step", 0) else None
+    kvq = tuple(cfg_train.get("kv_queries", (1, 1)))
+    seqs = [sample_sequence(world, tok, rng, rng.choices(kinds, weights)[0], kvp, nopt, aw, hard, kvq)
             for _ in range(cfg_train["batch_size"])]
+    return _pad(tok, seqs)
+
+
+def bucket_batch(batch: dict[str, torch.Tensor], buckets: int) -> list[dict[str, torch.Tensor]]:
+    """Split a right-padded batch into ``buckets`` groups of similar length, each cut to its own
+    width: the same sequences with far less padding (statements are 8 tokens, drills 70). The
+    weighted loss summed over the groups and divided once by the total weight is exactly the
+    loss of the whole batch (:func:`lm_loss_parts`)."""
+    if buckets <= 1:
+        return [batch]
+    lengths = batch["attention_mask"].sum(1)
+    order = torch.argsort(lengths, stable=True)
+    out = []
+    for idx in torch.tensor_split(order, buckets):
+        if len(idx) == 0:
+            continue
+        width = int(lengths[idx].max())
+        out.append({k: v[idx, :width] for k, v in batch.items()})
+    return out
+
+
+def _pad(tok, seqs) -> dict[str, torch.Tensor]:
     width = max(len(s[0]) for s in seqs)
     pad = tok.pad_token_id
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
@@ -165,16 +215,22 @@ def _lr(step: int, cfg_train: dict[str, Any]) -> float:
     return base * (lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Next-token cross-entropy on labelled positions only (the LM head runs only there)."""
+def lm_loss_parts(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of weighted next-token cross-entropy, sum of weights) on labelled positions only
+    (the LM head runs only there)."""
     h = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
     labels = batch["labels"][:, 1:]
     keep = labels != -100
     logits = model.lm_head(h[:, :-1][keep]).float()
-    if "weights" not in batch:
-        return torch.nn.functional.cross_entropy(logits, labels[keep])
-    w = batch["weights"][:, 1:][keep]
-    return (torch.nn.functional.cross_entropy(logits, labels[keep], reduction="none") * w).sum() / w.sum()
+    ce = torch.nn.functional.cross_entropy(logits, labels[keep], reduction="none")
+    w = batch["weights"][:, 1:][keep] if "weights" in batch else torch.ones_like(ce)
+    return (ce * w).sum(), w.sum()
+
+
+def lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Weighted mean next-token cross-entropy of a batch."""
+    total, weight = lm_loss_parts(model, batch)
+    return total / weight
 
 
 @torch.no_grad()
@@ -248,9 +304,14 @@ def train(
         for g in opt.param_groups:
             g["lr"] = _lr(step, tr)
         batch = make_batch(world, tok, tr, tr["seed"], step)
-        loss = lm_loss(model, batch)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        parts = bucket_batch(batch, int(tr.get("buckets", 1)))
+        total_w = sum(float(b["weights"][:, 1:][b["labels"][:, 1:] != -100].sum()) for b in parts)
+        loss = torch.zeros(())
+        for part in parts:  # one backward per bucket: the graph of one bucket at a time in memory
+            s_, _ = lm_loss_parts(model, part)
+            (s_ / total_w).backward()
+            loss = loss + s_.detach() / total_w
         torch.nn.utils.clip_grad_norm_(model.parameters(), tr["grad_clip"])
         opt.step()
         lv = loss.item()

@@ -41,6 +41,13 @@ TEMPLATE_WORDS = (
     "value key"
 ).split()
 PUNCT = [".", ":", "?", "'", "\n"]
+# words of the training-only option drill; appended after every other word so that adding them
+# left the ids of earlier vocabularies unchanged
+DRILL_WORDS = ["Which", "option"]
+
+
+# what a world record that predates these fields meant (lab.json files written before them)
+LEGACY: dict[str, Any] = {"distractors": "random", "kv_keys": "names"}
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,15 @@ class WorldConfig:
     n_values: int = 16  # values per relation (adjective x noun combinations)
     holdout_frac: float = 0.2  # facts whose MMLU-format questions never appear in training
     n_kv_values: int = 100
+    # "random": MMLU-format/letters distractors drawn at random from the relation's values;
+    # "hard": every distractor shares one word with the gold value (``red port`` vs ``red hill``,
+    # ``cold port``), so no single option word identifies the answer: the option line must be
+    # summarised as a whole (Gather) and matched as a whole (Aggregate). Knowledge questions keep
+    # random distractors (the ARC/PIQA analogue has no such trap).
+    distractors: str = "random"
+    # "names": dictionary keys are novel names (one token each); "phrases": two-word phrases
+    # made of the relations' words (``old hill:42``), so a key, like an option, spans tokens
+    kv_keys: str = "names"
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -60,7 +76,11 @@ class WorldConfig:
 
     @classmethod
     def from_json(cls, d: dict[str, Any] | None) -> WorldConfig:
+        """A world from its JSON record. A record written before a field existed gets the value
+        that field then had (``LEGACY``), not today's default; an empty record is today's default."""
         d = dict(d or {})
+        if d:
+            d = {**LEGACY, **d}
         if "relations" in d:
             d["relations"] = tuple(d["relations"])
         return cls(**d)
@@ -157,7 +177,7 @@ class World:
         ws: list[str] = list(TEMPLATE_WORDS) + list(LETTERS)
         for r in self.config.relations:
             ws += RELATIONS[r][0] + RELATIONS[r][1]
-        ws += self.entities + self.novel + [str(i) for i in range(self.config.n_kv_values)]
+        ws += self.entities + self.novel + [str(i) for i in range(self.config.n_kv_values)] + DRILL_WORDS
         seen: set[str] = set()
         return [w for w in ws if not (w in seen or seen.add(w))]
 
@@ -174,9 +194,20 @@ class World:
     def question(entity: str, relation: str) -> str:
         return f"Question: What is the {relation} of {entity}?\n"
 
-    def _options(self, rng: random.Random, relation: str, gold_value: str, n: int = 4) -> tuple[list[str], int]:
+    def _options(self, rng: random.Random, relation: str, gold_value: str, n: int = 4,
+                 hard: bool = False) -> tuple[list[str], int]:
         others = [v for v in self.values[relation] if v != gold_value]
-        opts = rng.sample(others, n - 1) + [gold_value]
+        if hard:  # one distractor shares the adjective, one the noun, the rest either
+            adj, noun = gold_value.split()
+            same_adj = [v for v in others if v.split()[0] == adj]
+            same_noun = [v for v in others if v.split()[1] == noun]
+            picks = [rng.choice(pool) for pool in (same_adj, same_noun)[: n - 1] if pool]
+            near = [v for v in same_adj + same_noun if v not in picks]
+            picks += rng.sample(near, min(n - 1 - len(picks), len(near)))
+            rest = [v for v in others if v not in picks]
+            opts = picks + rng.sample(rest, n - 1 - len(picks)) + [gold_value]
+        else:
+            opts = rng.sample(others, n - 1) + [gold_value]
         rng.shuffle(opts)
         return opts, opts.index(gold_value)
 
@@ -208,21 +239,91 @@ class World:
             meta={"entity": fact.entity, "relation": fact.relation, "value": fact.value},
         )
 
-    def mmlu_example(self, rng: random.Random, fact: Fact, n_options: int = 4) -> Example:
-        opts, gold = self._options(rng, fact.relation, fact.value, n_options)
+    @property
+    def hard(self) -> bool:
+        if self.config.distractors not in ("random", "hard"):
+            raise ValueError(f"distractors must be 'random' or 'hard', not {self.config.distractors!r}")
+        return self.config.distractors == "hard"
+
+    def mmlu_example(self, rng: random.Random, fact: Fact, n_options: int = 4, hard: bool | None = None) -> Example:
+        opts, gold = self._options(rng, fact.relation, fact.value, n_options, self.hard if hard is None else hard)
         meta = {"entity": fact.entity, "relation": fact.relation, "value": fact.value}
         return self._mc(self.question(fact.entity, fact.relation), opts, gold, meta)
 
-    def letters_example(self, rng: random.Random, n_options: int = 4) -> Example:
+    def letters_example(self, rng: random.Random, n_options: int = 4, hard: bool | None = None) -> Example:
         entity = rng.choice(self.novel)
         relation = rng.choice(self.config.relations)
         value = rng.choice(self.values[relation])
-        opts, gold = self._options(rng, relation, value, n_options)
+        opts, gold = self._options(rng, relation, value, n_options, self.hard if hard is None else hard)
         head = f"Context: {self.statement(entity, relation, value)}\n" + self.question(entity, relation)
         return self._mc(head, opts, gold, {"entity": entity, "relation": relation, "value": value})
 
+    def drill_pieces(self, rng: random.Random, n_options: int = 4, n_queries: int = 3,
+                     hard: bool | None = None) -> list[tuple[str, bool]]:
+        """A training-only *option drill*: one block of option lines, then several questions
+        about it, each answered by a letter::
+
+            Question: Which option is old hill?
+            A. wet hill
+            B. dark hill
+            C. old port
+            D. old hill
+            Answer: D
+            Question: Which option is old port?
+            Answer: C
+
+        Every question is pure letter retrieval (Gather the option lines, Aggregate the one that
+        matches), and one sequence supervises several of them: a dense signal for the circuit
+        that ``lab-mmlu`` and ``lab-letters`` need, as repeated sequences are for induction heads.
+        Returns ``(text, is_answer)`` pieces (answers are `` A``..`` D``).
+        """
+        relation = rng.choice(self.config.relations)
+        value = rng.choice(self.values[relation])
+        opts, gold = self._options(rng, relation, value, n_options, self.hard if hard is None else hard)
+        asked = [gold] + rng.sample([i for i in range(n_options) if i != gold], min(n_queries, n_options) - 1)
+        pieces: list[tuple[str, bool]] = [(f"Question: Which option is {opts[asked[0]]}?\n", False)]
+        pieces += [("".join(f"{LETTERS[i]}. {o}\n" for i, o in enumerate(opts)) + "Answer:", False)]
+        pieces += [(f" {LETTERS[asked[0]]}", True)]
+        for i in asked[1:]:
+            pieces += [(f"\nQuestion: Which option is {opts[i]}?\nAnswer:", False), (f" {LETTERS[i]}", True)]
+        return pieces
+
+    def kv_pieces(self, rng: random.Random, n_pairs: int, n_queries: int) -> list[tuple[str, bool]]:
+        """A training dictionary prompt asked ``n_queries`` different keys in turn (the first
+        query is exactly :meth:`kv_example`'s prompt), as ``(text, is_answer)`` pieces."""
+        ex = self.kv_example(rng, n_pairs)
+        keys, vals = ex.meta["keys"], ex.meta["values"]
+        asked = [ex.gold] + rng.sample([i for i in range(n_pairs) if i != ex.gold], min(n_queries, n_pairs) - 1)
+        pieces: list[tuple[str, bool]] = [(ex.prompt, False), (ex.choices[ex.gold], True)]
+        for i in asked[1:]:
+            pieces += [(f".\nThe value of the key '{keys[i]}' is", False), (f" {vals[i]}", True)]
+        return pieces
+
+    @cached_property
+    def kv_key_pool(self) -> list[str]:
+        if self.config.kv_keys == "names":
+            return self.novel
+        if self.config.kv_keys == "phrases":
+            return sorted({f"{a} {n}" for r in self.config.relations for a in RELATIONS[r][0] for n in RELATIONS[r][1]})
+        raise ValueError(f"kv_keys must be 'names' or 'phrases', not {self.config.kv_keys!r}")
+
+    def kv_repeat_pieces(self, rng: random.Random, n_pairs: int) -> list[tuple[str, bool]]:
+        """A training-only *repeat drill*: a dictionary, then the same lines again in a new order.
+        Each repeated key is unpredictable, but its value is fixed by the first copy: the dense
+        copy signal that makes induction-style heads (find the key, read what follows) form,
+        which the dictionary prompt's single query cannot give on its own."""
+        ex = self.kv_example(rng, n_pairs)
+        keys, vals = ex.meta["keys"], ex.meta["values"]
+        order = list(range(n_pairs))
+        rng.shuffle(order)
+        head = ex.prompt[: ex.prompt.rindex("\n") + 1]
+        pieces: list[tuple[str, bool]] = [(head, False)]
+        for i in order:
+            pieces += [(f"{keys[i]}:", False), (f"{vals[i]}", True), ("\n", False)]
+        return pieces
+
     def kv_example(self, rng: random.Random, n_pairs: int = 8) -> Example:
-        keys = rng.sample(self.novel, n_pairs)
+        keys = rng.sample(self.kv_key_pool, n_pairs)
         vals = rng.sample(range(self.config.n_kv_values), n_pairs)
         q = rng.randrange(n_pairs)
         prompt = KV_HEADER
@@ -238,7 +339,7 @@ class World:
             gold=q,
             segments=segments,
             gold_segment=q,
-            meta={"key": keys[q], "value": vals[q], "n_pairs": n_pairs},
+            meta={"key": keys[q], "value": vals[q], "n_pairs": n_pairs, "keys": keys, "values": vals},
         )
 
 
