@@ -9,8 +9,6 @@ import typer
 
 from ..errors import GandaError
 
-LAB_TASK_NAMES = ("lab-knowledge", "lab-mmlu", "lab-letters", "lab-kv")
-
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -53,52 +51,45 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def lab(
-        models: str = typer.Option("lab-llama", help="comma-separated shipped checkpoint names, model directories, "
-                                   "or lab config names (llama, mamba2, hybrid, smoke: trained into --workdir)"),
-        workdir: Path = typer.Option(Path("lab-runs"), help="where config names are trained (resumable)"),
-        steps: int = typer.Option(None, help="training steps for config names"),
-        n: int = typer.Option(200, help="examples per task"),
-        seed: int = typer.Option(0, help="evaluation seed"),
-        sweep: bool = typer.Option(False, help="also run the single-head ablation sweep on lab-mmlu/lab-knowledge"),
-        out: Path = typer.Option(None, help="write the results as JSON here"),
+        transformer: str = typer.Option("lab-llama", "--transformer", help="Llama model (findings 1-4, donor of 6)"),
+        ssm: str = typer.Option("lab-mamba2", "--ssm", help="Mamba-2 model (findings 3, 4); '' to skip"),
+        hybrid: str = typer.Option("lab-hybrid", "--hybrid", help="hybrid model (finding 5); '' to skip"),
+        distilled: str = typer.Option("lab-distilled", "--distilled", help="distilled SSM student of --transformer "
+                                      "(finding 6); '' to skip"),
+        from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all four models into "
+                                          "--workdir (resumable; two at a time), then use them"),
+        workdir: Path = typer.Option(Path("runs/lab-train"), "--workdir", help="--from-scratch: model directories"),
+        jobs: int = typer.Option(2, "--jobs", help="--from-scratch: trainings at a time (one torch thread each)"),
+        steps: int = typer.Option(None, "--steps", help="--from-scratch: override every config's training steps"),
+        n: int = typer.Option(200, "--n", help="held-out prompts per task"),
+        seed: int = typer.Option(0, "--seed", help="evaluation seed"),
+        top: int = typer.Option(6, "--top", help="heads whose role is tested per model"),
+        only: str = typer.Option("1,2,3,4,5,6", "--only", help="findings to run, e.g. 1,5"),
+        out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="run directory (one folder per finding, "
+                                 "findings/, report.html)"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
     ) -> None:
-        """The lab programme: load shipped (or given) lab models and evaluate the four lab tasks."""
-        from ..lab import checkpoint, shipped
-        from ..lab.configs import CONFIGS
-        from ..models import load_model
-        from ..models.registry import _ensure_builtin
-        from ..scoring import evaluate
+        """The lab programme: the paper's six findings on the lab models (shipped, given, or trained
+        --from-scratch), heads discovered, verdicts next to the paper's numbers, one HTML report."""
+        from ..lab import shipped
+        from ..lab.programme import Programme
 
-        _ensure_builtin()  # SSM/hybrid families register their model types on import
-        from ..tasks import get_task
+        try:
+            findings = tuple(sorted({int(x) for x in only.split(",") if x.strip()}))
+        except ValueError:
+            raise GandaError(f"--only: not a list of finding numbers: {only!r}") from None
+        if not findings or any(f not in range(1, 7) for f in findings):
+            raise GandaError("--only takes finding numbers 1 to 6")
+        models = {"transformer": transformer, "ssm": ssm, "hybrid": hybrid, "distilled": distilled}
+        if from_scratch:
+            from ..lab.scratch import train_all
 
-        results = {}
-        for spec in [m.strip() for m in models.split(",") if m.strip()]:
-            path = Path(spec) if Path(spec).exists() else checkpoint(spec) if spec in shipped() else None
-            if path is None and spec in CONFIGS:
-                from ..lab.train import train as run
-
-                path = Path(workdir) / spec
-                if not (path / "lab.json").exists():
-                    run(spec, path, steps=steps, resume=True)
-            if path is None:
-                raise GandaError(f"{spec!r} is neither a model directory nor a shipped lab checkpoint ({', '.join(shipped())})")
-            adapter = load_model(str(path))
-            from ..lab.analysis import model_world
-
-            world = model_world(adapter)
-            res = {}
-            for t in LAB_TASK_NAMES:
-                r = evaluate(adapter, get_task(t, world=world), limit=n, seed=seed, progress=False)
-                res[t] = {"accuracy": r.accuracy, "ci95": list(r.ci95), "n": r.n}
-                print(f"{spec:<16} {t:<14} {r.accuracy:6.3f}  [{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]  n={r.n}")
-            entry = {"tasks": res}
-            if sweep:
-                from ..lab.analysis import format_sweep, head_sweep
-
-                sw = head_sweep(adapter, n=n, seed=seed)
-                print(format_sweep(sw, top=8))
-                entry["sweep"] = sw
-            results[spec] = entry
-        if out:
-            Path(out).write_text(json.dumps(results, indent=2))
+            models = train_all(workdir, jobs=jobs, steps=steps)
+        for role, spec in models.items():
+            if spec and not Path(spec).exists() and spec not in shipped():
+                raise GandaError(f"--{role} {spec!r} is neither a model directory nor a shipped lab checkpoint "
+                                 f"({', '.join(shipped())})")
+        res = Programme(models=models, out=out, n=n, seed=seed, top=top, only=findings, progress=not quiet).run()
+        for f in res["findings"]:
+            print(f"finding {f['finding']}: {f['verdict']:<15} {f['lab']}")
+        print(f"wrote {out}/report.html ({res['seconds']:.0f} s)")

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole lab from nothing: train the Transformer, the Mamba-2 SSM and the hybrid, distil the
+# SSM student from the Transformer (two trainings at a time, one torch thread each; resumable:
+# rerun after an interruption), then run the six findings on the new models:
+#   bash scripts/lab_from_scratch.sh [OUT] [WORKDIR]   (defaults runs/lab-scratch, runs/lab-train)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+OUT=${1:-runs/lab-scratch}
+WORKDIR=${2:-runs/lab-train}
+N=${N:-200}
+exec .venv/bin/ganda lab --from-scratch --workdir "$WORKDIR" --n "$N" --out "$OUT" -q

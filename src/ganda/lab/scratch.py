@@ -1,0 +1,103 @@
+"""Train the four lab models from scratch, several at a time, resumably.
+
+Each model trains in its own process with one torch thread (on a 2-core machine two
+single-threaded runs side by side beat one two-threaded run), through the same ``ganda train``
+/ ``ganda distill`` commands a user would type. The distilled student waits for its teacher. A
+finished model (its ``lab.json`` written at the end of training) is skipped on a rerun; an
+interrupted one resumes from its last checkpoint. Wall times go to ``WORKDIR/timing.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import GandaError
+
+
+@dataclass
+class Job:
+    role: str
+    argv: list[str]
+    out: Path
+    after: str | None = None
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    started: float = 0.0
+    seconds: float | None = None
+
+
+def finished(out: Path) -> bool:
+    """A training run is finished when its model directory has ``lab.json`` with a history."""
+    f = out / "lab.json"
+    if not (f.is_file() and (out / "config.json").is_file()):
+        return False
+    try:
+        return "history" in json.loads(f.read_text())
+    except json.JSONDecodeError:
+        return False
+
+
+def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None) -> list[Job]:
+    """The jobs: transformer, SSM and hybrid from their configs, then the student from the transformer."""
+    cfg = {"transformer": "llama", "ssm": "mamba2", "hybrid": "hybrid", **(configs or {})}
+    g = [sys.executable, "-m", "ganda"]
+    extra = ["--steps", str(steps)] if steps else []
+    jobs = [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],
+                workdir / role) for role in ("ssm", "hybrid", "transformer")]
+    jobs.append(Job("distilled", [*g, "distill", str(workdir / "transformer"), "--out", str(workdir / "distilled"),
+                                  "--no-progress"], workdir / "distilled", after="transformer"))
+    return jobs
+
+
+def train_all(workdir: str | Path, *, jobs: int = 2, configs: dict[str, str] | None = None, steps: int | None = None,
+              log: Callable[[str], None] = print, poll: float = 2.0) -> dict[str, str]:
+    """Run the plan with at most ``jobs`` processes at a time; returns role -> model directory."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    todo = plan(workdir, configs, steps)
+    timing_file = workdir / "timing.json"
+    timing = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
+    done = {j.role for j in todo if finished(j.out)}
+    for r in sorted(done):
+        log(f"[lab] {r}: already trained in {workdir / r}")
+    pending = [j for j in todo if j.role not in done]
+    running: list[Job] = []
+    t0 = time.perf_counter()
+    try:
+        while pending or running:
+            for j in list(pending):
+                if len(running) >= jobs:
+                    break
+                if j.after and j.after not in done:
+                    continue
+                logf = open(j.out.parent / f"{j.role}.log", "a")  # noqa: SIM115 (closed with the process)
+                j.proc = subprocess.Popen(j.argv, stdout=logf, stderr=subprocess.STDOUT)
+                j.started = time.perf_counter()
+                log(f"[lab] {j.role}: started ({' '.join(j.argv[2:5])} ...), log {j.out.parent / (j.role + '.log')}")
+                pending.remove(j)
+                running.append(j)
+            time.sleep(poll)
+            for j in list(running):
+                rc = j.proc.poll() if j.proc else None
+                if rc is None:
+                    continue
+                running.remove(j)
+                j.seconds = round(time.perf_counter() - j.started, 1)
+                if rc != 0 or not finished(j.out):
+                    raise GandaError(f"training {j.role} failed (exit {rc}); see {j.out.parent / (j.role + '.log')}")
+                done.add(j.role)
+                timing[j.role] = j.seconds
+                timing_file.write_text(json.dumps(timing, indent=2))
+                log(f"[lab] {j.role}: done in {j.seconds:.0f} s")
+    finally:
+        for j in running:
+            if j.proc and j.proc.poll() is None:
+                j.proc.terminate()
+    timing["wall_seconds_this_run"] = round(time.perf_counter() - t0, 1)
+    timing_file.write_text(json.dumps(timing, indent=2))
+    return {j.role: str(j.out) for j in todo}

@@ -1,0 +1,142 @@
+"""The lab programme: verdict rules on known numbers, the from-scratch scheduler, and one whole
+run of the six findings on tiny models trained here (the orchestration, not the science)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ganda.experiments.common import ExperimentResult
+from ganda.lab.programme import verdicts
+
+
+def _roles(gather_ablated, aggregate_ablated, g_ctrl=0.01, a_ctrl=0.0, heads_to_chance=2, best=None):
+    rows = [{"head": "L0H3", "role": "gather", "all": gather_ablated},
+            {"head": "L1H1", "role": "aggregate", "all": aggregate_ablated}]
+    return ExperimentResult(kind="roles", rows=rows, summary={
+        "baseline": 0.96, "gather": "L0H3", "aggregate": "L1H1", "gather_ablated": gather_ablated,
+        "aggregate_ablated": aggregate_ablated, "gather_control_drop": g_ctrl, "aggregate_control_drop": a_ctrl,
+        "heads_to_chance": heads_to_chance, "heads_to_chance_max": 24})
+
+
+MODELS = {"transformer": {"lab-mmlu": 0.96, "lab-letters": 0.99}, "ssm": {"lab-mmlu": 0.7}}
+
+
+def _f(rows, n):
+    return next(r for r in rows if r["finding"] == n)
+
+
+def test_finding1_rule():
+    assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.30, 0.33)}), 1)["verdict"] == "reproduced"
+    assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.30, 0.60)}), 1)["verdict"] == "partly"
+    # knowledge moving by more than 5 points spoils the dissociation
+    assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.30, 0.60, g_ctrl=0.2)}), 1)["verdict"] == "not reproduced"
+    low = {**MODELS, "transformer": {"lab-mmlu": 0.90, "lab-letters": 1.0}}
+    assert _f(verdicts({"models": low, "roles_transformer": _roles(0.30, 0.33)}), 1)["verdict"] == "partly"
+
+
+def test_finding3_rule_counts_each_check():
+    t = _roles(0.30, 0.33, heads_to_chance=2)
+    s_more = _roles(0.50, 0.55, heads_to_chance=5)
+    kv = ExperimentResult(kind="kv_curve", model="T", summary={"fall": {"T": 0.2, "S": 0.5}, "at_max_pairs": {"T": 0.5, "S": 0.2}})
+    row = _f(verdicts({"models": MODELS, "roles_transformer": t, "roles_ssm": s_more, "kv": kv}), 3)
+    assert row["verdict"] == "reproduced"
+    kv_wrong = ExperimentResult(kind="kv_curve", model="T", summary={"fall": {"T": 0.5, "S": 0.2}})
+    assert _f(verdicts({"models": MODELS, "roles_transformer": t, "roles_ssm": s_more, "kv": kv_wrong}), 3)["verdict"] == "partly"
+    s_same = _roles(0.20, 0.25, heads_to_chance=1)  # fewer heads, sharper bottleneck: the opposite
+    assert _f(verdicts({"models": MODELS, "roles_transformer": t, "roles_ssm": s_same, "kv": kv_wrong}), 3)["verdict"] == "not reproduced"
+
+
+def test_finding5_rule_distinguishes_the_two_masking_rules():
+    def mask(kq, kl):
+        return ExperimentResult(kind="mask_last_row", summary={
+            "lab-mmlu_intact": 0.85, "lab-mmlu_masked": 0.40, "lab-knowledge_intact": 0.99,
+            "lab-knowledge_masked": kq, "lab-knowledge_masked_last": kl})
+    assert _f(verdicts({"mask": mask(0.97, 0.98)}), 5)["verdict"] == "reproduced"
+    assert _f(verdicts({"mask": mask(0.70, 0.98)}), 5)["verdict"] == "partly"
+    weak = ExperimentResult(kind="mask_last_row", summary={"lab-mmlu_intact": 0.85, "lab-mmlu_masked": 0.80,
+                                                            "lab-knowledge_intact": 0.99, "lab-knowledge_masked": 0.99,
+                                                            "lab-knowledge_masked_last": 0.99})
+    assert _f(verdicts({"mask": weak}), 5)["verdict"] == "not reproduced"
+
+
+def test_finding6_rule_needs_the_aggregate_layer():
+    def tl(gains):
+        rows = [{"condition": "student", "lab-mmlu": 0.30}, {"condition": "donor", "lab-mmlu": 0.92}]
+        rows += [{"condition": f"L{i}", "lab-mmlu": 0.30 + g} for i, g in enumerate(gains)]
+        return ExperimentResult(kind="transplant", rows=rows)
+    rt = _roles(0.3, 0.3)  # Aggregate head L1H1: layer 1
+    assert _f(verdicts({"roles_transformer": rt, "transplant_layers": tl([0.02, 0.40, 0.05])}), 6)["verdict"] == "reproduced"
+    assert _f(verdicts({"roles_transformer": rt, "transplant_layers": tl([0.40, 0.05, 0.0])}), 6)["verdict"] == "partly"
+    assert _f(verdicts({"roles_transformer": rt, "transplant_layers": tl([0.25, 0.40, 0.0])}), 6)["verdict"] == "partly"
+    assert _f(verdicts({"roles_transformer": rt, "transplant_layers": tl([0.05, 0.10, 0.0])}), 6)["verdict"] == "not reproduced"
+
+
+# ---- tiny real models through the real commands ---------------------------------------------------
+
+TINY_WORLD = {"n_entities": 12, "n_novel": 24, "distractors": "hard", "n_values": 36}
+TINY_TRAIN = {"steps": 3, "batch_size": 4, "eval_every": 100, "eval_n": 4, "ckpt_every": 2, "buckets": 2,
+              "mixture": {"statement": 1, "mmlu": 1, "letters": 1, "kv": 1, "drill": 1}}
+TINY = {
+    "transformer": {"arch": "llama", "model": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                                                "num_attention_heads": 2, "num_key_value_heads": 2,
+                                                "max_position_embeddings": 256}},
+    "ssm": {"arch": "mamba2", "model": {"hidden_size": 16, "num_hidden_layers": 2, "num_heads": 2, "head_dim": 16,
+                                         "state_size": 4, "expand": 2, "n_groups": 1, "chunk_size": 8}},
+    "hybrid": {"arch": "hybrid", "model": {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                                            "num_attention_heads": 2, "num_key_value_heads": 2, "attn_layer_indices": [1],
+                                            "mamba_n_heads": 2, "mamba_d_head": 16, "mamba_d_state": 4,
+                                            "mamba_expand": 2, "mamba_chunk_size": 8, "max_position_embeddings": 256}},
+}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from ganda.lab.scratch import train_all
+
+    root = tmp_path_factory.mktemp("lab")
+    configs = {}
+    for role, cfg in TINY.items():
+        f = root / f"{role}.json"
+        f.write_text(json.dumps({**cfg, "name": role, "world": TINY_WORLD, "train": TINY_TRAIN}))
+        configs[role] = str(f)
+    log: list[str] = []
+    models = train_all(root / "work", jobs=2, configs=configs, log=log.append, poll=0.2)
+    return root, configs, models, log
+
+
+def test_train_all_trains_every_role_and_resumes(trained):
+    from ganda.lab.scratch import finished, train_all
+
+    root, configs, models, log = trained
+    assert set(models) == {"transformer", "ssm", "hybrid", "distilled"}
+    assert all(finished(Path(d)) for d in models.values())
+    assert any("distilled: started" in m for m in log)
+    # the student started only after its teacher had finished
+    order = [m for m in log if "transformer: done" in m or "distilled: started" in m]
+    assert order[0].startswith("[lab] transformer: done")
+    timing = json.loads((root / "work" / "timing.json").read_text())
+    assert set(timing) >= {"transformer", "ssm", "hybrid", "distilled"}
+    again: list[str] = []
+    train_all(root / "work", jobs=2, configs=configs, log=again.append, poll=0.2)
+    assert sum("already trained" in m for m in again) == 4 and not any("started" in m for m in again)
+
+
+def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
+    from ganda.lab.programme import Programme
+
+    _root, _configs, models, _log = trained
+    out = tmp_path / "lab"
+    res = Programme(models=models, out=out, n=4, top=2, progress=False, log=lambda *_: None).run()
+    assert [f["finding"] for f in res["findings"]] == [1, 2, 3, 4, 5, 6]
+    assert all(f["verdict"] in ("reproduced", "partly", "not reproduced") for f in res["findings"])
+    for d in ("models", "findings", "f1-roles-transformer", "f2-prune", "f2-remove-restore", "f3-roles-ssm",
+              "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f6-transplant-layers"):
+        assert (out / d / "result.json").is_file(), d
+    page = (out / "report.html").read_text()
+    assert "Reproduced:" in page and "Partly reproduced:" in page  # the findings' headline
+    assert "<script src=" not in page and "<link " not in page  # self-contained
+    models_rows = json.loads((out / "models" / "result.json").read_text())["rows"]
+    assert {r["role"] for r in models_rows} == {"transformer", "ssm", "hybrid", "distilled"}
