@@ -153,3 +153,17 @@ def test_length_buckets_give_the_whole_batch_gradient(arch):
         (lm_loss_parts(m, p)[0] / weight).backward()
     for n, g in full.items():
         torch.testing.assert_close(dict(m.named_parameters())[n].grad, g, atol=1e-6, rtol=1e-4, msg=n)
+
+
+def test_learning_rate_schedules():
+    from ganda.lab.train import _lr
+
+    cfg = {"lr": 1.0, "warmup": 10, "steps": 110, "min_lr_frac": 0.1}
+    assert _lr(0, cfg) == pytest.approx(0.1)  # warm-up is linear from 1/warmup
+    cos = {**cfg, "schedule": "cosine"}
+    assert _lr(60, cos) == pytest.approx(0.1 + 0.9 * 0.5)  # half-way through the cosine
+    assert _lr(110, cos) == pytest.approx(0.1)
+    wsd = {**cfg, "schedule": "wsd", "decay_frac": 0.2}  # decay starts at step 88
+    assert _lr(60, wsd) == 1.0 and _lr(88, wsd) == 1.0
+    assert _lr(99, wsd) == pytest.approx(1 - 0.9 * 0.5)
+    assert _lr(110, wsd) == pytest.approx(0.1)

@@ -20,6 +20,8 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "batch_size": 48,
     "lr": 2e-3,
     "min_lr_frac": 0.1,
+    "schedule": "cosine",  # or "wsd": constant after warm-up, linear decay over the last decay_frac
+    "decay_frac": 0.2,
     "warmup": 100,
     "weight_decay": 0.01,
     "grad_clip": 1.0,

@@ -207,11 +207,20 @@ def quick_eval(model, tok, world: World, n: int, seed: int = 1) -> dict[str, flo
 
 # ---- training -----------------------------------------------------------------------------------
 def _lr(step: int, cfg_train: dict[str, Any]) -> float:
+    """Linear warm-up, then ``schedule``: ``cosine`` to ``min_lr_frac`` over the run, or ``wsd``
+    (warm-up, stable, decay): the full rate until the last ``decay_frac`` of the run, then a
+    linear decay to ``min_lr_frac``. The SSMs leave their retrieval plateau only while the rate
+    is still high (around step 3000), which a short cosine run does not give them."""
     base, warm, total = cfg_train["lr"], cfg_train["warmup"], cfg_train["steps"]
     if step < warm:
         return base * (step + 1) / warm
-    frac = (step - warm) / max(1, total - warm)
     lo = cfg_train["min_lr_frac"]
+    if cfg_train.get("schedule", "cosine") == "wsd":
+        start = total * (1 - float(cfg_train.get("decay_frac", 0.2)))
+        if step < start:
+            return base
+        return base * (1 - (1 - lo) * min(1.0, (step - start) / max(1.0, total - start)))
+    frac = (step - warm) / max(1, total - warm)
     return base * (lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
