@@ -4,7 +4,6 @@ lab checkpoints (``lab-llama`` teacher, ``lab-distilled`` Bamba student with no 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 
@@ -122,7 +121,7 @@ def _batch(adapter, n=3):
     from ganda.scoring import encode
     from ganda.tasks import get_task
 
-    rows = [encode(adapter, e.prompt) for e in get_task("lab-mmlu").examples(limit=n, seed=0)]
+    rows = [encode(adapter, e.prompt) for e in get_task("lab-mmlu", adapter=adapter).examples(limit=n, seed=0)]
     ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(rows):  # ragged: exercises the key-padding mask
@@ -137,7 +136,7 @@ def test_pattern_scores_keep_per_prompt_values_and_intervals(lab):
 
     for name in ("lab-llama", "lab-mamba2"):
         a = lab[name]
-        ex = get_task("lab-mmlu").examples(limit=6, seed=0)
+        ex = get_task("lab-mmlu", adapter=a).examples(limit=6, seed=0)
         for s in pattern_scores(a, ex, heads=expand("L1H*", a), progress=False):
             assert s.n_prompts == 6 and all(len(s.samples[m]) == 6 for m in METRICS)
             assert s.aggregate == pytest.approx(sum(s.samples["aggregate"]) / 6)
@@ -204,85 +203,44 @@ def test_donor_heads_of_a_layer_compose_to_the_layer_transplant_on_the_bamba_stu
     assert (out - ref)[mask.bool()].abs().max() < 1e-4
 
 
-def test_transplanting_teacher_layer_0_restores_lab_mmlu_in_the_distilled_student(lab):
+def test_teacher_layers_0_and_1_lift_lab_mmlu_in_the_distilled_student_and_layer_2_does_not(lab):
+    """Finding 6 on the shipped pair (docs/lab.md, n=200: 37.5% -> L0 58.5%, L1 49.0%, L2 38.0%):
+    the student's two worst-aligned layers at the answer position are the ones whose swap helps."""
     from ganda.experiments.transplant import TransplantLayer
     from ganda.scoring import evaluate_examples
     from ganda.tasks import get_task
 
     s, d = lab["lab-distilled"], lab["lab-llama"]
-    ex = get_task("lab-mmlu").examples(limit=40, seed=0)
-    base = evaluate_examples(s, ex, progress=False)
-    with TransplantLayer(d, [0]).apply(s):
-        swapped = evaluate_examples(s, ex, progress=False)
-    with TransplantLayer(d, [1]).apply(s):
-        l1 = evaluate_examples(s, ex, progress=False)
-    assert base.accuracy < 0.4 and swapped.accuracy > base.accuracy + 0.35
-    assert abs(l1.accuracy - base.accuracy) < 0.15  # the recorded result: layer 1 does little
+    ex = get_task("lab-mmlu", adapter=s).examples(limit=80, seed=0)
+    acc = {"student": evaluate_examples(s, ex, progress=False).accuracy}
+    for layer in (0, 1, 2):
+        with TransplantLayer(d, [layer]).apply(s):
+            acc[layer] = evaluate_examples(s, ex, progress=False).accuracy
+    assert acc["student"] < 0.45, acc
+    assert acc[0] >= acc["student"] + 0.15 and acc[1] >= acc["student"] + 0.05, acc
+    assert abs(acc[2] - acc["student"]) <= 0.05, acc
 
 
-def test_transplant_cli_runs_lab_tasks_and_records_the_swap(tmp_path, capsys):
-    from ganda.cli import main
-    from ganda.experiments.common import parse_tasks
-
-    assert parse_tasks("lab-mmlu,lab-knowledge") == ["lab-mmlu", "lab-knowledge"]
-    rc = main(["transplant", str(checkpoint("lab-distilled")), "--donor", str(checkpoint("lab-llama")),
-               "--layers", "2", "--tasks", "lab-mmlu", "-n", "8", "--out", str(tmp_path), "-q", "--no-html"])
-    assert rc == 0
-    res = json.loads((tmp_path / "result.json").read_text())
-    assert res["summary"]["swapped"]["L2"].startswith("self_attn for mamba")
-    assert [r["condition"] for r in res["rows"]] == ["student", "L2"]
-    assert (tmp_path / "transplant.png").exists()
-
-
-def test_compare_sharpness_gives_paired_differences_with_intervals(lab):
-    from ganda.discovery import compare_sharpness
-
-    res = compare_sharpness({"llama": lab["lab-llama"], "mamba2": lab["lab-mamba2"]}, "lab-mmlu",
-                            k=1, n=8, select_n=8, resamples=300, progress=False)
-    assert set(res["models"]) == {"llama", "mamba2"} and res["n"] == 8 and res["select_seed"] == 1
-    for m in res["models"].values():
-        assert len(m["aggregate_heads"]) == 1 and len(m["gather_heads"]) == 1
-        for v in m["metrics"].values():
-            assert v["ci95"][0] - 1e-9 <= v["value"] <= v["ci95"][1] + 1e-9
-    by = {r["metric"]: r for r in res["differences"]}
-    g = by["gather"]
-    assert g["value"] == pytest.approx(res["models"]["llama"]["metrics"]["gather"]["value"]
-                                       - res["models"]["mamba2"]["metrics"]["gather"]["value"])
-    p = by["aggregate_peak"]  # ratio of geometric means
-    assert p["value"] == pytest.approx(res["models"]["llama"]["metrics"]["aggregate_peak"]["value"]
-                                       / res["models"]["mamba2"]["metrics"]["aggregate_peak"]["value"])
-    json.dumps(res)
-
-
-def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
-    from ganda.cli import main
-
-    rc = main(["heads", str(checkpoint("lab-llama")), "--task", "lab-mmlu", "--n", "5", "--verify-n", "4",
-               "--top", "1", "--out", str(tmp_path)])
-    assert rc == 0
-    res = json.loads((tmp_path / "result.json").read_text())
-    row = res["all_heads"][0]
-    assert len(row["aggregate_peak_ci95"]) == 2 and row["n_prompts"] == 5 and "ci_method" in res["summary"]
-    lines = (tmp_path / "per_prompt.csv").read_text().splitlines()
-    assert lines[0].startswith("head,prompt,aggregate") and len(lines) == 1 + 12 * 5
-    assert "aggregate_peak_ci95" in (tmp_path / "heads.csv").read_text().splitlines()[0]
-
-
-def test_shipped_hybrid_needs_its_attention_last_row_and_ssm_head_l1h1_for_lab_mmlu():
-    """Finding 5 on the shipped ``lab-hybrid``: masking the final row of its attention layer (L2)
-    cuts lab-mmlu by far more than noise, and zero-ablating SSM head L1H1 does too while the
-    knowledge task holds (docs/lab.md: 0.865 -> 0.51 and -> 0.345, knowledge 0.985)."""
+def test_shipped_hybrid_aggregates_in_its_last_ssm_layer_and_gathers_with_attention():
+    """Finding 5 on the shipped ``lab-hybrid`` (docs/lab.md, n=200): masking the final row of its
+    attention layer (L2) leaves lab-mmlu at 97% (99.5% intact); the Aggregate role is the SSM head
+    L3H1 (ablated at the final position only: 62.5%) and attention head L2H0 gathers (ablated
+    everywhere but the final position: 62%), knowledge intact in both."""
     import ganda
     from ganda.interventions import AblateHeads, mask_last_row
     from ganda.scoring import evaluate
     from ganda.tasks import get_task
 
     ad = ganda.load_model("lab-hybrid", device="cpu")
-    mmlu, know = get_task("lab-mmlu"), get_task("lab-knowledge")
-    base = evaluate(ad, mmlu, limit=60, progress=False).accuracy
-    masked = evaluate(ad, mmlu, [mask_last_row("L2H*")], limit=60, progress=False).accuracy
-    ablated = evaluate(ad, mmlu, [AblateHeads("L1H1")], limit=60, progress=False).accuracy
-    know_ablated = evaluate(ad, know, [AblateHeads("L1H1")], limit=60, progress=False).accuracy
-    assert base >= 0.75
-    assert masked <= base - 0.2 and ablated <= base - 0.3
-    assert know_ablated >= 0.9
+    assert ad.layer_kinds(2) == ["attn"] and ad.layer_kinds(3) == ["ssm"]
+    mmlu, know = get_task("lab-mmlu", adapter=ad), get_task("lab-knowledge", adapter=ad)
+
+    def acc(task, ivs=()):
+        return evaluate(ad, task, list(ivs), limit=60, progress=False).accuracy
+
+    base = acc(mmlu)
+    assert base >= 0.9
+    assert acc(mmlu, [mask_last_row("L2H*")]) >= base - 0.1
+    agg, gat = AblateHeads("L3H1", positions="query"), AblateHeads("L2H0", positions="context")
+    assert acc(mmlu, [agg]) <= base - 0.2 and acc(mmlu, [gat]) <= base - 0.2
+    assert acc(know, [agg]) >= 0.95 and acc(know, [gat]) >= 0.95

@@ -60,6 +60,11 @@ def test_finding5_rule_distinguishes_the_two_masking_rules():
                                                             "lab-knowledge_intact": 0.99, "lab-knowledge_masked": 0.99,
                                                             "lab-knowledge_masked_last": 0.99})
     assert _f(verdicts({"mask": weak}), 5)["verdict"] == "not reproduced"
+    # the hybrid's roles are named with the kind of layer that holds them
+    roles = ExperimentResult(kind="head_roles", summary={"aggregate": "L3H1", "aggregate_ablated": 0.625,
+                                                         "gather": "L2H0", "gather_ablated": 0.615})
+    lab = _f(verdicts({"mask": weak, "roles_hybrid": roles, "hybrid_kinds": {2: ["attn"], 3: ["ssm"]}}), 5)["lab"]
+    assert "Aggregate L3H1 (ssm) -> 62.5%" in lab and "Gather L2H0 (attn) -> 61.5%" in lab
 
 
 def test_finding6_rule_needs_the_aggregate_layer():
@@ -133,7 +138,7 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     assert [f["finding"] for f in res["findings"]] == [1, 2, 3, 4, 5, 6]
     assert all(f["verdict"] in ("reproduced", "partly", "not reproduced") for f in res["findings"])
     for d in ("models", "findings", "f1-roles-transformer", "f2-prune", "f2-remove-restore", "f3-roles-ssm",
-              "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f6-transplant-layers"):
+              "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f5-roles-hybrid", "f6-transplant-layers"):
         assert (out / d / "result.json").is_file(), d
     page = (out / "report.html").read_text()
     assert "Reproduced:" in page and "Partly reproduced:" in page  # the findings' headline

@@ -86,7 +86,7 @@ def test_shipped_checkpoint_hits_its_accuracy(name):
         pytest.skip(str(exc))
     expected = json.loads((path / "lab.json").read_text())["eval"]
     for task in ("lab-mmlu", "lab-letters"):
-        r = evaluate(adapter, get_task(task), limit=60, seed=7, progress=False)
+        r = evaluate(adapter, get_task(task, adapter=adapter), limit=60, seed=7, progress=False)
         assert r.accuracy >= expected[task]["accuracy"] - 0.12, (task, r.accuracy)
 
 

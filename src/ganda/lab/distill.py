@@ -132,7 +132,7 @@ def distill(teacher_dir: str | Path, out: str | Path, *, steps: int | None = Non
             scale = upd[mask].mean().clamp_min(1e-6)
             losses.append(sq[mask].mean() / scale)
             if answer.any():
-                answer_losses.append(float(sq[answer].mean() / upd[answer].mean().clamp_min(1e-6)))
+                answer_losses.append(float((sq[answer].mean() / upd[answer].mean().clamp_min(1e-6)).detach()))
         loss = torch.stack(losses).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()

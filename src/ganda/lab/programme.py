@@ -159,6 +159,11 @@ class Programme:
         if 5 in self.only and self.models.get("hybrid"):
             st["mask"] = self.finding5()
             lap("f5 hybrid last-row masking")
+            # where the hybrid's retrieval roles sit: in its attention layer or in SSM heads
+            st["roles_hybrid"] = self.roles("hybrid", "f5-roles-hybrid")
+            ad = self.adapter("hybrid")
+            st["hybrid_kinds"] = {i: ad.layer_kinds(i) for i in range(ad.num_layers)}
+            lap("f5 roles (hybrid)")
         if 6 in self.only and self.models.get("distilled"):
             st.update(self.finding6(st["roles_transformer"]))
             lap("f6 transplant")
@@ -181,7 +186,7 @@ class Programme:
         from ..report import write_report
 
         order = ["findings", "models", "f1-roles-transformer", "f2-prune", "f2-remove-restore", "f2-retain",
-                 "f3-roles-ssm", "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f6-transplant-layers",
+                 "f3-roles-ssm", "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f5-roles-hybrid", "f6-transplant-layers",
                  "f6-transplant-head"]
         dirs = [self.out / d for d in order if (self.out / d / "result.json").is_file()]
         return write_report(dirs, self.out / "report.html", title="ganda lab: the paper's findings on a CPU")
@@ -374,6 +379,15 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
         kb, kq, kl = s.get("lab-knowledge_intact"), s.get("lab-knowledge_masked"), s.get("lab-knowledge_masked_last")
         lab = (f"lab-mmlu {_pct(base)} -> {_pct(q)}; knowledge {_pct(kb)} -> {_pct(kq)} (last prompt token masked) / "
                f"{_pct(kl)} (last scored position masked, as the authors' code)")
+        rh, kinds = st.get("roles_hybrid"), st.get("hybrid_kinds") or {}
+        if rh is not None:
+            def _where(h: str | None) -> str:
+                return "-" if not h else f"{h} ({'/'.join(kinds.get(_layer(h), ['?']))})"
+
+            hs = rh.summary
+            lab += (f"; single-head roles: Aggregate {_where(hs.get('aggregate'))} -> "
+                    f"{_pct(hs.get('aggregate_ablated'))}, Gather {_where(hs.get('gather'))} -> "
+                    f"{_pct(hs.get('gather_ablated'))}")
         toward = base is not None and q is not None and (base - q) >= 0.5 * (base - 0.25)
         holds_paper = kb is not None and kl is not None and kb - kl <= 0.05
         holds_strict = kb is not None and kq is not None and kb - kq <= 0.05
