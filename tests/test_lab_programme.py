@@ -145,3 +145,28 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     assert "<script src=" not in page and "<link " not in page  # self-contained
     models_rows = json.loads((out / "models" / "result.json").read_text())["rows"]
     assert {r["role"] for r in models_rows} == {"transformer", "ssm", "hybrid", "distilled"}
+    # the findings figure: one panel per finding, drawn into findings/ and embedded in the page
+    panels = json.loads((out / "findings" / "result.json").read_text())["panels"]
+    assert [p["title"][0] for p in panels] == ["1", "2", "3", "4", "5", "6"]
+    assert (out / "findings" / "findings.png").stat().st_size > 10_000 and "data:image/png" in page
+    f1 = panels[0]["series"]["lab-mmlu"]
+    roles = json.loads((out / "f1-roles-transformer" / "result.json").read_text())["summary"]
+    assert f1 == [roles["baseline"], roles["gather_ablated"], roles["aggregate_ablated"]]
+    # replay: the same verdicts and panels from the files alone, no model run
+    from ganda.lab.programme import rebuild_state, replay
+
+    first = json.loads((out / "findings" / "result.json").read_text())
+    (out / "findings" / "findings.png").unlink()
+    again = replay(out)
+    assert [(f["finding"], f["verdict"], f["lab"]) for f in again] == \
+        [(f["finding"], f["verdict"], f["lab"]) for f in res["findings"]]
+    assert json.loads((out / "findings" / "result.json").read_text())["panels"] == first["panels"]
+    assert (out / "findings" / "findings.png").is_file()
+    kinds = rebuild_state(out)["hybrid_kinds"]
+    assert sorted(kinds) == list(range(len(kinds))) and ["attn"] in kinds.values()
+
+
+def test_replay_refuses_a_directory_that_is_not_a_lab_run(tmp_path):
+    from ganda.cli import main
+
+    assert main(["lab", "--replay", str(tmp_path)]) == 2

@@ -68,11 +68,21 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="run directory (one folder per finding, "
                                  "findings/, report.html)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
+        replay: Path = typer.Option(None, "--replay", help="redraw the verdicts, findings.png and report.html "
+                                    "of a finished run directory (runs no model)"),
     ) -> None:
         """The lab programme: the paper's six findings on the lab models (shipped, given, or trained
         --from-scratch), heads discovered, verdicts next to the paper's numbers, one HTML report."""
         from ..lab import shipped
         from ..lab.programme import Programme
+
+        if replay is not None:
+            from ..lab.programme import replay as redraw
+
+            for f in redraw(replay):
+                print(f"finding {f['finding']}: {f['verdict']:<15} {f['lab']}")
+            print(f"wrote {replay}/findings/findings.png and {replay}/report.html")
+            return
 
         try:
             findings = tuple(sorted({int(x) for x in only.split(",") if x.strip()}))

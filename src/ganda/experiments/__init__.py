@@ -31,6 +31,7 @@ RESULT_CLASSES: dict[str, str] = {
     "mask_last_row": "ganda.experiments.mask_last_row:MaskLastRowResult",
     "transplant": "ganda.experiments.transplant:TransplantResult",
     "roles": "ganda.experiments.roles:RolesResult",
+    "lab_findings": "ganda.lab.programme:LabFindingsResult",
 }
 
 

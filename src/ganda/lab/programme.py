@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
+from ..experiments.common import ExperimentResult
 
 ROLES = ("transformer", "ssm", "hybrid", "distilled")
 DEFAULT_MODELS = {"transformer": "lab-llama", "ssm": "lab-mamba2", "hybrid": "lab-hybrid", "distilled": "lab-distilled"}
@@ -122,7 +123,8 @@ class Programme:
         res = head_roles(ad, self.examples(role, "lab-mmlu"), control=self.examples(role, "lab-knowledge"),
                          also={"lab-letters": self.examples(role, "lab-letters")}, top=self.top,
                          task_name="lab-mmlu", control_name="lab-knowledge", progress=self.progress)
-        res.config.update({"limit": self.n, "seed": self.seed})
+        res.config.update({"limit": self.n, "seed": self.seed,
+                           "layer_kinds": {i: ad.layer_kinds(i) for i in range(ad.num_layers)}})
         self.save(name, res)
         return res
 
@@ -161,35 +163,18 @@ class Programme:
             lap("f5 hybrid last-row masking")
             # where the hybrid's retrieval roles sit: in its attention layer or in SSM heads
             st["roles_hybrid"] = self.roles("hybrid", "f5-roles-hybrid")
-            ad = self.adapter("hybrid")
-            st["hybrid_kinds"] = {i: ad.layer_kinds(i) for i in range(ad.num_layers)}
+            st["hybrid_kinds"] = st["roles_hybrid"].config["layer_kinds"]
             lap("f5 roles (hybrid)")
         if 6 in self.only and self.models.get("distilled"):
             st.update(self.finding6(st["roles_transformer"]))
             lap("f6 transplant")
-        findings = verdicts(st)
-        from ..experiments.common import ExperimentResult
-
-        summary = ExperimentResult(kind="lab_findings", model=",".join(f"{k}={v}" for k, v in self.models.items()),
-                                   rows=findings, config={"n": self.n, "seed": self.seed, "models": self.models,
-                                                          "seconds": st["seconds"]},
-                                   summary={"reproduced": [f["finding"] for f in findings if f["verdict"] == "reproduced"],
-                                            "partly": [f["finding"] for f in findings if f["verdict"] == "partly"],
-                                            "not": [f["finding"] for f in findings if f["verdict"] == "not reproduced"],
-                                            "seconds": round(time.perf_counter() - t0, 1)})
-        self.save("findings", summary)
-        self.report()
+        findings = render(st, self.out, models=self.models, n=self.n, seed=self.seed,
+                          seconds=round(time.perf_counter() - t0, 1))
         self.log(f"[lab] done in {time.perf_counter() - t0:.0f} s: {self.out}/report.html")
         return {"findings": findings, "seconds": round(time.perf_counter() - t0, 1)}
 
     def report(self) -> Path:
-        from ..report import write_report
-
-        order = ["findings", "models", "f1-roles-transformer", "f2-prune", "f2-remove-restore", "f2-retain",
-                 "f3-roles-ssm", "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f5-roles-hybrid", "f6-transplant-layers",
-                 "f6-transplant-head"]
-        dirs = [self.out / d for d in order if (self.out / d / "result.json").is_file()]
-        return write_report(dirs, self.out / "report.html", title="ganda lab: the paper's findings on a CPU")
+        return write_lab_report(self.out)
 
     # ---- findings 2-6 -----------------------------------------------------------------------------
     def finding2(self, roles_t) -> dict[str, Any]:
@@ -263,6 +248,88 @@ class Programme:
             self.save("f6-transplant-head", heads)
             out["transplant_head"] = heads
         return out
+
+
+@dataclass
+class LabFindingsResult(ExperimentResult):
+    """The programme's verdicts; draws one bar panel per finding (``findings.png``)."""
+
+    kind: str = "lab_findings"
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        from ..report.figures import panels
+
+        specs = self.extra.get("panels") or []
+        if not specs:
+            return []
+        return [panels(specs, Path(out_dir) / "findings.png",
+                       title="ganda lab: the paper's findings on the lab models (paper's numbers in each title)")]
+
+
+STEP_DIRS = ["findings", "models", "f1-roles-transformer", "f2-prune", "f2-remove-restore", "f2-retain",
+             "f3-roles-ssm", "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f5-roles-hybrid", "f6-transplant-layers",
+             "f6-transplant-head"]
+# run directory -> the programme state key its result feeds
+STATE_KEYS = {"f1-roles-transformer": "roles_transformer", "f2-prune": "prune", "f2-remove-restore": "remove_restore",
+              "f2-retain": "retain", "f3-roles-ssm": "roles_ssm", "f3-kv": "kv", "f4-sharpness": "sharpness",
+              "f5-mask-hybrid": "mask", "f5-roles-hybrid": "roles_hybrid", "f6-transplant-layers": "transplant_layers",
+              "f6-transplant-head": "transplant_head"}
+
+
+def write_lab_report(out: Path) -> Path:
+    from ..report import write_report
+
+    dirs = [out / d for d in STEP_DIRS if (out / d / "result.json").is_file()]
+    return write_report(dirs, out / "report.html", title="ganda lab: the paper's findings on a CPU")
+
+
+def render(st: dict[str, Any], out: Path, *, models: dict[str, str], n: int, seed: int,
+           seconds: float | None) -> list[dict[str, Any]]:
+    """Verdicts and panels from the programme state -> ``out/findings`` and ``out/report.html``."""
+    findings = verdicts(st)
+    summary = LabFindingsResult(
+        model=",".join(f"{k}={v}" for k, v in models.items()), rows=findings,
+        config={"n": n, "seed": seed, "models": models, "seconds": st.get("seconds", {})},
+        summary={"reproduced": [f["finding"] for f in findings if f["verdict"] == "reproduced"],
+                 "partly": [f["finding"] for f in findings if f["verdict"] == "partly"],
+                 "not": [f["finding"] for f in findings if f["verdict"] == "not reproduced"],
+                 "seconds": seconds},
+        extra={"panels": findings_panels(st, findings)})
+    summary.save(out / "findings", command="ganda lab")
+    write_lab_report(out)
+    return findings
+
+
+def rebuild_state(run_dir: str | Path) -> dict[str, Any]:
+    """The programme state of a finished run, read back from its result files (no model is run),
+    so that verdicts, figures and the report can be redrawn: ``ganda lab --replay DIR``."""
+    from ..experiments import result_from_json
+
+    run = Path(run_dir)
+    if not (run / "models" / "result.json").is_file():
+        raise GandaError(f"{run} is not a ganda lab run directory (no models/result.json)")
+    st: dict[str, Any] = {"models": {r["role"]: r for r in json.loads((run / "models" / "result.json").read_text())["rows"]}}
+    for d, key in STATE_KEYS.items():
+        f = run / d / "result.json"
+        if not f.is_file():
+            continue
+        data = json.loads(f.read_text())
+        st[key] = data if key == "sharpness" else result_from_json(data)
+    rh = st.get("roles_hybrid")
+    if rh is not None and rh.config.get("layer_kinds"):
+        st["hybrid_kinds"] = {int(k): v for k, v in rh.config["layer_kinds"].items()}
+    fj = run / "findings" / "result.json"
+    if fj.is_file():
+        st["seconds"] = json.loads(fj.read_text()).get("config", {}).get("seconds", {})
+    return st
+
+
+def replay(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Recompute the verdicts, the findings figure and the report of a finished run."""
+    run = Path(run_dir)
+    st = rebuild_state(run)
+    cfg = json.loads((run / "models" / "result.json").read_text()).get("config", {})
+    return render(st, run, models=cfg.get("models", {}), n=cfg.get("n", 0), seed=cfg.get("seed", 0), seconds=None)
 
 
 def _layer(head: str) -> int:
@@ -423,6 +490,86 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
                      "rule": "reproduced: the best swap gains >= 15 points, is the layer holding the donor's "
                              "Aggregate head, and every other swap gains less than half as much"})
     return rows
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One bar-chart spec per finding (for :func:`ganda.report.figures.panels`), from the same
+    numbers the verdicts read; the paper's number and the verdict go in the title."""
+    verdict = {f["finding"]: f["verdict"] for f in findings}
+    out: list[dict[str, Any]] = []
+    chance = {"chance (4 options)": 0.25}
+    models = st.get("models", {})
+    rt = st.get("roles_transformer")
+    if rt is not None:
+        s = rt.summary
+        g, a, cb = s.get("gather"), s.get("aggregate"), s.get("control_baseline")
+        out.append({"title": f"1. one head ablated (paper: 66% -> 25%): {verdict.get(1)}",
+                    "groups": ["intact", f"Gather {g or '-'}", f"Aggregate {a or '-'}"],
+                    "series": {"lab-mmlu": [s.get("baseline"), s.get("gather_ablated"), s.get("aggregate_ablated")],
+                               "lab-knowledge": [cb, _minus(cb, s.get("gather_control_drop")),
+                                                 _minus(cb, s.get("aggregate_control_drop"))]},
+                    "hlines": chance})
+    if "prune" in st:
+        pr = st["prune"].rows
+        out.append({"title": f"2. layers kept (paper: MMLU cliff, knowledge gradual): {verdict.get(2)}",
+                    "groups": [f"{r['layers']} layer{'s' if r['layers'] != 1 else ''}" for r in pr],
+                    "series": {"lab-mmlu": [r.get("lab-mmlu") for r in pr],
+                               "lab-knowledge": [r.get("lab-knowledge") for r in pr]}, "hlines": chance})
+    rs_ = st.get("roles_ssm")
+    if rs_ is not None and rt is not None:
+        best = {k: min((r["all"] for r in r_.rows), default=None) for k, r_ in (("t", rt), ("s", rs_))}
+        groups, tser, sser = ["intact", "best head ablated"], [rt.summary.get("baseline"), best["t"]], \
+            [rs_.summary.get("baseline"), best["s"]]
+        kv = st.get("kv")
+        if kv is not None:
+            at = kv.summary.get("at_max_pairs", {})
+            groups.append(f"KV {max(kv.summary.get('pairs') or [0])} pairs")
+            tser.append(at.get(kv.model))
+            sser.append(next((v for k, v in at.items() if k != kv.model), None))
+        out.append({"title": f"3. Transformer vs SSM, lab-mmlu and KV (paper: SSM needs more heads): {verdict.get(3)}",
+                    "groups": groups, "series": {models.get("transformer", {}).get("model", "Transformer"): tser,
+                                                 models.get("ssm", {}).get("model", "SSM"): sser},
+                    "hlines": chance})
+    sh = st.get("sharpness")
+    if sh is not None:
+        ratios = [d for d in sh["differences"] if str(d.get("scale", "")).startswith("ratio")]
+        if ratios:
+            out.append({"title": f"4. sharpness, Transformer / SSM (paper: SSM smoother, >1): {verdict.get(4)}",
+                        "groups": [d["metric"] for d in ratios],
+                        "series": {"ratio": [d["value"] for d in ratios]},
+                        "errors": {"ratio": ([d["ci95"][0] for d in ratios], [d["ci95"][1] for d in ratios])},
+                        "hlines": {"equally sharp": 1.0}, "ylim": None, "log": True,
+                        "ylabel": "ratio of geometric means (95% CI)"})
+    mk = st.get("mask")
+    if mk is not None:
+        s = mk.summary
+        groups = ["intact", "attention last row masked"]
+        mm = [s.get("lab-mmlu_intact"), s.get("lab-mmlu_masked")]
+        kk = [s.get("lab-knowledge_intact"), s.get("lab-knowledge_masked")]
+        rh = st.get("roles_hybrid")
+        if rh is not None:
+            hs, kb = rh.summary, rh.summary.get("control_baseline")
+            for role in ("aggregate", "gather"):
+                if hs.get(role):
+                    groups.append(f"{role.capitalize()} {hs[role]} ablated")
+                    mm.append(hs.get(f"{role}_ablated"))
+                    kk.append(_minus(kb, hs.get(f"{role}_control_drop")))
+        out.append({"title": f"5. hybrid (paper: Zamba2 64.3% -> 34.9%): {verdict.get(5)}", "groups": groups,
+                    "series": {"lab-mmlu": mm, "lab-knowledge": kk}, "hlines": chance})
+    tl = st.get("transplant_layers")
+    if tl is not None:
+        rows_ = [r for r in tl.rows if r["condition"] == "student"] + \
+            [r for r in tl.rows if r["condition"].startswith("L")] + [r for r in tl.rows if r["condition"] == "donor"]
+        out.append({"title": f"6. teacher layer swapped into the student (paper: 33% -> 50%): {verdict.get(6)}",
+                    "groups": [r["condition"] if r["condition"] in ("student", "donor") else f"swap {r['condition']}"
+                               for r in rows_],
+                    "series": {"lab-mmlu": [r.get("lab-mmlu") for r in rows_],
+                               "lab-knowledge": [r.get("lab-knowledge") for r in rows_]}, "hlines": chance})
+    return out
 
 
 def _signed(x: float | None) -> str:

@@ -218,3 +218,54 @@ def bars(
         ax.set_title(title)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def panels(
+    specs: Sequence[Mapping[str, Any]],
+    path: str | Path,
+    *,
+    cols: int = 3,
+    title: str | None = None,
+) -> Path:
+    """Small grouped-bar panels side by side, one per spec (e.g. one per finding of the lab).
+
+    A spec has ``title``, ``groups`` (x labels), ``series`` (name -> values, None for missing),
+    and optionally ``errors`` (name -> (lo, hi)), ``hlines`` (name -> y), ``ylim`` ([lo, hi] or
+    None for automatic), ``log`` (log y axis) and ``ylabel``."""
+    n = max(1, len(specs))
+    cols = min(cols, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
+    for ax, spec in zip(axes.flat, specs, strict=False):
+        groups, series = list(spec["groups"]), dict(spec["series"])
+        k = max(1, len(series))
+        width = 0.8 / k
+        x = np.arange(len(groups))
+        for i, (name, ys) in enumerate(series.items()):
+            yy = np.array([np.nan if y is None else y for y in ys], dtype=float)
+            yerr = None
+            err = (spec.get("errors") or {}).get(name)
+            if err:
+                lo, hi = (np.array([np.nan if v is None else v for v in e], dtype=float) for e in err)
+                yerr = np.vstack([np.clip(yy - lo, 0, None), np.clip(hi - yy, 0, None)])
+            ax.bar(x + (i - (k - 1) / 2) * width, yy, width, label=name, yerr=yerr, capsize=2)
+        for j, (name, y) in enumerate((spec.get("hlines") or {}).items()):
+            ax.axhline(y, ls="--", lw=1, color=f"C{7 + j % 3}", label=name)
+        if spec.get("log"):
+            ax.set_yscale("log")
+        ylim = spec.get("ylim", (0.0, 1.18))  # headroom above 1.0 for the legend
+        if ylim:
+            ax.set_ylim(*ylim)
+        ax.set_xticks(x)
+        ax.set_xticklabels(groups, rotation=20 if max((len(g) for g in groups), default=0) > 8 else 0,
+                           ha="right" if max((len(g) for g in groups), default=0) > 8 else "center", fontsize=7)
+        ax.set_ylabel(spec.get("ylabel", "accuracy"), fontsize=8)
+        ax.set_title(spec.get("title", ""), fontsize=8.5)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=6.5, loc="upper right", ncol=3, framealpha=0.9)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -226,7 +226,7 @@ def _fallback_figures(result: dict[str, Any], tmp: Path) -> list[Path]:
         return []
 
 
-SKIP_KEYS = {"kind", "model", "summary"}
+SKIP_KEYS = {"kind", "model", "summary", "panels"}  # panels: figure specs, drawn as PNG
 HEAVY = ("pred", "pred_norm", "gold", "loglik", "predictions")
 
 
