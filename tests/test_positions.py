@@ -94,3 +94,30 @@ def test_bad_position_rule_is_refused(tiny):
         mask_last_row("L0H0", "first")
     with pytest.raises(GandaError), apply(tiny, [AblateHeads("L0H0", positions="middle")]):
         pass
+
+
+@pytest.mark.parametrize("name,head", [("lab-llama", "L1H1"), ("lab-mamba2", "L0H7"), ("lab-hybrid", "L3H1")])
+def test_batched_scoring_equals_one_example_per_forward(name, head):
+    """Several examples in one right-padded forward (the default for small models) give the
+    one-by-one log-likelihoods, also when an ablation acts only at each row's own final
+    position or only before it, and for multi-token choices (one row per choice)."""
+    import ganda
+    from ganda.scoring import default_batch_rows, evaluate_examples, score_examples
+    from ganda.tasks import get_task
+
+    ad = ganda.load_model(name, device="cpu")
+    assert default_batch_rows(ad) > 1
+    mmlu = get_task("lab-mmlu", adapter=ad).examples(limit=24, seed=5)
+    kv = get_task("lab-kv", adapter=ad, pairs=3).examples(limit=8, seed=5)
+    mixed = [x for pair in zip(mmlu[:8], kv, strict=True) for x in pair] + mmlu[8:]  # rows of both kinds in a batch
+    for pos in (None, "query", "context"):
+        with apply(ad, [AblateHeads(head, positions=pos)]):
+            one = score_examples(ad, mixed, batch_rows=1)
+            many = score_examples(ad, mixed, batch_rows=7)  # chunks that split examples' rows unevenly
+        for a, b in zip(one, many, strict=True):
+            assert a.loglik == pytest.approx(b.loglik, abs=1e-4)
+            assert a.pred == b.pred
+    # the query-only ablation must act on every row's own final position: it changes the answers
+    with apply(ad, [AblateHeads(head, positions="query")]):
+        ablated = evaluate_examples(ad, mmlu, progress=False).accuracy
+    assert ablated < evaluate_examples(ad, mmlu, progress=False).accuracy
