@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
     def lab(
         transformer: str = typer.Option("lab-llama", "--transformer", help="Llama model (findings 1-4, donor of 6)"),
         ssm: str = typer.Option("lab-mamba2", "--ssm", help="Mamba-2 model (findings 3, 4); '' to skip"),
-        hybrid: str = typer.Option("lab-hybrid", "--hybrid", help="hybrid model (finding 5); '' to skip"),
+        hybrid: str = typer.Option("lab-hybrid-late", "--hybrid", help="hybrid model (finding 5; lab-hybrid has its "
+                                   "attention mid-stack); '' to skip"),
         distilled: str = typer.Option("lab-distilled", "--distilled", help="distilled SSM student of --transformer "
                                       "(finding 6); '' to skip"),
         from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all four models into "

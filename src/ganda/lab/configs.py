@@ -113,6 +113,31 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "world": LAB_WORLD,
         "train": {"steps": 7000, "schedule": "wsd", "buckets": 3, **RECIPE},
     },
+    # The same hybrid with its attention layer last (index 3), as in hybrids whose attention runs
+    # late in the stack: no SSM layer after it can take the final-position read-out, and the
+    # Aggregate role goes to attention (lab-hybrid-late: masking attention's last row takes
+    # lab-mmlu 69% -> 24.5%, knowledge 100% -> 96.5%). It leaves the plateau later (~8750 steps),
+    # hence 10000 wsd steps (constant rate until 8000).
+    "hybrid-late": {
+        "arch": "hybrid",
+        "model": {
+            "hidden_size": 64,
+            "intermediate_size": 192,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "attn_layer_indices": [3],
+            "mamba_n_heads": 8,
+            "mamba_d_head": 16,
+            "mamba_d_state": 8,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 32,
+            "max_position_embeddings": 512,
+            "initializer_range": 0.1,
+        },
+        "world": LAB_WORLD,
+        "train": {"steps": 10000, "schedule": "wsd", "buckets": 3, **RECIPE},
+    },
     # CI smoke test: a very small Llama, a couple of hundred steps
     "smoke": {
         "arch": "llama",

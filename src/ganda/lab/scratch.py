@@ -44,7 +44,7 @@ def finished(out: Path) -> bool:
 
 def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None) -> list[Job]:
     """The jobs: transformer, SSM and hybrid from their configs, then the student from the transformer."""
-    cfg = {"transformer": "llama", "ssm": "mamba2", "hybrid": "hybrid", **(configs or {})}
+    cfg = {"transformer": "llama", "ssm": "mamba2", "hybrid": "hybrid-late", **(configs or {})}
     g = [sys.executable, "-m", "ganda"]
     extra = ["--steps", str(steps)] if steps else []
     jobs = [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],

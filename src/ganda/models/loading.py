@@ -211,7 +211,7 @@ def load_model(
         if not path.exists():
             raise GandaError(
                 f"no such model: {spec!r} (give a local HF directory, a .gguf file, or one of: "
-                f"{', '.join(ALIASES)}, or a shipped lab checkpoint: lab-llama, lab-mamba2, lab-hybrid, lab-distilled)"
+                f"{', '.join(ALIASES)}, or a shipped lab checkpoint: lab-llama, lab-mamba2, lab-hybrid, lab-hybrid-late, lab-distilled)"
             )
     if path.is_dir():
         model, tok = _load_hf_dir(path, allow_pickle)
