@@ -221,6 +221,16 @@ def test_teacher_layers_0_and_1_lift_lab_mmlu_in_the_distilled_student_and_layer
     assert abs(acc[2] - acc["student"]) <= 0.05, acc
 
 
+def _accuracy(adapter, limit: int):
+    """acc(task, interventions) on the first ``limit`` seeded examples of a task."""
+    from ganda.scoring import evaluate
+
+    def acc(task, ivs=()):
+        return evaluate(adapter, task, list(ivs), limit=limit, progress=False).accuracy
+
+    return acc
+
+
 def test_shipped_hybrid_aggregates_in_its_last_ssm_layer_and_gathers_with_attention():
     """Finding 5 on the shipped ``lab-hybrid`` (docs/lab.md, n=200): masking the final row of its
     attention layer (L2) leaves lab-mmlu at 97% (99.5% intact); the Aggregate role is the SSM head
@@ -228,15 +238,12 @@ def test_shipped_hybrid_aggregates_in_its_last_ssm_layer_and_gathers_with_attent
     everywhere but the final position: 62%), knowledge intact in both."""
     import ganda
     from ganda.interventions import AblateHeads, mask_last_row
-    from ganda.scoring import evaluate
     from ganda.tasks import get_task
 
     ad = ganda.load_model("lab-hybrid", device="cpu")
     assert ad.layer_kinds(2) == ["attn"] and ad.layer_kinds(3) == ["ssm"]
     mmlu, know = get_task("lab-mmlu", adapter=ad), get_task("lab-knowledge", adapter=ad)
-
-    def acc(task, ivs=()):
-        return evaluate(ad, task, list(ivs), limit=60, progress=False).accuracy
+    acc = _accuracy(ad, 60)
 
     base = acc(mmlu)
     assert base >= 0.9
@@ -253,15 +260,12 @@ def test_hybrid_with_attention_last_aggregates_in_attention():
     and its Gather head the SSM head L0H6 (ablated only before it)."""
     import ganda
     from ganda.interventions import AblateHeads, mask_last_row
-    from ganda.scoring import evaluate
     from ganda.tasks import get_task
 
     ad = ganda.load_model("lab-hybrid-late", device="cpu")
     assert ad.layer_kinds(3) == ["attn"] and ad.layer_kinds(0) == ["ssm"]
     mmlu, know = get_task("lab-mmlu", adapter=ad), get_task("lab-knowledge", adapter=ad)
-
-    def acc(task, ivs=()):
-        return evaluate(ad, task, list(ivs), limit=80, progress=False).accuracy
+    acc = _accuracy(ad, 80)
 
     base = acc(mmlu)
     assert base >= 0.55

@@ -60,6 +60,23 @@ RECIPE: dict[str, Any] = {
     "lr": 3e-3,
 }
 
+# Bamba: Mamba-2 layers around one attention layer (4 heads); ``attn_layer_indices`` says where.
+HYBRID_MODEL: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "attn_layer_indices": [2],
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_d_state": 8,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 32,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.1,
+}
+
 CONFIGS: dict[str, dict[str, Any]] = {
     # 231k parameters; 5000 steps, 10 min on one CPU thread (lab-mmlu 91.5%, n=200)
     "llama": {
@@ -95,21 +112,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # Bamba: Mamba-2 layers around one attention layer (index 2), as in Zamba2/Jamba-style hybrids.
     "hybrid": {
         "arch": "hybrid",
-        "model": {
-            "hidden_size": 64,
-            "intermediate_size": 192,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "attn_layer_indices": [2],
-            "mamba_n_heads": 8,
-            "mamba_d_head": 16,
-            "mamba_d_state": 8,
-            "mamba_expand": 2,
-            "mamba_chunk_size": 32,
-            "max_position_embeddings": 512,
-            "initializer_range": 0.1,
-        },
+        "model": HYBRID_MODEL,
         "world": LAB_WORLD,
         "train": {"steps": 7000, "schedule": "wsd", "buckets": 3, **RECIPE},
     },
@@ -120,21 +123,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # hence 10000 wsd steps (constant rate until 8000).
     "hybrid-late": {
         "arch": "hybrid",
-        "model": {
-            "hidden_size": 64,
-            "intermediate_size": 192,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "attn_layer_indices": [3],
-            "mamba_n_heads": 8,
-            "mamba_d_head": 16,
-            "mamba_d_state": 8,
-            "mamba_expand": 2,
-            "mamba_chunk_size": 32,
-            "max_position_embeddings": 512,
-            "initializer_range": 0.1,
-        },
+        "model": {**HYBRID_MODEL, "attn_layer_indices": [3]},
         "world": LAB_WORLD,
         "train": {"steps": 10000, "schedule": "wsd", "buckets": 3, **RECIPE},
     },
