@@ -4,6 +4,7 @@ lab checkpoints (``lab-llama`` teacher, ``lab-distilled`` Bamba student with no 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -219,6 +220,54 @@ def test_teacher_layers_0_and_1_lift_lab_mmlu_in_the_distilled_student_and_layer
     assert acc["student"] < 0.45, acc
     assert acc[0] >= acc["student"] + 0.15 and acc[1] >= acc["student"] + 0.05, acc
     assert abs(acc[2] - acc["student"]) <= 0.05, acc
+
+
+def test_transplant_cli_runs_lab_tasks_and_records_the_swap(tmp_path, capsys):
+    from ganda.cli import main
+    from ganda.experiments.common import parse_tasks
+
+    assert parse_tasks("lab-mmlu,lab-knowledge") == ["lab-mmlu", "lab-knowledge"]
+    rc = main(["transplant", str(checkpoint("lab-distilled")), "--donor", str(checkpoint("lab-llama")),
+               "--layers", "2", "--tasks", "lab-mmlu", "-n", "8", "--out", str(tmp_path), "-q", "--no-html"])
+    assert rc == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["summary"]["swapped"]["L2"].startswith("self_attn for mamba")
+    assert [r["condition"] for r in res["rows"]] == ["student", "L2"]
+    assert (tmp_path / "transplant.png").exists()
+
+
+def test_compare_sharpness_gives_paired_differences_with_intervals(lab):
+    from ganda.discovery import compare_sharpness
+
+    res = compare_sharpness({"llama": lab["lab-llama"], "mamba2": lab["lab-mamba2"]}, "lab-mmlu",
+                            k=1, n=8, select_n=8, resamples=300, progress=False)
+    assert set(res["models"]) == {"llama", "mamba2"} and res["n"] == 8 and res["select_seed"] == 1
+    for m in res["models"].values():
+        assert len(m["aggregate_heads"]) == 1 and len(m["gather_heads"]) == 1
+        for v in m["metrics"].values():
+            assert v["ci95"][0] - 1e-9 <= v["value"] <= v["ci95"][1] + 1e-9
+    by = {r["metric"]: r for r in res["differences"]}
+    g = by["gather"]
+    assert g["value"] == pytest.approx(res["models"]["llama"]["metrics"]["gather"]["value"]
+                                       - res["models"]["mamba2"]["metrics"]["gather"]["value"])
+    p = by["aggregate_peak"]  # ratio of geometric means
+    assert p["value"] == pytest.approx(res["models"]["llama"]["metrics"]["aggregate_peak"]["value"]
+                                       / res["models"]["mamba2"]["metrics"]["aggregate_peak"]["value"])
+    json.dumps(res)
+
+
+def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
+    from ganda.cli import main
+
+    rc = main(["heads", str(checkpoint("lab-llama")), "--task", "lab-mmlu", "--n", "5", "--verify-n", "4",
+               "--top", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    res = json.loads((tmp_path / "result.json").read_text())
+    row = res["all_heads"][0]
+    assert len(row["aggregate_peak_ci95"]) == 2 and row["n_prompts"] == 5 and "ci_method" in res["summary"]
+    lines = (tmp_path / "per_prompt.csv").read_text().splitlines()
+    assert lines[0].startswith("head,prompt,aggregate") and len(lines) == 1 + 12 * 5
+    assert "aggregate_peak_ci95" in (tmp_path / "heads.csv").read_text().splitlines()[0]
 
 
 def _accuracy(adapter, limit: int):
