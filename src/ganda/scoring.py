@@ -111,29 +111,60 @@ def pad_rows(adapter: ModelAdapter, rows: Sequence[Sequence[int]]) -> tuple[torc
     return ids.to(adapter.device), mask.to(adapter.device)
 
 
-def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int]) -> ChoiceScores:
+Pairs = list[tuple[list[int], list[int]]]  # (context ids, continuation ids) per choice
+
+
+def _encode_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]]) -> tuple[Pairs, bool]:
+    """Encoded (context, continuation) pairs, and whether one row (their shared context) scores
+    them all: every continuation is one token after the same context (MMLU letters)."""
     pairs = [encode_pair(adapter, c, t) for c, t in texts]
-    ctxs = {tuple(p[0]) for p in pairs}
+    single = len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs)
+    return pairs, single
+
+
+@torch.no_grad()
+def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[int]]]) -> list[ChoiceScores]:
+    """One right-padded forward for one or several examples (``(pairs, single, n_chars)`` each):
+    a shared-context example takes one row, any other one row per choice. Each row carries its own
+    query and last-scored positions, so position-restricted interventions act on every row as
+    they would alone; log-probabilities are taken only where a continuation token is scored."""
+    rows: list[list[int]] = []
+    qpos: list[int] = []
+    last: list[int] = []
+    where: list[list[int]] = []
+    for pairs, single, _ in items:
+        if single:
+            rows.append(pairs[0][0])
+            qpos.append(len(pairs[0][0]) - 1)
+            last.append(len(pairs[0][0]) - 1)
+            where.append([len(rows) - 1] * len(pairs))
+            continue
+        idx = []
+        for ctx, cont in pairs:
+            rows.append(ctx + cont)
+            qpos.append(len(ctx) - 1)
+            last.append(len(ctx) + len(cont) - 2)
+            idx.append(len(rows) - 1)
+        where.append(idx)
     dev = adapter.device
-    if len(ctxs) == 1 and all(len(p[1]) == 1 for p in pairs):
-        ctx = pairs[0][0]
-        adapter.check_length(len(ctx))
-        ids = torch.tensor([ctx], device=dev)
-        with query_positions(torch.tensor([len(ctx) - 1], device=dev)):
-            logits = adapter.forward(ids)[0, -1].float()
-        logp = torch.log_softmax(logits, -1)
-        return ChoiceScores([float(logp[p[1][0]]) for p in pairs], n_chars)
-    ids, mask = pad_rows(adapter, [p[0] + p[1] for p in pairs])
-    qpos = torch.tensor([len(p[0]) - 1 for p in pairs], device=dev)
-    last = torch.tensor([len(p[0]) + len(p[1]) - 2 for p in pairs], device=dev)
-    with query_positions(qpos, last):
-        logits = adapter.forward(ids, attention_mask=mask).float()
-    logp = torch.log_softmax(logits, -1)
+    ids, mask = pad_rows(adapter, rows)
+    lone = len(items) == 1 and items[0][1]  # one shared-context row: nothing padded, no mask
+    with query_positions(torch.tensor(qpos, device=dev), torch.tensor(last, device=dev)):
+        logits = adapter.forward(ids, attention_mask=None if lone else mask)
     out = []
-    for i, (ctx, cont) in enumerate(pairs):
-        pos = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=dev)
-        out.append(float(logp[i, pos, torch.tensor(cont, device=dev)].sum()))
-    return ChoiceScores(out, n_chars)
+    for (pairs, _single, n_chars), idx in zip(items, where, strict=True):
+        ll = []
+        for r, (ctx, cont) in zip(idx, pairs, strict=True):
+            pos = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=dev)
+            logp = torch.log_softmax(logits[r, pos].float(), -1)
+            ll.append(float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum()))
+        out.append(ChoiceScores(ll, n_chars))
+    return out
+
+
+def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int]) -> ChoiceScores:
+    pairs, single = _encode_pairs(adapter, texts)
+    return _score_rows(adapter, [(pairs, single, n_chars)])[0]
 
 
 SMALL_MODEL_PARAMS = 20_000_000
@@ -155,50 +186,6 @@ def default_batch_rows(adapter: ModelAdapter) -> int:
     return BATCH_ROWS if n < SMALL_MODEL_PARAMS else 1
 
 
-def _example_rows(adapter: ModelAdapter, ex: Example) -> tuple[list[tuple[list[int], list[int]]], bool]:
-    """(context ids, continuation ids) per choice, and whether one row (the shared context)
-    scores them all (every continuation one token long)."""
-    pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(ex)]
-    single = len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs)
-    return pairs, single
-
-
-@torch.no_grad()
-def _score_batch(adapter: ModelAdapter, items: list[tuple[Example, list, bool]]) -> list[ChoiceScores]:
-    """Several examples in one right-padded forward; each row carries its own query and last
-    positions, so position-restricted interventions act on every row as in the one-by-one path."""
-    rows: list[list[int]] = []
-    qpos: list[int] = []
-    last: list[int] = []
-    where: list[list[int]] = []
-    for _ex, pairs, single in items:
-        if single:
-            rows.append(pairs[0][0])
-            qpos.append(len(pairs[0][0]) - 1)
-            last.append(len(pairs[0][0]) - 1)
-            where.append([len(rows) - 1] * len(pairs))
-            continue
-        idx = []
-        for ctx, cont in pairs:
-            rows.append(ctx + cont)
-            qpos.append(len(ctx) - 1)
-            last.append(len(ctx) + len(cont) - 2)
-            idx.append(len(rows) - 1)
-        where.append(idx)
-    dev = adapter.device
-    ids, mask = pad_rows(adapter, rows)
-    with query_positions(torch.tensor(qpos, device=dev), torch.tensor(last, device=dev)):
-        logp = torch.log_softmax(adapter.forward(ids, attention_mask=mask).float(), -1)
-    out = []
-    for (ex, pairs, _single), idx in zip(items, where, strict=True):
-        ll = []
-        for r, (ctx, cont) in zip(idx, pairs, strict=True):
-            pos = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=dev)
-            ll.append(float(logp[r, pos, torch.tensor(cont, device=dev)].sum()))
-        out.append(ChoiceScores(ll, norm_chars(ex)))
-    return out
-
-
 def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_rows: int | None = None,
                    progress: bool = False, desc: str = "?") -> list[ChoiceScores]:
     """Scores of many examples: up to ``batch_rows`` rows per forward (default
@@ -207,20 +194,20 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
     if n == 1:
         return [score_example(adapter, ex) for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
     out: list[ChoiceScores] = []
-    chunk: list[tuple[Example, list, bool]] = []
+    chunk: list[tuple[Pairs, bool, list[int]]] = []
     size = 0
     bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
     for ex in examples:
-        pairs, single = _example_rows(adapter, ex)
+        pairs, single = _encode_pairs(adapter, example_pairs(ex))
         k = 1 if single else len(pairs)
         if chunk and size + k > n:
-            out += _score_batch(adapter, chunk)
+            out += _score_rows(adapter, chunk)
             bar.update(len(chunk))
             chunk, size = [], 0
-        chunk.append((ex, pairs, single))
+        chunk.append((pairs, single, norm_chars(ex)))
         size += k
     if chunk:
-        out += _score_batch(adapter, chunk)
+        out += _score_rows(adapter, chunk)
         bar.update(len(chunk))
     bar.close()
     return out
