@@ -62,8 +62,9 @@ def test_finding5_rule_distinguishes_the_two_masking_rules():
     assert _f(verdicts({"mask": weak}), 5)["verdict"] == "not reproduced"
     # the hybrid's roles are named with the kind of layer that holds them
     roles = ExperimentResult(kind="head_roles", summary={"aggregate": "L3H1", "aggregate_ablated": 0.625,
-                                                         "gather": "L2H0", "gather_ablated": 0.615})
-    lab = _f(verdicts({"mask": weak, "roles_hybrid": roles, "hybrid_kinds": {2: ["attn"], 3: ["ssm"]}}), 5)["lab"]
+                                                         "gather": "L2H0", "gather_ablated": 0.615},
+                             config={"layer_kinds": {"2": ["attn"], "3": ["ssm"]}})  # as read back from JSON
+    lab = _f(verdicts({"mask": weak, "roles_hybrid": roles}), 5)["lab"]
     assert "Aggregate L3H1 (ssm) -> 62.5%" in lab and "Gather L2H0 (attn) -> 61.5%" in lab
 
 
@@ -162,7 +163,7 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
         [(f["finding"], f["verdict"], f["lab"]) for f in res["findings"]]
     assert json.loads((out / "findings" / "result.json").read_text())["panels"] == first["panels"]
     assert (out / "findings" / "findings.png").is_file()
-    kinds = rebuild_state(out)["hybrid_kinds"]
+    kinds = {int(k): v for k, v in rebuild_state(out)["roles_hybrid"].config["layer_kinds"].items()}
     assert sorted(kinds) == list(range(len(kinds))) and ["attn"] in kinds.values()
 
 

@@ -166,7 +166,6 @@ class Programme:
             lap("f5 hybrid last-row masking")
             # where the hybrid's retrieval roles sit: in its attention layer or in SSM heads
             st["roles_hybrid"] = self.roles("hybrid", "f5-roles-hybrid")
-            st["hybrid_kinds"] = st["roles_hybrid"].config["layer_kinds"]
             lap("f5 roles (hybrid)")
         if 6 in self.only and self.models.get("distilled"):
             st.update(self.finding6(st["roles_transformer"]))
@@ -175,9 +174,6 @@ class Programme:
                           seconds=round(time.perf_counter() - t0, 1))
         self.log(f"[lab] done in {time.perf_counter() - t0:.0f} s: {self.out}/report.html")
         return {"findings": findings, "seconds": round(time.perf_counter() - t0, 1)}
-
-    def report(self) -> Path:
-        return write_lab_report(self.out)
 
     # ---- findings 2-6 -----------------------------------------------------------------------------
     def finding2(self, roles_t) -> dict[str, Any]:
@@ -269,14 +265,12 @@ class LabFindingsResult(ExperimentResult):
                        title="ganda lab: the paper's findings on the lab models (paper's numbers in each title)")]
 
 
-STEP_DIRS = ["findings", "models", "f1-roles-transformer", "f2-prune", "f2-remove-restore", "f2-retain",
-             "f3-roles-ssm", "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f5-roles-hybrid", "f6-transplant-layers",
-             "f6-transplant-head"]
-# run directory -> the programme state key its result feeds
+# run directory of each step -> the programme state key its result feeds (in report order)
 STATE_KEYS = {"f1-roles-transformer": "roles_transformer", "f2-prune": "prune", "f2-remove-restore": "remove_restore",
               "f2-retain": "retain", "f3-roles-ssm": "roles_ssm", "f3-kv": "kv", "f4-sharpness": "sharpness",
               "f5-mask-hybrid": "mask", "f5-roles-hybrid": "roles_hybrid", "f6-transplant-layers": "transplant_layers",
               "f6-transplant-head": "transplant_head"}
+STEP_DIRS = ["findings", "models", *STATE_KEYS]
 
 
 def write_lab_report(out: Path) -> Path:
@@ -318,9 +312,6 @@ def rebuild_state(run_dir: str | Path) -> dict[str, Any]:
             continue
         data = json.loads(f.read_text())
         st[key] = data if key == "sharpness" else result_from_json(data)
-    rh = st.get("roles_hybrid")
-    if rh is not None and rh.config.get("layer_kinds"):
-        st["hybrid_kinds"] = {int(k): v for k, v in rh.config["layer_kinds"].items()}
     fj = run / "findings" / "result.json"
     if fj.is_file():
         st["seconds"] = json.loads(fj.read_text()).get("config", {}).get("seconds", {})
@@ -449,8 +440,11 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
         kb, kq, kl = s.get("lab-knowledge_intact"), s.get("lab-knowledge_masked"), s.get("lab-knowledge_masked_last")
         lab = (f"lab-mmlu {_pct(base)} -> {_pct(q)}; knowledge {_pct(kb)} -> {_pct(kq)} (last prompt token masked) / "
                f"{_pct(kl)} (last scored position masked, as the authors' code)")
-        rh, kinds = st.get("roles_hybrid"), st.get("hybrid_kinds") or {}
+        rh = st.get("roles_hybrid")
         if rh is not None:
+            # recorded by Programme.roles; JSON turns the layer keys into strings
+            kinds = {int(k): v for k, v in (rh.config.get("layer_kinds") or {}).items()}
+
             def _where(h: str | None) -> str:
                 return "-" if not h else f"{h} ({'/'.join(kinds.get(_layer(h), ['?']))})"
 
