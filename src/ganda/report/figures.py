@@ -181,6 +181,34 @@ def heatmap(
     return _save(fig, path)
 
 
+def _floats(values: Sequence[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _grouped_bars(
+    ax: Any,
+    n_groups: int,
+    series: Mapping[str, Sequence[float | None]],
+    errors: Mapping[str, tuple[Sequence[float | None], Sequence[float | None]]] | None,
+    hlines: Mapping[str, float] | None,
+) -> np.ndarray:
+    """Draw one bar per series in each group (``errors``: (lo, hi) CI bounds) and dashed
+    reference lines on ``ax``; returns the group positions."""
+    k = max(1, len(series))
+    width = 0.8 / k
+    x = np.arange(n_groups)
+    for i, (name, ys) in enumerate(series.items()):
+        yy = _floats(ys)
+        yerr = None
+        if errors and name in errors:
+            lo, hi = (_floats(v) for v in errors[name])
+            yerr = np.vstack([np.clip(yy - lo, 0, None), np.clip(hi - yy, 0, None)])
+        ax.bar(x + (i - (k - 1) / 2) * width, yy, width, label=name, yerr=yerr, capsize=2)
+    for i, (name, y) in enumerate((hlines or {}).items()):
+        ax.axhline(y, ls="--", lw=1, color=f"C{7 + i % 3}", label=name)
+    return x
+
+
 def bars(
     labels: Sequence[str],
     series: Mapping[str, Sequence[float | None]],
@@ -195,18 +223,8 @@ def bars(
 ) -> Path:
     """Grouped bars: one group per label, one bar per series; ``errors`` are (lo, hi) CI bounds."""
     k = max(1, len(series))
-    width = 0.8 / k
-    x = np.arange(len(labels))
     fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(labels) * k + 2), 4.2))
-    for i, (name, ys) in enumerate(series.items()):
-        yy = np.array([np.nan if y is None else y for y in ys], dtype=float)
-        yerr = None
-        if errors and name in errors:
-            lo, hi = (np.asarray(v, dtype=float) for v in errors[name])
-            yerr = np.vstack([np.clip(yy - lo, 0, None), np.clip(hi - yy, 0, None)])
-        ax.bar(x + (i - (k - 1) / 2) * width, yy, width, label=name, yerr=yerr, capsize=2)
-    for i, (name, y) in enumerate((hlines or {}).items()):
-        ax.axhline(y, ls="--", lw=1, color=f"C{7 + i % 3}", label=name)
+    x = _grouped_bars(ax, len(labels), series, errors, hlines)
     ax.set_xticks(x)
     ax.set_xticklabels(list(labels), rotation=rotate, ha="right" if rotate else "center", fontsize=8)
     ax.set_ylabel(ylabel)
@@ -237,20 +255,8 @@ def panels(
     rows = (n + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
     for ax, spec in zip(axes.flat, specs, strict=False):
-        groups, series = list(spec["groups"]), dict(spec["series"])
-        k = max(1, len(series))
-        width = 0.8 / k
-        x = np.arange(len(groups))
-        for i, (name, ys) in enumerate(series.items()):
-            yy = np.array([np.nan if y is None else y for y in ys], dtype=float)
-            yerr = None
-            err = (spec.get("errors") or {}).get(name)
-            if err:
-                lo, hi = (np.array([np.nan if v is None else v for v in e], dtype=float) for e in err)
-                yerr = np.vstack([np.clip(yy - lo, 0, None), np.clip(hi - yy, 0, None)])
-            ax.bar(x + (i - (k - 1) / 2) * width, yy, width, label=name, yerr=yerr, capsize=2)
-        for j, (name, y) in enumerate((spec.get("hlines") or {}).items()):
-            ax.axhline(y, ls="--", lw=1, color=f"C{7 + j % 3}", label=name)
+        groups = list(spec["groups"])
+        x = _grouped_bars(ax, len(groups), spec["series"], spec.get("errors"), spec.get("hlines"))
         if spec.get("log"):
             ax.set_yscale("log")
         ylim = spec.get("ylim", (0.0, 1.18))  # headroom above 1.0 for the legend
