@@ -199,3 +199,57 @@ def test_phrase_keys_are_two_words_of_the_world():
     assert all(len(k.split()) == 2 for k in keys) and len(set(keys)) == 8
     with pytest.raises(ValueError):
         World(WorldConfig(kv_keys="nope")).kv_example(random.Random(0), 2)
+
+
+# ---- the phrase world: variable-length values, edit distractors --------------------------------
+
+PHRASES = WorldConfig(distractors="hard", values="phrases", max_words=2)
+
+
+def test_phrase_values_are_every_short_sequence_of_distinct_pool_words():
+    from ganda.lab.world import phrase_pool
+
+    w = World(PHRASES)
+    pool = phrase_pool("home", 6)
+    assert len(pool) == 6 and len(set(pool)) == 6
+    assert len(w.values["home"]) == 6 + 6 * 5  # singles and ordered pairs of distinct words
+    assert "hill red" in w.values["home"] and "red red" not in w.values["home"]
+    lengths = [len(f.value.split()) for f in w.facts]
+    assert set(lengths) == {1, 2} and 0.35 < lengths.count(1) / len(lengths) < 0.65
+    assert World(WorldConfig(values="phrases")).values["home"].__len__() == 6 + 30 + 120
+
+
+def test_edit_distractors_defeat_word_counting_and_last_word_summaries():
+    """In every four-option question some distractor holds every gold word (a swap or an
+    extension: counting matched words cannot pick the gold), and some distractor agrees with the
+    gold up to the gold's last word (a prefix or an extension: only the line's end tells them apart)."""
+    for cfg in (PHRASES, WorldConfig(distractors="hard", values="phrases")):
+        w, rng = World(cfg), random.Random(0)
+        for i in range(300):
+            ex = w.mmlu_example(rng, w.facts[i % len(w.facts)]) if i % 2 else w.letters_example(rng)
+            opts, gold = ex.meta["options"], ex.meta["value"]
+            assert len(set(opts)) == 4 and opts[ex.gold] == gold
+            gw = gold.split()
+            others = [o.split() for o in opts if o != gold]
+            assert any(set(gw) <= set(o) for o in others)
+            assert any(o[: len(gw)] == gw or gw[: len(o)] == o for o in others)
+            assert all(o in w.values[ex.meta["relation"]] for o in opts)  # every option is a possible value
+
+
+def test_phrase_knowledge_choices_end_where_the_value_ends():
+    w = World(PHRASES)
+    ex = w.knowledge_example(random.Random(0), w.facts[0])
+    assert ex.choices[ex.gold] == f" {w.facts[0].value}." and all(c.endswith(".") for c in ex.choices)
+    tok = build_tokenizer(w)
+    for c in ex.choices:
+        ids = tok(ex.prompt + c, add_special_tokens=False).input_ids
+        assert tok.unk_token_id not in ids and tok.decode(ids) == ex.prompt + c
+
+
+def test_world_records_without_values_mean_pairs():
+    old = {"seed": 0, "n_entities": 200, "n_novel": 200, "relations": ["home", "job"], "n_values": 36,
+           "holdout_frac": 0.2, "n_kv_values": 100, "distractors": "hard"}
+    assert WorldConfig.from_json(old).values == "pairs"
+    assert WorldConfig.from_json(PHRASES.to_json()) == PHRASES
+    with pytest.raises(ValueError):
+        _ = World(WorldConfig(values="sentences")).facts

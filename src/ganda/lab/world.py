@@ -47,7 +47,7 @@ DRILL_WORDS = ["Which", "option"]
 
 
 # what a world record that predates these fields meant (lab.json files written before them)
-LEGACY: dict[str, Any] = {"distractors": "random", "kv_keys": "names"}
+LEGACY: dict[str, Any] = {"distractors": "random", "kv_keys": "names", "values": "pairs"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,17 @@ class WorldConfig:
     # "names": dictionary keys are novel names (one token each); "phrases": two-word phrases
     # made of the relations' words (``old hill:42``), so a key, like an option, spans tokens
     kv_keys: str = "names"
+    # "pairs": every value is two words, adjective + noun (``dark hill``); "phrases": every value
+    # is a sequence of 1 to ``max_words`` distinct words from the relation's ``phrase_words``
+    # words (``hill``, ``dark hill``, ``dark hill lake``), and hard distractors are *edits* of the
+    # gold value: the gold minus its last word, the gold plus one more word, one word swapped.
+    # With fixed-length values a model can summarise an option at its last word and vote word by
+    # word; with phrases only the option's ``\n`` knows the option is complete (``dark hill`` vs
+    # ``dark hill lake``), and every gold word also appears in a distractor, so the line must be
+    # gathered into its ``\n`` and matched as a whole: the paper's Gather-and-Aggregate.
+    values: str = "pairs"
+    phrase_words: int = 6
+    max_words: int = 3
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -104,6 +115,55 @@ def _names(rng: random.Random, n: int, taken: set[str]) -> list[str]:
     return out
 
 
+def phrase_pool(relation: str, n_words: int) -> list[str]:
+    """The words a relation's phrases are made of: its first adjectives and nouns, alternately."""
+    adjs, nouns = RELATIONS[relation]
+    mixed = [w for pair in zip(adjs, nouns, strict=True) for w in pair]
+    if not 2 <= n_words <= len(mixed):
+        raise ValueError(f"phrase_words must be between 2 and {len(mixed)}")
+    return mixed[:n_words]
+
+
+def _phrases(pool: list[str], max_words: int) -> list[str]:
+    """Every sequence of 1..max_words distinct pool words, as text, sorted."""
+    out: list[list[str]] = [[w] for w in pool]
+    level = list(out)
+    for _ in range(max_words - 1):
+        level = [p + [w] for p in level for w in pool if w not in p]
+        out += level
+    return sorted(" ".join(p) for p in out)
+
+
+def edit_distractors(rng: random.Random, gold: str, pool: list[str], max_words: int, k: int) -> list[str]:
+    """``k`` distinct phrases that differ from ``gold`` by one edit. *Traps* come first, in random
+    order: the gold minus its last word or plus one word at the end (identical up to the gold's
+    last word, so only the line's end tells them apart) and two neighbouring words swapped (the
+    same words in another order, so no count of matching words tells them apart); then a word
+    replaced or the first word dropped; then any phrase that shares a word (tiny pools only)."""
+    words = gold.split()
+    unused = [w for w in pool if w not in words]
+    traps = []
+    if len(words) >= 2:
+        traps.append(" ".join(words[:-1]))
+        i = rng.randrange(len(words) - 1)
+        traps.append(" ".join(words[:i] + [words[i + 1], words[i]] + words[i + 2 :]))
+    if len(words) < max_words and unused:
+        traps.append(" ".join(words + [rng.choice(unused)]))
+    edits = [" ".join(words[:i] + [w] + words[i + 1 :]) for i in range(len(words)) for w in unused]
+    if len(words) >= 2:
+        edits.append(" ".join(words[1:]))
+    rng.shuffle(traps)
+    rng.shuffle(edits)
+    picks: list[str] = []
+    for cand in traps + edits:
+        if len(picks) < k and cand != gold and cand not in picks:
+            picks.append(cand)
+    if len(picks) < k:  # only for tiny pools
+        rest = [p for p in _phrases(pool, max_words) if p != gold and p not in picks and set(p.split()) & set(words)]
+        picks += rng.sample(rest, k - len(picks))
+    return picks[:k]
+
+
 @dataclass
 class World:
     config: WorldConfig = field(default_factory=WorldConfig)
@@ -119,6 +179,16 @@ class World:
         names = _names(rng, cfg.n_entities + cfg.n_novel, reserved)
         entities, novel = names[: cfg.n_entities], names[cfg.n_entities :]
         values: dict[str, list[str]] = {}
+        if cfg.values == "phrases":
+            for r in cfg.relations:
+                values[r] = _phrases(phrase_pool(r, cfg.phrase_words), cfg.max_words)
+            # a fact's length is uniform over 1..max_words, then its phrase uniform among that length
+            by_len = {r: [[v for v in values[r] if len(v.split()) == n] for n in range(1, cfg.max_words + 1)]
+                      for r in cfg.relations}
+            facts = {(e, r): rng.choice(rng.choice(by_len[r])) for e in entities for r in cfg.relations}
+            return entities, novel, values, facts
+        if cfg.values != "pairs":
+            raise ValueError(f"values must be 'pairs' or 'phrases', not {cfg.values!r}")
         for r in cfg.relations:
             adjs, nouns = RELATIONS[r]
             combos = [f"{a} {n}" for a in adjs for n in nouns]
@@ -197,7 +267,10 @@ class World:
     def _options(self, rng: random.Random, relation: str, gold_value: str, n: int = 4,
                  hard: bool = False) -> tuple[list[str], int]:
         others = [v for v in self.values[relation] if v != gold_value]
-        if hard:  # one distractor shares the adjective, one the noun, the rest either
+        if hard and self.config.values == "phrases":
+            opts = edit_distractors(rng, gold_value, phrase_pool(relation, self.config.phrase_words),
+                                    self.config.max_words, n - 1) + [gold_value]
+        elif hard:  # one distractor shares the adjective, one the noun, the rest either
             adj, noun = gold_value.split()
             same_adj = [v for v in others if v.split()[0] == adj]
             same_noun = [v for v in others if v.split()[1] == noun]
@@ -232,9 +305,12 @@ class World:
     # ---- examples -----------------------------------------------------------------------
     def knowledge_example(self, rng: random.Random, fact: Fact) -> Example:
         opts, gold = self._options(rng, fact.relation, fact.value)
+        # phrases can be prefixes of each other (``dark`` / ``dark hill``): the choice includes
+        # the statement's closing ``.`` so that its likelihood says where the value ends
+        end = "." if self.config.values == "phrases" else ""
         return Example(
             prompt=self.knowledge_prompt(fact.entity, fact.relation),
-            choices=[f" {o}" for o in opts],
+            choices=[f" {o}{end}" for o in opts],
             gold=gold,
             meta={"entity": fact.entity, "relation": fact.relation, "value": fact.value},
         )
