@@ -260,14 +260,19 @@ def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
     from ganda.cli import main
 
     rc = main(["heads", str(checkpoint("lab-llama")), "--task", "lab-mmlu", "--n", "5", "--verify-n", "4",
-               "--top", "1", "--out", str(tmp_path)])
+               "--top", "1", "--summary", "last", "--out", str(tmp_path)])
     assert rc == 0
     res = json.loads((tmp_path / "result.json").read_text())
     row = res["all_heads"][0]
     assert len(row["aggregate_peak_ci95"]) == 2 and row["n_prompts"] == 5 and "ci_method" in res["summary"]
+    assert row["summary"] == "last" and res["config"]["summary"] == "last"
+    assert sum(v for k, v in row["read"].items() if k != "argmax_gold") == pytest.approx(1.0)
     lines = (tmp_path / "per_prompt.csv").read_text().splitlines()
     assert lines[0].startswith("head,prompt,aggregate") and len(lines) == 1 + 12 * 5
-    assert "aggregate_peak_ci95" in (tmp_path / "heads.csv").read_text().splitlines()[0]
+    header = (tmp_path / "heads.csv").read_text().splitlines()[0].split(",")
+    assert "aggregate_peak_ci95" in header and {"read_gold_last", "read_gold_end", "read_outside"} <= set(header)
+    assert main(["heads", str(checkpoint("lab-llama")), "--task", "lab-mmlu", "--summary", "middle",
+                 "--out", str(tmp_path / "bad")]) == 2
 
 
 def _accuracy(adapter, limit: int):
@@ -324,3 +329,54 @@ def test_hybrid_with_attention_last_aggregates_in_attention():
     assert acc(mmlu, [agg]) <= 0.4 and acc(mmlu, [gat]) <= 0.4
     assert acc(mmlu, [AblateHeads("L3H0", positions="context")]) >= base - 0.05  # not a Gather head
     assert acc(know, [gat]) >= 0.95
+
+
+# ---- which token is the summary: read profile and the ``summary`` option -------------------------
+
+
+def test_read_profile_splits_the_final_row_by_segment_part():
+    from ganda.discovery import READ_PARTS, read_shares
+
+    spans, gold = [(3, 7), (8, 12)], 1  # letter . word word \n, twice
+    row = torch.zeros(14)
+    row[11], row[4], row[13] = 0.6, 0.3, 0.1  # gold's last word, other segment's '.', the final position
+    r = read_shares(row, spans, gold)
+    assert r["gold_last"] == pytest.approx(0.6) and r["other_inner"] == pytest.approx(0.3)
+    assert r["outside"] == pytest.approx(0.1) and sum(r[k] for k in READ_PARTS) == pytest.approx(1.0)
+    assert READ_PARTS[int(r["at"])] == "gold_last"
+    assert read_shares(-row, spans, gold) == r  # signed SSM rows are read by magnitude
+
+
+def test_summary_last_scores_a_head_that_reads_the_last_word_as_aggregate():
+    from ganda.discovery import prompt_metrics, summary_spans
+    from ganda.errors import GandaError
+
+    rows, spans, gold = _synthetic_rows(0.0)
+    # move the final row's one-hot from the gold "\n" to the gold's last word
+    e = spans[gold][1]
+    rows[0, e], rows[0, e - 1] = 0.0, 1.0
+    at_end = prompt_metrics(rows, spans, gold)
+    last = summary_spans(spans, "last")
+    assert last == [(a, e_ - 1) for a, e_ in spans] and summary_spans(spans) == spans
+    # the summary rows must be the rows of the new summary tokens; reuse the gather rows shifted
+    at_last = prompt_metrics(rows, last, gold)
+    assert at_end["aggregate_hit"] == 0.0 and at_end["aggregate"] < 0.01
+    assert at_last["aggregate_hit"] == 1.0 and at_last["aggregate"] > 0.99 and at_last["aggregate_peak"] > 1e6
+    with pytest.raises(GandaError):
+        summary_spans(spans, "middle")
+
+
+def test_lab_mamba2_aggregates_at_the_last_word_not_the_newline(lab):
+    """The shipped SSM's sharpest Aggregate head (L3H4) reads the gold option's last word: scored
+    with the paper's ``\\n`` summary it looks like no Aggregate head at all."""
+    from ganda.discovery import pattern_scores
+    from ganda.heads import expand
+    from ganda.tasks import get_task
+
+    a = lab["lab-mamba2"]
+    ex = get_task("lab-mmlu", adapter=a).examples(limit=24, seed=0)
+    end, last = (pattern_scores(a, ex, heads=expand("L3H4", a), progress=False, summary=s)[0] for s in ("end", "last"))
+    assert end.read == last.read and last.summary == "last"
+    assert last.read["gold_last"] > 0.5 and last.read["argmax_gold"] > 0.9
+    assert last.aggregate_hit > 0.9 and last.aggregate_peak > 10
+    assert end.aggregate_hit < 0.5 and end.aggregate < 0.05

@@ -25,6 +25,14 @@ smooth") is measured per head as well:
   lack; unlike ``gather_contrast`` it is not inflated by a decay that merely forgets far tokens;
   geometric mean over the segments).
 
+**Which token is the summary.** The paper's summary token is the segment's last token (the
+``\n``), ``summary="end"``. A model may summarise elsewhere: small lab models trained on
+two-word options summarise into the option's last *word* (its ``\n`` is one token later), and
+``summary="last"`` scores every metric with that token as the summary (the segment is then its
+tokens up to the last word). The **read profile** (:func:`read_profile`, in ``ganda heads``)
+says which one a head reads: the share of its final row on the gold and on the other segments'
+first token, inner tokens, last token before the ``\n``, and ``\n``, and outside every segment.
+
 Every metric is computed per prompt (:func:`prompt_metrics`) and kept (``HeadScore.samples``),
 so each comes with a 95% interval over prompts (``<metric>_ci95``): a Student-t interval of the
 mean for ``aggregate``, ``aggregate_segment`` and ``gather``; the t interval of ``log x``,
@@ -60,6 +68,11 @@ METRICS = ("aggregate", "aggregate_segment", "gather", "aggregate_peak", "aggreg
 # averaged geometrically, compared on log scale
 RATIO_METRICS = ("aggregate_peak", "gather_contrast", "aggregate_neighbour", "gather_edge")
 AGGREGATE_METRICS = ("aggregate", "aggregate_segment", "aggregate_peak", "aggregate_hit", "aggregate_neighbour")
+SUMMARIES = ("end", "last")
+# where the final position's row lands, as shares of its |mass|: the gold segment's and the other
+# segments' first token, inner tokens, last token before the end, end token; the rest of the prompt
+READ_PARTS = ("gold_first", "gold_inner", "gold_last", "gold_end", "other_first", "other_inner", "other_last",
+              "other_end", "outside")
 CI_METHOD = ("95% over prompts: Student-t interval of the mean (aggregate, aggregate_segment, gather); "
              "t interval of log x, exponentiated (geometric means aggregate_peak, aggregate_neighbour, "
              "gather_contrast, gather_edge); Wilson (aggregate_hit)")
@@ -89,11 +102,20 @@ class HeadScore:
     gather_contrast_ci95: list[float] | None = None
     aggregate_neighbour_ci95: list[float] | None = None
     gather_edge_ci95: list[float] | None = None
+    summary: str = "end"  # the token scored as each segment's summary (module docstring)
+    read: dict[str, float] = field(default_factory=dict)  # read profile: mean share per READ_PARTS
     samples: dict[str, list[float]] = field(default_factory=dict, repr=False)  # per-prompt values
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("samples")
+        return d
+
+    def csv_row(self) -> dict[str, Any]:
+        """``to_json`` with the read profile flattened into ``read_<part>`` columns."""
+        d = self.to_json()
+        for k, v in d.pop("read").items():
+            d[f"read_{k}"] = v
         return d
 
 
@@ -104,6 +126,33 @@ def prompt_positions(adapter: ModelAdapter, ex: Example) -> tuple[list[int], lis
     shift = len(ids) - len(enc.input_ids)  # a BOS token added by ``encode``
     spans = [(a + shift, b + shift) for a, b in token_spans(enc.offset_mapping, ex.segments)]
     return ids, spans, len(ids) - 1
+
+
+def summary_spans(spans: Sequence[tuple[int, int]], summary: str = "end") -> list[tuple[int, int]]:
+    """Segment spans whose last token is the summary: as they are (``"end"``), or cut before their
+    last token (``"last"``: the summary is the last token before the ``\\n``; a one-token segment stays)."""
+    if summary not in SUMMARIES:
+        raise GandaError(f"summary must be one of {', '.join(SUMMARIES)}, not {summary!r}")
+    if summary == "end":
+        return list(spans)
+    return [(a, e - 1 if e > a else e) for a, e in spans]
+
+
+def read_shares(row: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int) -> dict[str, float]:
+    """One prompt's read profile: shares of |row| (the final position's row) per ``READ_PARTS``,
+    plus ``at``: the index in ``READ_PARTS`` of the part holding the row's largest entry."""
+    r = row.abs().float()
+    tot = float(r.sum()) or 1e-30
+    part = ["outside"] * r.shape[0]
+    for k, (a, e) in enumerate(spans):
+        who = "gold" if k == gold else "other"
+        for j in range(a, e + 1):
+            part[j] = f"{who}_{'first' if j == a else 'end' if j == e else 'last' if j == e - 1 else 'inner'}"
+    out = dict.fromkeys(READ_PARTS, 0.0)
+    for j, name in enumerate(part):
+        out[name] += float(r[j]) / tot
+    out["at"] = float(READ_PARTS.index(part[int(r.argmax())]))
+    return out
 
 
 def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int) -> dict[str, float]:
@@ -150,10 +199,14 @@ def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int)
     return out
 
 
-def head_score(head: str, layer: int, kind: str, samples: dict[str, list[float]]) -> HeadScore:
+def head_score(head: str, layer: int, kind: str, samples: dict[str, list[float]], summary_token: str = "end",
+               ) -> HeadScore:
     """Summaries (means, geometric means, hit rate) and 95% intervals over prompts from per-prompt values."""
     n = len(samples["aggregate"])
-    summary: dict[str, Any] = {}
+    read = {k: sum(samples[f"read:{k}"]) / n for k in READ_PARTS if f"read:{k}" in samples}
+    if "read:at" in samples:
+        read["argmax_gold"] = sum(READ_PARTS[int(i)].startswith("gold") for i in samples["read:at"]) / n
+    summary: dict[str, Any] = {"summary": summary_token, "read": read}
     for k in METRICS:
         xs = samples[k]
         if k in RATIO_METRICS:
@@ -171,20 +224,26 @@ def pattern_scores(
     examples: Sequence[Example],
     heads: Sequence[HeadId] | None = None,
     progress: bool = True,
+    summary: str = "end",
 ) -> list[HeadScore]:
     """Aggregate/Gather pattern scores and sharpness for every head, with per-prompt values and
-    95% intervals over prompts (see module docstring)."""
+    95% intervals over prompts, and each head's read profile (see module docstring). ``summary``:
+    the token scored as each segment's summary, ``"end"`` (the ``\\n``) or ``"last"``."""
     heads = list(heads) if heads is not None else adapter.heads()
+    summary_spans([], summary)  # validates
     acc: dict[HeadId, dict[str, list[float]]] = {h: {k: [] for k in METRICS} for h in heads}
     for ex in tqdm(examples, desc="pattern scores", disable=not progress, leave=False):
-        ids, spans, q = prompt_positions(adapter, ex)
+        ids, full, q = prompt_positions(adapter, ex)
+        spans = summary_spans(full, summary)
         g = ex.gold_segment if ex.gold_segment is not None else ex.gold
         rows = [q, *(e for _, e in spans)]
         maps = adapter.attention_maps(torch.tensor([ids]), heads, rows=rows)
         for h, m in maps.items():
             for k, v in prompt_metrics(m, spans, g).items():
                 acc[h][k].append(v)
-    return [head_score(str(h), h.layer, adapter.mixer_of(h).kind, acc[h]) for h in heads]
+            for k, v in read_shares(m[0], full, g).items():
+                acc[h].setdefault(f"read:{k}", []).append(v)
+    return [head_score(str(h), h.layer, adapter.mixer_of(h).kind, acc[h], summary) for h in heads]
 
 
 def _geo_mean(xs: list[float]) -> float:
@@ -222,9 +281,10 @@ def discover(
     top: int = 5,
     task_config: dict[str, Any] | None = None,
     progress: bool = True,
+    summary: str = "end",
 ) -> Discovery:
     """Rank heads by pattern scores, then verify the top ``top`` of each list by ablation."""
-    scores = pattern_scores(adapter, pattern_examples, progress=progress)
+    scores = pattern_scores(adapter, pattern_examples, progress=progress, summary=summary)
     by_name = {s.head: s for s in scores}
     top_agg = [s.head for s in sorted(scores, key=lambda s: -s.aggregate)[:top]]
     top_gat = [s.head for s in sorted(scores, key=lambda s: -s.gather)[:top]]
@@ -269,7 +329,7 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
         "all_heads": rows,
     }
     (out / "result.json").write_text(json.dumps(result, indent=2))
-    write_csv(out / "heads.csv", rows)
+    write_csv(out / "heads.csv", [s.csv_row() for s in ordered])
     write_csv(out / "per_prompt.csv", [{"head": s.head, "prompt": i, **{k: s.samples[k][i] for k in METRICS}}
                                        for s in ordered if s.samples for i in range(s.n_prompts)])
 
@@ -346,10 +406,10 @@ def cumulative_ablation(
 
 
 def _select_heads(adapter: ModelAdapter, examples: Sequence[Example], k: int, select: str,
-                  progress: bool) -> tuple[list[str], list[str], dict[str, float]]:
+                  progress: bool, summary: str = "end") -> tuple[list[str], list[str], dict[str, float]]:
     """Top-``k`` Aggregate-role and Gather-role heads of a model, chosen on ``examples``."""
     if select == "pattern":
-        sc = pattern_scores(adapter, examples, progress=progress)
+        sc = pattern_scores(adapter, examples, progress=progress, summary=summary)
         agg = [s.head for s in sorted(sc, key=lambda s: -s.aggregate)[:k]]
         gat = [s.head for s in sorted(sc, key=lambda s: -s.gather)[:k]]
         return agg, gat, {s.head: s.aggregate for s in sc}
@@ -375,8 +435,13 @@ def compare_sharpness(
     resamples: int = 2000,
     progress: bool = True,
     heads: Mapping[str, tuple[Sequence[str], Sequence[str]]] | None = None,
+    summary: str | Mapping[str, str] = "end",
 ) -> dict[str, Any]:
     """How sharp each model's top G&A heads are, and the differences between models, with CIs.
+
+    ``summary``: the token scored as each segment's summary (``"end"``, the paper's ``\\n``, or
+    ``"last"``), for every model or per model name: each model is measured at the token it
+    summarises into (see the read profile), which need not be the same token for both.
 
     ``heads`` (model name -> (Aggregate-role heads, Gather-role heads)) skips the selection and
     measures these heads, e.g. the ones :func:`ganda.experiments.roles.head_roles` labelled
@@ -422,16 +487,17 @@ def compare_sharpness(
     models: dict[str, Any] = {}
     per_prompt: dict[str, dict[str, list[float]]] = {}
     for name, adapter in named.items():
+        summ = summary.get(name, "end") if isinstance(summary, Mapping) else summary
         if heads is not None and name in heads:
             agg, gat = list(heads[name][0]), list(heads[name][1])
             if not agg or not gat:
                 raise GandaError(f"{name}: give at least one Aggregate-role and one Gather-role head")
             sel_scores = {h: float("nan") for h in agg + gat}
         else:
-            agg, gat, sel_scores = _select_heads(adapter, chooser, k, select, progress)
+            agg, gat, sel_scores = _select_heads(adapter, chooser, k, select, progress, summ)
         chosen = list(dict.fromkeys(agg + gat))
         scored = dict(zip(chosen, pattern_scores(adapter, measure, heads=[expand([h], adapter)[0] for h in chosen],
-                                                 progress=progress), strict=True))
+                                                 progress=progress, summary=summ), strict=True))
         values: dict[str, list[float]] = {}
         for metric in METRICS:
             role = agg if metric in AGGREGATE_METRICS else gat
@@ -448,7 +514,7 @@ def compare_sharpness(
             else:
                 summary[metric] = {"value": b["a"], "ci95": b["a_ci95"], "scale": "mean"}
         models[name] = {
-            "spec": adapter.spec, "aggregate_heads": agg, "gather_heads": gat,
+            "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
             "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
             "heads": [scored[h].to_json() for h in chosen], "metrics": summary,
         }

@@ -154,9 +154,12 @@ def register(app: typer.Typer) -> None:
         shots: int | None = typer.Option(None, "--shots"),
         seed: int = typer.Option(0, "--seed"),
         out: Path = typer.Option(Path("runs/heads"), "--out", "-o", help="directory for JSON and CSV"),
+        summary: str = typer.Option("end", "--summary", help="the token scored as a segment's summary: 'end' (the "
+                                    "\\n, as in the paper) or 'last' (the last token before it)"),
         allow_pickle: bool = PICKLE,
     ) -> None:
-        """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation."""
+        """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation.
+        heads.csv also holds each head's read profile (where its final row lands)."""
         from ..discovery import discover, save_discovery
         from ..models import load_model
         from ..tasks import get_task, task_for_model
@@ -168,7 +171,7 @@ def register(app: typer.Typer) -> None:
         ver = t.examples(limit=verify_n, seed=seed + 1)
         if not pat or not pat[0].segments:
             raise GandaError(f"task {task!r} has no segments to score heads on")
-        d = discover(adapter, pat, ver, top=top, task_config=t.config())
+        d = discover(adapter, pat, ver, top=top, task_config={**t.config(), "summary": summary}, summary=summary)
         save_discovery(d, out, model=adapter.spec)
         _print_discovery(d)
         print(f"wrote {out}/result.json and {out}/heads.csv")
@@ -190,6 +193,12 @@ def register(app: typer.Typer) -> None:
         print(f"report: {report}")
 
 
+def _reads(read: dict) -> str:
+    """The two largest parts of a read profile, e.g. ``gold_last .62, other_last .21``."""
+    parts = sorted(((k, v) for k, v in read.items() if k != "argmax_gold"), key=lambda kv: -kv[1])[:2]
+    return ", ".join(f"{k} {v:.2f}" for k, v in parts)
+
+
 def _print_discovery(d) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -198,7 +207,8 @@ def _print_discovery(d) -> None:
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts")
     for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
         tab = Table(title=f"top {role} candidates")
-        for col in ("head", "aggregate", "gather", "agg peak [95% CI]", "gather contrast", "ablated acc", "drop"):
+        for col in ("head", "aggregate", "gather", "agg peak [95% CI]", "gather contrast", "final row reads",
+                    "ablated acc", "drop"):
             tab.add_column(col)
         by = {s.head: s for s in d.scores}
         for name in names:
@@ -206,6 +216,7 @@ def _print_discovery(d) -> None:
             ci = s.aggregate_peak_ci95
             peak = f"{s.aggregate_peak:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
             tab.add_row(name, f"{s.aggregate:.3f}", f"{s.gather:.3f}", peak,
-                        f"{s.gather_contrast:.1f}", f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",
+                        f"{s.gather_contrast:.1f}", _reads(s.read),
+                        f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",
                         f"{s.drop:+.3f}" if s.drop is not None else "-")
         con.print(tab)

@@ -22,6 +22,8 @@ def register(app: typer.Typer) -> None:
         resamples: int = typer.Option(2000, "--resamples", help="bootstrap draws"),
         seed: int = typer.Option(0, "--seed"),
         out: Path = typer.Option(Path("runs/sharpness"), "--out", "-o"),
+        summary: str = typer.Option("end", "--summary", help="the token scored as a segment's summary: 'end' (the "
+                                    "\\n, as in the paper) or 'last' (the last token before it)"),
         quiet: bool = typer.Option(False, "--quiet", "-q"),
     ) -> None:
         """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
@@ -35,7 +37,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError("give at least two models to compare")
         adapters = {m: load_model(m) for m in models}
         res = compare_sharpness(adapters, task, k=top, n=n, seed=seed, select=select, select_n=select_n,
-                                resamples=resamples, progress=not quiet)
+                                resamples=resamples, progress=not quiet, summary=summary)
         rows = save_sharpness(res, out)
         for r in rows:
             print(f"{r['model']:>40}  {r['metric']:<18} {r['value']:9.4f}  [{r['lo']:.4f}, {r['hi']:.4f}]  {r['heads']}")
