@@ -139,8 +139,15 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     assert [f["finding"] for f in res["findings"]] == [1, 2, 3, 4, 5, 6]
     assert all(f["verdict"] in ("reproduced", "partly", "not reproduced") for f in res["findings"])
     for d in ("models", "findings", "f1-roles-transformer", "f2-prune", "f2-remove-restore", "f3-roles-ssm",
-              "f3-kv", "f4-sharpness", "f5-mask-hybrid", "f5-roles-hybrid", "f6-transplant-layers"):
+              "f3-kv", "f4-sharpness", "f4-sharpness-last", "f5-mask-hybrid", "f5-roles-hybrid",
+              "f6-transplant-layers"):
         assert (out / d / "result.json").is_file(), d
+    # finding 4 is measured with both summary tokens, and its text says where the Aggregate heads read
+    summaries = {json.loads((out / d / "result.json").read_text())["models"][models["ssm"]]["summary"]
+                 for d in ("f4-sharpness", "f4-sharpness-last")}
+    assert summaries == {"end", "last"}
+    f4 = next(f for f in res["findings"] if f["finding"] == 4)
+    assert "reads" in f4["lab"] and "last word before the newline" in f4["lab"]
     page = (out / "report.html").read_text()
     assert "Reproduced:" in page and "Partly reproduced:" in page  # the findings' headline
     assert "<script src=" not in page and "<link " not in page  # self-contained

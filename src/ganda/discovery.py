@@ -505,18 +505,18 @@ def compare_sharpness(
             values[metric] = [sum(f(scored[h].samples[metric][i]) for h in role) / len(role)
                               for i in range(len(measure))]
         per_prompt[name] = values
-        summary = {}
+        metrics = {}
         for metric, xs in values.items():
             b = bootstrap_paired(xs, resamples=resamples, seed=seed)
             if metric in RATIO_METRICS:
-                summary[metric] = {"value": math.exp(b["a"]), "ci95": [math.exp(v) for v in b["a_ci95"]],
+                metrics[metric] = {"value": math.exp(b["a"]), "ci95": [math.exp(v) for v in b["a_ci95"]],
                                    "scale": "geometric mean"}
             else:
-                summary[metric] = {"value": b["a"], "ci95": b["a_ci95"], "scale": "mean"}
+                metrics[metric] = {"value": b["a"], "ci95": b["a_ci95"], "scale": "mean"}
         models[name] = {
             "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
             "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
-            "heads": [scored[h].to_json() for h in chosen], "metrics": summary,
+            "heads": [scored[h].to_json() for h in chosen], "metrics": metrics,
         }
     names = list(named)
     diffs = []

@@ -159,7 +159,7 @@ class Programme:
             st["kv"] = self.finding3_kv()
             lap("f3 kv curves")
         if 4 in self.only and self.models.get("ssm"):
-            st["sharpness"] = self.finding4(st["roles_transformer"], st["roles_ssm"])
+            st["sharpness"], st["sharpness_last"] = self.finding4(st["roles_transformer"], st["roles_ssm"])
             lap("f4 sharpness")
         if 5 in self.only and self.models.get("hybrid"):
             st["mask"] = self.finding5()
@@ -205,7 +205,11 @@ class Programme:
         self.save("f3-kv", res)
         return res
 
-    def finding4(self, roles_t, roles_s) -> dict[str, Any]:
+    def finding4(self, roles_t, roles_s) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Sharpness of the heads the roles step found, scored with the paper's summary token (the
+        ``\\n``, the verdict's measure) and again with the option's last word as the summary (where
+        the lab's models were seen to aggregate; the read profiles in both results say where each
+        head's final row lands)."""
         from ..discovery import compare_sharpness, save_sharpness
 
         heads = {}
@@ -218,10 +222,13 @@ class Programme:
             heads[self.adapter(role).spec] = (agg[:1], gat[:1])
         adapters = {self.adapter(r).spec: self.adapter(r) for r in ("transformer", "ssm")}
         # measured on other prompts (seed + 100) than the roles were found on
-        res = compare_sharpness(adapters, "lab-mmlu", n=min(self.n, 200), seed=self.seed + 100, heads=heads,
-                                progress=self.progress)
-        save_sharpness(res, self.out / "f4-sharpness")
-        return res
+        out = []
+        for summary, d in (("end", "f4-sharpness"), ("last", "f4-sharpness-last")):
+            res = compare_sharpness(adapters, "lab-mmlu", n=min(self.n, 200), seed=self.seed + 100, heads=heads,
+                                    progress=self.progress, summary=summary)
+            save_sharpness(res, self.out / d)
+            out.append(res)
+        return out[0], out[1]
 
     def finding5(self):
         from ..experiments.mask_last_row import mask_last_row_experiment
@@ -268,6 +275,7 @@ class LabFindingsResult(ExperimentResult):
 # run directory of each step -> the programme state key its result feeds (in report order)
 STATE_KEYS = {"f1-roles-transformer": "roles_transformer", "f2-prune": "prune", "f2-remove-restore": "remove_restore",
               "f2-retain": "retain", "f3-roles-ssm": "roles_ssm", "f3-kv": "kv", "f4-sharpness": "sharpness",
+              "f4-sharpness-last": "sharpness_last",
               "f5-mask-hybrid": "mask", "f5-roles-hybrid": "roles_hybrid", "f6-transplant-layers": "transplant_layers",
               "f6-transplant-head": "transplant_head"}
 STEP_DIRS = ["findings", "models", *STATE_KEYS]
@@ -311,7 +319,7 @@ def rebuild_state(run_dir: str | Path) -> dict[str, Any]:
         if not f.is_file():
             continue
         data = json.loads(f.read_text())
-        st[key] = data if key == "sharpness" else result_from_json(data)
+        st[key] = data if key in ("sharpness", "sharpness_last") else result_from_json(data)
     fj = run / "findings" / "result.json"
     if fj.is_file():
         st["seconds"] = json.loads(fj.read_text()).get("config", {}).get("seconds", {})
@@ -428,6 +436,13 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
         lab = "; ".join(f"{d['metric']} {d['value']:.3g} [{d['ci95'][0]:.3g}, {d['ci95'][1]:.3g}] ({d['scale']})"
                         for d in agg + gat)
         v = ("reproduced" if t_sharper and not s_sharper else "partly" if t_sharper else "not reproduced")
+        lab += "; " + _reads_text(sh)
+        sl = st.get("sharpness_last")
+        if sl is not None:
+            sharper = {d["metric"]: d["sharper"] for d in sl["differences"]
+                       if d["metric"] in ("aggregate_peak", "aggregate_hit", "aggregate_neighbour", "gather_edge")}
+            lab += ("; scored with the last word before the newline as the summary: sharper on "
+                    + ", ".join(f"{m}: {w}" for m, w in sharper.items()))
         rows.append({"finding": 4, "claim": "the SSM's G&A maps are smoother than the Transformer's",
                      "paper": PAPER[4], "lab": lab + f"; Transformer sharper on: {t_sharper or '-'}; SSM sharper on: "
                      f"{s_sharper or '-'}", "verdict": v,
@@ -487,6 +502,20 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
                      "rule": "reproduced: the best swap gains >= 15 points, is the layer holding the donor's "
                              "Aggregate head, and every other swap gains less than half as much"})
     return rows
+
+
+def _reads_text(sh: dict[str, Any]) -> str:
+    """Where each compared Aggregate head's final row lands (its read profile), in words."""
+    parts = []
+    for name, m in sh.get("models", {}).items():
+        for h in m.get("heads", []):
+            if h["head"] not in m.get("aggregate_heads", []) or not h.get("read"):
+                continue
+            read = {k: v for k, v in h["read"].items() if k != "argmax_gold"}
+            top = max(read, key=read.get)
+            parts.append(f"{name} Aggregate {h['head']} reads {top} ({read[top]:.2f} of its final row; largest entry "
+                         f"in the gold option in {100 * h['read'].get('argmax_gold', 0):.0f}% of prompts)")
+    return "; ".join(parts)
 
 
 def _minus(a: float | None, b: float | None) -> float | None:
