@@ -366,14 +366,15 @@ def test_summary_last_scores_a_head_that_reads_the_last_word_as_aggregate():
         summary_spans(spans, "middle")
 
 
-def test_lab_mamba2_aggregates_at_the_last_word_not_the_newline(lab):
-    """The shipped SSM's sharpest Aggregate head (L3H4) reads the gold option's last word: scored
+def test_lab_mamba2_c32_aggregates_at_the_last_word_not_the_newline():
+    """lab-mamba2-c32's sharpest Aggregate head (L3H4) reads the gold option's last word: scored
     with the paper's ``\\n`` summary it looks like no Aggregate head at all."""
+    import ganda
     from ganda.discovery import pattern_scores
     from ganda.heads import expand
     from ganda.tasks import get_task
 
-    a = lab["lab-mamba2"]
+    a = ganda.load_model("lab-mamba2-c32", device="cpu", dtype=torch.float32)
     ex = get_task("lab-mmlu", adapter=a).examples(limit=24, seed=0)
     end, last = (pattern_scores(a, ex, heads=expand("L3H4", a), progress=False, summary=s)[0] for s in ("end", "last"))
     assert end.read == last.read and last.summary == "last"

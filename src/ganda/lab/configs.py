@@ -60,6 +60,17 @@ RECIPE: dict[str, Any] = {
     "lr": 3e-3,
 }
 
+MAMBA2_MODEL: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "num_heads": 8,
+    "head_dim": 16,
+    "state_size": 8,
+    "expand": 2,
+    "n_groups": 1,
+    "chunk_size": 16,
+}
+
 # Bamba: Mamba-2 layers around one attention layer (4 heads); ``attn_layer_indices`` says where.
 HYBRID_MODEL: dict[str, Any] = {
     "hidden_size": 64,
@@ -92,20 +103,22 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "world": LAB_WORLD,
         "train": {"steps": 5000, **RECIPE},
     },
-    # SSMs need the rate high for longer: a 6000-step cosine run stayed at chance, this one left
-    # the plateau at ~3250 steps.
+    # SSMs need the rate high for longer: a 6000-step cosine run stayed at chance; the shipped run
+    # left the plateau at ~6000 steps. The scan runs in 16-token chunks: the same maths as 32, but
+    # lab sequences (8-70 tokens) are padded to far less, so a step is ~1.3x faster
+    # (benchmarks/bench_lab_chunk.py); 12000 steps take ~40 min on one core.
     "mamba2": {
         "arch": "mamba2",
-        "model": {
-            "hidden_size": 64,
-            "num_hidden_layers": 4,
-            "num_heads": 8,
-            "head_dim": 16,
-            "state_size": 8,
-            "expand": 2,
-            "n_groups": 1,
-            "chunk_size": 32,
-        },
+        "model": MAMBA2_MODEL,
+        "world": LAB_WORLD,
+        "train": {"steps": 12000, "buckets": 3, **RECIPE},
+    },
+    # The same model and schedule with the scan in 32-token chunks (the mamba2 config before chunk
+    # 16): the same maths summed in another order, so another trajectory. Shipped as lab-mamba2-c32,
+    # whose head L3H4 is a one-hot Aggregate head on the gold option's last word; lab-mamba2 grew none.
+    "mamba2-c32": {
+        "arch": "mamba2",
+        "model": {**MAMBA2_MODEL, "chunk_size": 32},
         "world": LAB_WORLD,
         "train": {"steps": 12000, "buckets": 3, **RECIPE},
     },

@@ -43,12 +43,16 @@ def finished(out: Path) -> bool:
 
 
 def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None) -> list[Job]:
-    """The jobs: transformer, SSM and hybrid from their configs, then the student from the transformer."""
+    """The jobs: SSM, transformer and hybrid from their configs, then the student from the transformer.
+
+    Started in this order: the two longest trainings run side by side only after the short
+    transformer, so the student can start as soon as a slot frees (with two slots: SSM then the
+    student in one, transformer then hybrid in the other)."""
     cfg = {"transformer": "llama", "ssm": "mamba2", "hybrid": "hybrid-late", **(configs or {})}
     g = [sys.executable, "-m", "ganda"]
     extra = ["--steps", str(steps)] if steps else []
     jobs = [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],
-                workdir / role) for role in ("ssm", "hybrid", "transformer")]
+                workdir / role) for role in ("ssm", "transformer", "hybrid")]
     jobs.append(Job("distilled", [*g, "distill", str(workdir / "transformer"), "--out", str(workdir / "distilled"),
                                   "--no-progress"], workdir / "distilled", after="transformer"))
     return jobs
