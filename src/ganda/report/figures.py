@@ -257,9 +257,16 @@ def panels(
     for ax, spec in zip(axes.flat, specs, strict=False):
         groups = list(spec["groups"])
         x = _grouped_bars(ax, len(groups), spec["series"], spec.get("errors"), spec.get("hlines"))
+        ylim = spec.get("ylim", (0.0, 1.18))  # headroom above 1.0 for the legend
         if spec.get("log"):
             ax.set_yscale("log")
-        ylim = spec.get("ylim", (0.0, 1.18))  # headroom above 1.0 for the legend
+            if not ylim:  # the values, their intervals and the reference lines, with room for the legend
+                vals = [v for ys in spec["series"].values() for v in _floats(ys) if np.isfinite(v) and v > 0]
+                vals += [v for lo_hi in (spec.get("errors") or {}).values() for b in lo_hi for v in _floats(b)
+                         if np.isfinite(v) and v > 0]
+                vals += [v for v in (spec.get("hlines") or {}).values() if v and v > 0]
+                if vals:
+                    ylim = (min(vals) / 2, max(vals) * 6)
         if ylim:
             ax.set_ylim(*ylim)
         ax.set_xticks(x)
