@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
+from bench_lab_train import step  # the same timed forward + backward, gradients returned
 
 from ganda.lab.configs import build_model, resolve_config
 from ganda.lab.tokenizer import build_tokenizer
-from ganda.lab.train import bucket_batch, lm_loss_parts, make_batch
+from ganda.lab.train import bucket_batch, make_batch
 from ganda.lab.world import World, WorldConfig
 
 CONFIGS = {"mamba2 (lab-mamba2)": "mamba2", "hybrid (lab-hybrid-late, Bamba)": "hybrid-late"}
@@ -38,17 +38,6 @@ def set_chunk(model: torch.nn.Module, chunk: int) -> int:
             m.chunk_size = chunk
             n += 1
     return n
-
-
-def step(model, parts: list[dict[str, torch.Tensor]]) -> tuple[float, list[torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    weight = sum(float(p["weights"][:, 1:][p["labels"][:, 1:] != -100].sum()) for p in parts)
-    t0 = time.perf_counter()
-    for p in parts:
-        s, _ = lm_loss_parts(model, p)
-        (s / weight).backward()
-    dt = time.perf_counter() - t0
-    return dt, [q.grad.detach().clone() for q in model.parameters() if q.grad is not None]
 
 
 def main() -> None:
