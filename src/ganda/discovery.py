@@ -29,7 +29,7 @@ smooth") is measured per head as well:
 ``\n``), ``summary="end"``. A model may summarise elsewhere: small lab models trained on
 two-word options summarise into the option's last *word* (its ``\n`` is one token later), and
 ``summary="last"`` scores every metric with that token as the summary (the segment is then its
-tokens up to the last word). The **read profile** (:func:`read_profile`, in ``ganda heads``)
+tokens up to the last word). The **read profile** (:func:`read_shares`, in ``ganda heads``)
 says which one a head reads: the share of its final row on the gold and on the other segments'
 first token, inner tokens, last token before the ``\n``, and ``\n``, and outside every segment.
 
