@@ -178,3 +178,15 @@ def test_replay_refuses_a_directory_that_is_not_a_lab_run(tmp_path):
     from ganda.cli import main
 
     assert main(["lab", "--replay", str(tmp_path)]) == 2
+
+
+def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_interval(tmp_path):
+    from ganda.lab.scratch import plan
+
+    jobs = plan(tmp_path, eval_every=1000)
+    assert [j.role for j in jobs] == ["ssm", "transformer", "hybrid", "distilled"]
+    for j in jobs[:3]:
+        i = j.argv.index("--eval-every")
+        assert j.argv[i + 1] == "1000" and "train" in j.argv
+    assert "--eval-every" not in jobs[3].argv and jobs[3].after == "transformer"
+    assert "--eval-every" not in plan(tmp_path)[0].argv

@@ -43,6 +43,20 @@ def test_resume_continues_the_same_run(tmp_path):
         assert torch.allclose(wa[k], wb[k], atol=1e-6), k
 
 
+def test_quick_evaluation_interval_leaves_the_weights_unchanged(tmp_path):
+    """``--eval-every`` (``ganda lab --from-scratch`` evaluates less often to save time) changes
+    the logged history only: the same config gives bit-identical weights."""
+    from safetensors.torch import load_file
+
+    cfg = {**MICRO, "train": {**MICRO["train"], "steps": 6}}
+    often = train(cfg, tmp_path / "often", eval_every=1, progress=False, log=lambda *_: None)
+    rarely = train(cfg, tmp_path / "rarely", eval_every=1000, progress=False, log=lambda *_: None)
+    assert [h["step"] for h in often["history"]] == [1, 2, 3, 4, 5, 6]
+    assert [h["step"] for h in rarely["history"]] == [6]  # the final evaluation always runs
+    wa, wb = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("often", "rarely"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_trained_dir_loads_in_ganda(tmp_path):
     import ganda
     from ganda.scoring import evaluate

@@ -18,6 +18,8 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(None, help="override the number of training steps"),
         seed: int = typer.Option(None, help="override the training seed"),
         resume: bool = typer.Option(False, help="continue from OUT/checkpoint if present"),
+        eval_every: int = typer.Option(None, "--eval-every", help="steps between quick evaluations (the logged "
+                                       "history; the trained weights do not depend on it)"),
         progress: bool = typer.Option(True, help="show a progress bar"),
     ) -> None:
         """Train a lab model on the synthetic world (seeded, checkpointed, resumable)."""
@@ -26,7 +28,9 @@ def register(app: typer.Typer) -> None:
         out = Path(out)
         if out.exists() and (out / "config.json").exists() and not resume and not (out / "checkpoint").exists():
             raise GandaError(f"{out} already holds a model; choose another --out or pass --resume")
-        rec = run(config, out, steps=steps, seed=seed, resume=resume, progress=progress)
+        if eval_every is not None and eval_every < 1:
+            raise GandaError("--eval-every must be at least 1")
+        rec = run(config, out, steps=steps, seed=seed, resume=resume, progress=progress, eval_every=eval_every)
         last = rec["history"][-1] if rec["history"] else {}
         print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
 
@@ -58,9 +62,12 @@ def register(app: typer.Typer) -> None:
         distilled: str = typer.Option("lab-distilled", "--distilled", help="distilled SSM student of --transformer "
                                       "(finding 6); '' to skip"),
         from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all four models into "
-                                          "--workdir (resumable; two at a time), then use them"),
+                                          "--workdir (resumable; three at a time), then use them"),
         workdir: Path = typer.Option(Path("runs/lab-train"), "--workdir", help="--from-scratch: model directories"),
-        jobs: int = typer.Option(2, "--jobs", help="--from-scratch: trainings at a time (one torch thread each)"),
+        jobs: int = typer.Option(3, "--jobs", help="--from-scratch: trainings at a time (one torch thread each; "
+                                 "three share two cores evenly where two would leave one idle at the end)"),
+        eval_every: int = typer.Option(1000, "--eval-every", help="--from-scratch: steps between the trainings' "
+                                       "quick evaluations (their logged history; the weights do not depend on it)"),
         steps: int = typer.Option(None, "--steps", help="--from-scratch: override every config's training steps"),
         n: int = typer.Option(200, "--n", help="held-out prompts per task"),
         seed: int = typer.Option(0, "--seed", help="evaluation seed"),
@@ -95,7 +102,7 @@ def register(app: typer.Typer) -> None:
         if from_scratch:
             from ..lab.scratch import train_all
 
-            models = train_all(workdir, jobs=jobs, steps=steps)
+            models = train_all(workdir, jobs=jobs, steps=steps, eval_every=eval_every)
         for role, spec in models.items():
             if spec and not Path(spec).exists() and spec not in shipped():
                 raise GandaError(f"--{role} {spec!r} is neither a model directory nor a shipped lab checkpoint "

@@ -1,7 +1,9 @@
 """Train the four lab models from scratch, several at a time, resumably.
 
 Each model trains in its own process with one torch thread (on a 2-core machine two
-single-threaded runs side by side beat one two-threaded run), through the same ``ganda train``
+single-threaded runs side by side beat one two-threaded run; three side by side balance the
+unequal jobs better: the short transformer and the student fill in beside the two long SSM
+trainings instead of queueing behind one of them), through the same ``ganda train``
 / ``ganda distill`` commands a user would type. The distilled student waits for its teacher. A
 finished model (its ``lab.json`` written at the end of training) is skipped on a rerun; an
 interrupted one resumes from its last checkpoint. Wall times go to ``WORKDIR/timing.json``.
@@ -42,7 +44,8 @@ def finished(out: Path) -> bool:
         return False
 
 
-def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None) -> list[Job]:
+def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None,
+         eval_every: int | None = None) -> list[Job]:
     """The jobs: SSM, transformer and hybrid from their configs, then the student from the transformer.
 
     Started in this order: the two longest trainings run side by side only after the short
@@ -51,6 +54,7 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     cfg = {"transformer": "llama", "ssm": "mamba2", "hybrid": "hybrid-late", **(configs or {})}
     g = [sys.executable, "-m", "ganda"]
     extra = ["--steps", str(steps)] if steps else []
+    extra += ["--eval-every", str(eval_every)] if eval_every else []
     jobs = [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],
                 workdir / role) for role in ("ssm", "transformer", "hybrid")]
     jobs.append(Job("distilled", [*g, "distill", str(workdir / "transformer"), "--out", str(workdir / "distilled"),
@@ -58,12 +62,13 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     return jobs
 
 
-def train_all(workdir: str | Path, *, jobs: int = 2, configs: dict[str, str] | None = None, steps: int | None = None,
-              log: Callable[[str], None] = print, poll: float = 2.0) -> dict[str, str]:
-    """Run the plan with at most ``jobs`` processes at a time; returns role -> model directory."""
+def train_all(workdir: str | Path, *, jobs: int = 3, configs: dict[str, str] | None = None, steps: int | None = None,
+              log: Callable[[str], None] = print, poll: float = 2.0, eval_every: int | None = None) -> dict[str, str]:
+    """Run the plan with at most ``jobs`` processes at a time; returns role -> model directory.
+    ``eval_every`` sets the trainings' quick-evaluation interval (logged history only)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    todo = plan(workdir, configs, steps)
+    todo = plan(workdir, configs, steps, eval_every)
     timing_file = workdir / "timing.json"
     timing = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
     done = {j.role for j in todo if finished(j.out)}

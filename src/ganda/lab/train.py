@@ -273,8 +273,13 @@ def train(
     resume: bool = False,
     progress: bool = True,
     log=print,
+    eval_every: int | None = None,
 ) -> dict[str, Any]:
-    """Train a model from a config; returns the run record (also written to ``out/lab.json``)."""
+    """Train a model from a config; returns the run record (also written to ``out/lab.json``).
+
+    ``eval_every`` overrides how often the quick evaluation runs. It only changes the logged
+    history: evaluation draws from its own seeded streams and the model has no dropout, so the
+    trained weights are the same for every value (tested)."""
     from tqdm.auto import tqdm
 
     cfg = resolve_config(config)
@@ -283,6 +288,8 @@ def train(
         tr["steps"] = int(steps)
     if seed is not None:
         tr["seed"] = int(seed)
+    if eval_every is not None:
+        tr["eval_every"] = int(eval_every)
     if tr.get("threads"):
         torch.set_num_threads(int(tr["threads"]))
     out = Path(out)
