@@ -133,7 +133,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # late in the stack: no SSM layer after it can take the final-position read-out, and the
     # Aggregate role goes to attention (lab-hybrid-late: masking attention's last row takes
     # lab-mmlu 69% -> 24.5%, knowledge 100% -> 96.5%). It leaves the plateau later (~8750 steps),
-    # hence 10000 wsd steps (constant rate until 8000).
+    # hence 10000 wsd steps (constant rate until 8000). This config does not retrain the shipped
+    # checkpoint bit for bit: its run leaves the shipped history by step 500 (float level) and is
+    # still on the plateau at step 10000 (lab-mmlu 44.5%); see the checkpoint's lab.json note.
     "hybrid-late": {
         "arch": "hybrid",
         "model": {**HYBRID_MODEL, "attn_layer_indices": [3]},
