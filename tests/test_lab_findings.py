@@ -308,10 +308,11 @@ def test_shipped_hybrid_aggregates_in_its_last_ssm_layer_and_gathers_with_attent
 
 
 def test_hybrid_with_attention_last_aggregates_in_attention():
-    """Finding 5 as in the paper, on ``lab-hybrid-late`` (attention at layer 3 of 4; docs/lab.md,
-    n=200): masking attention's final row takes lab-mmlu 69% -> 24.5% (chance 25%) with knowledge
-    at 96.5%; its Aggregate head is the attention head L3H0 (ablated at the final position only)
-    and its Gather head the SSM head L0H6 (ablated only before it)."""
+    """Finding 5 as in the paper, on ``lab-hybrid-late`` (attention at layer 3 of 4, training seed
+    1; docs/lab.md, n=200): masking attention's final row takes lab-mmlu 91% -> 22.5% (chance 25%)
+    with knowledge at 96.5%; its Aggregate head is the attention head L3H3 (ablated at the final
+    position only) and its Gather head the SSM head L1H3 (ablated only before it). It is the one
+    lab model that learned KV retrieval, and that too runs through attention's final row."""
     import ganda
     from ganda.interventions import AblateHeads, mask_last_row
     from ganda.tasks import get_task
@@ -322,13 +323,15 @@ def test_hybrid_with_attention_last_aggregates_in_attention():
     acc = _accuracy(ad, 80)
 
     base = acc(mmlu)
-    assert base >= 0.55
+    assert base >= 0.8
     assert acc(mmlu, [mask_last_row("L3H*")]) <= 0.35
     assert acc(know, [mask_last_row("L3H*")]) >= 0.9
-    agg, gat = AblateHeads("L3H0", positions="query"), AblateHeads("L0H6", positions="context")
-    assert acc(mmlu, [agg]) <= 0.4 and acc(mmlu, [gat]) <= 0.4
-    assert acc(mmlu, [AblateHeads("L3H0", positions="context")]) >= base - 0.05  # not a Gather head
-    assert acc(know, [gat]) >= 0.95
+    agg, gat = AblateHeads("L3H3", positions="query"), AblateHeads("L1H3", positions="context")
+    assert acc(mmlu, [agg]) <= base - 0.3 and acc(mmlu, [gat]) <= base - 0.25
+    assert acc(mmlu, [AblateHeads("L3H3", positions="context")]) >= base - 0.05  # not a Gather head
+    assert acc(know, [gat]) >= 0.95 and acc(know, [agg]) >= 0.95
+    kv = get_task("lab-kv", adapter=ad, pairs=4)  # chance 25%
+    assert acc(kv) >= 0.8 and acc(kv, [mask_last_row("L3H*")]) <= 0.4
 
 
 # ---- which token is the summary: read profile and the ``summary`` option -------------------------
