@@ -155,6 +155,11 @@ def read_shares(row: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int) 
     return out
 
 
+def top_reads(read: Mapping[str, float], k: int = 1) -> list[tuple[str, float]]:
+    """The ``k`` largest parts of a read profile (``HeadScore.read``), largest first."""
+    return sorted(((p, read[p]) for p in READ_PARTS if p in read), key=lambda kv: -kv[1])[:k]
+
+
 def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int) -> dict[str, float]:
     """Every pattern metric of one head on one prompt (module docstring).
 

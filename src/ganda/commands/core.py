@@ -195,8 +195,9 @@ def register(app: typer.Typer) -> None:
 
 def _reads(read: dict) -> str:
     """The two largest parts of a read profile, e.g. ``gold_last .62, other_last .21``."""
-    parts = sorted(((k, v) for k, v in read.items() if k != "argmax_gold"), key=lambda kv: -kv[1])[:2]
-    return ", ".join(f"{k} {v:.2f}" for k, v in parts)
+    from ..discovery import top_reads
+
+    return ", ".join(f"{k} {v:.2f}" for k, v in top_reads(read, 2))
 
 
 def _print_discovery(d) -> None:

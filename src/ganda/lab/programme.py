@@ -506,14 +506,15 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _reads_text(sh: dict[str, Any]) -> str:
     """Where each compared Aggregate head's final row lands (its read profile), in words."""
+    from ..discovery import top_reads
+
     parts = []
     for name, m in sh.get("models", {}).items():
         for h in m.get("heads", []):
             if h["head"] not in m.get("aggregate_heads", []) or not h.get("read"):
                 continue
-            read = {k: v for k, v in h["read"].items() if k != "argmax_gold"}
-            top = max(read, key=read.get)
-            parts.append(f"{name} Aggregate {h['head']} reads {top} ({read[top]:.2f} of its final row; largest entry "
+            [(top, share)] = top_reads(h["read"])
+            parts.append(f"{name} Aggregate {h['head']} reads {top} ({share:.2f} of its final row; largest entry "
                          f"in the gold option in {100 * h['read'].get('argmax_gold', 0):.0f}% of prompts)")
     return "; ".join(parts)
 

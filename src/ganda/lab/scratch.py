@@ -48,9 +48,10 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
          eval_every: int | None = None) -> list[Job]:
     """The jobs: SSM, transformer and hybrid from their configs, then the student from the transformer.
 
-    Started in this order: the two longest trainings run side by side only after the short
-    transformer, so the student can start as soon as a slot frees (with two slots: SSM then the
-    student in one, transformer then hybrid in the other)."""
+    Started in this order, so that the student (which needs the transformer) starts on the first
+    free slot: with three slots (the default) all three trainings start at once and the student
+    takes the transformer's slot; with two, SSM then the student share one slot and transformer
+    then hybrid the other."""
     cfg = {"transformer": "llama", "ssm": "mamba2", "hybrid": "hybrid-late", **(configs or {})}
     g = [sys.executable, "-m", "ganda"]
     extra = ["--steps", str(steps)] if steps else []
