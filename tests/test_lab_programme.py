@@ -33,6 +33,9 @@ def test_finding1_rule():
     assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.30, 0.60)}), 1)["verdict"] == "partly"
     # knowledge moving by more than 5 points spoils the dissociation
     assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.30, 0.60, g_ctrl=0.2)}), 1)["verdict"] == "not reproduced"
+    # a clean Gather collapse still counts when the Aggregate head's collapse costs knowledge
+    assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.35, 0.32, a_ctrl=0.095)}), 1)["verdict"] == "partly"
+    assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.36, 0.32, a_ctrl=0.095)}), 1)["verdict"] == "not reproduced"
     low = {**MODELS, "transformer": {"lab-mmlu": 0.90, "lab-letters": 1.0}}
     assert _f(verdicts({"models": low, "roles_transformer": _roles(0.30, 0.33)}), 1)["verdict"] == "partly"
 

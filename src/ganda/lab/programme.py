@@ -356,15 +356,17 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
     if rt is not None:
         s = rt.summary
         g, a = s.get("gather"), s.get("aggregate")
-        collapse = [k for k in ("gather", "aggregate") if s.get(k) and s[f"{k}_ablated"] <= 0.35]
-        holds = all(abs(s.get(f"{k}_control_drop") or 0) <= 0.05 for k in collapse)
+        # a role counts when its best head takes lab-mmlu to <= 35% *and* knowledge holds: a head
+        # whose ablation also costs knowledge shows no dissociation, but does not void the other's
+        collapse = [k for k in ("gather", "aggregate") if s.get(k) and s[f"{k}_ablated"] <= 0.35
+                    and abs(s.get(f"{k}_control_drop") or 0) <= 0.05]
         hi = (t.get("lab-mmlu") or 0) >= 0.95 and (t.get("lab-letters") or 0) >= 0.95
         lab = (f"lab-mmlu {_pct(t.get('lab-mmlu'))}, letters {_pct(t.get('lab-letters'))}; Gather {g or '-'}: "
                f"{_pct(s['baseline'])} -> {_pct(s.get('gather_ablated'))} (knowledge {_change(s.get('gather_control_drop'))}); "
                f"Aggregate {a or '-'}: -> {_pct(s.get('aggregate_ablated'))} (knowledge "
                f"{_change(s.get('aggregate_control_drop'))}); {s.get('heads_to_chance') or '>' + str(s.get('heads_to_chance_max'))} "
                "heads ablated together reach chance")
-        v = ("reproduced" if len(collapse) == 2 and holds and hi else "partly" if collapse and holds else "not reproduced")
+        v = "reproduced" if len(collapse) == 2 and hi else "partly" if collapse else "not reproduced"
         rows.append({"finding": 1, "claim": "one Gather and one Aggregate head; either ablated -> chance, knowledge holds",
                      "paper": PAPER[1], "lab": lab, "verdict": v,
                      "rule": "reproduced: both roles' best head <= 35% and knowledge within 5 points and intact >= 95%; "
