@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,3 +182,21 @@ def test_learning_rate_schedules():
     assert _lr(60, wsd) == 1.0 and _lr(88, wsd) == 1.0
     assert _lr(99, wsd) == pytest.approx(1 - 0.9 * 0.5)
     assert _lr(110, wsd) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("name,heads,layers,steps,params", [
+    ("E1", 2, 4, 6000, 284288), ("E2", 2, 4, 9000, 284288), ("E3", 4, 3, 10000, 230912),
+    ("E4", 2, 4, 13000, 284288), ("E5", 2, 3, 10000, 230912), ("E6", 2, 4, 11000, 284288)])
+def test_finding1_run_configs_resolve(name, heads, layers, steps, params):
+    """docs/lab.md's finding-1 table quotes these configs: they must still build the models it lists."""
+    from ganda.lab.configs import build_model, resolve_config
+    from ganda.lab.tokenizer import build_tokenizer
+    from ganda.lab.world import World, WorldConfig
+
+    cfg = resolve_config(str(Path(__file__).parents[1] / "docs" / "lab-runs" / "finding1" / f"{name}.json"))
+    assert cfg["arch"] == "llama" and cfg["world"] == {"distractors": "hard", "n_values": 36}
+    assert (cfg["model"]["num_attention_heads"], cfg["model"]["num_hidden_layers"]) == (heads, layers)
+    assert cfg["train"]["steps"] == steps and cfg["train"]["seed"] == 0
+    torch.manual_seed(0)
+    model = build_model(cfg, build_tokenizer(World(WorldConfig(**cfg["world"]))))
+    assert sum(p.numel() for p in model.parameters()) == params
