@@ -186,7 +186,8 @@ def test_learning_rate_schedules():
 
 @pytest.mark.parametrize("name,heads,layers,steps,params", [
     ("E1", 2, 4, 6000, 284288), ("E2", 2, 4, 9000, 284288), ("E3", 4, 3, 10000, 230912),
-    ("E4", 2, 4, 13000, 284288), ("E5", 2, 3, 10000, 230912), ("E6", 2, 4, 11000, 284288)])
+    ("E4", 2, 4, 13000, 284288), ("E5", 2, 3, 10000, 230912), ("E6", 2, 4, 11000, 284288),
+    ("F1", 4, 6, 6000, 391040), ("F2", 2, 6, 6000, 391040)])
 def test_finding1_run_configs_resolve(name, heads, layers, steps, params):
     """docs/lab.md's finding-1 table quotes these configs: they must still build the models it lists."""
     from ganda.lab.configs import build_model, resolve_config
