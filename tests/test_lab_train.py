@@ -192,6 +192,7 @@ def test_finding1_run_configs_resolve(name, heads, layers, steps, params):
     """docs/lab.md's finding-1 table quotes these configs: they must still build the models it lists."""
     from ganda.lab.configs import build_model, resolve_config
     from ganda.lab.tokenizer import build_tokenizer
+    from ganda.lab.train import n_params
     from ganda.lab.world import World, WorldConfig
 
     cfg = resolve_config(str(Path(__file__).parents[1] / "docs" / "lab-runs" / "finding1" / f"{name}.json"))
@@ -200,4 +201,4 @@ def test_finding1_run_configs_resolve(name, heads, layers, steps, params):
     assert cfg["train"]["steps"] == steps and cfg["train"]["seed"] == 0
     torch.manual_seed(0)
     model = build_model(cfg, build_tokenizer(World(WorldConfig(**cfg["world"]))))
-    assert sum(p.numel() for p in model.parameters()) == params
+    assert n_params(model) == params  # the count `ganda train` records in lab.json
