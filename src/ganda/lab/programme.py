@@ -470,9 +470,10 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
                     f"{_pct(hs.get('aggregate_ablated'))}, Gather {_where(hs.get('gather'))} -> "
                     f"{_pct(hs.get('gather_ablated'))}")
         toward = base is not None and q is not None and (base - q) >= 0.5 * (base - 0.25)
-        holds_paper = kb is not None and kl is not None and kb - kl <= 0.05
+        # "partly" needs the retrieval drop alone; knowledge under the authors' rule is reported in
+        # the text above, not judged (it cannot lift a verdict past what the drop gives)
         holds_strict = kb is not None and kq is not None and kb - kq <= 0.05
-        v = "reproduced" if toward and holds_strict else "partly" if toward and holds_paper or toward else "not reproduced"
+        v = "reproduced" if toward and holds_strict else "partly" if toward else "not reproduced"
         rows.append({"finding": 5, "claim": "hybrid: masking attention's final row drops MMLU-format towards chance, "
                      "knowledge holds", "paper": PAPER[5], "lab": lab, "verdict": v,
                      "rule": "reproduced: at least half the distance to chance lost and knowledge within 5 points under "
