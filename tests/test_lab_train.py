@@ -202,3 +202,24 @@ def test_finding1_run_configs_resolve(name, heads, layers, steps, params):
     torch.manual_seed(0)
     model = build_model(cfg, build_tokenizer(World(WorldConfig(**cfg["world"]))))
     assert n_params(model) == params  # the count `ganda train` records in lab.json
+
+
+def test_config_base_overrides_key_by_key():
+    """A variant names a base and only what it changes; a new mixture replaces the base's whole."""
+    from ganda.errors import GandaError
+    from ganda.lab.configs import CONFIGS, resolve_config
+
+    cfg = resolve_config({"base": "llama", "name": "v", "model": {"num_hidden_layers": 5},
+                          "train": {"steps": 7, "mixture": {"kv": 1.0}}})
+    assert cfg["name"] == "v" and cfg["arch"] == "llama"
+    assert cfg["model"]["num_hidden_layers"] == 5
+    assert cfg["model"]["hidden_size"] == CONFIGS["llama"]["model"]["hidden_size"] == 64
+    assert cfg["train"]["steps"] == 7 and cfg["train"]["mixture"] == {"kv": 1.0}
+    assert cfg["train"]["lr"] == 3e-3 and cfg["train"]["answer_weight"] == 5.0  # kept from the base's recipe
+    assert cfg["world"] == {"distractors": "hard", "n_values": 36}
+    assert CONFIGS["llama"]["model"]["num_hidden_layers"] == 3  # the base itself is untouched
+    assert resolve_config({"base": "mamba2"})["name"] == "mamba2"
+    with pytest.raises(GandaError, match="unknown base config 'llamba'"):
+        resolve_config({"base": "llamba"})
+    with pytest.raises(GandaError, match="'train' must be an object"):
+        resolve_config({"base": "llama", "train": 5})

@@ -4,6 +4,11 @@ A config is a plain dict (JSON-serialisable) with keys ``arch`` (``llama`` | ``m
 ``hybrid``), ``model`` (keyword overrides for the transformers config), ``world``
 (:class:`~ganda.lab.world.WorldConfig` fields) and ``train`` (see ``TRAIN_DEFAULTS``).
 ``ganda train NAME`` takes one of the names below or a JSON file/string.
+
+A config may instead name a ``base`` (one of the names below) and give only what differs:
+``{"base": "llama", "model": {"num_hidden_layers": 4}, "train": {"steps": 9000}}``. Its
+``model``, ``world`` and ``train`` entries replace the base's key by key (a new ``mixture``
+replaces the whole mixture), so a variant records exactly what it changes.
 """
 
 from __future__ import annotations
@@ -178,6 +183,8 @@ def resolve_config(spec: str | dict[str, Any]) -> dict[str, Any]:
             raise GandaError(f"config is not valid JSON: {exc}") from None
     else:
         raise GandaError(f"unknown lab config {spec!r}; known: {', '.join(CONFIGS)} (or a JSON file)")
+    if "base" in cfg:
+        cfg = _with_base(cfg)
     if cfg.get("arch") not in ("llama", "mamba2", "hybrid"):
         raise GandaError(f"config arch must be llama, mamba2 or hybrid, not {cfg.get('arch')!r}")
     train = dict(TRAIN_DEFAULTS)
@@ -187,6 +194,23 @@ def resolve_config(spec: str | dict[str, Any]) -> dict[str, Any]:
     cfg.setdefault("world", {})
     cfg.setdefault("name", cfg["arch"])
     return cfg
+
+
+def _with_base(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg``'s overrides applied to the named config in its ``base`` key."""
+    base = cfg.pop("base")
+    if base not in CONFIGS:
+        raise GandaError(f"unknown base config {base!r}; known: {', '.join(CONFIGS)}")
+    out = copy.deepcopy(CONFIGS[base])
+    for key, value in cfg.items():
+        if key in ("model", "world", "train"):
+            if not isinstance(value, dict):
+                raise GandaError(f"config {key!r} must be an object, not {type(value).__name__}")
+            out[key] = {**out.get(key, {}), **value}
+        else:
+            out[key] = value
+    out.setdefault("name", base)
+    return out
 
 
 def build_model(cfg: dict[str, Any], tokenizer):
