@@ -256,6 +256,29 @@ def test_compare_sharpness_gives_paired_differences_with_intervals(lab):
     json.dumps(res)
 
 
+def test_sharpness_under_both_summaries_from_one_pass_equals_two_runs(lab):
+    """Finding 4 reads each prompt's maps once for the ``\\n`` and the last-word summary: the
+    results must be those of two separate runs (to float rounding: the SSM's rows are computed
+    in another batch)."""
+    from ganda.discovery import compare_sharpness, compare_sharpness_summaries
+
+    models = {"llama": lab["lab-llama"], "mamba2": lab["lab-mamba2"]}
+    heads = {"llama": (["L1H1"], ["L0H3"]), "mamba2": (["L1H2"], ["L0H2"])}
+    both = compare_sharpness_summaries(models, "lab-mmlu", n=6, resamples=200, progress=False, heads=heads,
+                                       summaries=["end", "last"])
+    for summary, res in zip(("end", "last"), both, strict=True):
+        one = compare_sharpness(models, "lab-mmlu", n=6, resamples=200, progress=False, heads=heads,
+                                summary=summary)
+        assert [m["summary"] for m in res["models"].values()] == [summary, summary]
+        for name in models:
+            for metric, v in one["models"][name]["metrics"].items():
+                assert res["models"][name]["metrics"][metric]["value"] == pytest.approx(v["value"], rel=1e-6)
+        assert [d["sharper"] for d in res["differences"]] == [d["sharper"] for d in one["differences"]]
+    # and the two summaries do score different rows
+    a_end, a_last = (r["models"]["llama"]["metrics"]["aggregate"]["value"] for r in both)
+    assert a_end != pytest.approx(a_last, rel=1e-3)
+
+
 def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
     from ganda.cli import main
 

@@ -234,21 +234,40 @@ def pattern_scores(
     """Aggregate/Gather pattern scores and sharpness for every head, with per-prompt values and
     95% intervals over prompts, and each head's read profile (see module docstring). ``summary``:
     the token scored as each segment's summary, ``"end"`` (the ``\\n``) or ``"last"``."""
+    return pattern_scores_by_summary(adapter, examples, heads, progress, (summary,))[summary]
+
+
+def pattern_scores_by_summary(
+    adapter: ModelAdapter,
+    examples: Sequence[Example],
+    heads: Sequence[HeadId] | None = None,
+    progress: bool = True,
+    summaries: Sequence[str] = SUMMARIES,
+) -> dict[str, list[HeadScore]]:
+    """:func:`pattern_scores` under several summary tokens from one pass over the prompts: each
+    prompt's map rows for every summary are read in one call, so two summaries cost one map."""
     heads = list(heads) if heads is not None else adapter.heads()
-    summary_spans([], summary)  # validates
-    acc: dict[HeadId, dict[str, list[float]]] = {h: {k: [] for k in METRICS} for h in heads}
+    summaries = list(dict.fromkeys(summaries))
+    for s in summaries:
+        summary_spans([], s)  # validates
+    acc: dict[str, dict[HeadId, dict[str, list[float]]]] = {
+        s: {h: {k: [] for k in METRICS} for h in heads} for s in summaries}
     for ex in tqdm(examples, desc="pattern scores", disable=not progress, leave=False):
         ids, full, q = prompt_positions(adapter, ex)
-        spans = summary_spans(full, summary)
+        spans = {s: summary_spans(full, s) for s in summaries}
         g = ex.gold_segment if ex.gold_segment is not None else ex.gold
-        rows = [q, *(e for _, e in spans)]
+        rows = list(dict.fromkeys([q, *(e for s in summaries for _, e in spans[s])]))
+        at = {r: i for i, r in enumerate(rows)}
         maps = adapter.attention_maps(torch.tensor([ids]), heads, rows=rows)
-        for h, m in maps.items():
-            for k, v in prompt_metrics(m, spans, g).items():
-                acc[h][k].append(v)
-            for k, v in read_shares(m[0], full, g).items():
-                acc[h].setdefault(f"read:{k}", []).append(v)
-    return [head_score(str(h), h.layer, adapter.mixer_of(h).kind, acc[h], summary) for h in heads]
+        for s in summaries:
+            pick = torch.tensor([at[q], *(at[e] for _, e in spans[s])])
+            for h, m in maps.items():
+                for k, v in prompt_metrics(m[pick], spans[s], g).items():
+                    acc[s][h][k].append(v)
+                for k, v in read_shares(m[0], full, g).items():
+                    acc[s][h].setdefault(f"read:{k}", []).append(v)
+    return {s: [head_score(str(h), h.layer, adapter.mixer_of(h).kind, acc[s][h], s) for h in heads]
+            for s in summaries}
 
 
 def _geo_mean(xs: list[float]) -> float:
@@ -469,7 +488,31 @@ def compare_sharpness(
     with ``seed``), the same draw for both models. Differences are first model minus each other
     model (for the ratios: the first model's geometric mean divided by the other's). Positive
     means the first model is sharper: every metric grows with sharpness.
+
+    :func:`compare_sharpness_summaries` gives the same result under several ``summary`` choices
+    at the cost of one.
     """
+    return compare_sharpness_summaries(adapters, task, k=k, n=n, seed=seed, select=select, select_n=select_n,
+                                       resamples=resamples, progress=progress, heads=heads,
+                                       summaries=[summary])[0]
+
+
+def compare_sharpness_summaries(
+    adapters: Mapping[str, ModelAdapter] | Sequence[ModelAdapter],
+    task: Any = "lab-mmlu",
+    *,
+    k: int = 3,
+    n: int = 100,
+    seed: int = 0,
+    select: str = "pattern",
+    select_n: int | None = None,
+    resamples: int = 2000,
+    progress: bool = True,
+    heads: Mapping[str, tuple[Sequence[str], Sequence[str]]] | None = None,
+    summaries: Sequence[str | Mapping[str, str]] = SUMMARIES,
+) -> list[dict[str, Any]]:
+    """One :func:`compare_sharpness` result per entry of ``summaries`` (each what ``summary`` is
+    there), every model's maps read once for all of them (:func:`pattern_scores_by_summary`)."""
     from .tasks import get_task
 
     named = dict(adapters) if isinstance(adapters, Mapping) else {a.spec: a for a in adapters}
@@ -489,62 +532,70 @@ def compare_sharpness(
         t = task
     measure = t.examples(limit=n, seed=seed)
     chooser = t.examples(limit=select_n or n, seed=seed + 1)
-    models: dict[str, Any] = {}
-    per_prompt: dict[str, dict[str, list[float]]] = {}
+    models: list[dict[str, Any]] = [{} for _ in summaries]
+    per_prompt: list[dict[str, dict[str, list[float]]]] = [{} for _ in summaries]
     for name, adapter in named.items():
-        summ = summary.get(name, "end") if isinstance(summary, Mapping) else summary
-        if heads is not None and name in heads:
-            agg, gat = list(heads[name][0]), list(heads[name][1])
-            if not agg or not gat:
-                raise GandaError(f"{name}: give at least one Aggregate-role and one Gather-role head")
-            sel_scores = {h: float("nan") for h in agg + gat}
-        else:
-            agg, gat, sel_scores = _select_heads(adapter, chooser, k, select, progress, summ)
-        chosen = list(dict.fromkeys(agg + gat))
-        scored = dict(zip(chosen, pattern_scores(adapter, measure, heads=[expand([h], adapter)[0] for h in chosen],
-                                                 progress=progress, summary=summ), strict=True))
-        values: dict[str, list[float]] = {}
-        for metric in METRICS:
-            role = agg if metric in AGGREGATE_METRICS else gat
-            f = (lambda x: math.log(max(x, 1e-30))) if metric in RATIO_METRICS else (lambda x: x)
-            values[metric] = [sum(f(scored[h].samples[metric][i]) for h in role) / len(role)
-                              for i in range(len(measure))]
-        per_prompt[name] = values
-        metrics = {}
-        for metric, xs in values.items():
-            b = bootstrap_paired(xs, resamples=resamples, seed=seed)
-            if metric in RATIO_METRICS:
-                metrics[metric] = {"value": math.exp(b["a"]), "ci95": [math.exp(v) for v in b["a_ci95"]],
-                                   "scale": "geometric mean"}
+        summs = [s.get(name, "end") if isinstance(s, Mapping) else s for s in summaries]
+        picks = []  # (Aggregate heads, Gather heads, selection scores) per summary
+        for summ in summs:
+            if heads is not None and name in heads:
+                agg, gat = list(heads[name][0]), list(heads[name][1])
+                if not agg or not gat:
+                    raise GandaError(f"{name}: give at least one Aggregate-role and one Gather-role head")
+                picks.append((agg, gat, {h: float("nan") for h in agg + gat}))
             else:
-                metrics[metric] = {"value": b["a"], "ci95": b["a_ci95"], "scale": "mean"}
-        models[name] = {
-            "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
-            "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
-            "heads": [scored[h].to_json() for h in chosen], "metrics": metrics,
-        }
+                picks.append(_select_heads(adapter, chooser, k, select, progress, summ))
+        chosen = list(dict.fromkeys(h for agg, gat, _ in picks for h in agg + gat))
+        by_summary = pattern_scores_by_summary(adapter, measure, [expand([h], adapter)[0] for h in chosen],
+                                               progress, summs)
+        for i, (summ, (agg, gat, sel_scores)) in enumerate(zip(summs, picks, strict=True)):
+            scored = dict(zip(chosen, by_summary[summ], strict=True))
+            values: dict[str, list[float]] = {}
+            for metric in METRICS:
+                role = agg if metric in AGGREGATE_METRICS else gat
+                f = (lambda x: math.log(max(x, 1e-30))) if metric in RATIO_METRICS else (lambda x: x)
+                values[metric] = [sum(f(scored[h].samples[metric][j]) for h in role) / len(role)
+                                  for j in range(len(measure))]
+            per_prompt[i][name] = values
+            metrics = {}
+            for metric, xs in values.items():
+                b = bootstrap_paired(xs, resamples=resamples, seed=seed)
+                if metric in RATIO_METRICS:
+                    metrics[metric] = {"value": math.exp(b["a"]), "ci95": [math.exp(v) for v in b["a_ci95"]],
+                                       "scale": "geometric mean"}
+                else:
+                    metrics[metric] = {"value": b["a"], "ci95": b["a_ci95"], "scale": "mean"}
+            models[i][name] = {
+                "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
+                "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
+                "heads": [scored[h].to_json() for h in dict.fromkeys(agg + gat)], "metrics": metrics,
+            }
     names = list(named)
-    diffs = []
-    for other in names[1:]:
-        for metric in METRICS:
-            b = bootstrap_paired(per_prompt[names[0]][metric], per_prompt[other][metric], resamples=resamples,
-                                 seed=seed)
-            if metric in RATIO_METRICS:
-                row = {"value": math.exp(b["diff"]), "ci95": [math.exp(v) for v in b["diff_ci95"]],
-                       "scale": f"ratio {names[0]} / {other} of geometric means"}
-            else:
-                row = {"value": b["diff"], "ci95": b["diff_ci95"], "scale": f"difference {names[0]} - {other}"}
-            lo, hi = row["ci95"]
-            neutral = 1.0 if metric in RATIO_METRICS else 0.0
-            row["sharper"] = names[0] if lo > neutral else other if hi < neutral else "undecided (CI covers no difference)"
-            diffs.append({"a": names[0], "b": other, "metric": metric, **row})
-    return {
-        "kind": "sharpness", "task": t.config(), "n": len(measure), "seed": seed, "k": k,
-        "select": "given" if heads is not None else select,
-        "select_n": len(chooser), "select_seed": seed + 1, "resamples": resamples,
-        "ci_method": "percentile bootstrap over prompts (paired: one draw for all models), seeded",
-        "models": models, "differences": diffs,
-    }
+    out = []
+    for i in range(len(summaries)):
+        diffs = []
+        for other in names[1:]:
+            for metric in METRICS:
+                b = bootstrap_paired(per_prompt[i][names[0]][metric], per_prompt[i][other][metric],
+                                     resamples=resamples, seed=seed)
+                if metric in RATIO_METRICS:
+                    row = {"value": math.exp(b["diff"]), "ci95": [math.exp(v) for v in b["diff_ci95"]],
+                           "scale": f"ratio {names[0]} / {other} of geometric means"}
+                else:
+                    row = {"value": b["diff"], "ci95": b["diff_ci95"], "scale": f"difference {names[0]} - {other}"}
+                lo, hi = row["ci95"]
+                neutral = 1.0 if metric in RATIO_METRICS else 0.0
+                row["sharper"] = (names[0] if lo > neutral else other if hi < neutral
+                                  else "undecided (CI covers no difference)")
+                diffs.append({"a": names[0], "b": other, "metric": metric, **row})
+        out.append({
+            "kind": "sharpness", "task": t.config(), "n": len(measure), "seed": seed, "k": k,
+            "select": "given" if heads is not None else select,
+            "select_n": len(chooser), "select_seed": seed + 1, "resamples": resamples,
+            "ci_method": "percentile bootstrap over prompts (paired: one draw for all models), seeded",
+            "models": models[i], "differences": diffs,
+        })
+    return out
 
 
 def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:

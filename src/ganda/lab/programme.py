@@ -210,7 +210,7 @@ class Programme:
         ``\\n``, the verdict's measure) and again with the option's last word as the summary (where
         the lab's models were seen to aggregate; the read profiles in both results say where each
         head's final row lands)."""
-        from ..discovery import compare_sharpness, save_sharpness
+        from ..discovery import compare_sharpness_summaries, save_sharpness
 
         heads = {}
         for role, r in (("transformer", roles_t), ("ssm", roles_s)):
@@ -221,13 +221,11 @@ class Programme:
                 agg, gat = agg or top[:1], gat or top[:1]
             heads[self.adapter(role).spec] = (agg[:1], gat[:1])
         adapters = {self.adapter(r).spec: self.adapter(r) for r in ("transformer", "ssm")}
-        # measured on other prompts (seed + 100) than the roles were found on
-        out = []
-        for summary, d in (("end", "f4-sharpness"), ("last", "f4-sharpness-last")):
-            res = compare_sharpness(adapters, "lab-mmlu", n=min(self.n, 200), seed=self.seed + 100, heads=heads,
-                                    progress=self.progress, summary=summary)
+        # measured on other prompts (seed + 100) than the roles were found on; one map per prompt for both
+        out = compare_sharpness_summaries(adapters, "lab-mmlu", n=min(self.n, 200), seed=self.seed + 100,
+                                          heads=heads, progress=self.progress, summaries=["end", "last"])
+        for res, d in zip(out, ("f4-sharpness", "f4-sharpness-last"), strict=True):
             save_sharpness(res, self.out / d)
-            out.append(res)
         return out[0], out[1]
 
     def finding5(self):
