@@ -184,11 +184,13 @@ def test_learning_rate_schedules():
     assert _lr(110, wsd) == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("name,heads,layers,steps,params", [
-    ("E1", 2, 4, 6000, 284288), ("E2", 2, 4, 9000, 284288), ("E3", 4, 3, 10000, 230912),
-    ("E4", 2, 4, 13000, 284288), ("E5", 2, 3, 10000, 230912), ("E6", 2, 4, 11000, 284288),
-    ("F1", 4, 6, 6000, 391040), ("F2", 2, 6, 6000, 391040)])
-def test_finding1_run_configs_resolve(name, heads, layers, steps, params):
+@pytest.mark.parametrize("name,heads,layers,steps,params,wd", [
+    ("E1", 2, 4, 6000, 284288, 0.01), ("E2", 2, 4, 9000, 284288, 0.01), ("E3", 4, 3, 10000, 230912, 0.01),
+    ("E4", 2, 4, 13000, 284288, 0.01), ("E5", 2, 3, 10000, 230912, 0.01), ("E6", 2, 4, 11000, 284288, 0.01),
+    ("F1", 4, 6, 6000, 391040, 0.01), ("F2", 2, 6, 6000, 391040, 0.01),
+    ("E3w", 4, 3, 10000, 230912, 0.0), ("E3d", 4, 3, 10000, 230912, 0.1), ("E6w", 2, 4, 11000, 284288, 0.0),
+    ("E6d", 2, 4, 11000, 284288, 0.1), ("E6d3", 2, 4, 11000, 284288, 0.3), ("E4d", 2, 4, 13000, 284288, 0.1)])
+def test_finding1_run_configs_resolve(name, heads, layers, steps, params, wd):
     """docs/lab.md's finding-1 table quotes these configs: they must still build the models it lists."""
     from ganda.lab.configs import build_model, resolve_config
     from ganda.lab.tokenizer import build_tokenizer
@@ -199,6 +201,7 @@ def test_finding1_run_configs_resolve(name, heads, layers, steps, params):
     assert cfg["arch"] == "llama" and cfg["world"] == {"distractors": "hard", "n_values": 36}
     assert (cfg["model"]["num_attention_heads"], cfg["model"]["num_hidden_layers"]) == (heads, layers)
     assert cfg["train"]["steps"] == steps and cfg["train"]["seed"] == 0
+    assert cfg["train"]["weight_decay"] == wd and cfg["name"] == name
     torch.manual_seed(0)
     model = build_model(cfg, build_tokenizer(World(WorldConfig(**cfg["world"]))))
     assert n_params(model) == params  # the count `ganda train` records in lab.json
@@ -223,3 +226,23 @@ def test_config_base_overrides_key_by_key():
         resolve_config({"base": "llamba"})
     with pytest.raises(GandaError, match="'train' must be an object"):
         resolve_config({"base": "llama", "train": 5})
+
+
+@pytest.mark.parametrize("config,name", [("llama", "lab-llama"), ("llama-wd", "lab-llama-wd"),
+                                         ("mamba2", "lab-mamba2"), ("hybrid-late", "lab-hybrid-late"),
+                                         ("mamba2-c32", "lab-mamba2-c32"), ("hybrid", "lab-hybrid")])
+def test_named_config_is_the_one_its_shipped_checkpoint_ran(config, name):
+    """`ganda train NAME` rebuilds the shipped checkpoint only if the named config is the recorded one.
+    Keys added to the recipe after a run was recorded must default to what it did; the logging
+    intervals do not touch the weights."""
+    from ganda.lab.configs import TRAIN_DEFAULTS, resolve_config
+
+    ran = json.loads((checkpoint(name) / "lab.json").read_text())["config"]
+    named = resolve_config(config)
+    logging = {"eval_every", "eval_n", "ckpt_every"}
+    for k in set(named["train"]) - set(ran["train"]):
+        assert named["train"][k] == TRAIN_DEFAULTS[k], k
+    assert {k: v for k, v in ran["train"].items() if k not in logging} == \
+        {k: v for k, v in named["train"].items() if k in ran["train"] and k not in logging}
+    assert {k: v for k, v in ran.items() if k not in ("name", "train")} == \
+        {k: v for k, v in named.items() if k not in ("name", "train")}

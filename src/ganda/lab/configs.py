@@ -108,6 +108,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "world": LAB_WORLD,
         "train": {"steps": 5000, **RECIPE},
     },
+    # 284k parameters: 4 layers x 2 heads, 11000 wsd steps, weight decay 0.3 (llama: 0.01). Weight
+    # decay concentrates the retrieval role: one Gather head (L2H0) takes lab-mmlu 95% -> 22% with
+    # knowledge intact, where the same run with 0.01 leaves 38.5% and with 0 leaves 60.5%
+    # (docs/lab.md, finding 1). Shipped as lab-llama-wd (the run docs/lab-runs/finding1/E6d3.json).
+    "llama-wd": {
+        "arch": "llama",
+        "model": {
+            "hidden_size": 64,
+            "intermediate_size": 192,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+        },
+        "world": LAB_WORLD,
+        "train": {"steps": 11000, "schedule": "wsd", "weight_decay": 0.3, **RECIPE},
+    },
     # SSMs need the rate high for longer: a 6000-step cosine run stayed at chance; the shipped run
     # left the plateau at ~6000 steps. The scan runs in 16-token chunks: the same maths as 32, but
     # lab sequences (8-70 tokens) are padded to far less, so a step is ~1.3x faster
