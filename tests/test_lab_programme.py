@@ -183,6 +183,17 @@ def test_replay_refuses_a_directory_that_is_not_a_lab_run(tmp_path):
     assert main(["lab", "--replay", str(tmp_path)]) == 2
 
 
+def test_finding6_refuses_a_student_of_another_depth_before_running_anything(tmp_path, capsys):
+    """lab-distilled is lab-llama's 3-layer student; lab-llama-wd has 4 layers: finding 6 cannot
+    swap its layers one for one, and the run says so before any model is evaluated."""
+    from ganda.cli import main
+
+    assert main(["lab", "--transformer", "lab-llama-wd", "--only", "6", "--out", str(tmp_path / "r"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "lab-distilled has 3 layers but the transformer lab-llama-wd has 4" in err
+    assert not (tmp_path / "r" / "models").exists()
+
+
 def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_interval(tmp_path):
     from ganda.lab.scratch import plan
 

@@ -143,6 +143,8 @@ class Programme:
             self.log(f"[lab] {step}: {st['seconds'][step]} s")
             tick = time.perf_counter()
 
+        if 6 in self.only and self.models.get("distilled"):
+            self.check_student()  # before minutes of findings 1-5, not after
         st["models"] = self.evaluate_models()
         lap("models")
         need_t = {1, 2, 3, 4, 6} & set(self.only)
@@ -236,6 +238,17 @@ class Programme:
         res = mask_last_row_experiment(ad, sc, None, per_layer=True)
         self.save("f5-mask-hybrid", res)
         return res
+
+    def check_student(self) -> None:
+        """Finding 6 swaps the transformer's layers into the distilled student one for one, so the
+        student must have been distilled from a model of the transformer's depth."""
+        st, d = self.adapter("distilled"), self.adapter("transformer")
+        if st.num_layers != d.num_layers:
+            raise GandaError(
+                f"finding 6: the distilled student {self.models['distilled']} has {st.num_layers} layers "
+                f"but the transformer {self.models['transformer']} has {d.num_layers}; distil a student "
+                f"from it (ganda distill {self.models['transformer']} --out DIR; --distilled DIR) "
+                f"or leave finding 6 out (--only 1,2,3,4,5)")
 
     def finding6(self, roles_t) -> dict[str, Any]:
         from ..experiments.transplant import transplant_sweep
