@@ -65,6 +65,15 @@ RECIPE: dict[str, Any] = {
     "lr": 3e-3,
 }
 
+LLAMA_MODEL: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 512,
+}
+
 MAMBA2_MODEL: dict[str, Any] = {
     "hidden_size": 64,
     "num_hidden_layers": 4,
@@ -97,14 +106,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # 231k parameters; 5000 steps, 10 min on one CPU thread (lab-mmlu 91.5%, n=200)
     "llama": {
         "arch": "llama",
-        "model": {
-            "hidden_size": 64,
-            "intermediate_size": 192,
-            "num_hidden_layers": 3,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "max_position_embeddings": 512,
-        },
+        "model": LLAMA_MODEL,
         "world": LAB_WORLD,
         "train": {"steps": 5000, **RECIPE},
     },
@@ -114,14 +116,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # (docs/lab.md, finding 1). Shipped as lab-llama-wd (the run docs/lab-runs/finding1/E6d3.json).
     "llama-wd": {
         "arch": "llama",
-        "model": {
-            "hidden_size": 64,
-            "intermediate_size": 192,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 512,
-        },
+        "model": {**LLAMA_MODEL, "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 2},
         "world": LAB_WORLD,
         "train": {"steps": 11000, "schedule": "wsd", "weight_decay": 0.3, **RECIPE},
     },
