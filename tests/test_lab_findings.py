@@ -222,6 +222,29 @@ def test_teacher_layers_0_and_1_lift_lab_mmlu_in_the_distilled_student_and_layer
     assert abs(acc[2] - acc["student"]) <= 0.05, acc
 
 
+def test_only_the_teachers_aggregate_layer_lifts_lab_mmlu_in_the_default_student():
+    """Finding 6 on the default pair, lab-llama-wd -> lab-distilled-wd (docs/lab.md, n=200: student
+    49% -> L3 78%, L2 58.5%, L1 52.5%, L0 48.5%): the layer holding the teacher's Aggregate head
+    (L3H0) is the swap that helps, as in the paper's Fig. 7; layers 0 and 1 do nothing."""
+    import ganda
+    from ganda.experiments.transplant import TransplantLayer
+    from ganda.scoring import evaluate_examples
+    from ganda.tasks import get_task
+
+    torch.set_num_threads(1)
+    s = ganda.load_model("lab-distilled-wd", device="cpu", dtype=torch.float32)
+    d = ganda.load_model("lab-llama-wd", device="cpu", dtype=torch.float32)
+    ex = get_task("lab-mmlu", adapter=s).examples(limit=80, seed=0)
+    acc = {"student": evaluate_examples(s, ex, progress=False).accuracy}  # 47.5% on these 80
+    for layer in range(4):
+        with TransplantLayer(d, [layer]).apply(s):
+            acc[layer] = evaluate_examples(s, ex, progress=False).accuracy
+    assert 0.35 <= acc["student"] <= 0.6, acc
+    assert acc[3] >= acc["student"] + 0.2, acc  # 78.75%
+    assert max(acc[0], acc[1], acc[2]) <= acc["student"] + 0.1, acc
+    assert acc[3] == max(acc.values()), acc
+
+
 def test_transplant_cli_runs_lab_tasks_and_records_the_swap(tmp_path, capsys):
     from ganda.cli import main
     from ganda.experiments.common import parse_tasks

@@ -184,13 +184,13 @@ def test_replay_refuses_a_directory_that_is_not_a_lab_run(tmp_path):
 
 
 def test_finding6_refuses_a_student_of_another_depth_before_running_anything(tmp_path, capsys):
-    """lab-distilled is lab-llama's 3-layer student; lab-llama-wd has 4 layers: finding 6 cannot
-    swap its layers one for one, and the run says so before any model is evaluated."""
+    """The default student, lab-distilled-wd, has lab-llama-wd's 4 layers; lab-llama has 3: finding 6
+    cannot swap its layers one for one, and the run says so before any model is evaluated."""
     from ganda.cli import main
 
-    assert main(["lab", "--transformer", "lab-llama-wd", "--only", "6", "--out", str(tmp_path / "r"), "-q"]) == 2
+    assert main(["lab", "--transformer", "lab-llama", "--only", "6", "--out", str(tmp_path / "r"), "-q"]) == 2
     err = capsys.readouterr().err
-    assert "lab-distilled has 3 layers but the transformer lab-llama-wd has 4" in err
+    assert "lab-distilled-wd has 4 layers but the transformer lab-llama has 3" in err
     assert not (tmp_path / "r" / "models").exists()
 
 

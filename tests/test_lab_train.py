@@ -246,3 +246,17 @@ def test_named_config_is_the_one_its_shipped_checkpoint_ran(config, name):
         {k: v for k, v in named["train"].items() if k in ran["train"] and k not in logging}
     assert {k: v for k, v in ran.items() if k not in ("name", "train")} == \
         {k: v for k, v in named.items() if k not in ("name", "train")}
+
+
+def test_distill_defaults_are_the_ones_the_default_student_ran():
+    """`ganda distill lab-llama-wd` rebuilds lab-distilled-wd only if the defaults are its recorded
+    config (lab-distilled ran the earlier 800 steps: `--steps 800`)."""
+    from ganda.lab.distill import DISTILL_DEFAULTS
+    from ganda.lab.programme import DEFAULT_MODELS
+
+    ran = json.loads((checkpoint("lab-distilled-wd") / "lab.json").read_text())["config"]
+    assert ran.pop("arch") == "distilled-mamba2" and ran.pop("teacher") == DEFAULT_MODELS["transformer"]
+    assert DEFAULT_MODELS["distilled"] == "lab-distilled-wd"
+    assert ran == DISTILL_DEFAULTS
+    old = json.loads((checkpoint("lab-distilled") / "lab.json").read_text())["config"]
+    assert old["teacher"] == "lab-llama" and old["steps"] == 800

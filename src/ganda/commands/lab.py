@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import GandaError
+from ..lab.programme import DEFAULT_MODELS
 
 
 def register(app: typer.Typer) -> None:
@@ -55,12 +56,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def lab(
-        transformer: str = typer.Option("lab-llama", "--transformer", help="Llama model (findings 1-4, donor of 6)"),
-        ssm: str = typer.Option("lab-mamba2", "--ssm", help="Mamba-2 model (findings 3, 4); '' to skip"),
-        hybrid: str = typer.Option("lab-hybrid-late", "--hybrid", help="hybrid model (finding 5; lab-hybrid has its "
+        transformer: str = typer.Option(DEFAULT_MODELS["transformer"], "--transformer",
+                                       help="Llama model (findings 1-4, donor of 6)"),
+        ssm: str = typer.Option(DEFAULT_MODELS["ssm"], "--ssm", help="Mamba-2 model (findings 3, 4); '' to skip"),
+        hybrid: str = typer.Option(DEFAULT_MODELS["hybrid"], "--hybrid", help="hybrid model (finding 5; lab-hybrid has its "
                                    "attention mid-stack); '' to skip"),
-        distilled: str = typer.Option("lab-distilled", "--distilled", help="distilled SSM student of --transformer "
-                                      "(finding 6); '' to skip"),
+        distilled: str = typer.Option(DEFAULT_MODELS["distilled"], "--distilled",
+                                     help="distilled SSM student of --transformer (finding 6); '' to skip"),
         from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all four models into "
                                           "--workdir (resumable; three at a time), then use them"),
         workdir: Path = typer.Option(Path("runs/lab-train"), "--workdir", help="--from-scratch: model directories"),

@@ -27,7 +27,10 @@ from .train import make_batch, n_params, quick_eval, save_model
 from .world import World, WorldConfig
 
 DISTILL_DEFAULTS: dict[str, Any] = {
-    "steps": 800,
+    # 1600 steps: lab-distilled-wd (student of lab-llama-wd, 49% intact) takes +29 points from its
+    # teacher's Aggregate layer; at 800 steps (lab-distilled's count, `--steps 800`) that student is at
+    # chance (33%) and no teacher layer lifts it more than 7 points (docs/lab.md, finding 6)
+    "steps": 1600,
     "batch_size": 32,
     "lr": 3e-3,
     "seed": 0,
@@ -150,7 +153,11 @@ def distill(teacher_dir: str | Path, out: str | Path, *, steps: int | None = Non
     student.eval()
     for p in student.parameters():
         p.requires_grad = True
-    record = {"config": {"arch": "distilled-mamba2", "teacher": str(tdir), **cfg}, "world": world.config.to_json(),
+    # a shipped teacher is recorded by its name, not this machine's install path
+    from . import CHECKPOINTS
+
+    shipped_teacher = tdir.resolve().parent == CHECKPOINTS.resolve()
+    record = {"config": {"arch": "distilled-mamba2", "teacher": tdir.name if shipped_teacher else str(tdir), **cfg}, "world": world.config.to_json(),
               "params": n_params(student), "steps": cfg["steps"], "seconds": round(time.perf_counter() - t0, 1),
               "history": history}
     save_model(student, tok, Path(out), record)

@@ -28,10 +28,13 @@ from ..errors import GandaError
 from ..experiments.common import ExperimentResult
 
 ROLES = ("transformer", "ssm", "hybrid", "distilled")
-# the hybrid with attention last: the paper's hybrids run attention late in the stack; lab-hybrid
-# (attention at layer 2 of 4) keeps its Aggregate step in the SSM layer after it (docs/lab.md)
-DEFAULT_MODELS = {"transformer": "lab-llama", "ssm": "lab-mamba2", "hybrid": "lab-hybrid-late",
-                  "distilled": "lab-distilled"}
+# the Transformer trained with weight decay 0.3, which concentrates the G&A role (one Gather head
+# takes lab-mmlu to chance; lab-llama, decay 0.01, needs two), and its 1600-step student, the one
+# that responds to a transplant of the teacher's Aggregate layer; the hybrid with attention last:
+# the paper's hybrids run attention late in the stack; lab-hybrid (attention at layer 2 of 4) keeps
+# its Aggregate step in the SSM layer after it (docs/lab.md)
+DEFAULT_MODELS = {"transformer": "lab-llama-wd", "ssm": "lab-mamba2", "hybrid": "lab-hybrid-late",
+                  "distilled": "lab-distilled-wd"}
 KV_PAIRS = (2, 3, 4, 6, 8)
 
 # the paper's numbers each finding is compared with (Bick, Xing, Gu 2025; see docs/lab.md)

@@ -52,7 +52,7 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     free slot: with three slots (the default) all three trainings start at once and the student
     takes the transformer's slot; with two, SSM then the student share one slot and transformer
     then hybrid the other."""
-    cfg = {"transformer": "llama", "ssm": "mamba2", "hybrid": "hybrid-late", **(configs or {})}
+    cfg = {"transformer": "llama-wd", "ssm": "mamba2", "hybrid": "hybrid-late", **(configs or {})}
     g = [sys.executable, "-m", "ganda"]
     extra = ["--steps", str(steps)] if steps else []
     extra += ["--eval-every", str(eval_every)] if eval_every else []

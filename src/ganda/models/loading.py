@@ -209,9 +209,11 @@ def load_model(
         if not path.exists() and spec.startswith("lab-"):
             path = _lab_checkpoint(spec) or path
         if not path.exists():
+            from ..lab import shipped
+
             raise GandaError(
                 f"no such model: {spec!r} (give a local HF directory, a .gguf file, or one of: "
-                f"{', '.join(ALIASES)}, or a shipped lab checkpoint: lab-llama, lab-mamba2, lab-hybrid, lab-hybrid-late, lab-distilled)"
+                f"{', '.join(ALIASES)}, or a shipped lab checkpoint: {', '.join(shipped())})"
             )
     if path.is_dir():
         model, tok = _load_hf_dir(path, allow_pickle)
