@@ -112,7 +112,7 @@ def trained(tmp_path_factory):
         f.write_text(json.dumps({**cfg, "name": role, "world": TINY_WORLD, "train": TINY_TRAIN}))
         configs[role] = str(f)
     log: list[str] = []
-    models = train_all(root / "work", jobs=2, configs=configs, log=log.append, poll=0.2)
+    models = train_all(root / "work", jobs=2, configs=configs, log=log.append, poll=0.2, distill_steps=20)
     return root, configs, models, log
 
 
@@ -204,3 +204,6 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
         assert j.argv[i + 1] == "1000" and "train" in j.argv
     assert "--eval-every" not in jobs[3].argv and jobs[3].after == "transformer"
     assert "--eval-every" not in plan(tmp_path)[0].argv
+    assert "--steps" not in jobs[3].argv  # the student aligns for DISTILL_DEFAULTS["steps"]
+    assert plan(tmp_path, distill_steps=20)[3].argv[-2:] == ["--steps", "20"]
+    assert "train llama-wd" in " ".join(jobs[1].argv)  # the default programme's Transformer

@@ -45,7 +45,7 @@ def finished(out: Path) -> bool:
 
 
 def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None,
-         eval_every: int | None = None) -> list[Job]:
+         eval_every: int | None = None, distill_steps: int | None = None) -> list[Job]:
     """The jobs: SSM, transformer and hybrid from their configs, then the student from the transformer.
 
     Started in this order, so that the student (which needs the transformer) starts on the first
@@ -58,18 +58,21 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     extra += ["--eval-every", str(eval_every)] if eval_every else []
     jobs = [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],
                 workdir / role) for role in ("ssm", "transformer", "hybrid")]
+    dextra = ["--steps", str(distill_steps)] if distill_steps else []
     jobs.append(Job("distilled", [*g, "distill", str(workdir / "transformer"), "--out", str(workdir / "distilled"),
-                                  "--no-progress"], workdir / "distilled", after="transformer"))
+                                  "--no-progress", *dextra], workdir / "distilled", after="transformer"))
     return jobs
 
 
 def train_all(workdir: str | Path, *, jobs: int = 3, configs: dict[str, str] | None = None, steps: int | None = None,
-              log: Callable[[str], None] = print, poll: float = 2.0, eval_every: int | None = None) -> dict[str, str]:
+              log: Callable[[str], None] = print, poll: float = 2.0, eval_every: int | None = None,
+              distill_steps: int | None = None) -> dict[str, str]:
     """Run the plan with at most ``jobs`` processes at a time; returns role -> model directory.
-    ``eval_every`` sets the trainings' quick-evaluation interval (logged history only)."""
+    ``eval_every`` sets the trainings' quick-evaluation interval (logged history only);
+    ``distill_steps`` overrides the student's alignment steps (default: ``DISTILL_DEFAULTS``)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    todo = plan(workdir, configs, steps, eval_every)
+    todo = plan(workdir, configs, steps, eval_every, distill_steps)
     timing_file = workdir / "timing.json"
     timing = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
     done = {j.role for j in todo if finished(j.out)}
