@@ -446,6 +446,18 @@ def test_head_roles_label_by_where_the_ablation_hurts(student, tmp_path: Path) -
         assert r["role"] == ("aggregate" if r["drop_query"] > r["drop_context"] else "gather")
     cum = res.extra["cumulative"]
     assert [c["n_heads"] for c in cum] == list(range(1, len(cum) + 1)) and len(cum) <= 3
+    # a role held by several heads is also scored with all of them ablated at once
+    from ganda.interventions import AblateHeads
+    from ganda.scoring import evaluate_examples
+
+    for role in ("gather", "aggregate"):
+        heads = res.summary[f"{role}_heads"]
+        if len(heads) > 1:
+            both = evaluate_examples(student, exs, [AblateHeads(heads)], progress=False).accuracy
+            assert res.summary[f"{role}_together"] == pytest.approx(both)
+            assert f"{role}_together_control_drop" in res.summary
+        else:
+            assert f"{role}_together" not in res.summary
     # a strict control threshold turns every head that costs the control task into a "knowledge" head
     strict = head_roles(student, exs, control=ctrl, ranked=ranked, top=5, min_drop=0.0, max_control_drop=-1.0,
                         until_chance=False, progress=False)

@@ -454,3 +454,26 @@ def test_lab_llama_wd_has_one_gather_head_that_alone_takes_retrieval_to_chance()
     assert acc(mmlu, "context") <= 0.35 and acc(mmlu) <= 0.35
     assert acc(mmlu, "query") >= intact - 0.05  # not an Aggregate head: its final-position write is not needed
     assert acc(facts) >= acc(facts, "none") - 0.05 >= 0.9
+
+
+def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads():
+    """Each of L3H0 / L3H1 alone leaves lab-mmlu well above chance (n=200: 51.5% / 64.5%), both
+    together take it to chance with the facts intact (24%, knowledge 100%): head_roles reports the
+    pair as ``aggregate_together``, and finding 1's text says so."""
+    import ganda
+    from ganda.experiments.roles import head_roles
+    from ganda.lab.programme import verdicts
+    from ganda.tasks import get_task
+
+    a = ganda.load_model("lab-llama-wd", device="cpu", dtype=torch.float32)
+    mmlu = get_task("lab-mmlu", adapter=a).examples(limit=60, seed=0)
+    facts = get_task("lab-knowledge", adapter=a).examples(limit=40, seed=0)
+    res = head_roles(a, mmlu, control=facts, ranked=["L2H0", "L3H0", "L3H1"], top=3, until_chance=False,
+                     progress=False)
+    s = res.summary
+    assert s["aggregate_heads"] == ["L3H0", "L3H1"] and s["gather"] == "L2H0"
+    assert s["aggregate_ablated"] >= 0.4  # one head alone is not enough
+    assert s["aggregate_together"] <= 0.35 and abs(s["aggregate_together_control_drop"]) <= 0.05
+    models = {"transformer": {"lab-mmlu": 0.95, "lab-letters": 1.0}}
+    row = next(r for r in verdicts({"models": models, "roles_transformer": res}) if r["finding"] == 1)
+    assert "Aggregate heads L3H0+L3H1 together -> " in row["lab"]

@@ -140,6 +140,13 @@ def head_roles(
         summary[f"{role}_ablated_ci95"] = [best["all_lo"], best["all_hi"]] if best else None
         summary[f"{role}_control_drop"] = best.get("drop_control") if best else None
         summary[f"{role}_heads"] = [r["head"] for r in cands]
+        if len(cands) > 1:
+            # a role split over several heads (lab-llama-wd's two last-layer Aggregate heads: 51.5%
+            # and 64.5% alone, 24% together): what removing all of them does
+            ivs = [AblateHeads(summary[f"{role}_heads"])]
+            summary[f"{role}_together"] = _acc(adapter, examples, ivs)[0]
+            if control:
+                summary[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)[0]
     extra: dict[str, Any] = {}
     if until_chance:
         from ..discovery import ablate_until_chance

@@ -380,6 +380,10 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
                f"Aggregate {a or '-'}: -> {_pct(s.get('aggregate_ablated'))} (knowledge "
                f"{_change(s.get('aggregate_control_drop'))}); {s.get('heads_to_chance') or '>' + str(s.get('heads_to_chance_max'))} "
                "heads ablated together reach chance")
+        for k, name in (("gather", "Gather"), ("aggregate", "Aggregate")):
+            if s.get(f"{k}_together") is not None:
+                lab += (f"; {name} heads {'+'.join(s[f'{k}_heads'])} together -> {_pct(s[f'{k}_together'])} "
+                        f"(knowledge {_change(s.get(f'{k}_together_control_drop'))})")
         v = "reproduced" if len(collapse) == 2 and hi else "partly" if collapse else "not reproduced"
         rows.append({"finding": 1, "claim": "one Gather and one Aggregate head; either ablated -> chance, knowledge holds",
                      "paper": PAPER[1], "lab": lab, "verdict": v,
