@@ -115,7 +115,7 @@ def lab():
 
     torch.set_num_threads(1)
     return {n: ganda.load_model(str(checkpoint(n)), device="cpu", dtype=torch.float32)
-            for n in ("lab-llama", "lab-mamba2", "lab-distilled")}
+            for n in ("lab-llama", "lab-mamba2", "lab-distilled", "lab-llama-wd", "lab-distilled-wd")}
 
 
 def _batch(adapter, n=3):
@@ -222,18 +222,15 @@ def test_teacher_layers_0_and_1_lift_lab_mmlu_in_the_distilled_student_and_layer
     assert abs(acc[2] - acc["student"]) <= 0.05, acc
 
 
-def test_only_the_teachers_aggregate_layer_lifts_lab_mmlu_in_the_default_student():
+def test_only_the_teachers_aggregate_layer_lifts_lab_mmlu_in_the_default_student(lab):
     """Finding 6 on the default pair, lab-llama-wd -> lab-distilled-wd (docs/lab.md, n=200: student
     49% -> L3 78%, L2 58.5%, L1 52.5%, L0 48.5%): the layer holding the teacher's Aggregate head
     (L3H0) is the swap that helps, as in the paper's Fig. 7; layers 0 and 1 do nothing."""
-    import ganda
     from ganda.experiments.transplant import TransplantLayer
     from ganda.scoring import evaluate_examples
     from ganda.tasks import get_task
 
-    torch.set_num_threads(1)
-    s = ganda.load_model("lab-distilled-wd", device="cpu", dtype=torch.float32)
-    d = ganda.load_model("lab-llama-wd", device="cpu", dtype=torch.float32)
+    s, d = lab["lab-distilled-wd"], lab["lab-llama-wd"]
     ex = get_task("lab-mmlu", adapter=s).examples(limit=80, seed=0)
     acc = {"student": evaluate_examples(s, ex, progress=False).accuracy}  # 47.5% on these 80
     for layer in range(4):
@@ -432,16 +429,15 @@ def test_lab_mamba2_c32_aggregates_at_the_last_word_not_the_newline():
     assert end.aggregate_hit < 0.5 and end.aggregate < 0.05
 
 
-def test_lab_llama_wd_has_one_gather_head_that_alone_takes_retrieval_to_chance():
+def test_lab_llama_wd_has_one_gather_head_that_alone_takes_retrieval_to_chance(lab):
     """Finding 1's Gather side on lab-llama-wd (weight decay 0.3): zeroing L2H0 before the final
     position takes lab-mmlu to about chance, at the final position it changes nothing, and the
     facts stay (docs/lab.md: 95% -> 22% at n = 200, knowledge 100%)."""
-    import ganda
     from ganda.interventions import AblateHeads
     from ganda.scoring import evaluate_examples
     from ganda.tasks import get_task
 
-    a = ganda.load_model("lab-llama-wd", device="cpu", dtype=torch.float32)
+    a = lab["lab-llama-wd"]
     mmlu = get_task("lab-mmlu", adapter=a).examples(limit=60, seed=0)
     facts = get_task("lab-knowledge", adapter=a).examples(limit=60, seed=0)
 
@@ -456,16 +452,15 @@ def test_lab_llama_wd_has_one_gather_head_that_alone_takes_retrieval_to_chance()
     assert acc(facts) >= acc(facts, "none") - 0.05 >= 0.9
 
 
-def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads():
+def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads(lab):
     """Each of L3H0 / L3H1 alone leaves lab-mmlu well above chance (n=200: 51.5% / 64.5%), both
     together take it to chance with the facts intact (24%, knowledge 100%): head_roles reports the
     pair as ``aggregate_together``, and finding 1's text says so."""
-    import ganda
     from ganda.experiments.roles import head_roles
     from ganda.lab.programme import verdicts
     from ganda.tasks import get_task
 
-    a = ganda.load_model("lab-llama-wd", device="cpu", dtype=torch.float32)
+    a = lab["lab-llama-wd"]
     mmlu = get_task("lab-mmlu", adapter=a).examples(limit=60, seed=0)
     facts = get_task("lab-knowledge", adapter=a).examples(limit=40, seed=0)
     res = head_roles(a, mmlu, control=facts, ranked=["L2H0", "L3H0", "L3H1"], top=3, until_chance=False,

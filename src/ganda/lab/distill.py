@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..models import load_model
+from . import CHECKPOINTS
 from .train import make_batch, n_params, quick_eval, save_model
 from .world import World, WorldConfig
 
@@ -154,10 +155,8 @@ def distill(teacher_dir: str | Path, out: str | Path, *, steps: int | None = Non
     for p in student.parameters():
         p.requires_grad = True
     # a shipped teacher is recorded by its name, not this machine's install path
-    from . import CHECKPOINTS
-
-    shipped_teacher = tdir.resolve().parent == CHECKPOINTS.resolve()
-    record = {"config": {"arch": "distilled-mamba2", "teacher": tdir.name if shipped_teacher else str(tdir), **cfg}, "world": world.config.to_json(),
+    teacher = tdir.name if tdir.resolve().parent == CHECKPOINTS.resolve() else str(tdir)
+    record = {"config": {"arch": "distilled-mamba2", "teacher": teacher, **cfg}, "world": world.config.to_json(),
               "params": n_params(student), "steps": cfg["steps"], "seconds": round(time.perf_counter() - t0, 1),
               "history": history}
     save_model(student, tok, Path(out), record)
