@@ -331,6 +331,8 @@ def test_cli_commands(model_dir: Path, tmp_path: Path) -> None:
         "kv": ["kv-curve", m, "--heads", "L3H0", "--pairs", "2,4", "--limit", "2", "--quiet", "--out"],
         "mask": ["mask-last-row", m, *common, "--out"],
         "transplant": ["transplant", m, "--donor", m, "--layers", "0,3", *common, "--out"],
+        "roles": ["roles", m, "--task", "mmlu", "--control", "none", "--keep-layers", "0-1", "--top", "2",
+                  "--max-heads", "1", "--limit", "3", "--quiet", "--out"],
     }
     for name, argv in cmds.items():
         out = tmp_path / name
@@ -339,6 +341,8 @@ def test_cli_commands(model_dir: Path, tmp_path: Path) -> None:
     # a donor equal to the student leaves the score unchanged
     d = json.loads((tmp_path / "transplant" / "result.json").read_text())
     assert {r["mmlu"] for r in d["rows"]} == {d["rows"][0]["mmlu"]}
+    roles = json.loads((tmp_path / "roles" / "result.json").read_text())
+    assert roles["config"]["keep_layers"] == [0, 1] and {HeadId.parse(h).layer for h in roles["sweep_drops"]} == {0, 1}
     assert main(["retain", m, "--gather", "L3H0", "--aggregate", "L3H1", *common]) == 2
     assert main(["kv-curve", m, "--pairs", "x"]) == 2
 
@@ -464,3 +468,29 @@ def test_head_roles_label_by_where_the_ablation_hurts(student, tmp_path: Path) -
     assert all(r["role"] == "knowledge" for r in strict.rows) and strict.summary["gather"] is None
     d = _check_saved(res, tmp_path)
     assert d["kind"] == "roles" and (tmp_path / "roles.png").exists() and (tmp_path / "cumulative.png").exists()
+
+
+@pytest.mark.parametrize("keep", [[0, 1], [0, 2, 3]])
+def test_head_roles_on_a_submodel(student, keep) -> None:
+    """The paper finds its heads in the minimal model: every score is the submodel's, only its heads rank."""
+    from ganda.errors import GandaError
+    from ganda.experiments.roles import head_roles
+    from ganda.interventions import KeepLayers
+    from ganda.scoring import evaluate_examples
+    from ganda.tasks import get_task
+
+    exs = get_task("kv", pairs=3).examples(limit=10, seed=0)
+    res = head_roles(student, exs, top=3, min_drop=0.0, until_chance=False, keep_layers=keep, progress=False)
+    assert res.config["keep_layers"] == keep
+    assert {HeadId.parse(h).layer for h in res.extra["sweep_drops"]} == set(keep)  # prefix: fast sweep; else naive
+    sub = evaluate_examples(student, exs, [KeepLayers(keep)], progress=False).accuracy
+    full = evaluate_examples(student, exs, progress=False).accuracy
+    assert res.summary["baseline"] == pytest.approx(sub)
+    for r in res.rows:
+        direct = evaluate_examples(student, exs, [KeepLayers(keep), AblateHeads(r["head"])], progress=False).accuracy
+        assert r["all"] == pytest.approx(direct)
+        assert r["drop_all"] == pytest.approx(res.extra["sweep_drops"][r["head"]], abs=1e-9)
+    assert len(student.decoder_layers()) == 4  # the submodel is undone
+    assert evaluate_examples(student, exs, progress=False).accuracy == pytest.approx(full)
+    with pytest.raises(GandaError, match="does not keep"):
+        head_roles(student, exs, ranked=["L1H0"], top=1, until_chance=False, keep_layers=[0, 2], progress=False)

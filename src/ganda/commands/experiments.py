@@ -191,6 +191,8 @@ def register(app: typer.Typer) -> None:
         also: str | None = typer.Option(None, "--also", help="further tasks scored with the full ablation, e.g. lab-letters"),
         top: int = typer.Option(6, "--top", help="heads labelled (the most damaging of a single-head sweep)"),
         max_heads: int = typer.Option(24, "--max-heads", help="cumulative ablation gives up after this many heads"),
+        keep_layers: str | None = typer.Option(None, "--keep-layers", help="find the roles in a submodel, e.g. the "
+                                               "minimal model 0-17 (the paper's protocol)"),
         limit: int = LIMIT,
         seed: int = SEED,
         out: Path | None = typer.Option(None, "--out", "-o"),
@@ -215,7 +217,8 @@ def register(app: typer.Typer) -> None:
         ctrl = None if control in (None, "", "none") else control
         more = {t.strip(): exs(t.strip()) for t in (also or "").split(",") if t.strip()}
         result = head_roles(adapter, exs(task), control=exs(ctrl) if ctrl else None, also=more, top=top,
-                            max_heads=max_heads, task_name=task, control_name=ctrl, progress=not quiet)
+                            max_heads=max_heads, task_name=task, control_name=ctrl, progress=not quiet,
+                            keep_layers=_layers(keep_layers))
         result.config.update({"limit": limit, "seed": seed})
         _finish(result, _out(out, "roles", model), html)
         s = result.summary

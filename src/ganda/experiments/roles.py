@@ -19,6 +19,9 @@ to know, not how it is retrieved (the paper's G&A heads leave knowledge tasks al
 
 The result also records the cumulative ablation of the ranked heads until the task is at chance
 (how many heads must go), the measure of how concentrated the mechanism is.
+
+``keep_layers`` finds the roles in a submodel, as the paper does: its heads are found in
+Llama-3.1-8B cut to its minimal model (layers 0-17), where no later layer can stand in for them.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..errors import GandaError
-from ..interventions import AblateHeads
+from ..heads import HeadId
+from ..interventions import AblateHeads, KeepLayers, apply
 from ..models.base import ModelAdapter
 from ..scoring import evaluate_examples
 from ..tasks.base import Example
@@ -88,11 +92,29 @@ def head_roles(
     task_name: str = "task",
     control_name: str | None = None,
     progress: bool = True,
+    keep_layers: Sequence[int] | None = None,
 ) -> RolesResult:
     """Label the ``top`` most damaging heads Gather or Aggregate (module docstring).
 
     ``ranked``: heads in order of damage (default: a single-head sweep on ``examples``);
-    ``also``: further tasks scored with the full ablation (e.g. the letters task)."""
+    ``also``: further tasks scored with the full ablation (e.g. the letters task);
+    ``keep_layers``: run every evaluation on the submodel of these layers (e.g. the minimal model
+    ``range(18)``); heads keep their layer indices and only the kept layers' heads are ranked."""
+    if keep_layers is None:
+        return _head_roles(adapter, examples, control=control, also=also, ranked=ranked, top=top, min_drop=min_drop,
+                           max_control_drop=max_control_drop, until_chance=until_chance, max_heads=max_heads,
+                           task_name=task_name, control_name=control_name, progress=progress, kept=None)
+    kept = sorted(set(keep_layers))
+    with apply(adapter, [KeepLayers(kept)]):
+        res = _head_roles(adapter, examples, control=control, also=also, ranked=ranked, top=top, min_drop=min_drop,
+                          max_control_drop=max_control_drop, until_chance=until_chance, max_heads=max_heads,
+                          task_name=task_name, control_name=control_name, progress=progress, kept=kept)
+    res.config["keep_layers"] = kept
+    return res
+
+
+def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_control_drop, until_chance,
+                max_heads, task_name, control_name, progress, kept: list[int] | None) -> RolesResult:
     if not examples:
         raise GandaError("no examples to find head roles on")
     if any(len(ex.choices) < 2 for ex in examples):
@@ -103,10 +125,17 @@ def head_roles(
     if ranked is None:
         from ..sweep import run_sweep
 
-        sw = run_sweep(adapter, examples, progress=progress)
+        heads = None if kept is None else [h for h in adapter.heads() if h.layer in kept]
+        # the sweep's fast path indexes the layer list by layer number: only a prefix keeps them equal
+        naive = kept is not None and kept != list(range(len(kept)))
+        sw = run_sweep(adapter, examples, heads=heads, naive=naive, progress=progress)
         ranked = [r["head"] for r in sw.top(len(sw.records))]
         sweep_drops = {r["head"]: sw.drop(r) for r in sw.records}
     ranked = list(ranked)
+    if kept is not None:
+        outside = [h for h in ranked if HeadId.parse(str(h)).layer not in kept]
+        if outside:
+            raise GandaError(f"head {outside[0]} is in a layer the submodel does not keep ({kept})")
     control_base = _acc(adapter, control, [])[0] if control else None
     also = dict(also or {})
     also_base = {k: _acc(adapter, v, [])[0] for k, v in also.items()}
