@@ -37,7 +37,17 @@ def test_finding1_rule():
     assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.35, 0.32, a_ctrl=0.095)}), 1)["verdict"] == "partly"
     assert _f(verdicts({"models": MODELS, "roles_transformer": _roles(0.36, 0.32, a_ctrl=0.095)}), 1)["verdict"] == "not reproduced"
     low = {**MODELS, "transformer": {"lab-mmlu": 0.90, "lab-letters": 1.0}}
-    assert _f(verdicts({"models": low, "roles_transformer": _roles(0.30, 0.33)}), 1)["verdict"] == "partly"
+    lowroles = _roles(0.30, 0.33)
+    lowroles.summary["baseline"] = 0.90
+    assert _f(verdicts({"models": low, "roles_transformer": lowroles}), 1)["verdict"] == "partly"
+    # heads found in a minimal model: the bar is the minimal model's accuracy, which the text names
+    pruned = _roles(0.30, 0.33)
+    pruned.config["keep_layers"] = [0, 1, 2]
+    pruned.summary["lab-letters_baseline"] = 0.97
+    f1 = _f(verdicts({"models": low, "roles_transformer": pruned}), 1)
+    assert f1["verdict"] == "reproduced" and f1["lab"].startswith("minimal model (layers 0-2): lab-mmlu 96.0%, letters 97.0%")
+    pruned.summary["lab-letters_baseline"] = 0.90
+    assert _f(verdicts({"models": low, "roles_transformer": pruned}), 1)["verdict"] == "partly"
 
 
 def test_finding3_rule_counts_each_check():
@@ -175,6 +185,31 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     assert (out / "findings" / "findings.png").is_file()
     kinds = {int(k): v for k, v in rebuild_state(out)["roles_hybrid"].config["layer_kinds"].items()}
     assert sorted(kinds) == list(range(len(kinds))) and ["attn"] in kinds.values()
+
+
+def test_finding1_heads_are_found_in_the_minimal_model(trained, tmp_path):
+    """The paper finds its heads in Llama-3.1-8B cut to its minimal model: when pruning finds one
+    shallower than the Transformer, finding 1 is scored on it."""
+    from ganda.interventions import truncate
+    from ganda.lab.programme import Programme
+    from ganda.scoring import evaluate_examples
+
+    _root, _configs, models, _log = trained
+    prog = Programme(models=models, out=tmp_path / "lab", n=4, top=2, only=(1,), progress=False, log=lambda *_: None)
+    ad = prog.adapter("transformer")
+    n = len(ad.decoder_layers())
+    # as if pruning had found the retrieval cliff below the last layer
+    prog._curve = ExperimentResult(kind="prune", rows=[], summary={"minimal_layers": n - 1})
+    res = prog.run()
+    roles = json.loads((tmp_path / "lab" / "f1-roles-transformer" / "result.json").read_text())
+    assert roles["config"]["keep_layers"] == list(range(n - 1))
+    assert {int(h[1:].split("H")[0]) for h in roles["sweep_drops"]} == set(range(n - 1))
+    sub = evaluate_examples(ad, prog.examples("transformer", "lab-mmlu"), [truncate(n - 1)], progress=False)
+    assert roles["summary"]["baseline"] == pytest.approx(sub.accuracy)
+    assert len(ad.decoder_layers()) == n
+    f1 = res["findings"][0]
+    assert f1["finding"] == 1 and f1["lab"].startswith(f"minimal model (layers 0-{n - 2}): lab-mmlu ")
+    assert not (tmp_path / "lab" / "f2-prune").exists()  # finding 2 was not asked for
 
 
 def test_replay_refuses_a_directory_that_is_not_a_lab_run(tmp_path):

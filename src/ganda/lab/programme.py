@@ -8,7 +8,8 @@ Roles of the models (any model directory or shipped name can take a role)::
     hybrid       BambaForCausalLM (Mamba-2 + attention) finding 5
     distilled    Mamba-2 student aligned to the transformer layer by layer (no end-to-end stage): finding 6
 
-Data flows one way: evaluate -> find the heads and their roles (:func:`ganda.experiments.roles.head_roles`,
+Data flows one way: evaluate -> prune the Transformer to its minimal model (Fig. 2's drop rule; the
+paper finds its heads there) -> find the heads and their roles (:func:`ganda.experiments.roles.head_roles`,
 a single-head sweep then position-restricted ablations) -> the experiments that need heads take
 the discovered ones (head retention, sharpness, single-head transplant) -> ``findings/`` holds the
 verdicts -> ``report.html`` shows everything. Each verdict is a stated rule on measured numbers
@@ -65,6 +66,7 @@ class Programme:
     log: Callable[[str], None] = print
     _adapters: dict[str, Any] = field(default_factory=dict, repr=False)
     _examples: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
+    _curve: Any = field(default=None, repr=False)
 
     # ---- plumbing -----------------------------------------------------------------------------
     def adapter(self, role: str):
@@ -122,13 +124,32 @@ class Programme:
         self.save("models", res)
         return {r["role"]: r for r in rows}
 
-    def roles(self, role: str, name: str):
+    def prune_curve(self):
+        """The Transformer's cumulative pruning curve (Fig. 2), computed once: finding 2 reports it
+        and finding 1 looks for heads in the minimal model it defines."""
+        if self._curve is None:
+            from ..experiments.prune import prune_curve
+
+            self._curve = prune_curve(self.adapter("transformer"), self.scorer("transformer", ["lab-mmlu", "lab-knowledge"]),
+                                      drop_task="lab-mmlu")
+        return self._curve
+
+    def minimal_layers(self) -> list[int] | None:
+        """The layers of the Transformer's minimal model, or None when that is the whole model. The
+        paper finds its G&A heads in Llama-3.1-8B cut to layers 0-17, where no later layer can
+        stand in for them."""
+        n = len(self.adapter("transformer").decoder_layers())
+        k = int(self.prune_curve().summary.get("minimal_layers") or n)
+        return list(range(k)) if k < n else None
+
+    def roles(self, role: str, name: str, keep_layers: list[int] | None = None):
         from ..experiments.roles import head_roles
 
         ad = self.adapter(role)
         res = head_roles(ad, self.examples(role, "lab-mmlu"), control=self.examples(role, "lab-knowledge"),
                          also={"lab-letters": self.examples(role, "lab-letters")}, top=self.top,
-                         task_name="lab-mmlu", control_name="lab-knowledge", progress=self.progress)
+                         task_name="lab-mmlu", control_name="lab-knowledge", progress=self.progress,
+                         keep_layers=keep_layers)
         res.config.update({"limit": self.n, "seed": self.seed,
                            "layer_kinds": {i: ad.layer_kinds(i) for i in range(ad.num_layers)}})
         self.save(name, res)
@@ -152,8 +173,10 @@ class Programme:
         lap("models")
         need_t = {1, 2, 3, 4, 6} & set(self.only)
         if need_t:
-            st["roles_transformer"] = self.roles("transformer", "f1-roles-transformer")
-            lap("f1 roles (transformer)")
+            keep = self.minimal_layers()
+            lap("f2 pruning curve (the minimal model)")
+            st["roles_transformer"] = self.roles("transformer", "f1-roles-transformer", keep_layers=keep)
+            lap("f1 roles (transformer" + (f", minimal model: {len(keep)} layers)" if keep else ")"))
         if 2 in self.only:
             st.update(self.finding2(st["roles_transformer"]))
             lap("f2 pruning, remove-restore, retention")
@@ -182,12 +205,12 @@ class Programme:
 
     # ---- findings 2-6 -----------------------------------------------------------------------------
     def finding2(self, roles_t) -> dict[str, Any]:
-        from ..experiments.prune import prune_curve, remove_restore
+        from ..experiments.prune import remove_restore
         from ..experiments.retain import retain
 
         ad = self.adapter("transformer")
         sc = self.scorer("transformer", ["lab-mmlu", "lab-knowledge"])
-        curve = prune_curve(ad, sc, drop_task="lab-mmlu")
+        curve = self.prune_curve()
         self.save("f2-prune", curve)
         n_layers = len(ad.decoder_layers())
         minimal = int(curve.summary.get("minimal_layers") or n_layers)
@@ -196,7 +219,7 @@ class Programme:
         out: dict[str, Any] = {"prune": curve, "remove_restore": rr}
         g, a = roles_t.summary.get("gather"), roles_t.summary.get("aggregate")
         if g and a and _layer(g) != _layer(a):
-            res = retain(ad, sc, g, a)
+            res = retain(ad, sc, g, a, keep_layers=self.minimal_layers())
             self.save("f2-retain", res)
             out["retain"] = res
         return out
@@ -374,8 +397,12 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
         # whose ablation also costs knowledge shows no dissociation, but does not void the other's
         collapse = [k for k in ("gather", "aggregate") if s.get(k) and s[f"{k}_ablated"] <= 0.35
                     and abs(s.get(f"{k}_control_drop") or 0) <= 0.05]
-        hi = (t.get("lab-mmlu") or 0) >= 0.95 and (t.get("lab-letters") or 0) >= 0.95
-        lab = (f"lab-mmlu {_pct(t.get('lab-mmlu'))}, letters {_pct(t.get('lab-letters'))}; Gather {g or '-'}: "
+        # the model the heads were found in: the minimal model when pruning found a shallower one
+        mm, le = s.get("baseline", t.get("lab-mmlu")), s.get("lab-letters_baseline", t.get("lab-letters"))
+        hi = (mm or 0) >= 0.95 and (le or 0) >= 0.95
+        kept = rt.config.get("keep_layers")
+        lab = ((f"minimal model (layers 0-{max(kept)}): " if kept else "")
+               + f"lab-mmlu {_pct(mm)}, letters {_pct(le)}; Gather {g or '-'}: "
                f"{_pct(s['baseline'])} -> {_pct(s.get('gather_ablated'))} (knowledge {_change(s.get('gather_control_drop'))}); "
                f"Aggregate {a or '-'}: -> {_pct(s.get('aggregate_ablated'))} (knowledge "
                f"{_change(s.get('aggregate_control_drop'))}); {s.get('heads_to_chance') or '>' + str(s.get('heads_to_chance_max'))} "
@@ -389,7 +416,7 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
                      "paper": PAPER[1], "lab": lab, "verdict": v,
                      "rule": "reproduced: both roles' best head <= 35% and knowledge within 5 points and intact >= 95%; "
                              "partly: one of them"})
-    if "prune" in st:
+    if "prune" in st and "remove_restore" in st:
         p, rr = st["prune"].summary, st["remove_restore"]
         prows = st["prune"].rows
         know = [r.get("lab-knowledge") for r in prows]
