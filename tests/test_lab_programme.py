@@ -210,6 +210,9 @@ def test_finding1_heads_are_found_in_the_minimal_model(trained, tmp_path):
     f1 = res["findings"][0]
     assert f1["finding"] == 1 and f1["lab"].startswith(f"minimal model (layers 0-{n - 2}): lab-mmlu ")
     assert not (tmp_path / "lab" / "f2-prune").exists()  # finding 2 was not asked for
+    # and only the model finding 1 reads was evaluated
+    rows = json.loads((tmp_path / "lab" / "models" / "result.json").read_text())["rows"]
+    assert [r["role"] for r in rows] == ["transformer"]
 
 
 def test_replay_refuses_a_directory_that_is_not_a_lab_run(tmp_path):

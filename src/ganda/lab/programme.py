@@ -29,6 +29,9 @@ from ..errors import GandaError
 from ..experiments.common import ExperimentResult
 
 ROLES = ("transformer", "ssm", "hybrid", "distilled")
+# the models each finding reads (``--only`` evaluates just these)
+NEEDS = {1: {"transformer"}, 2: {"transformer"}, 3: {"transformer", "ssm"}, 4: {"transformer", "ssm"},
+         5: {"hybrid"}, 6: {"transformer", "distilled"}}
 # the Transformer trained with weight decay 0.3, which concentrates the G&A role (one Gather head
 # takes lab-mmlu to chance; lab-llama, decay 0.01, needs two), and its 1600-step student, the one
 # that responds to a transplant of the teacher's Aggregate layer; the hybrid with attention last:
@@ -106,8 +109,9 @@ class Programme:
         from ..scoring import evaluate_examples
 
         rows = []
+        needed = set().union(*(NEEDS[f] for f in self.only))
         for role in ROLES:
-            if not self.models.get(role):
+            if not self.models.get(role) or role not in needed:
                 continue
             ad = self.adapter(role)
             row: dict[str, Any] = {"role": role, "model": ad.spec}
