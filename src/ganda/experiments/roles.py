@@ -100,16 +100,13 @@ def head_roles(
     ``also``: further tasks scored with the full ablation (e.g. the letters task);
     ``keep_layers``: run every evaluation on the submodel of these layers (e.g. the minimal model
     ``range(18)``); heads keep their layer indices and only the kept layers' heads are ranked."""
-    if keep_layers is None:
-        return _head_roles(adapter, examples, control=control, also=also, ranked=ranked, top=top, min_drop=min_drop,
-                           max_control_drop=max_control_drop, until_chance=until_chance, max_heads=max_heads,
-                           task_name=task_name, control_name=control_name, progress=progress, kept=None)
-    kept = sorted(set(keep_layers))
-    with apply(adapter, [KeepLayers(kept)]):
+    kept = None if keep_layers is None else sorted(set(keep_layers))
+    with apply(adapter, [KeepLayers(kept)] if kept is not None else []):
         res = _head_roles(adapter, examples, control=control, also=also, ranked=ranked, top=top, min_drop=min_drop,
                           max_control_drop=max_control_drop, until_chance=until_chance, max_heads=max_heads,
                           task_name=task_name, control_name=control_name, progress=progress, kept=kept)
-    res.config["keep_layers"] = kept
+    if kept is not None:
+        res.config["keep_layers"] = kept
     return res
 
 
