@@ -175,6 +175,26 @@ def test_multi_token_choices_sum_every_token(tiny, byte_tok):
     assert sc.loglik[0] == pytest.approx(manual, abs=1e-4)
 
 
+def test_by_answer_splits_accuracy_by_gold_letter():
+    from ganda.experiments.roles import answers_lost
+    from ganda.scoring import answers_text, by_answer
+
+    preds = [{"gold": 0, "pred": 0, "correct": True}, {"gold": 0, "pred": 2, "correct": False},
+             {"gold": 1, "pred": 2, "correct": False}, {"gold": 2, "pred": 2, "correct": True}]
+    rows = by_answer(preds)
+    assert [r["answer"] for r in rows] == ["A", "B", "C"]
+    assert [r["n"] for r in rows] == [2, 1, 1]
+    assert [r["accuracy"] for r in rows] == [0.5, 0.0, 1.0]
+    assert [r["predicted"] for r in rows] == [0.25, 0.0, 0.75]
+    assert answers_text(rows) == "by gold answer A 50% B 0% C 100%; predicted A 25% B 0% C 75%"
+    # a letter that is never the gold answer has no accuracy, but can be predicted
+    rows = by_answer([{"gold": 0, "pred": 3, "correct": False}])
+    assert [r["accuracy"] for r in rows] == [0.0, None, None, None] and rows[3]["predicted"] == 1.0
+    # the letters a head serves: those whose accuracy falls by half or more when it is ablated
+    assert answers_lost({"A": 1.0, "B": 0.9, "C": 1.0}, {"A": 0.0, "B": 0.5, "C": None}) == ["A"]
+    assert answers_lost({"A": 1.0, "B": 0.9}, {"A": 0.4, "B": 0.41}, drop=0.5) == ["A"]
+
+
 def test_wilson_interval():
     lo, hi = wilson(50, 100)
     assert lo == pytest.approx(0.4038, abs=1e-3) and hi == pytest.approx(0.5962, abs=1e-3)
@@ -207,6 +227,9 @@ def test_cli_errors_on_real_directories(tiny_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert {"task", "model", "n", "accuracy", "ci95", "interventions"} <= set(out) and out["n"] == 2
+    ans = out["by_answer"]  # the accuracy split by gold answer adds back up to the total
+    assert sum(x["n"] for x in ans) == 2 and sum(x["predicted"] for x in ans) == pytest.approx(1.0)
+    assert sum(round(x["accuracy"] * x["n"]) for x in ans if x["n"]) == out["correct"]
     # an architecture ganda does not support
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -454,6 +454,12 @@ def test_head_roles_label_by_where_the_ablation_hurts(student, tmp_path: Path) -
     from ganda.interventions import AblateHeads
     from ganda.scoring import evaluate_examples
 
+    # each head's accuracy by gold answer is the split of its own ablation, and adds back up to it
+    n_gold = [sum(e.gold == i for e in exs) for i in range(3)]
+    for r in res.rows:
+        split = evaluate_examples(student, exs, [AblateHeads(r["head"])], progress=False).by_answer()
+        assert r["answers"] == {x["answer"]: x["accuracy"] for x in split}
+        assert sum((r["answers"][k] or 0) * n for k, n in zip("ABC", n_gold, strict=True)) == pytest.approx(r["all"] * 12)
     for role in ("gather", "aggregate"):
         heads = res.summary[f"{role}_heads"]
         if len(heads) > 1:
@@ -468,6 +474,7 @@ def test_head_roles_label_by_where_the_ablation_hurts(student, tmp_path: Path) -
     assert all(r["role"] == "knowledge" for r in strict.rows) and strict.summary["gather"] is None
     d = _check_saved(res, tmp_path)
     assert d["kind"] == "roles" and (tmp_path / "roles.png").exists() and (tmp_path / "cumulative.png").exists()
+    assert (tmp_path / "roles_by_answer.png").exists()
 
 
 @pytest.mark.parametrize("keep", [[0, 1], [0, 2, 3]])

@@ -472,3 +472,11 @@ def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads(lab)
     models = {"transformer": {"lab-mmlu": 0.95, "lab-letters": 1.0}}
     row = next(r for r in verdicts({"models": models, "roles_transformer": res}) if r["finding"] == 1)
     assert "Aggregate heads L3H0+L3H1 together -> " in row["lab"]
+    # why neither head alone reaches chance: they split the answer letters (n=200: L3H0 ablated ->
+    # gold A and B 0%, C and D 100%; L3H1 -> D 0%); with both gone the model always answers C
+    ans = {r["head"]: r for r in res.rows}
+    assert ans["L3H0"]["answers_lost"] == "A B" and ans["L3H1"]["answers_lost"] == "D"
+    assert max(ans["L3H0"]["answers"][k] for k in "AB") <= 0.05 <= 0.95 <= min(ans["L3H0"]["answers"][k] for k in "CD")
+    together = s["aggregate_together_answers"]
+    assert together["C"] >= 0.95 and max(together[k] for k in "ABD") <= 0.05
+    assert "answers lost A B)" in row["lab"]

@@ -227,12 +227,49 @@ class EvalResult:
     acc_norm: float | None = None
     predictions: list[dict[str, Any]] = field(default_factory=list)
 
+    def by_answer(self) -> list[dict[str, Any]]:
+        """Accuracy split by the gold answer (see :func:`by_answer`)."""
+        return by_answer(self.predictions)
+
     def to_json(self, with_predictions: bool = False) -> dict[str, Any]:
         d = asdict(self)
         d["ci95"] = list(self.ci95)
+        if self.predictions and all(isinstance(p.get("gold"), int) for p in self.predictions):
+            d["by_answer"] = self.by_answer()
         if not with_predictions:
             d.pop("predictions")
         return d
+
+
+ANSWER_LABELS = "ABCDEFGHIJ"
+
+
+def by_answer(predictions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Accuracy on the examples whose gold answer is A, B, C, ..., and how often each is predicted.
+
+    Why: one accuracy hides *which* answers a head serves. In the lab Transformers the last
+    layer's heads split the Aggregate step by answer letter (ablating ``lab-llama-wd``'s L3H0 takes
+    gold A and B to 0% and leaves C and D at 100%), which is why no single head takes the task to
+    chance. ``predictions``: :class:`EvalResult` rows with integer ``gold`` and ``pred``."""
+    n_opts = 1 + max([max(p["gold"], p["pred"]) for p in predictions], default=-1)
+    out = []
+    for i in range(n_opts):
+        gold = [p for p in predictions if p["gold"] == i]
+        out.append({"answer": ANSWER_LABELS[i] if i < len(ANSWER_LABELS) else str(i), "n": len(gold),
+                    "accuracy": sum(bool(p["correct"]) for p in gold) / len(gold) if gold else None,
+                    "predicted": sum(p["pred"] == i for p in predictions) / len(predictions)})
+    return out
+
+
+def answers_text(rows: Sequence[dict[str, Any]]) -> str:
+    """``by gold answer A 98% B 0% ...; predicted A 24% ...``: one line for a terminal."""
+    acc = " ".join(f"{r['answer']} {_pct0(r['accuracy'])}" for r in rows)
+    pred = " ".join(f"{r['answer']} {_pct0(r['predicted'])}" for r in rows)
+    return f"by gold answer {acc}; predicted {pred}"
+
+
+def _pct0(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def evaluate_examples(

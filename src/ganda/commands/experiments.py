@@ -225,7 +225,8 @@ def register(app: typer.Typer) -> None:
         for role in ("gather", "aggregate"):
             if s.get(role):
                 print(f"{role:9s} {s[role]}: {task} {s['baseline']:.3f} -> {s[f'{role}_ablated']:.3f}"
-                      + (f", {ctrl} drop {s[f'{role}_control_drop']:+.3f}" if ctrl else ""))
+                      + (f", {ctrl} drop {s[f'{role}_control_drop']:+.3f}" if ctrl else "")
+                      + (f"; answers it serves: {s[f'{role}_answers_lost']}" if s.get(f"{role}_answers_lost") else ""))
         if "heads_to_chance" in s:
             n_heads = s["heads_to_chance"] or f"more than {s['heads_to_chance_max']}"
             print(f"heads to chance: {n_heads}")

@@ -49,7 +49,7 @@ class RolesResult(ExperimentResult):
     kind: str = "roles"
 
     def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import bars, curves
+        from ..report.figures import bars, curves, heatmap
 
         task = self.config.get("task", "task")
         control = self.config.get("control")
@@ -69,12 +69,27 @@ class RolesResult(ExperimentResult):
             paths.append(curves(x, {task: ys}, Path(out_dir) / "cumulative.png", xlabel="heads ablated (ranked by drop)",
                                 hlines={"chance": self.summary.get("chance", 0.0)},
                                 title=f"Cumulative head ablation ({self.model})"))
+        base_answers = self.summary.get("baseline_answers")
+        if base_answers and rows and all(r.get("answers") for r in rows):
+            letters = list(base_answers)
+            grid = [[base_answers[k] for k in letters]] + [[r["answers"].get(k) for k in letters] for r in rows]
+            grid = [[float("nan") if v is None else v for v in line] for line in grid]
+            paths.append(heatmap(grid, Path(out_dir) / "roles_by_answer.png", xlabels=letters,
+                                 ylabels=["intact"] + labels, xlabel="gold answer", cmap="viridis",
+                                 colorbar_label=f"{task} accuracy",
+                                 title=f"Which answers each head serves ({self.model})"))
         return paths
 
 
 def _acc(adapter: ModelAdapter, examples: Sequence[Example], ivs: list) -> tuple[float, list[float]]:
     r = evaluate_examples(adapter, examples, ivs, progress=False)
     return r.accuracy, list(r.ci95)
+
+
+def answers_lost(intact: dict[str, float | None], ablated: dict[str, float | None], drop: float = 0.5) -> list[str]:
+    """Answer letters whose accuracy falls by at least ``drop`` under an ablation: the answers the
+    head serves. lab-llama-wd's two Aggregate heads split the letters (L3H0: A, B; L3H1: D)."""
+    return [k for k, v in ablated.items() if v is not None and intact.get(k) is not None and intact[k] - v >= drop]
 
 
 def head_roles(
@@ -117,7 +132,9 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
     if any(len(ex.choices) < 2 for ex in examples):
         raise GandaError("head roles need multiple-choice examples")
     chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
-    base, base_ci = _acc(adapter, examples, [])
+    intact = evaluate_examples(adapter, examples, [], progress=False)
+    base, base_ci = intact.accuracy, list(intact.ci95)
+    base_answers = {x["answer"]: x["accuracy"] for x in intact.by_answer()}
     sweep_drops: dict[str, float] = {}
     if ranked is None:
         from ..sweep import run_sweep
@@ -140,9 +157,13 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
     for h in tqdm(ranked[:top], desc="head roles", disable=not progress, leave=False):
         row: dict[str, Any] = {"head": h}
         for m in MODES:
-            acc, ci = _acc(adapter, examples, [AblateHeads(h, positions=None if m == "all" else m)])
-            row[m], row[f"{m}_lo"], row[f"{m}_hi"] = acc, ci[0], ci[1]
-            row[f"drop_{m}"] = base - acc
+            r = evaluate_examples(adapter, examples, [AblateHeads(h, positions=None if m == "all" else m)],
+                                  progress=False)
+            row[m], (row[f"{m}_lo"], row[f"{m}_hi"]) = r.accuracy, r.ci95
+            row[f"drop_{m}"] = base - r.accuracy
+            if m == "all":  # which answer letters this head serves
+                row["answers"] = {x["answer"]: x["accuracy"] for x in r.by_answer()}
+                row["answers_lost"] = " ".join(answers_lost(base_answers, row["answers"]))
         if control:
             row["control"] = _acc(adapter, control, [AblateHeads(h)])[0]
             row["drop_control"] = control_base - row["control"]
@@ -157,7 +178,8 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
             row["role"] = "aggregate" if row["drop_query"] > row["drop_context"] else "gather"
         rows.append(row)
     summary: dict[str, Any] = {"baseline": base, "baseline_ci95": base_ci, "chance": chance, "n": len(examples),
-                               "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()}}
+                               "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()},
+                               "baseline_answers": base_answers}
     for role in ("gather", "aggregate"):
         cands = [r for r in rows if r["role"] == role]
         best = min(cands, key=lambda r: r["all"]) if cands else None
@@ -165,12 +187,15 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         summary[f"{role}_ablated"] = best["all"] if best else None
         summary[f"{role}_ablated_ci95"] = [best["all_lo"], best["all_hi"]] if best else None
         summary[f"{role}_control_drop"] = best.get("drop_control") if best else None
+        summary[f"{role}_answers_lost"] = best["answers_lost"] if best else None
         summary[f"{role}_heads"] = [r["head"] for r in cands]
         if len(cands) > 1:
             # a role split over several heads (lab-llama-wd's two last-layer Aggregate heads: 51.5%
             # and 64.5% alone, 24% together): what removing all of them does
             ivs = [AblateHeads(summary[f"{role}_heads"])]
-            summary[f"{role}_together"] = _acc(adapter, examples, ivs)[0]
+            together = evaluate_examples(adapter, examples, ivs, progress=False)
+            summary[f"{role}_together"] = together.accuracy
+            summary[f"{role}_together_answers"] = {x["answer"]: x["accuracy"] for x in together.by_answer()}
             if control:
                 summary[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)[0]
     extra: dict[str, Any] = {}

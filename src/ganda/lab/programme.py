@@ -385,6 +385,13 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def _lost(s: dict[str, Any], role: str) -> str:
+    """``, answers lost A B``: the answer letters the role's best head serves (a head that serves
+    only some letters cannot take the task to chance alone)."""
+    lost = s.get(f"{role}_answers_lost")
+    return f", answers lost {lost}" if lost else ""
+
+
 def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per finding: the paper's number, the lab's, and a verdict by a stated rule.
 
@@ -407,9 +414,10 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
         kept = rt.config.get("keep_layers")
         lab = ((f"minimal model (layers 0-{max(kept)}): " if kept else "")
                + f"lab-mmlu {_pct(mm)}, letters {_pct(le)}; Gather {g or '-'}: "
-               f"{_pct(s['baseline'])} -> {_pct(s.get('gather_ablated'))} (knowledge {_change(s.get('gather_control_drop'))}); "
-               f"Aggregate {a or '-'}: -> {_pct(s.get('aggregate_ablated'))} (knowledge "
-               f"{_change(s.get('aggregate_control_drop'))}); {s.get('heads_to_chance') or '>' + str(s.get('heads_to_chance_max'))} "
+               f"{_pct(s['baseline'])} -> {_pct(s.get('gather_ablated'))} (knowledge {_change(s.get('gather_control_drop'))}"
+               f"{_lost(s, 'gather')}); Aggregate {a or '-'}: -> {_pct(s.get('aggregate_ablated'))} (knowledge "
+               f"{_change(s.get('aggregate_control_drop'))}{_lost(s, 'aggregate')}); "
+               f"{s.get('heads_to_chance') or '>' + str(s.get('heads_to_chance_max'))} "
                "heads ablated together reach chance")
         for k, name in (("gather", "Gather"), ("aggregate", "Aggregate")):
             if s.get(f"{k}_together") is not None:
