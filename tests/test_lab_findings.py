@@ -452,6 +452,36 @@ def test_lab_llama_wd_has_one_gather_head_that_alone_takes_retrieval_to_chance(l
     assert acc(facts) >= acc(facts, "none") - 0.05 >= 0.9
 
 
+def test_lab_llama_h1_has_one_gather_and_one_aggregate_head_each_taking_retrieval_to_chance():
+    """Finding 1 in form on lab-llama-h1 (4 layers x 1 head): its last layer's only head must serve
+    every answer letter, and does; ablating it, or the Gather head L2H0, takes lab-mmlu to about
+    chance with the facts intact (docs/lab.md, n=200: 91.5% -> 27.5% / 31.5%, knowledge 100%). The
+    verdict stays "partly": the issue asks for >= 95% intact."""
+    import ganda
+    from ganda.experiments.roles import head_roles
+    from ganda.lab.programme import verdicts
+    from ganda.tasks import get_task
+
+    torch.set_num_threads(1)
+    a = ganda.load_model("lab-llama-h1", device="cpu", dtype=torch.float32)
+    mmlu = get_task("lab-mmlu", adapter=a).examples(limit=60, seed=0)
+    facts = get_task("lab-knowledge", adapter=a).examples(limit=60, seed=0)
+    res = head_roles(a, mmlu, control=facts, ranked=["L3H0", "L2H0"], top=2, until_chance=False, progress=False)
+    s, rows = res.summary, {r["head"]: r for r in res.rows}
+    assert s["baseline"] >= 0.85 and s["control_baseline"] >= 0.95
+    assert (s["gather"], s["aggregate"]) == ("L2H0", "L3H0")
+    for role in ("gather", "aggregate"):
+        assert s[f"{role}_ablated"] <= 0.35 and abs(s[f"{role}_control_drop"]) <= 0.05, role
+    # where each one's write matters: the Aggregate head's at the final position, the Gather head's before it
+    assert rows["L3H0"]["query"] <= 0.35 and rows["L3H0"]["context"] >= s["baseline"] - 0.05
+    assert rows["L2H0"]["context"] <= 0.4 and rows["L2H0"]["query"] >= s["baseline"] - 0.15
+    # the one head serves every letter but the model's default, B
+    assert rows["L3H0"]["answers_lost"] == "A C D" and rows["L3H0"]["answers"]["B"] >= 0.95
+    models = {"transformer": {"lab-mmlu": s["baseline"], "lab-letters": 0.965}}
+    row = next(r for r in verdicts({"models": models, "roles_transformer": res}) if r["finding"] == 1)
+    assert row["verdict"] == "partly" and "Aggregate L3H0: -> " in row["lab"]
+
+
 def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads(lab):
     """Each of L3H0 / L3H1 alone leaves lab-mmlu well above chance (n=200: 51.5% / 64.5%), both
     together take it to chance with the facts intact (24%, knowledge 100%): head_roles reports the

@@ -228,7 +228,7 @@ def test_config_base_overrides_key_by_key():
         resolve_config({"base": "llama", "train": 5})
 
 
-@pytest.mark.parametrize("config,name", [("llama", "lab-llama"), ("llama-wd", "lab-llama-wd"),
+@pytest.mark.parametrize("config,name", [("llama", "lab-llama"), ("llama-wd", "lab-llama-wd"), ("llama-h1", "lab-llama-h1"),
                                          ("mamba2", "lab-mamba2"), ("hybrid-late", "lab-hybrid-late"),
                                          ("mamba2-c32", "lab-mamba2-c32"), ("hybrid", "lab-hybrid")])
 def test_named_config_is_the_one_its_shipped_checkpoint_ran(config, name):
