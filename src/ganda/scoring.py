@@ -228,14 +228,21 @@ class EvalResult:
     predictions: list[dict[str, Any]] = field(default_factory=list)
 
     def by_answer(self) -> list[dict[str, Any]]:
-        """Accuracy split by the gold answer (see :func:`by_answer`)."""
+        """Accuracy split by the gold answer (see :func:`by_answer`); empty unless every gold answer
+        is a choice index (generation tasks have text answers)."""
+        if not self.predictions or not all(isinstance(p.get("gold"), int) for p in self.predictions):
+            return []
         return by_answer(self.predictions)
+
+    def answer_accuracy(self) -> dict[str, float | None]:
+        """``{"A": accuracy on gold-A examples, "B": ...}``."""
+        return {x["answer"]: x["accuracy"] for x in self.by_answer()}
 
     def to_json(self, with_predictions: bool = False) -> dict[str, Any]:
         d = asdict(self)
         d["ci95"] = list(self.ci95)
-        if self.predictions and all(isinstance(p.get("gold"), int) for p in self.predictions):
-            d["by_answer"] = self.by_answer()
+        if answers := self.by_answer():
+            d["by_answer"] = answers
         if not with_predictions:
             d.pop("predictions")
         return d

@@ -115,10 +115,10 @@ def register(app: typer.Typer) -> None:
             ivtxt = "; ".join(json.dumps(i) for i in res.interventions) or "none"
             print(f"{res.task} on {res.model}: accuracy {res.accuracy:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
                   f"n={res.n}, {res.seconds:.1f} s, interventions: {ivtxt}")
-            if "by_answer" in res.to_json():
+            if answers := res.by_answer():
                 from ..scoring import answers_text
 
-                print("  " + answers_text(res.by_answer()))
+                print("  " + answers_text(answers))
 
     @app.command()
     def attn(

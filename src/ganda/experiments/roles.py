@@ -134,7 +134,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
     chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
     intact = evaluate_examples(adapter, examples, [], progress=False)
     base, base_ci = intact.accuracy, list(intact.ci95)
-    base_answers = {x["answer"]: x["accuracy"] for x in intact.by_answer()}
+    base_answers = intact.answer_accuracy()
     sweep_drops: dict[str, float] = {}
     if ranked is None:
         from ..sweep import run_sweep
@@ -162,7 +162,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
             row[m], (row[f"{m}_lo"], row[f"{m}_hi"]) = r.accuracy, r.ci95
             row[f"drop_{m}"] = base - r.accuracy
             if m == "all":  # which answer letters this head serves
-                row["answers"] = {x["answer"]: x["accuracy"] for x in r.by_answer()}
+                row["answers"] = r.answer_accuracy()
                 row["answers_lost"] = " ".join(answers_lost(base_answers, row["answers"]))
         if control:
             row["control"] = _acc(adapter, control, [AblateHeads(h)])[0]
@@ -195,7 +195,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
             ivs = [AblateHeads(summary[f"{role}_heads"])]
             together = evaluate_examples(adapter, examples, ivs, progress=False)
             summary[f"{role}_together"] = together.accuracy
-            summary[f"{role}_together_answers"] = {x["answer"]: x["accuracy"] for x in together.by_answer()}
+            summary[f"{role}_together_answers"] = together.answer_accuracy()
             if control:
                 summary[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)[0]
     extra: dict[str, Any] = {}
