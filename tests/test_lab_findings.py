@@ -223,7 +223,7 @@ def test_teacher_layers_0_and_1_lift_lab_mmlu_in_the_distilled_student_and_layer
 
 
 def test_only_the_teachers_aggregate_layer_lifts_lab_mmlu_in_the_default_student(lab):
-    """Finding 6 on the default pair, lab-llama-wd -> lab-distilled-wd (docs/lab.md, n=200: student
+    """Finding 6 on the earlier default pair, lab-llama-wd -> lab-distilled-wd (docs/lab.md, n=200: student
     49% -> L3 78%, L2 58.5%, L1 52.5%, L0 48.5%): the layer holding the teacher's Aggregate head
     (L3H0) is the swap that helps, as in the paper's Fig. 7; layers 0 and 1 do nothing."""
     from ganda.experiments.transplant import TransplantLayer
@@ -453,33 +453,67 @@ def test_lab_llama_wd_has_one_gather_head_that_alone_takes_retrieval_to_chance(l
 
 
 def test_lab_llama_h1_has_one_gather_and_one_aggregate_head_each_taking_retrieval_to_chance():
-    """Finding 1 in form on lab-llama-h1 (4 layers x 1 head): its last layer's only head must serve
-    every answer letter, and does; ablating it, or the Gather head L2H0, takes lab-mmlu to about
-    chance with the facts intact (docs/lab.md, n=200: 91.5% -> 27.5% / 31.5%, knowledge 100%). The
-    verdict stays "partly": the issue asks for >= 95% intact."""
+    """Finding 1 on the programme's Transformer, lab-llama-h1 (4 layers x 1 head): its last layer's
+    only head must serve every answer letter, and does; ablating it, or the Gather head L2H0, takes
+    lab-mmlu to about chance with the facts intact (docs/lab.md, n=200: 97% -> 28.5% / 29.5%,
+    knowledge 100%), so the verdict is "reproduced"."""
     import ganda
     from ganda.experiments.roles import head_roles
-    from ganda.lab.programme import verdicts
+    from ganda.lab.programme import DEFAULT_MODELS, verdicts
     from ganda.tasks import get_task
 
     torch.set_num_threads(1)
+    assert DEFAULT_MODELS["transformer"] == "lab-llama-h1"
     a = ganda.load_model("lab-llama-h1", device="cpu", dtype=torch.float32)
     mmlu = get_task("lab-mmlu", adapter=a).examples(limit=60, seed=0)
     facts = get_task("lab-knowledge", adapter=a).examples(limit=60, seed=0)
     res = head_roles(a, mmlu, control=facts, ranked=["L3H0", "L2H0"], top=2, until_chance=False, progress=False)
     s, rows = res.summary, {r["head"]: r for r in res.rows}
-    assert s["baseline"] >= 0.85 and s["control_baseline"] >= 0.95
+    assert s["baseline"] >= 0.95 and s["control_baseline"] >= 0.95  # 96.7% on these 60
     assert (s["gather"], s["aggregate"]) == ("L2H0", "L3H0")
     for role in ("gather", "aggregate"):
-        assert s[f"{role}_ablated"] <= 0.35 and abs(s[f"{role}_control_drop"]) <= 0.05, role
+        assert s[f"{role}_ablated"] <= 0.35 and abs(s[f"{role}_control_drop"]) <= 0.05, role  # 26.7% each
     # where each one's write matters: the Aggregate head's at the final position, the Gather head's before it
     assert rows["L3H0"]["query"] <= 0.35 and rows["L3H0"]["context"] >= s["baseline"] - 0.05
-    assert rows["L2H0"]["context"] <= 0.4 and rows["L2H0"]["query"] >= s["baseline"] - 0.15
+    assert rows["L2H0"]["context"] <= 0.35 and rows["L2H0"]["query"] >= s["baseline"] - 0.25  # 80%
     # the one head serves every letter but the model's default, B
-    assert rows["L3H0"]["answers_lost"] == "A C D" and rows["L3H0"]["answers"]["B"] >= 0.95
-    models = {"transformer": {"lab-mmlu": s["baseline"], "lab-letters": 0.965}}
+    assert rows["L3H0"]["answers_lost"] == "A C D" and rows["L3H0"]["answers"]["B"] >= 0.9
+    models = {"transformer": {"lab-mmlu": s["baseline"], "lab-letters": 1.0}}
     row = next(r for r in verdicts({"models": models, "roles_transformer": res}) if r["finding"] == 1)
-    assert row["verdict"] == "partly" and "Aggregate L3H0: -> " in row["lab"]
+    assert row["verdict"] == "reproduced" and "Aggregate L3H0: -> " in row["lab"]
+    # at 91.5% intact (the same seed at 11000 steps) the same heads are only "partly": the rule's bar
+    # is read from the model the heads were found in
+    res.summary["baseline"] = 0.915
+    row = next(r for r in verdicts({"models": models, "roles_transformer": res}) if r["finding"] == 1)
+    assert row["verdict"] == "partly"
+
+
+def test_only_the_teachers_aggregate_layer_or_head_lifts_the_default_student():
+    """Finding 6 on the programme's pair, lab-llama-h1 -> lab-distilled-h1 (docs/lab.md, n=200:
+    student 52.5%, teacher L3 +19 points, L0-L2 +3.5 to +4; its Aggregate head L3H0 alone into the
+    student's L3H1: 72.5%): the swap that helps is the layer, or the one head, holding the Aggregate
+    role, as in the paper's Fig. 7."""
+    import ganda
+    from ganda.experiments.transplant import TransplantHead, TransplantLayer
+    from ganda.lab.programme import DEFAULT_MODELS
+    from ganda.scoring import evaluate_examples
+    from ganda.tasks import get_task
+
+    torch.set_num_threads(1)
+    assert DEFAULT_MODELS["distilled"] == "lab-distilled-h1"
+    d = ganda.load_model("lab-llama-h1", device="cpu", dtype=torch.float32)
+    s = ganda.load_model("lab-distilled-h1", device="cpu", dtype=torch.float32)
+    ex = get_task("lab-mmlu", adapter=s).examples(limit=80, seed=0)
+    acc = {"student": evaluate_examples(s, ex, progress=False).accuracy}  # 45% on these 80
+    for layer in range(4):
+        with TransplantLayer(d, [layer]).apply(s):
+            acc[layer] = evaluate_examples(s, ex, progress=False).accuracy
+    with TransplantHead(d, "L3H1", donor_head="L3H0").apply(s):
+        acc["head"] = evaluate_examples(s, ex, progress=False).accuracy  # 76.25%
+    assert 0.35 <= acc["student"] <= 0.6, acc
+    assert acc[3] >= acc["student"] + 0.2, acc  # 71.25%
+    assert max(acc[0], acc[1], acc[2]) <= acc["student"] + 0.1, acc
+    assert acc["head"] >= acc["student"] + 0.2, acc
 
 
 def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads(lab):

@@ -222,13 +222,13 @@ def test_replay_refuses_a_directory_that_is_not_a_lab_run(tmp_path):
 
 
 def test_finding6_refuses_a_student_of_another_depth_before_running_anything(tmp_path, capsys):
-    """The default student, lab-distilled-wd, has lab-llama-wd's 4 layers; lab-llama has 3: finding 6
+    """The default student, lab-distilled-h1, has lab-llama-h1's 4 layers; lab-llama has 3: finding 6
     cannot swap its layers one for one, and the run says so before any model is evaluated."""
     from ganda.cli import main
 
     assert main(["lab", "--transformer", "lab-llama", "--only", "6", "--out", str(tmp_path / "r"), "-q"]) == 2
     err = capsys.readouterr().err
-    assert "lab-distilled-wd has 4 layers but the transformer lab-llama has 3" in err
+    assert "lab-distilled-h1 has 4 layers but the transformer lab-llama has 3" in err
     assert not (tmp_path / "r" / "models").exists()
 
 
@@ -244,4 +244,21 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
     assert "--eval-every" not in plan(tmp_path)[0].argv
     assert "--steps" not in jobs[3].argv  # the student aligns for DISTILL_DEFAULTS["steps"]
     assert plan(tmp_path, distill_steps=20)[3].argv[-2:] == ["--steps", "20"]
-    assert "train llama-wd" in " ".join(jobs[1].argv)  # the default programme's Transformer
+    assert "train llama-h1" in " ".join(jobs[1].argv)  # the default programme's Transformer
+    # the teacher and its student are the critical path; the two long trainings nothing waits for yield
+    assert {j.role: j.nice for j in jobs} == {"ssm": 10, "transformer": 0, "hybrid": 10, "distilled": 0}
+
+
+def test_lab_checks_only_the_models_its_findings_read(tmp_path, capsys):
+    """A wrong path is refused before anything runs, but only for a model the chosen findings read:
+    `--only 1` never loads a student, so a missing one is not an error there."""
+    from ganda.cli import main
+
+    bad = str(tmp_path / "missing")
+    assert main(["lab", "--only", "6", "--distilled", bad, "--out", str(tmp_path / "r"), "-q"]) == 2
+    assert "--distilled" in capsys.readouterr().err
+    assert main(["lab", "--only", "1", "--distilled", bad, "--transformer", bad + "2", "--out", str(tmp_path / "r"),
+                 "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "--transformer" in err and "--distilled" not in err
+    assert not (tmp_path / "r").exists()

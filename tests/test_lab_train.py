@@ -249,14 +249,42 @@ def test_named_config_is_the_one_its_shipped_checkpoint_ran(config, name):
 
 
 def test_distill_defaults_are_the_ones_the_default_student_ran():
-    """`ganda distill lab-llama-wd` rebuilds lab-distilled-wd only if the defaults are its recorded
-    config (lab-distilled ran the earlier 800 steps: `--steps 800`)."""
+    """`ganda distill lab-llama-h1` rebuilds lab-distilled-h1 only if the defaults are its recorded
+    config (so does `ganda distill lab-llama-wd` for lab-distilled-wd; lab-distilled ran the earlier
+    800 steps: `--steps 800`)."""
     from ganda.lab.distill import DISTILL_DEFAULTS
     from ganda.lab.programme import DEFAULT_MODELS
 
-    ran = json.loads((checkpoint("lab-distilled-wd") / "lab.json").read_text())["config"]
-    assert ran.pop("arch") == "distilled-mamba2" and ran.pop("teacher") == DEFAULT_MODELS["transformer"]
-    assert DEFAULT_MODELS["distilled"] == "lab-distilled-wd"
-    assert ran == DISTILL_DEFAULTS
+    assert DEFAULT_MODELS["distilled"] == "lab-distilled-h1"
+    for student, teacher in ((DEFAULT_MODELS["distilled"], DEFAULT_MODELS["transformer"]),
+                             ("lab-distilled-wd", "lab-llama-wd")):
+        ran = json.loads((checkpoint(student) / "lab.json").read_text())["config"]
+        assert ran.pop("arch") == "distilled-mamba2" and ran.pop("teacher") == teacher
+        assert ran == DISTILL_DEFAULTS, student
     old = json.loads((checkpoint("lab-distilled") / "lab.json").read_text())["config"]
     assert old["teacher"] == "lab-llama" and old["steps"] == 800
+
+
+@pytest.mark.parametrize("config", ["llama-h1", "hybrid-late"])
+def test_memoised_token_ids_build_the_very_same_batches(config, monkeypatch):
+    """Training batches tokenise through the memoised Rust backend (``token_ids``); every tensor of
+    every batch must equal the one built with the tokenizer's own call, or a shipped checkpoint
+    would no longer retrain bit for bit."""
+    from ganda.lab import train as T
+    from ganda.lab.configs import resolve_config
+    from ganda.lab.tokenizer import build_tokenizer
+    from ganda.lab.world import World, WorldConfig
+
+    cfg = resolve_config(config)
+    tr = cfg["train"]
+    world = World(WorldConfig.from_json(cfg["world"]))
+    tok = build_tokenizer(world)
+    steps = [0, 1, 2, 3, 500, 7001]
+    fast = [T.make_batch(world, tok, tr, tr["seed"], s) for s in steps]
+    assert T.token_ids.cache_info().hits > 0  # statements and option lines recur within a batch
+    monkeypatch.setattr(T, "token_ids", lambda tok, text: tuple(tok(text, add_special_tokens=False).input_ids))
+    for s, f in zip(steps, fast, strict=True):
+        slow = T.make_batch(world, tok, tr, tr["seed"], s)
+        assert f.keys() == slow.keys()
+        for k in f:
+            assert torch.equal(f[k], slow[k]), (s, k)

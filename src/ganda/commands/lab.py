@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import GandaError
-from ..lab.programme import DEFAULT_MODELS
+from ..lab.programme import DEFAULT_MODELS, NEEDS
 
 
 def register(app: typer.Typer) -> None:
@@ -105,8 +105,9 @@ def register(app: typer.Typer) -> None:
             from ..lab.scratch import train_all
 
             models = train_all(workdir, jobs=jobs, steps=steps, eval_every=eval_every)
+        needed = set().union(*(NEEDS[f] for f in findings))  # --only 1 does not need a student
         for role, spec in models.items():
-            if spec and not Path(spec).exists() and spec not in shipped():
+            if role in needed and spec and not Path(spec).exists() and spec not in shipped():
                 raise GandaError(f"--{role} {spec!r} is neither a model directory nor a shipped lab checkpoint "
                                  f"({', '.join(shipped())})")
         res = Programme(models=models, out=out, n=n, seed=seed, top=top, only=findings, progress=not quiet).run()

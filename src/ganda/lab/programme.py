@@ -32,13 +32,14 @@ ROLES = ("transformer", "ssm", "hybrid", "distilled")
 # the models each finding reads (``--only`` evaluates just these)
 NEEDS = {1: {"transformer"}, 2: {"transformer"}, 3: {"transformer", "ssm"}, 4: {"transformer", "ssm"},
          5: {"hybrid"}, 6: {"transformer", "distilled"}}
-# the Transformer trained with weight decay 0.3, which concentrates the G&A role (one Gather head
-# takes lab-mmlu to chance; lab-llama, decay 0.01, needs two), and its 1600-step student, the one
-# that responds to a transplant of the teacher's Aggregate layer; the hybrid with attention last:
-# the paper's hybrids run attention late in the stack; lab-hybrid (attention at layer 2 of 4) keeps
-# its Aggregate step in the SSM layer after it (docs/lab.md)
-DEFAULT_MODELS = {"transformer": "lab-llama-wd", "ssm": "lab-mamba2", "hybrid": "lab-hybrid-late",
-                  "distilled": "lab-distilled-wd"}
+# the Transformer with one head per layer (weight decay 0.3): its last layer's only head must serve
+# every answer letter, so one Aggregate head and one Gather head each take lab-mmlu to chance (in
+# lab-llama-wd the two last-layer heads split the letters), and its 1600-step student, which
+# responds to a transplant of the teacher's Aggregate layer; the hybrid with attention last: the
+# paper's hybrids run attention late in the stack; lab-hybrid (attention at layer 2 of 4) keeps its
+# Aggregate step in the SSM layer after it (docs/lab.md)
+DEFAULT_MODELS = {"transformer": "lab-llama-h1", "ssm": "lab-mamba2", "hybrid": "lab-hybrid-late",
+                  "distilled": "lab-distilled-h1"}
 KV_PAIRS = (2, 3, 4, 6, 8)
 
 # the paper's numbers each finding is compared with (Bick, Xing, Gu 2025; see docs/lab.md)
