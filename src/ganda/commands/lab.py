@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
                                           "--workdir (resumable; three at a time), then use them"),
         workdir: Path = typer.Option(Path("runs/lab-train"), "--workdir", help="--from-scratch: model directories"),
         jobs: int = typer.Option(3, "--jobs", help="--from-scratch: trainings at a time (one torch thread each; "
-                                 "three share two cores evenly where two would leave one idle at the end)"),
+                                 "with three, the teacher gets a core and the two trainings nothing waits for, niced, share the other)"),
         eval_every: int = typer.Option(1000, "--eval-every", help="--from-scratch: steps between the trainings' "
                                        "quick evaluations (their logged history; the weights do not depend on it)"),
         steps: int = typer.Option(None, "--steps", help="--from-scratch: override every config's training steps"),
