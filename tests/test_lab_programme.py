@@ -138,6 +138,8 @@ def test_train_all_trains_every_role_and_resumes(trained):
     assert order[0].startswith("[lab] transformer: done")
     timing = json.loads((root / "work" / "timing.json").read_text())
     assert set(timing) >= {"transformer", "ssm", "hybrid", "distilled"}
+    # own configs: nothing shipped to compare the weights with
+    assert not (root / "work" / "rebuild.json").exists() and not any("bit-identical" in m for m in log)
     again: list[str] = []
     train_all(root / "work", jobs=2, configs=configs, log=again.append, poll=0.2)
     assert sum("already trained" in m for m in again) == 4 and not any("started" in m for m in again)
@@ -247,6 +249,37 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
     assert "train llama-h1" in " ".join(jobs[1].argv)  # the default programme's Transformer
     # the teacher and its student are the critical path; the two long trainings nothing waits for yield
     assert {j.role: j.nice for j in jobs} == {"ssm": 10, "transformer": 0, "hybrid": 10, "distilled": 0}
+
+
+def test_compare_with_shipped_tells_a_bit_for_bit_rebuild_from_a_near_miss(tmp_path):
+    """`ganda lab --from-scratch` checks every rebuilt model against the shipped one: equal
+    tensors are "identical"; one weight off by 1e-6 is not, and the report names the tensor."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from ganda.lab import checkpoint
+    from ganda.lab.scratch import compare_with_shipped
+
+    same, near = tmp_path / "same", tmp_path / "near"
+    for d in (same, near):
+        d.mkdir()
+    shutil.copy(checkpoint("lab-llama") / "model.safetensors", same / "model.safetensors")
+    w = load_file(str(checkpoint("lab-llama") / "model.safetensors"))
+    w["model.layers.1.mlp.up_proj.weight"][3, 5] += 1e-6
+    save_file(w, str(near / "model.safetensors"))
+    rep = compare_with_shipped({"transformer": str(same), "ssm": str(near), "hybrid": str(same)},
+                               {"transformer": "lab-llama", "ssm": "lab-llama"})
+    assert set(rep) == {"transformer", "ssm"}  # nothing shipped named for the hybrid
+    assert rep["transformer"]["identical"] and rep["transformer"]["tensors"] == len(w)
+    assert rep["transformer"]["max_abs_diff"] == 0.0 and rep["transformer"]["worst"] is None
+    assert not rep["ssm"]["identical"] and rep["ssm"]["worst"] == "model.layers.1.mlp.up_proj.weight"
+    assert 5e-7 < rep["ssm"]["max_abs_diff"] < 2e-6
+    # a model of another shape is a difference too, not a crash
+    rep = compare_with_shipped({"transformer": str(same)}, {"transformer": "lab-llama-h1"})
+    assert not rep["transformer"]["identical"]
+    assert torch.isinf(torch.tensor(rep["transformer"]["max_abs_diff"])) or rep["transformer"]["max_abs_diff"] > 0
 
 
 def test_lab_checks_only_the_models_its_findings_read(tmp_path, capsys):

@@ -6,7 +6,9 @@ unequal jobs better: the short transformer and the student fill in beside the tw
 trainings instead of queueing behind one of them), through the same ``ganda train``
 / ``ganda distill`` commands a user would type. The distilled student waits for its teacher. A
 finished model (its ``lab.json`` written at the end of training) is skipped on a rerun; an
-interrupted one resumes from its last checkpoint. Wall times go to ``WORKDIR/timing.json``.
+interrupted one resumes from its last checkpoint. Wall times go to ``WORKDIR/timing.json``; with
+the shipped recipes unchanged, ``WORKDIR/rebuild.json`` says whether each model came out bit for
+bit the shipped checkpoint.
 
 The teacher and its student are the critical path (the student cannot start before the teacher
 ends), so the trainings nothing waits for run at a lower CPU priority (``nice``) and take the
@@ -128,4 +130,43 @@ def train_all(workdir: str | Path, *, jobs: int = 3, configs: dict[str, str] | N
                 j.proc.terminate()
     timing["wall_seconds_this_run"] = round(time.perf_counter() - t0, 1)
     timing_file.write_text(json.dumps(timing, indent=2))
-    return {j.role: str(j.out) for j in todo}
+    built = {j.role: str(j.out) for j in todo}
+    if configs is None and steps is None and distill_steps is None:  # the shipped recipes, unchanged
+        from .programme import DEFAULT_MODELS
+
+        report = compare_with_shipped(built, DEFAULT_MODELS)
+        (workdir / "rebuild.json").write_text(json.dumps(report, indent=2))
+        for role, r in report.items():
+            log(f"[lab] {role}: " + (f"bit-identical to the shipped {r['shipped']} ({r['tensors']} tensors)"
+                                     if r["identical"] else
+                                     f"differs from the shipped {r['shipped']} (largest difference "
+                                     f"{r['max_abs_diff']:.3g}, in {r['worst']})"))
+    return built
+
+
+def compare_with_shipped(built: dict[str, str], shipped_names: dict[str, str]) -> dict[str, dict]:
+    """Each rebuilt model against the shipped checkpoint it should equal. Training is seeded and
+    deterministic on one thread, so a rebuild is either bit for bit the shipped model (and then
+    every verdict is the shipped run's to the digit) or something in the stack changed: say so
+    rather than let a user compare findings of different weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    from . import checkpoint
+
+    report: dict[str, dict] = {}
+    for role, path in built.items():
+        name = shipped_names.get(role)
+        if not name:
+            continue
+        a = load_file(str(Path(path) / "model.safetensors"))
+        b = load_file(str(checkpoint(name) / "model.safetensors"))
+        diffs = {k: (float((a[k].double() - b[k].double()).abs().max()) if a[k].shape == b[k].shape else float("inf"))
+                 for k in a.keys() & b.keys()}
+        worst = max(diffs, key=diffs.get) if diffs else None
+        same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        report[role] = {"shipped": name, "tensors": len(a), "identical": same,
+                        "max_abs_diff": 0.0 if same else (diffs[worst] if worst else float("inf")),
+                        "worst": None if same else (worst or "tensor names differ"),
+                        "missing": sorted(b.keys() - a.keys()), "extra": sorted(a.keys() - b.keys())}
+    return report
