@@ -192,6 +192,29 @@ def test_multi_query_dictionary_answers_each_key_with_its_value():
     assert [table[k] for k in queries] == answers
 
 
+def test_repeat_drill_answers_each_repeated_key_with_its_value_in_both_layouts(world, tok):
+    """The KV copy-step drill: a dictionary, then its lines again in another order; only the
+    repeated values carry a loss, and each is its key's value. ``sep=" "`` puts the value right
+    after its key (one token on, the textbook induction step) and the answer is then the very
+    token of the dictionary line, as with ``:``."""
+    from ganda.lab.train import sample_sequence
+
+    for sep, kind in ((":", "kvrepeat"), (" ", "kvrepeat_adjacent")):
+        pieces = world.kv_repeat_pieces(random.Random(5), 6, sep)
+        text = "".join(t for t, _ in pieces)
+        lines = text.split("\n")
+        table = dict(line.split(sep) for line in lines[1:7])
+        again = [line.split(sep) for line in lines[7:13]]
+        assert sorted(k for k, _ in again) == sorted(table) and [k for k, _ in again] != list(table)
+        answers = [t for t, a in pieces if a]
+        assert [a.strip() for a in answers] == [table[k] for k, _ in again]
+        dict_tokens = set(tok("\n".join(lines[1:7]))["input_ids"])
+        assert all(len(tok(a)["input_ids"]) == 1 and tok(a)["input_ids"][0] in dict_tokens for a in answers)
+        ids, labels, _ = sample_sequence(world, tok, random.Random(5), kind, (6, 6))
+        assert sum(x != -100 for x in labels) == 6
+    assert ":" not in "".join(t for t, _ in world.kv_repeat_pieces(random.Random(5), 6, " ")).split("\n", 1)[1]
+
+
 def test_phrase_keys_are_two_words_of_the_world():
     w = World(WorldConfig(kv_keys="phrases"))
     ex = w.kv_example(random.Random(0), 8)

@@ -83,8 +83,9 @@ def sample_sequence(world: World, tok, rng, kind: str, kv_pairs: tuple[int, int]
         return ids, list(ids), [1.0] * len(ids)
     if kind == "drill":
         return _pieces_sequence(tok, world.drill_pieces(rng, 4, rng.randint(2, 4), hard), answer_weight)
-    if kind == "kvrepeat":
-        return _pieces_sequence(tok, world.kv_repeat_pieces(rng, rng.randint(kv_pairs[0], kv_pairs[1])), answer_weight)
+    if kind in ("kvrepeat", "kvrepeat_adjacent"):
+        sep = ":" if kind == "kvrepeat" else " "
+        return _pieces_sequence(tok, world.kv_repeat_pieces(rng, rng.randint(kv_pairs[0], kv_pairs[1]), sep), answer_weight)
     if kind == "kv" and kv_queries[1] > 1:
         n_pairs = rng.randint(kv_pairs[0], kv_pairs[1])
         pieces = world.kv_pieces(rng, n_pairs, rng.randint(kv_queries[0], kv_queries[1]))

@@ -383,19 +383,24 @@ class World:
             return sorted({f"{a} {n}" for r in self.config.relations for a in RELATIONS[r][0] for n in RELATIONS[r][1]})
         raise ValueError(f"kv_keys must be 'names' or 'phrases', not {self.config.kv_keys!r}")
 
-    def kv_repeat_pieces(self, rng: random.Random, n_pairs: int) -> list[tuple[str, bool]]:
+    def kv_repeat_pieces(self, rng: random.Random, n_pairs: int, sep: str = ":") -> list[tuple[str, bool]]:
         """A training-only *repeat drill*: a dictionary, then the same lines again in a new order.
         Each repeated key is unpredictable, but its value is fixed by the first copy: the dense
         copy signal that makes induction-style heads (find the key, read what follows) form,
-        which the dictionary prompt's single query cannot give on its own."""
+        which the dictionary prompt's single query cannot give on its own.
+
+        ``sep=" "`` writes ``key 97`` instead of ``key:97``: the value right after its key, the
+        textbook induction step (a diagnostic of what the ``:`` costs)."""
         ex = self.kv_example(rng, n_pairs)
         keys, vals = ex.meta["keys"], ex.meta["values"]
         order = list(range(n_pairs))
         rng.shuffle(order)
         head = ex.prompt[: ex.prompt.rindex("\n") + 1]
+        if sep != ":":
+            head = head[: ex.segments[0][0]] + "".join(f"{k}{sep}{v}\n" for k, v in zip(keys, vals, strict=True))
         pieces: list[tuple[str, bool]] = [(head, False)]
         for i in order:
-            pieces += [(f"{keys[i]}:", False), (f"{vals[i]}", True), ("\n", False)]
+            pieces += [(f"{keys[i]}{sep.rstrip()}", False), (f"{sep[-1:] if sep.isspace() else ''}{vals[i]}", True), ("\n", False)]
         return pieces
 
     def kv_example(self, rng: random.Random, n_pairs: int = 8) -> Example:
