@@ -213,6 +213,8 @@ def test_repeat_drill_answers_each_repeated_key_with_its_value_in_both_layouts(w
         ids, labels, _ = sample_sequence(world, tok, random.Random(5), kind, (6, 6))
         assert sum(x != -100 for x in labels) == 6
     assert ":" not in "".join(t for t, _ in world.kv_repeat_pieces(random.Random(5), 6, " ")).split("\n", 1)[1]
+    with pytest.raises(ValueError, match="separator"):
+        world.kv_repeat_pieces(random.Random(5), 6, "=")
 
 
 def test_phrase_keys_are_two_words_of_the_world():

@@ -391,16 +391,20 @@ class World:
 
         ``sep=" "`` writes ``key 97`` instead of ``key:97``: the value right after its key, the
         textbook induction step (a diagnostic of what the ``:`` costs)."""
+        if sep not in (":", " "):
+            raise ValueError(f"repeat drill separator must be ':' or ' ', not {sep!r}")
         ex = self.kv_example(rng, n_pairs)
         keys, vals = ex.meta["keys"], ex.meta["values"]
         order = list(range(n_pairs))
         rng.shuffle(order)
         head = ex.prompt[: ex.prompt.rindex("\n") + 1]
-        if sep != ":":
-            head = head[: ex.segments[0][0]] + "".join(f"{k}{sep}{v}\n" for k, v in zip(keys, vals, strict=True))
+        if sep == " ":
+            head = head[: ex.segments[0][0]] + "".join(f"{k} {v}\n" for k, v in zip(keys, vals, strict=True))
         pieces: list[tuple[str, bool]] = [(head, False)]
         for i in order:
-            pieces += [(f"{keys[i]}{sep.rstrip()}", False), (f"{sep[-1:] if sep.isspace() else ''}{vals[i]}", True), ("\n", False)]
+            # the value piece is the very token of the dictionary line: "97" after ":", " 97" after a space
+            key, value = (f"{keys[i]}:", f"{vals[i]}") if sep == ":" else (keys[i], f" {vals[i]}")
+            pieces += [(key, False), (value, True), ("\n", False)]
         return pieces
 
     def kv_example(self, rng: random.Random, n_pairs: int = 8) -> Example:
