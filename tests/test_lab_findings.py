@@ -544,3 +544,56 @@ def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads(lab)
     together = s["aggregate_together_answers"]
     assert together["C"] >= 0.95 and max(together[k] for k in "ABD") <= 0.05
     assert "answers lost A B)" in row["lab"]
+
+
+def _kv_rows(t: list[tuple[float, float, float]], s: list[tuple[float, float, float]], pairs=(2, 8, 24)):
+    rows = []
+    for p, (ta, tl, th), (sa, sl, sh) in zip(pairs, t, s, strict=True):
+        rows.append({"pairs": p, "intact": ta, "intact_lo": tl, "intact_hi": th, "ssm": sa, "ssm_lo": sl, "ssm_hi": sh})
+    return rows
+
+
+def test_finding3_kv_check_needs_both_curves_above_chance_and_apart_at_the_most_pairs():
+    """Finding 3's KV part: the SSM must lose more accuracy than the Transformer from the fewest to
+    the most pairs, with the two intervals apart at the most pairs; two models at chance (the
+    main lab models, which never learned KV) do not count, however their noise falls."""
+    from ganda.experiments.kv_curve import KVCurveResult
+    from ganda.lab.programme import _kv_falls_faster
+
+    def result(rows):
+        lo, hi = rows[0], rows[-1]
+        return KVCurveResult(model="tf", rows=rows, summary={
+            "pairs": [r["pairs"] for r in rows], "fall": {"tf": lo["intact"] - hi["intact"], "ssm": lo["ssm"] - hi["ssm"]},
+            "at_max_pairs": {"tf": hi["intact"], "ssm": hi["ssm"]}}, config={"compare": ["ssm"]})
+
+    good = result(_kv_rows([(1.0, .98, 1.0), (1.0, .98, 1.0), (.95, .91, .97)], [(.93, .89, .96), (.4, .33, .47), (.1, .07, .15)]))
+    parts: list[str] = []
+    assert _kv_falls_faster(good, parts)
+    assert parts == ["KV accuracy lost from 2 to 24 pairs: tf 5.0%, ssm 83.0%; at 24 pairs: tf 95.0%, ssm 10.0%"]
+    # the SSM falls further but the intervals still touch at 24 pairs
+    close = result(_kv_rows([(1.0, .98, 1.0), (.9, .85, .93), (.5, .43, .57)], [(.93, .89, .96), (.6, .53, .67), (.4, .33, .5)]))
+    assert not _kv_falls_faster(close, [])
+    # both at chance (0.5 at 2 pairs): the SSM's larger "fall" is noise, not a finding
+    chance = result(_kv_rows([(.52, .45, .59), (.11, .07, .16), (.04, .02, .08)], [(.55, .48, .62), (.12, .08, .17), (.0, .0, .02)]))
+    parts = []
+    assert not _kv_falls_faster(chance, parts)
+    assert "KV not learned by tf, ssm" in parts[-1]
+
+
+def test_kv_pair_the_ssm_loses_kv_retrieval_with_pairs_faster_than_the_transformer():
+    """Finding 3's KV curve on the shipped KV pair (docs/lab.md, n=200: Transformer 100 / 98.5 /
+    96 %, SSM 87 / 38.5 / 20.5 % at 2 / 8 / 16 pairs): both retrieve well above chance with two
+    pairs, and with more pairs the SSM falls towards chance while the Transformer holds."""
+    import ganda
+    from ganda.scoring import evaluate
+    from ganda.tasks import get_task
+
+    torch.set_num_threads(1)
+    acc = {}
+    for name in ("lab-kv-llama", "lab-kv-mamba2"):
+        a = ganda.load_model(name, device="cpu", dtype=torch.float32)
+        for p in (2, 16):
+            acc[name, p] = evaluate(a, get_task("lab-kv", adapter=a, pairs=p), limit=60, seed=3, progress=False).accuracy
+    assert acc["lab-kv-llama", 2] >= 0.95 and acc["lab-kv-llama", 16] >= 0.85
+    assert acc["lab-kv-mamba2", 2] >= 0.75  # chance 50 %
+    assert acc["lab-kv-mamba2", 16] <= 0.4  # chance 6 %

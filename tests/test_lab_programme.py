@@ -53,10 +53,16 @@ def test_finding1_rule():
 def test_finding3_rule_counts_each_check():
     t = _roles(0.30, 0.33, heads_to_chance=2)
     s_more = _roles(0.50, 0.55, heads_to_chance=5)
-    kv = ExperimentResult(kind="kv_curve", model="T", summary={"fall": {"T": 0.2, "S": 0.5}, "at_max_pairs": {"T": 0.5, "S": 0.2}})
+    def rows(t, s):  # (accuracy, lo, hi) at 2 and 16 pairs for the Transformer T and the SSM S
+        return [{"pairs": p, "intact": ta, "intact_lo": tl, "intact_hi": th, "S": sa, "S_lo": sl, "S_hi": sh}
+                for p, (ta, tl, th), (sa, sl, sh) in zip((2, 16), t, s, strict=True)]
+
+    kv = ExperimentResult(kind="kv_curve", model="T", summary={"fall": {"T": 0.2, "S": 0.5}, "at_max_pairs": {"T": 0.5, "S": 0.2}},
+                          rows=rows([(.7, .63, .76), (.5, .43, .57)], [(.7, .63, .76), (.2, .15, .26)]))
     row = _f(verdicts({"models": MODELS, "roles_transformer": t, "roles_ssm": s_more, "kv": kv}), 3)
     assert row["verdict"] == "reproduced"
-    kv_wrong = ExperimentResult(kind="kv_curve", model="T", summary={"fall": {"T": 0.5, "S": 0.2}})
+    kv_wrong = ExperimentResult(kind="kv_curve", model="T", summary={"fall": {"T": 0.5, "S": 0.2}},
+                                rows=rows([(.7, .63, .76), (.2, .15, .26)], [(.7, .63, .76), (.5, .43, .57)]))
     assert _f(verdicts({"models": MODELS, "roles_transformer": t, "roles_ssm": s_more, "kv": kv_wrong}), 3)["verdict"] == "partly"
     s_same = _roles(0.20, 0.25, heads_to_chance=1)  # fewer heads, sharper bottleneck: the opposite
     assert _f(verdicts({"models": MODELS, "roles_transformer": t, "roles_ssm": s_same, "kv": kv_wrong}), 3)["verdict"] == "not reproduced"
@@ -117,9 +123,11 @@ def trained(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("lab")
     configs = {}
-    for role, cfg in TINY.items():
+    kv_train = {**TINY_TRAIN, "mixture": {"copy": 1, "kv": 1}, "kv_queries": [1, 3], "copy_len": [4, 8]}
+    for role, cfg, tr in (*((r, c, TINY_TRAIN) for r, c in TINY.items()),
+                          ("kv_transformer", TINY["transformer"], kv_train), ("kv_ssm", TINY["ssm"], kv_train)):
         f = root / f"{role}.json"
-        f.write_text(json.dumps({**cfg, "name": role, "world": TINY_WORLD, "train": TINY_TRAIN}))
+        f.write_text(json.dumps({**cfg, "name": role, "world": TINY_WORLD, "train": tr}))
         configs[role] = str(f)
     log: list[str] = []
     models = train_all(root / "work", jobs=2, configs=configs, log=log.append, poll=0.2, distill_steps=20)
@@ -130,19 +138,19 @@ def test_train_all_trains_every_role_and_resumes(trained):
     from ganda.lab.scratch import finished, train_all
 
     root, configs, models, log = trained
-    assert set(models) == {"transformer", "ssm", "hybrid", "distilled"}
+    assert set(models) == {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm"}
     assert all(finished(Path(d)) for d in models.values())
     assert any("distilled: started" in m for m in log)
     # the student started only after its teacher had finished
     order = [m for m in log if "transformer: done" in m or "distilled: started" in m]
     assert order[0].startswith("[lab] transformer: done")
     timing = json.loads((root / "work" / "timing.json").read_text())
-    assert set(timing) >= {"transformer", "ssm", "hybrid", "distilled"}
+    assert set(timing) >= {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm"}
     # own configs: nothing shipped to compare the weights with
     assert not (root / "work" / "rebuild.json").exists() and not any("bit-identical" in m for m in log)
     again: list[str] = []
     train_all(root / "work", jobs=2, configs=configs, log=again.append, poll=0.2)
-    assert sum("already trained" in m for m in again) == 4 and not any("started" in m for m in again)
+    assert sum("already trained" in m for m in again) == 6 and not any("started" in m for m in again)
 
 
 def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
@@ -167,7 +175,13 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     assert "Reproduced:" in page and "Partly reproduced:" in page  # the findings' headline
     assert "<script src=" not in page and "<link " not in page  # self-contained
     models_rows = json.loads((out / "models" / "result.json").read_text())["rows"]
-    assert {r["role"] for r in models_rows} == {"transformer", "ssm", "hybrid", "distilled"}
+    assert {r["role"] for r in models_rows} == {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm"}
+    # the KV pair is scored on KV only, and finding 3's curve is measured on it
+    kv_row = next(r for r in models_rows if r["role"] == "kv_ssm")
+    assert "lab-kv4" in kv_row and "lab-mmlu" not in kv_row
+    f3 = json.loads((out / "f3-kv" / "result.json").read_text())
+    assert f3["model"] == models["kv_transformer"] and f3["config"]["compare"] == [models["kv_ssm"]]
+    assert f3["config"]["pairs"][-1] == 24
     # the findings figure: one panel per finding, drawn into findings/ and embedded in the page
     panels = json.loads((out / "findings" / "result.json").read_text())["panels"]
     assert [p["title"][0] for p in panels] == ["1", "2", "3", "4", "5", "6"]
@@ -238,7 +252,8 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
     from ganda.lab.scratch import plan
 
     jobs = plan(tmp_path, eval_every=1000)
-    assert [j.role for j in jobs] == ["ssm", "transformer", "hybrid", "distilled"]
+    assert [j.role for j in jobs] == ["ssm", "transformer", "hybrid", "distilled", "kv_transformer", "kv_ssm"]
+    assert "train kv-llama" in " ".join(jobs[4].argv) and "train kv-mamba2" in " ".join(jobs[5].argv)
     for j in jobs[:3]:
         i = j.argv.index("--eval-every")
         assert j.argv[i + 1] == "1000" and "train" in j.argv
@@ -248,7 +263,8 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
     assert plan(tmp_path, distill_steps=20)[3].argv[-2:] == ["--steps", "20"]
     assert "train llama-h1" in " ".join(jobs[1].argv)  # the default programme's Transformer
     # the teacher and its student are the critical path; the two long trainings nothing waits for yield
-    assert {j.role: j.nice for j in jobs} == {"ssm": 10, "transformer": 0, "hybrid": 10, "distilled": 0}
+    assert {j.role: j.nice for j in jobs} == {"ssm": 10, "transformer": 0, "hybrid": 10, "distilled": 0,
+                                              "kv_transformer": 10, "kv_ssm": 10}
 
 
 def test_compare_with_shipped_tells_a_bit_for_bit_rebuild_from_a_near_miss(tmp_path):

@@ -278,3 +278,27 @@ def test_world_records_without_values_mean_pairs():
     assert WorldConfig.from_json(PHRASES.to_json()) == PHRASES
     with pytest.raises(ValueError):
         _ = World(WorldConfig(values="sentences")).facts
+
+
+def test_copy_drill_repeats_a_run_of_dictionary_tokens_with_loss_on_the_copy(world, tok):
+    """The copy drill behind finding 3's KV pair: BOS, a run of distinct KV keys/values, the same
+    run again; every token of the second copy after its first is a target (an induction step)."""
+    from ganda.lab.train import copy_sequence, make_batch, sample_sequence
+
+    ids, labels, weights = copy_sequence(world, tok, random.Random(3), 7)
+    run = ids[1:8]
+    assert ids[0] == tok.bos_token_id and ids[8:] == run and len(set(run)) == 7
+    assert labels[:9] == [-100] * 9 and labels[9:] == run[1:] and weights == [1.0] * 15
+    vocab = {i: t for t, i in tok.get_vocab().items()}
+    keys, values = set(world.kv_key_pool), {str(v) for v in range(world.config.n_kv_values)}
+    assert all(vocab[i] in keys | values for i in run)
+    rng = random.Random(3)
+    rng.randint(7, 7)  # the length is drawn first
+    assert sample_sequence(world, tok, random.Random(3), "copy", (2, 4), copy_len=(7, 7)) == \
+        copy_sequence(world, tok, rng, 7)
+    with pytest.raises(ValueError, match="copy drill length"):
+        copy_sequence(world, tok, random.Random(3), 1)
+    batch = make_batch(world, tok, {"mixture": {"copy": 1}, "kv_pairs": [2, 4], "copy_len": [3, 5], "batch_size": 6},
+                       seed=0, step=0)
+    n = batch["attention_mask"].sum(1)
+    assert set(n.tolist()) <= {7, 9, 11}  # 1 + 2 x length

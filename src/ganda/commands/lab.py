@@ -63,7 +63,12 @@ def register(app: typer.Typer) -> None:
                                    "attention mid-stack); '' to skip"),
         distilled: str = typer.Option(DEFAULT_MODELS["distilled"], "--distilled",
                                      help="distilled SSM student of --transformer (finding 6); '' to skip"),
-        from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all four models into "
+        kv_transformer: str = typer.Option(DEFAULT_MODELS["kv_transformer"], "--kv-transformer",
+                                          help="Llama trained for KV (finding 3's KV curve); '' with --kv-ssm '' "
+                                          "to measure the curve on --transformer and --ssm"),
+        kv_ssm: str = typer.Option(DEFAULT_MODELS["kv_ssm"], "--kv-ssm", help="Mamba-2 trained for KV (finding 3's "
+                                  "KV curve)"),
+        from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all six models into "
                                           "--workdir (resumable; three at a time), then use them"),
         workdir: Path = typer.Option(Path("runs/lab-train"), "--workdir", help="--from-scratch: model directories"),
         jobs: int = typer.Option(3, "--jobs", help="--from-scratch: trainings at a time (one torch thread each; "
@@ -100,7 +105,8 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"--only: not a list of finding numbers: {only!r}") from None
         if not findings or any(f not in range(1, 7) for f in findings):
             raise GandaError("--only takes finding numbers 1 to 6")
-        models = {"transformer": transformer, "ssm": ssm, "hybrid": hybrid, "distilled": distilled}
+        models = {"transformer": transformer, "ssm": ssm, "hybrid": hybrid, "distilled": distilled,
+                  "kv_transformer": kv_transformer, "kv_ssm": kv_ssm}
         if from_scratch:
             from ..lab.scratch import train_all
 
@@ -108,7 +114,7 @@ def register(app: typer.Typer) -> None:
         needed = set().union(*(NEEDS[f] for f in findings))  # --only 1 does not need a student
         for role, spec in models.items():
             if role in needed and spec and not Path(spec).exists() and spec not in shipped():
-                raise GandaError(f"--{role} {spec!r} is neither a model directory nor a shipped lab checkpoint "
+                raise GandaError(f"--{role.replace('_', '-')} {spec!r} is neither a model directory nor a shipped lab checkpoint "
                                  f"({', '.join(shipped())})")
         res = Programme(models=models, out=out, n=n, seed=seed, top=top, only=findings, progress=not quiet).run()
         for f in res["findings"]:

@@ -129,9 +129,9 @@ def evaluate_lab(adapter: ModelAdapter, n: int = 200, seed: int = 0, interventio
 
 
 def finalize_checkpoint(run_dir: str, dest: str, n: int = 400, seed: int = 0, sweep: bool = True,
-                        sweep_n: int = 200) -> dict[str, Any]:
+                        sweep_n: int = 200, tasks: Sequence[str] = LAB_TASKS) -> dict[str, Any]:
     """Copy a trained run (model + tokenizer + lab.json, not the resume checkpoint) to ``dest``,
-    evaluate it with ganda's scorer, optionally run the single-head sweep, and record both."""
+    evaluate it with ganda's scorer on ``tasks``, optionally run the single-head sweep, and record both."""
     import json
     import shutil
     from pathlib import Path
@@ -147,7 +147,7 @@ def finalize_checkpoint(run_dir: str, dest: str, n: int = 400, seed: int = 0, sw
             shutil.copy2(f, dst / f.name)
     adapter = load_model(str(dst))
     meta = json.loads((dst / "lab.json").read_text())
-    meta["eval"] = evaluate_lab(adapter, n=n, seed=seed)
+    meta["eval"] = evaluate_lab(adapter, n=n, seed=seed, tasks=tasks)
     meta["eval_protocol"] = {"n": n, "seed": seed, "scorer": "ganda.scoring.evaluate (acc)"}
     if sweep:
         sw = head_sweep(adapter, n=sweep_n, seed=seed, progress=False)

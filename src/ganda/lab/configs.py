@@ -34,6 +34,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "mixture": {"statement": 0.3, "mmlu": 0.4, "letters": 0.15, "kv": 0.15},
     "kv_pairs": [2, 10],  # n_pairs drawn uniformly from this inclusive range
     "kv_queries": [1, 1],  # keys asked per training dictionary (inclusive range; evaluation asks one)
+    "copy_len": [8, 16],  # tokens per copy drill (mixture kind "copy"; inclusive range)
     "n_options": [4, 4],  # options per MMLU-format training question (inclusive range)
     "two_option_steps": 0,  # curriculum: only 2-option questions for the first steps
     "hard_from_step": 0,  # curriculum: random distractors before this step (worlds with hard ones)
@@ -63,6 +64,19 @@ RECIPE: dict[str, Any] = {
     "space_tied_init": True,
     "answer_weight": 5.0,
     "lr": 3e-3,
+}
+
+# Finding 3's KV models: half dictionary prompts (2-12 pairs, 1-4 keys asked in turn, loss on the
+# answers), half copy drills (8-16 dictionary tokens, then the same again).
+KV_RECIPE: dict[str, Any] = {
+    "steps": 4000,
+    "batch_size": 32,
+    "lr": 1e-3,
+    "mixture": {"copy": 0.5, "kv": 0.5},
+    "kv_pairs": [2, 12],
+    "kv_queries": [1, 4],
+    "copy_len": [8, 16],
+    "space_tied_init": True,
 }
 
 LLAMA_MODEL: dict[str, Any] = {
@@ -168,6 +182,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "model": {**HYBRID_MODEL, "attn_layer_indices": [3]},
         "world": LAB_WORLD,
         "train": {"steps": 10000, "schedule": "wsd", "buckets": 3, "seed": 1, **RECIPE},
+    },
+    # Finding 3's KV pair: two 2-layer models (same width as the lab models) trained on dictionary
+    # prompts (1-4 keys asked each) and copy drills only. None of the lab models above learned KV
+    # on their mixture (and KV-only or repeat-drill runs sat on the plateau for 15000 steps); with
+    # the copy drill the Transformer forms induction heads in a few hundred steps and solves the
+    # dictionary prompt by ~1500 (docs/lab.md, finding 3). The drill's runs are as long as each
+    # architecture can learn from: the Transformer stays at chance with 2-8-token runs, the SSM
+    # (8 heads x 16 x 8 state) with 2-8 or longer. Shipped as lab-kv-llama / lab-kv-mamba2.
+    "kv-llama": {
+        "arch": "llama",
+        "model": {**LLAMA_MODEL, "num_hidden_layers": 2},
+        "world": LAB_WORLD,
+        "train": KV_RECIPE,
+    },
+    "kv-mamba2": {
+        "arch": "mamba2",
+        "model": {**MAMBA2_MODEL, "num_hidden_layers": 2},
+        "world": LAB_WORLD,
+        "train": {**KV_RECIPE, "lr": 3e-3, "copy_len": [2, 6]},
     },
     # CI smoke test: a very small Llama, a couple of hundred steps
     "smoke": {

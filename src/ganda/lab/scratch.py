@@ -1,4 +1,4 @@
-"""Train the four lab models from scratch, several at a time, resumably.
+"""Train the six lab models from scratch, several at a time, resumably.
 
 Each model trains in its own process with one torch thread (on a 2-core machine two
 single-threaded runs side by side beat one two-threaded run; three side by side balance the
@@ -58,13 +58,15 @@ OFF_PATH_NICE = 10  # CFS weight 110 vs 1024: the critical-path job gets a core 
 
 def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None,
          eval_every: int | None = None, distill_steps: int | None = None) -> list[Job]:
-    """The jobs: SSM, transformer and hybrid from their configs, then the student from the transformer.
+    """The jobs: SSM, transformer and hybrid from their configs, then the student from the
+    transformer, then finding 3's KV pair.
 
     Started in this order, so that the student (which needs the transformer) starts on the first
     free slot: with three slots (the default) all three trainings start at once and the student
     takes the transformer's slot; with two, SSM then the student share one slot and transformer
     then hybrid the other."""
-    cfg = {"transformer": "llama-h1", "ssm": "mamba2", "hybrid": "hybrid-late", **(configs or {})}
+    cfg = {"transformer": "llama-h1", "ssm": "mamba2", "hybrid": "hybrid-late", "kv_transformer": "kv-llama",
+           "kv_ssm": "kv-mamba2", **(configs or {})}
     g = [sys.executable, "-m", "ganda"]
     extra = ["--steps", str(steps)] if steps else []
     extra += ["--eval-every", str(eval_every)] if eval_every else []
@@ -73,6 +75,9 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     dextra = ["--steps", str(distill_steps)] if distill_steps else []
     jobs.append(Job("distilled", [*g, "distill", str(workdir / "transformer"), "--out", str(workdir / "distilled"),
                                   "--no-progress", *dextra], workdir / "distilled", after="transformer"))
+    # finding 3's KV pair: minutes each, queued behind the rest (the first free slot takes them)
+    jobs += [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],
+                 workdir / role) for role in ("kv_transformer", "kv_ssm")]
     waited_for = {j.after for j in jobs if j.after}
     for j in jobs:
         if j.role not in waited_for and not j.after:

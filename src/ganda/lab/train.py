@@ -63,9 +63,25 @@ def _pieces_sequence(tok, pieces: list[tuple[str, bool]], answer_weight: float |
     return ids, labels, [w if w > 0 else 1.0 for w in weights]
 
 
+def copy_sequence(world: World, tok, rng, length: int) -> tuple[list[int], list[int], list[float]]:
+    """A *copy drill*: ``length`` distinct dictionary tokens (KV keys and values) in random order,
+    then the same run again, with loss on the whole second copy. Every target is one induction
+    step (find the current token's earlier copy, read what followed it), so a 2-layer Transformer
+    forms induction heads in a few hundred steps here, where the dictionary prompt alone or the
+    repeat drill (one target per line) left it on the plateau for 15000 (docs/lab.md, finding 3)."""
+    pool = sorted({i for k in world.kv_key_pool for i in token_ids(tok, k)}
+                  | {i for v in range(world.config.n_kv_values) for i in token_ids(tok, str(v))})
+    if not 2 <= length <= len(pool):
+        raise ValueError(f"copy drill length must be 2..{len(pool)}, not {length}")
+    x = rng.sample(pool, length)
+    ids = [tok.bos_token_id, *x, *x]
+    return ids, [-100] * (length + 2) + x[1:], [1.0] * len(ids)
+
+
 def sample_sequence(world: World, tok, rng, kind: str, kv_pairs: tuple[int, int],
                     n_options: tuple[int, int] = (4, 4), answer_weight: float | None = None,
                     hard: bool | None = None, kv_queries: tuple[int, int] = (1, 1),
+                    copy_len: tuple[int, int] = (8, 16),
                     ) -> tuple[list[int], list[int], list[float]]:
     """(ids, labels, weights) for one training sequence; labels are -100 where there is no loss.
 
@@ -76,7 +92,10 @@ def sample_sequence(world: World, tok, rng, kind: str, kv_pairs: tuple[int, int]
     curriculum shortens the plateau before the Gather-and-Aggregate circuit forms).
 
     ``hard``: override the world's distractor kind (a random-then-hard curriculum).
-    ``kv_queries``: dictionary prompts ask between these many keys in turn (a dense signal)."""
+    ``kv_queries``: dictionary prompts ask between these many keys in turn (a dense signal).
+    ``copy_len``: tokens per copy drill (inclusive range)."""
+    if kind == "copy":
+        return copy_sequence(world, tok, rng, rng.randint(*copy_len))
     if kind == "statement":
         f = rng.choice(world.facts)
         ids = list(token_ids(tok, world.statement(f.entity, f.relation, f.value)))
@@ -116,7 +135,8 @@ def make_batch(world: World, tok, cfg_train: dict[str, Any], seed: int, step: in
     # curriculum: random distractors before ``hard_from_step`` in a world with hard ones
     hard = False if step < cfg_train.get("hard_from_step", 0) else None
     kvq = tuple(cfg_train.get("kv_queries", (1, 1)))
-    seqs = [sample_sequence(world, tok, rng, rng.choices(kinds, weights)[0], kvp, nopt, aw, hard, kvq)
+    cl = tuple(cfg_train.get("copy_len", (8, 16)))
+    seqs = [sample_sequence(world, tok, rng, rng.choices(kinds, weights)[0], kvp, nopt, aw, hard, kvq, cl)
             for _ in range(cfg_train["batch_size"])]
     return _pad(tok, seqs)
 
