@@ -1,4 +1,4 @@
-"""The lab programme: the paper's six findings replayed on the four lab models, heads discovered,
+"""The lab programme: the paper's six findings replayed on the lab models (four, plus finding 3's KV pair), heads discovered,
 not hard-coded, one run directory per finding, one summary next to the paper's numbers.
 
 Roles of the models (any model directory or shipped name can take a role)::
@@ -7,6 +7,8 @@ Roles of the models (any model directory or shipped name can take a role)::
     ssm          Mamba2ForCausalLM                     findings 3, 4
     hybrid       BambaForCausalLM (Mamba-2 + attention) finding 5
     distilled    Mamba-2 student aligned to the transformer layer by layer (no end-to-end stage): finding 6
+    kv_transformer, kv_ssm  a 2-layer Llama and Mamba-2 trained for KV: finding 3's KV curve
+                 (without them it is measured on transformer and ssm)
 
 Data flows one way: evaluate -> prune the Transformer to its minimal model (Fig. 2's drop rule; the
 paper finds its heads there) -> find the heads and their roles (:func:`ganda.experiments.roles.head_roles`,
