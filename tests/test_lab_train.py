@@ -184,6 +184,85 @@ def test_learning_rate_schedules():
     assert _lr(110, wsd) == pytest.approx(0.1)
 
 
+def test_anneal_follows_the_planned_curve_then_falls_linearly():
+    """``anneal_from`` cuts a planned run short: until then the rate is exactly the planned run's
+    (so the trajectory is that run's, bit for bit), then it falls linearly to the floor."""
+    from ganda.lab.train import _lr
+
+    planned = {"lr": 1.0, "warmup": 10, "steps": 1000, "min_lr_frac": 0.1, "schedule": "cosine"}
+    cut = {**planned, "steps": 700, "schedule_steps": 1000, "anneal_from": 600}
+    assert all(_lr(s, cut) == _lr(s, planned) for s in range(600))
+    top = _lr(600, planned)
+    assert 0.4 < top < 0.43 and _lr(600, cut) == top  # 0.1 + 0.9 * (1 + cos(pi * 590 / 990)) / 2
+    assert _lr(650, cut) == pytest.approx((top + 0.1) / 2)
+    assert _lr(699, cut) == pytest.approx(0.1 + (top - 0.1) / 100)
+    wsd = {**planned, "schedule": "wsd", "decay_frac": 0.2}  # the same as a shorter WSD run with a shorter decay
+    short = {**wsd, "steps": 700, "schedule_steps": 1000, "anneal_from": 600}
+    same = {**wsd, "steps": 700, "decay_frac": 1 / 7}
+    assert all(_lr(s, short) == pytest.approx(_lr(s, same), abs=1e-12) for s in range(700))
+
+
+GOLDEN_BATCHES = {  # sha256 (first 16 hex) of steps 0, 1, 2, 777, 5001, as the shipped checkpoints were trained on
+    "llama-h1": "e7ea01311426ce8f", "mamba2": "a83b1306a010868d", "hybrid-late": "56f1ed109cd19273",
+    "kv-llama": "0f72268d21b3187c", "kv-mamba2": "13317acd88818a34",
+}
+
+
+@pytest.mark.parametrize("config", sorted(GOLDEN_BATCHES))
+def test_training_batches_are_the_ones_the_shipped_models_saw(config):
+    """Any change to how batches are built (tokenising, padding, sampling options or copy runs)
+    must leave every tensor the same, or the shipped checkpoints no longer retrain bit for bit."""
+    import hashlib
+
+    from ganda.lab import train as T
+    from ganda.lab.configs import resolve_config
+    from ganda.lab.tokenizer import build_tokenizer
+    from ganda.lab.world import World, WorldConfig
+
+    cfg = resolve_config(config)
+    tr = cfg["train"]
+    world = World(WorldConfig.from_json(cfg["world"]))
+    tok = build_tokenizer(world)
+    h = hashlib.sha256()
+    for s in (0, 1, 2, 777, 5001):
+        b = T.make_batch(world, tok, tr, tr["seed"], s)
+        for k in sorted(b):
+            h.update(f"{k}{b[k].dtype}{tuple(b[k].shape)}".encode())
+            h.update(b[k].contiguous().numpy().tobytes())
+    assert h.hexdigest()[:16] == GOLDEN_BATCHES[config]
+
+
+def test_token_ids_fast_path_matches_the_backend_and_defers_what_it_cannot_vouch_for():
+    from ganda.lab import train as T
+    from ganda.lab.tokenizer import build_tokenizer
+    from ganda.lab.world import World
+
+    world = World()
+    tok = build_tokenizer(world)
+    enc = T._word_level_encoder(tok)
+    assert enc is not None
+    w = world.words[40]
+    texts = [f"The home of {world.entities[0]} is red hill.", "Answer: A", f"A. {w}\nB. {w}\n", f"'{world.novel[0]}':3\n", "?:.",
+             " " + w, ""]
+    for t in texts:
+        assert enc(t) == tuple(tok.backend_tokenizer.encode(t, add_special_tokens=False).ids), t
+        assert T.token_ids(tok, t) == tuple(tok(t, add_special_tokens=False).input_ids), t
+    # left to the backend: special tokens' text, spaces the split leaves over, unknown words
+    for t in ["<bos> hill", "red  hill", "red hill ", "tab\there", "zzzqqq"]:
+        assert enc(t) is None, t
+        assert T.token_ids(tok, t) == tuple(tok(t, add_special_tokens=False).input_ids), t
+    assert T._word_level_encoder(_other_tokenizer()) is None  # another pre-tokenizer: no fast path
+
+
+def _other_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    t = Tokenizer(models.WordLevel(vocab={"<unk>": 0, "a": 1}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>")
+
+
 @pytest.mark.parametrize("name,heads,layers,steps,params,wd", [
     ("E1", 2, 4, 6000, 284288, 0.01), ("E2", 2, 4, 9000, 284288, 0.01), ("E3", 4, 3, 10000, 230912, 0.01),
     ("E4", 2, 4, 13000, 284288, 0.01), ("E5", 2, 3, 10000, 230912, 0.01), ("E6", 2, 4, 11000, 284288, 0.01),

@@ -27,6 +27,8 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "min_lr_frac": 0.1,
     "schedule": "cosine",  # or "wsd": constant after warm-up, linear decay over the last decay_frac
     "decay_frac": 0.2,
+    "schedule_steps": None,  # the run length the rate curve is drawn for (None: steps)
+    "anneal_from": None,  # step from which the rate falls linearly to min_lr_frac at steps (None: no anneal)
     "warmup": 100,
     "weight_decay": 0.01,
     "grad_clip": 1.0,

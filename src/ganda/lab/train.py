@@ -17,15 +17,18 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..tasks.base import Example
 from .configs import build_model, resolve_config
-from .tokenizer import build_tokenizer
+from .tokenizer import PATTERN, build_tokenizer
 from .world import World, WorldConfig, eval_rng, train_rng
 
 
@@ -36,11 +39,51 @@ def token_ids(tok, text: str) -> tuple[int, ...]:
 
     Half of a training batch's ~135 pieces recur (statements, option lines, prompts), and the
     tokenizer's Python wrapper was most of the time spent building a batch; the Rust backend
-    called directly returns the same ids (tested) at well under half the cost."""
+    called directly returns the same ids (tested) at well under half the cost. For the lab's own
+    tokenizer, a regular-expression split and a dictionary lookup in Python return them again
+    (tested), ~10x faster than a call into the backend, which dominated building a batch of
+    fresh dictionary and option prompts that no cache can hold."""
+    fast = _word_level_encoder(tok)
+    ids = fast(text) if fast is not None else None
+    if ids is not None:
+        return ids
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:
         return tuple(tok(text, add_special_tokens=False).input_ids)
     return tuple(backend.encode(text, add_special_tokens=False).ids)
+
+
+@functools.lru_cache(maxsize=16)
+def _word_level_encoder(tok) -> Callable[[str], tuple[int, ...] | None] | None:
+    """A Python encoder for a tokenizer built like the lab's (no normaliser, the lab's regex
+    split with isolated pieces, a word-level vocabulary), else None. It returns None for any text
+    it cannot vouch for (a special token's text, characters the split leaves over, a piece not
+    in the vocabulary), which then goes to the Rust backend."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    spec = json.loads(backend.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    if (spec.get("normalizer") is not None or (spec.get("model") or {}).get("type") != "WordLevel"
+            or pre.get("type") != "Split" or pre.get("pattern") != {"Regex": PATTERN}
+            or pre.get("behavior") != "Isolated" or pre.get("invert")):
+        return None
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    added = [t["content"] for t in spec.get("added_tokens", [])]
+    split = re.compile(PATTERN).findall
+
+    def encode(text: str) -> tuple[int, ...] | None:
+        if any(a in text for a in added):
+            return None
+        pieces = split(text)
+        if sum(map(len, pieces)) != len(text):
+            return None
+        try:
+            return tuple([vocab[p] for p in pieces])
+        except KeyError:
+            return None
+
+    return encode
 
 
 def example_ids(tok, ex: Example) -> tuple[list[int], int]:
@@ -63,14 +106,25 @@ def _pieces_sequence(tok, pieces: list[tuple[str, bool]], answer_weight: float |
     return ids, labels, [w if w > 0 else 1.0 for w in weights]
 
 
+def copy_pool(world: World, tok) -> list[int]:
+    """The copy drill's tokens: every id of a dictionary key or value, sorted. Memoised on the
+    world per tokenizer (rebuilt per sequence it cost ~3% of a KV-pair training step)."""
+    pools = world.__dict__.setdefault("_copy_pools", {})
+    hit = pools.get(id(tok))
+    if hit is None or hit[0] is not tok:  # the tokenizer is kept, so its id cannot be reused
+        pool = sorted({i for k in world.kv_key_pool for i in token_ids(tok, k)}
+                      | {i for v in range(world.config.n_kv_values) for i in token_ids(tok, str(v))})
+        hit = pools[id(tok)] = (tok, pool)
+    return hit[1]
+
+
 def copy_sequence(world: World, tok, rng, length: int) -> tuple[list[int], list[int], list[float]]:
     """A *copy drill*: ``length`` distinct dictionary tokens (KV keys and values) in random order,
     then the same run again, with loss on the whole second copy. Every target is one induction
     step (find the current token's earlier copy, read what followed it), so a 2-layer Transformer
     forms induction heads in a few hundred steps here, where the dictionary prompt alone or the
     repeat drill (one target per line) left it on the plateau for 15000 (docs/lab.md, finding 3)."""
-    pool = sorted({i for k in world.kv_key_pool for i in token_ids(tok, k)}
-                  | {i for v in range(world.config.n_kv_values) for i in token_ids(tok, str(v))})
+    pool = copy_pool(world, tok)
     if not 2 <= length <= len(pool):
         raise ValueError(f"copy drill length must be 2..{len(pool)}, not {length}")
     x = rng.sample(pool, length)
@@ -160,18 +214,22 @@ def bucket_batch(batch: dict[str, torch.Tensor], buckets: int) -> list[dict[str,
 
 
 def _pad(tok, seqs) -> dict[str, torch.Tensor]:
+    """Right-padded tensors of (ids, labels, weights) sequences, each built by one call from
+    padded lists (three ``torch.tensor`` calls per sequence were a fifth of building a batch)."""
     width = max(len(s[0]) for s in seqs)
     pad = tok.pad_token_id
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    wts = torch.zeros((len(seqs), width))
-    for i, (s, lab, w) in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        labels[i, : len(s)] = torch.tensor(lab)
-        mask[i, : len(s)] = 1
-        wts[i, : len(s)] = torch.tensor(w)
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "weights": wts}
+    ids, labels, mask, wts = [], [], [], []
+    for s, lab, w in seqs:
+        gap = width - len(s)
+        ids.append([*s, *[pad] * gap])
+        labels.append([*lab, *[-100] * gap])
+        mask.append([1] * len(s) + [0] * gap)
+        wts.append([*w, *[0.0] * gap])
+    # through numpy: ~5x faster than torch.tensor on nested lists, the same values and dtypes
+    return {"input_ids": torch.from_numpy(np.array(ids, dtype=np.int64)),
+            "labels": torch.from_numpy(np.array(labels, dtype=np.int64)),
+            "attention_mask": torch.from_numpy(np.array(mask, dtype=np.int64)),
+            "weights": torch.from_numpy(np.array(wts, dtype=np.float32))}
 
 
 # ---- quick evaluation (batched; the final numbers use ganda.scoring) ----------------------------
@@ -245,8 +303,25 @@ def _lr(step: int, cfg_train: dict[str, Any]) -> float:
     """Linear warm-up, then ``schedule``: ``cosine`` to ``min_lr_frac`` over the run, or ``wsd``
     (warm-up, stable, decay): the full rate until the last ``decay_frac`` of the run, then a
     linear decay to ``min_lr_frac``. The SSMs leave their retrieval plateau only while the rate
-    is still high (around step 3000), which a short cosine run does not give them."""
-    base, warm, total = cfg_train["lr"], cfg_train["warmup"], cfg_train["steps"]
+    is still high (around step 3000), which a short cosine run does not give them.
+
+    ``schedule_steps`` (default ``steps``) is the length the curve is drawn for, and
+    ``anneal_from`` a step from which the rate falls linearly from the curve's value there to
+    ``min_lr_frac`` at ``steps``: a run cut short of its planned schedule with a short anneal.
+    Up to ``anneal_from`` it computes exactly what the planned run computes (same batches, same
+    rates), so its trajectory is that run's, bit for bit, until the anneal."""
+    a = cfg_train.get("anneal_from")
+    if a is not None and step >= int(a):
+        a, end = int(a), cfg_train["steps"]
+        top = _lr_curve(a, cfg_train)
+        low = cfg_train["lr"] * cfg_train["min_lr_frac"]
+        return top + (low - top) * min(1.0, (step - a) / max(1, end - a))
+    return _lr_curve(step, cfg_train)
+
+
+def _lr_curve(step: int, cfg_train: dict[str, Any]) -> float:
+    base, warm = cfg_train["lr"], cfg_train["warmup"]
+    total = int(cfg_train.get("schedule_steps") or cfg_train["steps"])
     if step < warm:
         return base * (step + 1) / warm
     lo = cfg_train["min_lr_frac"]

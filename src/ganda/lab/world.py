@@ -264,6 +264,22 @@ class World:
     def question(entity: str, relation: str) -> str:
         return f"Question: What is the {relation} of {entity}?\n"
 
+    @cached_property
+    def _values_by_word(self) -> dict[str, tuple[dict[str, list[str]], dict[str, list[str]]]]:
+        """Per relation, its two-word values grouped by adjective and by noun, in value order:
+        the hard distractors' pools, once (splitting every value per question was a tenth of
+        building a training batch)."""
+        out: dict[str, tuple[dict[str, list[str]], dict[str, list[str]]]] = {}
+        for r, vals in self.values.items():
+            by_adj: dict[str, list[str]] = {}
+            by_noun: dict[str, list[str]] = {}
+            for v in vals:
+                words = v.split()
+                by_adj.setdefault(words[0], []).append(v)
+                by_noun.setdefault(words[-1], []).append(v)
+            out[r] = (by_adj, by_noun)
+        return out
+
     def _options(self, rng: random.Random, relation: str, gold_value: str, n: int = 4,
                  hard: bool = False) -> tuple[list[str], int]:
         others = [v for v in self.values[relation] if v != gold_value]
@@ -272,8 +288,9 @@ class World:
                                     self.config.max_words, n - 1) + [gold_value]
         elif hard:  # one distractor shares the adjective, one the noun, the rest either
             adj, noun = gold_value.split()
-            same_adj = [v for v in others if v.split()[0] == adj]
-            same_noun = [v for v in others if v.split()[1] == noun]
+            by_adj, by_noun = self._values_by_word[relation]
+            same_adj = [v for v in by_adj[adj] if v != gold_value]
+            same_noun = [v for v in by_noun[noun] if v != gold_value]
             picks = [rng.choice(pool) for pool in (same_adj, same_noun)[: n - 1] if pool]
             near = [v for v in same_adj + same_noun if v not in picks]
             picks += rng.sample(near, min(n - 1 - len(picks), len(near)))
