@@ -262,6 +262,7 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
     assert "--steps" not in jobs[3].argv  # the student aligns for DISTILL_DEFAULTS["steps"]
     assert plan(tmp_path, distill_steps=20)[3].argv[-2:] == ["--steps", "20"]
     assert "train llama-h1" in " ".join(jobs[1].argv)  # the default programme's Transformer
+    assert "train mamba2-9k" in " ".join(jobs[0].argv) and "train hybrid-late-7k5" in " ".join(jobs[2].argv)
     # the teacher and its student are the critical path; the two long trainings nothing waits for yield
     assert {j.role: j.nice for j in jobs} == {"ssm": 10, "transformer": 0, "hybrid": 10, "distilled": 0,
                                               "kv_transformer": 10, "kv_ssm": 10}

@@ -309,6 +309,7 @@ def test_config_base_overrides_key_by_key():
 
 @pytest.mark.parametrize("config,name", [("llama", "lab-llama"), ("llama-wd", "lab-llama-wd"), ("llama-h1", "lab-llama-h1"),
                                          ("mamba2", "lab-mamba2"), ("hybrid-late", "lab-hybrid-late"),
+                                         ("mamba2-9k", "lab-mamba2-9k"), ("hybrid-late-7k5", "lab-hybrid-late-7k5"),
                                          ("mamba2-c32", "lab-mamba2-c32"), ("hybrid", "lab-hybrid"),
                                          ("kv-llama", "lab-kv-llama"), ("kv-mamba2", "lab-kv-mamba2")])
 def test_named_config_is_the_one_its_shipped_checkpoint_ran(config, name):

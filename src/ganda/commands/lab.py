@@ -69,10 +69,11 @@ def register(app: typer.Typer) -> None:
         kv_ssm: str = typer.Option(DEFAULT_MODELS["kv_ssm"], "--kv-ssm", help="Mamba-2 trained for KV (finding 3's "
                                   "KV curve)"),
         from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all six models into "
-                                          "--workdir (resumable; three at a time), then use them"),
+                                          "--workdir (resumable; two at a time), then use them"),
         workdir: Path = typer.Option(Path("runs/lab-train"), "--workdir", help="--from-scratch: model directories"),
-        jobs: int = typer.Option(3, "--jobs", help="--from-scratch: trainings at a time (one torch thread each; "
-                                 "with three, the teacher gets a core and the two trainings nothing waits for, niced, share the other)"),
+        jobs: int = typer.Option(2, "--jobs", help="--from-scratch: trainings at a time (one torch thread each; "
+                                 "two: the teacher, its student and the KV pair on one core, the SSM then the hybrid "
+                                 "on the other; more share cores, niced but for the teacher and its student)"),
         eval_every: int = typer.Option(1000, "--eval-every", help="--from-scratch: steps between the trainings' "
                                        "quick evaluations (their logged history; the weights do not depend on it)"),
         steps: int = typer.Option(None, "--steps", help="--from-scratch: override every config's training steps"),

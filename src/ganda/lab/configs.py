@@ -185,6 +185,28 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "world": LAB_WORLD,
         "train": {"steps": 10000, "schedule": "wsd", "buckets": 3, "seed": 1, **RECIPE},
     },
+    # The programme's SSM and hybrid since session 22: the two runs above cut short with a linear
+    # anneal (``anneal_from``), so that the six from-scratch trainings fit the hour. Each computes
+    # exactly its planned run (lab-mamba2 / lab-hybrid-late) until the anneal, then falls to the
+    # floor over 1000 steps. Both reproduce their findings (mamba2-9k: 3 and 4; hybrid-late-7k5: 5).
+    # Shorter cuts, branched from the same runs, did not: mamba2 annealed from 7500 (8500 steps)
+    # or over 500 steps from 8000 grew a sharper Gather head (finding 4 partly); hybrid-late
+    # annealed from 6000 (7000 steps) lost exactly 5 knowledge points under the mask (finding 5
+    # partly), from 7000 (8000 steps) it reproduces too. Shipped as lab-mamba2-9k /
+    # lab-hybrid-late-7k5 (docs/lab.md, from scratch).
+    "mamba2-9k": {
+        "arch": "mamba2",
+        "model": MAMBA2_MODEL,
+        "world": LAB_WORLD,
+        "train": {"steps": 9000, "schedule_steps": 12000, "anneal_from": 8000, "buckets": 3, **RECIPE},
+    },
+    "hybrid-late-7k5": {
+        "arch": "hybrid",
+        "model": {**HYBRID_MODEL, "attn_layer_indices": [3]},
+        "world": LAB_WORLD,
+        "train": {"steps": 7500, "schedule": "wsd", "schedule_steps": 10000, "anneal_from": 6500, "buckets": 3,
+                  "seed": 1, **RECIPE},
+    },
     # Finding 3's KV pair: two 2-layer models (same width as the lab models) trained on dictionary
     # prompts (1-4 keys asked each) and copy drills only. None of the lab models above learned KV
     # on their mixture (and KV-only or repeat-drill runs sat on the plateau for 15000 steps); with

@@ -43,7 +43,7 @@ NEEDS = {1: {"transformer"}, 2: {"transformer"}, 3: {"transformer", "ssm", "kv_t
 # Aggregate step in the SSM layer after it (docs/lab.md)
 # finding 3's KV curve is measured on a Transformer / SSM pair trained for KV (the four above never
 # learned it on their mixture); with those roles empty it falls back to the transformer and the ssm
-DEFAULT_MODELS = {"transformer": "lab-llama-h1", "ssm": "lab-mamba2", "hybrid": "lab-hybrid-late",
+DEFAULT_MODELS = {"transformer": "lab-llama-h1", "ssm": "lab-mamba2-9k", "hybrid": "lab-hybrid-late-7k5",
                   "distilled": "lab-distilled-h1", "kv_transformer": "lab-kv-llama", "kv_ssm": "lab-kv-mamba2"}
 KV_PAIRS = (2, 3, 4, 6, 8)
 KV_PAIRS_KV_MODELS = (2, 4, 8, 12, 16, 24)  # the KV pair was trained on 2-12 pairs

@@ -1,19 +1,20 @@
 """Train the six lab models from scratch, several at a time, resumably.
 
-Each model trains in its own process with one torch thread (on a 2-core machine two
-single-threaded runs side by side beat one two-threaded run; three side by side balance the
-unequal jobs better: the short transformer and the student fill in beside the two long SSM
-trainings instead of queueing behind one of them), through the same ``ganda train``
-/ ``ganda distill`` commands a user would type. The distilled student waits for its teacher. A
+Each model trains in its own process with one torch thread, through the same ``ganda train`` /
+``ganda distill`` commands a user would type. The distilled student waits for its teacher. A
 finished model (its ``lab.json`` written at the end of training) is skipped on a rerun; an
 interrupted one resumes from its last checkpoint. Wall times go to ``WORKDIR/timing.json``; with
 the shipped recipes unchanged, ``WORKDIR/rebuild.json`` says whether each model came out bit for
 bit the shipped checkpoint.
 
-The teacher and its student are the critical path (the student cannot start before the teacher
-ends), so the trainings nothing waits for run at a lower CPU priority (``nice``) and take the
-slack: on 2 cores the teacher then has a core to itself instead of two thirds of one. Priority
-changes only when each process runs, never what it computes.
+Two at a time (the default) on a 2-core machine: in the plan's order the SSM and the teacher start
+together; the SSM's slot then takes the hybrid, the teacher's its student and the KV pair. The
+two ~27-minute trainings back to back (SSM, hybrid) and the teacher's chain (~34 + 6 + 11
+minutes) end within a few minutes of each other. Up to session 21 three ran at a time, the
+trainings nothing waits for niced so that the teacher kept a core: the two niced ones then shared
+the other core at 0.87 of a core between them (cache thrash; logs of session 21), about 5
+core-minutes lost over the run. Priority changes only when each process runs, never what it
+computes; with more jobs than cores the niced ones still yield to the teacher and its student.
 """
 
 from __future__ import annotations
@@ -61,11 +62,10 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     """The jobs: SSM, transformer and hybrid from their configs, then the student from the
     transformer, then finding 3's KV pair.
 
-    Started in this order, so that the student (which needs the transformer) starts on the first
-    free slot: with three slots (the default) all three trainings start at once and the student
-    takes the transformer's slot; with two, SSM then the student share one slot and transformer
-    then hybrid the other."""
-    cfg = {"transformer": "llama-h1", "ssm": "mamba2", "hybrid": "hybrid-late", "kv_transformer": "kv-llama",
+    Started in this order: with two slots (the default) the SSM and the transformer start, the
+    SSM's slot then takes the hybrid and the transformer's the student, then the KV pair; with
+    three, the three trainings start at once and the student takes the transformer's slot."""
+    cfg = {"transformer": "llama-h1", "ssm": "mamba2-9k", "hybrid": "hybrid-late-7k5", "kv_transformer": "kv-llama",
            "kv_ssm": "kv-mamba2", **(configs or {})}
     g = [sys.executable, "-m", "ganda"]
     extra = ["--steps", str(steps)] if steps else []
@@ -85,7 +85,7 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     return jobs
 
 
-def train_all(workdir: str | Path, *, jobs: int = 3, configs: dict[str, str] | None = None, steps: int | None = None,
+def train_all(workdir: str | Path, *, jobs: int = 2, configs: dict[str, str] | None = None, steps: int | None = None,
               log: Callable[[str], None] = print, poll: float = 2.0, eval_every: int | None = None,
               distill_steps: int | None = None) -> dict[str, str]:
     """Run the plan with at most ``jobs`` processes at a time; returns role -> model directory.
