@@ -9,8 +9,8 @@ bit the shipped checkpoint.
 
 Two at a time (the default) on a 2-core machine: in the plan's order the SSM and the teacher start
 together; the SSM's slot then takes the hybrid, the teacher's its student and the KV pair. The
-two ~27-minute trainings back to back (SSM, hybrid) and the teacher's chain (~34 + 6 + 11
-minutes) end within a few minutes of each other. Up to session 21 three ran at a time, the
+two ~28-minute trainings back to back (SSM, hybrid) set the wall clock; the teacher's chain (32 +
+5.5 + 10 minutes) ends ~8 minutes earlier (session 22: 56.0 vs 47.8 min). Up to session 21 three ran at a time, the
 trainings nothing waits for niced so that the teacher kept a core: the two niced ones then shared
 the other core at 0.87 of a core between them (cache thrash; logs of session 21), about 5
 core-minutes lost over the run. Priority changes only when each process runs, never what it
