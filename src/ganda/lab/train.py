@@ -107,15 +107,14 @@ def _pieces_sequence(tok, pieces: list[tuple[str, bool]], answer_weight: float |
 
 
 def copy_pool(world: World, tok) -> list[int]:
-    """The copy drill's tokens: every id of a dictionary key or value, sorted. Memoised on the
-    world per tokenizer (rebuilt per sequence it cost ~3% of a KV-pair training step)."""
-    pools = world.__dict__.setdefault("_copy_pools", {})
-    hit = pools.get(id(tok))
-    if hit is None or hit[0] is not tok:  # the tokenizer is kept, so its id cannot be reused
-        pool = sorted({i for k in world.kv_key_pool for i in token_ids(tok, k)}
-                      | {i for v in range(world.config.n_kv_values) for i in token_ids(tok, str(v))})
-        hit = pools[id(tok)] = (tok, pool)
-    return hit[1]
+    """The copy drill's tokens: every id of a dictionary key or value, sorted. Memoised per
+    tokenizer and world (rebuilt per sequence it cost ~3% of a KV-pair training step)."""
+    return _token_pool(tok, world.kv_texts)
+
+
+@functools.lru_cache(maxsize=16)
+def _token_pool(tok, texts: tuple[str, ...]) -> list[int]:
+    return sorted({i for t in texts for i in token_ids(tok, t)})
 
 
 def copy_sequence(world: World, tok, rng, length: int) -> tuple[list[int], list[int], list[float]]:

@@ -400,6 +400,11 @@ class World:
             return sorted({f"{a} {n}" for r in self.config.relations for a in RELATIONS[r][0] for n in RELATIONS[r][1]})
         raise ValueError(f"kv_keys must be 'names' or 'phrases', not {self.config.kv_keys!r}")
 
+    @cached_property
+    def kv_texts(self) -> tuple[str, ...]:
+        """Every dictionary key and value as text: the copy drill's material."""
+        return (*self.kv_key_pool, *(str(v) for v in range(self.config.n_kv_values)))
+
     def kv_repeat_pieces(self, rng: random.Random, n_pairs: int, sep: str = ":") -> list[tuple[str, bool]]:
         """A training-only *repeat drill*: a dictionary, then the same lines again in a new order.
         Each repeated key is unpredictable, but its value is fixed by the first copy: the dense
