@@ -50,6 +50,53 @@ def test_finding1_rule():
     assert _f(verdicts({"models": low, "roles_transformer": pruned}), 1)["verdict"] == "partly"
 
 
+def _prune(mmlu, know, minimal, critical, removed, grown=None):
+    """A pruning curve (layers kept: len(mmlu) .. 1) and a remove-and-restore table on its minimal
+    model (``removed``: layer -> (lab-mmlu, knowledge); None is the minimal model intact)."""
+    n = len(mmlu)
+    curve = ExperimentResult(kind="prune", model="deep", rows=[
+        {"layers": n - i, "lab-mmlu": m, "lab-knowledge": k} for i, (m, k) in enumerate(zip(mmlu, know, strict=True))],
+        summary={"minimal_layers": minimal, "significant": True},
+        config={"grown_from": grown} if grown else {})
+    rr = ExperimentResult(kind="remove_restore", summary={"critical_layers": critical},
+                          rows=[{"removed_layer": k, "lab-mmlu": m, "lab-knowledge": kn} for k, (m, kn) in removed.items()])
+    return {"prune": curve, "remove_restore": rr}
+
+
+def test_finding2_rule_needs_a_stable_stretch_and_retrieval_specific_last_two_layers():
+    deep = _prune([.97, .97, .97, .31, .24, .24], [1.0, .69, .575, .545, .53, .39], 4, [1, 0, 3, 2],
+                  {None: (.97, .575), 0: (.25, .30), 1: (.25, .40), 2: (.37, .585), 3: (.31, .545)},
+                  grown={"model": "lab-llama-h1", "shared_layers": 4})
+    row = _f(verdicts(deep), 2)
+    assert row["verdict"] == "reproduced"
+    assert row["lab"].startswith("deep (layers 0-3 are lab-llama-h1's): cumulative pruning: lab-mmlu 6L 97.0%")
+    assert "removing its last two layers L2, L3: lab-mmlu 37.0%, 31.0%, knowledge 58.5%, 54.5% (vs 57.5%)" in row["lab"]
+    assert "the other critical layers cost knowledge too: L0 30.0%, L1 40.0%" in row["lab"]
+    # the lab's 4-layer Transformers: the cliff at the first cut, no stretch where MMLU survives
+    shallow = _prune([.97, .315, .24, .24], [1.0, .915, .805, .51], 4, [1, 0, 3, 2],
+                     {None: (.97, 1.0), 0: (.25, .45), 1: (.245, .715), 2: (.37, 1.0), 3: (.315, .97)})
+    assert _f(verdicts(shallow), 2)["verdict"] == "partly"
+    # the Aggregate layer's removal costing knowledge more than 5 points
+    costly = _prune([.97, .97, .97, .31, .24, .24], [1.0, .69, .575, .545, .53, .39], 4, [1, 0, 3, 2],
+                    {None: (.97, .575), 0: (.25, .30), 1: (.25, .40), 2: (.37, .585), 3: (.31, .52)})
+    assert _f(verdicts(costly), 2)["verdict"] == "partly"
+    # one of the last two layers not critical: a pruning cliff alone is "partly"
+    one = _prune([.97, .97, .97, .31, .24, .24], [1.0, .69, .575, .545, .53, .39], 4, [1, 0, 3],
+                 {None: (.97, .575), 0: (.25, .30), 1: (.25, .40), 2: (.80, .585), 3: (.31, .545)})
+    assert _f(verdicts(one), 2)["verdict"] == "partly"
+    # knowledge flat over the stretch MMLU survives, or rising as layers go
+    flat = _prune([.97, .97, .97, .31, .24, .24], [.6, .59, .575, .545, .53, .39], 4, [3, 2],
+                  {None: (.97, .575), 2: (.37, .585), 3: (.31, .545)})
+    assert _f(verdicts(flat), 2)["verdict"] == "partly"
+    rising = _prune([.97, .97, .97, .31, .24, .24], [1.0, .69, .575, .60, .53, .39], 4, [3, 2],
+                    {None: (.97, .575), 2: (.37, .585), 3: (.31, .60)})
+    assert _f(verdicts(rising), 2)["verdict"] == "partly"
+    # past the drop knowledge wanders around chance: a rise there is not judged
+    wander = _prune([.97, .97, .97, .31, .24, .24], [1.0, .69, .575, .545, .585, .39], 4, [3, 2],
+                    {None: (.97, .575), 2: (.37, .585), 3: (.31, .545)})
+    assert _f(verdicts(wander), 2)["verdict"] == "reproduced"
+
+
 def test_finding3_rule_counts_each_check():
     t = _roles(0.30, 0.33, heads_to_chance=2)
     s_more = _roles(0.50, 0.55, heads_to_chance=5)
@@ -130,7 +177,8 @@ def trained(tmp_path_factory):
         f.write_text(json.dumps({**cfg, "name": role, "world": TINY_WORLD, "train": tr}))
         configs[role] = str(f)
     log: list[str] = []
-    models = train_all(root / "work", jobs=2, configs=configs, log=log.append, poll=0.2, distill_steps=20)
+    models = train_all(root / "work", jobs=2, configs=configs, log=log.append, poll=0.2, distill_steps=20,
+                       grow_steps=6)
     return root, configs, models, log
 
 
@@ -138,19 +186,20 @@ def test_train_all_trains_every_role_and_resumes(trained):
     from ganda.lab.scratch import finished, train_all
 
     root, configs, models, log = trained
-    assert set(models) == {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm"}
+    assert set(models) == {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm", "deep"}
     assert all(finished(Path(d)) for d in models.values())
     assert any("distilled: started" in m for m in log)
-    # the student started only after its teacher had finished
-    order = [m for m in log if "transformer: done" in m or "distilled: started" in m]
-    assert order[0].startswith("[lab] transformer: done")
+    # the student and the grown model started only after the transformer had finished
+    for role in ("distilled", "deep"):
+        order = [m for m in log if "transformer: done" in m or f"{role}: started" in m]
+        assert order[0].startswith("[lab] transformer: done"), role
     timing = json.loads((root / "work" / "timing.json").read_text())
-    assert set(timing) >= {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm"}
+    assert set(timing) >= {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm", "deep"}
     # own configs: nothing shipped to compare the weights with
     assert not (root / "work" / "rebuild.json").exists() and not any("bit-identical" in m for m in log)
     again: list[str] = []
     train_all(root / "work", jobs=2, configs=configs, log=again.append, poll=0.2)
-    assert sum("already trained" in m for m in again) == 6 and not any("started" in m for m in again)
+    assert sum("already trained" in m for m in again) == 7 and not any("started" in m for m in again)
 
 
 def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
@@ -175,7 +224,12 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     assert "Reproduced:" in page and "Partly reproduced:" in page  # the findings' headline
     assert "<script src=" not in page and "<link " not in page  # self-contained
     models_rows = json.loads((out / "models" / "result.json").read_text())["rows"]
-    assert {r["role"] for r in models_rows} == {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm"}
+    assert {r["role"] for r in models_rows} == {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm",
+                                                "deep"}
+    # finding 2 pruned the grown model, whose base layers are the transformer's
+    f2 = json.loads((out / "f2-prune" / "result.json").read_text())
+    assert f2["model"] == models["deep"] and f2["config"]["grown_from"]["shared_layers"] == 2
+    assert _f(res["findings"], 2)["lab"].startswith(f"{models['deep']} (layers 0-1 are {models['transformer']}'s)")
     # the KV pair is scored on KV only, and finding 3's curve is measured on it
     kv_row = next(r for r in models_rows if r["role"] == "kv_ssm")
     assert "lab-kv4" in kv_row and "lab-mmlu" not in kv_row
@@ -215,7 +269,7 @@ def test_finding1_heads_are_found_in_the_minimal_model(trained, tmp_path):
     ad = prog.adapter("transformer")
     n = len(ad.decoder_layers())
     # as if pruning had found the retrieval cliff below the last layer
-    prog._curve = ExperimentResult(kind="prune", rows=[], summary={"minimal_layers": n - 1})
+    prog._curves["transformer"] = ExperimentResult(kind="prune", rows=[], summary={"minimal_layers": n - 1})
     res = prog.run()
     roles = json.loads((tmp_path / "lab" / "f1-roles-transformer" / "result.json").read_text())
     assert roles["config"]["keep_layers"] == list(range(n - 1))
@@ -252,8 +306,10 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
     from ganda.lab.scratch import plan
 
     jobs = plan(tmp_path, eval_every=1000)
-    assert [j.role for j in jobs] == ["ssm", "transformer", "hybrid", "distilled", "kv_transformer", "kv_ssm"]
-    assert "train kv-llama" in " ".join(jobs[4].argv) and "train kv-mamba2" in " ".join(jobs[5].argv)
+    assert [j.role for j in jobs] == ["ssm", "transformer", "hybrid", "distilled", "deep", "kv_transformer", "kv_ssm"]
+    assert "train kv-llama" in " ".join(jobs[5].argv) and "train kv-mamba2" in " ".join(jobs[6].argv)
+    assert jobs[4].argv[3:5] == ["grow", str(tmp_path / "transformer")] and jobs[4].after == "transformer"
+    assert "--steps" not in jobs[4].argv and plan(tmp_path, grow_steps=7)[4].argv[-2:] == ["--steps", "7"]
     for j in jobs[:3]:
         i = j.argv.index("--eval-every")
         assert j.argv[i + 1] == "1000" and "train" in j.argv
@@ -264,7 +320,7 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
     assert "train llama-h1" in " ".join(jobs[1].argv)  # the default programme's Transformer
     assert "train mamba2-9k" in " ".join(jobs[0].argv) and "train hybrid-late-7k5" in " ".join(jobs[2].argv)
     # the teacher and its student are the critical path; the two long trainings nothing waits for yield
-    assert {j.role: j.nice for j in jobs} == {"ssm": 10, "transformer": 0, "hybrid": 10, "distilled": 0,
+    assert {j.role: j.nice for j in jobs} == {"ssm": 10, "transformer": 0, "hybrid": 10, "distilled": 0, "deep": 0,
                                               "kv_transformer": 10, "kv_ssm": 10}
 
 

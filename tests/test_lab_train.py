@@ -124,6 +124,40 @@ def test_distill_builds_an_aligned_ssm(tmp_path):
     assert len(hs) == 3
 
 
+def test_grow_stacks_frozen_base_blocks_under_new_ones(tmp_path):
+    """Block expansion: the grown model starts as the base exactly, trains only its new blocks,
+    and its first layers stay the base's, weight for weight (pruning it back gives the base)."""
+    import ganda
+    from ganda.errors import GandaError
+    from ganda.lab.grow import expand_blocks, grow
+
+    micro = {**MICRO, "model": {**MICRO["model"], "num_hidden_layers": 2}}
+    train(micro, tmp_path / "b", progress=False, log=lambda *_: None)
+    base = ganda.load_model(str(tmp_path / "b"))
+    ids = torch.tensor([[2, 5, 9, 14, 30, 31]])
+    fresh = expand_blocks(base.model, 2)
+    assert fresh.config.num_hidden_layers == 4
+    assert [n for n, p in fresh.named_parameters() if p.requires_grad] and all(
+        n.startswith(("model.layers.2.", "model.layers.3.")) for n, p in fresh.named_parameters() if p.requires_grad)
+    with torch.no_grad():  # zeroed output projections: the grown model is the base at the start
+        assert torch.equal(fresh(ids).logits, base.model(ids).logits)
+    rec = grow(tmp_path / "b", tmp_path / "g", layers=1, steps=3, eval_every=3, eval_n=4, batch_size=4,
+               unasked=["pet"], progress=False, log=lambda *_: None)
+    assert rec["config"]["base_layers"] == 2 and rec["world"]["unasked_relations"] == ["pet"]
+    assert set(rec["history"][-1]["exit2"]) == {"knowledge_asked", "knowledge_unasked", "mmlu"}
+    grown = ganda.load_model(str(tmp_path / "g"))
+    assert grown.num_layers == 3
+    a, b = grown.model.state_dict(), base.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in b)  # the base's every tensor, untouched
+    assert a["model.layers.2.mlp.down_proj.weight"].abs().sum() > 0  # the new block trained
+    from ganda.interventions import truncate
+
+    with torch.no_grad(), truncate(2).apply(grown):
+        assert torch.equal(grown.model(ids).logits, base.model(ids).logits)
+    with pytest.raises(GandaError, match="Llama"):
+        expand_blocks(ganda.load_model(str(checkpoint("lab-kv-mamba2"))).model, 1)
+
+
 def test_export_checkpoint(tmp_path):
     import ganda
     from ganda.lab.train import export_checkpoint

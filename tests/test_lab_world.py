@@ -302,3 +302,55 @@ def test_copy_drill_repeats_a_run_of_dictionary_tokens_with_loss_on_the_copy(wor
                        seed=0, step=0)
     n = batch["attention_mask"].sum(1)
     assert set(n.tolist()) <= {7, 9, 11}  # 1 + 2 x length
+
+
+UNASKED = WorldConfig(distractors="hard", n_values=36, unasked_relations=("pet", "key"))
+
+
+def test_unasked_relations_add_facts_and_leave_the_asked_world_as_it_was():
+    base, grown = World(WorldConfig(distractors="hard", n_values=36)), World(UNASKED)
+    # the asked facts, their held-out split and the vocabulary are those of the world without them,
+    # so a model trained on that world keeps every token id and every question
+    assert grown.facts[: len(base.facts)] == base.facts and grown.asked_facts == base.facts
+    assert grown.heldout_facts == base.heldout_facts and grown.train_facts == base.train_facts
+    assert grown.words == base.words and build_tokenizer(grown).get_vocab() == build_tokenizer(base).get_vocab()
+    unasked = grown.fact_split("unasked")
+    assert len(unasked) == 2 * len(grown.entities) and {f.relation for f in unasked} == {"pet", "key"}
+    # crossed values: a home adjective with a job noun (pet), a job adjective with a home noun (key)
+    f = next(f for f in unasked if f.relation == "pet")
+    assert f.value.split()[0] in {"red", "cold", "dark", "old", "high", "wet"}
+    assert f.value.split()[1] in {"smith", "guard", "cook", "miner", "baker", "farmer"}
+    assert WorldConfig.from_json(UNASKED.to_json()) == UNASKED
+    assert "unasked_relations" not in base.config.to_json()  # old records stay byte for byte
+
+
+def test_unasked_facts_are_in_the_knowledge_task_and_never_asked_in_mmlu_format():
+    grown = World(UNASKED)
+    rec = UNASKED.to_json()
+    know = get_task("lab-knowledge", world=rec).examples(limit=300)
+    assert {ex.meta["relation"] for ex in know} == {"home", "job", "pet", "key"}
+    for ex in know:
+        assert ex.choices[ex.gold] == " " + grown.value(ex.meta["entity"], ex.meta["relation"])
+    only = get_task("lab-knowledge", world=rec, split="unasked").examples(limit=50)
+    assert {ex.meta["relation"] for ex in only} == {"pet", "key"}
+    for task in ("lab-mmlu", "lab-letters"):
+        assert {ex.meta["relation"] for ex in get_task(task, world=rec).examples(limit=300)} == {"home", "job"}
+    assert {ex.meta["relation"] for ex in get_task("lab-mmlu", world=rec, split="asked").examples(limit=50)} <= {"home", "job"}
+    with pytest.raises(ValueError, match="unasked"):
+        get_task("lab-mmlu", world=rec, split="unasked")
+    # statements (the training mixture) state them
+    rng = random.Random(0)
+    from ganda.lab.train import sample_sequence
+
+    tok = build_tokenizer(grown)
+    seen = {tok.decode(sample_sequence(grown, tok, rng, "statement", (2, 4))[0]).split()[1] for _ in range(200)}
+    assert {"pet", "key"} <= seen
+
+
+def test_unasked_relations_are_checked():
+    with pytest.raises(ValueError, match="unasked relation 'home'"):
+        _ = World(WorldConfig(unasked_relations=("home",))).facts
+    with pytest.raises(ValueError, match="borrows words"):
+        _ = World(WorldConfig(relations=("home",), unasked_relations=("pet",))).facts
+    with pytest.raises(ValueError, match="pairs"):
+        _ = World(WorldConfig(values="phrases", unasked_relations=("pet",))).facts

@@ -55,6 +55,27 @@ def register(app: typer.Typer) -> None:
         print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
 
     @app.command()
+    def grow(
+        base: str = typer.Argument(..., help="lab Llama to grow: a model directory or a shipped checkpoint name"),
+        out: Path = typer.Option(..., "--out", help="output directory for the grown model"),
+        layers: int = typer.Option(None, help="new blocks on top (default 2)"),
+        steps: int = typer.Option(None, help="training steps of the new blocks"),
+        seed: int = typer.Option(None, help="seed"),
+        progress: bool = typer.Option(True, help="show a progress bar"),
+    ) -> None:
+        """Grow a lab Llama by block expansion (new blocks on top, the base frozen) and train the new
+        blocks on facts MMLU never asks: finding 2's deep Transformer."""
+        from ..lab import checkpoint, shipped
+        from ..lab.grow import grow as run
+
+        path = Path(base) if Path(base).exists() else checkpoint(base) if base in shipped() else None
+        if path is None:
+            raise GandaError(f"{base!r} is neither a model directory nor a shipped lab checkpoint")
+        rec = run(path, out, layers=layers, steps=steps, seed=seed, progress=progress)
+        last = rec["history"][-1] if rec["history"] else {}
+        print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
+
+    @app.command()
     def lab(
         transformer: str = typer.Option(DEFAULT_MODELS["transformer"], "--transformer",
                                        help="Llama model (findings 1-4, donor of 6)"),
@@ -68,7 +89,9 @@ def register(app: typer.Typer) -> None:
                                           "to measure the curve on --transformer and --ssm"),
         kv_ssm: str = typer.Option(DEFAULT_MODELS["kv_ssm"], "--kv-ssm", help="Mamba-2 trained for KV (finding 3's "
                                   "KV curve)"),
-        from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all six models into "
+        deep: str = typer.Option(DEFAULT_MODELS["deep"], "--deep", help="--transformer grown by blocks that store facts "
+                                 "MMLU never asks (ganda grow; finding 2 prunes it); '' to prune --transformer"),
+        from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all seven models into "
                                           "--workdir (resumable; two at a time), then use them"),
         workdir: Path = typer.Option(Path("runs/lab-train"), "--workdir", help="--from-scratch: model directories"),
         jobs: int = typer.Option(2, "--jobs", help="--from-scratch: trainings at a time (one torch thread each; "
@@ -107,7 +130,7 @@ def register(app: typer.Typer) -> None:
         if not findings or any(f not in range(1, 7) for f in findings):
             raise GandaError("--only takes finding numbers 1 to 6")
         models = {"transformer": transformer, "ssm": ssm, "hybrid": hybrid, "distilled": distilled,
-                  "kv_transformer": kv_transformer, "kv_ssm": kv_ssm}
+                  "kv_transformer": kv_transformer, "kv_ssm": kv_ssm, "deep": deep}
         if from_scratch:
             from ..lab.scratch import train_all
 

@@ -7,6 +7,8 @@ Roles of the models (any model directory or shipped name can take a role)::
     ssm          Mamba2ForCausalLM                     findings 3, 4
     hybrid       BambaForCausalLM (Mamba-2 + attention) finding 5
     distilled    Mamba-2 student aligned to the transformer layer by layer (no end-to-end stage): finding 6
+    deep         the transformer grown by two frozen-base blocks that store facts MMLU never asks
+                 (``ganda grow``): finding 2 (without it finding 2 prunes the transformer)
     kv_transformer, kv_ssm  a 2-layer Llama and Mamba-2 trained for KV: finding 3's KV curve
                  (without them it is measured on transformer and ssm)
 
@@ -30,9 +32,9 @@ from typing import Any
 from ..errors import GandaError
 from ..experiments.common import ExperimentResult
 
-ROLES = ("transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm")
+ROLES = ("transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm", "deep")
 # the models each finding reads (``--only`` evaluates just these)
-NEEDS = {1: {"transformer"}, 2: {"transformer"}, 3: {"transformer", "ssm", "kv_transformer", "kv_ssm"},
+NEEDS = {1: {"transformer"}, 2: {"transformer", "deep"}, 3: {"transformer", "ssm", "kv_transformer", "kv_ssm"},
          4: {"transformer", "ssm"},
          5: {"hybrid"}, 6: {"transformer", "distilled"}}
 # the Transformer with one head per layer (weight decay 0.3): its last layer's only head must serve
@@ -43,8 +45,12 @@ NEEDS = {1: {"transformer"}, 2: {"transformer"}, 3: {"transformer", "ssm", "kv_t
 # Aggregate step in the SSM layer after it (docs/lab.md)
 # finding 3's KV curve is measured on a Transformer / SSM pair trained for KV (the four above never
 # learned it on their mixture); with those roles empty it falls back to the transformer and the ssm
+# finding 2 prunes lab-llama-deep: lab-llama-h1 with two blocks on top that store facts MMLU never
+# asks (every lab model keeps its Aggregate step in its last layer, so pruning any of them from
+# the end costs retrieval at once; docs/lab.md, finding 2)
 DEFAULT_MODELS = {"transformer": "lab-llama-h1", "ssm": "lab-mamba2-9k", "hybrid": "lab-hybrid-late-7k5",
-                  "distilled": "lab-distilled-h1", "kv_transformer": "lab-kv-llama", "kv_ssm": "lab-kv-mamba2"}
+                  "distilled": "lab-distilled-h1", "kv_transformer": "lab-kv-llama", "kv_ssm": "lab-kv-mamba2",
+                  "deep": "lab-llama-deep"}
 KV_PAIRS = (2, 3, 4, 6, 8)
 KV_PAIRS_KV_MODELS = (2, 4, 8, 12, 16, 24)  # the KV pair was trained on 2-12 pairs
 
@@ -76,7 +82,7 @@ class Programme:
     log: Callable[[str], None] = print
     _adapters: dict[str, Any] = field(default_factory=dict, repr=False)
     _examples: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
-    _curve: Any = field(default=None, repr=False)
+    _curves: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ---- plumbing -----------------------------------------------------------------------------
     def adapter(self, role: str):
@@ -136,23 +142,41 @@ class Programme:
         self.save("models", res)
         return {r["role"]: r for r in rows}
 
-    def prune_curve(self):
-        """The Transformer's cumulative pruning curve (Fig. 2), computed once: finding 2 reports it
-        and finding 1 looks for heads in the minimal model it defines."""
-        if self._curve is None:
+    def prune_curve(self, role: str = "transformer"):
+        """A model's cumulative pruning curve (Fig. 2), computed once per role: finding 2 reports
+        it and finding 1 looks for heads in the minimal model it defines."""
+        if role not in self._curves:
             from ..experiments.prune import prune_curve
 
-            self._curve = prune_curve(self.adapter("transformer"), self.scorer("transformer", ["lab-mmlu", "lab-knowledge"]),
-                                      drop_task="lab-mmlu")
-        return self._curve
+            self._curves[role] = prune_curve(self.adapter(role), self.scorer(role, ["lab-mmlu", "lab-knowledge"]),
+                                             drop_task="lab-mmlu")
+        return self._curves[role]
 
-    def minimal_layers(self) -> list[int] | None:
-        """The layers of the Transformer's minimal model, or None when that is the whole model. The
-        paper finds its G&A heads in Llama-3.1-8B cut to layers 0-17, where no later layer can
-        stand in for them."""
-        n = len(self.adapter("transformer").decoder_layers())
-        k = int(self.prune_curve().summary.get("minimal_layers") or n)
+    def minimal_layers(self, role: str = "transformer") -> list[int] | None:
+        """The layers of a model's minimal model, or None when that is the whole model. The paper
+        finds its G&A heads in Llama-3.1-8B cut to layers 0-17, where no later layer can stand in
+        for them."""
+        n = len(self.adapter(role).decoder_layers())
+        k = int(self.prune_curve(role).summary.get("minimal_layers") or n)
         return list(range(k)) if k < n else None
+
+    def shared_layers(self, role: str) -> int:
+        """How many bottom layers ``role``'s model shares with the transformer, weight for weight
+        (embeddings and final norm included; 0 if those differ): a grown model's base layers are
+        the transformer's, so the heads found there are its heads too."""
+        import torch
+
+        a, b = self.adapter(role).model.state_dict(), self.adapter("transformer").model.state_dict()
+        top = [k for k in b if ".layers." not in k]
+        if any(k not in a or a[k].shape != b[k].shape or not torch.equal(a[k], b[k]) for k in top):
+            return 0
+        n = 0
+        while any(k.startswith(f"model.layers.{n}.") for k in b):
+            keys = [k for k in b if k.startswith(f"model.layers.{n}.")]
+            if not all(k in a and a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in keys):
+                break
+            n += 1
+        return n
 
     def roles(self, role: str, name: str, keep_layers: list[int] | None = None):
         from ..experiments.roles import head_roles
@@ -220,9 +244,17 @@ class Programme:
         from ..experiments.prune import remove_restore
         from ..experiments.retain import retain
 
-        ad = self.adapter("transformer")
-        sc = self.scorer("transformer", ["lab-mmlu", "lab-knowledge"])
-        curve = self.prune_curve()
+        role = "deep" if self.models.get("deep") else "transformer"
+        ad = self.adapter(role)
+        sc = self.scorer(role, ["lab-mmlu", "lab-knowledge"])
+        curve = self.prune_curve(role)
+        shared = self.shared_layers(role) if role == "deep" else ad.num_layers
+        if role == "deep":
+            # the heads finding 1 found are this model's heads only where its layers are the transformer's
+            curve.config["grown_from"] = {"model": self.adapter("transformer").spec, "shared_layers": shared}
+            self.log(f"[lab] finding 2 prunes {ad.spec}: its layers 0-{shared - 1} are "
+                     f"{self.adapter('transformer').spec}'s, weight for weight" if shared else
+                     f"[lab] finding 2 prunes {ad.spec}, which shares no layer with {self.adapter('transformer').spec}")
         self.save("f2-prune", curve)
         n_layers = len(ad.decoder_layers())
         minimal = int(curve.summary.get("minimal_layers") or n_layers)
@@ -230,8 +262,8 @@ class Programme:
         self.save("f2-remove-restore", rr)
         out: dict[str, Any] = {"prune": curve, "remove_restore": rr}
         g, a = roles_t.summary.get("gather"), roles_t.summary.get("aggregate")
-        if g and a and _layer(g) != _layer(a):
-            res = retain(ad, sc, g, a, keep_layers=self.minimal_layers())
+        if g and a and _layer(g) != _layer(a) and max(_layer(g), _layer(a)) < min(shared, minimal):
+            res = retain(ad, sc, g, a, keep_layers=self.minimal_layers(role))
             self.save("f2-retain", res)
             out["retain"] = res
         return out
@@ -442,17 +474,39 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
     if "prune" in st and "remove_restore" in st:
         p, rr = st["prune"].summary, st["remove_restore"]
         prows = st["prune"].rows
-        know = [r.get("lab-knowledge") for r in prows]
+        n_layers = max(r["layers"] for r in prows)
+        minimal = p.get("minimal_layers") or n_layers
+        # the paper's claim is about the stretch down to the cliff ("knowledge declines while MMLU
+        # stays stable"); past it a model knows little and its knowledge score wanders around chance
+        know = [r.get("lab-knowledge") for r in prows if r["layers"] >= minimal - 1]
         gradual = all(b is None or a is None or b <= a + 0.02 for a, b in zip(know, know[1:], strict=False))
+        kfull = next((r.get("lab-knowledge") for r in prows if r["layers"] == n_layers), None)
+        kmin = next((r.get("lab-knowledge") for r in prows if r["layers"] == minimal), None)
+        # the paper's stretch: MMLU survives the loss of layers whose loss costs knowledge
+        stable = minimal < n_layers and kfull is not None and kmin is not None and kfull - kmin >= 0.05
         crit = rr.summary.get("critical_layers") or []
         rrows = {r["removed_layer"]: r for r in rr.rows}
-        kn_after = [rrows[i].get("lab-knowledge") for i in crit if i in rrows]
         base_k = rrows[None].get("lab-knowledge")
-        lab = ("cumulative pruning: lab-mmlu " + ", ".join(f"{r['layers']}L {_pct(r.get('lab-mmlu'))}" for r in prows)
+        # the paper's Fig. 3: its minimal model's last two layers (16, 17: Gather, Aggregate) are each
+        # critical for MMLU while knowledge holds; other critical layers are reported, not judged
+        last2 = [i for i in (minimal - 2, minimal - 1) if i >= 0]
+        kn_last2 = [rrows.get(i, {}).get("lab-knowledge") for i in last2]
+        kn_ok = (all(i in crit for i in last2) and bool(last2)
+                 and all(x is not None and base_k is not None and base_k - x <= 0.05 for x in kn_last2))
+        grown = st["prune"].config.get("grown_from") or {}
+        lab = ((f"{st['prune'].model} (layers 0-{grown['shared_layers'] - 1} are {grown['model']}'s): "
+                if grown.get("shared_layers") else "")
+               + "cumulative pruning: lab-mmlu " + ", ".join(f"{r['layers']}L {_pct(r.get('lab-mmlu'))}" for r in prows)
                + "; knowledge " + ", ".join(f"{r['layers']}L {_pct(r.get('lab-knowledge'))}" for r in prows)
                + f"; minimal model {p.get('minimal_layers')} layers (drop significant: {p.get('significant')}); "
-               f"remove-and-restore critical layers {crit} (knowledge after removal "
-               + ", ".join(_pct(x) for x in kn_after) + f" vs {_pct(base_k)})")
+               f"remove-and-restore: critical layers {crit}; removing its last two layers L{last2[0] if last2 else '-'}, "
+               f"L{last2[-1] if last2 else '-'}: lab-mmlu "
+               + ", ".join(_pct(rrows.get(i, {}).get("lab-mmlu")) for i in last2)
+               + ", knowledge " + ", ".join(_pct(x) for x in kn_last2) + f" (vs {_pct(base_k)})")
+        other = [i for i in crit if i not in last2]
+        if other:
+            lab += ("; the other critical layers cost knowledge too: "
+                    + ", ".join(f"L{i} {_pct(rrows[i].get('lab-knowledge'))}" for i in sorted(other) if i in rrows))
         if "retain" in st:
             rs = st["retain"].summary
             lab += ("; retention (lab-mmlu): none " + _pct((rs.get("none") or {}).get("lab-mmlu")) + ", aggregate only "
@@ -460,12 +514,16 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
                     + _pct((rs.get("gather") or {}).get("lab-mmlu")) + ", both "
                     + _pct((rs.get("both") or {}).get("lab-mmlu")) + ", intact " + _pct((rs.get("intact") or {}).get("lab-mmlu")))
         sharp = bool(p.get("significant"))
-        kn_ok = all(x is not None and base_k is not None and base_k - x <= 0.05 for x in kn_after) and bool(kn_after)
-        v = "reproduced" if sharp and gradual and kn_ok else "partly" if sharp or kn_ok else "not reproduced"
-        rows.append({"finding": 2, "claim": "pruning: retrieval collapses at one layer while knowledge declines "
-                     "gradually; critical layers retrieval-specific", "paper": PAPER[2], "lab": lab, "verdict": v,
-                     "rule": "reproduced: significant drop at one layer, knowledge never rises by more than 2 points "
-                             "as layers go, and removing a critical layer costs knowledge at most 5 points"})
+        v = ("reproduced" if sharp and stable and gradual and kn_ok
+             else "partly" if sharp or kn_ok else "not reproduced")
+        rows.append({"finding": 2, "claim": "pruning: retrieval stable, then collapsing at one layer while knowledge "
+                     "declines gradually; the minimal model's last two layers retrieval-specific", "paper": PAPER[2],
+                     "lab": lab, "verdict": v,
+                     "rule": "reproduced: a significant drop at one layer after at least one layer removed, "
+                             "knowledge down by 5 points or more over that stretch and never up by more than 2 as "
+                             "layers go down to the drop, and removing either of the minimal model's last two "
+                             "layers makes it critical (lab-mmlu halfway to chance) at a knowledge cost of at "
+                             "most 5 points"})
     rs_ = st.get("roles_ssm")
     if rs_ is not None and rt is not None:
         s, tt = rs_.summary, rt.summary
@@ -631,7 +689,8 @@ def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[
                     "hlines": chance})
     if "prune" in st:
         pr = st["prune"].rows
-        out.append({"title": f"2. layers kept (paper: MMLU cliff, knowledge gradual): {verdict.get(2)}",
+        who = f" of {st['prune'].model}" if st["prune"].model else ""
+        out.append({"title": f"2. layers kept{who} (paper: MMLU cliff): {verdict.get(2)}",
                     "groups": [f"{r['layers']} layer{'s' if r['layers'] != 1 else ''}" for r in pr],
                     "series": {"lab-mmlu": [r.get("lab-mmlu") for r in pr],
                                "lab-knowledge": [r.get("lab-knowledge") for r in pr]}, "hlines": chance})

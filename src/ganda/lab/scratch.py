@@ -58,7 +58,7 @@ OFF_PATH_NICE = 10  # CFS weight 110 vs 1024: the critical-path job gets a core 
 
 
 def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None,
-         eval_every: int | None = None, distill_steps: int | None = None) -> list[Job]:
+         eval_every: int | None = None, distill_steps: int | None = None, grow_steps: int | None = None) -> list[Job]:
     """The jobs: SSM, transformer and hybrid from their configs, then the student from the
     transformer, then finding 3's KV pair.
 
@@ -75,6 +75,10 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     dextra = ["--steps", str(distill_steps)] if distill_steps else []
     jobs.append(Job("distilled", [*g, "distill", str(workdir / "transformer"), "--out", str(workdir / "distilled"),
                                   "--no-progress", *dextra], workdir / "distilled", after="transformer"))
+    # finding 2's deep Transformer: the transformer grown by two blocks (~2.5 min)
+    gextra = ["--steps", str(grow_steps)] if grow_steps else []
+    jobs.append(Job("deep", [*g, "grow", str(workdir / "transformer"), "--out", str(workdir / "deep"),
+                             "--no-progress", *gextra], workdir / "deep", after="transformer"))
     # finding 3's KV pair: minutes each, queued behind the rest (the first free slot takes them)
     jobs += [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],
                  workdir / role) for role in ("kv_transformer", "kv_ssm")]
@@ -87,13 +91,13 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
 
 def train_all(workdir: str | Path, *, jobs: int = 2, configs: dict[str, str] | None = None, steps: int | None = None,
               log: Callable[[str], None] = print, poll: float = 2.0, eval_every: int | None = None,
-              distill_steps: int | None = None) -> dict[str, str]:
+              distill_steps: int | None = None, grow_steps: int | None = None) -> dict[str, str]:
     """Run the plan with at most ``jobs`` processes at a time; returns role -> model directory.
     ``eval_every`` sets the trainings' quick-evaluation interval (logged history only);
     ``distill_steps`` overrides the student's alignment steps (default: ``DISTILL_DEFAULTS``)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    todo = plan(workdir, configs, steps, eval_every, distill_steps)
+    todo = plan(workdir, configs, steps, eval_every, distill_steps, grow_steps)
     timing_file = workdir / "timing.json"
     timing = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
     done = {j.role for j in todo if finished(j.out)}
@@ -136,7 +140,7 @@ def train_all(workdir: str | Path, *, jobs: int = 2, configs: dict[str, str] | N
     timing["wall_seconds_this_run"] = round(time.perf_counter() - t0, 1)
     timing_file.write_text(json.dumps(timing, indent=2))
     built = {j.role: str(j.out) for j in todo}
-    if configs is None and steps is None and distill_steps is None:  # the shipped recipes, unchanged
+    if configs is None and steps is None and distill_steps is None and grow_steps is None:  # the shipped recipes
         from .programme import DEFAULT_MODELS
 
         report = compare_with_shipped(built, DEFAULT_MODELS)

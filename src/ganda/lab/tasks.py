@@ -60,13 +60,15 @@ class _LabTask(Task):
 
 
 class _FactTask(_LabTask):
+    asked = False  # only facts MMLU-format questions may be about
+
     def _init(self, split: str = "all") -> None:
         self.split = split
-        self.world.fact_split(split)  # validates
+        self.world.fact_split(split, self.asked)  # validates
 
     def _facts(self, n: int, seed: int, kind: str):
         rng = eval_rng(kind, seed)
-        facts = list(self.world.fact_split(self.split))
+        facts = list(self.world.fact_split(self.split, self.asked))
         rng.shuffle(facts)
         return rng, [facts[i % len(facts)] for i in range(n)]
 
@@ -88,6 +90,7 @@ class LabMMLUTask(_FactTask):
     """MMLU format about a stored fact: needs the fact *and* Gather-and-Aggregate."""
 
     name = "lab-mmlu"
+    asked = True
 
     def _make(self, n: int, seed: int) -> list[Example]:
         rng, facts = self._facts(n, seed, "mmlu")

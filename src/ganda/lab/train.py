@@ -238,7 +238,7 @@ def eval_examples(world: World, kind: str, n: int, seed: int = 0, split: str = "
         facts = world.fact_split(split)
         return [world.knowledge_example(rng, facts[i % len(facts)]) for i in _order(rng, len(facts), n)]
     if kind == "mmlu":
-        facts = world.fact_split(split)
+        facts = world.fact_split(split, asked=True)
         return [world.mmlu_example(rng, facts[i % len(facts)]) for i in _order(rng, len(facts), n)]
     if kind == "letters":
         return [world.letters_example(rng) for _ in range(n)]

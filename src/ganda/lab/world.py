@@ -35,6 +35,17 @@ RELATIONS: dict[str, tuple[list[str], list[str]]] = {
     "pet": (["small", "loud", "shy", "fat", "quick", "lazy"], ["cat", "dog", "goat", "crow", "frog", "horse"]),
 }
 
+# relations that are *stated* (fact statements, the knowledge task) but never *asked* in MMLU
+# format: the knowledge the paper's other benchmarks test and MMLU does not need (a Llama cut to
+# 18 of 32 layers keeps its MMLU score and loses most of its knowledge score). Their names are
+# words of the templates and their values pairs of the asked relations' words crossed (a home
+# adjective with a job noun, a job adjective with a home noun), so a world that adds them keeps
+# its vocabulary: a model trained on the world without them keeps every token id.
+UNASKED_RELATIONS: dict[str, tuple[list[str], list[str]]] = {
+    "pet": (RELATIONS["home"][0], RELATIONS["job"][1]),
+    "key": (RELATIONS["job"][0], RELATIONS["home"][1]),
+}
+
 KV_HEADER = "Memorize the following dictionary:\n"
 TEMPLATE_WORDS = (
     "The home job pet of is What Question Answer Context Memorize the following dictionary "
@@ -79,10 +90,16 @@ class WorldConfig:
     values: str = "pairs"
     phrase_words: int = 6
     max_words: int = 3
+    # stated, never asked (``UNASKED_RELATIONS``): their facts are in the statements and the
+    # knowledge task only; MMLU-format, letters and drill questions keep to ``relations``
+    unasked_relations: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["relations"] = list(self.relations)
+        d["unasked_relations"] = list(self.unasked_relations)
+        if not self.unasked_relations:  # records of worlds without them stay as they were
+            del d["unasked_relations"]
         return d
 
     @classmethod
@@ -92,8 +109,9 @@ class WorldConfig:
         d = dict(d or {})
         if d:
             d = {**LEGACY, **d}
-        if "relations" in d:
-            d["relations"] = tuple(d["relations"])
+        for k in ("relations", "unasked_relations"):
+            if k in d:
+                d[k] = tuple(d[k])
         return cls(**d)
 
 
@@ -186,6 +204,8 @@ class World:
             by_len = {r: [[v for v in values[r] if len(v.split()) == n] for n in range(1, cfg.max_words + 1)]
                       for r in cfg.relations}
             facts = {(e, r): rng.choice(rng.choice(by_len[r])) for e in entities for r in cfg.relations}
+            if cfg.unasked_relations:
+                raise ValueError("unasked_relations need values='pairs'")
             return entities, novel, values, facts
         if cfg.values != "pairs":
             raise ValueError(f"values must be 'pairs' or 'phrases', not {cfg.values!r}")
@@ -197,6 +217,19 @@ class World:
                 raise ValueError(f"relation {r} has only {len(combos)} values")
             values[r] = sorted(combos[: cfg.n_values])
         facts = {(e, r): rng.choice(values[r]) for e in entities for r in cfg.relations}
+        # from a stream of their own, after the asked facts: those stay exactly as without them
+        urng = random.Random(f"ganda-lab-world-{cfg.seed}-unasked")
+        for r in cfg.unasked_relations:
+            if r not in UNASKED_RELATIONS or r in cfg.relations:
+                raise ValueError(f"unasked relation {r!r}: choose from {sorted(set(UNASKED_RELATIONS) - set(cfg.relations))}")
+            adjs, nouns = UNASKED_RELATIONS[r]
+            have = {w for q in cfg.relations for w in RELATIONS[q][0] + RELATIONS[q][1]}
+            if not set(adjs + nouns) <= have:
+                raise ValueError(f"unasked relation {r!r} borrows words of relations the world lacks")
+            combos = [f"{a} {n}" for a in adjs for n in nouns]
+            urng.shuffle(combos)
+            values[r] = sorted(combos[: cfg.n_values])
+            facts |= {(e, r): urng.choice(values[r]) for e in entities}
         return entities, novel, values, facts
 
     @property
@@ -219,26 +252,39 @@ class World:
         return self._built[3][(entity, relation)]
 
     @cached_property
+    def asked_facts(self) -> list[Fact]:
+        """The facts MMLU-format questions are about (all but the unasked relations')."""
+        return [f for f in self.facts if f.relation in self.config.relations]
+
+    @cached_property
     def heldout_facts(self) -> list[Fact]:
         """Facts whose MMLU-format questions are never trained on (knowledge statements are)."""
         rng = random.Random(f"ganda-lab-holdout-{self.config.seed}")
-        facts = list(self.facts)
+        facts = list(self.asked_facts)
         rng.shuffle(facts)
         return sorted(facts[: int(round(self.config.holdout_frac * len(facts)))], key=self.facts.index)
 
     @cached_property
     def train_facts(self) -> list[Fact]:
         held = set(self.heldout_facts)
-        return [f for f in self.facts if f not in held]
+        return [f for f in self.asked_facts if f not in held]
 
-    def fact_split(self, split: str) -> list[Fact]:
+    def fact_split(self, split: str, asked: bool = False) -> list[Fact]:
+        """The facts of a split: ``all``, ``train`` / ``held`` (of the asked facts' MMLU-format
+        questions), ``asked``, ``unasked``. ``asked=True`` keeps only facts MMLU may ask about."""
+        if split == "unasked":
+            if asked:
+                raise ValueError("split 'unasked' has no MMLU-format questions")
+            return [f for f in self.facts if f.relation not in self.config.relations]
+        if split == "asked" or (split == "all" and asked):
+            return self.asked_facts
         if split == "all":
             return self.facts
         if split in ("held", "heldout"):
             return self.heldout_facts
         if split == "train":
             return self.train_facts
-        raise ValueError(f"unknown fact split {split!r} (all, train, held)")
+        raise ValueError(f"unknown fact split {split!r} (all, train, held, asked, unasked)")
 
     # ---- vocabulary ---------------------------------------------------------------------
     @cached_property
