@@ -158,6 +158,21 @@ def test_grow_stacks_frozen_base_blocks_under_new_ones(tmp_path):
         expand_blocks(ganda.load_model(str(checkpoint("lab-kv-mamba2"))).model, 1)
 
 
+def test_cli_grow_refuses_what_it_cannot_grow(tmp_path, capsys):
+    from ganda.cli import main
+
+    assert main(["grow", str(tmp_path / "missing"), "--out", str(tmp_path / "g")]) == 2
+    assert "neither a model directory nor a shipped lab checkpoint" in capsys.readouterr().err
+    plain = tmp_path / "plain"  # a Llama directory without a lab world
+    shutil.copytree(checkpoint("lab-llama-h1"), plain)
+    (plain / "lab.json").unlink()
+    assert main(["grow", str(plain), "--out", str(tmp_path / "g"), "--no-progress"]) == 2
+    assert "not a lab model" in capsys.readouterr().err
+    assert main(["grow", "lab-kv-mamba2", "--out", str(tmp_path / "g"), "--no-progress"]) == 2
+    assert "block expansion needs a Llama model" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()
+
+
 def test_export_checkpoint(tmp_path):
     import ganda
     from ganda.lab.train import export_checkpoint
@@ -378,6 +393,21 @@ def test_distill_defaults_are_the_ones_the_default_student_ran():
         assert ran == DISTILL_DEFAULTS, student
     old = json.loads((checkpoint("lab-distilled") / "lab.json").read_text())["config"]
     assert old["teacher"] == "lab-llama" and old["steps"] == 800
+
+
+def test_grow_defaults_are_the_ones_the_deep_model_ran():
+    """`ganda grow lab-llama-h1` rebuilds lab-llama-deep (the from-scratch run checks it bit for bit)
+    only if the defaults are its recorded config."""
+    from ganda.lab.grow import GROW_DEFAULTS
+    from ganda.lab.programme import DEFAULT_MODELS
+
+    assert DEFAULT_MODELS["deep"] == "lab-llama-deep"
+    ran = json.loads((checkpoint("lab-llama-deep") / "lab.json").read_text())
+    cfg = dict(ran["config"])
+    assert cfg.pop("arch") == "grown-llama" and cfg.pop("base") == DEFAULT_MODELS["transformer"]
+    assert cfg.pop("base_layers") == 4 and cfg.pop("train")["steps"] == GROW_DEFAULTS["steps"]
+    assert cfg == GROW_DEFAULTS
+    assert ran["world"]["unasked_relations"] == GROW_DEFAULTS["unasked"]
 
 
 @pytest.mark.parametrize("config", ["llama-h1", "hybrid-late"])

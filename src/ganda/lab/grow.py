@@ -175,8 +175,9 @@ def grow(base_dir: str | Path, out: str | Path, *, layers: int | None = None, st
     for p in model.parameters():
         p.requires_grad = True
     base = bdir.name if bdir.resolve().parent == CHECKPOINTS.resolve() else str(bdir)
+    # ``train``: what the new blocks trained on (make_batch's keys; the base's run is in its own lab.json)
     record = {"config": {"arch": "grown-llama", "base": base, "base_layers": n0, **cfg,
-                         "train": {**btrain, "mixture": cfg["mixture"]}},
+                         "train": {**tr, "weight_decay": cfg["weight_decay"], "seed": 20_000 + cfg["seed"]}},
               "world": world.config.to_json(), "params": n_params(model), "steps": cfg["steps"],
               "seconds": round(time.perf_counter() - t0, 1), "history": history}
     save_model(model, tok, Path(out), record)
