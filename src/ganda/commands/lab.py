@@ -11,6 +11,22 @@ from ..errors import GandaError
 from ..lab.programme import DEFAULT_MODELS, NEEDS
 
 
+def _lab_model(spec: str) -> Path:
+    """A model directory, or the shipped lab checkpoint of that name."""
+    from ..lab import checkpoint, shipped
+
+    if Path(spec).exists():
+        return Path(spec)
+    if spec in shipped():
+        return checkpoint(spec)
+    raise GandaError(f"{spec!r} is neither a model directory nor a shipped lab checkpoint")
+
+
+def _print_run(out: Path, rec: dict) -> None:
+    last = rec["history"][-1] if rec["history"] else {}
+    print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def train(
@@ -31,9 +47,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"{out} already holds a model; choose another --out or pass --resume")
         if eval_every is not None and eval_every < 1:
             raise GandaError("--eval-every must be at least 1")
-        rec = run(config, out, steps=steps, seed=seed, resume=resume, progress=progress, eval_every=eval_every)
-        last = rec["history"][-1] if rec["history"] else {}
-        print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
+        _print_run(out, run(config, out, steps=steps, seed=seed, resume=resume, progress=progress, eval_every=eval_every))
 
     @app.command()
     def distill(
@@ -44,15 +58,9 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, help="show a progress bar"),
     ) -> None:
         """Distil a Mamba-2 student from a lab Llama, layer by layer (no end-to-end stage)."""
-        from ..lab import checkpoint, shipped
         from ..lab.distill import distill as run
 
-        path = Path(teacher) if Path(teacher).exists() else checkpoint(teacher) if teacher in shipped() else None
-        if path is None:
-            raise GandaError(f"{teacher!r} is neither a model directory nor a shipped lab checkpoint")
-        rec = run(path, out, steps=steps, seed=seed, progress=progress)
-        last = rec["history"][-1] if rec["history"] else {}
-        print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
+        _print_run(out, run(_lab_model(teacher), out, steps=steps, seed=seed, progress=progress))
 
     @app.command()
     def grow(
@@ -65,15 +73,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Grow a lab Llama by block expansion (new blocks on top, the base frozen) and train the new
         blocks on facts MMLU never asks: finding 2's deep Transformer."""
-        from ..lab import checkpoint, shipped
         from ..lab.grow import grow as run
 
-        path = Path(base) if Path(base).exists() else checkpoint(base) if base in shipped() else None
-        if path is None:
-            raise GandaError(f"{base!r} is neither a model directory nor a shipped lab checkpoint")
-        rec = run(path, out, layers=layers, steps=steps, seed=seed, progress=progress)
-        last = rec["history"][-1] if rec["history"] else {}
-        print(json.dumps({"out": str(out), "params": rec["params"], "seconds": rec["seconds"], **last}))
+        _print_run(out, run(_lab_model(base), out, layers=layers, steps=steps, seed=seed, progress=progress))
 
     @app.command()
     def lab(

@@ -1,4 +1,4 @@
-"""Train the six lab models from scratch, several at a time, resumably.
+"""Train the seven lab models from scratch, several at a time, resumably.
 
 Each model trains in its own process with one torch thread, through the same ``ganda train`` /
 ``ganda distill`` commands a user would type. The distilled student waits for its teacher. A
@@ -8,9 +8,9 @@ the shipped recipes unchanged, ``WORKDIR/rebuild.json`` says whether each model 
 bit the shipped checkpoint.
 
 Two at a time (the default) on a 2-core machine: in the plan's order the SSM and the teacher start
-together; the SSM's slot then takes the hybrid, the teacher's its student and the KV pair. The
-two ~28-minute trainings back to back (SSM, hybrid) set the wall clock; the teacher's chain (32 +
-5.5 + 10 minutes) ends ~8 minutes earlier (session 22: 56.0 vs 47.8 min). Up to session 21 three ran at a time, the
+together; the SSM's slot then takes the hybrid, the teacher's its student, the grown model and the
+KV pair. The two ~28-minute trainings back to back (SSM, hybrid) set the wall clock; the teacher's
+chain (33 + 6 + 3 + 11 minutes) ends ~5 minutes earlier (session 23: 57.8 vs 53.1 min). Up to session 21 three ran at a time, the
 trainings nothing waits for niced so that the teacher kept a core: the two niced ones then shared
 the other core at 0.87 of a core between them (cache thrash; logs of session 21), about 5
 core-minutes lost over the run. Priority changes only when each process runs, never what it
@@ -60,10 +60,10 @@ OFF_PATH_NICE = 10  # CFS weight 110 vs 1024: the critical-path job gets a core 
 def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None = None,
          eval_every: int | None = None, distill_steps: int | None = None, grow_steps: int | None = None) -> list[Job]:
     """The jobs: SSM, transformer and hybrid from their configs, then the student from the
-    transformer, then finding 3's KV pair.
+    transformer, then finding 2's deep model grown from it, then finding 3's KV pair.
 
     Started in this order: with two slots (the default) the SSM and the transformer start, the
-    SSM's slot then takes the hybrid and the transformer's the student, then the KV pair; with
+    SSM's slot then takes the hybrid and the transformer's the student, the deep model, then the KV pair; with
     three, the three trainings start at once and the student takes the transformer's slot."""
     cfg = {"transformer": "llama-h1", "ssm": "mamba2-9k", "hybrid": "hybrid-late-7k5", "kv_transformer": "kv-llama",
            "kv_ssm": "kv-mamba2", **(configs or {})}
