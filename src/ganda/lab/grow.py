@@ -102,18 +102,17 @@ def expand_blocks(base, layers: int):
 
 def exit_accuracy(model, tok, world: World, depth: int, n: int, seed: int = 1) -> dict[str, float]:
     """Knowledge (asked / unasked facts) and MMLU-format accuracy reading out after ``depth``
-    blocks (the pruned model ``ganda prune`` scores)."""
-    full = model.model.layers
-    model.model.layers = full[:depth]
-    try:
+    blocks: the pruned model ``ganda prune`` scores, cut by the same intervention."""
+    from ..interventions import truncate
+    from ..models.registry import adapter_for
+
+    with truncate(depth).apply(adapter_for(model, tok, "grown")):
         out = {"knowledge_asked": quick_accuracy(model, tok, eval_examples(world, "knowledge", n, seed, split="asked")),
                "mmlu": quick_accuracy(model, tok, eval_examples(world, "mmlu", n, seed))}
         if world.config.unasked_relations:
             out["knowledge_unasked"] = quick_accuracy(model, tok, eval_examples(world, "knowledge", n, seed,
                                                                                 split="unasked"))
-        return out
-    finally:
-        model.model.layers = full
+    return out
 
 
 def grow(base_dir: str | Path, out: str | Path, *, layers: int | None = None, steps: int | None = None,

@@ -219,11 +219,11 @@ class World:
         facts = {(e, r): rng.choice(values[r]) for e in entities for r in cfg.relations}
         # from a stream of their own, after the asked facts: those stay exactly as without them
         urng = random.Random(f"ganda-lab-world-{cfg.seed}-unasked")
+        have = {w for q in cfg.relations for w in RELATIONS[q][0] + RELATIONS[q][1]}
         for r in cfg.unasked_relations:
             if r not in UNASKED_RELATIONS or r in cfg.relations:
                 raise ValueError(f"unasked relation {r!r}: choose from {sorted(set(UNASKED_RELATIONS) - set(cfg.relations))}")
             adjs, nouns = UNASKED_RELATIONS[r]
-            have = {w for q in cfg.relations for w in RELATIONS[q][0] + RELATIONS[q][1]}
             if not set(adjs + nouns) <= have:
                 raise ValueError(f"unasked relation {r!r} borrows words of relations the world lacks")
             combos = [f"{a} {n}" for a in adjs for n in nouns]
