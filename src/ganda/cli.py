@@ -6,12 +6,14 @@ discovered automatically, so areas can be added without editing this file.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import pkgutil
 import sys
 
 import typer
 
+from . import runio
 from .errors import GandaError
 
 app = typer.Typer(
@@ -39,23 +41,51 @@ def _register_commands() -> None:
 _register_commands()
 
 
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
+
+
+def _interrupted() -> int:
+    note = runio.take_interrupt_note()
+    print("ganda: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: user errors print one line and exit 2, never a traceback."""
+    """Entry point: user errors print one line and exit 2, never a traceback; Ctrl-C exits 130.
+
+    typer turns a KeyboardInterrupt inside a command into exit code 130 and returns it (with
+    ``standalone_mode=False``), so the return value is the exit status."""
+    runio.set_interrupt_note(None)
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False, prog_name="ganda")
     except GandaError as exc:
         print(f"ganda: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("ganda: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except SystemExit as exc:  # typer/click exit
-        return int(exc.code or 0)
-    except Exception as exc:  # usage errors from typer's click layer: show them like click does
-        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return _interrupted() if code == 130 else code
+    except OSError as exc:  # a full disk, a read-only file system: one line, not a traceback
+        if exc.errno not in _WRITE_ERRNOS:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"ganda: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # usage errors from typer's click layer: one line, like every error
+        if type(exc).__name__ == "NoArgsIsHelpError":  # plain ``ganda``: the help is the answer
             exc.show()
+            return int(exc.exit_code)
+        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            print(f"ganda: error: {exc.format_message()}{hint}", file=sys.stderr)
             return int(exc.exit_code)
         if type(exc).__name__ == "Abort":
             return 1
         raise
-    return 0
+    finally:
+        runio.release_claims()
+    if rc == 130:
+        return _interrupted()
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
+from . import runio
 from .attention import draw_attention
 from .discovery import ablate_until_chance, discover, save_discovery
 from .experiments.common import ganda_version, write_csv
@@ -82,7 +83,7 @@ def run_demo(
         "cumulative_ablation": curve,
         "candidates": [by[h].to_json() for h in dict.fromkeys(d.top_aggregate + d.top_gather)],
     }
-    (out / "result.json").write_text(json.dumps(result, indent=2))
+    runio.write_text(out / "result.json", json.dumps(result, indent=2))
     write_csv(out / "ablations.csv", rows)
     write_csv(out / "cumulative_ablation.csv", curve)
     from .report.html import write_report

@@ -1,4 +1,9 @@
-"""Where and in which precision models run: CPU/fp32 by default, CUDA/bf16 when present."""
+"""Where and in which precision models run: CPU/fp32 by default, CUDA/bf16 when present.
+
+``GANDA_DEVICE`` (``cpu``, ``cuda``, ``cuda:1``, ``mps``) and ``GANDA_DTYPE`` (``float32``,
+``bfloat16``, ``float16``, ``float64`` or ``fp32``/``bf16``/``fp16``) override the defaults; a value
+that cannot be honoured is refused with one line, never replaced by another device or precision.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +11,52 @@ import os
 
 import torch
 
+from .errors import GandaError
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float64": torch.float64, "fp64": torch.float64,
+}
+
+
+def parse_device(text: str | torch.device, source: str = "device") -> torch.device:
+    """``text`` as a device that exists on this machine (``source`` names it in the error)."""
+    try:
+        dev = text if isinstance(text, torch.device) else torch.device(str(text).strip())
+    except (RuntimeError, TypeError, ValueError):
+        raise GandaError(f"{source}={text!r} is not a device (expected cpu, cuda, cuda:1 or mps)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise GandaError(f"{source}={text!r} but CUDA is not available on this machine (use cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise GandaError(f"{source}={text!r} but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise GandaError(f"{source}={text!r} but MPS is not available on this machine (use cpu)")
+    elif dev.type != "cpu":
+        raise GandaError(f"{source}={text!r}: ganda runs on cpu, cuda or mps")
+    return dev
+
+
+def parse_dtype(text: str | torch.dtype, source: str = "dtype") -> torch.dtype:
+    """``text`` as a floating-point torch dtype (``source`` names it in the error)."""
+    if isinstance(text, torch.dtype):
+        if not text.is_floating_point:
+            raise GandaError(f"{source}={text} is not a floating-point precision")
+        return text
+    dtype = DTYPES.get(str(text).strip().lower().removeprefix("torch."))
+    if dtype is None:
+        raise GandaError(f"{source}={text!r} is not a precision (expected one of: {', '.join(DTYPES)})")
+    return dtype
+
 
 def default_device() -> torch.device:
-    """CUDA when available (and not disabled with GANDA_DEVICE=cpu), else CPU."""
+    """CUDA when available (and not overridden with GANDA_DEVICE), else CPU."""
     forced = os.environ.get("GANDA_DEVICE")
     if forced:
-        return torch.device(forced)
+        return parse_device(forced, "GANDA_DEVICE")
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -19,5 +64,5 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on CUDA (as the paper runs), fp32 on CPU (bf16 matmuls are slow there)."""
     forced = os.environ.get("GANDA_DTYPE")
     if forced:
-        return getattr(torch, forced)
+        return parse_dtype(forced, "GANDA_DTYPE")
     return torch.bfloat16 if device.type == "cuda" else torch.float32

@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from . import runio
 from .errors import GandaError
 from .heads import HeadId, expand
 from .interventions import AblateHeads
@@ -352,7 +353,7 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
         "rows": verified,
         "all_heads": rows,
     }
-    (out / "result.json").write_text(json.dumps(result, indent=2))
+    runio.write_text(out / "result.json", json.dumps(result, indent=2))
     write_csv(out / "heads.csv", [s.csv_row() for s in ordered])
     write_csv(out / "per_prompt.csv", [{"head": s.head, "prompt": i, **{k: s.samples[k][i] for k in METRICS}}
                                        for s in ordered if s.samples for i in range(s.n_prompts)])
@@ -417,7 +418,7 @@ def cumulative_ablation(
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "cumulative.json").write_text(json.dumps(rec, indent=2))
+        runio.write_text(out / "cumulative.json", json.dumps(rec, indent=2))
         write_csv(out / "cumulative.csv", curve)
         x = [0] + [r["n_heads"] for r in curve]
         ys = [base.accuracy] + [r["accuracy"] for r in curve]
@@ -609,7 +610,7 @@ def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(res, indent=2))
+    runio.write_text(out / "result.json", json.dumps(res, indent=2))
     rows = [{"model": m, "metric": k, "value": v["value"], "lo": v["ci95"][0], "hi": v["ci95"][1],
              "scale": v["scale"], "heads": ",".join(d["aggregate_heads"] if k.startswith("aggregate")
                                                     else d["gather_heads"])}
@@ -649,5 +650,8 @@ def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
     fig.suptitle("Sharpness, first model vs the other (blue: first sharper, red: other sharper, grey: undecided)",
                  fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with runio.atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110)
+    finally:
+        plt.close(fig)

@@ -3,7 +3,7 @@
 Grammar (0-based, like the paper's ``L17H24``)::
 
     head     := "L" layer [ "." kind ] "H" heads
-    layer    := INT | "*"              # "*" = every layer that has this mixer kind
+    layer    := INT | "*"              # "*" = every running layer that has this mixer kind
     kind     := "attn" | "ssm"          # needed only where a layer has more than one mixer
     heads    := INT | INT "-" INT | "*" # one head, an inclusive range, or every head
     headset  := ( head | block ) ( "," ( head | block ) )*
@@ -12,7 +12,9 @@ Grammar (0-based, like the paper's ``L17H24``)::
 Examples: ``L17H24``, ``L3H0-2``, ``L5H*``, ``L6.attnH3``, ``L*.attnH3``, ``B0H3`` (head 3 of
 shared block 0 at every depth where it runs; ``L6.attnH3`` is the invocation at layer 6 only).
 A pattern with ``*`` or a range expands against a model (:func:`expand`), which also
-validates indices so a typo like ``L99H0`` fails with a clear message.
+validates indices so a typo like ``L99H0`` fails with a clear message. Layer numbers are those of
+the model as loaded, whatever layer edits are active; ``L*`` and ``B{k}`` cover only the layers
+that run (a layer removed by ``KeepLayers``/``RemoveLayers`` has nothing to ablate).
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def _expand_block(part: str, block: str, heads: str, adapter: ModelAdapter) -> l
     if not layers:
         have = ", ".join(k.replace("block", "B") for k in blocks) or "none"
         raise GandaError(f"{part}: no shared block {block} (this model's shared blocks: {have})")
+    running = [layer for layer in layers if adapter.is_active(layer)]
+    if not running:
+        adapter.require_active(layers, part)
+    layers = running
     return [h for layer in layers for h in _expand_one(f"L{layer}.attnH{heads}", adapter)]
 
 
@@ -103,7 +109,7 @@ def _expand_one(part: str, adapter: ModelAdapter) -> list[HeadId]:
     layer_s, kind, head_s = m.groups()
     n_layers = adapter.num_layers
     if layer_s == "*":
-        layers = [mx.layer for mx in adapter.mixers() if kind is None or mx.kind == kind]
+        layers = [mx.layer for mx in adapter.mixers() if (kind is None or mx.kind == kind) and adapter.is_active(mx.layer)]
         layers = sorted(set(layers))
     else:
         layer = int(layer_s)

@@ -4,7 +4,8 @@ Head interventions act at the *input* of a mixer's output projection (``o_proj``
 reshaped to ``[..., heads, head_dim]``: zeroing head h there removes exactly h's contribution
 to the residual stream, which is what the paper does by zeroing h's columns of the projection
 (we test the equivalence). Layer interventions swap the decoder-layer list and put the original
-back. No weight is ever edited in place.
+back. No weight is ever edited in place. Layer numbers, in layer edits and in head ids alike,
+always name the layers of the model as loaded.
 
 Every intervention is a small dataclass that can ``describe()`` itself, so result files record
 exactly what was done, and ``apply(adapter, [..])`` stacks several.
@@ -112,6 +113,11 @@ class AblateHeads(Intervention):
         if self.positions is not None and self.positions not in POSITIONS:
             raise GandaError(f"positions must be None, 'query', 'last' or 'context', not {self.positions!r}")
         heads = expand(self.heads, adapter)
+        if isinstance(self.heads, str) and not heads:
+            raise GandaError(f"no head ids in {self.heads!r} (expected e.g. L17H24 or L3H0-2)")
+        for h in heads:  # a head of a removed layer would be ablated by nothing: refuse it
+            adapter.require_active([h.layer], str(h))
+        token = adapter.use_layers({h.layer for h in heads}, f"the ablation of {_short(heads)}")
         handles = []
         try:
             for mixer, hs in _group_by_mixer(adapter, heads).values():
@@ -121,6 +127,7 @@ class AblateHeads(Intervention):
         finally:
             for h in handles:
                 h.remove()
+            adapter.release_layers(token)
 
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
@@ -145,27 +152,44 @@ class KeepHeads(Intervention):
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
         heads = expand(self.heads, adapter)
+        if isinstance(self.heads, str) and not heads and self.layers is None:
+            raise GandaError(f"no head ids in {self.heads!r} (expected e.g. L17H24 or L3H0-2)")
         layers = sorted(set(self.layers) if self.layers is not None else {h.layer for h in heads})
+        for h in heads:
+            adapter.require_active([h.layer], str(h))
+        plan: list[tuple[Mixer, list[int]]] = []
+        used: set[HeadId] = set()
+        for layer in layers:
+            kind = self.kind
+            if kind is None:  # on a two-mixer layer the heads themselves say which mixer
+                kinds = {h.kind for h in heads if h.layer == layer and h.kind}
+                if len(kinds) > 1:
+                    raise GandaError(
+                        f"KeepHeads: layer {layer} lists heads of several mixers ({', '.join(sorted(kinds))}); "
+                        "use one KeepHeads per mixer kind"
+                    )
+                kind = next(iter(kinds), None)
+            mixer = adapter.mixer(layer, kind)
+            kept = [h for h in heads if h.layer == layer and adapter.mixer_of(h) is mixer]
+            used.update(kept)
+            plan.append((mixer, [h.head for h in kept]))
+        ignored = [h for h in heads if h not in used]
+        if ignored:  # a listed head outside the kept mixers would silently keep nothing
+            where = f"layers {compress_ranges(layers)}" + (f" ({self.kind})" if self.kind else "")
+            raise GandaError(f"KeepHeads: {ignored[0]} is not in the mixers it acts on ({where})")
+        label = f"keep-heads in layers {compress_ranges(layers)}"
+        adapter.require_active(layers, label)
+        token = adapter.use_layers(layers, label)
         handles = []
         try:
-            for layer in layers:
-                kind = self.kind
-                if kind is None:  # on a two-mixer layer the heads themselves say which mixer
-                    kinds = {h.kind for h in heads if h.layer == layer and h.kind}
-                    if len(kinds) > 1:
-                        raise GandaError(
-                            f"KeepHeads: layer {layer} lists heads of several mixers ({', '.join(sorted(kinds))}); "
-                            "use one KeepHeads per mixer kind"
-                        )
-                    kind = next(iter(kinds), None)
-                mixer = adapter.mixer(layer, kind)
-                kept = [h.head for h in heads if h.layer == layer and adapter.mixer_of(h) is mixer]
-                mask = _head_mask(mixer, kept, keep=True)
+            for mixer, kept_heads in plan:
+                mask = _head_mask(mixer, kept_heads, keep=True)
                 handles.append(adapter.register_out_proj_pre_hook(mixer, _masking_hook(mask, None)))
             yield
         finally:
             for h in handles:
                 h.remove()
+            adapter.release_layers(token)
 
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
@@ -177,25 +201,22 @@ class KeepLayers(Intervention):
     """Run only the listed decoder layers (the final norm and LM head are kept).
 
     ``KeepLayers(range(18))`` is the paper's "minimal model" (truncate to the first 18 layers).
+    Layer numbers are those of the model as loaded, and so are head ids inside: layer edits
+    compose (nested ``KeepLayers``/``RemoveLayers`` run the intersection of what each keeps) and
+    may be exited in any order. A head intervention on a layer that an edit removes is refused
+    (``L1H0: layer 1 is removed by remove-layers 1``), never silently ignored.
     """
 
     layers: Sequence[int]
 
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
-        original = adapter.decoder_layers()
-        n = len(original)
-        keep = sorted(set(self.layers))
-        bad = [i for i in keep if not 0 <= i < n]
-        if bad:
-            raise GandaError(f"layer {bad[0]} out of range, the model has layers 0-{n - 1}")
-        if not keep:
-            raise GandaError("cannot remove every layer")
-        adapter.set_decoder_layers(nn.ModuleList([original[i] for i in keep]))
+        layers = list(self.layers)
+        token = adapter.push_layer_edit(layers, f"keep-layers {compress_ranges(layers) or '(none)'}")
         try:
             yield
         finally:
-            adapter.set_decoder_layers(original)
+            adapter.pop_layer_edit(token)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "keep_layers", "layers": compress_ranges(self.layers)}
@@ -208,18 +229,25 @@ def truncate(k: int) -> KeepLayers:
 
 @dataclass
 class RemoveLayers(Intervention):
-    """Skip the listed decoder layers (the residual stream passes them unchanged)."""
+    """Skip the listed decoder layers (the residual stream passes them unchanged).
+
+    Indices are those of the model as loaded, as for :class:`KeepLayers`.
+    """
 
     layers: Sequence[int]
 
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
-        n = len(adapter.decoder_layers())
+        label = f"remove-layers {compress_ranges(self.layers)}"
+        n = len(adapter.original_layers())
         bad = [i for i in self.layers if not 0 <= i < n]
         if bad:
-            raise GandaError(f"layer {bad[0]} out of range, the model has layers 0-{n - 1}")
-        with KeepLayers([i for i in range(n) if i not in set(self.layers)]).apply(adapter):
+            raise GandaError(f"{label}: layer {bad[0]} out of range, the model has layers 0-{n - 1}")
+        token = adapter.push_layer_edit([i for i in range(n) if i not in set(self.layers)], label)
+        try:
             yield
+        finally:
+            adapter.pop_layer_edit(token)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "remove_layers", "layers": compress_ranges(self.layers)}
@@ -281,12 +309,21 @@ def parse_layers(text: str) -> list[int]:
         try:
             if "-" in part:
                 a, b = (int(x) for x in part.split("-"))
+                if a > b:
+                    raise GandaError(f"empty layer range {part!r} in {text!r} (write the smaller layer first)")
                 out.extend(range(a, b + 1))
             else:
                 out.append(int(part))
         except ValueError:
             raise GandaError(f"not a layer list: {text!r} (expected e.g. 0-17 or 3,5,7)") from None
+    if not out:
+        raise GandaError(f"not a layer list: {text!r} (expected e.g. 0-17 or 3,5,7)")
     return out
+
+
+def _short(heads: Sequence[HeadId]) -> str:
+    text = format_heads(heads)
+    return text if len(heads) <= 4 else f"{format_heads(heads[:3])},... ({len(heads)} heads)"
 
 
 def compress_ranges(xs: Iterable[int]) -> str:

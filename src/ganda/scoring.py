@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .errors import GandaError
 from .interventions import Intervention, apply, describe_all, query_positions
 from .models.base import ModelAdapter
 from .stats import wilson
@@ -329,8 +330,11 @@ def evaluate(
     seed: int = 0,
     progress: bool = True,
 ) -> EvalResult:
-    """Evaluate a task (multiple-choice tasks here; generation tasks provide their own runner)."""
+    """Evaluate a task (multiple-choice tasks here; generation tasks provide their own runner).
+    A task that gives no examples (``limit=0``) is an error: an accuracy over nothing is no number."""
     examples = task.examples(limit=limit, seed=seed)
+    if not examples:
+        raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")
     if task.kind != "mc":
         from .generation import evaluate_generation  # generation tasks (GSM8K, BBH)
 

@@ -38,10 +38,15 @@ Resumable: ``out_dir/progress.jsonl`` gets one JSON line per finished head (flus
 immediately). A run killed at any point (even SIGKILL) continues where it stopped, and heads
 are computed in fixed batches (a partially written batch is recomputed whole), so the final
 ``results.jsonl`` / ``results.csv`` / ``heatmap.png`` are identical to an uninterrupted run's.
+The progress header records the weights' fingerprint (:func:`weights_fingerprint`) and dtype: a
+resume on changed weights is refused rather than mixing two models' numbers. ``out_dir`` is
+locked for the run (:func:`ganda.runio.run_dir_lock`), so two sweeps never write into one
+directory, and every result file is written atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import time
@@ -53,6 +58,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from . import runio
 from .errors import GandaError
 from .heads import HeadId
 from .models.base import ModelAdapter
@@ -482,13 +488,13 @@ class SweepResult:
         return m
 
     def write(self, out_dir: Path) -> None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with (out_dir / "results.jsonl").open("w") as f:
+        """``results.jsonl``, ``results.csv`` and ``heatmap.png``, each written atomically."""
+        with runio.atomic_open(out_dir / "results.jsonl") as f:
             f.write(json.dumps({"type": "header", "config": self.config}) + "\n")
             f.write(json.dumps(self.baseline) + "\n")
             for r in self.records:
                 f.write(json.dumps(r) + "\n")
-        with (out_dir / "results.csv").open("w", newline="") as f:
+        with runio.atomic_open(out_dir / "results.csv", newline="") as f:
             w = csv.writer(f)
             w.writerow(["head", "layer", "index", "kind", "n", "correct", "acc", "acc_norm", "drop", "drop_norm",
                         "gold_loglik", "gold_loglik_drop"])
@@ -520,8 +526,11 @@ class SweepResult:
         task = self.config.get("task", {})
         fig.suptitle(f"{model}: {task.get('task', '?') if isinstance(task, dict) else task} (n={self.baseline['n']})")
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+        try:
+            with runio.atomic_path(path) as tmp:
+                fig.savefig(tmp, dpi=120)
+        finally:
+            plt.close(fig)
 
 
 def _batches(heads: Sequence[HeadId], batch_heads: int) -> list[list[HeadId]]:
@@ -550,7 +559,8 @@ def run_sweep(
 ) -> SweepResult:
     """Ablate each head alone and score ``examples`` (see the module docstring).
 
-    ``config`` (task options, seed, ...) is recorded and must match on resume. ``naive=True``
+    ``config`` (task options, seed, ...) is recorded and must match on resume, as must the
+    weights (their fingerprint) and the dtype. ``naive=True``
     runs the reference loop (``AblateHeads`` + ``evaluate_examples`` per head) with the same
     output format. ``on_head`` is called with each finished head's record.
     """
@@ -571,35 +581,73 @@ def run_sweep(
         **(config or {}),
     }
     out = Path(out_dir) if out_dir is not None else None
+    if out is None:
+        return _sweep(adapter, examples, packed, heads, cfg, None, resume, naive, batch_heads, progress, on_head, t0)
+    with runio.run_dir_lock(out):
+        cfg["weights"] = weights_fingerprint(adapter)
+        cfg["dtype"] = str(next(adapter.model.parameters()).dtype).removeprefix("torch.")
+        return _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0)
+
+
+def _check_resumable(progress_path: Path, old: dict[str, Any] | None, cfg: dict[str, Any]) -> None:
+    """Refuse to resume a progress file written for other weights, prompts, heads or options."""
+    if old == cfg:
+        return
+    if isinstance(old, dict) and old.get("model") == cfg["model"] and old.get("weights", cfg["weights"]) != cfg["weights"]:
+        raise GandaError(
+            f"the weights of {cfg['model']} changed since this run started (fingerprint {old.get('weights')}, "
+            f"now {cfg['weights']}); use --no-resume or another --out"
+        )
+    keys = sorted(k for k in {*(old or {}), *cfg} if (old or {}).get(k) != cfg.get(k)) if isinstance(old, dict) else []
+    what = f"{', '.join(keys)} differ" if keys else "model, task, prompts or heads differ"
+    raise GandaError(
+        f"{progress_path} holds a different sweep ({what}); use --no-resume to start over or another --out"
+    )
+
+
+_RESULT_FILES = ("results.jsonl", "results.csv", "heatmap.png", "cumulative.json", "cumulative.csv", "cumulative.png")
+
+
+def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0):
     done: dict[str, dict[str, Any]] = {}
     baseline: dict[str, Any] | None = None
     progress_path = out / "progress.jsonl" if out else None
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
         assert progress_path is not None
         if not resume and progress_path.exists():
             progress_path.unlink()
         lines = _read_progress(progress_path)
         if lines:
-            if lines[0].get("type") != "header" or lines[0].get("config") != cfg:
-                raise GandaError(
-                    f"{progress_path} holds a different sweep (model, task, prompts or heads differ); "
-                    "use --no-resume to start over or another --out"
-                )
+            _check_resumable(progress_path, lines[0].get("config") if lines[0].get("type") == "header" else None, cfg)
             for rec in lines[1:]:
                 if rec.get("type") == "baseline":
                     baseline = rec
                 elif rec.get("type") == "head":
                     done[rec["head"]] = rec
-        else:
-            progress_path.write_text(json.dumps({"type": "header", "config": cfg}) + "\n")
-    fh = progress_path.open("a") if progress_path else None
+        else:  # a new sweep: results of an earlier one in this directory would sit beside its progress
+            for name in _RESULT_FILES:
+                (out / name).unlink(missing_ok=True)
+            runio.write_text(progress_path, json.dumps({"type": "header", "config": cfg}) + "\n")
+    try:
+        fh = progress_path.open("a") if progress_path else None
+    except OSError as exc:
+        raise runio.write_error(progress_path, exc) from None
+
+    def note() -> None:
+        if out is not None:
+            n = len(done)
+            runio.set_interrupt_note(f"{n} head{'s' if n != 1 else ''} saved, rerun the same command to resume")
 
     def emit(rec: dict[str, Any]) -> None:
         if fh is not None:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
+            try:
+                fh.write(json.dumps(rec) + "\n")
+                fh.flush()
+            except OSError as exc:
+                raise runio.write_error(progress_path, exc) from None
+        note()
 
+    note()
     todo = [h for h in heads if str(h) not in done]
     bar = tqdm(total=len(heads), initial=len(heads) - len(todo), desc="sweep", unit="head", disable=not progress)
     try:
@@ -627,12 +675,50 @@ def run_sweep(
     finally:
         bar.close()
         if fh is not None:
-            fh.close()
+            with contextlib.suppress(OSError):
+                fh.close()
     assert baseline is not None
     result = SweepResult(cfg, baseline, [done[str(h)] for h in heads], time.perf_counter() - t0, out)
     if out is not None:
-        result.write(out)
+        try:
+            result.write(out)
+        except GandaError as exc:
+            raise GandaError(f"{exc}; every head is kept in {progress_path}: rerun the same command to write "
+                             "the results") from None
+    runio.set_interrupt_note(None)
     return result
+
+
+def model_source(spec: str) -> Path | None:
+    """The file or directory a model spec loads from (an alias's resolved file), or None (in memory)."""
+    from .models.loading import ALIASES, resolve_alias
+
+    if spec in ALIASES:
+        return resolve_alias(spec)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    if spec.startswith("lab-"):
+        from .lab import CHECKPOINTS
+
+        if (CHECKPOINTS / spec / "config.json").exists():
+            return CHECKPOINTS / spec
+    return None
+
+
+def weights_fingerprint(adapter: ModelAdapter) -> str:
+    """What a resumed run checks the weights against: :func:`ganda.runio.model_fingerprint` of the
+    files behind ``adapter.spec`` or, for a model built in memory, a digest of its tensors."""
+    path = model_source(adapter.spec)
+    if path is not None:
+        return runio.model_fingerprint(path)
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(adapter.model.state_dict().items()):
+        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
+        h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy())
+    return "mem-" + h.hexdigest()[:16]
 
 
 def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head):
@@ -678,4 +764,4 @@ def load_result(out_dir: str | Path) -> SweepResult:
     return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir))
 
 
-__all__ = ["SweepResult", "load_result", "prepare", "run_sweep", "runner_for"]
+__all__ = ["SweepResult", "load_result", "model_source", "prepare", "run_sweep", "runner_for", "weights_fingerprint"]

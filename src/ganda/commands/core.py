@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from .. import runio
 from ..errors import GandaError
 from ..models import DEFAULT_MODEL
 
@@ -22,19 +23,34 @@ def build_interventions(
     mask_rule: str = "query",
 ) -> list:
     """CLI flags -> interventions (layer edits first, so head ids keep their original layers)."""
+    from ..heads import split_spec
     from ..interventions import AblateHeads, KeepLayers, RemoveLayers, parse_layers
     from ..interventions import mask_last_row as mlr
 
+    for flag, spec in (("--ablate", ablate), ("--mask-last-row", mask_last_row)):
+        if spec is not None and not split_spec(spec):
+            raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24 or L3H0-2)")
     out: list = []
-    if keep_layers:
+    if keep_layers is not None:
         out.append(KeepLayers(parse_layers(keep_layers)))
-    if remove_layers:
+    if remove_layers is not None:
         out.append(RemoveLayers(parse_layers(remove_layers)))
-    if ablate:
+    if ablate is not None:
         out.append(AblateHeads(ablate))
-    if mask_last_row:
+    if mask_last_row is not None:
         out.append(mlr(mask_last_row, mask_rule))
     return out
+
+
+def at_least(flag: str, value: int | None, low: int = 1) -> None:
+    """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run."""
+    if value is not None and value < low:
+        raise GandaError(f"{flag} must be at least {low}, got {value}")
+
+
+def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise GandaError(f"{flag} must be {' or '.join(choices)}, not {value!r}")
 
 
 def parse_options(items: list[str] | None) -> dict:
@@ -97,15 +113,19 @@ def register(app: typer.Typer) -> None:
         from ..scoring import evaluate
         from ..tasks import get_task, task_for_model
 
+        at_least("--limit", limit)
+        one_of("--mask-rule", mask_rule, ("query", "last"))
         opts = {"shots": shots, "pairs": pairs, "subjects": subjects, **parse_options(option)}
         task_obj = get_task(task, **opts)
+        ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule)
+        if predictions:
+            runio.check_output_file(predictions, "--predictions")
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
-        ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule)
         validate_interventions(adapter, ivs)
         res = evaluate(adapter, task_obj, ivs, limit=limit, seed=seed, progress=not as_json)
         if predictions:
-            with open(predictions, "w") as f:
+            with runio.atomic_open(predictions) as f:
                 for p in res.predictions:
                     f.write(json.dumps(p) + "\n")
         if as_json:
@@ -136,13 +156,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Draw attention maps (softmax, or exact SSM implicit attention) of heads on one prompt."""
         from ..attention import draw_attention
+        from ..heads import split_spec
         from ..models import load_model
+        from ..tasks import get_task, task_for_model
 
+        if not split_spec(heads):
+            raise GandaError(f"--heads: no head ids in {heads!r} (expected e.g. L16H22,L17H24)")
+        at_least("--index", index, 0)
+        at_least("--rows", last_rows)
+        if prompt is not None and not prompt.strip():
+            raise GandaError("--prompt is empty")
+        t = get_task(task, pairs=pairs, shots=shots) if prompt is None else None
+        runio.check_output_file(out, "--out")
         adapter = load_model(model, allow_pickle=allow_pickle)
-        if prompt is None:
-            from ..tasks import get_task
-
-            exs = get_task(task, adapter=adapter, pairs=pairs, shots=shots).examples(limit=index + 1, seed=seed)
+        if t is not None:
+            exs = task_for_model(task, t, adapter, pairs=pairs, shots=shots).examples(limit=index + 1, seed=seed)
+            if index >= len(exs):
+                raise GandaError(f"--index {index}: task {task!r} has {len(exs)} examples (0-{len(exs) - 1})")
             prompt = exs[index].prompt
         path = draw_attention(adapter, prompt, heads, out, last_rows=last_rows)
         print(f"wrote {path}")
@@ -164,11 +194,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation.
         heads.csv also holds each head's read profile (where its final row lands)."""
-        from ..discovery import discover, save_discovery
+        from ..discovery import SUMMARIES, discover, save_discovery
         from ..models import load_model
         from ..tasks import get_task, task_for_model
 
+        for flag, value in (("--n", n), ("--verify-n", verify_n), ("--top", top)):
+            at_least(flag, value)
+        one_of("--summary", summary, SUMMARIES)
         t = get_task(task, pairs=pairs, shots=shots)
+        runio.claim_run_dir(out)
         adapter = load_model(model, allow_pickle=allow_pickle)
         t = task_for_model(task, t, adapter, pairs=pairs, shots=shots)
         pat = t.examples(limit=n, seed=seed)
@@ -192,7 +226,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The main job: KV baseline -> head ranking -> ablate the top G&A heads -> figures -> HTML report."""
         from ..demo import run_demo
+        from ..tasks import get_task
 
+        for flag, value in (("--n", n), ("--verify-n", verify_n), ("--top", top)):
+            at_least(flag, value)
+        get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
+        runio.claim_run_dir(out)
         report = run_demo(model, out, pairs=pairs, n=n, verify_n=verify_n, top=top, seed=seed)
         print(f"report: {report}")
 

@@ -25,9 +25,10 @@ QUIET = typer.Option(False, "--quiet", "-q", help="no progress bars")
 
 
 def _out(out: Path | None, kind: str, model: str) -> Path:
-    if out is not None:
-        return out
-    return Path("runs") / f"{kind}-{Path(model).stem or model}"
+    """The run directory, checked and locked for this run (called before the model loads)."""
+    from .. import runio
+
+    return runio.claim_run_dir(out if out is not None else Path("runs") / f"{kind}-{Path(model).stem or model}")
 
 
 def _finish(result, out: Path, html: bool) -> None:
@@ -44,6 +45,33 @@ def _layers(text: str | None) -> list[int] | None:
     from ..interventions import parse_layers
 
     return parse_layers(text) if text else None
+
+
+def _check_inputs(limit: int | None = None, klimit: int | None = None, tasks: str | None = None,
+                  **counts: int | None) -> list[str]:
+    """Bad counts and task lists fail here, before any model loads; returns the task names.
+    ``counts``: flag name without dashes (``min_layers``) -> value, each at least 1."""
+    from ..experiments.common import kv_task_name, parse_tasks
+    from ..tasks import get_task
+    from .core import at_least
+
+    at_least("--limit", limit)
+    at_least("--knowledge-limit", klimit)
+    for flag, value in counts.items():
+        at_least("--" + flag.replace("_", "-"), value)
+    names = parse_tasks(tasks) if tasks is not None else []
+    for name in names:
+        base, pairs = kv_task_name(name)
+        if base is not None:
+            get_task(base, pairs=pairs)  # kv1, lab-kv999: refused by the task's declared bounds
+    return names
+
+
+def _heads_given(flag: str, spec: str | None) -> None:
+    from ..heads import split_spec
+
+    if spec is not None and not split_spec(spec):
+        raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24 or L3H0-2)")
 
 
 def _scorer(adapter, tasks: str, limit: int, klimit: int | None, seed: int, quiet: bool):
@@ -80,6 +108,10 @@ def register(app: typer.Typer) -> None:
         from ..experiments.prune import remove_restore as rr
         from ..models import load_model
 
+        names = _check_inputs(limit, knowledge_limit, tasks, layers=layers, min_layers=min_layers, minimal=minimal)
+        if drop_task is not None and drop_task not in names:
+            raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(names)}")
+        _out(out, "remove_restore" if remove_restore else "prune", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
         scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
         drop_task = drop_task or ("mmlu" if "mmlu" in scorer.tasks else scorer.tasks[0])
@@ -116,6 +148,11 @@ def register(app: typer.Typer) -> None:
         from ..experiments.retain import retain as run
         from ..models import load_model
 
+        _check_inputs(limit, knowledge_limit, tasks)
+        _heads_given("--gather", gather)
+        _heads_given("--aggregate", aggregate)
+        _layers(keep_layers)
+        _out(out, "retain", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
         scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
         result = run(adapter, scorer, gather, aggregate, keep_layers=_layers(keep_layers))
@@ -140,11 +177,22 @@ def register(app: typer.Typer) -> None:
         """Fig. 4: KV-retrieval accuracy vs number of pairs, intact vs heads ablated (Wilson CIs)."""
         from ..experiments.kv_curve import kv_curve as run
         from ..models import load_model
+        from ..tasks import get_task
 
         try:
             ps = [int(p) for p in pairs.split(",") if p.strip()]
         except ValueError:
             raise GandaError(f"--pairs: not a list of integers: {pairs!r}") from None
+        if not ps:
+            raise GandaError(f"--pairs: no numbers in {pairs!r}")
+        if task not in ("kv", "lab-kv"):
+            raise GandaError(f"--task must be kv or lab-kv, not {task!r}")
+        _check_inputs(limit)
+        _heads_given("--heads", heads)
+        _layers(keep_layers)
+        for p in ps:
+            get_task(task, pairs=p)  # --pairs 0 or 10000: refused by the task's declared bounds
+        _out(out, "kv_curve", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
         others = {m.strip(): load_model(m.strip(), allow_pickle=allow_pickle)
                   for m in (compare or "").split(",") if m.strip()}
@@ -176,6 +224,10 @@ def register(app: typer.Typer) -> None:
         rules = {"both": ("query", "last"), "query": ("query",), "last": ("last",)}.get(rule)
         if rules is None:
             raise GandaError(f"--rule must be query, last or both, not {rule!r}")
+        _check_inputs(limit, knowledge_limit, tasks)
+        _heads_given("--heads", heads)
+        _layers(keep_layers)
+        _out(out, "mask_last_row", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
         scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
         result = mask_last_row_experiment(adapter, scorer, heads, per_layer=per_layer, keep_layers=_layers(keep_layers),
@@ -206,6 +258,12 @@ def register(app: typer.Typer) -> None:
         from ..models import load_model
         from ..tasks import get_task
 
+        _check_inputs(limit, top=top, max_heads=max_heads)
+        _layers(keep_layers)
+        for name in [task, control, *(also or "").split(",")]:
+            if name and name.strip() and name != "none":
+                get_task(name.strip())  # an unknown task name fails before the model loads
+        _out(out, "roles", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
 
         def exs(name: str):
@@ -252,6 +310,11 @@ def register(app: typer.Typer) -> None:
         from ..experiments.transplant import transplant_sweep
         from ..models import load_model
 
+        _check_inputs(limit, knowledge_limit, tasks)
+        _heads_given("--head", head)
+        _heads_given("--donor-head", donor_head)
+        _layers(layers)
+        _out(out, "transplant", student)
         s = load_model(student, allow_pickle=allow_pickle)
         d = s if donor == student else load_model(donor, allow_pickle=allow_pickle)
         scorer = _scorer(s, tasks, limit, knowledge_limit, seed, quiet)

@@ -20,6 +20,7 @@ from typing import Any
 
 import typer
 
+from .. import runio
 from ..errors import GandaError
 from ..heads import HeadId, expand, format_heads
 from ..interventions import AblateHeads, Intervention, describe_all
@@ -115,13 +116,13 @@ def run_extends(adapter: Any, heads: str, tasks: list[str], *, limit: int | None
     rows: list[dict[str, Any]] = []
     header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
               "limit": limit, "seed": seed}
+    # every task is built (its options, its data, a lab model's world) before any of them runs
+    built = {name: get_task(name, adapter=adapter, **options.get(name, {})) for name in tasks if name != "knowledge"}
     pred_dir = out / "predictions" if out else None
     if pred_dir:
         pred_dir.mkdir(parents=True, exist_ok=True)
     for name in tasks:
-        task = None
-        if name != "knowledge":
-            task = get_task(name, adapter=adapter, **options.get(name, {}))
+        task = built.get(name)
         for cond in conditions:
             t0 = time.perf_counter()
             if task is None:
@@ -138,7 +139,7 @@ def run_extends(adapter: Any, heads: str, tasks: list[str], *, limit: int | None
                        "accuracy": res.accuracy, "ci95": list(res.ci95), "seconds": round(res.seconds, 2),
                        "config": res.config, "interventions": res.interventions}
                 if pred_dir:
-                    with open(pred_dir / f"{name}.{cond}.jsonl", "w", encoding="utf-8") as f:
+                    with runio.atomic_open(pred_dir / f"{name}.{cond}.jsonl") as f:
                         for p in res.predictions:
                             f.write(json.dumps(p) + "\n")
             rows.append(row)
@@ -154,9 +155,8 @@ def run_extends(adapter: Any, heads: str, tasks: list[str], *, limit: int | None
 
 
 def write_results(result: dict[str, Any], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "extends.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    with open(out / "extends.csv", "w", newline="", encoding="utf-8") as f:
+    runio.write_text(out / "extends.json", json.dumps(result, indent=2, default=str) + "\n")
+    with runio.atomic_open(out / "extends.csv", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "condition", "n", "correct", "accuracy", "ci_low", "ci_high", "seconds", "heads"])
         for r in result["results"]:
@@ -182,18 +182,37 @@ def register(app: typer.Typer) -> None:
         allow_pickle: bool = typer.Option(False, help="allow *.bin/*.pt weights (runs pickle)"),
     ) -> None:
         """Each task intact vs G&A heads ablated vs as many random heads from the same layers ablated."""
+        from ..heads import split_spec
         from ..models import load_model
+        from ..tasks import get_task
+        from .core import at_least
 
         names = [t.strip() for t in tasks.split(",") if t.strip()]
+        if not names:
+            raise GandaError(f"--tasks: no task names in {tasks!r}")
+        if not split_spec(heads):
+            raise GandaError(f"--heads: no head ids in {heads!r} (expected e.g. L16H22,L17H24)")
+        at_least("--limit", limit)
         opts = parse_options(option)
+        stray = [t for t in opts if t not in names]
+        if stray:
+            raise GandaError(f"--option {stray[0]}.*: task {stray[0]!r} is not among --tasks {','.join(names)}")
         if data_dir:
-            for n in names:
-                if n.startswith("dream"):
-                    opts.setdefault(n, {})["data_dir"] = data_dir
+            dreams = [n for n in names if n.startswith("dream")]
+            if not dreams:
+                raise GandaError("--data-dir is the DREAM data directory, and --tasks has no dream task")
+            for n in dreams:
+                opts.setdefault(n, {})["data_dir"] = data_dir
+        for n in names:  # unknown names, bad options, missing data: refused before the model loads
+            if n != "knowledge":
+                get_task(n, **opts.get(n, {}))
+            elif opts.get(n):
+                raise GandaError("--option knowledge.*: the knowledge tasks take no options")
         conds = tuple(c.strip() for c in conditions.split(",") if c.strip())
         bad = [c for c in conds if c not in CONDITIONS]
         if bad or not conds:
             raise GandaError(f"--conditions: expected some of {','.join(CONDITIONS)}, got {conditions!r}")
+        runio.claim_run_dir(out)
         adapter = load_model(model, allow_pickle=allow_pickle)
         result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts,
                              conditions=conds)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from .. import runio
 from ..errors import GandaError
 from ..lab.programme import DEFAULT_MODELS, NEEDS
 
@@ -41,12 +42,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a lab model on the synthetic world (seeded, checkpointed, resumable)."""
         from ..lab.train import train as run
+        from .core import at_least
 
         out = Path(out)
         if out.exists() and (out / "config.json").exists() and not resume and not (out / "checkpoint").exists():
             raise GandaError(f"{out} already holds a model; choose another --out or pass --resume")
-        if eval_every is not None and eval_every < 1:
-            raise GandaError("--eval-every must be at least 1")
+        at_least("--eval-every", eval_every)
+        at_least("--steps", steps)
+        runio.claim_run_dir(out)
         _print_run(out, run(config, out, steps=steps, seed=seed, resume=resume, progress=progress, eval_every=eval_every))
 
     @app.command()
@@ -59,7 +62,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Distil a Mamba-2 student from a lab Llama, layer by layer (no end-to-end stage)."""
         from ..lab.distill import distill as run
+        from .core import at_least
 
+        at_least("--steps", steps)
+        runio.claim_run_dir(out)
         _print_run(out, run(_lab_model(teacher), out, steps=steps, seed=seed, progress=progress))
 
     @app.command()
@@ -74,7 +80,11 @@ def register(app: typer.Typer) -> None:
         """Grow a lab Llama by block expansion (new blocks on top, the base frozen) and train the new
         blocks on facts MMLU never asks: finding 2's deep Transformer."""
         from ..lab.grow import grow as run
+        from .core import at_least
 
+        at_least("--layers", layers)
+        at_least("--steps", steps)
+        runio.claim_run_dir(out)
         _print_run(out, run(_lab_model(base), out, layers=layers, steps=steps, seed=seed, progress=progress))
 
     @app.command()
@@ -116,10 +126,15 @@ def register(app: typer.Typer) -> None:
         --from-scratch), heads discovered, verdicts next to the paper's numbers, one HTML report."""
         from ..lab import shipped
         from ..lab.programme import Programme
+        from .core import at_least
 
+        for flag, value in (("--n", n), ("--top", top), ("--jobs", jobs), ("--eval-every", eval_every),
+                            ("--steps", steps)):
+            at_least(flag, value)
         if replay is not None:
             from ..lab.programme import replay as redraw
 
+            runio.claim_run_dir(replay, "--replay")
             for f in redraw(replay):
                 print(f"finding {f['finding']}: {f['verdict']:<15} {f['lab']}")
             print(f"wrote {replay}/findings/findings.png and {replay}/report.html")
@@ -136,12 +151,14 @@ def register(app: typer.Typer) -> None:
         if from_scratch:
             from ..lab.scratch import train_all
 
+            runio.claim_run_dir(workdir, "--workdir")
             models = train_all(workdir, jobs=jobs, steps=steps, eval_every=eval_every)
         needed = set().union(*(NEEDS[f] for f in findings))  # --only 1 does not need a student
         for role, spec in models.items():
             if role in needed and spec and not Path(spec).exists() and spec not in shipped():
                 raise GandaError(f"--{role.replace('_', '-')} {spec!r} is neither a model directory nor a shipped lab checkpoint "
                                  f"({', '.join(shipped())})")
+        runio.claim_run_dir(out)
         res = Programme(models=models, out=out, n=n, seed=seed, top=top, only=findings, progress=not quiet).run()
         for f in res["findings"]:
             print(f"finding {f['finding']}: {f['verdict']:<15} {f['lab']}")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from .. import runio
 from ..errors import GandaError
 
 
@@ -18,9 +19,16 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Render run directories into ONE offline HTML page (PNGs inlined, no external files)."""
         from ..report import write_report
+        from ..report.html import has_results
 
         missing = [str(d) for d in run_dirs if not Path(d).is_dir()]
         if missing:
             raise GandaError(f"not a run directory: {', '.join(missing)}")
+        empty = [str(d) for d in run_dirs if not has_results(d)]
+        if empty:
+            raise GandaError(f"not a run directory (no result.json or results.jsonl): {', '.join(empty)}")
+        if out.is_dir():
+            raise GandaError(f"--out {out} is a directory; give the HTML file to write")
+        runio.check_output_file(out, "--out")
         path = write_report(list(run_dirs), out, title=title)
         print(path)

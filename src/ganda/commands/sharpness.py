@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from .. import runio
 from ..errors import GandaError
 
 
@@ -28,13 +29,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
         95% bootstrap intervals over prompts and the paired difference between models."""
-        from ..discovery import compare_sharpness, save_sharpness
+        from ..discovery import SUMMARIES, compare_sharpness, save_sharpness
         from ..models import load_model
+        from ..tasks import get_task
+        from .core import at_least, one_of
 
         if select not in ("pattern", "drop"):
             raise GandaError(f"--select must be 'pattern' or 'drop', not {select!r}")
         if len(models) < 2:
             raise GandaError("give at least two models to compare")
+        for flag, value in (("--n", n), ("--top", top), ("--select-n", select_n), ("--resamples", resamples)):
+            at_least(flag, value)
+        one_of("--summary", summary, SUMMARIES)
+        get_task(task)  # an unknown task fails before the models load
+        runio.claim_run_dir(out)
         adapters = {m: load_model(m) for m in models}
         res = compare_sharpness(adapters, task, k=top, n=n, seed=seed, select=select, select_n=select_n,
                                 resamples=resamples, progress=not quiet, summary=summary)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from .. import runio
 from ..errors import GandaError
 from ..models import DEFAULT_MODEL
 
@@ -40,25 +41,29 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from ..heads import expand
+        from ..heads import expand, split_spec
         from ..models import load_model
         from ..sweep import run_sweep
         from ..tasks import get_task, task_for_model
+        from .core import at_least
 
-        if limit is not None and limit < 1:
-            raise GandaError("--limit must be at least 1")
+        for flag, value in (("--limit", limit), ("--batch-heads", batch_heads), ("--top", top),
+                            ("--max-heads", max_heads)):
+            at_least(flag, value)
+        if heads is not None and not split_spec(heads):
+            raise GandaError(f"--heads: no head ids in {heads!r} (expected e.g. 'L16H*' or 'L*H0,L17H3')")
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects}
         task_obj = get_task(task, **opts)
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; sweep scores multiple-choice tasks only")
         n = limit if limit is not None else 32
+        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"sweep-{task}")
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
         examples = task_obj.examples(limit=n, seed=seed)
         if not examples:
             raise GandaError(f"task {task!r} gave no examples")
         head_list = expand(heads, adapter) if heads else adapter.heads()
-        out_dir = out if out is not None else Path("runs") / f"sweep-{task}"
         cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
         res = run_sweep(adapter, examples, heads=head_list, out_dir=out_dir, resume=resume, naive=naive,
                         batch_heads=batch_heads, config=cfg)

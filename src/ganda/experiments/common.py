@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import runio
 from ..errors import GandaError
 from ..interventions import Intervention, describe_all
 from ..models.base import ModelAdapter
@@ -233,7 +234,7 @@ class ExperimentResult:
         d = self.to_json()
         if command:
             d["command"] = command
-        (out / "result.json").write_text(json.dumps(d, indent=2, default=str))
+        runio.write_text(out / "result.json", json.dumps(d, indent=2, default=str))
         if self.rows:
             write_csv(out / f"{self.kind}.csv", self.rows)
         self.draw(out)
@@ -246,7 +247,7 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
         for k in r:
             if k not in cols:
                 cols.append(k)
-    with open(path, "w", newline="") as f:
+    with runio.atomic_open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for r in rows:

@@ -375,6 +375,8 @@ def prune_curve(
     n = len(adapter.decoder_layers())
     if step < 1:
         raise GandaError("--layers step must be >= 1")
+    if not 1 <= min_layers <= n:
+        raise GandaError(f"--min-layers must be between 1 and the model's {n} layers, got {min_layers}")
     ks = list(range(n, min_layers - 1, -step))
     if ks[-1] != min_layers and min_layers >= 1:
         ks.append(min_layers)

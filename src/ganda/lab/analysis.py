@@ -22,19 +22,32 @@ from ..tasks import get_task
 from ..tasks.base import Example, token_spans
 
 
-def model_world(adapter: ModelAdapter) -> dict[str, Any] | None:
-    """The world a lab model was trained on (from its ``lab.json``), None for the default world."""
+def model_world(adapter: ModelAdapter, task: str | None = None) -> dict[str, Any] | None:
+    """The world a lab model was trained on, from the ``lab.json`` beside its weights (None: the
+    record names no world, so the default one). A model without ``lab.json`` (a lab model copied
+    without it, or not a lab model) is refused: scored on a world it never learned it would get a
+    chance-level number that looks like a result."""
     import json
     from pathlib import Path
 
+    from ..errors import GandaError
     from . import checkpoint, shipped
 
     spec = str(adapter.spec)
-    root = Path(spec) if Path(spec).exists() or spec not in shipped() else checkpoint(spec)
+    root = Path(spec).expanduser()
+    if not root.exists() and spec in shipped():
+        root = checkpoint(spec)
     f = root / "lab.json"
-    if f.is_file():
-        return json.loads(f.read_text()).get("world")
-    return None
+    if not f.is_file():
+        who = f"task {task!r} needs" if task else "the lab tasks need"
+        raise GandaError(f"{who} the world the model was trained on, and {spec} has no lab.json: copy "
+                         "lab.json with the model, or name the world with --option world=DIR (a lab model "
+                         "directory or its lab.json) or --option world=default")
+    try:
+        meta = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GandaError(f"{f}: cannot read the lab record: {exc}") from None
+    return meta.get("world") if isinstance(meta, dict) else None
 
 
 def _examples(task: str, n: int, seed: int, world: dict[str, Any] | None = None) -> list[Example]:

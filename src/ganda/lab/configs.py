@@ -185,7 +185,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "world": LAB_WORLD,
         "train": {"steps": 10000, "schedule": "wsd", "buckets": 3, "seed": 1, **RECIPE},
     },
-    # The programme's SSM and hybrid since session 22: the two runs above cut short with a linear
+    # The programme's SSM and hybrid: the two runs above cut short with a linear
     # anneal (``anneal_from``), so that the six from-scratch trainings fit the hour. Each computes
     # exactly its planned run (lab-mamba2 / lab-hybrid-late) until the anneal, then falls to the
     # floor over 1000 steps. Both reproduce their findings (mamba2-9k: 3 and 4; hybrid-late-7k5: 5).

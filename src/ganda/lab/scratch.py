@@ -10,11 +10,12 @@ bit the shipped checkpoint.
 Two at a time (the default) on a 2-core machine: in the plan's order the SSM and the teacher start
 together; the SSM's slot then takes the hybrid, the teacher's its student, the grown model and the
 KV pair. The two ~28-minute trainings back to back (SSM, hybrid) set the wall clock; the teacher's
-chain (33 + 6 + 3 + 11 minutes) ends ~5 minutes earlier (session 23: 57.8 vs 53.1 min). Up to session 21 three ran at a time, the
-trainings nothing waits for niced so that the teacher kept a core: the two niced ones then shared
-the other core at 0.87 of a core between them (cache thrash; logs of session 21), about 5
-core-minutes lost over the run. Priority changes only when each process runs, never what it
-computes; with more jobs than cores the niced ones still yield to the teacher and its student.
+chain (33 + 6 + 3 + 11 minutes) ends ~5 minutes earlier (measured: 57.8 vs 53.1 min). The trainings nothing
+waits for run niced, so that with three at a time (``--jobs 3``) the teacher keeps a core: the
+two niced ones then share the other core at 0.87 of a core between them (cache
+thrash), about 5 core-minutes lost over the run. Priority changes only when each process runs,
+never what it computes; with more jobs than cores the niced ones still yield to the teacher and
+its student.
 """
 
 from __future__ import annotations

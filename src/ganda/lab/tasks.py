@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tasks.base import Example, Task
+from ..errors import GandaError
+from ..tasks.base import Example, OptionError, Task, keyword_types
 from .world import DEFAULT_WORLD, World, WorldConfig, eval_rng
 
 _WORLDS: dict[WorldConfig, World] = {}
@@ -23,23 +24,61 @@ def get_world(cfg: WorldConfig | None = None) -> World:
     return _WORLDS[cfg]
 
 
+def world_record(spec: str) -> dict[str, Any]:
+    """The world named on the command line (``--option world=...``): ``default``, a lab model
+    directory or shipped checkpoint name (its ``lab.json``), or a ``lab.json`` file."""
+    import json
+    from pathlib import Path
+
+    from . import checkpoint as shipped_dir
+    from . import shipped
+
+    if spec == "default":
+        return DEFAULT_WORLD.to_json()
+    path = Path(spec).expanduser()
+    if not path.exists() and spec in shipped():
+        path = shipped_dir(spec)
+    f = path / "lab.json" if path.is_dir() else path
+    if not f.is_file():
+        raise GandaError(f"world {spec!r}: expected 'default', a lab model directory or its lab.json")
+    try:
+        meta = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GandaError(f"world {spec!r}: cannot read {f}: {exc}") from None
+    if not isinstance(meta, dict):
+        raise GandaError(f"world {spec!r}: {f} is not a lab.json record")
+    return meta.get("world") or DEFAULT_WORLD.to_json()
+
+
 class _LabTask(Task):
     kind = "mc"
     default_n = 400
+    bounds = {"n": (1, None)}
 
-    def __init__(self, n: int | None = None, world_seed: int | None = None, world: dict[str, Any] | None = None,
-                 **kw: Any) -> None:
+    def __init__(self, n: int | None = None, world_seed: int | None = None,
+                 world: dict[str, Any] | str | None = None, **kw: Any) -> None:
         self.n = int(n) if n is not None else self.default_n
+        if world is not None and world_seed is not None:
+            raise OptionError(f"{self.name}: give world or world_seed, not both")
+        if isinstance(world, str):
+            world = world_record(world)
         cfg = WorldConfig.from_json(world) if world is not None else DEFAULT_WORLD if world_seed is None else WorldConfig.from_json({**DEFAULT_WORLD.to_json(), "seed": int(world_seed)})
         self.world = get_world(cfg)
         self._init(**kw)
 
     @classmethod
-    def for_model(cls, adapter: Any) -> dict[str, Any]:
-        """The world ``adapter`` was trained on (its ``lab.json``), if it records one."""
+    def option_types(cls) -> dict[str, Any]:
+        return {**keyword_types(_LabTask.__init__), **keyword_types(cls._init)}
+
+    @classmethod
+    def for_model(cls, adapter: Any, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The world ``adapter`` was trained on (its ``lab.json``); nothing when ``options`` name
+        a world. A model with no ``lab.json`` is refused (:func:`~ganda.lab.analysis.model_world`)."""
         from .analysis import model_world
 
-        world = model_world(adapter)
+        if options and ("world" in options or "world_seed" in options):
+            return {}
+        world = model_world(adapter, task=cls.name)
         return {"world": world} if world is not None else {}
 
     def _init(self) -> None:
@@ -112,10 +151,14 @@ class LabKVTask(_LabTask):
 
     name = "lab-kv"
 
+    bounds = {"n": (1, None), "n_pairs": (2, None), "pairs": (2, None)}
+
     def _init(self, n_pairs: int = 8, pairs: int | None = None) -> None:
         self.n_pairs = int(pairs if pairs is not None else n_pairs)  # ``pairs`` as for ``kv``
-        if not 2 <= self.n_pairs <= len(self.world.kv_key_pool):
-            raise ValueError(f"n_pairs must be between 2 and {len(self.world.kv_key_pool)}")
+        most = min(len(self.world.kv_key_pool), self.world.config.n_kv_values)
+        if not 2 <= self.n_pairs <= most:
+            raise OptionError(f"task 'lab-kv': pairs must be between 2 and {most} (the world's distinct "
+                              f"dictionary keys and values), got {self.n_pairs}")
 
     def _make(self, n: int, seed: int) -> list[Example]:
         rng = eval_rng("kv", seed)

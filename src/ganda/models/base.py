@@ -9,8 +9,9 @@ file plus a registry entry; nothing else changes.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,6 +46,13 @@ class Mixer:
         return slice(head * self.head_dim, (head + 1) * self.head_dim)
 
 
+@dataclass(frozen=True)
+class _LayerEdit:
+    keep: frozenset[int]
+    replace: dict[int, nn.Module]
+    label: str
+
+
 class ModelAdapter(ABC):
     """A loaded model plus its tokenizer, seen through one family-independent layout."""
 
@@ -55,6 +63,12 @@ class ModelAdapter(ABC):
         self.tokenizer = tokenizer
         self.spec = spec
         self._mixers: list[Mixer] | None = None
+        # The blocks as loaded: layer indices and head ids always name these, whatever is edited.
+        self._original_layers: nn.ModuleList = self.decoder_layers()
+        self._edits: dict[int, _LayerEdit] = {}
+        self._head_users: dict[int, tuple[str, frozenset[int]]] = {}
+        self._live: nn.ModuleList = self._original_layers
+        self._tokens = itertools.count()
 
     # ---- layout -------------------------------------------------------------------------
     @classmethod
@@ -68,16 +82,114 @@ class ModelAdapter(ABC):
 
     @abstractmethod
     def set_decoder_layers(self, layers: nn.ModuleList) -> None:
-        """Replace the decoder block list (used by reversible layer interventions)."""
+        """Replace the decoder block list (low level: layer interventions go through :meth:`push_layer_edit`)."""
 
     @abstractmethod
     def _build_mixers(self) -> list[Mixer]:
-        """All mixers of the intact model, with their original layer indices."""
+        """All mixers of the model as loaded (from :meth:`original_layers`), with their layer indices."""
 
     def mixers(self) -> list[Mixer]:
         if self._mixers is None:
-            self._mixers = self._build_mixers()
+            mixers = self._build_mixers()
+            for m in mixers:  # a layout that does not tile out_proj's input would ablate the wrong slice
+                if m.num_heads * m.head_dim != m.out_proj.in_features:
+                    raise GandaError(
+                        f"layer {m.layer} ({m.kind}): {m.num_heads} heads of {m.head_dim} do not tile the "
+                        f"{m.out_proj.in_features} inputs of its output projection; ganda cannot locate its heads"
+                    )
+            self._mixers = mixers
         return self._mixers
+
+    # ---- layer edits ----------------------------------------------------------------------
+    def original_layers(self) -> nn.ModuleList:
+        """The decoder blocks as loaded; layer ``i`` of every head id and layer list is ``original_layers()[i]``."""
+        return self._original_layers
+
+    def active_layers(self) -> list[int]:
+        """Original indices of the layers the model runs now (every layer when nothing is edited)."""
+        keep = set(range(len(self._original_layers)))
+        for edit in self._edits.values():
+            keep &= edit.keep
+        return sorted(keep)
+
+    def is_active(self, layer: int) -> bool:
+        return all(layer in e.keep for e in self._edits.values())
+
+    def layer_position(self, layer: int) -> int | None:
+        """Where original layer ``layer`` sits in the running layer list (None when removed)."""
+        active = self.active_layers()
+        return active.index(layer) if layer in active else None
+
+    def push_layer_edit(self, keep: Iterable[int], label: str,
+                        replace: Mapping[int, nn.Module] | None = None) -> int:
+        """Run only the original layers ``keep`` (``replace``: stand-in blocks for some of them).
+
+        Edits compose: the model runs the intersection of every active edit's kept layers, so they
+        may be entered and exited in any order. Refused when the result would drop a layer that an
+        active head intervention acts on, or would remove every layer. Returns the token for
+        :meth:`pop_layer_edit`.
+        """
+        n = len(self._original_layers)
+        keep = frozenset(keep)
+        replace = dict(replace or {})
+        bad = sorted(i for i in {*keep, *replace} if not 0 <= i < n)
+        if bad:
+            raise GandaError(f"{label}: layer {bad[0]} out of range, the model has layers 0-{n - 1}")
+        if self.decoder_layers() is not self._live:
+            raise GandaError(f"{label}: the layer list was replaced outside ganda's layer edits; "
+                             "enter layer edits first")
+        for other in self._edits.values():
+            clash = sorted(set(replace) & set(other.replace))
+            if clash:
+                raise GandaError(f"{label}: layer {clash[0]} is already replaced by {other.label}")
+        active = set(self.active_layers()) & keep
+        if not active:
+            raise GandaError(f"{label}: cannot remove every layer")
+        for user, layers in self._head_users.values():
+            gone = sorted(layers - active)
+            if gone:
+                raise GandaError(f"{label}: layer {gone[0]} would be removed while {user} acts on it "
+                                 "(enter layer edits before head interventions)")
+        token = next(self._tokens)
+        self._edits[token] = _LayerEdit(keep, replace, label)
+        self._apply_edits()
+        return token
+
+    def pop_layer_edit(self, token: int) -> None:
+        """Undo one edit of :meth:`push_layer_edit` (the others stay in force)."""
+        if self._edits.pop(token, None) is not None:
+            self._apply_edits()
+
+    def _apply_edits(self) -> None:
+        if not self._edits:
+            self.set_decoder_layers(self._original_layers)
+        else:
+            replace = {i: m for e in self._edits.values() for i, m in e.replace.items()}
+            orig = self._original_layers
+            self.set_decoder_layers(nn.ModuleList([replace.get(i, orig[i]) for i in self.active_layers()]))
+        self._live = self.decoder_layers()
+
+    def use_layers(self, layers: Iterable[int], user: str) -> int:
+        """Record that a head intervention acts on ``layers``; refused where one is removed.
+
+        A head of a removed layer is refused rather than ignored: its ablation would silently do
+        nothing. Returns the token for :meth:`release_layers`.
+        """
+        layers = frozenset(layers)
+        self.require_active(layers, user)
+        token = next(self._tokens)
+        self._head_users[token] = (user, layers)
+        return token
+
+    def release_layers(self, token: int) -> None:
+        self._head_users.pop(token, None)
+
+    def require_active(self, layers: Iterable[int], user: str) -> None:
+        """Refuse (one line naming the edit) when one of ``layers`` is removed by a layer edit."""
+        for layer in sorted(set(layers)):
+            if not self.is_active(layer):
+                by = ", ".join(e.label for e in self._edits.values() if layer not in e.keep)
+                raise GandaError(f"{user}: layer {layer} is removed by {by}")
 
     @property
     def num_layers(self) -> int:

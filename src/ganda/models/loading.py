@@ -7,25 +7,44 @@ A spec is one of:
 * a ``.gguf`` file;
 * a local Hugging Face directory (``config.json`` + ``*.safetensors``).
 
-Nothing is downloaded. Pickle checkpoints (``*.bin``, ``*.pt``) are refused unless
-``allow_pickle=True``; ``trust_remote_code`` is never used. A GGUF is dequantised once and cached
-as safetensors (``$GANDA_CACHE``, default ``~/.cache/ganda``) because dequantising takes ~20 s.
+Nothing is downloaded and no code from a model directory ever runs: every ``from_pretrained``
+gets ``trust_remote_code=False``, and a tokenizer or model that needs its own code (an
+``auto_map``) is refused with one line. Pickle checkpoints (``*.bin``, ``*.pt``) are refused unless
+``allow_pickle=True``. Loading is strict: a missing, unexpected or wrongly shaped tensor is an
+error naming the first keys (tied output embeddings and non-persistent buffers, which are absent
+by design, excepted), and so is a truncated or unreadable file.
+
+A GGUF is dequantised once and cached as safetensors (``$GANDA_CACHE``, default
+``~/.cache/ganda``) because dequantising takes ~20 s. Each entry is written under a unique
+temporary name and renamed into place while holding ``<entry>.lock``, so concurrent processes
+build it once; it records its files' sizes and sampled checksums (``ganda-cache.json``), and an
+entry that no longer matches is logged and rebuilt. The entry's key covers the GGUF's path, size,
+mtime and sampled content, so a file replaced at the same path is dequantised afresh.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata as md
 import json
 import logging
+import math
 import os
+import re
+import secrets
+import shutil
+import socket
+import struct
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..device import default_device, default_dtype
+from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError
 from .base import ModelAdapter
 from .registry import _ensure_builtin, adapter_for, check_model_type
@@ -90,71 +109,193 @@ def _assemble_gemma() -> Path:
         raise GandaError("gemma3-270m: no GGUF chunks found in the installed part wheels")
     out = cache_dir() / "gemma3-270m" / "gemma-3-270m-Q4_K_M.gguf"
     total = sum(p.stat().st_size for p in parts)
-    if not out.exists() or out.stat().st_size != total:
+    if out.exists() and out.stat().st_size == total:
+        return out
+    try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".part")
-        with open(tmp, "wb") as dst:
-            for p in parts:
-                with open(p, "rb") as src:
-                    while block := src.read(1 << 24):
-                        dst.write(block)
-        tmp.replace(out)
+        with _locked(out.parent / f"{out.name}.lock"):
+            if out.exists() and out.stat().st_size == total:  # another process assembled it meanwhile
+                return out
+            _clean_stale(out.parent)
+            tmp = out.parent / _temp_name(out.name, "part")
+            try:
+                with open(tmp, "wb") as dst:
+                    for p in parts:
+                        with open(p, "rb") as src:
+                            while block := src.read(1 << 24):
+                                dst.write(block)
+                tmp.replace(out)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+    except OSError as exc:
+        raise GandaError(f"gemma3-270m: could not assemble the GGUF in {out.parent}: {_one_line(exc)}") from None
     return out
 
 
-def _gguf_cache_key(path: Path) -> str:
-    st = path.stat()
-    return hashlib.sha1(f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+# ---- errors ---------------------------------------------------------------------------------
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (library messages run to several lines)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _load_gguf(path: Path, use_cache: bool) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if not _looks_like_gguf(path):
-        raise GandaError(f"{path} is not a GGUF file (bad magic bytes)")
-    cached = cache_dir() / "gguf" / f"{path.stem}-{_gguf_cache_key(path)}"
-    if use_cache and (cached / "config.json").exists():
-        return _load_hf_dir(cached, allow_pickle=False)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    check_model_type(getattr(model.config, "model_type", None))
-    if use_cache:
-        try:
-            tmp = cached.with_name(cached.name + ".tmp")
-            # The weights are already dequantised to fp32; drop the GGUF marker so they save.
-            model.hf_quantizer = None
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            model.save_pretrained(tmp, safe_serialization=True)
-            tok.save_pretrained(tmp)
-            tmp.replace(cached)
-        except OSError as exc:  # a read-only home must not stop the run
-            log.warning("could not cache the dequantised GGUF: %s", exc)
-    return model, tok
+def _first(keys: Any, n: int = 3) -> str:
+    keys = sorted(str(k) for k in keys)
+    more = f" and {len(keys) - n} more" if len(keys) > n else ""
+    return ", ".join(keys[:n]) + more
 
 
-def _looks_like_gguf(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
+# ---- strict loading -------------------------------------------------------------------------
+
+def _check_safetensors(file: Path) -> None:
+    """Refuse a truncated or malformed ``.safetensors`` file from its header alone (cheap)."""
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise GandaError(f"{file}: empty or truncated safetensors file ({size} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, 100_000_000):
+                raise GandaError(f"{file}: truncated or not a safetensors file (header of {n} bytes, file of {size})")
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GandaError(f"{file}: not a readable safetensors file ({_one_line(exc)})") from None
+    if not isinstance(header, dict):
+        raise GandaError(f"{file}: not a safetensors file (its header is not a table of tensors)")
+    try:
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise GandaError(f"{file}: not a safetensors file (malformed tensor table)") from None
+    if 8 + n + end > size:
+        raise GandaError(f"{file}: truncated safetensors file ({size} bytes, its tensors need {8 + n + end})")
 
 
-def _load_hf_dir(path: Path, allow_pickle: bool) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def _safetensors_numel(files: list[Path]) -> int:
+    """Number of values stored in ``files`` (from their headers, already checked)."""
+    total = 0
+    for file in files:
+        with open(file, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for k, v in header.items():
+            if k != "__metadata__":
+                total += math.prod(int(d) for d in v.get("shape", []))
+    return total
 
+
+def _check_size(config: Any, files: list[Path], path: Path) -> None:
+    """Refuse a config that describes a far larger model than the weights hold, before building it.
+
+    A config.json with missing fields gets transformers' defaults (a 7B Llama for ``{"model_type":
+    "llama"}``), which would be allocated in full before any tensor could be found missing.
+    """
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        shell = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    want = sum(p.numel() for p in shell.parameters())  # tied parameters counted once
+    have = _safetensors_numel(files)
+    if want > 2 * have:
+        raise GandaError(f"{path}: config.json describes a model of {want:,} parameters but the weights hold "
+                         f"{have:,} values; the config does not belong to these weights")
+
+
+def _tied(model: Any, key: str) -> bool:
+    """True when parameter ``key`` shares its storage with another parameter (tied embeddings)."""
+    try:
+        p = model.get_parameter(key)
+    except (AttributeError, TypeError):
+        return False
+    return any(q is p or q.data_ptr() == p.data_ptr() for name, q in model.named_parameters(remove_duplicate=False)
+               if name != key and q.device.type != "meta")
+
+
+def _check_loading_info(model: Any, info: dict[str, Any], where: Path) -> None:
+    """One error for missing, unexpected or wrongly shaped tensors (``output_loading_info``).
+
+    Legitimately absent: a tied output embedding (it is the input embedding) and rotary
+    ``inv_freq`` buffers (computed, not stored; old checkpoints carry them, new ones do not).
+    """
+    missing = [k for k in info.get("missing_keys") or () if not _tied(model, k) and not k.endswith("inv_freq")]
+    unexpected = [k for k in info.get("unexpected_keys") or () if not k.endswith("inv_freq")]
+    mismatched = list(info.get("mismatched_keys") or ())
+    if mismatched:
+        parts = []
+        for item in sorted(mismatched, key=str)[:3]:
+            if isinstance(item, (tuple, list)) and len(item) == 3:
+                parts.append(f"{item[0]} is {tuple(item[1])}, the config needs {tuple(item[2])}")
+            else:
+                parts.append(str(item))
+        more = f" (and {len(mismatched) - 3} more)" if len(mismatched) > 3 else ""
+        raise GandaError(f"{where}: wrongly shaped tensors: {'; '.join(parts)}{more}")
+    if missing:
+        raise GandaError(f"{where}: the checkpoint lacks {len(missing)} tensor(s) the model needs: {_first(missing)}")
+    if unexpected:
+        raise GandaError(f"{where}: the checkpoint has {len(unexpected)} tensor(s) this architecture does not use: "
+                         f"{_first(unexpected)}")
+    errors = [e for e in info.get("error_msgs") or () if e]
+    if errors:
+        raise GandaError(f"{where}: {_one_line(Exception(errors[0]))}")
+
+
+def _read_config(path: Path) -> dict[str, Any]:
     cfg_file = path / "config.json"
-    if not cfg_file.exists():
+    if not cfg_file.is_file():
         raise GandaError(f"{path} is not a Hugging Face model directory (no config.json)")
     try:
         raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise GandaError(f"{cfg_file} is not valid JSON: {exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GandaError(f"{cfg_file} is not valid JSON: {_one_line(exc)}") from None
+    except OSError as exc:
+        raise GandaError(f"{cfg_file}: cannot read it ({_one_line(exc)})") from None
+    if not isinstance(raw, dict):
+        raise GandaError(f"{cfg_file} is not a model config (expected a JSON object, got {type(raw).__name__})")
+    return raw
+
+
+def _load_tokenizer(where: str, **kwargs: Any) -> Any:
+    """The tokenizer at ``where`` (None when there is none); one that needs custom code is refused."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(where, trust_remote_code=False, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - a model without tokenizer can still be analysed on ids
+        if "trust_remote_code" in str(exc) or "custom code" in str(exc):
+            raise GandaError(
+                f"{where}: the tokenizer needs custom code from the model directory (auto_map), which ganda "
+                "never runs; remove auto_map from tokenizer_config.json to use tokenizer.json"
+            ) from None
+        log.warning("no tokenizer in %s: %s", where, _one_line(exc))
+        return None
+
+
+@contextlib.contextmanager
+def _reading(where: Path, what: str) -> Iterator[None]:
+    """Turn whatever a library raises while reading a model into one line naming the file."""
+    try:
+        yield
+    except GandaError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure here is a bad model file, reported in one line
+        if "trust_remote_code" in str(exc) or "custom code" in str(exc):
+            raise GandaError(f"{where}: the model needs custom code from its directory (auto_map), "
+                             "which ganda never runs") from None
+        raise GandaError(f"{where}: cannot load this {what}: {_one_line(exc)}") from None
+
+
+def _load_hf_dir(path: Path, allow_pickle: bool) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = _read_config(path)
     model_type = raw.get("model_type")
     _ensure_builtin()  # families (Llamba, Mamba, hybrids) register their loaders on import
-    has_safetensors = any(path.glob("*.safetensors"))
+    safetensors = sorted(path.glob("*.safetensors"))
     has_pickle = any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth"))
-    if not has_safetensors:
+    if not safetensors:
         if has_pickle and not allow_pickle:
             raise GandaError(
                 f"{path} holds only pickle weights (*.bin/*.pt), which can run code when loaded; "
@@ -162,20 +303,252 @@ def _load_hf_dir(path: Path, allow_pickle: bool) -> tuple[Any, Any]:
             )
         if not has_pickle:
             raise GandaError(f"{path} has no weights (*.safetensors)")
-    tok = None
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:  # noqa: BLE001 - a model without tokenizer can still be analysed on ids
-        log.warning("no tokenizer in %s: %s", path, exc)
+    for f in safetensors:
+        _check_safetensors(f)
+    if model_type not in CUSTOM_LOADERS:
+        check_model_type(model_type)  # before the tokenizer, which may read config.json's auto_map
+    tok = _load_tokenizer(str(path))
     if model_type in CUSTOM_LOADERS:
-        return CUSTOM_LOADERS[model_type](path), tok
-    check_model_type(model_type)
-    config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), config=config, trust_remote_code=False, dtype=torch.float32,
-        use_safetensors=has_safetensors,
-    )
+        with _reading(path, "model"):
+            return CUSTOM_LOADERS[model_type](path), tok
+    with _reading(path, "model"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+        if safetensors and getattr(config, "quantization_config", None) is None:  # packed weights hold fewer values
+            _check_size(config, safetensors, path)
+        # ignore_mismatched_sizes only makes transformers list every wrongly shaped tensor
+        # (instead of stopping at the first without its name); any of them is refused below.
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(path), config=config, trust_remote_code=False, dtype=torch.float32,
+            use_safetensors=bool(safetensors), output_loading_info=True, ignore_mismatched_sizes=True,
+        )
+    _check_loading_info(model, info, path)
     return model, tok
+
+
+# ---- GGUF and its cache ---------------------------------------------------------------------
+
+CACHE_MANIFEST = "ganda-cache.json"
+_STALE_S = 3600.0  # a temporary entry older than this is abandoned, whatever its writer
+
+
+def _gguf_cache_key(path: Path) -> str:
+    """Path, size, mtime (ns) and sampled content: a GGUF replaced at the same path gets a new entry."""
+    st = path.stat()
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_sample_digest(path)}"
+    return hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+
+def _legacy_cache_key(path: Path) -> str:
+    """The key of entries named by path, size and whole-second mtime only (no manifest): recognised
+    so that the entry which supersedes them can remove them."""
+    st = path.stat()
+    return hashlib.sha1(f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+
+
+def _drop_superseded(root: Path, source: Path, keep: Path) -> None:
+    """Remove older entries of the same GGUF path (it was replaced, or they predate manifests)."""
+    legacy = root / f"{source.stem}-{_legacy_cache_key(source)}"
+    for d in root.glob(f"{source.stem}-*"):
+        if d == keep or not d.is_dir() or _TEMP.match(d.name) or _LEGACY_TEMP.match(d.name):
+            continue
+        try:
+            same = json.loads((d / CACHE_MANIFEST).read_text()).get("source") == str(source)
+        except (OSError, ValueError, AttributeError):
+            same = False
+        if same or d == legacy:
+            log.info("removing %s, superseded by %s", d, keep.name)
+            shutil.rmtree(d, ignore_errors=True)
+            (root / f"{d.name}.lock").unlink(missing_ok=True)
+
+
+def _looks_like_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError as exc:
+        raise GandaError(f"{path}: cannot read it ({_one_line(exc)})") from None
+
+
+def _dequantise(path: Path) -> tuple[Any, Any]:
+    """Model (fp32) and tokenizer from a GGUF, strictly: every tensor the architecture needs."""
+    from transformers import AutoModelForCausalLM
+
+    with _reading(path, "GGUF file (truncated or corrupt?)"):
+        tok = _load_tokenizer(str(path.parent), gguf_file=path.name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=torch.float32, trust_remote_code=False,
+                output_loading_info=True, ignore_mismatched_sizes=True,
+            )
+    check_model_type(getattr(model.config, "model_type", None))
+    _check_loading_info(model, info, path)
+    return model, tok
+
+
+def _temp_name(name: str, tag: str) -> str:
+    """``<name>.<tag>-<host>-<pid>-<random>``: unique per writer, and says whose it is."""
+    host = socket.gethostname().replace("-", "_") or "host"
+    return f"{name}.{tag}-{host}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+_TEMP = re.compile(r"^.+\.(?:tmp|old|part)-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]{8}$")
+_LEGACY_TEMP = re.compile(r"^.+(?:\.tmp|\.part)$")  # names used before temporaries carried their writer
+
+
+def _clean_stale(root: Path) -> None:
+    """Remove temporaries whose writer on this host is gone, or (other hosts, old names) that are
+    older than an hour; a live writer on this host is never disturbed."""
+    host = socket.gethostname().replace("-", "_") or "host"
+    now = time.time()
+    for p in root.iterdir():
+        m = _TEMP.match(p.name)
+        if m is None and not _LEGACY_TEMP.match(p.name):
+            continue
+        try:
+            old = now - p.lstat().st_mtime > _STALE_S
+        except OSError:
+            continue
+        local = m is not None and m["host"] == host
+        if (local and not _pid_alive(int(m["pid"]))) or (old and not local):
+            log.info("removing the abandoned cache temporary %s", p)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (waits for another holder to finish)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - no flock on this platform: unique names still keep entries whole
+        yield
+        return
+    with open(lock_path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _sample_digest(file: Path) -> str:
+    """sha256 of 17 evenly spaced 64 KiB blocks (ends included): catches truncation and most damage
+    for the cost of reading 1 MiB, on every load."""
+    size = file.stat().st_size
+    block = 1 << 16
+    h = hashlib.sha256(str(size).encode())
+    with open(file, "rb") as f:
+        for k in range(17):
+            f.seek(max(0, min(size - block, (size - block) * k // 16)))
+            h.update(f.read(block))
+    return h.hexdigest()
+
+
+def _write_manifest(entry: Path, source: Path) -> None:
+    files = {p.name: {"size": p.stat().st_size, "sample_sha256": _sample_digest(p)}
+             for p in sorted(entry.glob("*.safetensors"))}
+    manifest = {"format": 1, "source": str(source), "files": files}
+    tmp = entry / _temp_name(CACHE_MANIFEST, "part")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(entry / CACHE_MANIFEST)
+
+
+def _entry_problem(entry: Path) -> str | None:
+    """Why a cache entry cannot be used (None when it is complete and matches its manifest)."""
+    if not (entry / "config.json").is_file():
+        return "no config.json"
+    try:
+        manifest = json.loads((entry / CACHE_MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{CACHE_MANIFEST} is missing or unreadable"
+    if not isinstance(files, dict) or not files:
+        return f"{CACHE_MANIFEST} lists no weights"
+    for name, rec in files.items():
+        f = entry / name
+        try:
+            size = f.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != rec.get("size"):
+            return f"{name} is {size} bytes, {rec.get('size')} were written"
+        if _sample_digest(f) != rec.get("sample_sha256"):
+            return f"{name} does not match its checksum"
+    return None
+
+
+def _write_entry(entry: Path, source: Path, model: Any, tok: Any) -> None:
+    """Save the dequantised model under a unique name, then rename it into place (atomic)."""
+    tmp = entry.parent / _temp_name(entry.name, "tmp")
+    try:
+        # The weights are already dequantised to fp32; drop the GGUF marker so they save.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tok is not None:
+            tok.save_pretrained(tmp)
+        _write_manifest(tmp, source)
+        old = None
+        if entry.exists():  # a damaged entry: move it aside (readers holding its files keep them)
+            old = entry.parent / _temp_name(entry.name, "old")
+            entry.rename(old)
+        os.rename(tmp, entry)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _load_gguf(path: Path, use_cache: bool) -> tuple[Any, Any]:
+    if not _looks_like_gguf(path):
+        raise GandaError(f"{path} is not a GGUF file (bad magic bytes)")
+    if not use_cache:
+        return _dequantise(path)
+    root = cache_dir() / "gguf"
+    entry = root / f"{path.stem}-{_gguf_cache_key(path)}"
+    problem = _entry_problem(entry) if entry.exists() else "absent"
+    if problem is None:
+        try:
+            return _load_hf_dir(entry, allow_pickle=False)
+        except GandaError as exc:
+            problem = _one_line(exc)
+    if problem != "absent":
+        log.warning("the cached copy of %s is damaged (%s); rebuilding it", path.name, problem)
+    with contextlib.ExitStack() as stack:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(_locked(root / f"{entry.name}.lock"))
+        except OSError as exc:  # a read-only home must not stop the run
+            log.warning("could not cache the dequantised GGUF: %s", _one_line(exc))
+            return _dequantise(path)
+        if problem == "absent" and _entry_problem(entry) is None:  # another process built it meanwhile
+            with contextlib.suppress(GandaError):
+                return _load_hf_dir(entry, allow_pickle=False)
+        _clean_stale(root)
+        model, tok = _dequantise(path)
+        try:
+            _write_entry(entry, path, model, tok)
+            _drop_superseded(root, path, entry)
+        except OSError as exc:  # a full or read-only disk must not stop the run
+            log.warning("could not cache the dequantised GGUF: %s", _one_line(exc))
+        return model, tok
+    raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow exceptions
 
 
 def _quiet_transformers() -> None:
@@ -201,6 +574,8 @@ def load_model(
     Runs on CUDA in bf16 when available, else CPU fp32; the model is put in eval mode.
     """
     spec = str(spec)
+    dev = parse_device(device) if device is not None else default_device()  # refused before any loading
+    dtype = parse_dtype(dtype) if dtype is not None else default_dtype(dev)
     _quiet_transformers()
     if spec in ALIASES:
         path = resolve_alias(spec)
@@ -221,8 +596,7 @@ def load_model(
         model, tok = _load_gguf(path, use_cache)
     else:
         raise GandaError(f"{path} is not a model: expected a directory with config.json or a .gguf file")
-    dev = torch.device(device) if device is not None else default_device()
-    model = model.to(device=dev, dtype=dtype or default_dtype(dev))
+    model = model.to(device=dev, dtype=dtype)
     model.eval()
     if tok is not None and tok.pad_token is None:
         tok.pad_token = tok.eos_token

@@ -53,7 +53,7 @@ class TransformerAdapter(ModelAdapter):
         cfg = self.model.config
         n_heads = cfg.num_attention_heads
         out = []
-        for i, layer in enumerate(self.decoder_layers()):
+        for i, layer in enumerate(self.original_layers()):
             attn = layer.self_attn
             head_dim = getattr(attn, "head_dim", None) or attn.o_proj.in_features // n_heads
             out.append(Mixer(layer=i, kind="attn", num_heads=n_heads, head_dim=head_dim, out_proj=attn.o_proj, module=attn))
@@ -67,6 +67,7 @@ class TransformerAdapter(ModelAdapter):
         by_layer: dict[int, list[HeadId]] = {}
         for h in heads:
             by_layer.setdefault(h.layer, []).append(h)
+        self.require_active(by_layer, f"attention maps of {', '.join(str(h) for h in heads)}")
         captured: dict[HeadId, torch.Tensor] = {}
 
         def make_hook(layer: int):

@@ -22,6 +22,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .. import runio  # noqa: E402
+
 SEQUENTIAL = "viridis"
 DIVERGING = "RdBu_r"
 
@@ -34,9 +36,11 @@ def _np(x: Any) -> np.ndarray:
 
 def _save(fig: Any, path: str | Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with runio.atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return path
 
 

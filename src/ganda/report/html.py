@@ -23,6 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import runio
+from ..errors import GandaError
+
 MAX_ROWS = 200  # longest table rendered in full; longer ones are cut with a note
 MAX_CSV_ROWS = 60
 
@@ -262,6 +265,11 @@ def sweep_result(path: Path, top: int = 20) -> dict[str, Any]:
     return out
 
 
+def has_results(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run's results (``result.json``, or a sweep's ``results.jsonl``)."""
+    return (Path(run_dir) / "result.json").is_file() or (Path(run_dir) / "results.jsonl").is_file()
+
+
 def render_run(run_dir: Path, index: int) -> str:
     run_dir = Path(run_dir)
     rfile = run_dir / "result.json"
@@ -312,6 +320,9 @@ def write_report(run_dirs: list[Path], out: Path, title: str = "ganda report") -
     """Write one self-contained HTML page covering every run directory; returns ``out``."""
     out = Path(out)
     runs = [Path(d) for d in run_dirs]
+    if not any(has_results(d) for d in runs):
+        names = ", ".join(str(d) for d in runs) or "none given"
+        raise GandaError(f"nothing to report: no result.json or results.jsonl in {names}")
     sections = [render_run(d, i) for i, d in enumerate(runs)]
     nav = "".join(f'<a href="#run{i}">{_e(d.name)}</a>' for i, d in enumerate(runs))
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -321,6 +332,5 @@ def write_report(run_dirs: list[Path], out: Path, title: str = "ganda report") -
         f'<header><h1>{_e(title)}</h1><div class="sub">{len(runs)} run(s) · generated {stamp}</div>'
         f"<nav>{nav}</nav></header><main>{''.join(sections)}</main></body></html>"
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    runio.write_text(out, page)
     return out

@@ -6,7 +6,7 @@ import importlib
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task, token_spans
+from .base import Example, OptionError, Task, token_spans
 
 # name -> "module:factory"; factories take keyword options (unknown ones are rejected).
 TASKS: dict[str, str] = {
@@ -35,10 +35,14 @@ def register_task(name: str, target: str) -> None:
 def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
     """Build a task by name; options that are None are left at the task's defaults.
 
+    Options are checked against the task's declaration (:meth:`Task.check_options`: names, types,
+    bounds) and any problem is an :class:`OptionError`, one line on the command line.
+
     With ``adapter`` (the model the task will run on) a task class may take defaults from the
-    model through a ``for_model(adapter) -> dict`` classmethod: the lab's tasks read the world a
-    lab model was trained on from its ``lab.json``, so its facts are the ones it learned. Options
-    given explicitly win over those defaults.
+    model through a ``for_model(adapter, options) -> dict`` classmethod: the lab's tasks read the
+    world a lab model was trained on from its ``lab.json``, so its facts are the ones it learned
+    (and refuse a model whose world is unknown unless ``options`` name one). Options given
+    explicitly win over those defaults.
     """
     if name not in TASKS:
         import ganda.lab  # noqa: F401  (registers the lab's synthetic-world tasks)
@@ -47,12 +51,15 @@ def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
     module, factory = TASKS[name].split(":")
     cls = getattr(importlib.import_module(module), factory)
     opts = {k: v for k, v in options.items() if v is not None}
+    opts = cls.check_options(opts, task=name)
     if adapter is not None and hasattr(cls, "for_model"):
-        opts = {**cls.for_model(adapter), **opts}
+        opts = {**cls.for_model(adapter, opts), **opts}
     try:
         return cls(**opts)
-    except TypeError as exc:
-        raise GandaError(f"task {name!r}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, GandaError):
+            raise
+        raise OptionError(f"task {name!r}: {exc}") from None
 
 
 def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
@@ -65,4 +72,4 @@ def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
     return task
 
 
-__all__ = ["Example", "TASKS", "Task", "get_task", "register_task", "task_for_model", "token_spans"]
+__all__ = ["Example", "OptionError", "TASKS", "Task", "get_task", "register_task", "task_for_model", "token_spans"]

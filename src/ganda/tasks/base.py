@@ -9,9 +9,21 @@ Aggregate head reads from the final position.
 
 from __future__ import annotations
 
+import inspect
+import types
+import typing
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from ..errors import GandaError
+
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+
+
+class OptionError(GandaError, ValueError):
+    """A task option that the task does not take, of the wrong type or out of range."""
 
 
 @dataclass
@@ -38,6 +50,37 @@ class Task(ABC):
 
     name: str = "?"
     kind: str = "mc"
+    #: inclusive ``(low, high)`` bounds of integer options (None: open on that side); with the
+    #: options' names and types (the constructor's keyword arguments) they are checked by
+    #: :meth:`check_options` before the task is built. Checks that involve several options or the
+    #: data stay in the constructor and raise :class:`OptionError`.
+    bounds: ClassVar[dict[str, tuple[int | None, int | None]]] = {}
+
+    @classmethod
+    def option_types(cls) -> dict[str, Any]:
+        """The options the task takes (its constructor's keyword arguments) and their types."""
+        return keyword_types(cls.__init__)
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any], task: str | None = None) -> dict[str, Any]:
+        """``options`` checked against the task's declaration: every name known, every value of
+        its type (text such as ``"10"`` or ``"true"`` is converted) and within ``bounds``."""
+        label = f"task {task or cls.name!r}"
+        types_ = cls.option_types()
+        out: dict[str, Any] = {}
+        for key, value in options.items():
+            if key not in types_:
+                known = ", ".join(sorted(types_)) or "none"
+                raise OptionError(f"{label} has no option {key!r} (its options: {known})")
+            value = _coerce(value, types_[key], f"{label}: option {key}")
+            lo, hi = cls.bounds.get(key, (None, None))
+            if isinstance(value, int) and not isinstance(value, bool) and (
+                    (lo is not None and value < lo) or (hi is not None and value > hi)):
+                want = (f"between {lo} and {hi}" if lo is not None and hi is not None
+                        else f"at least {lo}" if lo is not None else f"at most {hi}")
+                raise OptionError(f"{label}: {key} must be {want}, got {value}")
+            out[key] = value
+        return out
 
     @abstractmethod
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
@@ -63,3 +106,63 @@ def token_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) ->
             raise ValueError(f"span {s}-{e} covers no token")
         out.append((toks[0], toks[-1]))
     return out
+
+
+def keyword_types(func: Any) -> dict[str, Any]:
+    """``func``'s keyword parameters (not ``self``, ``*args``, ``**kw``) -> annotated type (Any if none)."""
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve constrains nothing
+        hints = {}
+    return {p.name: hints.get(p.name, Any) for p in list(inspect.signature(func).parameters.values())[1:]
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _coerce(value: Any, hint: Any, label: str) -> Any:
+    """``value`` as type ``hint`` (a class or a union of classes); text is parsed, anything else
+    must already be of the type (an int is accepted for a float, a number for text)."""
+    if hint is Any:
+        return value
+    allowed = [typing.get_origin(a) or a for a in _union_args(hint) if a is not type(None)]
+    if any(a is Any for a in allowed):
+        return value
+    if isinstance(value, str):
+        if str in allowed:
+            return value
+        text = value.strip().lower()
+        if bool in allowed and text in TRUE_WORDS + FALSE_WORDS:
+            return text in TRUE_WORDS
+        if int in allowed:
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        if float in allowed:
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif type(value) in allowed or (not isinstance(value, bool) and any(
+            isinstance(value, a) for a in allowed if a is not bool and isinstance(a, type))):
+        return value
+    elif isinstance(value, bool) and bool not in allowed:
+        pass
+    elif isinstance(value, int) and float in allowed:
+        return float(value)
+    elif isinstance(value, int) and bool in allowed and value in (0, 1):
+        return bool(value)
+    elif isinstance(value, int | float) and str in allowed:
+        return str(value)
+    raise OptionError(f"{label} takes {_type_text(allowed)}, got {value!r}")
+
+
+def _union_args(hint: Any) -> tuple[Any, ...]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _type_text(allowed: list[Any]) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "text", list: "a list",
+             dict: "a record"}
+    return " or ".join(dict.fromkeys(names.get(a, getattr(a, "__name__", str(a))) for a in allowed))

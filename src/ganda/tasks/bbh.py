@@ -115,6 +115,7 @@ def flexible_match(pred: str, target: str) -> bool:
 class BBHTask(Task):
     name = "bbh"
     kind = "generate"
+    bounds = {"shots": (0, 3), "max_new_tokens": (1, None)}  # each task ships 3 exemplars
 
     def __init__(self, subtask: str | list[str] | None = None, cot: bool = True, shots: int = 3,
                  match: str = "strict", data_dir: str | None = None, max_new_tokens: int | None = None) -> None:
@@ -124,12 +125,12 @@ class BBHTask(Task):
             raise GandaError(f"no BBH data in {self.data_dir}")
         if isinstance(subtask, str):
             subtask = [s.strip() for s in subtask.split(",") if s.strip()]
+        if subtask is not None and not subtask:
+            raise GandaError("no BBH subtask given")
         chosen = list(subtask) if subtask else known
         bad = [s for s in chosen if s not in known]
         if bad:
             raise GandaError(f"unknown BBH subtask {bad[0]!r}; known: {', '.join(known)}")
-        if not 0 <= int(shots) <= 3:
-            raise GandaError("bbh: shots must be 0-3 (each task ships 3 exemplars)")
         if match not in ("strict", "flexible"):
             raise GandaError("bbh: match must be 'strict' or 'flexible'")
         self.subtasks, self.cot, self.shots, self.match = chosen, bool(cot), int(shots), match

@@ -1,8 +1,10 @@
 """DREAM: multiple-choice reading comprehension over a dialogue (3 options per question).
 
 **Licence: non-commercial research only.** The data is *not* shipped with ganda. It is read from
-``data_dir`` (CLI ``--data-dir``), else ``$GANDA_DREAM_DIR``, else ``/work/shared/data/dream``;
-the directory holds the upstream ``test.json`` / ``dev.json`` (nlpdata/dream ``data/``).
+the task option ``data_dir`` (``ganda eval --option data_dir=DIR``, ``ganda extends --data-dir DIR``),
+else ``$GANDA_DREAM_DIR``, else ``/work/shared/data/dream``; the directory holds the upstream
+``test.json`` / ``dev.json`` (nlpdata/dream ``data/``). A directory named by the option or the
+variable must hold ``test.json``: ganda never falls back to another one.
 
 Two scorings, both 0-shot by default (``shots`` prepends the first questions of ``dev.json``):
 
@@ -48,19 +50,27 @@ SHARED_DIR = Path("/work/shared/data/dream")
 ENV = "GANDA_DREAM_DIR"
 
 
+HOW = (f"pass the task option data_dir=DIR (ganda eval --option data_dir=DIR, ganda extends --data-dir DIR) "
+       f"or set {ENV}=DIR")
+
+
 def find_data_dir(data_dir: str | None = None) -> Path:
-    candidates = [Path(data_dir)] if data_dir else []
-    if not data_dir and os.environ.get(ENV):
-        candidates.append(Path(os.environ[ENV]))
-    if not data_dir:
-        candidates.append(SHARED_DIR)
-    for c in candidates:
-        if (c / "test.json").is_file():
-            return c
+    """The DREAM directory: ``data_dir``, else ``$GANDA_DREAM_DIR``, else the shared copy. A
+    directory that is named but holds no ``test.json`` is an error, not a reason to look elsewhere."""
+    for named, where in ((data_dir, "data_dir"), (os.environ.get(ENV), ENV)):
+        if named:
+            if not (Path(named) / "test.json").is_file():
+                what = "is not a directory" if not Path(named).is_dir() else "has no test.json"
+                raise GandaError(f"DREAM data: {where}={named} {what} (DREAM is licensed for non-commercial "
+                                 "research only and not shipped with ganda; the directory holds the upstream "
+                                 "test.json/dev.json from github.com/nlpdata/dream, data/)")
+            return Path(named)
+    if (SHARED_DIR / "test.json").is_file():
+        return SHARED_DIR
     raise GandaError(
         "DREAM data not found: it is licensed for non-commercial research only and not shipped with "
-        f"ganda. Download test.json/dev.json from github.com/nlpdata/dream (data/) and pass --data-dir DIR "
-        f"or set {ENV}=DIR (looked in: {', '.join(str(c) for c in candidates)})"
+        f"ganda. Download test.json/dev.json from github.com/nlpdata/dream (data/) and {HOW} "
+        f"(looked in: {SHARED_DIR})"
     )
 
 
@@ -68,15 +78,28 @@ def find_data_dir(data_dir: str | None = None) -> Path:
 def read_split(data_dir: str, split: str) -> tuple[tuple[tuple[str, ...], str, tuple[str, ...], int, str], ...]:
     """Flattened questions: (turns, question, choices, gold index, dialogue id)."""
     path = Path(data_dir) / f"{split}.json"
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GandaError(f"{path}: cannot read DREAM data: {exc}") from None
+    if not isinstance(data, list) or not data:
+        raise GandaError(f"{path}: not DREAM data (expected a non-empty list of [turns, questions, id])")
     out = []
-    for turns, questions, did in data:
-        for q in questions:
-            choices = tuple(q["choice"])
-            if q["answer"] not in choices:
-                raise GandaError(f"{path}: dialogue {did}: answer is not one of the choices")
-            out.append((tuple(turns), q["question"], choices, choices.index(q["answer"]), did))
+    for k, item in enumerate(data):
+        try:
+            turns, questions, did = item
+            for q in questions:
+                choices = tuple(str(c) for c in q["choice"])
+                question, answer = str(q["question"]), q["answer"]
+                if len(choices) != len(LETTERS) or not all(isinstance(t, str) for t in turns):
+                    raise TypeError
+                if answer not in choices:
+                    raise GandaError(f"{path}: dialogue {did}: answer is not one of the choices")
+                out.append((tuple(turns), question, choices, choices.index(answer), did))
+        except (TypeError, ValueError, KeyError):
+            raise GandaError(f"{path}: entry {k} is not a DREAM dialogue ([turns, [{{question, choice: 3 "
+                             "options, answer}}, ...], id])") from None
     return tuple(out)
 
 
@@ -103,6 +126,7 @@ class DreamTask(Task):
     name = "dream"
     kind = "mc"
     letters = False
+    bounds = {"shots": (0, None)}
 
     def __init__(self, split: str = "test", shots: int = 0, data_dir: str | None = None) -> None:
         if split not in ("test", "dev"):
@@ -111,6 +135,9 @@ class DreamTask(Task):
         if shots and not (self.dir / "dev.json").is_file():
             raise GandaError(f"dream: shots need dev.json in {self.dir}")
         self.split, self.shots = split, int(shots)
+        read_split(str(self.dir), split)  # a malformed file fails here, before any model runs
+        if shots:
+            read_split(str(self.dir), "dev")
 
     def config(self) -> dict[str, Any]:
         return {"task": self.name, "split": self.split, "shots": self.shots, "letters": self.letters}

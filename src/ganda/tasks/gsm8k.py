@@ -126,12 +126,11 @@ class GSM8KTask(Task):
     name = "gsm8k"
     kind = "generate"
     max_new_tokens = 256
+    bounds = {"shots": (0, len(COT_EXEMPLARS)), "max_new_tokens": (1, None)}  # lm-eval's gsm8k_cot exemplars
 
     def __init__(self, shots: int = 0, cot: bool = False, match: str = "flexible", data_dir: str | None = None,
                  max_new_tokens: int | None = None) -> None:
         shots = int(shots)
-        if not 0 <= shots <= len(COT_EXEMPLARS):
-            raise GandaError(f"gsm8k: shots must be 0-{len(COT_EXEMPLARS)} (lm-eval's gsm8k_cot exemplars)")
         if match not in ("strict", "flexible"):
             raise GandaError("gsm8k: match must be 'strict' or 'flexible'")
         self.shots, self.cot, self.match = shots, bool(cot) or shots > 0, match

@@ -84,6 +84,7 @@ def _labels(*parts: str) -> list[str]:
 class _KnowledgeTask(Task):
     kind = "mc"
     metrics: tuple[str, ...] = ("acc", "acc_norm")
+    bounds = {"n": (1, None)}
 
     def __init__(self, n: int | None = None) -> None:
         self.n = n
@@ -263,6 +264,8 @@ def evaluate_knowledge(
     from ..interventions import apply, describe_all
     from ..stats import wilson
 
+    if limit is not None and limit < 1:
+        raise GandaError(f"knowledge: limit must be at least 1, got {limit}")
     out: dict[str, Any] = {"tasks": {}, "limit": limit, "seed": seed, "interventions": describe_all(interventions)}
     t0 = time.perf_counter()
     with apply(adapter, interventions):

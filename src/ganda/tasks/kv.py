@@ -20,19 +20,22 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .base import Example, Task
-from .words import sample_words
+from .base import Example, OptionError, Task
+from .words import sample_words, word_list
 
 
 class KVTask(Task):
     name = "kv"
     kind = "mc"
+    bounds = {"pairs": (2, None), "n": (1, None), "max_value": (2, None)}
 
     def __init__(self, pairs: int = 10, n: int = 100, max_value: int = 100) -> None:
-        if pairs < 2:
-            raise ValueError("pairs must be at least 2")
         if pairs > max_value:
-            raise ValueError(f"pairs ({pairs}) cannot exceed the number of distinct values ({max_value})")
+            raise OptionError(f"task 'kv': pairs ({pairs}) cannot exceed the number of distinct values "
+                              f"(max_value {max_value})")
+        if pairs > len(word_list("noun")):
+            raise OptionError(f"task 'kv': pairs ({pairs}) cannot exceed the number of distinct keys "
+                              f"({len(word_list('noun'))})")
         self.pairs, self.n, self.max_value = pairs, n, max_value
 
     def config(self) -> dict[str, Any]:

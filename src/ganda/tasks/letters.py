@@ -30,12 +30,9 @@ HEADER = "The following are multiple choice questions (with answers).\n\n"
 class LettersTask(Task):
     name = "letters"
     kind = "mc"
+    bounds = {"options": (2, 26), "words": (1, None), "shots": (0, None), "n": (1, None)}
 
     def __init__(self, options: int = 4, words: int = 2, shots: int = 0, n: int = 100) -> None:
-        if not 2 <= options <= 26:
-            raise ValueError("options must be between 2 and 26")
-        if words < 1:
-            raise ValueError("words must be at least 1")
         self.options, self.words, self.shots, self.n = options, words, shots, n
 
     def config(self) -> dict[str, Any]:

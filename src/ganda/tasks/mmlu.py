@@ -69,6 +69,7 @@ def description(subject: str) -> str:
 class MMLUTask(Task):
     name = "mmlu"
     kind = "mc"
+    bounds = {"shots": (0, 5)}  # 5 dev exemplars per subject
 
     def __init__(self, shots: int = 0, subjects: str | list[str] | None = None, data_dir: str | None = None) -> None:
         self.data_dir = Path(data_dir) if data_dir else DATA_DIR
@@ -77,12 +78,12 @@ class MMLUTask(Task):
         known = globals()["subjects"](self.data_dir)
         if isinstance(subjects, str):
             subjects = [s.strip() for s in subjects.split(",") if s.strip()]
+        if subjects is not None and not subjects:
+            raise GandaError("no MMLU subject given")
         chosen = subjects or known
         bad = [s for s in chosen if s not in known]
         if bad:
             raise GandaError(f"unknown MMLU subject {bad[0]!r}; e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
-        if not 0 <= shots <= 5:
-            raise GandaError("MMLU has 5 dev exemplars per subject: --shots must be 0-5")
         self.shots, self.subjects = shots, list(chosen)
 
     def config(self) -> dict[str, Any]:

@@ -153,7 +153,6 @@ class SSMAdapterBase(ModelAdapter):
 
     def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:
         super().__init__(model, tokenizer, spec)
-        self._original_layers = self.decoder_layers()
         self._orig_index = {id(layer): i for i, layer in enumerate(self._original_layers)}
 
     # ---- family hooks -------------------------------------------------------------------
@@ -275,6 +274,7 @@ class SSMAdapterBase(ModelAdapter):
         ``stop_early`` abandons the forward once everything is captured (maps of early layers
         then cost a fraction of a forward); checks that watch later modules turn it off.
         """
+        self.require_active([m.layer for m in (*ssm, *attn)], "map capture")
         raw: dict[int, torch.Tensor] = {}
         weights: dict[int, torch.Tensor] = {}
 

@@ -259,6 +259,12 @@ def load_llamba(path: str | Path) -> LlambaForCausalLM:
     if missing or unexpected:
         raise GandaError(
             f"{path}: weights do not match the Llamba layout (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    want = model.state_dict()
+    wrong = [f"{k} is {tuple(v.shape)}, the config needs {tuple(want[k].shape)}"
+             for k, v in sorted(state.items()) if v.shape != want[k].shape]
+    if wrong:
+        raise GandaError(f"{path}: wrongly shaped tensors: {'; '.join(wrong[:3])}"
+                         + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""))
     model.load_state_dict(state, strict=True, assign=True)
     return model
 

@@ -1,0 +1,376 @@
+"""Writing results safely: atomic files, run-directory locks, output checks, model fingerprints.
+
+Every result file ganda writes goes through :func:`atomic_open` / :func:`atomic_path` (or the
+``write_text`` / ``write_bytes`` shorthands): the data goes to a temporary file beside the
+target, is flushed to disk and then renamed over it, so a crash, a full disk or Ctrl-C leaves
+either the old file or the new one, never half of one. A failed write is one
+:class:`~ganda.errors.GandaError` line naming the file.
+
+Commands check their output paths before they load a model (:func:`check_output_file`,
+:func:`check_output_dir`) and claim their run directory (:func:`claim_run_dir`): an exclusive
+``flock`` on ``<dir>/.lock`` held for the whole run, so two runs never write into one directory.
+The lock dies with the process, so a killed run never leaves a stale lock behind.
+
+:func:`model_fingerprint` summarises the weights on disk cheaply (sizes, modification times,
+safetensors / GGUF headers, small files' contents) so that a resumed run can tell that the
+model it measured has changed.
+
+This module imports only the standard library and :mod:`ganda.errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import GandaError
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+# ---------------------------------------------------------------------------------------------
+# atomic writes
+
+
+def write_error(path: str | Path, exc: OSError) -> GandaError:
+    """The one-line error for a failed write of ``path``."""
+    why = exc.strerror or str(exc)
+    return GandaError(f"could not write {path}: {why}")
+
+
+def _target(path: Path) -> Path:
+    """Where a write of ``path`` lands: a symlink is followed, so the link itself survives."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (same suffix); on success it replaces ``path``.
+
+    For writers that take a file name (``savefig``, ``save_file``). An existing device or FIFO
+    (``/dev/null``, ``/dev/full``) is written in place: there is nothing to replace atomically.
+    On any error the temporary file is removed; an ``OSError`` becomes one ``GandaError`` line.
+    """
+    path = Path(path)
+    target = _target(path)
+    if target.is_dir():
+        raise GandaError(f"cannot write {path}: it is a directory")
+    if target.exists() and not target.is_file():
+        try:
+            yield target
+        except OSError as exc:
+            raise write_error(path, exc) from None
+        return
+    tmp: Path | None = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=f".tmp{target.suffix}")
+        os.close(fd)
+        tmp = Path(name)
+        yield tmp
+        mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_UMASK
+        os.chmod(tmp, mode)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        tmp = None
+        _fsync_dir(target.parent)
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
+    """``open(path, mode)`` that publishes the file only if the block finishes (see :func:`atomic_path`).
+
+    ``kwargs`` go to :func:`open` (``encoding``, ``newline``); text defaults to UTF-8."""
+    if "w" not in mode:
+        raise ValueError("atomic_open writes a whole file: mode must contain 'w'")
+    if "b" not in mode:
+        kwargs.setdefault("encoding", "utf-8")
+    with atomic_path(path) as tmp:
+        try:
+            with open(tmp, mode, **kwargs) as f:
+                yield f
+        except OSError as exc:
+            raise write_error(path, exc) from None
+
+
+def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically; returns ``path``."""
+    with atomic_open(path, "w", encoding=encoding) as f:
+        f.write(text)
+    return Path(path)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; returns ``path``."""
+    with atomic_open(path, "wb") as f:
+        f.write(data)
+    return Path(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# output checks (before any long run)
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and not p.is_symlink() and p.parent != p:
+        p = p.parent
+    return p
+
+
+def _probe_dir(d: Path, shown: Path, option: str) -> None:
+    """Fail unless a file can be created in the existing directory ``d``."""
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise GandaError(f"{option} {shown}: cannot write in {d} (permission denied)")
+    try:
+        fd, name = tempfile.mkstemp(dir=d, prefix=".ganda-probe-")
+    except OSError as exc:
+        raise GandaError(f"{option} {shown}: cannot write in {d} ({exc.strerror or exc})") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+def check_output_file(path: str | Path, option: str = "--out") -> Path:
+    """Check, before a run, that a result file can be written at ``path``; returns it.
+
+    The target must not be a directory, and its nearest existing ancestor must be a writable
+    directory (missing parents are created when the file is written, not now)."""
+    path = Path(path).expanduser()
+    target = _target(path)
+    if target.is_dir():
+        raise GandaError(f"{option} {path} is a directory; give a file name")
+    if target.exists() and not target.is_file():
+        if not os.access(target, os.W_OK):
+            raise GandaError(f"{option} {path}: not writable")
+        return path
+    anc = _nearest_existing(target.parent)
+    if not anc.is_dir():
+        raise GandaError(f"{option} {path}: {anc} is not a directory")
+    _probe_dir(anc, path, option)
+    return path
+
+
+def check_output_dir(path: str | Path, option: str = "--out") -> Path:
+    """Check, before a run, that ``path`` is (or can be created as) a writable directory; returns it.
+
+    Nothing is created: the nearest existing ancestor must be a writable directory."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise GandaError(f"{option} {path} is a file, not a directory")
+    anc = _nearest_existing(path)
+    if not anc.is_dir():
+        raise GandaError(f"{option} {path}: {anc} is not a directory")
+    _probe_dir(anc, path, option)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# run-directory locks
+
+_held: dict[str, list[Any]] = {}  # realpath -> [fd, count, directories created (deepest first), path]
+_held_guard = threading.Lock()
+_TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp(\.[^.]*)?$")  # atomic_path's temporary names
+_claims: list[Path] = []
+
+
+def _lock_key(path: Path) -> str:
+    return os.path.realpath(path)
+
+
+def acquire_run_dir(path: str | Path, option: str = "--out") -> Path:
+    """Create ``path`` if needed and take its exclusive lock (re-entrant within a process).
+
+    Another process holding it gives one line: ``another ganda run is writing to PATH (pid N)``.
+    Pair every call with :func:`release_run_dir`."""
+    path = Path(path).expanduser()
+    check_output_dir(path, option)
+    key = _lock_key(path)
+    with _held_guard:
+        if key in _held:
+            _held[key][1] += 1
+            return path
+        created = [a for a in (path, *path.parents) if not a.exists()]  # removed again if left empty
+        for _ in range(10):
+            lock = path / ".lock"
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_UMASK)
+            except FileNotFoundError:  # removed by a run that just ended
+                continue
+            except OSError as exc:
+                raise GandaError(f"{option} {path}: cannot create the run directory ({exc.strerror or exc})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise GandaError(f"another ganda run is writing to {path} (pid {pid}); wait for it to finish "
+                                     "or choose another --out") from None
+                raise GandaError(f"{option} {path}: cannot lock the run directory ({exc.strerror or exc})") from None
+            try:  # the lock file may have been removed by a run that just ended: lock the file in place
+                same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _held[key] = [fd, 1, created, path]
+            _remove_stale_temps(path)
+            return path
+    raise GandaError(f"{option} {path}: cannot lock the run directory")
+
+
+def _remove_stale_temps(d: Path) -> None:
+    """Temporary files of a writer that was killed mid-write (nobody else writes here: we hold the lock)."""
+    for f in d.iterdir():
+        if _TEMP_NAME.match(f.name) and f.is_file():
+            with contextlib.suppress(OSError):
+                f.unlink()
+
+
+def release_run_dir(path: str | Path) -> None:
+    """Drop one hold on ``path``'s lock; the last one removes the lock file and unlocks it. A directory
+    this process created and left empty (a run that failed before writing) is removed."""
+    key = _lock_key(Path(path).expanduser())
+    with _held_guard:
+        entry = _held.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        fd, _, created, p = entry
+        del _held[key]
+        try:  # removed while still locked: a run starting now sees the file gone and makes a fresh one
+            (p / ".lock").unlink()
+            for d in created:
+                if any(d.iterdir()):
+                    break
+                d.rmdir()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def run_dir_lock(path: str | Path, option: str = "--out") -> Iterator[Path]:
+    """``with run_dir_lock(out):`` holds ``out``'s lock for the block (see :func:`acquire_run_dir`)."""
+    p = acquire_run_dir(path, option)
+    try:
+        yield p
+    finally:
+        release_run_dir(p)
+
+
+def claim_run_dir(path: str | Path, option: str = "--out") -> Path:
+    """For commands: lock ``path`` until :func:`release_claims` (the CLI calls it on exit)."""
+    p = acquire_run_dir(path, option)
+    _claims.append(p)
+    return p
+
+
+def release_claims() -> None:
+    """Release every lock taken with :func:`claim_run_dir` (last claimed first)."""
+    while _claims:
+        release_run_dir(_claims.pop())
+
+
+# ---------------------------------------------------------------------------------------------
+# model fingerprints
+
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt")
+_HASHED_LIMIT = 8 << 20  # smaller non-weight files (config, tokenizer, lab.json) are hashed whole
+
+
+def _file_entry(p: Path, rel: str) -> dict[str, Any]:
+    st = p.stat()
+    e: dict[str, Any] = {"name": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        if p.suffix == ".safetensors":
+            raw = f.read(8)
+            n = int.from_bytes(raw, "little") if len(raw) == 8 else 0
+            h.update(raw + f.read(min(n, 100 << 20)))
+        elif p.suffix == ".gguf":
+            h.update(f.read(1 << 20))
+        elif p.suffix in _WEIGHT_SUFFIXES:
+            h.update(f.read(1 << 16))
+        elif st.st_size <= _HASHED_LIMIT:
+            h.update(f.read())
+    e["head"] = h.hexdigest()[:16]
+    return e
+
+
+def model_fingerprint(path: str | Path) -> str:
+    """A short digest of the model at ``path`` (a ``.gguf`` file or an HF directory) that changes
+    when its weights, config or tokenizer change: every file's size and modification time, the
+    safetensors headers / GGUF metadata, and the contents of the small files. Reads no weights."""
+    p = Path(path).resolve()
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+        entries = [_file_entry(f, str(f.relative_to(p))) for f in files]
+    elif p.is_file():
+        entries = [_file_entry(p, p.name)]
+    else:
+        raise GandaError(f"no model at {path}")
+    return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# what an interrupted run tells the user
+
+_interrupt_note: str | None = None
+
+
+def set_interrupt_note(note: str | None) -> None:
+    """What ``ganda: interrupted; ...`` should add if the run is interrupted now (None: nothing)."""
+    global _interrupt_note
+    _interrupt_note = note
+
+
+def take_interrupt_note() -> str | None:
+    """The current interrupt note, cleared."""
+    global _interrupt_note
+    note, _interrupt_note = _interrupt_note, None
+    return note
+
+
+__all__ = [
+    "acquire_run_dir", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
+    "model_fingerprint", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
+    "take_interrupt_note", "write_bytes", "write_error", "write_text",
+]
