@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from ganda.lab import train as T
-from ganda.lab.configs import resolve_config
-from ganda.lab.tokenizer import build_tokenizer
-from ganda.lab.world import World, WorldConfig, edit_distractors, phrase_pool
+from ganda_lab import train as T
+from ganda_lab.configs import resolve_config
+from ganda_lab.tokenizer import build_tokenizer
+from ganda_lab.world import World, WorldConfig, edit_distractors, phrase_pool
 
 CONFIGS = {"llama-h1 (lab-llama-h1)": "llama-h1", "mamba2 (lab-mamba2)": "mamba2",
            "hybrid-late (lab-hybrid-late)": "hybrid-late", "kv-llama (lab-kv-llama)": "kv-llama"}

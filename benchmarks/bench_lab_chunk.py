@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from bench_lab_train import step  # the same timed forward + backward, gradients returned
 
-from ganda.lab.configs import build_model, resolve_config
-from ganda.lab.tokenizer import build_tokenizer
-from ganda.lab.train import bucket_batch, make_batch
-from ganda.lab.world import World, WorldConfig
+from ganda_lab.configs import build_model, resolve_config
+from ganda_lab.tokenizer import build_tokenizer
+from ganda_lab.train import bucket_batch, make_batch
+from ganda_lab.world import World, WorldConfig
 
 CONFIGS = {"mamba2 (lab-mamba2)": "mamba2", "hybrid (lab-hybrid-late, Bamba)": "hybrid-late"}
 

@@ -1,7 +1,7 @@
 """Lab training step: one padded batch (the baseline) vs the same batch split into length buckets.
 
 The lab's training mixture mixes 8-token fact statements with 70-token option drills, so a
-right-padded batch is mostly padding. ``ganda.lab.train.bucket_batch`` sorts the batch by length
+right-padded batch is mostly padding. ``ganda_lab.train.bucket_batch`` sorts the batch by length
 and cuts it into groups, each run at its own width; the weighted losses are summed and divided
 once, so the gradient is the whole batch's (checked here, and in tests/test_lab_train.py).
 
@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from ganda.lab.configs import build_model, resolve_config
-from ganda.lab.tokenizer import build_tokenizer
-from ganda.lab.train import bucket_batch, lm_loss_parts, make_batch
-from ganda.lab.world import World, WorldConfig
+from ganda_lab.configs import build_model, resolve_config
+from ganda_lab.tokenizer import build_tokenizer
+from ganda_lab.train import bucket_batch, lm_loss_parts, make_batch
+from ganda_lab.world import World, WorldConfig
 
 MODELS = {
     "llama (lab-llama size)": ("llama", {"hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 3,

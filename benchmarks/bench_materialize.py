@@ -213,7 +213,7 @@ def main() -> None:
         lines.append(f"| {name} | {L} | {sb * 1000:.1f} ms | {sf * 1000:.1f} ms | **{sb / sf:.1f}×** | "
                      f"{sr * 1000:.2f} ms | **{sb / sr:.0f}×** | {err:.1e} |")
     if args.invariants:
-        from ganda.models.ssm.checks import invariant_rows
+        from ganda.checks import invariant_rows
 
         lines += [
             "",

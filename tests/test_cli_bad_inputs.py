@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ganda.lab import checkpoint
+from ganda_lab import checkpoint
 
 LAB = "lab-llama-h1"  # tiny shipped checkpoints: they load by name in well under a second
 KV = "lab-kv-llama"
@@ -129,6 +129,10 @@ CASES = [
     C("rank-method", "rank", LAB, "--task", "kv", "--method", "magic", "--out", "out", match="--method"),
     C("rank-pairs-0", "rank", LAB, "--task", "kv", "--pairs", "0", "--out", "out", match="pairs must be at least 2"),
     C("rank-heads-empty", "rank", LAB, "--task", "kv", "--heads", ",", "--out", "out", match="no head ids"),
+    # ganda plan
+    C("plan-devices-0", "plan", "meta-llama/Llama-3.1-8B", "--devices", "0", match="--devices must be at least 1"),
+    C("plan-unknown-device", "plan", "meta-llama/Llama-3.1-8B", "--device", "tpu", match="unknown device 'tpu'"),
+    C("plan-no-config", "plan", "nothing.json", match="no config for 'nothing.json'"),
     C("rank-lab-without-lab-json", "rank", "{nolab}", "--task", "lab-mmlu", "--out", "out", match="has no lab.json"),
     # experiments
     C("prune-limit-0", "prune", LAB, "--tasks", "kv", "--limit", "0", "--out", "out", match="--limit"),
@@ -369,8 +373,8 @@ def test_lab_model_without_lab_json_is_refused_unless_its_world_is_named(inputs,
 def test_lab_library_functions_refuse_a_model_without_lab_json(inputs):
     import ganda
     from ganda.errors import GandaError
-    from ganda.lab.analysis import evaluate_lab, head_sweep, model_world
     from ganda.tasks import get_task
+    from ganda_lab.analysis import evaluate_lab, head_sweep, model_world
 
     ad = ganda.load_model(inputs["nolab"], device="cpu")
     for call in (lambda: model_world(ad), lambda: get_task("lab-kv", adapter=ad),
@@ -383,14 +387,12 @@ def test_lab_library_functions_refuse_a_model_without_lab_json(inputs):
 # ---- task options: declared once on each task ----------------------------------------------
 
 def test_every_task_declares_bounds_only_for_options_it_takes():
-    import importlib
+    from ganda import registry
 
-    import ganda.lab  # noqa: F401  (registers the lab tasks)
-    from ganda.tasks import TASKS
-
-    for name in TASKS:
-        module, factory = TASKS[name].split(":")
-        cls = getattr(importlib.import_module(module), factory)
+    names = registry.task_names()  # the lab's tasks included (its plugin registers them)
+    assert {"kv", "mmlu", "lab-mmlu", "lab-kv"} <= set(names)
+    for name in names:
+        cls = registry.task_class(name)
         assert cls.bounds, name  # every task declares at least its counts
         assert set(cls.bounds) <= set(cls.option_types()), (name, set(cls.bounds) - set(cls.option_types()))
 
@@ -418,9 +420,9 @@ def test_task_options_are_converted_and_checked_in_one_place():
 def test_empty_evaluation_is_an_error_not_an_accuracy():
     import ganda
     from ganda.errors import GandaError
-    from ganda.scoring import evaluate
+    from ganda.evaluation import evaluate
+    from ganda.knowledge import evaluate_knowledge
     from ganda.tasks import get_task
-    from ganda.tasks.knowledge import evaluate_knowledge
 
     ad = ganda.load_model(LAB, device="cpu")
     with pytest.raises(GandaError, match="no examples"):

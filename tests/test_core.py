@@ -254,6 +254,12 @@ def test_parse_options_types_and_errors():
     assert parse_options(["data-dir=/x"]) == {"data_dir": "/x"}
     with pytest.raises(GandaError, match="KEY=VALUE"):
         parse_options(["cot"])
+    # ``ganda extends`` names each option's task first
+    assert parse_options(["bbh.cot=false", "gsm8k-cot.shots=4", "bbh.max-new-tokens=3"], per_task=True) == {
+        "bbh": {"cot": False, "max_new_tokens": 3}, "gsm8k-cot": {"shots": 4}}
+    for bad in (["cot=false"], [".cot=false"], ["bbh.=1"], ["bbh.cot"]):
+        with pytest.raises(GandaError, match=r"TASK\.KEY=VALUE"):
+            parse_options(bad, per_task=True)
 
 
 def test_cli_eval_knowledge_task_with_options(tiny_dir):
@@ -314,7 +320,7 @@ def test_discover_drops_equal_the_plain_ablation_loop(tiny):
 def test_shipped_lab_checkpoints_load_by_name_and_sweep_from_the_cli(tmp_path):
     """``lab-llama`` is a model spec like ``smollm2-135m``; ``ganda sweep`` takes lab tasks."""
     import ganda
-    from ganda.lab.analysis import model_world
+    from ganda_lab.analysis import model_world
 
     ad = ganda.load_model("lab-llama", device="cpu")
     assert ad.spec == "lab-llama" and ad.num_layers == 3 and model_world(ad)["n_entities"] == 200

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ganda import AblateHeads, RemoveLayers
-from ganda.generation import can_cache, cut_at_stops, evaluate_generation, generate
+from ganda.generation import cut_at_stops, evaluate_generation, generate
 from ganda.tasks.base import Example, Task
 
 PROMPTS = ["apple:42\nriver:", "The value of the key 'river' is", "A B C D"]
@@ -28,7 +28,7 @@ def test_cut_at_stops():
 
 
 def test_cached_matches_uncached_and_hf(tiny):
-    assert can_cache(tiny)
+    assert tiny.supports_kv_cache_generation()
     for p in PROMPTS:
         a = generate(tiny, p, max_new_tokens=10)[0]
         b = generate(tiny, p, max_new_tokens=10, use_cache=False)[0]
@@ -75,14 +75,14 @@ def test_interventions_apply_during_generation(tiny):
         b = generate(tiny, p, max_new_tokens=10, use_cache=False)[0]
     assert a.text == b.text
     with RemoveLayers([0]).apply(tiny):
-        assert not can_cache(tiny)  # layer list changed: the uncached path is used
+        assert not tiny.supports_kv_cache_generation()  # layer list changed: the uncached path is used
         r = generate(tiny, p, max_new_tokens=10)[0]
         ids = tiny.tokenizer(p, add_special_tokens=False).input_ids
         seq = list(ids)
         for _ in range(r.n_tokens):
             seq.append(int(tiny.forward(torch.tensor([seq]))[0, -1].argmax()))
         assert tiny.tokenizer.decode(seq[len(ids):], skip_special_tokens=False) == r.raw
-    assert can_cache(tiny)
+    assert tiny.supports_kv_cache_generation()
     after = generate(tiny, p, max_new_tokens=10)[0]
     assert after.text == intact.text  # everything restored
 

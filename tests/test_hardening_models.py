@@ -26,11 +26,11 @@ from conftest import make_byte_tokenizer, make_tiny_llama
 
 import ganda
 from ganda import AblateHeads, GandaError, HeadId, KeepHeads, KeepLayers, RemoveLayers
+from ganda.checks import tiny_model
 from ganda.heads import expand
 from ganda.interventions import parse_layers
 from ganda.models import load_model
 from ganda.models.loading import CACHE_MANIFEST
-from ganda.models.ssm.checks import tiny_model
 
 IDS = torch.tensor([[5, 17, 42, 8, 99, 23, 61, 7, 30, 12]])
 
@@ -222,7 +222,7 @@ def test_cli_reproduction_on_a_lab_model(tmp_path, capfd):
     assert main([*args, "--remove-layers", "0", "--ablate", "L3H0", "--predictions", str(pred)]) == 0
     cli = json.loads(capfd.readouterr().out)
     # the same run by hand: layer 0 dropped from the list, layer 3's only head zeroed in the weights
-    from ganda.scoring import evaluate
+    from ganda.evaluation import evaluate
     from ganda.tasks import get_task, task_for_model
 
     ad = load_model("lab-llama-h1", device="cpu")

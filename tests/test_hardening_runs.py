@@ -19,7 +19,7 @@ import torch
 from ganda import runio
 from ganda.cli import main
 from ganda.errors import GandaError
-from ganda.lab import CHECKPOINTS
+from ganda_lab import CHECKPOINTS
 
 MODEL = "lab-llama-h1"  # four layers of one head: a full sweep is four heads
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PYTHONDONTWRITEBYTECODE": "1"}

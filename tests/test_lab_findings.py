@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from ganda.lab import checkpoint
+from ganda_lab import checkpoint
 
 # ---- statistics ----------------------------------------------------------------------------------
 
@@ -320,7 +320,7 @@ def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
 
 def _accuracy(adapter, limit: int):
     """acc(task, interventions) on the first ``limit`` seeded examples of a task."""
-    from ganda.scoring import evaluate
+    from ganda.evaluation import evaluate
 
     def acc(task, ivs=()):
         return evaluate(adapter, task, list(ivs), limit=limit, progress=False).accuracy
@@ -459,8 +459,8 @@ def test_lab_llama_h1_has_one_gather_and_one_aggregate_head_each_taking_retrieva
     knowledge 100%), so the verdict is "reproduced"."""
     import ganda
     from ganda.experiments.roles import head_roles
-    from ganda.lab.programme import DEFAULT_MODELS, verdicts
     from ganda.tasks import get_task
+    from ganda_lab.programme import DEFAULT_MODELS, verdicts
 
     torch.set_num_threads(1)
     assert DEFAULT_MODELS["transformer"] == "lab-llama-h1"
@@ -495,9 +495,9 @@ def test_only_the_teachers_aggregate_layer_or_head_lifts_the_default_student():
     role, as in the paper's Fig. 7."""
     import ganda
     from ganda.experiments.transplant import TransplantHead, TransplantLayer
-    from ganda.lab.programme import DEFAULT_MODELS
     from ganda.scoring import evaluate_examples
     from ganda.tasks import get_task
+    from ganda_lab.programme import DEFAULT_MODELS
 
     torch.set_num_threads(1)
     assert DEFAULT_MODELS["distilled"] == "lab-distilled-h1"
@@ -521,8 +521,8 @@ def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads(lab)
     together take it to chance with the facts intact (24%, knowledge 100%): head_roles reports the
     pair as ``aggregate_together``, and finding 1's text says so."""
     from ganda.experiments.roles import head_roles
-    from ganda.lab.programme import verdicts
     from ganda.tasks import get_task
+    from ganda_lab.programme import verdicts
 
     a = lab["lab-llama-wd"]
     mmlu = get_task("lab-mmlu", adapter=a).examples(limit=60, seed=0)
@@ -558,7 +558,7 @@ def test_finding3_kv_check_needs_both_curves_above_chance_and_apart_at_the_most_
     the most pairs, with the two intervals apart at the most pairs; two models at chance (the
     main lab models, which never learned KV) do not count, however their noise falls."""
     from ganda.experiments.kv_curve import KVCurveResult
-    from ganda.lab.programme import _kv_falls_faster
+    from ganda_lab.programme import _kv_falls_faster
 
     def result(rows):
         lo, hi = rows[0], rows[-1]
@@ -585,7 +585,7 @@ def test_kv_pair_the_ssm_loses_kv_retrieval_with_pairs_faster_than_the_transform
     96 %, SSM 87 / 38.5 / 20.5 % at 2 / 8 / 16 pairs): both retrieve well above chance with two
     pairs, and with more pairs the SSM falls towards chance while the Transformer holds."""
     import ganda
-    from ganda.scoring import evaluate
+    from ganda.evaluation import evaluate
     from ganda.tasks import get_task
 
     torch.set_num_threads(1)

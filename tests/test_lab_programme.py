@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ganda.experiments.common import ExperimentResult
-from ganda.lab.programme import verdicts
+from ganda_lab.programme import verdicts
 
 
 def _roles(gather_ablated, aggregate_ablated, g_ctrl=0.01, a_ctrl=0.0, heads_to_chance=2, best=None):
@@ -166,7 +166,7 @@ TINY = {
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from ganda.lab.scratch import train_all
+    from ganda_lab.scratch import train_all
 
     root = tmp_path_factory.mktemp("lab")
     configs = {}
@@ -183,7 +183,7 @@ def trained(tmp_path_factory):
 
 
 def test_train_all_trains_every_role_and_resumes(trained):
-    from ganda.lab.scratch import finished, train_all
+    from ganda_lab.scratch import finished, train_all
 
     root, configs, models, log = trained
     assert set(models) == {"transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm", "deep"}
@@ -203,7 +203,7 @@ def test_train_all_trains_every_role_and_resumes(trained):
 
 
 def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
-    from ganda.lab.programme import Programme
+    from ganda_lab.programme import Programme
 
     _root, _configs, models, _log = trained
     out = tmp_path / "lab"
@@ -244,7 +244,7 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     roles = json.loads((out / "f1-roles-transformer" / "result.json").read_text())["summary"]
     assert f1 == [roles["baseline"], roles["gather_ablated"], roles["aggregate_ablated"]]
     # replay: the same verdicts and panels from the files alone, no model run
-    from ganda.lab.programme import rebuild_state, replay
+    from ganda_lab.programme import rebuild_state, replay
 
     first = json.loads((out / "findings" / "result.json").read_text())
     (out / "findings" / "findings.png").unlink()
@@ -261,8 +261,8 @@ def test_finding1_heads_are_found_in_the_minimal_model(trained, tmp_path):
     """The paper finds its heads in Llama-3.1-8B cut to its minimal model: when pruning finds one
     shallower than the Transformer, finding 1 is scored on it."""
     from ganda.interventions import truncate
-    from ganda.lab.programme import Programme
     from ganda.scoring import evaluate_examples
+    from ganda_lab.programme import Programme
 
     _root, _configs, models, _log = trained
     prog = Programme(models=models, out=tmp_path / "lab", n=4, top=2, only=(1,), progress=False, log=lambda *_: None)
@@ -303,7 +303,7 @@ def test_finding6_refuses_a_student_of_another_depth_before_running_anything(tmp
 
 
 def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_interval(tmp_path):
-    from ganda.lab.scratch import plan
+    from ganda_lab.scratch import plan
 
     jobs = plan(tmp_path, eval_every=1000)
     assert [j.role for j in jobs] == ["ssm", "transformer", "hybrid", "distilled", "deep", "kv_transformer", "kv_ssm"]
@@ -332,8 +332,8 @@ def test_compare_with_shipped_tells_a_bit_for_bit_rebuild_from_a_near_miss(tmp_p
     import torch
     from safetensors.torch import load_file, save_file
 
-    from ganda.lab import checkpoint
-    from ganda.lab.scratch import compare_with_shipped
+    from ganda_lab import checkpoint
+    from ganda_lab.scratch import compare_with_shipped
 
     same, near = tmp_path / "same", tmp_path / "near"
     for d in (same, near):

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from ganda.lab.tokenizer import build_tokenizer
-from ganda.lab.world import World, WorldConfig
 from ganda.tasks import get_task
 from ganda.tasks.base import token_spans
+from ganda_lab.tokenizer import build_tokenizer
+from ganda_lab.world import World, WorldConfig
 
 LAB_TASKS = ["lab-knowledge", "lab-mmlu", "lab-letters", "lab-kv"]
 
@@ -167,7 +167,7 @@ def test_option_drill_asks_several_letters_of_one_option_block():
 
 
 def test_training_sequences_weight_only_the_answers(tmp_path):
-    from ganda.lab.train import sample_sequence
+    from ganda_lab.train import sample_sequence
 
     w = World(HARD)
     tok = build_tokenizer(w)
@@ -197,7 +197,7 @@ def test_repeat_drill_answers_each_repeated_key_with_its_value_in_both_layouts(w
     repeated values carry a loss, and each is its key's value. ``sep=" "`` puts the value right
     after its key (one token on, the textbook induction step) and the answer is then the very
     token of the dictionary line, as with ``:``."""
-    from ganda.lab.train import sample_sequence
+    from ganda_lab.train import sample_sequence
 
     for sep, kind in ((":", "kvrepeat"), (" ", "kvrepeat_adjacent")):
         pieces = world.kv_repeat_pieces(random.Random(5), 6, sep)
@@ -232,7 +232,7 @@ PHRASES = WorldConfig(distractors="hard", values="phrases", max_words=2)
 
 
 def test_phrase_values_are_every_short_sequence_of_distinct_pool_words():
-    from ganda.lab.world import phrase_pool
+    from ganda_lab.world import phrase_pool
 
     w = World(PHRASES)
     pool = phrase_pool("home", 6)
@@ -283,7 +283,7 @@ def test_world_records_without_values_mean_pairs():
 def test_copy_drill_repeats_a_run_of_dictionary_tokens_with_loss_on_the_copy(world, tok):
     """The copy drill behind finding 3's KV pair: BOS, a run of distinct KV keys/values, the same
     run again; every token of the second copy after its first is a target (an induction step)."""
-    from ganda.lab.train import copy_sequence, make_batch, sample_sequence
+    from ganda_lab.train import copy_sequence, make_batch, sample_sequence
 
     ids, labels, weights = copy_sequence(world, tok, random.Random(3), 7)
     run = ids[1:8]
@@ -340,7 +340,7 @@ def test_unasked_facts_are_in_the_knowledge_task_and_never_asked_in_mmlu_format(
         get_task("lab-mmlu", world=rec, split="unasked")
     # statements (the training mixture) state them
     rng = random.Random(0)
-    from ganda.lab.train import sample_sequence
+    from ganda_lab.train import sample_sequence
 
     tok = build_tokenizer(grown)
     seen = {tok.decode(sample_sequence(grown, tok, rng, "statement", (2, 4))[0]).split()[1] for _ in range(200)}

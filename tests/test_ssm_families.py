@@ -14,8 +14,8 @@ import torch
 
 import ganda
 from ganda import HeadId, KeepHeads, KeepLayers, RemoveLayers, truncate
-from ganda.models.ssm.checks import FAMILIES, ablation_diff, last_row_diff, reconstruction_error
-from ganda.models.ssm.checks import tiny_model as build
+from ganda.checks import FAMILIES, ablation_diff, last_row_diff, reconstruction_error
+from ganda.checks import tiny_model as build
 from ganda.models.transformer import eager_attention
 
 T = 13

@@ -11,7 +11,7 @@ import torch
 
 import ganda
 from ganda import AblateHeads, HeadId, mask_last_row
-from ganda.models.ssm.checks import tiny_model as build
+from ganda.checks import tiny_model as build
 from ganda.models.transformer import eager_attention
 
 T = 12

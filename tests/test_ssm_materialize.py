@@ -11,8 +11,8 @@ import torch
 
 import ganda
 from ganda import HeadId
+from ganda.checks import tiny_model as build
 from ganda.errors import GandaError
-from ganda.models.ssm.checks import tiny_model as build
 from ganda.models.ssm.materialize import (
     SelectiveParams,
     SSDParams,

@@ -13,9 +13,10 @@ import time
 import pytest
 import torch
 
-import ganda.sweep as sweep_mod
 from ganda.errors import GandaError
-from ganda.interventions import AblateHeads
+from ganda.heads import HeadId
+from ganda.interventions import AblateHeads, KeepLayers, RemoveLayers
+from ganda.models.transformer import TransformerAdapter, TransformerRunner
 from ganda.scoring import evaluate_examples
 from ganda.sweep import load_result, prepare, run_sweep
 
@@ -110,15 +111,36 @@ def test_fast_rows_mode_and_batches(adapter, monkeypatch):
     """Unpacked rows (models with a short sliding window) and one-head batches agree too."""
     exs = tiny_examples()
     naive = run_sweep(adapter, exs, progress=False, naive=True)
-    monkeypatch.setattr(sweep_mod._TransformerRunner, "can_pack", lambda self, w: False)
+    monkeypatch.setattr(TransformerRunner, "can_pack", lambda self, w: False)
     rows = run_sweep(adapter, exs, progress=False, batch_heads=3)
     _assert_same(rows, naive)
 
 
 def test_fallback_engine_equals_naive(adapter, monkeypatch):
-    monkeypatch.setattr(sweep_mod, "runner_for", lambda a: None)
+    monkeypatch.setattr(TransformerAdapter, "sweep_runner", lambda self: None)
     exs = tiny_examples()
     _assert_same(run_sweep(adapter, exs, progress=False), run_sweep(adapter, exs, progress=False, naive=True))
+
+
+@pytest.mark.parametrize("runner", [True, False])
+def test_sweep_inside_layer_edits_equals_naive(runner, monkeypatch):
+    """Head ids name the layers as loaded: inside ``RemoveLayers([1])`` layer 2 runs second, and the
+    fast engine must ablate (and skip to) layer 2, not the layer at position 2."""
+    if not runner:
+        monkeypatch.setattr(TransformerAdapter, "sweep_runner", lambda self: None)
+    ad = tiny_adapter()
+    exs = tiny_examples()
+    with RemoveLayers([1]).apply(ad):
+        fast = run_sweep(ad, exs, progress=False)
+        naive = run_sweep(ad, exs, progress=False, naive=True)
+        assert [r["layer"] for r in fast.records] == [0] * 4 + [2] * 4  # the running layers' heads
+        _assert_same(fast, naive)
+        with pytest.raises(GandaError, match="sweep: layer 1 is removed by remove-layers 1"):
+            run_sweep(ad, exs, heads=[HeadId(1, 0)], progress=False)
+    with KeepLayers([0, 2]).apply(ad):  # the same model reached through another edit
+        again = run_sweep(ad, exs, progress=False)
+    assert [r["loglik"] for r in again.records] == [r["loglik"] for r in fast.records]
+    assert len(ad.decoder_layers()) == 3
 
 
 def test_outputs_and_mismatch(adapter, tmp_path):

@@ -282,7 +282,7 @@ def test_dream_env_dir(tmp_path, monkeypatch):
 # ---- ganda extends -----------------------------------------------------------------------
 
 def test_control_heads(tiny):
-    from ganda.commands.extends import control_heads
+    from ganda.experiments.extends import control_heads
     from ganda.heads import expand
 
     ga = expand("L1H0,L1H2,L2H3", tiny)
@@ -298,10 +298,11 @@ def test_run_extends_writes_json_and_csv(tiny, tmp_path):
     import csv as _csv
     import json
 
-    from ganda.commands.extends import parse_options, run_extends
+    from ganda.commands.core import parse_options
+    from ganda.experiments.extends import run_extends
 
     opts = parse_options(["gsm8k.max_new_tokens=3", "bbh.cot=false", "bbh.max_new_tokens=3",
-                          "bbh.subtask=navigate"])
+                          "bbh.subtask=navigate"], per_task=True)
     assert opts["bbh"] == {"cot": False, "max_new_tokens": 3, "subtask": "navigate"}
     tasks = ["gsm8k", "bbh"] + (["dream-letters"] if _dream_available() else [])
     res = run_extends(tiny, "L1H0,L2H1", tasks, limit=2, out=tmp_path, options=opts, progress=False)
@@ -315,8 +316,8 @@ def test_run_extends_writes_json_and_csv(tiny, tmp_path):
 
 
 def test_run_extends_knowledge(tiny, monkeypatch):
-    import ganda.tasks.knowledge as kn
-    from ganda.commands.extends import run_extends
+    import ganda.experiments.extends as kn
+    from ganda.experiments.extends import run_extends
 
     seen = []
 

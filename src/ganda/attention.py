@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from .figures import attention_panels
 from .heads import expand
 from .models.base import ModelAdapter
 from .scoring import encode
@@ -29,7 +30,5 @@ def draw_attention(
     title: str | None = None,
 ) -> Path:
     """One PNG, one panel per head (softmax: sequential [0,1]; SSM implicit: signed, diverging)."""
-    from .report.figures import attention_panels
-
     tokens, maps, kinds, rows = prompt_maps(adapter, prompt, heads, last_rows)
     return attention_panels(maps, tokens, kinds, out, rows=rows, title=title or adapter.spec)

@@ -1,7 +1,8 @@
 """The ``ganda`` command line: a thin typer layer over the library (parse, call, print).
 
 Commands live in ``ganda/commands/<area>.py``; each module defines ``register(app)`` and is
-discovered automatically, so areas can be added without editing this file.
+discovered automatically, so areas can be added without editing this file. Plugins add theirs
+through ``register_cli(app)`` (:mod:`ganda.registry`), e.g. the lab's ``train`` and ``lab``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import sys
 
 import typer
 
-from . import runio
+from . import commands, registry, runio
 from .errors import GandaError
+from .models import placement
 
 app = typer.Typer(
     add_completion=False,
@@ -25,17 +27,24 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    dtype: str | None = typer.Option(None, "--dtype", help="precision of every model the command loads: float32, "
+                                     "bfloat16, float16 (GANDA_DTYPE; default bf16 on CUDA, fp32 on CPU)"),
+    device_map: str | None = typer.Option(None, "--device-map", help="spread models over GPUs, CPU and disk: auto, "
+                                          "a JSON object or a .json file of module -> device (GANDA_DEVICE_MAP)"),
+    offload_folder: str | None = typer.Option(None, "--offload-folder", help="where disk-offloaded weights go "
+                                              "(GANDA_OFFLOAD_FOLDER)"),
+) -> None:
     """ganda: find, measure, disable and transplant Gather-and-Aggregate heads."""
+    placement.set_session(dtype, device_map, offload_folder)
 
 
 def _register_commands() -> None:
-    from . import commands
-
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda i: i.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         if hasattr(module, "register"):
             module.register(app)
+    registry.register_plugin_commands(app)
 
 
 _register_commands()
@@ -86,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         runio.release_claims()
+        placement.end_session()
     if rc == 130:
         return _interrupted()
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

@@ -18,9 +18,10 @@ from rich.console import Console
 from . import runio
 from .attention import draw_attention
 from .discovery import ablate_until_chance, discover, save_discovery
-from .experiments.common import ganda_version, write_csv
+from .figures import curves
 from .interventions import AblateHeads
 from .models import load_model
+from .report.html import write_report
 from .scoring import evaluate_examples
 from .tasks import get_task
 
@@ -71,7 +72,7 @@ def run_demo(
     _curve_png(curve, d.baseline_accuracy, 1.0 / pairs, out / "ablation_curve.png")
     seconds = time.perf_counter() - t0
     result = {
-        "kind": "demo", "model": adapter.spec, "ganda_version": ganda_version(),
+        "kind": "demo", "model": adapter.spec, "ganda_version": runio.ganda_version(),
         "config": {**task.config(), "n_pattern": n, "n_verify": verify_n, "top": top, "seed": seed},
         "summary": {
             "baseline_accuracy": d.baseline_accuracy, "chance": 1.0 / pairs,
@@ -84,10 +85,8 @@ def run_demo(
         "candidates": [by[h].to_json() for h in dict.fromkeys(d.top_aggregate + d.top_gather)],
     }
     runio.write_text(out / "result.json", json.dumps(result, indent=2))
-    write_csv(out / "ablations.csv", rows)
-    write_csv(out / "cumulative_ablation.csv", curve)
-    from .report.html import write_report
-
+    runio.write_csv(out / "ablations.csv", rows)
+    runio.write_csv(out / "cumulative_ablation.csv", curve)
     report = write_report([out, out / "heads"], out / "report.html", title=f"ganda demo: {adapter.spec}")
     con.print(f"done in {seconds:.0f} s")
     for r in rows:
@@ -96,8 +95,6 @@ def run_demo(
 
 
 def _curve_png(curve: list[dict[str, Any]], base: float, chance: float, path: Path) -> Path:
-    from .report.figures import curves
-
     xs = [0] + [c["n_heads"] for c in curve]
     ys = [base] + [c["accuracy"] for c in curve]
     return curves(xs, {"kv accuracy": ys}, path, xlabel="heads ablated (cumulative, ranked)",

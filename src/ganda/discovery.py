@@ -47,9 +47,11 @@ task accuracy, which is what decides whether a head matters.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,11 +59,14 @@ from tqdm.auto import tqdm
 
 from . import runio
 from .errors import GandaError
+from .figures import curves, pyplot
 from .heads import HeadId, expand
 from .interventions import AblateHeads
 from .models.base import ModelAdapter
 from .scoring import encode, evaluate_examples
 from .stats import bootstrap_paired, geo_t_interval, t_interval, wilson
+from .sweep import run_sweep
+from .tasks import get_task
 from .tasks.base import Example, token_spans
 
 METRICS = ("aggregate", "aggregate_segment", "gather", "aggregate_peak", "aggregate_hit", "gather_contrast",
@@ -316,8 +321,6 @@ def discover(
     # gather heads must sit before some aggregate candidate to feed it; we still verify them all.
     # Single-head ablations through the sweep engine: the same numbers as
     # ``evaluate_examples(..., [AblateHeads([h])])`` per head (tested), several times faster.
-    from .sweep import run_sweep
-
     to_verify = list(dict.fromkeys(top_agg + top_gat))
     sw = run_sweep(adapter, verify_examples, heads=[HeadId.parse(h) for h in to_verify], progress=progress)
     by_str = {rec["head"]: rec for rec in sw.records}
@@ -334,18 +337,13 @@ def discover(
 def save_discovery(d: Discovery, out: Any, model: str) -> None:
     """``result.json`` (kind ``heads``), ``heads.csv`` (every head, sorted by aggregate score, with
     ``<metric>_ci95`` intervals) and ``per_prompt.csv`` (every head's metrics on every prompt)."""
-    import json
-    from pathlib import Path
-
-    from .experiments.common import ganda_version, write_csv
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ordered = sorted(d.scores, key=lambda s: -s.aggregate)
     rows = [s.to_json() for s in ordered]
     verified = [r for r in rows if r["drop"] is not None]
     result = {
-        "kind": "heads", "model": model, "ganda_version": ganda_version(), "config": d.task,
+        "kind": "heads", "model": model, "ganda_version": runio.ganda_version(), "config": d.task,
         "summary": {
             "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
             "top_aggregate": d.top_aggregate, "top_gather": d.top_gather, "ci_method": CI_METHOD,
@@ -354,8 +352,8 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
         "all_heads": rows,
     }
     runio.write_text(out / "result.json", json.dumps(result, indent=2))
-    write_csv(out / "heads.csv", [s.csv_row() for s in ordered])
-    write_csv(out / "per_prompt.csv", [{"head": s.head, "prompt": i, **{k: s.samples[k][i] for k in METRICS}}
+    runio.write_csv(out / "heads.csv", [s.csv_row() for s in ordered])
+    runio.write_csv(out / "per_prompt.csv", [{"head": s.head, "prompt": i, **{k: s.samples[k][i] for k in METRICS}}
                                        for s in ordered if s.samples for i in range(s.n_prompts)])
 
 
@@ -410,16 +408,10 @@ def cumulative_ablation(
            "baseline": base.accuracy, "baseline_ci95": list(base.ci95), "reached_chance": reached,
            "heads_to_chance": curve[-1]["n_heads"] if reached else None, "max_heads": max_heads, "curve": curve}
     if out_dir is not None:
-        import json
-        from pathlib import Path
-
-        from .experiments.common import write_csv
-        from .report.figures import curves
-
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         runio.write_text(out / "cumulative.json", json.dumps(rec, indent=2))
-        write_csv(out / "cumulative.csv", curve)
+        runio.write_csv(out / "cumulative.csv", curve)
         x = [0] + [r["n_heads"] for r in curve]
         ys = [base.accuracy] + [r["accuracy"] for r in curve]
         los = [base.ci95[0]] + [r["ci95"][0] for r in curve]
@@ -514,8 +506,6 @@ def compare_sharpness_summaries(
 ) -> list[dict[str, Any]]:
     """One :func:`compare_sharpness` result per entry of ``summaries`` (each what ``summary`` is
     there), every model's maps read once for all of them (:func:`pattern_scores_by_summary`)."""
-    from .tasks import get_task
-
     named = dict(adapters) if isinstance(adapters, Mapping) else {a.spec: a for a in adapters}
     if len(named) < 1:
         raise ValueError("give at least one model")
@@ -603,11 +593,6 @@ def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
     """``result.json`` (kind ``sharpness``), ``sharpness.csv`` and ``sharpness.png`` (a forest plot
     of every between-model difference with its 95% interval) for a :func:`compare_sharpness` result;
     returns the CSV rows."""
-    import json
-    from pathlib import Path
-
-    from .experiments.common import write_csv
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runio.write_text(out / "result.json", json.dumps(res, indent=2))
@@ -617,7 +602,7 @@ def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
             for m, d in res["models"].items() for k, v in d["metrics"].items()]
     rows += [{"model": f"{r['a']} vs {r['b']}", "metric": r["metric"], "value": r["value"], "lo": r["ci95"][0],
               "hi": r["ci95"][1], "scale": r["scale"], "heads": r["sharper"]} for r in res["differences"]]
-    write_csv(out / "sharpness.csv", rows)
+    runio.write_csv(out / "sharpness.csv", rows)
     if res["differences"]:
         _forest(res["differences"], out / "sharpness.png")
     return rows
@@ -626,11 +611,7 @@ def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
 def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
     """One row per metric: ratio (log axis) or difference with its interval; right of the line
     means the first model is sharper."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ratios = [d for d in diffs if d["metric"] in RATIO_METRICS]
     plain = [d for d in diffs if d["metric"] not in RATIO_METRICS]
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * max(len(ratios), len(plain)) + 1.6))

@@ -3,7 +3,8 @@
 Interventions are forward hooks (or a swapped layer list), so they act during generation
 unchanged. Two paths, chosen per call:
 
-* **cached** (Llama-layout Transformers whose decoder-layer list is intact): one prefill of the
+* **cached** (adapters that support it, :meth:`ModelAdapter.supports_kv_cache_generation`:
+  Llama-layout Transformers whose decoder-layer list is intact): one prefill of the
   left-padded batch, then one token per step with a fresh HF ``DynamicCache`` built for this
   call only. Hooks fire on every step, so a head ablation applies to every generated token; a
   ``positions="query"`` ablation applies to the newest position of each step (each generated
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .interventions import Intervention, apply, describe_all
+from .interventions import Intervention, apply
 from .models.base import ModelAdapter
 from .scoring import EvalResult, encode
 from .stats import wilson
@@ -75,24 +76,6 @@ def eos_ids(adapter: ModelAdapter) -> set[int]:
     return ids
 
 
-def can_cache(adapter: ModelAdapter) -> bool:
-    """True when the fast cached path is safe: a Llama-layout Transformer with its full layer list."""
-    if getattr(adapter, "family", "") != "transformer":
-        return False
-    try:
-        layers = adapter.decoder_layers()
-    except Exception:  # pragma: no cover - adapters without a layer list
-        return False
-    n_cfg = getattr(getattr(adapter.model, "config", None), "num_hidden_layers", None)
-    if n_cfg is not None and len(layers) != n_cfg:
-        return False
-    for i, layer in enumerate(layers):
-        idx = getattr(getattr(layer, "self_attn", None), "layer_idx", i)
-        if idx != i:
-            return False
-    return True
-
-
 class _Row:
     def __init__(self, prompt_ids: list[int], stop: Sequence[str] | None, max_new: int) -> None:
         self.prompt_ids = prompt_ids
@@ -132,7 +115,7 @@ def _finish(adapter: ModelAdapter, row: _Row) -> Generation:
 @torch.no_grad()
 def _generate_cached(adapter: ModelAdapter, rows: list[_Row], eos: set[int]) -> None:
     """Batched greedy decoding with a per-call KV cache (left padding, explicit position ids)."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # transformers costs ~0.5 s to import: loaded with the first model
 
     model = adapter.model
     dev = adapter.device
@@ -194,8 +177,9 @@ def generate(
     """Greedy continuations of ``prompts`` with the interventions currently applied.
 
     ``stop`` is one list of stop strings for every prompt, or one list per prompt.
-    ``use_cache=None`` picks the cached path where it is safe (see :func:`can_cache`);
-    ``True`` where it is not raises nothing but falls back to the uncached path.
+    ``use_cache=None`` picks the cached path where it is safe
+    (:meth:`ModelAdapter.supports_kv_cache_generation`); ``True`` where it is not raises nothing
+    but falls back to the uncached path.
     """
     single = isinstance(prompts, str)
     plist = [prompts] if single else list(prompts)
@@ -213,7 +197,8 @@ def generate(
         adapter.check_length(len(ids))
         rows.append(_Row(ids, s, max_new_tokens))
     eos = eos_ids(adapter)
-    cached = can_cache(adapter) if use_cache is None else (use_cache and can_cache(adapter))
+    safe = adapter.supports_kv_cache_generation()
+    cached = safe if use_cache is None else (use_cache and safe)
     bar = tqdm(total=len(rows), desc="generate", disable=not progress, leave=False)
     if cached:
         # similar lengths together: less padding
@@ -291,15 +276,5 @@ def evaluate_generation(
                           for k, v in metric_sums.items()}
     if hasattr(task, "aggregate"):
         cfg.update(task.aggregate(preds))
-    return EvalResult(
-        task=task.name,
-        model=adapter.spec,
-        n=n,
-        correct=correct,
-        accuracy=correct / n if n else 0.0,
-        ci95=wilson(correct, n),
-        seconds=time.perf_counter() - t0,
-        interventions=describe_all(interventions),
-        config=cfg,
-        predictions=preds,
-    )
+    return EvalResult.from_counts(task.name, adapter, correct, n, t0, interventions=interventions, config=cfg,
+                                  predictions=preds)

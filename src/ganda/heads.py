@@ -87,7 +87,7 @@ def expand(spec: str | Iterable[str | HeadId] | None, adapter: ModelAdapter) -> 
 
 def _expand_block(part: str, block: str, heads: str, adapter: ModelAdapter) -> list[HeadId]:
     """``B{k}H..``: the heads in every invocation of a shared attention block."""
-    blocks = adapter.shared_blocks() if hasattr(adapter, "shared_blocks") else {}
+    blocks = adapter.shared_blocks()
     layers = blocks.get(f"block{block}")
     if not layers:
         have = ", ".join(k.replace("block", "B") for k in blocks) or "none"

@@ -49,7 +49,9 @@ def query_positions(index: torch.Tensor | None, last: torch.Tensor | None = None
 
 def _head_mask(mixer: Mixer, heads: Iterable[int], keep: bool) -> torch.Tensor:
     w = mixer.out_proj.weight
-    mask = torch.full((mixer.num_heads, mixer.head_dim), 1.0 if not keep else 0.0, dtype=w.dtype, device=w.device)
+    # a disk-offloaded layer's weight sits on the meta device between forwards: build the mask on the CPU
+    dev = w.device if w.device.type != "meta" else torch.device("cpu")
+    mask = torch.full((mixer.num_heads, mixer.head_dim), 1.0 if not keep else 0.0, dtype=w.dtype, device=dev)
     for h in heads:
         mask[h] = 0.0 if not keep else 1.0
     return mask.reshape(-1)

@@ -25,6 +25,7 @@ lm-eval is an optional dependency: ``pip install 'ganda[eval]'`` (``lm-eval==0.4
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +34,9 @@ from typing import Any
 from .errors import GandaError
 from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter
+from .scoring import ChoiceScores, evaluate_examples, example_pairs, norm_chars
+from .tasks import get_task
+from .tasks.mmlu import subjects as all_subjects
 
 MMLU_DIR = Path(__file__).resolve().parent / "data" / "mmlu"
 ARC_EASY = Path(__file__).resolve().parent / "data" / "arc" / "ARC-Easy-Test.jsonl.gz"
@@ -43,7 +47,7 @@ MMLU_COLUMNS = ["question", "A", "B", "C", "D", "answer"]
 def _import_lm_eval():
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
+    try:  # optional (pip install 'ganda[eval]'), and it must see the offline settings first
         import lm_eval  # noqa: F401
         from lm_eval.models.huggingface import HFLM
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -85,13 +89,13 @@ def simple_evaluate(
     ``env_info=False`` skips lm-eval's environment report (it shells out to ``pip list``, seconds).
     """
     _import_lm_eval()
-    import lm_eval
+    import lm_eval  # optional dependency, imported after _import_lm_eval's offline settings
     import lm_eval.evaluator as ev
 
     kwargs.setdefault("log_samples", False)
     if "task_manager" not in kwargs and all(isinstance(t, dict) for t in tasks):
         # only local config dicts: skip indexing lm-eval's thousands of built-in task YAMLs
-        from lm_eval.tasks import TaskManager
+        from lm_eval.tasks import TaskManager  # optional dependency (see above)
 
         kwargs["task_manager"] = TaskManager(include_defaults=False)
     saved = ev.add_env_info
@@ -156,8 +160,6 @@ def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 
 
 def mmlu_tasks(subjects: Sequence[str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     """One :func:`mmlu_task` config per subject (all 57 by default)."""
-    from .tasks.mmlu import subjects as all_subjects
-
     d = _mmlu_dir(kwargs.get("data_dir"))
     return [mmlu_task(s, **kwargs) for s in (subjects or all_subjects(d))]
 
@@ -232,8 +234,6 @@ def compare_arc(res: dict[str, Any], examples: Sequence[Any], ganda: Any,
     ``acc_norm`` it logged). ganda's side: its predictions, and ``acc_norm`` from its
     :func:`~ganda.scoring.norm_chars`.
     """
-    from .scoring import ChoiceScores, example_pairs, norm_chars
-
     samples = sorted(res.get("samples", {}).get(task) or [], key=lambda s: s["doc_id"])
     if not samples:
         raise GandaError(f"no samples for {task!r}: run with log_samples=True")
@@ -280,11 +280,6 @@ def arc_easy_cross_check(adapter: ModelAdapter, limit: int,
     :func:`arc_easy_task`) and with ganda (``get_task("arc_easy").examples(limit=...)`` +
     :func:`~ganda.scoring.evaluate_examples`) under the same interventions; :func:`compare_arc`
     plus the wall time of each side (``lm_eval_seconds``, ``ganda_seconds``)."""
-    import time
-
-    from .scoring import evaluate_examples
-    from .tasks import get_task
-
     t0 = time.perf_counter()
     res = simple_evaluate(adapter, [arc_easy_task()], interventions, limit=limit, log_samples=True,
                           batch_size=batch_size)

@@ -13,7 +13,7 @@ The lock dies with the process, so a killed run never leaves a stale lock behind
 
 :func:`model_fingerprint` summarises the weights on disk cheaply (sizes, modification times,
 safetensors / GGUF headers, small files' contents) so that a resumed run can tell that the
-model it measured has changed.
+model it measured has changed; :func:`ganda_version` is recorded in every result file.
 
 This module imports only the standard library and :mod:`ganda.errors`.
 """
@@ -21,15 +21,17 @@ This module imports only the standard library and :mod:`ganda.errors`.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import fcntl
 import hashlib
+import importlib.metadata as md
 import json
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -127,6 +129,30 @@ def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
     with atomic_open(path, "w", encoding=encoding) as f:
         f.write(text)
     return Path(path)
+
+
+def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """Rows of dicts as CSV, atomically: the columns are every key in order of first appearance,
+    lists and dicts are written as JSON."""
+    cols: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    with atomic_open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (json.dumps(v) if isinstance(v, list | dict) else v) for k, v in r.items()})
+    return Path(path)
+
+
+def ganda_version() -> str:
+    """The installed ganda's version (``"?"`` when it runs from a source tree that is not installed)."""
+    try:
+        return md.version("ganda")
+    except md.PackageNotFoundError:  # pragma: no cover
+        return "?"
 
 
 def write_bytes(path: str | Path, data: bytes) -> Path:

@@ -1,4 +1,4 @@
-"""The one place that runs models on tasks: log-likelihood of choices, accuracy with a CI.
+"""Multiple-choice scoring: log-likelihood of choices, accuracy with a CI, and the result record.
 
 Conventions follow lm-eval so that numbers are comparable: a choice is a continuation of the
 context (``" A"``, ``" 42"``), trailing whitespace of the context moves into the continuation,
@@ -17,11 +17,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from .errors import GandaError
 from .interventions import Intervention, apply, describe_all, query_positions
 from .models.base import ModelAdapter
 from .stats import wilson
-from .tasks.base import Example, Task
+from .tasks.base import Example
 
 
 def add_bos(adapter: ModelAdapter) -> bool:
@@ -177,14 +176,7 @@ def default_batch_rows(adapter: ModelAdapter) -> int:
     test models), where Python and per-call overhead dominate a forward; one example per
     forward for real LMs, which keeps their numbers identical to lm-eval's one-request layout
     and bounds the ``rows x length x vocab`` logits."""
-    n = getattr(adapter, "_ganda_n_params", None)
-    if n is None:
-        n = sum(p.numel() for p in adapter.model.parameters())
-        try:
-            adapter._ganda_n_params = n
-        except AttributeError:  # pragma: no cover - slotted adapters
-            pass
-    return BATCH_ROWS if n < SMALL_MODEL_PARAMS else 1
+    return BATCH_ROWS if adapter.n_params() < SMALL_MODEL_PARAMS else 1
 
 
 def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_rows: int | None = None,
@@ -227,6 +219,20 @@ class EvalResult:
     config: dict[str, Any] = field(default_factory=dict)
     acc_norm: float | None = None
     predictions: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def from_counts(cls, task: str, adapter: ModelAdapter, correct: int, n: int, started: float, *,
+                    interventions: Sequence[Intervention] | None, config: dict[str, Any],
+                    predictions: list[dict[str, Any]], correct_norm: int | None = None) -> EvalResult:
+        """The one way a result is built (multiple-choice scoring and generation alike): accuracy
+        and its Wilson interval from the counts, seconds since ``started`` (``time.perf_counter``)."""
+        return cls(
+            task=task, model=adapter.spec, n=n, correct=correct, accuracy=correct / n if n else 0.0,
+            ci95=wilson(correct, n), seconds=time.perf_counter() - started,
+            interventions=describe_all(interventions), config=config,
+            acc_norm=(correct_norm / n if n else None) if correct_norm is not None else None,
+            predictions=predictions,
+        )
 
     def by_answer(self) -> list[dict[str, Any]]:
         """Accuracy split by the gold answer (see :func:`by_answer`); empty unless every gold answer
@@ -305,41 +311,5 @@ def evaluate_examples(
             correct += ok
             correct_norm += sc.pred_norm == ex.gold
             preds.append({"pred": sc.pred, "gold": ex.gold, "loglik": sc.loglik, "correct": bool(ok)})
-    n = len(examples)
-    return EvalResult(
-        task=task_name,
-        model=adapter.spec,
-        n=n,
-        correct=correct,
-        accuracy=correct / n if n else 0.0,
-        ci95=wilson(correct, n),
-        seconds=time.perf_counter() - t0,
-        interventions=describe_all(interventions),
-        config=config or {},
-        acc_norm=correct_norm / n if n else None,
-        predictions=preds,
-    )
-
-
-def evaluate(
-    adapter: ModelAdapter,
-    task: Task,
-    interventions: Sequence[Intervention] | None = None,
-    *,
-    limit: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
-) -> EvalResult:
-    """Evaluate a task (multiple-choice tasks here; generation tasks provide their own runner).
-    A task that gives no examples (``limit=0``) is an error: an accuracy over nothing is no number."""
-    examples = task.examples(limit=limit, seed=seed)
-    if not examples:
-        raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")
-    if task.kind != "mc":
-        from .generation import evaluate_generation  # generation tasks (GSM8K, BBH)
-
-        return evaluate_generation(adapter, task, examples, interventions, seed=seed, progress=progress)
-    return evaluate_examples(
-        adapter, examples, interventions, task_name=task.name,
-        config={**task.config(), "limit": limit, "seed": seed}, progress=progress,
-    )
+    return EvalResult.from_counts(task_name, adapter, correct, len(examples), t0, interventions=interventions,
+                                  config=config or {}, predictions=preds, correct_norm=correct_norm)

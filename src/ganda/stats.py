@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 
 def wilson(correct: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """Wilson score 95% interval for a binomial proportion (well-behaved at 0% and 100%)."""
@@ -99,7 +101,6 @@ def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, re
     ``a[i]`` and ``b[i]`` belong to the same item; every resample draws items with replacement
     and uses the same draw for a, b and a - b. Seeded (numpy ``default_rng(seed)``).
     """
-    import numpy as np
 
     xa = np.asarray(a, dtype=float)
     n = len(xa)

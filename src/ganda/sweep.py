@@ -26,13 +26,14 @@ loop, and the tests and ``benchmarks/bench_sweep.py`` check the two agree), but 
 * **Logits only where read.** The LM head runs only at the positions whose next-token
   log-probabilities are summed, not at every position.
 
-The fast path needs to run decoder layers by hand: the "run layers from k" helper below
-(:class:`_TransformerRunner`) captures, in the one intact pass, the keyword arguments the
-model itself gives each decoder layer (its rotary embeddings, masks, position ids) and replays
-them, so each family's own conventions are kept. It is implemented for the Llama-layout
-Transformer family; other families (SSMs, hybrids) fall back to full forwards (still batched
-over heads, with the per-row mask). An adapter may provide its own ``sweep_runner()`` returning
-an object with the same methods.
+The fast path runs decoder layers by hand through the forward engine (:class:`ganda.engine.Replay`):
+the one intact pass records the keyword arguments the model itself gives each decoder layer
+(its rotary embeddings, masks, position ids) and replays them, so each family's own conventions
+are kept. It needs the family's sweep runner (:meth:`ModelAdapter.sweep_runner`: the backbone
+with a packed block mask, the LM head on chosen positions), which Llama-layout Transformers
+provide; other families (SSMs, hybrids) run full forwards (still batched over heads, with the
+per-row mask). Head and layer ids are those of the model as loaded, so a sweep runs inside
+layer edits too (``RemoveLayers``, ``KeepLayers``): it ablates the heads of the running layers.
 
 Resumable: ``out_dir/progress.jsonl`` gets one JSON line per finished head (flushed
 immediately). A run killed at any point (even SIGKILL) continues where it stopped, and heads
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -59,10 +61,14 @@ import torch
 from tqdm.auto import tqdm
 
 from . import runio
+from .engine import Replay, Trace
 from .errors import GandaError
+from .figures import pyplot
 from .heads import HeadId
-from .models.base import ModelAdapter
-from .scoring import encode_pair
+from .interventions import AblateHeads, apply
+from .models.base import ModelAdapter, SweepRunner
+from .models.loading import model_path
+from .scoring import encode_pair, example_pairs, norm_chars, pad_rows, score_example
 from .tasks.base import Example
 
 # ---------------------------------------------------------------------------------------------
@@ -93,8 +99,6 @@ class _Packed:
 
 def prepare(adapter: ModelAdapter, ex: Example) -> _Packed:
     """Tokenise one example exactly as :func:`ganda.scoring.score_choices` does, then pack it."""
-    from .scoring import example_pairs, norm_chars
-
     pairs = [encode_pair(adapter, ctx, cont) for ctx, cont in example_pairs(ex)]
     ctxs = {tuple(p[0]) for p in pairs}
     single = len(ctxs) == 1 and all(len(p[1]) == 1 for p in pairs)
@@ -147,192 +151,90 @@ def _packed_mask(p: _Packed, dtype: torch.dtype, device: torch.device) -> torch.
 
 
 # ---------------------------------------------------------------------------------------------
-# running layers by hand
+# the engines
 
 
-def _repeat_batch(obj: Any, reps: int, batch: int) -> Any:
-    """Repeat every tensor whose leading dim is the batch (``batch`` > 1) ``reps`` times."""
-    if reps == 1:
-        return obj
-    if isinstance(obj, torch.Tensor):
-        if obj.ndim >= 2 and obj.shape[0] == batch and batch > 1:
-            return obj.repeat(reps, *([1] * (obj.ndim - 1)))
-        return obj
-    if isinstance(obj, tuple):
-        return tuple(_repeat_batch(o, reps, batch) for o in obj)
-    if isinstance(obj, list):
-        return [_repeat_batch(o, reps, batch) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _repeat_batch(v, reps, batch) for k, v in obj.items()}
-    return obj
+def _row_mask(masks: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Edit of an out_proj input ``[B, T, H*D]``: multiply by a per-row mask ``[B, 1, H*D]``."""
 
-
-class _Captured:
-    """What one intact pass gave each decoder layer: keyword arguments (and layer 0's input)."""
-
-    def __init__(self, h0: torch.Tensor, kwargs: list[dict[str, Any]], positional: bool) -> None:
-        self.h0 = h0
-        self.kwargs = kwargs
-        self.positional = positional
-        self.batch = h0.shape[0]
-
-
-class _TransformerRunner:
-    """Run decoder layers from layer k for Llama-layout Transformers (``model.model.layers``)."""
-
-    def __init__(self, adapter: ModelAdapter) -> None:
-        self.adapter = adapter
-        self.backbone = adapter.model.model
-        self.norm = self.backbone.norm
-        self.lm_head = adapter.model.get_output_embeddings()
-        cfg = adapter.model.config
-        self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        self.window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-
-    def can_pack(self, width: int) -> bool:
-        return not self.window or width <= self.window
-
-    @torch.no_grad()
-    def capture(
-        self, ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
-    ) -> _Captured:
-        layers = self.adapter.decoder_layers()
-        store: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-        def hook(_m, args, kwargs):
-            store.append((args, dict(kwargs)))
-
-        handles = [layer.register_forward_pre_hook(hook, with_kwargs=True) for layer in layers]
-        try:
-            self.backbone(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        finally:
-            for h in handles:
-                h.remove()
-        if len(store) != len(layers):
-            raise RuntimeError("could not capture every decoder layer's inputs")
-        kwargs_list = []
-        h0 = None
-        positional = bool(store[0][0])
-        for i, (args, kw) in enumerate(store):
-            h = args[0] if args else kw.pop("hidden_states")
-            if i == 0:
-                h0 = h
-            kw.pop("past_key_values", None)
-            kw.pop("past_key_value", None)
-            kw["use_cache"] = False
-            kwargs_list.append(kw)
-        assert h0 is not None
-        return _Captured(h0, kwargs_list, positional)
-
-    def layer(self, i: int, h: torch.Tensor, cap: _Captured, reps: int) -> torch.Tensor:
-        kw = _repeat_batch(cap.kwargs[i], reps, cap.batch)
-        layer = self.adapter.decoder_layers()[i]
-        out = layer(h, **kw) if cap.positional else layer(hidden_states=h, **kw)
-        return out[0] if isinstance(out, tuple) else out
-
-    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[K, d]`` final residuals -> ``[K, V]`` fp32 log-probabilities."""
-        logits = self.lm_head(self.norm(hidden))
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return torch.log_softmax(logits.float(), -1)
-
-
-def runner_for(adapter: ModelAdapter) -> Any | None:
-    """The fast "run layers from k" helper for this adapter, or None (full-forward fallback)."""
-    custom = getattr(adapter, "sweep_runner", None)
-    if callable(custom):
-        return custom()
-    if adapter.family == "transformer" and hasattr(getattr(adapter.model, "model", None), "layers"):
-        return _TransformerRunner(adapter)
-    return None
-
-
-def _row_mask_hook(masks: torch.Tensor) -> Callable:
-    """Forward pre-hook: multiply the out_proj input ``[B, T, H*D]`` by a per-row mask ``[B, 1, H*D]``."""
-
-    def hook(_module, args):
-        x = args[0]
+    def edit(x: torch.Tensor) -> torch.Tensor:
         m = masks.to(dtype=x.dtype, device=x.device)
         if x.shape[0] != m.shape[0]:  # rows are head-major: head b owns rows b*C .. b*C+C-1
             m = m.repeat_interleave(x.shape[0] // m.shape[0], dim=0)
-        return (x * m, *args[1:])
+        return x * m
 
-    return hook
+    return edit
 
 
-def _head_masks(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> tuple[Any, torch.Tensor] | None:
-    """``[B, 1, H*D]`` masks (None entries keep everything) for heads of one mixer."""
+def _head_masks(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> dict[str, Callable] | None:
+    """The engine edit that zeroes, in batch row b, head ``heads[b]`` (None: nothing) of one mixer."""
     real = [h for h in heads if h is not None]
     if not real:
         return None
     mixer = adapter.mixer_of(real[0])
     w = mixer.out_proj.weight
-    masks = torch.ones((len(heads), 1, mixer.num_heads * mixer.head_dim), dtype=w.dtype, device=w.device)
+    dev = w.device if w.device.type != "meta" else torch.device("cpu")  # a disk-offloaded layer: weight on meta
+    masks = torch.ones((len(heads), 1, mixer.num_heads * mixer.head_dim), dtype=w.dtype, device=dev)
     for b, h in enumerate(heads):
         if h is not None:
             masks[b, 0, mixer.head_slice(h.head)] = 0.0
-    return mixer, masks
-
-
-# ---------------------------------------------------------------------------------------------
-# the engine
+    return {f"L{mixer.layer}.{mixer.kind}.z": _row_mask(masks)}
 
 
 class _FastEngine:
-    def __init__(self, adapter: ModelAdapter, packed: list[_Packed], runner: Any) -> None:
+    """Layer skipping: each prompt's intact residual is advanced a layer at a time, and a batch
+    of ablations of one layer runs only that layer and the ones after it (:class:`Replay`)."""
+
+    def __init__(self, adapter: ModelAdapter, packed: list[_Packed], runner: SweepRunner) -> None:
         self.adapter = adapter
         self.packed = packed
         self.runner = runner
         self.dev = adapter.device
-        self.caps: list[_Captured] = []
+        self.replays: list[Replay] = []
         self.modes: list[str] = []
-        self.state: list[torch.Tensor] = []
-        self.layer_at = 0
         dtype = next(adapter.model.parameters()).dtype
         for p in packed:
             if runner.can_pack(len(p.tokens)):
                 ids = torch.tensor([p.tokens], device=self.dev)
                 mask = _packed_mask(p, dtype, self.dev)
                 pos = torch.tensor([p.positions], device=self.dev)
-                self.caps.append(runner.capture(ids, mask, pos))
+                self.replays.append(Replay(adapter, runner, ids, mask, pos))
                 self.modes.append("packed")
             else:
                 ids, mask = _rows_tensors(adapter, p, self.dev)
-                self.caps.append(runner.capture(ids, mask, None))
+                self.replays.append(Replay(adapter, runner, ids, mask, None))
                 self.modes.append("rows")
-        self.state = [c.h0 for c in self.caps]
+        self.layers = self.replays[0].layers if self.replays else adapter.active_layers()
+        self.state = [r.h0 for r in self.replays]
+        self.at = 0  # position (in the running layers) of the layer the state enters
 
-    def advance_to(self, layer: int) -> None:
-        """Move each prompt's intact residual forward to the input of ``layer``."""
-        if layer < self.layer_at:
+    def advance_to(self, pos: int) -> None:
+        """Move each prompt's intact residual forward to the input of the running layer at ``pos``."""
+        if pos < self.at:
             raise RuntimeError("layers must be visited in order")
         with torch.no_grad():
-            while self.layer_at < layer:
-                i = self.layer_at
-                self.state = [self.runner.layer(i, h, c, 1) for h, c in zip(self.state, self.caps, strict=True)]
-                self.layer_at += 1
+            while self.at < pos:
+                self.state = [r.run(self.at, h) for h, r in zip(self.state, self.replays, strict=True)]
+                self.at += 1
 
     @torch.no_grad()
-    def score(self, layer: int, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
-        """Per batch entry, per example, the choices' summed log-likelihoods."""
-        self.advance_to(layer)
+    def score(self, layer: int | None, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
+        """Per batch entry, per example, the choices' summed log-likelihoods (``layer``: the id of
+        the layer whose heads are ablated; None: from the first running layer)."""
+        start = 0 if layer is None else self.layers.index(layer)
+        self.advance_to(start)
         b = len(heads)
-        hm = _head_masks(self.adapter, heads)
+        edit = _head_masks(self.adapter, heads)
         out: list[list[list[float]]] = [[] for _ in range(b)]
-        n_layers = len(self.adapter.decoder_layers())
-        for p, cap, h, mode in zip(self.packed, self.caps, self.state, self.modes, strict=True):
+        for p, replay, h, mode in zip(self.packed, self.replays, self.state, self.modes, strict=True):
             c = h.shape[0]
             x = h.repeat(b, 1, 1) if b > 1 else h
-            for i in range(layer, n_layers):
-                handle = None
-                if i == layer and hm is not None:
-                    handle = self.adapter.register_out_proj_pre_hook(hm[0], _row_mask_hook(hm[1]))
-                try:
-                    x = self.runner.layer(i, x, cap, b)
-                finally:
-                    if handle is not None:
-                        handle.remove()
+            for pos in range(start, len(self.layers)):
+                if pos == start and edit is not None:
+                    with Trace(self.adapter, edit=edit):
+                        x = replay.run(pos, x, b)
+                else:
+                    x = replay.run(pos, x, b)
             for bi in range(b):
                 if mode == "packed":
                     idx = [k for r in p.read for k in r]
@@ -345,9 +247,9 @@ class _FastEngine:
                 else:
                     vals = []
                     for ci, cont in enumerate(p.conts):
-                        pos = list(range(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1))
-                        lp = self.runner.logprobs(x[bi * c + (0 if p.single else ci), pos])
-                        vals.append(float(lp[torch.arange(len(pos)), torch.tensor(cont)].sum()))
+                        pos_ = list(range(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1))
+                        lp = self.runner.logprobs(x[bi * c + (0 if p.single else ci), pos_])
+                        vals.append(float(lp[torch.arange(len(pos_)), torch.tensor(cont)].sum()))
                 out[bi].append(vals)
         return out
 
@@ -356,13 +258,11 @@ def _rows_tensors(adapter: ModelAdapter, p: _Packed, dev: torch.device) -> tuple
     """The naive scorer's input: the context alone (single path) or right-padded rows + mask."""
     if p.single:
         return torch.tensor([p.rows[0][: p.ctx_lens[0]]], device=dev), None
-    from .scoring import pad_rows
-
     return pad_rows(adapter, p.rows)
 
 
 class _FallbackEngine:
-    """Full forwards (no layer runner), batched over heads with per-row masks."""
+    """Full forwards (no sweep runner), batched over heads with per-row masks."""
 
     def __init__(self, adapter: ModelAdapter, packed: list[_Packed]) -> None:
         self.adapter = adapter
@@ -370,21 +270,17 @@ class _FallbackEngine:
         self.dev = adapter.device
 
     @torch.no_grad()
-    def score(self, layer: int, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
+    def score(self, layer: int | None, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
         b = len(heads)
-        hm = _head_masks(self.adapter, heads)
+        edit = _head_masks(self.adapter, heads)
         out: list[list[list[float]]] = [[] for _ in range(b)]
         for p in self.packed:
             ids, mask = _rows_tensors(self.adapter, p, self.dev)
             c = ids.shape[0]
             ids_b = ids.repeat(b, 1)
             mask_b = mask.repeat(b, 1) if mask is not None else None
-            handle = self.adapter.register_out_proj_pre_hook(hm[0], _row_mask_hook(hm[1])) if hm else None
-            try:
+            with Trace(self.adapter, edit=edit):
                 logp = torch.log_softmax(self.adapter.forward(ids_b, attention_mask=mask_b).float(), -1)
-            finally:
-                if handle is not None:
-                    handle.remove()
             for bi in range(b):
                 vals = []
                 for ci, cont in enumerate(p.conts):
@@ -507,11 +403,7 @@ class SweepResult:
         self.heatmap(out_dir / "heatmap.png")
 
     def heatmap(self, path: Path, metric: str = "acc") -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = pyplot()
         kinds = sorted({r.get("kind") or "" for r in self.records}) or [""]
         fig, axes = plt.subplots(1, len(kinds), figsize=(4 + 3 * len(kinds), 6), squeeze=False)
         for ax, kind in zip(axes[0], kinds, strict=True):
@@ -559,13 +451,17 @@ def run_sweep(
 ) -> SweepResult:
     """Ablate each head alone and score ``examples`` (see the module docstring).
 
-    ``config`` (task options, seed, ...) is recorded and must match on resume, as must the
+    ``heads`` defaults to every head of the running layers; a head of a layer that a layer edit
+    removes is refused. ``config`` (task options, seed, ...) is recorded and must match on resume, as must the
     weights (their fingerprint) and the dtype. ``naive=True``
     runs the reference loop (``AblateHeads`` + ``evaluate_examples`` per head) with the same
     output format. ``on_head`` is called with each finished head's record.
     """
     t0 = time.perf_counter()
-    heads = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
+    if heads is None:
+        heads = [h for h in adapter.heads() if adapter.is_active(h.layer)]
+    heads = sorted(adapter.canonical(h) for h in heads)
+    adapter.require_active({h.layer for h in heads}, "sweep")
     if not examples:
         raise GandaError("no examples to sweep")
     if batch_heads < 1:
@@ -654,10 +550,10 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
         if naive:
             baseline, new = _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head)
         else:
-            runner = runner_for(adapter)
+            runner = adapter.sweep_runner()
             engine: Any = _FastEngine(adapter, packed, runner) if runner is not None else _FallbackEngine(adapter, packed)
             if baseline is None:
-                baseline = _record("baseline", None, packed, engine.score(0, [None])[0])
+                baseline = _record("baseline", None, packed, engine.score(None, [None])[0])
                 emit(baseline)
             for batch in _batches(heads, batch_heads):
                 if all(str(h) in done for h in batch):
@@ -689,31 +585,12 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
     return result
 
 
-def model_source(spec: str) -> Path | None:
-    """The file or directory a model spec loads from (an alias's resolved file), or None (in memory)."""
-    from .models.loading import ALIASES, resolve_alias
-
-    if spec in ALIASES:
-        return resolve_alias(spec)
-    path = Path(spec).expanduser()
-    if path.exists():
-        return path
-    if spec.startswith("lab-"):
-        from .lab import CHECKPOINTS
-
-        if (CHECKPOINTS / spec / "config.json").exists():
-            return CHECKPOINTS / spec
-    return None
-
-
 def weights_fingerprint(adapter: ModelAdapter) -> str:
     """What a resumed run checks the weights against: :func:`ganda.runio.model_fingerprint` of the
     files behind ``adapter.spec`` or, for a model built in memory, a digest of its tensors."""
-    path = model_source(adapter.spec)
+    path = model_path(adapter.spec)
     if path is not None:
         return runio.model_fingerprint(path)
-    import hashlib
-
     h = hashlib.sha256()
     for name, t in sorted(adapter.model.state_dict().items()):
         h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
@@ -724,9 +601,6 @@ def weights_fingerprint(adapter: ModelAdapter) -> str:
 def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head):
     """The reference loop: ``AblateHeads([head])`` around lm-eval-style scoring of every example
     (``score_example``, exactly as ``evaluate_examples`` runs it)."""
-    from .interventions import AblateHeads, apply
-    from .scoring import score_example
-
     def logliks(ivs):
         with apply(adapter, ivs):
             return [score_example(adapter, ex).loglik for ex in examples]
@@ -747,8 +621,6 @@ def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head)
 
 
 def _prompts_digest(examples: Sequence[Example]) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     for ex in examples:
         h.update(json.dumps([ex.prompt, ex.choices, ex.gold]).encode())
@@ -764,4 +636,4 @@ def load_result(out_dir: str | Path) -> SweepResult:
     return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir))
 
 
-__all__ = ["SweepResult", "load_result", "model_source", "prepare", "run_sweep", "runner_for", "weights_fingerprint"]
+__all__ = ["SweepResult", "load_result", "prepare", "run_sweep", "weights_fingerprint"]

@@ -1,18 +1,38 @@
-"""Core commands: ``ganda eval``, ``ganda attn``, ``ganda heads``, ``ganda demo``."""
+"""Core commands: ``ganda eval``, ``ganda attn``, ``ganda heads``, ``ganda demo``; and what every
+command shares (the model argument, count checks, ``--option`` parsing, intervention flags)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from .. import runio
+from ..attention import draw_attention
+from ..demo import run_demo
+from ..discovery import SUMMARIES, discover, save_discovery, top_reads
 from ..errors import GandaError
-from ..models import DEFAULT_MODEL
+from ..evaluation import evaluate
+from ..heads import split_spec
+from ..interventions import AblateHeads, Intervention, KeepLayers, RemoveLayers, apply, parse_layers
+from ..interventions import mask_last_row as mlr
+from ..models import DEFAULT_MODEL, load_model
+from ..scoring import answers_text
+from ..tasks import get_task, task_for_model
 
 MODEL = typer.Argument(DEFAULT_MODEL, help="alias (smollm2-135m, gemma3-270m), .gguf file or local HF directory")
 PICKLE = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (unpickling runs code)")
+
+
+def require_heads(flag: str, spec: str | None) -> None:
+    """A head list that names no head (``--heads ","``) is refused: read as "none" it would record
+    an empty intervention, read as "all" it would run every head."""
+    if spec is not None and not split_spec(spec):
+        raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24, L3H0-2 or 'L16H*')")
 
 
 def build_interventions(
@@ -21,16 +41,11 @@ def build_interventions(
     remove_layers: str | None = None,
     mask_last_row: str | None = None,
     mask_rule: str = "query",
-) -> list:
+) -> list[Intervention]:
     """CLI flags -> interventions (layer edits first, so head ids keep their original layers)."""
-    from ..heads import split_spec
-    from ..interventions import AblateHeads, KeepLayers, RemoveLayers, parse_layers
-    from ..interventions import mask_last_row as mlr
-
-    for flag, spec in (("--ablate", ablate), ("--mask-last-row", mask_last_row)):
-        if spec is not None and not split_spec(spec):
-            raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24 or L3H0-2)")
-    out: list = []
+    require_heads("--ablate", ablate)
+    require_heads("--mask-last-row", mask_last_row)
+    out: list[Intervention] = []
     if keep_layers is not None:
         out.append(KeepLayers(parse_layers(keep_layers)))
     if remove_layers is not None:
@@ -53,35 +68,38 @@ def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
         raise GandaError(f"{flag} must be {' or '.join(choices)}, not {value!r}")
 
 
-def parse_options(items: list[str] | None) -> dict:
-    """``["cot=true", "subtask=date_understanding", "pairs=10"]`` -> typed task options."""
-    out: dict = {}
+def _option_value(raw: str) -> Any:
+    low = raw.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[str, Any]:
+    """``--option`` values as typed task options (booleans, integers, floats, else text; ``-`` in a
+    key reads as ``_``): ``["cot=true", "pairs=10"]`` -> ``{"cot": True, "pairs": 10}``. With
+    ``per_task`` every key names its task first: ``["bbh.cot=false"]`` -> ``{"bbh": {"cot": False}}``."""
+    out: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise GandaError(f"--option takes KEY=VALUE, got {item!r}")
-        low = raw.strip().lower()
-        val: object
-        if low in ("true", "yes", "on"):
-            val = True
-        elif low in ("false", "no", "off"):
-            val = False
-        else:
-            try:
-                val = int(raw)
-            except ValueError:
-                try:
-                    val = float(raw)
-                except ValueError:
-                    val = raw
-        out[key.strip().replace("-", "_")] = val
+        task, dot, name = key.partition(".") if per_task else ("", ".", key)
+        if not sep or not dot or not name.strip() or (per_task and not task.strip()):
+            form = "TASK.KEY=VALUE, e.g. bbh.cot=false" if per_task else "KEY=VALUE"
+            raise GandaError(f"--option takes {form}, got {item!r}")
+        opts = out.setdefault(task.strip(), {}) if per_task else out
+        opts[name.strip().replace("-", "_")] = _option_value(raw)
     return out
 
 
-def validate_interventions(adapter, interventions: list) -> None:
+def validate_interventions(adapter, interventions: list[Intervention]) -> None:
     """Fail fast (before any long run) on a bad head id or layer."""
-    from ..interventions import apply
-
     with apply(adapter, interventions):
         pass
 
@@ -109,10 +127,6 @@ def register(app: typer.Typer) -> None:
         allow_pickle: bool = PICKLE,
     ) -> None:
         """Accuracy of MODEL on a task (Wilson 95% CI), optionally under interventions."""
-        from ..models import load_model
-        from ..scoring import evaluate
-        from ..tasks import get_task, task_for_model
-
         at_least("--limit", limit)
         one_of("--mask-rule", mask_rule, ("query", "last"))
         opts = {"shots": shots, "pairs": pairs, "subjects": subjects, **parse_options(option)}
@@ -136,8 +150,6 @@ def register(app: typer.Typer) -> None:
             print(f"{res.task} on {res.model}: accuracy {res.accuracy:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
                   f"n={res.n}, {res.seconds:.1f} s, interventions: {ivtxt}")
             if answers := res.by_answer():
-                from ..scoring import answers_text
-
                 print("  " + answers_text(answers))
 
     @app.command()
@@ -155,13 +167,7 @@ def register(app: typer.Typer) -> None:
         allow_pickle: bool = PICKLE,
     ) -> None:
         """Draw attention maps (softmax, or exact SSM implicit attention) of heads on one prompt."""
-        from ..attention import draw_attention
-        from ..heads import split_spec
-        from ..models import load_model
-        from ..tasks import get_task, task_for_model
-
-        if not split_spec(heads):
-            raise GandaError(f"--heads: no head ids in {heads!r} (expected e.g. L16H22,L17H24)")
+        require_heads("--heads", heads)
         at_least("--index", index, 0)
         at_least("--rows", last_rows)
         if prompt is not None and not prompt.strip():
@@ -194,10 +200,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation.
         heads.csv also holds each head's read profile (where its final row lands)."""
-        from ..discovery import SUMMARIES, discover, save_discovery
-        from ..models import load_model
-        from ..tasks import get_task, task_for_model
-
         for flag, value in (("--n", n), ("--verify-n", verify_n), ("--top", top)):
             at_least(flag, value)
         one_of("--summary", summary, SUMMARIES)
@@ -225,9 +227,6 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed"),
     ) -> None:
         """The main job: KV baseline -> head ranking -> ablate the top G&A heads -> figures -> HTML report."""
-        from ..demo import run_demo
-        from ..tasks import get_task
-
         for flag, value in (("--n", n), ("--verify-n", verify_n), ("--top", top)):
             at_least(flag, value)
         get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
@@ -238,15 +237,10 @@ def register(app: typer.Typer) -> None:
 
 def _reads(read: dict) -> str:
     """The two largest parts of a read profile, e.g. ``gold_last .62, other_last .21``."""
-    from ..discovery import top_reads
-
     return ", ".join(f"{k} {v:.2f}" for k, v in top_reads(read, 2))
 
 
 def _print_discovery(d) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     con = Console()
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts")
     for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):

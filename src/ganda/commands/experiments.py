@@ -12,8 +12,21 @@ from pathlib import Path
 
 import typer
 
+from .. import runio
 from ..errors import GandaError
-from ..models import DEFAULT_MODEL
+from ..experiments.common import Scorer, parse_tasks
+from ..experiments.kv_curve import kv_curve as run_kv_curve
+from ..experiments.mask_last_row import mask_last_row_experiment
+from ..experiments.prune import prune_curve
+from ..experiments.prune import remove_restore as run_remove_restore
+from ..experiments.retain import retain as run_retain
+from ..experiments.roles import head_roles
+from ..experiments.transplant import transplant_sweep
+from ..interventions import parse_layers
+from ..models import DEFAULT_MODEL, load_model
+from ..report import write_report
+from ..tasks import get_task
+from .core import at_least, require_heads
 
 LIMIT = typer.Option(100, "--limit", "-n", help="examples per task (same examples in every condition)")
 KLIMIT = typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: --limit)")
@@ -26,8 +39,6 @@ QUIET = typer.Option(False, "--quiet", "-q", help="no progress bars")
 
 def _out(out: Path | None, kind: str, model: str) -> Path:
     """The run directory, checked and locked for this run (called before the model loads)."""
-    from .. import runio
-
     return runio.claim_run_dir(out if out is not None else Path("runs") / f"{kind}-{Path(model).stem or model}")
 
 
@@ -35,15 +46,11 @@ def _finish(result, out: Path, html: bool) -> None:
     command = "ganda " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     result.save(out, command=command)
     if html:
-        from ..report import write_report
-
         write_report([out], out / "report.html", title=f"ganda {result.kind}: {result.model}")
     print(json.dumps({"out": str(out), "summary": result.summary}, indent=2, default=str))
 
 
 def _layers(text: str | None) -> list[int] | None:
-    from ..interventions import parse_layers
-
     return parse_layers(text) if text else None
 
 
@@ -51,36 +58,15 @@ def _check_inputs(limit: int | None = None, klimit: int | None = None, tasks: st
                   **counts: int | None) -> list[str]:
     """Bad counts and task lists fail here, before any model loads; returns the task names.
     ``counts``: flag name without dashes (``min_layers``) -> value, each at least 1."""
-    from ..experiments.common import kv_task_name, parse_tasks
-    from ..tasks import get_task
-    from .core import at_least
-
     at_least("--limit", limit)
     at_least("--knowledge-limit", klimit)
     for flag, value in counts.items():
         at_least("--" + flag.replace("_", "-"), value)
-    names = parse_tasks(tasks) if tasks is not None else []
-    for name in names:
-        base, pairs = kv_task_name(name)
-        if base is not None:
-            get_task(base, pairs=pairs)  # kv1, lab-kv999: refused by the task's declared bounds
-    return names
-
-
-def _heads_given(flag: str, spec: str | None) -> None:
-    from ..heads import split_spec
-
-    if spec is not None and not split_spec(spec):
-        raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24 or L3H0-2)")
+    return parse_tasks(tasks) if tasks is not None else []  # kv1, lab-kv999: refused by the task's bounds
 
 
 def _scorer(adapter, tasks: str, limit: int, klimit: int | None, seed: int, quiet: bool):
-    from ..experiments.common import Scorer, knowledge_available, parse_tasks
-
     names = parse_tasks(tasks)
-    if "knowledge" in names and not knowledge_available():
-        print("ganda: warning: ganda.tasks.knowledge is not available; knowledge is skipped", file=sys.stderr)
-        names = [t for t in names if t != "knowledge"] or ["mmlu"]
     return Scorer(adapter, names, limit=limit, knowledge_limit=klimit, seed=seed, progress=not quiet)
 
 
@@ -104,10 +90,6 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Cumulative layer pruning (Fig. 2) and the minimal model; --remove-restore: Fig. 3."""
-        from ..experiments.prune import prune_curve
-        from ..experiments.prune import remove_restore as rr
-        from ..models import load_model
-
         names = _check_inputs(limit, knowledge_limit, tasks, layers=layers, min_layers=min_layers, minimal=minimal)
         if drop_task is not None and drop_task not in names:
             raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(names)}")
@@ -127,7 +109,7 @@ def register(app: typer.Typer) -> None:
             if "minimal_layers" not in curve.summary:
                 raise GandaError("could not find the minimal model; pass --minimal N")
             minimal = int(curve.summary["minimal_layers"])
-        _finish(rr(adapter, scorer, minimal, drop_task=drop_task), out_dir, html)
+        _finish(run_remove_restore(adapter, scorer, minimal, drop_task=drop_task), out_dir, html)
 
     @app.command()
     def retain(
@@ -145,17 +127,14 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Table 1: keep none / only Aggregate / only Gather / both critical heads in the two layers."""
-        from ..experiments.retain import retain as run
-        from ..models import load_model
-
         _check_inputs(limit, knowledge_limit, tasks)
-        _heads_given("--gather", gather)
-        _heads_given("--aggregate", aggregate)
+        require_heads("--gather", gather)
+        require_heads("--aggregate", aggregate)
         _layers(keep_layers)
         _out(out, "retain", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
         scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
-        result = run(adapter, scorer, gather, aggregate, keep_layers=_layers(keep_layers))
+        result = run_retain(adapter, scorer, gather, aggregate, keep_layers=_layers(keep_layers))
         _finish(result, _out(out, "retain", model), html)
 
     @app.command("kv-curve")
@@ -175,10 +154,6 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Fig. 4: KV-retrieval accuracy vs number of pairs, intact vs heads ablated (Wilson CIs)."""
-        from ..experiments.kv_curve import kv_curve as run
-        from ..models import load_model
-        from ..tasks import get_task
-
         try:
             ps = [int(p) for p in pairs.split(",") if p.strip()]
         except ValueError:
@@ -188,7 +163,7 @@ def register(app: typer.Typer) -> None:
         if task not in ("kv", "lab-kv"):
             raise GandaError(f"--task must be kv or lab-kv, not {task!r}")
         _check_inputs(limit)
-        _heads_given("--heads", heads)
+        require_heads("--heads", heads)
         _layers(keep_layers)
         for p in ps:
             get_task(task, pairs=p)  # --pairs 0 or 10000: refused by the task's declared bounds
@@ -196,7 +171,7 @@ def register(app: typer.Typer) -> None:
         adapter = load_model(model, allow_pickle=allow_pickle)
         others = {m.strip(): load_model(m.strip(), allow_pickle=allow_pickle)
                   for m in (compare or "").split(",") if m.strip()}
-        result = run(adapter, heads, ps, limit=limit, seed=seed, keep_layers=_layers(keep_layers), progress=not quiet,
+        result = run_kv_curve(adapter, heads, ps, limit=limit, seed=seed, keep_layers=_layers(keep_layers), progress=not quiet,
                      task=task, compare=others)
         _finish(result, _out(out, "kv_curve", model), html)
 
@@ -218,14 +193,11 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Sec. 5.3: zero attention's last row (the answer position) and score MMLU and knowledge."""
-        from ..experiments.mask_last_row import mask_last_row_experiment
-        from ..models import load_model
-
         rules = {"both": ("query", "last"), "query": ("query",), "last": ("last",)}.get(rule)
         if rules is None:
             raise GandaError(f"--rule must be query, last or both, not {rule!r}")
         _check_inputs(limit, knowledge_limit, tasks)
-        _heads_given("--heads", heads)
+        require_heads("--heads", heads)
         _layers(keep_layers)
         _out(out, "mask_last_row", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
@@ -254,10 +226,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Label the most damaging heads Gather or Aggregate by where ablating them hurts (final position or
         before it), with a control task and the number of heads it takes to reach chance."""
-        from ..experiments.roles import head_roles
-        from ..models import load_model
-        from ..tasks import get_task
-
         _check_inputs(limit, top=top, max_heads=max_heads)
         _layers(keep_layers)
         for name in [task, control, *(also or "").split(",")]:
@@ -307,12 +275,9 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Fig. 7: replace each student layer (or one head) with the donor's, score the student."""
-        from ..experiments.transplant import transplant_sweep
-        from ..models import load_model
-
         _check_inputs(limit, knowledge_limit, tasks)
-        _heads_given("--head", head)
-        _heads_given("--donor-head", donor_head)
+        require_heads("--head", head)
+        require_heads("--donor-head", donor_head)
         _layers(layers)
         _out(out, "transplant", student)
         s = load_model(student, allow_pickle=allow_pickle)

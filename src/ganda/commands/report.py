@@ -6,8 +6,10 @@ from pathlib import Path
 
 import typer
 
+from .. import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
 from .. import runio
 from ..errors import GandaError
+from ..report.html import has_results, write_report
 
 
 def register(app: typer.Typer) -> None:
@@ -18,8 +20,6 @@ def register(app: typer.Typer) -> None:
         title: str = typer.Option("ganda report", help="page title"),
     ) -> None:
         """Render run directories into ONE offline HTML page (PNGs inlined, no external files)."""
-        from ..report import write_report
-        from ..report.html import has_results
 
         missing = [str(d) for d in run_dirs if not Path(d).is_dir()]
         if missing:

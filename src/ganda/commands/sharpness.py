@@ -7,7 +7,11 @@ from pathlib import Path
 import typer
 
 from .. import runio
+from ..discovery import SUMMARIES, compare_sharpness, save_sharpness
 from ..errors import GandaError
+from ..models import load_model
+from ..tasks import get_task
+from .core import at_least, one_of
 
 
 def register(app: typer.Typer) -> None:
@@ -29,11 +33,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
         95% bootstrap intervals over prompts and the paired difference between models."""
-        from ..discovery import SUMMARIES, compare_sharpness, save_sharpness
-        from ..models import load_model
-        from ..tasks import get_task
-        from .core import at_least, one_of
-
         if select not in ("pattern", "drop"):
             raise GandaError(f"--select must be 'pattern' or 'drop', not {select!r}")
         if len(models) < 2:

@@ -5,10 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from .. import runio
+from ..discovery import cumulative_ablation
 from ..errors import GandaError
-from ..models import DEFAULT_MODEL
+from ..heads import expand
+from ..models import DEFAULT_MODEL, load_model
+from ..sweep import run_sweep
+from ..tasks import get_task, task_for_model
+from .core import at_least, require_heads
 
 
 def register(app: typer.Typer) -> None:
@@ -38,20 +45,10 @@ def register(app: typer.Typer) -> None:
         Writes OUT/progress.jsonl (one line per finished head; a killed run resumes from it),
         then OUT/results.jsonl, results.csv and heatmap.png.
         """
-        from rich.console import Console
-        from rich.table import Table
-
-        from ..heads import expand, split_spec
-        from ..models import load_model
-        from ..sweep import run_sweep
-        from ..tasks import get_task, task_for_model
-        from .core import at_least
-
         for flag, value in (("--limit", limit), ("--batch-heads", batch_heads), ("--top", top),
                             ("--max-heads", max_heads)):
             at_least(flag, value)
-        if heads is not None and not split_spec(heads):
-            raise GandaError(f"--heads: no head ids in {heads!r} (expected e.g. 'L16H*' or 'L*H0,L17H3')")
+        require_heads("--heads", heads)
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects}
         task_obj = get_task(task, **opts)
         if task_obj.kind != "mc":
@@ -81,8 +78,6 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         console.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
         if until_chance:
-            from ..discovery import cumulative_ablation
-
             cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.top(len(res.records))],
                                       max_heads=max_heads, out_dir=out_dir, progress=True)
             last = cum["curve"][-1] if cum["curve"] else None

@@ -1,6 +1,7 @@
 """The paper's experiments, one module each; each returns an :class:`ExperimentResult` that
-serialises to JSON (``to_json``), saves itself (``save(out_dir)``: result.json, CSV, PNG) and
-draws itself (``draw``).
+serialises to JSON (``to_json``), saves itself (``save(out_dir)``: result.json, CSV, PNG), draws
+itself (``draw``) and states its result in one line (``headline``). Each kind is registered
+(:func:`ganda.registry.register_result`), which is how ``ganda report`` renders a run directory.
 
 =================  ======================================  =============================
 kind               paper                                   module
@@ -21,9 +22,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import registry
 from .common import ExperimentResult, Scorer
 
-RESULT_CLASSES: dict[str, str] = {
+# The built-in result kinds (kind -> "module:Class", imported when a result of that kind is read).
+for _kind, _target in {
     "prune": "ganda.experiments.prune:PruneResult",
     "remove_restore": "ganda.experiments.prune:RemoveRestoreResult",
     "retain": "ganda.experiments.retain:RetainResult",
@@ -31,25 +34,19 @@ RESULT_CLASSES: dict[str, str] = {
     "mask_last_row": "ganda.experiments.mask_last_row:MaskLastRowResult",
     "transplant": "ganda.experiments.transplant:TransplantResult",
     "roles": "ganda.experiments.roles:RolesResult",
-    "lab_findings": "ganda.lab.programme:LabFindingsResult",
-}
+}.items():
+    registry.register_result(_kind, _target)
 
 
 def result_from_json(d: dict[str, Any]) -> ExperimentResult:
-    """Rebuild a result object (of the right class) from its ``result.json``."""
-    import importlib
-
-    target = RESULT_CLASSES.get(d.get("kind", ""))
-    if target is None:
-        return ExperimentResult.from_json(d)
-    module, name = target.split(":")
-    cls = getattr(importlib.import_module(module), name)
-    return cls.from_json(d)
+    """Rebuild a result object of its registered kind's class from its ``result.json``."""
+    cls = registry.result_class(d.get("kind", ""))
+    return (cls or ExperimentResult).from_json(d)
 
 
 def draw_result(d: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Draw the figures of a saved result (used by the report for run dirs without PNGs)."""
+    """Draw the figures of a saved result."""
     return result_from_json(d).draw(Path(out_dir))
 
 
-__all__ = ["ExperimentResult", "RESULT_CLASSES", "Scorer", "draw_result", "result_from_json"]
+__all__ = ["ExperimentResult", "Scorer", "draw_result", "result_from_json"]

@@ -2,15 +2,14 @@
 a result object that saves itself as JSON + CSV + PNG, and provenance for re-running.
 
 Scores are summarised as plain dicts ``{"accuracy", "ci95", "n"}`` so results stay JSON.
-``knowledge`` is the mean accuracy over the knowledge-focused tasks (``ganda.tasks.knowledge``);
-when that module is missing the score is ``None`` and the result says so instead of failing.
+An experiment's task list names registered tasks (:func:`ganda.registry.register_task`), a number
+after a task that declares one setting that option (``kv20``: ``kv`` with 20 pairs), and
+``knowledge``: the mean accuracy over the knowledge tasks (:func:`ganda.knowledge.evaluate_knowledge`).
 """
 
 from __future__ import annotations
 
-import csv
 import datetime as _dt
-import importlib.metadata as md
 import json
 import logging
 from collections.abc import Sequence
@@ -18,52 +17,68 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import runio
+from .. import registry, runio
 from ..errors import GandaError
 from ..interventions import Intervention, describe_all
+from ..knowledge import evaluate_knowledge
 from ..models.base import ModelAdapter
+from ..scoring import evaluate_examples
 from ..stats import wilson
+from ..tasks import get_task
 
 log = logging.getLogger(__name__)
 
-CHANCE = {"mmlu": 0.25, "letters": 0.25}
+#: The knowledge score in a task list: the mean accuracy over the knowledge tasks.
+KNOWLEDGE = "knowledge"
 
 
-def kv_task_name(name: str) -> tuple[str | None, int | None]:
-    """``kv20`` -> ("kv", 20), ``lab-kv16`` -> ("lab-kv", 16), ``kv`` -> ("kv", None); else (None, None)."""
-    for base in ("lab-kv", "kv"):
-        if name == base:
-            return base, None
-        if name.startswith(base) and name[len(base):].isdigit():
-            return base, int(name[len(base):])
-    return None, None
+def task_spec(name: str) -> tuple[str, dict[str, Any]] | None:
+    """A name in a task list as ``(registered task, options)``: ``kv20`` -> ``("kv", {"pairs": 20})``,
+    ``lab-mmlu`` -> ``("lab-mmlu", {})``; None for ``knowledge`` and unknown names."""
+    return registry.parse_task_name(name)
 
 
 def chance(task: str) -> float:
-    """Chance accuracy of a task (kvN, lab-kvN: 1/N; unknown tasks: 0)."""
-    base, pairs = kv_task_name(task)
-    if pairs:
-        return 1 / pairs
-    if base is not None:
-        return 0.1 if base == "kv" else 0.125
-    return CHANCE.get(task.removeprefix("lab-"), 0.0)
-KNOWN_TASKS = ("mmlu", "knowledge", "letters", "kv")
-LAB_TASKS = ("lab-mmlu", "lab-knowledge", "lab-letters", "lab-kv")  # the CPU lab's tasks (ganda.lab)
+    """Chance accuracy of a name in a task list, as its task declares it (``Task.chance``; 0.0 for
+    ``knowledge`` and unknown names)."""
+    spec = task_spec(task)
+    if spec is None:
+        return 0.0
+    cls = registry.task_class(spec[0])
+    return cls.chance(spec[1]) if cls is not None else 0.0
 
 
-def ganda_version() -> str:
-    try:
-        return md.version("ganda")
-    except md.PackageNotFoundError:  # pragma: no cover
-        return "?"
+def _mc_task_names() -> list[str]:
+    return [n for n in registry.task_names() if getattr(registry.task_class(n), "kind", None) == "mc"]
+
+
+def task_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The columns of result rows that hold a task's score (``knowledge``, ``mmlu``, ``kv20``, ...)."""
+    out: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in out and (k == KNOWLEDGE or task_spec(k) is not None):
+                out.append(k)
+    return out
 
 
 def parse_tasks(text: str | Sequence[str]) -> list[str]:
+    """An experiment's task list, checked before any model loads: every name a multiple-choice task
+    (or ``knowledge``), every option it sets within the task's bounds."""
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
-    bad = [t for t in items if t not in KNOWN_TASKS + LAB_TASKS and kv_task_name(t)[0] is None]
-    if bad:
-        raise GandaError(f"unknown task {bad[0]!r}; known: {', '.join(KNOWN_TASKS + LAB_TASKS)} "
-                         "(kv20 = kv with 20 pairs, lab-kv16 = lab-kv with 16)")
+    for t in items:
+        if t == KNOWLEDGE:
+            continue
+        spec = task_spec(t)
+        cls = registry.task_class(spec[0]) if spec is not None else None
+        if cls is None or cls.kind != "mc":
+            numbered = [n for n in _mc_task_names() if registry.number_option(n)]
+            hint = "; ".join(f"{n}N: {n} with {registry.number_option(n)} N" for n in numbered)
+            why = "unknown task" if cls is None else "not a multiple-choice task"
+            raise GandaError(f"{why} {t!r}; experiments take: {', '.join([KNOWLEDGE, *_mc_task_names()])}"
+                             + (f" ({hint})" if hint else ""))
+        if spec[1]:
+            get_task(spec[0], **spec[1])  # kv1, lab-kv999: refused by the task's declared bounds
     if not items:
         raise GandaError("no task given")
     return items
@@ -74,21 +89,7 @@ def _summary(acc: float, n: int, correct: int | None = None, **extra: Any) -> di
     return {"accuracy": acc, "ci95": list(wilson(c, n)), "n": n, **extra}
 
 
-def knowledge_available() -> bool:
-    try:
-        import ganda.tasks.knowledge as k  # noqa: F401
-
-        return hasattr(k, "evaluate_knowledge")
-    except ImportError:
-        return False
-
-
 def _knowledge(adapter: ModelAdapter, interventions: Sequence[Intervention], limit: int | None) -> dict[str, Any] | None:
-    try:
-        from ..tasks.knowledge import evaluate_knowledge
-    except ImportError:
-        log.warning("ganda.tasks.knowledge is not available: knowledge scores are skipped")
-        return None
     res = evaluate_knowledge(adapter, list(interventions), limit)
     return _as_score(res)
 
@@ -139,23 +140,16 @@ class Scorer:
 
     def _task_examples(self, name: str):
         if name not in self._examples:
-            from ..tasks import get_task
-
-            base, pairs = kv_task_name(name)
-            if base is not None:
-                task = get_task(base, adapter=self.adapter, pairs=pairs)
-            else:
-                task = get_task(name, adapter=self.adapter)
+            base, options = task_spec(name) or (name, {})
+            task = get_task(base, adapter=self.adapter, **options)
             self._examples[name] = (task, task.examples(limit=self.limit, seed=self.seed))
         return self._examples[name]
 
     def score(self, interventions: Sequence[Intervention] = (), label: str = "") -> dict[str, Any]:
         """``{task: {"accuracy", "ci95", "n"} | None}`` for every task."""
-        from ..scoring import evaluate_examples
-
         out: dict[str, Any] = {}
         for name in self.tasks:
-            if name == "knowledge":
+            if name == KNOWLEDGE:
                 klimit = self.knowledge_limit if self.knowledge_limit is not None else self.limit
                 out[name] = _knowledge(self.adapter, interventions, klimit)
                 continue
@@ -167,6 +161,11 @@ class Scorer:
 
     def config(self) -> dict[str, Any]:
         return {"tasks": self.tasks, "limit": self.limit, "knowledge_limit": self.knowledge_limit, "seed": self.seed}
+
+
+def pct(x: Any) -> str:
+    """``0.915`` -> ``"91.5%"`` (anything that is not a number as it is)."""
+    return f"{100 * x:.1f}%" if isinstance(x, int | float) else str(x)
 
 
 def acc(scores: dict[str, Any], task: str) -> float | None:
@@ -189,10 +188,11 @@ def flat_scores(scores: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class ExperimentResult:
-    """Base of every experiment's result: JSON-able, saves itself, draws itself.
+    """Base of every experiment's result: JSON-able, saves itself, draws itself, says what it found.
 
     Subclasses set ``kind``, fill ``rows`` (the table that becomes the CSV) and implement
-    ``draw(out_dir) -> list[Path]``.
+    ``draw(out_dir) -> list[Path]`` and ``headline() -> str``; registering the class
+    (:func:`ganda.registry.register_result`) lets ``ganda report`` render saved runs of that kind.
     """
 
     kind: str = "?"
@@ -208,7 +208,7 @@ class ExperimentResult:
         return {
             "kind": self.kind,
             "model": self.model,
-            "ganda_version": ganda_version(),
+            "ganda_version": runio.ganda_version(),
             "created": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "summary": self.summary,
             "config": self.config,
@@ -224,8 +224,14 @@ class ExperimentResult:
         extra = {k: v for k, v in d.items() if k not in known | {"ganda_version", "created"}}
         return cls(**{k: d[k] for k in known if k in d}, extra=extra)
 
-    def draw(self, out_dir: Path) -> list[Path]:  # pragma: no cover - overridden
+    def draw(self, out_dir: Path) -> list[Path]:
+        """Write the result's figures into ``out_dir`` and return their paths (none by default)."""
         return []
+
+    def headline(self) -> str:
+        """What the run found, in words and numbers: one line per fact, ``**...**`` around the
+        numbers that matter (the report prints them in bold). Empty: nothing to headline."""
+        return ""
 
     def save(self, out_dir: str | Path, command: str | None = None) -> Path:
         """Write ``result.json``, ``<kind>.csv`` and the figures into ``out_dir``."""
@@ -236,23 +242,9 @@ class ExperimentResult:
             d["command"] = command
         runio.write_text(out / "result.json", json.dumps(d, indent=2, default=str))
         if self.rows:
-            write_csv(out / f"{self.kind}.csv", self.rows)
+            runio.write_csv(out / f"{self.kind}.csv", self.rows)
         self.draw(out)
         return out
-
-
-def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    cols: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in cols:
-                cols.append(k)
-    with runio.atomic_open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (json.dumps(v) if isinstance(v, list | dict) else v) for k, v in r.items()})
-    return path
 
 
 def describe_run(adapter: ModelAdapter, interventions: Sequence[Intervention] = ()) -> dict[str, Any]:

@@ -20,19 +20,27 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..errors import GandaError
+from ..figures import curves
 from ..heads import expand, format_heads
 from ..interventions import AblateHeads, Intervention, KeepLayers
 from ..models.base import ModelAdapter
-from .common import ExperimentResult, Scorer, flat_scores
+from .common import ExperimentResult, Scorer, flat_scores, pct
 
 
 @dataclass
 class KVCurveResult(ExperimentResult):
     kind: str = "kv_curve"
 
-    def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import curves
+    def headline(self) -> str:
+        s, lines = self.summary, []
+        if "mean_gap" in s:
+            lines.append(f"Mean accuracy lost by ablating the heads: **{pct(s['mean_gap'])}**.")
+        for name, fall in (s.get("fall") or {}).items():
+            lines.append(f"{name}: loses **{pct(fall)}** from the fewest to the most pairs "
+                         f"(at the most: {pct((s.get('at_max_pairs') or {}).get(name))}).")
+        return "\n".join(lines)
 
+    def draw(self, out_dir: Path) -> list[Path]:
         rows = sorted(self.rows, key=lambda r: r["pairs"])
         x = [r["pairs"] for r in rows]
         others = list(self.config.get("compare") or [])

@@ -26,28 +26,36 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..errors import GandaError
+from ..figures import bars
 from ..heads import expand, format_heads
 from ..interventions import Intervention, KeepLayers, mask_last_row
 from ..models.base import ModelAdapter
-from .common import CHANCE, ExperimentResult, Scorer, flat_scores
-from .prune import _tasks_in
+from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 
 @dataclass
 class MaskLastRowResult(ExperimentResult):
     kind: str = "mask_last_row"
 
-    def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import bars
+    def headline(self) -> str:
+        s, lines = self.summary, []
+        for t in ("mmlu", "lab-mmlu", "knowledge", "lab-knowledge"):
+            if s.get(f"{t}_intact") is not None:
+                last = (f"; last scored position masked **{pct(s[f'{t}_masked_last'])}**"
+                        if f"{t}_masked_last" in s else "")
+                lines.append(f"{t} intact **{pct(s[f'{t}_intact'])}** → last prompt token masked "
+                             f"**{pct(s.get(f'{t}_masked'))}**{last}.")
+        return "\n".join(lines)
 
+    def draw(self, out_dir: Path) -> list[Path]:
         labels = [r["condition"] for r in self.rows]
         series, errors = {}, {}
-        for t in _tasks_in(self.rows):
+        for t in task_columns(self.rows):
             series[t] = [r.get(t) for r in self.rows]
             if all(f"{t}_lo" in r for r in self.rows):
                 errors[t] = ([r[f"{t}_lo"] for r in self.rows], [r[f"{t}_hi"] for r in self.rows])
         return [bars(labels, series, Path(out_dir) / "mask_last_row.png", errors=errors,
-                     hlines={"MMLU chance": CHANCE["mmlu"]}, rotate=45 if len(labels) > 3 else 0,
+                     hlines={"MMLU chance": chance("mmlu")}, rotate=45 if len(labels) > 3 else 0,
                      title=f"Last attention row masked ({self.model})")]
 
 
@@ -90,7 +98,7 @@ def mask_last_row_experiment(
         rows.append({"condition": name, "heads": desc, "rule": rule, **flat_scores(scorer.score(ivs, label=name))})
     intact = rows[0]
     summary: dict[str, Any] = {"n_heads_masked": len(hs), "rules": list(rules)}
-    for t in _tasks_in(rows):
+    for t in task_columns(rows):
         summary[f"{t}_intact"] = intact.get(t)
         for rule in rules:
             masked = next(r for r in rows if r["condition"] == f"masked{suffix[rule]}")

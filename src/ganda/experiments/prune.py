@@ -28,13 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 
+from ..engine import final_logits, run_layers
 from ..errors import GandaError
+from ..figures import bars, curves
 from ..interventions import KeepLayers, truncate
 from ..models.base import ModelAdapter
-from .common import CHANCE, ExperimentResult, Scorer, _summary, acc, chance, flat_scores
+from ..scoring import encode_pair, example_pairs, pad_rows
+from ..tasks.knowledge import KNOWLEDGE_TASKS, make_task
+from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, pct, task_columns
 
 
 def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[list[Any], list[Any]] | None]:
@@ -42,19 +45,6 @@ def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[lis
     if all(f"{task}_lo" in r for r in rows):
         return ys, ([r[f"{task}_lo"] for r in rows], [r[f"{task}_hi"] for r in rows])
     return ys, None
-
-
-def _tasks_in(rows: list[dict[str, Any]]) -> list[str]:
-    """The task columns of result rows: the paper's tasks, the lab's, and ``kvN``/``lab-kvN``."""
-    from .common import KNOWN_TASKS, LAB_TASKS, kv_task_name
-
-    out: list[str] = []
-    for r in rows:
-        for k in r:
-            if k in KNOWN_TASKS or k in LAB_TASKS or kv_task_name(k)[0] is not None:
-                if k not in out:
-                    out.append(k)
-    return out
 
 
 def find_drop(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
@@ -72,18 +62,6 @@ def find_drop(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
     return best
 
 
-class _Inject(nn.Module):
-    """A stand-in decoder block that ignores its input and returns stored hidden states."""
-
-    def __init__(self, h: torch.Tensor, returns_tuple: bool) -> None:
-        super().__init__()
-        self.h, self.returns_tuple = h, returns_tuple
-
-    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        h = self.h.to(dtype=hidden_states.dtype, device=hidden_states.device)
-        return (h,) if self.returns_tuple else h
-
-
 @dataclass
 class _Prepared:
     """One example as model input: ``ids``/``mask`` rows and, per choice, the (row, position,
@@ -96,8 +74,6 @@ class _Prepared:
 
 
 def _prepare(adapter: ModelAdapter, ex: Any) -> _Prepared:
-    from ..scoring import encode_pair, example_pairs, pad_rows
-
     pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(ex)]  # Winogrande: one context per choice
     dev = adapter.device
     if len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs):
@@ -122,10 +98,6 @@ def _forward_logp(adapter: ModelAdapter, p: _Prepared) -> torch.Tensor:
     return torch.log_softmax(adapter.forward(p.ids, attention_mask=p.mask).float(), -1)
 
 
-class _Stop(Exception):
-    """Raised by a hook to end a forward once the needed residuals are captured (no LM head)."""
-
-
 def _score_positions(p: _Prepared) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int]]:
     """The (row, position) pairs to score; positions with the same token prefix share a residual
     (shared context), so each prefix is scored once."""
@@ -143,49 +115,13 @@ def _score_positions(p: _Prepared) -> tuple[list[tuple[int, int]], dict[tuple[in
     return pos, where
 
 
-def _out_hidden(out: Any) -> torch.Tensor:
-    return out[0] if isinstance(out, tuple) else out
-
-
 def _head_logp(adapter: ModelAdapter, resid: torch.Tensor) -> torch.Tensor:
-    """Final norm + LM head of the model applied to residuals ``[N, D]`` -> log-probs ``[N, V]``,
-    through the model's own forward with a stand-in block (:class:`_Inject`) on a dummy input."""
-    from .transplant import _block_returns_tuple
-
-    layers = adapter.decoder_layers()
-    tup = _block_returns_tuple(adapter, 0)
-    dummy = torch.zeros((1, resid.shape[0]), dtype=torch.long, device=resid.device)
-    adapter.set_decoder_layers(nn.ModuleList([_Inject(resid[None], tup)]))
-    try:
-        return torch.log_softmax(adapter.forward(dummy)[0].float(), -1)
-    finally:
-        adapter.set_decoder_layers(layers)
+    """Final norm + LM head of the model applied to residuals ``[N, D]`` -> log-probs ``[N, V]``."""
+    return torch.log_softmax(final_logits(adapter, resid).float(), -1)
 
 
 def _read(logp: torch.Tensor, base: int, where: dict[tuple[int, int], int], p: _Prepared) -> list[float]:
     return [float(sum(logp[base + where[(r, t)], tok] for r, t, tok in choice)) for choice in p.targets]
-
-
-def _run_until(adapter: ModelAdapter, p: _Prepared, last: nn.Module, rr: torch.Tensor, tt: torch.Tensor,
-               extra: list[tuple[nn.Module, Any]] | None = None) -> torch.Tensor:
-    """Run the model until block ``last`` has run; return its output at the scored positions."""
-    got: dict[str, torch.Tensor] = {}
-
-    def stop(_m, _a, out):
-        got["h"] = _out_hidden(out)[rr, tt].detach()
-        raise _Stop
-
-    handles = [last.register_forward_hook(stop)]
-    for mod, hook in extra or []:
-        handles.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        adapter.forward(p.ids, attention_mask=p.mask)
-    except _Stop:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    return got["h"]
 
 
 @torch.no_grad()
@@ -195,28 +131,16 @@ def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -
     The residual after layer k-1 is the same in every truncation that keeps layer k-1, so the
     k-layer model's outputs are the final norm + LM head applied to it (both position-wise). The
     residuals at the scored positions go through the model's own head in one batched pass
-    (:func:`_head_logp`), so no family-specific code is needed."""
-    layers = adapter.decoder_layers()
+    (:func:`_head_logp`), so no family-specific code is needed. ``k`` counts the running layers."""
+    layers = adapter.active_layers()
     pos, where = _score_positions(p)
     rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
     tt = torch.tensor([t for _, t in pos], device=p.ids.device)
-    resid: dict[int, torch.Tensor] = {}
-    need = sorted({k - 1 for k in ks})
-
-    def make(i: int):
-        def hook(_m, _a, out):
-            resid[i] = _out_hidden(out)[rr, tt].detach()
-
-        return hook
-
-    handles = [layers[i].register_forward_hook(make(i)) for i in need[:-1]]
-    try:
-        resid[need[-1]] = _run_until(adapter, p, layers[need[-1]], rr, tt)
-    finally:
-        for h in handles:
-            h.remove()
+    need = sorted({layers[k - 1] for k in ks})
+    got = run_layers(adapter, p.ids, attention_mask=p.mask, stop=need[-1],
+                     capture=[f"L{i}.resid_out" for i in need], at=(rr, tt))
     ks = list(ks)
-    logp = _head_logp(adapter, torch.cat([resid[k - 1] for k in ks]))
+    logp = _head_logp(adapter, torch.cat([got[f"L{layers[k - 1]}.resid_out"] for k in ks]))
     return {k: _read(logp, j * len(pos), where, p) for j, k in enumerate(ks)}
 
 
@@ -224,33 +148,20 @@ def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -
 def removal_logliks(adapter: ModelAdapter, p: _Prepared, m: int) -> dict[int | None, list[float]]:
     """Choice log-likelihoods of the first-m-layer model (key None) and of it with each layer i
     removed (key i), sharing the prefix: with layer i removed, layers 0..i-1 compute what they
-    compute in the intact pass, so layer i+1 starts from layer i's stored *input*."""
-    from .transplant import _block_returns_tuple
-
-    layers = adapter.decoder_layers()
+    compute in the intact pass, so layer i+1 starts from layer i's stored *input*. ``m`` counts
+    the running layers and the keys are positions among them."""
+    layers = adapter.active_layers()[:m]
     pos, where = _score_positions(p)
     rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
     tt = torch.tensor([t for _, t in pos], device=p.ids.device)
-    inputs: dict[int, torch.Tensor] = {}
-
-    def make(i: int):
-        def pre(_m, args, kwargs):
-            inputs[i] = (args[0] if args else kwargs["hidden_states"]).detach()
-
-        return pre
-
-    base = _run_until(adapter, p, layers[m - 1], rr, tt, [(layers[i], make(i)) for i in range(m)])
-    tup = _block_returns_tuple(adapter, 0)
-    finals: list[torch.Tensor] = [base]
-    for i in range(m):
-        if i == m - 1:
-            finals.append(inputs[i][rr, tt])
-            continue
-        adapter.set_decoder_layers(nn.ModuleList([_Inject(inputs[i], tup), *[layers[j] for j in range(i + 1, m)]]))
-        try:
-            finals.append(_run_until(adapter, p, layers[m - 1], rr, tt))
-        finally:
-            adapter.set_decoder_layers(layers)
+    got = run_layers(adapter, p.ids, attention_mask=p.mask, stop=layers[-1],
+                     capture=[f"L{i}.resid_in" for i in layers])
+    finals: list[torch.Tensor] = [got["resid"][rr, tt]]
+    for j in range(m):  # without layer j, the layers after it start from j's input
+        start = layers[j + 1] if j + 1 < m else layers[-1] + 1
+        out = run_layers(adapter, p.ids, attention_mask=p.mask, start=start, stop=layers[-1],
+                         resid=got[f"L{layers[j]}.resid_in"])
+        finals.append(out["resid"][rr, tt])
     logp = _head_logp(adapter, torch.cat(finals))
     keys: list[int | None] = [None, *range(m)]
     return {key: _read(logp, j * len(pos), where, p) for j, key in enumerate(keys)}
@@ -319,11 +230,7 @@ def fast_removal_scores(
 
 def _fast_knowledge(adapter: ModelAdapter, scorer: Scorer, run: Any) -> dict[Any, dict[str, Any]] | None:
     """The knowledge score (mean accuracy over the knowledge tasks) through a fast path ``run``
-    (examples -> {condition: summary}); None when the knowledge tasks or the shortcut are unavailable."""
-    try:
-        from ..tasks.knowledge import KNOWLEDGE_TASKS, make_task
-    except ImportError:
-        return None
+    (examples -> {condition: summary}); None when the shortcut is unavailable."""
     limit = scorer.knowledge_limit if scorer.knowledge_limit is not None else scorer.limit
     per_task = {}
     for name in tqdm(KNOWLEDGE_TASKS, desc="knowledge", leave=False, disable=not scorer.progress):
@@ -343,13 +250,21 @@ def _fast_knowledge(adapter: ModelAdapter, scorer: Scorer, run: Any) -> dict[Any
 class PruneResult(ExperimentResult):
     kind: str = "prune"
 
-    def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import curves
+    def headline(self) -> str:
+        s = self.summary
+        if "minimal_layers" not in s:
+            return ""
+        drop_task = self.config.get("drop_task", "MMLU")
+        return (f"Minimal model: **{s['minimal_layers']} layers** (0-{s['minimal_layers'] - 1}); the largest one-step "
+                f"{drop_task} drop is when layer **{s.get('critical_layer')}** is removed ({pct(s.get('drop_from'))} → "
+                f"{pct(s.get('drop_to'))})" + ("." if s.get("significant", True) else
+                " — *not significant* (the Wilson intervals overlap: the curve may be flat noise)."))
 
+    def draw(self, out_dir: Path) -> list[Path]:
         rows = sorted(self.rows, key=lambda r: r["layers"])
         x = [r["layers"] for r in rows]
         series, bands = {}, {}
-        for t in _tasks_in(rows):
+        for t in task_columns(rows):
             ys, band = _series(rows, t)
             series[t] = ys
             if band:
@@ -358,7 +273,7 @@ class PruneResult(ExperimentResult):
         if "minimal_layers" in self.summary:
             vlines[f"minimal model ({self.summary['minimal_layers']} layers)"] = self.summary["minimal_layers"]
         return [curves(x, series, Path(out_dir) / "prune.png", bands=bands, xlabel="layers kept (first k)",
-                       hlines={"MMLU chance": CHANCE["mmlu"]} if "mmlu" in series else None, vlines=vlines,
+                       hlines={"MMLU chance": chance("mmlu")} if "mmlu" in series else None, vlines=vlines,
                        title=f"Cumulative layer pruning: {self.model}")]
 
 
@@ -431,20 +346,22 @@ def prune_curve(
 class RemoveRestoreResult(ExperimentResult):
     kind: str = "remove_restore"
 
-    def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import bars
+    def headline(self) -> str:
+        layers = self.summary.get("critical_layers")
+        return "" if layers is None else f"Layers whose removal hurts MMLU most: **{layers}**."
 
+    def draw(self, out_dir: Path) -> list[Path]:
         rows = [r for r in self.rows if r.get("removed_layer") is not None]
         base = next((r for r in self.rows if r.get("removed_layer") is None), {})
         labels = [str(r["removed_layer"]) for r in rows]
         series, errors = {}, {}
-        for t in _tasks_in(rows):
+        for t in task_columns(rows):
             ys, band = _series(rows, t)
             series[t] = ys
             if band:
                 errors[t] = band
         hl = {f"minimal {t}": base[t] for t in series if base.get(t) is not None}
-        hl["MMLU chance"] = CHANCE["mmlu"]
+        hl["MMLU chance"] = chance("mmlu")
         return [bars(labels, series, Path(out_dir) / "remove_restore.png", errors=errors, hlines=hl,
                      title=f"Remove one layer and restore (minimal model, {self.summary.get('minimal_layers')} layers)",
                      ylabel="accuracy with the layer removed")]

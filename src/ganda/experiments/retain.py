@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
+from ..figures import bars
 from ..heads import HeadId, expand, format_heads
 from ..interventions import Intervention, KeepHeads, KeepLayers
 from ..models.base import ModelAdapter
-from .common import CHANCE, ExperimentResult, Scorer, flat_scores
-from .prune import _tasks_in
+from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 CONFIGS = ("intact", "none", "aggregate", "gather", "both")
 
@@ -43,16 +43,19 @@ def _keep(adapter: ModelAdapter, heads: list[HeadId], layers: dict[int, str | No
 class RetainResult(ExperimentResult):
     kind: str = "retain"
 
-    def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import bars
+    def headline(self) -> str:
+        both, none = self.summary.get("both") or {}, self.summary.get("none") or {}
+        return "\n".join(f"{t} with both critical heads kept: **{pct(both[t])}**; with none: **{pct(none.get(t))}**."
+                         for t in ("mmlu", "lab-mmlu") if t in both)
 
+    def draw(self, out_dir: Path) -> list[Path]:
         labels = [r["config"] for r in self.rows]
         series, errors = {}, {}
-        for t in _tasks_in(self.rows):
+        for t in task_columns(self.rows):
             series[t] = [r.get(t) for r in self.rows]
             if all(f"{t}_lo" in r for r in self.rows):
                 errors[t] = ([r[f"{t}_lo"] for r in self.rows], [r[f"{t}_hi"] for r in self.rows])
-        return [bars(labels, series, Path(out_dir) / "retain.png", errors=errors, hlines={"MMLU chance": CHANCE["mmlu"]},
+        return [bars(labels, series, Path(out_dir) / "retain.png", errors=errors, hlines={"MMLU chance": chance("mmlu")},
                      title=f"Critical heads retained in layers {self.config.get('gather_layer')}-"
                            f"{self.config.get('aggregate_layer')}")]
 
@@ -102,7 +105,7 @@ def retain(
                 "both": format_heads(g_heads + a_heads)}[name]
         rows.append({"config": name, "kept_heads": kept, **flat_scores(scores)})
         described[name] = [iv.describe() for iv in ivs]
-    summary = {r["config"]: {t: r.get(t) for t in _tasks_in(rows)} for r in rows}
+    summary = {r["config"]: {t: r.get(t) for t in task_columns(rows)} for r in rows}
     return RetainResult(
         model=adapter.spec, rows=rows, summary=summary, notes=notes,
         config={**scorer.config(), "gather": format_heads(g_heads), "aggregate": format_heads(a_heads),

@@ -33,13 +33,16 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..discovery import ablate_until_chance
 from ..errors import GandaError
+from ..figures import bars, curves, heatmap
 from ..heads import HeadId
 from ..interventions import AblateHeads, KeepLayers, apply
 from ..models.base import ModelAdapter
 from ..scoring import evaluate_examples
+from ..sweep import run_sweep
 from ..tasks.base import Example
-from .common import ExperimentResult
+from .common import ExperimentResult, pct
 
 MODES = ("all", "query", "context")
 
@@ -48,9 +51,20 @@ MODES = ("all", "query", "context")
 class RolesResult(ExperimentResult):
     kind: str = "roles"
 
-    def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import bars, curves, heatmap
+    def headline(self) -> str:
+        s, lines = self.summary, []
+        for role in ("gather", "aggregate"):
+            if s.get(role):
+                lines.append(f"{role.capitalize()} head **{s[role]}**: {pct(s.get('baseline'))} → "
+                             f"**{pct(s.get(f'{role}_ablated'))}** (control task "
+                             f"{pct(-(s.get(f'{role}_control_drop') or 0))} change); {role} heads: "
+                             f"{', '.join(s.get(f'{role}_heads') or [])}.")
+        if "heads_to_chance" in s:
+            lines.append("Heads ablated together (most damaging first) to reach chance: "
+                         f"**{s['heads_to_chance'] or 'more than ' + str(s.get('heads_to_chance_max'))}**.")
+        return "\n".join(lines)
 
+    def draw(self, out_dir: Path) -> list[Path]:
         task = self.config.get("task", "task")
         control = self.config.get("control")
         rows = self.rows
@@ -137,12 +151,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
     base_answers = intact.answer_accuracy()
     sweep_drops: dict[str, float] = {}
     if ranked is None:
-        from ..sweep import run_sweep
-
-        heads = None if kept is None else [h for h in adapter.heads() if h.layer in kept]
-        # the sweep's fast path indexes the layer list by layer number: only a prefix keeps them equal
-        naive = kept is not None and kept != list(range(len(kept)))
-        sw = run_sweep(adapter, examples, heads=heads, naive=naive, progress=progress)
+        sw = run_sweep(adapter, examples, progress=progress)  # every head of the running (kept) layers
         ranked = [r["head"] for r in sw.top(len(sw.records))]
         sweep_drops = {r["head"]: sw.drop(r) for r in sw.records}
     ranked = list(ranked)
@@ -200,8 +209,6 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
                 summary[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)[0]
     extra: dict[str, Any] = {}
     if until_chance:
-        from ..discovery import ablate_until_chance
-
         cum = ablate_until_chance(adapter, examples, ranked, chance=chance, max_heads=max_heads, progress=progress)
         reached = bool(cum) and cum[-1]["accuracy"] <= chance + 0.05
         summary["heads_to_chance"] = cum[-1]["n_heads"] if reached else None

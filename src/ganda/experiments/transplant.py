@@ -29,8 +29,9 @@ head's slice of ``out_proj``'s input is zeroed and the donor head's output, mapp
 residual stream by its own o_proj columns, is added to ``out_proj``'s output. The o_proj bias (if
 any) is not added (it belongs to the donor layer, not to one head). Everything else in the student
 (other heads, the MLP, other layers) is untouched. With donor == student and d == s this is the
-identity (tested). Supported donors: Llama-layout Transformers (Llama, SmolLM2, Qwen2/3, Mistral);
-Gemma's soft-capping and sliding windows are not reproduced.
+identity (tested). Donors are adapters that run a block or one head outside their model
+(:meth:`ModelAdapter.run_block`, :meth:`ModelAdapter.head_output`): Llama-layout Transformers
+(Llama, SmolLM2, Qwen2/3, Mistral); Gemma's soft-capping and sliding windows are not reproduced.
 """
 
 from __future__ import annotations
@@ -42,29 +43,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..engine import Trace, layer_returns
 from ..errors import GandaError
+from ..figures import bars
 from ..heads import HeadId, expand
-from ..interventions import Intervention
+from ..interventions import Intervention, compress_ranges
 from ..models.base import ModelAdapter
-from .common import CHANCE, ExperimentResult, Scorer, flat_scores
-from .prune import _tasks_in
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rotary(donor: ModelAdapter) -> nn.Module:
-    backbone = getattr(donor.model, "model", None)
-    rot = getattr(backbone, "rotary_emb", None)
-    if rot is None:
-        raise GandaError(f"donor {donor.spec} has no rotary_emb: only Llama-layout Transformers can be donors")
-    return rot
+from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 
 def _hidden_size(adapter: ModelAdapter) -> int:
@@ -115,10 +103,11 @@ class _PadCapture:
 class DonorBlock(nn.Module):
     """A donor decoder block that runs inside a student's layer loop (see module docstring)."""
 
-    def __init__(self, block: nn.Module, rotary_emb: nn.Module, pad: _PadCapture, returns_tuple: int) -> None:
+    def __init__(self, donor: ModelAdapter, layer: int, pad: _PadCapture, returns_tuple: int) -> None:
         super().__init__()
-        self.block = block
-        self.rotary_emb = rotary_emb
+        self.donor = donor
+        self.layer = layer
+        self.block = donor.original_layers()[layer]  # a child module: .to() and .parameters() see it
         self._pad = pad
         self.returns_tuple = returns_tuple
 
@@ -127,31 +116,10 @@ class DonorBlock(nn.Module):
         h = hidden_states.to(dtype=p.dtype, device=p.device)
         t = h.shape[1]
         pos = _positions(kwargs, t, h.device)
-        cos, sin = self.rotary_emb(h, pos)
         mask = _additive_mask(t, self._pad.mask, h.dtype, h.device)
-        out = self.block(h, attention_mask=mask, position_ids=pos, position_embeddings=(cos, sin), use_cache=False)
-        if isinstance(out, tuple):
-            out = out[0]
-        out = out.to(dtype=hidden_states.dtype, device=hidden_states.device)
+        out = self.donor.run_block(self.layer, h, pos, mask).to(dtype=hidden_states.dtype, device=hidden_states.device)
         # the student's loop may unpack several values (Bamba: hidden states, attention weights)
         return (out,) + (None,) * (self.returns_tuple - 1) if self.returns_tuple else out
-
-
-def _block_returns_tuple(student: ModelAdapter, index: int) -> int:
-    """Probe (on 2 tokens) what the student's block ``index`` returns: 0 for a bare tensor,
-    else the length of the tuple its model's layer loop unpacks."""
-    seen: dict[str, int] = {}
-
-    def hook(_m, _a, out):
-        seen["tuple"] = len(out) if isinstance(out, tuple) else 0
-
-    h = student.decoder_layers()[index].register_forward_hook(hook)
-    try:
-        with torch.no_grad():
-            student.forward(torch.zeros((1, 2), dtype=torch.long, device=student.device))
-    finally:
-        h.remove()
-    return seen.get("tuple", 0)
 
 
 def _same_param(p: torch.Tensor, params: Sequence[torch.Tensor]) -> bool:
@@ -196,62 +164,32 @@ class TransplantLayer(Intervention):
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
         _check_compatible(adapter, self.donor)
-        original = adapter.decoder_layers()
+        n = len(adapter.original_layers())
         dl = list(self.donor_layers) if self.donor_layers is not None else list(self.layers)
         if len(dl) != len(self.layers):
             raise GandaError("give one donor layer per student layer")
-        n_d = len(self.donor.decoder_layers())
+        n_d = len(self.donor.original_layers())
         for i, j in zip(self.layers, dl, strict=True):
-            if not 0 <= i < len(original):
-                raise GandaError(f"student layer {i} out of range, the student has layers 0-{len(original) - 1}")
+            if not 0 <= i < n:
+                raise GandaError(f"student layer {i} out of range, the student has layers 0-{n - 1}")
             if not 0 <= j < n_d:
                 raise GandaError(f"donor layer {j} out of range, the donor has layers 0-{n_d - 1}")
-        rot = _rotary(self.donor)
+        label = f"transplant of layers {compress_ranges(self.layers)} from {self.donor.spec}"
+        adapter.require_active(self.layers, label)
         pad = _PadCapture()
-        tuples = {i: _block_returns_tuple(adapter, i) for i in self.layers}
-        new = list(original)
-        for i, j in zip(self.layers, dl, strict=True):
-            new[i] = DonorBlock(self.donor.decoder_layers()[j], rot, pad, tuples[i])
+        blocks = {i: DonorBlock(self.donor, j, pad, layer_returns(adapter, i))
+                  for i, j in zip(self.layers, dl, strict=True)}
+        token = adapter.push_layer_edit(range(n), label, replace=blocks)
         handle = adapter.model.register_forward_pre_hook(pad.hook, with_kwargs=True)
-        adapter.set_decoder_layers(nn.ModuleList(new))
         try:
             yield
         finally:
-            adapter.set_decoder_layers(original)
+            adapter.pop_layer_edit(token)
             handle.remove()
 
     def describe(self) -> dict[str, Any]:
         return {"type": "transplant_layer", "donor": self.donor.spec, "layers": list(self.layers),
                 "donor_layers": list(self.donor_layers) if self.donor_layers is not None else list(self.layers)}
-
-
-def donor_head_output(
-    block: nn.Module, rotary_emb: nn.Module, head: int, h: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """One donor attention head's contribution ``W_o[:, d] @ o_d`` to the residual stream ``[B, T, D]``."""
-    attn = block.self_attn
-    cfg = attn.config
-    hd = attn.head_dim
-    n_heads, n_kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    kv = head // (n_heads // n_kv)
-    x = block.input_layernorm(h)
-
-    def proj(lin: nn.Linear, idx: int) -> torch.Tensor:
-        sl = slice(idx * hd, (idx + 1) * hd)
-        b = lin.bias[sl] if lin.bias is not None else None
-        return F.linear(x, lin.weight[sl], b)[:, None]  # [B, 1, T, hd]
-
-    q, k, v = proj(attn.q_proj, head), proj(attn.k_proj, kv), proj(attn.v_proj, kv)
-    if getattr(attn, "q_norm", None) is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    cos, sin = rotary_emb(x, pos)
-    cos, sin = cos[:, None], sin[:, None]
-    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-    scale = getattr(attn, "scaling", hd**-0.5)
-    scores = (q @ k.transpose(-1, -2)) * scale + mask
-    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-    o = (probs @ v)[:, 0]  # [B, T, hd]
-    return F.linear(o, attn.o_proj.weight[:, head * hd : (head + 1) * hd])
 
 
 @dataclass
@@ -281,47 +219,37 @@ class TransplantHead(Intervention):
         _check_compatible(adapter, self.donor)
         s, d = self._resolve(adapter)
         mixer = adapter.mixer_of(s)
-        block = next((b for b in adapter.decoder_layers() if any(m is mixer.module for m in b.modules())), None)
-        if block is None:
-            raise GandaError(f"the block holding {s} is not in the model (removed by another intervention?)")
-        dblock = self.donor.decoder_layers()[d.layer]
-        rot = _rotary(self.donor)
+        label = f"the transplant of {s} from {self.donor.spec}"
+        token = adapter.use_layers([s.layer], label)  # refused where the layer is gone, as later removals
+        dblock = self.donor.original_layers()[d.layer]
         pad = _PadCapture()
-        state: dict[str, Any] = {}
         sl = mixer.head_slice(s.head)
+        resid, kwargs = f"L{s.layer}.resid_in", f"L{s.layer}.kwargs"
+        pending: list[torch.Tensor] = []
 
-        def block_pre(_m, args, kwargs):
-            state["h"] = args[0] if args else kwargs["hidden_states"]
-            state["pos"] = _positions(kwargs, state["h"].shape[1], state["h"].device)
-
-        def out_pre(_m, args):
-            x = args[0].clone()
+        def swap_out(x: torch.Tensor) -> torch.Tensor:  # out_proj input: the student head's slice zeroed
+            x = x.clone()
             x[..., sl] = 0
-            h = state["h"]
             p = next(dblock.parameters())
-            hh = h.to(dtype=p.dtype, device=p.device)
+            hh = trace[resid].to(dtype=p.dtype, device=p.device)
+            pos = _positions(trace[kwargs], hh.shape[1], hh.device)
             mask = _additive_mask(hh.shape[1], pad.mask, hh.dtype, hh.device)
-            state["add"] = donor_head_output(dblock, rot, d.head, hh, state["pos"].to(hh.device), mask)
-            return (x, *args[1:])
+            pending.append(self.donor.head_output(d.layer, d.head, hh, pos, mask))
+            return x
 
-        def out_post(_m, _args, out):
-            add = state.pop("add", None)
-            if add is None:
-                return out
-            return out + add.to(dtype=out.dtype, device=out.device)
+        def add_donor(out: torch.Tensor) -> torch.Tensor:  # out_proj output: plus the donor head's
+            return out + pending.pop().to(dtype=out.dtype, device=out.device) if pending else out
 
-        handles = [
-            adapter.model.register_forward_pre_hook(pad.hook, with_kwargs=True),
-            block.register_forward_pre_hook(block_pre, with_kwargs=True),
-            adapter.register_out_proj_pre_hook(mixer, out_pre),
-            mixer.out_proj.register_forward_hook(out_post, prepend=True),
-        ]
+        point = f"L{s.layer}.{mixer.kind}"
+        trace = Trace(adapter, [resid, kwargs], detach=False, edit={f"{point}.z": swap_out, f"{point}.out": add_donor})
+        handle = adapter.model.register_forward_pre_hook(pad.hook, with_kwargs=True)
         self._last = {"student_head": str(s), "donor_head": str(d)}
         try:
-            yield
+            with trace:
+                yield
         finally:
-            for hd in handles:
-                hd.remove()
+            handle.remove()
+            adapter.release_layers(token)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "transplant_head", "donor": self.donor.spec, "head": str(self.head),
@@ -332,15 +260,20 @@ class TransplantHead(Intervention):
 class TransplantResult(ExperimentResult):
     kind: str = "transplant"
 
-    def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import bars
+    def headline(self) -> str:
+        s = self.summary
+        if "best_layer" not in s:
+            return ""
+        return (f"Best transplant: layer **{s['best_layer']}**, {pct(s.get('best_accuracy'))} "
+                f"vs baseline {pct(s.get('baseline_accuracy'))}.")
 
+    def draw(self, out_dir: Path) -> list[Path]:
         rows = [r for r in self.rows if r["condition"] not in ("student", "donor")]
         base = next((r for r in self.rows if r["condition"] == "student"), {})
         donor = next((r for r in self.rows if r["condition"] == "donor"), {})
         labels = [r["condition"] for r in rows]
         series, errors = {}, {}
-        tasks = self.config.get("tasks") or _tasks_in(rows)
+        tasks = self.config.get("tasks") or task_columns(rows)
         for t in tasks:
             series[t] = [r.get(t) for r in rows]
             if all(f"{t}_lo" in r for r in rows):
@@ -348,7 +281,7 @@ class TransplantResult(ExperimentResult):
         hl = {f"student {t}": base[t] for t in series if base.get(t) is not None}
         hl.update({f"donor {t}": donor[t] for t in series if donor.get(t) is not None})
         if "mmlu" in series or "lab-mmlu" in series:
-            hl["MMLU chance"] = CHANCE["mmlu"]
+            hl["MMLU chance"] = chance("mmlu")
         return [bars(labels, series, Path(out_dir) / "transplant.png", errors=errors, hlines=hl,
                      rotate=90 if len(labels) > 10 else 0,
                      title=f"{self.model} with donor {self.config.get('donor')} pieces")]

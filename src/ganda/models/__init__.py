@@ -1,5 +1,6 @@
 """Model loading and the per-family adapters (see ``base.ModelAdapter``)."""
 
+from . import families as _families  # noqa: F401  (registers the built-in families)
 from .base import Mixer, ModelAdapter
 from .loading import DEFAULT_MODEL, from_model, load_model
 from .registry import adapter_for, register

@@ -13,7 +13,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from ..errors import GandaError
 from ..heads import HeadId
 
 PreHook = Callable[[nn.Module, tuple[Any, ...]], Any]
+PostHook = Callable[[nn.Module, tuple[Any, ...], Any], Any]
 
 
 @dataclass
@@ -44,6 +45,28 @@ class Mixer:
 
     def head_slice(self, head: int) -> slice:
         return slice(head * self.head_dim, (head + 1) * self.head_dim)
+
+
+class SweepRunner(Protocol):
+    """A family's fast path for running decoder layers by hand (see :meth:`ModelAdapter.sweep_runner`).
+
+    The forward engine records, in one intact pass of :meth:`backbone`, what the model gives each
+    decoder layer and replays single layers on new hidden states; the runner supplies the parts
+    that know the family: the backbone call with a packed block mask and position ids, and the
+    final norm + LM head on chosen positions.
+    """
+
+    def can_pack(self, width: int) -> bool:
+        """True when a packed sequence of ``width`` tokens behaves like its rows (no sliding window
+        cuts it)."""
+
+    def backbone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 position_ids: torch.Tensor | None) -> None:
+        """Run the decoder stack (no LM head); ``attention_mask`` may be 2-D or an additive
+        ``[B, 1, T, T]`` mask."""
+
+    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[K, d_model]`` final residuals -> ``[K, V]`` fp32 log-probabilities."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,7 @@ class ModelAdapter(ABC):
         self._head_users: dict[int, tuple[str, frozenset[int]]] = {}
         self._live: nn.ModuleList = self._original_layers
         self._tokens = itertools.count()
+        self._n_params: int | None = None
 
     # ---- layout -------------------------------------------------------------------------
     @classmethod
@@ -244,6 +268,11 @@ class ModelAdapter(ABC):
         """
         return mixer.out_proj.register_forward_pre_hook(fn)
 
+    def register_out_proj_hook(self, mixer: Mixer, fn: PostHook) -> Any:
+        """Attach ``fn`` to the output of ``mixer.out_proj`` (ahead of hooks already there, so they
+        see what ``fn`` returns); fires for ``mixer.layer`` only, as :meth:`register_out_proj_pre_hook`."""
+        return mixer.out_proj.register_forward_hook(fn, prepend=True)
+
     # ---- maps -----------------------------------------------------------------------------
     @abstractmethod
     def attention_maps(
@@ -255,8 +284,23 @@ class ModelAdapter(ABC):
         attention (signed, not normalised). ``input_ids`` is one sequence ``[1, T]``.
         """
 
+    def implicit_maps(self, input_ids: torch.Tensor, heads: Sequence[HeadId],
+                      rows: Sequence[int] | None = None, include_d: bool = False) -> dict[HeadId, torch.Tensor]:
+        """SSM heads only: the exact implicit attention ``M[rows, :]`` per head (``include_d`` adds
+        ``D_h`` on the diagonal). Families without SSM heads refuse."""
+        raise GandaError(f"{self.family} models have no SSM heads (implicit attention is for SSMs)")
+
     def map_kind(self, head: HeadId) -> str:
         return "softmax" if self.mixer_of(head).kind == "attn" else "implicit"
+
+    def shared_blocks(self) -> dict[str, list[int]]:
+        """``{"block0": [layers invoking it], ...}`` for mixers whose weights run at several layers
+        (Zamba2's shared attention); empty for families without shared blocks."""
+        out: dict[str, list[int]] = {}
+        for m in self.mixers():
+            if m.shared_key:
+                out.setdefault(m.shared_key, []).append(m.layer)
+        return out
 
     # ---- running --------------------------------------------------------------------------
     @property
@@ -279,6 +323,39 @@ class ModelAdapter(ABC):
         """Logits ``[B, T, V]`` with no cache (interventions may change the layer list)."""
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         return out.logits
+
+    def n_params(self) -> int:
+        """Number of parameters (counted once; scoring batches small models differently)."""
+        if self._n_params is None:
+            self._n_params = sum(p.numel() for p in self.model.parameters())
+        return self._n_params
+
+    # ---- optional fast paths (a family implements them or gets the generic path) -----------
+    def sweep_runner(self) -> SweepRunner | None:
+        """The family's fast path for running decoder layers by hand, or None: sweeps and attribution
+        then run full forwards, which every family supports."""
+        return None
+
+    def supports_kv_cache_generation(self) -> bool:
+        """True when greedy generation may keep a KV cache across steps (the model runs its layers
+        as loaded); False (the default) re-runs the whole sequence for every new token."""
+        return False
+
+    def run_block(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+        """Decoder block ``layer`` run on its own, outside this model's layer loop: ``hidden``
+        ``[B, T, d_model]``, ``positions`` ``[B or 1, T]``, ``mask`` additive ``[B or 1, 1, T, T]``
+        -> hidden states ``[B, T, d_model]``. What a donor in a layer transplant provides."""
+        raise GandaError(f"{self.spec or self.family}: {self.family} blocks cannot run outside their model "
+                         "(transplant donors must be Llama-layout Transformers)")
+
+    def head_output(self, layer: int, head: int, hidden: torch.Tensor, positions: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
+        """One attention head's contribution ``W_o[:, h] @ o_h`` to the residual stream ``[B, T, d_model]``
+        when block ``layer`` reads ``hidden`` (arguments as :meth:`run_block`). What a donor in a
+        head transplant provides."""
+        raise GandaError(f"{self.spec or self.family}: {self.family} heads cannot run outside their model "
+                         "(transplant donors must be Llama-layout Transformers)")
 
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary (family, layers, mixers and head counts)."""

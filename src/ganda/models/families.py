@@ -1,16 +1,18 @@
-"""Imports every family module so that each registers its adapter (order: generic last)."""
+"""The built-in families: the Llama-layout Transformer (generic, tried last) and the SSM and hybrid
+families, which register themselves in :mod:`.ssm`."""
 
 from __future__ import annotations
 
-from .registry import register
+from ..registry import register_family
+from . import ssm as _ssm  # noqa: F401  (registers the SSM and hybrid families)
 from .transformer import TransformerAdapter
 
-register(TransformerAdapter, first=False)
-
-# SSM and hybrid families register themselves in their own modules; import them here.
-for _name in ("ssm",):
-    try:
-        __import__(f"{__package__}.{_name}")
-    except ModuleNotFoundError as exc:  # family not built yet
-        if exc.name != f"{__package__}.{_name}":
-            raise
+register_family(TransformerAdapter, {
+    "llama": "Llama / SmolLM2",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "gemma": "Gemma",
+    "gemma2": "Gemma 2",
+    "gemma3_text": "Gemma 3",
+}, generic=True)

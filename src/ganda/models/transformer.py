@@ -3,6 +3,10 @@
 Llama-3.x, SmolLM2, Qwen2/3, Mistral and Gemma 1-3 all expose ``model.model.layers[i].self_attn``
 with ``q_proj/k_proj/v_proj/o_proj`` and a head-major ``o_proj`` input, so one adapter serves them.
 GQA: heads are *query* heads (``num_attention_heads``); KV heads are shared and never ablated.
+
+The family's fast paths live here too: the sweep runner (backbone with a packed block mask, LM
+head on chosen positions), KV-cached generation, and a block or one attention head run outside
+the model (what a transplant donor provides).
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..errors import GandaError
 from ..heads import HeadId
 from .base import Mixer, ModelAdapter
 
@@ -27,6 +33,37 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         cfg._attn_implementation = before
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class TransformerRunner:
+    """The sweep runner of Llama-layout models (:class:`~ganda.models.base.SweepRunner`)."""
+
+    def __init__(self, adapter: TransformerAdapter) -> None:
+        self.backbone_module = adapter.model.model
+        self.norm = self.backbone_module.norm
+        self.lm_head = adapter.model.get_output_embeddings()
+        cfg = adapter.model.config
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+
+    def can_pack(self, width: int) -> bool:
+        return not self.window or width <= self.window
+
+    def backbone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 position_ids: torch.Tensor | None) -> None:
+        self.backbone_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False)
+
+    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(self.norm(hidden))
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return torch.log_softmax(logits.float(), -1)
 
 
 class TransformerAdapter(ModelAdapter):
@@ -58,6 +95,64 @@ class TransformerAdapter(ModelAdapter):
             head_dim = getattr(attn, "head_dim", None) or attn.o_proj.in_features // n_heads
             out.append(Mixer(layer=i, kind="attn", num_heads=n_heads, head_dim=head_dim, out_proj=attn.o_proj, module=attn))
         return out
+
+    # ---- fast paths ---------------------------------------------------------------------------
+    def sweep_runner(self) -> TransformerRunner:
+        return TransformerRunner(self)
+
+    def supports_kv_cache_generation(self) -> bool:
+        """Only with the layer list as loaded: a cache indexes its entries by ``self_attn.layer_idx``,
+        which a removed or swapped layer would desynchronise."""
+        layers = self.decoder_layers()
+        n_cfg = getattr(self.model.config, "num_hidden_layers", None)
+        if n_cfg is not None and len(layers) != n_cfg:
+            return False
+        return all(getattr(getattr(layer, "self_attn", None), "layer_idx", i) == i
+                   for i, layer in enumerate(layers))
+
+    def _rotary(self) -> nn.Module:
+        rot = getattr(self._backbone(), "rotary_emb", None)
+        if rot is None:
+            raise GandaError(f"{self.spec} has no rotary_emb: its blocks cannot run outside the model")
+        return rot
+
+    def run_block(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+        cos, sin = self._rotary()(hidden, positions)
+        out = self.original_layers()[layer](hidden, attention_mask=mask, position_ids=positions,
+                                            position_embeddings=(cos, sin), use_cache=False)
+        return out[0] if isinstance(out, tuple) else out
+
+    def head_output(self, layer: int, head: int, hidden: torch.Tensor, positions: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
+        """Query head ``head`` of block ``layer`` on ``input_layernorm(hidden)``: its query, key and
+        value rows (GQA: the KV head it shares), the block's q/k norms where it has them, RoPE, a
+        softmax under ``mask``, and its columns of ``o_proj`` (no bias: that belongs to the layer)."""
+        block = self.original_layers()[layer]
+        attn = block.self_attn
+        cfg = attn.config
+        hd = attn.head_dim
+        n_heads = cfg.num_attention_heads
+        n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+        kv = head // (n_heads // n_kv)
+        x = block.input_layernorm(hidden)
+
+        def proj(lin: nn.Linear, idx: int) -> torch.Tensor:
+            sl = slice(idx * hd, (idx + 1) * hd)
+            b = lin.bias[sl] if lin.bias is not None else None
+            return F.linear(x, lin.weight[sl], b)[:, None]  # [B, 1, T, hd]
+
+        q, k, v = proj(attn.q_proj, head), proj(attn.k_proj, kv), proj(attn.v_proj, kv)
+        if getattr(attn, "q_norm", None) is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = self._rotary()(x, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        scale = getattr(attn, "scaling", hd**-0.5)
+        scores = (q @ k.transpose(-1, -2)) * scale + mask
+        probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+        o = (probs @ v)[:, 0]  # [B, T, hd]
+        return F.linear(o, attn.o_proj.weight[:, head * hd : (head + 1) * hd])
 
     @torch.no_grad()
     def attention_maps(

@@ -5,10 +5,12 @@ and ``*.csv`` files. The page has no external references at all: CSS is inline, 
 as base64 ``data:`` URIs, and nothing is fetched from a CDN, so it can be mailed or archived
 as one file and opened offline.
 
-Rendering is generic (scalars as a key/value table, lists of dicts as tables, nested dicts as
-nested sections) with a few kinds given a headline box first (the numbers the paper reports:
-the minimal model of a pruning run, the best transplant layer, ...). When a run directory has no
-PNG but its kind knows how to draw itself (``ganda.experiments``), figures are drawn on the fly.
+Each run is rendered through the result class registered for its kind
+(:func:`ganda.registry.register_result`): its ``headline()`` opens the section (the numbers the
+paper reports: the minimal model of a pruning run, the best transplant layer, ...) and, when the
+run directory holds no PNG, its ``draw()`` makes the figures on the fly. The rest is generic:
+scalars as a key/value table, lists of dicts as tables, nested dicts as nested sections. Kinds
+are registered by whoever defines them (``ganda.experiments``, plugins), never here.
 """
 
 from __future__ import annotations
@@ -18,13 +20,18 @@ import csv
 import datetime as _dt
 import html
 import json
+import logging
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import runio
+from .. import registry, runio
 from ..errors import GandaError
+from ..figures import attention_panels
+
+log = logging.getLogger(__name__)
 
 MAX_ROWS = 200  # longest table rendered in full; longer ones are cut with a note
 MAX_CSV_ROWS = 60
@@ -123,72 +130,48 @@ def render_value(name: str, v: Any, depth: int = 0) -> str:
 
 
 def _pct(x: Any) -> str:
-    return f"{100 * x:.1f}%" if isinstance(x, int | float) else _e(x)
+    return f"{100 * x:.1f}%" if isinstance(x, int | float) else str(x)
 
 
-def headline(result: dict[str, Any]) -> str:
-    """Kind-specific one-liners with the numbers that matter (empty where there are none)."""
-    kind = result.get("kind", "")
-    s = result.get("summary") or {}
-    lines: list[str] = []
-    drop_task = (result.get("config") or {}).get("drop_task", "MMLU")
-    if kind == "prune":
-        if "minimal_layers" in s:
-            lines.append(
-                f"Minimal model: <b>{_e(s['minimal_layers'])} layers</b> (0-{_e(s['minimal_layers'] - 1)}); "
-                f"the largest one-step {_e(drop_task)} drop is when layer <b>{_e(s.get('critical_layer'))}</b> is removed "
-                f"({_pct(s.get('drop_from'))} → {_pct(s.get('drop_to'))})"
-                + ("." if s.get("significant", True) else
-                   " — <i>not significant</i> (the Wilson intervals overlap: the curve may be flat noise).")
-            )
-    elif kind == "remove_restore":
-        if s.get("critical_layers") is not None:
-            lines.append(f"Layers whose removal hurts MMLU most: <b>{_e(s['critical_layers'])}</b>.")
-    elif kind == "transplant":
-        if "best_layer" in s:
-            lines.append(
-                f"Best transplant: layer <b>{_e(s['best_layer'])}</b>, {_pct(s.get('best_accuracy'))} "
-                f"vs baseline {_pct(s.get('baseline_accuracy'))}."
-            )
-    elif kind == "sweep":
-        if s.get("top_head"):
-            lines.append(f"Most critical head: <b>{_e(s['top_head'])}</b> (ablating it costs {_pct(s.get('top_drop'))} "
-                         f"of {_pct(s.get('baseline_acc'))}).")
-    elif kind == "retain":
-        both, none = s.get("both") or {}, s.get("none") or {}
-        for t in ("mmlu", "lab-mmlu"):
-            if t in both:
-                lines.append(f"{_e(t)} with both critical heads kept: <b>{_pct(both[t])}</b>; with none: "
-                             f"<b>{_pct(none.get(t))}</b>.")
-    elif kind == "mask_last_row":
-        for t in ("mmlu", "lab-mmlu", "knowledge", "lab-knowledge"):
-            if s.get(f"{t}_intact") is not None:
-                last = f"; last scored position masked <b>{_pct(s[f'{t}_masked_last'])}</b>" if f"{t}_masked_last" in s else ""
-                lines.append(f"{_e(t)} intact <b>{_pct(s[f'{t}_intact'])}</b> → last prompt token masked "
-                             f"<b>{_pct(s.get(f'{t}_masked'))}</b>{last}.")
-    elif kind == "kv_curve":
-        if "mean_gap" in s:
-            lines.append(f"Mean accuracy lost by ablating the heads: <b>{_pct(s['mean_gap'])}</b>.")
-        for name, fall in (s.get("fall") or {}).items():
-            lines.append(f"{_e(name)}: loses <b>{_pct(fall)}</b> from the fewest to the most pairs "
-                         f"(at the most: {_pct((s.get('at_max_pairs') or {}).get(name))}).")
-    elif kind == "roles":
-        for role in ("gather", "aggregate"):
-            if s.get(role):
-                lines.append(f"{role.capitalize()} head <b>{_e(s[role])}</b>: {_pct(s.get('baseline'))} → "
-                             f"<b>{_pct(s.get(f'{role}_ablated'))}</b> (control task {_pct(-(s.get(f'{role}_control_drop') or 0))} "
-                             f"change); {role} heads: {_e(', '.join(s.get(f'{role}_heads') or []))}.")
-        if "heads_to_chance" in s:
-            lines.append(f"Heads ablated together (most damaging first) to reach chance: "
-                         f"<b>{_e(s['heads_to_chance'] or 'more than ' + str(s.get('heads_to_chance_max')))}</b>.")
-    elif kind == "lab_findings":
-        for key, label in (("reproduced", "Reproduced"), ("partly", "Partly reproduced"), ("not", "Not reproduced")):
-            lines.append(f"{label}: <b>{_e(', '.join(str(x) for x in s.get(key) or []) or 'none')}</b>")
-        if s.get("seconds") is not None:
-            lines.append(f"The programme ran in {float(s['seconds']):.0f} s.")
+def headline_html(text: str) -> str:
+    """A result's ``headline()`` as the page's headline box: escaped, ``**x**`` in bold, ``*x*``
+    in italics, one line per fact (empty text: no box)."""
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
     if not lines:
         return ""
-    return '<div class="headline">' + "<br>".join(lines) + "</div>"
+    marked = [re.sub(r"\*(.+?)\*", r"<i>\1</i>", re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", _e(ln))) for ln in lines]
+    return '<div class="headline">' + "<br>".join(marked) + "</div>"
+
+
+def _result_object(result: dict[str, Any]) -> Any:
+    """The registered result class's object for ``result`` (None: unregistered kind or unreadable)."""
+    try:
+        cls = registry.result_class(str(result.get("kind", "")))
+        return None if cls is None else cls.from_json(result)
+    except Exception as exc:  # noqa: BLE001 - a result that cannot be rebuilt still renders generically
+        log.warning("cannot rebuild the %s result: %s", result.get("kind"), exc)
+        return None
+
+
+class SweepRun:
+    """A head sweep's ``results.jsonl`` as summarised by :func:`sweep_result`."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.summary = d.get("summary") or {}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SweepRun:
+        return cls(d)
+
+    def headline(self) -> str:
+        s = self.summary
+        if not s.get("top_head"):
+            return ""
+        return (f"Most critical head: **{s['top_head']}** (ablating it costs {_pct(s.get('top_drop'))} "
+                f"of {_pct(s.get('baseline_acc'))}).")
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        return []
 
 
 def _png_data_uri(path: Path) -> str:
@@ -204,28 +187,25 @@ def _csv_table(path: Path) -> str:
     return f"<details><summary>{_e(path.name)} ({len(rows)} rows)</summary>{body}</details>"
 
 
-def _fallback_figures(result: dict[str, Any], tmp: Path) -> list[Path]:
+def _fallback_figures(result: dict[str, Any], obj: Any, tmp: Path) -> list[Path]:
     """Draw figures for a run dir that has none, when its kind knows how.
 
     Any result with ``tokens`` and ``maps`` (head -> matrix, optional ``map_kinds``) gets G&A
-    attention panels; experiment kinds redraw themselves from their JSON.
+    attention panels; registered kinds redraw themselves from their JSON.
     """
     if isinstance(result.get("maps"), dict) and isinstance(result.get("tokens"), list) and result["maps"]:
         try:
-            from .figures import attention_panels
-
             return [attention_panels(result["maps"], result["tokens"], result.get("map_kinds") or {},
                                      tmp / "attention.png", rows=result.get("rows") if isinstance(
                                          result.get("rows"), list) and all(isinstance(r, int) for r in result["rows"]) else None)]
         except Exception:  # noqa: BLE001
             return []
-    try:
-        from ..experiments import draw_result
-    except Exception:  # noqa: BLE001 - the report must render even if experiments cannot import
+    if obj is None:
         return []
     try:
-        return list(draw_result(result, tmp))
-    except Exception:  # noqa: BLE001
+        return list(obj.draw(tmp))
+    except Exception as exc:  # noqa: BLE001 - a figure that cannot be drawn must not cost the page
+        log.warning("cannot draw the %s result: %s", result.get("kind"), exc)
         return []
 
 
@@ -273,8 +253,10 @@ def has_results(run_dir: Path) -> bool:
 def render_run(run_dir: Path, index: int) -> str:
     run_dir = Path(run_dir)
     rfile = run_dir / "result.json"
+    obj: Any = None
     if not rfile.exists() and (run_dir / "results.jsonl").exists():
         result = sweep_result(run_dir / "results.jsonl")
+        obj = SweepRun.from_json(result)
     elif rfile.exists():
         try:
             result = json.loads(rfile.read_text())
@@ -284,15 +266,17 @@ def render_run(run_dir: Path, index: int) -> str:
         result = {"kind": "?", "error": "no result.json in this directory"}
     if not isinstance(result, dict):
         result = {"kind": "?", "value": result}
+    if obj is None and rfile.exists():
+        obj = _result_object(result)
     kind = result.get("kind", "?")
     parts = [f'<section class="run" id="run{index}"><h2>{_e(kind)} — {_e(run_dir.name)}</h2>']
     meta = {k: result[k] for k in ("model", "command", "seed", "ganda_version", "created") if k in result}
     parts.append('<div class="meta">' + " · ".join(f"{_e(k)}: <code>{_e(v)}</code>" for k, v in meta.items()) + "</div>")
-    parts.append(headline(result))
+    parts.append(headline_html(obj.headline() if obj is not None else ""))
     pngs = sorted(run_dir.glob("*.png"))
     with tempfile.TemporaryDirectory() as td:
         if not pngs and rfile.exists():
-            pngs = _fallback_figures(result, Path(td))
+            pngs = _fallback_figures(result, obj, Path(td))
         for p in pngs:
             parts.append(
                 f'<figure><img alt="{_e(p.name)}" src="{_png_data_uri(p)}"><figcaption>{_e(p.name)}</figcaption></figure>'

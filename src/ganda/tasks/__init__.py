@@ -1,15 +1,16 @@
-"""Tasks: one module each, found by name through :func:`get_task`."""
+"""Tasks: one module each, registered by name (:func:`ganda.registry.register_task`) and built
+through :func:`get_task`."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
+from .. import registry
 from ..errors import GandaError
 from .base import Example, OptionError, Task, token_spans
 
-# name -> "module:factory"; factories take keyword options (unknown ones are rejected).
-TASKS: dict[str, str] = {
+# The built-in tasks (name -> "module:Class", imported on first use); plugins add theirs.
+BUILTIN_TASKS: dict[str, str] = {
     "kv": "ganda.tasks.kv:KVTask",
     "letters": "ganda.tasks.letters:LettersTask",
     "mmlu": "ganda.tasks.mmlu:MMLUTask",
@@ -26,10 +27,9 @@ TASKS: dict[str, str] = {
     "hellaswag": "ganda.tasks.knowledge:HellaSwagTask",
     "winogrande": "ganda.tasks.knowledge:WinograndeTask",
 }
-
-
-def register_task(name: str, target: str) -> None:
-    TASKS[name] = target
+for _name, _target in BUILTIN_TASKS.items():
+    registry.register_task(_name, _target, number_option="pairs" if _name == "kv" else None)
+register_task = registry.register_task
 
 
 def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
@@ -44,12 +44,9 @@ def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
     (and refuse a model whose world is unknown unless ``options`` name one). Options given
     explicitly win over those defaults.
     """
-    if name not in TASKS:
-        import ganda.lab  # noqa: F401  (registers the lab's synthetic-world tasks)
-    if name not in TASKS:
-        raise GandaError(f"unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
-    module, factory = TASKS[name].split(":")
-    cls = getattr(importlib.import_module(module), factory)
+    cls = registry.task_class(name)
+    if cls is None:
+        raise GandaError(f"unknown task {name!r}; known: {', '.join(registry.task_names())}")
     opts = {k: v for k, v in options.items() if v is not None}
     opts = cls.check_options(opts, task=name)
     if adapter is not None and hasattr(cls, "for_model"):
@@ -72,4 +69,4 @@ def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
     return task
 
 
-__all__ = ["Example", "OptionError", "TASKS", "Task", "get_task", "register_task", "task_for_model", "token_spans"]
+__all__ = ["Example", "OptionError", "Task", "get_task", "register_task", "task_for_model", "token_spans"]

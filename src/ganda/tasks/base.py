@@ -9,6 +9,7 @@ Aggregate head reads from the final position.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 import typing
@@ -56,10 +57,34 @@ class Task(ABC):
     #: data stay in the constructor and raise :class:`OptionError`.
     bounds: ClassVar[dict[str, tuple[int | None, int | None]]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check ``bounds`` on every construction, so a task built from Python (``KVTask(pairs=0)``)
+        is refused exactly as ``get_task`` refuses it."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or getattr(init, "__wrapped__", None) is not None:
+            return
+        signature = inspect.signature(init)
+
+        @functools.wraps(init)
+        def checked_init(self: Task, *args: Any, **kw: Any) -> None:
+            given = signature.bind(self, *args, **kw).arguments
+            bounded = {k: v for k, v in given.items() if k in type(self).bounds and v is not None}
+            type(self).check_options(bounded)
+            init(self, *args, **kw)
+
+        cls.__init__ = checked_init  # type: ignore[method-assign]
+
     @classmethod
     def option_types(cls) -> dict[str, Any]:
         """The options the task takes (its constructor's keyword arguments) and their types."""
         return keyword_types(cls.__init__)
+
+    @classmethod
+    def chance(cls, options: dict[str, Any] | None = None) -> float:
+        """Accuracy of a blind guess at the task built with ``options`` (0.0: the task declares no
+        chance level). Experiments measure how far an ablation takes a score towards it."""
+        return 0.0
 
     @classmethod
     def check_options(cls, options: dict[str, Any], task: str | None = None) -> dict[str, Any]:

@@ -24,7 +24,8 @@ validation splits of PIQA (AFL-3.0), HellaSwag (MIT) and WinoGrande 1.1 dev (the
 **Winogrande** uses lm-eval's *partial* scoring: the contexts differ (the sentence up to the
 blank, with each option filled in) and the continuation is the same (the rest of the sentence).
 Such an example carries ``meta["contexts"]`` and ``meta["continuation"]``; score it with
-:func:`ganda.scoring.score_example` (which ``evaluate_examples``, :func:`evaluate_knowledge` and :mod:`ganda.sweep` use). Its
+:func:`ganda.scoring.score_example` (which ``evaluate_examples``, :func:`ganda.knowledge.evaluate_knowledge`
+and :mod:`ganda.sweep` use). Its
 ``prompt``/``choices`` hold the sentence and the two options for display only.
 
 **HellaSwag** here is not lm-eval's input byte for byte: the only copy available is a
@@ -51,19 +52,14 @@ import gzip
 import json
 import random
 import re
-import time
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
-import torch
-
 from ..errors import GandaError
-from ..scoring import example_pairs, norm_chars
-from ..scoring import score_example as _score_example
 from .base import Example, Task
 
-__all__ = ["KNOWLEDGE_TASKS", "evaluate_knowledge", "example_pairs", "make_task", "norm_chars", "score_example"]
+__all__ = ["KNOWLEDGE_TASKS", "make_task"]
 
 KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")
 
@@ -234,59 +230,6 @@ class WinograndeTask(_KnowledgeTask):
         return out
 
 
-# ---------------------------------------------------------------------------------------------
-# scoring
-
-
-@torch.no_grad()
-def score_example(adapter, ex: Example) -> list[float]:
-    """Summed log-likelihood per choice, lm-eval style (handles Winogrande's several contexts)."""
-    return _score_example(adapter, ex).loglik
-
-
-
-def evaluate_knowledge(
-    adapter,
-    interventions=None,
-    limit: int | None = None,
-    *,
-    tasks: Sequence[str] = KNOWLEDGE_TASKS,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Each knowledge task's ``acc`` (and ``acc_norm`` where lm-eval reports it) and the mean
-    ``acc`` over the tasks (the paper's knowledge score), under ``interventions``.
-
-    ``limit`` examples per task (the first ones, like lm-eval's ``--limit``, when ``seed`` is 0).
-    """
-    from tqdm.auto import tqdm
-
-    from ..interventions import apply, describe_all
-    from ..stats import wilson
-
-    if limit is not None and limit < 1:
-        raise GandaError(f"knowledge: limit must be at least 1, got {limit}")
-    out: dict[str, Any] = {"tasks": {}, "limit": limit, "seed": seed, "interventions": describe_all(interventions)}
-    t0 = time.perf_counter()
-    with apply(adapter, interventions):
-        for name in tasks:
-            task = make_task(name)
-            exs = task.examples(limit=limit, seed=seed)
-            correct = correct_norm = 0
-            for ex in tqdm(exs, desc=name, disable=not progress, leave=False):
-                sc = _score_example(adapter, ex)
-                correct += sc.pred == ex.gold
-                correct_norm += sc.pred_norm == ex.gold
-            n = len(exs)
-            res: dict[str, Any] = {"n": n, "acc": correct / n, "ci95": list(wilson(correct, n))}
-            if "acc_norm" in task.metrics:
-                res["acc_norm"] = correct_norm / n
-            out["tasks"][name] = res
-    out["mean"] = sum(r["acc"] for r in out["tasks"].values()) / max(1, len(out["tasks"]))
-    out["seconds"] = time.perf_counter() - t0
-    return out
-
-
 _CLASSES = {
     "arc_easy": ArcEasyTask,
     "arc_challenge": ArcChallengeTask,
@@ -301,14 +244,3 @@ def make_task(name: str, **opts: Any) -> _KnowledgeTask:
     if name not in _CLASSES:
         raise GandaError(f"unknown knowledge task {name!r}; known: {', '.join(KNOWLEDGE_TASKS)}")
     return _CLASSES[name](**opts)
-
-
-def _register() -> None:
-    from . import TASKS, register_task
-
-    for name, cls in _CLASSES.items():
-        if name not in TASKS:
-            register_task(name, f"{__name__}:{cls.__name__}")
-
-
-_register()

@@ -38,6 +38,11 @@ class KVTask(Task):
                               f"({len(word_list('noun'))})")
         self.pairs, self.n, self.max_value = pairs, n, max_value
 
+    @classmethod
+    def chance(cls, options: dict[str, Any] | None = None) -> float:
+        """One value in ``pairs`` (10 unless given)."""
+        return 1 / int((options or {}).get("pairs") or 10)
+
     def config(self) -> dict[str, Any]:
         return {"task": self.name, "pairs": self.pairs, "n": self.n, "max_value": self.max_value}
 

@@ -35,6 +35,11 @@ class LettersTask(Task):
     def __init__(self, options: int = 4, words: int = 2, shots: int = 0, n: int = 100) -> None:
         self.options, self.words, self.shots, self.n = options, words, shots, n
 
+    @classmethod
+    def chance(cls, options: dict[str, Any] | None = None) -> float:
+        """One letter in ``options`` (4 unless given)."""
+        return 1 / int((options or {}).get("options") or 4)
+
     def config(self) -> dict[str, Any]:
         return {"task": self.name, "options": self.options, "words": self.words, "shots": self.shots, "n": self.n}
 

@@ -86,6 +86,11 @@ class MMLUTask(Task):
             raise GandaError(f"unknown MMLU subject {bad[0]!r}; e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
         self.shots, self.subjects = shots, list(chosen)
 
+    @classmethod
+    def chance(cls, options: dict[str, Any] | None = None) -> float:
+        """One letter in four (every MMLU question has four options)."""
+        return 0.25
+
     def config(self) -> dict[str, Any]:
         subj = "all" if len(self.subjects) == 57 else self.subjects
         return {"task": self.name, "shots": self.shots, "subjects": subj}

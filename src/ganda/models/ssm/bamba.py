@@ -13,11 +13,11 @@ from __future__ import annotations
 from torch import nn
 
 from ..base import Mixer
-from .common import SSMAdapterBase, mamba2_params, ssm_mixer
+from .common import HybridAdapterBase, mamba2_params
 from .materialize import SSMParams
 
 
-class BambaAdapter(SSMAdapterBase):
+class BambaAdapter(HybridAdapterBase):
     family = "bamba"
 
     def __init__(self, model: nn.Module, tokenizer, spec: str = "") -> None:  # type: ignore[no-untyped-def]
@@ -31,17 +31,10 @@ class BambaAdapter(SSMAdapterBase):
     def _layers_attr(self) -> tuple[nn.Module, str]:
         return self.model.model, "layers"
 
-    def _build_mixers(self) -> list[Mixer]:
-        cfg = self.model.config
-        out = []
-        for i, layer in enumerate(self._original_layers):
-            if layer.block_type == "full_attention":
-                attn = layer.self_attn
-                out.append(Mixer(layer=i, kind="attn", num_heads=cfg.num_attention_heads, head_dim=attn.head_dim,
-                                 out_proj=attn.o_proj, module=attn))
-            else:
-                out.append(ssm_mixer(i, layer.mamba))
-        return out
+    def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
+        if layer.block_type == "full_attention":
+            return layer.self_attn, None, None
+        return None, layer.mamba, None
 
     def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
         return mamba2_params(mixer.module, captured)[0]

@@ -21,9 +21,10 @@ from torch import nn
 
 from ...errors import GandaError
 from ...heads import HeadId
-from ..base import Mixer, ModelAdapter, PreHook
+from ..base import Mixer, ModelAdapter, PostHook, PreHook
+from ..placement import weights_on
 from ..transformer import eager_attention
-from .materialize import SelectiveParams, SSMParams, for_math, head_map, selective_maps
+from .materialize import SelectiveParams, SSDParams, SSMParams, for_math, head_map, selective_maps
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +258,23 @@ class SSMAdapterBase(ModelAdapter):
     def register_out_proj_pre_hook(self, mixer: Mixer, fn: PreHook) -> Any:
         return self._gated(mixer, mixer.out_proj, mixer.out_proj.register_forward_pre_hook, fn)
 
+    def register_out_proj_hook(self, mixer: Mixer, fn: PostHook) -> Any:
+        out_proj = mixer.out_proj
+        return self._gated(mixer, out_proj, lambda f: out_proj.register_forward_hook(f, prepend=True), fn)
+
+    def ssm_output_site(self, mixer: Mixer) -> tuple[nn.Module, str]:
+        """Where the mixer's own SSM output ``y + D·x`` is visible in a forward, as (module, ``"pre"``:
+        its input | ``"out"``: its output): what the reconstruction check compares ``M·x + D·x`` with.
+
+        Mamba-2 mixers with a gated norm: the norm's input. Mamba-1 (gate applied inside the scan)
+        and mixers without a norm: the output projection's input, ``(y + D·x)·silu(z)``."""
+        m = mixer.module
+        norm = getattr(m, "norm", None)
+        gated_norm = getattr(m, "mamba_rms_norm", True) and not isinstance(norm, (nn.Identity, type(None)))
+        if hasattr(m, "dt_bias") and gated_norm:
+            return norm, "pre"
+        return m.out_proj, "pre"
+
     # ---- capture ------------------------------------------------------------------------
     @torch.no_grad()
     def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int], stop_early: bool = False
@@ -265,7 +283,12 @@ class SSMAdapterBase(ModelAdapter):
         (run to the end unless ``stop_early``, so other hooks see the whole pass)."""
         mixers = [self.mixer(layer, "ssm") for layer in layers]
         raw, _ = self._capture(input_ids, mixers, [], stop_early)
-        return {mx.layer: for_math(self.ssm_params(mx, raw[mx.layer])) for mx in mixers}
+        return {mx.layer: self._ssm_params(mx, raw[mx.layer]) for mx in mixers}
+
+    def _ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
+        """:meth:`ssm_params` with an offloaded mixer's weights fetched for the call (device maps)."""
+        with weights_on(mixer.module):
+            return for_math(self.ssm_params(mixer, captured))
 
     def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Sequence[Mixer], stop_early: bool = True
                  ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
@@ -347,7 +370,7 @@ class SSMAdapterBase(ModelAdapter):
         raw, weights = self._capture(input_ids, list(ssm.values()), list(attn.values()))
         out: dict[HeadId, torch.Tensor] = {}
         for layer, mx in ssm.items():  # one layer's fp32 params at a time
-            p = for_math(self.ssm_params(mx, raw.pop(layer)))
+            p = self._ssm_params(mx, raw.pop(layer))
             wanted = [h for h in of if of[h] is mx]
             if isinstance(p, SelectiveParams):  # thousands of one-channel heads: batch them
                 maps = selective_maps(p, [h.head for h in wanted], rows, include_d).cpu()
@@ -370,8 +393,6 @@ def mamba2_params(mixer_module: nn.Module, proj: torch.Tensor) -> tuple[SSMParam
     Returns the params and the gate z. Splits ``[d_mlp, d_mlp, z, xBC, dt]`` (d_mlp is 0 in
     current checkpoints), recomputes conv+SiLU, Δ = clamp(softplus(dt + dt_bias), limit).
     """
-    from .materialize import SSDParams
-
     m = mixer_module
     H, P, G, N = m.num_heads, m.head_dim, m.n_groups, m.ssm_state_size
     E = m.intermediate_size
@@ -397,3 +418,34 @@ def ssm_mixer(layer: int, module: nn.Module, kind: str = "ssm", **extra: Any) ->
     """A Mixer for a Mamba-2-style module (heads = SSD heads)."""
     return Mixer(layer=layer, kind=kind, num_heads=module.num_heads, head_dim=module.head_dim,
                  out_proj=module.out_proj, module=module, extra=dict(extra))
+
+
+class HybridAdapterBase(SSMAdapterBase):
+    """Hybrids: every decoder layer runs an attention module, an SSM mixer, or both (attention first).
+
+    A family says which modules a layer holds (:meth:`layer_parts`); the mixers follow: query
+    heads of the attention module (Llama-style ``o_proj``, ``config.num_attention_heads``) and the
+    SSM's heads as :meth:`ssm_mixer` counts them.
+    """
+
+    @staticmethod
+    def ssm_mixer(layer: int, module: nn.Module) -> Mixer:
+        """The Mixer of one SSM module (default: Mamba-2 SSD heads)."""
+        return ssm_mixer(layer, module)
+
+    def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
+        """(attention module or None, SSM module or None, shared block id or None) of one decoder layer."""
+        raise NotImplementedError
+
+    def _build_mixers(self) -> list[Mixer]:
+        n_heads = self.model.config.num_attention_heads
+        out = []
+        for i, layer in enumerate(self._original_layers):
+            attn, ssm, block = self.layer_parts(layer)
+            if attn is not None:
+                shared = {} if block is None else {"shared_key": f"block{block}", "extra": {"block": block}}
+                out.append(Mixer(layer=i, kind="attn", num_heads=n_heads, head_dim=attn.head_dim,
+                                 out_proj=attn.o_proj, module=attn, **shared))
+            if ssm is not None:
+                out.append(self.ssm_mixer(i, ssm))
+        return out

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from ..base import Mixer
-from .common import SSMAdapterBase, mamba2_params, ssm_mixer
+from .common import HybridAdapterBase, mamba2_params
 from .materialize import SSMParams
 
 
-class FalconH1Adapter(SSMAdapterBase):
+class FalconH1Adapter(HybridAdapterBase):
     family = "falcon_h1"
 
     @classmethod
@@ -30,15 +30,8 @@ class FalconH1Adapter(SSMAdapterBase):
     def _layers_attr(self) -> tuple[nn.Module, str]:
         return self.model.model, "layers"
 
-    def _build_mixers(self) -> list[Mixer]:
-        cfg = self.model.config
-        out = []
-        for i, layer in enumerate(self._original_layers):
-            attn = layer.self_attn
-            out.append(Mixer(layer=i, kind="attn", num_heads=cfg.num_attention_heads, head_dim=attn.head_dim,
-                             out_proj=attn.o_proj, module=attn))
-            out.append(ssm_mixer(i, layer.mamba))
-        return out
+    def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
+        return layer.self_attn, layer.mamba, None
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
         mup = getattr(mixer.module, "mup_vector", None)

@@ -18,13 +18,14 @@ import torch
 from torch import nn
 
 from ..base import Mixer
-from .common import SSMAdapterBase
+from .common import HybridAdapterBase
 from .mamba1 import channel_mixer, mamba1_params
 from .materialize import SSMParams
 
 
-class JambaAdapter(SSMAdapterBase):
+class JambaAdapter(HybridAdapterBase):
     family = "jamba"
+    ssm_mixer = staticmethod(channel_mixer)  # Mamba-1 convention: every inner channel is a head
 
     def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:
         super().__init__(model, tokenizer, spec)
@@ -37,17 +38,10 @@ class JambaAdapter(SSMAdapterBase):
     def _layers_attr(self) -> tuple[nn.Module, str]:
         return self.model.model, "layers"
 
-    def _build_mixers(self) -> list[Mixer]:
-        cfg = self.model.config
-        out = []
-        for i, layer in enumerate(self._original_layers):
-            if hasattr(layer, "self_attn"):
-                attn = layer.self_attn
-                out.append(Mixer(layer=i, kind="attn", num_heads=cfg.num_attention_heads, head_dim=attn.head_dim,
-                                 out_proj=attn.o_proj, module=attn))
-            else:
-                out.append(channel_mixer(i, layer.mamba))
-        return out
+    def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
+        if hasattr(layer, "self_attn"):
+            return layer.self_attn, None, None
+        return None, layer.mamba, None
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
         return mamba1_params(mixer.module, captured)

@@ -22,12 +22,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import CausalLMOutput
 
 from ...errors import GandaError
 from ..base import Mixer
+from ..registry import supported_text
 from .common import SSMAdapterBase, causal_conv
 from .materialize import SSDParams, SSMParams
 
@@ -240,8 +242,6 @@ class LlambaForCausalLM(nn.Module):
 
 def load_llamba(path: str | Path) -> LlambaForCausalLM:
     """Build a Llamba from a local directory in the published layout (config.json + *.safetensors)."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     raw = json.loads((path / "config.json").read_text())
     if not LlambaConfig.looks_like(raw):
@@ -277,8 +277,6 @@ def _check_keys(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[
 
 def save_llamba(model: LlambaForCausalLM, path: str | Path, with_model_type: bool = True) -> None:
     """Write ``model`` in the published layout (used by tests to make tiny checkpoints)."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config.to_dict()
@@ -290,8 +288,6 @@ def save_llamba(model: LlambaForCausalLM, path: str | Path, with_model_type: boo
 
 def load_unlabelled(path: str | Path) -> nn.Module:
     """Loader for config.json files without ``model_type``: Llamba's published configs omit it."""
-    from ..registry import supported_text
-
     raw = json.loads((Path(path) / "config.json").read_text())
     if LlambaConfig.looks_like(raw):
         return load_llamba(path)
@@ -311,6 +307,9 @@ class LlambaAdapter(SSMAdapterBase):
     def _build_mixers(self) -> list[Mixer]:
         return [Mixer(layer=i, kind="ssm", num_heads=b.mixer.num_heads, head_dim=b.mixer.head_dim,
                       out_proj=b.mixer.out_proj, module=b.mixer) for i, b in enumerate(self._original_layers)]
+
+    def ssm_output_site(self, mixer: Mixer) -> tuple[nn.Module, str]:
+        return mixer.module.ssd_output, "out"  # y + D·x before the gate
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
         m: DiscreteMamba2 = mixer.module

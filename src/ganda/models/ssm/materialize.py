@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...heads import HeadId, expand
+
 if TYPE_CHECKING:
-    from ...heads import HeadId
     from ..base import ModelAdapter
 
 # Rows per block for SSD maps (float64 scratch ~block·T); column block for Mamba-1 maps and
@@ -221,9 +222,4 @@ def materialize(adapter: ModelAdapter, input_ids: torch.Tensor, heads: Sequence[
     ``include_d`` adds the skip D_h on the diagonal (the paper's plots do; the default keeps
     y = M·x + D·x with D separate).
     """
-    from ...errors import GandaError
-    from ...heads import expand
-
-    if not hasattr(adapter, "implicit_maps"):
-        raise GandaError(f"{adapter.family} models have no SSM heads (implicit attention is for SSMs)")
-    return adapter.implicit_maps(input_ids, expand(heads, adapter), rows, include_d)  # type: ignore[attr-defined]
+    return adapter.implicit_maps(input_ids, expand(heads, adapter), rows, include_d)

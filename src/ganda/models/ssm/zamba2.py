@@ -18,11 +18,11 @@ from torch import nn
 from ...errors import GandaError
 from ...heads import HeadId
 from ..base import Mixer
-from .common import SSMAdapterBase, mamba2_params, ssm_mixer
+from .common import HybridAdapterBase, mamba2_params
 from .materialize import SSMParams
 
 
-class Zamba2Adapter(SSMAdapterBase):
+class Zamba2Adapter(HybridAdapterBase):
     family = "zamba2"
     layer_index_arg = (2, "layer_idx")  # Zamba2Model calls layer(h, orig_h, layer_idx, ...)
 
@@ -33,21 +33,11 @@ class Zamba2Adapter(SSMAdapterBase):
     def _layers_attr(self) -> tuple[nn.Module, str]:
         return self.model.model, "layers"
 
-    def _build_mixers(self) -> list[Mixer]:
-        cfg = self.model.config
-        out = []
-        for i, layer in enumerate(self._original_layers):
-            if hasattr(layer, "shared_transformer"):
-                block = layer.shared_transformer
-                attn = block.self_attn
-                key = f"block{block.block_id}"
-                out.append(Mixer(layer=i, kind="attn", num_heads=cfg.num_attention_heads, head_dim=attn.head_dim,
-                                 out_proj=attn.o_proj, module=attn, shared_key=key,
-                                 extra={"block": block.block_id}))
-                out.append(ssm_mixer(i, layer.mamba_decoder.mamba))
-            else:
-                out.append(ssm_mixer(i, layer.mamba))
-        return out
+    def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
+        if hasattr(layer, "shared_transformer"):  # a hybrid layer: one invocation of a shared block
+            block = layer.shared_transformer
+            return block.self_attn, layer.mamba_decoder.mamba, block.block_id
+        return None, layer.mamba, None
 
     def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
         return mamba2_params(mixer.module, captured)[0]
@@ -56,14 +46,6 @@ class Zamba2Adapter(SSMAdapterBase):
         d = super().describe()
         d["shared_blocks"] = self.shared_blocks()
         return d
-
-    def shared_blocks(self) -> dict[str, list[int]]:
-        """``{"block0": [layers invoking it], ...}``."""
-        out: dict[str, list[int]] = {}
-        for m in self.mixers():
-            if m.shared_key:
-                out.setdefault(m.shared_key, []).append(m.layer)
-        return out
 
     def block_heads(self, block: int | str, heads: list[int] | None = None) -> list[HeadId]:
         """Head ids of ``heads`` (default all) in *every* invocation of a shared block."""

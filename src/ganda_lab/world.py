@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
-from ..tasks.base import Example
+from ganda.tasks.base import Example
 
 LETTERS = "ABCD"
 _CONSONANTS = "bdfgklmnprstvz"

@@ -29,10 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
-from ..errors import GandaError
-from ..models import load_model
-from . import CHECKPOINTS
+from ganda.errors import GandaError
+from ganda.interventions import truncate
+from ganda.models import load_model
+from ganda.models.registry import adapter_for
+
+from . import checkpoint_dirs
 from .tokenizer import build_tokenizer
 from .train import (
     _lr,
@@ -103,9 +107,6 @@ def expand_blocks(base, layers: int):
 def exit_accuracy(model, tok, world: World, depth: int, n: int, seed: int = 1) -> dict[str, float]:
     """Knowledge (asked / unasked facts) and MMLU-format accuracy reading out after ``depth``
     blocks: the pruned model ``ganda prune`` scores, cut by the same intervention."""
-    from ..interventions import truncate
-    from ..models.registry import adapter_for
-
     with truncate(depth).apply(adapter_for(model, tok, "grown")):
         out = {"knowledge_asked": quick_accuracy(model, tok, eval_examples(world, "knowledge", n, seed, split="asked")),
                "mmlu": quick_accuracy(model, tok, eval_examples(world, "mmlu", n, seed))}
@@ -119,8 +120,6 @@ def grow(base_dir: str | Path, out: str | Path, *, layers: int | None = None, st
          seed: int | None = None, progress: bool = True, log=print, **overrides: Any) -> dict[str, Any]:
     """Grow the lab Llama in ``base_dir`` by block expansion and train the new blocks on the base
     world plus the unasked relations' facts; writes a model directory to ``out``."""
-    from tqdm.auto import tqdm
-
     cfg = {**GROW_DEFAULTS, **overrides}
     for k, v in (("layers", layers), ("steps", steps), ("seed", seed)):
         if v is not None:
@@ -173,7 +172,7 @@ def grow(base_dir: str | Path, out: str | Path, *, layers: int | None = None, st
     model.eval()
     for p in model.parameters():
         p.requires_grad = True
-    base = bdir.name if bdir.resolve().parent == CHECKPOINTS.resolve() else str(bdir)
+    base = bdir.name if bdir.resolve().parent in {d.resolve() for d in checkpoint_dirs()} else str(bdir)
     # ``train``: what the new blocks trained on (make_batch's keys; the base's run is in its own lab.json)
     record = {"config": {"arch": "grown-llama", "base": base, "base_layers": n0, **cfg,
                          "train": {**tr, "weight_decay": cfg["weight_decay"], "seed": 20_000 + cfg["seed"]}},

@@ -1,4 +1,5 @@
-"""Invariant checks shared by the tests and the benchmark (the numbers in docs/ssm.md).
+"""Invariant checks of the SSM and hybrid adapters, shared by the tests and the benchmark (the
+numbers in docs/ssm.md), and the tiny random models of every family they run on.
 
 * reconstruction: M·x + D·x against the SSD/scan output captured inside the real forward;
 * ablation: a head zeroed at the out_proj input against its out_proj columns zeroed;
@@ -14,33 +15,39 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import (
+    BambaConfig,
+    BambaForCausalLM,
+    FalconH1Config,
+    FalconH1ForCausalLM,
+    FalconMambaConfig,
+    FalconMambaForCausalLM,
+    JambaConfig,
+    JambaForCausalLM,
+    Mamba2Config,
+    Mamba2ForCausalLM,
+    MambaConfig,
+    MambaForCausalLM,
+    Zamba2Config,
+    Zamba2ForCausalLM,
+)
 
-from ...heads import HeadId
-from ...interventions import AblateHeads, mask_last_row
-from ..base import Mixer, ModelAdapter
-from .materialize import SSDParams, head_map
-
-
-def _reference_site(mixer: Mixer) -> tuple[nn.Module, str]:
-    """Where the mixer's own SSM output is visible: (module, "pre" input | "out" output)."""
-    m = mixer.module
-    if hasattr(m, "ssd_output"):  # Llamba: y + D·x before the gate
-        return m.ssd_output, "out"
-    norm = getattr(m, "norm", None)
-    if hasattr(m, "dt_bias") and getattr(m, "mamba_rms_norm", True) and not isinstance(norm, (nn.Identity, type(None))):
-        # Mamba-2 family: the gated norm's input is y + D·x
-        return norm, "pre"
-    # Mamba-1 (gate applied inside the scan) and Falcon-H1 without its norm: (y + D·x)·silu(z).
-    return m.out_proj, "pre"
+from .heads import HeadId
+from .interventions import AblateHeads, mask_last_row
+from .models.base import Mixer, ModelAdapter
+from .models.loading import from_model
+from .models.ssm.common import SSMAdapterBase
+from .models.ssm.llamba import LlambaConfig, LlambaForCausalLM
+from .models.ssm.materialize import SSDParams, head_map
 
 
 @torch.no_grad()
-def reconstruction_error(adapter: ModelAdapter, input_ids: torch.Tensor, layer: int) -> dict[str, float]:
+def reconstruction_error(adapter: SSMAdapterBase, input_ids: torch.Tensor, layer: int) -> dict[str, float]:
     """Relative errors over the layer: ``full`` (M·x + D·x vs captured y), ``worst_head`` (max over
     heads of the same) and ``ssm`` (M·x alone against y - D·x, inflated by cancellation when D·x dominates) and
     ``ssm_share`` = ‖M·x‖/‖y‖ (how much the check is about M rather than the skip)."""
     mixer = adapter.mixer(layer, "ssm")
-    module, where = _reference_site(mixer)
+    module, where = adapter.ssm_output_site(mixer)
     cap: dict[str, torch.Tensor] = {}
 
     def grab(t: torch.Tensor) -> None:
@@ -52,7 +59,7 @@ def reconstruction_error(adapter: ModelAdapter, input_ids: torch.Tensor, layer: 
     else:
         h = module.register_forward_hook(lambda _m, _a, o: grab(o))
     try:
-        p = adapter.capture_ssm(input_ids, [layer])[layer]  # type: ignore[attr-defined]
+        p = adapter.capture_ssm(input_ids, [layer])[layer]
     finally:
         h.remove()
     y = cap["y"].cpu()
@@ -157,25 +164,17 @@ def tiny_model(family: str) -> nn.Module:
     """A few-layer random model of ``family`` (real architecture classes), SSM params spread out."""
     torch.manual_seed(0)
     if family == "mamba2":
-        from transformers import Mamba2Config, Mamba2ForCausalLM
-
         cfg = Mamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_heads=8, head_dim=8,
                            state_size=8, n_groups=2, expand=2, chunk_size=4)
         model = Mamba2ForCausalLM(cfg)
     elif family in ("mamba", "falcon_mamba"):
-        from transformers import FalconMambaConfig, FalconMambaForCausalLM, MambaConfig, MambaForCausalLM
-
         C, M = (MambaConfig, MambaForCausalLM) if family == "mamba" else (FalconMambaConfig, FalconMambaForCausalLM)
         model = M(C(vocab_size=64, hidden_size=16, num_hidden_layers=3, state_size=4, expand=2, time_step_rank=4))
     elif family == "llamba":
-        from ganda.models.ssm.llamba import LlambaConfig, LlambaForCausalLM
-
         model = LlambaForCausalLM(LlambaConfig(
             vocab_size=61, d_model=32, n_layer=3, mlp_cfg={"intermediate_size": 48},
             ssm_cfg={"d_state": 8, "n_v_heads": 4, "n_qk_heads": 2, "chunk_size": 4}))
     elif family == "zamba2":
-        from transformers import Zamba2Config, Zamba2ForCausalLM
-
         cfg = Zamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=5, num_attention_heads=4,
                            num_key_value_heads=4, mamba_d_state=8, mamba_headdim=8, n_mamba_heads=8,
                            mamba_ngroups=2, num_mem_blocks=2, chunk_size=4, intermediate_size=64,
@@ -183,15 +182,11 @@ def tiny_model(family: str) -> nn.Module:
                            use_shared_attention_adapter=True, adapter_rank=4)
         model = Zamba2ForCausalLM(cfg)
     elif family == "bamba":
-        from transformers import BambaConfig, BambaForCausalLM
-
         cfg = BambaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                           num_key_value_heads=2, intermediate_size=64, mamba_n_heads=8, mamba_d_head=8,
                           mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=4, attn_layer_indices=[1, 3])
         model = BambaForCausalLM(cfg)
     elif family in ("falcon_h1", "falcon_h1_nonorm"):
-        from transformers import FalconH1Config, FalconH1ForCausalLM
-
         cfg = FalconH1Config(vocab_size=64, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                              num_key_value_heads=2, intermediate_size=48, mamba_n_heads=8, mamba_d_head=8,
                              mamba_d_state=8, mamba_n_groups=2, mamba_chunk_size=4, mamba_d_ssm=64,
@@ -200,8 +195,6 @@ def tiny_model(family: str) -> nn.Module:
                              ssm_out_multiplier=0.6, attention_out_multiplier=0.9)
         model = FalconH1ForCausalLM(cfg)
     elif family == "jamba":
-        from transformers import JambaConfig, JambaForCausalLM
-
         cfg = JambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=4, num_attention_heads=4,
                           num_key_value_heads=2, intermediate_size=32, num_experts=2, num_experts_per_tok=1,
                           expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
@@ -216,8 +209,6 @@ def tiny_model(family: str) -> nn.Module:
 @torch.no_grad()
 def invariant_rows(families: list[str] | None = None, T: int = 13) -> list[dict[str, Any]]:
     """The three invariants, worst case over every mixer of each tiny family (for docs/benchmarks)."""
-    from ...models.loading import from_model
-
     ids = torch.randint(0, 60, (1, T), generator=torch.Generator().manual_seed(2))
     rows = []
     for fam in families or FAMILIES:

@@ -1,4 +1,9 @@
-"""``ganda train`` and ``ganda lab``: train the CPU lab's tiny models and run the programme."""
+"""``ganda train``, ``distill``, ``grow`` and ``lab``: train the CPU lab's tiny models and run the
+programme. The lab's plugin adds these commands to ``ganda`` (:func:`ganda_lab.plugin.register_cli`).
+
+Each command imports its lab module when it runs: training pulls in the whole training stack, and
+the programme every experiment and matplotlib, which ``ganda --help`` should not wait for.
+"""
 
 from __future__ import annotations
 
@@ -7,20 +12,11 @@ from pathlib import Path
 
 import typer
 
-from .. import runio
-from ..errors import GandaError
-from ..lab.programme import DEFAULT_MODELS, NEEDS
+from ganda import runio
+from ganda.commands.core import at_least
+from ganda.errors import GandaError
 
-
-def _lab_model(spec: str) -> Path:
-    """A model directory, or the shipped lab checkpoint of that name."""
-    from ..lab import checkpoint, shipped
-
-    if Path(spec).exists():
-        return Path(spec)
-    if spec in shipped():
-        return checkpoint(spec)
-    raise GandaError(f"{spec!r} is neither a model directory nor a shipped lab checkpoint")
+from . import DEFAULT_MODELS, NEEDS, lab_model, shipped
 
 
 def _print_run(out: Path, rec: dict) -> None:
@@ -41,8 +37,7 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, help="show a progress bar"),
     ) -> None:
         """Train a lab model on the synthetic world (seeded, checkpointed, resumable)."""
-        from ..lab.train import train as run
-        from .core import at_least
+        from .train import train as run  # the training stack loads when the command runs
 
         out = Path(out)
         if out.exists() and (out / "config.json").exists() and not resume and not (out / "checkpoint").exists():
@@ -61,12 +56,11 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, help="show a progress bar"),
     ) -> None:
         """Distil a Mamba-2 student from a lab Llama, layer by layer (no end-to-end stage)."""
-        from ..lab.distill import distill as run
-        from .core import at_least
+        from .distill import distill as run  # the training stack loads when the command runs
 
         at_least("--steps", steps)
         runio.claim_run_dir(out)
-        _print_run(out, run(_lab_model(teacher), out, steps=steps, seed=seed, progress=progress))
+        _print_run(out, run(lab_model(teacher), out, steps=steps, seed=seed, progress=progress))
 
     @app.command()
     def grow(
@@ -79,13 +73,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Grow a lab Llama by block expansion (new blocks on top, the base frozen) and train the new
         blocks on facts MMLU never asks: finding 2's deep Transformer."""
-        from ..lab.grow import grow as run
-        from .core import at_least
+        from .grow import grow as run  # the training stack loads when the command runs
 
         at_least("--layers", layers)
         at_least("--steps", steps)
         runio.claim_run_dir(out)
-        _print_run(out, run(_lab_model(base), out, layers=layers, steps=steps, seed=seed, progress=progress))
+        _print_run(out, run(lab_model(base), out, layers=layers, steps=steps, seed=seed, progress=progress))
 
     @app.command()
     def lab(
@@ -124,18 +117,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The lab programme: the paper's six findings on the lab models (shipped, given, or trained
         --from-scratch), heads discovered, verdicts next to the paper's numbers, one HTML report."""
-        from ..lab import shipped
-        from ..lab.programme import Programme
-        from .core import at_least
+        from .programme import Programme  # every experiment and matplotlib: loaded on use
+        from .programme import replay as replay_run
 
         for flag, value in (("--n", n), ("--top", top), ("--jobs", jobs), ("--eval-every", eval_every),
                             ("--steps", steps)):
             at_least(flag, value)
         if replay is not None:
-            from ..lab.programme import replay as redraw
-
             runio.claim_run_dir(replay, "--replay")
-            for f in redraw(replay):
+            for f in replay_run(replay):
                 print(f"finding {f['finding']}: {f['verdict']:<15} {f['lab']}")
             print(f"wrote {replay}/findings/findings.png and {replay}/report.html")
             return
@@ -149,7 +139,7 @@ def register(app: typer.Typer) -> None:
         models = {"transformer": transformer, "ssm": ssm, "hybrid": hybrid, "distilled": distilled,
                   "kv_transformer": kv_transformer, "kv_ssm": kv_ssm, "deep": deep}
         if from_scratch:
-            from ..lab.scratch import train_all
+            from .scratch import train_all  # the training stack loads when the command runs
 
             runio.claim_run_dir(workdir, "--workdir")
             models = train_all(workdir, jobs=jobs, steps=steps, eval_every=eval_every)

@@ -16,16 +16,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from .. import runio  # noqa: E402
+from . import runio
 
 SEQUENTIAL = "viridis"
 DIVERGING = "RdBu_r"
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (no display needed)."""
+    import matplotlib  # heavy (~0.4 s): loaded when the first figure is drawn, not when ganda starts
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _np(x: Any) -> np.ndarray:
@@ -40,7 +46,7 @@ def _save(fig: Any, path: str | Path) -> Path:
         with runio.atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=110, bbox_inches="tight")
     finally:
-        plt.close(fig)
+        pyplot().close(fig)
     return path
 
 
@@ -74,7 +80,7 @@ def attention_panels(
     nrows = math.ceil(n / cols)
     t = len(tokens)
     side = max(3.5, min(12.0, 0.22 * t + 1.5))
-    fig, axes = plt.subplots(nrows, cols, figsize=(side * cols, side * nrows * 0.9 + 0.4), squeeze=False)
+    fig, axes = pyplot().subplots(nrows, cols, figsize=(side * cols, side * nrows * 0.9 + 0.4), squeeze=False)
     labels = [show_token(x) for x in tokens]
     fs = max(4, min(9, int(220 / max(t, 1))))
     for ax in axes.flat[n:]:
@@ -117,7 +123,7 @@ def curves(
     invert_x: bool = False,
 ) -> Path:
     """Line plot of several series over ``x`` with optional CI bands and reference lines."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for name, ys in series.items():
         yy = np.array([np.nan if y is None else y for y in ys], dtype=float)
         (line,) = ax.plot(list(x), yy, marker="o", ms=3.5, label=name)
@@ -159,7 +165,7 @@ def heatmap(
     """A matrix as a heat map (e.g. layers x heads of accuracy drops). ``center`` makes it diverging."""
     m = _np(values)
     h, w = m.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * w + 2), max(3.0, 0.28 * h + 1.5)))
+    fig, ax = pyplot().subplots(figsize=(max(4.0, 0.45 * w + 2), max(3.0, 0.28 * h + 1.5)))
     if center is not None:
         span = float(np.nanmax(np.abs(m - center))) or 1.0
         im = ax.imshow(m, cmap=cmap or DIVERGING, vmin=center - span, vmax=center + span, aspect="auto")
@@ -227,7 +233,7 @@ def bars(
 ) -> Path:
     """Grouped bars: one group per label, one bar per series; ``errors`` are (lo, hi) CI bounds."""
     k = max(1, len(series))
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.35 * len(labels) * k + 2), 4.2))
+    fig, ax = pyplot().subplots(figsize=(max(5.0, 0.35 * len(labels) * k + 2), 4.2))
     x = _grouped_bars(ax, len(labels), series, errors, hlines)
     ax.set_xticks(x)
     ax.set_xticklabels(list(labels), rotation=rotate, ha="right" if rotate else "center", fontsize=8)
@@ -257,7 +263,7 @@ def panels(
     n = max(1, len(specs))
     cols = min(cols, n)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = pyplot().subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
     for ax, spec in zip(axes.flat, specs, strict=False):
         groups = list(spec["groups"])
         x = _grouped_bars(ax, len(groups), spec["series"], spec.get("errors"), spec.get("hlines"))

@@ -8,10 +8,15 @@ the training stream, so prompts are held out (new distractors, option orders, no
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from ..errors import GandaError
-from ..tasks.base import Example, OptionError, Task, keyword_types
+from ganda.errors import GandaError
+from ganda.tasks.base import Example, OptionError, Task, keyword_types
+
+from . import shipped_path
+from .analysis import model_world
 from .world import DEFAULT_WORLD, World, WorldConfig, eval_rng
 
 _WORLDS: dict[WorldConfig, World] = {}
@@ -27,17 +32,12 @@ def get_world(cfg: WorldConfig | None = None) -> World:
 def world_record(spec: str) -> dict[str, Any]:
     """The world named on the command line (``--option world=...``): ``default``, a lab model
     directory or shipped checkpoint name (its ``lab.json``), or a ``lab.json`` file."""
-    import json
-    from pathlib import Path
-
-    from . import checkpoint as shipped_dir
-    from . import shipped
 
     if spec == "default":
         return DEFAULT_WORLD.to_json()
     path = Path(spec).expanduser()
-    if not path.exists() and spec in shipped():
-        path = shipped_dir(spec)
+    if not path.exists():
+        path = shipped_path(spec) or path
     f = path / "lab.json" if path.is_dir() else path
     if not f.is_file():
         raise GandaError(f"world {spec!r}: expected 'default', a lab model directory or its lab.json")
@@ -73,9 +73,7 @@ class _LabTask(Task):
     @classmethod
     def for_model(cls, adapter: Any, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """The world ``adapter`` was trained on (its ``lab.json``); nothing when ``options`` name
-        a world. A model with no ``lab.json`` is refused (:func:`~ganda.lab.analysis.model_world`)."""
-        from .analysis import model_world
-
+        a world. A model with no ``lab.json`` is refused (:func:`~ganda_lab.analysis.model_world`)."""
         if options and ("world" in options or "world_seed" in options):
             return {}
         world = model_world(adapter, task=cls.name)
@@ -167,10 +165,3 @@ class LabKVTask(_LabTask):
     def _extra(self) -> dict[str, Any]:
         return {"n_pairs": self.n_pairs}
 
-
-LAB_TASKS = {
-    "lab-knowledge": "ganda.lab.tasks:LabKnowledgeTask",
-    "lab-mmlu": "ganda.lab.tasks:LabMMLUTask",
-    "lab-letters": "ganda.lab.tasks:LabLettersTask",
-    "lab-kv": "ganda.lab.tasks:LabKVTask",
-}

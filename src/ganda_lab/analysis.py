@@ -9,17 +9,26 @@ an Aggregate head's final position attends to the gold option's newline).
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
-from ..heads import HeadId
-from ..interventions import AblateHeads
-from ..models.base import ModelAdapter
-from ..scoring import evaluate_examples
-from ..tasks import get_task
-from ..tasks.base import Example, token_spans
+from ganda.errors import GandaError
+from ganda.evaluation import evaluate
+from ganda.heads import HeadId
+from ganda.interventions import AblateHeads
+from ganda.models import load_model
+from ganda.models.base import ModelAdapter
+from ganda.scoring import evaluate_examples
+from ganda.tasks import get_task
+from ganda.tasks.base import Example, token_spans
+
+from . import shipped_path
 
 
 def model_world(adapter: ModelAdapter, task: str | None = None) -> dict[str, Any] | None:
@@ -27,16 +36,10 @@ def model_world(adapter: ModelAdapter, task: str | None = None) -> dict[str, Any
     record names no world, so the default one). A model without ``lab.json`` (a lab model copied
     without it, or not a lab model) is refused: scored on a world it never learned it would get a
     chance-level number that looks like a result."""
-    import json
-    from pathlib import Path
-
-    from ..errors import GandaError
-    from . import checkpoint, shipped
-
     spec = str(adapter.spec)
     root = Path(spec).expanduser()
-    if not root.exists() and spec in shipped():
-        root = checkpoint(spec)
+    if not root.exists():
+        root = shipped_path(spec) or root
     f = root / "lab.json"
     if not f.is_file():
         who = f"task {task!r} needs" if task else "the lab tasks need"
@@ -63,8 +66,6 @@ def head_sweep(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Accuracy of every single-head ablation on each task, with the baseline."""
-    from tqdm.auto import tqdm
-
     exs = {t: _examples(t, n, seed, model_world(adapter)) for t in tasks}
     base = {t: evaluate_examples(adapter, e, None, task_name=t, progress=False).accuracy for t, e in exs.items()}
     rows = []
@@ -128,8 +129,6 @@ LAB_TASKS = ("lab-knowledge", "lab-mmlu", "lab-letters", "lab-kv")
 def evaluate_lab(adapter: ModelAdapter, n: int = 200, seed: int = 0, interventions=None,
                  tasks: Sequence[str] = LAB_TASKS, held: bool = True) -> dict[str, Any]:
     """Accuracy (with Wilson 95% CI) of a model on the lab tasks (+ ``lab-mmlu`` on held-out facts)."""
-    from ..scoring import evaluate
-
     out: dict[str, Any] = {}
     world = model_world(adapter)
     todo = [(t, get_task(t, world=world)) for t in tasks]
@@ -145,14 +144,6 @@ def finalize_checkpoint(run_dir: str, dest: str, n: int = 400, seed: int = 0, sw
                         sweep_n: int = 200, tasks: Sequence[str] = LAB_TASKS) -> dict[str, Any]:
     """Copy a trained run (model + tokenizer + lab.json, not the resume checkpoint) to ``dest``,
     evaluate it with ganda's scorer on ``tasks``, optionally run the single-head sweep, and record both."""
-    import json
-    import shutil
-    from pathlib import Path
-
-    from ..models import load_model
-    from ..models.registry import _ensure_builtin
-
-    _ensure_builtin()  # SSM/hybrid families register their model types on import
     src, dst = Path(run_dir), Path(dest)
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():

@@ -2,7 +2,7 @@
 
 A config is a plain dict (JSON-serialisable) with keys ``arch`` (``llama`` | ``mamba2`` |
 ``hybrid``), ``model`` (keyword overrides for the transformers config), ``world``
-(:class:`~ganda.lab.world.WorldConfig` fields) and ``train`` (see ``TRAIN_DEFAULTS``).
+(:class:`~ganda_lab.world.WorldConfig` fields) and ``train`` (see ``TRAIN_DEFAULTS``).
 ``ganda train NAME`` takes one of the names below or a JSON file/string.
 
 A config may instead name a ``base`` (one of the names below) and give only what differs:
@@ -18,7 +18,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import GandaError
+import transformers as tf
+
+from ganda.errors import GandaError
 
 TRAIN_DEFAULTS: dict[str, Any] = {
     "steps": 3000,
@@ -295,8 +297,6 @@ def _with_base(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def build_model(cfg: dict[str, Any], tokenizer):
     """A freshly initialised transformers model for the config (seed torch before calling)."""
-    import transformers as tf
-
     ids = {
         "vocab_size": len(tokenizer),
         "pad_token_id": tokenizer.pad_token_id,

@@ -29,7 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import GandaError
+import torch
+from safetensors.torch import load_file
+
+from ganda.errors import GandaError
+
+from . import DEFAULT_MODELS, checkpoint
 
 
 @dataclass
@@ -142,8 +147,6 @@ def train_all(workdir: str | Path, *, jobs: int = 2, configs: dict[str, str] | N
     timing_file.write_text(json.dumps(timing, indent=2))
     built = {j.role: str(j.out) for j in todo}
     if configs is None and steps is None and distill_steps is None and grow_steps is None:  # the shipped recipes
-        from .programme import DEFAULT_MODELS
-
         report = compare_with_shipped(built, DEFAULT_MODELS)
         (workdir / "rebuild.json").write_text(json.dumps(report, indent=2))
         for role, r in report.items():
@@ -159,10 +162,6 @@ def compare_with_shipped(built: dict[str, str], shipped_names: dict[str, str]) -
     deterministic on one thread, so a rebuild is either bit for bit the shipped model (and then
     every verdict is the shipped run's to the digit) or something in the stack changed: say so
     rather than let a user compare findings of different weights."""
-    import torch
-    from safetensors.torch import load_file
-
-    from . import checkpoint
 
     report: dict[str, dict] = {}
     for role, path in built.items():

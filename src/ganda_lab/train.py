@@ -25,8 +25,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
 
-from ..tasks.base import Example
+from ganda.tasks.base import Example
+
 from .configs import build_model, resolve_config
 from .tokenizer import PATTERN, build_tokenizer
 from .world import World, WorldConfig, eval_rng, train_rng
@@ -389,8 +392,6 @@ def train(
     ``eval_every`` overrides how often the quick evaluation runs. It only changes the logged
     history: evaluation draws from its own seeded streams and the model has no dropout, so the
     trained weights are the same for every value (tested)."""
-    from tqdm.auto import tqdm
-
     cfg = resolve_config(config)
     tr = cfg["train"]
     if steps is not None:
@@ -412,8 +413,6 @@ def train(
     ckpt = out / "checkpoint"
     start, history, elapsed = 0, [], 0.0
     if resume and (ckpt / "state.json").exists():
-        from safetensors.torch import load_file
-
         state = json.loads((ckpt / "state.json").read_text())
         model.load_state_dict(load_file(str(ckpt / "model.safetensors")), strict=False)
         model.tie_weights()
@@ -461,8 +460,6 @@ def train(
 
 def _save_checkpoint(model, opt, ckpt: Path, step: int, history: list, seconds: float,
                      cfg: dict[str, Any] | None = None) -> None:
-    from safetensors.torch import save_file
-
     ckpt.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     # tied weights share storage; safetensors refuses duplicates
@@ -477,8 +474,6 @@ def export_checkpoint(run_dir: str | Path, out: str | Path, config: str | dict[s
     """Turn a run's latest resume checkpoint (``run_dir/checkpoint``) into a model directory,
     e.g. to ship a run that was stopped before its last step. ``config`` is needed only for
     checkpoints written before the config was stored in ``state.json``."""
-    from safetensors.torch import load_file
-
     ckpt = Path(run_dir) / "checkpoint"
     state = json.loads((ckpt / "state.json").read_text())
     cfg = resolve_config(config if config is not None else state["config"])

@@ -29,28 +29,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import GandaError
-from ..experiments.common import ExperimentResult
+import torch
 
-ROLES = ("transformer", "ssm", "hybrid", "distilled", "kv_transformer", "kv_ssm", "deep")
-# the models each finding reads (``--only`` evaluates just these)
-NEEDS = {1: {"transformer"}, 2: {"transformer", "deep"}, 3: {"transformer", "ssm", "kv_transformer", "kv_ssm"},
-         4: {"transformer", "ssm"},
-         5: {"hybrid"}, 6: {"transformer", "distilled"}}
-# the Transformer with one head per layer (weight decay 0.3): its last layer's only head must serve
-# every answer letter, so one Aggregate head and one Gather head each take lab-mmlu to chance (in
-# lab-llama-wd the two last-layer heads split the letters), and its 1600-step student, which
-# responds to a transplant of the teacher's Aggregate layer; the hybrid with attention last: the
-# paper's hybrids run attention late in the stack; lab-hybrid (attention at layer 2 of 4) keeps its
-# Aggregate step in the SSM layer after it (docs/lab.md)
-# finding 3's KV curve is measured on a Transformer / SSM pair trained for KV (the four above never
-# learned it on their mixture); with those roles empty it falls back to the transformer and the ssm
-# finding 2 prunes lab-llama-deep: lab-llama-h1 with two blocks on top that store facts MMLU never
-# asks (every lab model keeps its Aggregate step in its last layer, so pruning any of them from
-# the end costs retrieval at once; docs/lab.md, finding 2)
-DEFAULT_MODELS = {"transformer": "lab-llama-h1", "ssm": "lab-mamba2-9k", "hybrid": "lab-hybrid-late-7k5",
-                  "distilled": "lab-distilled-h1", "kv_transformer": "lab-kv-llama", "kv_ssm": "lab-kv-mamba2",
-                  "deep": "lab-llama-deep"}
+from ganda.discovery import compare_sharpness_summaries, save_sharpness, top_reads
+from ganda.errors import GandaError
+from ganda.experiments import result_from_json
+from ganda.experiments.common import ExperimentResult, Scorer, flat_scores
+from ganda.experiments.kv_curve import kv_curve
+from ganda.experiments.mask_last_row import mask_last_row_experiment
+from ganda.experiments.prune import prune_curve, remove_restore
+from ganda.experiments.retain import retain
+from ganda.experiments.roles import head_roles
+from ganda.experiments.transplant import transplant_sweep
+from ganda.figures import panels
+from ganda.heads import HeadId
+from ganda.models import load_model
+from ganda.report import write_report
+from ganda.scoring import evaluate_examples
+from ganda.tasks import get_task
+
+from . import DEFAULT_MODELS, NEEDS, ROLES
+
 KV_PAIRS = (2, 3, 4, 6, 8)
 KV_PAIRS_KV_MODELS = (2, 4, 8, 12, 16, 24)  # the KV pair was trained on 2-12 pairs
 
@@ -87,10 +86,6 @@ class Programme:
     # ---- plumbing -----------------------------------------------------------------------------
     def adapter(self, role: str):
         if role not in self._adapters:
-            from ..models import load_model
-            from ..models.registry import _ensure_builtin
-
-            _ensure_builtin()
             spec = self.models.get(role)
             if not spec:
                 raise GandaError(f"the lab programme needs a {role} model")
@@ -100,15 +95,11 @@ class Programme:
     def examples(self, role: str, task: str, seed: int | None = None, **opts: Any):
         key = (role, f"{task}{sorted(opts.items())}{seed}")
         if key not in self._examples:
-            from ..tasks import get_task
-
             self._examples[key] = get_task(task, adapter=self.adapter(role), **opts).examples(
                 limit=self.n, seed=self.seed if seed is None else seed)
         return self._examples[key]
 
     def scorer(self, role: str, tasks: list[str]):
-        from ..experiments.common import Scorer
-
         return Scorer(self.adapter(role), tasks, limit=self.n, seed=self.seed, progress=self.progress)
 
     def save(self, name: str, result: Any) -> Path:
@@ -118,9 +109,6 @@ class Programme:
 
     # ---- steps ----------------------------------------------------------------------------------
     def evaluate_models(self) -> dict[str, Any]:
-        from ..experiments.common import ExperimentResult, flat_scores
-        from ..scoring import evaluate_examples
-
         rows = []
         needed = set().union(*(NEEDS[f] for f in self.only))
         for role in ROLES:
@@ -146,8 +134,6 @@ class Programme:
         """A model's cumulative pruning curve (Fig. 2), computed once per role: finding 2 reports
         it and finding 1 looks for heads in the minimal model it defines."""
         if role not in self._curves:
-            from ..experiments.prune import prune_curve
-
             self._curves[role] = prune_curve(self.adapter(role), self.scorer(role, ["lab-mmlu", "lab-knowledge"]),
                                              drop_task="lab-mmlu")
         return self._curves[role]
@@ -164,8 +150,6 @@ class Programme:
         """How many bottom layers ``role``'s model shares with the transformer, weight for weight
         (embeddings and final norm included; 0 if those differ): a grown model's base layers are
         the transformer's, so the heads found there are its heads too."""
-        import torch
-
         a, b = self.adapter(role).model.state_dict(), self.adapter("transformer").model.state_dict()
         top = [k for k in b if ".layers." not in k]
         if any(k not in a or a[k].shape != b[k].shape or not torch.equal(a[k], b[k]) for k in top):
@@ -179,8 +163,6 @@ class Programme:
         return n
 
     def roles(self, role: str, name: str, keep_layers: list[int] | None = None):
-        from ..experiments.roles import head_roles
-
         ad = self.adapter(role)
         res = head_roles(ad, self.examples(role, "lab-mmlu"), control=self.examples(role, "lab-knowledge"),
                          also={"lab-letters": self.examples(role, "lab-letters")}, top=self.top,
@@ -241,9 +223,6 @@ class Programme:
 
     # ---- findings 2-6 -----------------------------------------------------------------------------
     def finding2(self, roles_t) -> dict[str, Any]:
-        from ..experiments.prune import remove_restore
-        from ..experiments.retain import retain
-
         role = "deep" if self.models.get("deep") else "transformer"
         ad = self.adapter(role)
         sc = self.scorer(role, ["lab-mmlu", "lab-knowledge"])
@@ -269,8 +248,6 @@ class Programme:
         return out
 
     def finding3_kv(self):
-        from ..experiments.kv_curve import kv_curve
-
         kv_pair = bool(self.models.get("kv_transformer") and self.models.get("kv_ssm"))
         t, s = (self.adapter("kv_transformer"), self.adapter("kv_ssm")) if kv_pair else \
             (self.adapter("transformer"), self.adapter("ssm"))
@@ -285,8 +262,6 @@ class Programme:
         ``\\n``, the verdict's measure) and again with the option's last word as the summary (where
         the lab's models were seen to aggregate; the read profiles in both results say where each
         head's final row lands)."""
-        from ..discovery import compare_sharpness_summaries, save_sharpness
-
         heads = {}
         for role, r in (("transformer", roles_t), ("ssm", roles_s)):
             agg = r.summary.get("aggregate_heads") or []
@@ -304,8 +279,6 @@ class Programme:
         return out[0], out[1]
 
     def finding5(self):
-        from ..experiments.mask_last_row import mask_last_row_experiment
-
         ad = self.adapter("hybrid")
         sc = self.scorer("hybrid", ["lab-mmlu", "lab-knowledge", "lab-letters"])
         res = mask_last_row_experiment(ad, sc, None, per_layer=True)
@@ -324,8 +297,6 @@ class Programme:
                 f"or leave finding 6 out (--only 1,2,3,4,5)")
 
     def finding6(self, roles_t) -> dict[str, Any]:
-        from ..experiments.transplant import transplant_sweep
-
         st, d = self.adapter("distilled"), self.adapter("transformer")
         sc = self.scorer("distilled", ["lab-mmlu", "lab-knowledge", "lab-letters"])
         layers = transplant_sweep(st, d, sc, score_donor=True)
@@ -346,9 +317,16 @@ class LabFindingsResult(ExperimentResult):
 
     kind: str = "lab_findings"
 
-    def draw(self, out_dir: Path) -> list[Path]:
-        from ..report.figures import panels
+    def headline(self) -> str:
+        s = self.summary
+        lines = [f"{label}: **{', '.join(str(x) for x in s.get(key) or []) or 'none'}**"
+                 for key, label in (("reproduced", "Reproduced"), ("partly", "Partly reproduced"),
+                                    ("not", "Not reproduced"))]
+        if s.get("seconds") is not None:
+            lines.append(f"The programme ran in {float(s['seconds']):.0f} s.")
+        return "\n".join(lines)
 
+    def draw(self, out_dir: Path) -> list[Path]:
         specs = self.extra.get("panels") or []
         if not specs:
             return []
@@ -366,8 +344,6 @@ STEP_DIRS = ["findings", "models", *STATE_KEYS]
 
 
 def write_lab_report(out: Path) -> Path:
-    from ..report import write_report
-
     dirs = [out / d for d in STEP_DIRS if (out / d / "result.json").is_file()]
     return write_report(dirs, out / "report.html", title="ganda lab: the paper's findings on a CPU")
 
@@ -392,8 +368,6 @@ def render(st: dict[str, Any], out: Path, *, models: dict[str, str], n: int, see
 def rebuild_state(run_dir: str | Path) -> dict[str, Any]:
     """The programme state of a finished run, read back from its result files (no model is run),
     so that verdicts, figures and the report can be redrawn: ``ganda lab --replay DIR``."""
-    from ..experiments import result_from_json
-
     run = Path(run_dir)
     if not (run / "models" / "result.json").is_file():
         raise GandaError(f"{run} is not a ganda lab run directory (no models/result.json)")
@@ -419,8 +393,6 @@ def replay(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def _layer(head: str) -> int:
-    from ..heads import HeadId
-
     return HeadId.parse(head).layer
 
 
@@ -630,8 +602,6 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _reads_text(sh: dict[str, Any]) -> str:
     """Where each compared Aggregate head's final row lands (its read profile), in words."""
-    from ..discovery import top_reads
-
     parts = []
     for name, m in sh.get("models", {}).items():
         for h in m.get("heads", []):
@@ -671,7 +641,7 @@ def _kv_falls_faster(kv, parts: list[str]) -> bool:
 
 
 def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One bar-chart spec per finding (for :func:`ganda.report.figures.panels`), from the same
+    """One bar-chart spec per finding (for :func:`ganda.figures.panels`), from the same
     numbers the verdicts read; the paper's number and the verdict go in the title."""
     verdict = {f["finding"]: f["verdict"] for f in findings}
     out: list[dict[str, Any]] = []

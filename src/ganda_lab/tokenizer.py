@@ -9,6 +9,9 @@ made of vocabulary words.
 
 from __future__ import annotations
 
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
 from .world import PUNCT, World
 
 SPECIALS = ["<pad>", "<unk>", "<bos>", "<eos>"]
@@ -27,9 +30,6 @@ def build_vocab(world: World) -> dict[str, int]:
 
 def build_tokenizer(world: World | None = None):
     """A ``PreTrainedTokenizerFast`` over the world's vocabulary."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     world = world or World()
     tok = Tokenizer(models.WordLevel(vocab=build_vocab(world), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(PATTERN), behavior="isolated")

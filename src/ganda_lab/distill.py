@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers as tf
+from tqdm.auto import tqdm
 
-from ..models import load_model
-from . import CHECKPOINTS
+from ganda.models import load_model
+
+from . import checkpoint_dirs
 from .train import make_batch, n_params, quick_eval, save_model
 from .world import World, WorldConfig
 
@@ -43,8 +46,6 @@ DISTILL_DEFAULTS: dict[str, Any] = {
 
 def build_student(teacher, mamba: dict[str, Any]):
     """A Bamba model with only Mamba-2 blocks, teacher weights copied where shapes agree."""
-    import transformers as tf
-
     tc = teacher.config
     mamba = dict(mamba)
     mamba["mamba_d_head"] = mamba.get("mamba_expand", 2) * tc.hidden_size // mamba["mamba_n_heads"]
@@ -86,8 +87,6 @@ def build_student(teacher, mamba: dict[str, Any]):
 def distill(teacher_dir: str | Path, out: str | Path, *, steps: int | None = None, seed: int | None = None,
             progress: bool = True, log=print, **overrides: Any) -> dict[str, Any]:
     """Layer-wise hidden-state alignment of a Mamba-2 student to a lab Llama teacher."""
-    from tqdm.auto import tqdm
-
     cfg = {**DISTILL_DEFAULTS, **overrides}
     if steps is not None:
         cfg["steps"] = int(steps)
@@ -155,7 +154,7 @@ def distill(teacher_dir: str | Path, out: str | Path, *, steps: int | None = Non
     for p in student.parameters():
         p.requires_grad = True
     # a shipped teacher is recorded by its name, not this machine's install path
-    teacher = tdir.name if tdir.resolve().parent == CHECKPOINTS.resolve() else str(tdir)
+    teacher = tdir.name if tdir.resolve().parent in {d.resolve() for d in checkpoint_dirs()} else str(tdir)
     record = {"config": {"arch": "distilled-mamba2", "teacher": teacher, **cfg}, "world": world.config.to_json(),
               "params": n_params(student), "steps": cfg["steps"], "seconds": round(time.perf_counter() - t0, 1),
               "history": history}

@@ -1,0 +1,313 @@
+"""The forward engine: run a model from layer k with a replaced residual stream, stop after layer
+m, and capture or edit named points on the way.
+
+Points carry the layer ids of the model as loaded (those of head ids and layer edits):
+
+=================================  ==============================================  ======================
+point                              value                                           shape
+=================================  ==============================================  ======================
+``L{i}.resid_in``                  the residual stream entering decoder layer i     ``[B, T, d_model]``
+``L{i}.resid_out``                 the hidden states layer i returns                ``[B, T, d_model]``
+``L{i}.kwargs``                    the keyword arguments the model passes layer i   dict (masks, positions)
+``L{i}.z`` / ``L{i}.{kind}.z``     the input of a mixer's output projection         ``[B, T, heads*head_dim]``
+``L{i}.out`` / ``L{i}.{kind}.out`` that projection's output                         ``[B, T, d_model]``
+=================================  ==============================================  ======================
+
+Head h of a mixer is the slice ``h * head_dim : (h + 1) * head_dim`` of its ``z``; ``kind``
+(``attn``/``ssm``) names the mixer where a layer has two.
+
+* :class:`Trace` hooks points for the duration of a ``with`` block: it keeps the latest value of
+  each captured point, passes a point's value through an edit function, and with ``stop`` ends
+  the forward once that point is reached (:class:`StopForward`, swallowed when the block exits).
+* :func:`run_layers` runs layers ``start..stop`` through the model's own forward: a layer edit
+  cuts the layers before ``start`` and ``resid`` enters ``start`` in place of the embeddings.
+* :func:`final_logits` applies the model's final norm and LM head to any residual vectors.
+* :class:`Replay` records, in one intact pass of a family's sweep runner, what the model gives
+  each layer, then reruns single layers on new hidden states (batched over copies).
+
+Everything goes through the adapter (its layer list, layer edits and output-projection hooks,
+which fire per invocation for shared blocks), so every family is served.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from .errors import GandaError
+from .models.base import ModelAdapter, SweepRunner
+
+Edit = Callable[[torch.Tensor], torch.Tensor]
+
+_POINT = re.compile(r"^L(\d+)\.(?:(attn|ssm)\.)?(resid_in|resid_out|kwargs|z|out)$")
+
+
+class StopForward(Exception):
+    """Raised inside a forward once the wanted points are in; :class:`Trace` swallows it."""
+
+
+def _hidden(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+class Trace:
+    """Capture and edit named points of every forward run inside the ``with`` block.
+
+    ``capture``: points whose latest value is kept (``trace[name]``; tensors detached and, with
+    ``at``, indexed by it, e.g. ``(rows, positions)``; ``detach=False`` keeps them in the autograd
+    graph). ``edit``: ``{point: fn}``, the point's value is replaced by ``fn(value)`` (captured
+    values are the edited ones). ``stop``: a point after which the forward ends (no LM head runs).
+    """
+
+    def __init__(self, adapter: ModelAdapter, capture: Iterable[str] = (), *,
+                 edit: Mapping[str, Edit] | None = None, stop: str | None = None, at: Any = None,
+                 detach: bool = True) -> None:
+        self.adapter = adapter
+        self.capture = set(capture)
+        self.edit = dict(edit or {})
+        self.stop = stop
+        self.at = at
+        self.detach = detach
+        self.values: dict[str, Any] = {}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> Trace:
+        try:
+            points = [*sorted(self.capture), *self.edit, *([self.stop] if self.stop else [])]
+            for name in dict.fromkeys(points):
+                self._handles.append(self._hook(name))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self.close()
+        return exc_type is not None and issubclass(exc_type, StopForward)
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.values:
+            raise GandaError(f"{name}: nothing captured (the forward did not reach it)")
+        return self.values[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+    def _hook(self, name: str) -> Any:
+        m = _POINT.match(name)
+        if not m:
+            raise GandaError(f"not a point of the forward engine: {name!r} (e.g. L3.resid_in, L3.attn.z)")
+        layer, kind, what = int(m.group(1)), m.group(2), m.group(3)
+        ad = self.adapter
+        ad.require_active([layer], name)
+        if what in ("z", "out"):
+            mixer = ad.mixer(layer, kind)
+            if what == "z":
+                return ad.register_out_proj_pre_hook(mixer, self._pre_z(name))
+            return ad.register_out_proj_hook(mixer, self._post(name))
+        if kind is not None:
+            raise GandaError(f"{name}: {what} belongs to the layer, not to one mixer (L{layer}.{what})")
+        pos = ad.layer_position(layer)
+        assert pos is not None  # require_active above
+        module = ad.decoder_layers()[pos]
+        if what == "resid_out":
+            return module.register_forward_hook(self._post(name))
+        return module.register_forward_pre_hook(self._pre_layer(name, what), with_kwargs=True)
+
+    def _store(self, name: str, value: Any) -> None:
+        if name in self.capture:
+            if isinstance(value, torch.Tensor):
+                if self.detach:
+                    value = value.detach()
+                if self.at is not None:
+                    value = value[self.at]
+            self.values[name] = value
+        if name == self.stop:
+            raise StopForward
+
+    def _pre_layer(self, name: str, what: str) -> Callable[..., Any]:
+        def hook(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if what == "kwargs":
+                self._store(name, {k: v for k, v in kwargs.items() if k != "hidden_states"})
+                return None
+            h = args[0] if args else kwargs["hidden_states"]
+            fn = self.edit.get(name)
+            if fn is None:
+                self._store(name, h)
+                return None
+            h = fn(h)
+            self._store(name, h)
+            return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
+
+        return hook
+
+    def _post(self, name: str) -> Callable[..., Any]:
+        def hook(_m: Any, _args: Any, out: Any) -> Any:
+            h = _hidden(out)
+            fn = self.edit.get(name)
+            if fn is None:
+                self._store(name, h)
+                return None
+            h = fn(h)
+            self._store(name, h)
+            return (h, *out[1:]) if isinstance(out, tuple) else h
+
+        return hook
+
+    def _pre_z(self, name: str) -> Callable[..., Any]:
+        def hook(_m: Any, args: tuple[Any, ...]) -> Any:
+            x = args[0]
+            fn = self.edit.get(name)
+            if fn is None:
+                self._store(name, x)
+                return None
+            x = fn(x)
+            self._store(name, x)
+            return (x, *args[1:])
+
+        return hook
+
+
+def run_layers(
+    adapter: ModelAdapter,
+    input_ids: torch.Tensor,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    start: int | None = None,
+    stop: int | None = None,
+    resid: torch.Tensor | None = None,
+    capture: Iterable[str] = (),
+    at: Any = None,
+) -> dict[str, Any]:
+    """Run the running layers ``start..stop`` (layer ids, both included) of the model's own forward.
+
+    ``resid`` ``[B, T, d_model]`` enters layer ``start`` in place of what the layers before it
+    would give (they do not run; it is required when ``start`` is not the first running layer).
+    With ``stop`` the forward ends after that layer and ``"resid"`` holds its output; without,
+    ``"logits"`` holds the model's ``[B, T, V]``. Captured points are returned under their names;
+    ``at`` indexes every returned tensor. When no layer lies in ``start..stop`` the residual
+    passes through unchanged.
+    """
+    active = adapter.active_layers()
+    first = active[0] if start is None else start
+    if resid is None and first != active[0]:
+        raise GandaError(f"running from layer {first} needs the residual stream entering it")
+    if stop is not None and stop < first:
+        assert resid is not None
+        return {"resid": resid[at] if at is not None else resid}
+    adapter.require_active([first, *([stop] if stop is not None else [])], "the forward engine")
+    edit = {} if resid is None else {f"L{first}.resid_in": lambda h: resid.to(dtype=h.dtype, device=h.device)}
+    stop_at = f"L{stop}.resid_out" if stop is not None else None
+    names = [*capture, *([stop_at] if stop_at else [])]
+    token = adapter.push_layer_edit([i for i in active if i >= first], f"run from layer {first}") \
+        if first != active[0] else None
+    logits = None
+    try:
+        with Trace(adapter, names, edit=edit, stop=stop_at, at=at) as tr:
+            logits = adapter.forward(input_ids, attention_mask=attention_mask)
+    finally:
+        if token is not None:
+            adapter.pop_layer_edit(token)
+    out = {name: tr[name] for name in names}
+    if stop_at is not None:
+        out["resid"] = out[stop_at]
+    else:
+        assert logits is not None
+        out["logits"] = logits[at] if at is not None else logits
+    return out
+
+
+def final_logits(adapter: ModelAdapter, resid: torch.Tensor) -> torch.Tensor:
+    """The model's final norm and LM head on residual-stream vectors ``[N, d_model]`` -> ``[N, V]``.
+
+    The model's own forward runs on N placeholder tokens with one layer kept, whose output is
+    replaced by ``resid``, so whatever the model does after its layers (norms, soft-capping,
+    scaling) is kept without family-specific code."""
+    last = adapter.active_layers()[-1]
+    dummy = torch.zeros((1, resid.shape[0]), dtype=torch.long, device=resid.device)
+    token = adapter.push_layer_edit([last], "final norm and LM head")
+    try:
+        with Trace(adapter, edit={f"L{last}.resid_out": lambda h: resid[None].to(h.dtype).to(h.device)}):
+            return adapter.forward(dummy)[0]
+    finally:
+        adapter.pop_layer_edit(token)
+
+
+def layer_returns(adapter: ModelAdapter, layer: int) -> int:
+    """What decoder layer ``layer`` returns to the model's layer loop: 0 for a bare tensor, else the
+    length of its tuple (probed on two tokens), so a stand-in block can return the same."""
+    adapter.require_active([layer], f"layer {layer}")
+    seen: dict[str, int] = {}
+
+    def hook(_m: Any, _a: Any, out: Any) -> None:
+        seen["n"] = len(out) if isinstance(out, tuple) else 0
+        raise StopForward
+
+    module = adapter.decoder_layers()[adapter.layer_position(layer) or 0]
+    handle = module.register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            adapter.forward(torch.zeros((1, 2), dtype=torch.long, device=adapter.device))
+    except StopForward:
+        pass
+    finally:
+        handle.remove()
+    return seen.get("n", 0)
+
+
+def _repeat_batch(obj: Any, reps: int, batch: int) -> Any:
+    """Repeat every tensor whose leading dim is the batch (``batch`` > 1) ``reps`` times."""
+    if reps == 1:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        if obj.ndim >= 2 and obj.shape[0] == batch and batch > 1:
+            return obj.repeat(reps, *([1] * (obj.ndim - 1)))
+        return obj
+    if isinstance(obj, tuple):
+        return tuple(_repeat_batch(o, reps, batch) for o in obj)
+    if isinstance(obj, list):
+        return [_repeat_batch(o, reps, batch) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _repeat_batch(v, reps, batch) for k, v in obj.items()}
+    return obj
+
+
+class Replay:
+    """One intact pass of ``runner.backbone`` records what the model gives each running layer (its
+    keyword arguments: masks, positions, rotary embeddings) and the first layer's input ``h0``;
+    :meth:`run` then reruns one layer on new hidden states, so a pass can start at any layer.
+
+    ``layers`` are the running layers' ids in order; :meth:`run` takes a position in it.
+    """
+
+    def __init__(self, adapter: ModelAdapter, runner: SweepRunner, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> None:
+        self.layers = adapter.active_layers()
+        self.modules = list(adapter.decoder_layers())
+        first = f"L{self.layers[0]}.resid_in"
+        names = [first, *(f"L{i}.kwargs" for i in self.layers)]
+        with Trace(adapter, names) as tr:
+            runner.backbone(input_ids, attention_mask, position_ids)
+        self.h0: torch.Tensor = tr[first]  # [B, T, d_model]
+        self.kwargs: list[dict[str, Any]] = []
+        for i in self.layers:
+            kw = dict(tr[f"L{i}.kwargs"])
+            kw.pop("past_key_values", None)
+            kw.pop("past_key_value", None)
+            kw["use_cache"] = False
+            self.kwargs.append(kw)
+        self.batch = self.h0.shape[0]
+
+    def run(self, pos: int, hidden: torch.Tensor, reps: int = 1) -> torch.Tensor:
+        """The running layer at position ``pos`` on ``hidden`` (``[reps * B, T, d_model]``: ``reps``
+        copies of the recorded batch, stacked along the batch dimension)."""
+        out = self.modules[pos](hidden, **_repeat_batch(self.kwargs[pos], reps, self.batch))
+        return _hidden(out)

@@ -1,0 +1,35 @@
+"""The one entry point that evaluates a task: multiple-choice tasks by log-likelihood
+(:mod:`ganda.scoring`), generation tasks by greedy generation (:mod:`ganda.generation`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .errors import GandaError
+from .generation import evaluate_generation
+from .interventions import Intervention
+from .models.base import ModelAdapter
+from .scoring import EvalResult, evaluate_examples
+from .tasks.base import Task
+
+
+def evaluate(
+    adapter: ModelAdapter,
+    task: Task,
+    interventions: Sequence[Intervention] | None = None,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> EvalResult:
+    """Accuracy of the model on a task's examples under the given interventions. A task that gives
+    no examples (``limit=0``) is an error: an accuracy over nothing is no number."""
+    examples = task.examples(limit=limit, seed=seed)
+    if not examples:
+        raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")
+    if task.kind != "mc":  # GSM8K, BBH: exact match of greedy generations
+        return evaluate_generation(adapter, task, examples, interventions, seed=seed, progress=progress)
+    return evaluate_examples(
+        adapter, examples, interventions, task_name=task.name,
+        config={**task.config(), "limit": limit, "seed": seed}, progress=progress,
+    )

@@ -1,0 +1,184 @@
+"""Full-size models from a config alone, on PyTorch's ``meta`` device (shapes, no weights).
+
+``build("meta-llama/Llama-3.1-8B")`` gives the same adapter a loaded checkpoint would get (layers,
+mixers, heads, hooks) in well under a second and with no memory for weights, so head ids,
+interventions and cost plans can be checked against the paper's real architectures here. The
+configs of the paper's models ship in ``ganda/configs`` (``configs/SOURCES.md`` says where each
+comes from); any other ``config.json`` file, model directory or hub id (config only) works too.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from ..errors import GandaError
+from ..heads import HeadId
+from . import hub
+from .base import ModelAdapter
+from .loading import model_path
+from .registry import adapter_for, check_model_type
+from .ssm.llamba import LlambaConfig, LlambaForCausalLM
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _llamba(raw: dict[str, Any]) -> nn.Module:
+    return LlambaForCausalLM(LlambaConfig(**raw))
+
+
+# model_type -> build from a config dict, for architectures transformers does not build.
+CONFIG_BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {"llamba": _llamba}
+
+
+def shipped() -> dict[str, Path]:
+    """Hub id -> the shipped ``config.json`` copy (``org--name.json`` in ``ganda/configs``)."""
+    return {f.stem.replace("--", "/", 1): f for f in sorted(CONFIG_DIR.glob("*.json"))}
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GandaError(f"{file}: not a readable JSON config ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise GandaError(f"{file} is not a model config (expected a JSON object)")
+    return raw
+
+
+def config_of(spec: str) -> tuple[dict[str, Any], str]:
+    """The raw config of ``spec`` and where it was read: a shipped id, a ``.json`` file, a model
+    directory or registered name, or a hub id (its ``config.json`` alone, through the cache)."""
+    spec = str(spec)
+    files = shipped()
+    if spec in files:
+        return _read_json(files[spec]), f"shipped config {files[spec].name}"
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".json":
+        return _read_json(path), str(path)
+    if hub.is_hub_id(spec):
+        snap = hub.resolve(spec, config_only=True)
+        return _read_json(snap.path / "config.json"), f"{snap.repo_id}@{snap.commit}"
+    found = model_path(spec)
+    if found is not None and found.is_dir() and (found / "config.json").is_file():
+        return _read_json(found / "config.json"), str(found)
+    if found is not None:
+        raise GandaError(f"{spec}: {found} has no config.json (a GGUF file is loaded whole, not on the meta device)")
+    raise GandaError(f"no config for {spec!r}: give a config.json file, a model directory, a hub id or one of "
+                     f"the shipped configs: {', '.join(files)}")
+
+
+def build_model(raw: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """The model ``raw`` describes, every parameter on the ``meta`` device."""
+    model_type = raw.get("model_type")
+    if model_type is None and LlambaConfig.looks_like(raw):  # Llamba's published config has no model_type
+        model_type = "llamba"
+    if model_type not in CONFIG_BUILDERS:
+        check_model_type(model_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.device("meta"):
+                if model_type in CONFIG_BUILDERS:
+                    model = CONFIG_BUILDERS[model_type](raw)
+                else:
+                    config = CONFIG_MAPPING[model_type].from_dict(raw)
+                    model = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=dtype)
+        except GandaError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a config transformers rejects: one line
+            raise GandaError(f"cannot build a {model_type} model from this config: "
+                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    return model.to(dtype=dtype).eval()
+
+
+def build(spec: str, dtype: torch.dtype = torch.bfloat16) -> ModelAdapter:
+    """The adapter of ``spec``'s architecture at full size, on the meta device (no tokenizer)."""
+    raw, source = config_of(spec)
+    adapter = adapter_for(build_model(raw, dtype), None, str(spec))
+    adapter.config_source = source  # type: ignore[attr-defined]
+    return adapter
+
+
+def param_count(model: nn.Module) -> int:
+    """Parameters, tied ones counted once (what a model card reports)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def kv_head(adapter: ModelAdapter, head: HeadId) -> int | None:
+    """The key/value head a query head reads under grouped-query attention (None for SSM heads)."""
+    mixer = adapter.mixer_of(adapter.canonical(head))
+    if mixer.kind != "attn":
+        return None
+    groups = getattr(mixer.module, "num_key_value_groups", 1) or 1
+    return head.head // groups
+
+
+def kv_heads(mixer: Any) -> int | None:
+    if mixer.kind != "attn":
+        return None
+    return mixer.num_heads // (getattr(mixer.module, "num_key_value_groups", 1) or 1)
+
+
+def _ranges(layers: list[int]) -> str:
+    out, start = [], layers[0]
+    for prev, cur in zip(layers, [*layers[1:], None], strict=True):
+        if cur != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(out)
+
+
+def summary(adapter: ModelAdapter) -> dict[str, Any]:
+    """Layers, mixers (identical ones grouped), heads and parameters, JSON-able."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for m in adapter.mixers():
+        key = (m.kind, m.num_heads, m.head_dim, kv_heads(m), m.shared_key is not None)
+        groups.setdefault(key, []).append(m.layer)
+    mixers = [{"layers": _ranges(sorted(layers)), "n": len(layers), "kind": kind, "num_heads": heads,
+               "head_dim": dim, **({"kv_heads": kv} if kv is not None else {}), **({"shared": True} if shared else {})}
+              for (kind, heads, dim, kv, shared), layers in groups.items()]
+    by_kind: dict[str, int] = {}
+    for m in adapter.mixers():
+        by_kind[m.kind] = by_kind.get(m.kind, 0) + m.num_heads
+    first = next(adapter.model.parameters())
+    out: dict[str, Any] = {
+        "spec": adapter.spec,
+        "source": getattr(adapter, "config_source", adapter.spec),
+        "family": adapter.family,
+        "class": type(adapter.model).__name__,
+        "n_params": param_count(adapter.model),
+        "n_layers": len(adapter.original_layers()),
+        "heads": sum(by_kind.values()),
+        "heads_by_kind": by_kind,
+        "mixers": mixers,
+        "dtype": str(first.dtype).removeprefix("torch."),
+        "weights_bytes": param_count(adapter.model) * first.element_size(),
+        "n_ctx": adapter.n_ctx,
+    }
+    if hasattr(adapter, "shared_blocks"):
+        out["shared_blocks"] = adapter.shared_blocks()
+    return out
+
+
+def summary_text(s: dict[str, Any]) -> str:
+    """The summary as a few lines for a terminal."""
+    lines = [f"{s['spec']} ({s['source']}): {s['class']}, family {s['family']}",
+             f"  {s['n_params']:,} parameters ({s['n_params'] / 1e9:.2f}B; {s['weights_bytes'] / 2**30:.1f} GiB in "
+             f"{s['dtype']}), {s['n_layers']} layers, {s['heads']:,} heads "
+             f"({', '.join(f'{v:,} {k}' for k, v in s['heads_by_kind'].items())})"]
+    for m in s["mixers"]:
+        kv = f", {m['kv_heads']} KV heads" if "kv_heads" in m else ""
+        shared = " (shared block invocations)" if m.get("shared") else ""
+        lines.append(f"  layers {m['layers']}: {m['kind']}, {m['num_heads']:,} heads of {m['head_dim']}{kv}{shared}")
+    for key, layers in (s.get("shared_blocks") or {}).items():
+        lines.append(f"  {key.replace('block', 'B')} runs at layers {_ranges(layers)}")
+    return "\n".join(lines)

@@ -1,0 +1,268 @@
+"""The three places to extend ganda: model families and names, tasks, and experiment result kinds.
+
+* **Models**: :func:`register_family` says which adapter serves which ``config.model_type`` (and, for
+  architectures transformers does not build, how to load one); :func:`register_resolver` turns a
+  name such as ``lab-llama`` into the local directory it loads from.
+* **Tasks**: :func:`register_task` names a :class:`~ganda.tasks.base.Task` class (or its
+  ``"module:Class"`` path, imported on first use). The task declares its options and chance level.
+* **Result kinds**: :func:`register_result` names the result class that ``ganda report`` rebuilds
+  from a run directory's ``result.json``; the class declares ``headline()`` and ``draw(out_dir)``.
+
+Packages outside ganda register through an entry point in the group ``ganda.plugins`` whose
+target (a module or any object) has ``register()``, called once for the registries, and
+optionally ``register_cli(app)``, called with the typer app to add commands. Plugins load at
+the command line's start and, in Python, on the first lookup that misses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import GandaError
+
+if TYPE_CHECKING:
+    from .models.base import ModelAdapter
+    from .tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+PLUGIN_GROUP = "ganda.plugins"
+
+
+def resolve_target(target: Any) -> Any:
+    """``target`` itself, or the object a ``"module:attr"`` path names (imported now)."""
+    if not isinstance(target, str):
+        return target
+    module, _, attr = target.partition(":")
+    if not attr:
+        raise GandaError(f"registry target {target!r} is not of the form 'module:attr'")
+    return getattr(importlib.import_module(module), attr)
+
+
+# ---- model families and names ---------------------------------------------------------------
+
+_FAMILIES: list[type[ModelAdapter]] = []
+#: ``config.model_type`` -> human name, for the list of supported architectures.
+MODEL_TYPES: dict[str, str] = {}
+#: ``config.model_type`` -> ``fn(path) -> model`` for architectures transformers does not build.
+LOADERS: dict[str | None, Callable[[Path], Any]] = {}
+
+
+def register_family(adapter_cls: type[ModelAdapter], model_types: dict[str, str] | None = None,
+                    loader: Callable[[Path], Any] | None = None, *, generic: bool = False) -> None:
+    """Serve models that ``adapter_cls.matches`` with that adapter.
+
+    ``model_types`` maps each ``config.model_type`` the family loads to a human name (listed when
+    an architecture is refused); ``loader`` builds a model from a directory for model types that
+    transformers cannot build. Families registered later are tried first, so a specific family
+    wins over a generic one; ``generic=True`` puts the family after all others instead.
+    """
+    if adapter_cls not in _FAMILIES:
+        if generic:
+            _FAMILIES.append(adapter_cls)
+        else:
+            _FAMILIES.insert(0, adapter_cls)
+    MODEL_TYPES.update(model_types or {})
+    if loader is not None:
+        for model_type in model_types or {}:
+            LOADERS[model_type] = loader
+
+
+def families() -> list[type[ModelAdapter]]:
+    """The registered adapter classes, in the order they are tried."""
+    return list(_FAMILIES)
+
+
+@dataclass(frozen=True)
+class Resolver:
+    match: str | Callable[[str], bool]
+    fn: Callable[[str], Path | None]
+    names: Callable[[], Iterable[str]] | None = None
+    label: str = "a registered name"
+
+    def accepts(self, spec: str) -> bool:
+        return spec.startswith(self.match) if isinstance(self.match, str) else bool(self.match(spec))
+
+
+_RESOLVERS: list[Resolver] = []
+
+
+def register_resolver(prefix_or_predicate: str | Callable[[str], bool], fn: Callable[[str], Path | None], *,
+                      names: Callable[[], Iterable[str]] | None = None, label: str = "a registered name") -> None:
+    """Let model specs that start with a prefix (or satisfy a predicate) load from ``fn(spec)``.
+
+    ``fn`` returns the local directory or file for the spec, or None when it does not know it;
+    ``names`` lists the names it knows and ``label`` says what they are, both for the error that
+    an unknown spec gets. Resolvers are consulted after aliases and existing paths.
+    """
+    _RESOLVERS.append(Resolver(prefix_or_predicate, fn, names, label))
+
+
+def resolve_model(spec: str) -> Path | None:
+    """The path a registered resolver gives ``spec`` (plugins loaded on a miss), or None."""
+    for attempt in range(2):
+        for r in _RESOLVERS:
+            if r.accepts(spec):
+                path = r.fn(spec)
+                if path is not None:
+                    return Path(path)
+        if attempt == 0 and not load_plugins():
+            break
+    return None
+
+
+def resolver_names() -> list[tuple[str, list[str]]]:
+    """``(label, names)`` of every resolver that lists its names (for error messages)."""
+    load_plugins()
+    return [(r.label, sorted(r.names())) for r in _RESOLVERS if r.names is not None]
+
+
+# ---- tasks ----------------------------------------------------------------------------------
+
+_TASKS: dict[str, Any] = {}
+_NUMBER_OPTION: dict[str, str] = {}
+
+
+def register_task(name: str, target: type[Task] | str, *, number_option: str | None = None) -> None:
+    """Make ``name`` build the task ``target`` (a Task class or its ``"module:Class"`` path).
+
+    ``number_option`` lets a number written after the name set that option in lists of tasks
+    (``number_option="pairs"``: ``kv20`` is ``kv`` with 20 pairs).
+    """
+    _TASKS[name] = target
+    if number_option is not None:
+        _NUMBER_OPTION[name] = number_option
+    else:
+        _NUMBER_OPTION.pop(name, None)
+
+
+def task_names() -> list[str]:
+    """Every registered task name (plugins' included), sorted."""
+    load_plugins()
+    return sorted(_TASKS)
+
+
+def task_class(name: str) -> type[Task] | None:
+    """The task class registered as ``name`` (plugins loaded on a miss), or None."""
+    if name not in _TASKS:
+        load_plugins()
+    target = _TASKS.get(name)
+    if target is None:
+        return None
+    cls = resolve_target(target)
+    _TASKS[name] = cls  # imported once
+    return cls
+
+
+def parse_task_name(text: str) -> tuple[str, dict[str, Any]] | None:
+    """``"kv20"`` -> ``("kv", {"pairs": 20})``, ``"mmlu"`` -> ``("mmlu", {})``; None when unknown."""
+    for attempt in range(2):
+        if text in _TASKS:
+            return text, {}
+        for name, option in sorted(_NUMBER_OPTION.items(), key=lambda kv: -len(kv[0])):
+            rest = text[len(name):]
+            if text.startswith(name) and rest.isdigit():
+                return name, {option: int(rest)}
+        if attempt == 0 and not load_plugins():
+            break
+    return None
+
+
+def number_option(name: str) -> str | None:
+    """The option a number after task ``name`` sets (``"pairs"`` for ``kv``), if any."""
+    return _NUMBER_OPTION.get(name)
+
+
+# ---- experiment result kinds ----------------------------------------------------------------
+
+class ResultKind(Protocol):
+    """What ``ganda report`` needs of a result class."""
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ResultKind: ...
+
+    def headline(self) -> str: ...
+
+    def draw(self, out_dir: Path) -> list[Path]: ...
+
+
+_RESULTS: dict[str, Any] = {}
+
+
+def register_result(kind: str, target: type[ResultKind] | str) -> None:
+    """Make ``result.json`` files of ``kind`` rebuild as ``target`` (a class or ``"module:Class"``)."""
+    _RESULTS[kind] = target
+
+
+def result_class(kind: str) -> type[ResultKind] | None:
+    """The result class registered for ``kind`` (plugins loaded on a miss), or None."""
+    if kind not in _RESULTS:
+        load_plugins()
+    target = _RESULTS.get(kind)
+    if target is None:
+        return None
+    cls = resolve_target(target)
+    _RESULTS[kind] = cls
+    return cls
+
+
+def result_kinds() -> list[str]:
+    load_plugins()
+    return sorted(_RESULTS)
+
+
+# ---- plugins --------------------------------------------------------------------------------
+
+_PLUGINS: dict[str, Any] | None = None
+PLUGIN_ERRORS: dict[str, str] = {}
+
+
+def load_plugins() -> bool:
+    """Load every ``ganda.plugins`` entry point once and call its ``register()``.
+
+    Returns True the first time (when loading may have added entries), False afterwards. A plugin
+    that fails to load is logged and left out (its error stays in ``PLUGIN_ERRORS``), so one broken
+    package does not stop ganda.
+    """
+    global _PLUGINS
+    if _PLUGINS is not None:
+        return False
+    _PLUGINS = {}
+    for ep in md.entry_points(group=PLUGIN_GROUP):
+        try:
+            plugin = ep.load()
+            if hasattr(plugin, "register"):
+                plugin.register()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the core
+            PLUGIN_ERRORS[ep.name] = f"{type(exc).__name__}: {exc}"
+            log.warning("ganda plugin %r (%s) failed to load: %s", ep.name, ep.value, exc)
+            continue
+        _PLUGINS[ep.name] = plugin
+    return True
+
+
+def plugins() -> dict[str, Any]:
+    """The loaded plugins by entry-point name."""
+    load_plugins()
+    return dict(_PLUGINS or {})
+
+
+def register_plugin_commands(app: Any) -> None:
+    """Call ``register_cli(app)`` of every plugin that has one (the command line's start-up)."""
+    for plugin in plugins().values():
+        if hasattr(plugin, "register_cli"):
+            plugin.register_cli(app)
+
+
+__all__ = [
+    "LOADERS", "MODEL_TYPES", "PLUGIN_GROUP", "ResultKind", "families", "load_plugins", "number_option",
+    "parse_task_name", "plugins", "register_family", "register_plugin_commands", "register_resolver",
+    "register_result", "register_task", "resolve_model", "resolve_target", "result_class", "result_kinds",
+    "resolver_names", "task_class", "task_names",
+]
