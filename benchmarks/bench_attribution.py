@@ -1,0 +1,373 @@
+"""Attribution (AtP, AtP*) against the exhaustive exact sweep: ranking quality and speed.
+
+Quality, one model and task per command (the exhaustive sweep on the same prompts and the same
+margin metric is the ground truth; it resumes from runs/bench-attribution/<name>/sweep):
+
+    .venv/bin/python benchmarks/bench_attribution.py quality --model smollm2-135m --task kv --pairs 5 --n 16
+    .venv/bin/python benchmarks/bench_attribution.py quality --model lab-llama-h1 --task lab-mmlu --n 32
+    .venv/bin/python benchmarks/bench_attribution.py quality --model lab-mamba2-9k --task lab-mmlu --n 32
+    .venv/bin/python benchmarks/bench_attribution.py quality --model lab-hybrid-late-7k5 --task lab-mmlu --n 32
+
+Speed on SmolLM2-135M (270 heads), the same 16 KV prompts, all arms in one process, one thread:
+the AtP and AtP* passes, the exhaustive fast sweep, the naive loop (on every 10th layer's heads,
+scaled to 270: its cost per head does not depend on the head), and the pipeline (AtP* + exact
+verification of the top 30):
+
+    .venv/bin/python benchmarks/bench_attribution.py speed --n 16
+
+Peak resident memory of the attribution pass against a plain no-grad forward of the same batch
+(each arm in a fresh process, peak reset after loading):
+
+    .venv/bin/python benchmarks/bench_attribution.py memory
+
+Then the markdown tables (benchmarks/results/attribution.md) from the JSON results:
+
+    .venv/bin/python benchmarks/bench_attribution.py table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+RUNS = Path("runs") / "bench-attribution"
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # pragma: no cover
+        pass
+    return "?"
+
+
+def timed(fn):
+    t, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - t, time.process_time() - c
+
+
+def load(args):
+    import ganda
+    from ganda.tasks import get_task, task_for_model
+
+    opts = {"pairs": args.pairs} if args.pairs else {}
+    adapter = ganda.load_model(args.model)
+    task = task_for_model(args.task, get_task(args.task, **opts), adapter, **opts)
+    return adapter, task.examples(limit=args.n, seed=args.seed), opts
+
+
+def name_of(args) -> str:
+    return f"{args.model}-{args.task}" + (f"{args.pairs}" if args.pairs else "") + f"-n{args.n}"
+
+
+def exhaustive(adapter, examples, args, opts):
+    """The exact sweep over every head (resumable); its time when this call ran it whole."""
+    from ganda.sweep import run_sweep
+
+    out = RUNS / name_of(args) / "sweep"
+    progress = out / "progress.jsonl"
+    fresh = not progress.exists() or progress.read_text().count("\n") <= 1
+    res, wall, cpu = timed(lambda: run_sweep(adapter, examples, out_dir=out, progress=True,
+                                             config={"task": args.task, **opts, "limit": args.n, "seed": args.seed}))
+    if fresh:
+        (out / "timing.json").write_text(json.dumps({"wall": wall, "cpu": cpu}))
+    return res
+
+
+def quality_cmd(args) -> None:
+    from ganda.attribution import attribute, metric_value, quality, top_by_magnitude
+
+    torch.set_num_threads(args.threads)
+    adapter, examples, opts = load(args)
+    res = exhaustive(adapter, examples, args, opts)
+    golds = [ex.gold for ex in examples]
+    clean = metric_value(res.baseline["loglik"], golds, args.margin)
+    exact = {r["head"]: clean - metric_value(r["loglik"], golds, args.margin) for r in res.records}
+    exact_rank = {h: i + 1 for i, h in enumerate(top_by_magnitude(exact, len(exact)))}
+    rows = []
+    for method in ("atp", "atp*"):
+        att, wall, cpu = timed(lambda m=method: attribute(adapter, examples, method=m, margin=args.margin, progress=False))
+        est = att.by_head()
+        q = quality(est, exact, k=10, within=(10, 30))
+        est_rank = {h: i + 1 for i, h in enumerate(top_by_magnitude(est, len(est)))}
+        # after exact verification of the estimate's top 30, the reported top 10 is the exact top 10 among them
+        verified = top_by_magnitude(est, 30)
+        reported = top_by_magnitude({h: exact[h] for h in verified}, 10)
+        misses = [{"head": h, "exact": exact[h], "exact_rank": exact_rank[h], "estimate": est[h],
+                   "estimate_rank": est_rank[h], "atp": dict(zip([str(x) for x in att.heads], att.atp, strict=True))[h]}
+                  for h in q["missed_in_30"]]
+        rows.append({"method": method, "seconds": wall, "cpu_seconds": cpu,
+                     "spearman_abs": q["spearman_abs"], "spearman_signed": q["spearman_signed"],
+                     "recall_top10_in_10": q["recall_top10_in_10"], "recall_top10_in_30": q["recall_top10_in_30"],
+                     "verified_top10_identical": reported == q["exact_top"][:10],
+                     "verified_top10": reported, "missed_in_10": q["missed_in_10"], "missed_in_30": misses,
+                     "clean_matches_sweep": abs(att.clean - clean) < 1e-4,
+                     "estimates": est})
+    out = {"command": "python benchmarks/bench_attribution.py quality " + " ".join(
+               f"--{k} {v}" for k, v in (("model", args.model), ("task", args.task), ("pairs", args.pairs),
+                                         ("n", args.n), ("seed", args.seed)) if v is not None),
+           "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples),
+           "n_heads": len(exact), "margin": args.margin, "clean_margin": clean, "baseline_acc": res.baseline["acc"],
+           "exact_top10": top_by_magnitude(exact, 10), "exact": exact, "methods": rows,
+           "cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average_at_end": list(os.getloadavg())}
+    path = RESULTS / f"attribution_quality_{name_of(args)}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    scatter(out, RESULTS / f"attribution_quality_{name_of(args)}.png")
+    for r in rows:
+        print(f"{args.model} {args.task} {r['method']}: spearman |.| {r['spearman_abs']:.3f}, recall@10 in 10 "
+              f"{r['recall_top10_in_10']:.2f}, in 30 {r['recall_top10_in_30']:.2f}, verified top-10 identical "
+              f"{r['verified_top10_identical']}; missed in 30: {[m['head'] for m in r['missed_in_30']]}")
+    print(f"wrote {path}")
+
+
+def scatter(q: dict, path: Path) -> None:
+    """Estimate against exhaustive exact effect for every head, one panel per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    exact = q["exact"]
+    top = set(q["exact_top10"])
+    fig, axes = plt.subplots(1, len(q["methods"]), figsize=(5 * len(q["methods"]), 4.6), squeeze=False)
+    for ax, r in zip(axes[0], q["methods"], strict=True):
+        est = r["estimates"]
+        hs = sorted(exact)
+        ax.scatter([est[h] for h in hs], [exact[h] for h in hs], s=8, c=["C3" if h in top else "C0" for h in hs])
+        lim = max(abs(v) for h in hs for v in (est[h], exact[h])) * 1.05
+        ax.plot([-lim, lim], [-lim, lim], lw=0.8, c="grey", ls="--")
+        ax.axhline(0, lw=0.5, c="k")
+        ax.axvline(0, lw=0.5, c="k")
+        for h in q["exact_top10"][:10]:
+            ax.annotate(h, (est[h], exact[h]), fontsize=6, xytext=(2, 2), textcoords="offset points")
+        ax.set_xlabel(f"{r['method']} estimate")
+        ax.set_ylabel("exact drop (zero-ablation)")
+        ax.set_title(f"{q['model']} {q['task']}: {r['method']}, Spearman |.| {r['spearman_abs']:.2f}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def speed_cmd(args) -> None:
+    import ganda
+    from ganda.attribution import attribute, rank_heads
+    from ganda.heads import expand
+    from ganda.sweep import run_sweep
+
+    torch.set_num_threads(args.threads)
+    args.model, args.task, args.pairs = "smollm2-135m", "kv", 5
+    adapter, examples, opts = load(args)
+    heads = adapter.heads()
+    arms: dict[str, dict[str, float]] = {}
+
+    def arm(name, fn):
+        _, wall, cpu = timed(fn)
+        arms[name] = {"wall": wall, "cpu": cpu}
+        print(f"{name}: {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
+
+    attribute(adapter, examples[:1], method="atp", progress=False)  # warm-up (allocator, kernels)
+    arm("atp", lambda: attribute(adapter, examples, method="atp", progress=False))
+    arm("atp*", lambda: attribute(adapter, examples, method="atp*", progress=False))
+    arm("pipeline_atp*_verify30", lambda: rank_heads(adapter, examples, method="atp*", verify_top=30, audit=0,
+                                                      progress=False))
+    arm("pipeline_atp_verify30", lambda: rank_heads(adapter, examples, method="atp", verify_top=30, audit=0,
+                                                     progress=False))
+    arm("audit10", lambda: run_sweep(adapter, examples, heads=heads[5::27][:10], progress=False))
+    arm("fast_sweep", lambda: run_sweep(adapter, examples, progress=True))
+    subset = expand(args.naive_heads, adapter)
+    arm("naive_subset", lambda: run_sweep(adapter, examples, heads=subset, naive=True, progress=True))
+    scale = len(heads) / len(subset)
+    arms["naive"] = {k: v * scale for k, v in arms["naive_subset"].items()}
+    fast = arms["fast_sweep"]
+    ratios = {f"{a}_vs_fast_sweep": {k: fast[k] / arms[a][k] for k in ("wall", "cpu")}
+              for a in ("atp", "atp*", "pipeline_atp*_verify30", "pipeline_atp_verify30")}
+    ratios.update({f"{a}_vs_naive": {k: arms["naive"][k] / arms[a][k] for k in ("wall", "cpu")}
+                   for a in ("atp", "atp*", "fast_sweep")})
+    out = {"command": f"python benchmarks/bench_attribution.py speed --n {args.n}", "model": "smollm2-135m",
+           "task": "kv", "task_options": opts, "n_prompts": len(examples), "n_heads": len(heads),
+           "naive_heads": args.naive_heads, "naive_scaled_by": scale, "arms": arms, "ratios": ratios,
+           "cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average_at_end": list(os.getloadavg()),
+           "torch": torch.__version__, "ganda": ganda.__version__}
+    path = RESULTS / "attribution_speed.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(ratios, indent=1))
+    print(f"wrote {path}")
+
+
+def _status_mb(key: str) -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(key)
+
+
+def mem_arm_cmd(args) -> None:
+    """One arm of ``memory`` (run in its own process)."""
+    from ganda.attribution import attribute
+    from ganda.attribution.engine import _make_batch, _plan
+
+    torch.set_num_threads(1)
+    adapter, examples, _ = load(args)
+    plan, packed = _plan(adapter, examples, 4096)
+    b = _make_batch(adapter, plan[0], packed, next(adapter.model.parameters()).dtype)
+    attribute(adapter, examples[:2], method="atp", progress=False)  # warm-up: allocator, lazy modules
+    kw = {"input_ids": b.ids, "attention_mask": b.mask, "use_cache": False}
+    if b.position_ids is not None:
+        kw["position_ids"] = b.position_ids
+    base = _status_mb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM)
+    if args.arm == "forward":
+        with torch.no_grad():
+            adapter.model(**kw)
+    else:
+        attribute(adapter, examples, method=args.arm, progress=False)
+    print(json.dumps({"arm": args.arm, "tokens": int(b.ids.numel()), "batches": len(plan),
+                      "peak_mb": round(_status_mb("VmHWM") - base, 1)}))
+
+
+def memory_cmd(args) -> None:
+    import subprocess
+    import sys
+
+    out = []
+    for model, task, pairs, n in (("smollm2-135m", "kv", 5, 16), ("lab-mamba2-9k", "lab-mmlu", None, 32)):
+        rows = {}
+        for arm in ("forward", "atp", "atp*"):
+            cmd = [sys.executable, __file__, "_mem", "--arm", arm, "--model", model, "--task", task, "--n", str(n)]
+            if pairs:
+                cmd += ["--pairs", str(pairs)]
+            line = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+            rows[arm] = json.loads(line)
+            print(model, rows[arm], flush=True)
+        out.append({"model": model, "task": task, "n": n, "arms": rows,
+                    "ratio_atp": rows["atp"]["peak_mb"] / rows["forward"]["peak_mb"],
+                    "ratio_atp*": rows["atp*"]["peak_mb"] / rows["forward"]["peak_mb"]})
+    path = RESULTS / "attribution_memory.json"
+    path.write_text(json.dumps({"command": "python benchmarks/bench_attribution.py memory", "rows": out}, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def units(n_layers: int, heads_per_layer: int, verified_depth: float, k: int = 30) -> dict[str, float]:
+    """Cost in layer-forward units per prompt (docs/attribution.md): a layer VJP counted as one forward;
+    ``verified_depth``: mean layer of the verified heads over the layer count."""
+    L, H = n_layers, heads_per_layer
+    sweep = H * L * (L + 1) / 2 + L
+    verify = k * L * (1 - verified_depth) + L
+    return {"fast_sweep": sweep, "atp": 3 * L, "atp*": 2 * L + L * (L + 1) / 2, "naive": H * L * L,
+            "pipeline_atp_verify30": 3 * L + verify, "pipeline_atp*_verify30": 2 * L + L * (L + 1) / 2 + verify}
+
+
+def extrapolation(speed: dict, quality: dict) -> list[str]:
+    """Measured SmolLM2 ratios, the unit model's, and Llama-3.1-8B's (unit model x SmolLM2's calibration)."""
+    arms = ("atp", "atp*", "pipeline_atp_verify30", "pipeline_atp*_verify30")
+    depth = {}
+    for m in quality["methods"]:
+        top = sorted(m["estimates"], key=lambda h: -abs(m["estimates"][h]))[:30]
+        depth[m["method"]] = sum(int(h[1:].split("H")[0]) for h in top) / 30 / 30
+    d = (depth["atp"] + depth["atp*"]) / 2
+    smol, big = units(30, 9, d), units(32, 32, d)
+    out = ["", f"How the ratios scale (fast sweep ÷ arm). Unit model: cost in layer forwards per prompt "
+           f"(docs/attribution.md); verified heads at the measured mean relative depth {d:.2f}. "
+           "Llama-3.1-8B = its unit ratio × SmolLM2's measured/unit calibration:", "",
+           "| arm | SmolLM2 measured (CPU) | SmolLM2 unit model | Llama-3.1-8B unit model | Llama-3.1-8B calibrated |",
+           "|---|---|---|---|---|"]
+    for a in arms:
+        meas = speed["ratios"][f"{a}_vs_fast_sweep"]["cpu"]
+        u_s, u_b = smol["fast_sweep"] / smol[a], big["fast_sweep"] / big[a]
+        out.append(f"| {a} | {meas:.1f}x | {u_s:.1f}x | {u_b:.1f}x | {u_b * meas / u_s:.0f}x |")
+    nv = speed["ratios"]["atp_vs_naive"]["cpu"]
+    out += ["", f"AtP against the naive loop: {nv:.0f}x measured on SmolLM2 (unit model {smol['naive'] / smol['atp']:.0f}x: "
+            "the naive loop scores one row per choice with logits at every position, which the unit model leaves "
+            f"out); Llama-3.1-8B unit model {big['naive'] / big['atp']:.0f}x."]
+    return out
+
+
+def table_cmd(_args) -> None:
+    lines = ["Attribution against the exhaustive exact sweep (same prompts, same metric: the mean margin of the gold "
+             "choice's log-likelihood over the others'; heads ranked by |drop when zero-ablated|). Commands: "
+             "`benchmarks/bench_attribution.py quality ...` (one per row pair), `speed`, `memory`, `table`.", "","| model, task (prompts, heads) | method | Spearman \\|est\\| vs \\|exact\\| | exhaustive top-10 in top-10 | "
+             "in top-30 | top-10 after verifying top-30 | missed (exact rank: estimate rank) |",
+             "|---|---|---|---|---|---|---|"]
+    for path in sorted(RESULTS.glob("attribution_quality_*.json")):
+        q = json.loads(path.read_text())
+        for r in q["methods"]:
+            missed = ", ".join(f"{m['head']} ({m['exact_rank']}: {m['estimate_rank']})" for m in r["missed_in_30"]) or "-"
+            lines.append(f"| {q['model']}, {q['task']}{' ' + str(q['task_options'].get('pairs')) + ' pairs' if q['task_options'] else ''} "
+                         f"({q['n_prompts']}, {q['n_heads']}) | {r['method']} | {r['spearman_abs']:.2f} | "
+                         f"{r['recall_top10_in_10']:.0%} | {r['recall_top10_in_30']:.0%} | "
+                         f"{'identical' if r['verified_top10_identical'] else 'differs'} | {missed} |")
+    lines += ["", "The lab models have 4-32 heads, so a top 30 holds (nearly) all of them and their top-30 columns are "
+              "full by construction; the Spearman and top-10-in-10 columns carry the information there."]
+    speed = RESULTS / "attribution_speed.json"
+    if speed.exists():
+        s = json.loads(speed.read_text())
+        a, r = s["arms"], s["ratios"]
+        lines += ["", f"SmolLM2-135M, KV {s['task_options']['pairs']} pairs, {s['n_prompts']} prompts, {s['n_heads']} heads, "
+                  f"{s['threads']} thread, {s['cpu']} (load average at end {s['load_average_at_end'][0]:.1f}):", "",
+                  "| arm | CPU s | wall s | fast sweep ÷ arm (CPU) | (wall) |", "|---|---|---|---|---|"]
+        for name in ("atp", "atp*", "pipeline_atp_verify30", "pipeline_atp*_verify30", "audit10", "fast_sweep", "naive"):
+            ratio = r.get(f"{name}_vs_fast_sweep")
+            rc, rw = (f"{ratio['cpu']:.1f}x", f"{ratio['wall']:.1f}x") if ratio else ("-", "-")
+            lines.append(f"| {name} | {a[name]['cpu']:.1f} | {a[name]['wall']:.1f} | {rc} | {rw} |")
+        lines += ["", f"naive: {s['naive_heads']} ({s['n_heads'] / s['naive_scaled_by']:.0f} heads) run, scaled "
+                  f"x{s['naive_scaled_by']:.0f} (its cost per head does not depend on the head). audit10: 10 extra heads "
+                  "verified exactly (the bound's price). The machine's 2 cores were shared with other jobs during the run: "
+                  "CPU seconds are the robust column."]
+    qpath = RESULTS / "attribution_quality_smollm2-135m-kv5-n16.json"
+    if speed.exists() and qpath.exists():
+        lines += extrapolation(json.loads(speed.read_text()), json.loads(qpath.read_text()))
+    memory = RESULTS / "attribution_memory.json"
+    if memory.exists():
+        lines += ["", "Peak resident memory over the loaded model, one batch (MB):", "",
+                  "| model (tokens in the batch) | plain no-grad forward | AtP | AtP* |", "|---|---|---|---|"]
+        for row in json.loads(memory.read_text())["rows"]:
+            a = row["arms"]
+            lines.append(f"| {row['model']} ({a['forward']['tokens']}) | {a['forward']['peak_mb']:.0f} | "
+                         f"{a['atp']['peak_mb']:.0f} ({row['ratio_atp']:.2f}x) | {a['atp*']['peak_mb']:.0f} "
+                         f"({row['ratio_atp*']:.2f}x) |")
+    text = "\n".join(lines) + "\n"
+    (RESULTS / "attribution.md").write_text(text)
+    print(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("quality")
+    q.add_argument("--model", default="smollm2-135m")
+    q.add_argument("--task", default="kv")
+    q.add_argument("--pairs", type=int, default=None)
+    q.add_argument("--n", type=int, default=16)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--margin", default="mean")
+    q.add_argument("--threads", type=int, default=1)
+    s = sub.add_parser("speed")
+    s.add_argument("--n", type=int, default=16)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--naive-heads", default="L0H*,L10H*,L20H*")
+    sub.add_parser("memory")
+    m = sub.add_parser("_mem")
+    m.add_argument("--arm", required=True)
+    m.add_argument("--model", required=True)
+    m.add_argument("--task", required=True)
+    m.add_argument("--pairs", type=int, default=None)
+    m.add_argument("--n", type=int, default=16)
+    m.add_argument("--seed", type=int, default=0)
+    sub.add_parser("table")
+    args = ap.parse_args()
+    {"quality": quality_cmd, "speed": speed_cmd, "memory": memory_cmd, "_mem": mem_arm_cmd,
+     "table": table_cmd}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

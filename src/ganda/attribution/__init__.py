@@ -1,0 +1,35 @@
+"""Rank every head by a first-order estimate of its ablation effect, then verify the top exactly.
+
+``attribute`` estimates every head's effect on the task's multiple-choice margin from one forward
+and one backward pass per batch of prompts (AtP, or AtP* with GradDrop); ``rank_heads`` verifies
+the top K with the exact sweep engine and bounds the false negatives among the rest. See
+docs/attribution.md.
+"""
+
+from .engine import (
+    ABLATIONS,
+    MARGINS,
+    METHODS,
+    Attribution,
+    attribute,
+    graddrop_scores,
+    margin_of,
+    metric_value,
+)
+from .ranking import (
+    RANK_METHODS,
+    Bound,
+    RankResult,
+    false_negative_bound,
+    quality,
+    rank_heads,
+    spearman,
+    top_by_magnitude,
+    upper_count,
+)
+
+__all__ = [
+    "ABLATIONS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute",
+    "false_negative_bound", "graddrop_scores", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
+    "top_by_magnitude", "upper_count",
+]

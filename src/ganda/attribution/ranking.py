@@ -1,0 +1,439 @@
+"""Rank every head by attribution, verify the top K exactly, bound the false negatives among the rest.
+
+Verification of zero-ablation runs the exact sweep engine (:func:`ganda.sweep.run_sweep`) on the
+chosen heads, so a verified head's number is the sweep's number; mean-ablation runs the scoring
+path with the head's slice replaced by its mean. Both resume from ``OUT/verify``.
+
+The bound follows AtP*'s diagnostic: besides the top K, a uniform random *audit* of the unverified
+heads is verified too. With θ the smallest exact effect the reported top list needs, the number
+of audited heads at or above θ gives (hypergeometric, exact) an upper confidence bound on how many
+unverified heads are at or above θ; the largest ``|exact| / |estimate|`` ratio on the audit, applied
+to every unverified estimate, names the heads that could still reach θ ("at risk").
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..errors import GandaError
+from ..heads import HeadId
+from ..models.base import ModelAdapter
+from ..scoring import score_examples
+from ..sweep import run_sweep
+from ..tasks.base import Example
+from .engine import MARGINS, Attribution, _prompts_digest, _read_lines, attribute, metric_value
+
+RANK_METHODS = ("atp", "atp*", "exact")
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+
+
+def _ranks(xs: Sequence[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise GandaError("spearman needs two equally long lists of at least two values")
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = math.sqrt(sum((x - ma) ** 2 for x in ra))
+    vb = math.sqrt(sum((y - mb) ** 2 for y in rb))
+    return cov / (va * vb) if va and vb else float("nan")
+
+
+def top_by_magnitude(values: dict[str, float], k: int) -> list[str]:
+    """The ``k`` heads of largest ``|value|`` (ties: name order)."""
+    return [h for h, _ in sorted(values.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:k]]
+
+
+def quality(estimate: dict[str, float], exact: dict[str, float], k: int = 10, within: Sequence[int] = (10, 30)
+            ) -> dict[str, Any]:
+    """How well an estimate ranks heads against exhaustive exact effects (same heads, same metric):
+    Spearman of the magnitudes, and which of the exact top ``k`` the estimate's top ``n`` holds."""
+    heads = sorted(exact)
+    top = top_by_magnitude(exact, k)
+    out: dict[str, Any] = {
+        "spearman_abs": spearman([abs(estimate[h]) for h in heads], [abs(exact[h]) for h in heads]),
+        "spearman_signed": spearman([estimate[h] for h in heads], [exact[h] for h in heads]),
+        "exact_top": top,
+    }
+    for n in within:
+        mine = set(top_by_magnitude(estimate, n))
+        out[f"recall_top{k}_in_{n}"] = sum(h in mine for h in top) / max(1, len(top))
+        out[f"missed_in_{n}"] = [h for h in top if h not in mine]
+    return out
+
+
+def hypergeom_cdf(x: int, population: int, successes: int, draws: int) -> float:
+    """P(X ≤ x) for X ~ Hypergeometric(population, successes, draws)."""
+    total = math.comb(population, draws)
+    return sum(math.comb(successes, i) * math.comb(population - successes, draws - i)
+               for i in range(0, min(x, successes, draws) + 1)) / total
+
+
+def upper_count(observed: int, population: int, draws: int, confidence: float) -> int:
+    """Largest number of "successes" in ``population`` still consistent (at ``confidence``) with
+    ``observed`` successes in ``draws`` drawn without replacement (exact one-sided bound)."""
+    delta = 1.0 - confidence
+    best = observed
+    for f in range(observed, population - (draws - observed) + 1):
+        if hypergeom_cdf(observed, population, f, draws) > delta:
+            best = f
+        else:
+            break
+    return best
+
+
+@dataclass
+class Bound:
+    """How many unverified heads could have an exact effect of at least ``threshold``."""
+
+    threshold: float
+    confidence: float
+    audited: list[str]
+    audit_above: list[str]  # audited heads at or above θ: false negatives the audit caught
+    pool: int  # unverified heads the audit was drawn from
+    max_above: int  # at ``confidence``, at most this many heads of the pool are at or above θ
+    max_missed: int  # ... of which not audited (max_above minus those the audit found)
+    ratio_max: float | None  # largest |exact| / |estimate| on the audit
+    at_risk: list[str]  # unaudited, unverified heads with |estimate| · ratio_max ≥ θ
+
+    @property
+    def fraction_above(self) -> float:
+        return self.max_above / self.pool if self.pool else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"threshold": self.threshold, "confidence": self.confidence, "audited": self.audited,
+                "audit_above": self.audit_above, "pool": self.pool, "max_above": self.max_above,
+                "max_missed": self.max_missed, "fraction_above": self.fraction_above,
+                "ratio_max": self.ratio_max, "at_risk": self.at_risk}
+
+    def sentence(self) -> str:
+        s = (f"with {100 * self.confidence:.0f}% confidence at most {self.max_missed} of the {self.pool - len(self.audited)} "
+             f"unaudited unverified heads have |effect| >= {self.threshold:.4g} (audit of {len(self.audited)}: "
+             f"{len(self.audit_above)} above)")
+        if self.ratio_max is not None:
+            s += f"; ratio |exact|/|estimate| <= {self.ratio_max:.3g} on the audit puts {len(self.at_risk)} head(s) at risk"
+            if self.at_risk:
+                s += f" ({', '.join(self.at_risk[:8])}{', ...' if len(self.at_risk) > 8 else ''})"
+        return s
+
+
+def false_negative_bound(estimate: dict[str, float], exact: dict[str, float], verified: Sequence[str],
+                         audited: Sequence[str], threshold: float, confidence: float = 0.95) -> Bound:
+    """The bound described in the module docstring (``exact`` covers the verified and audited heads)."""
+    vset, aset = set(verified), set(audited)
+    pool = [h for h in estimate if h not in vset]
+    above = [h for h in audited if abs(exact[h]) >= threshold]
+    max_above = upper_count(len(above), len(pool), len(audited), confidence) if pool else 0
+    ratio = None
+    at_risk: list[str] = []
+    if audited:
+        ratio = max(abs(exact[h]) / max(abs(estimate[h]), 1e-12) for h in audited)
+        at_risk = [h for h in top_by_magnitude({h: estimate[h] for h in pool if h not in aset}, len(pool))
+                   if abs(estimate[h]) * ratio >= threshold]
+    return Bound(threshold, confidence, list(audited), above, len(pool), max_above, max(0, max_above - len(above)),
+                 ratio, at_risk)
+
+
+# ---------------------------------------------------------------------------------------------
+# exact effects
+
+
+def _exact_zero(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], out_dir: Path | None,
+                resume: bool, progress: bool, config: dict[str, Any], batch_heads: int) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
+    res = run_sweep(adapter, examples, heads=heads, out_dir=out_dir, resume=resume, progress=progress, config=config,
+                    batch_heads=batch_heads)
+    return res.baseline["loglik"], {r["head"]: r["loglik"] for r in res.records}
+
+
+def _mean_hook(mixer: Any, heads: list[int], mu: torch.Tensor) -> Any:
+    def hook(_m: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        x = args[0].clone()
+        m = mu.to(dtype=x.dtype, device=x.device)
+        for h in heads:
+            sl = mixer.head_slice(h)
+            x[..., sl] = m[sl]
+        return (x, *args[1:])
+
+    return hook
+
+
+def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], means: dict[tuple[int, str], torch.Tensor],
+                out_dir: Path | None, resume: bool, progress: bool, config: dict[str, Any]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
+    """Mean-ablation of each head alone through the scoring path (resumable, one line per head)."""
+    cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": _prompts_digest(examples),
+           "heads": [str(h) for h in heads], **config}
+    path = out_dir / "progress.jsonl" if out_dir is not None else None
+    done: dict[str, list[list[float]]] = {}
+    baseline: list[list[float]] | None = None
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not resume and path.exists():
+            path.unlink()
+        lines = _read_lines(path)
+        if lines:
+            if lines[0].get("config") != cfg:
+                raise GandaError(f"{path} holds a different verification; use --no-resume or another --out")
+            for rec in lines[1:]:
+                if rec.get("type") == "baseline":
+                    baseline = rec["loglik"]
+                else:
+                    done[rec["head"]] = rec["loglik"]
+        else:
+            path.write_text(json.dumps({"type": "header", "config": cfg}) + "\n")
+    fh = path.open("a") if path is not None else None
+
+    def emit(rec: dict[str, Any]) -> None:
+        if fh is not None:
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+
+    try:
+        if baseline is None:
+            baseline = [s.loglik for s in score_examples(adapter, examples)]
+            emit({"type": "baseline", "loglik": baseline})
+        bar = tqdm(total=len(heads), initial=sum(str(h) in done for h in heads), desc="verify (mean)", unit="head",
+                   disable=not progress)
+        for h in heads:
+            if str(h) in done:
+                continue
+            mixer = adapter.mixer_of(h)
+            handle = adapter.register_out_proj_pre_hook(mixer, _mean_hook(mixer, [h.head], means[(mixer.layer, mixer.kind)]))
+            try:
+                ll = [s.loglik for s in score_examples(adapter, examples)]
+            finally:
+                handle.remove()
+            done[str(h)] = ll
+            emit({"type": "head", "head": str(h), "loglik": ll})
+            bar.update(1)
+        bar.close()
+    finally:
+        if fh is not None:
+            fh.close()
+    return baseline, {str(h): done[str(h)] for h in heads}
+
+
+# ---------------------------------------------------------------------------------------------
+# the result
+
+
+@dataclass
+class RankResult:
+    """Every head with its estimate and (where verified) its exact effect, in final order."""
+
+    method: str
+    ablation: str
+    margin: str
+    heads: list[str]  # every head, model order
+    estimate: dict[str, float]  # empty for method "exact"
+    exact: dict[str, float]  # verified and audited heads (every head for "exact")
+    verified: list[str]  # the top K by estimate (every head for "exact")
+    audited: list[str]
+    clean: float
+    bound: Bound | None
+    attribution: Attribution | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    out_dir: Path | None = None
+
+    def order(self) -> list[str]:
+        """Verified (and audited) heads first by |exact|, then the rest by |estimate|."""
+        known = top_by_magnitude(self.exact, len(self.exact))
+        seen = set(known)
+        rest = [h for h in top_by_magnitude(self.estimate, len(self.estimate)) if h not in seen]
+        return known + rest
+
+    def ranking(self) -> list[dict[str, Any]]:
+        return [{"head": h, "estimate": self.estimate.get(h), "exact": self.exact.get(h)} for h in self.order()]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per head in final order with both ranks (1 = largest |effect|)."""
+        r_est = {h: i + 1 for i, h in enumerate(top_by_magnitude(self.estimate, len(self.estimate)))}
+        r_ex = {h: i + 1 for i, h in enumerate(top_by_magnitude(self.exact, len(self.exact)))}
+        att = self.attribution
+        atp = dict(zip([str(h) for h in att.heads], att.atp, strict=True)) if att else {}
+        gd = dict(zip([str(h) for h in att.heads], att.graddrop, strict=True)) if att and att.graddrop else {}
+        out = []
+        for h in self.order():
+            hid = HeadId.parse(h)
+            out.append({"head": h, "layer": hid.layer, "index": hid.head, "kind": hid.kind or "",
+                        "estimate": self.estimate.get(h), "exact": self.exact.get(h), "rank_estimate": r_est.get(h),
+                        "rank_exact": r_ex.get(h), "atp": atp.get(h), "graddrop": gd.get(h),
+                        "verified": h in set(self.verified), "audited": h in set(self.audited)})
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        known = [h for h in self.exact if h in self.estimate]
+        rho = spearman([abs(self.estimate[h]) for h in known], [abs(self.exact[h]) for h in known]) if len(known) > 2 else None
+        return {
+            "model": self.config.get("model"), "task": self.config.get("task"), "n": self.config.get("n"),
+            "method": self.method, "ablation": self.ablation, "margin": self.margin, "clean": self.clean,
+            "verified": len(self.verified), "audited": self.audited,
+            "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
+            "seconds": self.seconds, "ranking": self.ranking(),
+        }
+
+    def write(self, out_dir: str | Path) -> None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ranking.json").write_text(json.dumps({**self.to_json(), "config": self.config}, indent=1) + "\n")
+        rows = self.rows()
+        with (out / "ranking.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["head"])
+            w.writeheader()
+            w.writerows(rows)
+        if self.estimate and self.exact:
+            self.scatter(out / "scatter.png")
+
+    def scatter(self, path: str | Path) -> None:
+        """Estimate against exact effect for every exactly known head."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5.5, 5))
+        for group, color, label in ((self.verified, "C0", "top by estimate"), (self.audited, "C1", "random audit")):
+            hs = [h for h in group if h in self.exact and h in self.estimate]
+            ax.scatter([self.estimate[h] for h in hs], [self.exact[h] for h in hs], s=18, c=color, label=label)
+        vals = [v for h in self.exact if h in self.estimate for v in (self.estimate[h], self.exact[h])]
+        lim = max([abs(v) for v in vals] + [1e-9]) * 1.05
+        ax.plot([-lim, lim], [-lim, lim], lw=0.8, c="grey", ls="--")
+        if self.method == "atp*":
+            ax.plot([-lim, lim], [lim, -lim], lw=0.5, c="grey", ls=":")
+        ax.set_xlim(-lim, lim)
+        ax.set_ylim(-lim, lim)
+        ax.axhline(0, lw=0.5, c="k")
+        ax.axvline(0, lw=0.5, c="k")
+        ax.set_xlabel(f"{self.method} estimate (drop of the {self.margin} margin)")
+        ax.set_ylabel(f"exact drop ({self.ablation}-ablation)")
+        for h in top_by_magnitude(self.exact, 5):
+            if h in self.estimate:
+                ax.annotate(h, (self.estimate[h], self.exact[h]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        model = self.config.get("model", "")
+        task = self.config.get("task")
+        tname = task.get("task", "?") if isinstance(task, dict) else task
+        ax.set_title(f"{model} {tname or ''} (n={self.config.get('n')})", fontsize=9)
+        ax.legend(fontsize=8, loc="upper left")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def rank_heads(
+    adapter: ModelAdapter,
+    examples: Sequence[Example],
+    *,
+    method: str = "atp*",
+    ablation: str = "zero",
+    margin: str = "mean",
+    verify_top: int = 30,
+    audit: int = 10,
+    threshold: float | None = None,
+    top: int = 10,
+    confidence: float = 0.95,
+    seed: int = 0,
+    heads: Sequence[HeadId] | None = None,
+    out_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    config: dict[str, Any] | None = None,
+    batch_tokens: int = 4096,
+    batch_heads: int = 16,
+) -> RankResult:
+    """Rank every head: attribution (``"atp"``/``"atp*"``) then exact verification of the top
+    ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
+
+    ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
+    effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
+    ``ranking.json``, ``ranking.csv`` and ``scatter.png`` are written there.
+    """
+    if method not in RANK_METHODS:
+        raise GandaError(f"method must be one of {', '.join(RANK_METHODS)}, not {method!r}")
+    if margin not in MARGINS:
+        raise GandaError(f"margin must be 'mean' or 'max', not {margin!r}")
+    if verify_top < 0 or audit < 0 or top < 1:
+        raise GandaError("verify_top and audit must be at least 0, top at least 1")
+    if not 0.0 < confidence < 1.0:
+        raise GandaError("confidence must be between 0 and 1")
+    if not examples:
+        raise GandaError("no examples to rank heads on")
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = Path(out_dir) if out_dir is not None else None
+    head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
+    names = [str(h) for h in head_list]
+    cfg = {"model": adapter.spec, "n": len(examples), **(config or {})}
+    golds = [ex.gold for ex in examples]
+    secs: dict[str, float] = {}
+    att: Attribution | None = None
+    estimate: dict[str, float] = {}
+    if method == "exact":
+        chosen, audited = list(head_list), []
+    else:
+        att = attribute(adapter, examples, method=method, ablation=ablation, margin=margin, heads=head_list,
+                        batch_tokens=batch_tokens, out_dir=out, resume=resume, progress=progress)
+        secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
+        estimate = att.by_head()
+        order = [names[i] for i in att.order()]
+        chosen_names = order[:verify_top]
+        pool = order[verify_top:]
+        audited = sorted(random.Random(seed).sample(pool, min(audit, len(pool))), key=order.index)
+        chosen = [HeadId.parse(h) for h in chosen_names]
+    by_name = {str(h): h for h in head_list}
+    to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
+    exact: dict[str, float] = {}
+    clean = att.clean if att is not None else float("nan")
+    if to_verify:
+        t1, c1 = time.perf_counter(), time.process_time()
+        vdir = out / "verify" if out is not None else None
+        vcfg = {"task": cfg.get("task"), "ablation": ablation}
+        if ablation == "zero":
+            base, lls = _exact_zero(adapter, examples, to_verify, vdir, resume, progress, vcfg, batch_heads)
+        else:
+            if att is None:
+                att_means = attribute(adapter, examples, method="atp", ablation="mean", margin=margin, heads=head_list,
+                                      batch_tokens=batch_tokens, progress=False).means
+            else:
+                att_means = att.means
+            base, lls = _exact_mean(adapter, examples, to_verify, att_means, vdir, resume, progress, vcfg)
+        clean = metric_value(base, golds, margin)
+        exact = {h: clean - metric_value(ll, golds, margin) for h, ll in lls.items()}
+        secs.update({"verification": time.perf_counter() - t1, "verification_cpu": time.process_time() - c1})
+    verified = [str(h) for h in chosen]
+    bound = None
+    if method != "exact" and verified:
+        known = sorted((abs(exact[h]) for h in verified), reverse=True)
+        theta = threshold if threshold is not None else known[min(top, len(known)) - 1]
+        bound = false_negative_bound(estimate, exact, verified, audited, theta, confidence)
+    secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
+    res = RankResult(method, ablation, margin, names, estimate, exact, verified, audited, clean, bound, att, secs, cfg, out)
+    if out is not None:
+        res.write(out)
+    return res

@@ -1,0 +1,107 @@
+"""``ganda rank``: rank every head by attribution (AtP / AtP*), verify the top K exactly, bound the rest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .. import runio
+from ..attribution import ABLATIONS, MARGINS, RANK_METHODS, rank_heads
+from ..errors import GandaError
+from ..heads import expand
+from ..models import DEFAULT_MODEL, load_model
+from ..tasks import get_task, task_for_model
+from .core import require_heads
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def rank(
+        model: str = typer.Argument(DEFAULT_MODEL, help="alias (smollm2-135m, lab-llama-h1, ...), .gguf file or local HF directory"),
+        task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, mmlu, lab-mmlu, arc_easy, ...)"),
+        method: str = typer.Option("atp*", "--method", "-m", help="atp (one backward), atp* (adds GradDrop) or exact "
+                                   "(the exhaustive sweep)"),
+        verify_top: int = typer.Option(30, "--verify-top", "-k", help="verify this many top heads exactly"),
+        audit: int = typer.Option(10, "--audit", help="also verify this many random other heads (the false-negative bound)"),
+        threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about "
+                                               "(default: the smallest exact effect in the verified top --top)"),
+        ablation: str = typer.Option("zero", "--ablation", help="zero or mean (mean over the same prompts)"),
+        margin: str = typer.Option("mean", "--margin", help="gold log-likelihood minus the mean or the max of the others'"),
+        limit: int | None = typer.Option(None, "--limit", "-n", help="number of prompts (default: 32)"),
+        pairs: int | None = typer.Option(None, "--pairs", help="kv: number of key-value pairs"),
+        shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)"),
+        subjects: str | None = typer.Option(None, "--subjects", help="mmlu: comma-separated subjects"),
+        heads: str | None = typer.Option(None, "--heads", help="only these heads (default: all), e.g. 'L16H*'"),
+        seed: int = typer.Option(0, "--seed", help="prompt sample and audit draw"),
+        top: int = typer.Option(10, "--top", help="rows in the printed table; the bound's default threshold"),
+        out: Path = typer.Option(None, "--out", "-o", help="directory (default: runs/rank-<task>)"),
+        resume: bool = typer.Option(True, "--resume/--no-resume", help="continue a stopped run in --out"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object (ranking of every head) instead of a table"),
+        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (runs pickle)"),
+    ) -> None:
+        """Rank every head by its ablation effect on the task's margin: attribution for all, exact for the top.
+
+        Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), OUT/attribution.jsonl and
+        OUT/verify/ (both resume a stopped run).
+        """
+        if method not in RANK_METHODS:
+            raise GandaError(f"--method must be one of {', '.join(RANK_METHODS)}, not {method!r}")
+        if ablation not in ABLATIONS:
+            raise GandaError(f"--ablation must be one of {', '.join(ABLATIONS)}, not {ablation!r}")
+        if margin not in MARGINS:
+            raise GandaError(f"--margin must be one of {', '.join(MARGINS)}, not {margin!r}")
+        if limit is not None and limit < 1:
+            raise GandaError("--limit must be at least 1")
+        if verify_top < 0 or audit < 0:
+            raise GandaError("--verify-top and --audit must be at least 0")
+        if top < 1:
+            raise GandaError("--top must be at least 1")
+        require_heads("--heads", heads)
+        if threshold is not None and threshold <= 0:
+            raise GandaError("--threshold must be positive")
+        opts = {"pairs": pairs, "shots": shots, "subjects": subjects}
+        task_obj = get_task(task, **opts)
+        if task_obj.kind != "mc":
+            raise GandaError(f"task {task!r} is a generation task; rank scores multiple-choice tasks only")
+        n = limit if limit is not None else 32
+        runio.claim_run_dir(out if out is not None else Path("runs") / f"rank-{task}")
+        adapter = load_model(model, allow_pickle=allow_pickle)
+        task_obj = task_for_model(task, task_obj, adapter, **opts)
+        examples = task_obj.examples(limit=n, seed=seed)
+        if not examples:
+            raise GandaError(f"task {task!r} gave no examples")
+        if any(len(ex.choices) < 2 for ex in examples):
+            raise GandaError(f"task {task!r} has examples with fewer than two choices; a margin needs two")
+        head_list = expand(heads, adapter) if heads else None
+        out_dir = out if out is not None else Path("runs") / f"rank-{task}"
+        cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
+        res = rank_heads(adapter, examples, method=method, ablation=ablation, margin=margin, verify_top=verify_top,
+                         audit=audit, threshold=threshold, top=top, seed=seed, heads=head_list, out_dir=out_dir,
+                         resume=resume, progress=not as_json, config=cfg)
+        if as_json:
+            print(json.dumps({**res.to_json(), "out": str(out_dir)}))
+            return
+
+        console = Console()
+        s = res.seconds
+        timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "verification", "total") if k in s)
+        console.print(f"[bold]{model}[/bold] on {task} (n={len(examples)}), {method}, {ablation}-ablation, "
+                      f"{margin} margin {res.clean:+.3f}; {len(res.heads)} heads, {len(res.exact)} verified; {timing}")
+        table = Table(title=f"top {min(top, len(res.heads))} heads (drop of the margin when ablated)")
+        for col in ("rank", "head", "estimate", "exact", "rank by estimate", "rank by exact"):
+            table.add_column(col, justify="right")
+
+        def num(v: float | None) -> str:
+            return "-" if v is None else f"{v:+.4f}"
+
+        for i, row in enumerate(res.rows()[:top], 1):
+            table.add_row(str(i), row["head"], num(row["estimate"]), num(row["exact"]),
+                          str(row["rank_estimate"] or "-"), str(row["rank_exact"] or "-"))
+        console.print(table)
+        if res.bound is not None:
+            console.print(f"bound: {res.bound.sentence()}")
+        console.print(f"wrote {out_dir}/ranking.json, ranking.csv" + (", scatter.png" if res.estimate and res.exact else ""))

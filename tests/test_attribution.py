@@ -1,0 +1,282 @@
+"""Attribution (AtP / AtP*) against exact ablation on tiny real-architecture models.
+
+Checked: the estimate equals the exact effect where the metric is linear in the head (a last-layer
+head writing straight into the unembedding), is close on a nonlinear model, GradDrop equals a
+brute-force one-pass-per-layer GradDrop and changes nothing where no later layer can cancel,
+verification reproduces the exact sweep, SSM heads get gradients, and ``ganda rank --json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import ganda
+from ganda.attribution import (
+    attribute,
+    false_negative_bound,
+    margin_of,
+    metric_value,
+    quality,
+    rank_heads,
+    spearman,
+    upper_count,
+)
+from ganda.attribution.ranking import hypergeom_cdf
+from ganda.cli import main
+from ganda.scoring import example_pairs, pad_rows
+from ganda.sweep import run_sweep
+from ganda.tasks.base import Example
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls run far slower when two OpenMP threads fight a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class CharTok:
+    pad_token_id = 0
+    bos_token_id = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return SimpleNamespace(input_ids=[1 + (ord(c) % 60) for c in text])
+
+
+def llama(layers: int = 3, seed: int = 0, linear_top: bool = False, scale: float = 4.0) -> ganda.ModelAdapter:
+    """A tiny random Llama (GQA). ``linear_top``: the last layer's MLP writes nothing and the final
+    norm is the identity, so the logits are linear in the last layer's head outputs. ``scale``
+    multiplies the layers' weight matrices (HF's init makes every effect tiny)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.model.layers.parameters():
+            if p.ndim == 2:
+                p.mul_(scale)
+    if linear_top:
+        with torch.no_grad():
+            model.model.layers[-1].mlp.down_proj.weight.zero_()
+            model.lm_head.weight.mul_(30.0)  # no final norm to scale the logits up
+        model.model.norm = nn.Identity()
+    return ganda.from_model(model, CharTok(), spec=f"tiny-llama-{layers}")
+
+
+EXAMPLES = [
+    Example(prompt="ab:13\ncd:57\nef:20\nkey cd is", choices=[" 13", " 57", " 20"], gold=1),
+    Example(prompt="Q: which?\nA. x\nB. y\nAnswer:", choices=["A", "B"], gold=0),
+    Example(prompt="The sky is ", choices=["blue", "green and wide", "red"], gold=0),
+    Example(prompt="Tom beat Ann so _ won.", choices=["Tom", "Ann"], gold=0,
+            meta={"contexts": ["Tom beat Ann so Tom", "Tom beat Ann so Ann"], "continuation": " won."}),
+]
+LETTERS = [Example(prompt=f"Q{i}: pick {c}\nA. a\nB. b\nC. c\nAnswer:", choices=["A", "B", "C"], gold=g)
+           for i, (c, g) in enumerate([("a", 0), ("c", 2), ("b", 1), ("a", 0), ("c", 2)])]
+
+
+def exact_drops(adapter, examples, margin="mean"):
+    res = run_sweep(adapter, examples, progress=False)
+    golds = [ex.gold for ex in examples]
+    clean = metric_value(res.baseline["loglik"], golds, margin)
+    return clean, {r["head"]: clean - metric_value(r["loglik"], golds, margin) for r in res.records}
+
+
+def brute_atp(adapter, examples, drop: int | None = None) -> dict[str, float]:
+    """Plain autograd through the whole model, one row per choice (the scorer's layout);
+    ``drop``: the gradient through that layer's residual branch is cut (GradDrop's pass)."""
+    heads = adapter.heads()
+    out = dict.fromkeys((str(h) for h in heads), 0.0)
+    layers = adapter.decoder_layers()
+    for ex in examples:
+        from ganda.scoring import encode_pair
+
+        pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(ex)]
+        ids, mask = pad_rows(adapter, [c + t for c, t in pairs])
+        zs, handles = {}, []
+        for m in adapter.mixers():
+            def hook(_mod, args, m=m, zs=zs):
+                args[0].retain_grad()
+                zs[m.layer, m.kind] = args[0]
+            handles.append(adapter.register_out_proj_pre_hook(m, hook))
+        if drop is not None:
+            def cut(_m, args, kwargs, output):
+                h = args[0] if args else kwargs["hidden_states"]
+                o = output[0] if isinstance(output, tuple) else output
+                new = h + (o - h).detach()
+                return (new, *output[1:]) if isinstance(output, tuple) else new
+            handles.append(layers[drop].register_forward_hook(cut, with_kwargs=True))
+        try:
+            with torch.enable_grad():
+                logits = adapter.forward(ids, attention_mask=mask)
+                lls = []
+                for r, (c, t) in enumerate(pairs):
+                    lp = torch.log_softmax(logits[r, len(c) - 1:len(c) + len(t) - 1].float(), -1)
+                    lls.append(lp[torch.arange(len(t)), torch.tensor(t)].sum())
+                margin_of(torch.stack(lls), ex.gold).backward()
+        finally:
+            for h in handles:
+                h.remove()
+        for h in heads:
+            mx = adapter.mixer_of(h)
+            z = zs[mx.layer, mx.kind]
+            if z.grad is not None:
+                sl = mx.head_slice(h.head)
+                out[str(h)] += float((z[..., sl] * z.grad[..., sl]).sum().detach()) / len(examples)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_linear_case_estimate_equals_exact():
+    ad = llama(layers=2, linear_top=True)
+    clean, exact = exact_drops(ad, LETTERS)
+    for ablation in ("zero", "mean"):
+        att = attribute(ad, LETTERS, method="atp", ablation=ablation, progress=False)
+        assert att.clean == pytest.approx(clean, abs=1e-5)
+        if ablation == "mean":
+            res = rank_heads(ad, LETTERS, method="atp", ablation="mean", verify_top=8, audit=0, progress=False)
+            exact = res.exact
+        top = {str(h): e for h, e in zip(att.heads, att.atp, strict=True) if h.layer == 1}
+        assert max(abs(v) for v in top.values()) > 0.01  # effects well above float noise (~1e-6)
+        for h, est in top.items():
+            assert est == pytest.approx(exact[h], abs=2e-5), (ablation, h)
+        # the first layer's heads reach the logits through layer 1's attention: no longer exact
+        first = [abs(e - exact[str(h)]) for h, e in zip(att.heads, att.atp, strict=True) if h.layer == 0]
+        assert max(first) > 1e-4
+
+
+def test_nonlinear_case_is_close():
+    ad = llama(layers=3, seed=1, scale=1.0)
+    _, exact = exact_drops(ad, EXAMPLES)
+    att = attribute(ad, EXAMPLES, method="atp", progress=False)
+    est = att.by_head()
+    scale = max(abs(v) for v in exact.values())
+    err = max(abs(est[h] - exact[h]) for h in exact)
+    assert scale > 0.02
+    # zero-ablation is not a small perturbation: first order is within 30% of the largest effect
+    # here (measured 20%) and ranks the heads almost as the exact sweep does (measured 0.97)
+    assert 1e-4 < err < 0.3 * scale
+    assert spearman([est[h] for h in exact], [exact[h] for h in exact]) > 0.9
+
+
+def test_engine_equals_brute_force_autograd_and_graddrop():
+    ad = llama(layers=3, seed=2)
+    att = attribute(ad, EXAMPLES, method="atp*", progress=False, batch_tokens=64)  # several batches
+    atp = att.by_head() if att.graddrop is None else dict(zip([str(h) for h in att.heads], att.atp, strict=True))
+    ref = brute_atp(ad, EXAMPLES)
+    assert max(abs(atp[h] - ref[h]) for h in ref) < 1e-5
+    dropped = [brute_atp(ad, EXAMPLES, drop=ell) for ell in range(3)]
+    gd = dict(zip([str(h) for h in att.heads], att.graddrop, strict=True))
+    for h in ref:
+        want = sum(abs(d[h]) for d in dropped) / 2
+        assert gd[h] == pytest.approx(want, abs=1e-5), h
+    # GradDrop moved some estimate: this model has cancellation somewhere
+    assert max(abs(gd[h] - abs(atp[h])) for h in ref) > 1e-3
+
+
+def test_graddrop_changes_nothing_without_later_layers():
+    one = llama(layers=1, seed=3)
+    a, s = attribute(one, EXAMPLES, method="atp", progress=False), attribute(one, EXAMPLES, method="atp*", progress=False)
+    assert s.estimate == pytest.approx(a.estimate, abs=1e-7)
+    deep = llama(layers=3, seed=3)
+    a, s = attribute(deep, EXAMPLES, method="atp", progress=False), attribute(deep, EXAMPLES, method="atp*", progress=False)
+    last = [i for i, h in enumerate(a.heads) if h.layer == 2]
+    assert [s.estimate[i] for i in last] == pytest.approx([a.estimate[i] for i in last], abs=1e-7)
+
+
+def test_verification_reproduces_the_exact_sweep(tmp_path):
+    ad = llama(layers=3, seed=4)
+    clean, exact = exact_drops(ad, EXAMPLES)
+    res = rank_heads(ad, EXAMPLES, method="atp*", verify_top=4, audit=3, seed=1, out_dir=tmp_path, progress=False)
+    assert len(res.verified) == 4 and len(res.audited) == 3 and len(res.exact) == 7
+    assert res.clean == pytest.approx(clean, abs=1e-6)
+    for h, v in res.exact.items():
+        assert v == pytest.approx(exact[h], abs=1e-5)
+    order = res.order()
+    known = order[:7]
+    assert sorted(known) == sorted(res.exact)
+    assert [abs(res.exact[h]) for h in known] == sorted((abs(res.exact[h]) for h in known), reverse=True)
+    rest = [abs(res.estimate[h]) for h in order[7:]]
+    assert rest == sorted(rest, reverse=True)
+    for f in ("ranking.json", "ranking.csv", "scatter.png", "attribution.jsonl", "verify/results.jsonl"):
+        assert (tmp_path / f).exists(), f
+    # a second run resumes: nothing recomputed, same numbers
+    again = rank_heads(ad, EXAMPLES, method="atp*", verify_top=4, audit=3, seed=1, out_dir=tmp_path, progress=False)
+    assert again.exact == res.exact and again.estimate == res.estimate
+
+
+def test_attribution_resumes_from_a_torn_file(tmp_path):
+    ad = llama(layers=2, seed=5)
+    full = attribute(ad, EXAMPLES, method="atp*", out_dir=tmp_path, batch_tokens=64, progress=False)
+    path = tmp_path / "attribution.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 3  # header + several batches
+    path.write_bytes(b"".join(lines[:2]) + lines[2][:10])  # one batch done, the next torn mid-line
+    again = attribute(ad, EXAMPLES, method="atp*", out_dir=tmp_path, batch_tokens=64, progress=False)
+    assert again.estimate == pytest.approx(full.estimate, abs=1e-7)
+    assert len(path.read_bytes().splitlines()) == len(lines)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "llamba", "bamba"])
+def test_ssm_heads_get_gradients(family):
+    from ganda.checks import tiny_model
+
+    ad = ganda.from_model(tiny_model(family), CharTok(), spec=family)
+    exs = [Example(prompt="abc defg hij kl x", choices=[" a", " bq", " c"], gold=1),
+           Example(prompt="zzz yy q", choices=[" k", " l", " mm"], gold=2)]
+    att = attribute(ad, exs, method="atp", progress=False)
+    ssm = [a for h, a in zip(att.heads, att.atp, strict=True) if ad.mixer_of(h).kind == "ssm"]
+    assert ssm and all(abs(a) > 1e-6 for a in ssm)
+    ref = brute_atp(ad, exs)
+    got = dict(zip([str(h) for h in att.heads], att.atp, strict=True))
+    assert max(abs(got[h] - ref[h]) for h in ref) < 1e-5
+
+
+def test_bound_and_statistics():
+    assert sum(hypergeom_cdf(x, 50, 7, 10) - hypergeom_cdf(x - 1, 50, 7, 10) for x in range(11)) == pytest.approx(1.0)
+    # 0 of 10 audited heads above θ among 100: at 95% at most 24 (P(0 | F=24) = 0.055, P(0 | F=25) = 0.048)
+    assert upper_count(0, 100, 10, 0.95) == 24
+    assert upper_count(10, 100, 10, 0.95) == 100
+    est = {"a": 3.0, "b": 2.0, "c": 0.5, "d": 0.1, "e": 0.05}
+    exact = {"a": 3.1, "b": 1.0, "d": 0.3, "e": 0.01}
+    b = false_negative_bound(est, exact, ["a", "b"], ["d", "e"], threshold=1.0)
+    assert b.audit_above == [] and b.pool == 3 and b.ratio_max == pytest.approx(3.0)
+    assert b.at_risk == ["c"]  # 0.5 x 3 >= 1; the audited heads are not listed
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    q = quality({"x": 5.0, "y": -4.0, "z": 0.1}, {"x": 1.0, "y": 0.2, "z": 2.0}, k=1, within=(1, 2))
+    assert q["exact_top"] == ["z"] and q["recall_top1_in_1"] == 0.0 and q["recall_top1_in_2"] == 0.0
+    assert math.isclose(metric_value([[0.0, -1.0, -3.0]], [0], "mean"), 2.0)
+    assert math.isclose(metric_value([[0.0, -1.0, -3.0]], [0], "max"), 1.0)
+
+
+def test_rank_json_and_bad_inputs(tiny_dir, capsys):
+    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3",
+               "--audit", "2", "--out", str(tiny_dir / "rank"), "--json"])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    ranking = data["ranking"]
+    assert len(ranking) == 12 and {r["head"] for r in ranking} == {f"L{i}H{j}" for i in range(3) for j in range(4)}
+    assert all(set(r) == {"head", "estimate", "exact"} for r in ranking)
+    known = [r for r in ranking if r["exact"] is not None]
+    assert len(known) == 5 and ranking[:5] == known
+    assert [abs(r["exact"]) for r in known] == sorted((abs(r["exact"]) for r in known), reverse=True)
+    rest = [abs(r["estimate"]) for r in ranking[5:]]
+    assert rest == sorted(rest, reverse=True)
+    assert data["bound"]["pool"] == 9 and len(data["bound"]["audited"]) == 2
+    for argv, msg in ((["--method", "atpx"], "--method"), (["--verify-top", "-1"], "--verify-top"),
+                      (["--ablation", "half"], "--ablation"), (["--task", "gsm8k"], "generation")):
+        rc = main(["rank", str(tiny_dir), "--limit", "2", *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and err[0].startswith("ganda: error:") and msg in err[0], (argv, err)
