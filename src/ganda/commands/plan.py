@@ -1,0 +1,159 @@
+"""``ganda plan``: FLOPs, peak memory and time of an experiment before running it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from .. import plan as planner
+from ..device import parse_dtype
+from ..errors import GandaError
+from ..heads import expand
+from ..interventions import parse_layers
+from ..models import hub, load_model, meta
+from ..models.loading import _load_tokenizer, model_path
+from ..scoring import encode
+from ..tasks import get_task
+
+# Published token counts are not at hand for a config alone: characters per token of English
+# text under a ~128k BPE vocabulary (Llama-3's tokenizer gives 4.1-4.4 on MMLU).
+CHARS_PER_TOKEN = 4.2
+SAMPLE = 200  # examples read to measure prompt lengths
+
+
+def _adapter_and_tokenizer(model: str, dtype: Any) -> tuple[Any, Any]:
+    """The model's full-size layout (meta device) and, where the model has one locally, its tokenizer.
+    A GGUF file (or an alias of one) has no config to build from: it is loaded."""
+    found = None if hub.is_hub_id(model) or model in meta.shipped() else model_path(model)
+    if found is not None and found.is_file() and found.suffix.lower() == ".gguf":
+        adapter = load_model(model, device="cpu", dtype=dtype)
+        return adapter, adapter.tokenizer
+    adapter = meta.build(model, dtype)
+    path = model_path(model) if not hub.is_hub_id(model) and model not in meta.shipped() else None
+    tok = _load_tokenizer(str(path)) if path is not None and path.is_dir() else None
+    if tok is not None:
+        adapter.tokenizer = tok
+    return adapter, tok
+
+
+def workload(adapter: Any, tok: Any, task: str, n: int, shots: int | None, tokens: int | None,
+             seed: int = 0) -> planner.Workload:
+    """``n`` examples of ``task`` as token counts (measured on up to 200 of them), or ``tokens`` each."""
+    if tokens is not None:
+        return planner.Workload(n=n, tokens=float(tokens), max_tokens=tokens)
+    opts = {"shots": shots} if shots is not None else {}
+    exs = get_task(task, **opts).examples(limit=min(n, SAMPLE), seed=seed)
+    if not exs:
+        raise GandaError(f"task {task!r} gave no examples to measure")
+    enc = (lambda text: encode(adapter, text)) if tok is not None else None
+    w = planner.workload_from_examples(exs, enc, CHARS_PER_TOKEN)
+    return planner.Workload(n=n, tokens=w.tokens, choices=w.choices, choice_tokens=w.choice_tokens,
+                            max_tokens=w.max_tokens)
+
+
+def _sweep_heads(adapter: Any, heads: str | None) -> list[int] | None:
+    if heads is None:
+        return None
+    per_layer = [0] * len(adapter.original_layers())
+    for h in expand(heads, adapter):
+        per_layer[h.layer] += 1
+    return per_layer
+
+
+def layer_skip(adapter: Any) -> bool:
+    """Whether the exact sweep recomputes only the layers after each head's (a family runner exists)."""
+    runner = getattr(adapter, "sweep_runner", None)
+    if runner is None:
+        return adapter.family == "transformer"
+    try:
+        return runner() is not None
+    except Exception:  # noqa: BLE001 - a runner that needs real weights: judge by family
+        return adapter.family == "transformer"
+
+
+PAPER = [
+    ("meta-llama/Llama-3.1-8B", "sweep", {"task": "mmlu", "n": 1000}, "exhaustive single-head sweep, 1,000 MMLU"),
+    ("meta-llama/Llama-3.1-8B", "attribution", {"task": "mmlu", "n": 1000}, "the same ranked by attribution (AtP*)"),
+    ("tiiuae/falcon-mamba-7b", "maps", {"tokens": 4096, "n": 1, "rows": 1},
+     "implicit maps at L=4,096: every channel of every layer, last row"),
+    ("tiiuae/falcon-mamba-7b", "maps", {"tokens": 4096, "n": 1, "map_layers": "32"},
+     "implicit maps at L=4,096: every channel of one layer, full 4,096 x 4,096"),
+]
+
+
+def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tuple[str, planner.Plan]]:
+    """The paper's headline runs as plans (shipped configs, bf16)."""
+    out = []
+    for model, experiment, opts, what in PAPER:
+        adapter, tok = _adapter_and_tokenizer(model, parse_dtype("bfloat16"))
+        w = workload(adapter, tok, opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"))
+        extra: dict[str, Any] = {"layer_skip": layer_skip(adapter)}
+        if "rows" in opts:
+            extra["rows"] = opts["rows"]
+        if "map_layers" in opts:
+            extra["map_layers"] = parse_layers(opts["map_layers"])
+        out.append((what, planner.plan(planner.profile(adapter), experiment, w, device, devices, **extra)))
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        model: str | None = typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, "
+                                           "a model directory or a hub id; omit with --paper"),
+        experiment: str = typer.Option("eval", "--experiment", "-e", help=", ".join(planner.EXPERIMENTS)),
+        task: str = typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"),
+        n: int = typer.Option(1000, "--n", "-n", help="number of examples"),
+        shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu)"),
+        tokens: int | None = typer.Option(None, "--tokens", help="tokens per prompt instead of the task's"),
+        device: str = typer.Option("h100", "--device", help=", ".join(planner.DEVICES)),
+        devices: int = typer.Option(1, "--devices", help="number of devices working side by side"),
+        dtype: str | None = typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"),
+        heads: str | None = typer.Option(None, "--heads", help="sweep: only these heads (e.g. 'L0H*,L15H*')"),
+        batch_heads: int = typer.Option(16, "--batch-heads", help="sweep: heads ablated per forward"),
+        method: str = typer.Option("atp*", "--method", help="attribution: atp or atp*"),
+        rows: int | None = typer.Option(None, "--rows", help="maps: rows per map (default: every row)"),
+        map_layers: str | None = typer.Option(None, "--map-layers", help="maps: layers (default: every layer)"),
+        paper: bool = typer.Option(False, "--paper", help="print the paper's headline runs"),
+        as_json: bool = typer.Option(False, "--json", help="one JSON object"),
+        out: Path | None = typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"),
+    ) -> None:
+        """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
+        if devices < 1:
+            raise GandaError(f"--devices must be at least 1, got {devices}")
+        if n < 1:
+            raise GandaError(f"--n must be at least 1, got {n}")
+        planner.device(device)
+        if paper:
+            plans = paper_plans(device, devices, shots)
+        else:
+            if model is None:
+                raise GandaError("give a MODEL (or --paper)")
+            if experiment not in planner.EXPERIMENTS:
+                raise GandaError(f"--experiment must be one of {', '.join(planner.EXPERIMENTS)}, not {experiment!r}")
+            default = os.environ.get("GANDA_DTYPE") or ("float32" if device == "cpu" else "bfloat16")
+            dt = parse_dtype(dtype or default, "--dtype")
+            adapter, tok = _adapter_and_tokenizer(model, dt)
+            w = workload(adapter, tok, task, n, shots, tokens)
+            opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter)}
+            if heads is not None:
+                opts["heads_per_layer"] = _sweep_heads(adapter, heads)
+            if rows is not None:
+                opts["rows"] = rows
+            if map_layers is not None:
+                opts["map_layers"] = parse_layers(map_layers)
+            plans = [(experiment, planner.plan(planner.profile(adapter), experiment, w, device, devices, **opts))]
+        payload = [{"what": what, **p.to_json()} for what, p in plans]
+        if out is not None:
+            out.write_text(json.dumps(payload, indent=2))
+        if as_json:
+            print(json.dumps(payload if paper else payload[0], indent=2))
+            return
+        for what, p in plans:
+            if paper:
+                print(f"# {what}")
+            print(planner.plan_text(p))

@@ -1,0 +1,577 @@
+"""What an experiment costs before it runs: FLOPs, peak memory and time on a named accelerator.
+
+``plan(model, experiment, workload, device)`` reads the model's structure (a loaded model or the
+full-size layout on the meta device, :mod:`ganda.models.meta`) layer by layer, counts what
+ganda's implementation of the experiment runs (which layers, how many rows and tokens, where the
+LM head is applied, what is kept in memory) and turns it into time with a roofline per forward:
+
+    t = max(FLOPs / (peak FLOP/s · util), weight bytes / (bandwidth · bw_util))
+        + decoder-layer calls · per-call overhead + sequential scan steps · per-step cost
+
+The accelerator table states its peak numbers and the utilisation assumed; the ``cpu`` row is
+calibrated on this machine by ``benchmarks/bench_plan.py``, which also checks predicted against
+measured time and peak memory for every experiment (docs/scale.md has the table). N devices run
+independent work (examples, heads) side by side; a model too large for one device is split over
+several (layer by layer, as ``--device-map auto`` does), which adds memory, not speed.
+
+Counted per decoder layer i and row of T tokens: ``2·P_i·T`` for its weights (mixture-of-experts
+weights at ``top_k / n_experts``, a shared block at every invocation), ``4·H·d·T²`` for eager
+softmax attention (the full square: eager attention does not skip the masked half), the SSD
+chunked scan ``2·T·Q·H·(N + P) + 4·T·H·P·N`` (Mamba-2 family, chunk Q) or the selective scan
+``9·T·E·N`` (Mamba-1, a sequential loop of T steps on the PyTorch path), and ``2·d·V`` per
+position the LM head is applied at.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import GandaError
+from .models.base import ModelAdapter
+
+GiB = float(1 << 30)
+EXPERIMENTS = ("eval", "sweep", "attribution", "prune", "transplant", "maps")
+
+
+# ---- accelerators -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Device:
+    """Peak numbers of one accelerator and the fractions of them ganda's eager PyTorch reaches."""
+
+    name: str
+    flops: dict[str, float]  # dense matmul peak FLOP/s by dtype
+    bandwidth: float  # memory bytes/s
+    memory: float  # bytes usable for the model and activations
+    util: float  # fraction of peak FLOP/s in large matmuls
+    bw_util: float  # fraction of peak bandwidth when streaming weights
+    layer_overhead: float  # seconds per decoder-layer call (kernel launches, Python, hooks)
+    scan_step: float  # seconds per token step of Mamba-1's sequential PyTorch scan, per layer
+    runtime: float  # bytes the runtime holds besides tensors (CUDA context, allocator, libraries)
+    note: str = ""
+    host: bool = False  # its memory is the host's (results kept on the CPU count against it)
+    example_overhead: float = 1.0e-3  # seconds per example per scoring pass (tokenising, Python bookkeeping)
+    call_overhead: float = 1.0e-3  # seconds per model call beyond its layers (hooks, engine bookkeeping)
+    score_overhead: float = 5.0e-5  # seconds per scored row (reading its log-probabilities back)
+    token_overhead: float = 0.0  # seconds per prompt token of each example pass (tokenising)
+    ssm_runtime: float = 0.0  # extra runtime bytes when SSM layers run (their PyTorch paths' code and caches)
+    act_bandwidth: float = 0.0  # bytes/s of memory-bound activation work (0: the device's bandwidth)
+    map_overhead: float = 1.0e-4  # seconds per materialised head map beyond its arithmetic
+
+    def rate(self, dtype: str) -> float:
+        return self.flops.get(dtype, self.flops["float32"]) * self.util
+
+
+DEVICES: dict[str, Device] = {
+    "h100": Device("NVIDIA H100 SXM5 80 GB", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
+                   3.35e12, 80e9, util=0.40, bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB,
+                   note="dense bf16 tensor-core peak; fp32 without TF32 (PyTorch's default)"),
+    "a100": Device("NVIDIA A100 SXM4 80 GB", {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
+                   2.04e12, 80e9, util=0.45, bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB,
+                   note="dense bf16 tensor-core peak; fp32 without TF32"),
+    "l40s": Device("NVIDIA L40S 48 GB", {"bfloat16": 362e12, "float16": 362e12, "float32": 91.6e12},
+                   0.864e12, 48e9, util=0.40, bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB,
+                   note="dense bf16 tensor-core peak (733 TFLOP/s is with sparsity)"),
+    # Calibrated by benchmarks/bench_plan.py on this repository's CPU machine (one torch thread,
+    # process CPU time): effective matmul rates, per-layer-call and per-scan-step costs.
+    "cpu": Device("this CPU (1 thread, calibrated)", {"bfloat16": 210e9, "float16": 20e9, "float32": 90e9},
+                  20e9, 24e9, util=0.80, bw_util=1.0, layer_overhead=280e-6, scan_step=21e-6, runtime=16 * 2.0**20,
+                  note="rates and overheads measured here", host=True, example_overhead=0.0, token_overhead=1.5e-6,
+                  call_overhead=0.0, map_overhead=0.21e-3, score_overhead=0.70e-3, act_bandwidth=9.4e9,
+                  ssm_runtime=11 * 2.0**20),
+}
+
+
+def device(name: str) -> Device:
+    key = name.strip().lower()
+    if key not in DEVICES:
+        raise GandaError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
+    return DEVICES[key]
+
+
+# ---- the model, as costs --------------------------------------------------------------------
+
+@dataclass
+class LayerCost:
+    params: float  # weights applied to every token (MoE experts at top_k / n_experts)
+    heads: int  # ablatable heads in this layer (all mixers)
+    attn: list[tuple[int, int]] = field(default_factory=list)  # (heads, head_dim) per attention mixer
+    ssd: list[tuple[int, int, int, int]] = field(default_factory=list)  # (H, P, N, chunk) per SSD mixer
+    selective: list[tuple[int, int]] = field(default_factory=list)  # (E channels, N) per Mamba-1 mixer
+    mlp: int = 0  # widest intermediate activation (MLP or expert) per token
+    proj: int = 0  # widest input projection output per token (SSM in_proj, q/k/v)
+    d: int = 0  # the residual stream's width
+
+    def flops(self, T: int) -> float:
+        """Forward FLOPs of this layer for one row of T tokens."""
+        f = 2.0 * self.params * T
+        for h, d in self.attn:
+            f += 4.0 * h * d * T * T
+        for H, P, N, Q in self.ssd:
+            Tp = math.ceil(T / Q) * Q
+            f += 2.0 * Tp * Q * H * (N + P) + 4.0 * Tp * H * P * N
+        for E, N in self.selective:
+            f += 9.0 * T * E * N
+        return f
+
+    def traffic(self, T: int) -> float:
+        """Activation elements this layer reads and writes outside its matmuls, for one row: norms,
+        residual adds, rotary, activations, masking and softmax, scan arithmetic (memory-bound work)."""
+        out = 12.0 * T * self.d + 4.0 * T * self.mlp + 2.0 * T * self.proj
+        for h, _d in self.attn:
+            out += 8.0 * h * T * T
+        for H, P, N, Q in self.ssd:
+            Tp = math.ceil(T / Q) * Q
+            out += 10.0 * Tp * Q * H + 6.0 * Tp * H * (N + P)
+        for E, N in self.selective:
+            out += 10.0 * T * E * N
+        return out
+
+    def act_bytes(self, T: int, b: int) -> float:
+        """Largest transient activations of this layer for one row (bytes; b = element size)."""
+        out = 0.0
+        if self.mlp:
+            out = max(out, 3.0 * T * self.mlp * b)
+        for h, _d in self.attn:
+            out = max(out, h * T * T * (4 + b) + 3.0 * T * self.proj * b)
+        for H, P, N, Q in self.ssd:
+            Tp = math.ceil(T / Q) * Q
+            # PyTorch's chunked scan keeps ~9 chunk-square and ~6 per-token float32 temporaries alive
+            out = max(out, 9.0 * Tp * Q * H * 4 + 6.0 * Tp * H * (N + P) * 4 + 2.0 * T * self.proj * b)
+        for E, N in self.selective:
+            out = max(out, 2.0 * T * E * N * 4 + 3.0 * T * E * 4 + T * self.proj * b)
+        return out
+
+
+@dataclass
+class Profile:
+    """A model reduced to what costs: its layers, widths and weights."""
+
+    spec: str
+    family: str
+    n_params: int
+    dtype: str
+    bytes_per_param: int
+    d_model: int
+    vocab: int
+    layers: list[LayerCost]
+    n_ctx: int | None = None
+
+    @property
+    def weight_bytes(self) -> float:
+        return float(self.n_params * self.bytes_per_param)
+
+    @property
+    def heads(self) -> int:
+        return sum(layer.heads for layer in self.layers)
+
+    def layer_params(self, layers: Sequence[int]) -> float:
+        return sum(self.layers[i].params for i in layers)
+
+
+def _moe_fraction(adapter: ModelAdapter) -> float:
+    cfg = getattr(adapter.model, "config", None)
+    k = getattr(cfg, "num_experts_per_tok", None)
+    n = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    return float(k) / float(n) if k and n else 1.0
+
+
+def _linear_width(module: torch.nn.Module, names: Sequence[str]) -> int:
+    widths = [getattr(getattr(module, n, None), "out_features", 0) or 0 for n in names]
+    return max(widths, default=0)
+
+
+def profile(adapter: ModelAdapter) -> Profile:
+    """The cost profile of a loaded or meta-device model (weights never read, only shapes)."""
+    model = adapter.model
+    frac = _moe_fraction(adapter)
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if emb is None and hasattr(model, "backbone"):
+        emb = getattr(model.backbone, "embedding", None) or getattr(model.backbone, "embeddings", None)
+    vocab, d_model = (emb.weight.shape if emb is not None else (0, 0))
+    mixers_by_layer: dict[int, list[Any]] = {}
+    for m in adapter.mixers():
+        mixers_by_layer.setdefault(m.layer, []).append(m)
+    layers = []
+    for i, block in enumerate(adapter.original_layers()):
+        params = 0.0
+        mlp = 0
+        for name, p in block.named_parameters():
+            params += p.numel() * (frac if ".experts." in f".{name}" else 1.0)
+        for name, mod in block.named_modules():
+            if isinstance(mod, torch.nn.Linear) and name.split(".")[-1] in ("gate_proj", "up_proj", "fc1"):
+                mlp = max(mlp, mod.out_features)
+            elif "experts" in name.split(".")[-1:] and hasattr(mod, "intermediate_dim"):
+                mlp = max(mlp, int(mod.intermediate_dim))
+        lc = LayerCost(params=params, heads=0, mlp=mlp, d=int(d_model))
+        for m in mixers_by_layer.get(i, []):
+            lc.heads += m.num_heads
+            mod = m.module
+            if m.kind == "attn":
+                lc.attn.append((m.num_heads, m.head_dim))
+                lc.proj = max(lc.proj, _linear_width(mod, ("q_proj", "k_proj", "v_proj")) * 3)
+            elif m.head_dim == 1:  # Mamba-1 channels
+                lc.selective.append((m.num_heads, int(getattr(mod, "ssm_state_size", 16))))
+                lc.proj = max(lc.proj, _linear_width(mod, ("in_proj",)))
+            else:
+                n_state = int(getattr(mod, "ssm_state_size", 0) or getattr(mod, "d_state", 0) or 64)
+                chunk = int(getattr(mod, "chunk_size", 0) or 256)
+                lc.ssd.append((m.num_heads, m.head_dim, n_state, chunk))
+                lc.proj = max(lc.proj, _linear_width(mod, ("in_proj",)))
+        layers.append(lc)
+    first = next(model.parameters())
+    return Profile(spec=adapter.spec, family=adapter.family, n_params=sum(p.numel() for p in model.parameters()),
+                   dtype=str(first.dtype).removeprefix("torch."), bytes_per_param=first.element_size(),
+                   d_model=int(d_model), vocab=int(vocab), layers=layers, n_ctx=adapter.n_ctx)
+
+
+# ---- the workload ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    """The prompts an experiment runs on: how many, how long, how their choices are scored."""
+
+    n: int  # examples
+    tokens: float  # mean context tokens per example
+    choices: int = 4
+    choice_tokens: float = 1.0  # mean tokens per choice
+    max_tokens: int | None = None  # longest example (activation peak)
+
+    @property
+    def single(self) -> bool:
+        """One forward of the shared context scores every choice (MMLU letters)."""
+        return self.choice_tokens <= 1.0
+
+    @property
+    def packed(self) -> float:
+        """Tokens of the sweep's packed layout: the context once, then each choice's own tokens."""
+        return self.tokens + (0 if self.single else self.choices * (self.choice_tokens - 1) + self.choices)
+
+    @property
+    def rows_tokens(self) -> tuple[int, float]:
+        """(rows, tokens per row) of the plain scorer's one forward per example."""
+        if self.single:
+            return 1, self.tokens
+        return self.choices, self.tokens + self.choice_tokens
+
+    @property
+    def score_rows(self) -> int:
+        """Rows of log-probabilities read back per example: one shared row, or one per choice."""
+        return 1 if self.single else self.choices
+
+    @property
+    def peak_tokens(self) -> int:
+        return int(self.max_tokens or math.ceil(self.tokens))
+
+
+def workload_from_examples(examples: Sequence[Any], encode: Any | None = None, chars_per_token: float = 4.0
+                           ) -> Workload:
+    """A workload measured on real task examples: token counts through ``encode(text) -> ids`` when a
+    tokenizer is at hand, else characters / ``chars_per_token``."""
+    if not examples:
+        raise GandaError("no examples to plan for")
+
+    def count(text: str) -> int:
+        return len(encode(text)) if encode is not None else max(1, round(len(text) / chars_per_token))
+
+    ctx = [count(ex.prompt) for ex in examples]
+    conts = [count(c) if encode is not None else max(1, round(len(c) / chars_per_token))
+             for ex in examples for c in ex.choices]
+    n_choices = sum(len(ex.choices) for ex in examples) / len(examples)
+    return Workload(n=len(examples), tokens=sum(ctx) / len(ctx), choices=round(n_choices),
+                    choice_tokens=sum(conts) / max(1, len(conts)), max_tokens=max(ctx) + max(conts, default=1))
+
+
+# ---- costing ----------------------------------------------------------------------------------
+
+@dataclass
+class Phase:
+    """One part of an experiment: ``calls`` forwards of ``rows`` rows through ``layers``."""
+
+    name: str
+    calls: float
+    rows: float
+    tokens: float
+    layers: list[int]
+    logit_positions: float  # per row
+    backward: float = 0.0  # extra forward-equivalents of backward work (input gradients only)
+    scan: bool = True  # Mamba-1 layers run their sequential scan (False: kernels or skipped)
+    examples: float = 0.0  # example passes (each pays the device's per-example overhead)
+    scored: float = 0.0  # rows whose log-likelihoods are read back (each pays the per-score overhead)
+
+    def flops(self, p: Profile) -> float:
+        T = max(1, round(self.tokens))
+        per_row = sum(p.layers[i].flops(T) for i in self.layers) + 2.0 * p.d_model * p.vocab * self.logit_positions
+        return self.calls * self.rows * per_row * (1.0 + self.backward)
+
+    def seconds(self, p: Profile, dev: Device) -> float:
+        T = max(1, round(self.tokens))
+        rate = dev.rate(p.dtype)
+        per_call = self.flops(p) / max(self.calls, 1e-12) / rate
+        weights = (p.layer_params(self.layers) + p.d_model * p.vocab) * p.bytes_per_param
+        per_call = max(per_call, weights * (1.0 + self.backward) / (dev.bandwidth * dev.bw_util))
+        traffic = sum(p.layers[i].traffic(T) for i in self.layers) + 2.0 * self.logit_positions * p.vocab
+        per_call += self.rows * traffic * 4.0 * (1.0 + self.backward) / (dev.act_bandwidth or dev.bandwidth * dev.bw_util)
+        per_call += len(self.layers) * dev.layer_overhead * (1.0 + self.backward)
+        if self.scan:
+            steps = sum(1 for i in self.layers for _ in p.layers[i].selective)
+            per_call += steps * T * dev.scan_step * (1.0 + self.backward)
+        return (self.calls * (per_call + dev.call_overhead) + self.examples * dev.example_overhead
+                + self.examples * self.tokens * dev.token_overhead + self.scored * dev.score_overhead)
+
+
+@dataclass
+class Plan:
+    """The cost of one experiment on one model, workload and device."""
+
+    model: str
+    experiment: str
+    device: str
+    dtype: str
+    n_params: int
+    workload: dict[str, Any]
+    phases: list[dict[str, Any]]
+    flops: float
+    memory: dict[str, float]  # bytes: weights, activations, kept, runtime, total
+    seconds: float  # on one device
+    n_devices: int = 1
+    devices_per_replica: int = 1
+    seconds_n: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _act_peak(p: Profile, rows: float, T: int, layers: Sequence[int], logit_positions: float) -> float:
+    b = p.bytes_per_param
+    resid = 3.0 * rows * T * p.d_model * b
+    layer = max((p.layers[i].act_bytes(T, b) for i in layers), default=0.0) * rows
+    logits = rows * logit_positions * p.vocab * (b + 4)  # the logits and their float32 log-softmax
+    return resid + max(layer, logits)
+
+
+def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> tuple[list[Phase], float, list[str]]:
+    """The forwards an experiment runs and the bytes it keeps between them."""
+    L = list(range(len(p.layers)))
+    notes: list[str] = []
+    kept = 0.0
+    b = p.bytes_per_param
+    rows, T = w.rows_tokens
+    n_read = w.choices * w.choice_tokens  # positions whose log-probabilities a sweep reads
+    if experiment == "eval":
+        return [_eval_phase(p, w, "score every example", 1, opts)], kept, notes
+    if experiment == "sweep":
+        heads = opts.get("heads_per_layer") or [layer.heads for layer in p.layers]
+        bh = int(opts.get("batch_heads") or 16)
+        skip = opts.get("layer_skip", True)
+        phases = [Phase("intact model scored", w.n, 1, w.packed, L, n_read, examples=w.n, scored=w.n * w.score_rows)]
+        if skip:
+            phases.append(Phase("intact pass kept layer by layer", w.n, 1, w.packed, L, 0))
+            for k, hk in enumerate(heads):
+                if hk:
+                    calls = w.n * math.ceil(hk / bh)
+                    phases.append(Phase(f"heads of layer {k}", calls, min(bh, hk), w.packed, L[k:], n_read,
+                                        scored=w.n * hk * w.score_rows))
+            kept = w.n * w.packed * p.d_model * b  # each prompt's residual entering the current layer
+            phases = phases[:2] + _merge(phases[2:], "ablated heads, layers k.. only")
+        else:
+            total = sum(heads)
+            phases.append(Phase("ablated heads (full forwards)", w.n * math.ceil(total / bh), min(bh, total),
+                                w.packed, L, n_read, scored=w.n * total * w.score_rows))
+            notes.append("no layer-skipping runner for this family: every head batch runs the whole model")
+        return phases, kept, notes
+    if experiment == "attribution":
+        method = opts.get("method", "atp*")
+        batch_tokens = int(opts.get("batch_tokens") or 4096)
+        per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
+        calls = math.ceil(w.n / per_batch)
+        depth = len(L)
+        back = 1.0 + ((depth + 1) / 2.0 if method == "atp*" else 1.0)  # recompute + input-gradient VJPs
+        phases = [Phase("no-grad pass, residuals kept", calls, per_batch, w.packed, L, n_read, examples=w.n,
+                        scored=w.n * w.score_rows),
+                  Phase(f"layer-by-layer backward ({method})", calls, per_batch, w.packed, L, n_read,
+                        backward=back - 1.0)]
+        cotangents = depth if method == "atp*" else 1
+        kept = (depth + cotangents) * per_batch * w.packed * p.d_model * 4
+        verify = min(p.heads, int(opts.get("verify_top", 30)) + int(opts.get("audit", 10)))
+        per_layer = [0] * len(L)  # the verified heads, spread evenly over the depth
+        for j in range(verify):
+            per_layer[min(len(L) - 1, int((j + 0.5) * len(L) / verify))] += 1
+        sub, _, _ = _phases(p, "sweep", w, {**opts, "heads_per_layer": per_layer})
+        for ph in sub:
+            ph.name = f"exact check of {verify} heads: {ph.name}"
+        phases += sub
+        notes.append(f"{method}: one no-grad pass, then per layer a recompute and "
+                     f"{'(L+1)/2 input-gradient VJPs on average (GradDrop)' if method == 'atp*' else 'one VJP'}; "
+                     f"then the top {opts.get('verify_top', 30)} and {opts.get('audit', 10)} audited heads exactly")
+        return phases, kept, notes
+    if experiment == "prune":
+        per_row = w.choice_tokens if not w.single else 1.0
+        phases = [Phase("pruning curve: one pass, LM head after every layer", w.n, rows, T, L, per_row * len(L),
+                        examples=w.n, scored=w.n * w.score_rows * len(L))]
+        m = opts.get("remove_restore")
+        if m:
+            depth = sum(len(L[i + 1:m]) for i in range(m)) / m  # layers after the removed one, on average
+            phases.append(Phase(f"remove-and-restore over {m} layers", w.n * m, rows, T,
+                                L[: max(1, round(depth))], per_row))
+        return phases, kept, notes
+    if experiment == "transplant":
+        phases = [_eval_phase(p, w, "score the student", 1, opts),
+                  _eval_phase(p, w, "score each layer transplanted", len(L), opts)]
+        kept = p.weight_bytes  # the donor's weights beside the student's
+        notes.append("donor assumed the student's size (its weights are counted once more)")
+        return phases, kept, notes
+    if experiment == "maps":
+        which = opts.get("map_layers")
+        layers = list(which) if which is not None else L
+        R = int(opts.get("rows") or T)
+        T_ = int(w.max_tokens or T)
+        full = p.family == "transformer"  # attention maps come from a whole eager forward
+        phases = [Phase("capture pass (eager attention, PyTorch SSM path)", w.n, 1, T_,
+                        L if full else L[: max(layers) + 1], T_ if full else 0)]
+        map_flops = 0.0
+        map_bytes = 0.0
+        for i in layers:
+            layer = p.layers[i]
+            for H, _P, N, _Q in layer.ssd:
+                map_flops += H * R * T_ * (2.0 * N + 6.0)
+                map_bytes = max(map_bytes, H * R * T_ * 4.0)
+            for E, N in layer.selective:
+                map_flops += E * R * T_ * (6.0 * N + 4.0)
+                map_bytes = max(map_bytes, E * R * T_ * 4.0)
+            for h, _d in layer.attn:
+                map_bytes = max(map_bytes, h * R * T_ * 4.0)
+        # SSD heads are built one by one; Mamba-1 channels in batches of 64
+        n_maps = sum(sum(H for H, *_ in p.layers[i].ssd) + sum(math.ceil(E / 64) for E, _ in p.layers[i].selective)
+                     for i in layers)
+        phases.append(_MapPhase("materialise maps", w.n, map_flops, layers, n_maps))
+        opts["_host"] = map_bytes  # the maps are returned on the CPU: host memory, not the device's
+        notes.append(f"{R} rows of {T_} columns per head, every head of {len(layers)} layer(s), float32 (float64 "
+                     "prefix sums); SSM maps need the PyTorch path (no kernels)")
+        return phases, kept, notes
+    raise GandaError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
+
+
+def _eval_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> Phase:
+    """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to 64
+    rows for small models, one example per forward otherwise; logits at every position."""
+    rows, T = w.rows_tokens
+    batch = opts.get("batch_rows") or (64 if p.n_params < 20_000_000 else rows)
+    per_call = max(1, min(w.n, batch // rows))
+    return Phase(name, repeat * math.ceil(w.n / per_call), rows * per_call, T, list(range(len(p.layers))), T,
+                 examples=repeat * w.n, scored=repeat * w.n * w.score_rows)
+
+
+class _MapPhase(Phase):
+    """Materialising implicit maps: elementwise-bound float32/float64 work, no weights read."""
+
+    def __init__(self, name: str, calls: float, flops_per_call: float, layers: list[int], n_maps: int) -> None:
+        super().__init__(name, calls, 1, 0, layers, 0, scan=False)
+        self._flops = flops_per_call
+        self.n_maps = n_maps
+
+    def flops(self, p: Profile) -> float:
+        return self.calls * self._flops
+
+    def seconds(self, p: Profile, dev: Device) -> float:
+        # exp/float64 elementwise work: the float32 rate at a quarter of its matmul efficiency
+        return self.flops(p) / (dev.rate("float32") * 0.25) + self.calls * self.n_maps * dev.map_overhead
+
+
+def _merge(phases: list[Phase], name: str) -> list[Phase]:
+    """Fold the per-layer sweep phases into one line (their FLOPs and times still add up exactly)."""
+    return [_Sum(name, phases)] if phases else []
+
+
+class _Sum(Phase):
+    def __init__(self, name: str, parts: list[Phase]) -> None:
+        super().__init__(name, sum(q.calls for q in parts), max(q.rows for q in parts), parts[0].tokens,
+                         sorted({i for q in parts for i in q.layers}), parts[0].logit_positions,
+                         examples=sum(q.examples for q in parts), scored=sum(q.scored for q in parts))
+        self.parts = parts
+
+    def flops(self, p: Profile) -> float:
+        return sum(q.flops(p) for q in self.parts)
+
+    def seconds(self, p: Profile, dev: Device) -> float:
+        return sum(q.seconds(p, dev) for q in self.parts)
+
+
+def plan(prof: Profile, experiment: str, w: Workload, dev: Device | str = "h100", n_devices: int = 1,
+         **opts: Any) -> Plan:
+    """Cost ``experiment`` on ``prof`` for workload ``w`` on ``n_devices`` of ``dev``."""
+    dev = device(dev) if isinstance(dev, str) else dev
+    if n_devices < 1:
+        raise GandaError(f"--devices must be at least 1, got {n_devices}")
+    if w.n < 1:
+        raise GandaError("the workload has no examples")
+    phases, kept, notes = _phases(prof, experiment, w, opts)
+    flops = sum(ph.flops(prof) for ph in phases)
+    seconds = sum(ph.seconds(prof, dev) for ph in phases)
+    act = max(_act_peak(prof, ph.rows, max(1, round(ph.tokens or w.peak_tokens)), ph.layers, ph.logit_positions)
+              * (2.0 if ph.backward else 1.0) for ph in phases)
+    weights = prof.weight_bytes
+    runtime = dev.runtime + (dev.ssm_runtime if any(layer.ssd or layer.selective for layer in prof.layers) else 0.0)
+    total = weights + act + kept + runtime
+    host = float(opts.get("_host", 0.0))
+    if dev.host:
+        total, host = total + host, 0.0
+    per_replica = max(1, math.ceil((total - runtime) / max(1.0, dev.memory - runtime)))
+    if per_replica > 1:
+        notes.append(f"does not fit one {dev.name}: {per_replica} devices per copy of the model (device map)")
+    replicas = max(1, n_devices // per_replica)
+    if n_devices < per_replica:
+        notes.append(f"needs {per_replica} devices to hold the model; with {n_devices} it offloads to CPU/disk")
+    rows = [{"phase": ph.name, "forwards": ph.calls, "rows": ph.rows, "tokens": round(ph.tokens, 1),
+             "layers": len(ph.layers), "flops": ph.flops(prof), "seconds": ph.seconds(prof, dev)} for ph in phases]
+    return Plan(model=prof.spec, experiment=experiment, device=dev.name, dtype=prof.dtype, n_params=prof.n_params,
+                workload=asdict(w), phases=rows, flops=flops,
+                memory={"weights": weights, "activations": act, "kept": kept, "runtime": runtime, "total": total,
+                        "host": host},
+                seconds=seconds, n_devices=n_devices, devices_per_replica=per_replica,
+                seconds_n=seconds / replicas, notes=notes)
+
+
+# ---- formatting -------------------------------------------------------------------------------
+
+def human_seconds(s: float) -> str:
+    if s < 1:
+        return f"{s * 1e3:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    if s < 3 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} days"
+
+
+def human_bytes(x: float) -> str:
+    for unit, size in (("TiB", GiB * 1024), ("GiB", GiB), ("MiB", float(1 << 20))):
+        if x >= size:
+            return f"{x / size:.1f} {unit}"
+    return f"{x / 1024:.0f} KiB"
+
+
+def plan_text(pl: Plan) -> str:
+    w = pl.workload
+    mem = pl.memory
+    lines = [f"{pl.experiment} on {pl.model} ({pl.n_params / 1e9:.2f}B parameters, {pl.dtype}), "
+             f"{w['n']} examples of ~{w['tokens']:.0f} tokens, on {pl.device}:",
+             f"  {pl.flops:.3g} FLOPs; peak memory {human_bytes(mem['total'])} (weights {human_bytes(mem['weights'])}, "
+             f"activations {human_bytes(mem['activations'])}, kept {human_bytes(mem['kept'])}, runtime "
+             f"{human_bytes(mem['runtime'])})" + (f"; {human_bytes(mem['host'])} of maps in host memory"
+                                                   if mem.get("host") else ""),
+             f"  time on 1 device {human_seconds(pl.seconds)}"
+             + (f"; on {pl.n_devices} devices {human_seconds(pl.seconds_n)}" if pl.n_devices > 1 else "")]
+    for r in pl.phases:
+        lines.append(f"    {r['phase']}: {r['forwards']:,.0f} forwards x {r['rows']:g} rows x {r['tokens']:g} tokens "
+                     f"through {r['layers']} layers, {r['flops']:.3g} FLOPs, {human_seconds(r['seconds'])}")
+    lines += [f"  note: {n}" for n in pl.notes]
+    return "\n".join(lines)
