@@ -29,6 +29,7 @@ from ganda.attribution import (
 )
 from ganda.attribution.ranking import hypergeom_cdf
 from ganda.cli import main
+from ganda.errors import GandaError
 from ganda.scoring import example_pairs, pad_rows
 from ganda.sweep import run_sweep
 from ganda.tasks.base import Example
@@ -226,6 +227,15 @@ def test_attribution_resumes_from_a_torn_file(tmp_path):
     again = attribute(ad, EXAMPLES, method="atp*", out_dir=tmp_path, batch_tokens=64, progress=False)
     assert again.estimate == pytest.approx(full.estimate, abs=1e-7)
     assert len(path.read_bytes().splitlines()) == len(lines)
+
+
+def test_attribution_resume_refuses_changed_weights(tmp_path):
+    ad = llama(layers=2, seed=5)
+    attribute(ad, EXAMPLES, method="atp", out_dir=tmp_path, batch_tokens=64, progress=False)
+    with torch.no_grad():
+        next(ad.model.parameters()).add_(1e-3)  # the same model object, other weights
+    with pytest.raises(GandaError, match="different attribution"):
+        attribute(ad, EXAMPLES, method="atp", out_dir=tmp_path, batch_tokens=64, progress=False)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "llamba", "bamba"])

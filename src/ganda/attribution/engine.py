@@ -47,7 +47,7 @@ from ..errors import GandaError
 from ..heads import HeadId
 from ..models.base import Mixer, ModelAdapter
 from ..models.ssm.common import SSMAdapterBase, torch_path
-from ..sweep import _Packed, prepare
+from ..sweep import _Packed, prepare, weights_fingerprint
 from ..tasks.base import Example
 
 METHODS = ("atp", "atp*")
@@ -569,7 +569,8 @@ def attribute(
         cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": _prompts_digest(examples), "method": method,
                "ablation": ablation, "margin": margin, "heads": [str(h) for h in head_list],
                "batches": [[it.index for it in b] for b in plan],
-               "reference_sha": _prompts_digest(reference) if reference is not None else None}
+               "reference_sha": _prompts_digest(reference) if reference is not None else None,
+               "weights": weights_fingerprint(adapter), "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch.")}
         done: dict[int, dict[str, Any]] = {}
         path = Path(out_dir) / "attribution.jsonl" if out_dir is not None else None
         if path is not None:
@@ -579,7 +580,8 @@ def attribute(
             lines = _read_lines(path)
             if lines:
                 if lines[0].get("config") != cfg:
-                    raise GandaError(f"{path} holds a different attribution (model, prompts, method or heads differ); "
+                    raise GandaError(f"{path} holds a different attribution (model, weights, prompts, method or heads "
+                                     "differ); "
                                      "use --no-resume to start over or another --out")
                 done = {rec["batch"]: rec for rec in lines[1:]}
             else:

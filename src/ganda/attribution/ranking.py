@@ -26,11 +26,12 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .. import runio
 from ..errors import GandaError
 from ..heads import HeadId
 from ..models.base import ModelAdapter
 from ..scoring import score_examples
-from ..sweep import run_sweep
+from ..sweep import run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import MARGINS, Attribution, _prompts_digest, _read_lines, attribute, metric_value
 
@@ -189,7 +190,8 @@ def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
                 out_dir: Path | None, resume: bool, progress: bool, config: dict[str, Any]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
     """Mean-ablation of each head alone through the scoring path (resumable, one line per head)."""
     cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": _prompts_digest(examples),
-           "heads": [str(h) for h in heads], **config}
+           "heads": [str(h) for h in heads], "weights": weights_fingerprint(adapter), "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch."),
+           **config}
     path = out_dir / "progress.jsonl" if out_dir is not None else None
     done: dict[str, list[list[float]]] = {}
     baseline: list[list[float]] | None = None
@@ -303,9 +305,9 @@ class RankResult:
     def write(self, out_dir: str | Path) -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "ranking.json").write_text(json.dumps({**self.to_json(), "config": self.config}, indent=1) + "\n")
+        runio.write_text(out / "ranking.json", json.dumps({**self.to_json(), "config": self.config}, indent=1) + "\n")
         rows = self.rows()
-        with (out / "ranking.csv").open("w", newline="") as f:
+        with runio.atomic_open(out / "ranking.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["head"])
             w.writeheader()
             w.writerows(rows)
@@ -343,7 +345,8 @@ class RankResult:
         ax.set_title(f"{model} {tname or ''} (n={self.config.get('n')})", fontsize=9)
         ax.legend(fontsize=8, loc="upper left")
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        with runio.atomic_path(Path(path)) as tmp:
+            fig.savefig(tmp, dpi=120)
         plt.close(fig)
 
 
