@@ -36,7 +36,7 @@ def _root(
                                               "(GANDA_OFFLOAD_FOLDER)"),
 ) -> None:
     """ganda: find, measure, disable and transplant Gather-and-Aggregate heads."""
-    placement.set_session(dtype, device_map, offload_folder)
+    placement.apply_command_options(dtype, device_map, offload_folder)
 
 
 def _register_commands() -> None:
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         runio.release_claims()
-        placement.end_session()
+        placement.restore_command_options()
     if rc == 130:
         return _interrupted()
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

@@ -151,27 +151,27 @@ def weights_on(module: nn.Module) -> Iterator[None]:
         yield
 
 
-_SESSION: dict[str, str | None] = {}  # environment variables set for one command, with their old values
+_SAVED_ENV: dict[str, str | None] = {}  # environment variables set for one command, with their old values
 
 
-def set_session(dtype: str | None = None, device_map: str | None = None, offload_folder: str | None = None) -> None:
+def apply_command_options(dtype: str | None = None, device_map: str | None = None, offload_folder: str | None = None) -> None:
     """The command line's ``--dtype``/``--device-map``/``--offload-folder``: set ``GANDA_DTYPE``,
     ``GANDA_DEVICE_MAP`` and ``GANDA_OFFLOAD_FOLDER`` for this command (validated first), so that
-    every model the command loads follows them; :func:`end_session` restores the old values."""
+    every model the command loads follows them; :func:`restore_command_options` restores the old values."""
     if dtype is not None:
         parse_dtype(dtype, "--dtype")
     if device_map is not None:
         parse_device_map(device_map, "--device-map")
     for name, value in (("GANDA_DTYPE", dtype), (DEVICE_MAP_ENV, device_map), (OFFLOAD_ENV, offload_folder)):
         if value is not None:
-            _SESSION.setdefault(name, os.environ.get(name))
+            _SAVED_ENV.setdefault(name, os.environ.get(name))
             os.environ[name] = value
 
 
-def end_session() -> None:
-    for name, old in _SESSION.items():
+def restore_command_options() -> None:
+    for name, old in _SAVED_ENV.items():
         if old is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
-    _SESSION.clear()
+    _SAVED_ENV.clear()
