@@ -17,8 +17,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..errors import GandaError
 from ..heads import HeadId
@@ -90,6 +88,10 @@ def build_model(raw: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> nn.
                 if model_type in CONFIG_BUILDERS:
                     model = CONFIG_BUILDERS[model_type](raw)
                 else:
+                    # heavy (~1 s): transformers loads when a model is built, not at start-up
+                    from transformers import AutoModelForCausalLM
+                    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
                     config = CONFIG_MAPPING[model_type].from_dict(raw)
                     model = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=dtype)
         except GandaError:

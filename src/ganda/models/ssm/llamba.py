@@ -24,8 +24,6 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers.activations import ACT2FN
-from transformers.modeling_outputs import CausalLMOutput
 
 from ...errors import GandaError
 from ..base import Mixer
@@ -185,6 +183,8 @@ class LlambaMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        from transformers.activations import ACT2FN  # heavy (~1 s): loaded when a Llamba is built
+
         self.act_fn = ACT2FN[act_fn]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -230,13 +230,15 @@ class LlambaForCausalLM(nn.Module):
             config.d_model, config.padded_vocab_size, bias=config.lm_head_bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                use_cache: bool = False, **_: Any) -> CausalLMOutput:
+                use_cache: bool = False, **_: Any) -> Any:
         if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
             # Right padding is harmless (causal: real positions never see later pads); left is not.
             raise GandaError("Llamba supports right padding only (a recurrent state would carry the left pads)")
         h = self.backbone(input_ids)
         w = self.backbone.embedding.weight if self.lm_head is None else self.lm_head.weight
         bias = None if self.lm_head is None else self.lm_head.bias
+        from transformers.modeling_outputs import CausalLMOutput  # heavy: loaded once a Llamba runs
+
         return CausalLMOutput(logits=F.linear(h, w, bias).float())
 
 
