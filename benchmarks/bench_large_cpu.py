@@ -17,13 +17,13 @@ import argparse
 import json
 import math
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
+from peak_rss import PeakRSS
 
 from ganda import AblateHeads, HeadId
 from ganda import plan as planner
@@ -32,28 +32,6 @@ from ganda.models import meta
 from ganda.models.registry import adapter_for
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class Peak:
-    """Peak resident memory above the start, sampled every 5 ms."""
-
-    def __init__(self) -> None:
-        self.proc = psutil.Process()
-        self.base = self.proc.memory_info().rss
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.005)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._t.join()
-        return max(self.peak, self.proc.memory_info().rss) - self.base
 
 
 def _value(text: str) -> Any:
@@ -89,7 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     raw = {**raw, **dict((k, _value(v)) for k, v in (o.split("=", 1) for o in args.override))}
     heads = [HeadId.parse(h) for h in args.heads.split(",")]
     torch.set_num_threads(args.threads)
-    mem = Peak()
+    mem = PeakRSS(interval=0.005).start()
     t0 = time.perf_counter()
     model = meta.build_model(raw, torch.bfloat16)
     materialise(model)

@@ -24,13 +24,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 from transformers import Mamba2Config, Mamba2ForCausalLM
 
@@ -52,6 +50,7 @@ from ganda.tasks import get_task
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import make_byte_tokenizer, make_tiny_llama  # noqa: E402  (the tests' tiny models)
+from peak_rss import PeakRSS  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "plan.json"
 
@@ -72,31 +71,6 @@ CASES: dict[str, tuple[str, str, str, int, dict[str, Any]]] = {
     "lab-hybrid eval lab-mmlu": ("lab-hybrid", "eval", "lab-mmlu", 200, {}),
     "lab-hybrid transplant lab-mmlu": ("lab-hybrid", "transplant", "lab-mmlu", 100, {"donor": "lab-llama-wd"}),
 }
-
-
-class PeakRSS:
-    """Resident set size sampled every millisecond in a thread (peak above a baseline)."""
-
-    def __init__(self) -> None:
-        self.proc = psutil.Process()
-        self.base = self.proc.memory_info().rss
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.001)
-
-    def __enter__(self) -> PeakRSS:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
 
 
 def _tiny_mamba2(vocab: int) -> torch.nn.Module:
