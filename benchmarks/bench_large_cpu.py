@@ -23,7 +23,6 @@ from typing import Any
 
 import psutil
 import torch
-from peak_rss import PeakRSS
 
 from ganda import AblateHeads, HeadId
 from ganda import plan as planner
@@ -32,6 +31,8 @@ from ganda.models import meta
 from ganda.models.registry import adapter_for
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))  # importable from the tests too
+from peak_rss import PeakRSS  # noqa: E402
 
 
 def _value(text: str) -> Any:

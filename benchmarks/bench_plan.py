@@ -49,6 +49,7 @@ from ganda.tasks import get_task
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # importable from the tests too
 from conftest import make_byte_tokenizer, make_tiny_llama  # noqa: E402  (the tests' tiny models)
 from peak_rss import PeakRSS  # noqa: E402
 
