@@ -65,3 +65,13 @@ def smollm2():
     from ganda import load_model
 
     return load_model("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-model tests: tiny matmuls run up to 100x slower when two
+    OpenMP threads fight a busy machine. Modules opt in with ``pytestmark``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

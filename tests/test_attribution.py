@@ -34,14 +34,7 @@ from ganda.scoring import example_pairs, pad_rows
 from ganda.sweep import run_sweep
 from ganda.tasks.base import Example
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls run far slower when two OpenMP threads fight a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matmuls: see conftest.one_thread
 
 
 class CharTok:

@@ -35,12 +35,7 @@ from ganda.models.loading import CACHE_MANIFEST
 IDS = torch.tensor([[5, 17, 42, 8, 99, 23, 61, 7, 30, 12]])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matmuls: see conftest.one_thread
 
 
 def fresh_llama(layers: int = 4) -> ganda.ModelAdapter:

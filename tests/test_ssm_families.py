@@ -21,13 +21,7 @@ from ganda.models.transformer import eager_attention
 T = 13
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls run 100x slower when two OpenMP threads fight a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matmuls: see conftest.one_thread
 
 
 

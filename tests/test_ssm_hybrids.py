@@ -17,12 +17,7 @@ from ganda.models.transformer import eager_attention
 T = 12
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matmuls: see conftest.one_thread
 
 
 @pytest.fixture()

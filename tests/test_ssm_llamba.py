@@ -18,12 +18,7 @@ CFG = dict(vocab_size=61, d_model=32, n_layer=2, mlp_cfg={"intermediate_size": 4
                     "activation": "identity", "bias": False})
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matmuls: see conftest.one_thread
 
 
 def _tiny() -> LlambaForCausalLM:

@@ -21,13 +21,7 @@ from ganda.models.ssm.materialize import (
     ssd_head_map,
 )
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny matmuls: see conftest.one_thread
 
 
 def _ssd(T: int, H: int = 4, G: int = 2, N: int = 5, P: int = 3, decay: float = 1.0, seed: int = 0) -> SSDParams:
