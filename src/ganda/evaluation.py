@@ -21,15 +21,21 @@ def evaluate(
     limit: int | None = None,
     seed: int = 0,
     progress: bool = True,
+    prefix_cache: bool | None = None,
 ) -> EvalResult:
     """Accuracy of the model on a task's examples under the given interventions. A task that gives
-    no examples (``limit=0``) is an error: an accuracy over nothing is no number."""
+    no examples (``limit=0``) is an error: an accuracy over nothing is no number.
+
+    Multiple-choice examples are packed (each context once, its choices as short suffixes) and
+    prompt prefixes shared by several examples (few-shot exemplars) run once, under the
+    interventions; ``prefix_cache=False`` (or ``GANDA_PREFIX_CACHE=0``) runs every row whole."""
     examples = task.examples(limit=limit, seed=seed)
     if not examples:
         raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")
     if task.kind != "mc":  # GSM8K, BBH: exact match of greedy generations
-        return evaluate_generation(adapter, task, examples, interventions, seed=seed, progress=progress)
+        return evaluate_generation(adapter, task, examples, interventions, seed=seed, progress=progress,
+                                   prefix_cache=prefix_cache)
     return evaluate_examples(
         adapter, examples, interventions, task_name=task.name,
-        config={**task.config(), "limit": limit, "seed": seed}, progress=progress,
+        config={**task.config(), "limit": limit, "seed": seed}, progress=progress, prefix_cache=prefix_cache,
     )

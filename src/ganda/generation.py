@@ -13,6 +13,13 @@ unchanged. Two paths, chosen per call:
   would desynchronise the cache's layer indices): the whole growing sequence is re-run through
   ``adapter.forward`` for every new token, one example at a time. Slower (quadratic) but
   correct for every adapter.
+* **prefix-cached** (the default where :func:`ganda.scoring.prefix_cache_enabled`: every family
+  with its layer list as loaded): prompts are grouped by their longest common token prefix (a
+  GSM8K or BBH subtask's few-shot exemplars), the prefix runs once under the active
+  interventions, and each batch of suffixes decodes from a copy of its cache (attention KV and
+  SSM conv/recurrent states). Position-restricted ablations see no query in the prefix; SSMs and
+  hybrids decode one row per batch (a recurrent state would carry left pads).
+  ``GANDA_PREFIX_CACHE=0`` or ``prefix_cache=False`` keeps the two paths above.
 
 Both are greedy (argmax), stop at the tokenizer's EOS ids, at any stop string (the text is cut
 at the earliest one, as lm-eval's ``until`` does) or after ``max_new_tokens``. The prompt is
@@ -28,11 +35,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from .interventions import Intervention, apply
 from .models.base import ModelAdapter
-from .scoring import EvalResult, encode
+from .progress import tqdm
+from .scoring import EvalResult, encode, prefix_cache_enabled, prefix_groups, run_prefix
 from .stats import wilson
 from .tasks.base import Example, Task
 
@@ -113,31 +120,32 @@ def _finish(adapter: ModelAdapter, row: _Row) -> Generation:
 
 
 @torch.no_grad()
-def _generate_cached(adapter: ModelAdapter, rows: list[_Row], eos: set[int]) -> None:
-    """Batched greedy decoding with a per-call KV cache (left padding, explicit position ids)."""
-    from transformers import DynamicCache  # transformers costs ~0.5 s to import: loaded with the first model
-
-    model = adapter.model
+def _generate_cached(adapter: ModelAdapter, rows: list[_Row], eos: set[int], prefix: Any = None,
+                     plen: int = 0) -> None:
+    """Batched greedy decoding with a per-call cache (left padding, explicit position ids),
+    continuing from a copy of ``prefix``, the cached state of the rows' first ``plen`` tokens
+    (None: from nothing). Left pads sit between prefix and suffix, masked out; only adapters whose
+    mask removes them exactly (``prefix_left_padding``) get rows of different lengths."""
     dev = adapter.device
     pad = adapter.tokenizer.pad_token_id
     pad = 0 if pad is None else pad
-    width = max(len(r.prompt_ids) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    k = len(rows)
+    width = max(len(r.prompt_ids) - plen for r in rows)
+    ids = torch.full((k, width), pad, dtype=torch.long)
+    mask = torch.zeros((k, width), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-        mask[i, width - len(r.prompt_ids):] = 1
+        ids[i, width - len(r.prompt_ids) + plen:] = torch.tensor(r.prompt_ids[plen:])
+        mask[i, width - len(r.prompt_ids) + plen:] = 1
     ids, mask = ids.to(dev), mask.to(dev)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
+    pos = plen + (mask.cumsum(-1) - 1).clamp(min=0)
+    full = torch.cat([torch.ones((k, plen), dtype=mask.dtype, device=dev), mask], 1) if not bool(mask.all()) else None
+    cache = adapter.expand_cache(prefix, k) if prefix is not None else adapter.new_cache()
     n_ctx = adapter.n_ctx
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
+    logits = adapter.forward_cached(ids, cache, pos, full, keep=torch.tensor([width - 1], device=dev))
     next_pos = pos[:, -1:] + 1
     while True:
-        nxt = out.logits[:, -1].argmax(-1)
-        step = torch.full((len(rows), 1), pad, dtype=torch.long, device=dev)
+        nxt = logits[:, -1].argmax(-1)
+        step = torch.full((k, 1), pad, dtype=torch.long, device=dev)
         for i, r in enumerate(rows):
             if r.finish is None:
                 tok = int(nxt[i])
@@ -145,11 +153,27 @@ def _generate_cached(adapter: ModelAdapter, rows: list[_Row], eos: set[int]) -> 
                 step[i, 0] = tok
         if all(r.finish is not None for r in rows):
             return
-        mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
-        out = model(input_ids=step, attention_mask=mask, position_ids=next_pos, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        if full is not None:
+            full = torch.cat([full, torch.ones((k, 1), dtype=full.dtype, device=dev)], dim=1)
+        logits = adapter.forward_cached(step, cache, next_pos, full)
         next_pos = next_pos + 1
+
+
+def _generate_prefixed(adapter: ModelAdapter, rows: list[_Row], eos: set[int], batch_size: int,
+                       bar: Any) -> None:
+    """Greedy decoding with shared prompt prefixes run once per group (:func:`prefix_groups`):
+    suffixes in length-sorted batches over copies of the group's cache, one row per batch where
+    left pads cannot be masked exactly (recurrent states)."""
+    size = max(1, batch_size) if adapter.prefix_left_padding else 1
+    ids = [r.prompt_ids for r in rows]
+    for plen, members in prefix_groups(ids, [len(x) - 1 for x in ids]):
+        prefix = run_prefix(adapter, ids[members[0]][:plen]) if plen else None
+        order = sorted(members, key=lambda i: len(ids[i]))
+        for k in range(0, len(order), size):
+            chunk = [rows[i] for i in order[k: k + size]]
+            _generate_cached(adapter, chunk, eos, prefix, plen)
+            bar.update(len(chunk))
+        del prefix
 
 
 @torch.no_grad()
@@ -173,13 +197,16 @@ def generate(
     batch_size: int = 8,
     use_cache: bool | None = None,
     progress: bool = False,
+    prefix_cache: bool | None = None,
 ) -> list[Generation]:
     """Greedy continuations of ``prompts`` with the interventions currently applied.
 
     ``stop`` is one list of stop strings for every prompt, or one list per prompt.
     ``use_cache=None`` picks the cached path where it is safe
     (:meth:`ModelAdapter.supports_kv_cache_generation`); ``True`` where it is not raises nothing
-    but falls back to the uncached path.
+    but falls back to the uncached path. With shared-prefix reuse (``prefix_cache``, see
+    :func:`ganda.scoring.prefix_cache_enabled`) the prompts' common prefixes run once and every
+    family that supports it decodes from a cache; ``use_cache=False`` turns every cache off.
     """
     single = isinstance(prompts, str)
     plist = [prompts] if single else list(prompts)
@@ -200,7 +227,9 @@ def generate(
     safe = adapter.supports_kv_cache_generation()
     cached = safe if use_cache is None else (use_cache and safe)
     bar = tqdm(total=len(rows), desc="generate", disable=not progress, leave=False)
-    if cached:
+    if use_cache is not False and prefix_cache_enabled(adapter, prefix_cache):
+        _generate_prefixed(adapter, rows, eos, batch_size, bar)
+    elif cached:
         # similar lengths together: less padding
         order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt_ids))
         for k in range(0, len(order), max(1, batch_size)):
@@ -227,6 +256,7 @@ def evaluate_generation(
     batch_size: int | None = None,
     max_new_tokens: int | None = None,
     use_cache: bool | None = None,
+    prefix_cache: bool | None = None,
 ) -> EvalResult:
     """Exact-match accuracy of greedy generations on a generation task.
 
@@ -250,13 +280,14 @@ def evaluate_generation(
         for k in range(0, len(examples), step):
             chunk = examples[k: k + step]
             gens.extend(generate(adapter, [ex.prompt for ex in chunk], max_new_tokens=max_new,
-                                 stop=[ex.stop for ex in chunk], batch_size=bs, use_cache=use_cache))
+                                 stop=[ex.stop for ex in chunk], batch_size=bs, use_cache=use_cache,
+                                 prefix_cache=prefix_cache))
             bar.update(len(chunk))
         bar.close()
-    for ex, g in zip(examples, gens, strict=True):
+    for i, (ex, g) in enumerate(zip(examples, gens, strict=True)):
         ok = bool(task.score_generation(ex, g.text))
         correct += ok
-        rec: dict[str, Any] = {"target": ex.target, "generated": g.text, "finish": g.finish,
+        rec: dict[str, Any] = {"id": ex.key(task.name, i), "target": ex.target, "generated": g.text, "finish": g.finish,
                                "n_tokens": g.n_tokens, "correct": ok}
         if hasattr(task, "extract"):
             rec["extracted"] = task.extract(ex, g.text)

@@ -78,6 +78,11 @@ def _masking_hook(mask: torch.Tensor, positions: str | None):
             idx = torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)
         else:
             idx = qpos.to(x.device)
+            # a forward over one chunk of a longer sequence (a cached prefix, then its suffix) gets
+            # positions relative to the chunk: a row whose position lies outside it has no query here
+            inside = (idx >= 0) & (idx < x.shape[1])
+            if not bool(inside.all()):
+                rows, idx = rows[inside], idx[inside]
         if positions == "context":  # every position before the query (its row kept as it was)
             keep = x[rows, idx].clone()
             x = x * m

@@ -9,16 +9,17 @@ the prediction is the argmax of the summed continuation log-probabilities (``acc
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from .interventions import Intervention, apply, describe_all, query_positions
 from .models.base import ModelAdapter
+from .progress import tqdm
 from .stats import wilson
 from .tasks.base import Example
 
@@ -162,9 +163,177 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
     return out
 
 
-def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int]) -> ChoiceScores:
+def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int],
+                 prefix_cache: bool | None = None) -> ChoiceScores:
     pairs, single = _encode_pairs(adapter, texts)
+    if prefix_cache_enabled(adapter, prefix_cache):  # the shared context once, choices as suffixes
+        return _score_rows_prefixed(adapter, [(pairs, single, n_chars)])[0]
     return _score_rows(adapter, [(pairs, single, n_chars)])[0]
+
+
+# ---- shared-prefix reuse -------------------------------------------------------------------
+# Requests of one task share long token prefixes (an MMLU subject's header and few-shot exemplars,
+# a BBH subtask's exemplars, one question's context before its choices). The common prefix of a
+# group runs once under the active interventions, and every request continues from a copy of its
+# cached state (attention keys/values, SSM conv and recurrent states). Exact token ids decide the
+# prefix, so tokenisation at the boundary is never changed.
+
+PREFIX_MIN = 8  # tokens: a shorter common prefix is run with its rows
+SUFFIX_ROWS = 64  # rows per suffix forward
+CACHE_TOKENS = 8192  # rows x (prefix + suffix width) per suffix forward
+LOGIT_ROWS = 1024  # rows x read positions per suffix forward (each a vocabulary of fp32 logits)
+
+
+def prefix_cache_enabled(adapter: ModelAdapter, flag: bool | None = None) -> bool:
+    """Whether scoring and generation reuse shared prefixes: ``flag``, else the environment
+    variable ``GANDA_PREFIX_CACHE`` (``0`` turns it off; on by default), and only where the
+    adapter can continue from a cached state (:meth:`ModelAdapter.supports_prefix_cache`)."""
+    if flag is None:
+        flag = os.environ.get("GANDA_PREFIX_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return bool(flag) and adapter.supports_prefix_cache()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id sequences."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def prefix_groups(seqs: Sequence[Sequence[int]], limits: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """``(prefix length, row indices)`` groups of rows that share a token prefix.
+
+    Rows are sorted by their ids, so a group's common prefix is the smallest common prefix of
+    neighbours. A row joins the running group while that prefix stays at least ``PREFIX_MIN``
+    tokens and at least half the group's (so one MMLU subject's 5-shot prefix is not cut down to
+    the header every subject shares). ``limits[i]``: how many leading tokens of row ``i`` may be
+    cached (its first scored position must be run with the suffix). Rows that share no prefix of
+    ``PREFIX_MIN`` tokens with another row form one last group with prefix 0 (they run whole)."""
+    order = sorted(range(len(seqs)), key=lambda i: tuple(seqs[i]))
+    groups: list[tuple[int, list[int]]] = []
+    cur: list[int] = []
+    plen = 0
+    for i in order:
+        if cur:
+            lcp = common_prefix(seqs[cur[-1]], seqs[i])
+            shared = lcp if len(cur) == 1 else min(plen, lcp)
+            if lcp >= PREFIX_MIN and (len(cur) == 1 or 2 * lcp >= plen):
+                cur.append(i)
+                plen = shared
+                continue
+            groups.append((plen, cur))
+        cur, plen = [i], len(seqs[i])
+    if cur:
+        groups.append((plen, cur))
+    out, alone = [], []
+    for plen, rows in groups:
+        p = min([plen, *(limits[r] for r in rows)])
+        if p >= PREFIX_MIN and len(rows) > 1:
+            out.append((p, rows))
+        else:
+            alone += rows
+    return out + ([(0, alone)] if alone else [])
+
+
+def suffix_batches(lengths: Mapping[int, int], rows: Sequence[int], plen: int = 0,
+                   keeps: Mapping[int, set[int]] | None = None, max_rows: int = SUFFIX_ROWS) -> list[list[int]]:
+    """Rows bucketed by suffix length (shortest first) into batches that bound memory: at most
+    ``max_rows`` rows, ``CACHE_TOKENS`` cached and padded tokens (rows x (``plen`` + width): the
+    keys and values every row holds during its forward) and ``LOGIT_ROWS`` rows of logits (rows
+    x the positions any of them reads, ``keeps``)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    union: set[int] = set()
+    for r in sorted(rows, key=lambda r: lengths[r]):
+        want = union | (keeps[r] if keeps else set())
+        n = len(cur) + 1
+        if cur and (n > max_rows or n * (plen + lengths[r]) > CACHE_TOKENS or n * len(want) > LOGIT_ROWS):
+            out.append(cur)
+            cur, want = [], set(keeps[r] if keeps else ())
+        cur.append(r)
+        union = want
+    if cur:
+        out.append(cur)
+    return out
+
+
+@torch.no_grad()
+def run_prefix(adapter: ModelAdapter, ids: Sequence[int]) -> Any:
+    """The cached state after ``ids`` (one row), computed under the interventions active now.
+    Position-restricted interventions see no query position in it (the query is in each suffix)."""
+    cache = adapter.new_cache()
+    if ids:
+        dev = adapter.device
+        x = torch.tensor([list(ids)], device=dev)
+        outside = torch.tensor([len(ids)], device=dev)
+        with query_positions(outside, outside):
+            adapter.forward_cached(x, cache, torch.arange(len(ids), device=dev)[None],
+                                   keep=torch.tensor([len(ids) - 1], device=dev))
+    return cache
+
+
+@dataclass
+class _ScoreRow:
+    ids: list[int]
+    first: int  # the query position (last context token): the first position whose logits are read
+    last: int  # the last position whose logits are read
+    reads: list[tuple[int, int, int, list[int]]]  # (item, choice, first position, continuation ids)
+
+
+def _score_rows_list(items: Sequence[tuple[Pairs, bool, list[int]]]) -> list[_ScoreRow]:
+    rows = []
+    for k, (pairs, single, _) in enumerate(items):
+        if single:  # every choice one token after one context: one row, one position
+            ctx = pairs[0][0]
+            rows.append(_ScoreRow(ctx, len(ctx) - 1, len(ctx) - 1,
+                                  [(k, c, len(ctx) - 1, cont) for c, (_, cont) in enumerate(pairs)]))
+            continue
+        for c, (ctx, cont) in enumerate(pairs):
+            rows.append(_ScoreRow(ctx + cont, len(ctx) - 1, len(ctx) + len(cont) - 2, [(k, c, len(ctx) - 1, cont)]))
+    return rows
+
+
+@torch.no_grad()
+def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[int]]],
+                         max_rows: int = SUFFIX_ROWS) -> list[ChoiceScores]:
+    """:func:`_score_rows` with shared prefixes run once: rows grouped by :func:`prefix_groups`,
+    each group's suffixes right-padded in length buckets over copies of the group's cached prefix
+    (right pads never reach a real position of a causal model), logits only where a continuation
+    token is scored. The prefix cache lives for its group only."""
+    rows = _score_rows_list(items)
+    for r in rows:
+        adapter.check_length(len(r.ids))
+    lls = [[0.0] * len(pairs) for pairs, _, _ in items]
+    dev = adapter.device
+    tok = adapter.tokenizer
+    pad = ((tok.pad_token_id or 0) if tok is not None else 0)
+    for plen, members in prefix_groups([r.ids for r in rows], [r.first for r in rows]):
+        prefix = run_prefix(adapter, rows[members[0]].ids[:plen]) if plen else None
+        lengths = {m: len(rows[m].ids) - plen for m in members}
+        keeps = {m: set(range(rows[m].first - plen, rows[m].last - plen + 1)) for m in members}
+        for batch in suffix_batches(lengths, members, plen, keeps, max_rows):
+            width = max(lengths[m] for m in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            for i, m in enumerate(batch):
+                ids[i, : lengths[m]] = torch.tensor(rows[m].ids[plen:])
+            keep = sorted({p - plen for m in batch for p in range(rows[m].first, rows[m].last + 1)})
+            col = {p: j for j, p in enumerate(keep)}
+            cache = adapter.expand_cache(prefix, len(batch)) if prefix is not None else adapter.new_cache()
+            pos = (plen + torch.arange(width, device=dev))[None].expand(len(batch), -1)
+            q = torch.tensor([rows[m].first - plen for m in batch], device=dev)
+            last = torch.tensor([rows[m].last - plen for m in batch], device=dev)
+            with query_positions(q, last):
+                logits = adapter.forward_cached(ids.to(dev), cache, pos, keep=torch.tensor(keep, device=dev))
+            del cache
+            for i, m in enumerate(batch):
+                for k, c, first, cont in rows[m].reads:
+                    cols = [col[first - plen + j] for j in range(len(cont))]
+                    logp = torch.log_softmax(logits[i, cols].float(), -1)
+                    lls[k][c] = float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum())
+        del prefix
+    return [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)]
 
 
 SMALL_MODEL_PARAMS = 20_000_000
@@ -179,11 +348,30 @@ def default_batch_rows(adapter: ModelAdapter) -> int:
     return BATCH_ROWS if adapter.n_params() < SMALL_MODEL_PARAMS else 1
 
 
+PREFIX_CHUNK = 128  # examples grouped at once (a group's prefix runs once per chunk)
+
+
 def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_rows: int | None = None,
-                   progress: bool = False, desc: str = "?") -> list[ChoiceScores]:
-    """Scores of many examples: up to ``batch_rows`` rows per forward (default
-    :func:`default_batch_rows`); ``batch_rows=1`` is :func:`score_example` one by one."""
+                   progress: bool = False, desc: str = "?", prefix_cache: bool | None = None) -> list[ChoiceScores]:
+    """Scores of many examples. With shared-prefix reuse (:func:`prefix_cache_enabled`) every
+    shared prefix runs once and the rest in length-bucketed batches of up to ``batch_rows``
+    suffixes (default ``SUFFIX_ROWS``); without it up to ``batch_rows`` whole rows per forward
+    (default :func:`default_batch_rows`; ``batch_rows=1`` is :func:`score_example` one by one)."""
+    if prefix_cache_enabled(adapter, prefix_cache):
+        rows = SUFFIX_ROWS if batch_rows is None else max(1, int(batch_rows))
+        res: list[ChoiceScores] = []
+        bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
+        for k in range(0, len(examples), PREFIX_CHUNK):
+            chunk = examples[k: k + PREFIX_CHUNK]
+            items = [(*_encode_pairs(adapter, example_pairs(ex)), norm_chars(ex)) for ex in chunk]
+            res += _score_rows_prefixed(adapter, items, rows)
+            bar.update(len(chunk))
+        bar.close()
+        return res
     n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
+    if n == 1:
+        return [_score_pairs(adapter, example_pairs(ex), norm_chars(ex), False)
+                for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
     if n == 1:
         return [score_example(adapter, ex) for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
     out: list[ChoiceScores] = []
@@ -219,6 +407,7 @@ class EvalResult:
     config: dict[str, Any] = field(default_factory=dict)
     acc_norm: float | None = None
     predictions: list[dict[str, Any]] = field(default_factory=list)
+    answer_labels: list[str] = field(default_factory=list)  # what choice i is called (see choice_labels)
 
     @classmethod
     def from_counts(cls, task: str, adapter: ModelAdapter, correct: int, n: int, started: float, *,
@@ -239,7 +428,7 @@ class EvalResult:
         is a choice index (generation tasks have text answers)."""
         if not self.predictions or not all(isinstance(p.get("gold"), int) for p in self.predictions):
             return []
-        return by_answer(self.predictions)
+        return by_answer(self.predictions, self.answer_labels)
 
     def answer_accuracy(self) -> dict[str, float | None]:
         """``{"A": accuracy on gold-A examples, "B": ...}``."""
@@ -258,18 +447,31 @@ class EvalResult:
 ANSWER_LABELS = "ABCDEFGHIJ"
 
 
-def by_answer(predictions: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def choice_labels(examples: Sequence[Example]) -> list[str]:
+    """A name for each choice position: its text where every example offers the same one there
+    (MMLU's ``A``..``D``), else ``#k``, the k-th choice (kv: the k-th pair of the dictionary, whose
+    value differs from prompt to prompt), so that a breakdown never names letters a task has not."""
+    out = []
+    for i in range(max((len(ex.choices) for ex in examples), default=0)):
+        texts = {ex.choices[i].strip() for ex in examples if i < len(ex.choices)}
+        out.append(texts.pop() if len(texts) == 1 else f"#{i + 1}")
+    return out
+
+
+def by_answer(predictions: Sequence[dict[str, Any]], labels: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Accuracy on the examples whose gold answer is A, B, C, ..., and how often each is predicted.
 
     Why: one accuracy hides *which* answers a head serves. In the lab Transformers the last
     layer's heads split the Aggregate step by answer letter (ablating ``lab-llama-wd``'s L3H0 takes
     gold A and B to 0% and leaves C and D at 100%), which is why no single head takes the task to
-    chance. ``predictions``: :class:`EvalResult` rows with integer ``gold`` and ``pred``."""
+    chance. ``predictions``: :class:`EvalResult` rows with integer ``gold`` and ``pred``; ``labels``:
+    the choices' names (:func:`choice_labels`; default A, B, C, ...)."""
     n_opts = 1 + max([max(p["gold"], p["pred"]) for p in predictions], default=-1)
     out = []
     for i in range(n_opts):
         gold = [p for p in predictions if p["gold"] == i]
-        out.append({"answer": ANSWER_LABELS[i] if i < len(ANSWER_LABELS) else str(i), "n": len(gold),
+        label = labels[i] if labels and i < len(labels) else ANSWER_LABELS[i] if i < len(ANSWER_LABELS) else str(i)
+        out.append({"answer": label, "n": len(gold),
                     "accuracy": sum(bool(p["correct"]) for p in gold) / len(gold) if gold else None,
                     "predicted": sum(p["pred"] == i for p in predictions) / len(predictions)})
     return out
@@ -295,9 +497,11 @@ def evaluate_examples(
     config: dict[str, Any] | None = None,
     progress: bool = True,
     batch_rows: int | None = None,
+    prefix_cache: bool | None = None,
 ) -> EvalResult:
     """Accuracy of the model on multiple-choice examples, under the given interventions
-    (``batch_rows``: see :func:`score_examples`)."""
+    (``batch_rows``, ``prefix_cache``: see :func:`score_examples`; prefix caches are computed
+    inside the interventions and live for this call only)."""
     t0 = time.perf_counter()
     if adapter.n_ctx is not None:  # fail before any work, not halfway through
         for ex in examples:
@@ -305,11 +509,17 @@ def evaluate_examples(
     preds: list[dict[str, Any]] = []
     correct = correct_norm = 0
     with apply(adapter, interventions):
-        scores = score_examples(adapter, examples, batch_rows=batch_rows, progress=progress, desc=task_name)
-        for ex, sc in zip(examples, scores, strict=True):
-            ok = sc.pred == ex.gold
+        scores = score_examples(adapter, examples, batch_rows=batch_rows, progress=progress, desc=task_name,
+                                prefix_cache=prefix_cache)
+        for i, (ex, sc) in enumerate(zip(examples, scores, strict=True)):
+            ok, ok_norm = sc.pred == ex.gold, sc.pred_norm == ex.gold
             correct += ok
-            correct_norm += sc.pred_norm == ex.gold
-            preds.append({"pred": sc.pred, "gold": ex.gold, "loglik": sc.loglik, "correct": bool(ok)})
-    return EvalResult.from_counts(task_name, adapter, correct, len(examples), t0, interventions=interventions,
-                                  config=config or {}, predictions=preds, correct_norm=correct_norm)
+            correct_norm += ok_norm
+            # per example, what lm-eval's --log_samples holds: its doc_id, every choice's log-likelihood
+            # (its filtered_resps), the acc and acc_norm predictions and whether each is right
+            preds.append({"id": ex.key(task_name, i), "gold": ex.gold, "pred": sc.pred, "pred_norm": sc.pred_norm,
+                          "loglik": sc.loglik, "correct": bool(ok), "correct_norm": bool(ok_norm)})
+    res = EvalResult.from_counts(task_name, adapter, correct, len(examples), t0, interventions=interventions,
+                                 config=config or {}, predictions=preds, correct_norm=correct_norm)
+    res.answer_labels = choice_labels(examples)
+    return res

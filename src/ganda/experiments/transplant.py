@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..engine import Trace, layer_returns
 from ..errors import GandaError
@@ -52,6 +51,7 @@ from ..figures import bars
 from ..heads import HeadId, expand
 from ..interventions import Intervention, compress_ranges
 from ..models.base import ModelAdapter
+from ..progress import tqdm
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 
@@ -245,7 +245,7 @@ class TransplantHead(Intervention):
         handle = adapter.model.register_forward_pre_hook(pad.hook, with_kwargs=True)
         self._last = {"student_head": str(s), "donor_head": str(d)}
         try:
-            with trace:
+            with trace, adapter.whole_sequence():  # the donor head attends over the input it is given
                 yield
         finally:
             handle.remove()
@@ -264,8 +264,13 @@ class TransplantResult(ExperimentResult):
         s = self.summary
         if "best_layer" not in s:
             return ""
+        t = s.get("task")
+        ci = {r["condition"]: (r.get(f"{t}_lo"), r.get(f"{t}_hi")) for r in self.rows}
+        best, base = ci.get(s.get("best"), (None, None)), ci.get("student", (None, None))
+        weak = (" (weak: its 95% interval overlaps the baseline's)" if None not in (*best, *base)
+                and best[0] <= base[1] and base[0] <= best[1] else "")
         return (f"Best transplant: layer **{s['best_layer']}**, {pct(s.get('best_accuracy'))} "
-                f"vs baseline {pct(s.get('baseline_accuracy'))}.")
+                f"vs baseline {pct(s.get('baseline_accuracy'))}{weak}.")
 
     def draw(self, out_dir: Path) -> list[Path]:
         rows = [r for r in self.rows if r["condition"] not in ("student", "donor")]

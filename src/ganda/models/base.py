@@ -9,9 +9,12 @@ file plus a registry entry; nothing else changes.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -69,6 +72,11 @@ class SweepRunner(Protocol):
         """``[K, d_model]`` final residuals -> ``[K, V]`` fp32 log-probabilities."""
 
 
+def _forward_params(model: nn.Module) -> Mapping[str, inspect.Parameter]:
+    """The keyword arguments of ``model.forward`` (what a family's forward accepts)."""
+    return inspect.signature(model.forward).parameters
+
+
 @dataclass(frozen=True)
 class _LayerEdit:
     keep: frozenset[int]
@@ -89,6 +97,7 @@ class ModelAdapter(ABC):
         # The blocks as loaded: layer indices and head ids always name these, whatever is edited.
         self._original_layers: nn.ModuleList = self.decoder_layers()
         self._edits: dict[int, _LayerEdit] = {}
+        self._whole_sequence = 0  # active whole_sequence() contexts
         self._head_users: dict[int, tuple[str, frozenset[int]]] = {}
         self._live: nn.ModuleList = self._original_layers
         self._tokens = itertools.count()
@@ -340,6 +349,64 @@ class ModelAdapter(ABC):
         """True when greedy generation may keep a KV cache across steps (the model runs its layers
         as loaded); False (the default) re-runs the whole sequence for every new token."""
         return False
+
+    # ---- shared-prefix reuse (scoring and generation run a common prefix once) ------------------
+    # the forward keyword that takes the cache of :meth:`new_cache` (None: the family cannot
+    # continue a multi-token input from a cached state exactly, and always runs whole rows)
+    prefix_cache_kwarg: ClassVar[str | None] = None
+    # True where left pads between a prefix and a suffix are masked out exactly (attention only;
+    # a recurrent state would carry them): generation then batches suffixes of different lengths
+    prefix_left_padding: ClassVar[bool] = False
+
+    def supports_prefix_cache(self) -> bool:
+        """True when a forward may continue from a cached prefix state: the family continues a
+        multi-token input from its cache, and the layer list is as loaded (a cache is indexed by the
+        loaded layers, which a removed or swapped layer would desynchronise)."""
+        return (self.prefix_cache_kwarg is not None and not self._edits and not self._whole_sequence
+                and self.decoder_layers() is self._original_layers)
+
+    @contextmanager
+    def whole_sequence(self) -> Iterator[None]:
+        """While active, every forward sees the whole sequence (no prefix cache): for interventions
+        that recompute something from the current input alone, such as a donor head's attention."""
+        self._whole_sequence += 1
+        try:
+            yield
+        finally:
+            self._whole_sequence -= 1
+
+    def new_cache(self) -> Any:
+        """An empty cache for :meth:`forward_cached` (attention KV, SSM conv and recurrent states)."""
+        from transformers import DynamicCache  # heavy: loaded with the first model
+
+        return DynamicCache(config=self.model.config)
+
+    def expand_cache(self, cache: Any, rows: int) -> Any:
+        """An independent copy of a one-row cache for ``rows`` rows; ``cache`` itself is unchanged,
+        so one prefix serves any number of suffix batches."""
+        out = copy.deepcopy(cache)
+        if rows != 1:
+            out.reorder_cache(torch.zeros(rows, dtype=torch.long, device=self.device))
+        return out
+
+    def forward_cached(self, input_ids: torch.Tensor, cache: Any, position_ids: torch.Tensor,
+                       attention_mask: torch.Tensor | None = None,
+                       keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of ``input_ids`` ``[B, T]`` continuing the sequence held in ``cache`` (updated in
+        place). ``position_ids`` ``[B, T]`` continue the cached positions; ``attention_mask`` covers
+        cache + input (None: every position is real, or pads only at the right end); ``keep``: the
+        only input positions whose logits are wanted (``[B, len(keep), V]`` is returned)."""
+        params = _forward_params(self.model)
+        kw: dict[str, Any] = {self.prefix_cache_kwarg or "past_key_values": cache, "use_cache": True}
+        if "position_ids" in params:
+            kw["position_ids"] = position_ids
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask
+        if keep is not None and "logits_to_keep" in params:
+            kw["logits_to_keep"] = keep
+            keep = None
+        logits = self.model(input_ids=input_ids, **kw).logits
+        return logits if keep is None else logits[:, keep]
 
     def run_block(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor,
                   mask: torch.Tensor) -> torch.Tensor:

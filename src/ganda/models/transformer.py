@@ -68,6 +68,8 @@ class TransformerRunner:
 
 class TransformerAdapter(ModelAdapter):
     family = "transformer"
+    prefix_cache_kwarg = "past_key_values"
+    prefix_left_padding = True
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:

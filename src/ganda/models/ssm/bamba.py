@@ -19,10 +19,16 @@ from .materialize import SSMParams
 
 class BambaAdapter(HybridAdapterBase):
     family = "bamba"
+    prefix_cache_kwarg = "past_key_values"
 
     def __init__(self, model: nn.Module, tokenizer, spec: str = "") -> None:  # type: ignore[no-untyped-def]
         super().__init__(model, tokenizer, spec)
         self._attn_indices = list(model.config.attn_layer_indices or [])
+
+    def supports_prefix_cache(self) -> bool:
+        """transformers' Bamba builds its attention mask from the cache's attention layers, so a
+        Bamba with no attention layer (a pure-SSM student) cannot continue from a cache."""
+        return bool(self._attn_indices) and super().supports_prefix_cache()
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:

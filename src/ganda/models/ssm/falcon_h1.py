@@ -22,6 +22,7 @@ from .materialize import SSMParams
 
 class FalconH1Adapter(HybridAdapterBase):
     family = "falcon_h1"
+    prefix_cache_kwarg = "past_key_values"
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:

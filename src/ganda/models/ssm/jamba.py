@@ -19,12 +19,13 @@ from torch import nn
 
 from ..base import Mixer
 from .common import HybridAdapterBase
-from .mamba1 import channel_mixer, mamba1_params
+from .mamba1 import ScanContinuation, channel_mixer, mamba1_params
 from .materialize import SSMParams
 
 
-class JambaAdapter(HybridAdapterBase):
+class JambaAdapter(ScanContinuation, HybridAdapterBase):
     family = "jamba"
+    prefix_cache_kwarg = "past_key_values"
     ssm_mixer = staticmethod(channel_mixer)  # Mamba-1 convention: every inner channel is a head
 
     def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:

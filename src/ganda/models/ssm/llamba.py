@@ -81,11 +81,14 @@ class LlambaConfig:
         return raw.get("model_type") in (None, "llamba") and {"d_model", "n_layer", "ssm_cfg"} <= raw.keys()
 
 
-def ssd_chunked(x: torch.Tensor, log_a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk: int) -> torch.Tensor:
+def ssd_chunked(x: torch.Tensor, log_a: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk: int,
+                h0: torch.Tensor | None = None, final: list[torch.Tensor] | None = None) -> torch.Tensor:
     """y_t = Σ_{j≤t} (C_t·B_j) exp(Σ_{k=j+1..t} a_k) x_j, chunked; fp32.
 
     x: [b, T, H, P]; log_a: [b, T, H]; B, C: [b, T, H, N] (already per head). Intra-chunk terms are
-    an explicit masked product, inter-chunk terms a short recurrence over chunk states.
+    an explicit masked product, inter-chunk terms a short recurrence over chunk states. ``h0``
+    ``[b, H, P, N]``: the state before position 0 (a cached prefix; None: zero), which adds
+    ``C_t·h0·exp(Σ_{k≤t} a_k)``; ``final``: a list that receives the state after the last position.
     """
     b, T, H, P = x.shape
     N = B.shape[-1]
@@ -103,12 +106,31 @@ def ssd_chunked(x: torch.Tensor, log_a: torch.Tensor, B: torch.Tensor, C: torch.
     y = torch.einsum("bcijh,bcjhp->bcihp", scores, x)
     to_end = torch.exp(acs[:, :, -1:, :] - acs)  # [b, nc, Q, H]
     states = torch.einsum("bcjh,bcjhn,bcjhp->bchpn", to_end, B, x)
-    h = x.new_zeros(b, H, P, N)
+    h = x.new_zeros(b, H, P, N) if h0 is None else h0.to(x.dtype)
     for c in range(nc):
-        if c:
+        if c or h0 is not None:
             y[:, c] += torch.einsum("bihn,bhpn->bihp", C[:, c], h) * torch.exp(acs[:, c])[..., None]
         h = torch.exp(acs[:, c, -1])[:, :, None, None] * h + states[:, c]
+    if final is not None:  # right pads (zero x, B and decay 1) leave the state unchanged
+        final.append(h)
     return y.reshape(b, nc * chunk, H, P)[:, :T]
+
+
+class LlambaCache:
+    """The state of a Llamba after a sequence, per layer: the last ``d_conv - 1`` conv inputs and
+    the fp32 SSM state ``[b, H, P, N]``. :class:`LlambaForCausalLM` continues from it
+    (``cache_params``) exactly as if the cached tokens were prepended to its input."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.conv: list[torch.Tensor | None] = [None] * n_layer
+        self.ssm: list[torch.Tensor | None] = [None] * n_layer
+
+    def reorder_cache(self, rows: torch.Tensor) -> None:
+        """Keep (and repeat) the batch rows ``rows`` of every state."""
+        for states in (self.conv, self.ssm):
+            for i, t in enumerate(states):
+                if t is not None:
+                    states[i] = t.index_select(0, rows.to(t.device))
 
 
 class DiscreteMamba2(nn.Module):
@@ -135,13 +157,25 @@ class DiscreteMamba2(nn.Module):
         # Hook point: y + D·x per head, before the gate ([b, T, H, P]); used by reconstruction checks.
         self.ssd_output = nn.Identity()
 
-    def split(self, proj: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(x [.., T, Hv, P], B, C [.., T, Hqk, N], z [.., T, d_inner], a_raw [.., T, Hv]) from in_proj output."""
+    def split(self, proj: torch.Tensor, cache: LlambaCache | None = None) -> tuple[torch.Tensor, ...]:
+        """(x [.., T, Hv, P], B, C [.., T, Hqk, N], z [.., T, d_inner], a_raw [.., T, Hv]) from in_proj output.
+
+        ``cache``: the conv continues from the cached inputs of the previous positions and the
+        last ``d_conv - 1`` inputs are cached in their place."""
         E, G, N = self.d_inner, self.n_qk_heads, self.d_state
         xBC, z, a_raw = proj.split([E + 2 * G * N, E, self.n_v_heads], dim=-1)
         T = proj.shape[-2]
         w = self.conv1d.weight
-        xBC = F.conv1d(xBC.transpose(-1, -2), w, self.conv1d.bias, padding=self.d_conv - 1, groups=w.shape[0])[..., :T]
+        raw = xBC.transpose(-1, -2)
+        prev = cache.conv[self.layer_idx] if cache is not None else None
+        if prev is None:
+            xBC = F.conv1d(raw, w, self.conv1d.bias, padding=self.d_conv - 1, groups=w.shape[0])[..., :T]
+        else:  # the cached inputs stand where the zero padding would
+            xBC = F.conv1d(torch.cat([prev, raw], -1), w, self.conv1d.bias, groups=w.shape[0])
+        if cache is not None:
+            if prev is None:
+                prev = raw.new_zeros(*raw.shape[:-1], self.d_conv - 1)
+            cache.conv[self.layer_idx] = torch.cat([prev, raw], -1)[..., T:]
         xBC = xBC.transpose(-1, -2)
         if self.activation in ("silu", "swish"):
             xBC = F.silu(xBC)
@@ -150,14 +184,19 @@ class DiscreteMamba2(nn.Module):
         return (x.reshape(*lead, self.n_v_heads, self.head_dim), B.reshape(*lead, G, N), C.reshape(*lead, G, N),
                 z, a_raw)
 
-    def forward(self, u: torch.Tensor, **_: Any) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, cache: LlambaCache | None = None, **_: Any) -> torch.Tensor:
+        """``cache``: continue the sequence it holds (conv inputs and SSM state) and update it."""
         dtype = u.dtype
-        x, B, C, z, a_raw = self.split(self.in_proj(u))
+        x, B, C, z, a_raw = self.split(self.in_proj(u), cache)
         rep = self.n_v_heads // self.n_qk_heads
         B = B.float().repeat_interleave(rep, dim=2)
         C = C.float().repeat_interleave(rep, dim=2)
         log_a = -F.softplus(a_raw.float())
-        y = ssd_chunked(x.float(), log_a, B, C, self.chunk_size)
+        final: list[torch.Tensor] = []
+        h0 = cache.ssm[self.layer_idx] if cache is not None else None
+        y = ssd_chunked(x.float(), log_a, B, C, self.chunk_size, h0, final if cache is not None else None)
+        if cache is not None:
+            cache.ssm[self.layer_idx] = final[0]
         y = self.ssd_output(y + self.D.float()[:, None] * x.float())
         y = y.reshape(*y.shape[:-2], self.d_inner)
         zb = z.float() + (self.z_bias.float() if self.z_bias is not None else 0.0)
@@ -200,8 +239,8 @@ class LlambaBlock(nn.Module):
         self.post_attention_layernorm = LlambaRMSNorm(config.d_model, eps=1e-5)
         self.mlp = LlambaMLP(config.d_model, **config.mlp_cfg)
 
-    def forward(self, hidden_states: torch.Tensor, **_: Any) -> torch.Tensor:
-        h = hidden_states + self.mixer(self.input_layernorm(hidden_states)).to(hidden_states.dtype)
+    def forward(self, hidden_states: torch.Tensor, cache: LlambaCache | None = None, **_: Any) -> torch.Tensor:
+        h = hidden_states + self.mixer(self.input_layernorm(hidden_states), cache=cache).to(hidden_states.dtype)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -212,10 +251,10 @@ class LlambaBackbone(nn.Module):
         self.layers = nn.ModuleList([LlambaBlock(config, i) for i in range(config.n_layer)])
         self.final_layernorm = LlambaRMSNorm(config.d_model, eps=config.norm_epsilon)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: LlambaCache | None = None) -> torch.Tensor:
         h = self.embedding(input_ids)
         for layer in self.layers:
-            h = layer(h)
+            h = layer(h) if cache is None else layer(h, cache=cache)
         return self.final_layernorm(h)
 
 
@@ -230,11 +269,18 @@ class LlambaForCausalLM(nn.Module):
             config.d_model, config.padded_vocab_size, bias=config.lm_head_bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                use_cache: bool = False, **_: Any) -> Any:
+                use_cache: bool = False, cache_params: LlambaCache | None = None,
+                logits_to_keep: torch.Tensor | int | None = None, **_: Any) -> Any:
+        """``cache_params``: continue the sequence it holds (updated in place); ``logits_to_keep``:
+        the only positions whose logits are returned."""
         if attention_mask is not None and bool((attention_mask[:, 1:] > attention_mask[:, :-1]).any()):
             # Right padding is harmless (causal: real positions never see later pads); left is not.
             raise GandaError("Llamba supports right padding only (a recurrent state would carry the left pads)")
-        h = self.backbone(input_ids)
+        h = self.backbone(input_ids, cache_params)
+        if isinstance(logits_to_keep, torch.Tensor):
+            h = h[:, logits_to_keep]
+        elif logits_to_keep:  # transformers' convention: an int keeps the last positions, 0 all
+            h = h[:, -logits_to_keep:]
         w = self.backbone.embedding.weight if self.lm_head is None else self.lm_head.weight
         bias = None if self.lm_head is None else self.lm_head.bias
         from transformers.modeling_outputs import CausalLMOutput  # heavy: loaded once a Llamba runs
@@ -298,6 +344,7 @@ def load_unlabelled(path: str | Path) -> nn.Module:
 
 class LlambaAdapter(SSMAdapterBase):
     family = "llamba"
+    prefix_cache_kwarg = "cache_params"
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -309,6 +356,9 @@ class LlambaAdapter(SSMAdapterBase):
     def _build_mixers(self) -> list[Mixer]:
         return [Mixer(layer=i, kind="ssm", num_heads=b.mixer.num_heads, head_dim=b.mixer.head_dim,
                       out_proj=b.mixer.out_proj, module=b.mixer) for i, b in enumerate(self._original_layers)]
+
+    def new_cache(self) -> LlambaCache:
+        return LlambaCache(len(self._original_layers))
 
     def ssm_output_site(self, mixer: Mixer) -> tuple[nn.Module, str]:
         return mixer.module.ssd_output, "out"  # y + D·x before the gate

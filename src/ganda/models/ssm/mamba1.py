@@ -8,7 +8,10 @@ of blocks of consecutive channels for display (an aggregate, not an exact head).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,13 +42,114 @@ def mamba1_params(m: nn.Module, captured: torch.Tensor) -> SelectiveParams:
     return SelectiveParams(x=x, delta=delta, A=A, B=B.float(), C=C.float(), D=m.D.float(), z=z)
 
 
+# transformers modules whose Mamba-1 mixers call the module-level ``mamba_selective_scan``
+_SCAN_MODULES = (
+    "transformers.models.mamba.modeling_mamba",
+    "transformers.models.falcon_mamba.modeling_falcon_mamba",
+    "transformers.models.jamba.modeling_jamba",
+)
+
+
+class _Start:
+    """The recurrent state the next selective scan starts from (None: zero)."""
+
+    state: torch.Tensor | None = None
+
+
+def _scan_from(start: _Start):
+    def mamba_selective_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                             C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                             delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                             return_last_state: bool = False, **_: Any) -> Any:
+        """transformers' reference selective scan (its sequential form, the same operations in the
+        same order) with the recurrent state starting at ``start.state`` instead of zero."""
+        batch, inner, seq_len = hidden_states.shape
+        dtype = hidden_states.dtype
+        if delta_bias is not None:
+            dt = dt + delta_bias.to(dt.dtype)[..., None]
+        if delta_softplus:
+            dt = F.softplus(dt)
+        B, C = B.transpose(1, 2), C.transpose(1, 2)
+        dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
+        dBu = dt[:, :, :, None] * B[:, None, :, :].float() * hidden_states[:, :, :, None].float()
+        state = start.state
+        if state is None:
+            state = torch.zeros(batch, inner, A.shape[-1], dtype=dtype, device=hidden_states.device)
+        outs = []
+        for t in range(seq_len):
+            state = dA[:, :, t] * state + dBu[:, :, t]
+            outs.append(torch.matmul(state.to(dtype), C[:, t, :].unsqueeze(-1))[:, :, 0])
+        y = torch.stack(outs, dim=-1)
+        if D is not None:
+            y = y + hidden_states * D[None, :, None]
+        if z is not None:
+            y = y * F.silu(z)
+        return (y, state) if return_last_state else y
+
+    return mamba_selective_scan
+
+
+@contextmanager
+def scans_continue(cache: Any, mixers: Sequence[nn.Module]) -> Iterator[None]:
+    """For the duration, every Mamba-1 mixer in ``mixers`` scans a multi-token input from its
+    recurrent state in ``cache`` rather than from zero.
+
+    transformers' Mamba-1 mixers (Mamba, Falcon-Mamba, Jamba) continue the conv from a cache but
+    start every multi-token scan at a zero state (only one-token inputs use the cached state).
+    Here the module-level scan is swapped for the same sequential scan with an initial state,
+    which a pre-hook on each mixer reads from ``cache`` before the mixer runs; a multi-token
+    suffix then runs in one forward, exactly as if the cached tokens preceded it. The scan is
+    transformers' PyTorch loop over the suffix's positions (the uncached path runs the same loop
+    over the whole row where no ``mamba_ssm`` kernel is installed; with one, the kernel scans the
+    prefix and the loop only the suffix), so reuse pays off behind the long prefixes
+    (``PREFIX_MIN`` tokens or more, a few-shot header) that :func:`ganda.scoring.prefix_groups`
+    caches.
+    """
+    start = _Start()
+    scan = _scan_from(start)
+
+    def read_state(module: nn.Module, _args: Any) -> None:
+        start.state = cache.get_recurrent_state(module.layer_idx)
+
+    swapped = []
+    for name in _SCAN_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - family absent from this transformers version
+            continue
+        if hasattr(mod, "mamba_selective_scan"):
+            swapped.append((mod, mod.mamba_selective_scan))
+            mod.mamba_selective_scan = scan
+    hooks = [m.register_forward_pre_hook(read_state) for m in mixers]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        for mod, fn in swapped:
+            mod.mamba_selective_scan = fn
+        start.state = None
+
+
+class ScanContinuation:
+    """Shared-prefix reuse for adapters with Mamba-1 mixers: :meth:`forward_cached` runs under
+    :func:`scans_continue`, so a suffix continues from the cached conv and recurrent states."""
+
+    def forward_cached(self, input_ids: torch.Tensor, cache: Any, position_ids: torch.Tensor,
+                       attention_mask: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+        mixers = [m.module for m in self.mixers() if m.kind == "ssm"]  # type: ignore[attr-defined]
+        with scans_continue(cache, mixers):
+            return super().forward_cached(input_ids, cache, position_ids, attention_mask, keep)  # type: ignore[misc]
+
+
 def channel_mixer(layer: int, m: nn.Module) -> Mixer:
     """Every inner channel of a Mamba-1 mixer is a head (the paper's convention)."""
     return Mixer(layer=layer, kind="ssm", num_heads=m.intermediate_size, head_dim=1, out_proj=m.out_proj, module=m)
 
 
-class Mamba1Adapter(SSMAdapterBase):
+class Mamba1Adapter(ScanContinuation, SSMAdapterBase):
     family = "mamba1"
+    prefix_cache_kwarg = "cache_params"
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:

@@ -12,6 +12,7 @@ from .materialize import SSMParams
 
 class Mamba2Adapter(SSMAdapterBase):
     family = "mamba2"
+    prefix_cache_kwarg = "cache_params"
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:

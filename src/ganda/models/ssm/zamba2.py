@@ -24,6 +24,7 @@ from .materialize import SSMParams
 
 class Zamba2Adapter(HybridAdapterBase):
     family = "zamba2"
+    prefix_cache_kwarg = "past_key_values"
     layer_index_arg = (2, "layer_idx")  # Zamba2Model calls layer(h, orig_h, layer_idx, ...)
 
     @classmethod
