@@ -1,25 +1,85 @@
 """Naive single-head ablation loop vs the fast sweep engine (``ganda.sweep``), side by side.
 
-Both score the same prompts with every head of SmolLM2-135M ablated in turn; the script checks
-that the per-head accuracies and every per-prompt prediction are identical (log-likelihoods to
-1e-3), prints both times and their ratio, and writes ``benchmarks/results/sweep.json``.
+All arms score the same prompts with every head of SmolLM2-135M ablated in turn; the script
+checks that the per-head accuracies and every per-prompt prediction are identical
+(log-likelihoods to 1e-3), prints the times and their ratios, and writes
+``benchmarks/results/sweep.json``. Arms (``--arms``, run in this order):
 
-    .venv/bin/python benchmarks/bench_sweep.py --task kv --pairs 4 --n 8
+* ``fast``: ``run_sweep`` as shipped;
+* ``per-head``: the same engine with the LM head called once per (head, prompt) and the intact
+  baseline given its own pass (what the batched LM head replaces), to isolate that part;
+* ``naive``: ``AblateHeads`` + ``score_example`` per head (what ``evaluate_examples`` runs,
+  shared-prefix reuse included);
+* ``naive-rows``: the same with ``GANDA_PREFIX_CACHE=0``: every ``context + choice`` row
+  scored whole, lm-eval's layout.
+
+    .venv/bin/python benchmarks/bench_sweep.py --task kv --pairs 4 --n 4 --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import torch
+
 import ganda
+from ganda import sweep
 from ganda.heads import expand
-from ganda.sweep import run_sweep
+from ganda.sweep import run_sweep, scored_by
 from ganda.tasks import get_task
+
+
+class PerHeadLMHead(sweep._FastEngine):
+    """The fast engine with one LM-head call per (head, prompt) over that head's read positions
+    (a position read by several choices read once per choice) and a separate intact pass."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.final = None
+
+    def _read_out(self, finals, b):
+        out = [[] for _ in range(b)]
+        for x, rd in zip(finals, self.reads, strict=True):
+            rows = torch.tensor([rd.rows[s] for s in rd.site])
+            pos = torch.tensor([rd.pos[s] for s in rd.site])
+            for bi in range(b):
+                lp = self.runner.logprobs(x[rows + bi * rd.copy, pos])
+                vals = lp[torch.arange(len(rd.site)), torch.tensor(rd.target)]
+                sums, k = [], 0
+                for n in rd.lengths:
+                    sums.append(float(vals[k : k + n].sum()))
+                    k += n
+                out[bi].append(sums)
+        return out
+
+
+def lm_head_rows(adapter) -> None:
+    """CPU milliseconds per row of one LM-head call (final norm, LM head, log-softmax) by row count."""
+    runner = adapter.sweep_runner()
+    d = adapter.model.config.hidden_size
+    for k in (1, 15, 60, 135, 341, 682):
+        h = torch.randn(k, d)
+        with torch.no_grad():
+            runner.logprobs(h)
+            best = float("inf")
+            for _ in range(3):
+                c = time.process_time()
+                runner.logprobs(h)
+                best = min(best, time.process_time() - c)
+        print(f"{k:4d} rows: {best * 1000:6.0f} ms CPU, {best * 1000 / k:.2f} ms a row", flush=True)
+
+
+def per_head_scores(adapter, examples, packed, batches):
+    engine = PerHeadLMHead(adapter, packed, adapter.sweep_runner())
+    for batch in batches:
+        yield engine.score(None if batch[0] is None else batch[0].layer, batch)
 
 
 def cpu_model() -> str:
@@ -41,59 +101,89 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--heads", default=None, help="only these heads (e.g. 'L0H*,L15H*,L29H*'); default all")
+    ap.add_argument("--arms", default="fast,per-head,naive", help="fast first; then any of per-head, naive, naive-rows")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--lm-head-rows", action="store_true", help="only time one LM-head call by its number of rows")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sweep.json"))
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
 
     adapter = ganda.load_model(args.model)
+    if args.lm_head_rows:
+        return lm_head_rows(adapter)
     opts = {"pairs": args.pairs} if args.task == "kv" else {}
     examples = get_task(args.task, **opts).examples(limit=args.n, seed=args.seed)
     heads = expand(args.heads, adapter) if args.heads else adapter.heads()
 
-    t, c = time.perf_counter(), time.process_time()
-    fast = run_sweep(adapter, examples, heads=heads, progress=True)
-    t_fast, c_fast = time.perf_counter() - t, time.process_time() - c
-    print(f"fast: {t_fast:.1f} s wall, {c_fast:.1f} s CPU", flush=True)
-    t, c = time.perf_counter(), time.process_time()
-    naive = run_sweep(adapter, examples, heads=heads, progress=True, naive=True)
-    t_naive, c_naive = time.perf_counter() - t, time.process_time() - c
+    results, times = {}, {}
+    for arm in args.arms.split(","):
+        t, c = time.perf_counter(), time.process_time()
+        if arm == "fast":
+            results[arm] = run_sweep(adapter, examples, heads=heads, progress=True)
+        elif arm == "per-head":
+            with scored_by(per_head_scores):
+                results[arm] = run_sweep(adapter, examples, heads=heads, progress=True)
+        elif arm == "naive":
+            results[arm] = run_sweep(adapter, examples, heads=heads, progress=True, naive=True)
+        elif arm == "naive-rows":  # lm-eval's layout: every choice row scored whole, no shared-prefix reuse
+            os.environ["GANDA_PREFIX_CACHE"] = "0"
+            try:
+                results[arm] = run_sweep(adapter, examples, heads=heads, progress=True, naive=True)
+            finally:
+                os.environ.pop("GANDA_PREFIX_CACHE")
+        else:
+            raise SystemExit(f"unknown arm {arm!r}")
+        times[arm] = (time.perf_counter() - t, time.process_time() - c)
+        print(f"{arm}: {times[arm][0]:.1f} s wall, {times[arm][1]:.1f} s CPU", flush=True)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # the arms so far, should the run be stopped
+        Path(args.out).write_text(json.dumps({"partial": True, "argv": sys.argv[1:], "load_average": os.getloadavg(),
+                                              "seconds_wall_cpu": times}, indent=2) + "\n")
 
-    same_acc = all(a["acc"] == b["acc"] for a, b in zip(fast.records, naive.records, strict=True))
-    same_pred = all(a["pred"] == b["pred"] for a, b in zip(fast.records, naive.records, strict=True))
-    max_diff = max(
-        abs(x - y)
-        for a, b in zip([fast.baseline, *fast.records], [naive.baseline, *naive.records], strict=True)
-        for la, lb in zip(a["loglik"], b["loglik"], strict=True)
-        for x, y in zip(la, lb, strict=True)
-    )
+    fast = results["fast"]
+    checks = {}
+    for arm, other in results.items():
+        if arm == "fast":
+            continue
+        checks[arm] = {
+            "identical_accuracies": all(a["acc"] == b["acc"] for a, b in zip(fast.records, other.records, strict=True)),
+            "identical_predictions": all(a["pred"] == b["pred"] and a["pred_norm"] == b["pred_norm"]
+                                         for a, b in zip([fast.baseline, *fast.records],
+                                                         [other.baseline, *other.records], strict=True)),
+            "max_abs_loglik_diff": max(
+                abs(x - y)
+                for a, b in zip([fast.baseline, *fast.records], [other.baseline, *other.records], strict=True)
+                for la, lb in zip(a["loglik"], b["loglik"], strict=True)
+                for x, y in zip(la, lb, strict=True)
+            ),
+        }
     top = fast.top(5)
     result = {
-        "command": f"python benchmarks/bench_sweep.py --task {args.task} --pairs {args.pairs} --n {args.n} --seed {args.seed}"
-        + (f" --heads '{args.heads}'" if args.heads else ""),
+        "command": f"python benchmarks/bench_sweep.py --task {args.task} --pairs {args.pairs} --n {args.n} "
+        f"--seed {args.seed} --threads {args.threads} --arms {args.arms}" + (f" --heads '{args.heads}'" if args.heads else ""),
         "model": args.model,
         "task": args.task,
         "task_options": opts,
         "n_prompts": len(examples),
         "n_heads": len(heads),
         "cpu": cpu_model(),
-        "threads": __import__("torch").get_num_threads(),
-        "seconds_naive": round(t_naive, 1),
-        "seconds_fast": round(t_fast, 1),
-        "ratio": round(t_naive / t_fast, 2),
-        "cpu_seconds_naive": round(c_naive, 1),
-        "cpu_seconds_fast": round(c_fast, 1),
-        "cpu_ratio": round(c_naive / c_fast, 2),
-        "load_average_at_end": list(__import__("os").getloadavg()),
-        "identical_accuracies": same_acc,
-        "identical_predictions": same_pred,
-        "max_abs_loglik_diff": max_diff,
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset"),
+        "seconds": {arm: round(w, 1) for arm, (w, _) in times.items()},
+        "cpu_seconds": {arm: round(c, 1) for arm, (_, c) in times.items()},
+        "ratio_vs_fast": {arm: round(times[arm][0] / times["fast"][0], 2) for arm in times if arm != "fast"},
+        "cpu_ratio_vs_fast": {arm: round(times[arm][1] / times["fast"][1], 2) for arm in times if arm != "fast"},
+        "load_average_at_end": list(os.getloadavg()),
+        "checks": checks,
         "baseline_acc": fast.baseline["acc"],
         "top_heads": [{"head": r["head"], "acc": r["acc"], "drop": fast.drop(r)} for r in top],
     }
     print(json.dumps(result, indent=2))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if not (same_acc and same_pred):
-        raise SystemExit("fast and naive sweeps disagree")
+    bad = [arm for arm, c in checks.items() if not (c["identical_accuracies"] and c["identical_predictions"]
+                                                    and c["max_abs_loglik_diff"] <= 1e-3)]
+    if bad:
+        raise SystemExit(f"the fast sweep and {', '.join(bad)} disagree")
 
 
 if __name__ == "__main__":

@@ -120,3 +120,21 @@ def test_capabilities_have_defaults():
         llama.implicit_maps(IDS[:1], llama.heads()[:1])
     assert mamba.implicit_maps(IDS[:1], mamba.heads()[:1])[mamba.heads()[0]].shape == (11, 11)
     assert llama.n_params() == sum(p.numel() for p in llama.model.parameters())
+
+
+def test_replay_final_is_the_intact_models_last_residual():
+    """What the sweep scores the intact model from: the recording pass's last layer output equals
+    the layers replayed one by one from ``h0`` and the model's own final hidden state."""
+    from ganda.engine import Replay
+
+    ad = _adapter("llama")
+    runner = ad.sweep_runner()
+    with torch.no_grad():
+        rep = Replay(ad, runner, IDS, torch.ones_like(IDS), None, keep_final=True)
+        x = rep.h0
+        for pos in range(len(rep.layers)):
+            x = rep.run(pos, x)
+        ref = run_layers(ad, IDS, stop=rep.layers[-1])["resid"]
+    assert rep.final is not None and torch.equal(rep.final, x)
+    torch.testing.assert_close(rep.final, ref)
+    assert Replay(ad, runner, IDS, None, None).final is None

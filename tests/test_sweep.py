@@ -62,6 +62,8 @@ SETUP = textwrap.dedent(
         ]
     """
 )
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 _ns: dict = {}
 exec(SETUP, _ns)
 tiny_adapter, tiny_examples = _ns["tiny_adapter"], _ns["tiny_examples"]
@@ -249,3 +251,91 @@ def test_cli_unknown_task(capsys):
 
     assert main(["sweep", "smollm2-135m", "--task", "nope"]) == 2
     assert "unknown task" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# the batched LM head: one call per example for every head of a batch, on every family with a runner
+
+
+def _lm_head_calls(monkeypatch) -> list[int]:
+    """Record the number of rows of every LM-head call the sweep runner makes."""
+    calls: list[int] = []
+    real = TransformerRunner.logprobs
+
+    def spy(self, hidden):
+        calls.append(hidden.shape[0])
+        return real(self, hidden)
+
+    monkeypatch.setattr(TransformerRunner, "logprobs", spy)
+    return calls
+
+
+def _sites(p) -> int:
+    """Distinct read positions of a packed example (choices that share one read it once)."""
+    return len({k for r in p.read for k in r})
+
+
+def test_lm_head_one_call_per_example_and_batch(adapter, monkeypatch):
+    exs = tiny_examples()
+    packed = [prepare(adapter, ex) for ex in exs]
+    u = [_sites(p) for p in packed]
+    assert u[1] == 1 and sum(len(r) for r in packed[1].read) == 2  # both letters read one position
+    assert (sum(len(r) for r in packed[0].read), u[0]) == (9, 5)  # ' 13', ' 57', ' 20' share 2 of 3 reads
+    calls = _lm_head_calls(monkeypatch)
+    layer0 = []
+    handle = adapter.decoder_layers()[0].register_forward_pre_hook(lambda *_: layer0.append(1))
+    try:
+        fast = run_sweep(adapter, exs, progress=False)
+    finally:
+        handle.remove()
+    # the intact baseline: the recording pass's own residuals, one call per example; then per
+    # layer (4 heads in one batch) one call per example holding all 4 heads' distinct read rows
+    assert calls == u + [4 * n for n in u] * 3
+    # per example: the recording pass, the layer-0 batch and the intact state's step to layer 1;
+    # the baseline runs no layer of its own
+    assert len(layer0) == 3 * len(exs)
+    monkeypatch.undo()
+    _assert_same(fast, run_sweep(adapter, exs, progress=False, naive=True))
+
+
+def test_lm_head_split_into_chunks_equals_naive(adapter, monkeypatch):
+    """A batch whose read rows exceed the logits bound is split across calls, with the same result."""
+    import ganda.sweep as sweep_mod
+
+    exs = tiny_examples()
+    naive = run_sweep(adapter, exs, progress=False, naive=True)
+    monkeypatch.setattr(sweep_mod, "_LM_HEAD_LOGITS", 3 * 64)  # vocab 64: 3 rows per call
+    calls = _lm_head_calls(monkeypatch)
+    _assert_same(run_sweep(adapter, exs, progress=False), naive)
+    assert max(calls) == 3 and len(calls) > 16
+
+
+FAMILY_CONFIGS = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),  # q/k/v biases
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 8}),  # q/k norms
+    # a window shorter than the packed prompts: the runner scores padded rows instead
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",  # final-logit soft-capping, alternating windows
+               {"head_dim": 8, "final_logit_softcapping": 5.0, "sliding_window": 64, "query_pre_attn_scalar": 8}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_batched_lm_head_equals_naive_on_every_runner_family(family, monkeypatch):
+    import transformers
+
+    import ganda
+
+    cfg_name, model_name, extra = FAMILY_CONFIGS[family]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, cfg_name)(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                          **extra)
+    ad = ganda.from_model(getattr(transformers, model_name)(cfg), _ns["CharTok"](), spec=f"tiny-{family}")
+    assert ad.sweep_runner() is not None
+    exs = tiny_examples()[:3]
+    calls = _lm_head_calls(monkeypatch)
+    fast = run_sweep(ad, exs, progress=False)
+    assert len(calls) == 4 * len(exs)  # baseline + 3 layers, one call per example each
+    monkeypatch.undo()
+    _assert_same(fast, run_sweep(ad, exs, progress=False, naive=True))

@@ -66,3 +66,44 @@ def default_dtype(device: torch.device) -> torch.dtype:
     if forced:
         return parse_dtype(forced, "GANDA_DTYPE")
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+THREADS_ENV = "GANDA_THREADS"
+_SAVED_THREADS: list[int] = []
+
+
+def parse_threads(text: str | int, source: str = "--threads") -> int:
+    """``text`` as a number of torch intra-op threads (``source`` names it in the error)."""
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise GandaError(f"{source}={text!r} is not a number of threads (a whole number, 1 or more)")
+    return n
+
+
+def set_threads(threads: str | int | None = None) -> int:
+    """torch's intra-op threads for this command: ``threads`` (``--threads``), else ``GANDA_THREADS``,
+    else torch's default (one per core) stays. Returns the count in use.
+
+    Many threads do not collapse beside other jobs only because the command line starts with
+    ``OMP_WAIT_POLICY=PASSIVE`` (waiting threads sleep instead of spinning; BENCHMARKS.md, threads).
+    :func:`restore_threads` puts the previous count back."""
+    if threads is None:
+        env = os.environ.get(THREADS_ENV, "").strip()
+        if not env:
+            return torch.get_num_threads()
+        n = parse_threads(env, THREADS_ENV)
+    else:
+        n = parse_threads(threads)
+    _SAVED_THREADS.append(torch.get_num_threads())
+    torch.set_num_threads(n)
+    return n
+
+
+def restore_threads() -> None:
+    """Undo :func:`set_threads` (for commands run in-process, e.g. by tests)."""
+    if _SAVED_THREADS:
+        torch.set_num_threads(_SAVED_THREADS[0])
+        _SAVED_THREADS.clear()

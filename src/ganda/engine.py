@@ -285,18 +285,23 @@ class Replay:
     keyword arguments: masks, positions, rotary embeddings) and the first layer's input ``h0``;
     :meth:`run` then reruns one layer on new hidden states, so a pass can start at any layer.
 
-    ``layers`` are the running layers' ids in order; :meth:`run` takes a position in it.
+    ``layers`` are the running layers' ids in order; :meth:`run` takes a position in it. With
+    ``keep_final``, ``final`` holds the last running layer's output of the recorded pass (the
+    intact model's final residual, so scoring the intact model needs no second pass).
     """
 
     def __init__(self, adapter: ModelAdapter, runner: SweepRunner, input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> None:
+                 attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                 keep_final: bool = False) -> None:
         self.layers = adapter.active_layers()
         self.modules = list(adapter.decoder_layers())
         first = f"L{self.layers[0]}.resid_in"
-        names = [first, *(f"L{i}.kwargs" for i in self.layers)]
+        last = f"L{self.layers[-1]}.resid_out"
+        names = [first, *(f"L{i}.kwargs" for i in self.layers), *([last] if keep_final else [])]
         with Trace(adapter, names) as tr:
             runner.backbone(input_ids, attention_mask, position_ids)
         self.h0: torch.Tensor = tr[first]  # [B, T, d_model]
+        self.final: torch.Tensor | None = tr[last] if keep_final else None
         self.kwargs: list[dict[str, Any]] = []
         for i in self.layers:
             kw = dict(tr[f"L{i}.kwargs"])

@@ -23,8 +23,13 @@ loop, and the tests and ``benchmarks/bench_sweep.py`` check the two agree), but 
   with a block attention mask (each choice sees the shared prefix and itself) and position
   ids that continue the prefix. That is the KV-cache trick without a cache object; for
   single-token choices (MMLU letters) it is exactly one forward of the context.
-* **Logits only where read.** The LM head runs only at the positions whose next-token
-  log-probabilities are summed, not at every position.
+* **Logits only where read, for every head at once.** The LM head runs only at the positions
+  whose next-token log-probabilities are summed, not at every position, and once per example
+  and batch of heads: each LM-head call streams the whole output embedding (49,152 × 576 for
+  SmolLM2) however few rows it gets, so the distinct read rows of all heads of a batch share one
+  call (a position that several choices read, such as the last context token, is read once).
+* **No pass of its own for the intact model.** Its scores come from the final residuals of the
+  pass that records each layer's inputs.
 
 The fast path runs decoder layers by hand through the forward engine (:class:`ganda.engine.Replay`):
 the one intact pass records the keyword arguments the model itself gives each decoder layer
@@ -52,13 +57,12 @@ import csv
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from . import runio
 from .engine import Replay, Trace
@@ -68,6 +72,7 @@ from .heads import HeadId
 from .interventions import AblateHeads, apply
 from .models.base import ModelAdapter, SweepRunner
 from .models.loading import model_path
+from .progress import tqdm
 from .scoring import encode_pair, example_pairs, norm_chars, pad_rows, score_example
 from .tasks.base import Example
 
@@ -181,31 +186,75 @@ def _head_masks(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> dict[s
     return {f"L{mixer.layer}.{mixer.kind}.z": _row_mask(masks)}
 
 
+@dataclass
+class _Reads:
+    """Where one example's choice log-probabilities are read, in one head's copy of its batch rows.
+
+    ``rows``/``pos``: the distinct (row, position) sites (choices that share the last context
+    token read the same site once); per read, in choice order: its site and target token."""
+
+    copy: int  # batch rows per head copy
+    rows: list[int]
+    pos: list[int]
+    site: list[int]
+    target: list[int]
+    lengths: list[int]  # reads per choice
+
+
+def _reads(p: _Packed, mode: str, copy: int) -> _Reads:
+    """Read sites of ``p`` in the packed sequence (``mode="packed"``) or in its naive rows."""
+    sites: dict[tuple[int, int], int] = {}
+    site, target, lengths = [], [], []
+    for ci, cont in enumerate(p.conts):
+        if mode == "packed":
+            where = [(0, k) for k in p.read[ci]]
+        else:
+            row = 0 if p.single else ci
+            where = [(row, k) for k in range(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1)]
+        for key, tok in zip(where, cont, strict=True):
+            site.append(sites.setdefault(key, len(sites)))
+            target.append(tok)
+        lengths.append(len(cont))
+    return _Reads(copy, [r for r, _ in sites], [k for _, k in sites], site, target, lengths)
+
+
+# Rows of final residuals per LM-head call: the call streams the whole [V, d_model] output
+# embedding however few rows it gets, so the read rows of every head of a batch share one call;
+# the bound keeps the [rows, V] fp32 logits near 64 MiB (341 rows of SmolLM2's 49,152-token vocabulary).
+_LM_HEAD_LOGITS = 1 << 24
+
+
 class _FastEngine:
     """Layer skipping: each prompt's intact residual is advanced a layer at a time, and a batch
-    of ablations of one layer runs only that layer and the ones after it (:class:`Replay`)."""
+    of ablations of one layer runs only that layer and the ones after it (:class:`Replay`).
+    An example's read rows under every head of a batch go through the LM head together."""
 
+    @torch.no_grad()
     def __init__(self, adapter: ModelAdapter, packed: list[_Packed], runner: SweepRunner) -> None:
         self.adapter = adapter
         self.packed = packed
         self.runner = runner
         self.dev = adapter.device
         self.replays: list[Replay] = []
-        self.modes: list[str] = []
+        self.reads: list[_Reads] = []
         dtype = next(adapter.model.parameters()).dtype
         for p in packed:
             if runner.can_pack(len(p.tokens)):
                 ids = torch.tensor([p.tokens], device=self.dev)
                 mask = _packed_mask(p, dtype, self.dev)
                 pos = torch.tensor([p.positions], device=self.dev)
-                self.replays.append(Replay(adapter, runner, ids, mask, pos))
-                self.modes.append("packed")
+                self.replays.append(Replay(adapter, runner, ids, mask, pos, keep_final=True))
+                self.reads.append(_reads(p, "packed", 1))
             else:
                 ids, mask = _rows_tensors(adapter, p, self.dev)
-                self.replays.append(Replay(adapter, runner, ids, mask, None))
-                self.modes.append("rows")
+                self.replays.append(Replay(adapter, runner, ids, mask, None, keep_final=True))
+                self.reads.append(_reads(p, "rows", ids.shape[0]))
         self.layers = self.replays[0].layers if self.replays else adapter.active_layers()
         self.state = [r.h0 for r in self.replays]
+        # the recording pass's last residual is the intact model's: the baseline needs no pass of its own
+        self.final: list[torch.Tensor] | None = [r.final for r in self.replays if r.final is not None]
+        for r in self.replays:
+            r.final = None
         self.at = 0  # position (in the running layers) of the layer the state enters
 
     def advance_to(self, pos: int) -> None:
@@ -221,13 +270,15 @@ class _FastEngine:
     def score(self, layer: int | None, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
         """Per batch entry, per example, the choices' summed log-likelihoods (``layer``: the id of
         the layer whose heads are ablated; None: from the first running layer)."""
+        finals, self.final = self.final, None
+        if layer is None and finals is not None and all(h is None for h in heads):  # the intact model
+            return self._read_out([f.repeat(len(heads), 1, 1) for f in finals], len(heads))
         start = 0 if layer is None else self.layers.index(layer)
         self.advance_to(start)
         b = len(heads)
         edit = _head_masks(self.adapter, heads)
-        out: list[list[list[float]]] = [[] for _ in range(b)]
-        for p, replay, h, mode in zip(self.packed, self.replays, self.state, self.modes, strict=True):
-            c = h.shape[0]
+        finals = []
+        for replay, h in zip(self.replays, self.state, strict=True):
             x = h.repeat(b, 1, 1) if b > 1 else h
             for pos in range(start, len(self.layers)):
                 if pos == start and edit is not None:
@@ -235,22 +286,35 @@ class _FastEngine:
                         x = replay.run(pos, x, b)
                 else:
                     x = replay.run(pos, x, b)
+            finals.append(x)
+        return self._read_out(finals, b)
+
+    def _read_out(self, finals: list[torch.Tensor], b: int) -> list[list[list[float]]]:
+        """Summed choice log-likelihoods from each example's final residuals ``[b * copy, T, d]``.
+
+        Per example, the distinct read rows of all ``b`` head copies go through the LM head in one
+        call (split only past :data:`_LM_HEAD_LOGITS`), then are scattered back to their choices.
+        Each example's numbers depend on that example alone, however the prompts are grouped."""
+        vocab = getattr(getattr(self.adapter.model, "config", None), "vocab_size", None) or 1 << 15
+        step = max(1, _LM_HEAD_LOGITS // vocab)
+        out: list[list[list[float]]] = [[] for _ in range(b)]
+        for x, rd in zip(finals, self.reads, strict=True):
+            dev, u, n_c = x.device, len(rd.rows), len(rd.lengths)
+            copies = torch.arange(b, device=dev)[:, None] * rd.copy
+            rows = (copies + torch.tensor(rd.rows, device=dev)[None]).reshape(-1)
+            hidden = x[rows, torch.tensor(rd.pos, device=dev).repeat(b)]  # [b * u, d]
+            site = (torch.arange(b, device=dev)[:, None] * u + torch.tensor(rd.site, device=dev)[None]).reshape(-1)
+            target = torch.tensor(rd.target, device=dev).repeat(b)
+            vals = torch.empty(site.shape[0], dtype=torch.float32, device=dev)
+            for s in range(0, hidden.shape[0], step):
+                lp = self.runner.logprobs(hidden[s : s + step])
+                sel = (site >= s) & (site < s + step)
+                vals[sel] = lp[site[sel] - s, target[sel]]
+            lengths = torch.tensor(rd.lengths, device=dev).repeat(b)
+            seg = torch.repeat_interleave(torch.arange(b * n_c, device=dev), lengths)  # read -> (head, choice)
+            sums = torch.zeros(b * n_c, dtype=torch.float32, device=dev).index_add_(0, seg, vals).tolist()
             for bi in range(b):
-                if mode == "packed":
-                    idx = [k for r in p.read for k in r]
-                    lp = self.runner.logprobs(x[bi, idx])
-                    vals, k0 = [], 0
-                    for r, cont in zip(p.read, p.conts, strict=True):
-                        rows = torch.arange(k0, k0 + len(r), device=lp.device)
-                        vals.append(float(lp[rows, torch.tensor(cont, device=lp.device)].sum()))
-                        k0 += len(r)
-                else:
-                    vals = []
-                    for ci, cont in enumerate(p.conts):
-                        pos_ = list(range(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1))
-                        lp = self.runner.logprobs(x[bi * c + (0 if p.single else ci), pos_])
-                        vals.append(float(lp[torch.arange(len(pos_)), torch.tensor(cont)].sum()))
-                out[bi].append(vals)
+                out[bi].append(sums[bi * n_c : (bi + 1) * n_c])
         return out
 
 
@@ -550,15 +614,14 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
         if naive:
             baseline, new = _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head)
         else:
-            runner = adapter.sweep_runner()
-            engine: Any = _FastEngine(adapter, packed, runner) if runner is not None else _FallbackEngine(adapter, packed)
-            if baseline is None:
-                baseline = _record("baseline", None, packed, engine.score(None, [None])[0])
-                emit(baseline)
-            for batch in _batches(heads, batch_heads):
-                if all(str(h) in done for h in batch):
+            todo_batches: list[list[HeadId | None]] = [[None]] if baseline is None else []
+            todo_batches += [b for b in _batches(heads, batch_heads) if not all(str(h) in done for h in b)]
+            scorer = _SCORERS[-1] if _SCORERS else local_scores
+            for batch, scores in zip(todo_batches, scorer(adapter, examples, packed, todo_batches), strict=True):
+                if batch[0] is None:  # the intact baseline
+                    baseline = _record("baseline", None, packed, scores[0])
+                    emit(baseline)
                     continue
-                scores = engine.score(batch[0].layer, batch)
                 for h, ll in zip(batch, scores, strict=True):
                     if str(h) in done:
                         continue
@@ -583,6 +646,40 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
                              "the results") from None
     runio.set_interrupt_note(None)
     return result
+
+
+# where batches are scored: in this process, or by an executor installed with :func:`scored_by`
+BatchScorer = Callable[[ModelAdapter, Sequence[Example], list[_Packed], list[list[HeadId | None]]],
+                       Iterator[list[list[list[float]]]]]
+_SCORERS: list[BatchScorer] = []
+
+
+def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: list[_Packed],
+                 batches: list[list[HeadId | None]]) -> Iterator[list[list[list[float]]]]:
+    """Each batch's scores (per head, per example, per choice), in order, from this process's engine;
+    a batch ``[None]`` is the intact baseline."""
+    engine = engine_for(adapter, packed)
+    for batch in batches:
+        yield engine.score(None if batch[0] is None else batch[0].layer, batch)
+
+
+def engine_for(adapter: ModelAdapter, packed: list[_Packed]) -> Any:
+    """The engine that scores ``packed``: layer skipping where the family has a sweep runner, else
+    full forwards. Its ``score(layer, heads)`` depends on no other prompt than each one scored."""
+    runner = adapter.sweep_runner()
+    return _FastEngine(adapter, packed, runner) if runner is not None else _FallbackEngine(adapter, packed)
+
+
+@contextlib.contextmanager
+def scored_by(scorer: BatchScorer) -> Iterator[None]:
+    """Inside this block every sweep scores its batches with ``scorer`` (same arguments and order as
+    :func:`local_scores`; :mod:`ganda.distributed` runs them on Ray). Progress files, resume and
+    results stay this module's, so a run scored elsewhere writes exactly the files of a local one."""
+    _SCORERS.append(scorer)
+    try:
+        yield
+    finally:
+        _SCORERS.remove(scorer)
 
 
 def weights_fingerprint(adapter: ModelAdapter) -> str:
@@ -636,4 +733,5 @@ def load_result(out_dir: str | Path) -> SweepResult:
     return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir))
 
 
-__all__ = ["SweepResult", "load_result", "prepare", "run_sweep", "weights_fingerprint"]
+__all__ = ["BatchScorer", "SweepResult", "engine_for", "load_result", "local_scores", "prepare", "run_sweep", "scored_by",
+           "weights_fingerprint"]
