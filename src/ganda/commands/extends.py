@@ -8,28 +8,38 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from ..experiments.extends import CONDITIONS, DEFAULT_TASKS, run_extends
-from ..models import load_model
 from ..tasks import get_task
-from .core import at_least, parse_options, require_heads
+from .core import MODEL_HELP, PICKLE, QUIET, at_least, limit_option, parse_options, require_heads
+from .grid import RAY, RAY_ACTORS
+
+# ganda.experiments.extends.DEFAULT_TASKS and CONDITIONS, spelled here so that --help needs no torch
+DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
+CONDITIONS = ("intact", "ablated", "control")
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def extends(
-        model: str = typer.Argument(..., help="alias, .gguf file or local HF directory"),
+        model: str = typer.Argument(..., help=MODEL_HELP),
         heads: str = typer.Option(..., "--heads", help="the G&A heads to ablate, e.g. L16H22,L17H24"),
         tasks: str = typer.Option(DEFAULT_TASKS, "--tasks", help="comma-separated task names (registry) or 'knowledge'"),
-        limit: int | None = typer.Option(None, "--limit", help="examples per task (seeded sample)"),
-        seed: int = typer.Option(0, "--seed", help="sample and control-head seed"),
+        limit: int | None = limit_option(None, "examples per task (default: every example)"),
+        seed: int = typer.Option(0, "--seed", help="seed of the prompt sample and the control heads"),
         out: Path = typer.Option(Path("runs/extends"), "--out", "-o", help="directory for JSON, CSV, predictions"),
         option: list[str] = typer.Option([], "--option", help="task option TASK.KEY=VALUE (repeatable), e.g. bbh.cot=false"),
         data_dir: str | None = typer.Option(None, "--data-dir", help="DREAM data directory (non-commercial licence)"),
         conditions: str = typer.Option(",".join(CONDITIONS), "--conditions",
                                        help="which of intact,ablated,control to run"),
-        allow_pickle: bool = typer.Option(False, help="allow *.bin/*.pt weights (runs pickle)"),
+        ray: str | None = RAY,
+        ray_actors: int | None = RAY_ACTORS,
+        allow_pickle: bool = PICKLE,
+        quiet: bool = QUIET,
     ) -> None:
         """Each task intact vs G&A heads ablated vs as many random heads from the same layers ablated."""
+        from ..distributed import ray_sweeps
+        from ..experiments.extends import run_extends
+        from ..models import load_model
+
         names = [t.strip() for t in tasks.split(",") if t.strip()]
         if not names:
             raise GandaError(f"--tasks: no task names in {tasks!r}")
@@ -56,8 +66,9 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"--conditions: expected some of {','.join(CONDITIONS)}, got {conditions!r}")
         runio.claim_run_dir(out)
         adapter = load_model(model, allow_pickle=allow_pickle)
-        result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts,
-                             conditions=conds)
+        with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
+            result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts,
+                                 conditions=conds)
         for r in result["results"]:
             ci = r.get("ci95") or [float("nan"), float("nan")]
             acc = r["accuracy"]

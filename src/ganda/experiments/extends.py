@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from .. import runio
+from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
-from ..evaluation import evaluate
+from ..generation import evaluate_generation
 from ..heads import HeadId, expand, format_heads
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge
 from ..models.base import ModelAdapter
+from ..scoring import EvalResult, choice_labels, evaluate_examples
 from ..stats import wilson
 from ..tasks import get_task
+from ..tasks.base import Task
 
 DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
 CONDITIONS = ("intact", "ablated", "control")
@@ -72,6 +75,73 @@ def _knowledge(adapter: ModelAdapter, interventions: list[Intervention], limit: 
     return row
 
 
+# tasks built for a model, by (model, name, options): each built once per run (a Ray worker keeps its own)
+_TASKS: dict[tuple[int, str, str], Task] = {}
+
+
+def _task(adapter: ModelAdapter, name: str, options: dict[str, Any]) -> Task:
+    key = (id(adapter), name, json.dumps(options, sort_keys=True, default=str))
+    if key not in _TASKS:
+        _TASKS[key] = get_task(name, adapter=adapter, **options)
+    return _TASKS[key]
+
+
+def _examples(task: Task, limit: int | None, seed: int) -> list[Any]:
+    examples = task.examples(limit=limit, seed=seed)
+    if not examples:
+        raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")
+    return examples
+
+
+def _shard(adapter: ModelAdapter, name: str, options: dict[str, Any], interventions: list[Intervention],
+           limit: int | None, seed: int, lo: int, hi: int | None, progress: bool) -> EvalResult:
+    """One task under one condition on its prompts ``lo:hi`` (all of them: :func:`ganda.evaluation.evaluate`)."""
+    task = _task(adapter, name, options)
+    examples = _examples(task, limit, seed)
+    part = examples[lo:hi]
+    if task.kind != "mc":
+        res = evaluate_generation(adapter, task, part, interventions, seed=seed, progress=progress)
+    else:
+        res = evaluate_examples(adapter, part, interventions, task_name=task.name,
+                                config={**task.config(), "limit": limit, "seed": seed}, progress=progress)
+    if lo:
+        for i, (ex, p) in enumerate(zip(part, res.predictions, strict=True)):
+            p["id"] = ex.key(task.name, lo + i)
+    return res
+
+
+def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[EvalResult]) -> EvalResult:
+    """A task's shards as the one result of a run on all its prompts (counts and predictions in order)."""
+    if len(parts) == 1:
+        return parts[0]
+    preds = [p for r in parts for p in r.predictions]
+    n, correct = len(preds), sum(bool(p["correct"]) for p in preds)
+    first = parts[0]
+    if task.kind == "mc":
+        config = first.config
+        norm = sum(bool(p["correct_norm"]) for p in preds)
+    else:
+        finish: dict[str, int] = {}
+        sums: dict[str, int] = {}
+        for p in preds:
+            finish[p["finish"]] = finish.get(p["finish"], 0) + 1
+            for k, v in p.get("metrics", {}).items():
+                sums[k] = sums.get(k, 0) + bool(v)
+        config = {**task.config(), "seed": first.config["seed"], "max_new_tokens": first.config["max_new_tokens"],
+                  "finish": finish}
+        if sums:
+            config["metrics"] = {k: {"correct": v, "accuracy": v / n, "ci95": list(wilson(v, n))} for k, v in sums.items()}
+        if hasattr(task, "aggregate"):
+            config.update(task.aggregate(preds))
+        norm = None
+    res = EvalResult.from_counts(first.task, adapter, correct, n, time.perf_counter(), interventions=None,
+                                 config=config, predictions=preds, correct_norm=norm)
+    res.seconds, res.interventions = sum(r.seconds for r in parts), first.interventions
+    if task.kind == "mc":
+        res.answer_labels = choice_labels(examples)
+    return res
+
+
 def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: int | None = None, seed: int = 0,
                 out: Path | None = None, options: dict[str, dict[str, Any]] | None = None,
                 conditions: tuple[str, ...] = CONDITIONS, progress: bool = True) -> dict[str, Any]:
@@ -87,25 +157,49 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
     rows: list[dict[str, Any]] = []
     header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
               "limit": limit, "seed": seed}
-    # every task is built (its options, its data, a lab model's world) before any of them runs
-    built = {name: get_task(name, adapter=adapter, **options.get(name, {})) for name in tasks if name != "knowledge"}
-    pred_dir = out / "predictions" if out else None
-    if pred_dir:
-        pred_dir.mkdir(parents=True, exist_ok=True)
-    for name in tasks:
-        task = built.get(name)
-        for cond in conditions:
+    try:
+        # every task is built (its options, its data, a lab model's world) before any of them runs
+        built = {name: _task(adapter, name, options.get(name, {})) for name in tasks if name != "knowledge"}
+        pred_dir = out / "predictions" if out else None
+        if pred_dir:
+            pred_dir.mkdir(parents=True, exist_ok=True)
+        # the work units: each task under each condition on a shard of its prompts (one shard in this process)
+        units: list[tuple[Any, ...]] = []
+        names: list[str] = []
+        fns: list[Any] = []
+        groups: list[tuple[str, str, int]] = []  # (task, condition, units)
+        for name in tasks:
+            task = built.get(name)
+            shards = [(0, None)]
+            if task is not None and on_ray():
+                n_ex = len(_examples(task, limit, seed))
+                shards = prompt_shards(n_ex, len(tasks) * len(conditions),
+                                       align=1 if task.kind == "mc" else max(1, getattr(task, "batch_size", 8)) * 4)
+            for cond in conditions:
+                for lo, hi in shards:
+                    if task is None:
+                        fns.append(_knowledge)
+                        units.append((ivs[cond], limit, seed, progress))
+                    else:
+                        fns.append(_shard)
+                        units.append((name, options.get(name, {}), ivs[cond], limit, seed, lo, hi, progress))
+                    names.append(f"({name}, {cond}" + (f", prompts {lo}-{hi - 1})" if hi is not None else ")"))
+                groups.append((name, cond, len(shards)))
+        results = map_units(adapter, _unit, list(zip(fns, units, strict=True)), names)
+        for name, cond, n_units in groups:
+            task = built.get(name)
             t0 = time.perf_counter()
+            parts = [next(results) for _ in range(n_units)]
             if task is None:
-                k = _knowledge(adapter, ivs[cond], limit, seed, progress)
+                k = parts[0]
                 if k is None:
-                    break
+                    continue
                 row = {"task": "knowledge", "condition": cond, **{x: k[x] for x in ("n", "correct", "accuracy", "ci95")},
                        "seconds": round(time.perf_counter() - t0, 2),
                        "config": {"task": "knowledge", "per_task": k["detail"].get("tasks")},
                        "interventions": describe_all(ivs[cond])}
             else:
-                res = evaluate(adapter, task, ivs[cond], limit=limit, seed=seed, progress=progress)
+                res = _merge(adapter, task, _examples(task, limit, seed) if n_units > 1 else [], parts)
                 row = {"task": name, "condition": cond, "n": res.n, "correct": res.correct,
                        "accuracy": res.accuracy, "ci95": list(res.ci95), "seconds": round(res.seconds, 2),
                        "config": res.config, "interventions": res.interventions}
@@ -119,10 +213,18 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
             acc = row["accuracy"]
             acc_s = "n/a" if acc is None else f"{acc:.3f}"
             print(f"{row['task']:>14} {cond:>8}: {acc_s} (n={row['n']}, {row['seconds']:.0f}s)", file=sys.stderr)
-    result = {**header, "results": rows}
-    if out:
-        write_results(result, out)
-    return result
+        result = {**header, "results": rows}
+        if out:
+            write_results(result, out)
+        return result
+    finally:  # this run's tasks (a worker's stay with its model)
+        for key in [k for k in _TASKS if k[0] == id(adapter)]:
+            del _TASKS[key]
+
+
+def _unit(adapter: ModelAdapter, fn: Any, args: tuple[Any, ...]) -> Any:
+    """One work unit of :func:`run_extends`: ``fn`` is :func:`_shard` or :func:`_knowledge`."""
+    return fn(adapter, *args)
 
 
 def write_results(result: dict[str, Any], out: Path) -> None:

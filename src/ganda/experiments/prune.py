@@ -22,19 +22,20 @@ drop; the paper finds the last two layers (Gather and Aggregate layers).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
+from ..distributed import map_units, on_ray, prompt_shards
 from ..engine import final_logits, run_layers
 from ..errors import GandaError
 from ..figures import bars, curves
 from ..interventions import KeepLayers, truncate
 from ..models.base import ModelAdapter
+from ..progress import tqdm
 from ..scoring import encode_pair, example_pairs, pad_rows
 from ..tasks.knowledge import KNOWLEDGE_TASKS, make_task
 from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, pct, task_columns
@@ -177,28 +178,50 @@ def fast_truncation_scores(
     """Accuracy of every first-k-layer model (None where the shortcut does not apply).
 
     The shortcut is verified once against a real truncated forward, so a family whose blocks
-    do not fit the stand-in trick falls back to full forwards."""
+    do not fit the stand-in trick falls back to full forwards. The prompts are scored in shards
+    (:func:`ganda.distributed.prompt_shards`: one here, several on Ray) whose counts add up."""
     if not examples:
         return None
     n = len(adapter.decoder_layers())
-    prepared = [_prepare(adapter, ex) for ex in examples]
     k = next((k for k in ks if k != n), None)
     if k is not None:
+        first = _prepare(adapter, examples[0])
         try:
-            fast = truncation_logliks(adapter, prepared[0], [k])[k]
+            fast = truncation_logliks(adapter, first, [k])[k]
         except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
             return None
         with truncate(k).apply(adapter), torch.no_grad():
-            slow = _logliks_from(_forward_logp(adapter, prepared[0]), prepared[0])
+            slow = _logliks_from(_forward_logp(adapter, first), first)
         if not _close(fast, slow):
             return None
+    ks = list(ks)
     correct = dict.fromkeys(ks, 0)
-    for p in tqdm(prepared, desc="prune (one pass)", leave=False, disable=not progress):
+    for part in _shard_counts(adapter, _truncation_counts, examples, ks, progress, "prune"):
+        for k in ks:
+            correct[k] += part[k]
+    m = len(examples)
+    return {k: _summary(correct[k] / m, m, correct[k]) for k in ks}
+
+
+def _shard_counts(adapter: ModelAdapter, fn: Any, examples: Sequence[Any], arg: Any, progress: bool,
+                  label: str) -> Iterator[Any]:
+    """``fn(adapter, shard, arg, progress)`` for each prompt shard, in order (on Ray inside
+    :func:`ganda.distributed.ray_sweeps`); ``label`` names the units in errors."""
+    shards = prompt_shards(len(examples))
+    units = [(list(examples[lo:hi]), arg, progress) for lo, hi in shards]
+    names = [f"({label}, prompts {lo}-{hi - 1})" for lo, hi in shards]
+    return map_units(adapter, fn, units, names)
+
+
+def _truncation_counts(adapter: ModelAdapter, examples: Sequence[Any], ks: list[int], progress: bool) -> dict[int, int]:
+    """How many of ``examples`` each first-k-layer model gets right (one pass of the layers per example)."""
+    correct = dict.fromkeys(ks, 0)
+    for ex in tqdm(examples, desc="prune (one pass)", leave=False, disable=not progress):
+        p = _prepare(adapter, ex)
         lls = truncation_logliks(adapter, p, ks)
         for k in ks:
             correct[k] += int(_pred(lls[k]) == p.gold)
-    m = len(examples)
-    return {k: _summary(correct[k] / m, m, correct[k]) for k in ks}
+    return correct
 
 
 def fast_removal_scores(
@@ -207,25 +230,35 @@ def fast_removal_scores(
     """Accuracy of the m-layer model and of it minus each layer (None where the shortcut does not apply)."""
     if not examples:
         return None
-    prepared = [_prepare(adapter, ex) for ex in examples]
+    first = _prepare(adapter, examples[0])
     i = m // 2
     try:
-        fast = removal_logliks(adapter, prepared[0], m)[i]
+        fast = removal_logliks(adapter, first, m)[i]
     except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
         return None
     with KeepLayers([j for j in range(m) if j != i]).apply(adapter), torch.no_grad():
-        slow = _logliks_from(_forward_logp(adapter, prepared[0]), prepared[0])
+        slow = _logliks_from(_forward_logp(adapter, first), first)
     if not _close(fast, slow):
         return None
     keys: list[int | None] = [None, *range(m)]
     correct = dict.fromkeys(keys, 0)
-    for p in tqdm(prepared, desc="remove-restore (shared prefix)", leave=False, disable=not progress):
-        lls = removal_logliks(adapter, p, m)
+    for part in _shard_counts(adapter, _removal_counts, examples, m, progress, "remove-restore"):
         for key in keys:
-            correct[key] += int(_pred(lls[key]) == p.gold)
+            correct[key] += part[key]
     n = len(examples)
     return {key: _summary(correct[key] / n, n, correct[key]) for key in keys}
 
+
+def _removal_counts(adapter: ModelAdapter, examples: Sequence[Any], m: int, progress: bool) -> dict[int | None, int]:
+    """How many of ``examples`` the m-layer model (key None) and it minus each layer get right."""
+    keys: list[int | None] = [None, *range(m)]
+    correct = dict.fromkeys(keys, 0)
+    for ex in tqdm(examples, desc="remove-restore (shared prefix)", leave=False, disable=not progress):
+        p = _prepare(adapter, ex)
+        lls = removal_logliks(adapter, p, m)
+        for key in keys:
+            correct[key] += int(_pred(lls[key]) == p.gold)
+    return correct
 
 
 def _fast_knowledge(adapter: ModelAdapter, scorer: Scorer, run: Any) -> dict[Any, dict[str, Any]] | None:
@@ -244,6 +277,29 @@ def _fast_knowledge(adapter: ModelAdapter, scorer: Scorer, run: Any) -> dict[Any
         out[cond] = {"accuracy": sum(accs.values()) / len(accs), "ci95": None,
                      "n": sum(per_task[t][cond]["n"] for t in per_task), "tasks": accs}
     return out
+
+
+def _slow_scores(adapter: ModelAdapter, scorer: Scorer, tasks: list[str], conds: list[tuple[list[Any], str]],
+                 desc: str) -> Iterator[dict[str, Any]]:
+    """``tasks`` scored with full forwards under each condition ``(interventions, label)``, in order:
+    here with ``scorer``'s examples, or on Ray one condition a unit (each worker builds the same examples)."""
+    if on_ray():
+        units = [(tasks, scorer.limit, scorer.knowledge_limit, scorer.seed, scorer.sample, ivs, label)
+                 for ivs, label in conds]
+        yield from map_units(adapter, _scores_under, units, [f"({desc}, {label})" for _, label in conds])
+        return
+    sub = Scorer(adapter, tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
+                 seed=scorer.seed, progress=scorer.progress)
+    sub._examples = scorer._examples
+    for ivs, label in tqdm(conds, desc=desc, leave=False, disable=not scorer.progress):
+        yield sub.score(ivs, label=label)
+
+
+def _scores_under(adapter: ModelAdapter, tasks: list[str], limit: int | None, klimit: int | None, seed: int,
+                  sample: bool, ivs: list[Any], label: str) -> dict[str, Any]:
+    """One condition of :func:`_slow_scores` on a Ray worker."""
+    return Scorer(adapter, tasks, limit=limit, knowledge_limit=klimit, seed=seed, progress=False,
+                  sample=sample).score(ivs, label=label)
 
 
 @dataclass
@@ -310,12 +366,9 @@ def prune_curve(
             for k in ks:
                 per_k[k][name] = fast[k]
     if slow_tasks:
-        sub = Scorer(adapter, slow_tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
-                     seed=scorer.seed, progress=scorer.progress)
-        sub._examples = scorer._examples
-        for k in tqdm(ks, desc="prune", leave=False, disable=not scorer.progress):
-            ivs = [] if k == n else [truncate(k)]
-            per_k[k].update(sub.score(ivs, label=f"k={k}"))
+        conds = [([] if k == n else [truncate(k)], f"k={k}") for k in ks]
+        for k, scores in zip(ks, _slow_scores(adapter, scorer, slow_tasks, conds, "prune"), strict=True):
+            per_k[k].update(scores)
     rows = []
     for k in ks:
         scores = {t: per_k[k].get(t) for t in scorer.tasks}
@@ -389,12 +442,9 @@ def remove_restore(
             for k in per:
                 per[k][name] = fast[k]
     if slow_tasks:
-        sub = Scorer(adapter, slow_tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
-                     seed=scorer.seed, progress=scorer.progress)
-        sub._examples = scorer._examples
-        per[None].update(sub.score([KeepLayers(keep)], label="minimal"))
-        for i in tqdm(keep, desc="remove-restore", leave=False, disable=not scorer.progress):
-            per[i].update(sub.score([KeepLayers([j for j in keep if j != i])], label=f"-L{i}"))
+        conds = [([KeepLayers(keep)], "minimal")] + [([KeepLayers([j for j in keep if j != i])], f"-L{i}") for i in keep]
+        for key, scores in zip(per, _slow_scores(adapter, scorer, slow_tasks, conds, "remove-restore"), strict=True):
+            per[key].update(scores)
     base = {t: per[None].get(t) for t in scorer.tasks}
     rows: list[dict[str, Any]] = [{"removed_layer": None, **flat_scores(base)}]
     for i in keep:

@@ -1,0 +1,184 @@
+"""A study as one grid: models × tasks × experiments, each job in its own resumable directory.
+
+A grid spec (YAML or the same dict in Python)::
+
+    models: [lab-llama, lab-mamba2]        # aliases, paths or hub ids every Ray node can reach
+    tasks: [lab-mmlu, kv]
+    experiments: [sweep, rank]
+    options: {limit: 16, seed: 0, pairs: 5, sweep: {batch_heads: 16}, rank: {method: atp, verify_top: 10}}
+    out: runs/grid
+
+expands into one job per (model, task, experiment), written to ``out/<model>/<task>/<experiment>/``
+with the experiment's own files (a sweep's ``progress.jsonl`` and ``results.*``, a ranking's
+``ranking.*`` and ``verify/``). Jobs run in that order; each model loads once. A finished job is
+skipped on a rerun and a stopped one resumes from its files, so rerunning the same grid finishes it.
+Inside :func:`ganda.distributed.ray_sweeps` every job's sweep work runs on Ray. ``out/grid.json``
+lists every job with its status and headline numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import runio
+from .attribution import rank_heads
+from .errors import GandaError
+from .models.base import ModelAdapter
+from .models.loading import load_model
+from .sweep import run_sweep
+from .tasks import get_task, task_for_model
+from .tasks.base import Example
+
+TASK_OPTIONS = ("pairs", "shots", "subjects")
+COMMON = ("limit", "seed", *TASK_OPTIONS)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One kind of grid job: how it runs and which file says it has finished."""
+
+    run: Callable[[ModelAdapter, Sequence[Example], Path, dict[str, Any], dict[str, Any]], dict[str, Any]]
+    done_file: str
+    options: tuple[str, ...]
+
+
+def _sweep(adapter: ModelAdapter, examples: Sequence[Example], out: Path, cfg: dict[str, Any],
+           opts: dict[str, Any]) -> dict[str, Any]:
+    res = run_sweep(adapter, examples, out_dir=out, progress=False, config=cfg, **opts)
+    top = res.top(1)
+    return {"acc": res.baseline["acc"], "heads": len(res.records),
+            "top_head": top[0]["head"] if top else None, "top_drop": res.drop(top[0]) if top else None}
+
+
+def _rank(adapter: ModelAdapter, examples: Sequence[Example], out: Path, cfg: dict[str, Any],
+          opts: dict[str, Any]) -> dict[str, Any]:
+    opts = {"seed": cfg["seed"], **opts}
+    res = rank_heads(adapter, examples, out_dir=out, progress=False, config=cfg, **opts)  # writes ranking.*
+    rows = res.rows()
+    return {"heads": len(res.heads), "verified": len(res.exact), "top_head": rows[0]["head"] if rows else None}
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    "sweep": Experiment(_sweep, "results.jsonl", ("batch_heads",)),
+    "rank": Experiment(_rank, "ranking.json", ("method", "ablation", "margin", "verify_top", "audit", "threshold",
+                                              "top", "batch_heads")),
+}
+
+
+def _list(spec: dict[str, Any], key: str) -> list[str]:
+    val = spec.get(key)
+    if isinstance(val, str):
+        val = [val]
+    if not isinstance(val, list) or not val or not all(isinstance(v, str) and v.strip() for v in val):
+        raise GandaError(f"grid spec: {key!r} must be a non-empty list of names")
+    return [v.strip() for v in val]
+
+
+def safe_name(text: str) -> str:
+    """A model spec or task name as one directory name."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.strip("/")).strip("_") or "_"
+
+
+def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
+    """Read and check a grid spec (a YAML file or a dict); every problem is one line, before any model loads."""
+    if not isinstance(spec, dict):
+        path = Path(spec)
+        if not path.is_file():
+            raise GandaError(f"no grid spec at {path}")
+        try:
+            spec = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise GandaError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+        if not isinstance(spec, dict):
+            raise GandaError(f"{path}: a grid spec is a mapping with models, tasks, experiments, options, out")
+    unknown = sorted(set(spec) - {"models", "tasks", "experiments", "options", "out"})
+    if unknown:
+        raise GandaError(f"grid spec: unknown key {unknown[0]!r} (expected models, tasks, experiments, options, out)")
+    models, tasks, exps = _list(spec, "models"), _list(spec, "tasks"), _list(spec, "experiments")
+    bad = [e for e in exps if e not in EXPERIMENTS]
+    if bad:
+        raise GandaError(f"grid spec: experiment {bad[0]!r} is not one of {', '.join(EXPERIMENTS)}")
+    opts = spec.get("options") or {}
+    if not isinstance(opts, dict):
+        raise GandaError("grid spec: 'options' must be a mapping")
+    for key, val in opts.items():
+        if key in EXPERIMENTS:
+            if not isinstance(val, dict) or set(val) - set(EXPERIMENTS[key].options):
+                stray = sorted(set(val) - set(EXPERIMENTS[key].options)) if isinstance(val, dict) else [val]
+                raise GandaError(f"grid spec: options.{key} takes {', '.join(EXPERIMENTS[key].options)}, "
+                                 f"not {stray[0]!r}")
+        elif key not in COMMON:
+            raise GandaError(f"grid spec: unknown option {key!r} (expected {', '.join(COMMON)} or an experiment name)")
+    names = [safe_name(m) for m in models]
+    if len(set(names)) != len(names):
+        raise GandaError("grid spec: two models share one directory name; list each model once")
+    for t in tasks:
+        task = get_task(t, **{k: opts[k] for k in TASK_OPTIONS if k in opts})
+        if task.kind != "mc":
+            raise GandaError(f"grid spec: task {t!r} is a generation task; sweeps and rankings score multiple choice")
+    return {"models": models, "tasks": tasks, "experiments": exps, "options": opts,
+            "out": str(spec.get("out") or "runs/grid")}
+
+
+def jobs(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The grid's jobs in run order (model, then task, then experiment), each with its directory."""
+    out = Path(spec["out"])
+    return [{"model": m, "task": t, "experiment": e, "dir": str(out / safe_name(m) / safe_name(t) / e)}
+            for m in spec["models"] for t in spec["tasks"] for e in spec["experiments"]]
+
+
+def _earlier(path: Path) -> dict[str, dict[str, Any]]:
+    """The jobs a previous run of the grid recorded, by directory (their headline numbers are kept)."""
+    try:
+        return {j["dir"]: j for j in json.loads(path.read_text())["jobs"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
+             on_job: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run (or finish) every job of the grid; return the job list as written to ``out/grid.json``."""
+    spec = parse_spec(spec)
+    out = Path(spec["out"])
+    opts = spec["options"]
+    limit, seed = int(opts.get("limit", 32)), int(opts.get("seed", 0))
+    task_opts = {k: opts[k] for k in TASK_OPTIONS if k in opts}
+    todo = jobs(spec)
+    earlier = _earlier(out / "grid.json")
+    adapters: dict[str, ModelAdapter] = {}
+    with runio.run_dir_lock(out):
+        for job in todo:
+            exp = EXPERIMENTS[job["experiment"]]
+            jdir = Path(job["dir"])
+            if (jdir / exp.done_file).exists():
+                job.update({k: v for k, v in earlier.get(job["dir"], {}).items() if k in ("result", "seconds")})
+                job["status"] = "done"
+            else:
+                if job["model"] not in adapters:
+                    adapters.clear()  # one model in memory at a time
+                    adapters[job["model"]] = load_model(job["model"], allow_pickle=allow_pickle)
+                adapter = adapters[job["model"]]
+                task = task_for_model(job["task"], get_task(job["task"], **task_opts), adapter, **task_opts)
+                examples = task.examples(limit=limit, seed=seed)
+                if not examples:
+                    raise GandaError(f"task {job['task']!r} gave no examples")
+                cfg = {"task": task.config(), "limit": limit, "seed": seed}
+                jdir.mkdir(parents=True, exist_ok=True)
+                t0 = time.perf_counter()
+                job["result"] = exp.run(adapter, examples, jdir, cfg, dict(opts.get(job["experiment"], {})))
+                job["status"], job["seconds"] = "done", round(time.perf_counter() - t0, 2)
+            runio.write_text(out / "grid.json", json.dumps({"spec": spec, "jobs": todo}, indent=1) + "\n")
+            if on_job:
+                on_job(job)
+    return todo
+
+
+__all__ = ["EXPERIMENTS", "Experiment", "jobs", "parse_spec", "run_grid", "safe_name"]
