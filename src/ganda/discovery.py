@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from . import runio
 from .errors import GandaError
@@ -63,8 +62,9 @@ from .figures import curves, pyplot
 from .heads import HeadId, expand
 from .interventions import AblateHeads
 from .models.base import ModelAdapter
+from .progress import tqdm
 from .scoring import encode, evaluate_examples
-from .stats import bootstrap_paired, geo_t_interval, t_interval, wilson
+from .stats import bootstrap_paired, geo_t_interval, t_interval, weak_note, wilson
 from .sweep import run_sweep
 from .tasks import get_task
 from .tasks.base import Example, token_spans
@@ -636,3 +636,66 @@ def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
             fig.savefig(tmp, dpi=110)
     finally:
         plt.close(fig)
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+class HeadsResult:
+    """A saved ``heads`` run (:func:`save_discovery`) as ``ganda report`` shows it: what was found."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.summary, self.rows = d.get("summary") or {}, d.get("rows") or []
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HeadsResult:
+        return cls(d)
+
+    def headline(self) -> str:
+        s, lines = self.summary, []
+        base, n = s.get("baseline_accuracy"), s.get("n_verify")
+        by = {r["head"]: r for r in self.rows if r.get("drop") is not None}
+        for role in ("gather", "aggregate"):
+            cands = [by[h] for h in s.get(f"top_{role}") or [] if h in by]
+            if not cands:
+                continue
+            best = max(cands, key=lambda r: r["drop"])
+            lines.append(f"{role.capitalize()} head **{best['head']}** ({role} score {best[role]:.3g}, best of "
+                         f"{len(cands)} verified): ablating it alone takes accuracy from {_pct(base)} to "
+                         f"**{_pct(best.get('ablated_accuracy'))}** on {n} prompts"
+                         f"{weak_note(base, best.get('ablated_accuracy'), n)}.")
+        if lines:
+            lines.append(f"Every head ranked by its pattern scores on {s.get('n_pattern')} prompts; the table lists "
+                         "the verified ones, heads.csv all of them.")
+        return "\n".join(lines)
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        return []
+
+
+class SharpnessResult:
+    """A saved ``sharpness`` run (:func:`save_sharpness`): which model's G&A maps are sharper."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.d = d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SharpnessResult:
+        return cls(d)
+
+    def headline(self) -> str:
+        lines = []
+        for r in self.d.get("differences") or []:
+            if r.get("metric") not in ("aggregate", "gather", "aggregate_peak", "gather_contrast"):
+                continue
+            lo, hi = r["ci95"]
+            decided = not str(r.get("sharper", "")).startswith("undecided")
+            verdict = f"**{r['sharper']}** sharper" if decided else "**undecided** (the 95% interval covers no difference)"
+            lines.append(f"{r['metric']}: {verdict}; {r.get('scale', '')} {r['value']:.3g} "
+                         f"(95% CI {lo:.3g} to {hi:.3g}, n={self.d.get('n')}).")
+        return "\n".join(lines)
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        return []
+

@@ -4,9 +4,10 @@ Every function writes one PNG to ``path`` and returns the path, so experiments c
 themselves into a run directory and the HTML report can inline whatever PNGs it finds.
 
 Colour conventions for attention maps: softmax maps (non-negative, rows sum to 1) use a
-sequential colormap on the fixed range [0, 1], so panels are comparable across heads; SSM
-implicit maps (signed, not normalised) use a diverging colormap centred at 0 with a symmetric
-range ``[-max|M|, max|M|]``, so the sign of every entry is visible.
+sequential colormap from 0; SSM implicit maps (signed, not normalised) use a diverging colormap
+centred at 0 with a symmetric range, so the sign of every entry is visible. Either scale stops at
+the largest entry outside the first key column (:func:`colour_limit`): a first-token attention
+sink near 1 would otherwise turn every other entry dark.
 """
 
 from __future__ import annotations
@@ -56,6 +57,27 @@ def show_token(tok: str) -> str:
     return tok.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "·") or "∅"
 
 
+ROLE_TITLES = {"gather": "Gather", "aggregate": "Aggregate"}
+MAX_TICK_LABELS = 64  # more tokens than this: every k-th token labelled, so labels stay >= 7 pt
+
+
+def _tick_positions(t: int, max_labels: int = MAX_TICK_LABELS) -> list[int]:
+    """Token positions that get a tick label: all of them, or every k-th (the last always)."""
+    step = max(1, math.ceil(t / max_labels))
+    ticks = list(range(0, t, step))
+    return ticks if ticks[-1] == t - 1 else [*ticks, t - 1]
+
+
+def colour_limit(m: np.ndarray, kind: str) -> float:
+    """The colour scale's top: the largest entry (softmax) or largest ``|entry|`` (implicit)
+    outside the first key column, which a first-token sink would otherwise saturate."""
+    body = m[:, 1:] if m.shape[1] > 1 else m
+    top = float(np.abs(body).max()) if body.size else 0.0
+    if kind != "implicit":
+        top = min(1.0, top)
+    return top or 1.0
+
+
 def attention_panels(
     maps: Mapping[str, Any],
     tokens: Sequence[str],
@@ -65,13 +87,19 @@ def attention_panels(
     rows: Sequence[int] | None = None,
     title: str | None = None,
     max_cols: int = 3,
+    roles: Mapping[str, str] | None = None,
 ) -> Path:
-    """One panel per head: keys (columns) and queries (rows) labelled with their tokens.
+    """One panel per head, in the order of ``maps``: keys (columns) and queries (rows) labelled
+    with their tokens (every k-th token past :data:`MAX_TICK_LABELS`, so labels stay readable).
 
     ``maps`` is head name -> ``[R, T]`` matrix (``R == T`` or the rows listed in ``rows``);
-    ``kinds`` is head name -> ``"softmax"`` or ``"implicit"`` (default softmax).
+    ``kinds`` is head name -> ``"softmax"`` or ``"implicit"`` (default softmax); ``roles`` is head
+    name -> ``"gather"``/``"aggregate"``, named in the panel's title. The colour scale stops at the
+    largest entry outside the first key column (:func:`colour_limit`); a first-token attention sink
+    above it is drawn clipped, marked on the colour bar's arrow.
     """
     kinds = kinds or {}
+    roles = roles or {}
     names = list(maps)
     if not names:
         raise ValueError("attention_panels: no maps given")
@@ -79,31 +107,39 @@ def attention_panels(
     cols = min(max_cols, n)
     nrows = math.ceil(n / cols)
     t = len(tokens)
-    side = max(3.5, min(12.0, 0.22 * t + 1.5))
-    fig, axes = pyplot().subplots(nrows, cols, figsize=(side * cols, side * nrows * 0.9 + 0.4), squeeze=False)
+    ticks = _tick_positions(t)
+    side = max(4.0, min(11.0, 0.13 * len(ticks) + 2.0))
+    fig, axes = pyplot().subplots(nrows, cols, figsize=(side * cols, side * nrows * 0.92 + 0.5), squeeze=False)
     labels = [show_token(x) for x in tokens]
-    fs = max(4, min(9, int(220 / max(t, 1))))
+    fs = 7.5 if len(ticks) > 40 else 8.5
     for ax in axes.flat[n:]:
         ax.axis("off")
     for ax, name in zip(axes.flat, names, strict=False):
         m = _np(maps[name])
         kind = kinds.get(name, "softmax")
+        top = colour_limit(m, kind)
         if kind == "implicit":
-            vmax = float(np.abs(m).max()) or 1.0
-            im = ax.imshow(m, cmap=DIVERGING, vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
+            im = ax.imshow(m, cmap=DIVERGING, vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
         else:
-            im = ax.imshow(m, cmap=SEQUENTIAL, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+            im = ax.imshow(m, cmap=SEQUENTIAL, vmin=0.0, vmax=top, aspect="auto", interpolation="nearest")
         row_ids = list(rows) if rows is not None else list(range(m.shape[0]))
-        ax.set_xticks(range(m.shape[1]))
-        ax.set_xticklabels(labels[: m.shape[1]], rotation=90, fontsize=fs)
-        ax.set_yticks(range(m.shape[0]))
-        ax.set_yticklabels([labels[i] if 0 <= i < t else str(i) for i in row_ids], fontsize=fs)
-        ax.set_title(f"{name} ({kind})", fontsize=10)
-        ax.set_xlabel("key", fontsize=8)
-        ax.set_ylabel("query", fontsize=8)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        xt = [i for i in ticks if i < m.shape[1]]
+        ax.set_xticks(xt)
+        ax.set_xticklabels([labels[i] for i in xt], rotation=90, fontsize=fs)
+        yt = list(range(m.shape[0])) if m.shape[0] <= MAX_TICK_LABELS else _tick_positions(m.shape[0])
+        ax.set_yticks(yt)
+        ax.set_yticklabels([labels[row_ids[i]] if 0 <= row_ids[i] < t else str(row_ids[i]) for i in yt], fontsize=fs)
+        role = ROLE_TITLES.get(str(roles.get(name, "")).lower(), "")
+        ax.set_title(f"{role + ': ' if role else ''}{name} ({kind})", fontsize=11, fontweight="bold" if role else None)
+        ax.set_xlabel("key (read from)", fontsize=9)
+        ax.set_ylabel("query (reading)", fontsize=9)
+        clipped = float(np.abs(m).max()) > top * 1.001
+        cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, extend=("both" if kind == "implicit" else "max")
+                          if clipped else "neither")
+        if clipped:
+            cb.set_label(f"scale excludes the first key column (up to {float(np.abs(m).max()):.2f})", fontsize=7)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=12)
     fig.tight_layout()
     return _save(fig, path)
 

@@ -1,5 +1,6 @@
 """Small statistics helpers: confidence intervals for accuracies (Wilson), for means over prompts
-(Student t) and for paired differences (percentile bootstrap over prompts)."""
+(Student t, quantiles from ``scipy.stats``) and for paired differences (percentile bootstrap over
+prompts, ``scipy.stats.bootstrap``). scipy loads with the first interval that needs it."""
 
 from __future__ import annotations
 
@@ -26,55 +27,15 @@ def wilson(correct: int, n: int, z: float = 1.959963984540054) -> tuple[float, f
 
 @lru_cache(maxsize=256)
 def t_quantile(p: float, df: int) -> float:
-    """Quantile of Student's t with ``df`` degrees of freedom (no scipy).
-
-    Exact closed forms for df 1 and 2; for df 3-199, bisection on the CDF integrated with Simpson's
-    rule (error < 1e-6); from df 200 on, the Cornish-Fisher expansion of Abramowitz & Stegun 26.7.5
-    (error < 1e-7). Cached: the prompts of one run all share one df.
-    """
+    """Quantile of Student's t with ``df`` degrees of freedom (``scipy.stats.t.ppf``). Cached: the
+    prompts of one run all share one df."""
     if df < 1:
         raise ValueError("df must be >= 1")
     if not 0 < p < 1:
         raise ValueError("p must be in (0, 1)")
-    if df == 1:
-        return math.tan(math.pi * (p - 0.5))
-    if df == 2:
-        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    if p < 0.5:
-        return -t_quantile(1 - p, df)
-    if df >= 200:
-        z = _normal_quantile(p)
-        g1 = (z**3 + z) / 4
-        g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
-        g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
-        g4 = (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160
-        return z + g1 / df + g2 / df**2 + g3 / df**3 + g4 / df**4
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    from scipy import stats  # ~0.3 s to import: loaded with the first interval, not with ganda
 
-    def cdf(x: float, steps: int = 400) -> float:
-        h = x / steps
-        f = [c * (1 + (h * i) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
-        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        lo, hi = hi, hi * 2
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def _normal_quantile(p: float) -> float:
-    """Inverse standard normal CDF (bisection on erf: exact to 1e-12, fast enough here)."""
-    lo, hi = -40.0, 40.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return float(stats.t.ppf(p, df))
 
 
 def t_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
@@ -99,19 +60,22 @@ def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, re
     """Percentile bootstrap over items (prompts) of mean(a), mean(b) and the paired mean(a - b).
 
     ``a[i]`` and ``b[i]`` belong to the same item; every resample draws items with replacement
-    and uses the same draw for a, b and a - b. Seeded (numpy ``default_rng(seed)``).
+    and uses the same draw for a, b and a - b: each interval is ``scipy.stats.bootstrap`` with a
+    fresh ``numpy.random.default_rng(seed)``, which draws the same ``(resamples, n)`` indices.
     """
-
     xa = np.asarray(a, dtype=float)
     n = len(xa)
     if n == 0:
         raise ValueError("no items to bootstrap")
-    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    q = [(1 - level) / 2 * 100, (1 + level) / 2 * 100]
 
-    def ci(x):
-        lo, hi = np.percentile(x[idx].mean(axis=1), q)
-        return [float(lo), float(hi)]
+    def ci(x: np.ndarray) -> list[float]:
+        if n < 2 or np.ptp(x) == 0:  # one item, or all equal: every resample has the same mean
+            return [float(x.mean()), float(x.mean())]
+        from scipy import stats
+
+        r = stats.bootstrap((x,), np.mean, n_resamples=resamples, confidence_level=level, method="percentile",
+                            vectorized=True, rng=np.random.default_rng(seed))
+        return [float(r.confidence_interval.low), float(r.confidence_interval.high)]
 
     out: dict[str, Any] = {"n": n, "resamples": resamples, "seed": seed, "a": float(xa.mean()), "a_ci95": ci(xa)}
     if b is not None:
@@ -121,3 +85,20 @@ def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, re
         d = xa - xb
         out.update({"b": float(xb.mean()), "b_ci95": ci(xb), "diff": float(d.mean()), "diff_ci95": ci(d)})
     return out
+
+
+def overlap(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two intervals share a point: the difference they bracket is not established."""
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def weak_note(acc_a: float | None, acc_b: float | None, n: int | None, n_b: int | None = None) -> str:
+    """A headline's warning when two accuracies (on ``n`` and ``n_b`` prompts) are not told apart
+    by their Wilson 95% intervals: ``" (weak: the 95% intervals overlap at n=40)"``; else ``""``."""
+    if acc_a is None or acc_b is None or not n:
+        return ""
+    n_b = n_b or n
+    if overlap(wilson(round(acc_a * n), n), wilson(round(acc_b * n_b), n_b)):
+        at = f"n={n}" if n == n_b else f"n={n} and {n_b}"
+        return f" (weak: the 95% intervals overlap at {at}; more prompts would tell)"
+    return ""

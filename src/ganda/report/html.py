@@ -1,16 +1,17 @@
 """One self-contained HTML page for one or more run directories.
 
 A run directory holds ``result.json`` (at least ``{"kind": ..., "model": ...}``) plus any ``*.png``
-and ``*.csv`` files. The page has no external references at all: CSS is inline, PNGs are inlined
-as base64 ``data:`` URIs, and nothing is fetched from a CDN, so it can be mailed or archived
-as one file and opened offline.
+and ``*.csv`` files, and maybe attention maps saved as JSON (:mod:`.viewer`). The page has no
+external references at all: CSS and the attention viewer's script are inline, PNGs are inlined as
+base64 ``data:`` URIs, and nothing is fetched from a CDN, so it can be mailed or archived as one
+file and opened offline. The markup lives in jinja2 templates (``templates/``, package data).
 
-Each run is rendered through the result class registered for its kind
-(:func:`ganda.registry.register_result`): its ``headline()`` opens the section (the numbers the
-paper reports: the minimal model of a pruning run, the best transplant layer, ...) and, when the
-run directory holds no PNG, its ``draw()`` makes the figures on the fly. The rest is generic:
-scalars as a key/value table, lists of dicts as tables, nested dicts as nested sections. Kinds
-are registered by whoever defines them (``ganda.experiments``, plugins), never here.
+Each run section reads top to bottom as a reader asks: what was found (the result class's
+``headline()``, :func:`ganda.registry.register_result`), the attention maps to explore (when the
+run saved any), the figures (drawn on the fly by the class's ``draw()`` when the run directory
+holds no PNG), then the numbers: the summary, every other value (wide or long tables folded),
+the CSVs and the raw ``result.json``. Empty values are left out. Kinds are registered by whoever
+defines them (``ganda.experiments``, plugins), never here.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import base64
 import csv
 import datetime as _dt
+import functools
 import html
 import json
 import logging
@@ -27,45 +29,66 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
 from .. import registry, runio
 from ..errors import GandaError
 from ..figures import attention_panels
+from ..stats import weak_note
+from . import viewer
 
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 200  # longest table rendered in full; longer ones are cut with a note
 MAX_CSV_ROWS = 60
+FOLD_COLUMNS = 8  # tables wider than this, or longer than FOLD_ROWS, are folded in <details>
+FOLD_ROWS = 12
+TEMPLATES = Path(__file__).parent / "templates"
 
-CSS = """
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
-header{background:#1d2330;color:#fff;padding:14px 28px}
-header h1{margin:0;font-size:22px} header .sub{opacity:.75;font-size:13px}
-main{padding:10px 28px 40px}
-nav{margin:10px 0 0;font-size:13px} nav a{margin-right:14px;color:#9cc3ff}
-section.run{background:#fff;border:1px solid #dde1e7;border-radius:8px;margin:18px 0;padding:14px 20px}
-section.run h2{margin:0 0 6px;font-size:19px}
-.meta{color:#5b6577;font-size:13px;margin-bottom:8px}
-.headline{background:#eef5ff;border-left:4px solid #3a7be0;padding:8px 14px;margin:10px 0;font-size:14px}
-.headline b{font-size:15px}
-table{border-collapse:collapse;margin:8px 0 14px;font-size:12.5px}
-th,td{border:1px solid #d6dae1;padding:3px 8px;text-align:left;vertical-align:top}
-th{background:#eef0f4} tr:nth-child(even) td{background:#fafbfc}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-h3{font-size:15px;margin:16px 0 4px} h4{font-size:13px;margin:10px 0 4px;color:#394150}
-figure{margin:10px 0 18px;display:inline-block;max-width:100%}
-figure img{max-width:100%;border:1px solid #e3e6eb;background:#fff}
-figcaption{font-size:12px;color:#5b6577}
-details{margin:6px 0} summary{cursor:pointer;color:#394150;font-size:13px}
-pre{background:#f3f4f6;padding:8px;overflow:auto;font-size:11.5px;max-height:420px}
-.note{color:#8a5a00;font-size:12px}
-"""
+#: kind -> what its section is called (the kind itself where not listed)
+KIND_TITLES = {
+    "demo": "G&A heads found, verified and ablated",
+    "heads": "Heads ranked by Gather and Aggregate pattern scores",
+    "sweep": "Every head ablated alone",
+    "sharpness": "G&A map sharpness compared",
+    "prune": "Layer pruning curve",
+    "remove_restore": "One layer removed and restored",
+    "retain": "Only the critical heads kept",
+    "kv_curve": "KV retrieval against the number of pairs",
+    "mask_last_row": "Attention's last row masked",
+    "transplant": "Donor layers transplanted",
+    "roles": "Gather or Aggregate, by where a head matters",
+    "lab_findings": "The paper's findings on the lab models",
+    "lab_models": "The lab models",
+}
 
 
 def _e(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
+@functools.lru_cache(maxsize=1)
+def environment() -> Any:
+    """The jinja2 environment of the report's templates (autoescaping on)."""
+    import jinja2  # the templates are loaded when the first page is written, not when ganda starts
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["fmt"] = lambda v: _safe(_fmt(v))
+    env.tests["numeric"] = lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+    env.tests["records"] = is_records
+    env.globals["fold_columns"] = FOLD_COLUMNS
+    env.globals["fold_rows"] = FOLD_ROWS
+    return env
+
+
+def _safe(text: str) -> Any:
+    from markupsafe import Markup  # jinja2's own dependency
+
+    return Markup(text)
+
+
 def _fmt(v: Any) -> str:
+    """One value as table-cell HTML (escaped; long JSON folded in <details>)."""
     if isinstance(v, bool) or v is None:
         return _e(v)
     if isinstance(v, float):
@@ -82,55 +105,51 @@ def _fmt(v: Any) -> str:
     return _e(v)
 
 
-def _cell(v: Any) -> str:
-    cls = ' class="num"' if isinstance(v, int | float) and not isinstance(v, bool) else ""
-    return f"<td{cls}>{_fmt(v)}</td>"
-
-
 def is_records(v: Any) -> bool:
     return isinstance(v, list) and len(v) > 0 and all(isinstance(r, dict) for r in v)
 
 
-def records_table(rows: Sequence[dict[str, Any]], max_rows: int = MAX_ROWS) -> str:
-    """A list of dicts as an HTML table (columns in first-seen order)."""
+def is_empty(v: Any) -> bool:
+    """Nothing to show: an empty list, dict or string (``interventions: []`` gets no section)."""
+    return v is None or (isinstance(v, list | dict | str) and len(v) == 0)
+
+
+def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     cols: list[str] = []
     for r in rows:
         for k in r:
             if k not in cols:
                 cols.append(k)
-    out = ["<table><thead><tr>", *(f"<th>{_e(c)}</th>" for c in cols), "</tr></thead><tbody>"]
-    for r in rows[:max_rows]:
-        out.append("<tr>" + "".join(_cell(r.get(c, "")) for c in cols) + "</tr>")
-    out.append("</tbody></table>")
-    if len(rows) > max_rows:
-        out.append(f'<div class="note">{len(rows) - max_rows} more rows not shown (see the JSON/CSV).</div>')
-    return "".join(out)
+    return cols
+
+
+def records_table(rows: Sequence[dict[str, Any]], max_rows: int = MAX_ROWS) -> str:
+    """A list of dicts as an HTML table (columns in first-seen order)."""
+    return environment().get_template("macros.html.j2").module.table(_columns(rows), rows, max_rows)
 
 
 def kv_table(d: dict[str, Any]) -> str:
-    rows = "".join(f"<tr><th>{_e(k)}</th>{_cell(v)}</tr>" for k, v in d.items())
-    return f"<table><tbody>{rows}</tbody></table>"
+    return environment().get_template("macros.html.j2").module.kv(d)
 
 
 def render_value(name: str, v: Any, depth: int = 0) -> str:
     """Render one JSON value: scalars inline, lists of dicts as tables, dicts as sub-sections."""
-    tag = "h3" if depth == 0 else "h4"
-    if is_records(v):
-        return f"<{tag}>{_e(name)}</{tag}>" + records_table(v)
+    return environment().get_template("macros.html.j2").module.value(name, _shown(v), depth, _columns)
+
+
+def _shown(v: Any) -> Any:
+    """``v`` with empty values left out of every dict, at any depth."""
     if isinstance(v, dict):
-        scalars = {k: x for k, x in v.items() if not (is_records(x) or isinstance(x, dict))}
-        parts = [f"<{tag}>{_e(name)}</{tag}>"]
-        if scalars:
-            parts.append(kv_table(scalars))
-        for k, x in v.items():
-            if k not in scalars:
-                parts.append(render_value(f"{name}.{k}" if depth else k, x, depth + 1))
-        return "".join(parts)
-    return f"<{tag}>{_e(name)}</{tag}><div>{_fmt(v)}</div>"
+        return {k: _shown(x) for k, x in v.items() if not is_empty(x)}
+    return v
 
 
 def _pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, int | float) else str(x)
+
+
+def _points(x: Any) -> str:
+    return f"{100 * x:.1f} points" if isinstance(x, int | float) else "?"
 
 
 def headline_html(text: str) -> str:
@@ -167,8 +186,14 @@ class SweepRun:
         s = self.summary
         if not s.get("top_head"):
             return ""
-        return (f"Most critical head: **{s['top_head']}** (ablating it costs {_pct(s.get('top_drop'))} "
-                f"of {_pct(s.get('baseline_acc'))}).")
+        base, drop = s.get("baseline_acc"), s.get("top_drop")
+        weak = weak_note(base, base - drop, s.get("n")) if isinstance(base, float | int) and isinstance(
+            drop, float | int) else ""
+        lines = [f"Most critical head: **{s['top_head']}**; ablating it alone costs {_points(drop)} of {_pct(base)}"
+                 f"{' on ' + str(s['n']) + ' prompts' if s.get('n') else ''}{weak}."]
+        if s.get("heads_to_chance"):
+            lines.append(f"Heads ablated together, most damaging first, to reach chance: **{s['heads_to_chance']}**.")
+        return "\n".join(lines)
 
     def draw(self, out_dir: Path) -> list[Path]:
         return []
@@ -178,13 +203,10 @@ def _png_data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
-def _csv_table(path: Path) -> str:
+def _csv(path: Path) -> dict[str, Any] | None:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    if not rows:
-        return ""
-    body = records_table(rows, MAX_CSV_ROWS)
-    return f"<details><summary>{_e(path.name)} ({len(rows)} rows)</summary>{body}</details>"
+    return {"name": path.name, "rows": rows, "columns": _columns(rows)} if rows else None
 
 
 def _fallback_figures(result: dict[str, Any], obj: Any, tmp: Path) -> list[Path]:
@@ -194,10 +216,11 @@ def _fallback_figures(result: dict[str, Any], obj: Any, tmp: Path) -> list[Path]
     attention panels; registered kinds redraw themselves from their JSON.
     """
     if isinstance(result.get("maps"), dict) and isinstance(result.get("tokens"), list) and result["maps"]:
+        rows = result.get("rows")
+        rows = rows if isinstance(rows, list) and all(isinstance(r, int) for r in rows) else None
         try:
             return [attention_panels(result["maps"], result["tokens"], result.get("map_kinds") or {},
-                                     tmp / "attention.png", rows=result.get("rows") if isinstance(
-                                         result.get("rows"), list) and all(isinstance(r, int) for r in result["rows"]) else None)]
+                                     tmp / "attention.png", rows=rows, roles=viewer.result_roles(result))]
         except Exception:  # noqa: BLE001
             return []
     if obj is None:
@@ -210,6 +233,8 @@ def _fallback_figures(result: dict[str, Any], obj: Any, tmp: Path) -> list[Path]
 
 
 SKIP_KEYS = {"kind", "model", "summary", "panels"}  # panels: figure specs, drawn as PNG
+VIEWER_KEYS = {"maps", "tokens", "map_kinds"}  # shown by the attention viewer, not as tables
+META_KEYS = ("model", "command", "seed", "ganda_version", "created")
 HEAVY = ("pred", "pred_norm", "gold", "loglik", "predictions")
 
 
@@ -232,7 +257,7 @@ def sweep_result(path: Path, top: int = 20) -> dict[str, Any]:
     out = {
         "kind": "sweep",
         "model": cfg.get("model", "?"),
-        "summary": {"baseline_acc": b, "heads": len(recs), "top_head": slim[0].get("head") if slim else None,
+        "summary": {"baseline_acc": b, "n": base.get("n") if base else None, "heads": len(recs), "top_head": slim[0].get("head") if slim else None,
                     "top_drop": slim[0].get("drop") if slim else None},
         "top_heads": slim[:top],
         "config": {k: v for k, v in cfg.items() if k != "heads"},
@@ -250,54 +275,85 @@ def has_results(run_dir: Path) -> bool:
     return (Path(run_dir) / "result.json").is_file() or (Path(run_dir) / "results.jsonl").is_file()
 
 
-def render_run(run_dir: Path, index: int) -> str:
-    run_dir = Path(run_dir)
+def _read_result(run_dir: Path) -> tuple[dict[str, Any], Any]:
+    """The run's result dict and its result object (None when its kind is not registered)."""
     rfile = run_dir / "result.json"
-    obj: Any = None
     if not rfile.exists() and (run_dir / "results.jsonl").exists():
         result = sweep_result(run_dir / "results.jsonl")
-        obj = SweepRun.from_json(result)
-    elif rfile.exists():
-        try:
-            result = json.loads(rfile.read_text())
-        except json.JSONDecodeError as exc:
-            result = {"kind": "?", "error": f"result.json is not valid JSON: {exc}"}
-    else:
-        result = {"kind": "?", "error": "no result.json in this directory"}
+        return result, SweepRun.from_json(result)
+    if not rfile.exists():
+        return {"kind": "?", "error": "no result.json in this directory"}, None
+    try:
+        result = json.loads(rfile.read_text())
+    except json.JSONDecodeError as exc:
+        return {"kind": "?", "error": f"result.json is not valid JSON: {exc}"}, None
     if not isinstance(result, dict):
-        result = {"kind": "?", "value": result}
-    if obj is None and rfile.exists():
-        obj = _result_object(result)
-    kind = result.get("kind", "?")
-    parts = [f'<section class="run" id="run{index}"><h2>{_e(kind)} — {_e(run_dir.name)}</h2>']
-    meta = {k: result[k] for k in ("model", "command", "seed", "ganda_version", "created") if k in result}
-    parts.append('<div class="meta">' + " · ".join(f"{_e(k)}: <code>{_e(v)}</code>" for k, v in meta.items()) + "</div>")
-    parts.append(headline_html(obj.headline() if obj is not None else ""))
+        return {"kind": "?", "value": result}, None
+    return result, _result_object(result)
+
+
+def _viewer(run_dir: Path, result: dict[str, Any], uid: str) -> dict[str, Any] | None:
+    """The run's attention maps as an embedded viewer (None: the run saved no maps)."""
+    docs = [(path.stem, doc) for path, doc in viewer.read_attention_files(run_dir)]
+    from_result = viewer.result_attention(result)
+    if from_result is not None:
+        docs.append(("result", from_result))
+    if not docs:
+        return None
+    payload = viewer.viewer_payload(docs, viewer.result_roles(result))
+    if not payload["prompts"]:
+        return None
+    return {"id": uid, "json": _safe(viewer.payload_json(payload)), "omitted": payload["omitted"],
+            "heads": sorted({h["name"] for p in payload["prompts"] for h in p["heads"]})}
+
+
+def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
+    """Everything one run's section shows, in the order it shows it."""
+    run_dir = Path(run_dir)
+    result, obj = _read_result(run_dir)
+    kind = str(result.get("kind", "?"))
+    meta = {k: result[k] for k in META_KEYS if k in result}
     pngs = sorted(run_dir.glob("*.png"))
-    with tempfile.TemporaryDirectory() as td:
-        if not pngs and rfile.exists():
-            pngs = _fallback_figures(result, obj, Path(td))
-        for p in pngs:
-            parts.append(
-                f'<figure><img alt="{_e(p.name)}" src="{_png_data_uri(p)}"><figcaption>{_e(p.name)}</figcaption></figure>'
-            )
+    if not pngs and (run_dir / "result.json").exists():
+        pngs = _fallback_figures(result, obj, tmp)
+    view = _viewer(run_dir, result, f"gv{index}")
+    skip = SKIP_KEYS | set(meta) | (VIEWER_KEYS if view else set())
+    rest = {k: v for k, v in result.items() if k not in skip and not is_empty(v)}
     summary = result.get("summary")
-    if isinstance(summary, dict) and summary:
-        parts.append(render_value("summary", summary))
-    scalars = {k: v for k, v in result.items() if k not in SKIP_KEYS and k not in meta and not isinstance(v, dict | list)}
-    if scalars:
-        parts.append(kv_table(scalars))
-    for k, v in result.items():
-        if k in SKIP_KEYS or k in meta or k in scalars:
-            continue
-        parts.append(render_value(k, v))
-    for c in sorted(run_dir.glob("*.csv")):
-        parts.append(_csv_table(c))
-    parts.append(
-        f"<details><summary>raw result.json</summary><pre>{_e(json.dumps(result, indent=1, default=str))}</pre></details>"
-    )
-    parts.append("</section>")
-    return "".join(parts)
+    return {
+        "index": index, "kind": kind, "dir": run_dir.name, "model": result.get("model"),
+        "title": KIND_TITLES.get(kind, kind), "meta": meta,
+        "headline": _safe(headline_html(obj.headline() if obj is not None else "")),
+        "viewer": view,
+        "figures": [{"name": p.name, "uri": _png_data_uri(p)} for p in pngs],
+        "summary": _shown(summary) if isinstance(summary, dict) and summary else None,
+        "scalars": {k: v for k, v in rest.items() if not isinstance(v, dict | list)},
+        "blocks": {k: _shown(v) for k, v in rest.items() if isinstance(v, dict | list)},
+        "csvs": [c for c in (_csv(p) for p in sorted(run_dir.glob("*.csv"))) if c],
+        "raw": json.dumps(result, indent=1, default=str),
+    }
+
+
+def render_run(run_dir: Path, index: int) -> str:
+    """One run's ``<section>``."""
+    with tempfile.TemporaryDirectory() as td:
+        ctx = run_context(run_dir, index, Path(td))
+        return environment().get_template("run.html.j2").render(run=ctx, columns=_columns, max_rows=MAX_ROWS,
+                                                                max_csv_rows=MAX_CSV_ROWS)
+
+
+def render_page(run_dirs: Sequence[Path], title: str = "ganda report") -> str:
+    """The whole page for ``run_dirs`` as text."""
+    runs = [Path(d) for d in run_dirs]
+    sections = [render_run(d, i) for i, d in enumerate(runs)]
+    env = environment()
+    has_viewer = any('class="gv"' in s for s in sections)
+    return env.get_template("page.html.j2").render(
+        title=title, runs=[{"index": i, "name": d.name} for i, d in enumerate(runs)],
+        sections=[_safe(s) for s in sections], stamp=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        css=_safe((TEMPLATES / "report.css").read_text()),
+        viewer_css=_safe((TEMPLATES / "viewer.css").read_text()) if has_viewer else "",
+        viewer_js=_safe((TEMPLATES / "viewer.js").read_text()) if has_viewer else "")
 
 
 def write_report(run_dirs: list[Path], out: Path, title: str = "ganda report") -> Path:
@@ -307,14 +363,5 @@ def write_report(run_dirs: list[Path], out: Path, title: str = "ganda report") -
     if not any(has_results(d) for d in runs):
         names = ", ".join(str(d) for d in runs) or "none given"
         raise GandaError(f"nothing to report: no result.json or results.jsonl in {names}")
-    sections = [render_run(d, i) for i, d in enumerate(runs)]
-    nav = "".join(f'<a href="#run{i}">{_e(d.name)}</a>' for i, d in enumerate(runs))
-    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    page = (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>"
-        f'<header><h1>{_e(title)}</h1><div class="sub">{len(runs)} run(s) · generated {stamp}</div>'
-        f"<nav>{nav}</nav></header><main>{''.join(sections)}</main></body></html>"
-    )
-    runio.write_text(out, page)
+    runio.write_text(out, render_page(runs, title))
     return out
