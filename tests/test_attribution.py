@@ -279,7 +279,25 @@ def test_rank_json_and_bad_inputs(tiny_dir, capsys):
     assert rest == sorted(rest, reverse=True)
     assert data["bound"]["pool"] == 9 and len(data["bound"]["audited"]) == 2
     for argv, msg in ((["--method", "atpx"], "--method"), (["--verify-top", "-1"], "--verify-top"),
-                      (["--ablation", "half"], "--ablation"), (["--task", "gsm8k"], "generation")):
+                      (["--ablation", "half"], "--ablation"), (["--task", "gsm8k"], "generation"),
+                      (["--verify-layers", "0,x"], "--verify-layers")):
         rc = main(["rank", str(tiny_dir), "--limit", "2", *argv])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and err[0].startswith("ganda: error:") and msg in err[0], (argv, err)
+
+
+def test_verify_layers_adds_every_head_of_those_layers():
+    """``verify_layers`` verifies a layer's heads whatever their estimate, on top of the top K, with
+    the sweep's exact numbers; the audit is drawn from the heads left."""
+    ad = llama(layers=3, seed=4)
+    _, exact = exact_drops(ad, EXAMPLES)
+    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=2, verify_layers=[0], audit=2, seed=0, progress=False)
+    top2 = sorted(res.estimate, key=lambda h: (-abs(res.estimate[h]), h))[:2]
+    layer0 = [str(h) for h in ad.heads() if h.layer == 0]
+    assert res.verified[:2] == top2
+    assert set(res.verified) == set(top2) | set(layer0)
+    assert not set(res.audited) & set(res.verified) and len(res.audited) == 2
+    for h in res.verified:
+        assert res.exact[h] == pytest.approx(exact[h], abs=1e-5)
+    with pytest.raises(GandaError, match="verify_layers"):
+        rank_heads(ad, EXAMPLES, method="atp", verify_top=2, verify_layers=[3], progress=False)

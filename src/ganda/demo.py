@@ -1,101 +1,276 @@
 """``ganda demo``: one complete path from a real model to a measured G&A finding.
 
-KV-retrieval baseline -> every head ranked by Gather/Aggregate pattern scores -> the top
-candidates verified by single-head ablation -> the most damaging Gather and Aggregate heads
-ablated alone and together -> how many heads must go to reach chance -> attention figures ->
-``result.json``, CSVs, PNGs and one self-contained ``report.html`` in the run directory.
+KV retrieval -> every head ranked *causally* (attribution patching over every head, the top K
+verified by exact single-head ablation: :func:`ganda.attribution.rank_heads`) -> the causal
+heads labelled Gather or Aggregate by their attention patterns -> the best Gather and the best
+Aggregate head ablated alone and together -> heads ablated cumulatively in causal order until
+accuracy reaches chance -> attention maps -> ``result.json``, CSVs, PNGs and one self-contained
+``report.html`` that opens with the finding in one paragraph.
+
+Three disjoint prompt sets (seeds ``seed``, ``seed + 1``, ``seed + 2``): the pattern prompts label
+roles, the ranking prompts order heads, the measurement prompts give every accuracy reported, so
+no reported accuracy is measured on the prompts that chose the heads.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from . import runio
+from . import registry, runio
 from .attention import draw_attention
-from .discovery import ablate_until_chance, discover, save_discovery
+from .attribution import rank_heads
+from .discovery import HeadScore, ablate_until_chance, pattern_scores
+from .experiments.common import ExperimentResult
 from .figures import curves
 from .interventions import AblateHeads
 from .models import load_model
+from .models.base import ModelAdapter
 from .report.html import write_report
-from .scoring import evaluate_examples
+from .scoring import EvalResult, evaluate_examples
+from .stats import bootstrap_paired
 from .tasks import get_task
+from .tasks.base import Example
+
+ROLE_PERCENTILE = 0.9  # a head takes a role when its pattern score is in the top 10% of all heads'
+# ... and the score itself shows the pattern: half of each summary token's row on its own segment
+# (Gather), 5% more of the final row on the gold summary than on the others (Aggregate)
+FLOORS = {"gather": 0.5, "aggregate": 0.05}
+
+
+class DemoResult(ExperimentResult):
+    """A saved demo run; its headline is the finding paragraph (:func:`finding`)."""
+
+    def headline(self) -> str:
+        return self.summary.get("finding") or finding(self.summary)
+
+
+registry.register_result("demo", DemoResult)
+
+
+def roles(scores: Sequence[HeadScore], cut: float = ROLE_PERCENTILE) -> dict[str, str]:
+    """Each head's pattern role: ``"gather"`` or ``"aggregate"`` where that score's percentile
+    among all heads is at least ``cut`` and the score reaches its floor (``FLOORS``; where both do,
+    the higher percentile wins), else ``"neither"``. Percentiles compare the two scores, which live
+    on different scales; the floors keep a model with no such head from having one named."""
+    def pct(key: str) -> dict[str, float]:
+        order = sorted(scores, key=lambda s: getattr(s, key))
+        return {s.head: i / max(1, len(order) - 1) for i, s in enumerate(order)}
+
+    agg, gat = pct("aggregate"), pct("gather")
+    out = {}
+    for s in scores:
+        a = agg[s.head] if s.aggregate >= FLOORS["aggregate"] else 0.0
+        g = gat[s.head] if s.gather >= FLOORS["gather"] else 0.0
+        out[s.head] = "neither" if max(a, g) < cut else ("aggregate" if a > g else "gather")
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _ci(ci: Sequence[float] | None) -> str:
+    return f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else ""
+
+
+def _cost(drop: float, ci: Sequence[float] | None) -> str:
+    """An accuracy drop in points with its interval, in words that read right for either sign."""
+    span = f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else ""
+    if drop >= 0:
+        return f"it costs **{100 * drop:.0f} points**{span}"
+    return f"accuracy rises by {-100 * drop:.0f} points (drop{span})"
+
+
+LABEL = {"gather": "Gather", "aggregate": "Aggregate", "neither": "no G&A pattern"}
+
+
+def finding(s: dict[str, Any]) -> str:
+    """The demo's finding in one paragraph of words and numbers with 95% intervals."""
+    if "baseline_accuracy" not in s:
+        return ""
+    n = s.get("n_measure", "?")
+    parts = [f"{s.get('model', 'The model')} retrieves the right value in KV retrieval with "
+             f"{s.get('pairs', '?')} pairs on **{_pct(s['baseline_accuracy'])}**{_ci(s.get('baseline_ci95'))} of "
+             f"{n} prompts (chance {_pct(s['chance'])})."]
+    top = s.get("top_heads") or []
+    if top:
+        named = ", ".join(f"**{h['head']}** ({LABEL[h['role']]})" for h in top)
+        parts.append(f"Ranked causally (AtP over all {s.get('n_heads', '?')} heads, {s.get('verified', '?')} of them "
+                     f"verified by exact ablation, on {s.get('n_rank', '?')} other prompts), the heads that matter "
+                     f"most are {named}.")
+    counts = s.get("roles_in_top")
+    if counts:
+        parts.append(f"Of the top {sum(counts.values())} causal heads, {counts.get('gather', 0)} show the Gather "
+                     f"pattern, {counts.get('aggregate', 0)} the Aggregate pattern and {counts.get('neither', 0)} "
+                     "neither.")
+    if s.get("aggregate_head") is None and "max_aggregate" in s:
+        parts.append(f"No head shows the Aggregate pattern (the largest aggregate score of all heads is "
+                     f"{s['max_aggregate']:.3f}, {s.get('max_aggregate_head')}).")
+    for key, what in (("top", f"the top causal head **{s.get('top_head')}**"),
+                      ("gather", f"the Gather head **{s.get('gather_head')}**"),
+                      ("aggregate", f"the Aggregate head **{s.get('aggregate_head')}**"),
+                      ("both", f"{s.get('together', 'these heads').replace(',', ', ')} together")):
+        if f"{key}_accuracy" in s:
+            parts.append(f"Ablating {what} leaves {_pct(s[f'{key}_accuracy'])}{_ci(s.get(f'{key}_ci95'))}: "
+                         f"{_cost(s[f'{key}_drop'], s.get(f'{key}_drop_ci95'))}.")
+    k = s.get("heads_to_chance")
+    if k:
+        parts.append(f"Ablating heads cumulatively in causal order reaches chance after **{k} heads** "
+                     f"({_pct(s['chance_accuracy'])}{_ci(s.get('chance_ci95'))}): retrieval runs through a few heads, "
+                     "not one bottleneck." if k > 2 else
+                     f"Ablating heads cumulatively in causal order reaches chance after **{k} head(s)** "
+                     f"({_pct(s['chance_accuracy'])}{_ci(s.get('chance_ci95'))}).")
+    elif s.get("curve_heads"):
+        parts.append(f"Ablating the top {s['curve_heads']} heads in causal order leaves "
+                     f"{_pct(s['curve_accuracy'])}{_ci(s.get('curve_ci95'))}, still above chance.")
+    return " ".join(parts)
+
+
+def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[str], base: EvalResult,
+               seed: int) -> dict[str, Any]:
+    """Accuracy with ``heads`` zero-ablated, and its paired drop from ``base`` with a bootstrap CI."""
+    r = evaluate_examples(adapter, examples, [AblateHeads(heads)], progress=False)
+    a = [float(p["correct"]) for p in base.predictions]
+    b = [float(p["correct"]) for p in r.predictions]
+    bs = bootstrap_paired(a, b, seed=seed)
+    return {"heads": ",".join(heads), "accuracy": r.accuracy, "ci95": list(r.ci95), "drop": bs["diff"],
+            "drop_ci95": bs["diff_ci95"]}
+
+
+def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[str, float]) -> str | None:
+    """The highest-ranked head of a role, preferring verified heads that support the answer."""
+    for h in order:
+        if role.get(h) == want and exact.get(h, 0.0) > 0:
+            return h
+    return next((h for h in order if role.get(h) == want), None)
 
 
 def run_demo(
     model: str, out: str | Path, *, pairs: int = 5, n: int = 8, verify_n: int = 40, top: int = 4,
-    seed: int = 0, max_heads: int = 16,
+    seed: int = 0, max_heads: int = 8, rank_n: int = 16, verify_top: int = 20, verify_layers: Sequence[int] = (0,),
 ) -> Path:
+    """Run the demo into ``out`` and return its ``report.html``. ``n``: pattern prompts (roles);
+    ``rank_n``: ranking prompts; ``verify_top``: heads verified exactly, with every head of
+    ``verify_layers`` (layer 0: first-order estimates underrate it, docs/attribution.md);
+    ``verify_n``: measurement prompts; ``top``: causal heads the finding names and draws;
+    ``max_heads``: longest cumulative ablation. The defaults keep the run under 3 minutes on two
+    idle cores (BENCHMARKS.md §9)."""
     con = Console(stderr=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     con.print(f"[bold]ganda demo[/] on {model}: KV retrieval with {pairs} pairs")
     adapter = load_model(model)
     task = get_task("kv", pairs=pairs)
     pattern_ex = task.examples(limit=n, seed=seed)
-    verify_ex = task.examples(limit=verify_n, seed=seed + 1)
+    rank_ex = task.examples(limit=rank_n, seed=seed + 1)
+    measure_ex = task.examples(limit=verify_n, seed=seed + 2)
+    chance = 1.0 / pairs
+    phases: dict[str, float] = {}
 
-    con.print("1/4 ranking every head by Gather/Aggregate pattern scores, verifying the top ones")
-    d = discover(adapter, pattern_ex, verify_ex, top=top, task_config=task.config())
-    save_discovery(d, out / "heads", model=adapter.spec)
-    best_a, best_g = d.best("aggregate"), d.best("gather")
-    chosen = [s.head for s in (best_g, best_a) if s is not None]
+    def lap(name: str, since: float) -> float:
+        phases[name] = round(time.process_time() - since, 1)
+        return time.process_time()
 
-    con.print("2/4 ablating the most damaging candidates")
-    rows: list[dict[str, Any]] = [{"condition": "intact", "heads": "", "accuracy": d.baseline_accuracy}]
-    for label, heads in (("gather", [best_g.head] if best_g else []), ("aggregate", [best_a.head] if best_a else []),
-                         ("gather+aggregate", chosen)):
-        if not heads:
-            continue
-        r = evaluate_examples(adapter, verify_ex, [AblateHeads(heads)], progress=False)
-        rows.append({"condition": label, "heads": ",".join(heads), "accuracy": r.accuracy,
-                     "ci95": list(r.ci95), "drop": d.baseline_accuracy - r.accuracy})
+    c = time.process_time()
+    con.print(f"1/4 ranking every head causally (AtP, top {verify_top} verified exactly on {len(rank_ex)} prompts)")
+    ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
+                        progress=False,
+                        out_dir=out / "ranking", resume=False, config={"task": task.config()})
+    order = ranked.order()
+    scores = pattern_scores(adapter, pattern_ex, progress=False)
+    role = roles(scores)
+    by = {s.head: s for s in scores}
+    c = lap("rank", c)
 
-    con.print("3/4 cumulative ablation until chance")
-    by = {s.head: s for s in d.scores}
-    verified = sorted((s for s in d.scores if s.drop is not None), key=lambda s: -(s.drop or 0))
-    rest = sorted((s for s in d.scores if s.drop is None), key=lambda s: -max(s.aggregate, s.gather / 10))
-    ranked = [s.head for s in verified if (s.drop or 0) > 0] + [s.head for s in rest]
-    curve = ablate_until_chance(adapter, verify_ex, ranked, chance=1.0 / pairs, max_heads=max_heads)
+    con.print("2/4 ablating the best Gather and Aggregate heads")
+    base = evaluate_examples(adapter, measure_ex, progress=False)
+    g_head = _first(order, role, "gather", ranked.exact)
+    a_head = _first(order, role, "aggregate", ranked.exact)
+    rows: list[dict[str, Any]] = [{"condition": "intact", "heads": "", "accuracy": base.accuracy,
+                                   "ci95": list(base.ci95), "drop": 0.0, "drop_ci95": [0.0, 0.0]}]
+    singles = {"top": order[0] if order[0] not in (g_head, a_head) else None, "gather": g_head, "aggregate": a_head}
+    together = [h for h in singles.values() if h]
+    for label, heads in (*((k, [h]) for k, h in singles.items()), ("together", together)):
+        if heads and all(heads) and (label != "together" or len(heads) > 1):
+            rows.append({"condition": label, **_condition(adapter, measure_ex, heads, base, seed)})
+    c = lap("ablate", c)
+
+    con.print("3/4 cumulative ablation in causal order until chance")
+    curve = ablate_until_chance(adapter, measure_ex, order, chance=chance, max_heads=max_heads, progress=False)
+    c = lap("curve", c)
 
     con.print("4/4 figures and report")
-    figs = []
-    if chosen:
-        figs.append(draw_attention(adapter, pattern_ex[0].prompt, chosen, out / "ga_heads.png",
-                                   title=f"{adapter.spec}: Gather {best_g.head if best_g else '-'}, "
-                                         f"Aggregate {best_a.head if best_a else '-'}"))
-    _curve_png(curve, d.baseline_accuracy, 1.0 / pairs, out / "ablation_curve.png")
-    seconds = time.perf_counter() - t0
-    result = {
-        "kind": "demo", "model": adapter.spec, "ganda_version": runio.ganda_version(),
-        "config": {**task.config(), "n_pattern": n, "n_verify": verify_n, "top": top, "seed": seed},
-        "summary": {
-            "baseline_accuracy": d.baseline_accuracy, "chance": 1.0 / pairs,
-            "gather_head": best_g.head if best_g else None, "aggregate_head": best_a.head if best_a else None,
-            "heads_to_chance": curve[-1]["n_heads"] if curve and curve[-1]["accuracy"] <= 1.0 / pairs + 0.05 else None,
-            "seconds": round(seconds, 1),
-        },
-        "rows": rows,
-        "cumulative_ablation": curve,
-        "candidates": [by[h].to_json() for h in dict.fromkeys(d.top_aggregate + d.top_gather)],
-    }
-    runio.write_text(out / "result.json", json.dumps(result, indent=2))
+    shown = list(dict.fromkeys([*order[:top], *(h for h in (g_head, a_head) if h)]))
+    draw_attention(adapter, pattern_ex[0], shown, out / "ga_heads.png",
+                   title=f"{adapter.spec}: the top causal heads", roles={h: role[h] for h in shown})
+    _curve_png(curve, base, chance, out / "ablation_curve.png")
+    lap("figures", c)
+    summary = _summary(adapter, task.config(), base, rows, curve, ranked, role, order, top, chance,
+                       len(measure_ex), g_head, a_head, {h.head: h.aggregate for h in scores})
+    summary.update({"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
+                    "cpu_seconds_by_phase": phases})
+    summary["finding"] = finding(summary)
+    heads = [{"head": h, "role": role[h], "rank": i + 1, "exact": ranked.exact.get(h),
+              "estimate": ranked.estimate.get(h), "aggregate": by[h].aggregate, "gather": by[h].gather}
+             for i, h in enumerate(order[:max(verify_top, top)])]
+    result = DemoResult(
+        kind="demo", model=adapter.spec, summary=summary, rows=rows,
+        config={**task.config(), "n_pattern": n, "n_rank": rank_n, "n_verify": verify_n, "verify_top": verify_top,
+                "verify_layers": list(verify_layers), "top": top, "max_heads": max_heads, "seed": seed,
+                "rank_method": "atp"},
+        extra={"cumulative_ablation": curve, "heads": heads})
+    runio.write_text(out / "result.json", json.dumps(result.to_json(), indent=2, default=str))
     runio.write_csv(out / "ablations.csv", rows)
     runio.write_csv(out / "cumulative_ablation.csv", curve)
-    report = write_report([out, out / "heads"], out / "report.html", title=f"ganda demo: {adapter.spec}")
-    con.print(f"done in {seconds:.0f} s")
-    for r in rows:
-        con.print(f"  {r['condition']:>17}: accuracy {r['accuracy']:.3f} {r.get('heads', '')}")
+    runio.write_csv(out / "heads.csv", heads)
+    report = write_report([out], out / "report.html", title=f"ganda demo: {adapter.spec}")
+    con.print(summary["finding"].replace("**", ""))
+    con.print(f"done in {summary['seconds']:.0f} s ({summary['cpu_seconds']:.0f} CPU s)")
     return report
 
 
-def _curve_png(curve: list[dict[str, Any]], base: float, chance: float, path: Path) -> Path:
+def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, rows: list[dict[str, Any]],
+             curve: list[dict[str, Any]], ranked: Any, role: dict[str, str], order: list[str], top: int,
+             chance: float, n_measure: int, g_head: str | None, a_head: str | None,
+             scores: dict[str, float]) -> dict[str, Any]:
+    s: dict[str, Any] = {
+        "model": adapter.spec, "pairs": task_cfg.get("pairs"), "n_measure": n_measure, "n_rank": ranked.config.get("n"),
+        "n_heads": len(ranked.heads), "verified": len(ranked.verified), "rank_method": ranked.method,
+        "baseline_accuracy": base.accuracy, "baseline_ci95": list(base.ci95), "chance": chance,
+        "top_heads": [{"head": h, "role": role[h], "exact": ranked.exact.get(h)} for h in order[:top]],
+        "roles_in_top": {r: sum(role[h] == r for h in order[:10]) for r in ("gather", "aggregate", "neither")},
+        "gather_head": g_head, "aggregate_head": a_head, "top_head": order[0],
+        "max_aggregate": max(scores.values()), "max_aggregate_head": max(scores, key=scores.get),
+    }
+    for r in rows[1:]:
+        key = {"together": "both"}.get(r["condition"], r["condition"])
+        if key == "both":
+            s["together"] = r["heads"]
+        s.update({f"{key}_accuracy": r["accuracy"], f"{key}_ci95": r["ci95"], f"{key}_drop": r["drop"],
+                  f"{key}_drop_ci95": r["drop_ci95"]})
+    last = curve[-1] if curve else None
+    reached = last is not None and last["accuracy"] <= chance + 0.05
+    s["heads_to_chance"] = last["n_heads"] if reached else None
+    if last is not None:
+        key = "chance" if reached else "curve"
+        s.update({f"{key}_accuracy": last["accuracy"], f"{key}_ci95": last["ci95"]})
+        if not reached:
+            s["curve_heads"] = last["n_heads"]
+    return s
+
+
+def _curve_png(curve: list[dict[str, Any]], base: EvalResult, chance: float, path: Path) -> Path:
     xs = [0] + [c["n_heads"] for c in curve]
-    ys = [base] + [c["accuracy"] for c in curve]
-    return curves(xs, {"kv accuracy": ys}, path, xlabel="heads ablated (cumulative, ranked)",
-                  hlines={"chance": chance}, title="How many heads must go")
+    ys = [base.accuracy] + [c["accuracy"] for c in curve]
+    los = [base.ci95[0]] + [c["ci95"][0] for c in curve]
+    his = [base.ci95[1]] + [c["ci95"][1] for c in curve]
+    return curves(xs, {"kv accuracy": ys}, path, bands={"kv accuracy": (los, his)},
+                  xlabel="heads ablated (cumulative, causal order)", hlines={"chance": chance},
+                  title="How many heads must go")

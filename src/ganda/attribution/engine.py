@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import GandaError
 from ..heads import HeadId
 from ..models.base import Mixer, ModelAdapter
 from ..models.ssm.common import SSMAdapterBase, torch_path
+from ..progress import tqdm
 from ..sweep import _Packed, prepare, weights_fingerprint
 from ..tasks.base import Example
 

@@ -1,0 +1,97 @@
+"""The demo's finding: role labels from pattern percentiles, the paragraph's words and numbers, and
+the ``demo`` result kind that makes ``ganda report`` open with that paragraph."""
+
+from __future__ import annotations
+
+import json
+
+from ganda import registry
+from ganda.demo import DemoResult, finding, roles
+from ganda.discovery import HeadScore
+from ganda.report.html import write_report
+
+
+def _score(head: str, aggregate: float, gather: float) -> HeadScore:
+    return HeadScore(head=head, layer=int(head[1:].split("H")[0]), kind="attn", aggregate=aggregate,
+                     aggregate_segment=0.0, gather=gather, aggregate_peak=1.0, aggregate_hit=0.0, gather_contrast=1.0)
+
+
+SUMMARY = {
+    "model": "smollm2-135m", "pairs": 5, "n_measure": 40, "n_rank": 16, "n_heads": 270, "verified": 24,
+    "baseline_accuracy": 0.525, "baseline_ci95": [0.373, 0.673], "chance": 0.2,
+    "top_heads": [{"head": "L19H1", "role": "neither"}, {"head": "L16H2", "role": "gather"}],
+    "roles_in_top": {"gather": 3, "aggregate": 2, "neither": 5},
+    "gather_head": "L16H2", "gather_accuracy": 0.475, "gather_ci95": [0.33, 0.63], "gather_drop": 0.05,
+    "gather_drop_ci95": [0.0, 0.125],
+    "top_head": "L19H1", "top_accuracy": 0.45, "top_ci95": [0.31, 0.6], "top_drop": 0.075,
+    "top_drop_ci95": [0.0, 0.175], "max_aggregate": 0.036, "max_aggregate_head": "L15H6",
+    "aggregate_head": "L17H0", "aggregate_accuracy": 0.55, "aggregate_ci95": [0.4, 0.69], "aggregate_drop": -0.025,
+    "aggregate_drop_ci95": [-0.075, 0.0],
+    "both_accuracy": 0.475, "both_ci95": [0.33, 0.63], "both_drop": 0.05, "both_drop_ci95": [-0.05, 0.15],
+    "together": "L19H1,L16H2,L17H0",
+    "heads_to_chance": 4, "chance_accuracy": 0.225, "chance_ci95": [0.123, 0.375],
+}
+
+
+def test_roles_take_the_higher_percentile_in_the_top_tenth_above_a_floor():
+    # 20 heads: aggregate rises with the index, gather falls; L5H0 the top aggregate score.
+    # Percentile = rank / 19, so only the top two of each score reach 0.9
+    scores = [_score(f"L{i}H0", aggregate=i / 100, gather=0.3 + (19 - i) / 40) for i in range(20)]
+    scores[5] = _score("L5H0", aggregate=0.9, gather=0.0)
+    r = roles(scores)
+    assert r["L5H0"] == "aggregate"
+    assert r["L0H0"] == "gather" and r["L1H0"] == "gather"  # gather 0.775, 0.75: the top two of 20
+    assert r["L19H0"] == "aggregate" and r["L18H0"] == "neither"  # percentile 18/19, then 17/19
+    assert r["L10H0"] == "neither"
+    assert sum(v == "neither" for v in r.values()) == 20 - 4
+    # a model whose every aggregate score is tiny (SmolLM2 on KV: at most 0.036) has no Aggregate head,
+    # and a gather share under one half names no Gather head, whatever the percentiles
+    flat = [_score(f"L{i}H0", aggregate=i / 1000, gather=i / 50) for i in range(20)]
+    r = roles(flat)
+    assert r["L19H0"] == "neither" and r["L18H0"] == "neither" and set(r.values()) == {"neither"}
+    assert roles([_score(f"L{i}H0", aggregate=i / 1000, gather=0.5 + i / 50) for i in range(20)])["L19H0"] == "gather"
+
+
+def test_finding_states_heads_costs_intervals_and_heads_to_chance():
+    text = finding(SUMMARY)
+    assert "**52%** [37%, 67%] of 40 prompts (chance 20%)" in text
+    assert "**L19H1** (no G&A pattern), **L16H2** (Gather)" in text
+    assert "24 of them verified by exact ablation, on 16 other prompts" in text
+    assert "3 show the Gather pattern, 2 the Aggregate pattern and 5 neither" in text
+    assert "Ablating the Gather head **L16H2** leaves 48% [33%, 63%]: it costs **5 points** [0, 12]" in text
+    assert "the Aggregate head **L17H0** leaves 55% [40%, 69%]: accuracy rises by 2 points (drop [-8, 0])" in text
+    assert "Ablating the top causal head **L19H1** leaves 45% [31%, 60%]: it costs **8 points** [0, 18]" in text
+    assert "Ablating L19H1, L16H2, L17H0 together leaves 48%" in text and "No head shows" not in text
+    assert "reaches chance after **4 heads** (22% [12%, 38%])" in text
+    no_agg = {k: v for k, v in SUMMARY.items() if not k.startswith("aggregate")}
+    assert "No head shows the Aggregate pattern (the largest aggregate score of all heads is 0.036, L15H6)" in finding(
+        {**no_agg, "aggregate_head": None})
+    no_chance = {**SUMMARY, "heads_to_chance": None, "curve_heads": 8, "curve_accuracy": 0.4, "curve_ci95": [0.3, 0.5]}
+    assert "the top 8 heads in causal order leaves 40% [30%, 50%], still above chance" in finding(no_chance)
+    assert finding({}) == ""
+
+
+def test_demo_kind_is_registered_and_the_report_opens_with_the_finding(tmp_path):
+    assert registry.result_class("demo") is DemoResult
+    res = DemoResult(kind="demo", model="smollm2-135m", summary={**SUMMARY, "finding": finding(SUMMARY)})
+    (tmp_path / "result.json").write_text(json.dumps(res.to_json()))
+    page = write_report([tmp_path], tmp_path / "report.html").read_text()
+    assert 'class="headline"' in page and "<b>L16H2</b>" in page and "reaches chance after <b>4 heads</b>" in page
+    # a result saved without the paragraph gets it rebuilt from its numbers
+    bare = DemoResult.from_json({"kind": "demo", "model": "m", "summary": SUMMARY})
+    assert bare.headline() == finding(SUMMARY)
+
+
+def test_ganda_report_renders_a_saved_demo_with_its_finding(tmp_path):
+    """``ganda report`` on a demo run directory, in a fresh process that never imported ganda.demo:
+    the kind is registered where the built-in kinds are."""
+    import subprocess
+    import sys
+
+    res = DemoResult(kind="demo", model="smollm2-135m", summary={**SUMMARY, "finding": finding(SUMMARY)})
+    (tmp_path / "result.json").write_text(json.dumps(res.to_json()))
+    r = subprocess.run([sys.executable, "-m", "ganda", "report", str(tmp_path), "-o", str(tmp_path / "r.html"), "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert 'class="headline"' in page and "reaches chance after <b>4 heads</b>" in page
