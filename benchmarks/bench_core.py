@@ -86,7 +86,7 @@ def main() -> None:
     from ganda.tasks import get_task
 
     adapter = ganda.load_model("smollm2-135m", device="cpu", dtype=torch.float32)
-    exs = get_task("mmlu", shots=args.shots).examples(limit=args.n, seed=0)
+    exs = get_task("mmlu", shots=args.shots, sample=True).examples(limit=args.n, seed=0)
     for ex in exs[:2]:  # warm-up
         score_choices(adapter, ex.prompt, ex.choices)
         lm_eval_style(adapter, ex.prompt, ex.choices)

@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 OUT=${1:-runs/lab}
 N=${N:-200}
-exec .venv/bin/ganda lab --n "$N" --out "$OUT" -q
+exec .venv/bin/ganda lab --limit "$N" --out "$OUT" -q

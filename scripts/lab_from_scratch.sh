@@ -10,4 +10,4 @@ bash scripts/bootstrap.sh
 OUT=${1:-runs/lab-scratch}
 WORKDIR=${2:-runs/lab-train}
 N=${N:-200}
-exec .venv/bin/ganda lab --from-scratch --workdir "$WORKDIR" --n "$N" --out "$OUT" -q
+exec .venv/bin/ganda lab --from-scratch --workdir "$WORKDIR" --limit "$N" --out "$OUT" -q

@@ -72,7 +72,7 @@ CASES = [
     C("eval-mask-rule", "eval", LAB, "--task", "kv", "--mask-last-row", "L1H0", "--mask-rule", "sideways",
       match="--mask-rule"),
     C("eval-seed-text", "eval", LAB, "--task", "kv", "--seed", "one", match="--seed"),
-    C("heads-n-negative", "heads", LAB, "--n", "-3", "--out", "out", match="--n must be at least 1"),
+    C("heads-n-negative", "heads", LAB, "-n", "-3", "--out", "out", match="--limit must be at least 1"),
     C("eval-unknown-flag", "eval", LAB, "--colour", "red", match="No such option"),
     # DREAM data
     C("eval-dream-env-nowhere", "eval", LAB, "--task", "dream", match="GANDA_DREAM_DIR={missing} is not a directory",
@@ -107,7 +107,7 @@ CASES = [
     C("attn-lab-without-lab-json", "attn", "{nolab}", "--heads", "L1H0", "--task", "lab-mmlu", "--out", "a.png",
       match="has no lab.json"),
     # ganda heads
-    C("heads-n-0", "heads", LAB, "--n", "0", "--out", "out", match="--n must be at least 1"),
+    C("heads-n-0", "heads", LAB, "--limit", "0", "--out", "out", match="--limit must be at least 1"),
     C("heads-verify-0", "heads", LAB, "--verify-n", "0", "--out", "out", match="--verify-n"),
     C("heads-top-0", "heads", LAB, "--top", "0", "--out", "out", match="--top"),
     C("heads-summary", "heads", LAB, "--summary", "middle", "--out", "out", match="--summary"),
@@ -115,7 +115,7 @@ CASES = [
     C("heads-lab-without-lab-json", "heads", "{nolab}", "--task", "lab-mmlu", "--out", "out", match="has no lab.json"),
     # ganda demo
     C("demo-pairs-0", "demo", LAB, "--pairs", "0", "--out", "out", match="pairs must be"),
-    C("demo-n-0", "demo", LAB, "--n", "0", "--out", "out", match="--n must be"),
+    C("demo-n-0", "demo", LAB, "--limit", "0", "--out", "out", match="--limit must be"),
     C("demo-top-0", "demo", LAB, "--top", "0", "--out", "out", match="--top must be"),
     # ganda sweep
     C("sweep-limit-0", "sweep", LAB, "--task", "kv", "--limit", "0", "--out", "out", match="--limit"),
@@ -169,6 +169,12 @@ CASES = [
       "--out", "out", match="3-1"),
     C("transplant-limit-0", "transplant", LAB, "--donor", LAB, "--limit", "0", "--tasks", "kv", "--out", "out",
       match="--limit"),
+    # ganda grid, --ray
+    C("grid-no-spec", "grid", "nothing.yaml", match="no grid spec at nothing.yaml"),
+    C("sweep-ray-actors-0", "sweep", LAB, "--task", "kv", "--limit", "2", "--ray", "local", "--ray-actors", "0",
+      "--out", "out", match="--ray-actors must be at least 1"),
+    C("sweep-ray-naive", "sweep", LAB, "--task", "kv", "--ray", "local", "--naive", "--out", "out",
+      match="drop --ray or --naive"),
     # ganda extends
     C("extends-heads-empty", "extends", LAB, "--heads", ",", "--tasks", "kv", "--out", "out", match="no head ids"),
     C("extends-unknown-task", "extends", LAB, "--heads", "L1H0", "--tasks", "kv,nosuch", "--out", "out",
@@ -190,7 +196,7 @@ CASES = [
       "--out", "out", match="--conditions"),
     # ganda sharpness
     C("sharpness-one-model", "sharpness", LAB, "--out", "out", match="at least two models"),
-    C("sharpness-n-0", "sharpness", LAB, LAB, "--n", "0", "--out", "out", match="--n"),
+    C("sharpness-n-0", "sharpness", LAB, LAB, "-n", "0", "--out", "out", match="--limit"),
     C("sharpness-summary", "sharpness", LAB, LAB, "--summary", "middle", "--out", "out", match="--summary"),
     C("sharpness-unknown-task", "sharpness", LAB, LAB, "--task", "nosuch", "--out", "out", match="unknown task"),
     # ganda report
@@ -210,7 +216,7 @@ CASES = [
     C("grow-not-lab", "grow", "{nolab}", "--out", "out", match="not a lab model"),
     C("grow-layers-0", "grow", LAB, "--out", "out", "--layers", "0", match="--layers"),
     C("lab-only", "lab", "--only", "9", "--out", "out", match="--only"),
-    C("lab-n-0", "lab", "--n", "0", "--out", "out", match="--n"),
+    C("lab-n-0", "lab", "--limit", "0", "--out", "out", match="--limit"),
     C("lab-missing-model", "lab", "--only", "1", "--transformer", "{missing}", "--out", "out",
       match="neither a model directory"),
     C("lab-replay-empty", "lab", "--replay", "{empty_run}", match="not a ganda lab run directory"),

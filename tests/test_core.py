@@ -152,7 +152,7 @@ def test_mmlu_prompt_equals_lm_eval_template():
     five = get_task("mmlu", subjects="abstract_algebra", shots=5).examples()[0]
     assert five.prompt.count("Answer:") == 6 and five.prompt.endswith(expected.split("\n\n", 1)[1])
     assert "\nAnswer: A\n\n" in five.prompt or "\nAnswer: B\n\n" in five.prompt
-    assert len(get_task("mmlu").examples(limit=50, seed=1)) == 50
+    assert len(get_task("mmlu", sample=True).examples(limit=50, seed=1)) == 50  # --sample: 50 in all
     with pytest.raises(GandaError, match="unknown MMLU subject"):
         get_task("mmlu", subjects="astrology")
 
@@ -281,7 +281,7 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = tmp_path / "heads"
-    r = run_cli("heads", str(tiny_dir), "--task", "kv", "--pairs", "3", "--n", "2", "--verify-n", "4", "--top", "2",
+    r = run_cli("heads", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "2", "--verify-n", "4", "--top", "2",
                 "--out", str(out))
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "result.json").read_text())
@@ -290,12 +290,23 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
     assert (out / "heads.csv").read_text().count("\n") == 13
     from ganda.demo import run_demo
 
-    report = run_demo(str(tiny_dir), tmp_path / "demo", pairs=3, n=2, verify_n=4, top=1, max_heads=2)
+    report = run_demo(str(tiny_dir), tmp_path / "demo", pairs=3, n=2, verify_n=4, top=1, max_heads=2, rank_n=4)
     html = report.read_text()
     assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
     demo = json.loads((tmp_path / "demo" / "result.json").read_text())
     assert demo["kind"] == "demo" and demo["rows"][0]["condition"] == "intact"
     assert 1 <= len(demo["cumulative_ablation"]) <= 2
+    # ranked causally: every layer-0 head and the top 20 verified exactly (12 heads: all of them)
+    s = demo["summary"]
+    assert s["verified"] == 12 and s["n_heads"] == 12 and len(demo["heads"]) == 12
+    ranks = [h for h in demo["heads"] if h["exact"] is not None]
+    assert [abs(h["exact"]) for h in ranks] == sorted((abs(h["exact"]) for h in ranks), reverse=True)
+    assert all(h["role"] in ("gather", "aggregate", "neither") for h in demo["heads"])
+    for r in demo["rows"][1:]:
+        assert r["drop"] == pytest.approx(demo["rows"][0]["accuracy"] - r["accuracy"])
+        assert r["drop_ci95"][0] <= r["drop"] <= r["drop_ci95"][1]
+    assert s["finding"] and s["finding"].replace("**", "<b>", 1).split("<b>")[0] in html
+    assert (tmp_path / "demo" / "ga_heads.json").exists() and (tmp_path / "demo" / "ranking" / "ranking.csv").exists()
 
 
 def test_discover_drops_equal_the_plain_ablation_loop(tiny):

@@ -46,8 +46,8 @@ def _heads(out: Path) -> list[str]:
     return [r["head"] for r in _progress(out) if r["type"] == "head"]
 
 
-def _start(args: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "ganda", *args], env=ENV, stdout=subprocess.PIPE,
+def _start(args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ganda", *args], env=env or ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -197,7 +197,9 @@ def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path, capsys):
 
 
 def test_ctrl_c_during_eval_exits_130():
-    proc = _start(["eval", "lab-llama", "--task", "lab-mmlu", "--limit", "2000"])
+    # stderr is a pipe, so progress comes as log lines; GANDA_PROGRESS_EVERY=0 writes every update
+    proc = _start(["eval", "lab-llama", "--task", "lab-mmlu", "--limit", "2000"],
+                  env={**ENV, "GANDA_PROGRESS_EVERY": "0"})
     try:
         deadline = time.time() + 300
         seen = ""

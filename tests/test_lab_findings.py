@@ -302,7 +302,7 @@ def test_sharpness_under_both_summaries_from_one_pass_equals_two_runs(lab):
 def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
     from ganda.cli import main
 
-    rc = main(["heads", str(checkpoint("lab-llama")), "--task", "lab-mmlu", "--n", "5", "--verify-n", "4",
+    rc = main(["heads", str(checkpoint("lab-llama")), "--task", "lab-mmlu", "--limit", "5", "--verify-n", "4",
                "--top", "1", "--summary", "last", "--out", str(tmp_path)])
     assert rc == 0
     res = json.loads((tmp_path / "result.json").read_text())

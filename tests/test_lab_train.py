@@ -77,7 +77,7 @@ def test_cli_train(tmp_path, capsys):
 
     cfg = tmp_path / "micro.json"
     cfg.write_text(json.dumps(MICRO))
-    assert main(["train", str(cfg), "--out", str(tmp_path / "m"), "--steps", "2", "--no-progress"]) == 0
+    assert main(["train", str(cfg), "--out", str(tmp_path / "m"), "--steps", "2", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["params"] > 0 and (tmp_path / "m" / "config.json").exists()
     assert main(["train", "no-such-config", "--out", str(tmp_path / "x")]) == 2
@@ -160,9 +160,9 @@ def test_cli_grow_refuses_what_it_cannot_grow(tmp_path, capsys):
     plain = tmp_path / "plain"  # a Llama directory without a lab world
     shutil.copytree(checkpoint("lab-llama-h1"), plain)
     (plain / "lab.json").unlink()
-    assert main(["grow", str(plain), "--out", str(tmp_path / "g"), "--no-progress"]) == 2
+    assert main(["grow", str(plain), "--out", str(tmp_path / "g"), "--quiet"]) == 2
     assert "not a lab model" in capsys.readouterr().err
-    assert main(["grow", "lab-kv-mamba2", "--out", str(tmp_path / "g"), "--no-progress"]) == 2
+    assert main(["grow", "lab-kv-mamba2", "--out", str(tmp_path / "g"), "--quiet"]) == 2
     assert "block expansion needs a Llama model" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()
 
@@ -427,3 +427,69 @@ def test_memoised_token_ids_build_the_very_same_batches(config, monkeypatch):
         assert f.keys() == slow.keys()
         for k in f:
             assert torch.equal(f[k], slow[k]), (s, k)
+
+
+def _handwritten_wsd(step: int, tr: dict) -> float:
+    """The wsd curve written out by hand: the reference transformers' schedule is checked against."""
+    base, warm, lo = tr["lr"], tr["warmup"], tr["min_lr_frac"]
+    total = int(tr.get("schedule_steps") or tr["steps"])
+    if step < warm:
+        return base * (step + 1) / warm
+    start = total * (1 - float(tr.get("decay_frac", 0.2)))
+    if step < start:
+        return base
+    return base * (1 - (1 - lo) * min(1.0, (step - start) / max(1.0, total - start)))
+
+
+def test_wsd_is_transformers_schedule_with_the_handwritten_rates():
+    """Every lab config with the wsd schedule, every step: the rate equals the hand-written
+    curve's exactly in warm-up and stable phases and to the last bit of a double in the decay (two
+    float expressions of one line), and the float32 scalars AdamW applies (rate, rate / bias
+    correction, 1 - rate x weight decay) are identical at every step."""
+    import numpy as np
+    from transformers import get_wsd_schedule
+
+    from ganda_lab.configs import CONFIGS, resolve_config
+    from ganda_lab.train import _lr_curve, wsd_multiplier
+
+    f32 = np.float32
+    names = [n for n in CONFIGS if resolve_config(n)["train"]["schedule"] == "wsd"]
+    assert {"llama-h1", "hybrid-late-7k5"} <= set(names)
+    differ = 0
+    for name in names:
+        tr = resolve_config(name)["train"]
+        total = int(tr.get("schedule_steps") or tr["steps"])
+        for step in range(total):
+            new, old = _lr_curve(step, tr), _handwritten_wsd(step, tr)  # the curve an anneal_from also starts from
+            differ += new != old
+            assert new == pytest.approx(old, rel=1e-15, abs=0), (name, step)
+            if step < total * (1 - tr["decay_frac"]):
+                assert new == old, (name, step)
+            bc = 1 - 0.9 ** (step + 1)
+            assert f32(new) == f32(old) and f32(new / bc) == f32(old / bc), (name, step)
+            assert f32(1 - new * tr["weight_decay"]) == f32(1 - old * tr["weight_decay"]), (name, step)
+    assert differ > 0  # the two expressions do differ in the last bit somewhere: the check has teeth
+    # the multiplier is transformers' own lambda
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    ref = get_wsd_schedule(opt, 0, 2200, num_stable_steps=8800, decay_type="linear", min_lr_ratio=0.1).lr_lambdas[0]
+    assert all(wsd_multiplier(11000, 0.2, 0.1)(s) == ref(s) for s in range(0, 11000, 7))
+
+
+def test_wsd_training_is_bit_identical_to_the_handwritten_curve(tmp_path, monkeypatch):
+    """A short wsd run (the smoke model, three quarters of it decaying) trains to the same weights, bit for bit,
+    with the hand-written curve."""
+    from safetensors.torch import load_file
+
+    from ganda_lab import train as T
+    from ganda_lab.configs import resolve_config
+
+    cfg = {"base": "smoke", "train": {"steps": 40, "warmup": 5, "schedule": "wsd", "decay_frac": 0.75,
+                                      "eval_every": 40, "ckpt_every": 1000}}
+    tr = resolve_config(cfg)["train"]
+    T.train(cfg, tmp_path / "new", progress=False, log=lambda *a: None)
+    lrs = [T._lr(s, tr) for s in range(40)]
+    monkeypatch.setattr(T, "_lr_curve", _handwritten_wsd)
+    assert [T._lr(s, tr) for s in range(40)] != lrs  # the rates differ (in the last bit), and the hand-written curve ran
+    T.train(cfg, tmp_path / "old", progress=False, log=lambda *a: None)
+    a, b = load_file(tmp_path / "new" / "model.safetensors"), load_file(tmp_path / "old" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -3,16 +3,30 @@
 Data flows one way: ``load_model`` -> choose heads (``heads``) -> intervene
 (``interventions``) -> evaluate (``tasks`` + ``scoring``) -> report (``report``).
 
-Importing ``ganda`` registers the built-in model families, tasks and result kinds
-(:mod:`ganda.registry`); plugins add theirs on the first lookup that misses.
+The built-in model families, tasks and result kinds register when their packages load
+(:mod:`ganda.models`, :mod:`ganda.tasks`, :mod:`ganda.experiments`); plugins add theirs on the
+first lookup that misses.
 """
 
-from . import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
-from . import tasks as _tasks  # noqa: F401  (registers the built-in tasks)
+import importlib
+from typing import Any
+
 from .errors import GandaError
-from .heads import HeadId
-from .interventions import AblateHeads, KeepHeads, KeepLayers, RemoveLayers, mask_last_row, truncate
-from .models import ModelAdapter, from_model, load_model
+
+# The public names load on first use: ``import ganda`` (and ``ganda --help``) does not wait for
+# torch. A module that looks a task or result kind up imports the package that registers it.
+_LAZY = {
+    "HeadId": "heads",
+    "AblateHeads": "interventions",
+    "KeepHeads": "interventions",
+    "KeepLayers": "interventions",
+    "RemoveLayers": "interventions",
+    "mask_last_row": "interventions",
+    "truncate": "interventions",
+    "ModelAdapter": "models",
+    "from_model": "models",
+    "load_model": "models",
+}
 
 __version__ = "0.1.0"
 
@@ -30,3 +44,20 @@ __all__ = [
     "truncate",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``ganda.load_model``, ``ganda.heads``, ...: the module that holds the name, imported on use."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    elif not name.startswith("_"):
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -9,34 +9,61 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
 import pkgutil
 import sys
+import time
 
 import typer
 
-from . import commands, registry, runio
+from . import commands, progress, registry, runio
 from .errors import GandaError
-from .models import placement
+
+# the command that runs and when it started, for its final summary line
+_run: dict[str, object] = {}
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="ganda: find, measure, disable and transplant Gather-and-Aggregate heads.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: a flag shows as a flag (rich panels label it <bool>), no rich import
 )
 
 
-@app.callback()
+def _finished(*_: object, **__: object) -> None:
+    """Called after a command's body returns (not after ``--help``): it gets its summary line."""
+    _run["done"] = True
+
+
+@app.callback(result_callback=_finished)
 def _root(
+    ctx: typer.Context,
     dtype: str | None = typer.Option(None, "--dtype", help="precision of every model the command loads: float32, "
                                      "bfloat16, float16 (GANDA_DTYPE; default bf16 on CUDA, fp32 on CPU)"),
     device_map: str | None = typer.Option(None, "--device-map", help="spread models over GPUs, CPU and disk: auto, "
                                           "a JSON object or a .json file of module -> device (GANDA_DEVICE_MAP)"),
     offload_folder: str | None = typer.Option(None, "--offload-folder", help="where disk-offloaded weights go "
                                               "(GANDA_OFFLOAD_FOLDER)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars or notes on stderr, only the final "
+                               "summary line (every command also takes --quiet/-q)"),
+    threads: str | None = typer.Option(None, "--threads", help="torch CPU threads (GANDA_THREADS; default one per "
+                                       "core, and waiting threads sleep rather than spin beside other jobs)"),
 ) -> None:
-    """ganda: find, measure, disable and transplant Gather-and-Aggregate heads."""
-    placement.apply_command_options(dtype, device_map, offload_folder)
+    """ganda: find, measure, disable and transplant Gather-and-Aggregate heads.
+
+    Every command ends with one summary line on stderr (what ran, how long, where its files are)."""
+    _run.update(command=ctx.invoked_subcommand, start=time.perf_counter())
+    if quiet:
+        progress.set_quiet(True)
+    if (dtype, device_map, offload_folder) != (None, None, None):
+        from .models import placement  # torch: loaded only when a placement option is given
+
+        placement.apply_command_options(dtype, device_map, offload_folder)
+    if threads is not None or os.environ.get("GANDA_THREADS", "").strip():
+        from . import device  # torch: loaded only when a thread count is given
+
+        device.set_threads(threads)
 
 
 def _register_commands() -> None:
@@ -59,14 +86,29 @@ def _interrupted() -> int:
     return 130
 
 
+def _summary() -> None:
+    """The last line of every command on stderr: what ran, how long it took, where its files are."""
+    if not _run.get("done"):
+        return
+    seconds = time.perf_counter() - float(_run["start"])  # type: ignore[arg-type]
+    dirs = runio.claimed_dirs()
+    where = f"; files in {', '.join(str(d) for d in dirs)}" if dirs else ""
+    print(f"ganda {_run['command']}: done in {seconds:.1f} s{where}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors print one line and exit 2, never a traceback; Ctrl-C exits 130.
 
     typer turns a KeyboardInterrupt inside a command into exit code 130 and returns it (with
     ``standalone_mode=False``), so the return value is the exit status."""
     runio.set_interrupt_note(None)
+    _run.clear()
+    if "torch" not in sys.modules:  # read once, when torch loads OpenMP (BENCHMARKS.md, threads)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         rc = app(args=argv, standalone_mode=False, prog_name="ganda")
+        if rc in (None, 0):
+            _summary()
     except GandaError as exc:
         print(f"ganda: error: {exc}", file=sys.stderr)
         return 2
@@ -95,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         runio.release_claims()
-        placement.restore_command_options()
+        progress.set_quiet(False)
+        if (placement := sys.modules.get("ganda.models.placement")) is not None:
+            placement.restore_command_options()
+        if (device := sys.modules.get("ganda.device")) is not None:
+            device.restore_threads()
     if rc == 130:
         return _interrupted()
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

@@ -7,11 +7,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from .errors import GandaError
 from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter
+from .progress import tqdm
 from .scoring import score_example
 from .stats import wilson
 from .tasks.knowledge import KNOWLEDGE_TASKS, make_task

@@ -329,6 +329,11 @@ def claim_run_dir(path: str | Path, option: str = "--out") -> Path:
     return p
 
 
+def claimed_dirs() -> list[Path]:
+    """The run directories this command has claimed (its output), first claimed first."""
+    return list(dict.fromkeys(_claims))
+
+
 def release_claims() -> None:
     """Release every lock taken with :func:`claim_run_dir` (last claimed first)."""
     while _claims:
@@ -397,6 +402,6 @@ def take_interrupt_note() -> str | None:
 
 __all__ = [
     "acquire_run_dir", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
-    "model_fingerprint", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
+    "model_fingerprint", "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
     "take_interrupt_note", "write_bytes", "write_error", "write_text",
 ]

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from ganda.errors import GandaError
 from ganda.evaluation import evaluate
@@ -24,6 +23,7 @@ from ganda.heads import HeadId
 from ganda.interventions import AblateHeads
 from ganda.models import load_model
 from ganda.models.base import ModelAdapter
+from ganda.progress import tqdm
 from ganda.scoring import evaluate_examples
 from ganda.tasks import get_task
 from ganda.tasks.base import Example, token_spans

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from ganda import runio
-from ganda.commands.core import at_least
+from ganda.commands.core import QUIET, at_least, limit_option
 from ganda.errors import GandaError
 
 from . import DEFAULT_MODELS, NEEDS, lab_model, shipped
@@ -28,13 +28,13 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def train(
         config: str = typer.Argument(..., help="lab config name (llama, mamba2, hybrid, smoke) or a JSON file/string"),
-        out: Path = typer.Option(..., "--out", help="output directory (a Hugging Face model directory)"),
-        steps: int = typer.Option(None, help="override the number of training steps"),
-        seed: int = typer.Option(None, help="override the training seed"),
-        resume: bool = typer.Option(False, help="continue from OUT/checkpoint if present"),
+        out: Path = typer.Option(..., "--out", "-o", help="output directory (a Hugging Face model directory)"),
+        steps: int = typer.Option(None, "--steps", help="override the number of training steps"),
+        seed: int = typer.Option(None, "--seed", help="override the training seed"),
+        resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint if present"),
         eval_every: int = typer.Option(None, "--eval-every", help="steps between quick evaluations (the logged "
                                        "history; the trained weights do not depend on it)"),
-        progress: bool = typer.Option(True, help="show a progress bar"),
+        quiet: bool = QUIET,
     ) -> None:
         """Train a lab model on the synthetic world (seeded, checkpointed, resumable)."""
         from .train import train as run  # the training stack loads when the command runs
@@ -45,31 +45,32 @@ def register(app: typer.Typer) -> None:
         at_least("--eval-every", eval_every)
         at_least("--steps", steps)
         runio.claim_run_dir(out)
-        _print_run(out, run(config, out, steps=steps, seed=seed, resume=resume, progress=progress, eval_every=eval_every))
+        _print_run(out, run(config, out, steps=steps, seed=seed, resume=resume, progress=not quiet,
+                            eval_every=eval_every))
 
     @app.command()
     def distill(
         teacher: str = typer.Argument(..., help="lab Llama teacher: a model directory or a shipped checkpoint name"),
-        out: Path = typer.Option(..., "--out", help="output directory for the distilled SSM"),
-        steps: int = typer.Option(None, help="alignment steps"),
-        seed: int = typer.Option(None, help="seed"),
-        progress: bool = typer.Option(True, help="show a progress bar"),
+        out: Path = typer.Option(..., "--out", "-o", help="output directory for the distilled SSM"),
+        steps: int = typer.Option(None, "--steps", help="alignment steps"),
+        seed: int = typer.Option(None, "--seed", help="training seed"),
+        quiet: bool = QUIET,
     ) -> None:
         """Distil a Mamba-2 student from a lab Llama, layer by layer (no end-to-end stage)."""
         from .distill import distill as run  # the training stack loads when the command runs
 
         at_least("--steps", steps)
         runio.claim_run_dir(out)
-        _print_run(out, run(lab_model(teacher), out, steps=steps, seed=seed, progress=progress))
+        _print_run(out, run(lab_model(teacher), out, steps=steps, seed=seed, progress=not quiet))
 
     @app.command()
     def grow(
         base: str = typer.Argument(..., help="lab Llama to grow: a model directory or a shipped checkpoint name"),
-        out: Path = typer.Option(..., "--out", help="output directory for the grown model"),
-        layers: int = typer.Option(None, help="new blocks on top (default 2)"),
-        steps: int = typer.Option(None, help="training steps of the new blocks"),
-        seed: int = typer.Option(None, help="seed"),
-        progress: bool = typer.Option(True, help="show a progress bar"),
+        out: Path = typer.Option(..., "--out", "-o", help="output directory for the grown model"),
+        layers: int = typer.Option(None, "--layers", help="new blocks on top (default 2)"),
+        steps: int = typer.Option(None, "--steps", help="training steps of the new blocks"),
+        seed: int = typer.Option(None, "--seed", help="training seed"),
+        quiet: bool = QUIET,
     ) -> None:
         """Grow a lab Llama by block expansion (new blocks on top, the base frozen) and train the new
         blocks on facts MMLU never asks: finding 2's deep Transformer."""
@@ -78,7 +79,7 @@ def register(app: typer.Typer) -> None:
         at_least("--layers", layers)
         at_least("--steps", steps)
         runio.claim_run_dir(out)
-        _print_run(out, run(lab_model(base), out, layers=layers, steps=steps, seed=seed, progress=progress))
+        _print_run(out, run(lab_model(base), out, layers=layers, steps=steps, seed=seed, progress=not quiet))
 
     @app.command()
     def lab(
@@ -105,13 +106,13 @@ def register(app: typer.Typer) -> None:
         eval_every: int = typer.Option(1000, "--eval-every", help="--from-scratch: steps between the trainings' "
                                        "quick evaluations (their logged history; the weights do not depend on it)"),
         steps: int = typer.Option(None, "--steps", help="--from-scratch: override every config's training steps"),
-        n: int = typer.Option(200, "--n", help="held-out prompts per task"),
+        limit: int = limit_option(200, "held-out prompts per task", mmlu=False),
         seed: int = typer.Option(0, "--seed", help="evaluation seed"),
         top: int = typer.Option(6, "--top", help="heads whose role is tested per model"),
         only: str = typer.Option("1,2,3,4,5,6", "--only", help="findings to run, e.g. 1,5"),
         out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="run directory (one folder per finding, "
                                  "findings/, report.html)"),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars"),
+        quiet: bool = QUIET,
         replay: Path = typer.Option(None, "--replay", help="redraw the verdicts, findings.png and report.html "
                                     "of a finished run directory (runs no model)"),
     ) -> None:
@@ -120,7 +121,7 @@ def register(app: typer.Typer) -> None:
         from .programme import Programme  # every experiment and matplotlib: loaded on use
         from .programme import replay as replay_run
 
-        for flag, value in (("--n", n), ("--top", top), ("--jobs", jobs), ("--eval-every", eval_every),
+        for flag, value in (("--limit", limit), ("--top", top), ("--jobs", jobs), ("--eval-every", eval_every),
                             ("--steps", steps)):
             at_least(flag, value)
         if replay is not None:
@@ -149,7 +150,7 @@ def register(app: typer.Typer) -> None:
                 raise GandaError(f"--{role.replace('_', '-')} {spec!r} is neither a model directory nor a shipped lab checkpoint "
                                  f"({', '.join(shipped())})")
         runio.claim_run_dir(out)
-        res = Programme(models=models, out=out, n=n, seed=seed, top=top, only=findings, progress=not quiet).run()
+        res = Programme(models=models, out=out, n=limit, seed=seed, top=top, only=findings, progress=not quiet).run()
         for f in res["findings"]:
             print(f"finding {f['finding']}: {f['verdict']:<15} {f['lab']}")
         print(f"wrote {out}/report.html ({res['seconds']:.0f} s)")

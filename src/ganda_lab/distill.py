@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 import transformers as tf
-from tqdm.auto import tqdm
 
 from ganda.models import load_model
+from ganda.progress import tqdm
 
 from . import checkpoint_dirs
 from .train import make_batch, n_params, quick_eval, save_model

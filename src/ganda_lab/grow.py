@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from ganda.errors import GandaError
 from ganda.interventions import truncate
 from ganda.models import load_model
 from ganda.models.registry import adapter_for
+from ganda.progress import tqdm
 
 from . import checkpoint_dirs
 from .tokenizer import build_tokenizer

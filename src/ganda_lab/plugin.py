@@ -21,11 +21,12 @@ TASKS = {
 
 
 def register() -> None:
-    """Shipped checkpoints as model names, the four lab tasks, the ``lab_findings`` result kind."""
+    """Shipped checkpoints as model names, the four lab tasks, the ``lab_findings`` and ``lab_models`` result kinds."""
     registry.register_resolver("lab-", shipped_path, names=shipped, label="a shipped lab checkpoint")
     for name, target in TASKS.items():
         registry.register_task(name, target, number_option="pairs" if name == "lab-kv" else None)
     registry.register_result("lab_findings", "ganda_lab.programme:LabFindingsResult")
+    registry.register_result("lab_models", "ganda_lab.programme:LabModelsResult")
 
 
 def register_cli(app: Any) -> None:

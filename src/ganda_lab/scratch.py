@@ -76,17 +76,17 @@ def plan(workdir: Path, configs: dict[str, str] | None = None, steps: int | None
     g = [sys.executable, "-m", "ganda"]
     extra = ["--steps", str(steps)] if steps else []
     extra += ["--eval-every", str(eval_every)] if eval_every else []
-    jobs = [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],
+    jobs = [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--quiet", *extra],
                 workdir / role) for role in ("ssm", "transformer", "hybrid")]
     dextra = ["--steps", str(distill_steps)] if distill_steps else []
     jobs.append(Job("distilled", [*g, "distill", str(workdir / "transformer"), "--out", str(workdir / "distilled"),
-                                  "--no-progress", *dextra], workdir / "distilled", after="transformer"))
+                                  "--quiet", *dextra], workdir / "distilled", after="transformer"))
     # finding 2's deep Transformer: the transformer grown by two blocks (~2.5 min)
     gextra = ["--steps", str(grow_steps)] if grow_steps else []
     jobs.append(Job("deep", [*g, "grow", str(workdir / "transformer"), "--out", str(workdir / "deep"),
-                             "--no-progress", *gextra], workdir / "deep", after="transformer"))
+                             "--quiet", *gextra], workdir / "deep", after="transformer"))
     # finding 3's KV pair: minutes each, queued behind the rest (the first free slot takes them)
-    jobs += [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--no-progress", *extra],
+    jobs += [Job(role, [*g, "train", cfg[role], "--out", str(workdir / role), "--resume", "--quiet", *extra],
                  workdir / role) for role in ("kv_transformer", "kv_ssm")]
     waited_for = {j.after for j in jobs if j.after}
     for j in jobs:

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 
+from ganda.progress import tqdm
 from ganda.tasks.base import Example
 
 from .configs import build_model, resolve_config
@@ -328,12 +328,30 @@ def _lr_curve(step: int, cfg_train: dict[str, Any]) -> float:
         return base * (step + 1) / warm
     lo = cfg_train["min_lr_frac"]
     if cfg_train.get("schedule", "cosine") == "wsd":
-        start = total * (1 - float(cfg_train.get("decay_frac", 0.2)))
-        if step < start:
-            return base
-        return base * (1 - (1 - lo) * min(1.0, (step - start) / max(1.0, total - start)))
+        return base * wsd_multiplier(total, float(cfg_train.get("decay_frac", 0.2)), lo)(step)
     frac = (step - warm) / max(1, total - warm)
     return base * (lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+@functools.lru_cache(maxsize=16)
+def wsd_multiplier(total: int, decay_frac: float, min_lr_frac: float) -> Callable[[int], float]:
+    """transformers' warm-up-stable-decay schedule (``get_wsd_schedule``) as a step -> rate-multiplier
+    function: 1 until the last ``decay_frac`` of ``total`` steps, then linear to ``min_lr_frac``.
+
+    Only its stable and decay phases are used: the lab's linear warm-up (``(step + 1) / warmup``, shared
+    with the cosine schedule, 1% of the rate at step 0 for 100 warm-up steps) comes first, where
+    transformers' linear warm-up would start at ``min_lr_frac`` (10%). transformers writes the decay
+    as ``(1 - p)(1 - lo) + lo``, the same line as ``1 - (1 - lo) p``: on the lab's wsd settings the
+    two differ in the last bit of the double at about a third of the decay steps (relative 7e-16)
+    and at none in the float32 scalars AdamW applies (the rate, rate / bias correction, 1 - rate x
+    weight decay; tests/test_lab_train.py), so a run trains to the same weights bit for bit."""
+    from transformers import get_wsd_schedule  # the lab's models are transformers models already
+
+    stable = round(total * (1 - decay_frac))  # the first decay step (110 x 0.8 is 88.00000000000001)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # the schedule only reads its rate
+    sched = get_wsd_schedule(opt, num_warmup_steps=0, num_stable_steps=stable, num_decay_steps=total - stable,
+                             decay_type="linear", min_lr_ratio=min_lr_frac)
+    return sched.lr_lambdas[0]
 
 
 def lm_loss_parts(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

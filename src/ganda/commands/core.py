@@ -1,31 +1,51 @@
 """Core commands: ``ganda eval``, ``ganda attn``, ``ganda heads``, ``ganda demo``; and what every
-command shares (the model argument, count checks, ``--option`` parsing, intervention flags)."""
+command shares (the model argument, one vocabulary of options, count checks, ``--option`` parsing,
+intervention flags).
+
+Commands import the library (and with it torch) inside their bodies, so that ``ganda --help`` and
+a bad flag answer at once."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from .. import runio
-from ..attention import draw_attention
-from ..demo import run_demo
-from ..discovery import SUMMARIES, discover, save_discovery, top_reads
 from ..errors import GandaError
-from ..evaluation import evaluate
 from ..heads import split_spec
-from ..interventions import AblateHeads, Intervention, KeepLayers, RemoveLayers, apply, parse_layers
-from ..interventions import mask_last_row as mlr
-from ..models import DEFAULT_MODEL, load_model
-from ..scoring import answers_text
-from ..tasks import get_task, task_for_model
+from ..tasks import get_task
+from .options import QUIET
 
-MODEL = typer.Argument(DEFAULT_MODEL, help="alias (smollm2-135m, gemma3-270m), .gguf file or local HF directory")
+if TYPE_CHECKING:
+    from ..interventions import Intervention
+
+DEFAULT_MODEL = "smollm2-135m"  # ganda.models.DEFAULT_MODEL, spelled here so that --help needs no torch
+SUMMARIES = ("end", "last")  # ganda.discovery.SUMMARIES
+MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-9k, lab-hybrid-late-7k5, "
+              "lab-distilled-h1, ...), a .gguf file, a local HF directory or a hub id")
+MODEL = typer.Argument(DEFAULT_MODEL, help=MODEL_HELP)
 PICKLE = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (unpickling runs code)")
+SEED = typer.Option(0, "--seed", help="seed of the prompt sample")
+PAIRS = typer.Option(None, "--pairs", help="kv: number of key-value pairs")
+SHOTS = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)")
+SUBJECTS = typer.Option(None, "--subjects", help="mmlu: comma-separated subjects")
+LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --limit (--sample: a seeded sample of "
+              "N across subjects)")
+SAMPLE = typer.Option(False, "--sample", help="mmlu: --limit N draws a seeded sample (--seed) of N questions "
+                      "across the subjects instead of lm-eval's first N of each subject")
+
+
+def limit_option(default: int | None, what: str = "examples per task", mmlu: bool = True) -> Any:
+    """``-n/--limit``: one name and one meaning in every command (how many examples or prompts)."""
+    return typer.Option(default, "--limit", "-n", help=what + (LIMIT_MMLU if mmlu else ""))
+
+
+def mmlu_options(sample: bool) -> dict[str, Any]:
+    """``--sample`` as the mmlu task option ``sample`` (other tasks take no such option)."""
+    return {"sample": True} if sample else {}
 
 
 def require_heads(flag: str, spec: str | None) -> None:
@@ -43,6 +63,9 @@ def build_interventions(
     mask_rule: str = "query",
 ) -> list[Intervention]:
     """CLI flags -> interventions (layer edits first, so head ids keep their original layers)."""
+    from ..interventions import AblateHeads, KeepLayers, RemoveLayers, parse_layers
+    from ..interventions import mask_last_row as mlr
+
     require_heads("--ablate", ablate)
     require_heads("--mask-last-row", mask_last_row)
     out: list[Intervention] = []
@@ -100,6 +123,8 @@ def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[st
 
 def validate_interventions(adapter, interventions: list[Intervention]) -> None:
     """Fail fast (before any long run) on a bad head id or layer."""
+    from ..interventions import apply
+
     with apply(adapter, interventions):
         pass
 
@@ -109,27 +134,38 @@ def register(app: typer.Typer) -> None:
     def eval_(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, arc_easy, gsm8k, bbh, lab-mmlu, ..."),
-        limit: int | None = typer.Option(None, "--limit", "-n", help="number of examples (default: the task's)"),
-        shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)"),
-        pairs: int | None = typer.Option(None, "--pairs", help="kv: number of key-value pairs"),
-        subjects: str | None = typer.Option(None, "--subjects", help="mmlu: comma-separated subjects"),
+        limit: int | None = limit_option(None, "number of examples (default: every example of the task)"),
+        sample: bool = SAMPLE,
+        shots: int | None = SHOTS,
+        pairs: int | None = PAIRS,
+        subjects: str | None = SUBJECTS,
         ablate: str | None = typer.Option(None, "--ablate", help="heads to zero-ablate, e.g. L3H1,L4H2"),
         keep_layers: str | None = typer.Option(None, "--keep-layers", help="run only these layers, e.g. 0-17"),
         remove_layers: str | None = typer.Option(None, "--remove-layers", help="skip these layers"),
         mask_last_row: str | None = typer.Option(None, "--mask-last-row", help="attention heads whose last row is zeroed"),
         mask_rule: str = typer.Option("query", "--mask-rule", help="--mask-last-row's row: query (last prompt token) "
                                       "or last (last scored position, as the authors' Zamba2 code)"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = SEED,
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-        predictions: Path | None = typer.Option(None, "--predictions", help="write per-example predictions (JSONL)"),
+        predictions: Path | None = typer.Option(None, "--predictions", help="write per-example predictions (JSONL): id "
+                                               "(task, subject, doc_id: lm-eval's doc_id), every choice's loglik, "
+                                               "pred (acc), pred_norm (acc_norm), correct, correct_norm"),
         option: list[str] | None = typer.Option(None, "--option", help="any task option, KEY=VALUE (repeatable), "
                                                  "e.g. --option cot=true --option subtask=date_understanding"),
+        no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="run every prompt whole instead of "
+                                             "reusing shared prompt prefixes (same as GANDA_PREFIX_CACHE=0)"),
         allow_pickle: bool = PICKLE,
+        quiet: bool = QUIET,
     ) -> None:
         """Accuracy of MODEL on a task (Wilson 95% CI), optionally under interventions."""
+        from ..evaluation import evaluate
+        from ..models import load_model
+        from ..scoring import answers_text
+        from ..tasks import task_for_model
+
         at_least("--limit", limit)
         one_of("--mask-rule", mask_rule, ("query", "last"))
-        opts = {"shots": shots, "pairs": pairs, "subjects": subjects, **parse_options(option)}
+        opts = {"shots": shots, "pairs": pairs, "subjects": subjects, **mmlu_options(sample), **parse_options(option)}
         task_obj = get_task(task, **opts)
         ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule)
         if predictions:
@@ -137,7 +173,12 @@ def register(app: typer.Typer) -> None:
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
         validate_interventions(adapter, ivs)
-        res = evaluate(adapter, task_obj, ivs, limit=limit, seed=seed, progress=not as_json)
+        if task_obj.kind == "mc":
+            from .plan import announce
+
+            announce(adapter, task_obj.examples(limit=limit, seed=seed), shared_prefix=not no_prefix_cache)
+        res = evaluate(adapter, task_obj, ivs, limit=limit, seed=seed, progress=not (as_json or quiet),
+                       prefix_cache=False if no_prefix_cache else None)
         if predictions:
             with runio.atomic_open(predictions) as f:
                 for p in res.predictions:
@@ -156,17 +197,22 @@ def register(app: typer.Typer) -> None:
     def attn(
         model: str = MODEL,
         heads: str = typer.Option(..., "--heads", help="heads to draw, e.g. L16H22,L17H24 or L6.attnH3,L7.ssmH2"),
-        task: str = typer.Option("kv", "--task", "-t"),
+        task: str = typer.Option("kv", "--task", "-t", help="the task whose example is drawn (kv, letters, mmlu, ...)"),
         index: int = typer.Option(0, "--index", "-i", help="which example of the task"),
-        pairs: int | None = typer.Option(None, "--pairs"),
-        shots: int | None = typer.Option(None, "--shots"),
+        pairs: int | None = PAIRS,
+        shots: int | None = SHOTS,
         prompt: str | None = typer.Option(None, "--prompt", help="draw this text instead of a task example"),
         out: Path = typer.Option(Path("attention.png"), "--out", "-o", help="PNG file"),
         last_rows: int | None = typer.Option(None, "--rows", help="draw only the last N query rows"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = SEED,
         allow_pickle: bool = PICKLE,
+        quiet: bool = QUIET,
     ) -> None:
         """Draw attention maps (softmax, or exact SSM implicit attention) of heads on one prompt."""
+        from ..attention import draw_attention
+        from ..models import load_model
+        from ..tasks import task_for_model
+
         require_heads("--heads", heads)
         at_least("--index", index, 0)
         at_least("--rows", last_rows)
@@ -179,35 +225,42 @@ def register(app: typer.Typer) -> None:
             exs = task_for_model(task, t, adapter, pairs=pairs, shots=shots).examples(limit=index + 1, seed=seed)
             if index >= len(exs):
                 raise GandaError(f"--index {index}: task {task!r} has {len(exs)} examples (0-{len(exs) - 1})")
-            prompt = exs[index].prompt
-        path = draw_attention(adapter, prompt, heads, out, last_rows=last_rows)
-        print(f"wrote {path}")
+        # a task example also saves its segments and gold segment beside the maps (<out>.json)
+        path = draw_attention(adapter, exs[index] if t is not None else prompt, heads, out, last_rows=last_rows)
+        print(f"wrote {path} and {path.with_suffix('.json').name}")
 
     @app.command()
     def heads(
         model: str = MODEL,
-        task: str = typer.Option("kv", "--task", "-t", help="kv, letters or mmlu (tasks with segments)"),
-        n: int = typer.Option(16, "--n", help="prompts for the pattern scores"),
-        verify_n: int = typer.Option(50, "--verify-n", help="prompts for the causal verification"),
+        task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, lab-mmlu, ... (tasks with segments)"),
+        limit: int = limit_option(16, "prompts for the pattern scores"),
+        verify_n: int = typer.Option(50, "--verify-n", help="prompts for the causal verification (seed --seed+1)"),
         top: int = typer.Option(5, "--top", help="candidates verified per role"),
-        pairs: int | None = typer.Option(None, "--pairs"),
-        shots: int | None = typer.Option(None, "--shots"),
-        seed: int = typer.Option(0, "--seed"),
+        sample: bool = SAMPLE,
+        pairs: int | None = PAIRS,
+        shots: int | None = SHOTS,
+        seed: int = SEED,
         out: Path = typer.Option(Path("runs/heads"), "--out", "-o", help="directory for JSON and CSV"),
         summary: str = typer.Option("end", "--summary", help="the token scored as a segment's summary: 'end' (the "
                                     "\\n, as in the paper) or 'last' (the last token before it)"),
         allow_pickle: bool = PICKLE,
+        quiet: bool = QUIET,
     ) -> None:
         """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation.
         heads.csv also holds each head's read profile (where its final row lands)."""
-        for flag, value in (("--n", n), ("--verify-n", verify_n), ("--top", top)):
+        from ..discovery import discover, save_discovery
+        from ..models import load_model
+        from ..tasks import task_for_model
+
+        for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top)):
             at_least(flag, value)
         one_of("--summary", summary, SUMMARIES)
-        t = get_task(task, pairs=pairs, shots=shots)
+        opts = {"pairs": pairs, "shots": shots, **mmlu_options(sample)}
+        t = get_task(task, **opts)
         runio.claim_run_dir(out)
         adapter = load_model(model, allow_pickle=allow_pickle)
-        t = task_for_model(task, t, adapter, pairs=pairs, shots=shots)
-        pat = t.examples(limit=n, seed=seed)
+        t = task_for_model(task, t, adapter, **opts)
+        pat = t.examples(limit=limit, seed=seed)
         ver = t.examples(limit=verify_n, seed=seed + 1)
         if not pat or not pat[0].segments:
             raise GandaError(f"task {task!r} has no segments to score heads on")
@@ -219,28 +272,36 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
         model: str = MODEL,
-        out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
+        out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="run directory (report.html, JSON, CSV, PNG)"),
         pairs: int = typer.Option(5, "--pairs", help="key-value pairs per prompt"),
-        n: int = typer.Option(8, "--n", help="prompts for the pattern scores"),
+        limit: int = limit_option(8, "prompts for the pattern scores", mmlu=False),
         verify_n: int = typer.Option(40, "--verify-n", help="prompts for the accuracy measurements"),
-        top: int = typer.Option(4, "--top"),
-        seed: int = typer.Option(0, "--seed"),
+        top: int = typer.Option(4, "--top", help="top causal heads the finding names and draws"),
+        seed: int = SEED,
+        quiet: bool = QUIET,
     ) -> None:
-        """The main job: KV baseline -> head ranking -> ablate the top G&A heads -> figures -> HTML report."""
-        for flag, value in (("--n", n), ("--verify-n", verify_n), ("--top", top)):
+        """The main job: KV baseline -> causal head ranking -> ablate the top G&A heads -> figures -> HTML report."""
+        from ..demo import run_demo
+
+        for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top)):
             at_least(flag, value)
         get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
         runio.claim_run_dir(out)
-        report = run_demo(model, out, pairs=pairs, n=n, verify_n=verify_n, top=top, seed=seed)
+        report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed)
         print(f"report: {report}")
 
 
 def _reads(read: dict) -> str:
     """The two largest parts of a read profile, e.g. ``gold_last .62, other_last .21``."""
+    from ..discovery import top_reads
+
     return ", ".join(f"{k} {v:.2f}" for k, v in top_reads(read, 2))
 
 
 def _print_discovery(d) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     con = Console()
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts")
     for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):

@@ -14,27 +14,27 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from ..experiments.common import Scorer, parse_tasks
-from ..experiments.kv_curve import kv_curve as run_kv_curve
-from ..experiments.mask_last_row import mask_last_row_experiment
-from ..experiments.prune import prune_curve
-from ..experiments.prune import remove_restore as run_remove_restore
-from ..experiments.retain import retain as run_retain
-from ..experiments.roles import head_roles
-from ..experiments.transplant import transplant_sweep
-from ..interventions import parse_layers
-from ..models import DEFAULT_MODEL, load_model
-from ..report import write_report
 from ..tasks import get_task
-from .core import at_least, require_heads
+from .core import (
+    MODEL,
+    MODEL_HELP,
+    PICKLE,
+    QUIET,
+    SAMPLE,
+    SEED,
+    at_least,
+    limit_option,
+    mmlu_options,
+    require_heads,
+)
+from .grid import RAY, RAY_ACTORS
 
-LIMIT = typer.Option(100, "--limit", "-n", help="examples per task (same examples in every condition)")
+LIMIT = limit_option(100, "examples per task (the same examples in every condition)")
 KLIMIT = typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: --limit)")
 TASKS = typer.Option("mmlu,knowledge", "--tasks", help="comma-separated: mmlu, knowledge, letters, kv20, ...")
-SEED = typer.Option(0, "--seed")
-PICKLE = typer.Option(False, help="allow *.bin/*.pt weights (runs pickle)")
 HTML = typer.Option(True, "--html/--no-html", help="also write report.html into the run directory")
-QUIET = typer.Option(False, "--quiet", "-q", help="no progress bars")
+KEEP = typer.Option(None, "--keep-layers", help="run on a submodel of these layers, e.g. 0-17")
+OUT = typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<model>)")
 
 
 def _out(out: Path | None, kind: str, model: str) -> Path:
@@ -43,6 +43,8 @@ def _out(out: Path | None, kind: str, model: str) -> Path:
 
 
 def _finish(result, out: Path, html: bool) -> None:
+    from ..report import write_report
+
     command = "ganda " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     result.save(out, command=command)
     if html:
@@ -51,6 +53,8 @@ def _finish(result, out: Path, html: bool) -> None:
 
 
 def _layers(text: str | None) -> list[int] | None:
+    from ..interventions import parse_layers
+
     return parse_layers(text) if text else None
 
 
@@ -58,6 +62,8 @@ def _check_inputs(limit: int | None = None, klimit: int | None = None, tasks: st
                   **counts: int | None) -> list[str]:
     """Bad counts and task lists fail here, before any model loads; returns the task names.
     ``counts``: flag name without dashes (``min_layers``) -> value, each at least 1."""
+    from ..experiments.common import parse_tasks
+
     at_least("--limit", limit)
     at_least("--knowledge-limit", klimit)
     for flag, value in counts.items():
@@ -65,16 +71,19 @@ def _check_inputs(limit: int | None = None, klimit: int | None = None, tasks: st
     return parse_tasks(tasks) if tasks is not None else []  # kv1, lab-kv999: refused by the task's bounds
 
 
-def _scorer(adapter, tasks: str, limit: int, klimit: int | None, seed: int, quiet: bool):
+def _scorer(adapter, tasks: str, limit: int, klimit: int | None, seed: int, quiet: bool, sample: bool = False):
+    from ..experiments.common import Scorer, parse_tasks
+
     names = parse_tasks(tasks)
-    return Scorer(adapter, names, limit=limit, knowledge_limit=klimit, seed=seed, progress=not quiet)
+    return Scorer(adapter, names, limit=limit, knowledge_limit=klimit, seed=seed, progress=not quiet, sample=sample)
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def prune(
-        model: str = typer.Argument(DEFAULT_MODEL, help="alias, .gguf file or local HF directory"),
+        model: str = MODEL,
         limit: int = LIMIT,
+        sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
         tasks: str = TASKS,
         layers: int = typer.Option(1, "--layers", help="pruning step: score every LAYERS-th truncation"),
@@ -84,76 +93,92 @@ def register(app: typer.Typer) -> None:
         drop_task: str | None = typer.Option(None, "--drop-task", help="task whose drop defines the minimal "
                                              "model (default: mmlu if scored, else the first task)"),
         seed: int = SEED,
-        out: Path | None = typer.Option(None, "--out", "-o", help="run directory"),
+        out: Path | None = OUT,
+        ray: str | None = RAY,
+        ray_actors: int | None = RAY_ACTORS,
         allow_pickle: bool = PICKLE,
         html: bool = HTML,
         quiet: bool = QUIET,
     ) -> None:
         """Cumulative layer pruning (Fig. 2) and the minimal model; --remove-restore: Fig. 3."""
+        from ..distributed import ray_sweeps
+        from ..experiments.prune import prune_curve
+        from ..experiments.prune import remove_restore as run_remove_restore
+        from ..models import load_model
+
         names = _check_inputs(limit, knowledge_limit, tasks, layers=layers, min_layers=min_layers, minimal=minimal)
         if drop_task is not None and drop_task not in names:
             raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(names)}")
         _out(out, "remove_restore" if remove_restore else "prune", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
-        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
+        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet, sample)
         drop_task = drop_task or ("mmlu" if "mmlu" in scorer.tasks else scorer.tasks[0])
         if drop_task not in scorer.tasks:
             raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(scorer.tasks)}")
         out_dir = _out(out, "remove_restore" if remove_restore else "prune", model)
-        if not remove_restore:
-            _finish(prune_curve(adapter, scorer, step=layers, min_layers=min_layers, drop_task=drop_task), out_dir, html)
-            return
-        if minimal is None:
-            curve = prune_curve(adapter, scorer, step=layers, min_layers=min_layers, drop_task=drop_task)
-            _finish(curve, out_dir / "prune", html)
-            if "minimal_layers" not in curve.summary:
-                raise GandaError("could not find the minimal model; pass --minimal N")
-            minimal = int(curve.summary["minimal_layers"])
-        _finish(run_remove_restore(adapter, scorer, minimal, drop_task=drop_task), out_dir, html)
+        with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
+            if not remove_restore:
+                curve = prune_curve(adapter, scorer, step=layers, min_layers=min_layers, drop_task=drop_task)
+                _finish(curve, out_dir, html)
+                return
+            if minimal is None:
+                curve = prune_curve(adapter, scorer, step=layers, min_layers=min_layers, drop_task=drop_task)
+                _finish(curve, out_dir / "prune", html)
+                if "minimal_layers" not in curve.summary:
+                    raise GandaError("could not find the minimal model; pass --minimal N")
+                minimal = int(curve.summary["minimal_layers"])
+            _finish(run_remove_restore(adapter, scorer, minimal, drop_task=drop_task), out_dir, html)
 
     @app.command()
     def retain(
-        model: str = typer.Argument(DEFAULT_MODEL),
+        model: str = MODEL,
         gather: str = typer.Option(..., "--gather", help="Gather head(s), one layer, e.g. L16H22"),
         aggregate: str = typer.Option(..., "--aggregate", help="Aggregate head(s), one later layer, e.g. L17H24"),
-        keep_layers: str | None = typer.Option(None, "--keep-layers", help="run on a submodel, e.g. 0-17"),
+        keep_layers: str | None = KEEP,
         limit: int = LIMIT,
+        sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
         tasks: str = TASKS,
         seed: int = SEED,
-        out: Path | None = typer.Option(None, "--out", "-o"),
+        out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
         html: bool = HTML,
         quiet: bool = QUIET,
     ) -> None:
         """Table 1: keep none / only Aggregate / only Gather / both critical heads in the two layers."""
+        from ..experiments.retain import retain as run_retain
+        from ..models import load_model
+
         _check_inputs(limit, knowledge_limit, tasks)
         require_heads("--gather", gather)
         require_heads("--aggregate", aggregate)
         _layers(keep_layers)
         _out(out, "retain", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
-        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
+        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet, sample)
         result = run_retain(adapter, scorer, gather, aggregate, keep_layers=_layers(keep_layers))
         _finish(result, _out(out, "retain", model), html)
 
     @app.command("kv-curve")
     def kv_curve(
-        model: str = typer.Argument(DEFAULT_MODEL),
+        model: str = MODEL,
         heads: str | None = typer.Option(None, "--heads", help="heads to ablate, e.g. L17H24 (none: intact only)"),
         pairs: str = typer.Option("5,10,20,30,40,50", "--pairs", help="numbers of key-value pairs"),
         task: str = typer.Option("kv", "--task", help="kv (SmolLM2's dictionary prompt) or lab-kv (the lab world)"),
         compare: str | None = typer.Option(None, "--compare", help="other models' intact curves on the same "
-                                           "prompts, comma-separated (e.g. lab-mamba2)"),
-        keep_layers: str | None = typer.Option(None, "--keep-layers"),
-        limit: int = LIMIT,
+                                           "prompts, comma-separated (e.g. lab-kv-mamba2)"),
+        keep_layers: str | None = KEEP,
+        limit: int = limit_option(100, "prompts per number of pairs (the same prompts in every condition)", mmlu=False),
         seed: int = SEED,
-        out: Path | None = typer.Option(None, "--out", "-o"),
+        out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
         html: bool = HTML,
         quiet: bool = QUIET,
     ) -> None:
         """Fig. 4: KV-retrieval accuracy vs number of pairs, intact vs heads ablated (Wilson CIs)."""
+        from ..experiments.kv_curve import kv_curve as run_kv_curve
+        from ..models import load_model
+
         try:
             ps = [int(p) for p in pairs.split(",") if p.strip()]
         except ValueError:
@@ -177,22 +202,26 @@ def register(app: typer.Typer) -> None:
 
     @app.command("mask-last-row")
     def mask_last_row(
-        model: str = typer.Argument(DEFAULT_MODEL),
+        model: str = MODEL,
         heads: str | None = typer.Option(None, "--heads", help="attention heads (default: all, L*.attnH*)"),
         per_layer: bool = typer.Option(False, "--per-layer", help="also mask each attention layer alone"),
         rule: str = typer.Option("both", "--rule", help="which row: query (last prompt token), last (last scored "
                                  "position, the authors' code) or both; they differ only for multi-token answers"),
-        keep_layers: str | None = typer.Option(None, "--keep-layers"),
+        keep_layers: str | None = KEEP,
         limit: int = LIMIT,
+        sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
         tasks: str = TASKS,
         seed: int = SEED,
-        out: Path | None = typer.Option(None, "--out", "-o"),
+        out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
         html: bool = HTML,
         quiet: bool = QUIET,
     ) -> None:
         """Sec. 5.3: zero attention's last row (the answer position) and score MMLU and knowledge."""
+        from ..experiments.mask_last_row import mask_last_row_experiment
+        from ..models import load_model
+
         rules = {"both": ("query", "last"), "query": ("query",), "last": ("last",)}.get(rule)
         if rules is None:
             raise GandaError(f"--rule must be query, last or both, not {rule!r}")
@@ -201,14 +230,14 @@ def register(app: typer.Typer) -> None:
         _layers(keep_layers)
         _out(out, "mask_last_row", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
-        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet)
+        scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet, sample)
         result = mask_last_row_experiment(adapter, scorer, heads, per_layer=per_layer, keep_layers=_layers(keep_layers),
                                           rules=rules)
         _finish(result, _out(out, "mask_last_row", model), html)
 
     @app.command()
     def roles(
-        model: str = typer.Argument(DEFAULT_MODEL),
+        model: str = MODEL,
         task: str = typer.Option("lab-mmlu", "--task", "-t", help="multiple-choice task the heads are ranked on"),
         control: str | None = typer.Option("lab-knowledge", "--control", help="control task scored with the full "
                                            "ablation (knowledge); 'none' to skip"),
@@ -218,14 +247,18 @@ def register(app: typer.Typer) -> None:
         keep_layers: str | None = typer.Option(None, "--keep-layers", help="find the roles in a submodel, e.g. the "
                                                "minimal model 0-17 (the paper's protocol)"),
         limit: int = LIMIT,
+        sample: bool = SAMPLE,
         seed: int = SEED,
-        out: Path | None = typer.Option(None, "--out", "-o"),
+        out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
         html: bool = HTML,
         quiet: bool = QUIET,
     ) -> None:
         """Label the most damaging heads Gather or Aggregate by where ablating them hurts (final position or
         before it), with a control task and the number of heads it takes to reach chance."""
+        from ..experiments.roles import head_roles
+        from ..models import load_model
+
         _check_inputs(limit, top=top, max_heads=max_heads)
         _layers(keep_layers)
         for name in [task, control, *(also or "").split(",")]:
@@ -235,7 +268,7 @@ def register(app: typer.Typer) -> None:
         adapter = load_model(model, allow_pickle=allow_pickle)
 
         def exs(name: str):
-            t = get_task(name, adapter=adapter)
+            t = get_task(name, adapter=adapter, **(mmlu_options(sample) if name == "mmlu" else {}))
             if t.kind != "mc":
                 raise GandaError(f"task {name!r} is not multiple-choice")
             return t.examples(limit=limit, seed=seed)
@@ -259,22 +292,26 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def transplant(
-        student: str = typer.Argument(..., help="the model that receives the donor's pieces"),
+        student: str = typer.Argument(..., help="the model that receives the donor's pieces: " + MODEL_HELP),
         donor: str = typer.Option(..., "--donor", help="Transformer donor with the same d_model"),
         layers: str | None = typer.Option(None, "--layers", help="student layers to sweep (default: all)"),
         head: str | None = typer.Option(None, "--head", help="transplant single heads instead, e.g. L17H3"),
         donor_head: str | None = typer.Option(None, "--donor-head", help="donor head (default: same L/H)"),
         score_donor: bool = typer.Option(False, "--score-donor", help="also score the donor itself"),
         limit: int = LIMIT,
+        sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = typer.Option("mmlu", "--tasks"),
+        tasks: str = typer.Option("mmlu", "--tasks", help="comma-separated: mmlu, knowledge, lab-mmlu, ..."),
         seed: int = SEED,
-        out: Path | None = typer.Option(None, "--out", "-o"),
+        out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
         html: bool = HTML,
         quiet: bool = QUIET,
     ) -> None:
         """Fig. 7: replace each student layer (or one head) with the donor's, score the student."""
+        from ..experiments.transplant import transplant_sweep
+        from ..models import load_model
+
         _check_inputs(limit, knowledge_limit, tasks)
         require_heads("--head", head)
         require_heads("--donor-head", donor_head)
@@ -282,7 +319,7 @@ def register(app: typer.Typer) -> None:
         _out(out, "transplant", student)
         s = load_model(student, allow_pickle=allow_pickle)
         d = s if donor == student else load_model(donor, allow_pickle=allow_pickle)
-        scorer = _scorer(s, tasks, limit, knowledge_limit, seed, quiet)
+        scorer = _scorer(s, tasks, limit, knowledge_limit, seed, quiet, sample)
         result = transplant_sweep(s, d, scorer, layers=_layers(layers), heads=head, donor_head=donor_head,
                                   score_donor=score_donor)
         _finish(result, _out(out, "transplant", student), html)

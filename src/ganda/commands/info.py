@@ -6,23 +6,26 @@ import json
 
 import typer
 
-from ..device import parse_dtype
-from ..models import DEFAULT_MODEL, load_model
-from ..models import meta as meta_models
+from .core import MODEL, PICKLE, QUIET
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def info(
-        model: str = typer.Argument(DEFAULT_MODEL, help="alias, .gguf file or local HF directory"),
-        allow_pickle: bool = typer.Option(False, help="allow *.bin/*.pt weights (runs pickle)"),
+        model: str = MODEL,
+        allow_pickle: bool = PICKLE,
         meta: bool = typer.Option(False, "--meta", help="build from the config alone on the meta device (no weights): "
                                   "a config.json, a model directory, a hub id or a shipped config such as "
                                   "meta-llama/Llama-3.1-8B"),
         dtype: str = typer.Option("bfloat16", "--meta-dtype", help="--meta: precision the weight bytes are counted in"),
         as_json: bool = typer.Option(False, "--json", help="--meta: one JSON object (n_params, n_layers, heads, ...)"),
+        quiet: bool = QUIET,
     ) -> None:
         """Print the model's layout as ganda sees it (JSON; with --meta, the full-size layout and parameter count)."""
+        from ..device import parse_dtype
+        from ..models import load_model
+        from ..models import meta as meta_models
+
         if meta:
             summary = meta_models.summary(meta_models.build(model, parse_dtype(dtype, "--meta-dtype")))
             print(json.dumps(summary, indent=2) if as_json else meta_models.summary_text(summary))

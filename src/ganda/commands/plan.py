@@ -9,15 +9,14 @@ from typing import Any
 
 import typer
 
-from .. import plan as planner
-from ..device import parse_dtype
 from ..errors import GandaError
 from ..heads import expand
-from ..interventions import parse_layers
-from ..models import hub, load_model, meta
-from ..models.loading import _load_tokenizer, model_path
-from ..scoring import encode
 from ..tasks import get_task
+from .options import QUIET
+
+# ganda.plan.EXPERIMENTS and DEVICES, spelled here so that --help needs no torch
+EXPERIMENTS = ("eval", "sweep", "attribution", "prune", "transplant", "maps")
+DEVICES = ("h100", "a100", "l40s", "cpu")
 
 # Published token counts are not at hand for a config alone: characters per token of English
 # text under a ~128k BPE vocabulary (Llama-3's tokenizer gives 4.1-4.4 on MMLU).
@@ -28,6 +27,9 @@ SAMPLE = 200  # examples read to measure prompt lengths
 def _adapter_and_tokenizer(model: str, dtype: Any) -> tuple[Any, Any]:
     """The model's full-size layout (meta device) and, where the model has one locally, its tokenizer.
     A GGUF file (or an alias of one) has no config to build from: it is loaded."""
+    from ..models import hub, load_model, meta
+    from ..models.loading import _load_tokenizer, model_path
+
     found = None if hub.is_hub_id(model) or model in meta.shipped() else model_path(model)
     if found is not None and found.is_file() and found.suffix.lower() == ".gguf":
         adapter = load_model(model, device="cpu", dtype=dtype)
@@ -41,11 +43,16 @@ def _adapter_and_tokenizer(model: str, dtype: Any) -> tuple[Any, Any]:
 
 
 def workload(adapter: Any, tok: Any, task: str, n: int, shots: int | None, tokens: int | None,
-             seed: int = 0) -> planner.Workload:
+             seed: int = 0) -> Any:
     """``n`` examples of ``task`` as token counts (measured on up to 200 of them), or ``tokens`` each."""
+    from .. import plan as planner
+    from ..scoring import encode
+
     if tokens is not None:
         return planner.Workload(n=n, tokens=float(tokens), max_tokens=tokens)
-    opts = {"shots": shots} if shots is not None else {}
+    opts: dict[str, Any] = {"shots": shots} if shots is not None else {}
+    if "sample" in type(get_task(task)).option_types():  # mmlu: lengths from a sample across subjects
+        opts["sample"] = True
     exs = get_task(task, **opts).examples(limit=min(n, SAMPLE), seed=seed)
     if not exs:
         raise GandaError(f"task {task!r} gave no examples to measure")
@@ -53,6 +60,51 @@ def workload(adapter: Any, tok: Any, task: str, n: int, shots: int | None, token
     w = planner.workload_from_examples(exs, enc, CHARS_PER_TOKEN)
     return planner.Workload(n=n, tokens=w.tokens, choices=w.choices, choice_tokens=w.choice_tokens,
                             max_tokens=w.max_tokens)
+
+
+ANNOUNCE_AFTER = 60.0  # seconds: a run estimated to take longer says so before it starts
+
+
+def _new_chars(examples: list) -> float:
+    """The fraction of the prompts' characters not shared with the previous prompt: what is left to
+    compute when a shared prefix (MMLU's k-shot exemplars of one subject) is computed once."""
+    total = new = 0
+    prev = ""
+    for ex in examples:
+        shared = len(os.path.commonprefix([prev, ex.prompt]))
+        total += len(ex.prompt)
+        new += len(ex.prompt) - shared
+        prev = ex.prompt
+    return new / total if total else 1.0
+
+
+def announce(adapter: Any, examples: list, experiment: str = "eval", shared_prefix: bool = True,
+             **opts: Any) -> float | None:
+    """Before a long run, one line on stderr with ``ganda plan``'s estimate of its time on this CPU
+    (lengths measured on 50 of the examples, a prefix shared with the previous prompt counted once
+    when ``shared_prefix``); returns the estimate in seconds. Nothing on a GPU (no calibrated rates)
+    or when the run is estimated under :data:`ANNOUNCE_AFTER`."""
+    from .. import plan as planner
+    from ..progress import note
+    from ..scoring import encode
+
+    if not examples or adapter.device.type != "cpu":
+        return None
+    try:
+        some = examples[:: max(1, len(examples) // 50)][:50]
+        w = planner.workload_from_examples(some, lambda text: encode(adapter, text), CHARS_PER_TOKEN)
+        tokens = w.tokens * (_new_chars(examples) if shared_prefix else 1.0)
+        w = planner.Workload(n=len(examples), tokens=tokens, choices=w.choices, choice_tokens=w.choice_tokens,
+                             max_tokens=w.max_tokens)
+        seconds = planner.plan(planner.profile(adapter), experiment, w, "cpu", 1,
+                               layer_skip=layer_skip(adapter), **opts).seconds
+    except Exception:  # noqa: BLE001 - an estimate is a courtesy; a model the planner cannot cost runs anyway
+        return None
+    if seconds >= ANNOUNCE_AFTER:
+        took = f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+        note(f"this run: {len(examples):,} examples, ~{w.tokens:.0f} tokens each to compute: about {took} on one "
+             f"CPU core (ganda plan's calibrated rates); --limit N runs fewer")
+    return seconds
 
 
 def _sweep_heads(adapter: Any, heads: str | None) -> list[int] | None:
@@ -85,8 +137,12 @@ PAPER = [
 ]
 
 
-def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tuple[str, planner.Plan]]:
+def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tuple[str, Any]]:
     """The paper's headline runs as plans (shipped configs, bf16)."""
+    from .. import plan as planner
+    from ..device import parse_dtype
+    from ..interventions import parse_layers
+
     out = []
     for model, experiment, opts, what in PAPER:
         adapter, tok = _adapter_and_tokenizer(model, parse_dtype("bfloat16"))
@@ -105,12 +161,13 @@ def register(app: typer.Typer) -> None:
     def plan_cmd(
         model: str | None = typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, "
                                            "a model directory or a hub id; omit with --paper"),
-        experiment: str = typer.Option("eval", "--experiment", "-e", help=", ".join(planner.EXPERIMENTS)),
+        experiment: str = typer.Option("eval", "--experiment", "-e", help=", ".join(EXPERIMENTS)),
         task: str = typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"),
-        n: int = typer.Option(1000, "--n", "-n", help="number of examples"),
+        limit: int = typer.Option(1000, "--limit", "-n", help="number of examples the run scores (in all; "
+                                  "mmlu's --limit elsewhere counts per subject)"),
         shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu)"),
         tokens: int | None = typer.Option(None, "--tokens", help="tokens per prompt instead of the task's"),
-        device: str = typer.Option("h100", "--device", help=", ".join(planner.DEVICES)),
+        device: str = typer.Option("h100", "--device", help=", ".join(DEVICES)),
         devices: int = typer.Option(1, "--devices", help="number of devices working side by side"),
         dtype: str | None = typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"),
         heads: str | None = typer.Option(None, "--heads", help="sweep: only these heads (e.g. 'L0H*,L15H*')"),
@@ -121,12 +178,18 @@ def register(app: typer.Typer) -> None:
         paper: bool = typer.Option(False, "--paper", help="print the paper's headline runs"),
         as_json: bool = typer.Option(False, "--json", help="one JSON object"),
         out: Path | None = typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"),
+        quiet: bool = QUIET,
     ) -> None:
         """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
+        from .. import plan as planner
+        from ..device import parse_dtype
+        from ..interventions import parse_layers
+
         if devices < 1:
             raise GandaError(f"--devices must be at least 1, got {devices}")
-        if n < 1:
-            raise GandaError(f"--n must be at least 1, got {n}")
+        if limit < 1:
+            raise GandaError(f"--limit must be at least 1, got {limit}")
+        n = limit
         planner.device(device)
         if paper:
             plans = paper_plans(device, devices, shots)

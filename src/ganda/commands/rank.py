@@ -6,48 +6,70 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from .. import runio
-from ..attribution import ABLATIONS, MARGINS, RANK_METHODS, rank_heads
 from ..errors import GandaError
-from ..heads import expand
-from ..models import DEFAULT_MODEL, load_model
-from ..tasks import get_task, task_for_model
-from .core import require_heads
+from ..tasks import get_task
+from .core import (
+    MODEL,
+    PAIRS,
+    PICKLE,
+    QUIET,
+    SAMPLE,
+    SHOTS,
+    SUBJECTS,
+    limit_option,
+    mmlu_options,
+    require_heads,
+)
+from .grid import RAY, RAY_ACTORS
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def rank(
-        model: str = typer.Argument(DEFAULT_MODEL, help="alias (smollm2-135m, lab-llama-h1, ...), .gguf file or local HF directory"),
+        model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, mmlu, lab-mmlu, arc_easy, ...)"),
         method: str = typer.Option("atp*", "--method", "-m", help="atp (one backward), atp* (adds GradDrop) or exact "
                                    "(the exhaustive sweep)"),
         verify_top: int = typer.Option(30, "--verify-top", "-k", help="verify this many top heads exactly"),
+        verify_layers: str = typer.Option("", "--verify-layers", help="also verify every head of these layers, "
+                                          "e.g. 0 (comma-separated; first-order estimates underrate layer 0)"),
         audit: int = typer.Option(10, "--audit", help="also verify this many random other heads (the false-negative bound)"),
         threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about "
                                                "(default: the smallest exact effect in the verified top --top)"),
         ablation: str = typer.Option("zero", "--ablation", help="zero or mean (mean over the same prompts)"),
         margin: str = typer.Option("mean", "--margin", help="gold log-likelihood minus the mean or the max of the others'"),
-        limit: int | None = typer.Option(None, "--limit", "-n", help="number of prompts (default: 32)"),
-        pairs: int | None = typer.Option(None, "--pairs", help="kv: number of key-value pairs"),
-        shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)"),
-        subjects: str | None = typer.Option(None, "--subjects", help="mmlu: comma-separated subjects"),
+        limit: int | None = limit_option(None, "number of prompts (default: 32)"),
+        sample: bool = SAMPLE,
+        pairs: int | None = PAIRS,
+        shots: int | None = SHOTS,
+        subjects: str | None = SUBJECTS,
         heads: str | None = typer.Option(None, "--heads", help="only these heads (default: all), e.g. 'L16H*'"),
         seed: int = typer.Option(0, "--seed", help="prompt sample and audit draw"),
         top: int = typer.Option(10, "--top", help="rows in the printed table; the bound's default threshold"),
         out: Path = typer.Option(None, "--out", "-o", help="directory (default: runs/rank-<task>)"),
         resume: bool = typer.Option(True, "--resume/--no-resume", help="continue a stopped run in --out"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object (ranking of every head) instead of a table"),
-        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (runs pickle)"),
+        allow_pickle: bool = PICKLE,
+        quiet: bool = QUIET,
+        ray: str | None = RAY,
+        ray_actors: int | None = RAY_ACTORS,
     ) -> None:
         """Rank every head by its ablation effect on the task's margin: attribution for all, exact for the top.
 
         Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), OUT/attribution.jsonl and
         OUT/verify/ (both resume a stopped run).
         """
+        from rich.console import Console
+        from rich.table import Table
+
+        from ..attribution import ABLATIONS, MARGINS, RANK_METHODS, rank_heads
+        from ..distributed import ray_sweeps
+        from ..heads import expand
+        from ..models import load_model
+        from ..tasks import task_for_model
+
         if method not in RANK_METHODS:
             raise GandaError(f"--method must be one of {', '.join(RANK_METHODS)}, not {method!r}")
         if ablation not in ABLATIONS:
@@ -60,10 +82,11 @@ def register(app: typer.Typer) -> None:
             raise GandaError("--verify-top and --audit must be at least 0")
         if top < 1:
             raise GandaError("--top must be at least 1")
+        layer_list = _layers(verify_layers)
         require_heads("--heads", heads)
         if threshold is not None and threshold <= 0:
             raise GandaError("--threshold must be positive")
-        opts = {"pairs": pairs, "shots": shots, "subjects": subjects}
+        opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
         task_obj = get_task(task, **opts)
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; rank scores multiple-choice tasks only")
@@ -79,9 +102,12 @@ def register(app: typer.Typer) -> None:
         head_list = expand(heads, adapter) if heads else None
         out_dir = out if out is not None else Path("runs") / f"rank-{task}"
         cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
-        res = rank_heads(adapter, examples, method=method, ablation=ablation, margin=margin, verify_top=verify_top,
-                         audit=audit, threshold=threshold, top=top, seed=seed, heads=head_list, out_dir=out_dir,
-                         resume=resume, progress=not as_json, config=cfg)
+        with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):  # the exact (zero-ablation) verification
+            res = rank_heads(adapter, examples, method=method, ablation=ablation, margin=margin,
+                             verify_top=verify_top, audit=audit, threshold=threshold, top=top, seed=seed,
+                             verify_layers=layer_list,
+                             heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
+                             config=cfg)
         if as_json:
             print(json.dumps({**res.to_json(), "out": str(out_dir)}))
             return
@@ -105,3 +131,11 @@ def register(app: typer.Typer) -> None:
         if res.bound is not None:
             console.print(f"bound: {res.bound.sentence()}")
         console.print(f"wrote {out_dir}/ranking.json, ranking.csv" + (", scatter.png" if res.estimate and res.exact else ""))
+
+
+def _layers(text: str) -> list[int]:
+    """``--verify-layers`` as layer numbers ("0,1" -> [0, 1])."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise GandaError(f"--verify-layers takes comma-separated layer numbers, not {text!r}") from None

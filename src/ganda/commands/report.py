@@ -6,10 +6,9 @@ from pathlib import Path
 
 import typer
 
-from .. import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
 from .. import runio
 from ..errors import GandaError
-from ..report.html import has_results, write_report
+from .core import QUIET
 
 
 def register(app: typer.Typer) -> None:
@@ -17,9 +16,11 @@ def register(app: typer.Typer) -> None:
     def report(
         run_dirs: list[Path] = typer.Argument(..., help="run directories (each with result.json, *.png, *.csv)"),
         out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write"),
-        title: str = typer.Option("ganda report", help="page title"),
+        title: str = typer.Option("ganda report", "--title", help="page title"),
+        quiet: bool = QUIET,
     ) -> None:
         """Render run directories into ONE offline HTML page (PNGs inlined, no external files)."""
+        from ..report.html import has_results, write_report  # registers the result kinds it rebuilds
 
         missing = [str(d) for d in run_dirs if not Path(d).is_dir()]
         if missing:

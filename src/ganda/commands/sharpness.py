@@ -7,43 +7,46 @@ from pathlib import Path
 import typer
 
 from .. import runio
-from ..discovery import SUMMARIES, compare_sharpness, save_sharpness
 from ..errors import GandaError
-from ..models import load_model
 from ..tasks import get_task
-from .core import at_least, one_of
+from .core import MODEL_HELP, PICKLE, QUIET, SEED, SUMMARIES, at_least, limit_option, one_of
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def sharpness(
-        models: list[str] = typer.Argument(..., help="two or more models; differences are first minus each other"),
+        models: list[str] = typer.Argument(..., help="two or more models, each " + MODEL_HELP
+                                           + "; differences are the first minus each other"),
         task: str = typer.Option("lab-mmlu", "--task", "-t", help="a task with segments (lab-mmlu, letters, kv, ...)"),
-        n: int = typer.Option(100, "--n", help="prompts the metrics are measured on (seed --seed)"),
+        limit: int = limit_option(100, "prompts the metrics are measured on (seed --seed)"),
         top: int = typer.Option(3, "--top", "-k", help="heads per role and model"),
         select: str = typer.Option("pattern", "--select", help="choose heads by 'pattern' score or causal 'drop'"),
         select_n: int | None = typer.Option(None, "--select-n", help="prompts for choosing heads (seed --seed+1; "
-                                            "default --n)"),
+                                            "default --limit)"),
         resamples: int = typer.Option(2000, "--resamples", help="bootstrap draws"),
-        seed: int = typer.Option(0, "--seed"),
-        out: Path = typer.Option(Path("runs/sharpness"), "--out", "-o"),
+        seed: int = SEED,
+        out: Path = typer.Option(Path("runs/sharpness"), "--out", "-o", help="directory for JSON, CSV and PNG"),
         summary: str = typer.Option("end", "--summary", help="the token scored as a segment's summary: 'end' (the "
                                     "\\n, as in the paper) or 'last' (the last token before it)"),
-        quiet: bool = typer.Option(False, "--quiet", "-q"),
+        allow_pickle: bool = PICKLE,
+        quiet: bool = QUIET,
     ) -> None:
         """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
         95% bootstrap intervals over prompts and the paired difference between models."""
+        from ..discovery import compare_sharpness, save_sharpness
+        from ..models import load_model
+
         if select not in ("pattern", "drop"):
             raise GandaError(f"--select must be 'pattern' or 'drop', not {select!r}")
         if len(models) < 2:
             raise GandaError("give at least two models to compare")
-        for flag, value in (("--n", n), ("--top", top), ("--select-n", select_n), ("--resamples", resamples)):
+        for flag, value in (("--limit", limit), ("--top", top), ("--select-n", select_n), ("--resamples", resamples)):
             at_least(flag, value)
         one_of("--summary", summary, SUMMARIES)
         get_task(task)  # an unknown task fails before the models load
         runio.claim_run_dir(out)
-        adapters = {m: load_model(m) for m in models}
-        res = compare_sharpness(adapters, task, k=top, n=n, seed=seed, select=select, select_n=select_n,
+        adapters = {m: load_model(m, allow_pickle=allow_pickle) for m in models}
+        res = compare_sharpness(adapters, task, k=top, n=limit, seed=seed, select=select, select_n=select_n,
                                 resamples=resamples, progress=not quiet, summary=summary)
         rows = save_sharpness(res, out)
         for r in rows:

@@ -5,31 +5,40 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from .. import runio
-from ..discovery import cumulative_ablation
 from ..errors import GandaError
-from ..heads import expand
-from ..models import DEFAULT_MODEL, load_model
-from ..sweep import run_sweep
-from ..tasks import get_task, task_for_model
-from .core import at_least, require_heads
+from ..tasks import get_task
+from .core import (
+    MODEL,
+    PAIRS,
+    PICKLE,
+    QUIET,
+    SAMPLE,
+    SEED,
+    SHOTS,
+    SUBJECTS,
+    at_least,
+    limit_option,
+    mmlu_options,
+    require_heads,
+)
+from .grid import RAY, RAY_ACTORS
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def sweep(
-        model: str = typer.Argument(DEFAULT_MODEL, help="alias (smollm2-135m, ...), .gguf file or local HF directory"),
+        model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, or any multiple-choice task "
                                  "(arc_easy, arc_challenge, openbookqa, piqa, hellaswag, winogrande, ...)"),
-        limit: int | None = typer.Option(None, "--limit", "-n", help="number of prompts (default: 32)"),
-        pairs: int | None = typer.Option(None, "--pairs", help="kv: number of key-value pairs"),
-        shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)"),
-        subjects: str | None = typer.Option(None, "--subjects", help="mmlu: comma-separated subjects"),
+        limit: int | None = limit_option(None, "number of prompts (default: 32)"),
+        sample: bool = SAMPLE,
+        pairs: int | None = PAIRS,
+        shots: int | None = SHOTS,
+        subjects: str | None = SUBJECTS,
         heads: str | None = typer.Option(None, "--heads", help="only these heads (default: all), e.g. 'L16H*' or 'L*H0,L17H3'"),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = SEED,
         out: Path = typer.Option(None, "--out", "-o", help="directory (default: runs/sweep-<task>)"),
         resume: bool = typer.Option(True, "--resume/--no-resume", help="continue a stopped sweep in --out"),
         naive: bool = typer.Option(False, "--naive", help="reference loop (AblateHeads + scoring per head), slow"),
@@ -38,18 +47,33 @@ def register(app: typer.Typer) -> None:
         until_chance: bool = typer.Option(False, "--until-chance", help="then ablate the heads cumulatively, most "
                                           "damaging first, until accuracy is at chance: how many heads must go"),
         max_heads: int = typer.Option(24, "--max-heads", help="--until-chance: give up after this many heads"),
-        allow_pickle: bool = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (runs pickle)"),
+        allow_pickle: bool = PICKLE,
+        quiet: bool = QUIET,
+        ray: str | None = RAY,
+        ray_actors: int | None = RAY_ACTORS,
     ) -> None:
         """Exhaustive single-head ablation: accuracy with each head zeroed, heat map and top heads.
 
         Writes OUT/progress.jsonl (one line per finished head; a killed run resumes from it),
         then OUT/results.jsonl, results.csv and heatmap.png.
         """
+        from rich.console import Console
+        from rich.table import Table
+
+        from ..discovery import cumulative_ablation
+        from ..distributed import ray_sweeps
+        from ..heads import expand
+        from ..models import load_model
+        from ..sweep import run_sweep
+        from ..tasks import task_for_model
+
         for flag, value in (("--limit", limit), ("--batch-heads", batch_heads), ("--top", top),
                             ("--max-heads", max_heads)):
             at_least(flag, value)
         require_heads("--heads", heads)
-        opts = {"pairs": pairs, "shots": shots, "subjects": subjects}
+        if ray is not None and naive:
+            raise GandaError("--naive runs the reference loop in this process; drop --ray or --naive")
+        opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
         task_obj = get_task(task, **opts)
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; sweep scores multiple-choice tasks only")
@@ -62,8 +86,9 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"task {task!r} gave no examples")
         head_list = expand(heads, adapter) if heads else adapter.heads()
         cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
-        res = run_sweep(adapter, examples, heads=head_list, out_dir=out_dir, resume=resume, naive=naive,
-                        batch_heads=batch_heads, config=cfg)
+        with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
+            res = run_sweep(adapter, examples, heads=head_list, out_dir=out_dir, resume=resume, naive=naive,
+                            batch_heads=batch_heads, config=cfg)
 
         console = Console()
         b = res.baseline
@@ -79,7 +104,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
         if until_chance:
             cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.top(len(res.records))],
-                                      max_heads=max_heads, out_dir=out_dir, progress=True)
+                                      max_heads=max_heads, out_dir=out_dir, progress=not quiet)
             last = cum["curve"][-1] if cum["curve"] else None
             if last is not None:
                 verdict = "reached" if cum["reached_chance"] else "did not reach"

@@ -14,6 +14,9 @@ kind               paper                                   module
 ``transplant``     Fig. 7, donor layers/heads in a student  :mod:`.transplant`
 ``roles``          Gather vs Aggregate, by where a head     :mod:`.roles`
                    matters (final position or before it)
+``heads``          heads ranked by G&A pattern scores,      :mod:`ganda.discovery`
+                   the top ones verified by ablation
+``sharpness``      G&A map sharpness of two models          :mod:`ganda.discovery`
 =================  ======================================  =============================
 """
 
@@ -34,6 +37,9 @@ for _kind, _target in {
     "mask_last_row": "ganda.experiments.mask_last_row:MaskLastRowResult",
     "transplant": "ganda.experiments.transplant:TransplantResult",
     "roles": "ganda.experiments.roles:RolesResult",
+    "heads": "ganda.discovery:HeadsResult",
+    "sharpness": "ganda.discovery:SharpnessResult",
+    "demo": "ganda.demo:DemoResult",  # ``ganda demo``'s finding (named, not imported: the demo sits above)
 }.items():
     registry.register_result(_kind, _target)
 

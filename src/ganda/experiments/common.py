@@ -136,11 +136,15 @@ class Scorer:
     knowledge_limit: int | None = None
     seed: int = 0
     progress: bool = True
+    sample: bool = False  # mmlu: ``limit`` draws a seeded sample across subjects, not lm-eval's first N of each
     _examples: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def _task_examples(self, name: str):
         if name not in self._examples:
             base, options = task_spec(name) or (name, {})
+            cls = registry.task_class(base)
+            if self.sample and cls is not None and "sample" in cls.option_types():
+                options = {**options, "sample": True}
             task = get_task(base, adapter=self.adapter, **options)
             self._examples[name] = (task, task.examples(limit=self.limit, seed=self.seed))
         return self._examples[name]

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from ..errors import GandaError
 from ..figures import curves
 from ..heads import expand, format_heads
 from ..interventions import AblateHeads, Intervention, KeepLayers
 from ..models.base import ModelAdapter
+from ..progress import tqdm
 from .common import ExperimentResult, Scorer, flat_scores, pct
 
 

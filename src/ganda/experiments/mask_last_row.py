@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from ..errors import GandaError
 from ..figures import bars
 from ..heads import expand, format_heads
 from ..interventions import Intervention, KeepLayers, mask_last_row
 from ..models.base import ModelAdapter
+from ..progress import tqdm
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 

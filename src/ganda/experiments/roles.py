@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from ..discovery import ablate_until_chance
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
 from ..interventions import AblateHeads, KeepLayers, apply
 from ..models.base import ModelAdapter
+from ..progress import tqdm
 from ..scoring import evaluate_examples
+from ..stats import overlap
 from ..sweep import run_sweep
 from ..tasks.base import Example
 from .common import ExperimentResult, pct
@@ -55,8 +55,10 @@ class RolesResult(ExperimentResult):
         s, lines = self.summary, []
         for role in ("gather", "aggregate"):
             if s.get(role):
+                a, b = s.get("baseline_ci95"), s.get(f"{role}_ablated_ci95")
+                weak = " — *weak*: its 95% interval overlaps the intact one" if a and b and overlap(a, b) else ""
                 lines.append(f"{role.capitalize()} head **{s[role]}**: {pct(s.get('baseline'))} → "
-                             f"**{pct(s.get(f'{role}_ablated'))}** (control task "
+                             f"**{pct(s.get(f'{role}_ablated'))}**{weak} (control task "
                              f"{pct(-(s.get(f'{role}_control_drop') or 0))} change); {role} heads: "
                              f"{', '.join(s.get(f'{role}_heads') or [])}.")
         if "heads_to_chance" in s:

@@ -41,6 +41,16 @@ class Example:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def key(self, task: str, position: int) -> dict[str, Any]:
+        """``{"task", "subject", "doc_id"}``: what joins this example's scores with another run's.
+
+        ``doc_id`` is the example's index in its source file (``meta["index"]``, lm-eval's ``doc_id``
+        for the same split) and ``subject`` its MMLU subject or BBH subtask; a generated task (kv,
+        letters, the lab's) has no file, and its ``doc_id`` is the position in ``examples(limit,
+        seed)``, which is the same for every limit of one seed."""
+        subject = self.meta.get("subject", self.meta.get("subtask"))
+        return {"task": task, "subject": subject, "doc_id": self.meta.get("index", position)}
+
 
 class Task(ABC):
     """A named source of examples. ``kind`` tells scoring what to do with them:

@@ -95,6 +95,8 @@ class _KnowledgeTask(Task):
     def all_examples(self) -> list[Example]:
         if self._docs is None:
             self._docs = self._load()
+            for i, ex in enumerate(self._docs):  # the index in the file: lm-eval's doc_id
+                ex.meta.setdefault("index", i)
         return self._docs
 
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:

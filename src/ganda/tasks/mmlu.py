@@ -16,8 +16,10 @@ k-shot prepends the first k dev questions of the same subject, each followed by 
 is the argmax of the log-likelihoods of ``" A"``..``" D"`` after ``Answer:``. Each option line
 (``B. ...\\n``) is a segment; its ``\\n`` is the summary token of the Gather/Aggregate pattern.
 
-``limit`` takes a seeded random sample of questions across the selected subjects (lm-eval's
-``--limit`` instead caps each subject); with no limit every test question is used.
+``limit`` is lm-eval's ``--limit``: the first N test questions of each selected subject (the
+``mmlu`` group runs one task per subject, and lm-eval's limit caps each), so accuracies compare
+with lm-eval's at the same N. With ``sample=True`` it is a seeded random sample of N questions
+across the selected subjects instead (``--sample``); with no limit every test question is used.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class MMLUTask(Task):
     kind = "mc"
     bounds = {"shots": (0, 5)}  # 5 dev exemplars per subject
 
-    def __init__(self, shots: int = 0, subjects: str | list[str] | None = None, data_dir: str | None = None) -> None:
+    def __init__(self, shots: int = 0, subjects: str | list[str] | None = None, data_dir: str | None = None,
+                 sample: bool = False) -> None:
         self.data_dir = Path(data_dir) if data_dir else DATA_DIR
         if not (self.data_dir / "test").is_dir():
             raise GandaError(f"no MMLU data in {self.data_dir} (expected test/<subject>_test.csv)")
@@ -84,7 +87,7 @@ class MMLUTask(Task):
         bad = [s for s in chosen if s not in known]
         if bad:
             raise GandaError(f"unknown MMLU subject {bad[0]!r}; e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
-        self.shots, self.subjects = shots, list(chosen)
+        self.shots, self.subjects, self.sample = shots, list(chosen), bool(sample)
 
     @classmethod
     def chance(cls, options: dict[str, Any] | None = None) -> float:
@@ -93,7 +96,10 @@ class MMLUTask(Task):
 
     def config(self) -> dict[str, Any]:
         subj = "all" if len(self.subjects) == 57 else self.subjects
-        return {"task": self.name, "shots": self.shots, "subjects": subj}
+        out: dict[str, Any] = {"task": self.name, "shots": self.shots, "subjects": subj}
+        if self.sample:
+            out["sample"] = True  # --limit drew a seeded sample across subjects, not the first N of each
+        return out
 
     def build(self, subject: str, question: str, choices: tuple[str, ...], gold: int) -> Example:
         prompt = description(subject)
@@ -112,10 +118,14 @@ class MMLUTask(Task):
         )
 
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
-        items = [
-            (s, i) for s in self.subjects for i in range(len(read_split(str(self.data_dir), "test", s)))
-        ]
-        if limit is not None and limit < len(items):
+        """The first ``limit`` questions of each subject (lm-eval's ``--limit``; ``seed`` unused), or
+        with ``sample`` a seeded sample of ``limit`` questions across the subjects."""
+        sizes = {s: len(read_split(str(self.data_dir), "test", s)) for s in self.subjects}
+        if limit is not None and not self.sample:
+            items = [(s, i) for s in self.subjects for i in range(min(limit, sizes[s]))]
+        else:
+            items = [(s, i) for s in self.subjects for i in range(sizes[s])]
+        if self.sample and limit is not None and limit < len(items):
             items = sorted(random.Random(f"mmlu-{seed}").sample(items, limit))
         out = []
         for s, i in items:

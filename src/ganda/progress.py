@@ -1,0 +1,84 @@
+"""Progress bars that suit where they are written: a live bar on a terminal, one plain line every
+half minute in a log file (no carriage-return updates to flood it), nothing under ``--quiet``.
+
+Every ganda module takes its bar from here (``from ganda.progress import tqdm``, a drop-in for
+``tqdm.auto.tqdm``), so a command's ``--quiet`` and the log-file behaviour hold at every call site
+without each one knowing about them. ``GANDA_PROGRESS_EVERY`` sets the seconds between log lines.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import IO, Any
+
+from tqdm.auto import tqdm as _tqdm
+
+LOG_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal
+
+_state = {"quiet": False}
+
+
+def set_quiet(on: bool) -> None:
+    """Silence every progress bar (``--quiet``) until :func:`set_quiet` is called with False."""
+    _state["quiet"] = bool(on)
+
+
+def is_quiet() -> bool:
+    """Whether ``--quiet`` is in force: progress bars and notes on stderr are left out."""
+    return _state["quiet"]
+
+
+def note(text: str) -> None:
+    """One line for the user on stderr (an estimate, a hint), left out under ``--quiet``."""
+    if not _state["quiet"]:
+        print(text, file=sys.stderr, flush=True)
+
+
+def log_every() -> float:
+    """Seconds between progress lines in a log file: ``GANDA_PROGRESS_EVERY`` or 30."""
+    try:
+        return max(0.0, float(os.environ.get("GANDA_PROGRESS_EVERY", LOG_EVERY)))
+    except ValueError:
+        return LOG_EVERY
+
+
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+class _Lines:
+    """A file for tqdm that writes each status as its own line: tqdm redraws a bar with ``\\r`` and
+    cursor moves, which a log file keeps as one ever-growing line of overwritten updates."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, s: str) -> None:
+        text = s.replace("\r", "").replace("\x1b[A", "").strip()
+        if text:
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+class tqdm(_tqdm):  # noqa: N801 - a drop-in for tqdm.auto.tqdm keeps its name
+    """``tqdm.auto.tqdm`` that is silent under ``--quiet`` and writes a plain line at most every
+    :func:`log_every` seconds (and none for a bar that ends sooner) when its stream is not a terminal."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if _state["quiet"]:
+            kwargs["disable"] = True
+        elif not kwargs.get("disable"):
+            stream = kwargs.get("file") or sys.stderr
+            if not _is_terminal(stream):
+                every = log_every()
+                kwargs.update(disable=False, file=_Lines(stream), ascii=True,
+                              mininterval=max(float(kwargs.get("mininterval") or 0.1), every),
+                              maxinterval=max(float(kwargs.get("maxinterval") or 10.0), every),
+                              delay=max(float(kwargs.get("delay") or 0.0), every))
+        super().__init__(*args, **kwargs)

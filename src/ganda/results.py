@@ -1,0 +1,283 @@
+"""Run directories as pandas DataFrames, so any number ganda wrote can be filtered, joined and plotted.
+
+``ganda.results.load(path, ...)`` reads run directories (and the directories under them: a demo's
+``heads/``, a lab programme's steps) of every kind ganda writes, and ``ganda eval --predictions``
+JSONL files, into four tables; each row carries ``run``, the directory (or file) it came from:
+
+* ``runs``: one row per run: ``kind``, ``model``, ``task``, ``n``, ``accuracy`` (the intact
+  baseline where the run has one), then the run's summary numbers;
+* ``heads``: one row per head and run: a sweep's accuracy and drop per head, a ranking's estimate
+  and exact effect, the pattern scores of ``ganda heads``, a demo's candidates, a roles run's labels;
+* ``predictions``: one row per example and condition (``condition``: ``intact`` or the ablated head):
+  ``task``, ``subject``, ``doc_id`` (see :meth:`ganda.tasks.base.Example.key`), ``gold``, ``pred``,
+  ``pred_norm``, ``correct``, ``correct_norm`` and ``loglik`` (every choice's log-likelihood);
+* ``rows``: the table of an experiment (``<kind>.csv``: conditions by task scores).
+
+A table a run does not have is empty, not missing. pandas is imported when a table is built.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import GandaError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: the files that make a directory a run: any result kind, a sweep, a ranking, ``ganda extends``
+RUN_FILES = ("result.json", "results.jsonl", "ranking.json", "extends.json")
+PREDICTION_COLUMNS = ["run", "condition", "task", "subject", "doc_id", "example", "gold", "pred", "pred_norm",
+                      "correct", "correct_norm", "loglik"]
+
+
+@dataclass
+class _Tables:
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    heads: list[dict[str, Any]] = field(default_factory=list)
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Results:
+    """The four tables of one or more runs (see the module docstring)."""
+
+    runs: pd.DataFrame
+    heads: pd.DataFrame
+    predictions: pd.DataFrame
+    rows: pd.DataFrame
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{k}: {len(getattr(self, k))} rows" for k in ("runs", "heads", "predictions", "rows"))
+        return f"Results({sizes})"
+
+
+def load(*paths: str | Path) -> Results:
+    """Every run under ``paths`` (run directories, directories of runs, predictions JSONL files)."""
+    if not paths:
+        raise GandaError("results.load: no run directory given")
+    t = _Tables()
+    for p in paths:
+        path = Path(p)
+        if path.is_file() and path.suffix == ".jsonl":
+            _predictions_file(path, t)
+            continue
+        if not path.is_dir():
+            raise GandaError(f"{path}: no such run directory")
+        runs = list(_run_dirs(path))
+        if not runs:
+            raise GandaError(f"{path} is not a ganda run directory (no {', '.join(RUN_FILES)} in it or under it)")
+        for run in runs:
+            _load_run(run, t)
+    try:
+        import pandas as pd  # an optional heavy dependency: loaded when tables are built
+    except ImportError:
+        raise GandaError("ganda.results needs pandas: pip install 'ganda[dev]' or pandas") from None
+
+    def frame(records: list[dict[str, Any]], columns: list[str] | None = None) -> pd.DataFrame:
+        df = pd.DataFrame.from_records(records)
+        return df.reindex(columns=columns) if columns and df.empty else df
+
+    return Results(runs=frame(t.runs, ["run", "kind", "model", "task", "n", "accuracy"]),
+                   heads=frame(t.heads, ["run", "head"]),
+                   predictions=frame(t.predictions, PREDICTION_COLUMNS),
+                   rows=frame(t.rows, ["run"]))
+
+
+def _is_run(d: Path) -> bool:
+    return any((d / f).is_file() for f in RUN_FILES)
+
+
+def _run_dirs(root: Path) -> Iterable[Path]:
+    """``root`` if it is a run, then the runs below it (sorted, so tables keep one order); a
+    ranking's ``verify/`` (the exact sweep of its top heads) is part of the ranking, not a run."""
+    if _is_run(root):
+        yield root
+    if (root / "ranking.json").is_file():
+        return
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        yield from _run_dirs(sub)
+
+
+def _load_run(run: Path, t: _Tables) -> None:
+    if (run / "results.jsonl").is_file():
+        _sweep(run, t)
+    if (run / "ranking.json").is_file():
+        _ranking(run, t)
+    if (run / "result.json").is_file():
+        _result(run, t)
+    if (run / "extends.json").is_file():
+        _extends(run, t)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise GandaError(f"{path}: not readable as JSON ({exc})") from None
+
+
+def _task_name(task: Any) -> Any:
+    return task.get("task") if isinstance(task, dict) else task
+
+
+def _scalars(d: dict[str, Any] | None, skip: Iterable[str] = ()) -> dict[str, Any]:
+    """The numbers, texts and flags of a summary (nested records and lists left out)."""
+    return {k: v for k, v in (d or {}).items() if k not in skip and (v is None or isinstance(v, str | int | float))}
+
+
+def _run_row(run: Path, kind: str, model: Any, task: Any, n: Any, accuracy: Any, more: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    row = {"run": str(run), "kind": kind, "model": model, "task": _task_name(task), "n": n, "accuracy": accuracy}
+    row.update({k: v for k, v in (more or {}).items() if k not in row})
+    return row
+
+
+def _prediction_rows(run: str, condition: str, task: Any, rec: dict[str, Any], ids: list[dict] | None = None
+                     ) -> list[dict[str, Any]]:
+    """A sweep record's per-example lists as one row per example."""
+    out = []
+    for i, (gold, pred, pred_norm, ll) in enumerate(zip(rec["gold"], rec["pred"], rec["pred_norm"], rec["loglik"],
+                                                        strict=True)):
+        key = ids[i] if ids else {"task": task, "subject": None, "doc_id": None}
+        out.append({"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
+                    "doc_id": key.get("doc_id"), "example": i, "gold": gold, "pred": pred, "pred_norm": pred_norm,
+                    "correct": pred == gold, "correct_norm": pred_norm == gold, "loglik": ll})
+    return out
+
+
+def _sweep(run: Path, t: _Tables) -> None:
+    """``results.jsonl``: header, intact baseline, one record per ablated head."""
+    lines = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines() if x.strip()]
+    header = next((x for x in lines if x.get("type") == "header"), None)
+    base = next((x for x in lines if x.get("type") == "baseline"), None)
+    if header is None or base is None:
+        raise GandaError(f"{run / 'results.jsonl'} is not a finished sweep (no header or baseline)")
+    cfg = header.get("config", {})
+    task = _task_name(cfg.get("task"))
+    heads = [x for x in lines if x.get("type") == "head"]
+    t.runs.append(_run_row(run, "sweep", cfg.get("model"), task, base["n"], base["acc"],
+                           {"acc_norm": base["acc_norm"], "heads": len(heads), "seed": cfg.get("seed")}))
+    gold_ll = _gold_loglik(base)
+    for r in heads:
+        t.heads.append({"run": str(run), "head": r["head"], "layer": r["layer"], "index": r["index"],
+                        "mixer": r.get("kind") or "", "n": r["n"], "acc": r["acc"], "acc_norm": r["acc_norm"],
+                        "drop": base["acc"] - r["acc"], "drop_norm": base["acc_norm"] - r["acc_norm"],
+                        "gold_loglik_drop": gold_ll - _gold_loglik(r)})
+    ids = cfg.get("ids")
+    t.predictions += _prediction_rows(str(run), "intact", task, base, ids)
+    for r in heads:
+        t.predictions += _prediction_rows(str(run), r["head"], task, r, ids)
+
+
+def _gold_loglik(rec: dict[str, Any]) -> float:
+    lls = [ll[g] for ll, g in zip(rec["loglik"], rec["gold"], strict=True)]
+    return sum(lls) / max(1, len(lls))
+
+
+def _ranking(run: Path, t: _Tables) -> None:
+    """``ranking.json`` of ``ganda rank``: every head's attribution estimate, the exact effect of the
+    verified ones, and both ranks."""
+    d = _read_json(run / "ranking.json")
+    seconds = d.get("seconds") or {}
+    t.runs.append(_run_row(run, "rank", d.get("model"), d.get("task"), d.get("n"), None,
+                           {"method": d.get("method"), "ablation": d.get("ablation"), "margin": d.get("margin"),
+                            "clean_margin": d.get("clean"), "verified": d.get("verified"),
+                            "spearman_verified": d.get("spearman_verified"), "seconds": seconds.get("total")}))
+    rows = d.get("ranking") or []  # the final order: verified heads by |exact|, then the rest by |estimate|
+    ranks = {}
+    for col in ("estimate", "exact"):
+        values = {r["head"]: r[col] for r in rows if r.get(col) is not None}
+        order = sorted(values, key=lambda h: (-abs(values[h]), h))  # ganda rank's order (ties: by name)
+        ranks[col] = {h: i + 1 for i, h in enumerate(order)}
+    audited = set(d.get("audited") or [])
+    for i, r in enumerate(rows, 1):
+        t.heads.append({"run": str(run), "head": r["head"], "rank": i, "estimate": r.get("estimate"),
+                        "exact": r.get("exact"), "rank_estimate": ranks["estimate"].get(r["head"]),
+                        "rank_exact": ranks["exact"].get(r["head"]), "audited": r["head"] in audited})
+
+
+def _result(run: Path, t: _Tables) -> None:
+    """``result.json`` of any registered kind: the run row from its summary, its table as ``rows``,
+    and its heads where it has some (``heads``, ``demo``, ``roles``)."""
+    d = _read_json(run / "result.json")
+    if not isinstance(d, dict):
+        raise GandaError(f"{run / 'result.json'} is not a ganda result (not a JSON object)")
+    kind = str(d.get("kind", "?"))
+    cfg = d.get("config") if isinstance(d.get("config"), dict) else {}
+    summary = d.get("summary") if isinstance(d.get("summary"), dict) else {}
+    task = cfg.get("task") or d.get("task") or (",".join(cfg["tasks"]) if isinstance(cfg.get("tasks"), list) else None)
+    n = next((x for x in (summary.get("n_measure"), summary.get("n_verify"), cfg.get("limit"), d.get("n"))
+              if x is not None), None)
+    acc = summary.get("baseline_accuracy")
+    t.runs.append(_run_row(run, kind, d.get("model") or _models(d), task, n, acc,
+                           {"created": d.get("created"), **_scalars(summary, skip=("baseline_accuracy",))}))
+    rows = d.get("rows") if kind != "sharpness" else d.get("differences")
+    if isinstance(rows, list):
+        t.rows += [{"run": str(run), **r} for r in rows if isinstance(r, dict)]
+    heads = {"heads": d.get("all_heads"), "demo": d.get("heads") or d.get("candidates")}.get(kind)
+    if heads is None and isinstance(rows, list) and rows and all(isinstance(r, dict) and "head" in r for r in rows):
+        heads = rows
+    for h in heads or []:
+        t.heads.append({"run": str(run), **{k: v for k, v in h.items() if not isinstance(v, dict | list)}})
+
+
+def _models(d: dict[str, Any]) -> str | None:
+    """A sharpness run compares several models: their names, comma-separated."""
+    models = d.get("models")
+    return ",".join(models) if isinstance(models, dict) and models else None
+
+
+def _extends(run: Path, t: _Tables) -> None:
+    """``ganda extends``: ``extends.json`` (one result per task and condition) and, per task and
+    condition, ``predictions/<task>.<condition>.jsonl``."""
+    d = _read_json(run / "extends.json")
+    results = [r for r in d.get("results") or [] if isinstance(r, dict)]
+    t.runs.append(_run_row(run, "extends", d.get("model"), ",".join(dict.fromkeys(r["task"] for r in results)),
+                           d.get("limit"), None, {"heads": d.get("heads"), "control_heads": d.get("control_heads")}))
+    t.rows += [{"run": str(run), **{k: v for k, v in r.items() if not isinstance(v, dict)}} for r in results]
+    for r in results:
+        path = run / "predictions" / f"{r['task']}.{r['condition']}.jsonl"
+        if path.is_file():
+            t.predictions += _prediction_records(path, run=str(run), condition=r["condition"])
+
+
+def _prediction_records(path: Path, run: str, condition: str | None) -> list[dict[str, Any]]:
+    """The rows of one predictions JSONL file (one JSON object per example)."""
+    recs = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise GandaError(f"{path}:{i + 1} is not a JSON line") from None
+        if not isinstance(rec, dict) or "correct" not in rec:
+            raise GandaError(f"{path}:{i + 1} is not a ganda prediction (no 'correct')")
+        recs.append(rec)
+    rows = []
+    for i, rec in enumerate(recs):
+        key = rec.get("id") or {}
+        row = {"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
+               "doc_id": key.get("doc_id"), "example": i}
+        row.update({k: v for k, v in rec.items() if k != "id"})
+        rows.append(row)
+    return rows
+
+
+def _predictions_file(path: Path, t: _Tables) -> None:
+    """A ``ganda eval --predictions`` file: one JSON object per example."""
+    rows = _prediction_records(path, run=str(path), condition=None)
+    if not rows:
+        raise GandaError(f"{path} holds no predictions")
+    t.predictions += rows
+    t.runs.append(_run_row(path, "predictions", None, rows[0]["task"], len(rows),
+                           sum(bool(r["correct"]) for r in rows) / len(rows)))
+
+
+__all__ = ["Results", "load"]
