@@ -191,7 +191,8 @@ def _child_case(name: str) -> dict[str, Any]:
         ad = ganda.load_model(model, device="cpu", dtype=torch.float32)
         donor = ganda.load_model(extra["donor"], device="cpu", dtype=torch.float32) if "donor" in extra else None
         loaded = mem.proc.memory_info().rss - mem.base  # weights, model objects, tokenizer
-        task = get_task(task_name, adapter=ad)
+        # mmlu: a seeded sample of n questions across the subjects (its --limit is n per subject)
+        task = get_task(task_name, adapter=ad, **({"sample": True} if task_name == "mmlu" else {}))
         examples = task.examples(limit=n, seed=0)
         prof = planner.profile(ad)
         w = planner.workload_from_examples(examples, lambda t: encode(ad, t))
@@ -231,10 +232,10 @@ def _run(ad: Any, experiment: str, task_name: str, examples: list[Any], extra: d
     elif experiment == "attribution":
         rank_heads(ad, examples, verify_top=extra.get("verify_top", 30), audit=extra.get("audit", 10), progress=False)
     elif experiment == "prune":
-        scorer = Scorer(ad, [task_name], limit=len(examples), progress=False)
+        scorer = Scorer(ad, [task_name], limit=len(examples), progress=False, sample=task_name == "mmlu")
         prune_curve(ad, scorer)
     elif experiment == "transplant":
-        scorer = Scorer(ad, [task_name], limit=len(examples), progress=False)
+        scorer = Scorer(ad, [task_name], limit=len(examples), progress=False, sample=task_name == "mmlu")
         transplant_sweep(ad, donor, scorer)
     elif experiment == "maps":
         with torch.no_grad():

@@ -246,3 +246,11 @@ def test_smollm2_cot_generation_with_prefix_reuse_is_unchanged(smollm2, name, op
     off = evaluate(smollm2, task, limit=2, progress=False, prefix_cache=False)
     assert [p["generated"] for p in on.predictions] == [p["generated"] for p in off.predictions]
     assert all(p["n_tokens"] > 0 for p in on.predictions)
+
+
+def test_suffix_batches_bound_padding():
+    """Suffixes of similar length share a forward; a much longer one gets its own instead of
+    padding the others to its width (on a CPU, padding costs more than batching saves)."""
+    lengths = {0: 10, 1: 11, 2: 12, 3: 100, 4: 104}
+    assert scoring.suffix_batches(lengths, list(lengths)) == [[0, 1, 2], [3, 4]]
+    assert scoring.suffix_batches({0: 5, 1: 5, 2: 5}, [0, 1, 2], max_rows=2) == [[0, 1], [2]]

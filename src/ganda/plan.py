@@ -370,18 +370,22 @@ def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> t
         heads = opts.get("heads_per_layer") or [layer.heads for layer in p.layers]
         bh = int(opts.get("batch_heads") or 16)
         skip = opts.get("layer_skip", True)
-        phases = [Phase("intact model scored", w.n, 1, w.packed, L, n_read, examples=w.n, scored=w.n * w.score_rows)]
         if skip:
-            phases.append(Phase("intact pass kept layer by layer", w.n, 1, w.packed, L, 0))
+            # the intact scores come from the pass that records each layer's input; each head batch
+            # reads all its rows back through one LM-head call per prompt
+            phases = [Phase("intact pass kept layer by layer", w.n, 1, w.packed, L, n_read, examples=w.n,
+                            scored=w.n)]
             for k, hk in enumerate(heads):
                 if hk:
                     calls = w.n * math.ceil(hk / bh)
                     phases.append(Phase(f"heads of layer {k}", calls, min(bh, hk), w.packed, L[k:], n_read,
-                                        scored=w.n * hk * w.score_rows))
+                                        scored=calls))
             kept = w.n * w.packed * p.d_model * b  # each prompt's residual entering the current layer
-            phases = phases[:2] + _merge(phases[2:], "ablated heads, layers k.. only")
+            phases = phases[:1] + _merge(phases[1:], "ablated heads, layers k.. only")
         else:
             total = sum(heads)
+            phases = [Phase("intact model scored", w.n, 1, w.packed, L, n_read, examples=w.n,
+                            scored=w.n * w.score_rows)]
             phases.append(Phase("ablated heads (full forwards)", w.n * math.ceil(total / bh), min(bh, total),
                                 w.packed, L, n_read, scored=w.n * total * w.score_rows))
             notes.append("no layer-skipping runner for this family: every head batch runs the whole model")
@@ -460,11 +464,13 @@ def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> t
 
 def _eval_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> Phase:
     """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to 64
-    rows for small models, one example per forward otherwise; logits at every position."""
+    rows for small models, one example per forward otherwise; logits only at the positions a choice is read from."""
     rows, T = w.rows_tokens
     batch = opts.get("batch_rows") or (64 if p.n_params < 20_000_000 else rows)
     per_call = max(1, min(w.n, batch // rows))
-    return Phase(name, repeat * math.ceil(w.n / per_call), rows * per_call, T, list(range(len(p.layers))), T,
+    # logits only where a continuation token is read (the scorer's keep positions)
+    reads = 1.0 if w.single else w.choice_tokens
+    return Phase(name, repeat * math.ceil(w.n / per_call), rows * per_call, T, list(range(len(p.layers))), reads,
                  examples=repeat * w.n, scored=repeat * w.n * w.score_rows)
 
 

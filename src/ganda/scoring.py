@@ -182,6 +182,7 @@ PREFIX_MIN = 8  # tokens: a shorter common prefix is run with its rows
 SUFFIX_ROWS = 64  # rows per suffix forward
 CACHE_TOKENS = 8192  # rows x (prefix + suffix width) per suffix forward
 LOGIT_ROWS = 1024  # rows x read positions per suffix forward (each a vocabulary of fp32 logits)
+PAD_WASTE = 0.25  # padded tokens a suffix batch may add, as a fraction of its real tokens
 
 
 def prefix_cache_enabled(adapter: ModelAdapter, flag: bool | None = None) -> bool:
@@ -242,18 +243,23 @@ def suffix_batches(lengths: Mapping[int, int], rows: Sequence[int], plen: int = 
     """Rows bucketed by suffix length (shortest first) into batches that bound memory: at most
     ``max_rows`` rows, ``CACHE_TOKENS`` cached and padded tokens (rows x (``plen`` + width): the
     keys and values every row holds during its forward) and ``LOGIT_ROWS`` rows of logits (rows
-    x the positions any of them reads, ``keeps``)."""
+    x the positions any of them reads, ``keeps``) and padding: a batch's padded tokens stay within
+    ``1 + PAD_WASTE`` times its real ones (suffixes of unrelated questions differ in length; on a CPU
+    their padding costs more than the batching saves)."""
     out: list[list[int]] = []
     cur: list[int] = []
     union: set[int] = set()
+    real = 0
     for r in sorted(rows, key=lambda r: lengths[r]):
         want = union | (keeps[r] if keeps else set())
         n = len(cur) + 1
-        if cur and (n > max_rows or n * (plen + lengths[r]) > CACHE_TOKENS or n * len(want) > LOGIT_ROWS):
+        if cur and (n > max_rows or n * (plen + lengths[r]) > CACHE_TOKENS or n * len(want) > LOGIT_ROWS
+                    or n * lengths[r] > (1.0 + PAD_WASTE) * (real + lengths[r])):
             out.append(cur)
-            cur, want = [], set(keeps[r] if keeps else ())
+            cur, want, real = [], set(keeps[r] if keeps else ()), 0
         cur.append(r)
         union = want
+        real += lengths[r]
     if cur:
         out.append(cur)
     return out
