@@ -31,6 +31,7 @@ from .figures import curves
 from .interventions import AblateHeads
 from .models import load_model
 from .models.base import ModelAdapter
+from .progress import is_quiet
 from .report.html import write_report
 from .scoring import EvalResult, evaluate_examples
 from .stats import bootstrap_paired
@@ -154,6 +155,7 @@ def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[st
 def run_demo(
     model: str, out: str | Path, *, pairs: int = 5, n: int = 8, verify_n: int = 40, top: int = 4,
     seed: int = 0, max_heads: int = 8, rank_n: int = 16, verify_top: int = 20, verify_layers: Sequence[int] = (0,),
+    allow_pickle: bool = False,
 ) -> Path:
     """Run the demo into ``out`` and return its ``report.html``. ``n``: pattern prompts (roles);
     ``rank_n``: ranking prompts; ``verify_top``: heads verified exactly, with every head of
@@ -161,12 +163,12 @@ def run_demo(
     ``verify_n``: measurement prompts; ``top``: causal heads the finding names and draws;
     ``max_heads``: longest cumulative ablation. The defaults keep the run under 3 minutes on two
     idle cores (BENCHMARKS.md §9)."""
-    con = Console(stderr=True)
+    con = Console(stderr=True, quiet=is_quiet())  # -q: only the command's summary line
     t0, c0 = time.perf_counter(), time.process_time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     con.print(f"[bold]ganda demo[/] on {model}: KV retrieval with {pairs} pairs")
-    adapter = load_model(model)
+    adapter = load_model(model, allow_pickle=allow_pickle)
     task = get_task("kv", pairs=pairs)
     pattern_ex = task.examples(limit=n, seed=seed)
     rank_ex = task.examples(limit=rank_n, seed=seed + 1)

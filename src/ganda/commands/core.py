@@ -278,6 +278,7 @@ def register(app: typer.Typer) -> None:
         verify_n: int = typer.Option(40, "--verify-n", help="prompts for the accuracy measurements"),
         top: int = typer.Option(4, "--top", help="top causal heads the finding names and draws"),
         seed: int = SEED,
+        allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
     ) -> None:
         """The main job: KV baseline -> causal head ranking -> ablate the top G&A heads -> figures -> HTML report."""
@@ -287,7 +288,8 @@ def register(app: typer.Typer) -> None:
             at_least(flag, value)
         get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
         runio.claim_run_dir(out)
-        report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed)
+        report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed,
+                          allow_pickle=allow_pickle)
         print(f"report: {report}")
 
 
