@@ -213,15 +213,23 @@ def _shard_counts(adapter: ModelAdapter, fn: Any, examples: Sequence[Any], arg: 
     return map_units(adapter, fn, units, names)
 
 
+def _count_correct(adapter: ModelAdapter, examples: Sequence[Any], keys: list[Any], logliks: Any, desc: str,
+                   progress: bool) -> dict[Any, int]:
+    """How many of ``examples`` each model variant (key) gets right; ``logliks(adapter, prepared)``
+    returns every variant's choice log-likelihoods from one pass."""
+    correct = dict.fromkeys(keys, 0)
+    for ex in tqdm(examples, desc=desc, leave=False, disable=not progress):
+        p = _prepare(adapter, ex)
+        lls = logliks(adapter, p)
+        for key in keys:
+            correct[key] += int(_pred(lls[key]) == p.gold)
+    return correct
+
+
 def _truncation_counts(adapter: ModelAdapter, examples: Sequence[Any], ks: list[int], progress: bool) -> dict[int, int]:
     """How many of ``examples`` each first-k-layer model gets right (one pass of the layers per example)."""
-    correct = dict.fromkeys(ks, 0)
-    for ex in tqdm(examples, desc="prune (one pass)", leave=False, disable=not progress):
-        p = _prepare(adapter, ex)
-        lls = truncation_logliks(adapter, p, ks)
-        for k in ks:
-            correct[k] += int(_pred(lls[k]) == p.gold)
-    return correct
+    return _count_correct(adapter, examples, ks, lambda a, p: truncation_logliks(a, p, ks), "prune (one pass)",
+                          progress)
 
 
 def fast_removal_scores(
@@ -251,14 +259,8 @@ def fast_removal_scores(
 
 def _removal_counts(adapter: ModelAdapter, examples: Sequence[Any], m: int, progress: bool) -> dict[int | None, int]:
     """How many of ``examples`` the m-layer model (key None) and it minus each layer get right."""
-    keys: list[int | None] = [None, *range(m)]
-    correct = dict.fromkeys(keys, 0)
-    for ex in tqdm(examples, desc="remove-restore (shared prefix)", leave=False, disable=not progress):
-        p = _prepare(adapter, ex)
-        lls = removal_logliks(adapter, p, m)
-        for key in keys:
-            correct[key] += int(_pred(lls[key]) == p.gold)
-    return correct
+    return _count_correct(adapter, examples, [None, *range(m)], lambda a, p: removal_logliks(a, p, m),
+                          "remove-restore (shared prefix)", progress)
 
 
 def _fast_knowledge(adapter: ModelAdapter, scorer: Scorer, run: Any) -> dict[Any, dict[str, Any]] | None:
