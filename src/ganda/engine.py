@@ -138,26 +138,26 @@ class Trace:
             if what == "kwargs":
                 self._store(name, {k: v for k, v in kwargs.items() if k != "hidden_states"})
                 return None
-            h = args[0] if args else kwargs["hidden_states"]
-            fn = self.edit.get(name)
-            if fn is None:
-                self._store(name, h)
+            h = self._edit_and_store(name, args[0] if args else kwargs["hidden_states"])
+            if h is None:
                 return None
-            h = fn(h)
-            self._store(name, h)
             return ((h, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": h})
 
         return hook
 
+    def _edit_and_store(self, name: str, h: torch.Tensor) -> torch.Tensor | None:
+        """Record ``name``'s value after its edit; the edited value, or None when there is no edit
+        (the hook then leaves the module's input or output alone)."""
+        fn = self.edit.get(name)
+        out = fn(h) if fn is not None else h
+        self._store(name, out)
+        return out if fn is not None else None
+
     def _post(self, name: str) -> Callable[..., Any]:
         def hook(_m: Any, _args: Any, out: Any) -> Any:
-            h = _hidden(out)
-            fn = self.edit.get(name)
-            if fn is None:
-                self._store(name, h)
+            h = self._edit_and_store(name, _hidden(out))
+            if h is None:
                 return None
-            h = fn(h)
-            self._store(name, h)
             return (h, *out[1:]) if isinstance(out, tuple) else h
 
         return hook
