@@ -112,9 +112,14 @@ def quality_cmd(args) -> None:
         # after exact verification of the estimate's top 30, the reported top 10 is the exact top 10 among them
         verified = top_by_magnitude(est, 30)
         reported = top_by_magnitude({h: exact[h] for h in verified}, 10)
-        # the first-layer remedy: the top 20 by estimate plus every layer-0 head (rank_heads(verify_layers=[0]))
-        plus_l0 = set(top_by_magnitude(est, 20)) | {h for h in est if HeadId.parse(h).layer == 0}
-        reported_l0 = top_by_magnitude({h: exact[h] for h in plus_l0}, 10)
+        # the early-layer remedies: the top 20 by estimate plus every head of layer 0 / layers 0 and 1
+        # (rank_heads(verify_layers=[0]) / [0, 1], the demo's)
+        remedies = {}
+        for key, early in (("top20_plus_layer0", {0}), ("top20_plus_layers01", {0, 1})):
+            plus = set(top_by_magnitude(est, 20)) | {h for h in est if HeadId.parse(h).layer in early}
+            reported_plus = top_by_magnitude({h: exact[h] for h in plus}, 10)
+            remedies[key] = {"verified": len(plus), "recall_top10": sum(h in plus for h in q["exact_top"]) / len(q["exact_top"]),
+                             "verified_top10_identical": reported_plus == q["exact_top"][:10]}
         misses = [{"head": h, "exact": exact[h], "exact_rank": exact_rank[h], "estimate": est[h],
                    "estimate_rank": est_rank[h], "atp": dict(zip([str(x) for x in att.heads], att.atp, strict=True))[h]}
                   for h in q["missed_in_30"]]
@@ -122,9 +127,7 @@ def quality_cmd(args) -> None:
                      "spearman_abs": q["spearman_abs"], "spearman_signed": q["spearman_signed"],
                      "recall_top10_in_10": q["recall_top10_in_10"], "recall_top10_in_30": q["recall_top10_in_30"],
                      "verified_top10_identical": reported == q["exact_top"][:10],
-                     "top20_plus_layer0": {"verified": len(plus_l0),
-                                           "recall_top10": sum(h in plus_l0 for h in q["exact_top"]) / len(q["exact_top"]),
-                                           "verified_top10_identical": reported_l0 == q["exact_top"][:10]},
+                     **remedies,
                      "verified_top10": reported, "missed_in_10": q["missed_in_10"], "missed_in_30": misses,
                      "clean_matches_sweep": abs(att.clean - clean) < 1e-4,
                      "estimates": est})
@@ -173,9 +176,9 @@ def scatter(q: dict, path: Path) -> None:
     plt.close(fig)
 
 
-SPEED_ARMS = ("atp", "atp*", "pipeline_atp*_verify30", "pipeline_atp_verify30", "pipeline_atp_verify20_layer0",
+SPEED_ARMS = ("atp", "atp*", "pipeline_atp*_verify30", "pipeline_atp_verify30", "pipeline_atp_verify20_layers01",
               "audit10", "fast_sweep", "naive")
-PIPELINES = ("atp", "atp*", "pipeline_atp*_verify30", "pipeline_atp_verify30", "pipeline_atp_verify20_layer0")
+PIPELINES = ("atp", "atp*", "pipeline_atp*_verify30", "pipeline_atp_verify30", "pipeline_atp_verify20_layers01")
 
 
 def speed_cmd(args) -> None:
@@ -203,8 +206,8 @@ def speed_cmd(args) -> None:
                                                      progress=False),
         "pipeline_atp_verify30": lambda: rank_heads(adapter, examples, method="atp", verify_top=30, audit=0,
                                                     progress=False),
-        "pipeline_atp_verify20_layer0": lambda: rank_heads(adapter, examples, method="atp", verify_top=20,
-                                                           verify_layers=[0], audit=0, progress=False),
+        "pipeline_atp_verify20_layers01": lambda: rank_heads(adapter, examples, method="atp", verify_top=20,
+                                                             verify_layers=[0, 1], audit=0, progress=False),
         "audit10": lambda: run_sweep(adapter, examples, heads=heads[5::27][:10], progress=False),
         "fast_sweep": lambda: run_sweep(adapter, examples, progress=True),
         "naive": lambda: run_sweep(adapter, examples, heads=subset, naive=True, progress=True),
@@ -311,27 +314,43 @@ def memory_cmd(args) -> None:
     print(f"wrote {path}")
 
 
-def units(n_layers: int, heads_per_layer: int, verified_depth: float, k: int = 30) -> dict[str, float]:
+def units(n_layers: int, heads_per_layer: int, verified_depth: float, k: int = 30, late: float = 14.0,
+          late_depth: float = 0.5) -> dict[str, float]:
     """Cost in layer-forward units per prompt (docs/attribution.md): a layer VJP counted as one forward;
-    ``verified_depth``: mean layer of the verified heads over the layer count."""
+    ``verified_depth``: mean layer of the top-k verified heads over the layer count; ``late`` heads of
+    the top 20 outside layers 0-1 at mean relative depth ``late_depth`` (the demo's rule verifies them
+    and every head of layers 0 and 1)."""
+    from ganda.attribution import GRADDROP_BLOCKS
+
     L, H = n_layers, heads_per_layer
+    G = min(L, GRADDROP_BLOCKS)
+    star = 2 * L + sum(1 + (G - 1 - k_ * G // L) for k_ in range(L))  # capture, recompute, VJPs per block above
     sweep = H * L * (L + 1) / 2 + L
     verify = k * L * (1 - verified_depth) + L
-    return {"fast_sweep": sweep, "atp": 3 * L, "atp*": 2 * L + L * (L + 1) / 2, "naive": H * L * L,
-            "pipeline_atp_verify30": 3 * L + verify, "pipeline_atp*_verify30": 2 * L + L * (L + 1) / 2 + verify}
+    early = late * L * (1 - late_depth) + H * (2 * L - 1) + L
+    return {"fast_sweep": sweep, "atp": 3 * L, "atp*": star, "naive": H * L * L,
+            "pipeline_atp_verify30": 3 * L + verify, "pipeline_atp*_verify30": star + verify,
+            "pipeline_atp_verify20_layers01": 3 * L + early}
 
 
 def extrapolation(speed: dict, quality: dict) -> list[str]:
     """Measured SmolLM2 ratios, the unit model's, and Llama-3.1-8B's (unit model x SmolLM2's calibration)."""
-    arms = ("atp", "atp*", "pipeline_atp_verify30", "pipeline_atp*_verify30")
+    arms = ("atp", "atp*", "pipeline_atp_verify30", "pipeline_atp*_verify30", "pipeline_atp_verify20_layers01")
     depth = {}
     for m in quality["methods"]:
         top = sorted(m["estimates"], key=lambda h: -abs(m["estimates"][h]))[:30]
         depth[m["method"]] = sum(int(h[1:].split("H")[0]) for h in top) / 30 / 30
     d = (depth["atp"] + depth["atp*"]) / 2
-    smol, big = units(30, 9, d), units(32, 32, d)
+    atp = next(m["estimates"] for m in quality["methods"] if m["method"] == "atp")
+    late = [int(h[1:].split("H")[0]) for h in sorted(atp, key=lambda h: -abs(atp[h]))[:20]
+            if int(h[1:].split("H")[0]) > 1]
+    late_depth = sum(late) / max(1, len(late)) / 30
+    smol = units(30, 9, d, late=len(late), late_depth=late_depth)
+    big = units(32, 32, d, late=len(late), late_depth=late_depth)
     out = ["", f"How the ratios scale (fast sweep ÷ arm). Unit model: cost in layer forwards per prompt "
-           f"(docs/attribution.md); verified heads at the measured mean relative depth {d:.2f}. "
+           f"(docs/attribution.md); verified heads at the measured mean relative depth {d:.2f} (the demo's "
+           f"rule: {len(late)} of the AtP top 20 outside layers 0-1, at depth {late_depth:.2f}, and every head "
+           "of layers 0 and 1). "
            "Llama-3.1-8B = its unit ratio × SmolLM2's measured/unit calibration:", "",
            "| arm | SmolLM2 measured (CPU) | SmolLM2 unit model | Llama-3.1-8B unit model | Llama-3.1-8B calibrated |",
            "|---|---|---|---|---|"]
@@ -346,10 +365,10 @@ def extrapolation(speed: dict, quality: dict) -> list[str]:
     return out
 
 
-def _plus_l0(r: dict) -> str:
-    """The first-layer remedy's column: recall of the exhaustive top 10, and whether verifying the
-    top 20 plus every layer-0 head reports exactly the exhaustive top 10."""
-    p = r.get("top20_plus_layer0")
+def _plus(r: dict, key: str) -> str:
+    """An early-layer remedy's column: recall of the exhaustive top 10, and whether verifying the
+    top 20 plus every head of those layers reports exactly the exhaustive top 10."""
+    p = r.get(key)
     if not p:
         return "-"
     return f"{p['recall_top10']:.0%} ({p['verified']}), {'identical' if p['verified_top10_identical'] else 'differs'}"
@@ -360,22 +379,23 @@ def table_cmd(_args) -> None:
              "choice's log-likelihood over the others'; heads ranked by |drop when zero-ablated|). Commands: "
              "`benchmarks/bench_attribution.py quality ...` (one per row pair), `speed`, `memory`, `table`.", "","| model, task (prompts, heads) | method | Spearman \\|est\\| vs \\|exact\\| | exhaustive top-10 in top-10 | "
              "in top-30 | top-10 after verifying top-30 | missed (exact rank: estimate rank) | "
-             "top-20 + layer 0: top-10 in it (verified heads) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "top-20 + layer 0: top-10 in it (verified heads) | top-20 + layers 0-1 |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for path in sorted(RESULTS.glob("attribution_quality_*.json")):
         q = json.loads(path.read_text())
         for r in q["methods"]:
             missed = ", ".join(f"{m['head']} ({m['exact_rank']}: {m['estimate_rank']})" for m in r["missed_in_30"]) or "-"
+            seed = f", seed {q['command'].split('--seed ')[1].split()[0]}" if "--seed" in q["command"] else ""
             lines.append(f"| {q['model']}, {q['task']}{' ' + str(q['task_options'].get('pairs')) + ' pairs' if q['task_options'] else ''} "
-                         f"({q['n_prompts']}, {q['n_heads']}) | {r['method']} | {r['spearman_abs']:.2f} | "
+                         f"({q['n_prompts']}{seed}, {q['n_heads']}) | {r['method']} | {r['spearman_abs']:.2f} | "
                          f"{r['recall_top10_in_10']:.0%} | {r['recall_top10_in_30']:.0%} | "
-                         f"{'identical' if r['verified_top10_identical'] else 'differs'} | {missed} | {_plus_l0(r)} |")
+                         f"{'identical' if r['verified_top10_identical'] else 'differs'} | {missed} | {_plus(r, 'top20_plus_layer0')} | "
+                         f"{_plus(r, 'top20_plus_layers01')} |")
     lines += ["", "The lab models have 4-32 heads, so a top 30 holds (nearly) all of them and their top-30 columns are "
-              "full by construction; the Spearman and top-10-in-10 columns carry the information there. The last "
-              "column is the first-layer remedy (`rank_heads(..., verify_top=20, verify_layers=[0])`, the demo's "
-              "ranking): every layer-0 head verified whatever its estimate. On SmolLM2 it holds the exhaustive top 10 "
-              "with 23 verified heads; the rule was read off these 16 prompts (`quality ... --seed 1` checks it on "
-              "others)."]
+              "full by construction; the Spearman and top-10-in-10 columns carry the information there. The last two "
+              "columns are the early-layer remedies: the AtP (or AtP*) top 20 plus every head of layer 0 "
+              "(`verify_layers=[0]`), or of layers 0 and 1 (`verify_layers=[0, 1]`, the demo's ranking), verified "
+              "whatever their estimates. SmolLM2 rows: `-s1`, `-s2` are other prompt sets (`--seed 1`, `--seed 2`)."]
     speed = RESULTS / "attribution_speed.json"
     if speed.exists():
         s = json.loads(speed.read_text())
@@ -383,7 +403,7 @@ def table_cmd(_args) -> None:
         lines += ["", f"SmolLM2-135M, KV {s['task_options']['pairs']} pairs, {s['n_prompts']} prompts, {s['n_heads']} heads, "
                   f"{s['threads']} thread, {s['cpu']} (load average at end {s['load_average_at_end'][0]:.1f}):", "",
                   "| arm | CPU s | wall s | fast sweep ÷ arm (CPU) | (wall) |", "|---|---|---|---|---|"]
-        for name in ("atp", "atp*", "pipeline_atp_verify30", "pipeline_atp_verify20_layer0", "pipeline_atp*_verify30",
+        for name in ("atp", "atp*", "pipeline_atp_verify30", "pipeline_atp_verify20_layers01", "pipeline_atp*_verify30",
                      "audit10", "fast_sweep", "naive"):
             if name not in a:
                 continue

@@ -68,7 +68,7 @@ CASES: dict[str, tuple[str, str, str, int, dict[str, Any]]] = {
     "lab-llama prune lab-mmlu": ("lab-llama", "prune", "lab-mmlu", 200, {}),
     "lab-mamba2 eval lab-mmlu": ("lab-mamba2", "eval", "lab-mmlu", 200, {}),
     "lab-mamba2 sweep lab-mmlu": ("lab-mamba2", "sweep", "lab-mmlu", 32, {}),
-    "lab-mamba2 maps lab-mmlu": ("lab-mamba2", "maps", "lab-mmlu", 4, {}),
+    "lab-mamba2 maps lab-mmlu": ("lab-mamba2", "maps", "lab-mmlu", 16, {}),
     "lab-hybrid eval lab-mmlu": ("lab-hybrid", "eval", "lab-mmlu", 200, {}),
     "lab-hybrid transplant lab-mmlu": ("lab-hybrid", "transplant", "lab-mmlu", 100, {"donor": "lab-llama-wd"}),
 }
@@ -167,19 +167,32 @@ def _child_calibrate() -> dict[str, Any]:
     return out
 
 
-def _child_runtime(directory: str) -> dict[str, Any]:
-    """RSS a fresh process adds, beyond the planned weights and activations, to load a tiny model
-    directory and score 64 prompts: libraries, tokenizer, allocator (the planner's ``runtime``)."""
+def _child_runtime(arg: str) -> dict[str, Any]:
+    """RSS a fresh process adds to load a tiny model directory and run one forward of one token,
+    beyond its weights (the planner's ``runtime``: libraries, tokenizer, allocator), then to run one
+    experiment on 64 prompts: the heap that experiment's code path grows on its first run beyond
+    what it keeps (``act_floor``: activations smaller than it reuse that heap)."""
+    experiment, directory = arg.split(":", 1)
     torch.set_num_threads(1)
     exs = get_task("letters").examples(limit=64, seed=0)
     with PeakRSS() as mem:
         ad = ganda.load_model(directory, device="cpu", dtype=torch.float32)
-        evaluate_examples(ad, exs, progress=False)
+        with torch.no_grad():
+            ad.forward(torch.tensor([[1]]))
+        loaded = mem.proc.memory_info().rss - mem.base
+        if experiment == "eval":
+            evaluate_examples(ad, exs, progress=False)
+        elif experiment == "sweep":
+            run_sweep(ad, exs, progress=False)
+        else:
+            rank_heads(ad, exs, progress=False)
     w = planner.workload_from_examples(exs, lambda t: encode(ad, t))
-    pl = planner.plan(planner.profile(ad), "eval", w, "cpu")
-    planned = pl.memory["weights"] + pl.memory["activations"] + pl.memory["kept"]
-    return {"family": ad.family, "delta": mem.peak - mem.base, "planned": planned,
-            "runtime": mem.peak - mem.base - planned}
+    pl = planner.plan(planner.profile(ad), experiment, w, "cpu", layer_skip=layer_skip(ad))
+    m = pl.memory
+    runtime = loaded - m["weights"]
+    return {"family": ad.family, "experiment": experiment, "delta": mem.peak - mem.base, "runtime": runtime,
+            "planned_activations": m["activations"],
+            "floor": mem.peak - mem.base - m["weights"] - m["kept"] - runtime}
 
 
 def _child_case(name: str) -> dict[str, Any]:
@@ -279,7 +292,9 @@ def main() -> None:
         d = tempfile.mkdtemp()
         model.save_pretrained(d)
         tok.save_pretrained(d)
-        cal["runtime"][label] = _spawn(f"runtime:{d}")["runtime"]
+        cal["runtime"][label] = _spawn(f"runtime:eval:{d}")["runtime"]
+        if label == "transformer":
+            cal["act_floor"] = {x: _spawn(f"runtime:{x}:{d}")["floor"] for x in ("eval", "sweep", "attribution")}
     # scipy only for this fit (not one of ganda's dependencies)
     from scipy.optimize import nnls
 
@@ -303,14 +318,16 @@ def main() -> None:
           f"example {ex_ov * 1e3:.2f} ms, model call {call_ov * 1e3:.2f} ms, head map {map_ov * 1e3:.3f} ms, "
           f"scored row {score_ov * 1e6:.0f} us, prompt token {tok_ov * 1e6:.1f} us, "
           f"runtime {cal['runtime']['transformer'] / 2**20:.0f} MiB (+{(cal['runtime']['ssm'] - cal['runtime']['transformer']) / 2**20:.0f} MiB "
-          f"with SSM layers)")
+          f"with SSM layers), activation floor: "
+          + ", ".join(f"{x} {v / 2**20:.0f} MiB" for x, v in cal["act_floor"].items()))
     cpu = DEVICES["cpu"]
     print(f"planner's cpu row: fp32 {cpu.flops['float32'] / 1e9:.1f} GFLOP/s (util {cpu.util:.2f}), bf16 {cpu.flops['bfloat16'] / 1e9:.1f}, "
           f"layer call {cpu.layer_overhead * 1e6:.0f} us, scan step {cpu.scan_step * 1e6:.1f} us, example "
           f"{cpu.example_overhead * 1e3:.2f} ms, model call {cpu.call_overhead * 1e3:.2f} ms, head map "
           f"{cpu.map_overhead * 1e3:.3f} ms, scored row {cpu.score_overhead * 1e6:.0f} us, prompt token {cpu.token_overhead * 1e6:.1f} us, "
           f"activation bandwidth {cpu.act_bandwidth / 1e9:.2f} GB/s, "
-          f"runtime {cpu.runtime / 2**20:.0f} MiB (+{cpu.ssm_runtime / 2**20:.0f} MiB with SSM layers)")
+          f"runtime {cpu.runtime / 2**20:.0f} MiB (+{cpu.ssm_runtime / 2**20:.0f} MiB with SSM layers), activation floor: "
+          + ", ".join(f"{x} {v / 2**20:.0f} MiB" for x, v in cpu.act_floor.items()))
     result: dict[str, Any] = {"calibration": cal, "cases": []}
     if not args.calibrate_only:
         names = [n.strip() for n in args.only.split(",")] if args.only else list(CASES)

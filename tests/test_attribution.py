@@ -20,6 +20,7 @@ import ganda
 from ganda.attribution import (
     attribute,
     false_negative_bound,
+    graddrop_blocks,
     margin_of,
     metric_value,
     quality,
@@ -85,9 +86,9 @@ def exact_drops(adapter, examples, margin="mean"):
     return clean, {r["head"]: clean - metric_value(r["loglik"], golds, margin) for r in res.records}
 
 
-def brute_atp(adapter, examples, drop: int | None = None) -> dict[str, float]:
+def brute_atp(adapter, examples, drop: int | tuple[int, ...] | None = None) -> dict[str, float]:
     """Plain autograd through the whole model, one row per choice (the scorer's layout);
-    ``drop``: the gradient through that layer's residual branch is cut (GradDrop's pass)."""
+    ``drop``: the gradient through those layers' residual branches is cut (GradDrop's pass)."""
     heads = adapter.heads()
     out = dict.fromkeys((str(h) for h in heads), 0.0)
     layers = adapter.decoder_layers()
@@ -102,13 +103,13 @@ def brute_atp(adapter, examples, drop: int | None = None) -> dict[str, float]:
                 args[0].retain_grad()
                 zs[m.layer, m.kind] = args[0]
             handles.append(adapter.register_out_proj_pre_hook(m, hook))
-        if drop is not None:
-            def cut(_m, args, kwargs, output):
-                h = args[0] if args else kwargs["hidden_states"]
-                o = output[0] if isinstance(output, tuple) else output
-                new = h + (o - h).detach()
-                return (new, *output[1:]) if isinstance(output, tuple) else new
-            handles.append(layers[drop].register_forward_hook(cut, with_kwargs=True))
+        def cut(_m, args, kwargs, output):
+            h = args[0] if args else kwargs["hidden_states"]
+            o = output[0] if isinstance(output, tuple) else output
+            new = h + (o - h).detach()
+            return (new, *output[1:]) if isinstance(output, tuple) else new
+        for ell in () if drop is None else (drop,) if isinstance(drop, int) else drop:
+            handles.append(layers[ell].register_forward_hook(cut, with_kwargs=True))
         try:
             with torch.enable_grad():
                 logits = adapter.forward(ids, attention_mask=mask)
@@ -177,6 +178,25 @@ def test_engine_equals_brute_force_autograd_and_graddrop():
         assert gd[h] == pytest.approx(want, abs=1e-5), h
     # GradDrop moved some estimate: this model has cancellation somewhere
     assert max(abs(gd[h] - abs(atp[h])) for h in ref) > 1e-3
+
+
+def test_blocked_graddrop_equals_brute_force_over_blocks():
+    ad = llama(layers=5, seed=2)
+    assert graddrop_blocks(5, 2) == [0, 0, 0, 1, 1] and graddrop_blocks(5, None) == [0, 1, 2, 3, 4]
+    assert graddrop_blocks(5, 9) == graddrop_blocks(5, None) and graddrop_blocks(5, 1) == [0] * 5
+    att = attribute(ad, EXAMPLES, method="atp*", graddrop_blocks=2, progress=False)
+    blocks = [(0, 1, 2), (3, 4)]
+    dropped = [brute_atp(ad, EXAMPLES, drop=b) for b in blocks]
+    gd = dict(zip([str(h) for h in att.heads], att.graddrop, strict=True))
+    # two blocks: a head's score is |AtP with the other block dropped| (its own block's pass is 0)
+    for h in gd:
+        assert gd[h] == pytest.approx(sum(abs(d[h]) for d in dropped), abs=1e-5), h
+    per_layer = attribute(ad, EXAMPLES, method="atp*", progress=False)
+    assert max(abs(a - b) for a, b in zip(att.graddrop, per_layer.graddrop, strict=True)) > 1e-4  # blocks differ
+    one = attribute(ad, EXAMPLES, method="atp*", graddrop_blocks=1, progress=False)
+    assert one.graddrop == pytest.approx([abs(a) for a in one.atp], abs=1e-7)
+    with pytest.raises(GandaError, match="graddrop_blocks"):
+        attribute(ad, EXAMPLES, method="atp*", graddrop_blocks=0, progress=False)
 
 
 def test_graddrop_changes_nothing_without_later_layers():
@@ -278,9 +298,18 @@ def test_rank_json_and_bad_inputs(tiny_dir, capsys):
     rest = [abs(r["estimate"]) for r in ranking[5:]]
     assert rest == sorted(rest, reverse=True)
     assert data["bound"]["pool"] == 9 and len(data["bound"]["audited"]) == 2
+    # --graddrop-blocks 0: the per-layer form; its estimates differ from the 2-block run's, its exact numbers do not
+    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3",
+               "--audit", "2", "--out", str(tiny_dir / "rank0"), "--json", "--graddrop-blocks", "2"])
+    two = {r["head"]: r for r in json.loads(capsys.readouterr().out)["ranking"]}
+    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "12",
+               "--audit", "0", "--out", str(tiny_dir / "rank1"), "--json", "--graddrop-blocks", "0"])
+    per_layer = {r["head"]: r for r in json.loads(capsys.readouterr().out)["ranking"]}
+    assert rc == 0 and any(abs(two[h]["estimate"] - per_layer[h]["estimate"]) > 1e-6 for h in two)
+    assert all(abs(r["exact"] - per_layer[r["head"]]["exact"]) < 1e-6 for r in known)
     for argv, msg in ((["--method", "atpx"], "--method"), (["--verify-top", "-1"], "--verify-top"),
                       (["--ablation", "half"], "--ablation"), (["--task", "gsm8k"], "generation"),
-                      (["--verify-layers", "0,x"], "--verify-layers")):
+                      (["--verify-layers", "0,x"], "--verify-layers"), (["--graddrop-blocks", "-1"], "--graddrop-blocks")):
         rc = main(["rank", str(tiny_dir), "--limit", "2", *argv])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and err[0].startswith("ganda: error:") and msg in err[0], (argv, err)

@@ -306,6 +306,30 @@ def test_plan_counts_flops_and_bytes_by_hand(shipped):
     assert sw.seconds > pl.seconds * 100
 
 
+def test_plan_prices_graddrop_by_its_blocks_and_floors_host_activations(shipped):
+    prof = planner.profile(shipped["meta-llama/Llama-3.1-8B"])
+    w = planner.Workload(n=8, tokens=100, max_tokens=100)
+
+    def backward(method, **opts):
+        pl = planner.plan(prof, "attribution", w, "h100", method=method, verify_top=0, audit=0, **opts)
+        return next(p["flops"] for p in pl.phases if p["phase"].startswith("layer-by-layer backward"))
+
+    plain = backward("atp")  # recompute + one VJP: twice the forward
+    # per layer: recompute, the plain VJP, one VJP per block above (32 layers: blocks of 6,5,5,6,5,5)
+    sizes = [6, 5, 5, 6, 5, 5]
+    six = 1 + sum(n * (1 + (5 - b)) for b, n in enumerate(sizes)) / 32
+    assert math.isclose(backward("atp*") / plain, six / 2, rel_tol=1e-9)
+    assert math.isclose(backward("atp*", graddrop_blocks=None) / plain, (1 + 33 / 2) / 2, rel_tol=1e-9)
+    # a host's allocator keeps a code path's heap: small runs are floored on the CPU, not on a GPU
+    small = planner.profile(ganda.from_model(make_tiny_llama(64)))
+    w = planner.Workload(n=4, tokens=8, max_tokens=8)
+    floor = planner.DEVICES["cpu"].act_floor["sweep"]
+    cpu, gpu = planner.plan(small, "sweep", w, "cpu"), planner.plan(small, "sweep", w, "h100")
+    assert gpu.memory["activations"] < floor / 100 and cpu.memory["activations"] == floor
+    big = planner.plan(prof, "sweep", w, "cpu")  # 128k-entry logits: far above the floor
+    assert big.memory["activations"] == planner.plan(prof, "sweep", w, "h100").memory["activations"] > floor
+
+
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
     prof = planner.profile(shipped["ai21labs/AI21-Jamba-1.5-Mini"])
     w = planner.Workload(n=100, tokens=200, max_tokens=200)

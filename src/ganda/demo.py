@@ -154,12 +154,12 @@ def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[st
 
 def run_demo(
     model: str, out: str | Path, *, pairs: int = 5, n: int = 8, verify_n: int = 40, top: int = 4,
-    seed: int = 0, max_heads: int = 8, rank_n: int = 16, verify_top: int = 20, verify_layers: Sequence[int] = (0,),
+    seed: int = 0, max_heads: int = 8, rank_n: int = 16, verify_top: int = 20, verify_layers: Sequence[int] = (0, 1),
     allow_pickle: bool = False,
 ) -> Path:
     """Run the demo into ``out`` and return its ``report.html``. ``n``: pattern prompts (roles);
     ``rank_n``: ranking prompts; ``verify_top``: heads verified exactly, with every head of
-    ``verify_layers`` (layer 0: first-order estimates underrate it, docs/attribution.md);
+    ``verify_layers`` (first-order estimates underrate heads of the first two layers, docs/attribution.md);
     ``verify_n``: measurement prompts; ``top``: causal heads the finding names and draws;
     ``max_heads``: longest cumulative ablation. The defaults keep the run under 3 minutes on two
     idle cores (BENCHMARKS.md §9)."""

@@ -62,6 +62,9 @@ class Device:
     ssm_runtime: float = 0.0  # extra runtime bytes when SSM layers run (their PyTorch paths' code and caches)
     act_bandwidth: float = 0.0  # bytes/s of memory-bound activation work (0: the device's bandwidth)
     map_overhead: float = 1.0e-4  # seconds per materialised head map beyond its arithmetic
+    # the heap an experiment's code path grows on its first run (bytes): a host allocator keeps what
+    # the many small tensors of a sweep or a backward freed, and smaller activations reuse it
+    act_floor: dict[str, float] = field(default_factory=dict)
 
     def rate(self, dtype: str) -> float:
         return self.flops.get(dtype, self.flops["float32"]) * self.util
@@ -80,10 +83,11 @@ DEVICES: dict[str, Device] = {
     # Calibrated by benchmarks/bench_plan.py on this repository's CPU machine (one torch thread,
     # process CPU time): effective matmul rates, per-layer-call and per-scan-step costs.
     "cpu": Device("this CPU (1 thread, calibrated)", {"bfloat16": 210e9, "float16": 20e9, "float32": 90e9},
-                  20e9, 24e9, util=0.80, bw_util=1.0, layer_overhead=280e-6, scan_step=21e-6, runtime=16 * 2.0**20,
+                  20e9, 24e9, util=0.80, bw_util=1.0, layer_overhead=280e-6, scan_step=21e-6, runtime=19 * 2.0**20,
                   note="rates and overheads measured here", host=True, example_overhead=0.0, token_overhead=1.5e-6,
                   call_overhead=0.0, map_overhead=0.21e-3, score_overhead=0.70e-3, act_bandwidth=9.4e9,
-                  ssm_runtime=11 * 2.0**20),
+                  ssm_runtime=11 * 2.0**20,
+                  act_floor={"eval": 18 * 2.0**20, "sweep": 17 * 2.0**20, "attribution": 39 * 2.0**20}),
 }
 
 
@@ -396,12 +400,16 @@ def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> t
         per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
         calls = math.ceil(w.n / per_batch)
         depth = len(L)
-        back = 1.0 + ((depth + 1) / 2.0 if method == "atp*" else 1.0)  # recompute + input-gradient VJPs
+        blocks = min(depth, int(opts.get("graddrop_blocks") or depth)) if "graddrop_blocks" in opts else min(depth, 6)
+        # per layer a recompute and input-gradient VJPs: the plain one and, for AtP*, one per GradDrop
+        # block above the layer's own (contiguous blocks as equal as possible, as attribution cuts them)
+        above = sum(blocks - 1 - k * blocks // depth for k in range(depth)) / depth
+        back = 1.0 + (1.0 + above if method == "atp*" else 1.0)
         phases = [Phase("no-grad pass, residuals kept", calls, per_batch, w.packed, L, n_read, examples=w.n,
                         scored=w.n * w.score_rows),
                   Phase(f"layer-by-layer backward ({method})", calls, per_batch, w.packed, L, n_read,
                         backward=back - 1.0)]
-        cotangents = depth if method == "atp*" else 1
+        cotangents = blocks if method == "atp*" else 1
         kept = (depth + cotangents) * per_batch * w.packed * p.d_model * 4
         verify = min(p.heads, int(opts.get("verify_top", 30)) + int(opts.get("audit", 10)))
         per_layer = [0] * len(L)  # the verified heads, spread evenly over the depth
@@ -412,7 +420,7 @@ def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> t
             ph.name = f"exact check of {verify} heads: {ph.name}"
         phases += sub
         notes.append(f"{method}: one no-grad pass, then per layer a recompute and "
-                     f"{'(L+1)/2 input-gradient VJPs on average (GradDrop)' if method == 'atp*' else 'one VJP'}; "
+                     f"{f'{1 + above:.1f} input-gradient VJPs on average (GradDrop over {blocks} blocks)' if method == 'atp*' else 'one VJP'}; "
                      f"then the top {opts.get('verify_top', 30)} and {opts.get('audit', 10)} audited heads exactly")
         return phases, kept, notes
     if experiment == "prune":
@@ -524,6 +532,7 @@ def plan(prof: Profile, experiment: str, w: Workload, dev: Device | str = "h100"
               * (2.0 if ph.backward else 1.0) for ph in phases)
     weights = prof.weight_bytes
     runtime = dev.runtime + (dev.ssm_runtime if any(layer.ssd or layer.selective for layer in prof.layers) else 0.0)
+    act = max(act, dev.act_floor.get(experiment, 0.0))
     total = weights + act + kept + runtime
     host = float(opts.get("_host", 0.0))
     if dev.host:

@@ -8,10 +8,12 @@ docs/attribution.md.
 
 from .engine import (
     ABLATIONS,
+    GRADDROP_BLOCKS,
     MARGINS,
     METHODS,
     Attribution,
     attribute,
+    graddrop_blocks,
     graddrop_scores,
     margin_of,
     metric_value,
@@ -29,7 +31,7 @@ from .ranking import (
 )
 
 __all__ = [
-    "ABLATIONS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute",
-    "false_negative_bound", "graddrop_scores", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
+    "ABLATIONS", "GRADDROP_BLOCKS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute",
+    "false_negative_bound", "graddrop_blocks", "graddrop_scores", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
     "top_by_magnitude", "upper_count",
 ]

@@ -33,7 +33,15 @@ from ..progress import tqdm
 from ..scoring import score_examples
 from ..sweep import run_sweep, weights_fingerprint
 from ..tasks.base import Example
-from .engine import MARGINS, Attribution, _prompts_digest, _read_lines, attribute, metric_value
+from .engine import (
+    GRADDROP_BLOCKS,
+    MARGINS,
+    Attribution,
+    _prompts_digest,
+    _read_lines,
+    attribute,
+    metric_value,
+)
 
 RANK_METHODS = ("atp", "atp*", "exact")
 
@@ -371,6 +379,7 @@ def rank_heads(
     config: dict[str, Any] | None = None,
     batch_tokens: int = 4096,
     batch_heads: int = 16,
+    graddrop_blocks: int | None = GRADDROP_BLOCKS,
 ) -> RankResult:
     """Rank every head: attribution (``"atp"``/``"atp*"``) then exact verification of the top
     ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
@@ -379,6 +388,8 @@ def rank_heads(
     heads act mostly through later heads' attention patterns, which a first-order estimate
     underrates (docs/attribution.md): on SmolLM2 KV the AtP top 20 plus layer 0 holds the
     exhaustive top 10 where the AtP top 30 misses one.
+
+    ``graddrop_blocks``: AtP*'s GradDrop over that many blocks of layers (``attribute``).
 
     ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
     effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
@@ -411,7 +422,8 @@ def rank_heads(
         chosen, audited = list(head_list), []
     else:
         att = attribute(adapter, examples, method=method, ablation=ablation, margin=margin, heads=head_list,
-                        batch_tokens=batch_tokens, out_dir=out, resume=resume, progress=progress)
+                        batch_tokens=batch_tokens, graddrop_blocks=graddrop_blocks, out_dir=out, resume=resume,
+                        progress=progress)
         secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
         estimate = att.by_head()
         order = [names[i] for i in att.order()]

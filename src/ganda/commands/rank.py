@@ -32,6 +32,8 @@ def register(app: typer.Typer) -> None:
         task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, mmlu, lab-mmlu, arc_easy, ...)"),
         method: str = typer.Option("atp*", "--method", "-m", help="atp (one backward), atp* (adds GradDrop) or exact "
                                    "(the exhaustive sweep)"),
+        graddrop_blocks: int = typer.Option(6, "--graddrop-blocks", help="atp*: GradDrop over this many blocks of "
+                                            "layers (0: one per layer, the paper's form; cost grows with it)"),
         verify_top: int = typer.Option(30, "--verify-top", "-k", help="verify this many top heads exactly"),
         verify_layers: str = typer.Option("", "--verify-layers", help="also verify every head of these layers, "
                                           "e.g. 0 (comma-separated; first-order estimates underrate layer 0)"),
@@ -82,6 +84,8 @@ def register(app: typer.Typer) -> None:
             raise GandaError("--verify-top and --audit must be at least 0")
         if top < 1:
             raise GandaError("--top must be at least 1")
+        if graddrop_blocks < 0:
+            raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
         layer_list = _layers(verify_layers)
         require_heads("--heads", heads)
         if threshold is not None and threshold <= 0:
@@ -105,7 +109,7 @@ def register(app: typer.Typer) -> None:
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):  # the exact (zero-ablation) verification
             res = rank_heads(adapter, examples, method=method, ablation=ablation, margin=margin,
                              verify_top=verify_top, audit=audit, threshold=threshold, top=top, seed=seed,
-                             verify_layers=layer_list,
+                             verify_layers=layer_list, graddrop_blocks=graddrop_blocks or None,
                              heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
                              config=cfg)
         if as_json:
