@@ -20,7 +20,7 @@ exact verification of the top 30; AtP + the top 20 and every layer-0 head, the d
 
 Where the AtP* pass spends its CPU time (torch.profiler, 8 prompts, one thread):
 
-    .venv/bin/python benchmarks/bench_attribution.py profile --method atp* --n 8
+    .venv/bin/python benchmarks/bench_attribution.py profile --method atp* --n 8 [--graddrop-blocks 0]
 
 Peak resident memory of the attribution pass against a plain no-grad forward of the same batch
 (each arm in a fresh process, peak reset after loading):
@@ -251,7 +251,7 @@ def profile_cmd(args) -> None:
     adapter, examples, _ = load(args)
     attribute(adapter, examples[:1], method="atp", progress=False)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        attribute(adapter, examples, method=args.method, progress=False)
+        attribute(adapter, examples, method=args.method, graddrop_blocks=args.graddrop_blocks or None, progress=False)
     ops = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in ops)
     print(ops.table(sort_by="self_cpu_time_total", row_limit=12))
@@ -395,7 +395,9 @@ def table_cmd(_args) -> None:
               "full by construction; the Spearman and top-10-in-10 columns carry the information there. The last two "
               "columns are the early-layer remedies: the AtP (or AtP*) top 20 plus every head of layer 0 "
               "(`verify_layers=[0]`), or of layers 0 and 1 (`verify_layers=[0, 1]`, the demo's ranking), verified "
-              "whatever their estimates. SmolLM2 rows: `-s1`, `-s2` are other prompt sets (`--seed 1`, `--seed 2`)."]
+              "whatever their estimates. The seed in the first column is the prompt set (`quality ... --seed S`); the "
+              "layer-0 rule was read off SmolLM2's seed 0, layers 0-1 after seed 1, and seed 2 checks both on "
+              "prompts neither had seen."]
     speed = RESULTS / "attribution_speed.json"
     if speed.exists():
         s = json.loads(speed.read_text())
@@ -450,6 +452,7 @@ def main() -> None:
     s.add_argument("--arms", default="", help=f"comma-separated subset of {','.join(SPEED_ARMS)}")
     pr = sub.add_parser("profile")
     pr.add_argument("--method", default="atp*")
+    pr.add_argument("--graddrop-blocks", type=int, default=6, help="0: GradDrop over every layer")
     pr.add_argument("--n", type=int, default=8)
     pr.add_argument("--seed", type=int, default=0)
     sub.add_parser("memory")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib.util
 import json
 import math
@@ -306,7 +307,7 @@ def test_plan_counts_flops_and_bytes_by_hand(shipped):
     assert sw.seconds > pl.seconds * 100
 
 
-def test_plan_prices_graddrop_by_its_blocks_and_floors_host_activations(shipped):
+def test_plan_prices_graddrop_blocks_ssd_layer_calls_and_host_floors(shipped):
     prof = planner.profile(shipped["meta-llama/Llama-3.1-8B"])
     w = planner.Workload(n=8, tokens=100, max_tokens=100)
 
@@ -328,6 +329,17 @@ def test_plan_prices_graddrop_by_its_blocks_and_floors_host_activations(shipped)
     assert gpu.memory["activations"] < floor / 100 and cpu.memory["activations"] == floor
     big = planner.plan(prof, "sweep", w, "cpu")  # 128k-entry logits: far above the floor
     assert big.memory["activations"] == planner.plan(prof, "sweep", w, "h100").memory["activations"] > floor
+    # a Mamba-2 layer call costs its chunked path's extra overhead once per layer and forward
+    mamba2 = planner.profile(ganda.from_model(Mamba2ForCausalLM(Mamba2Config(
+        vocab_size=64, hidden_size=32, num_hidden_layers=3, num_heads=8, head_dim=8, state_size=8, n_groups=2,
+        expand=2, chunk_size=16))))
+    cpu_dev = planner.DEVICES["cpu"]
+    bare = dataclasses.replace(cpu_dev, ssd_layer_overhead=0.0)
+    ev = planner.Workload(n=10, tokens=8, max_tokens=8)
+    with_ssd, without = planner.plan(mamba2, "eval", ev, cpu_dev), planner.plan(mamba2, "eval", ev, bare)
+    calls = sum(p["forwards"] for p in with_ssd.phases)
+    assert math.isclose(with_ssd.seconds - without.seconds, calls * 3 * cpu_dev.ssd_layer_overhead, rel_tol=1e-9)
+    assert planner.plan(small, "eval", ev, cpu_dev).seconds == planner.plan(small, "eval", ev, bare).seconds
 
 
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):

@@ -161,7 +161,7 @@ def run_demo(
     ``rank_n``: ranking prompts; ``verify_top``: heads verified exactly, with every head of
     ``verify_layers`` (first-order estimates underrate heads of the first two layers, docs/attribution.md);
     ``verify_n``: measurement prompts; ``top``: causal heads the finding names and draws;
-    ``max_heads``: longest cumulative ablation. The defaults keep the run under 3 minutes on two
+    ``max_heads``: longest cumulative ablation. The defaults take about 2.5 minutes on two
     idle cores (BENCHMARKS.md §9)."""
     con = Console(stderr=True, quiet=is_quiet())  # -q: only the command's summary line
     t0, c0 = time.perf_counter(), time.process_time()
@@ -181,7 +181,9 @@ def run_demo(
         return time.process_time()
 
     c = time.process_time()
-    con.print(f"1/4 ranking every head causally (AtP, top {verify_top} verified exactly on {len(rank_ex)} prompts)")
+    early = f" and every head of layer{'s' if len(verify_layers) > 1 else ''} {', '.join(map(str, verify_layers))}" \
+        if verify_layers else ""
+    con.print(f"1/4 ranking every head causally (AtP, top {verify_top}{early} verified exactly on {len(rank_ex)} prompts)")
     ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
                         progress=False,
                         out_dir=out / "ranking", resume=False, config={"task": task.config()})

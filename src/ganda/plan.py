@@ -62,6 +62,8 @@ class Device:
     ssm_runtime: float = 0.0  # extra runtime bytes when SSM layers run (their PyTorch paths' code and caches)
     act_bandwidth: float = 0.0  # bytes/s of memory-bound activation work (0: the device's bandwidth)
     map_overhead: float = 1.0e-4  # seconds per materialised head map beyond its arithmetic
+    ssd_layer_overhead: float = 0.0  # extra seconds per Mamba-2 (SSD) layer call: its chunked PyTorch path's many small ops
+    ssd_traffic_scale: float = 1.0  # elements the SSD path moves per element LayerCost.traffic counts (its temporaries)
     # the heap an experiment's code path grows on its first run (bytes): a host allocator keeps what
     # the many small tensors of a sweep or a backward freed, and smaller activations reuse it
     act_floor: dict[str, float] = field(default_factory=dict)
@@ -85,8 +87,8 @@ DEVICES: dict[str, Device] = {
     "cpu": Device("this CPU (1 thread, calibrated)", {"bfloat16": 210e9, "float16": 20e9, "float32": 90e9},
                   20e9, 24e9, util=0.80, bw_util=1.0, layer_overhead=280e-6, scan_step=21e-6, runtime=19 * 2.0**20,
                   note="rates and overheads measured here", host=True, example_overhead=0.0, token_overhead=1.5e-6,
-                  call_overhead=0.0, map_overhead=0.21e-3, score_overhead=0.70e-3, act_bandwidth=9.4e9,
-                  ssm_runtime=11 * 2.0**20,
+                  call_overhead=0.0, map_overhead=0.14e-3, score_overhead=0.70e-3, act_bandwidth=9.4e9,
+                  ssm_runtime=11 * 2.0**20, ssd_layer_overhead=480e-6,
                   act_floor={"eval": 18 * 2.0**20, "sweep": 17 * 2.0**20, "attribution": 39 * 2.0**20}),
 }
 
@@ -123,15 +125,16 @@ class LayerCost:
             f += 9.0 * T * E * N
         return f
 
-    def traffic(self, T: int) -> float:
+    def traffic(self, T: int, ssd_scale: float = 1.0) -> float:
         """Activation elements this layer reads and writes outside its matmuls, for one row: norms,
-        residual adds, rotary, activations, masking and softmax, scan arithmetic (memory-bound work)."""
+        residual adds, rotary, activations, masking and softmax, scan arithmetic (memory-bound work).
+        ``ssd_scale``: what a device's SSD path really moves per element counted here."""
         out = 12.0 * T * self.d + 4.0 * T * self.mlp + 2.0 * T * self.proj
         for h, _d in self.attn:
             out += 8.0 * h * T * T
         for H, P, N, Q in self.ssd:
             Tp = math.ceil(T / Q) * Q
-            out += 10.0 * Tp * Q * H + 6.0 * Tp * H * (N + P)
+            out += ssd_scale * (10.0 * Tp * Q * H + 6.0 * Tp * H * (N + P))
         for E, N in self.selective:
             out += 10.0 * T * E * N
         return out
@@ -319,9 +322,11 @@ class Phase:
         per_call = self.flops(p) / max(self.calls, 1e-12) / rate
         weights = (p.layer_params(self.layers) + p.d_model * p.vocab) * p.bytes_per_param
         per_call = max(per_call, weights * (1.0 + self.backward) / (dev.bandwidth * dev.bw_util))
-        traffic = sum(p.layers[i].traffic(T) for i in self.layers) + 2.0 * self.logit_positions * p.vocab
+        traffic = sum(p.layers[i].traffic(T, dev.ssd_traffic_scale) for i in self.layers) + 2.0 * self.logit_positions * p.vocab
         per_call += self.rows * traffic * 4.0 * (1.0 + self.backward) / (dev.act_bandwidth or dev.bandwidth * dev.bw_util)
         per_call += len(self.layers) * dev.layer_overhead * (1.0 + self.backward)
+        ssd = sum(len(p.layers[i].ssd) for i in self.layers)
+        per_call += ssd * dev.ssd_layer_overhead * (1.0 + self.backward)
         if self.scan:
             steps = sum(1 for i in self.layers for _ in p.layers[i].selective)
             per_call += steps * T * dev.scan_step * (1.0 + self.backward)

@@ -384,10 +384,10 @@ def rank_heads(
     """Rank every head: attribution (``"atp"``/``"atp*"``) then exact verification of the top
     ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
 
-    ``verify_layers``: every head of these layers is verified too, whatever its estimate. Layer-0
-    heads act mostly through later heads' attention patterns, which a first-order estimate
-    underrates (docs/attribution.md): on SmolLM2 KV the AtP top 20 plus layer 0 holds the
-    exhaustive top 10 where the AtP top 30 misses one.
+    ``verify_layers``: every head of these layers is verified too, whatever its estimate. Heads of
+    the first layers act mostly through later heads' attention patterns, which a first-order
+    estimate underrates (docs/attribution.md): on SmolLM2 KV the AtP top 20 plus layers 0 and 1
+    holds the exhaustive top 10 on three prompt sets where the AtP top 30 misses one to three.
 
     ``graddrop_blocks``: AtP*'s GradDrop over that many blocks of layers (``attribute``).
 

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
                                             "layers (0: one per layer, the paper's form; cost grows with it)"),
         verify_top: int = typer.Option(30, "--verify-top", "-k", help="verify this many top heads exactly"),
         verify_layers: str = typer.Option("", "--verify-layers", help="also verify every head of these layers, "
-                                          "e.g. 0 (comma-separated; first-order estimates underrate layer 0)"),
+                                          "e.g. 0,1 (first-order estimates underrate the first layers' heads)"),
         audit: int = typer.Option(10, "--audit", help="also verify this many random other heads (the false-negative bound)"),
         threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about "
                                                "(default: the smallest exact effect in the verified top --top)"),
