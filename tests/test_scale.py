@@ -361,9 +361,17 @@ def test_plan_command_and_the_papers_runs(capsys):
     assert [r["experiment"] for r in runs] == ["sweep", "attribution", "maps", "maps"]
     assert runs[1]["seconds"] < runs[0]["seconds"]  # attribution is the cheap way to rank
     assert runs[3]["memory"]["host"] == 8192 * 4096 * 4096 * 4  # one layer's full channel maps, on the host
+    flops = {}
+    for blocks in ("6", "0"):
+        assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "-n", "100", "--graddrop-blocks", blocks,
+                     "--json"]) == 0
+        flops[blocks] = json.loads(capsys.readouterr().out)["flops"]
+    assert flops["0"] > 1.5 * flops["6"]  # per-layer GradDrop: 17.5 backward units per layer against 4.6
     for argv, match in ((["plan", "x.json"], "no config for"), (["plan", "--paper", "--device", "tpu"], "unknown device"),
                         (["plan", "meta-llama/Llama-3.1-8B", "-e", "train"], "--experiment must be one of"),
-                        (["plan", "meta-llama/Llama-3.1-8B", "--devices", "0"], "--devices must be at least 1")):
+                        (["plan", "meta-llama/Llama-3.1-8B", "--devices", "0"], "--devices must be at least 1"),
+                        (["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "--graddrop-blocks", "-2"],
+                         "--graddrop-blocks")):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert match in err and len(err.splitlines()) == 1

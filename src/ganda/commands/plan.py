@@ -173,6 +173,8 @@ def register(app: typer.Typer) -> None:
         heads: str | None = typer.Option(None, "--heads", help="sweep: only these heads (e.g. 'L0H*,L15H*')"),
         batch_heads: int = typer.Option(16, "--batch-heads", help="sweep: heads ablated per forward"),
         method: str = typer.Option("atp*", "--method", help="attribution: atp or atp*"),
+        graddrop_blocks: int = typer.Option(6, "--graddrop-blocks", help="attribution (atp*): GradDrop blocks of "
+                                            "layers, 0 for one per layer (as ganda rank)"),
         rows: int | None = typer.Option(None, "--rows", help="maps: rows per map (default: every row)"),
         map_layers: str | None = typer.Option(None, "--map-layers", help="maps: layers (default: every layer)"),
         paper: bool = typer.Option(False, "--paper", help="print the paper's headline runs"),
@@ -202,7 +204,10 @@ def register(app: typer.Typer) -> None:
             dt = parse_dtype(dtype or default, "--dtype")
             adapter, tok = _adapter_and_tokenizer(model, dt)
             w = workload(adapter, tok, task, n, shots, tokens)
-            opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter)}
+            if graddrop_blocks < 0:
+                raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
+            opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter),
+                                    "graddrop_blocks": graddrop_blocks or None}
             if heads is not None:
                 opts["heads_per_layer"] = _sweep_heads(adapter, heads)
             if rows is not None:
