@@ -296,7 +296,7 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
     demo = json.loads((tmp_path / "demo" / "result.json").read_text())
     assert demo["kind"] == "demo" and demo["rows"][0]["condition"] == "intact"
     assert 1 <= len(demo["cumulative_ablation"]) <= 2
-    # ranked causally: every layer-0 head and the top 20 verified exactly (12 heads: all of them)
+    # ranked causally: every head of layers 0-1 and the top 20 verified exactly (12 heads: all of them)
     s = demo["summary"]
     assert s["verified"] == 12 and s["n_heads"] == 12 and len(demo["heads"]) == 12
     ranks = [h for h in demo["heads"] if h["exact"] is not None]
