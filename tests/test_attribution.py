@@ -302,6 +302,8 @@ def test_rank_json_and_bad_inputs(tiny_dir, capsys):
     rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3",
                "--audit", "2", "--out", str(tiny_dir / "rank0"), "--json", "--graddrop-blocks", "2"])
     two = {r["head"]: r for r in json.loads(capsys.readouterr().out)["ranking"]}
+    saved = json.loads((tiny_dir / "rank0" / "ranking.json").read_text())["config"]
+    assert saved["graddrop_blocks"] == 2 and saved["verify_top"] == 3 and saved["verify_layers"] == []
     rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "12",
                "--audit", "0", "--out", str(tiny_dir / "rank1"), "--json", "--graddrop-blocks", "0"])
     per_layer = {r["head"]: r for r in json.loads(capsys.readouterr().out)["ranking"]}

@@ -413,7 +413,9 @@ def rank_heads(
     if bad:
         raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
     names = [str(h) for h in head_list]
-    cfg = {"model": adapter.spec, "n": len(examples), **(config or {})}
+    cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": verify_top,
+           "verify_layers": sorted(set(verify_layers)), "audit": audit,
+           "graddrop_blocks": min(graddrop_blocks or n_layers, n_layers) if method == "atp*" else None}
     golds = [ex.gold for ex in examples]
     secs: dict[str, float] = {}
     att: Attribution | None = None
