@@ -119,7 +119,9 @@ def register(app: typer.Typer) -> None:
         console = Console()
         s = res.seconds
         timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "verification", "total") if k in s)
-        console.print(f"[bold]{model}[/bold] on {task} (n={len(examples)}), {method}, {ablation}-ablation, "
+        blocks = res.config.get("graddrop_blocks")
+        how = f"{method} (GradDrop over {blocks} blocks of layers)" if blocks else method
+        console.print(f"[bold]{model}[/bold] on {task} (n={len(examples)}), {how}, {ablation}-ablation, "
                       f"{margin} margin {res.clean:+.3f}; {len(res.heads)} heads, {len(res.exact)} verified; {timing}")
         table = Table(title=f"top {min(top, len(res.heads))} heads (drop of the margin when ablated)")
         for col in ("rank", "head", "estimate", "exact", "rank by estimate", "rank by exact"):
