@@ -11,12 +11,17 @@ margin metric is the ground truth; it resumes from runs/bench-attribution/<name>
 Speed on SmolLM2-135M (270 heads), the same 16 KV prompts, all arms in one process, one thread:
 the AtP and AtP* passes, the exhaustive fast sweep, the naive loop (on every 10th layer's heads,
 scaled to 270: its cost per head does not depend on the head), and the pipelines (AtP or AtP* +
-exact verification of the top 30; AtP + the top 20 and every layer-0 head, the demo's ranking):
+exact verification of the top 30; AtP + the top 20 and every head of layers 0-1, the demo's ranking):
 
     .venv/bin/python benchmarks/bench_attribution.py speed --n 16
 
 ``--arms atp,pipeline_atp_verify30,...`` runs a subset side by side (written to
 ``attribution_speed_arms.json``, never over the full result).
+
+AtP*'s GradDrop blocks against the per-layer form, on the exhaustive sweep of a quality run (AtP,
+then AtP* per layer and with 15, 10, 6 and 4 blocks: CPU seconds, Spearman, top-10 recall):
+
+    .venv/bin/python benchmarks/bench_attribution.py blocks --n 16 --seed 0
 
 Where the AtP* pass spends its CPU time (torch.profiler, 8 prompts, one thread):
 
@@ -239,6 +244,37 @@ def speed_cmd(args) -> None:
     print(f"wrote {path}")
 
 
+def blocks_cmd(args) -> None:
+    """AtP and AtP* with GradDrop per layer and over 15, 10, 6 and 4 blocks, on SmolLM2 KV5 against
+    the exhaustive sweep (resumed from the quality run's directory)."""
+    from ganda.attribution import attribute, metric_value, quality, top_by_magnitude
+
+    torch.set_num_threads(1)
+    args.model, args.task, args.pairs, args.margin = "smollm2-135m", "kv", 5, "mean"
+    adapter, examples, opts = load(args)
+    res = exhaustive(adapter, examples, args, opts)
+    golds = [ex.gold for ex in examples]
+    clean = metric_value(res.baseline["loglik"], golds, "mean")
+    exact = {r["head"]: clean - metric_value(r["loglik"], golds, "mean") for r in res.records}
+    attribute(adapter, examples[:1], method="atp", progress=False)  # warm-up
+    rows = []
+    for blocks in ("atp", 0, 15, 10, 6, 4):
+        method = "atp" if blocks == "atp" else "atp*"
+        att, wall, cpu = timed(lambda m=method, b=blocks: attribute(
+            adapter, examples, method=m, graddrop_blocks=None if b in ("atp", 0) else b, progress=False))
+        q = quality(att.by_head(), exact, k=10, within=(10, 30))
+        rows.append({"arm": "atp" if blocks == "atp" else f"atp* {'per layer' if blocks == 0 else f'{blocks} blocks'}",
+                     "cpu_seconds": cpu, "seconds": wall, "spearman_abs": q["spearman_abs"],
+                     "recall_top10_in_10": q["recall_top10_in_10"], "recall_top10_in_30": q["recall_top10_in_30"],
+                     "missed_in_30": q["missed_in_30"]})
+        print(rows[-1], flush=True)
+    path = RESULTS / f"attribution_graddrop_blocks_{name_of(args)}.json"
+    path.write_text(json.dumps({"command": f"python benchmarks/bench_attribution.py blocks --n {args.n} --seed {args.seed}",
+                                "n_prompts": len(examples), "rows": rows, "top10": top_by_magnitude(exact, 10),
+                                "cpu": cpu_model(), "load_average_at_end": list(os.getloadavg())}, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def profile_cmd(args) -> None:
     """Where an attribution pass spends its CPU time: torch.profiler's operators, largest first, and
     the share of matrix products (``aten::mm``) in the total."""
@@ -455,6 +491,9 @@ def main() -> None:
     pr.add_argument("--graddrop-blocks", type=int, default=6, help="0: GradDrop over every layer")
     pr.add_argument("--n", type=int, default=8)
     pr.add_argument("--seed", type=int, default=0)
+    bl = sub.add_parser("blocks")
+    bl.add_argument("--n", type=int, default=16)
+    bl.add_argument("--seed", type=int, default=0)
     sub.add_parser("memory")
     m = sub.add_parser("_mem")
     m.add_argument("--arm", required=True)
@@ -465,8 +504,8 @@ def main() -> None:
     m.add_argument("--seed", type=int, default=0)
     sub.add_parser("table")
     args = ap.parse_args()
-    {"quality": quality_cmd, "speed": speed_cmd, "profile": profile_cmd, "memory": memory_cmd, "_mem": mem_arm_cmd,
-     "table": table_cmd}[args.cmd](args)
+    {"quality": quality_cmd, "speed": speed_cmd, "profile": profile_cmd, "blocks": blocks_cmd, "memory": memory_cmd,
+     "_mem": mem_arm_cmd, "table": table_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":
