@@ -367,11 +367,19 @@ def test_plan_command_and_the_papers_runs(capsys):
                      "--json"]) == 0
         flops[blocks] = json.loads(capsys.readouterr().out)["flops"]
     assert flops["0"] > 1.5 * flops["6"]  # per-layer GradDrop: 17.5 backward units per layer against 4.6
+    # the early-layer rule: every head of layers 0-1 (64 full-depth ablations) on top of the 40 spread heads
+    assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "-n", "100", "--verify-layers", "0,1",
+                 "--json"]) == 0
+    early = json.loads(capsys.readouterr().out)
+    assert early["flops"] > 2 * flops["6"]
+    assert any("exact check of 104 heads" in p["phase"] for p in early["phases"])
     for argv, match in ((["plan", "x.json"], "no config for"), (["plan", "--paper", "--device", "tpu"], "unknown device"),
                         (["plan", "meta-llama/Llama-3.1-8B", "-e", "train"], "--experiment must be one of"),
                         (["plan", "meta-llama/Llama-3.1-8B", "--devices", "0"], "--devices must be at least 1"),
                         (["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "--graddrop-blocks", "-2"],
-                         "--graddrop-blocks")):
+                         "--graddrop-blocks"),
+                        (["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "--verify-layers", "40"],
+                         "outside the model's layers")):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert match in err and len(err.splitlines()) == 1

@@ -416,17 +416,23 @@ def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> t
                         backward=back - 1.0)]
         cotangents = blocks if method == "atp*" else 1
         kept = (depth + cotangents) * per_batch * w.packed * p.d_model * 4
-        verify = min(p.heads, int(opts.get("verify_top", 30)) + int(opts.get("audit", 10)))
-        per_layer = [0] * len(L)  # the verified heads, spread evenly over the depth
-        for j in range(verify):
-            per_layer[min(len(L) - 1, int((j + 0.5) * len(L) / verify))] += 1
+        early = sorted(set(opts.get("verify_layers") or ()))
+        if any(not 0 <= k < len(L) for k in early):
+            raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
+        per_layer = [p.layers[k].heads if k in early else 0 for k in L]  # every head of those layers
+        rest = [k for k in L if k not in early]
+        spread = min(sum(p.layers[k].heads for k in rest), int(opts.get("verify_top", 30)) + int(opts.get("audit", 10)))
+        for j in range(spread if rest else 0):  # the top heads and the audit, spread evenly over the other layers
+            per_layer[rest[min(len(rest) - 1, int((j + 0.5) * len(rest) / spread))]] += 1
+        verify = sum(per_layer)
         sub, _, _ = _phases(p, "sweep", w, {**opts, "heads_per_layer": per_layer})
         for ph in sub:
             ph.name = f"exact check of {verify} heads: {ph.name}"
         phases += sub
         notes.append(f"{method}: one no-grad pass, then per layer a recompute and "
                      f"{f'{1 + above:.1f} input-gradient VJPs on average (GradDrop over {blocks} blocks)' if method == 'atp*' else 'one VJP'}; "
-                     f"then the top {opts.get('verify_top', 30)} and {opts.get('audit', 10)} audited heads exactly")
+                     f"then the top {opts.get('verify_top', 30)} and {opts.get('audit', 10)} audited heads exactly"
+                     + (f", and every head of layer(s) {', '.join(map(str, early))}" if early else ""))
         return phases, kept, notes
     if experiment == "prune":
         per_row = w.choice_tokens if not w.single else 1.0

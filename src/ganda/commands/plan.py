@@ -173,6 +173,10 @@ def register(app: typer.Typer) -> None:
         heads: str | None = typer.Option(None, "--heads", help="sweep: only these heads (e.g. 'L0H*,L15H*')"),
         batch_heads: int = typer.Option(16, "--batch-heads", help="sweep: heads ablated per forward"),
         method: str = typer.Option("atp*", "--method", help="attribution: atp or atp*"),
+        verify_top: int = typer.Option(30, "--verify-top", help="attribution: heads verified exactly (as ganda rank)"),
+        audit: int = typer.Option(10, "--audit", help="attribution: random other heads verified (as ganda rank)"),
+        verify_layers: str | None = typer.Option(None, "--verify-layers", help="attribution: also verify every head "
+                                                 "of these layers (as ganda rank), e.g. 0,1"),
         graddrop_blocks: int = typer.Option(6, "--graddrop-blocks", help="attribution (atp*): GradDrop blocks of "
                                             "layers, 0 for one per layer (as ganda rank)"),
         rows: int | None = typer.Option(None, "--rows", help="maps: rows per map (default: every row)"),
@@ -206,8 +210,12 @@ def register(app: typer.Typer) -> None:
             w = workload(adapter, tok, task, n, shots, tokens)
             if graddrop_blocks < 0:
                 raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
+            if verify_top < 0 or audit < 0:
+                raise GandaError("--verify-top and --audit must be at least 0")
             opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter),
-                                    "graddrop_blocks": graddrop_blocks or None}
+                                    "graddrop_blocks": graddrop_blocks or None, "verify_top": verify_top, "audit": audit}
+            if verify_layers:
+                opts["verify_layers"] = parse_layers(verify_layers)
             if heads is not None:
                 opts["heads_per_layer"] = _sweep_heads(adapter, heads)
             if rows is not None:
