@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .attribution.engine import GRADDROP_BLOCKS, graddrop_blocks
 from .errors import GandaError
 from .models.base import ModelAdapter
 
@@ -405,10 +406,11 @@ def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> t
         per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
         calls = math.ceil(w.n / per_batch)
         depth = len(L)
-        blocks = min(depth, int(opts.get("graddrop_blocks") or depth)) if "graddrop_blocks" in opts else min(depth, 6)
+        block_of = graddrop_blocks(depth, opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
+        blocks = block_of[-1] + 1
         # per layer a recompute and input-gradient VJPs: the plain one and, for AtP*, one per GradDrop
-        # block above the layer's own (contiguous blocks as equal as possible, as attribution cuts them)
-        above = sum(blocks - 1 - k * blocks // depth for k in range(depth)) / depth
+        # block above the layer's own
+        above = sum(blocks - 1 - b for b in block_of) / depth
         back = 1.0 + (1.0 + above if method == "atp*" else 1.0)
         phases = [Phase("no-grad pass, residuals kept", calls, per_batch, w.packed, L, n_read, examples=w.n,
                         scored=w.n * w.score_rows),

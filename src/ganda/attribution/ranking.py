@@ -414,8 +414,7 @@ def rank_heads(
         raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
     names = [str(h) for h in head_list]
     cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": verify_top,
-           "verify_layers": sorted(set(verify_layers)), "audit": audit,
-           "graddrop_blocks": min(graddrop_blocks or n_layers, n_layers) if method == "atp*" else None}
+           "verify_layers": sorted(set(verify_layers)), "audit": audit, "graddrop_blocks": None}
     golds = [ex.gold for ex in examples]
     secs: dict[str, float] = {}
     att: Attribution | None = None
@@ -427,6 +426,7 @@ def rank_heads(
                         batch_tokens=batch_tokens, graddrop_blocks=graddrop_blocks, out_dir=out, resume=resume,
                         progress=progress)
         secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
+        cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()
         order = [names[i] for i in att.order()]
         layers = set(verify_layers)
