@@ -356,11 +356,11 @@ def units(n_layers: int, heads_per_layer: int, verified_depth: float, k: int = 3
     ``verified_depth``: mean layer of the top-k verified heads over the layer count; ``late`` heads of
     the top 20 outside layers 0-1 at mean relative depth ``late_depth`` (the demo's rule verifies them
     and every head of layers 0 and 1)."""
-    from ganda.attribution import GRADDROP_BLOCKS
+    from ganda.attribution import GRADDROP_BLOCKS, graddrop_blocks
 
     L, H = n_layers, heads_per_layer
-    G = min(L, GRADDROP_BLOCKS)
-    star = 2 * L + sum(1 + (G - 1 - k_ * G // L) for k_ in range(L))  # capture, recompute, VJPs per block above
+    block_of = graddrop_blocks(L, GRADDROP_BLOCKS)
+    star = 2 * L + sum(1 + block_of[-1] - b for b in block_of)  # capture, recompute, VJPs per block above
     sweep = H * L * (L + 1) / 2 + L
     verify = k * L * (1 - verified_depth) + L
     early = late * L * (1 - late_depth) + H * (2 * L - 1) + L
