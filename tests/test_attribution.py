@@ -247,8 +247,11 @@ def test_attribution_resume_refuses_changed_weights(tmp_path):
     attribute(ad, EXAMPLES, method="atp", out_dir=tmp_path, batch_tokens=64, progress=False)
     with torch.no_grad():
         next(ad.model.parameters()).add_(1e-3)  # the same model object, other weights
-    with pytest.raises(GandaError, match="different attribution"):
+    with pytest.raises(GandaError, match="the weights of tiny-llama-2 changed since this run started"):
         attribute(ad, EXAMPLES, method="atp", out_dir=tmp_path, batch_tokens=64, progress=False)
+    attribute(ad, EXAMPLES, method="atp", out_dir=tmp_path / "b", batch_tokens=64, progress=False)
+    with pytest.raises(GandaError, match=r"holds a different attribution \(graddrop_blocks, method differ\)"):
+        attribute(ad, EXAMPLES, method="atp*", out_dir=tmp_path / "b", batch_tokens=64, progress=False)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "llamba", "bamba"])

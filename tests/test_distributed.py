@@ -150,10 +150,10 @@ def test_grid_runs_models_tasks_experiments_and_resumes(lab, local, tmp_path, ca
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"experiments": ["prunes"]}, "grid spec: experiment 'prunes' is not one of sweep, rank"),
+    ({"experiments": ["prunes"]}, "grid spec: experiment 'prunes' is not one of rank, sweep"),
     ({"options": {"limt": 3}}, "grid spec: unknown option 'limt' (expected limit, seed, pairs, shots, subjects or "
                                "an experiment name)"),
-    ({"options": {"sweep": {"method": "atp"}}}, "grid spec: options.sweep takes batch_heads, not 'method'"),
+    ({"options": {"sweep": {"method": "atp"}}}, "grid spec: options.sweep: unknown option 'method' (takes batch_heads, naive)"),
     ({"models": []}, "grid spec: 'models' must be a non-empty list of names"),
     ({"outdir": "x"}, "grid spec: unknown key 'outdir' (expected models, tasks, experiments, options, out)"),
 ])

@@ -109,9 +109,9 @@ def test_layer_ids_name_the_layers_as_loaded():
 
 def test_capabilities_have_defaults():
     llama, zamba, mamba = _adapter("llama"), _adapter("zamba2"), _adapter("mamba2")
-    assert llama.sweep_runner() is not None and llama.supports_kv_cache_generation()
+    assert llama.skips_layers() and llama.packs_choices(64) and llama.supports_kv_cache_generation()
     for ad in (zamba, mamba):
-        assert ad.sweep_runner() is None and not ad.supports_kv_cache_generation()
+        assert not ad.skips_layers() and not ad.packs_choices(64) and not ad.supports_kv_cache_generation()
         with pytest.raises(GandaError, match="cannot run outside their model"):
             ad.run_block(0, torch.zeros(1, 2, 32), torch.arange(2)[None], torch.zeros(1, 1, 2, 2))
     assert llama.shared_blocks() == {} and mamba.shared_blocks() == {}
@@ -122,19 +122,37 @@ def test_capabilities_have_defaults():
     assert llama.n_params() == sum(p.numel() for p in llama.model.parameters())
 
 
-def test_replay_final_is_the_intact_models_last_residual():
-    """What the sweep scores the intact model from: the recording pass's last layer output equals
-    the layers replayed one by one from ``h0`` and the model's own final hidden state."""
-    from ganda.engine import Replay
+def test_layer_calls_replay_the_models_own_pass(adapter):
+    """What the sweep scores the intact model from and attribution recomputes layers from: the
+    recorded pass's last layer output equals the layers replayed one by one from ``h0`` (bitwise)
+    and the model's own final hidden state, and each recorded input is the previous output."""
+    from ganda.engine import LayerCalls
 
-    ad = _adapter("llama")
-    runner = ad.sweep_runner()
     with torch.no_grad():
-        rep = Replay(ad, runner, IDS, torch.ones_like(IDS), None, keep_final=True)
-        x = rep.h0
-        for pos in range(len(rep.layers)):
-            x = rep.run(pos, x)
-        ref = run_layers(ad, IDS, stop=rep.layers[-1])["resid"]
-    assert rep.final is not None and torch.equal(rep.final, x)
-    torch.testing.assert_close(rep.final, ref)
-    assert Replay(ad, runner, IDS, None, None).final is None
+        calls = LayerCalls(adapter, IDS, torch.ones_like(IDS), inputs=True)
+        x = calls.h0
+        for pos in range(len(calls.layers)):
+            assert torch.equal(x, calls.inputs[pos])
+            x = calls.run(pos, x)
+            assert torch.equal(x, calls.output(pos))
+        ref = run_layers(adapter, IDS, stop=calls.layers[-1])["resid"]
+        two = calls.run(0, calls.h0.repeat(2, 1, 1), reps=2)  # two copies of the batch at once
+        short = LayerCalls(adapter, IDS, stop=1)
+    assert calls.final is not None and torch.equal(calls.final, x)
+    torch.testing.assert_close(calls.final, ref)
+    torch.testing.assert_close(two, torch.cat([calls.inputs[1]] * 2))
+    assert short.layers == [0, 1] and torch.equal(short.final, calls.inputs[2])
+    assert adapter.decoder_layers() is adapter.original_layers()
+
+
+def test_unembed_is_the_models_output_head(adapter):
+    """The one final norm + LM head: differentiable, and the model's own logits from its last
+    residual, on every family (Falcon-H1's multiplier, Llamba's tied embedding included)."""
+    last = adapter.active_layers()[-1]
+    with torch.no_grad(), Trace(adapter, [f"L{last}.resid_out"]) as tr:
+        logits = adapter.forward(IDS)
+    h = tr[f"L{last}.resid_out"].clone().requires_grad_(True)
+    out = adapter.unembed(h)
+    torch.testing.assert_close(out.detach(), logits, atol=1e-5, rtol=1e-5)
+    out[0, -1].logsumexp(-1).backward()
+    assert h.grad is not None and h.grad[0, -1].abs().sum() > 0 and h.grad[1].abs().sum() == 0

@@ -60,16 +60,15 @@ def student(tok):
 
 
 @pytest.fixture
-def fake_knowledge(monkeypatch):
-    """A stand-in knowledge score (the real one runs six datasets): a fixed accuracy, so the
-    experiments' bookkeeping of it is checked without the cost. The pruning shortcut for knowledge
-    is declared unavailable, so the score comes through the scorer (the shortcut is checked against
-    the scorer in test_fast_knowledge_equals_slow)."""
-    from ganda.experiments import prune
+def small_knowledge():
+    """The ``knowledge`` group with one small member (the real one runs six datasets): the
+    experiments' bookkeeping of a group is checked without the cost (the six tasks themselves are
+    checked in test_knowledge.py and, through the pruning shortcut, in test_fast_knowledge_equals_slow)."""
+    from ganda import registry
 
-    monkeypatch.setattr(common, "evaluate_knowledge", lambda adapter, interventions, limit: {"accuracy": 0.5,
-                                                                                          "n": limit or 10})
-    monkeypatch.setattr(prune, "_fast_knowledge", lambda adapter, scorer, run: None)
+    registry.register_group("knowledge", ("letters",))
+    yield "letters"
+    registry.register_group("knowledge", ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande"))
 
 
 def _scorer(adapter, tasks=("mmlu",), limit=3):
@@ -94,13 +93,15 @@ def test_find_drop_rule() -> None:
     assert find_drop([(3, 0.5), (2, 0.4), (1, 0.3)])["minimal_layers"] == 3
 
 
-def test_prune_and_remove_restore(student, tmp_path: Path, fake_knowledge) -> None:
+def test_prune_and_remove_restore(student, tmp_path: Path, small_knowledge) -> None:
     from ganda.experiments.prune import prune_curve, remove_restore
 
     scorer = _scorer(student, ("mmlu", "knowledge"))
     res = prune_curve(student, scorer)
     assert [r["layers"] for r in res.rows] == [4, 3, 2, 1]
-    assert 1 <= res.summary["minimal_layers"] <= 4 and res.rows[0]["knowledge"] == 0.5
+    member = _scorer(student, (small_knowledge,)).score()[small_knowledge]["accuracy"]  # the group's one member
+    assert 1 <= res.summary["minimal_layers"] <= 4 and res.rows[0]["knowledge"] == member
+    assert res.rows == prune_curve(student, scorer, fast_path=False).rows  # group shortcut = scorer, per member
     d = _check_saved(res, tmp_path / "prune")
     assert d["summary"]["critical_layer"] == d["summary"]["minimal_layers"] - 1
     assert len(student.decoder_layers()) == 4  # restored
@@ -353,7 +354,8 @@ def test_fast_pruning_equals_truncation(student) -> None:
 def test_fast_truncation_on_mamba2(tok) -> None:
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
-    from ganda.experiments.prune import _forward_logp, _logliks_from, _prepare, truncation_logliks
+    from ganda.experiments.prune import _forward_logp, _logliks_from, truncation_logliks
+    from ganda.prepared import prepare as _prepare
     from ganda.interventions import truncate
     from ganda.tasks import get_task
 
@@ -391,13 +393,8 @@ def test_fast_knowledge_equals_slow(student) -> None:
 def test_smollm2_shortcuts_and_transplant_identity(smollm2) -> None:
     """On the real model: one-pass truncation/removal scoring equals real truncated forwards, and
     transplanting a layer or a head from the model into itself changes nothing."""
-    from ganda.experiments.prune import (
-        _forward_logp,
-        _logliks_from,
-        _prepare,
-        removal_logliks,
-        truncation_logliks,
-    )
+    from ganda.experiments.prune import _forward_logp, _logliks_from, removal_logliks, truncation_logliks
+    from ganda.prepared import prepare as _prepare
     from ganda.experiments.transplant import TransplantHead, TransplantLayer
     from ganda.interventions import KeepLayers, truncate
     from ganda.tasks import get_task

@@ -1,13 +1,14 @@
-"""Extending ganda from outside the package: a new model family, a new task and a new experiment
-result kind, each one class here plus a registration line (``ganda.registry``), then used end to
-end through the library, the experiments and the command line (docs/extending.md)."""
+"""Extending ganda from outside the package: a new model family, a new task, a new experiment and
+a new result kind, each one class here plus a registration line (``ganda.registry``), then used end
+to end through the library, the experiments, the command line, the grid, the planner and the
+results tables (docs/extending.md)."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,12 @@ from test_experiments import tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from ganda import registry
+from ganda.errors import GandaError
+from ganda.experiments.base import Experiment, Options
 from ganda.experiments.common import ExperimentResult
 from ganda.figures import bars
+from ganda.heads import expand
+from ganda.interventions import AblateHeads
 from ganda.models.transformer import TransformerAdapter
 from ganda.tasks.base import Example, Task
 
@@ -87,6 +92,51 @@ class LetterCountResult(ExperimentResult):
                      Path(out_dir) / "toy_letters.png")]
 
 
+@dataclass
+class OneHeadOptions(Options):
+    head: str = field(default="L0H0", metadata={"help": "the head to ablate, e.g. L1H2"})
+
+    def check(self) -> None:
+        if not re.fullmatch(r"L\d+H\d+", self.head):
+            raise GandaError(f"{self.flag('head')} must be one head id such as L1H2, not {self.head!r}")
+
+
+@dataclass
+class OneHeadResult(ExperimentResult):
+    kind: str = "toy_one_head"
+
+    def headline(self) -> str:
+        s = self.summary
+        return f"Ablating {s['head']} takes accuracy from **{s['intact']:.2f}** to **{s['ablated']:.2f}**."
+
+
+class OneHead(Experiment):
+    """Accuracy intact and with one head ablated, on one task's examples."""
+
+    name = "toy-one-head"
+    summary = "accuracy intact and with one head ablated"
+    Options = OneHeadOptions
+    phases = f"{__name__}:one_head_phases"
+
+    def run(self, adapter, examples, options, *, out_dir, config, progress=True):
+        from ganda.scoring import evaluate_examples
+
+        expand(options.head, adapter)  # a head the model does not have: one line
+        intact = evaluate_examples(adapter, examples, progress=False)
+        ablated = evaluate_examples(adapter, examples, [AblateHeads(options.head)], progress=False)
+        res = OneHeadResult(model=adapter.spec, config=config, summary={
+            "head": options.head, "intact": intact.accuracy, "ablated": ablated.accuracy, "n": intact.n})
+        res.save(out_dir)
+        return res
+
+
+def one_head_phases(p, w, opts):
+    """Two scoring passes over the examples."""
+    from ganda.plan import scoring_phase
+
+    return [scoring_phase(p, w, "intact and ablated", 2, opts)], 0.0, []
+
+
 # ---- the registrations, and a model directory to load ------------------------------------------
 
 
@@ -94,8 +144,10 @@ class LetterCountResult(ExperimentResult):
 def toy(tmp_path):
     """Register the toy family, name, task and result kind (the registries are restored after)."""
     registry.load_plugins()  # what the plugins register belongs to the state restored afterwards
-    saved = (list(registry._FAMILIES), dict(registry.MODEL_TYPES), dict(registry.LOADERS), list(registry._RESOLVERS),
-             dict(registry._TASKS), dict(registry._NUMBER_OPTION), dict(registry._RESULTS))
+    registry.experiment_names()  # the built-in experiments too
+    boxes = (registry._FAMILIES, registry.MODEL_TYPES, registry.LOADERS, registry._RESOLVERS, registry._TASKS,
+             registry._NUMBER_OPTION, registry._RESULTS, registry._EXPERIMENTS)
+    saved = [list(b) if isinstance(b, list) else dict(b) for b in boxes]
     model_dir = tmp_path / "toy-tiny"
     model_dir.mkdir()
     tok = tiny_tokenizer()
@@ -112,9 +164,10 @@ def toy(tmp_path):
                                names=lambda: ["toy-tiny"], label="a toy model")
     registry.register_task("toy-first", FirstLetterTask, number_option="options")
     registry.register_result("toy_letters", LetterCountResult)
+    registry.register_experiment("toy-one-head", OneHead)
+    registry.register_result("toy_one_head", OneHeadResult)
     yield model_dir
-    for box, old in zip((registry._FAMILIES, registry.MODEL_TYPES, registry.LOADERS, registry._RESOLVERS,
-                         registry._TASKS, registry._NUMBER_OPTION, registry._RESULTS), saved, strict=True):
+    for box, old in zip(boxes, saved, strict=True):
         box.clear()
         box.extend(old) if isinstance(box, list) else box.update(old)
 
@@ -168,6 +221,53 @@ def test_a_new_family_task_and_result_kind_work_end_to_end(toy, tmp_path, capsys
     assert page.count("data:image/png;base64,") == 1
     assert main(["report", str(run), "--out", str(tmp_path / "cli.html")]) == 0
     assert re.search(r"<b>\d+ of 12</b>", (tmp_path / "cli.html").read_text())
+
+
+def test_a_new_experiment_runs_from_the_command_line_the_grid_the_planner_and_results(toy, tmp_path, capsys):
+    """One class and one registration: ``ganda run``, ``ganda grid``, ``ganda plan``'s costs and
+    ``ganda.results.load`` all find the experiment, and its options are checked in one place."""
+    import ganda
+    from ganda import plan as planner
+    from ganda.cli import main
+    from ganda.grid import run_grid
+    from ganda.results import load
+    from ganda.scoring import evaluate_examples
+    from ganda.tasks import get_task
+
+    ad = ganda.load_model("toy-tiny", device="cpu")
+    exs = get_task("toy-first").examples(limit=12)
+    intact = evaluate_examples(ad, exs, progress=False).accuracy
+    ablated = evaluate_examples(ad, exs, [AblateHeads("L1H2")], progress=False).accuracy
+
+    run = tmp_path / "run"
+    argv = ["run", "toy-one-head", "toy-tiny", "--task", "toy-first", "--limit", "12", "--option", "head=L1H2"]
+    assert main([*argv, "--out", str(run)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["experiment"] == "toy-one-head" and printed["head"] == "L1H2"
+    saved = json.loads((run / "result.json").read_text())
+    assert (saved["summary"]["intact"], saved["summary"]["ablated"]) == (intact, ablated)
+    assert saved["config"]["options"] == {"head": "L1H2"} and saved["config"]["limit"] == 12
+
+    assert main(["run", "toy-one-head", "toy-tiny", "--task", "toy-first", "--option", "head=banana"]) == 2
+    assert "head must be one head id such as L1H2, not 'banana'" in capsys.readouterr().err
+    assert main(["run", "toy-one-head", "toy-tiny", "--task", "toy-first", "--option", "layer=3"]) == 2
+    assert "unknown option 'layer' (takes head)" in capsys.readouterr().err
+
+    spec = {"models": ["toy-tiny"], "tasks": ["toy-first"], "experiments": ["toy-one-head"],
+            "options": {"limit": 12, "toy-one-head": {"head": "L1H2"}}, "out": str(tmp_path / "grid")}
+    job = run_grid(spec)[0]
+    assert job["status"] == "done" and job["result"]["ablated"] == ablated
+    with pytest.raises(GandaError, match=r"options.toy-one-head: head must be one head id"):
+        run_grid({**spec, "options": {"toy-one-head": {"head": "L9"}}})
+
+    prof, w = planner.profile(ad), planner.workload_from_examples(exs)
+    two = planner.plan(prof, "toy-one-head", w, "cpu")
+    one = planner.plan(prof, "eval", w, "cpu")
+    assert "toy-one-head" in planner.costed_experiments() and two.flops == pytest.approx(2 * one.flops)
+
+    res = load(run, tmp_path / "grid")
+    assert list(res.runs["kind"]) == ["toy_one_head", "toy_one_head"]
+    assert list(res.runs["ablated"]) == [ablated, ablated]
 
 
 def test_the_lab_is_a_plugin_the_core_never_imports():

@@ -16,9 +16,10 @@ import torch
 from ganda.errors import GandaError
 from ganda.heads import HeadId
 from ganda.interventions import AblateHeads, KeepLayers, RemoveLayers
-from ganda.models.transformer import TransformerAdapter, TransformerRunner
+from ganda.models.transformer import TransformerAdapter
+from ganda.prepared import prepare
 from ganda.scoring import evaluate_examples
-from ganda.sweep import load_result, prepare, run_sweep
+from ganda.sweep import load_result, run_sweep
 
 # Shared by the test process and the subprocess that gets killed (so both build the same model).
 SETUP = textwrap.dedent(
@@ -113,13 +114,13 @@ def test_fast_rows_mode_and_batches(adapter, monkeypatch):
     """Unpacked rows (models with a short sliding window) and one-head batches agree too."""
     exs = tiny_examples()
     naive = run_sweep(adapter, exs, progress=False, naive=True)
-    monkeypatch.setattr(TransformerRunner, "can_pack", lambda self, w: False)
+    monkeypatch.setattr(TransformerAdapter, "packs_choices", lambda self, w: False)
     rows = run_sweep(adapter, exs, progress=False, batch_heads=3)
     _assert_same(rows, naive)
 
 
 def test_fallback_engine_equals_naive(adapter, monkeypatch):
-    monkeypatch.setattr(TransformerAdapter, "sweep_runner", lambda self: None)
+    monkeypatch.setattr(TransformerAdapter, "skips_layers", lambda self: False)
     exs = tiny_examples()
     _assert_same(run_sweep(adapter, exs, progress=False), run_sweep(adapter, exs, progress=False, naive=True))
 
@@ -129,7 +130,7 @@ def test_sweep_inside_layer_edits_equals_naive(runner, monkeypatch):
     """Head ids name the layers as loaded: inside ``RemoveLayers([1])`` layer 2 runs second, and the
     fast engine must ablate (and skip to) layer 2, not the layer at position 2."""
     if not runner:
-        monkeypatch.setattr(TransformerAdapter, "sweep_runner", lambda self: None)
+        monkeypatch.setattr(TransformerAdapter, "skips_layers", lambda self: False)
     ad = tiny_adapter()
     exs = tiny_examples()
     with RemoveLayers([1]).apply(ad):
@@ -258,15 +259,15 @@ def test_cli_unknown_task(capsys):
 
 
 def _lm_head_calls(monkeypatch) -> list[int]:
-    """Record the number of rows of every LM-head call the sweep runner makes."""
+    """Record the number of rows of every LM-head call the sweep makes (the adapter's ``unembed``)."""
     calls: list[int] = []
-    real = TransformerRunner.logprobs
+    real = TransformerAdapter.unembed
 
     def spy(self, hidden):
         calls.append(hidden.shape[0])
         return real(self, hidden)
 
-    monkeypatch.setattr(TransformerRunner, "logprobs", spy)
+    monkeypatch.setattr(TransformerAdapter, "unembed", spy)
     return calls
 
 
@@ -332,7 +333,7 @@ def test_batched_lm_head_equals_naive_on_every_runner_family(family, monkeypatch
                                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                                           **extra)
     ad = ganda.from_model(getattr(transformers, model_name)(cfg), _ns["CharTok"](), spec=f"tiny-{family}")
-    assert ad.sweep_runner() is not None
+    assert ad.skips_layers() and ad.packs_choices(8)
     exs = tiny_examples()[:3]
     calls = _lm_head_calls(monkeypatch)
     fast = run_sweep(ad, exs, progress=False)

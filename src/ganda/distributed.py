@@ -48,7 +48,8 @@ from .heads import HeadId
 from .models import hub
 from .models.base import ModelAdapter
 from .models.loading import load_model
-from .sweep import _Packed, engine_for, prepare, scored_by, weights_fingerprint
+from .prepared import Prepared, prepare_all
+from .sweep import engine_for, scored_by, weights_fingerprint
 from .tasks.base import Example
 
 # environment that decides how a model loads: the root options set it, every actor gets it
@@ -155,7 +156,7 @@ class _Worker:
             if eng.at > start:
                 eng = None
         if eng is None:
-            eng = self.engines[shard] = engine_for(self.adapter, [prepare(self.adapter, ex) for ex in examples])
+            eng = self.engines[shard] = engine_for(self.adapter, prepare_all(self.adapter, examples))
         return eng.score(layer, batch)
 
     def run(self, fn: Any, args: tuple[Any, ...]) -> Any:
@@ -263,7 +264,7 @@ class RayScorer:
         bounds = [round(i * n_examples / k) for i in range(k + 1)]
         return [(bounds[i], bounds[i + 1]) for i in range(k)]
 
-    def __call__(self, adapter: ModelAdapter, examples: Sequence[Example], packed: list[_Packed],
+    def __call__(self, adapter: ModelAdapter, examples: Sequence[Example], packed: list[Prepared],
                  batches: list[list[HeadId | None]]) -> Iterator[list[list[list[float]]]]:
         """Each batch's scores, in the order of ``batches`` (as :func:`ganda.sweep.local_scores`)."""
         if not batches:

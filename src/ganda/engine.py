@@ -9,6 +9,7 @@ point                              value                                        
 ``L{i}.resid_in``                  the residual stream entering decoder layer i     ``[B, T, d_model]``
 ``L{i}.resid_out``                 the hidden states layer i returns                ``[B, T, d_model]``
 ``L{i}.kwargs``                    the keyword arguments the model passes layer i   dict (masks, positions)
+``L{i}.call``                      every argument but the hidden states             :class:`LayerCall`
 ``L{i}.z`` / ``L{i}.{kind}.z``     the input of a mixer's output projection         ``[B, T, heads*head_dim]``
 ``L{i}.out`` / ``L{i}.{kind}.out`` that projection's output                         ``[B, T, d_model]``
 =================================  ==============================================  ======================
@@ -20,10 +21,14 @@ Head h of a mixer is the slice ``h * head_dim : (h + 1) * head_dim`` of its ``z`
   each captured point, passes a point's value through an edit function, and with ``stop`` ends
   the forward once that point is reached (:class:`StopForward`, swallowed when the block exits).
 * :func:`run_layers` runs layers ``start..stop`` through the model's own forward: a layer edit
-  cuts the layers before ``start`` and ``resid`` enters ``start`` in place of the embeddings.
-* :func:`final_logits` applies the model's final norm and LM head to any residual vectors.
-* :class:`Replay` records, in one intact pass of a family's sweep runner, what the model gives
-  each layer, then reruns single layers on new hidden states (batched over copies).
+  cuts the layers before ``start`` and ``resid`` enters ``start`` in place of the embeddings. It
+  is the one place a forward starts at layer k.
+* :class:`LayerCalls` records, in one such pass, what the model gives each running layer (its
+  arguments: masks, positions, rotary embeddings) and, where asked, each layer's input; it then
+  reruns single layers on new hidden states (batched over copies, with or without autograd), so
+  the sweep's layer skipping and attribution's layer-by-layer backward share one replay.
+* :func:`final_logits` applies the model's final norm and LM head to residual vectors
+  (:meth:`ModelAdapter.unembed`, the one output head every analysis reads through).
 
 Everything goes through the adapter (its layer list, layer edits and output-projection hooks,
 which fire per invocation for shared blocks), so every family is served.
@@ -33,16 +38,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from .errors import GandaError
-from .models.base import ModelAdapter, SweepRunner
+from .models.base import ModelAdapter
 
 Edit = Callable[[torch.Tensor], torch.Tensor]
 
-_POINT = re.compile(r"^L(\d+)\.(?:(attn|ssm)\.)?(resid_in|resid_out|kwargs|z|out)$")
+_POINT = re.compile(r"^L(\d+)\.(?:(attn|ssm)\.)?(resid_in|resid_out|kwargs|call|z|out)$")
 
 
 class StopForward(Exception):
@@ -138,6 +145,9 @@ class Trace:
             if what == "kwargs":
                 self._store(name, {k: v for k, v in kwargs.items() if k != "hidden_states"})
                 return None
+            if what == "call":
+                self._store(name, LayerCall.of(args, kwargs))
+                return None
             h = self._edit_and_store(name, args[0] if args else kwargs["hidden_states"])
             if h is None:
                 return None
@@ -181,6 +191,7 @@ def run_layers(
     input_ids: torch.Tensor,
     *,
     attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
     start: int | None = None,
     stop: int | None = None,
     resid: torch.Tensor | None = None,
@@ -194,7 +205,8 @@ def run_layers(
     With ``stop`` the forward ends after that layer and ``"resid"`` holds its output; without,
     ``"logits"`` holds the model's ``[B, T, V]``. Captured points are returned under their names;
     ``at`` indexes every returned tensor. When no layer lies in ``start..stop`` the residual
-    passes through unchanged.
+    passes through unchanged. ``attention_mask`` may be 2-D or an additive ``[B, 1, T, T]`` mask
+    (with ``position_ids``: the packed layout of :mod:`ganda.prepared`).
     """
     active = adapter.active_layers()
     first = active[0] if start is None else start
@@ -212,7 +224,7 @@ def run_layers(
     logits = None
     try:
         with Trace(adapter, names, edit=edit, stop=stop_at, at=at) as tr:
-            logits = adapter.forward(input_ids, attention_mask=attention_mask)
+            logits = adapter.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids)
     finally:
         if token is not None:
             adapter.pop_layer_edit(token)
@@ -226,19 +238,14 @@ def run_layers(
 
 
 def final_logits(adapter: ModelAdapter, resid: torch.Tensor) -> torch.Tensor:
-    """The model's final norm and LM head on residual-stream vectors ``[N, d_model]`` -> ``[N, V]``.
+    """The model's final norm and LM head on residual-stream vectors ``[..., d_model]`` ->
+    ``[..., V]`` (:meth:`ModelAdapter.unembed`)."""
+    return adapter.unembed(resid)
 
-    The model's own forward runs on N placeholder tokens with one layer kept, whose output is
-    replaced by ``resid``, so whatever the model does after its layers (norms, soft-capping,
-    scaling) is kept without family-specific code."""
-    last = adapter.active_layers()[-1]
-    dummy = torch.zeros((1, resid.shape[0]), dtype=torch.long, device=resid.device)
-    token = adapter.push_layer_edit([last], "final norm and LM head")
-    try:
-        with Trace(adapter, edit={f"L{last}.resid_out": lambda h: resid[None].to(h.dtype).to(h.device)}):
-            return adapter.forward(dummy)[0]
-    finally:
-        adapter.pop_layer_edit(token)
+
+def logprobs(adapter: ModelAdapter, resid: torch.Tensor) -> torch.Tensor:
+    """fp32 next-token log-probabilities of residual-stream vectors ``[..., d_model]``."""
+    return torch.log_softmax(adapter.unembed(resid).float(), -1)
 
 
 def layer_returns(adapter: ModelAdapter, layer: int) -> int:
@@ -280,39 +287,68 @@ def _repeat_batch(obj: Any, reps: int, batch: int) -> Any:
     return obj
 
 
-class Replay:
-    """One intact pass of ``runner.backbone`` records what the model gives each running layer (its
-    keyword arguments: masks, positions, rotary embeddings) and the first layer's input ``h0``;
-    :meth:`run` then reruns one layer on new hidden states, so a pass can start at any layer.
+_CACHE_ARGS = ("past_key_values", "past_key_value", "cache_params")
 
-    ``layers`` are the running layers' ids in order; :meth:`run` takes a position in it. With
-    ``keep_final``, ``final`` holds the last running layer's output of the recorded pass (the
-    intact model's final residual, so scoring the intact model needs no second pass).
+
+@dataclass
+class LayerCall:
+    """Everything the model's layer loop passes a decoder layer besides its hidden states, with the
+    cache switched off (a replayed layer must not read or extend a cache)."""
+
+    args: tuple[Any, ...]  # positional arguments after the hidden states
+    kwargs: dict[str, Any]
+    by_keyword: bool  # the hidden states were passed as ``hidden_states=``
+
+    @classmethod
+    def of(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> LayerCall:
+        kw = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+        for key in _CACHE_ARGS:
+            if key in kw:
+                kw[key] = None
+        kw["use_cache"] = False
+        return cls(tuple(args[1:]), kw, not args)
+
+    def __call__(self, module: nn.Module, hidden: torch.Tensor, reps: int = 1, batch: int = 1) -> torch.Tensor:
+        args, kw = _repeat_batch(self.args, reps, batch), _repeat_batch(self.kwargs, reps, batch)
+        out = module(*args, **kw, hidden_states=hidden) if self.by_keyword else module(hidden, *args, **kw)
+        return _hidden(out)
+
+
+class LayerCalls:
+    """One pass of the model's own forward (:func:`run_layers`, stopped after the last running
+    layer: no LM head) records what the model gives each running layer; :meth:`run` then reruns
+    one layer on new hidden states, so later passes can start at any layer.
+
+    ``layers``: the running layers' ids in order (:meth:`run` takes a position in it). ``h0`` is
+    the first layer's input and ``final`` the last layer's output (the intact model's final
+    residual: scoring the intact model needs no second pass). With ``inputs=True``, ``inputs[k]``
+    holds the input of the layer at position k (attribution's checkpoints). ``attention_mask`` and
+    ``position_ids`` are those of :func:`run_layers`; with ``stop`` (a layer id) the pass and the
+    replay end after that layer.
     """
 
-    def __init__(self, adapter: ModelAdapter, runner: SweepRunner, input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                 keep_final: bool = False) -> None:
-        self.layers = adapter.active_layers()
-        self.modules = list(adapter.decoder_layers())
-        first = f"L{self.layers[0]}.resid_in"
-        last = f"L{self.layers[-1]}.resid_out"
-        names = [first, *(f"L{i}.kwargs" for i in self.layers), *([last] if keep_final else [])]
-        with Trace(adapter, names) as tr:
-            runner.backbone(input_ids, attention_mask, position_ids)
-        self.h0: torch.Tensor = tr[first]  # [B, T, d_model]
-        self.final: torch.Tensor | None = tr[last] if keep_final else None
-        self.kwargs: list[dict[str, Any]] = []
-        for i in self.layers:
-            kw = dict(tr[f"L{i}.kwargs"])
-            kw.pop("past_key_values", None)
-            kw.pop("past_key_value", None)
-            kw["use_cache"] = False
-            self.kwargs.append(kw)
+    def __init__(self, adapter: ModelAdapter, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None, *, inputs: bool = False, stop: int | None = None) -> None:
+        self.adapter = adapter
+        active = adapter.active_layers()
+        self.layers = active if stop is None else [i for i in active if i <= stop]
+        self.modules = list(adapter.decoder_layers())[: len(self.layers)]
+        ins = [f"L{i}.resid_in" for i in (self.layers if inputs else self.layers[:1])]
+        calls = [f"L{i}.call" for i in self.layers]
+        got = run_layers(adapter, input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         stop=self.layers[-1], capture=[*ins, *calls])
+        self.h0: torch.Tensor = got[ins[0]]  # [B, T, d_model]
+        self.final: torch.Tensor | None = got["resid"]
+        self.inputs: list[torch.Tensor] | None = [got[n] for n in ins] if inputs else None
+        self.calls: list[LayerCall] = [got[n] for n in calls]
         self.batch = self.h0.shape[0]
 
     def run(self, pos: int, hidden: torch.Tensor, reps: int = 1) -> torch.Tensor:
         """The running layer at position ``pos`` on ``hidden`` (``[reps * B, T, d_model]``: ``reps``
         copies of the recorded batch, stacked along the batch dimension)."""
-        out = self.modules[pos](hidden, **_repeat_batch(self.kwargs[pos], reps, self.batch))
-        return _hidden(out)
+        return self.calls[pos](self.modules[pos], hidden, reps, self.batch)
+
+    def output(self, pos: int) -> torch.Tensor:
+        """What the recorded pass gave out of the layer at ``pos`` (needs ``inputs=True``)."""
+        assert self.inputs is not None and self.final is not None
+        return self.final if pos == len(self.layers) - 1 else self.inputs[pos + 1]

@@ -21,56 +21,26 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import runio
-from .attribution import rank_heads
+from . import registry, runio
 from .errors import GandaError
 from .models.base import ModelAdapter
 from .models.loading import load_model
-from .sweep import run_sweep
 from .tasks import get_task, task_for_model
-from .tasks.base import Example
 
 TASK_OPTIONS = ("pairs", "shots", "subjects")
 COMMON = ("limit", "seed", *TASK_OPTIONS)
 
 
-@dataclass(frozen=True)
-class Experiment:
-    """One kind of grid job: how it runs and which file says it has finished."""
-
-    run: Callable[[ModelAdapter, Sequence[Example], Path, dict[str, Any], dict[str, Any]], dict[str, Any]]
-    done_file: str
-    options: tuple[str, ...]
-
-
-def _sweep(adapter: ModelAdapter, examples: Sequence[Example], out: Path, cfg: dict[str, Any],
-           opts: dict[str, Any]) -> dict[str, Any]:
-    res = run_sweep(adapter, examples, out_dir=out, progress=False, config=cfg, **opts)
-    top = res.top(1)
-    return {"acc": res.baseline["acc"], "heads": len(res.records),
-            "top_head": top[0]["head"] if top else None, "top_drop": res.drop(top[0]) if top else None}
-
-
-def _rank(adapter: ModelAdapter, examples: Sequence[Example], out: Path, cfg: dict[str, Any],
-          opts: dict[str, Any]) -> dict[str, Any]:
-    opts = {"seed": cfg["seed"], **opts}
-    res = rank_heads(adapter, examples, out_dir=out, progress=False, config=cfg, **opts)  # writes ranking.*
-    rows = res.rows()
-    return {"heads": len(res.heads), "verified": len(res.exact), "top_head": rows[0]["head"] if rows else None}
-
-
-EXPERIMENTS: dict[str, Experiment] = {
-    "sweep": Experiment(_sweep, "results.jsonl", ("batch_heads",)),
-    "rank": Experiment(_rank, "ranking.json", ("method", "ablation", "margin", "verify_top", "audit", "threshold",
-                                              "top", "batch_heads")),
-}
+def grid_experiments() -> list[str]:
+    """The registered experiments that run as grid jobs (one model, one task's examples)."""
+    return [n for n in registry.experiment_names() if registry.experiment(n).on_task
+            and registry.experiment(n).name == n]
 
 
 def _list(spec: dict[str, Any], key: str) -> list[str]:
@@ -103,18 +73,18 @@ def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
     if unknown:
         raise GandaError(f"grid spec: unknown key {unknown[0]!r} (expected models, tasks, experiments, options, out)")
     models, tasks, exps = _list(spec, "models"), _list(spec, "tasks"), _list(spec, "experiments")
-    bad = [e for e in exps if e not in EXPERIMENTS]
+    known = grid_experiments()
+    bad = [e for e in exps if e not in known]
     if bad:
-        raise GandaError(f"grid spec: experiment {bad[0]!r} is not one of {', '.join(EXPERIMENTS)}")
+        raise GandaError(f"grid spec: experiment {bad[0]!r} is not one of {', '.join(known)}")
     opts = spec.get("options") or {}
     if not isinstance(opts, dict):
         raise GandaError("grid spec: 'options' must be a mapping")
     for key, val in opts.items():
-        if key in EXPERIMENTS:
-            if not isinstance(val, dict) or set(val) - set(EXPERIMENTS[key].options):
-                stray = sorted(set(val) - set(EXPERIMENTS[key].options)) if isinstance(val, dict) else [val]
-                raise GandaError(f"grid spec: options.{key} takes {', '.join(EXPERIMENTS[key].options)}, "
-                                 f"not {stray[0]!r}")
+        if key in known:
+            if not isinstance(val, dict):
+                raise GandaError(f"grid spec: options.{key} must be a mapping of that experiment's options")
+            registry.experiment(key).Options.build(val, where=f"grid spec: options.{key}: ")
         elif key not in COMMON:
             raise GandaError(f"grid spec: unknown option {key!r} (expected {', '.join(COMMON)} or an experiment name)")
     names = [safe_name(m) for m in models]
@@ -156,7 +126,7 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
     adapters: dict[str, ModelAdapter] = {}
     with runio.run_dir_lock(out):
         for job in todo:
-            exp = EXPERIMENTS[job["experiment"]]
+            exp = registry.experiment(job["experiment"])()
             jdir = Path(job["dir"])
             if (jdir / exp.done_file).exists():
                 job.update({k: v for k, v in earlier.get(job["dir"], {}).items() if k in ("result", "seconds")})
@@ -173,7 +143,9 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
                 cfg = {"task": task.config(), "limit": limit, "seed": seed}
                 jdir.mkdir(parents=True, exist_ok=True)
                 t0 = time.perf_counter()
-                job["result"] = exp.run(adapter, examples, jdir, cfg, dict(opts.get(job["experiment"], {})))
+                options = exp.Options.build(opts.get(job["experiment"], {}))
+                result = exp.run(adapter, examples, options, out_dir=jdir, config=cfg, progress=False)
+                job["result"] = exp.job_summary(result)
                 job["status"], job["seconds"] = "done", round(time.perf_counter() - t0, 2)
             runio.write_text(out / "grid.json", json.dumps({"spec": spec, "jobs": todo}, indent=1) + "\n")
             if on_job:
@@ -181,4 +153,4 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
     return todo
 
 
-__all__ = ["EXPERIMENTS", "Experiment", "jobs", "parse_spec", "run_grid", "safe_name"]
+__all__ = ["grid_experiments", "jobs", "parse_spec", "run_grid", "safe_name"]

@@ -13,41 +13,29 @@ exactly what was done, and ``apply(adapter, [..])`` stacks several.
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
+from .engine import Edit, Trace
 from .errors import GandaError
 from .heads import HeadId, expand, format_heads
 from .models.base import Mixer, ModelAdapter
 
-# Per-row index of the "query" position (the last prompt token) and of the "last" scored position
-# (the one predicting the answer's final token) for the current forward pass. Scoring sets them
-# when rows are right-padded or carry a continuation; unset means the last position (-1).
-_QUERY_POS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("ganda_query_pos", default=None)
-_LAST_POS: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("ganda_last_pos", default=None)
 POSITIONS = ("query", "last", "context")
 
 
-@contextmanager
-def query_positions(index: torch.Tensor | None, last: torch.Tensor | None = None) -> Iterator[None]:
-    """Tell position-restricted interventions where each row's last prompt token is (``index``)
-    and where its last scored position is (``last``: default ``index``, as for one-token answers)."""
-    token = _QUERY_POS.set(index)
-    token_last = _LAST_POS.set(last if last is not None else index)
-    try:
-        yield
-    finally:
-        _LAST_POS.reset(token_last)
-        _QUERY_POS.reset(token)
+def z_point(mixer: Mixer) -> str:
+    """The engine point of a mixer's output-projection input, ``[B, T, heads * head_dim]``."""
+    return f"L{mixer.layer}.{mixer.kind}.z"
 
 
-def _head_mask(mixer: Mixer, heads: Iterable[int], keep: bool) -> torch.Tensor:
+def head_mask(mixer: Mixer, heads: Iterable[int], keep: bool = False) -> torch.Tensor:
+    """``[heads * head_dim]`` of ones with the listed heads' slices zero (``keep``: the other way
+    round), in the dtype and on the device of the mixer's output projection."""
     w = mixer.out_proj.weight
     # a disk-offloaded layer's weight sits on the meta device between forwards: build the mask on the CPU
     dev = w.device if w.device.type != "meta" else torch.device("cpu")
@@ -57,41 +45,78 @@ def _head_mask(mixer: Mixer, heads: Iterable[int], keep: bool) -> torch.Tensor:
     return mask.reshape(-1)
 
 
+def mask_edit(adapter: ModelAdapter, mask: torch.Tensor, positions: str | None = None) -> Edit:
+    """An edit of a ``z`` point that multiplies it by ``mask`` (``[H*D]``, or ``[B, 1, H*D]``: one
+    mask per batch row, rows repeated head-major when the batch is a multiple of it) at every
+    position, or only at each row's read position of the forward running
+    (:attr:`ModelAdapter.read_positions`; ``positions``: ``"query"``, ``"last"``, or ``"context"``:
+    every position but the query)."""
+
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        m = mask.to(dtype=x.dtype, device=x.device)
+        if m.ndim == 3 and x.shape[0] != m.shape[0]:  # head-major rows: row b owns rows b*C .. b*C+C-1
+            m = m.repeat_interleave(x.shape[0] // m.shape[0], dim=0)
+        if positions is None:
+            return x * m
+        rows, idx = _read_rows(adapter, x, positions)
+        if positions == "context":  # every position before the query (its row kept as it was)
+            keep = x[rows, idx].clone()
+            x = x * m
+            x[rows, idx] = keep
+            return x
+        x = x.clone()
+        x[rows, idx] = x[rows, idx] * m
+        return x
+
+    return edit
+
+
+def _read_rows(adapter: ModelAdapter, x: torch.Tensor, positions: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (row, position) pairs of ``x`` ``[B, T, ...]`` at which a forward is read."""
+    read = adapter.read_positions
+    rows = torch.arange(x.shape[0], device=x.device)
+    if read is None:  # unpadded or left-padded input: each row's last position
+        return rows, torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)
+    idx = (read.last if positions == "last" else read.query).to(x.device)
+    # a forward over one chunk of a longer sequence (a cached prefix, then its suffix) gets
+    # positions relative to the chunk: a row whose position lies outside it has no query here
+    inside = (idx >= 0) & (idx < x.shape[1])
+    return rows[inside], idx[inside]
+
+
+def mean_edit(mixer: Mixer, heads: Iterable[int], mu: torch.Tensor) -> Edit:
+    """An edit of a ``z`` point that sets the listed heads' slices to ``mu`` (``[H*D]``, a mean
+    over reference prompts) at every position."""
+    heads = list(heads)
+
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        m = mu.to(dtype=x.dtype, device=x.device)
+        for h in heads:
+            sl = mixer.head_slice(h)
+            x[..., sl] = m[sl]
+        return x
+
+    return edit
+
+
+def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> dict[str, Edit]:
+    """The edit that zeroes, in batch row b, head ``heads[b]`` (None: nothing) of one mixer: the
+    sweep's batch of single-head ablations in one forward (empty when every entry is None)."""
+    real = [h for h in heads if h is not None]
+    if not real:
+        return {}
+    mixer = adapter.mixer_of(real[0])
+    masks = torch.stack([head_mask(mixer, [] if h is None else [h.head]) for h in heads])[:, None]
+    return {z_point(mixer): mask_edit(adapter, masks)}
+
+
 def _group_by_mixer(adapter: ModelAdapter, heads: Sequence[HeadId]) -> dict[int, tuple[Mixer, list[int]]]:
     groups: dict[int, tuple[Mixer, list[int]]] = {}
     for h in heads:
         mixer = adapter.mixer_of(h)
         groups.setdefault(id(mixer), (mixer, []))[1].append(h.head)
     return groups
-
-
-def _masking_hook(mask: torch.Tensor, positions: str | None):
-    def hook(_module: nn.Module, args: tuple[Any, ...]):
-        x = args[0]
-        m = mask.to(dtype=x.dtype, device=x.device)
-        if positions is None:
-            return (x * m, *args[1:])
-        x = x.clone()
-        qpos = (_LAST_POS if positions == "last" else _QUERY_POS).get()
-        rows = torch.arange(x.shape[0], device=x.device)
-        if qpos is None:
-            idx = torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)
-        else:
-            idx = qpos.to(x.device)
-            # a forward over one chunk of a longer sequence (a cached prefix, then its suffix) gets
-            # positions relative to the chunk: a row whose position lies outside it has no query here
-            inside = (idx >= 0) & (idx < x.shape[1])
-            if not bool(inside.all()):
-                rows, idx = rows[inside], idx[inside]
-        if positions == "context":  # every position before the query (its row kept as it was)
-            keep = x[rows, idx].clone()
-            x = x * m
-            x[rows, idx] = keep
-            return (x, *args[1:])
-        x[rows, idx] = x[rows, idx] * m
-        return (x, *args[1:])
-
-    return hook
 
 
 class Intervention:
@@ -125,15 +150,12 @@ class AblateHeads(Intervention):
         for h in heads:  # a head of a removed layer would be ablated by nothing: refuse it
             adapter.require_active([h.layer], str(h))
         token = adapter.use_layers({h.layer for h in heads}, f"the ablation of {_short(heads)}")
-        handles = []
+        edits = {z_point(m): mask_edit(adapter, head_mask(m, hs), self.positions)
+                 for m, hs in _group_by_mixer(adapter, heads).values()}
         try:
-            for mixer, hs in _group_by_mixer(adapter, heads).values():
-                mask = _head_mask(mixer, hs, keep=False)
-                handles.append(adapter.register_out_proj_pre_hook(mixer, _masking_hook(mask, self.positions)))
-            yield
+            with Trace(adapter, edit=edits):
+                yield
         finally:
-            for h in handles:
-                h.remove()
             adapter.release_layers(token)
 
     def describe(self) -> dict[str, Any]:
@@ -187,20 +209,44 @@ class KeepHeads(Intervention):
         label = f"keep-heads in layers {compress_ranges(layers)}"
         adapter.require_active(layers, label)
         token = adapter.use_layers(layers, label)
-        handles = []
         try:
-            for mixer, kept_heads in plan:
-                mask = _head_mask(mixer, kept_heads, keep=True)
-                handles.append(adapter.register_out_proj_pre_hook(mixer, _masking_hook(mask, None)))
-            yield
+            with Trace(adapter, edit={z_point(m): mask_edit(adapter, head_mask(m, kept, keep=True)) for m, kept in plan}):
+                yield
         finally:
-            for h in handles:
-                h.remove()
             adapter.release_layers(token)
 
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
         return {"type": "keep_heads", "heads": heads, "layers": list(self.layers) if self.layers else None}
+
+
+@dataclass
+class MeanAblateHeads(Intervention):
+    """Replace heads' output-projection input slices by their means over reference prompts
+    (``means``: ``{(layer, kind): [H*D]}`` per mixer, as :func:`ganda.attribution.attribute` returns
+    them), the mean-ablation the exact verification of a mean-ablation ranking runs."""
+
+    heads: Sequence[HeadId | str] | str
+    means: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @contextmanager
+    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        heads = expand(self.heads, adapter)
+        token = adapter.use_layers({h.layer for h in heads}, f"the mean-ablation of {_short(heads)}")
+        edits = {}
+        for m, hs in _group_by_mixer(adapter, heads).values():
+            if (m.layer, m.kind) not in self.means:
+                raise GandaError(f"no reference mean for layer {m.layer} ({m.kind})")
+            edits[z_point(m)] = mean_edit(m, hs, self.means[(m.layer, m.kind)])
+        try:
+            with Trace(adapter, edit=edits):
+                yield
+        finally:
+            adapter.release_layers(token)
+
+    def describe(self) -> dict[str, Any]:
+        heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
+        return {"type": "mean_ablate_heads", "heads": heads}
 
 
 @dataclass

@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
+from . import registry
 from .attribution.engine import GRADDROP_BLOCKS, graddrop_blocks
 from .errors import GandaError
 from .models.base import ModelAdapter
 
 GiB = float(1 << 30)
-EXPERIMENTS = ("eval", "sweep", "attribution", "prune", "transplant", "maps")
 
 
 # ---- accelerators -----------------------------------------------------------------------------
@@ -366,124 +366,148 @@ def _act_peak(p: Profile, rows: float, T: int, layers: Sequence[int], logit_posi
     return resid + max(layer, logits)
 
 
-def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> tuple[list[Phase], float, list[str]]:
-    """The forwards an experiment runs and the bytes it keeps between them."""
+Phases = tuple[list[Phase], float, list[str]]  # the forwards, the bytes kept between them, notes
+
+
+def costed_experiments() -> list[str]:
+    """The experiments ``ganda plan`` can cost: every registered one that declares its phases."""
+    return [n for n in registry.experiment_names() if registry.experiment(n).phases]
+
+
+def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> Phases:
+    """The forwards an experiment runs and the bytes it keeps between them (its registered phases)."""
+    names = costed_experiments()
+    if experiment not in names:
+        raise GandaError(f"unknown experiment {experiment!r}; known: {', '.join(names)}")
+    return registry.resolve_target(registry.experiment(experiment).phases)(p, w, opts)
+
+
+def eval_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
+    """``ganda eval``: every example scored once."""
+    return [scoring_phase(p, w, "score every example", 1, opts)], 0.0, []
+
+
+def sweep_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
+    """The exhaustive sweep: with layer skipping, one intact pass kept layer by layer and each head
+    batch from its layer on; without, whole forwards per head batch."""
     L = list(range(len(p.layers)))
-    notes: list[str] = []
-    kept = 0.0
-    b = p.bytes_per_param
-    rows, T = w.rows_tokens
     n_read = w.choices * w.choice_tokens  # positions whose log-probabilities a sweep reads
-    if experiment == "eval":
-        return [_eval_phase(p, w, "score every example", 1, opts)], kept, notes
-    if experiment == "sweep":
-        heads = opts.get("heads_per_layer") or [layer.heads for layer in p.layers]
-        bh = int(opts.get("batch_heads") or 16)
-        skip = opts.get("layer_skip", True)
-        if skip:
-            # the intact scores come from the pass that records each layer's input; each head batch
-            # reads all its rows back through one LM-head call per prompt
-            phases = [Phase("intact pass kept layer by layer", w.n, 1, w.packed, L, n_read, examples=w.n,
-                            scored=w.n)]
-            for k, hk in enumerate(heads):
-                if hk:
-                    calls = w.n * math.ceil(hk / bh)
-                    phases.append(Phase(f"heads of layer {k}", calls, min(bh, hk), w.packed, L[k:], n_read,
-                                        scored=calls))
-            kept = w.n * w.packed * p.d_model * b  # each prompt's residual entering the current layer
-            phases = phases[:1] + _merge(phases[1:], "ablated heads, layers k.. only")
-        else:
-            total = sum(heads)
-            phases = [Phase("intact model scored", w.n, 1, w.packed, L, n_read, examples=w.n,
-                            scored=w.n * w.score_rows)]
-            phases.append(Phase("ablated heads (full forwards)", w.n * math.ceil(total / bh), min(bh, total),
-                                w.packed, L, n_read, scored=w.n * total * w.score_rows))
-            notes.append("no layer-skipping runner for this family: every head batch runs the whole model")
-        return phases, kept, notes
-    if experiment == "attribution":
-        method = opts.get("method", "atp*")
-        batch_tokens = int(opts.get("batch_tokens") or 4096)
-        per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
-        calls = math.ceil(w.n / per_batch)
-        depth = len(L)
-        block_of = graddrop_blocks(depth, opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
-        blocks = block_of[-1] + 1
-        # per layer a recompute and input-gradient VJPs: the plain one and, for AtP*, one per GradDrop
-        # block above the layer's own
-        above = sum(blocks - 1 - b for b in block_of) / depth
-        back = 1.0 + (1.0 + above if method == "atp*" else 1.0)
-        phases = [Phase("no-grad pass, residuals kept", calls, per_batch, w.packed, L, n_read, examples=w.n,
-                        scored=w.n * w.score_rows),
-                  Phase(f"layer-by-layer backward ({method})", calls, per_batch, w.packed, L, n_read,
-                        backward=back - 1.0)]
-        cotangents = blocks if method == "atp*" else 1
-        kept = (depth + cotangents) * per_batch * w.packed * p.d_model * 4
-        early = sorted(set(opts.get("verify_layers") or ()))
-        if any(not 0 <= k < len(L) for k in early):
-            raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
-        per_layer = [p.layers[k].heads if k in early else 0 for k in L]  # every head of those layers
-        rest = [k for k in L if k not in early]
-        spread = min(sum(p.layers[k].heads for k in rest), int(opts.get("verify_top", 30)) + int(opts.get("audit", 10)))
-        for j in range(spread if rest else 0):  # the top heads and the audit, spread evenly over the other layers
-            per_layer[rest[min(len(rest) - 1, int((j + 0.5) * len(rest) / spread))]] += 1
-        verify = sum(per_layer)
-        sub, _, _ = _phases(p, "sweep", w, {**opts, "heads_per_layer": per_layer})
-        for ph in sub:
-            ph.name = f"exact check of {verify} heads: {ph.name}"
-        phases += sub
-        notes.append(f"{method}: one no-grad pass, then per layer a recompute and "
-                     f"{f'{1 + above:.1f} input-gradient VJPs on average (GradDrop over {blocks} blocks)' if method == 'atp*' else 'one VJP'}; "
-                     f"then the top {opts.get('verify_top', 30)} and {opts.get('audit', 10)} audited heads exactly"
-                     + (f", and every head of layer(s) {', '.join(map(str, early))}" if early else ""))
-        return phases, kept, notes
-    if experiment == "prune":
-        per_row = w.choice_tokens if not w.single else 1.0
-        phases = [Phase("pruning curve: one pass, LM head after every layer", w.n, rows, T, L, per_row * len(L),
-                        examples=w.n, scored=w.n * w.score_rows * len(L))]
-        m = opts.get("remove_restore")
-        if m:
-            depth = sum(len(L[i + 1:m]) for i in range(m)) / m  # layers after the removed one, on average
-            phases.append(Phase(f"remove-and-restore over {m} layers", w.n * m, rows, T,
-                                L[: max(1, round(depth))], per_row))
-        return phases, kept, notes
-    if experiment == "transplant":
-        phases = [_eval_phase(p, w, "score the student", 1, opts),
-                  _eval_phase(p, w, "score each layer transplanted", len(L), opts)]
-        kept = p.weight_bytes  # the donor's weights beside the student's
-        notes.append("donor assumed the student's size (its weights are counted once more)")
-        return phases, kept, notes
-    if experiment == "maps":
-        which = opts.get("map_layers")
-        layers = list(which) if which is not None else L
-        R = int(opts.get("rows") or T)
-        T_ = int(w.max_tokens or T)
-        full = p.family == "transformer"  # attention maps come from a whole eager forward
-        phases = [Phase("capture pass (eager attention, PyTorch SSM path)", w.n, 1, T_,
-                        L if full else L[: max(layers) + 1], T_ if full else 0)]
-        map_flops = 0.0
-        map_bytes = 0.0
-        for i in layers:
-            layer = p.layers[i]
-            for H, _P, N, _Q in layer.ssd:
-                map_flops += H * R * T_ * (2.0 * N + 6.0)
-                map_bytes = max(map_bytes, H * R * T_ * 4.0)
-            for E, N in layer.selective:
-                map_flops += E * R * T_ * (6.0 * N + 4.0)
-                map_bytes = max(map_bytes, E * R * T_ * 4.0)
-            for h, _d in layer.attn:
-                map_bytes = max(map_bytes, h * R * T_ * 4.0)
-        # SSD heads are built one by one; Mamba-1 channels in batches of 64
-        n_maps = sum(sum(H for H, *_ in p.layers[i].ssd) + sum(math.ceil(E / 64) for E, _ in p.layers[i].selective)
-                     for i in layers)
-        phases.append(_MapPhase("materialise maps", w.n, map_flops, layers, n_maps))
-        opts["_host"] = map_bytes  # the maps are returned on the CPU: host memory, not the device's
-        notes.append(f"{R} rows of {T_} columns per head, every head of {len(layers)} layer(s), float32 (float64 "
-                     "prefix sums); SSM maps need the PyTorch path (no kernels)")
-        return phases, kept, notes
-    raise GandaError(f"unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
+    heads = opts.get("heads_per_layer") or [layer.heads for layer in p.layers]
+    bh = int(opts.get("batch_heads") or 16)
+    if not opts.get("layer_skip", True):
+        total = sum(heads)
+        phases = [Phase("intact model scored", w.n, 1, w.packed, L, n_read, examples=w.n, scored=w.n * w.score_rows),
+                  Phase("ablated heads (full forwards)", w.n * math.ceil(total / bh), min(bh, total),
+                        w.packed, L, n_read, scored=w.n * total * w.score_rows)]
+        return phases, 0.0, ["no layer skipping for this family: every head batch runs the whole model"]
+    # the intact scores come from the pass that records each layer's input; each head batch
+    # reads all its rows back through one LM-head call per prompt
+    phases = [Phase("intact pass kept layer by layer", w.n, 1, w.packed, L, n_read, examples=w.n, scored=w.n)]
+    for k, hk in enumerate(heads):
+        if hk:
+            calls = w.n * math.ceil(hk / bh)
+            phases.append(Phase(f"heads of layer {k}", calls, min(bh, hk), w.packed, L[k:], n_read, scored=calls))
+    kept = w.n * w.packed * p.d_model * p.bytes_per_param  # each prompt's residual entering the current layer
+    return phases[:1] + _merge(phases[1:], "ablated heads, layers k.. only"), kept, []
 
 
-def _eval_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> Phase:
+def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
+    """``ganda rank``: one no-grad pass and a layer-by-layer backward per batch, then the exact
+    check of the top heads, the audit and every head of ``verify_layers``."""
+    L = list(range(len(p.layers)))
+    n_read = w.choices * w.choice_tokens
+    method = opts.get("method", "atp*")
+    batch_tokens = int(opts.get("batch_tokens") or 4096)
+    per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
+    calls = math.ceil(w.n / per_batch)
+    depth = len(L)
+    block_of = graddrop_blocks(depth, opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
+    blocks = block_of[-1] + 1
+    # per layer a recompute and input-gradient VJPs: the plain one and, for AtP*, one per GradDrop
+    # block above the layer's own
+    above = sum(blocks - 1 - b for b in block_of) / depth
+    back = 1.0 + (1.0 + above if method == "atp*" else 1.0)
+    phases = [Phase("no-grad pass, residuals kept", calls, per_batch, w.packed, L, n_read, examples=w.n,
+                    scored=w.n * w.score_rows),
+              Phase(f"layer-by-layer backward ({method})", calls, per_batch, w.packed, L, n_read, backward=back - 1.0)]
+    cotangents = blocks if method == "atp*" else 1
+    kept = (depth + cotangents) * per_batch * w.packed * p.d_model * 4
+    early = sorted(set(opts.get("verify_layers") or ()))
+    if any(not 0 <= k < len(L) for k in early):
+        raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
+    per_layer = [p.layers[k].heads if k in early else 0 for k in L]  # every head of those layers
+    rest = [k for k in L if k not in early]
+    spread = min(sum(p.layers[k].heads for k in rest), int(opts.get("verify_top", 30)) + int(opts.get("audit", 10)))
+    for j in range(spread if rest else 0):  # the top heads and the audit, spread evenly over the other layers
+        per_layer[rest[min(len(rest) - 1, int((j + 0.5) * len(rest) / spread))]] += 1
+    verify = sum(per_layer)
+    sub, _, _ = sweep_phases(p, w, {**opts, "heads_per_layer": per_layer})
+    for ph in sub:
+        ph.name = f"exact check of {verify} heads: {ph.name}"
+    vjps = f"{1 + above:.1f} input-gradient VJPs on average (GradDrop over {blocks} blocks)" if method == "atp*" \
+        else "one VJP"
+    note = (f"{method}: one no-grad pass, then per layer a recompute and {vjps}; then the top "
+            f"{opts.get('verify_top', 30)} and {opts.get('audit', 10)} audited heads exactly"
+            + (f", and every head of layer(s) {', '.join(map(str, early))}" if early else ""))
+    return phases + sub, kept, [note]
+
+
+def prune_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
+    """``ganda prune``: one pass with the LM head after every layer; remove-and-restore replays the
+    layers after each removed one."""
+    L = list(range(len(p.layers)))
+    rows, T = w.rows_tokens
+    per_row = w.choice_tokens if not w.single else 1.0
+    phases = [Phase("pruning curve: one pass, LM head after every layer", w.n, rows, T, L, per_row * len(L),
+                    examples=w.n, scored=w.n * w.score_rows * len(L))]
+    m = opts.get("remove_restore")
+    if m:
+        depth = sum(len(L[i + 1:m]) for i in range(m)) / m  # layers after the removed one, on average
+        phases.append(Phase(f"remove-and-restore over {m} layers", w.n * m, rows, T, L[: max(1, round(depth))],
+                            per_row))
+    return phases, 0.0, []
+
+
+def transplant_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
+    """``ganda transplant``: the student scored, then once per transplanted layer."""
+    phases = [scoring_phase(p, w, "score the student", 1, opts),
+              scoring_phase(p, w, "score each layer transplanted", len(p.layers), opts)]
+    return phases, p.weight_bytes, ["donor assumed the student's size (its weights are counted once more)"]
+
+
+def maps_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
+    """``ganda attn``/maps: one capture pass, then every head's map materialised (float32 on the host)."""
+    L = list(range(len(p.layers)))
+    _, T = w.rows_tokens
+    which = opts.get("map_layers")
+    layers = list(which) if which is not None else L
+    R = int(opts.get("rows") or T)
+    T_ = int(w.max_tokens or T)
+    full = p.family == "transformer"  # attention maps come from a whole eager forward
+    phases: list[Phase] = [Phase("capture pass (eager attention, PyTorch SSM path)", w.n, 1, T_,
+                                 L if full else L[: max(layers) + 1], T_ if full else 0)]
+    map_flops = 0.0
+    map_bytes = 0.0
+    for i in layers:
+        layer = p.layers[i]
+        for H, _P, N, _Q in layer.ssd:
+            map_flops += H * R * T_ * (2.0 * N + 6.0)
+            map_bytes = max(map_bytes, H * R * T_ * 4.0)
+        for E, N in layer.selective:
+            map_flops += E * R * T_ * (6.0 * N + 4.0)
+            map_bytes = max(map_bytes, E * R * T_ * 4.0)
+        for h, _d in layer.attn:
+            map_bytes = max(map_bytes, h * R * T_ * 4.0)
+    # SSD heads are built one by one; Mamba-1 channels in batches of 64
+    n_maps = sum(sum(H for H, *_ in p.layers[i].ssd) + sum(math.ceil(E / 64) for E, _ in p.layers[i].selective)
+                 for i in layers)
+    phases.append(_MapPhase("materialise maps", w.n, map_flops, layers, n_maps))
+    opts["_host"] = map_bytes  # the maps are returned on the CPU: host memory, not the device's
+    return phases, 0.0, [f"{R} rows of {T_} columns per head, every head of {len(layers)} layer(s), float32 "
+                         "(float64 prefix sums); SSM maps need the PyTorch path (no kernels)"]
+
+
+def scoring_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> Phase:
     """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to 64
     rows for small models, one example per forward otherwise; logits only at the positions a choice is read from."""
     rows, T = w.rows_tokens

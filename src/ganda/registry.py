@@ -1,10 +1,15 @@
-"""The three places to extend ganda: model families and names, tasks, and experiment result kinds.
+"""The places to extend ganda: model families and names, tasks, experiments and result kinds.
 
 * **Models**: :func:`register_family` says which adapter serves which ``config.model_type`` (and, for
   architectures transformers does not build, how to load one); :func:`register_resolver` turns a
   name such as ``lab-llama`` into the local directory it loads from.
 * **Tasks**: :func:`register_task` names a :class:`~ganda.tasks.base.Task` class (or its
   ``"module:Class"`` path, imported on first use). The task declares its options and chance level.
+  :func:`register_group` names a group of tasks scored together (their mean accuracy).
+* **Experiments**: :func:`register_experiment` names an :class:`~ganda.experiments.base.Experiment`
+  class (or its ``"module:Class"`` path): its options (a config dataclass that checks itself), how
+  it runs, its result and its costs. The command line, ``ganda grid``, ``ganda plan`` and
+  :func:`ganda.results.load` find experiments here, so a new one is one file.
 * **Result kinds**: :func:`register_result` names the result class that ``ganda report`` rebuilds
   from a run directory's ``result.json``; the class declares ``headline()`` and ``draw(out_dir)``.
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,9 +180,67 @@ def parse_task_name(text: str) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+_GROUPS: dict[str, tuple[str, ...]] = {}
+
+
+def register_group(name: str, members: tuple[str, ...] | list[str]) -> None:
+    """Make ``name`` a task group (lm-eval's ``group``): its members' accuracies, each scored as a
+    task of its own, and their unweighted mean as the group's score (ganda's ``knowledge``)."""
+    _GROUPS[name] = tuple(members)
+
+
+def group_members(name: str) -> tuple[str, ...] | None:
+    """The member tasks of group ``name`` (plugins loaded on a miss), or None when it is no group."""
+    if name not in _GROUPS and name not in _TASKS:
+        load_plugins()
+    return _GROUPS.get(name)
+
+
+def group_names() -> list[str]:
+    load_plugins()
+    return sorted(_GROUPS)
+
+
 def number_option(name: str) -> str | None:
     """The option a number after task ``name`` sets (``"pairs"`` for ``kv``), if any."""
     return _NUMBER_OPTION.get(name)
+
+
+# ---- experiments ----------------------------------------------------------------------------
+
+_EXPERIMENTS: dict[str, Any] = {}
+#: the module that registers ganda's own experiments, imported on the first lookup
+BUILTIN_EXPERIMENTS = "ganda.experiments"
+
+
+def register_experiment(name: str, target: Any) -> None:
+    """Make ``name`` run the experiment ``target`` (an ``Experiment`` class or its ``"module:Class"``
+    path, imported on first use)."""
+    _EXPERIMENTS[name] = target
+
+
+def _load_experiments() -> None:
+    if BUILTIN_EXPERIMENTS not in sys.modules:
+        importlib.import_module(BUILTIN_EXPERIMENTS)
+    load_plugins()
+
+
+def experiment_names() -> list[str]:
+    """Every registered experiment (ganda's own and plugins'), sorted."""
+    _load_experiments()
+    return sorted(_EXPERIMENTS)
+
+
+def experiment(name: str) -> Any:
+    """The experiment class registered as ``name``; one line naming the known ones otherwise."""
+    if name not in _EXPERIMENTS:
+        _load_experiments()
+    target = _EXPERIMENTS.get(name)
+    if target is None:
+        raise GandaError(f"unknown experiment {name!r}; known: {', '.join(sorted(_EXPERIMENTS))}")
+    cls = resolve_target(target)
+    _EXPERIMENTS[name] = cls
+    return cls
 
 
 # ---- experiment result kinds ----------------------------------------------------------------
@@ -261,7 +325,9 @@ def register_plugin_commands(app: Any) -> None:
 
 
 __all__ = [
-    "LOADERS", "MODEL_TYPES", "PLUGIN_GROUP", "ResultKind", "families", "load_plugins", "number_option",
+    "LOADERS", "MODEL_TYPES", "PLUGIN_GROUP", "ResultKind", "experiment", "experiment_names", "families",
+    "group_members", "group_names", "register_group",
+    "load_plugins", "number_option", "register_experiment",
     "parse_task_name", "plugins", "register_family", "register_plugin_commands", "register_resolver",
     "register_result", "register_task", "resolve_model", "resolve_target", "result_class", "result_kinds",
     "resolver_names", "task_class", "task_names",

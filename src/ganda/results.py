@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import registry
 from .errors import GandaError
+from .experiments.base import Experiment
 
 if TYPE_CHECKING:
     import pandas as pd
 
-#: the files that make a directory a run: any result kind, a sweep, a ranking, ``ganda extends``
+#: the files ganda's own readers know: any result kind, a sweep, a ranking, ``ganda extends``
 RUN_FILES = ("result.json", "results.jsonl", "ranking.json", "extends.json")
 PREDICTION_COLUMNS = ["run", "condition", "task", "subject", "doc_id", "example", "gold", "pred", "pred_norm",
                       "correct", "correct_norm", "loglik"]
@@ -71,7 +73,8 @@ def load(*paths: str | Path) -> Results:
             raise GandaError(f"{path}: no such run directory")
         runs = list(_run_dirs(path))
         if not runs:
-            raise GandaError(f"{path} is not a ganda run directory (no {', '.join(RUN_FILES)} in it or under it)")
+            raise GandaError(f"{path} is not a ganda run directory (no {', '.join(dict.fromkeys([*RUN_FILES, *_readers()]))} in it or "
+                              "under it)")
         for run in runs:
             _load_run(run, t)
     try:
@@ -89,8 +92,31 @@ def load(*paths: str | Path) -> Results:
                    rows=frame(t.rows, ["run"]))
 
 
+def _readers() -> dict[str, Any]:
+    """What reads each file that makes a directory a run: every registered experiment's
+    ``done_file`` (read by the experiment itself where it has a reader, else by the reader of that
+    file), ``result.json`` of any result kind and ``ganda extends``' file."""
+    out: dict[str, Any] = {"results.jsonl": _sweep, "ranking.json": _ranking, "result.json": _result,
+                           "extends.json": _extends}
+    for name in registry.experiment_names():
+        exp = registry.experiment(name)
+        if exp.read.__func__ is not Experiment.read.__func__:  # the experiment reads its own files
+            out[exp.done_file] = _own_reader(exp)
+        else:
+            out.setdefault(exp.done_file, _result)
+    return out
+
+
+def _own_reader(exp: Any) -> Any:
+    def read(run: Path, t: _Tables) -> None:
+        got = exp.read(run) or {}
+        for key in ("runs", "heads", "predictions", "rows"):
+            getattr(t, key).extend({"run": str(run), **r} for r in got.get(key, []))
+    return read
+
+
 def _is_run(d: Path) -> bool:
-    return any((d / f).is_file() for f in RUN_FILES)
+    return any((d / f).is_file() for f in _readers())
 
 
 def _run_dirs(root: Path) -> Iterable[Path]:
@@ -105,14 +131,9 @@ def _run_dirs(root: Path) -> Iterable[Path]:
 
 
 def _load_run(run: Path, t: _Tables) -> None:
-    if (run / "results.jsonl").is_file():
-        _sweep(run, t)
-    if (run / "ranking.json").is_file():
-        _ranking(run, t)
-    if (run / "result.json").is_file():
-        _result(run, t)
-    if (run / "extends.json").is_file():
-        _extends(run, t)
+    for name, read in _readers().items():
+        if (run / name).is_file():
+            read(run, t)
 
 
 def _read_json(path: Path) -> Any:

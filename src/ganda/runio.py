@@ -382,6 +382,116 @@ def model_fingerprint(path: str | Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# run journals
+
+
+class Journal:
+    """A resumable run's record: a header line with the run's config, then one JSON line per
+    finished unit (a head, a batch of prompts), each flushed as soon as it is written.
+
+    Opening reads what an earlier run left: a torn last line (a write cut by a kill) is cut off,
+    any other line that is not a record (``check`` says which are) is refused with its line number,
+    and a header whose config differs from this run's is refused in one line naming what differs
+    (the weights' fingerprint and dtype are part of the config, so a resume never mixes two
+    models' numbers). ``records`` holds the earlier run's units; :meth:`append` adds one.
+    """
+
+    def __init__(self, path: str | Path, config: dict[str, Any], what: str, *, resume: bool = True,
+                 check: Any = None) -> None:
+        self.path = Path(path)
+        self.config = config
+        self.what = what
+        self.resume = resume
+        self.check = check
+        self.records: list[dict[str, Any]] = []
+        self.fresh = True  # no earlier unit was found
+        self._fh: IO[str] | None = None
+
+    def __enter__(self) -> Journal:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def open(self) -> Journal:
+        """Read (and check) what is there, or start the file with this run's header."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.resume:
+            self.path.unlink(missing_ok=True)
+        lines = read_journal(self.path, self.check)
+        if lines:
+            old = lines[0].get("config") if lines[0].get("type") == "header" else None
+            self._check_config(old)
+            self.records = lines[1:]
+            self.fresh = False
+        else:
+            write_text(self.path, json.dumps({"type": "header", "config": self.config}) + "\n")
+        try:
+            self._fh = self.path.open("a")
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
+        return self
+
+    def _check_config(self, old: Any) -> None:
+        cfg = self.config
+        if old == cfg:
+            return
+        if isinstance(old, dict) and "weights" in cfg and old.get("model") == cfg.get("model") \
+                and old.get("weights", cfg["weights"]) != cfg["weights"]:
+            raise GandaError(f"the weights of {cfg['model']} changed since this run started (fingerprint "
+                             f"{old.get('weights')}, now {cfg['weights']}); use --no-resume or another --out")
+        keys = sorted(k for k in {*old, *cfg} if old.get(k) != cfg.get(k)) if isinstance(old, dict) else []
+        what = f"{', '.join(keys)} differ" if keys else "model, task, prompts or heads differ"
+        raise GandaError(f"{self.path} holds a different {self.what} ({what}); use --no-resume to start over "
+                         "or another --out")
+
+    def append(self, rec: dict[str, Any]) -> None:
+        """Write one unit's line and flush it (a kill after this keeps it)."""
+        if self._fh is None:
+            return
+        try:
+            self._fh.write(json.dumps(rec) + "\n")
+            self._fh.flush()
+        except OSError as exc:
+            raise write_error(self.path, exc) from None
+
+    def close(self) -> None:
+        if self._fh is not None:
+            with contextlib.suppress(OSError):
+                self._fh.close()
+            self._fh = None
+
+
+def read_journal(path: str | Path, check: Any = None) -> list[dict[str, Any]]:
+    """The complete lines of a journal (empty when there is none). A torn last line (no newline:
+    a write cut short) is cut off the file; a complete line that is not a JSON object, or that
+    ``check(line)`` refuses, is one error naming the file and the line number."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    out: list[dict[str, Any]] = []
+    start = 0
+    while (nl := data.find(b"\n", start)) >= 0:
+        try:
+            rec = json.loads(data[start:nl])
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            rec = None
+        number = len(out) + 1
+        if not isinstance(rec, dict) or (number == 1 and rec.get("type") != "header") \
+                or (number > 1 and check is not None and not check(rec)):
+            raise GandaError(f"{path}, line {number}: not a record of this run (damaged or foreign); "
+                             "use --no-resume to start over or another --out")
+        out.append(rec)
+        start = nl + 1
+    if start != len(data):  # a torn last line
+        with path.open("r+b") as f:
+            f.truncate(start)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # what an interrupted run tells the user
 
 _interrupt_note: str | None = None
@@ -401,7 +511,7 @@ def take_interrupt_note() -> str | None:
 
 
 __all__ = [
-    "acquire_run_dir", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
+    "Journal", "read_journal", "acquire_run_dir", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
     "model_fingerprint", "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
     "take_interrupt_note", "write_bytes", "write_error", "write_text",
 ]

@@ -9,6 +9,8 @@ the prediction is the argmax of the summed continuation log-probabilities (``acc
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -17,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .interventions import Intervention, apply, describe_all, query_positions
-from .models.base import ModelAdapter
+from .interventions import Intervention, apply, describe_all
+from .models.base import ModelAdapter, ReadPositions
 from .progress import tqdm
 from .stats import wilson
 from .tasks.base import Example
@@ -91,6 +93,16 @@ def norm_chars(ex: Example) -> list[int]:
     return choice_chars([cont for _, cont in example_pairs(ex)])
 
 
+def examples_digest(examples: Sequence[Example]) -> str:
+    """A short digest of everything scoring reads of ``examples`` (each choice's context and
+    continuation, Winogrande's partial contexts included, and the gold answer), in order: what a
+    resumed run checks its prompts against."""
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(json.dumps([example_pairs(ex), ex.gold]).encode())
+    return h.hexdigest()[:16]
+
+
 @torch.no_grad()
 def score_example(adapter: ModelAdapter, ex: Example) -> ChoiceScores:
     """Score one multiple-choice example, Winogrande-style partial scoring included."""
@@ -150,8 +162,8 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
     dev = adapter.device
     ids, mask = pad_rows(adapter, rows)
     lone = len(items) == 1 and items[0][1]  # one shared-context row: nothing padded, no mask
-    with query_positions(torch.tensor(qpos, device=dev), torch.tensor(last, device=dev)):
-        logits = adapter.forward(ids, attention_mask=None if lone else mask)
+    read = ReadPositions(torch.tensor(qpos, device=dev), torch.tensor(last, device=dev))
+    logits = adapter.forward(ids, attention_mask=None if lone else mask, read=read)
     out = []
     for (pairs, _single, n_chars), idx in zip(items, where, strict=True):
         ll = []
@@ -274,9 +286,8 @@ def run_prefix(adapter: ModelAdapter, ids: Sequence[int]) -> Any:
         dev = adapter.device
         x = torch.tensor([list(ids)], device=dev)
         outside = torch.tensor([len(ids)], device=dev)
-        with query_positions(outside, outside):
-            adapter.forward_cached(x, cache, torch.arange(len(ids), device=dev)[None],
-                                   keep=torch.tensor([len(ids) - 1], device=dev))
+        adapter.forward_cached(x, cache, torch.arange(len(ids), device=dev)[None],
+                               keep=torch.tensor([len(ids) - 1], device=dev), read=ReadPositions(outside, outside))
     return cache
 
 
@@ -330,8 +341,8 @@ def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, boo
             pos = (plen + torch.arange(width, device=dev))[None].expand(len(batch), -1)
             q = torch.tensor([rows[m].first - plen for m in batch], device=dev)
             last = torch.tensor([rows[m].last - plen for m in batch], device=dev)
-            with query_positions(q, last):
-                logits = adapter.forward_cached(ids.to(dev), cache, pos, keep=torch.tensor(keep, device=dev))
+            logits = adapter.forward_cached(ids.to(dev), cache, pos, keep=torch.tensor(keep, device=dev),
+                                            read=ReadPositions(q, last))
             del cache
             for i, m in enumerate(batch):
                 for k, c, first, cont in rows[m].reads:

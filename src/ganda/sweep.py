@@ -31,17 +31,17 @@ loop, and the tests and ``benchmarks/bench_sweep.py`` check the two agree), but 
 * **No pass of its own for the intact model.** Its scores come from the final residuals of the
   pass that records each layer's inputs.
 
-The fast path runs decoder layers by hand through the forward engine (:class:`ganda.engine.Replay`):
-the one intact pass records the keyword arguments the model itself gives each decoder layer
-(its rotary embeddings, masks, position ids) and replays them, so each family's own conventions
-are kept. It needs the family's sweep runner (:meth:`ModelAdapter.sweep_runner`: the backbone
-with a packed block mask, the LM head on chosen positions), which Llama-layout Transformers
-provide; other families (SSMs, hybrids) run full forwards (still batched over heads, with the
-per-row mask). Head and layer ids are those of the model as loaded, so a sweep runs inside
-layer edits too (``RemoveLayers``, ``KeepLayers``): it ablates the heads of the running layers.
+The fast path runs decoder layers by hand through the forward engine
+(:class:`ganda.engine.LayerCalls`): one intact pass records the arguments the model itself gives
+each decoder layer (its rotary embeddings, masks, position ids) and replays them, so each family's
+own conventions are kept. Families declare what it may use (:meth:`ModelAdapter.skips_layers`,
+:meth:`ModelAdapter.packs_choices`): Llama-layout Transformers skip layers and pack choices;
+other families (SSMs, hybrids) run full forwards (still batched over heads, with the per-row
+mask). Head and layer ids are those of the model as loaded, so a sweep runs inside layer edits
+too (``RemoveLayers``, ``KeepLayers``): it ablates the heads of the running layers.
 
-Resumable: ``out_dir/progress.jsonl`` gets one JSON line per finished head (flushed
-immediately). A run killed at any point (even SIGKILL) continues where it stopped, and heads
+Resumable: ``out_dir/progress.jsonl`` (a :class:`ganda.runio.Journal`) gets one JSON line per
+finished head (flushed immediately). A run killed at any point (even SIGKILL) continues where it stopped, and heads
 are computed in fixed batches (a partially written batch is recomputed whole), so the final
 ``results.jsonl`` / ``results.csv`` / ``heatmap.png`` are identical to an uninterrupted run's.
 The progress header records the weights' fingerprint (:func:`weights_fingerprint`) and dtype: a
@@ -58,132 +58,27 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import runio
-from .engine import Replay, Trace
+from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
 from .figures import pyplot
 from .heads import HeadId
-from .interventions import AblateHeads, apply
-from .models.base import ModelAdapter, SweepRunner
+from .interventions import AblateHeads, apply, row_ablations
+from .models.base import ModelAdapter
 from .models.loading import model_path
+from .prepared import PACKED, ROWS, Prepared, prepare_all
 from .progress import tqdm
-from .scoring import encode_pair, example_pairs, norm_chars, pad_rows, score_example
+from .scoring import examples_digest, score_example
 from .tasks.base import Example
 
 # ---------------------------------------------------------------------------------------------
-# prepared examples
-
-
-@dataclass
-class _Packed:
-    """One example as token rows (as the naive scorer builds them) and as one packed sequence."""
-
-    rows: list[list[int]]  # row i = context_i + continuation_i (naive layout)
-    ctx_lens: list[int]
-    conts: list[list[int]]
-    single: bool  # the naive scorer's single-forward path (shared context, 1-token choices)
-    n_chars: list[int]
-    gold: int
-    # packed layout
-    tokens: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    parent: list[int] = field(default_factory=list)  # -1: prefix token; else the choice index
-    prefix: int = 0
-    read: list[list[int]] = field(default_factory=list)  # per choice: packed indices whose logits are read
-
-    @property
-    def width(self) -> int:
-        return max(len(r) for r in self.rows)
-
-
-def prepare(adapter: ModelAdapter, ex: Example) -> _Packed:
-    """Tokenise one example exactly as :func:`ganda.scoring.score_choices` does, then pack it."""
-    pairs = [encode_pair(adapter, ctx, cont) for ctx, cont in example_pairs(ex)]
-    ctxs = {tuple(p[0]) for p in pairs}
-    single = len(ctxs) == 1 and all(len(p[1]) == 1 for p in pairs)
-    p = _Packed(
-        rows=[list(c) + list(t) for c, t in pairs],
-        ctx_lens=[len(c) for c, _ in pairs],
-        conts=[list(t) for _, t in pairs],
-        single=single,
-        n_chars=norm_chars(ex),
-        gold=ex.gold,
-    )
-    for c, t in pairs:
-        if not t:
-            raise GandaError(f"a choice encodes to no token after the context: {ex.prompt[-40:]!r}")
-        if not c:
-            raise GandaError("an empty context cannot be scored")
-    # longest prefix shared by every row's inputs (a row's last token is never an input we read)
-    inputs = [r[:-1] for r in p.rows]
-    n = min(len(r) for r in inputs)
-    pre = 0
-    while pre < n and all(r[pre] == inputs[0][pre] for r in inputs):
-        pre += 1
-    p.prefix = pre
-    p.tokens = list(inputs[0][:pre])
-    p.positions = list(range(pre))
-    p.parent = [-1] * pre
-    for i, r in enumerate(inputs):
-        start = len(p.tokens)
-        p.tokens.extend(r[pre:])
-        p.positions.extend(range(pre, len(r)))
-        p.parent.extend([i] * (len(r) - pre))
-        read = []
-        for pos in range(p.ctx_lens[i] - 1, len(p.rows[i]) - 1):
-            read.append(pos if pos < pre else start + pos - pre)
-        p.read.append(read)
-    return p
-
-
-def _packed_mask(p: _Packed, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive ``[1, 1, W, W]`` mask: causal in the prefix, each choice sees prefix + itself."""
-    w = len(p.tokens)
-    parent = torch.tensor(p.parent, device=device)
-    idx = torch.arange(w, device=device)
-    causal = idx[None, :] <= idx[:, None]
-    same = (parent[None, :] == -1) | (parent[None, :] == parent[:, None])
-    allowed = causal & same
-    mask = torch.zeros((w, w), dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
-
-
-# ---------------------------------------------------------------------------------------------
 # the engines
-
-
-def _row_mask(masks: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Edit of an out_proj input ``[B, T, H*D]``: multiply by a per-row mask ``[B, 1, H*D]``."""
-
-    def edit(x: torch.Tensor) -> torch.Tensor:
-        m = masks.to(dtype=x.dtype, device=x.device)
-        if x.shape[0] != m.shape[0]:  # rows are head-major: head b owns rows b*C .. b*C+C-1
-            m = m.repeat_interleave(x.shape[0] // m.shape[0], dim=0)
-        return x * m
-
-    return edit
-
-
-def _head_masks(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> dict[str, Callable] | None:
-    """The engine edit that zeroes, in batch row b, head ``heads[b]`` (None: nothing) of one mixer."""
-    real = [h for h in heads if h is not None]
-    if not real:
-        return None
-    mixer = adapter.mixer_of(real[0])
-    w = mixer.out_proj.weight
-    dev = w.device if w.device.type != "meta" else torch.device("cpu")  # a disk-offloaded layer: weight on meta
-    masks = torch.ones((len(heads), 1, mixer.num_heads * mixer.head_dim), dtype=w.dtype, device=dev)
-    for b, h in enumerate(heads):
-        if h is not None:
-            masks[b, 0, mixer.head_slice(h.head)] = 0.0
-    return {f"L{mixer.layer}.{mixer.kind}.z": _row_mask(masks)}
 
 
 @dataclass
@@ -201,21 +96,15 @@ class _Reads:
     lengths: list[int]  # reads per choice
 
 
-def _reads(p: _Packed, mode: str, copy: int) -> _Reads:
-    """Read sites of ``p`` in the packed sequence (``mode="packed"``) or in its naive rows."""
+def _reads(p: Prepared, layout: str, copy: int) -> _Reads:
+    """The distinct read sites of ``p`` in ``layout`` (``"packed"`` or ``"rows"``)."""
     sites: dict[tuple[int, int], int] = {}
-    site, target, lengths = [], [], []
-    for ci, cont in enumerate(p.conts):
-        if mode == "packed":
-            where = [(0, k) for k in p.read[ci]]
-        else:
-            row = 0 if p.single else ci
-            where = [(row, k) for k in range(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1)]
+    site, target = [], []
+    for where, cont in zip(p.sites(layout), p.conts, strict=True):
         for key, tok in zip(where, cont, strict=True):
             site.append(sites.setdefault(key, len(sites)))
             target.append(tok)
-        lengths.append(len(cont))
-    return _Reads(copy, [r for r, _ in sites], [k for _, k in sites], site, target, lengths)
+    return _Reads(copy, [r for r, _ in sites], [k for _, k in sites], site, target, [len(c) for c in p.conts])
 
 
 # Rows of final residuals per LM-head call: the call streams the whole [V, d_model] output
@@ -226,35 +115,32 @@ _LM_HEAD_LOGITS = 1 << 24
 
 class _FastEngine:
     """Layer skipping: each prompt's intact residual is advanced a layer at a time, and a batch
-    of ablations of one layer runs only that layer and the ones after it (:class:`Replay`).
+    of ablations of one layer runs only that layer and the ones after it (:class:`LayerCalls`).
     An example's read rows under every head of a batch go through the LM head together."""
 
     @torch.no_grad()
-    def __init__(self, adapter: ModelAdapter, packed: list[_Packed], runner: SweepRunner) -> None:
+    def __init__(self, adapter: ModelAdapter, packed: list[Prepared]) -> None:
         self.adapter = adapter
         self.packed = packed
-        self.runner = runner
         self.dev = adapter.device
-        self.replays: list[Replay] = []
+        self.calls: list[LayerCalls] = []
         self.reads: list[_Reads] = []
         dtype = next(adapter.model.parameters()).dtype
         for p in packed:
-            if runner.can_pack(len(p.tokens)):
-                ids = torch.tensor([p.tokens], device=self.dev)
-                mask = _packed_mask(p, dtype, self.dev)
-                pos = torch.tensor([p.positions], device=self.dev)
-                self.replays.append(Replay(adapter, runner, ids, mask, pos, keep_final=True))
-                self.reads.append(_reads(p, "packed", 1))
+            if adapter.packs_choices(len(p.tokens)):
+                ids, mask, pos = p.packed_tensors(dtype, self.dev)
+                self.calls.append(LayerCalls(adapter, ids, mask, pos))
+                self.reads.append(_reads(p, PACKED, 1))
             else:
-                ids, mask = _rows_tensors(adapter, p, self.dev)
-                self.replays.append(Replay(adapter, runner, ids, mask, None, keep_final=True))
-                self.reads.append(_reads(p, "rows", ids.shape[0]))
-        self.layers = self.replays[0].layers if self.replays else adapter.active_layers()
-        self.state = [r.h0 for r in self.replays]
+                ids, mask = p.row_tensors(adapter)
+                self.calls.append(LayerCalls(adapter, ids, mask))
+                self.reads.append(_reads(p, ROWS, ids.shape[0]))
+        self.layers = self.calls[0].layers if self.calls else adapter.active_layers()
+        self.state = [c.h0 for c in self.calls]
         # the recording pass's last residual is the intact model's: the baseline needs no pass of its own
-        self.final: list[torch.Tensor] | None = [r.final for r in self.replays if r.final is not None]
-        for r in self.replays:
-            r.final = None
+        self.final: list[torch.Tensor] | None = [c.final for c in self.calls if c.final is not None]
+        for c in self.calls:
+            c.final = None
         self.at = 0  # position (in the running layers) of the layer the state enters
 
     def advance_to(self, pos: int) -> None:
@@ -263,7 +149,7 @@ class _FastEngine:
             raise RuntimeError("layers must be visited in order")
         with torch.no_grad():
             while self.at < pos:
-                self.state = [r.run(self.at, h) for h, r in zip(self.state, self.replays, strict=True)]
+                self.state = [c.run(self.at, h) for h, c in zip(self.state, self.calls, strict=True)]
                 self.at += 1
 
     @torch.no_grad()
@@ -276,16 +162,16 @@ class _FastEngine:
         start = 0 if layer is None else self.layers.index(layer)
         self.advance_to(start)
         b = len(heads)
-        edit = _head_masks(self.adapter, heads)
+        edit = row_ablations(self.adapter, heads)
         finals = []
-        for replay, h in zip(self.replays, self.state, strict=True):
+        for calls, h in zip(self.calls, self.state, strict=True):
             x = h.repeat(b, 1, 1) if b > 1 else h
             for pos in range(start, len(self.layers)):
-                if pos == start and edit is not None:
+                if pos == start and edit:
                     with Trace(self.adapter, edit=edit):
-                        x = replay.run(pos, x, b)
+                        x = calls.run(pos, x, b)
                 else:
-                    x = replay.run(pos, x, b)
+                    x = calls.run(pos, x, b)
             finals.append(x)
         return self._read_out(finals, b)
 
@@ -307,7 +193,7 @@ class _FastEngine:
             target = torch.tensor(rd.target, device=dev).repeat(b)
             vals = torch.empty(site.shape[0], dtype=torch.float32, device=dev)
             for s in range(0, hidden.shape[0], step):
-                lp = self.runner.logprobs(hidden[s : s + step])
+                lp = logprobs(self.adapter, hidden[s : s + step])
                 sel = (site >= s) & (site < s + step)
                 vals[sel] = lp[site[sel] - s, target[sel]]
             lengths = torch.tensor(rd.lengths, device=dev).repeat(b)
@@ -318,17 +204,10 @@ class _FastEngine:
         return out
 
 
-def _rows_tensors(adapter: ModelAdapter, p: _Packed, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The naive scorer's input: the context alone (single path) or right-padded rows + mask."""
-    if p.single:
-        return torch.tensor([p.rows[0][: p.ctx_lens[0]]], device=dev), None
-    return pad_rows(adapter, p.rows)
-
-
 class _FallbackEngine:
-    """Full forwards (no sweep runner), batched over heads with per-row masks."""
+    """Full forwards (families that do not skip layers), batched over heads with per-row masks."""
 
-    def __init__(self, adapter: ModelAdapter, packed: list[_Packed]) -> None:
+    def __init__(self, adapter: ModelAdapter, packed: list[Prepared]) -> None:
         self.adapter = adapter
         self.packed = packed
         self.dev = adapter.device
@@ -336,10 +215,10 @@ class _FallbackEngine:
     @torch.no_grad()
     def score(self, layer: int | None, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
         b = len(heads)
-        edit = _head_masks(self.adapter, heads)
+        edit = row_ablations(self.adapter, heads)
         out: list[list[list[float]]] = [[] for _ in range(b)]
         for p in self.packed:
-            ids, mask = _rows_tensors(self.adapter, p, self.dev)
+            ids, mask = p.row_tensors(self.adapter)
             c = ids.shape[0]
             ids_b = ids.repeat(b, 1)
             mask_b = mask.repeat(b, 1) if mask is not None else None
@@ -347,9 +226,9 @@ class _FallbackEngine:
                 logp = torch.log_softmax(self.adapter.forward(ids_b, attention_mask=mask_b).float(), -1)
             for bi in range(b):
                 vals = []
-                for ci, cont in enumerate(p.conts):
-                    row = bi * c + (0 if p.single else ci)
-                    pos = torch.arange(p.ctx_lens[ci] - 1, p.ctx_lens[ci] + len(cont) - 1, device=self.dev)
+                for where, cont in zip(p.sites(ROWS), p.conts, strict=True):
+                    row = torch.tensor([bi * c + r for r, _ in where], device=self.dev)
+                    pos = torch.tensor([k for _, k in where], device=self.dev)
                     vals.append(float(logp[row, pos, torch.tensor(cont, device=self.dev)].sum()))
                 out[bi].append(vals)
         return out
@@ -359,7 +238,7 @@ class _FallbackEngine:
 # records, files, resume
 
 
-def _record(kind: str, head: HeadId | None, packed: list[_Packed], logliks: list[list[float]]) -> dict[str, Any]:
+def _record(kind: str, head: HeadId | None, packed: list[Prepared], logliks: list[list[float]]) -> dict[str, Any]:
     preds, preds_norm = [], []
     for p, ll in zip(packed, logliks, strict=True):
         preds.append(max(range(len(ll)), key=lambda i: ll[i]))
@@ -384,30 +263,6 @@ def _record(kind: str, head: HeadId | None, packed: list[_Packed], logliks: list
         }
     )
     return rec
-
-
-def _read_progress(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON lines of a progress file; a torn last line (killed mid-write) is cut off."""
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    good_end = 0
-    out = []
-    start = 0
-    while True:
-        nl = data.find(b"\n", start)
-        if nl < 0:
-            break
-        try:
-            out.append(json.loads(data[start:nl]))
-        except json.JSONDecodeError:
-            break
-        good_end = nl + 1
-        start = nl + 1
-    if good_end != len(data):
-        with path.open("r+b") as f:
-            f.truncate(good_end)
-    return out
 
 
 @dataclass
@@ -530,14 +385,12 @@ def run_sweep(
         raise GandaError("no examples to sweep")
     if batch_heads < 1:
         raise GandaError("batch_heads must be at least 1")
-    packed = [prepare(adapter, ex) for ex in examples]
-    for p in packed:
-        adapter.check_length(p.width)
+    packed = prepare_all(adapter, examples)
     cfg = {
         "model": adapter.spec,
         "n": len(examples),
         "heads": [str(h) for h in heads],
-        "prompts_sha": _prompts_digest(examples),
+        "prompts_sha": examples_digest(examples),
         **(config or {}),
     }
     out = Path(out_dir) if out_dir is not None else None
@@ -549,62 +402,39 @@ def run_sweep(
         return _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0)
 
 
-def _check_resumable(progress_path: Path, old: dict[str, Any] | None, cfg: dict[str, Any]) -> None:
-    """Refuse to resume a progress file written for other weights, prompts, heads or options."""
-    if old == cfg:
-        return
-    if isinstance(old, dict) and old.get("model") == cfg["model"] and old.get("weights", cfg["weights"]) != cfg["weights"]:
-        raise GandaError(
-            f"the weights of {cfg['model']} changed since this run started (fingerprint {old.get('weights')}, "
-            f"now {cfg['weights']}); use --no-resume or another --out"
-        )
-    keys = sorted(k for k in {*(old or {}), *cfg} if (old or {}).get(k) != cfg.get(k)) if isinstance(old, dict) else []
-    what = f"{', '.join(keys)} differ" if keys else "model, task, prompts or heads differ"
-    raise GandaError(
-        f"{progress_path} holds a different sweep ({what}); use --no-resume to start over or another --out"
-    )
-
-
 _RESULT_FILES = ("results.jsonl", "results.csv", "heatmap.png", "cumulative.json", "cumulative.csv", "cumulative.png")
 
 
+def _is_record(rec: dict[str, Any]) -> bool:
+    """A line of a sweep's journal: the baseline or one head, with its log-likelihoods."""
+    return rec.get("type") in ("baseline", "head") and isinstance(rec.get("loglik"), list) \
+        and (rec["type"] == "baseline" or isinstance(rec.get("head"), str))
+
+
 def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0):
+    journal = runio.Journal(out / "progress.jsonl", cfg, "sweep", resume=resume, check=_is_record) \
+        if out is not None else None
     done: dict[str, dict[str, Any]] = {}
     baseline: dict[str, Any] | None = None
-    progress_path = out / "progress.jsonl" if out else None
-    if out is not None:
-        assert progress_path is not None
-        if not resume and progress_path.exists():
-            progress_path.unlink()
-        lines = _read_progress(progress_path)
-        if lines:
-            _check_resumable(progress_path, lines[0].get("config") if lines[0].get("type") == "header" else None, cfg)
-            for rec in lines[1:]:
-                if rec.get("type") == "baseline":
-                    baseline = rec
-                elif rec.get("type") == "head":
-                    done[rec["head"]] = rec
-        else:  # a new sweep: results of an earlier one in this directory would sit beside its progress
+    if journal is not None:
+        journal.open()
+        for rec in journal.records:
+            if rec["type"] == "baseline":
+                baseline = rec
+            else:
+                done[rec["head"]] = rec
+        if journal.fresh:  # a new sweep: results of an earlier one in this directory would sit beside it
             for name in _RESULT_FILES:
                 (out / name).unlink(missing_ok=True)
-            runio.write_text(progress_path, json.dumps({"type": "header", "config": cfg}) + "\n")
-    try:
-        fh = progress_path.open("a") if progress_path else None
-    except OSError as exc:
-        raise runio.write_error(progress_path, exc) from None
 
     def note() -> None:
-        if out is not None:
+        if journal is not None:
             n = len(done)
             runio.set_interrupt_note(f"{n} head{'s' if n != 1 else ''} saved, rerun the same command to resume")
 
     def emit(rec: dict[str, Any]) -> None:
-        if fh is not None:
-            try:
-                fh.write(json.dumps(rec) + "\n")
-                fh.flush()
-            except OSError as exc:
-                raise runio.write_error(progress_path, exc) from None
+        if journal is not None:
+            journal.append(rec)
         note()
 
     note()
@@ -633,28 +463,27 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
                         on_head(rec)
     finally:
         bar.close()
-        if fh is not None:
-            with contextlib.suppress(OSError):
-                fh.close()
+        if journal is not None:
+            journal.close()
     assert baseline is not None
     result = SweepResult(cfg, baseline, [done[str(h)] for h in heads], time.perf_counter() - t0, out)
     if out is not None:
         try:
             result.write(out)
         except GandaError as exc:
-            raise GandaError(f"{exc}; every head is kept in {progress_path}: rerun the same command to write "
-                             "the results") from None
+            raise GandaError(f"{exc}; every head is kept in {out / 'progress.jsonl'}: rerun the same command to "
+                             "write the results") from None
     runio.set_interrupt_note(None)
     return result
 
 
 # where batches are scored: in this process, or by an executor installed with :func:`scored_by`
-BatchScorer = Callable[[ModelAdapter, Sequence[Example], list[_Packed], list[list[HeadId | None]]],
+BatchScorer = Callable[[ModelAdapter, Sequence[Example], list[Prepared], list[list[HeadId | None]]],
                        Iterator[list[list[list[float]]]]]
 _SCORERS: list[BatchScorer] = []
 
 
-def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: list[_Packed],
+def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: list[Prepared],
                  batches: list[list[HeadId | None]]) -> Iterator[list[list[list[float]]]]:
     """Each batch's scores (per head, per example, per choice), in order, from this process's engine;
     a batch ``[None]`` is the intact baseline."""
@@ -663,11 +492,11 @@ def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: lis
         yield engine.score(None if batch[0] is None else batch[0].layer, batch)
 
 
-def engine_for(adapter: ModelAdapter, packed: list[_Packed]) -> Any:
-    """The engine that scores ``packed``: layer skipping where the family has a sweep runner, else
-    full forwards. Its ``score(layer, heads)`` depends on no other prompt than each one scored."""
-    runner = adapter.sweep_runner()
-    return _FastEngine(adapter, packed, runner) if runner is not None else _FallbackEngine(adapter, packed)
+def engine_for(adapter: ModelAdapter, packed: list[Prepared]) -> Any:
+    """The engine that scores ``packed``: layer skipping where the family allows it
+    (:meth:`ModelAdapter.skips_layers`), else full forwards. Its ``score(layer, heads)`` depends on
+    no other prompt than each one scored."""
+    return _FastEngine(adapter, packed) if adapter.skips_layers() else _FallbackEngine(adapter, packed)
 
 
 @contextlib.contextmanager
@@ -717,13 +546,6 @@ def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head)
     return baseline, done
 
 
-def _prompts_digest(examples: Sequence[Example]) -> str:
-    h = hashlib.sha256()
-    for ex in examples:
-        h.update(json.dumps([ex.prompt, ex.choices, ex.gold]).encode())
-    return h.hexdigest()[:16]
-
-
 def load_result(out_dir: str | Path) -> SweepResult:
     """Read a finished sweep's ``results.jsonl``."""
     path = Path(out_dir) / "results.jsonl"
@@ -733,5 +555,5 @@ def load_result(out_dir: str | Path) -> SweepResult:
     return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir))
 
 
-__all__ = ["BatchScorer", "SweepResult", "engine_for", "load_result", "local_scores", "prepare", "run_sweep", "scored_by",
+__all__ = ["BatchScorer", "SweepResult", "engine_for", "load_result", "local_scores", "run_sweep", "scored_by",
            "weights_fingerprint"]

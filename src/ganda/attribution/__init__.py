@@ -13,6 +13,7 @@ from .engine import (
     METHODS,
     Attribution,
     attribute,
+    check_options,
     graddrop_blocks,
     graddrop_scores,
     margin_of,
@@ -22,6 +23,7 @@ from .ranking import (
     RANK_METHODS,
     Bound,
     RankResult,
+    check_rank_options,
     false_negative_bound,
     quality,
     rank_heads,
@@ -31,7 +33,8 @@ from .ranking import (
 )
 
 __all__ = [
-    "ABLATIONS", "GRADDROP_BLOCKS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute",
+    "ABLATIONS", "GRADDROP_BLOCKS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute", "check_options",
+    "check_rank_options",
     "false_negative_bound", "graddrop_blocks", "graddrop_scores", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
     "top_by_magnitude", "upper_count",
 ]

@@ -34,22 +34,25 @@ run one right-padded row per choice on the pure-PyTorch SSM path, so autograd re
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import runio
+from ..engine import Edit, LayerCalls, Trace, logprobs
 from ..errors import GandaError
 from ..heads import HeadId
+from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.ssm.common import SSMAdapterBase, torch_path
+from ..prepared import PACKED, ROWS, Prepared, block_mask, prepare_all
 from ..progress import tqdm
-from ..sweep import _Packed, prepare, weights_fingerprint
+from ..scoring import examples_digest
+from ..sweep import weights_fingerprint
 from ..tasks.base import Example
 
 METHODS = ("atp", "atp*")
@@ -103,18 +106,12 @@ class _Batch:
         return int(self.ids.shape[1])
 
 
-def _item(p: _Packed, index: int, packed: bool) -> _Item:
+def _item(p: Prepared, index: int, packed: bool) -> _Item:
+    sites = p.sites(PACKED if packed else ROWS)
+    reads = [(where[0][0], [k for _, k in where], list(c)) for where, c in zip(sites, p.conts, strict=True)]
     if packed:
-        reads = [(0, list(r), list(c)) for r, c in zip(p.read, p.conts, strict=True)]
         return _Item(index, p.gold, [list(p.tokens)], [list(p.positions)], [list(p.parent)], reads)
-    if p.single:
-        ctx = p.rows[0][: p.ctx_lens[0]]
-        reads = [(0, [len(ctx) - 1], list(c)) for c in p.conts]
-        return _Item(index, p.gold, [ctx], None, None, reads)
-    reads = []
-    for i, (n, c) in enumerate(zip(p.ctx_lens, p.conts, strict=True)):
-        reads.append((i, list(range(n - 1, n + len(c) - 1)), list(c)))
-    return _Item(index, p.gold, [r[:-1] for r in p.rows], None, None, reads)
+    return _Item(index, p.gold, p.input_rows(whole=False), None, None, reads)
 
 
 def _pad_id(adapter: ModelAdapter) -> int:
@@ -141,21 +138,15 @@ def _make_batch(adapter: ModelAdapter, items: list[_Item], packed: bool, dtype: 
         assert it.positions is not None and it.parents is not None
         n = len(it.rows[0])
         pos[i, :n] = torch.tensor(it.positions[0])
-        parent = torch.tensor(it.parents[0])
-        causal = idx[None, :n] <= idx[:n, None]
-        same = (parent[None, :] == -1) | (parent[None, :] == parent[:, None])
-        mask[i, 0, :n, :n].masked_fill_(causal & same, 0.0)
+        mask[i, 0, :n, :n] = block_mask(torch.tensor(it.parents[0]), dtype)
         mask[i, 0, idx[n:], idx[n:]] = 0.0  # a pad position sees only itself (no all-masked row)
     return _Batch(items, ids.to(dev), mask.to(dev), pos.to(dev), row_example, valid.to(dev), True)
 
 
 def _plan(adapter: ModelAdapter, examples: Sequence[Example], batch_tokens: int) -> tuple[list[list[_Item]], bool]:
     """Items grouped into batches of at most ``batch_tokens`` padded tokens (fixed by the inputs)."""
-    runner = adapter.sweep_runner()
-    prepared = [prepare(adapter, ex) for ex in examples]
-    for p in prepared:
-        adapter.check_length(p.width)
-    packed = runner is not None and all(runner.can_pack(len(p.tokens)) for p in prepared)
+    prepared = prepare_all(adapter, examples)
+    packed = all(adapter.packs_choices(len(p.tokens)) for p in prepared)
     items = [_item(p, i, packed) for i, p in enumerate(prepared)]
     batches: list[list[_Item]] = []
     cur: list[_Item] = []
@@ -172,129 +163,9 @@ def _plan(adapter: ModelAdapter, examples: Sequence[Example], batch_tokens: int)
     return batches, packed
 
 
-# ---------------------------------------------------------------------------------------------
-# running layers by hand
-
-
-class _Stop(Exception):
-    """Raised after the last decoder layer: the capture pass needs nothing beyond it."""
-
-
-@dataclass
-class _Trace:
-    inputs: list[torch.Tensor]  # residual entering each decoder layer
-    calls: list[tuple[tuple[Any, ...], dict[str, Any], bool]]  # (other args, kwargs, hidden passed by keyword)
-    last: torch.Tensor  # residual leaving the last layer
-
-
 def _ssm_context(adapter: ModelAdapter) -> contextlib.AbstractContextManager[Any]:
+    """SSM families on their pure-PyTorch path, which autograd reaches through every head."""
     return torch_path(adapter.model) if isinstance(adapter, SSMAdapterBase) else contextlib.nullcontext()
-
-
-def _capture(adapter: ModelAdapter, run: Callable[[], Any]) -> _Trace:
-    """One no-grad pass that records every decoder layer's input and call arguments."""
-    layers = adapter.decoder_layers()
-    calls: list[tuple[tuple[Any, ...], dict[str, Any], bool]] = []
-    inputs: list[torch.Tensor] = []
-    box: dict[str, torch.Tensor] = {}
-
-    def pre(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        kw = dict(kwargs)
-        by_kw = not args
-        h = kw.pop("hidden_states") if by_kw else args[0]
-        for key in ("past_key_values", "past_key_value", "cache_params"):
-            if key in kw:
-                kw[key] = None
-        if "use_cache" in kw:
-            kw["use_cache"] = False
-        inputs.append(h)
-        calls.append((tuple(args[1:]), kw, by_kw))
-
-    def post(_m: Any, _args: Any, _kwargs: Any, out: Any) -> None:
-        box["h"] = out[0] if isinstance(out, tuple) else out
-        raise _Stop
-
-    handles = [layer.register_forward_pre_hook(pre, with_kwargs=True) for layer in layers]
-    handles.append(layers[-1].register_forward_hook(post, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            run()
-    except _Stop:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    if len(inputs) != len(layers) or "h" not in box:
-        raise GandaError("could not capture every decoder layer's input (a layer removed by an intervention?)")
-    return _Trace(inputs, calls, box["h"])
-
-
-def _call_layer(adapter: ModelAdapter, i: int, h: torch.Tensor, trace: _Trace) -> torch.Tensor:
-    args, kw, by_kw = trace.calls[i]
-    layer = adapter.decoder_layers()[i]
-    out = layer(**kw, hidden_states=h) if by_kw else layer(h, *args, **kw)
-    return out[0] if isinstance(out, tuple) else out
-
-
-class _Tail:
-    """Final norm + LM head + log-softmax at the read positions only (``[K, d]`` -> ``[K, V]`` fp32)."""
-
-    def __init__(self, adapter: ModelAdapter) -> None:
-        self.adapter = adapter
-        self.runner = adapter.sweep_runner()
-        self.norm: Any = None
-        self.head: Callable[[torch.Tensor], torch.Tensor] | None = None
-        self.checked = self.runner is not None
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.runner is not None:
-            return self.runner.logprobs(hidden)
-        assert self.norm is not None and self.head is not None
-        return torch.log_softmax(self.head(self.norm(hidden)).float(), -1)
-
-    def find(self, batch: _Batch, trace: _Trace) -> None:
-        """Find the final norm (the module that reads the last layer's output) and check the tail
-        reproduces the model's own log-probabilities."""
-        model = self.adapter.model
-        inside = {id(m) for layer in self.adapter.decoder_layers() for m in layer.modules()}
-        box: dict[str, Any] = {}
-        last_out: dict[str, torch.Tensor] = {}
-
-        def on_last(_m: Any, _a: Any, out: Any) -> None:
-            last_out["h"] = out[0] if isinstance(out, tuple) else out
-
-        def pre(mod: Any, args: tuple[Any, ...]) -> None:
-            if "norm" not in box and args and "h" in last_out and args[0] is last_out["h"]:
-                box["norm"] = mod
-
-        handles = [self.adapter.decoder_layers()[-1].register_forward_hook(on_last)]
-        handles += [m.register_forward_pre_hook(pre) for m in model.modules()
-                    if id(m) not in inside and m is not model and not list(m.children())]
-        try:
-            with torch.no_grad(), _ssm_context(self.adapter):
-                logits = self.adapter.forward(batch.ids, attention_mask=batch.mask)
-        finally:
-            for h in handles:
-                h.remove()
-        if "norm" not in box:
-            raise GandaError(f"attribution cannot find {type(model).__name__}'s final norm")
-        self.norm = box["norm"]
-        lm = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else getattr(model, "lm_head", None)
-        if lm is None:  # tied embeddings without an output module (Llamba)
-            emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else model.backbone.embedding
-            w = emb.weight
-            self.head = lambda x: torch.nn.functional.linear(x, w)
-        else:
-            mult = float(getattr(getattr(model, "model", None), "lm_head_multiplier", 1.0) or 1.0)
-            self.head = (lambda x: lm(x) * mult) if mult != 1.0 else lm
-        r, pos = 0, batch.items[0].reads[0][1]
-        with torch.no_grad():
-            mine = self(trace.last[r, pos])
-            ref = torch.log_softmax(logits[r, pos].float(), -1)
-        if not torch.allclose(mine, ref, atol=1e-3, rtol=1e-3):
-            raise GandaError(f"attribution cannot reproduce {type(model).__name__}'s output layer "
-                             f"(max |Δ log p| {float((mine - ref).abs().max()):.2e})")
-        self.checked = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,50 +220,29 @@ class _Engine:
         for m in adapter.mixers():
             cols = [self.index.get(adapter.canonical(HeadId(m.layer, h, m.kind))) for h in range(m.num_heads)]
             self.by_layer.setdefault(m.layer, []).append((m, cols))
-        self.means: dict[int, torch.Tensor] = {}  # id(mixer) -> [H*D]
-        self.mixer_key = {id(m): (m.layer, m.kind) for m in adapter.mixers()}
-        self.tail = _Tail(adapter)
+        self.means: dict[str, torch.Tensor] = {}  # z point -> [H*D]
         self.dtype = next(adapter.model.parameters()).dtype
 
-    def trace(self, batch: _Batch) -> _Trace:
-        if batch.packed:
-            backbone = self.adapter.model.model
-
-            def run() -> Any:
-                return backbone(input_ids=batch.ids, attention_mask=batch.mask, position_ids=batch.position_ids,
-                                use_cache=False)
-        else:
-            def run() -> Any:
-                return self.adapter.forward(batch.ids, attention_mask=batch.mask)
-        with _ssm_context(self.adapter):
-            tr = _capture(self.adapter, run)
-        if not self.tail.checked:
-            self.tail.find(batch, tr)
-        return tr
+    def trace(self, batch: _Batch) -> LayerCalls:
+        """One no-grad pass that records every decoder layer's input and call."""
+        with torch.no_grad(), _ssm_context(self.adapter):
+            return LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
 
     def reference_means(self, batches: Sequence[_Batch]) -> None:
         """``μ_h``: each mixer's output-projection input averaged over every real position."""
-        sums: dict[int, torch.Tensor] = {}
+        sums: dict[str, torch.Tensor] = {}
         count = 0
+        points = [z_point(m) for mixers in self.by_layer.values() for m, _ in mixers]
         for batch in batches:
-            handles = []
-            for mixers in self.by_layer.values():
-                for m, _ in mixers:
-                    def hook(_mod: Any, args: tuple[Any, ...], key: int = id(m), valid: torch.Tensor = batch.valid) -> None:
-                        x = args[0].float()
-                        s = (x * valid[..., None]).sum((0, 1))
-                        sums[key] = sums[key] + s if key in sums else s
-                    handles.append(self.adapter.register_out_proj_pre_hook(m, hook))
-            try:
-                with torch.no_grad(), _ssm_context(self.adapter):
-                    if batch.packed:
-                        self.adapter.model.model(input_ids=batch.ids, attention_mask=batch.mask,
-                                                 position_ids=batch.position_ids, use_cache=False)
-                    else:
-                        self.adapter.forward(batch.ids, attention_mask=batch.mask)
-            finally:
-                for h in handles:
-                    h.remove()
+            def accumulate(point: str, valid: torch.Tensor = batch.valid) -> Edit:
+                def edit(x: torch.Tensor) -> torch.Tensor:
+                    s = (x.float() * valid[..., None]).sum((0, 1))
+                    sums[point] = sums[point] + s if point in sums else s
+                    return x
+                return edit
+
+            with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, edit={p: accumulate(p) for p in points}):
+                self.adapter.forward(batch.ids, attention_mask=batch.mask, position_ids=batch.position_ids)
             count += int(batch.valid.sum())
         self.means = {k: v / max(1, count) for k, v in sums.items()}
 
@@ -407,7 +257,7 @@ class _Engine:
                 owner += [(j, c)] * len(ps)
             r0 += len(it.rows)
         dev = h_last.device
-        lp = self.tail(h_last[torch.tensor(rows, device=dev), torch.tensor(pos, device=dev)])
+        lp = logprobs(self.adapter, h_last[torch.tensor(rows, device=dev), torch.tensor(pos, device=dev)])
         picked = lp[torch.arange(len(tgt), device=dev), torch.tensor(tgt, device=dev)]
         lls: list[list[torch.Tensor]] = [[picked.new_zeros(()) for _ in it.reads] for it in batch.items]
         for k, (j, c) in enumerate(owner):
@@ -428,20 +278,36 @@ class _Engine:
             else:
                 zf = z.detach().float()
                 if self.ablation == "mean":
-                    zf = zf - self.means[id(m)].to(zf.device)
+                    zf = zf - self.means[z_point(m)].to(zf.device)
                 prod = (zf * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
                 vals = prod.new_zeros((n_items, m.num_heads)).index_add_(0, batch.row_example, prod)
             out.append((cols, vals.cpu()))
         return out
 
+    def _replay(self, calls: LayerCalls, k: int) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
+        """Layer k recomputed with autograd from its recorded input: (input, output, the heads' ``z``
+        with their mixers and head columns). Refused where the replay differs from the model's pass."""
+        mixers = self.by_layer.get(k, [])
+        points = [z_point(m) for m, _ in mixers]
+        with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, detach=False) as tr:
+            x = calls.inputs[k].detach().requires_grad_(True)  # type: ignore[index]
+            out = calls.run(k, x)
+        want = calls.output(k).float()
+        err = float((out.detach().float() - want).abs().max()) / (1.0 + float(want.abs().max()))
+        if err > (1e-4 if out.dtype == torch.float32 else 3e-2):
+            raise GandaError(f"layer {k} replayed by hand differs from the model's own pass; "
+                             f"attribution does not support {type(self.adapter.model).__name__}")
+        return x, out, [(m, cols, tr[p]) for (m, cols), p in zip(mixers, points, strict=True)]
+
     def run(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
         """``[items, heads]`` AtP, ``[blocks, heads]`` summed GradDrop terms (or None), clean log-likelihoods."""
-        tr = self.trace(batch)
+        calls = self.trace(batch)
         n_items, n_heads, n_layers = len(batch.items), len(self.heads), self.n_layers
         atp = torch.zeros((n_items, n_heads))
         gd = torch.zeros((self.n_blocks, n_heads)) if self.graddrop else None
         with torch.enable_grad():
-            top = tr.last.detach().requires_grad_(True)
+            assert calls.final is not None
+            top = calls.final.detach().requires_grad_(True)
             total, lls = self._metric(batch, top)
             (cot,) = torch.autograd.grad(total, [top])
         drops: dict[int, torch.Tensor] = {}  # block -> cotangent at the current layer's output, its branches dropped
@@ -449,25 +315,7 @@ class _Engine:
             own = self.block_of[k]
             if self.graddrop and k > 0 and own not in drops:
                 drops[own] = cot  # entering the block from above: its layers pass this cotangent on unchanged
-            zs: list[tuple[Mixer, list[int | None], torch.Tensor]] = []
-            handles = []
-            for m, cols in self.by_layer.get(k, []):
-                def hook(_mod: Any, args: tuple[Any, ...], m: Mixer = m, cols: list[int | None] = cols,
-                         zs: list[Any] = zs) -> None:
-                    zs.append((m, cols, args[0]))
-                handles.append(self.adapter.register_out_proj_pre_hook(m, hook))
-            try:
-                with torch.enable_grad(), _ssm_context(self.adapter):
-                    x = tr.inputs[k].detach().requires_grad_(True)
-                    out = _call_layer(self.adapter, k, x, tr)
-            finally:
-                for h in handles:
-                    h.remove()
-            want = (tr.last if k == n_layers - 1 else tr.inputs[k + 1]).float()
-            err = float((out.detach().float() - want).abs().max()) / (1.0 + float(want.abs().max()))
-            if err > (1e-4 if out.dtype == torch.float32 else 3e-2):
-                raise GandaError(f"layer {k} replayed by hand differs from the model's own pass; "
-                                 f"attribution does not support {type(self.adapter.model).__name__}")
+            x, out, zs = self._replay(calls, k)
             passes: list[int | None] = [None, *sorted(b for b in drops if b != own)]
             need_x = k > 0
             inputs = ([x] if need_x else []) + [z for _, _, z in zs]
@@ -500,34 +348,6 @@ class _Engine:
         return atp, gd, lls
 
 
-def _prompts_digest(examples: Sequence[Example]) -> str:
-    h = hashlib.sha256()
-    for ex in examples:
-        h.update(json.dumps([ex.prompt, ex.choices, ex.gold, ex.meta.get("contexts"), ex.meta.get("continuation")],
-                            default=str).encode())
-    return h.hexdigest()[:16]
-
-
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON lines; a torn last line (a killed write) is cut off."""
-    if not path.exists():
-        return []
-    out, good = [], 0
-    data = path.read_bytes()
-    for line in data.splitlines(keepends=True):
-        if not line.endswith(b"\n"):
-            break
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-        good += len(line)
-    if good != len(data):
-        with path.open("r+b") as f:
-            f.truncate(good)
-    return out
-
-
 @contextlib.contextmanager
 def _cpu_clock() -> Iterator[dict[str, float]]:
     box: dict[str, float] = {}
@@ -537,6 +357,26 @@ def _cpu_clock() -> Iterator[dict[str, float]]:
     finally:
         box["wall"] = time.perf_counter() - t
         box["cpu"] = time.process_time() - c
+
+
+def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", batch_tokens: int = 4096,
+                  graddrop_blocks: int | None = GRADDROP_BLOCKS, name: Any = str) -> None:
+    """Refuse (one line) an attribution option out of its range: the one place these are checked
+    (``name(option)`` is how the caller names an option: ``--graddrop-blocks`` on the command line)."""
+    if method not in METHODS:
+        raise GandaError(f"{name('method')} must be one of {', '.join(METHODS)}, not {method!r}")
+    if ablation not in ABLATIONS:
+        raise GandaError(f"{name('ablation')} must be one of {', '.join(ABLATIONS)}, not {ablation!r}")
+    if margin not in MARGINS:
+        raise GandaError(f"{name('margin')} must be one of {', '.join(MARGINS)}, not {margin!r}")
+    if batch_tokens < 1:
+        raise GandaError(f"{name('batch_tokens')} must be at least 1")
+    if graddrop_blocks is not None and graddrop_blocks < 1:
+        raise GandaError(f"{name('graddrop_blocks')} must be at least 1")
+
+
+def _is_batch(rec: dict[str, Any]) -> bool:
+    return isinstance(rec.get("batch"), int) and isinstance(rec.get("atp"), list) and isinstance(rec.get("loglik"), list)
 
 
 def attribute(
@@ -560,91 +400,80 @@ def attribute(
     or ``"mean"`` (``reference``: the prompts the mean is taken over; default ``examples``).
     ``graddrop_blocks``: GradDrop over that many contiguous blocks of layers, ``L·G/2`` layer VJPs
     instead of ``L²/2`` (default 6; ``None``: one block per layer, the paper's form).
-    ``batch_tokens`` bounds a batch's padded size. With ``out_dir``, ``attribution.jsonl`` gets one
-    line per finished batch and a stopped run resumes from it.
+    ``batch_tokens`` bounds a batch's padded size. With ``out_dir``, ``attribution.jsonl`` (a
+    :class:`ganda.runio.Journal`) gets one line per finished batch and a stopped run resumes from it;
+    only then are the weights fingerprinted.
     """
-    if method not in METHODS:
-        raise GandaError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
-    if ablation not in ABLATIONS:
-        raise GandaError(f"ablation must be 'zero' or 'mean', not {ablation!r}")
-    if margin not in MARGINS:
-        raise GandaError(f"margin must be 'mean' or 'max', not {margin!r}")
+    check_options(method, ablation, margin, batch_tokens, graddrop_blocks)
     if not examples:
         raise GandaError("no examples to attribute")
-    if batch_tokens < 1:
-        raise GandaError("batch_tokens must be at least 1")
     with _cpu_clock() as clock:
         head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
-        if graddrop_blocks is not None and graddrop_blocks < 1:
-            raise GandaError("graddrop_blocks must be at least 1")
         eng = _Engine(adapter, head_list, ablation, margin, graddrop=method == "atp*", blocks=graddrop_blocks)
         plan, packed = _plan(adapter, examples, batch_tokens)
-        dtype = eng.dtype
-        cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": _prompts_digest(examples), "method": method,
+        cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "method": method,
                "ablation": ablation, "margin": margin, "heads": [str(h) for h in head_list],
                "graddrop_blocks": eng.n_blocks if method == "atp*" else None,
                "batches": [[it.index for it in b] for b in plan],
-               "reference_sha": _prompts_digest(reference) if reference is not None else None,
-               "weights": weights_fingerprint(adapter), "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch.")}
-        done: dict[int, dict[str, Any]] = {}
-        path = Path(out_dir) / "attribution.jsonl" if out_dir is not None else None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not resume and path.exists():
-                path.unlink()
-            lines = _read_lines(path)
-            if lines:
-                if lines[0].get("config") != cfg:
-                    raise GandaError(f"{path} holds a different attribution (model, weights, prompts, method or heads "
-                                     "differ); "
-                                     "use --no-resume to start over or another --out")
-                done = {rec["batch"]: rec for rec in lines[1:]}
-            else:
-                path.write_text(json.dumps({"type": "header", "config": cfg}) + "\n")
+               "reference_sha": examples_digest(reference) if reference is not None else None,
+               "dtype": str(eng.dtype).removeprefix("torch.")}
+        journal = None
+        if out_dir is not None:
+            cfg["weights"] = weights_fingerprint(adapter)
+            journal = runio.Journal(Path(out_dir) / "attribution.jsonl", cfg, "attribution", resume=resume,
+                                    check=_is_batch).open()
         if ablation == "mean":
             ref_plan, ref_packed = (plan, packed) if reference is None else _plan(adapter, reference, batch_tokens)
-            eng.reference_means([_make_batch(adapter, b, ref_packed, dtype) for b in ref_plan])
-        n = len(examples)
-        atp = torch.zeros((n, len(head_list)))
-        gd = torch.zeros((eng.n_blocks, len(head_list))) if method == "atp*" else None
-        lls: list[list[float]] = [[] for _ in range(n)]
-        bar = tqdm(total=n, initial=sum(len(plan[b]) for b in done if b < len(plan)), desc=f"attribute ({method})",
-                   unit="prompt", disable=not progress)
-        fh = path.open("a") if path is not None else None
+            eng.reference_means([_make_batch(adapter, b, ref_packed, eng.dtype) for b in ref_plan])
         try:
-            for b, items in enumerate(plan):
-                if b in done:
-                    rec = done[b]
-                    a_b = torch.tensor(rec["atp"])
-                    g_b = torch.tensor(rec["graddrop"]) if rec.get("graddrop") is not None else None
-                    ll_b = rec["loglik"]
-                else:
-                    a_b, g_b, ll_b = eng.run(_make_batch(adapter, items, packed, dtype))
-                    if fh is not None:
-                        fh.write(json.dumps({"batch": b, "atp": a_b.tolist(),
-                                             "graddrop": g_b.tolist() if g_b is not None else None,
-                                             "loglik": ll_b}) + "\n")
-                        fh.flush()
-                    bar.update(len(items))
-                for j, it in enumerate(items):
-                    atp[it.index] = a_b[j]
-                    lls[it.index] = ll_b[j]
-                if gd is not None and g_b is not None:
-                    gd += g_b
+            atp, gd, lls = _run_batches(eng, plan, packed, len(examples), journal, progress, method)
         finally:
-            bar.close()
-            if fh is not None:
-                fh.close()
+            if journal is not None:
+                journal.close()
         mean_atp = atp.mean(0)
-        golds = [ex.gold for ex in examples]
-        est = mean_atp.tolist()
-        gd_mag: list[float] | None = None
+        est, gd_mag = mean_atp.tolist(), None
         if gd is not None:
-            gd_mag = graddrop_scores(gd / n, mean_atp, [h.layer for h in head_list], eng.n_layers, eng.n_blocks)
+            gd_mag = graddrop_scores(gd / len(examples), mean_atp, [h.layer for h in head_list], eng.n_layers, eng.n_blocks)
             est = [(1.0 if a >= 0 else -1.0) * s for a, s in zip(mean_atp.tolist(), gd_mag, strict=True)]
-    means = {eng.mixer_key[k]: v for k, v in eng.means.items()}
+    golds = [ex.gold for ex in examples]
+    means = {(m.layer, m.kind): eng.means[z_point(m)] for ms in eng.by_layer.values() for m, _ in ms
+             if z_point(m) in eng.means}
     return Attribution(head_list, mean_atp.tolist(), est, method, ablation, margin, metric_value(lls, golds, margin),
                        lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, means)
+
+
+def _run_batches(eng: _Engine, plan: list[list[_Item]], packed: bool, n: int, journal: runio.Journal | None,
+                 progress: bool, method: str) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
+    """Every batch's AtP, GradDrop sums and clean log-likelihoods, from the journal where an
+    earlier run finished the batch, else computed (and journalled)."""
+    done = {rec["batch"]: rec for rec in journal.records} if journal is not None else {}
+    n_heads = len(eng.heads)
+    atp = torch.zeros((n, n_heads))
+    gd = torch.zeros((eng.n_blocks, n_heads)) if method == "atp*" else None
+    lls: list[list[float]] = [[] for _ in range(n)]
+    bar = tqdm(total=n, initial=sum(len(plan[b]) for b in done if b < len(plan)), desc=f"attribute ({method})",
+               unit="prompt", disable=not progress)
+    try:
+        for b, items in enumerate(plan):
+            if b in done:
+                rec = done[b]
+                a_b = torch.tensor(rec["atp"])
+                g_b = torch.tensor(rec["graddrop"]) if rec.get("graddrop") is not None else None
+                ll_b = rec["loglik"]
+            else:
+                a_b, g_b, ll_b = eng.run(_make_batch(eng.adapter, items, packed, eng.dtype))
+                if journal is not None:
+                    journal.append({"batch": b, "atp": a_b.tolist(), "graddrop": g_b.tolist() if g_b is not None else None,
+                                    "loglik": ll_b})
+                bar.update(len(items))
+            for j, it in enumerate(items):
+                atp[it.index] = a_b[j]
+                lls[it.index] = ll_b[j]
+            if gd is not None and g_b is not None:
+                gd += g_b
+    finally:
+        bar.close()
+    return atp, gd, lls
 
 
 def graddrop_blocks(n_layers: int, blocks: int | None) -> list[int]:

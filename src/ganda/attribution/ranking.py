@@ -28,18 +28,17 @@ import torch
 from .. import runio
 from ..errors import GandaError
 from ..heads import HeadId
+from ..interventions import MeanAblateHeads
 from ..models.base import ModelAdapter
 from ..progress import tqdm
-from ..scoring import score_examples
+from ..scoring import examples_digest, score_examples
 from ..sweep import run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import (
     GRADDROP_BLOCKS,
-    MARGINS,
     Attribution,
-    _prompts_digest,
-    _read_lines,
     attribute,
+    check_options,
     metric_value,
 )
 
@@ -182,71 +181,40 @@ def _exact_zero(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
     return res.baseline["loglik"], {r["head"]: r["loglik"] for r in res.records}
 
 
-def _mean_hook(mixer: Any, heads: list[int], mu: torch.Tensor) -> Any:
-    def hook(_m: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        x = args[0].clone()
-        m = mu.to(dtype=x.dtype, device=x.device)
-        for h in heads:
-            sl = mixer.head_slice(h)
-            x[..., sl] = m[sl]
-        return (x, *args[1:])
-
-    return hook
-
-
 def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], means: dict[tuple[int, str], torch.Tensor],
                 out_dir: Path | None, resume: bool, progress: bool, config: dict[str, Any]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
     """Mean-ablation of each head alone through the scoring path (resumable, one line per head)."""
-    cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": _prompts_digest(examples),
-           "heads": [str(h) for h in heads], "weights": weights_fingerprint(adapter), "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch."),
+    cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples),
+           "heads": [str(h) for h in heads], "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch."),
            **config}
-    path = out_dir / "progress.jsonl" if out_dir is not None else None
-    done: dict[str, list[list[float]]] = {}
-    baseline: list[list[float]] | None = None
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not resume and path.exists():
-            path.unlink()
-        lines = _read_lines(path)
-        if lines:
-            if lines[0].get("config") != cfg:
-                raise GandaError(f"{path} holds a different verification; use --no-resume or another --out")
-            for rec in lines[1:]:
-                if rec.get("type") == "baseline":
-                    baseline = rec["loglik"]
-                else:
-                    done[rec["head"]] = rec["loglik"]
-        else:
-            path.write_text(json.dumps({"type": "header", "config": cfg}) + "\n")
-    fh = path.open("a") if path is not None else None
-
-    def emit(rec: dict[str, Any]) -> None:
-        if fh is not None:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-
+    journal = None
+    if out_dir is not None:
+        cfg["weights"] = weights_fingerprint(adapter)
+        journal = runio.Journal(out_dir / "progress.jsonl", cfg, "verification", resume=resume,
+                                check=lambda r: r.get("type") in ("baseline", "head") and isinstance(r.get("loglik"), list))
+        journal.open()
+    baseline = next((r["loglik"] for r in journal.records if r["type"] == "baseline"), None) if journal else None
+    done = {r["head"]: r["loglik"] for r in journal.records if r["type"] == "head"} if journal else {}
     try:
         if baseline is None:
             baseline = [s.loglik for s in score_examples(adapter, examples)]
-            emit({"type": "baseline", "loglik": baseline})
+            if journal is not None:
+                journal.append({"type": "baseline", "loglik": baseline})
         bar = tqdm(total=len(heads), initial=sum(str(h) in done for h in heads), desc="verify (mean)", unit="head",
                    disable=not progress)
         for h in heads:
             if str(h) in done:
                 continue
-            mixer = adapter.mixer_of(h)
-            handle = adapter.register_out_proj_pre_hook(mixer, _mean_hook(mixer, [h.head], means[(mixer.layer, mixer.kind)]))
-            try:
+            with MeanAblateHeads([h], means).apply(adapter):
                 ll = [s.loglik for s in score_examples(adapter, examples)]
-            finally:
-                handle.remove()
             done[str(h)] = ll
-            emit({"type": "head", "head": str(h), "loglik": ll})
+            if journal is not None:
+                journal.append({"type": "head", "head": str(h), "loglik": ll})
             bar.update(1)
         bar.close()
     finally:
-        if fh is not None:
-            fh.close()
+        if journal is not None:
+            journal.close()
     return baseline, {str(h): done[str(h)] for h in heads}
 
 
@@ -358,6 +326,25 @@ class RankResult:
         plt.close(fig)
 
 
+def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", verify_top: int = 30,
+                       audit: int = 10, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
+                       batch_tokens: int = 4096, batch_heads: int = 16, graddrop_blocks: int | None = GRADDROP_BLOCKS,
+                       name: Any = str) -> None:
+    """Refuse (one line) a ranking option out of its range: the one place these are checked, for
+    ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads` (``name``: as :func:`check_options`)."""
+    if method not in RANK_METHODS:
+        raise GandaError(f"{name('method')} must be one of {', '.join(RANK_METHODS)}, not {method!r}")
+    check_options("atp", ablation, margin, batch_tokens, graddrop_blocks, name)
+    for key, value, least in (("verify_top", verify_top, 0), ("audit", audit, 0), ("top", top, 1),
+                              ("batch_heads", batch_heads, 1)):
+        if value < least:
+            raise GandaError(f"{name(key)} must be at least {least}, got {value}")
+    if threshold is not None and threshold <= 0:
+        raise GandaError(f"{name('threshold')} must be positive")
+    if not 0.0 < confidence < 1.0:
+        raise GandaError(f"{name('confidence')} must be between 0 and 1")
+
+
 def rank_heads(
     adapter: ModelAdapter,
     examples: Sequence[Example],
@@ -395,14 +382,8 @@ def rank_heads(
     effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
     ``ranking.json``, ``ranking.csv`` and ``scatter.png`` are written there.
     """
-    if method not in RANK_METHODS:
-        raise GandaError(f"method must be one of {', '.join(RANK_METHODS)}, not {method!r}")
-    if margin not in MARGINS:
-        raise GandaError(f"margin must be 'mean' or 'max', not {margin!r}")
-    if verify_top < 0 or audit < 0 or top < 1:
-        raise GandaError("verify_top and audit must be at least 0, top at least 1")
-    if not 0.0 < confidence < 1.0:
-        raise GandaError("confidence must be between 0 and 1")
+    check_rank_options(method, ablation, margin, verify_top, audit, top, threshold, confidence, batch_tokens,
+                       batch_heads, graddrop_blocks)
     if not examples:
         raise GandaError("no examples to rank heads on")
     t0, c0 = time.perf_counter(), time.process_time()

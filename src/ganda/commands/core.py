@@ -80,6 +80,12 @@ def build_interventions(
     return out
 
 
+def flag(option: str) -> str:
+    """A library option's name as its command-line flag (``verify_top`` -> ``--verify-top``), for
+    the library's checks to name what the user typed."""
+    return "--" + option.replace("_", "-")
+
+
 def at_least(flag: str, value: int | None, low: int = 1) -> None:
     """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run."""
     if value is not None and value < low:

@@ -14,8 +14,8 @@ from ..heads import expand
 from ..tasks import get_task
 from .options import QUIET
 
-# ganda.plan.EXPERIMENTS and DEVICES, spelled here so that --help needs no torch
-EXPERIMENTS = ("eval", "sweep", "attribution", "prune", "transplant", "maps")
+# ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
+EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps")
 DEVICES = ("h100", "a100", "l40s", "cpu")
 
 # Published token counts are not at hand for a config alone: characters per token of English
@@ -117,14 +117,8 @@ def _sweep_heads(adapter: Any, heads: str | None) -> list[int] | None:
 
 
 def layer_skip(adapter: Any) -> bool:
-    """Whether the exact sweep recomputes only the layers after each head's (a family runner exists)."""
-    runner = getattr(adapter, "sweep_runner", None)
-    if runner is None:
-        return adapter.family == "transformer"
-    try:
-        return runner() is not None
-    except Exception:  # noqa: BLE001 - a runner that needs real weights: judge by family
-        return adapter.family == "transformer"
+    """Whether the exact sweep recomputes only the layers after each head's (the family skips layers)."""
+    return bool(adapter.skips_layers())
 
 
 PAPER = [
@@ -202,8 +196,9 @@ def register(app: typer.Typer) -> None:
         else:
             if model is None:
                 raise GandaError("give a MODEL (or --paper)")
-            if experiment not in planner.EXPERIMENTS:
-                raise GandaError(f"--experiment must be one of {', '.join(planner.EXPERIMENTS)}, not {experiment!r}")
+            if experiment not in planner.costed_experiments():
+                raise GandaError(f"--experiment must be one of {', '.join(planner.costed_experiments())}, "
+                                 f"not {experiment!r}")
             default = os.environ.get("GANDA_DTYPE") or ("float32" if device == "cpu" else "bfloat16")
             dt = parse_dtype(dtype or default, "--dtype")
             adapter, tok = _adapter_and_tokenizer(model, dt)

@@ -18,6 +18,7 @@ from .core import (
     SAMPLE,
     SHOTS,
     SUBJECTS,
+    flag,
     limit_option,
     mmlu_options,
     require_heads,
@@ -66,30 +67,20 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from ..attribution import ABLATIONS, MARGINS, RANK_METHODS, rank_heads
+        from ..attribution import check_rank_options, rank_heads
         from ..distributed import ray_sweeps
         from ..heads import expand
         from ..models import load_model
         from ..tasks import task_for_model
 
-        if method not in RANK_METHODS:
-            raise GandaError(f"--method must be one of {', '.join(RANK_METHODS)}, not {method!r}")
-        if ablation not in ABLATIONS:
-            raise GandaError(f"--ablation must be one of {', '.join(ABLATIONS)}, not {ablation!r}")
-        if margin not in MARGINS:
-            raise GandaError(f"--margin must be one of {', '.join(MARGINS)}, not {margin!r}")
         if limit is not None and limit < 1:
             raise GandaError("--limit must be at least 1")
-        if verify_top < 0 or audit < 0:
-            raise GandaError("--verify-top and --audit must be at least 0")
-        if top < 1:
-            raise GandaError("--top must be at least 1")
         if graddrop_blocks < 0:
             raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
+        check_rank_options(method, ablation, margin, verify_top, audit, top, threshold,
+                           graddrop_blocks=graddrop_blocks or None, name=flag)
         layer_list = _layers(verify_layers)
         require_heads("--heads", heads)
-        if threshold is not None and threshold <= 0:
-            raise GandaError("--threshold must be positive")
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
         task_obj = get_task(task, **opts)
         if task_obj.kind != "mc":

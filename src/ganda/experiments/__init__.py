@@ -1,4 +1,6 @@
-"""The paper's experiments, one module each; each returns an :class:`ExperimentResult` that
+"""The paper's experiments, one module each. Each runnable experiment is an :class:`Experiment`
+registered by name (:func:`ganda.registry.register_experiment`: its options, runner, costs and
+result file; see :mod:`.base`), and each returns an :class:`ExperimentResult` that
 serialises to JSON (``to_json``), saves itself (``save(out_dir)``: result.json, CSV, PNG), draws
 itself (``draw``) and states its result in one line (``headline``). Each kind is registered
 (:func:`ganda.registry.register_result`), which is how ``ganda report`` renders a run directory.
@@ -26,7 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
+from .base import Experiment, Options
 from .common import ExperimentResult, Scorer
+
+# The built-in experiments (name -> "module:Class", imported when one is looked up); aliases too.
+for _name, _target in {
+    "eval": "ganda.experiments.builtin:Evaluation",
+    "maps": "ganda.experiments.builtin:Maps",
+    "sweep": "ganda.experiments.builtin:Sweep",
+    "rank": "ganda.experiments.builtin:Rank",
+    "attribution": "ganda.experiments.builtin:Rank",
+    "prune": "ganda.experiments.prune:Prune",
+    "transplant": "ganda.experiments.transplant:Transplant",
+}.items():
+    registry.register_experiment(_name, _target)
 
 # The built-in result kinds (kind -> "module:Class", imported when a result of that kind is read).
 for _kind, _target in {
@@ -55,4 +70,4 @@ def draw_result(d: dict[str, Any], out_dir: Path) -> list[Path]:
     return result_from_json(d).draw(Path(out_dir))
 
 
-__all__ = ["ExperimentResult", "Scorer", "draw_result", "result_from_json"]
+__all__ = ["Experiment", "ExperimentResult", "Options", "Scorer", "draw_result", "result_from_json"]

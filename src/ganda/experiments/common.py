@@ -3,8 +3,9 @@ a result object that saves itself as JSON + CSV + PNG, and provenance for re-run
 
 Scores are summarised as plain dicts ``{"accuracy", "ci95", "n"}`` so results stay JSON.
 An experiment's task list names registered tasks (:func:`ganda.registry.register_task`), a number
-after a task that declares one setting that option (``kv20``: ``kv`` with 20 pairs), and
-``knowledge``: the mean accuracy over the knowledge tasks (:func:`ganda.knowledge.evaluate_knowledge`).
+after a task that declares one setting that option (``kv20``: ``kv`` with 20 pairs), and task
+groups (:func:`ganda.registry.register_group`), such as ``knowledge``: the mean accuracy over the
+knowledge tasks, each member scored as a task of its own (:func:`ganda.knowledge.group_score`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from .. import registry, runio
 from ..errors import GandaError
 from ..interventions import Intervention, describe_all
-from ..knowledge import evaluate_knowledge
+from ..knowledge import group_score
 from ..models.base import ModelAdapter
 from ..scoring import evaluate_examples
 from ..stats import wilson
@@ -28,19 +29,20 @@ from ..tasks import get_task
 
 log = logging.getLogger(__name__)
 
-#: The knowledge score in a task list: the mean accuracy over the knowledge tasks.
-KNOWLEDGE = "knowledge"
-
-
 def task_spec(name: str) -> tuple[str, dict[str, Any]] | None:
     """A name in a task list as ``(registered task, options)``: ``kv20`` -> ``("kv", {"pairs": 20})``,
-    ``lab-mmlu`` -> ``("lab-mmlu", {})``; None for ``knowledge`` and unknown names."""
+    ``lab-mmlu`` -> ``("lab-mmlu", {})``; None for groups (``knowledge``) and unknown names."""
     return registry.parse_task_name(name)
+
+
+def is_group(name: str) -> bool:
+    """True for a task group's name (``knowledge``)."""
+    return registry.group_members(name) is not None
 
 
 def chance(task: str) -> float:
     """Chance accuracy of a name in a task list, as its task declares it (``Task.chance``; 0.0 for
-    ``knowledge`` and unknown names)."""
+    groups and unknown names)."""
     spec = task_spec(task)
     if spec is None:
         return 0.0
@@ -57,17 +59,17 @@ def task_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     out: list[str] = []
     for r in rows:
         for k in r:
-            if k not in out and (k == KNOWLEDGE or task_spec(k) is not None):
+            if k not in out and (is_group(k) or task_spec(k) is not None):
                 out.append(k)
     return out
 
 
 def parse_tasks(text: str | Sequence[str]) -> list[str]:
     """An experiment's task list, checked before any model loads: every name a multiple-choice task
-    (or ``knowledge``), every option it sets within the task's bounds."""
+    (or a group such as ``knowledge``), every option it sets within the task's bounds."""
     items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
     for t in items:
-        if t == KNOWLEDGE:
+        if is_group(t):
             continue
         spec = task_spec(t)
         cls = registry.task_class(spec[0]) if spec is not None else None
@@ -75,7 +77,7 @@ def parse_tasks(text: str | Sequence[str]) -> list[str]:
             numbered = [n for n in _mc_task_names() if registry.number_option(n)]
             hint = "; ".join(f"{n}N: {n} with {registry.number_option(n)} N" for n in numbered)
             why = "unknown task" if cls is None else "not a multiple-choice task"
-            raise GandaError(f"{why} {t!r}; experiments take: {', '.join([KNOWLEDGE, *_mc_task_names()])}"
+            raise GandaError(f"{why} {t!r}; experiments take: {', '.join([*registry.group_names(), *_mc_task_names()])}"
                              + (f" ({hint})" if hint else ""))
         if spec[1]:
             get_task(spec[0], **spec[1])  # kv1, lab-kv999: refused by the task's declared bounds
@@ -87,39 +89,6 @@ def parse_tasks(text: str | Sequence[str]) -> list[str]:
 def _summary(acc: float, n: int, correct: int | None = None, **extra: Any) -> dict[str, Any]:
     c = round(acc * n) if correct is None else correct
     return {"accuracy": acc, "ci95": list(wilson(c, n)), "n": n, **extra}
-
-
-def _knowledge(adapter: ModelAdapter, interventions: Sequence[Intervention], limit: int | None) -> dict[str, Any] | None:
-    res = evaluate_knowledge(adapter, list(interventions), limit)
-    return _as_score(res)
-
-
-def _as_score(res: Any) -> dict[str, Any] | None:
-    """Accept an EvalResult, a dict or a float from the knowledge module."""
-    if res is None:
-        return None
-    if isinstance(res, int | float):
-        return {"accuracy": float(res), "ci95": None, "n": None}
-    if hasattr(res, "accuracy"):
-        n = getattr(res, "n", None)
-        ci = getattr(res, "ci95", None)
-        out = {"accuracy": float(res.accuracy), "ci95": list(ci) if ci else None, "n": n}
-        per = getattr(res, "per_task", None) or getattr(res, "tasks", None)
-        if isinstance(per, dict):
-            out["tasks"] = {k: _as_score(v)["accuracy"] if _as_score(v) else None for k, v in per.items()}
-        return out
-    if isinstance(res, dict):
-        for key in ("accuracy", "mean", "score", "acc"):
-            if isinstance(res.get(key), int | float):
-                out = {"accuracy": float(res[key]), "ci95": res.get("ci95"), "n": res.get("n")}
-                per = res.get("tasks") or res.get("per_task")
-                if isinstance(per, dict):
-                    out["tasks"] = {
-                        k: (v if isinstance(v, int | float) else (_as_score(v) or {}).get("accuracy"))
-                        for k, v in per.items()
-                    }
-                return out
-    raise GandaError(f"cannot read a knowledge score from {type(res).__name__}")
 
 
 @dataclass
@@ -139,28 +108,39 @@ class Scorer:
     sample: bool = False  # mmlu: ``limit`` draws a seeded sample across subjects, not lm-eval's first N of each
     _examples: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
-    def _task_examples(self, name: str):
-        if name not in self._examples:
+    def _task_examples(self, name: str, limit: int | None | str = "default"):
+        """``(task, examples)`` of a name in the task list (``limit``: default the scorer's)."""
+        limit = self.limit if limit == "default" else limit
+        key = (name, limit)
+        if key not in self._examples:
             base, options = task_spec(name) or (name, {})
             cls = registry.task_class(base)
             if self.sample and cls is not None and "sample" in cls.option_types():
                 options = {**options, "sample": True}
             task = get_task(base, adapter=self.adapter, **options)
-            self._examples[name] = (task, task.examples(limit=self.limit, seed=self.seed))
-        return self._examples[name]
+            self._examples[key] = (task, task.examples(limit=limit, seed=self.seed))
+        return self._examples[key]
+
+    def members(self, name: str) -> list[tuple[str, list[Any]]]:
+        """A group's member tasks and their examples (``knowledge_limit`` each, default ``limit``)."""
+        klimit = self.knowledge_limit if self.knowledge_limit is not None else self.limit
+        return [(m, self._task_examples(m, klimit)[1]) for m in registry.group_members(name) or ()]
 
     def score(self, interventions: Sequence[Intervention] = (), label: str = "") -> dict[str, Any]:
-        """``{task: {"accuracy", "ci95", "n"} | None}`` for every task."""
+        """``{task: {"accuracy", "ci95", "n"} | None}`` for every task (a group: its members' mean,
+        :func:`ganda.knowledge.group_score`)."""
         out: dict[str, Any] = {}
-        for name in self.tasks:
-            if name == KNOWLEDGE:
-                klimit = self.knowledge_limit if self.knowledge_limit is not None else self.limit
-                out[name] = _knowledge(self.adapter, interventions, klimit)
-                continue
-            task, examples = self._task_examples(name)
+
+        def one(name: str, examples: list[Any]) -> dict[str, Any]:
             r = evaluate_examples(self.adapter, examples, interventions, task_name=f"{name} {label}".strip(),
                                   progress=self.progress)
-            out[name] = _summary(r.accuracy, r.n, r.correct)
+            return _summary(r.accuracy, r.n, r.correct)
+
+        for name in self.tasks:
+            if is_group(name):
+                out[name] = group_score({m: one(m, exs) for m, exs in self.members(name)})
+            else:
+                out[name] = one(name, self._task_examples(name)[1])
         return out
 
     def config(self) -> dict[str, Any]:

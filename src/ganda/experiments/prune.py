@@ -30,15 +30,16 @@ from typing import Any
 import torch
 
 from ..distributed import map_units, on_ray, prompt_shards
-from ..engine import final_logits, run_layers
+from ..engine import LayerCalls, logprobs, run_layers
 from ..errors import GandaError
 from ..figures import bars, curves
 from ..interventions import KeepLayers, truncate
+from ..knowledge import group_score
 from ..models.base import ModelAdapter
+from ..prepared import ROWS, Prepared, prepare
 from ..progress import tqdm
-from ..scoring import encode_pair, example_pairs, pad_rows
-from ..tasks.knowledge import KNOWLEDGE_TASKS, make_task
-from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, pct, task_columns
+from .base import Experiment
+from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, is_group, pct, task_columns
 
 
 def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[list[Any], list[Any]] | None]:
@@ -63,50 +64,35 @@ def find_drop(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
     return best
 
 
-@dataclass
-class _Prepared:
-    """One example as model input: ``ids``/``mask`` rows and, per choice, the (row, position,
-    token) triples whose log-probs sum to its log-likelihood (scoring.score_choices' layout)."""
-
-    ids: torch.Tensor
-    mask: torch.Tensor | None
-    targets: list[list[tuple[int, int, int]]]
-    gold: int
-
-
-def _prepare(adapter: ModelAdapter, ex: Any) -> _Prepared:
-    pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(ex)]  # Winogrande: one context per choice
-    dev = adapter.device
-    if len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs):
-        ctx = pairs[0][0]
-        adapter.check_length(len(ctx))
-        return _Prepared(torch.tensor([ctx], device=dev), None, [[(0, len(ctx) - 1, p[1][0])] for p in pairs], ex.gold)
-    ids, mask = pad_rows(adapter, [p[0] + p[1] for p in pairs])
-    targets = [[(i, len(c) - 1 + t, tok) for t, tok in enumerate(cont)] for i, (c, cont) in enumerate(pairs)]
-    return _Prepared(ids, mask, targets, ex.gold)
+def _targets(p: Prepared) -> list[list[tuple[int, int, int]]]:
+    """Per choice, the (row, position, token) triples of the row layout whose log-probs sum to its
+    log-likelihood (scoring.score_choices' layout)."""
+    return [[(r, k, tok) for (r, k), tok in zip(where, cont, strict=True)]
+            for where, cont in zip(p.sites(ROWS), p.conts, strict=True)]
 
 
 def _pred(logliks: list[float]) -> int:
     return max(range(len(logliks)), key=lambda i: logliks[i])
 
 
-def _logliks_from(logp: torch.Tensor, p: _Prepared) -> list[float]:
+def _logliks_from(logp: torch.Tensor, p: Prepared) -> list[float]:
     """``logp`` is ``[B, T, V]`` log-probs over the prepared rows."""
-    return [float(sum(logp[r, t, tok] for r, t, tok in choice)) for choice in p.targets]
+    return [float(sum(logp[r, t, tok] for r, t, tok in choice)) for choice in _targets(p)]
 
 
-def _forward_logp(adapter: ModelAdapter, p: _Prepared) -> torch.Tensor:
-    return torch.log_softmax(adapter.forward(p.ids, attention_mask=p.mask).float(), -1)
+def _forward_logp(adapter: ModelAdapter, p: Prepared) -> torch.Tensor:
+    ids, mask = p.row_tensors(adapter)
+    return torch.log_softmax(adapter.forward(ids, attention_mask=mask).float(), -1)
 
 
-def _score_positions(p: _Prepared) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int]]:
+def _score_positions(p: Prepared, ids: torch.Tensor) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int]]:
     """The (row, position) pairs to score; positions with the same token prefix share a residual
     (shared context), so each prefix is scored once."""
     rep: dict[tuple[int, ...], int] = {}
     where: dict[tuple[int, int], int] = {}
     pos: list[tuple[int, int]] = []
-    ids_list = p.ids.tolist()
-    for choice in p.targets:
+    ids_list = ids.tolist()
+    for choice in _targets(p):
         for r, t, _tok in choice:
             key = tuple(ids_list[r][: t + 1])
             if key not in rep:
@@ -116,54 +102,51 @@ def _score_positions(p: _Prepared) -> tuple[list[tuple[int, int]], dict[tuple[in
     return pos, where
 
 
-def _head_logp(adapter: ModelAdapter, resid: torch.Tensor) -> torch.Tensor:
-    """Final norm + LM head of the model applied to residuals ``[N, D]`` -> log-probs ``[N, V]``."""
-    return torch.log_softmax(final_logits(adapter, resid).float(), -1)
-
-
-def _read(logp: torch.Tensor, base: int, where: dict[tuple[int, int], int], p: _Prepared) -> list[float]:
-    return [float(sum(logp[base + where[(r, t)], tok] for r, t, tok in choice)) for choice in p.targets]
+def _read(logp: torch.Tensor, base: int, where: dict[tuple[int, int], int], p: Prepared) -> list[float]:
+    return [float(sum(logp[base + where[(r, t)], tok] for r, t, tok in choice)) for choice in _targets(p)]
 
 
 @torch.no_grad()
-def truncation_logliks(adapter: ModelAdapter, p: _Prepared, ks: Sequence[int]) -> dict[int, list[float]]:
+def truncation_logliks(adapter: ModelAdapter, p: Prepared, ks: Sequence[int]) -> dict[int, list[float]]:
     """Choice log-likelihoods of the first-k-layer model for every k, from ONE pass of the layers.
 
     The residual after layer k-1 is the same in every truncation that keeps layer k-1, so the
     k-layer model's outputs are the final norm + LM head applied to it (both position-wise). The
-    residuals at the scored positions go through the model's own head in one batched pass
-    (:func:`_head_logp`), so no family-specific code is needed. ``k`` counts the running layers."""
+    residuals at the scored positions go through the model's own head in one batched call
+    (:func:`ganda.engine.logprobs`), so no family-specific code is needed. ``k`` counts the running layers."""
     layers = adapter.active_layers()
-    pos, where = _score_positions(p)
-    rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
-    tt = torch.tensor([t for _, t in pos], device=p.ids.device)
+    ids, mask = p.row_tensors(adapter)
+    pos, where = _score_positions(p, ids)
+    rr = torch.tensor([r for r, _ in pos], device=ids.device)
+    tt = torch.tensor([t for _, t in pos], device=ids.device)
     need = sorted({layers[k - 1] for k in ks})
-    got = run_layers(adapter, p.ids, attention_mask=p.mask, stop=need[-1],
+    got = run_layers(adapter, ids, attention_mask=mask, stop=need[-1],
                      capture=[f"L{i}.resid_out" for i in need], at=(rr, tt))
     ks = list(ks)
-    logp = _head_logp(adapter, torch.cat([got[f"L{layers[k - 1]}.resid_out"] for k in ks]))
+    logp = logprobs(adapter, torch.cat([got[f"L{layers[k - 1]}.resid_out"] for k in ks]))
     return {k: _read(logp, j * len(pos), where, p) for j, k in enumerate(ks)}
 
 
 @torch.no_grad()
-def removal_logliks(adapter: ModelAdapter, p: _Prepared, m: int) -> dict[int | None, list[float]]:
+def removal_logliks(adapter: ModelAdapter, p: Prepared, m: int) -> dict[int | None, list[float]]:
     """Choice log-likelihoods of the first-m-layer model (key None) and of it with each layer i
     removed (key i), sharing the prefix: with layer i removed, layers 0..i-1 compute what they
-    compute in the intact pass, so layer i+1 starts from layer i's stored *input*. ``m`` counts
-    the running layers and the keys are positions among them."""
-    layers = adapter.active_layers()[:m]
-    pos, where = _score_positions(p)
-    rr = torch.tensor([r for r, _ in pos], device=p.ids.device)
-    tt = torch.tensor([t for _, t in pos], device=p.ids.device)
-    got = run_layers(adapter, p.ids, attention_mask=p.mask, stop=layers[-1],
-                     capture=[f"L{i}.resid_in" for i in layers])
-    finals: list[torch.Tensor] = [got["resid"][rr, tt]]
+    compute in the intact pass, so layer i+1 starts from layer i's recorded *input* (the layers
+    after it replayed, :class:`ganda.engine.LayerCalls`). ``m`` counts the running layers and the
+    keys are positions among them."""
+    ids, mask = p.row_tensors(adapter)
+    pos, where = _score_positions(p, ids)
+    rr = torch.tensor([r for r, _ in pos], device=ids.device)
+    tt = torch.tensor([t for _, t in pos], device=ids.device)
+    calls = LayerCalls(adapter, ids, mask, inputs=True, stop=adapter.active_layers()[m - 1])
+    assert calls.inputs is not None and calls.final is not None
+    finals: list[torch.Tensor] = [calls.final[rr, tt]]
     for j in range(m):  # without layer j, the layers after it start from j's input
-        start = layers[j + 1] if j + 1 < m else layers[-1] + 1
-        out = run_layers(adapter, p.ids, attention_mask=p.mask, start=start, stop=layers[-1],
-                         resid=got[f"L{layers[j]}.resid_in"])
-        finals.append(out["resid"][rr, tt])
-    logp = _head_logp(adapter, torch.cat(finals))
+        x = calls.inputs[j]
+        for k in range(j + 1, m):
+            x = calls.run(k, x)
+        finals.append(x[rr, tt])
+    logp = logprobs(adapter, torch.cat(finals))
     keys: list[int | None] = [None, *range(m)]
     return {key: _read(logp, j * len(pos), where, p) for j, key in enumerate(keys)}
 
@@ -185,7 +168,7 @@ def fast_truncation_scores(
     n = len(adapter.decoder_layers())
     k = next((k for k in ks if k != n), None)
     if k is not None:
-        first = _prepare(adapter, examples[0])
+        first = prepare(adapter, examples[0])
         try:
             fast = truncation_logliks(adapter, first, [k])[k]
         except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
@@ -219,7 +202,7 @@ def _count_correct(adapter: ModelAdapter, examples: Sequence[Any], keys: list[An
     returns every variant's choice log-likelihoods from one pass."""
     correct = dict.fromkeys(keys, 0)
     for ex in tqdm(examples, desc=desc, leave=False, disable=not progress):
-        p = _prepare(adapter, ex)
+        p = prepare(adapter, ex)
         lls = logliks(adapter, p)
         for key in keys:
             correct[key] += int(_pred(lls[key]) == p.gold)
@@ -238,7 +221,7 @@ def fast_removal_scores(
     """Accuracy of the m-layer model and of it minus each layer (None where the shortcut does not apply)."""
     if not examples:
         return None
-    first = _prepare(adapter, examples[0])
+    first = prepare(adapter, examples[0])
     i = m // 2
     try:
         fast = removal_logliks(adapter, first, m)[i]
@@ -263,22 +246,19 @@ def _removal_counts(adapter: ModelAdapter, examples: Sequence[Any], m: int, prog
                           "remove-restore (shared prefix)", progress)
 
 
-def _fast_knowledge(adapter: ModelAdapter, scorer: Scorer, run: Any) -> dict[Any, dict[str, Any]] | None:
-    """The knowledge score (mean accuracy over the knowledge tasks) through a fast path ``run``
-    (examples -> {condition: summary}); None when the shortcut is unavailable."""
-    limit = scorer.knowledge_limit if scorer.knowledge_limit is not None else scorer.limit
+def _fast_scores(scorer: Scorer, name: str, run: Any) -> dict[Any, dict[str, Any]] | None:
+    """Every condition's score of one name in the task list through a fast path ``run`` (examples ->
+    {condition: summary}); a group's members one by one, then their mean (:func:`group_score`).
+    None when the shortcut is unavailable."""
+    if not is_group(name):
+        return run(scorer._task_examples(name)[1])
     per_task = {}
-    for name in tqdm(KNOWLEDGE_TASKS, desc="knowledge", leave=False, disable=not scorer.progress):
-        res = run(make_task(name).examples(limit=limit, seed=scorer.seed))
+    for member, examples in tqdm(scorer.members(name), desc=name, leave=False, disable=not scorer.progress):
+        res = run(examples)
         if res is None:
             return None
-        per_task[name] = res
-    out = {}
-    for cond in next(iter(per_task.values())):
-        accs = {t: per_task[t][cond]["accuracy"] for t in per_task}
-        out[cond] = {"accuracy": sum(accs.values()) / len(accs), "ci95": None,
-                     "n": sum(per_task[t][cond]["n"] for t in per_task), "tasks": accs}
-    return out
+        per_task[member] = res
+    return {cond: group_score({t: per_task[t][cond] for t in per_task}) for cond in next(iter(per_task.values()))}
 
 
 def _slow_scores(adapter: ModelAdapter, scorer: Scorer, tasks: list[str], conds: list[tuple[list[Any], str]],
@@ -356,12 +336,8 @@ def prune_curve(
     per_k: dict[int, dict[str, Any]] = {k: {} for k in ks}
     slow_tasks = []
     for name in scorer.tasks:
-        fast = None
-        if fast_path and name == "knowledge":
-            fast = _fast_knowledge(adapter, scorer, lambda exs: fast_truncation_scores(adapter, exs, ks))
-        elif fast_path:
-            _task, examples = scorer._task_examples(name)
-            fast = fast_truncation_scores(adapter, examples, ks, progress=scorer.progress)
+        fast = _fast_scores(scorer, name, lambda exs: fast_truncation_scores(adapter, exs, ks, progress=scorer.progress)) \
+            if fast_path else None
         if fast is None:
             slow_tasks.append(name)
         else:
@@ -433,11 +409,9 @@ def remove_restore(
     per: dict[int | None, dict[str, Any]] = {k: {} for k in [None, *keep]}
     slow_tasks = []
     for name in scorer.tasks:
-        fast = None
-        if fast_path and name == "knowledge":
-            fast = _fast_knowledge(adapter, scorer, lambda exs: fast_removal_scores(adapter, exs, minimal_layers))
-        elif fast_path:
-            fast = fast_removal_scores(adapter, scorer._task_examples(name)[1], minimal_layers, progress=scorer.progress)
+        fast = _fast_scores(scorer, name, lambda exs: fast_removal_scores(adapter, exs, minimal_layers,
+                                                                          progress=scorer.progress)) \
+            if fast_path else None
         if fast is None:
             slow_tasks.append(name)
         else:
@@ -465,3 +439,12 @@ def remove_restore(
             summary["minimal_knowledge"] = base["knowledge"]["accuracy"]
     result.summary = summary
     return result
+
+
+class Prune(Experiment):
+    """Cumulative layer pruning and remove-and-restore (``ganda prune``, written in ganda/commands)."""
+
+    name = "prune"
+    summary = "Cumulative layer pruning (Fig. 2) and the minimal model; remove-and-restore (Fig. 3)"
+    phases = "ganda.plan:prune_phases"
+    on_task = False

@@ -52,6 +52,7 @@ from ..heads import HeadId, expand
 from ..interventions import Intervention, compress_ranges
 from ..models.base import ModelAdapter
 from ..progress import tqdm
+from .base import Experiment
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 
@@ -341,3 +342,12 @@ def transplant_sweep(
         config={**scorer.config(), "donor": donor.spec, "layers": list(layers) if layers is not None else None,
                 "heads": heads, "donor_head": donor_head},
     )
+
+
+class Transplant(Experiment):
+    """Donor layers or heads in a student (``ganda transplant``, written in ganda/commands)."""
+
+    name = "transplant"
+    summary = "Replace each student layer (or one head) with the donor's and score the student (Fig. 7)"
+    phases = "ganda.plan:transplant_phases"
+    on_task = False

@@ -16,9 +16,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..errors import GandaError
@@ -50,31 +51,137 @@ class Mixer:
         return slice(head * self.head_dim, (head + 1) * self.head_dim)
 
 
-class SweepRunner(Protocol):
-    """A family's fast path for running decoder layers by hand (see :meth:`ModelAdapter.sweep_runner`).
+class OutputHead:
+    """The model's final norm and LM head as a function of final residual vectors
+    ``[..., d_model]`` -> logits ``[..., V]``, differentiable, for any family.
 
-    The forward engine records, in one intact pass of :meth:`backbone`, what the model gives each
-    decoder layer and replays single layers on new hidden states; the runner supplies the parts
-    that know the family: the backbone call with a packed block mask and position ids, and the
-    final norm + LM head on chosen positions.
+    Found once per adapter by watching one short forward: the norm is the module outside the
+    decoder layers that reads the last layer's output, the head is the model's output embedding
+    (or the tied input embedding), with the logit multipliers, soft-capping and scaling its config
+    declares. The pair is checked against the model's own logits on that forward; where it does
+    not reproduce them (a family with other output arithmetic), every call runs the model's own
+    forward on one layer whose output is replaced, which is exact by construction.
     """
 
-    def can_pack(self, width: int) -> bool:
-        """True when a packed sequence of ``width`` tokens behaves like its rows (no sliding window
-        cuts it)."""
+    def __init__(self, adapter: ModelAdapter) -> None:
+        self.adapter = adapter
+        self.norm: nn.Module | None = None
+        self.dtype: torch.dtype | None = None
+        self.exact_forward = False
+        self._find()
 
-    def backbone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 position_ids: torch.Tensor | None) -> None:
-        """Run the decoder stack (no LM head); ``attention_mask`` may be 2-D or an additive
-        ``[B, 1, T, T]`` mask."""
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.exact_forward:
+            return self._through_forward(hidden)
+        assert self.norm is not None
+        return self._head(self.norm(hidden.to(self.dtype or hidden.dtype)))
 
-    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[K, d_model]`` final residuals -> ``[K, V]`` fp32 log-probabilities."""
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        model = self.adapter.model
+        lm = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if lm is None:
+            lm = getattr(model, "lm_head", None)
+        if lm is None:  # tied embeddings without an output module (Llamba)
+            emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else model.backbone.embedding
+            logits = F.linear(x, emb.weight)
+        else:
+            logits = lm(x)
+        cfg = getattr(model, "config", None)
+        mult = float(getattr(getattr(model, "model", None), "lm_head_multiplier", 1.0) or 1.0)
+        if mult != 1.0:
+            logits = logits * mult
+        scale = getattr(cfg, "logits_scaling", None)
+        if scale:
+            logits = logits / scale
+        cap = getattr(cfg, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _find(self) -> None:
+        ad = self.adapter
+        model = ad.model
+        layers = ad.decoder_layers()
+        inside = {id(m) for layer in layers for m in layer.modules()}
+        last: dict[str, torch.Tensor] = {}
+        found: dict[str, Any] = {}
+
+        def on_last(_m: Any, _a: Any, out: Any) -> None:
+            last["h"] = out[0] if isinstance(out, tuple) else out
+
+        def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
+            if "norm" not in found and args and "h" in last and args[0] is last["h"]:
+                found["norm"], found["dtype"] = mod, args[0].dtype
+
+        handles = [layers[-1].register_forward_hook(on_last)]
+        handles += [m.register_forward_pre_hook(pre) for m in model.modules()
+                    if id(m) not in inside and m is not model and not list(m.children())]
+        try:
+            with torch.no_grad():
+                logits = ad.forward(torch.zeros((1, 3), dtype=torch.long, device=ad.device))
+        finally:
+            for h in handles:
+                h.remove()
+        if "norm" in found:
+            self.norm, self.dtype = found["norm"], found["dtype"]
+            with torch.no_grad():
+                mine = self._head(self.norm(last["h"]))
+            tol = 1e-4 if logits.dtype == torch.float32 else 2e-2
+            if mine.shape == logits.shape and torch.allclose(mine.float(), logits.float(), atol=tol, rtol=tol):
+                return
+        self.exact_forward = True
+
+    def _through_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        ad = self.adapter
+        shape = hidden.shape
+        flat = hidden.reshape(-1, shape[-1])
+        last = ad.active_layers()[-1]
+        pos = ad.layer_position(last)
+        module = ad.decoder_layers()[pos or 0]
+
+        def replace(_m: Any, _a: Any, out: Any) -> Any:
+            h = flat[None].to(_hidden_of(out).dtype)
+            return (h, *out[1:]) if isinstance(out, tuple) else h
+
+        token = ad.push_layer_edit([last], "final norm and LM head")
+        handle = module.register_forward_hook(replace)
+        try:
+            dummy = torch.zeros((1, flat.shape[0]), dtype=torch.long, device=flat.device)
+            logits = ad.forward(dummy)[0]
+        finally:
+            handle.remove()
+            ad.pop_layer_edit(token)
+        return logits.reshape(*shape[:-1], logits.shape[-1])
+
+
+def _hidden_of(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _forward_params(model: nn.Module) -> Mapping[str, inspect.Parameter]:
     """The keyword arguments of ``model.forward`` (what a family's forward accepts)."""
     return inspect.signature(model.forward).parameters
+
+
+@dataclass(frozen=True)
+class ReadPositions:
+    """Where each row of one forward is read, as indices into that forward's input ``[B]``:
+    ``query``, the last prompt token (it predicts the answer's first token), and ``last``, the
+    last scored position (it predicts the answer's final token). A position outside the input
+    (a cached prefix's forward, whose query lies in a later suffix) reads nothing there.
+    Position-restricted head ablations act at these rows (:class:`ganda.AblateHeads`)."""
+
+    query: torch.Tensor
+    last: torch.Tensor
+
+    @classmethod
+    def of_mask(cls, mask: torch.Tensor | None) -> ReadPositions | None:
+        """Each row's last real position where a 2-D mask right-pads some row; None (each row's
+        last position) for unpadded or left-padded input."""
+        if mask is None or mask.ndim != 2 or bool(mask[:, -1].all()):
+            return None
+        last = mask.shape[1] - 1 - torch.flip(mask.bool(), [1]).int().argmax(1)
+        return cls(last, last)
 
 
 @dataclass(frozen=True)
@@ -102,6 +209,8 @@ class ModelAdapter(ABC):
         self._live: nn.ModuleList = self._original_layers
         self._tokens = itertools.count()
         self._n_params: int | None = None
+        self._output_head: OutputHead | None = None
+        self.read_positions: ReadPositions | None = None  # set by the forward running now
 
     # ---- layout -------------------------------------------------------------------------
     @classmethod
@@ -328,10 +437,33 @@ class ModelAdapter(ABC):
                 f"prompt is {n_tokens} tokens, longer than the model's context of {self.n_ctx} tokens"
             )
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits ``[B, T, V]`` with no cache (interventions may change the layer list)."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, read: ReadPositions | None = None) -> torch.Tensor:
+        """Logits ``[B, T, V]`` with no cache (interventions may change the layer list).
+        ``attention_mask``: 2-D, or an additive ``[B, 1, T, T]`` block mask with ``position_ids``
+        where the family packs choices (:meth:`packs_choices`). ``read``: where each row is read
+        (default: each row's last real position)."""
+        kw = {} if position_ids is None else {"position_ids": position_ids}
+        with self.reading(read if read is not None else ReadPositions.of_mask(attention_mask)):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
         return out.logits
+
+    @contextmanager
+    def reading(self, read: ReadPositions | None) -> Iterator[None]:
+        """``read_positions`` for the forwards inside: what a scoring path passes with its rows."""
+        before, self.read_positions = self.read_positions, read
+        try:
+            yield
+        finally:
+            self.read_positions = before
+
+    def unembed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[..., V]`` of final residual vectors ``[..., d_model]``: the model's final norm
+        and LM head (:class:`OutputHead`), differentiable. Every analysis that reads the output
+        from a residual stream of its own goes through here."""
+        if self._output_head is None:
+            self._output_head = OutputHead(self)
+        return self._output_head(hidden)
 
     def n_params(self) -> int:
         """Number of parameters (counted once; scoring batches small models differently)."""
@@ -339,11 +471,19 @@ class ModelAdapter(ABC):
             self._n_params = sum(p.numel() for p in self.model.parameters())
         return self._n_params
 
-    # ---- optional fast paths (a family implements them or gets the generic path) -----------
-    def sweep_runner(self) -> SweepRunner | None:
-        """The family's fast path for running decoder layers by hand, or None: sweeps and attribution
-        then run full forwards, which every family supports."""
-        return None
+    # ---- optional capabilities (a family declares them or gets the generic path) -------------
+    def packs_choices(self, width: int) -> bool:
+        """True when an example's choices may share one sequence of ``width`` tokens under a block
+        mask with continued position ids (:mod:`ganda.prepared`'s packed layout) and score as their
+        own rows would: attention families without a sliding window shorter than ``width``. False
+        (the default): one row per choice."""
+        return False
+
+    def skips_layers(self) -> bool:
+        """True when the sweep may run only the layers from an ablated head's on (replaying the
+        layer calls of one intact pass, :class:`ganda.engine.LayerCalls`); False (the default):
+        every ablation runs whole forwards, which every family supports."""
+        return False
 
     def supports_kv_cache_generation(self) -> bool:
         """True when greedy generation may keep a KV cache across steps (the model runs its layers
@@ -391,11 +531,17 @@ class ModelAdapter(ABC):
 
     def forward_cached(self, input_ids: torch.Tensor, cache: Any, position_ids: torch.Tensor,
                        attention_mask: torch.Tensor | None = None,
-                       keep: torch.Tensor | None = None) -> torch.Tensor:
+                       keep: torch.Tensor | None = None, read: ReadPositions | None = None) -> torch.Tensor:
         """Logits of ``input_ids`` ``[B, T]`` continuing the sequence held in ``cache`` (updated in
         place). ``position_ids`` ``[B, T]`` continue the cached positions; ``attention_mask`` covers
         cache + input (None: every position is real, or pads only at the right end); ``keep``: the
-        only input positions whose logits are wanted (``[B, len(keep), V]`` is returned)."""
+        only input positions whose logits are wanted (``[B, len(keep), V]`` is returned); ``read``:
+        where each row is read, relative to ``input_ids`` (default: each row's last position)."""
+        with self.reading(read):
+            return self._forward_cached(input_ids, cache, position_ids, attention_mask, keep)
+
+    def _forward_cached(self, input_ids: torch.Tensor, cache: Any, position_ids: torch.Tensor,
+                        attention_mask: torch.Tensor | None, keep: torch.Tensor | None) -> torch.Tensor:
         params = _forward_params(self.model)
         kw: dict[str, Any] = {self.prefix_cache_kwarg or "past_key_values": cache, "use_cache": True}
         if "position_ids" in params:

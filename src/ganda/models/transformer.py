@@ -4,8 +4,8 @@ Llama-3.x, SmolLM2, Qwen2/3, Mistral and Gemma 1-3 all expose ``model.model.laye
 with ``q_proj/k_proj/v_proj/o_proj`` and a head-major ``o_proj`` input, so one adapter serves them.
 GQA: heads are *query* heads (``num_attention_heads``); KV heads are shared and never ablated.
 
-The family's fast paths live here too: the sweep runner (backbone with a packed block mask, LM
-head on chosen positions), KV-cached generation, and a block or one attention head run outside
+The family's fast paths live here too: packed choices under a block mask, layer skipping in
+the sweep, KV-cached generation, and a block or one attention head run outside
 the model (what a transplant donor provides).
 """
 
@@ -38,32 +38,6 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
-
-
-class TransformerRunner:
-    """The sweep runner of Llama-layout models (:class:`~ganda.models.base.SweepRunner`)."""
-
-    def __init__(self, adapter: TransformerAdapter) -> None:
-        self.backbone_module = adapter.model.model
-        self.norm = self.backbone_module.norm
-        self.lm_head = adapter.model.get_output_embeddings()
-        cfg = adapter.model.config
-        self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        self.window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-
-    def can_pack(self, width: int) -> bool:
-        return not self.window or width <= self.window
-
-    def backbone(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 position_ids: torch.Tensor | None) -> None:
-        self.backbone_module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=False)
-
-    def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(self.norm(hidden))
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return torch.log_softmax(logits.float(), -1)
 
 
 class TransformerAdapter(ModelAdapter):
@@ -99,8 +73,13 @@ class TransformerAdapter(ModelAdapter):
         return out
 
     # ---- fast paths ---------------------------------------------------------------------------
-    def sweep_runner(self) -> TransformerRunner:
-        return TransformerRunner(self)
+    def packs_choices(self, width: int) -> bool:
+        cfg = self.model.config
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        return not window or width <= window
+
+    def skips_layers(self) -> bool:
+        return True
 
     def supports_kv_cache_generation(self) -> bool:
         """Only with the layer list as loaded: a cache indexes its entries by ``self_attn.layer_idx``,

@@ -29,6 +29,9 @@ BUILTIN_TASKS: dict[str, str] = {
 }
 for _name, _target in BUILTIN_TASKS.items():
     registry.register_task(_name, _target, number_option="pairs" if _name == "kv" else None)
+# the paper's knowledge score: the mean accuracy over its six tasks
+KNOWLEDGE = "knowledge"
+registry.register_group(KNOWLEDGE, ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande"))
 register_task = registry.register_task
 
 
@@ -69,4 +72,4 @@ def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
     return task
 
 
-__all__ = ["Example", "OptionError", "Task", "get_task", "register_task", "task_for_model", "token_spans"]
+__all__ = ["KNOWLEDGE", "Example", "OptionError", "Task", "get_task", "register_task", "task_for_model", "token_spans"]

@@ -61,7 +61,7 @@ from .base import Example, Task
 
 __all__ = ["KNOWLEDGE_TASKS", "make_task"]
 
-KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")
+KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")  # the ``knowledge`` group
 
 
 def _data(*parts: str):

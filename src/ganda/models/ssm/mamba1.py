@@ -135,11 +135,11 @@ class ScanContinuation:
     """Shared-prefix reuse for adapters with Mamba-1 mixers: :meth:`forward_cached` runs under
     :func:`scans_continue`, so a suffix continues from the cached conv and recurrent states."""
 
-    def forward_cached(self, input_ids: torch.Tensor, cache: Any, position_ids: torch.Tensor,
-                       attention_mask: torch.Tensor | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward_cached(self, input_ids: torch.Tensor, cache: Any, position_ids: torch.Tensor,
+                        attention_mask: torch.Tensor | None, keep: torch.Tensor | None) -> torch.Tensor:
         mixers = [m.module for m in self.mixers() if m.kind == "ssm"]  # type: ignore[attr-defined]
         with scans_continue(cache, mixers):
-            return super().forward_cached(input_ids, cache, position_ids, attention_mask, keep)  # type: ignore[misc]
+            return super()._forward_cached(input_ids, cache, position_ids, attention_mask, keep)  # type: ignore[misc]
 
 
 def channel_mixer(layer: int, m: nn.Module) -> Mixer:
