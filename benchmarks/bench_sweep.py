@@ -31,6 +31,7 @@ import torch
 
 import ganda
 from ganda import sweep
+from ganda.engine import logprobs
 from ganda.heads import expand
 from ganda.sweep import run_sweep, scored_by
 from ganda.tasks import get_task
@@ -50,7 +51,7 @@ class PerHeadLMHead(sweep._FastEngine):
             rows = torch.tensor([rd.rows[s] for s in rd.site])
             pos = torch.tensor([rd.pos[s] for s in rd.site])
             for bi in range(b):
-                lp = self.runner.logprobs(x[rows + bi * rd.copy, pos])
+                lp = logprobs(self.adapter, x[rows + bi * rd.copy, pos])
                 vals = lp[torch.arange(len(rd.site)), torch.tensor(rd.target)]
                 sums, k = [], 0
                 for n in rd.lengths:
@@ -62,22 +63,21 @@ class PerHeadLMHead(sweep._FastEngine):
 
 def lm_head_rows(adapter) -> None:
     """CPU milliseconds per row of one LM-head call (final norm, LM head, log-softmax) by row count."""
-    runner = adapter.sweep_runner()
     d = adapter.model.config.hidden_size
     for k in (1, 15, 60, 135, 341, 682):
         h = torch.randn(k, d)
         with torch.no_grad():
-            runner.logprobs(h)
+            logprobs(adapter, h)
             best = float("inf")
             for _ in range(3):
                 c = time.process_time()
-                runner.logprobs(h)
+                logprobs(adapter, h)
                 best = min(best, time.process_time() - c)
         print(f"{k:4d} rows: {best * 1000:6.0f} ms CPU, {best * 1000 / k:.2f} ms a row", flush=True)
 
 
 def per_head_scores(adapter, examples, packed, batches):
-    engine = PerHeadLMHead(adapter, packed, adapter.sweep_runner())
+    engine = PerHeadLMHead(adapter, packed)
     for batch in batches:
         yield engine.score(None if batch[0] is None else batch[0].layer, batch)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ganda.experiments import Scorer, common, draw_result
+from ganda.experiments import Scorer, draw_result
 from ganda.experiments.prune import find_drop
 from ganda.heads import HeadId
 from ganda.interventions import AblateHeads, KeepHeads
@@ -355,8 +355,8 @@ def test_fast_truncation_on_mamba2(tok) -> None:
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
     from ganda.experiments.prune import _forward_logp, _logliks_from, truncation_logliks
-    from ganda.prepared import prepare as _prepare
     from ganda.interventions import truncate
+    from ganda.prepared import prepare as _prepare
     from ganda.tasks import get_task
 
     torch.manual_seed(0)
@@ -394,9 +394,9 @@ def test_smollm2_shortcuts_and_transplant_identity(smollm2) -> None:
     """On the real model: one-pass truncation/removal scoring equals real truncated forwards, and
     transplanting a layer or a head from the model into itself changes nothing."""
     from ganda.experiments.prune import _forward_logp, _logliks_from, removal_logliks, truncation_logliks
-    from ganda.prepared import prepare as _prepare
     from ganda.experiments.transplant import TransplantHead, TransplantLayer
     from ganda.interventions import KeepLayers, truncate
+    from ganda.prepared import prepare as _prepare
     from ganda.tasks import get_task
 
     for ex in (get_task("mmlu").examples(limit=1)[0], get_task("kv", pairs=3).examples(limit=1)[0]):

@@ -83,9 +83,9 @@ class OutputHead:
             lm = getattr(model, "lm_head", None)
         if lm is None:  # tied embeddings without an output module (Llamba)
             emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else model.backbone.embedding
-            logits = F.linear(x, emb.weight)
-        else:
-            logits = lm(x)
+            logits = F.linear(x.to(emb.weight.dtype), emb.weight)
+        else:  # SSM families keep the residual in fp32 and cast it to the head's dtype
+            logits = lm(x.to(lm.weight.dtype))
         cfg = getattr(model, "config", None)
         mult = float(getattr(getattr(model, "model", None), "lm_head_multiplier", 1.0) or 1.0)
         if mult != 1.0:
@@ -192,7 +192,25 @@ class _LayerEdit:
 
 
 class ModelAdapter(ABC):
-    """A loaded model plus its tokenizer, seen through one family-independent layout."""
+    """A loaded model plus its tokenizer, seen through one family-independent layout.
+
+    What a new family writes, and what it gets:
+
+    ===============================  ==========================================================
+    must implement                   ``matches``, ``decoder_layers``, ``set_decoder_layers``,
+                                     ``_build_mixers`` (each mixer's heads and output projection),
+                                     ``attention_maps``
+    may declare (a generic path      ``implicit_maps`` (SSM heads), ``packs_choices`` and
+    otherwise)                       ``skips_layers`` (the sweep's fast paths),
+                                     ``supports_kv_cache_generation``, ``prefix_cache_kwarg`` with
+                                     ``new_cache``/``expand_cache``/``_forward_cached`` (shared
+                                     prefixes), ``register_out_proj_*_hook`` (a shared block's
+                                     invocations), ``run_block``/``head_output`` (transplant donor)
+    gets for free                    head ids and validation, reversible layer edits, the engine's
+                                     named points and replay, ``unembed`` (found and checked on one
+                                     forward), ablations, scoring, the sweep, attribution, pruning
+    ===============================  ==========================================================
+    """
 
     family: ClassVar[str] = "?"
 
