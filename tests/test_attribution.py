@@ -335,3 +335,16 @@ def test_verify_layers_adds_every_head_of_those_layers():
         assert res.exact[h] == pytest.approx(exact[h], abs=1e-5)
     with pytest.raises(GandaError, match="verify_layers"):
         rank_heads(ad, EXAMPLES, method="atp", verify_top=2, verify_layers=[3], progress=False)
+
+
+def test_attribution_batches_fill_a_gpu_budget():
+    """On a GPU a batch holds as many padded tokens as half the free memory allows (every layer's
+    input, the cotangents, one layer's graph), between the CPU's 4,096 and 65,536; the CPU keeps 4,096."""
+    from ganda.attribution import BATCH_TOKENS, batch_tokens_for, default_batch_tokens
+
+    assert batch_tokens_for(32, 4096, 2, 6, None) == BATCH_TOKENS == 4096
+    h100 = batch_tokens_for(32, 4096, 2, 6, 60e9)  # Llama-3.1-8B dims, 60 GB free
+    per_token = 32 * 4096 * 2 + 7 * 4096 * 4 + 16 * 4096 * 2
+    assert h100 == int(0.5 * 60e9 // per_token) and 4096 < h100 < 65536
+    assert batch_tokens_for(32, 4096, 2, 6, 1e12) == 65536 and batch_tokens_for(32, 4096, 2, 6, 1e6) == 4096
+    assert default_batch_tokens(llama(layers=2)) == 4096  # this CPU

@@ -254,3 +254,26 @@ def test_suffix_batches_bound_padding():
     lengths = {0: 10, 1: 11, 2: 12, 3: 100, 4: 104}
     assert scoring.suffix_batches(lengths, list(lengths)) == [[0, 1, 2], [3, 4]]
     assert scoring.suffix_batches({0: 5, 1: 5, 2: 5}, [0, 1, 2], max_rows=2) == [[0, 1], [2]]
+
+
+def test_a_gpu_budget_grows_the_batches_and_keeps_the_scores(monkeypatch):
+    """On a GPU the suffix batches take a share of the free memory (:func:`scoring.budget_for`);
+    the scores are the CPU budget's (each row depends on its own tokens only), the batches fewer."""
+    cpu = scoring.budget_for(32, 4096, 1024, 128256, 2, None)
+    h100 = scoring.budget_for(32, 4096, 1024, 128256, 2, 60e9)  # Llama-3.1-8B dims (8 KV heads), 60 GB free
+    assert cpu == scoring.CPU_BUDGET
+    assert h100.cache_tokens > 8 * cpu.cache_tokens and h100.rows > cpu.rows and h100.logit_rows > cpu.logit_rows
+    assert h100.cache_tokens * (2 * 32 * 1024 + 8 * 4096) * 2 <= 0.25 * 60e9 + 1
+    assert h100.logit_rows * 128256 * 6 <= 0.1 * 60e9 + 1
+    assert scoring.budget_for(32, 4096, 1024, 128256, 2, 1e6) == scoring.CPU_BUDGET
+    lengths = {i: 10 + i % 3 for i in range(200)}
+    assert len(scoring.suffix_batches(lengths, list(lengths), 700, budget=h100)) < \
+        len(scoring.suffix_batches(lengths, list(lengths), 700, budget=cpu)) / 4
+
+    ad = adapter_of("llama")
+    exs = examples() * 8
+    want = score_examples(ad, exs, prefix_cache=True)
+    monkeypatch.setattr(scoring, "score_budget", lambda adapter: scoring.Budget(rows=512, cache_tokens=1 << 16,
+                                                                                logit_rows=1 << 14))
+    got = score_examples(ad, exs, prefix_cache=True)
+    assert max_diff(want, got) < 1e-4 and [s.pred for s in got] == [s.pred for s in want]

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from . import registry
-from .attribution.engine import GRADDROP_BLOCKS, graddrop_blocks
+from .attribution.engine import GRADDROP_BLOCKS, batch_tokens_for, graddrop_blocks
 from .errors import GandaError
 from .models.base import ModelAdapter
 
@@ -417,11 +417,14 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     L = list(range(len(p.layers)))
     n_read = w.choices * w.choice_tokens
     method = opts.get("method", "atp*")
-    batch_tokens = int(opts.get("batch_tokens") or 4096)
+    dev = opts.get("_device")
+    block_of = graddrop_blocks(len(L), opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
+    free = None if dev is None or dev.host else dev.memory - p.weight_bytes - dev.runtime
+    batch_tokens = int(opts.get("batch_tokens") or batch_tokens_for(len(L), p.d_model, int(p.bytes_per_param),
+                                                                     block_of[-1] + 1, free))
     per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
     calls = math.ceil(w.n / per_batch)
     depth = len(L)
-    block_of = graddrop_blocks(depth, opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
     blocks = block_of[-1] + 1
     # per layer a recompute and input-gradient VJPs: the plain one and, for AtP*, one per GradDrop
     # block above the layer's own
@@ -562,6 +565,7 @@ def plan(prof: Profile, experiment: str, w: Workload, dev: Device | str = "h100"
         raise GandaError(f"--devices must be at least 1, got {n_devices}")
     if w.n < 1:
         raise GandaError("the workload has no examples")
+    opts = {**opts, "_device": dev}
     phases, kept, notes = _phases(prof, experiment, w, opts)
     flops = sum(ph.flops(prof) for ph in phases)
     seconds = sum(ph.seconds(prof, dev) for ph in phases)

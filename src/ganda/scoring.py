@@ -197,6 +197,49 @@ LOGIT_ROWS = 1024  # rows x read positions per suffix forward (each a vocabulary
 PAD_WASTE = 0.25  # padded tokens a suffix batch may add, as a fraction of its real tokens
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What one suffix forward may hold: rows, cached and padded tokens (the keys and values every
+    row holds), rows of fp32 logits."""
+
+    rows: int = SUFFIX_ROWS
+    cache_tokens: int = CACHE_TOKENS
+    logit_rows: int = LOGIT_ROWS
+
+
+CPU_BUDGET = Budget()
+MAX_CACHE_TOKENS = 1 << 18
+
+
+def budget_for(n_layers: int, d_model: int, kv_width: int, vocab: int, elem_bytes: int,
+               free_bytes: float | None) -> Budget:
+    """The suffix batches' bounds on a device with ``free_bytes`` free (None: the CPU's, where larger
+    batches only add padding). On a GPU the cached tokens take a quarter of the free memory (a key and
+    a value of ``kv_width`` per layer, plus a few hidden vectors), the fp32 logits a tenth, and the
+    rows grow with them: the card is kept busy instead of running a few rows at a time."""
+    if free_bytes is None:
+        return CPU_BUDGET
+    per_token = (2 * n_layers * kv_width + 8 * d_model) * elem_bytes
+    tokens = int(max(CACHE_TOKENS, min(MAX_CACHE_TOKENS, 0.25 * free_bytes // per_token)))
+    logits = int(max(LOGIT_ROWS, min(16 * LOGIT_ROWS, 0.1 * free_bytes // (vocab * (4 + elem_bytes)))))
+    return Budget(rows=max(SUFFIX_ROWS, min(1024, SUFFIX_ROWS * tokens // CACHE_TOKENS)), cache_tokens=tokens,
+                  logit_rows=logits)
+
+
+def score_budget(adapter: ModelAdapter) -> Budget:
+    """:func:`budget_for` on the model's device (its free memory on CUDA)."""
+    dev = adapter.device
+    if dev.type != "cuda":
+        return CPU_BUDGET
+    cfg = getattr(adapter.model, "config", None)
+    vocab = int(getattr(cfg, "vocab_size", None) or 1 << 15)
+    d_model = adapter.mixers()[0].out_proj.out_features if adapter.mixers() else 1
+    heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
+    kv_width = d_model * kv // heads if heads and kv else d_model  # grouped-query attention keeps fewer
+    elem = next(adapter.model.parameters()).element_size()
+    return budget_for(len(adapter.decoder_layers()), d_model, kv_width, vocab, elem, torch.cuda.mem_get_info(dev)[0])
+
+
 def prefix_cache_enabled(adapter: ModelAdapter, flag: bool | None = None) -> bool:
     """Whether scoring and generation reuse shared prefixes: ``flag``, else the environment
     variable ``GANDA_PREFIX_CACHE`` (``0`` turns it off; on by default), and only where the
@@ -251,13 +294,15 @@ def prefix_groups(seqs: Sequence[Sequence[int]], limits: Sequence[int]) -> list[
 
 
 def suffix_batches(lengths: Mapping[int, int], rows: Sequence[int], plen: int = 0,
-                   keeps: Mapping[int, set[int]] | None = None, max_rows: int = SUFFIX_ROWS) -> list[list[int]]:
+                   keeps: Mapping[int, set[int]] | None = None, max_rows: int | None = None,
+                   budget: Budget = CPU_BUDGET) -> list[list[int]]:
     """Rows bucketed by suffix length (shortest first) into batches that bound memory: at most
-    ``max_rows`` rows, ``CACHE_TOKENS`` cached and padded tokens (rows x (``plen`` + width): the
-    keys and values every row holds during its forward) and ``LOGIT_ROWS`` rows of logits (rows
-    x the positions any of them reads, ``keeps``) and padding: a batch's padded tokens stay within
-    ``1 + PAD_WASTE`` times its real ones (suffixes of unrelated questions differ in length; on a CPU
-    their padding costs more than the batching saves)."""
+    ``max_rows`` rows (default the budget's), ``budget.cache_tokens`` cached and padded tokens (rows x
+    (``plen`` + width): the keys and values every row holds during its forward) and
+    ``budget.logit_rows`` rows of logits (rows x the positions any of them reads, ``keeps``) and
+    padding: a batch's padded tokens stay within ``1 + PAD_WASTE`` times its real ones (suffixes of
+    unrelated questions differ in length; on a CPU their padding costs more than the batching saves)."""
+    max_rows = budget.rows if max_rows is None else max_rows
     out: list[list[int]] = []
     cur: list[int] = []
     union: set[int] = set()
@@ -265,7 +310,7 @@ def suffix_batches(lengths: Mapping[int, int], rows: Sequence[int], plen: int = 
     for r in sorted(rows, key=lambda r: lengths[r]):
         want = union | (keeps[r] if keeps else set())
         n = len(cur) + 1
-        if cur and (n > max_rows or n * (plen + lengths[r]) > CACHE_TOKENS or n * len(want) > LOGIT_ROWS
+        if cur and (n > max_rows or n * (plen + lengths[r]) > budget.cache_tokens or n * len(want) > budget.logit_rows
                     or n * lengths[r] > (1.0 + PAD_WASTE) * (real + lengths[r])):
             out.append(cur)
             cur, want, real = [], set(keeps[r] if keeps else ()), 0
@@ -314,7 +359,7 @@ def _score_rows_list(items: Sequence[tuple[Pairs, bool, list[int]]]) -> list[_Sc
 
 @torch.no_grad()
 def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[int]]],
-                         max_rows: int = SUFFIX_ROWS) -> list[ChoiceScores]:
+                         max_rows: int | None = None) -> list[ChoiceScores]:
     """:func:`_score_rows` with shared prefixes run once: rows grouped by :func:`prefix_groups`,
     each group's suffixes right-padded in length buckets over copies of the group's cached prefix
     (right pads never reach a real position of a causal model), logits only where a continuation
@@ -323,6 +368,7 @@ def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, boo
     for r in rows:
         adapter.check_length(len(r.ids))
     lls = [[0.0] * len(pairs) for pairs, _, _ in items]
+    budget = score_budget(adapter)
     dev = adapter.device
     tok = adapter.tokenizer
     pad = ((tok.pad_token_id or 0) if tok is not None else 0)
@@ -330,7 +376,7 @@ def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, boo
         prefix = run_prefix(adapter, rows[members[0]].ids[:plen]) if plen else None
         lengths = {m: len(rows[m].ids) - plen for m in members}
         keeps = {m: set(range(rows[m].first - plen, rows[m].last - plen + 1)) for m in members}
-        for batch in suffix_batches(lengths, members, plen, keeps, max_rows):
+        for batch in suffix_batches(lengths, members, plen, keeps, max_rows, budget):
             width = max(lengths[m] for m in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
             for i, m in enumerate(batch):
@@ -372,10 +418,10 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
                    progress: bool = False, desc: str = "?", prefix_cache: bool | None = None) -> list[ChoiceScores]:
     """Scores of many examples. With shared-prefix reuse (:func:`prefix_cache_enabled`) every
     shared prefix runs once and the rest in length-bucketed batches of up to ``batch_rows``
-    suffixes (default ``SUFFIX_ROWS``); without it up to ``batch_rows`` whole rows per forward
+    suffixes (default the device's :func:`score_budget`: ``SUFFIX_ROWS`` on the CPU); without it up to ``batch_rows`` whole rows per forward
     (default :func:`default_batch_rows`; ``batch_rows=1`` is :func:`score_example` one by one)."""
     if prefix_cache_enabled(adapter, prefix_cache):
-        rows = SUFFIX_ROWS if batch_rows is None else max(1, int(batch_rows))
+        rows = None if batch_rows is None else max(1, int(batch_rows))
         res: list[ChoiceScores] = []
         bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
         for k in range(0, len(examples), PREFIX_CHUNK):

@@ -8,12 +8,15 @@ docs/attribution.md.
 
 from .engine import (
     ABLATIONS,
+    BATCH_TOKENS,
     GRADDROP_BLOCKS,
     MARGINS,
     METHODS,
     Attribution,
     attribute,
+    batch_tokens_for,
     check_options,
+    default_batch_tokens,
     graddrop_blocks,
     graddrop_scores,
     margin_of,
@@ -33,7 +36,7 @@ from .ranking import (
 )
 
 __all__ = [
-    "ABLATIONS", "GRADDROP_BLOCKS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute", "check_options",
+    "ABLATIONS", "BATCH_TOKENS", "batch_tokens_for", "default_batch_tokens", "GRADDROP_BLOCKS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute", "check_options",
     "check_rank_options",
     "false_negative_bound", "graddrop_blocks", "graddrop_scores", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
     "top_by_magnitude", "upper_count",

@@ -359,7 +359,31 @@ def _cpu_clock() -> Iterator[dict[str, float]]:
         box["cpu"] = time.process_time() - c
 
 
-def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", batch_tokens: int = 4096,
+BATCH_TOKENS = 4096  # padded tokens per batch on the CPU (the measured sweet spot: docs/attribution.md)
+MAX_BATCH_TOKENS = 65536
+
+
+def batch_tokens_for(n_layers: int, d_model: int, elem_bytes: int, blocks: int, free_bytes: float | None) -> int:
+    """Padded tokens per batch on an accelerator with ``free_bytes`` free: what one batch holds per
+    token (every layer's input in the model's dtype, the fp32 cotangents of the plain pass and each
+    GradDrop block, and one layer's graph, about 16 hidden vectors) within half of the free memory,
+    between the CPU's :data:`BATCH_TOKENS` and :data:`MAX_BATCH_TOKENS`. ``free_bytes`` None: the CPU's."""
+    if free_bytes is None:
+        return BATCH_TOKENS
+    per_token = n_layers * d_model * elem_bytes + (blocks + 1) * d_model * 4 + 16 * d_model * elem_bytes
+    return int(max(BATCH_TOKENS, min(MAX_BATCH_TOKENS, 0.5 * free_bytes // per_token)))
+
+
+def default_batch_tokens(adapter: ModelAdapter, blocks: int = GRADDROP_BLOCKS) -> int:
+    """:func:`batch_tokens_for` on the model's device (its free memory on CUDA; the CPU's fixed size)."""
+    dev = adapter.device
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
+    d_model = adapter.mixers()[0].out_proj.out_features if adapter.mixers() else 1
+    elem = next(adapter.model.parameters()).element_size()
+    return batch_tokens_for(len(adapter.decoder_layers()), d_model, elem, blocks, free)
+
+
+def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", batch_tokens: int | None = None,
                   graddrop_blocks: int | None = GRADDROP_BLOCKS, name: Any = str) -> None:
     """Refuse (one line) an attribution option out of its range: the one place these are checked
     (``name(option)`` is how the caller names an option: ``--graddrop-blocks`` on the command line)."""
@@ -369,7 +393,7 @@ def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "m
         raise GandaError(f"{name('ablation')} must be one of {', '.join(ABLATIONS)}, not {ablation!r}")
     if margin not in MARGINS:
         raise GandaError(f"{name('margin')} must be one of {', '.join(MARGINS)}, not {margin!r}")
-    if batch_tokens < 1:
+    if batch_tokens is not None and batch_tokens < 1:
         raise GandaError(f"{name('batch_tokens')} must be at least 1")
     if graddrop_blocks is not None and graddrop_blocks < 1:
         raise GandaError(f"{name('graddrop_blocks')} must be at least 1")
@@ -388,7 +412,7 @@ def attribute(
     margin: str = "mean",
     heads: Sequence[HeadId] | None = None,
     reference: Sequence[Example] | None = None,
-    batch_tokens: int = 4096,
+    batch_tokens: int | None = None,
     graddrop_blocks: int | None = GRADDROP_BLOCKS,
     out_dir: str | Path | None = None,
     resume: bool = True,
@@ -400,7 +424,8 @@ def attribute(
     or ``"mean"`` (``reference``: the prompts the mean is taken over; default ``examples``).
     ``graddrop_blocks``: GradDrop over that many contiguous blocks of layers, ``L·G/2`` layer VJPs
     instead of ``L²/2`` (default 6; ``None``: one block per layer, the paper's form).
-    ``batch_tokens`` bounds a batch's padded size. With ``out_dir``, ``attribution.jsonl`` (a
+    ``batch_tokens`` bounds a batch's padded size (default :func:`default_batch_tokens`: 4,096 on
+    the CPU, up to half the free memory on a GPU). With ``out_dir``, ``attribution.jsonl`` (a
     :class:`ganda.runio.Journal`) gets one line per finished batch and a stopped run resumes from it;
     only then are the weights fingerprinted.
     """
@@ -410,6 +435,8 @@ def attribute(
     with _cpu_clock() as clock:
         head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
         eng = _Engine(adapter, head_list, ablation, margin, graddrop=method == "atp*", blocks=graddrop_blocks)
+        if batch_tokens is None:
+            batch_tokens = default_batch_tokens(adapter, eng.n_blocks)
         plan, packed = _plan(adapter, examples, batch_tokens)
         cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "method": method,
                "ablation": ablation, "margin": margin, "heads": [str(h) for h in head_list],

@@ -328,7 +328,8 @@ class RankResult:
 
 def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", verify_top: int = 30,
                        audit: int = 10, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
-                       batch_tokens: int = 4096, batch_heads: int = 16, graddrop_blocks: int | None = GRADDROP_BLOCKS,
+                       batch_tokens: int | None = None, batch_heads: int = 16,
+                       graddrop_blocks: int | None = GRADDROP_BLOCKS,
                        name: Any = str) -> None:
     """Refuse (one line) a ranking option out of its range: the one place these are checked, for
     ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads` (``name``: as :func:`check_options`)."""
@@ -343,6 +344,17 @@ def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str
         raise GandaError(f"{name('threshold')} must be positive")
     if not 0.0 < confidence < 1.0:
         raise GandaError(f"{name('confidence')} must be between 0 and 1")
+
+
+def _to_verify(order: list[str], verify_top: int, layers: set[int], audit: int, seed: int
+               ) -> tuple[list[HeadId], list[str]]:
+    """The heads to verify exactly, from heads in estimate order: the top ``verify_top`` and every head
+    of ``layers``; and a seeded random ``audit`` of the rest (the false-negative bound's sample)."""
+    chosen = order[:verify_top] + [h for h in order[verify_top:] if HeadId.parse(h).layer in layers]
+    picked = set(chosen)
+    pool = [h for h in order if h not in picked]
+    audited = sorted(random.Random(seed).sample(pool, min(audit, len(pool))), key=order.index)
+    return [HeadId.parse(h) for h in chosen], audited
 
 
 def rank_heads(
@@ -364,7 +376,7 @@ def rank_heads(
     resume: bool = True,
     progress: bool = True,
     config: dict[str, Any] | None = None,
-    batch_tokens: int = 4096,
+    batch_tokens: int | None = None,
     batch_heads: int = 16,
     graddrop_blocks: int | None = GRADDROP_BLOCKS,
 ) -> RankResult:
@@ -409,13 +421,7 @@ def rank_heads(
         secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()
-        order = [names[i] for i in att.order()]
-        layers = set(verify_layers)
-        chosen_names = order[:verify_top] + [h for h in order[verify_top:] if HeadId.parse(h).layer in layers]
-        picked = set(chosen_names)
-        pool = [h for h in order if h not in picked]
-        audited = sorted(random.Random(seed).sample(pool, min(audit, len(pool))), key=order.index)
-        chosen = [HeadId.parse(h) for h in chosen_names]
+        chosen, audited = _to_verify([names[i] for i in att.order()], verify_top, set(verify_layers), audit, seed)
     by_name = {str(h): h for h in head_list}
     to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
     exact: dict[str, float] = {}
@@ -427,12 +433,10 @@ def rank_heads(
         if ablation == "zero":
             base, lls = _exact_zero(adapter, examples, to_verify, vdir, resume, progress, vcfg, batch_heads)
         else:
-            if att is None:
-                att_means = attribute(adapter, examples, method="atp", ablation="mean", margin=margin, heads=head_list,
-                                      batch_tokens=batch_tokens, progress=False).means
-            else:
-                att_means = att.means
-            base, lls = _exact_mean(adapter, examples, to_verify, att_means, vdir, resume, progress, vcfg)
+            means = att.means if att is not None else attribute(
+                adapter, examples, method="atp", ablation="mean", margin=margin, heads=head_list,
+                batch_tokens=batch_tokens, progress=False).means
+            base, lls = _exact_mean(adapter, examples, to_verify, means, vdir, resume, progress, vcfg)
         clean = metric_value(base, golds, margin)
         exact = {h: clean - metric_value(ll, golds, margin) for h, ll in lls.items()}
         secs.update({"verification": time.perf_counter() - t1, "verification_cpu": time.process_time() - c1})
