@@ -75,3 +75,19 @@ def test_command_line_starts_torch_with_passive_waits():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GANDA_THREADS")}
     assert _policy_after_cli(env) == "PASSIVE"
     assert _policy_after_cli({**env, "OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"  # a user's choice stays
+
+
+def _policy_after_import(env: dict[str, str], first: str = "") -> str:
+    """OMP_WAIT_POLICY as the library leaves it (``first``: a module imported before ganda)."""
+    code = f"import os; {first}import ganda, torch; torch.ones(4) @ torch.ones(4); print(os.environ.get('OMP_WAIT_POLICY'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return out.stdout.strip()
+
+
+def test_the_library_starts_torch_with_passive_waits_too():
+    """``import ganda`` (the README snippet, the notebook) sets the policy the command line sets; a
+    user's choice stays, and torch imported first has read its environment already."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GANDA_THREADS")}
+    assert _policy_after_import(env) == "PASSIVE"
+    assert _policy_after_import({**env, "OMP_WAIT_POLICY": "ACTIVE"}) == "ACTIVE"
+    assert _policy_after_import(env, first="import torch; ") == "None"

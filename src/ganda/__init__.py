@@ -9,9 +9,18 @@ first lookup that misses.
 """
 
 import importlib
+import os
+import sys
 from typing import Any
 
 from .errors import GandaError
+
+# Waiting OpenMP threads sleep instead of spinning, so torch's one-thread-per-core default does not
+# collapse beside other jobs (BENCHMARKS.md, threads): set for the library as for the command line,
+# unless the user chose a policy. OpenMP reads it once, when torch loads it, so it takes effect when
+# ganda is imported before torch.
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The public names load on first use: ``import ganda`` (and ``ganda --help``) does not wait for
 # torch. A module that looks a task or result kind up imports the package that registers it.
