@@ -12,6 +12,7 @@ point                              value                                        
 ``L{i}.call``                      every argument but the hidden states             :class:`LayerCall`
 ``L{i}.z`` / ``L{i}.{kind}.z``     the input of a mixer's output projection         ``[B, T, heads*head_dim]``
 ``L{i}.out`` / ``L{i}.{kind}.out`` that projection's output                         ``[B, T, d_model]``
+``model.kwargs``                   the keyword arguments of the model's own forward dict (2-D attention mask)
 =================================  ==============================================  ======================
 
 Head h of a mixer is the slice ``h * head_dim : (h + 1) * head_dim`` of its ``z``; ``kind``
@@ -109,9 +110,11 @@ class Trace:
         return name in self.values
 
     def _hook(self, name: str) -> Any:
+        if name == "model.kwargs":
+            return self.adapter.model.register_forward_pre_hook(self._model_kwargs(name), with_kwargs=True)
         m = _POINT.match(name)
         if not m:
-            raise GandaError(f"not a point of the forward engine: {name!r} (e.g. L3.resid_in, L3.attn.z)")
+            raise GandaError(f"not a point of the forward engine: {name!r} (e.g. L3.resid_in, L3.attn.z, model.kwargs)")
         layer, kind, what = int(m.group(1)), m.group(2), m.group(3)
         ad = self.adapter
         ad.require_active([layer], name)
@@ -139,6 +142,12 @@ class Trace:
             self.values[name] = value
         if name == self.stop:
             raise StopForward
+
+    def _model_kwargs(self, name: str) -> Callable[..., Any]:
+        def hook(_m: Any, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._store(name, dict(kwargs))
+
+        return hook
 
     def _pre_layer(self, name: str, what: str) -> Callable[..., Any]:
         def hook(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

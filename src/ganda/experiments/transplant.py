@@ -89,16 +89,15 @@ def _positions(kwargs: dict[str, Any], t: int, device: torch.device) -> torch.Te
 
 
 class _PadCapture:
-    """Remembers the 2-D attention mask given to the student's top-level forward."""
+    """The 2-D attention mask given to the student's top-level forward (engine point ``model.kwargs``)."""
 
-    def __init__(self) -> None:
-        self.mask: torch.Tensor | None = None
+    def __init__(self, adapter: ModelAdapter) -> None:
+        self.trace = Trace(adapter, ["model.kwargs"])
 
-    def hook(self, _module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        m = kwargs.get("attention_mask")
-        if m is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
-            m = args[1]
-        self.mask = m if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+    @property
+    def mask(self) -> torch.Tensor | None:
+        m = self.trace["model.kwargs"].get("attention_mask") if "model.kwargs" in self.trace else None
+        return m if isinstance(m, torch.Tensor) and m.dim() == 2 else None
 
 
 class DonorBlock(nn.Module):
@@ -177,16 +176,15 @@ class TransplantLayer(Intervention):
                 raise GandaError(f"donor layer {j} out of range, the donor has layers 0-{n_d - 1}")
         label = f"transplant of layers {compress_ranges(self.layers)} from {self.donor.spec}"
         adapter.require_active(self.layers, label)
-        pad = _PadCapture()
+        pad = _PadCapture(adapter)
         blocks = {i: DonorBlock(self.donor, j, pad, layer_returns(adapter, i))
                   for i, j in zip(self.layers, dl, strict=True)}
         token = adapter.push_layer_edit(range(n), label, replace=blocks)
-        handle = adapter.model.register_forward_pre_hook(pad.hook, with_kwargs=True)
         try:
-            yield
+            with pad.trace:
+                yield
         finally:
             adapter.pop_layer_edit(token)
-            handle.remove()
 
     def describe(self) -> dict[str, Any]:
         return {"type": "transplant_layer", "donor": self.donor.spec, "layers": list(self.layers),
@@ -223,7 +221,7 @@ class TransplantHead(Intervention):
         label = f"the transplant of {s} from {self.donor.spec}"
         token = adapter.use_layers([s.layer], label)  # refused where the layer is gone, as later removals
         dblock = self.donor.original_layers()[d.layer]
-        pad = _PadCapture()
+        pad = _PadCapture(adapter)
         sl = mixer.head_slice(s.head)
         resid, kwargs = f"L{s.layer}.resid_in", f"L{s.layer}.kwargs"
         pending: list[torch.Tensor] = []
@@ -243,13 +241,11 @@ class TransplantHead(Intervention):
 
         point = f"L{s.layer}.{mixer.kind}"
         trace = Trace(adapter, [resid, kwargs], detach=False, edit={f"{point}.z": swap_out, f"{point}.out": add_donor})
-        handle = adapter.model.register_forward_pre_hook(pad.hook, with_kwargs=True)
         self._last = {"student_head": str(s), "donor_head": str(d)}
         try:
-            with trace, adapter.whole_sequence():  # the donor head attends over the input it is given
+            with pad.trace, trace, adapter.whole_sequence():  # the donor head attends over the input it is given
                 yield
         finally:
-            handle.remove()
             adapter.release_layers(token)
 
     def describe(self) -> dict[str, Any]:
