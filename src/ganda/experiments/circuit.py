@@ -1,0 +1,129 @@
+"""The circuit's experiments: ``path`` (one sender -> receiver pair ablated along its paths, next to
+the sender ablated everywhere) and ``edges`` (every pair scored by edge attribution, the top
+verified exactly, drawn as a circuit). Their engines are :mod:`ganda.circuit`; this module says
+what ``ganda run``, ``ganda grid``, ``ganda plan``, ``ganda report`` and ``ganda.results`` need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..circuit import PATHS, TOGETHER, path_ablation
+from ..circuit.ablation import EVERYWHERE, INTACT
+from ..errors import GandaError
+from ..figures import bars
+from ..heads import HeadId
+from ..models.base import ModelAdapter
+from ..stats import overlap
+from ..tasks.base import Example
+from .base import Experiment, Options
+from .common import ExperimentResult
+
+
+def _head(flag: str, text: str) -> HeadId:
+    if not text:
+        raise GandaError(f"{flag} is required: one head id such as L3H0")
+    return HeadId.parse(text)
+
+
+def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sender", "receiver")) -> None:
+    """Two head ids, the receiver in a later layer: refused before any model loads."""
+    s, r = _head(flags[0], sender), _head(flags[1], receiver)
+    if r.layer <= s.layer:
+        raise GandaError(f"receiver {r} is not in a later layer than sender {s}: a path runs from an earlier "
+                         "layer's head into a later layer's")
+
+
+@dataclass
+class PathOptions(Options):
+    sender: str = field(default="", metadata={"help": "the sender head, e.g. L2H0"})
+    receiver: str = field(default="", metadata={"help": "the receiver head in a later layer, e.g. L3H0"})
+    paths: str = field(default="all", metadata={"help": "all (every path from sender to receiver) or direct (the edge)"})
+    parts: str = field(default=TOGETHER, metadata={"help": "the receiver's inputs taken from the ablated stream: "
+                                                   "together, or parts such as q,k,v or x,B,C,dt,gate (k+v: both)"})
+    margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
+
+    def check(self) -> None:
+        check_pair_text(self.sender, self.receiver, (self.flag("sender"), self.flag("receiver")))
+        if self.paths not in PATHS:
+            raise GandaError(f"{self.flag('paths')} must be one of {', '.join(PATHS)}, not {self.paths!r}")
+        if not [p for p in self.parts.split(",") if p.strip()]:
+            raise GandaError(f"{self.flag('parts')}: no parts in {self.parts!r} (together, or e.g. q,k,v)")
+        if self.margin not in ("mean", "max"):
+            raise GandaError(f"{self.flag('margin')} must be mean or max, not {self.margin!r}")
+
+
+def _span(ci: Any, scale: float = 100.0) -> str:
+    digits = 1 if scale == 100.0 else 3
+    return f" [{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 else ""
+
+
+@dataclass
+class PathResult(ExperimentResult):
+    kind: str = "circuit_path"
+
+    def headline(self) -> str:
+        s = self.summary
+        rows = {r["condition"]: r for r in self.rows}
+        base, every = rows.get(INTACT), rows.get(EVERYWHERE)
+        if not base or not every:
+            return ""
+        what = "every path" if s.get("paths") == "all" else "its direct path"
+        lines = [f"Intact: {100 * base['accuracy']:.1f}% on {s.get('n')} prompts, margin {base['margin']:.3f}. "
+                 f"{s['sender']} ablated everywhere: accuracy drop **{100 * every['drop']:.1f}** points"
+                 f"{_span(every['drop_ci95'])}, margin drop **{every['margin_drop']:.3f}**{_span(every['margin_drop_ci95'], 1)}."]
+        for r in self.rows:
+            if r["condition"] in (INTACT, EVERYWHERE):
+                continue
+            share = f" ({100 * r['share_of_sender']:.0f}% of the sender's)" if r.get("share_of_sender") is not None else ""
+            weak = " — *weak*: its interval includes 0" if overlap(r["margin_drop_ci95"], [0.0, 0.0]) else ""
+            lines.append(f"{s['sender']} removed only along {what} into {s['receiver']}, {r['condition']}: "
+                         f"accuracy drop **{100 * r['drop']:.1f}** points{_span(r['drop_ci95'])}, margin drop "
+                         f"**{r['margin_drop']:.3f}**{_span(r['margin_drop_ci95'], 1)}{share}{weak}.")
+        return "\n".join(lines)
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        rows = [r for r in self.rows if r["condition"] != INTACT]
+        if not rows:
+            return []
+        s = self.summary
+        return [bars([r["condition"] for r in rows], {"margin drop": [r["margin_drop"] for r in rows]},
+                     Path(out_dir) / "path.png", ylim=None, ylabel="drop of the margin (paired 95% CI)",
+                     errors={"margin drop": ([r["margin_drop_ci95"][0] for r in rows],
+                                             [r["margin_drop_ci95"][1] for r in rows])},
+                     rotate=20, title=f"{s.get('sender')} -> {s.get('receiver')} ({s.get('paths')} paths), {self.model}")]
+
+
+def path_result(adapter: ModelAdapter, res: Any, config: dict[str, Any]) -> PathResult:
+    """A :class:`ganda.circuit.PathAblation` as the saved result (per-prompt log-likelihoods in ``extra``)."""
+    d = res.to_json()
+    summary = {k: d[k] for k in ("sender", "receiver", "paths", "parts", "margin", "n", "seconds", "cpu_seconds")}
+    extra = {"golds": d["golds"], "logliks": d["logliks"]}
+    return PathResult(model=adapter.spec, config={**config, **d["config"]}, summary=summary, rows=d["rows"], extra=extra)
+
+
+class PathExperiment(Experiment):
+    name = "path"
+    summary = "Ablate one sender head only along its paths into one receiver head, next to the sender everywhere"
+    Options = PathOptions
+    phases = "ganda.circuit.costs:path_phases"
+
+    def run(self, adapter: ModelAdapter, examples: list[Example], options: PathOptions, *, out_dir: Path,  # type: ignore[override]
+            config: dict[str, Any], progress: bool = True) -> PathResult:
+        res = path_ablation(adapter, examples, options.sender, options.receiver, paths=options.paths,
+                            parts=[p for p in options.parts.split(",") if p.strip()], margin=options.margin,
+                            progress=progress)
+        out = path_result(adapter, res, config)
+        out.save(out_dir)
+        return out
+
+    def job_summary(self, result: Any) -> dict[str, Any]:
+        rows = {r["condition"]: r for r in result.rows}
+        paths = [r for r in result.rows if r["condition"] not in (INTACT, EVERYWHERE)]
+        return {"sender": result.summary["sender"], "receiver": result.summary["receiver"],
+                "accuracy": rows[INTACT]["accuracy"], "sender_margin_drop": rows[EVERYWHERE]["margin_drop"],
+                "path_margin_drop": paths[0]["margin_drop"] if paths else None}
+
+
+__all__ = ["PathExperiment", "PathOptions", "PathResult", "check_pair_text", "path_result"]
