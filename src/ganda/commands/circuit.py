@@ -12,7 +12,7 @@ import typer
 from .. import runio
 from ..errors import GandaError
 from ..tasks import get_task
-from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option
+from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option, require_heads
 
 
 def _examples(model: str, task: str, pairs: int | None, limit: int, seed: int, allow_pickle: bool) -> tuple[Any, Any, list]:
@@ -89,3 +89,61 @@ def register(app: typer.Typer) -> None:
             print(f"{r['condition']:24s} {_pct(r['accuracy']) + ' ' + _ci(r['accuracy_ci95']):>22s} {drop:>22s} "
                   f"{r['margin']:8.3f} {mdrop:>28s}")
 
+
+    @app.command()
+    def edges(
+        model: str = MODEL,
+        task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, lab-mmlu, mmlu, ...)"),
+        verify_top: int = typer.Option(10, "--verify-top", "-k", help="verify this many top edges exactly"),
+        audit: int = typer.Option(10, "--audit", help="also verify this many random other edges (the false-negative bound)"),
+        top: int = typer.Option(10, "--top", help="the bound's default threshold: the smallest exact effect in the "
+                                "verified top TOP; rows printed"),
+        threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about"),
+        senders: str | None = typer.Option(None, "--senders", help="only these senders (default: every head), e.g. 'L16H*'"),
+        receivers: str | None = typer.Option(None, "--receivers", help="only these receivers (default: every head), "
+                                             "e.g. L19H1"),
+        margin: str = typer.Option("mean", "--margin", help="gold log-likelihood minus the mean or the max of the others'"),
+        roles: bool = typer.Option(True, "--roles/--no-roles", help="label the drawn heads Gather/Aggregate by ganda "
+                                   "roles' rule (three ablations per head)"),
+        show: int = typer.Option(10, "--show", help="verified edges drawn in circuit.png"),
+        limit: int | None = limit_option(None, "number of prompts (default: 32)", mmlu=False),
+        pairs: int | None = PAIRS,
+        seed: int = typer.Option(0, "--seed", help="prompt sample and audit draw"),
+        out: Path = typer.Option(None, "--out", "-o", help="run directory (default: runs/edges-<task>)"),
+        as_json: bool = typer.Option(False, "--json", help="print the summary and the top rows as one JSON object"),
+        allow_pickle: bool = PICKLE,
+        quiet: bool = QUIET,
+    ) -> None:
+        """Score every sender -> receiver head pair by edge attribution, verify the top edges exactly, draw the circuit.
+
+        Writes OUT/result.json, edges.json, edges.csv (every edge), circuit.png and edges_exact.jsonl (resumes).
+        """
+        from ..experiments.circuit import EdgesExperiment, EdgesOptions
+
+        at_least("--limit", limit)
+        require_heads("--senders", senders)
+        require_heads("--receivers", receivers)
+        opts = EdgesOptions.build({"verify_top": verify_top, "audit": audit, "top": top, "threshold": threshold,
+                                   "senders": senders or "", "receivers": receivers or "", "margin": margin,
+                                   "roles": roles, "show": show}, cli=True)
+        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"edges-{task}")
+        n = limit if limit is not None else 32
+        adapter, task_obj, examples = _examples(model, task, pairs, n, seed, allow_pickle)
+        config = {"task": task_obj.config(), "limit": n, "seed": seed, "options": opts.to_json()}
+        res = EdgesExperiment().run(adapter, examples, opts, out_dir=out_dir, config=config,
+                                    progress=not (quiet or as_json))
+        if as_json:
+            print(json.dumps({"out": str(out_dir), **res.summary, "rows": res.rows[:top]}, default=str))
+            return
+        s = res.summary
+        print(f"{model} on {task} (n={s['n']}): {s['edges']:,} edges, {s['verified']} verified, "
+              f"edge attribution {s['attribution_cpu']:.1f} CPU s, exact checks {s['verification_cpu']:.1f} CPU s")
+        print(f"{'edge':>22s} {'estimate':>9s} {'exact [paired 95% CI]':>28s} {'acc. drop':>9s} {'roles':>20s}")
+        roles_of = res.extra.get("roles") or {}
+        for r in res.rows[:top]:
+            exact = f"{r['exact']:.3f} [{r['exact_lo']:.3f}, {r['exact_hi']:.3f}]" if r["exact"] is not None else "-"
+            acc = _pct(r["accuracy_drop"]) if r["accuracy_drop"] is not None else "-"
+            who = f"{roles_of.get(r['sender'], '')} > {roles_of.get(r['receiver'], '')}" if roles_of else ""
+            print(f"{r['edge']:>22s} {r['estimate']:9.3f} {exact:>28s} {acc:>9s} {who:>20s}")
+        if s.get("bound"):
+            print(s["bound"])

@@ -11,14 +11,17 @@ from typing import Any
 
 from ..circuit import PATHS, TOGETHER, path_ablation
 from ..circuit.ablation import EVERYWHERE, INTACT
+from ..circuit.edges import bound_sentence, rank_edges
+from ..circuit.view import draw_circuit
 from ..errors import GandaError
 from ..figures import bars
-from ..heads import HeadId
+from ..heads import HeadId, expand
 from ..models.base import ModelAdapter
 from ..stats import overlap
 from ..tasks.base import Example
 from .base import Experiment, Options
 from .common import ExperimentResult
+from .roles import head_roles
 
 
 def _head(flag: str, text: str) -> HeadId:
@@ -126,4 +129,123 @@ class PathExperiment(Experiment):
                 "path_margin_drop": paths[0]["margin_drop"] if paths else None}
 
 
-__all__ = ["PathExperiment", "PathOptions", "PathResult", "check_pair_text", "path_result"]
+
+
+@dataclass
+class EdgesOptions(Options):
+    verify_top: int = field(default=10, metadata={"help": "verify this many top edges exactly (direct paths)"})
+    audit: int = field(default=10, metadata={"help": "also verify this many random other edges (the bound)"})
+    top: int = field(default=10, metadata={"help": "the bound's default threshold: the verified top TOP"})
+    threshold: float | None = field(default=None, metadata={"help": "effect size the false-negative bound speaks about"})
+    senders: str = field(default="", metadata={"help": "only these senders, e.g. 'L16H*' (default: every head)"})
+    receivers: str = field(default="", metadata={"help": "only these receivers, e.g. L19H1 (default: every head)"})
+    margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
+    roles: bool = field(default=True, metadata={"help": "label the drawn heads Gather/Aggregate (ganda roles' rule: "
+                                                "3 ablations per head)"})
+    show: int = field(default=10, metadata={"help": "verified edges drawn in the circuit view"})
+
+    def check(self) -> None:
+        for name in ("verify_top", "audit"):
+            if getattr(self, name) < 0:
+                raise GandaError(f"{self.flag(name)} must be at least 0, got {getattr(self, name)}")
+        for name in ("top", "show"):
+            if getattr(self, name) < 1:
+                raise GandaError(f"{self.flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.margin not in ("mean", "max"):
+            raise GandaError(f"{self.flag('margin')} must be mean or max, not {self.margin!r}")
+        for name in ("senders", "receivers"):
+            text = getattr(self, name)
+            if text and not [p for p in text.split(",") if p.strip()]:
+                raise GandaError(f"{self.flag(name)}: no head ids in {text!r} (expected e.g. L17H24 or 'L16H*')")
+
+
+@dataclass
+class EdgesResult(ExperimentResult):
+    kind: str = "circuit_edges"
+
+    def verified_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("verified")]
+
+    def headline(self) -> str:
+        s = self.summary
+        lines = [f"{s.get('edges', 0):,} edges scored by edge attribution in {s.get('attribution_cpu', 0):.0f} CPU s "
+                 f"({s.get('n')} prompts); the top {len(self.verified_rows())} ablated exactly along their direct "
+                 f"paths."]
+        roles = self.extra.get("roles") or {}
+
+        def who(head: str) -> str:
+            return f" ({roles[head]})" if roles.get(head) else ""
+
+        for r in sorted(self.verified_rows(), key=lambda r: -abs(r["exact"]))[:3]:
+            weak = " — *weak*: its interval includes 0" if r["exact_lo"] <= 0 <= r["exact_hi"] else ""
+            lines.append(f"**{r['sender']}**{who(r['sender'])} → **{r['receiver']}**{who(r['receiver'])}: "
+                         "removing the edge drops the margin by "
+                         f"**{r['exact']:.3f}** [{r['exact_lo']:.3f}, {r['exact_hi']:.3f}] (accuracy "
+                         f"{-100 * r['accuracy_drop']:+.1f} points; estimate {r['estimate']:.3f}){weak}.")
+        if s.get("bound"):
+            lines.append(s["bound"])
+        return "\n".join(lines)
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        rows = sorted(self.verified_rows(), key=lambda r: -abs(r["exact"]))[: int(self.config.get("show", 10))]
+        if not rows:
+            return []
+        return [draw_circuit(rows, Path(out_dir) / "circuit.png", roles=self.extra.get("roles") or {},
+                             title=f"{self.model}: verified edges, exact drop of the margin [paired 95% CI]",
+                             n_layers=self.summary.get("layers"))]
+
+
+def circuit_roles(adapter: ModelAdapter, examples: list[Example], heads: list[str], progress: bool = True
+                  ) -> dict[str, str]:
+    """Gather / Aggregate / neither for ``heads``, by ``ganda roles``' rule
+    (:func:`ganda.experiments.roles.head_roles`: a head whose ablation at the final position alone
+    costs more than before it aggregates, the other way round gathers; below its ``min_drop``: neither)."""
+    if not heads:
+        return {}
+    res = head_roles(adapter, examples, ranked=heads, top=len(heads), until_chance=False, progress=progress)
+    return {r["head"]: ("neither" if r["role"] == "-" else r["role"]) for r in res.rows}
+
+
+def edges_result(adapter: ModelAdapter, res: Any, options: EdgesOptions, config: dict[str, Any],
+                 roles: dict[str, str]) -> EdgesResult:
+    """A :class:`ganda.circuit.edges.EdgeRanking` as the saved result (the top 100 edges and every
+    exactly known one as rows)."""
+    d = res.to_json()
+    summary = {"n": d["n"], "edges": d["edges"], "verified": len(d["verified"]), "audited": len(d["audited"]),
+               "clean": d["clean"], "spearman_verified": d["spearman_verified"],
+               "bound": bound_sentence(res.bound) if res.bound else None,
+               "layers": len(adapter.original_layers()), **d["seconds"]}
+    top = d["ranking"][0] if d["ranking"] else None
+    if top is not None:
+        summary.update(top_edge=top["edge"], top_exact=top["exact"])
+    return EdgesResult(model=adapter.spec, config={**config, **res.config, "show": options.show}, summary=summary,
+                       rows=d["ranking"], extra={"roles": roles, "bound": d["bound"], "atp": d["atp"]})
+
+
+class EdgesExperiment(Experiment):
+    name = "edges"
+    summary = "Score every head pair by edge attribution, verify the top edges exactly, draw the circuit"
+    Options = EdgesOptions
+    phases = "ganda.circuit.costs:edges_phases"
+
+    def run(self, adapter: ModelAdapter, examples: list[Example], options: EdgesOptions, *, out_dir: Path,  # type: ignore[override]
+            config: dict[str, Any], progress: bool = True) -> EdgesResult:
+        senders = expand(options.senders, adapter) if options.senders else None
+        receivers = expand(options.receivers, adapter) if options.receivers else None
+        res = rank_edges(adapter, examples, verify_top=options.verify_top, audit=options.audit, top=options.top,
+                         threshold=options.threshold, senders=senders, receivers=receivers, margin=options.margin,
+                         seed=int(config.get("seed", 0)), out_dir=out_dir, progress=progress, config=config)
+        shown = sorted(res.verified, key=lambda e: -abs(res.exact[e]))[: options.show]
+        nodes = list(dict.fromkeys(h for e in shown for h in e.split(">")))
+        roles = circuit_roles(adapter, examples, nodes, progress) if options.roles else {}
+        out = edges_result(adapter, res, options, config, roles)
+        out.save(out_dir)
+        return out
+
+    def job_summary(self, result: Any) -> dict[str, Any]:
+        s = result.summary
+        return {k: s.get(k) for k in ("edges", "verified", "top_edge", "top_exact", "attribution_cpu")}
+
+
+__all__ = ["EdgesExperiment", "EdgesOptions", "EdgesResult", "PathExperiment", "PathOptions", "PathResult",
+           "check_pair_text", "circuit_roles", "edges_result", "path_result"]
