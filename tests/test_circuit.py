@@ -25,7 +25,7 @@ from ganda.attribution import attribute, margin_of
 from ganda.checks import tiny_model
 from ganda.circuit import INTACT, PathBatch, path_ablation
 from ganda.circuit.ablation import EVERYWHERE, condition_name
-from ganda.circuit.edges import edge_attribution, parse_edge, rank_edges
+from ganda.circuit.edges import edge_attribution, edge_positions, parse_edge, rank_edges
 from ganda.circuit.paths import make_batch, path_batches
 from ganda.engine import Trace
 from ganda.errors import GandaError
@@ -332,3 +332,51 @@ def test_verified_edges_are_the_path_ablation_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(PathBatch, "ablate", boom)
     again = rank_edges(ad, exs, verify_top=3, audit=2, seed=1, out_dir=tmp_path, progress=False)
     assert again.exact == res.exact
+
+
+def test_edge_positions_sum_to_the_edge_score():
+    ad, exs = model("mamba2"), examples("mamba2")
+    es = edge_attribution(ad, exs[:1], progress=False)
+    by = es.by_edge()
+    name = max(by, key=lambda e: abs(by[e]))
+    per_pos = edge_positions(ad, exs[0], *(ad.canonical(h) for h in parse_edge(name)))
+    assert sum(per_pos) == pytest.approx(by[name], rel=1e-4)
+    assert max(abs(v) for v in per_pos) < 0.9 * sum(abs(v) for v in per_pos)  # spread over positions
+
+
+# ---------------------------------------------------------------------------------------------
+# commands, experiments, costs, report
+
+
+def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, capsys):
+    from ganda import plan as planner
+    from ganda.cli import main
+    from ganda.report.html import write_report
+
+    assert main(["path", "lab-llama-h1", "--task", "lab-mmlu", "--limit", "12", "--from", "L2H0", "--to", "L3H0",
+                 "--parts", "together,v", "--json", "--out", str(tmp_path / "p")]) == 0
+    got = json.loads(capsys.readouterr().out)
+    rows = {r["condition"]: r for r in got["rows"]}
+    assert set(rows) == {"intact", "sender everywhere", "path (together)", "path (v)"}
+    assert rows["path (together)"]["margin_drop"] > 1.0 and rows["intact"]["accuracy"] > 0.5
+    assert {"result.json", "circuit_path.csv", "path.png"} <= {p.name for p in (tmp_path / "p").iterdir()}
+
+    assert main(["run", "edges", "lab-llama-h1", "--task", "lab-mmlu", "--limit", "12", "--option", "verify_top=3",
+                 "--option", "audit=1", "--option", "show=3", "--out", str(tmp_path / "e")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["edges"] == 6 and summary["verified"] == 3 and ">" in summary["top_edge"]
+    files = {p.name for p in (tmp_path / "e").iterdir()}
+    assert {"result.json", "edges.json", "edges.csv", "circuit.png", "attention.json", "edges_exact.jsonl"} <= files
+    doc = json.loads((tmp_path / "e" / "attention.json").read_text())
+    assert len(doc["prompts"][0]["marks"]) == 3 and "write moves" in doc["prompts"][0]["mark_label"]
+    page = write_report([tmp_path / "p", tmp_path / "e"], tmp_path / "r.html").read_text()
+    assert "The circuit: which head feeds which" in page and "One head&#39;s effect along its paths" in page
+    assert '"marks":[' in page and "write moves L3H0 most" in page  # the view's data carries the marks
+
+    prof = planner.profile(model("llama"))
+    w = planner.Workload(n=16, tokens=60.0, choices=4, choice_tokens=2.0)
+    edges = planner.plan(prof, "edges", w, "cpu", verify_top=10, audit=10)
+    atp = planner.plan(prof, "attribution", w, "cpu", method="atp", verify_top=0, audit=0)
+    assert edges.memory["kept"] > atp.memory["kept"] and edges.seconds > 0
+    path = planner.plan(prof, "path", w, "cpu", sender="L0H0", receiver="L2H1", parts="together,q")
+    assert {"path", "edges"} <= set(planner.costed_experiments()) and path.flops < edges.flops

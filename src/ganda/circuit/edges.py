@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from .. import runio
-from ..attribution.engine import _Batch, _ssm_context, batch_metric, metric_value
+from ..attribution.engine import _Batch, _ssm_context, batch_metric, margin_of, metric_value
 from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_magnitude
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
@@ -52,7 +52,7 @@ from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import residual_write_scale
 from ..progress import tqdm
-from ..scoring import examples_digest
+from ..scoring import encode_pair, example_pairs, examples_digest, pad_rows
 from ..stats import bootstrap_paired
 from ..sweep import weights_fingerprint
 from ..tasks.base import Example
@@ -418,3 +418,42 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
     if out_dir is not None:
         res.write(out_dir)
     return res
+
+
+def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, receiver: HeadId,
+                   margin: str = "mean") -> list[float]:
+    """Per position of the example's rows (the scorer's: one per choice, right-padded), the edge's
+    first-order drop of this example's margin from that position alone: ``Σ_rows ∂m/∂x^(R)[t] · w_S[t]``
+    (they sum to the example's edge score). Computed by autograd through two of the model's own
+    forwards: R's layer input edited to ``x − ε_t·w_S``, then R's slice spliced into the intact forward."""
+    s, r = adapter.canonical(sender), adapter.canonical(receiver)
+    sm, rm = adapter.mixer_of(s), adapter.mixer_of(r)
+    check_paths(adapter, "direct", [s])
+    pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(example)]
+    ids, mask = pad_rows(adapter, [c + t for c, t in pairs])
+    sp, rp = z_point(sm), z_point(rm)
+    with torch.no_grad(), _ssm_context(adapter), Trace(adapter, [sp]) as tr:
+        adapter.forward(ids, attention_mask=mask)
+    sl, rsl = sm.head_slice(s.head), rm.head_slice(r.head)
+    w = float(residual_write_scale(adapter, sm) or 0.0) * torch.nn.functional.linear(tr[sp][..., sl], sm.out_proj.weight[:, sl])
+    eps = torch.zeros(ids.shape[1], requires_grad=True)
+
+    def splice(z_new: torch.Tensor) -> Any:
+        def edit(x: torch.Tensor) -> torch.Tensor:
+            x = x.clone()
+            x[..., rsl] = z_new[..., rsl].to(x.dtype)
+            return x
+        return edit
+
+    with torch.enable_grad(), _ssm_context(adapter):
+        edit = {f"L{r.layer}.resid_in": lambda h: h - (eps[None, :, None] * w).to(h.dtype)}
+        with Trace(adapter, [rp], edit=edit, stop=rp, detach=False) as tr2:
+            adapter.forward(ids, attention_mask=mask)
+        with Trace(adapter, edit={rp: splice(tr2[rp])}):
+            logits = adapter.forward(ids, attention_mask=mask)
+        lls = []
+        for i, (c, t) in enumerate(pairs):
+            lp = torch.log_softmax(logits[i, len(c) - 1:len(c) + len(t) - 1].float(), -1)
+            lls.append(lp[torch.arange(len(t)), torch.tensor(t)].sum())
+        (g,) = torch.autograd.grad(margin_of(torch.stack(lls), example.gold, margin), [eps])
+    return (-g).tolist()

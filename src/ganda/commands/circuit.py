@@ -103,13 +103,14 @@ def register(app: typer.Typer) -> None:
         receivers: str | None = typer.Option(None, "--receivers", help="only these receivers (default: every head), "
                                              "e.g. L19H1"),
         margin: str = typer.Option("mean", "--margin", help="gold log-likelihood minus the mean or the max of the others'"),
-        roles: bool = typer.Option(True, "--roles/--no-roles", help="label the drawn heads Gather/Aggregate by ganda "
-                                   "roles' rule (three ablations per head)"),
+        no_roles: bool = typer.Option(False, "--no-roles", help="leave the drawn heads unlabelled (by default ganda "
+                                      "roles' rule labels them Gather/Aggregate: three ablations per head)"),
         show: int = typer.Option(10, "--show", help="verified edges drawn in circuit.png"),
         limit: int | None = limit_option(None, "number of prompts (default: 32)", mmlu=False),
         pairs: int | None = PAIRS,
         seed: int = typer.Option(0, "--seed", help="prompt sample and audit draw"),
         out: Path = typer.Option(None, "--out", "-o", help="run directory (default: runs/edges-<task>)"),
+        resume: bool = typer.Option(True, "--resume/--no-resume", help="reuse the exact checks a stopped run left in --out"),
         as_json: bool = typer.Option(False, "--json", help="print the summary and the top rows as one JSON object"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
@@ -125,12 +126,12 @@ def register(app: typer.Typer) -> None:
         require_heads("--receivers", receivers)
         opts = EdgesOptions.build({"verify_top": verify_top, "audit": audit, "top": top, "threshold": threshold,
                                    "senders": senders or "", "receivers": receivers or "", "margin": margin,
-                                   "roles": roles, "show": show}, cli=True)
+                                   "roles": not no_roles, "show": show}, cli=True)
         out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"edges-{task}")
         n = limit if limit is not None else 32
         adapter, task_obj, examples = _examples(model, task, pairs, n, seed, allow_pickle)
         config = {"task": task_obj.config(), "limit": n, "seed": seed, "options": opts.to_json()}
-        res = EdgesExperiment().run(adapter, examples, opts, out_dir=out_dir, config=config,
+        res = EdgesExperiment(resume=resume).run(adapter, examples, opts, out_dir=out_dir, config=config,
                                     progress=not (quiet or as_json))
         if as_json:
             print(json.dumps({"out": str(out_dir), **res.summary, "rows": res.rows[:top]}, default=str))

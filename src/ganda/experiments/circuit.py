@@ -5,18 +5,21 @@ what ``ganda run``, ``ganda grid``, ``ganda plan``, ``ganda report`` and ``ganda
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..attention import draw_attention, save_attention_json
 from ..circuit import PATHS, TOGETHER, path_ablation
 from ..circuit.ablation import EVERYWHERE, INTACT
-from ..circuit.edges import bound_sentence, rank_edges
+from ..circuit.edges import bound_sentence, edge_positions, parse_edge, rank_edges
 from ..circuit.view import draw_circuit
 from ..errors import GandaError
 from ..figures import bars
 from ..heads import HeadId, expand
 from ..models.base import ModelAdapter
+from ..scoring import encode
 from ..stats import overlap
 from ..tasks.base import Example
 from .base import Experiment, Options
@@ -195,6 +198,30 @@ class EdgesResult(ExperimentResult):
                              n_layers=self.summary.get("layers"))]
 
 
+MARKS = 3  # sender positions marked in the attention view
+
+
+def attention_view(adapter: ModelAdapter, example: Example, sender: HeadId, receiver: HeadId, out_dir: Path,
+                   roles: dict[str, str]) -> str:
+    """The receiver's (and the sender's) map on one prompt as ``attention.png`` and ``attention.json``,
+    the JSON marking the :data:`MARKS` prompt positions where the sender's write moves the receiver's
+    effect most (:func:`ganda.circuit.edges.edge_positions`): the report's view opens on the
+    receiver's final row with them outlined. Returns a note for the result."""
+    s, r = adapter.canonical(sender), adapter.canonical(receiver)
+    n_prompt = len(encode(adapter, example.prompt))
+    per_pos = edge_positions(adapter, example, s, r)[:n_prompt]
+    marks = sorted(sorted(range(len(per_pos)), key=lambda i: -abs(per_pos[i]))[:MARKS])
+    path = draw_attention(adapter, example, [str(r), str(s)], Path(out_dir) / "attention.png",
+                          title=f"{adapter.spec}: receiver {r}, sender {s}", roles=roles)
+    doc_path = path.with_suffix(".json")
+    doc = json.loads(doc_path.read_text())
+    doc["prompts"][0].update(marks=marks, mark_label=f"where {s}'s write moves {r} most",
+                             mark_values=[per_pos[i] for i in marks])
+    save_attention_json(doc_path, adapter.spec, doc["prompts"])
+    return (f"attention.json: {r}'s map on the first prompt, positions {marks} marked (first-order drop of the "
+            f"margin from {s}'s write there: {', '.join(f'{per_pos[i]:+.3f}' for i in marks)})")
+
+
 def circuit_roles(adapter: ModelAdapter, examples: list[Example], heads: list[str], progress: bool = True
                   ) -> dict[str, str]:
     """Gather / Aggregate / neither for ``heads``, by ``ganda roles``' rule
@@ -228,17 +255,23 @@ class EdgesExperiment(Experiment):
     Options = EdgesOptions
     phases = "ganda.circuit.costs:edges_phases"
 
+    def __init__(self, resume: bool = True) -> None:
+        self.resume = resume  # reuse the exact checks a stopped run left in its directory
+
     def run(self, adapter: ModelAdapter, examples: list[Example], options: EdgesOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> EdgesResult:
         senders = expand(options.senders, adapter) if options.senders else None
         receivers = expand(options.receivers, adapter) if options.receivers else None
         res = rank_edges(adapter, examples, verify_top=options.verify_top, audit=options.audit, top=options.top,
                          threshold=options.threshold, senders=senders, receivers=receivers, margin=options.margin,
-                         seed=int(config.get("seed", 0)), out_dir=out_dir, progress=progress, config=config)
+                         seed=int(config.get("seed", 0)), out_dir=out_dir, resume=self.resume, progress=progress,
+                         config=config)
         shown = sorted(res.verified, key=lambda e: -abs(res.exact[e]))[: options.show]
         nodes = list(dict.fromkeys(h for e in shown for h in e.split(">")))
         roles = circuit_roles(adapter, examples, nodes, progress) if options.roles else {}
         out = edges_result(adapter, res, options, config, roles)
+        if shown:
+            out.notes.append(attention_view(adapter, examples[0], *parse_edge(shown[0]), out_dir, roles))
         out.save(out_dir)
         return out
 
