@@ -380,3 +380,15 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     assert edges.memory["kept"] > atp.memory["kept"] and edges.seconds > 0
     path = planner.plan(prof, "path", w, "cpu", sender="L0H0", receiver="L2H1", parts="together,q")
     assert {"path", "edges"} <= set(planner.costed_experiments()) and path.flops < edges.flops
+
+
+def test_viewer_keeps_and_remaps_the_marked_positions():
+    from ganda.report.viewer import prompt_payload, sample_positions
+
+    assert 40 in sample_positions(400, [], max_tokens=50, marks=[40])  # kept like a summary token
+    rec = {"tokens": [f"t{i}" for i in range(400)], "rows": None, "segments": [[30, 41]], "gold_segment": 0,
+           "heads": {"L3H0": {"kind": "softmax", "map": [[0.0] * 400 for _ in range(400)]}},
+           "marks": [5, 40], "mark_label": "where L2H0's write moves L3H0 most"}
+    p = prompt_payload(rec, max_tokens=60)
+    assert [p["pos"][i] for i in p["marks"]] == [5, 40] and p["mark_label"].startswith("where L2H0")
+    assert "marks" not in prompt_payload({**rec, "marks": []}, max_tokens=60)

@@ -187,6 +187,14 @@ CASES = [
     C("path-parts-empty", "path", LAB, "--from", "L2H0", "--to", "L3H0", "--parts", ",", "--out", "out",
       match="--parts"),
     C("path-limit-0", "path", LAB, "--from", "L2H0", "--to", "L3H0", "--limit", "0", "--out", "out", match="--limit"),
+    # ganda edges
+    C("edges-verify-top-neg", "edges", LAB, "--verify-top", "-1", "--out", "out", match="--verify-top must be at least 0"),
+    C("edges-show-0", "edges", LAB, "--show", "0", "--out", "out", match="--show must be at least 1"),
+    C("edges-margin", "edges", LAB, "--margin", "median", "--out", "out", match="--margin must be mean or max"),
+    C("edges-senders-empty", "edges", LAB, "--senders", ",", "--out", "out", match="no head ids"),
+    C("edges-receivers-out-of-range", "edges", LAB, "--task", "lab-mmlu", "--receivers", "L9H0", "--out", "out",
+      match="layer 9 out of range"),
+    C("edges-limit-0", "edges", LAB, "--limit", "0", "--out", "out", match="--limit"),
     # ganda grid, --ray
     C("grid-no-spec", "grid", "nothing.yaml", match="no grid spec at nothing.yaml"),
     C("sweep-ray-actors-0", "sweep", LAB, "--task", "kv", "--limit", "2", "--ray", "local", "--ray-actors", "0",
