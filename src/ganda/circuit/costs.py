@@ -6,7 +6,8 @@ planner's units (:class:`ganda.plan.Phase`: forwards of some rows through some l
   layers between sender and receiver once).
 * ``edges``: the recorded pass; the layer-by-layer backward (one VJP per layer, as plain AtP);
   per layer the receivers' copies (one copy of the layer per receiver head, forward and backward,
-  stopped at the mixer's output projection: charged as whole layers, an upper bound); the sender
+  stopped at the mixer's output projection: charged as the layer's share of weights in its
+  mixers' input projections, :func:`mixer_part`); the sender
   writes kept for the whole backward; then the exact check of ``verify_top + audit`` edges, each
   the intact forward from its receiver's layer (receivers spread evenly over the layers).
 """
@@ -18,7 +19,30 @@ from typing import Any
 
 from ..attribution.engine import BATCH_TOKENS
 from ..heads import HeadId
-from ..plan import Phase, Phases, Profile, Workload
+from ..plan import Device, Phase, Phases, Profile, Workload
+
+
+class _Part(Phase):
+    """Forwards that run only a fraction of each listed layer (the receivers' copies stop at the
+    mixer's output projection): the whole layers' cost times ``part``."""
+
+    def __init__(self, name: str, calls: float, rows: float, tokens: float, layers: list[int], part: float,
+                 backward: float) -> None:
+        super().__init__(name, calls, rows, tokens, layers, 0, backward=backward)
+        self.part = part
+
+    def flops(self, p: Profile) -> float:
+        return super().flops(p) * self.part
+
+    def seconds(self, p: Profile, dev: Device) -> float:
+        return super().seconds(p, dev) * self.part
+
+
+def mixer_part(p: Profile) -> float:
+    """The share of a layer's weights that its mixers' input projections hold (q/k/v or ``in_proj``),
+    averaged over the layers: what running a layer up to its output projection costs."""
+    return max(0.05, min(1.0, sum(layer.proj * layer.d for layer in p.layers) / max(1.0, p.layer_params(
+        range(len(p.layers))))))
 
 
 def _batches(w: Workload, batch_tokens: int) -> tuple[int, int]:
@@ -70,8 +94,8 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     phases = [Phase("no-grad pass, residuals and mixer outputs kept", calls, per_batch, w.packed, L, n_read,
                     examples=w.n, scored=w.n * w.score_rows),
               Phase("layer-by-layer backward (one VJP per layer)", calls, per_batch, w.packed, L, n_read, backward=1.0),
-              Phase(f"receiver copies ({copies:.0f} per layer on average), forward and VJP", calls,
-                    per_batch * copies, w.packed, L, 0, backward=2.0)]
+              _Part(f"receiver copies ({copies:.0f} per layer on average), forward and VJP up to the mixer", calls,
+                    per_batch * copies, w.packed, L, mixer_part(p), backward=2.0)]
     checks = int(opts.get("verify_top", 10)) + int(opts.get("audit", 10))
     if checks:
         depth = max(1, round(len(L) / 2))
