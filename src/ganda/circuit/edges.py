@@ -109,9 +109,8 @@ class _EdgeEngine:
         self.head_col = {h: i for i, h in enumerate(self.heads)}
         self.recv_col = {h: j for j, h in enumerate(receivers)}
 
-    def _writes(self, zs: dict[str, torch.Tensor], rows: int, width: int) -> torch.Tensor:
+    def _writes(self, zs: dict[str, torch.Tensor], rows: int, width: int, d: int) -> torch.Tensor:
         """Every sender's write ``[rows, senders, width·d]`` (fp32), senders in list order."""
-        d = self.adapter.mixers()[0].out_proj.out_features
         out = torch.empty((rows, len(self.senders), width * d), dtype=torch.float32, device=self.adapter.device)
         for i, s in enumerate(self.senders):
             mixer = self.adapter.mixer_of(s)
@@ -159,7 +158,7 @@ class _EdgeEngine:
         with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, s_points) as tr:
             calls = LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
         rows, width = batch.ids.shape
-        writes = self._writes({p: tr[p] for p in s_points}, rows, width) if self.senders else None
+        writes = self._writes({p: tr[p] for p in s_points}, rows, width, calls.h0.shape[-1]) if self.senders else None
         n_items = len(batch.items)
         scores = torch.zeros((len(self.senders), len(self.receivers)))
         atp = torch.zeros((n_items, len(self.heads)))
