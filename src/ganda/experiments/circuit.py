@@ -242,7 +242,7 @@ def edges_result(adapter: ModelAdapter, res: Any, options: EdgesOptions, config:
                "clean": d["clean"], "spearman_verified": d["spearman_verified"],
                "bound": bound_sentence(res.bound) if res.bound else None,
                "layers": len(adapter.original_layers()), **d["seconds"]}
-    top = d["ranking"][0] if d["ranking"] else None
+    top = next((r for r in d["ranking"] if r["verified"]), None)  # the largest verified edge (audited ones aside)
     if top is not None:
         summary.update(top_edge=top["edge"], top_exact=top["exact"])
     return EdgesResult(model=adapter.spec, config={**config, **res.config, "show": options.show}, summary=summary,
