@@ -187,6 +187,11 @@ CASES = [
     C("path-parts-empty", "path", LAB, "--from", "L2H0", "--to", "L3H0", "--parts", ",", "--out", "out",
       match="--parts"),
     C("path-limit-0", "path", LAB, "--from", "L2H0", "--to", "L3H0", "--limit", "0", "--out", "out", match="--limit"),
+    # ganda run: a registered experiment's options, checked before the model loads
+    C("run-path-receiver-below", "run", "path", LAB, "--option", "sender=L3H0", "--option", "receiver=L2H0",
+      "--out", "out", match="not in a later layer than sender L3H0"),
+    C("run-unknown-option", "run", "edges", LAB, "--option", "colour=red", "--out", "out",
+      match="unknown option 'colour'"),
     # ganda edges
     C("edges-verify-top-neg", "edges", LAB, "--verify-top", "-1", "--out", "out", match="--verify-top must be at least 0"),
     C("edges-show-0", "edges", LAB, "--show", "0", "--out", "out", match="--show must be at least 1"),
