@@ -168,6 +168,32 @@ def _ssm_context(adapter: ModelAdapter) -> contextlib.AbstractContextManager[Any
     return torch_path(adapter.model) if isinstance(adapter, SSMAdapterBase) else contextlib.nullcontext()
 
 
+def batch_metric(adapter: ModelAdapter, batch: _Batch, h_last: torch.Tensor, margin: str = "mean"
+             ) -> tuple[torch.Tensor, list[list[float]]]:
+    """The summed margin of a batch's items (differentiable) and each item's choice log-likelihoods,
+    read from the last layer's output ``h_last`` ``[rows, W, d_model]``: the one read-out the
+    attribution pass and the circuit's path ablations share."""
+    rows, pos, tgt, owner = [], [], [], []
+    r0 = 0
+    for j, it in enumerate(batch.items):
+        for c, (r, ps, ts) in enumerate(it.reads):
+            rows += [r0 + r] * len(ps)
+            pos += ps
+            tgt += ts
+            owner += [(j, c)] * len(ps)
+        r0 += len(it.rows)
+    dev = h_last.device
+    lp = logprobs(adapter, h_last[torch.tensor(rows, device=dev), torch.tensor(pos, device=dev)])
+    picked = lp[torch.arange(len(tgt), device=dev), torch.tensor(tgt, device=dev)]
+    lls: list[list[torch.Tensor]] = [[picked.new_zeros(()) for _ in it.reads] for it in batch.items]
+    for k, (j, c) in enumerate(owner):
+        lls[j][c] = lls[j][c] + picked[k]
+    total = picked.new_zeros(())
+    for it, ll in zip(batch.items, lls, strict=True):
+        total = total + margin_of(torch.stack(ll), it.gold, margin)
+    return total, [[float(v.detach()) for v in ll] for ll in lls]
+
+
 # ---------------------------------------------------------------------------------------------
 # the result
 
@@ -247,25 +273,7 @@ class _Engine:
         self.means = {k: v / max(1, count) for k, v in sums.items()}
 
     def _metric(self, batch: _Batch, h_last: torch.Tensor) -> tuple[torch.Tensor, list[list[float]]]:
-        rows, pos, tgt, owner = [], [], [], []
-        r0 = 0
-        for j, it in enumerate(batch.items):
-            for c, (r, ps, ts) in enumerate(it.reads):
-                rows += [r0 + r] * len(ps)
-                pos += ps
-                tgt += ts
-                owner += [(j, c)] * len(ps)
-            r0 += len(it.rows)
-        dev = h_last.device
-        lp = logprobs(self.adapter, h_last[torch.tensor(rows, device=dev), torch.tensor(pos, device=dev)])
-        picked = lp[torch.arange(len(tgt), device=dev), torch.tensor(tgt, device=dev)]
-        lls: list[list[torch.Tensor]] = [[picked.new_zeros(()) for _ in it.reads] for it in batch.items]
-        for k, (j, c) in enumerate(owner):
-            lls[j][c] = lls[j][c] + picked[k]
-        total = picked.new_zeros(())
-        for it, ll in zip(batch.items, lls, strict=True):
-            total = total + margin_of(torch.stack(ll), it.gold, self.margin)
-        return total, [[float(v.detach()) for v in ll] for ll in lls]
+        return batch_metric(self.adapter, batch, h_last, self.margin)
 
     def _heads_of(self, zs: list[tuple[Mixer, list[int | None], torch.Tensor]], grads: Sequence[torch.Tensor | None],
                   batch: _Batch, n_items: int) -> list[tuple[list[int | None], torch.Tensor]]:

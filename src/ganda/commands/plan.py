@@ -15,7 +15,7 @@ from ..tasks import get_task
 from .options import QUIET
 
 # ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
-EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps")
+EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps", "path", "edges")
 DEVICES = ("h100", "a100", "l40s", "cpu")
 
 # Published token counts are not at hand for a config alone: characters per token of English

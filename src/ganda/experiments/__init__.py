@@ -19,6 +19,10 @@ kind               paper                                   module
 ``heads``          heads ranked by G&A pattern scores,      :mod:`ganda.discovery`
                    the top ones verified by ablation
 ``sharpness``      G&A map sharpness of two models          :mod:`ganda.discovery`
+``circuit_path``   which of a head's effect runs through    :mod:`.circuit`
+                   another (path ablation)
+``circuit_edges``  every head pair scored, the top          :mod:`.circuit`
+                   verified, drawn as a circuit
 =================  ======================================  =============================
 """
 
@@ -40,6 +44,8 @@ for _name, _target in {
     "attribution": "ganda.experiments.builtin:Rank",
     "prune": "ganda.experiments.prune:Prune",
     "transplant": "ganda.experiments.transplant:Transplant",
+    "path": "ganda.experiments.circuit:PathExperiment",
+    "edges": "ganda.experiments.circuit:EdgesExperiment",
 }.items():
     registry.register_experiment(_name, _target)
 
@@ -54,6 +60,8 @@ for _kind, _target in {
     "roles": "ganda.experiments.roles:RolesResult",
     "heads": "ganda.discovery:HeadsResult",
     "sharpness": "ganda.discovery:SharpnessResult",
+    "circuit_path": "ganda.experiments.circuit:PathResult",
+    "circuit_edges": "ganda.experiments.circuit:EdgesResult",
     "demo": "ganda.demo:DemoResult",  # ``ganda demo``'s finding (named, not imported: the demo sits above)
 }.items():
     registry.register_result(_kind, _target)

@@ -57,6 +57,8 @@ KIND_TITLES = {
     "mask_last_row": "Attention's last row masked",
     "transplant": "Donor layers transplanted",
     "roles": "Gather or Aggregate, by where a head matters",
+    "circuit_path": "One head's effect along its paths into another",
+    "circuit_edges": "The circuit: which head feeds which",
     "lab_findings": "The paper's findings on the lab models",
     "lab_models": "The lab models",
 }

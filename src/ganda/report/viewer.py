@@ -26,20 +26,22 @@ def display_token(tok: str) -> str:
 
 
 def sample_positions(t: int, segments: Sequence[Sequence[int]] = (), max_tokens: int = MAX_TOKENS,
-                     tail: int = 32) -> list[int]:
+                     tail: int = 32, marks: Sequence[int] = ()) -> list[int]:
     """Positions kept from a prompt of ``t`` tokens: all when ``t <= max_tokens``; else, in this
     order until ``max_tokens`` are kept: the first token, the last ``tail`` (the final position an
     Aggregate head reads from), every segment's last token (the summary a Gather head writes),
     whole segments from the last one back, then the rest from the end back, so what is shown
-    reads as contiguous text wherever it can."""
+    reads as contiguous text wherever it can. ``marks`` (positions a run singles out) are kept
+    like summary tokens."""
     if t <= max_tokens:
         return list(range(t))
     spans = [(max(0, a), min(t - 1, b)) for a, b in segments if a <= b]
-    order = [0, *range(max(0, t - tail), t), *(b for _, b in spans)]
+    marked = [m for m in marks if 0 <= m < t]
+    order = [0, *range(max(0, t - tail), t), *(b for _, b in spans), *marked]
     order += [p for a, b in reversed(spans) for p in range(a, b + 1)]
     order += list(range(t - 1, -1, -1))
     keep = list(dict.fromkeys(order))
-    must = len(dict.fromkeys(order[: 1 + min(tail, t) + len(spans)]))  # never drop a summary token
+    must = len(dict.fromkeys(order[: 1 + min(tail, t) + len(spans) + len(marked)]))  # never drop a summary or mark
     return sorted(keep[: max(max_tokens, must)])
 
 
@@ -65,7 +67,7 @@ def prompt_payload(rec: dict[str, Any], roles: dict[str, str] | None = None,
     tokens = list(rec["tokens"])
     t = len(tokens)
     segments = [list(s) for s in rec.get("segments") or []]
-    keep = sample_positions(t, segments, max_tokens)
+    keep = sample_positions(t, segments, max_tokens, marks=rec.get("marks") or ())
     rows = rec.get("rows")
     row_pos = list(rows) if rows else list(range(t))
     kept_rows = [(r, p) for r, p in enumerate(row_pos) if p in set(keep)]
@@ -77,11 +79,15 @@ def prompt_payload(rec: dict[str, Any], roles: dict[str, str] | None = None,
         scale, q = quantise(sub)
         role = (roles or {}).get(name) or h.get("role")
         heads.append({"name": name, "kind": h.get("kind", "softmax"), "role": role, "scale": scale, "q": q})
-    return {
+    out = {
         "label": rec.get("label", ""), "T": t, "pos": keep, "tokens": [display_token(tokens[p]) for p in keep],
         "rows": [index[p] for _, p in kept_rows], "segments": _remap_segments(segments, keep),
         "gold": rec.get("gold_segment"), "heads": heads,
     }
+    if rec.get("marks"):  # positions a run singles out (ganda edges: where the sender's write matters)
+        out["marks"] = [index[p] for p in rec["marks"] if p in index]
+        out["mark_label"] = str(rec.get("mark_label") or "marked positions")
+    return out
 
 
 def read_attention_files(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:

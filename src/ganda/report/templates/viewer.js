@@ -101,6 +101,7 @@
           if (p.segments[k][1] === i) span.className += " summ";
         }
         if (self.rowOf(i) < 0) span.className += " norow";
+        if (p.marks && p.marks.indexOf(i) >= 0) span.className += " mark";
         if (i > 0 && p.pos[i] !== p.pos[i - 1] + 1) strip.appendChild(el("span", "gv-gap", "\u2026"));
         span.addEventListener("mouseenter", function () { if (!self.locked) self.select(i); });
         span.addEventListener("click", function () { self.click(i); });
@@ -111,6 +112,7 @@
     this.legend.textContent = "";
     var leg = [["seg0", "segment"], ["summ", "segment's last token (its summary)"]];
     if (p.gold !== null && p.gold !== undefined) leg.push(["gold", "gold segment"]);
+    if (p.marks && p.marks.length) leg.push(["mark", p.mark_label]);
     leg.forEach(function (x) {
       var s = el("span", "gv-tok " + x[0], "tok"); self.legend.appendChild(s);
       self.legend.appendChild(document.createTextNode(" " + x[1] + "  "));

@@ -1,0 +1,458 @@
+"""Edge attribution: every sender -> receiver head pair scored from one forward and one backward pass
+per batch of prompts, then the top edges verified exactly and the rest bounded.
+
+**The estimate** (EAP form, Syed et al. 2023) of the edge S -> R is the first-order drop of the
+margin metric when S's write ``w_S = c·W_O[:, S] z_S`` is removed from R's input alone (the direct
+path of :mod:`.paths`):
+
+    e(S, R) = Σ_positions ∂m/∂x^(R) · w_S
+
+where ``x^(R)`` is the residual stream entering R's layer *as R reads it*: R's mixer run on its
+own copy of the layer input, only R's slice of its output kept. Senders are every head in an
+earlier layer whose mixer writes linearly into the stream; positive: the edge supports the gold
+answer. It is averaged over prompts, like AtP.
+
+**One backward for every pair.** The backward runs layer by layer from the top, as attribution's
+(:mod:`ganda.attribution.engine`): each layer is recomputed from its recorded input and its VJP
+gives ``∂m/∂z`` of its heads and the cotangent below. Then the layer's mixer is run once more on
+``C`` copies of its input stacked along the batch, one per receiver head (stopped at the mixer's
+output projection), and one VJP with copy c's cotangent ``∂m/∂z`` on receiver c's slice only gives
+every receiver's ``∂m/∂x^(R)`` at once. Each is dotted with every earlier sender's write (kept
+from the forward: ``senders × tokens × d_model`` floats, which bounds the batch,
+:func:`ganda.circuit.costs.edges_batch_tokens`) by one batched matrix product per layer. Cost:
+the plain AtP backward plus, per layer, the copies' forward and VJP up to the mixer (``C`` times
+the layer's attention or SSM part) and the products (docs/circuit.md has the measured ratio).
+
+**Verification and the bound** mirror :mod:`ganda.attribution.ranking`: the top ``verify_top`` edges
+by |estimate| and a seeded uniform audit of the others are ablated exactly (:class:`.paths.PathBatch`,
+direct paths); an edge's exact effect is the drop of the mean margin, with a paired bootstrap
+interval over prompts; :func:`ganda.attribution.ranking.false_negative_bound` bounds how many
+unverified edges could reach the verified top's smallest effect.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import runio
+from ..attribution.engine import _Batch, _ssm_context, batch_metric, margin_of, metric_value
+from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_magnitude
+from ..engine import LayerCalls, Trace
+from ..errors import GandaError
+from ..heads import HeadId
+from ..interventions import z_point
+from ..models.base import Mixer, ModelAdapter
+from ..models.components import residual_write_scale
+from ..progress import tqdm
+from ..scoring import encode_pair, example_pairs, examples_digest, pad_rows
+from ..stats import bootstrap_paired
+from ..sweep import weights_fingerprint
+from ..tasks.base import Example
+from .ablation import cpu_clock, per_prompt
+from .costs import edges_batch_tokens
+from .paths import PathBatch, Variant, check_paths, make_batch, path_batches, run_layer
+
+
+def edge_name(sender: HeadId | str, receiver: HeadId | str) -> str:
+    return f"{sender}>{receiver}"
+
+
+def parse_edge(name: str) -> tuple[HeadId, HeadId]:
+    s, _, r = name.partition(">")
+    return HeadId.parse(s), HeadId.parse(r)
+
+
+@dataclass
+class EdgeScores:
+    """First-order scores of every sender -> receiver pair (``scores[i, j]``; NaN where sender i is
+    not in an earlier layer than receiver j)."""
+
+    senders: list[HeadId]
+    receivers: list[HeadId]
+    scores: torch.Tensor  # [senders, receivers], mean over prompts
+    atp: dict[str, float]  # each head's plain AtP (zero-ablation), from the same backward
+    margin: str
+    clean: float
+    clean_logliks: list[list[float]]
+    golds: list[int]
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def by_edge(self) -> dict[str, float]:
+        """``{"L2H0>L3H0": score}`` over every valid pair."""
+        out = {}
+        for i, s in enumerate(self.senders):
+            for j, r in enumerate(self.receivers):
+                if s.layer < r.layer:
+                    out[edge_name(s, r)] = float(self.scores[i, j])
+        return out
+
+
+class _EdgeEngine:
+    def __init__(self, adapter: ModelAdapter, senders: list[HeadId], receivers: list[HeadId], margin: str) -> None:
+        self.adapter, self.margin = adapter, margin
+        self.senders, self.receivers = senders, receivers
+        self.layers = list(adapter.active_layers())
+        self.by_layer: dict[int, list[Mixer]] = {}
+        for m in adapter.mixers():
+            self.by_layer.setdefault(m.layer, []).append(m)
+        self.heads = adapter.heads()
+        self.head_col = {h: i for i, h in enumerate(self.heads)}
+        self.recv_col = {h: j for j, h in enumerate(receivers)}
+
+    def _writes(self, zs: dict[str, torch.Tensor], rows: int, width: int, d: int) -> torch.Tensor:
+        """Every sender's write ``[rows, senders, width·d]`` (fp32), senders in list order."""
+        out = torch.empty((rows, len(self.senders), width * d), dtype=torch.float32, device=self.adapter.device)
+        for i, s in enumerate(self.senders):
+            mixer = self.adapter.mixer_of(s)
+            sl = mixer.head_slice(s.head)
+            scale = residual_write_scale(self.adapter, mixer)
+            z = zs[z_point(mixer)][..., sl].float()
+            w = torch.nn.functional.linear(z, mixer.out_proj.weight[:, sl].float())
+            out[:, i] = (w * float(scale or 0.0)).reshape(rows, -1)
+        return out
+
+    def _replay(self, calls: LayerCalls, pos: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Mixer, torch.Tensor]],
+                                                            list[str]]:
+        layer = self.layers[pos]
+        mixers = self.by_layer.get(layer, [])
+        points = [z_point(m) for m in mixers]
+        with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, detach=False) as tr:
+            x = calls.inputs[pos].detach().requires_grad_(True)  # type: ignore[index]
+            out = calls.run(pos, x)
+        return x, out, [(m, tr[p]) for m, p in zip(mixers, points, strict=True)], list(tr.values)
+
+    def _receiver_grads(self, calls: LayerCalls, pos: int, dz: dict[str, torch.Tensor], fired: list[str],
+                        recv: list[HeadId]) -> torch.Tensor:
+        """``∂m/∂x^(R)`` of every receiver in ``recv`` (one layer) ``[C, rows, W, d]``: the mixer run on
+        one copy of the layer input per receiver, one VJP with each copy's cotangent on its receiver."""
+        C, B = len(recv), calls.batch
+        mixers = [self.adapter.mixer_of(r) for r in recv]
+        points = list(dict.fromkeys(z_point(m) for m in mixers))
+        stop = max(points, key=fired.index)
+        x = calls.inputs[pos].detach()  # type: ignore[index]
+        with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, detach=False,
+                                                                     stop=stop) as tr:
+            xr = x.repeat(C, *([1] * (x.ndim - 1))).requires_grad_(True)
+            run_layer(calls, pos, xr)
+        cots = {p: torch.zeros_like(tr[p]) for p in points}
+        for c, (r, m) in enumerate(zip(recv, mixers, strict=True)):
+            sl = m.head_slice(r.head)
+            cots[z_point(m)][c * B:(c + 1) * B, ..., sl] = dz[z_point(m)][..., sl].to(cots[z_point(m)].dtype)
+        (g,) = torch.autograd.grad([tr[p] for p in points], [xr], [cots[p] for p in points])
+        return g.float().reshape(C, *x.shape)
+
+    @torch.no_grad()
+    def run(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor, list[list[float]]]:
+        """``[senders, receivers]`` summed scores, ``[items, heads]`` AtP, the items' clean log-likelihoods."""
+        s_points = list(dict.fromkeys(z_point(self.adapter.mixer_of(s)) for s in self.senders))
+        with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, s_points) as tr:
+            calls = LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
+        rows, width = batch.ids.shape
+        writes = self._writes({p: tr[p] for p in s_points}, rows, width, calls.h0.shape[-1]) if self.senders else None
+        n_items = len(batch.items)
+        scores = torch.zeros((len(self.senders), len(self.receivers)))
+        atp = torch.zeros((n_items, len(self.heads)))
+        with torch.enable_grad():
+            assert calls.final is not None
+            top = calls.final.detach().requires_grad_(True)
+            total, lls = batch_metric(self.adapter, batch, top, self.margin)
+            (cot,) = torch.autograd.grad(total, [top])
+        s_layers = torch.tensor([s.layer for s in self.senders], dtype=torch.long)
+        for pos in reversed(range(len(self.layers))):
+            layer = self.layers[pos]
+            x, out, zs, fired = self._replay(calls, pos)
+            grads = torch.autograd.grad(out, [x] + [z for _, z in zs], grad_outputs=cot.to(out.dtype),
+                                        allow_unused=True)
+            dz = {z_point(m): (g if g is not None else torch.zeros_like(z)) for (m, z), g in zip(zs, grads[1:], strict=True)}
+            self._node_atp(atp, zs, dz, batch)
+            recv = [r for r in self.receivers if r.layer == layer]
+            below = int((s_layers < layer).sum())  # senders are sorted by layer: the first ``below``
+            if recv and below and writes is not None:
+                G = self._receiver_grads(calls, pos, dz, fired, recv)  # [C, rows, W, d]
+                G = G.reshape(len(recv), rows, -1).permute(1, 2, 0)  # [rows, W·d, C]
+                sums = torch.bmm(writes[:, :below], G).sum(0).cpu()  # [below, C], summed over rows
+                cols = torch.tensor([self.recv_col[r] for r in recv])
+                scores[:below, cols] += sums
+            cot = grads[0] if grads[0] is not None else torch.zeros_like(cot)
+            del x, out, zs, grads
+        return scores, atp, lls
+
+    def _node_atp(self, atp: torch.Tensor, zs: list[tuple[Mixer, torch.Tensor]], dz: dict[str, torch.Tensor],
+                  batch: _Batch) -> None:
+        for m, z in zs:
+            g = dz[z_point(m)]
+            rows, w = z.shape[0], z.shape[1]
+            prod = (z.detach().float() * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
+            vals = prod.new_zeros((len(batch.items), m.num_heads)).index_add_(0, batch.row_example, prod).cpu()
+            for h in range(m.num_heads):
+                col = self.head_col.get(self.adapter.canonical(HeadId(m.layer, h, m.kind)))
+                if col is not None:
+                    atp[:, col] = vals[:, h]
+
+
+def default_senders(adapter: ModelAdapter) -> list[HeadId]:
+    """Every head whose mixer writes linearly into the residual stream (all but Zamba2's shared attention)."""
+    return [h for h in adapter.heads() if residual_write_scale(adapter, adapter.mixer_of(h)) is not None]
+
+
+def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, senders: Sequence[HeadId] | None = None,
+                     receivers: Sequence[HeadId] | None = None, margin: str = "mean", batch_tokens: int | None = None,
+                     progress: bool = True) -> EdgeScores:
+    """Every sender -> receiver edge's first-order score (module docstring), one forward and one
+    backward per batch. ``senders``/``receivers``: only these heads (default: every head that can be one)."""
+    if not examples:
+        raise GandaError("no examples to attribute edges on")
+    if any(len(ex.choices) < 2 for ex in examples):
+        raise GandaError("edge attribution needs multiple-choice examples with at least two choices")
+    s_list = sorted({adapter.canonical(h) for h in (senders if senders is not None else default_senders(adapter))})
+    r_list = sorted({adapter.canonical(h) for h in (receivers if receivers is not None else adapter.heads())})
+    check_paths(adapter, "direct", s_list)
+    d_model = adapter.mixers()[0].out_proj.out_features
+    with cpu_clock() as clock:
+        eng = _EdgeEngine(adapter, s_list, r_list, margin)
+        plan, packed = path_batches(adapter, examples, batch_tokens or edges_batch_tokens(len(s_list), d_model))
+        scores = torch.zeros((len(s_list), len(r_list)))
+        atp = torch.zeros((len(examples), len(eng.heads)))
+        lls: list[list[float]] = [[] for _ in examples]
+        for items in tqdm(plan, desc="edges", unit="batch", disable=not progress):
+            sc, a, ll = eng.run(make_batch(adapter, items, packed))
+            scores += sc
+            for j, it in enumerate(items):
+                atp[it.index], lls[it.index] = a[j], ll[j]
+    scores /= len(examples)
+    valid = torch.tensor([[s.layer < r.layer for r in r_list] for s in s_list], dtype=torch.bool)
+    scores[~valid] = float("nan")
+    golds = [ex.gold for ex in examples]
+    mean_atp = atp.mean(0).tolist()
+    cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "margin": margin,
+           "senders": len(s_list), "receivers": len(r_list), "batches": len(plan),
+           "layout": "packed" if packed else "rows"}
+    return EdgeScores(s_list, r_list, scores, {str(h): v for h, v in zip(eng.heads, mean_atp, strict=True)}, margin,
+                      metric_value(lls, golds, margin), lls, golds, clock["wall"], clock["cpu"], cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# exact effects
+
+
+def _is_edge_record(rec: dict[str, Any]) -> bool:
+    return isinstance(rec.get("edge"), str) and isinstance(rec.get("loglik"), list)
+
+
+def exact_edges(adapter: ModelAdapter, examples: Sequence[Example], edges: Sequence[tuple[HeadId, HeadId]], *,
+                paths: str = "direct", margin: str = "mean", batch_tokens: int | None = None,
+                out_dir: str | Path | None = None, resume: bool = True, progress: bool = True
+                ) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
+    """Each edge's per-prompt log-likelihoods under the exact path ablation (``paths``), and the
+    intact ones. The edges of one sender share its batches' recordings; with ``out_dir``,
+    ``edges_exact.jsonl`` keeps one line per finished sender and a stopped run resumes from it
+    (any run on the same model, prompts, paths and margin: the edge list may grow)."""
+    check_paths(adapter, paths, [s for s, _ in edges])
+    plan, packed = path_batches(adapter, examples, batch_tokens or 4096)
+    journal = None
+    if out_dir is not None:
+        cfg = {"model": adapter.spec, "prompts_sha": examples_digest(examples), "paths": paths, "margin": margin,
+               "weights": weights_fingerprint(adapter)}
+        journal = runio.Journal(Path(out_dir) / "edges_exact.jsonl", cfg, "exact edge check", resume=resume,
+                                check=_is_edge_record).open()
+    done = {r["edge"]: r["loglik"] for r in journal.records} if journal is not None else {}
+    todo: dict[HeadId, list[HeadId]] = {}
+    for s, r in edges:
+        if edge_name(s, r) not in done:
+            todo.setdefault(s, []).append(r)
+    batches = [PathBatch(adapter, make_batch(adapter, items, packed), margin) for items in plan]
+    clean: list[list[float]] = [[] for _ in examples]
+    for pb, items in zip(batches, plan, strict=True):
+        for it, ll in zip(items, pb.clean[0], strict=True):
+            clean[it.index] = ll
+    bar = tqdm(total=sum(len(v) for v in todo.values()), desc=f"exact edges ({paths})", unit="edge",
+               disable=not progress)
+    try:
+        for s, recv in todo.items():
+            got: dict[str, list[list[float]]] = {edge_name(s, r): [[] for _ in examples] for r in recv}
+            for pb, items in zip(batches, plan, strict=True):
+                for r, lls in zip(recv, pb.ablate(s, [Variant(r) for r in recv], paths), strict=True):
+                    for it, ll in zip(items, lls, strict=True):
+                        got[edge_name(s, r)][it.index] = ll
+            for name, lls in got.items():
+                done[name] = lls
+                if journal is not None:
+                    journal.append({"edge": name, "loglik": lls})
+            bar.update(len(recv))
+    finally:
+        bar.close()
+        if journal is not None:
+            journal.close()
+    return clean, {edge_name(s, r): done[edge_name(s, r)] for s, r in edges}
+
+
+@dataclass
+class EdgeRanking:
+    """Every edge's estimate, the verified and audited edges' exact effects, and the bound."""
+
+    scores: EdgeScores
+    paths: str
+    exact: dict[str, float]  # drop of the mean margin when the edge is ablated exactly
+    exact_ci: dict[str, list[float]]  # paired bootstrap 95% interval over prompts
+    accuracy_drop: dict[str, float]
+    verified: list[str]
+    audited: list[str]
+    clean: float
+    bound: Bound | None
+    seconds: dict[str, float] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def estimate(self) -> dict[str, float]:
+        return self.scores.by_edge()
+
+    def order(self) -> list[str]:
+        """Verified and audited edges by |exact|, then the rest by |estimate|."""
+        known = top_by_magnitude(self.exact, len(self.exact))
+        seen = set(known)
+        return known + [e for e in top_by_magnitude(self.estimate, len(self.estimate)) if e not in seen]
+
+    def rows(self, limit: int | None = None) -> list[dict[str, Any]]:
+        est = self.estimate
+        rank = {e: i + 1 for i, e in enumerate(top_by_magnitude(est, len(est)))}
+        out = []
+        for e in self.order()[:limit]:
+            s, r = parse_edge(e)
+            ci = self.exact_ci.get(e)
+            out.append({"edge": e, "sender": str(s), "receiver": str(r), "estimate": est.get(e),
+                        "rank_estimate": rank.get(e), "exact": self.exact.get(e), "exact_lo": ci[0] if ci else None,
+                        "exact_hi": ci[1] if ci else None, "accuracy_drop": self.accuracy_drop.get(e),
+                        "verified": e in self.verified, "audited": e in self.audited})
+        return out
+
+    def to_json(self, limit: int = 100) -> dict[str, Any]:
+        known = [e for e in self.exact if e in self.estimate]
+        rho = spearman([abs(self.estimate[e]) for e in known], [abs(self.exact[e]) for e in known]) \
+            if len(known) > 2 else None
+        return {"model": self.config.get("model"), "task": self.config.get("task"), "n": self.config.get("n"),
+                "paths": self.paths, "margin": self.scores.margin, "clean": self.clean,
+                "edges": len(self.estimate), "verified": self.verified, "audited": self.audited,
+                "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
+                "seconds": self.seconds, "atp": self.scores.atp, "ranking": self.rows(limit)}
+
+    def write(self, out_dir: str | Path) -> None:
+        """``edges.json`` (the top 100 edges and every exactly known one), ``edges.csv`` (every edge)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        runio.write_text(out / "edges.json", json.dumps({**self.to_json(), "config": self.config}, indent=1) + "\n")
+        rows = self.rows()
+        with runio.atomic_open(out / "edges.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["edge"])
+            w.writeheader()
+            w.writerows(rows)
+
+
+def bound_sentence(b: Bound) -> str:
+    """The false-negative bound in words, for edges."""
+    s = (f"With {100 * b.confidence:.0f}% confidence at most {b.max_missed} of the {b.pool - len(b.audited):,} "
+         f"unaudited unverified edges have |effect| >= {b.threshold:.4g} (audit of {len(b.audited)}: "
+         f"{len(b.audit_above)} above)")
+    if b.ratio_max is not None:
+        s += (f"; the audit's largest |exact|/|estimate|, {b.ratio_max:.3g}, puts {len(b.at_risk):,} edge(s) at risk"
+              + (f" ({', '.join(b.at_risk[:5])}{', ...' if len(b.at_risk) > 5 else ''})" if b.at_risk else ""))
+    return s + "."
+
+
+def _to_verify(order: list[str], top: int, audit: int, seed: int) -> tuple[list[str], list[str]]:
+    chosen = order[:top]
+    rest = order[top:]
+    audited = sorted(random.Random(seed).sample(rest, min(audit, len(rest))))
+    return chosen, audited
+
+
+def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top: int = 10, audit: int = 10,
+               top: int = 10, threshold: float | None = None, confidence: float = 0.95,
+               senders: Sequence[HeadId] | None = None, receivers: Sequence[HeadId] | None = None,
+               margin: str = "mean", seed: int = 0, batch_tokens: int | None = None,
+               out_dir: str | Path | None = None, resume: bool = True, progress: bool = True,
+               config: dict[str, Any] | None = None) -> EdgeRanking:
+    """Score every edge (:func:`edge_attribution`), ablate the top ``verify_top`` and ``audit``
+    random others exactly along their direct paths, and bound what the unverified edges could hide
+    (``threshold``: default the smallest |exact| in the verified top ``top``)."""
+    if verify_top < 0 or audit < 0 or top < 1:
+        raise GandaError("verify_top and audit must be at least 0, top at least 1")
+    with cpu_clock() as c1:
+        sc = edge_attribution(adapter, examples, senders=senders, receivers=receivers, margin=margin,
+                              batch_tokens=batch_tokens, progress=progress)
+    est = sc.by_edge()
+    chosen, audited = _to_verify(top_by_magnitude(est, len(est)), verify_top, audit, seed)
+    edges = [parse_edge(e) for e in [*chosen, *audited]]
+    edges = [(adapter.canonical(s), adapter.canonical(r)) for s, r in edges]
+    with cpu_clock() as c2:
+        clean_ll, lls = exact_edges(adapter, examples, edges, margin=margin, out_dir=out_dir, resume=resume,
+                                    progress=progress) if edges else (sc.clean_logliks, {})
+    golds = [ex.gold for ex in examples]
+    clean = metric_value(clean_ll, golds, margin)
+    base_a, base_m = per_prompt(clean_ll, golds, margin)
+    exact, ci, acc = {}, {}, {}
+    for name, ll in lls.items():
+        a, m = per_prompt(ll, golds, margin)
+        bs = bootstrap_paired(base_m, m, seed=seed)
+        exact[name], ci[name] = bs["diff"], bs["diff_ci95"]
+        acc[name] = (sum(base_a) - sum(a)) / len(a)
+    bound = None
+    if chosen:
+        known = sorted((abs(exact[e]) for e in chosen), reverse=True)
+        theta = threshold if threshold is not None else known[min(top, len(known)) - 1]
+        bound = false_negative_bound(est, exact, chosen, audited, theta, confidence)
+    secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
+            "verification_cpu": c2["cpu"]}
+    cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "audit": audit, "seed": seed}
+    res = EdgeRanking(sc, "direct", exact, ci, acc, chosen, audited, clean, bound, secs, cfg)
+    if out_dir is not None:
+        res.write(out_dir)
+    return res
+
+
+def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, receiver: HeadId,
+                   margin: str = "mean") -> list[float]:
+    """Per position of the example's rows (the scorer's: one per choice, right-padded), the edge's
+    first-order drop of this example's margin from that position alone: ``Σ_rows ∂m/∂x^(R)[t] · w_S[t]``
+    (they sum to the example's edge score). Computed by autograd through two of the model's own
+    forwards: R's layer input edited to ``x − ε_t·w_S``, then R's slice spliced into the intact forward."""
+    s, r = adapter.canonical(sender), adapter.canonical(receiver)
+    sm, rm = adapter.mixer_of(s), adapter.mixer_of(r)
+    check_paths(adapter, "direct", [s])
+    pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(example)]
+    ids, mask = pad_rows(adapter, [c + t for c, t in pairs])
+    sp, rp = z_point(sm), z_point(rm)
+    with torch.no_grad(), _ssm_context(adapter), Trace(adapter, [sp]) as tr:
+        adapter.forward(ids, attention_mask=mask)
+    sl, rsl = sm.head_slice(s.head), rm.head_slice(r.head)
+    w = float(residual_write_scale(adapter, sm) or 0.0) * torch.nn.functional.linear(tr[sp][..., sl], sm.out_proj.weight[:, sl])
+    eps = torch.zeros(ids.shape[1], requires_grad=True)
+
+    def splice(z_new: torch.Tensor) -> Any:
+        def edit(x: torch.Tensor) -> torch.Tensor:
+            x = x.clone()
+            x[..., rsl] = z_new[..., rsl].to(x.dtype)
+            return x
+        return edit
+
+    with torch.enable_grad(), _ssm_context(adapter):
+        edit = {f"L{r.layer}.resid_in": lambda h: h - (eps[None, :, None] * w).to(h.dtype)}
+        with Trace(adapter, [rp], edit=edit, stop=rp, detach=False) as tr2:
+            adapter.forward(ids, attention_mask=mask)
+        with Trace(adapter, edit={rp: splice(tr2[rp])}):
+            logits = adapter.forward(ids, attention_mask=mask)
+        lls = []
+        for i, (c, t) in enumerate(pairs):
+            lp = torch.log_softmax(logits[i, len(c) - 1:len(c) + len(t) - 1].float(), -1)
+            lls.append(lp[torch.arange(len(t)), torch.tensor(t)].sum())
+        (g,) = torch.autograd.grad(margin_of(torch.stack(lls), example.gold, margin), [eps])
+    return (-g).tolist()

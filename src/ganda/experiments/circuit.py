@@ -1,0 +1,284 @@
+"""The circuit's experiments: ``path`` (one sender -> receiver pair ablated along its paths, next to
+the sender ablated everywhere) and ``edges`` (every pair scored by edge attribution, the top
+verified exactly, drawn as a circuit). Their engines are :mod:`ganda.circuit`; this module says
+what ``ganda run``, ``ganda grid``, ``ganda plan``, ``ganda report`` and ``ganda.results`` need."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..attention import draw_attention, save_attention_json
+from ..circuit import PATHS, TOGETHER, path_ablation
+from ..circuit.ablation import EVERYWHERE, INTACT
+from ..circuit.edges import bound_sentence, edge_positions, parse_edge, rank_edges
+from ..circuit.view import draw_circuit
+from ..errors import GandaError
+from ..figures import bars
+from ..heads import HeadId, expand
+from ..models.base import ModelAdapter
+from ..scoring import encode
+from ..stats import overlap
+from ..tasks.base import Example
+from .base import Experiment, Options
+from .common import ExperimentResult
+from .roles import head_roles
+
+
+def _head(flag: str, text: str) -> HeadId:
+    if not text:
+        raise GandaError(f"{flag} is required: one head id such as L3H0")
+    return HeadId.parse(text)
+
+
+def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sender", "receiver")) -> None:
+    """Two head ids, the receiver in a later layer: refused before any model loads."""
+    s, r = _head(flags[0], sender), _head(flags[1], receiver)
+    if r.layer <= s.layer:
+        raise GandaError(f"receiver {r} is not in a later layer than sender {s}: a path runs from an earlier "
+                         "layer's head into a later layer's")
+
+
+@dataclass
+class PathOptions(Options):
+    sender: str = field(default="", metadata={"help": "the sender head, e.g. L2H0"})
+    receiver: str = field(default="", metadata={"help": "the receiver head in a later layer, e.g. L3H0"})
+    paths: str = field(default="all", metadata={"help": "all (every path from sender to receiver) or direct (the edge)"})
+    parts: str = field(default=TOGETHER, metadata={"help": "the receiver's inputs taken from the ablated stream: "
+                                                   "together, or parts such as q,k,v or x,B,C,dt,gate (k+v: both)"})
+    margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
+
+    def check(self) -> None:
+        check_pair_text(self.sender, self.receiver, (self.flag("sender"), self.flag("receiver")))
+        if self.paths not in PATHS:
+            raise GandaError(f"{self.flag('paths')} must be one of {', '.join(PATHS)}, not {self.paths!r}")
+        if not [p for p in self.parts.split(",") if p.strip()]:
+            raise GandaError(f"{self.flag('parts')}: no parts in {self.parts!r} (together, or e.g. q,k,v)")
+        if self.margin not in ("mean", "max"):
+            raise GandaError(f"{self.flag('margin')} must be mean or max, not {self.margin!r}")
+
+
+def _span(ci: Any, scale: float = 100.0) -> str:
+    digits = 1 if scale == 100.0 else 3
+    return f" [{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 else ""
+
+
+@dataclass
+class PathResult(ExperimentResult):
+    kind: str = "circuit_path"
+
+    def headline(self) -> str:
+        s = self.summary
+        rows = {r["condition"]: r for r in self.rows}
+        base, every = rows.get(INTACT), rows.get(EVERYWHERE)
+        if not base or not every:
+            return ""
+        what = "every path" if s.get("paths") == "all" else "its direct path"
+        lines = [f"Intact: {100 * base['accuracy']:.1f}% on {s.get('n')} prompts, margin {base['margin']:.3f}. "
+                 f"{s['sender']} ablated everywhere: accuracy drop **{100 * every['drop']:.1f}** points"
+                 f"{_span(every['drop_ci95'])}, margin drop **{every['margin_drop']:.3f}**{_span(every['margin_drop_ci95'], 1)}."]
+        for r in self.rows:
+            if r["condition"] in (INTACT, EVERYWHERE):
+                continue
+            share = f" ({100 * r['share_of_sender']:.0f}% of the sender's)" if r.get("share_of_sender") is not None else ""
+            weak = " — *weak*: its interval includes 0" if overlap(r["margin_drop_ci95"], [0.0, 0.0]) else ""
+            lines.append(f"{s['sender']} removed only along {what} into {s['receiver']}, {r['condition']}: "
+                         f"accuracy drop **{100 * r['drop']:.1f}** points{_span(r['drop_ci95'])}, margin drop "
+                         f"**{r['margin_drop']:.3f}**{_span(r['margin_drop_ci95'], 1)}{share}{weak}.")
+        return "\n".join(lines)
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        rows = [r for r in self.rows if r["condition"] != INTACT]
+        if not rows:
+            return []
+        s = self.summary
+        return [bars([r["condition"] for r in rows], {"margin drop": [r["margin_drop"] for r in rows]},
+                     Path(out_dir) / "path.png", ylim=None, ylabel="drop of the margin (paired 95% CI)",
+                     errors={"margin drop": ([r["margin_drop_ci95"][0] for r in rows],
+                                             [r["margin_drop_ci95"][1] for r in rows])},
+                     rotate=20, title=f"{s.get('sender')} -> {s.get('receiver')} ({s.get('paths')} paths), {self.model}")]
+
+
+def path_result(adapter: ModelAdapter, res: Any, config: dict[str, Any]) -> PathResult:
+    """A :class:`ganda.circuit.PathAblation` as the saved result (per-prompt log-likelihoods in ``extra``)."""
+    d = res.to_json()
+    summary = {k: d[k] for k in ("sender", "receiver", "paths", "parts", "margin", "n", "seconds", "cpu_seconds")}
+    extra = {"golds": d["golds"], "logliks": d["logliks"]}
+    return PathResult(model=adapter.spec, config={**config, **d["config"]}, summary=summary, rows=d["rows"], extra=extra)
+
+
+class PathExperiment(Experiment):
+    name = "path"
+    summary = "Ablate one sender head only along its paths into one receiver head, next to the sender everywhere"
+    Options = PathOptions
+    phases = "ganda.circuit.costs:path_phases"
+
+    def run(self, adapter: ModelAdapter, examples: list[Example], options: PathOptions, *, out_dir: Path,  # type: ignore[override]
+            config: dict[str, Any], progress: bool = True) -> PathResult:
+        res = path_ablation(adapter, examples, options.sender, options.receiver, paths=options.paths,
+                            parts=[p for p in options.parts.split(",") if p.strip()], margin=options.margin,
+                            progress=progress)
+        out = path_result(adapter, res, config)
+        out.save(out_dir)
+        return out
+
+    def job_summary(self, result: Any) -> dict[str, Any]:
+        rows = {r["condition"]: r for r in result.rows}
+        paths = [r for r in result.rows if r["condition"] not in (INTACT, EVERYWHERE)]
+        return {"sender": result.summary["sender"], "receiver": result.summary["receiver"],
+                "accuracy": rows[INTACT]["accuracy"], "sender_margin_drop": rows[EVERYWHERE]["margin_drop"],
+                "path_margin_drop": paths[0]["margin_drop"] if paths else None}
+
+
+
+
+@dataclass
+class EdgesOptions(Options):
+    verify_top: int = field(default=10, metadata={"help": "verify this many top edges exactly (direct paths)"})
+    audit: int = field(default=10, metadata={"help": "also verify this many random other edges (the bound)"})
+    top: int = field(default=10, metadata={"help": "the bound's default threshold: the verified top TOP"})
+    threshold: float | None = field(default=None, metadata={"help": "effect size the false-negative bound speaks about"})
+    senders: str = field(default="", metadata={"help": "only these senders, e.g. 'L16H*' (default: every head)"})
+    receivers: str = field(default="", metadata={"help": "only these receivers, e.g. L19H1 (default: every head)"})
+    margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
+    roles: bool = field(default=True, metadata={"help": "label the drawn heads Gather/Aggregate (ganda roles' rule: "
+                                                "3 ablations per head)"})
+    show: int = field(default=10, metadata={"help": "verified edges drawn in the circuit view"})
+
+    def check(self) -> None:
+        for name in ("verify_top", "audit"):
+            if getattr(self, name) < 0:
+                raise GandaError(f"{self.flag(name)} must be at least 0, got {getattr(self, name)}")
+        for name in ("top", "show"):
+            if getattr(self, name) < 1:
+                raise GandaError(f"{self.flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.margin not in ("mean", "max"):
+            raise GandaError(f"{self.flag('margin')} must be mean or max, not {self.margin!r}")
+        for name in ("senders", "receivers"):
+            text = getattr(self, name)
+            if text and not [p for p in text.split(",") if p.strip()]:
+                raise GandaError(f"{self.flag(name)}: no head ids in {text!r} (expected e.g. L17H24 or 'L16H*')")
+
+
+@dataclass
+class EdgesResult(ExperimentResult):
+    kind: str = "circuit_edges"
+
+    def verified_rows(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("verified")]
+
+    def headline(self) -> str:
+        s = self.summary
+        lines = [f"{s.get('edges', 0):,} edges scored by edge attribution in {s.get('attribution_cpu', 0):.0f} CPU s "
+                 f"({s.get('n')} prompts); the top {len(self.verified_rows())} ablated exactly along their direct "
+                 f"paths."]
+        roles = self.extra.get("roles") or {}
+
+        def who(head: str) -> str:
+            return f" ({roles[head]})" if roles.get(head) else ""
+
+        for r in sorted(self.verified_rows(), key=lambda r: -abs(r["exact"]))[:3]:
+            weak = " — *weak*: its interval includes 0" if r["exact_lo"] <= 0 <= r["exact_hi"] else ""
+            lines.append(f"**{r['sender']}**{who(r['sender'])} → **{r['receiver']}**{who(r['receiver'])}: "
+                         "removing the edge drops the margin by "
+                         f"**{r['exact']:.3f}** [{r['exact_lo']:.3f}, {r['exact_hi']:.3f}] (accuracy "
+                         f"{-100 * r['accuracy_drop']:+.1f} points; estimate {r['estimate']:.3f}){weak}.")
+        if s.get("bound"):
+            lines.append(s["bound"])
+        return "\n".join(lines)
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        rows = sorted(self.verified_rows(), key=lambda r: -abs(r["exact"]))[: int(self.config.get("show", 10))]
+        if not rows:
+            return []
+        return [draw_circuit(rows, Path(out_dir) / "circuit.png", roles=self.extra.get("roles") or {},
+                             title=f"{self.model}: verified edges, exact drop of the margin [paired 95% CI]",
+                             n_layers=self.summary.get("layers"))]
+
+
+MARKS = 3  # sender positions marked in the attention view
+
+
+def attention_view(adapter: ModelAdapter, example: Example, sender: HeadId, receiver: HeadId, out_dir: Path,
+                   roles: dict[str, str]) -> str:
+    """The receiver's (and the sender's) map on one prompt as ``attention.png`` and ``attention.json``,
+    the JSON marking the :data:`MARKS` prompt positions where the sender's write moves the receiver's
+    effect most (:func:`ganda.circuit.edges.edge_positions`): the report's view opens on the
+    receiver's final row with them outlined. Returns a note for the result."""
+    s, r = adapter.canonical(sender), adapter.canonical(receiver)
+    n_prompt = len(encode(adapter, example.prompt))
+    per_pos = edge_positions(adapter, example, s, r)[:n_prompt]
+    marks = sorted(sorted(range(len(per_pos)), key=lambda i: -abs(per_pos[i]))[:MARKS])
+    path = draw_attention(adapter, example, [str(r), str(s)], Path(out_dir) / "attention.png",
+                          title=f"{adapter.spec}: receiver {r}, sender {s}", roles=roles)
+    doc_path = path.with_suffix(".json")
+    doc = json.loads(doc_path.read_text())
+    doc["prompts"][0].update(marks=marks, mark_label=f"where {s}'s write moves {r} most",
+                             mark_values=[per_pos[i] for i in marks])
+    save_attention_json(doc_path, adapter.spec, doc["prompts"])
+    return (f"attention.json: {r}'s map on the first prompt, positions {marks} marked (first-order drop of the "
+            f"margin from {s}'s write there: {', '.join(f'{per_pos[i]:+.3f}' for i in marks)})")
+
+
+def circuit_roles(adapter: ModelAdapter, examples: list[Example], heads: list[str], progress: bool = True
+                  ) -> dict[str, str]:
+    """Gather / Aggregate / neither for ``heads``, by ``ganda roles``' rule
+    (:func:`ganda.experiments.roles.head_roles`: a head whose ablation at the final position alone
+    costs more than before it aggregates, the other way round gathers; below its ``min_drop``: neither)."""
+    if not heads:
+        return {}
+    res = head_roles(adapter, examples, ranked=heads, top=len(heads), until_chance=False, progress=progress)
+    return {r["head"]: ("neither" if r["role"] == "-" else r["role"]) for r in res.rows}
+
+
+def edges_result(adapter: ModelAdapter, res: Any, options: EdgesOptions, config: dict[str, Any],
+                 roles: dict[str, str]) -> EdgesResult:
+    """A :class:`ganda.circuit.edges.EdgeRanking` as the saved result (the top 100 edges and every
+    exactly known one as rows)."""
+    d = res.to_json()
+    summary = {"n": d["n"], "edges": d["edges"], "verified": len(d["verified"]), "audited": len(d["audited"]),
+               "clean": d["clean"], "spearman_verified": d["spearman_verified"],
+               "bound": bound_sentence(res.bound) if res.bound else None,
+               "layers": len(adapter.original_layers()), **d["seconds"]}
+    top = next((r for r in d["ranking"] if r["verified"]), None)  # the largest verified edge (audited ones aside)
+    if top is not None:
+        summary.update(top_edge=top["edge"], top_exact=top["exact"])
+    return EdgesResult(model=adapter.spec, config={**config, **res.config, "show": options.show}, summary=summary,
+                       rows=d["ranking"], extra={"roles": roles, "bound": d["bound"], "atp": d["atp"]})
+
+
+class EdgesExperiment(Experiment):
+    name = "edges"
+    summary = "Score every head pair by edge attribution, verify the top edges exactly, draw the circuit"
+    Options = EdgesOptions
+    phases = "ganda.circuit.costs:edges_phases"
+
+    def __init__(self, resume: bool = True) -> None:
+        self.resume = resume  # reuse the exact checks a stopped run left in its directory
+
+    def run(self, adapter: ModelAdapter, examples: list[Example], options: EdgesOptions, *, out_dir: Path,  # type: ignore[override]
+            config: dict[str, Any], progress: bool = True) -> EdgesResult:
+        senders = expand(options.senders, adapter) if options.senders else None
+        receivers = expand(options.receivers, adapter) if options.receivers else None
+        res = rank_edges(adapter, examples, verify_top=options.verify_top, audit=options.audit, top=options.top,
+                         threshold=options.threshold, senders=senders, receivers=receivers, margin=options.margin,
+                         seed=int(config.get("seed", 0)), out_dir=out_dir, resume=self.resume, progress=progress,
+                         config=config)
+        shown = sorted(res.verified, key=lambda e: -abs(res.exact[e]))[: options.show]
+        nodes = list(dict.fromkeys(h for e in shown for h in e.split(">")))
+        roles = circuit_roles(adapter, examples, nodes, progress) if options.roles else {}
+        out = edges_result(adapter, res, options, config, roles)
+        if shown:
+            out.notes.append(attention_view(adapter, examples[0], *parse_edge(shown[0]), out_dir, roles))
+        out.save(out_dir)
+        return out
+
+    def job_summary(self, result: Any) -> dict[str, Any]:
+        s = result.summary
+        return {k: s.get(k) for k in ("edges", "verified", "top_edge", "top_exact", "attribution_cpu")}
+
+
+__all__ = ["EdgesExperiment", "EdgesOptions", "EdgesResult", "PathExperiment", "PathOptions", "PathResult",
+           "check_pair_text", "circuit_roles", "edges_result", "path_result"]
