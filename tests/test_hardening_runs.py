@@ -120,6 +120,31 @@ def test_resume_after_weights_changed_is_refused(tmp_path, capsys):
     assert _progress(out)[0]["config"]["weights"] == runio.model_fingerprint(model)
 
 
+def test_weights_replaced_under_the_same_size_and_mtime_are_seen_on_resume(tmp_path, capsys):
+    """``cp -p``, ``rsync -a`` and ``tar`` keep a file's size and modification time: the resume check
+    reads a sample of every tensor, so another checkpoint of the same shapes is still refused."""
+    from safetensors.torch import load_file, save_file
+
+    model, out = _copy_model(tmp_path), tmp_path / "run"
+    cmd = ["sweep", model, "--task", "lab-mmlu", "--limit", "4", "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    kept = _truncate_progress(out, 2)
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    tensors = load_file(weights)
+    name = next(k for k in tensors if "layers.2" in k and k.endswith("o_proj.weight"))
+    tensors[name] = tensors[name] * 0.5
+    other = tmp_path / "other.safetensors"
+    save_file(tensors, other, metadata={"format": "pt"})
+    os.replace(other, weights)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    rc, _, err = _cli(capsys, *cmd)
+    assert rc == 2 and len(_err_lines(err)) == 1, err
+    assert f"the weights of {model} changed since this run started" in err
+    assert (out / "progress.jsonl").read_bytes() == kept
+
+
 def test_resume_with_another_dtype_is_refused(tmp_path):
     from ganda.models import load_model
     from ganda.sweep import run_sweep

@@ -11,11 +11,13 @@ Commands check their output paths before they load a model (:func:`check_output_
 ``flock`` on ``<dir>/.lock`` held for the whole run, so two runs never write into one directory.
 The lock dies with the process, so a killed run never leaves a stale lock behind.
 
-:func:`model_fingerprint` summarises the weights on disk cheaply (sizes, modification times,
-safetensors / GGUF headers, small files' contents) so that a resumed run can tell that the
-model it measured has changed; :func:`ganda_version` is recorded in every result file.
+:func:`model_fingerprint` summarises the weights on disk cheaply (:mod:`ganda.fingerprint`: sizes,
+modification times, headers, a fixed sample of every tensor, small files whole) so that a resumed
+run can tell that the model it measured has changed; :func:`ganda_version` is recorded in every
+result file.
 
-This module imports only the standard library and :mod:`ganda.errors`.
+This module imports only the standard library and ganda modules that do (:mod:`ganda.errors`,
+:mod:`ganda.fingerprint`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import contextlib
 import csv
 import errno
 import fcntl
-import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -343,42 +344,15 @@ def release_claims() -> None:
 # ---------------------------------------------------------------------------------------------
 # model fingerprints
 
-_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt")
-_HASHED_LIMIT = 8 << 20  # smaller non-weight files (config, tokenizer, lab.json) are hashed whole
-
-
-def _file_entry(p: Path, rel: str) -> dict[str, Any]:
-    st = p.stat()
-    e: dict[str, Any] = {"name": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        if p.suffix == ".safetensors":
-            raw = f.read(8)
-            n = int.from_bytes(raw, "little") if len(raw) == 8 else 0
-            h.update(raw + f.read(min(n, 100 << 20)))
-        elif p.suffix == ".gguf":
-            h.update(f.read(1 << 20))
-        elif p.suffix in _WEIGHT_SUFFIXES:
-            h.update(f.read(1 << 16))
-        elif st.st_size <= _HASHED_LIMIT:
-            h.update(f.read())
-    e["head"] = h.hexdigest()[:16]
-    return e
-
 
 def model_fingerprint(path: str | Path) -> str:
-    """A short digest of the model at ``path`` (a ``.gguf`` file or an HF directory) that changes
-    when its weights, config or tokenizer change: every file's size and modification time, the
-    safetensors headers / GGUF metadata, and the contents of the small files. Reads no weights."""
-    p = Path(path).resolve()
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
-        entries = [_file_entry(f, str(f.relative_to(p))) for f in files]
-    elif p.is_file():
-        entries = [_file_entry(p, p.name)]
-    else:
-        raise GandaError(f"no model at {path}")
-    return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()[:16]
+    """A short digest of the model at ``path`` (a ``.gguf`` or ``.safetensors`` file, or an HF
+    directory) that changes when its weights, config or tokenizer change:
+    :func:`ganda.fingerprint.fingerprint`, which reads a fixed sample of every tensor and the small
+    files whole, so its cost does not grow with the size of the model."""
+    from .fingerprint import fingerprint
+
+    return fingerprint(Path(path).resolve())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ from . import runio
 from .engine import Replay, Trace
 from .errors import GandaError
 from .figures import pyplot
+from .fingerprint import fingerprint
 from .heads import HeadId
 from .interventions import AblateHeads, apply
 from .models.base import ModelAdapter, SweepRunner
@@ -683,16 +684,10 @@ def scored_by(scorer: BatchScorer) -> Iterator[None]:
 
 
 def weights_fingerprint(adapter: ModelAdapter) -> str:
-    """What a resumed run checks the weights against: :func:`ganda.runio.model_fingerprint` of the
-    files behind ``adapter.spec`` or, for a model built in memory, a digest of its tensors."""
+    """What a resumed run checks the weights against: :func:`ganda.fingerprint.fingerprint` of the
+    files behind ``adapter.spec`` or, for a model built in memory, of its tensors on their device."""
     path = model_path(adapter.spec)
-    if path is not None:
-        return runio.model_fingerprint(path)
-    h = hashlib.sha256()
-    for name, t in sorted(adapter.model.state_dict().items()):
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
-        h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy())
-    return "mem-" + h.hexdigest()[:16]
+    return fingerprint(path.resolve() if path is not None else adapter.model)
 
 
 def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head):

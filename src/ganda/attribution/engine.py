@@ -585,7 +585,7 @@ def attribute(
                "graddrop_blocks": eng.n_blocks if method == "atp*" else None,
                "batches": [[it.index for it in b] for b in plan],
                "reference_sha": _prompts_digest(reference) if reference is not None else None,
-               "weights": weights_fingerprint(adapter), "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch.")}
+               "weights": weights_fingerprint(adapter) if out_dir is not None else None, "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch.")}
         done: dict[int, dict[str, Any]] = {}
         path = Path(out_dir) / "attribution.jsonl" if out_dir is not None else None
         if path is not None:

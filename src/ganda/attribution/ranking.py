@@ -198,7 +198,7 @@ def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
                 out_dir: Path | None, resume: bool, progress: bool, config: dict[str, Any]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
     """Mean-ablation of each head alone through the scoring path (resumable, one line per head)."""
     cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": _prompts_digest(examples),
-           "heads": [str(h) for h in heads], "weights": weights_fingerprint(adapter), "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch."),
+           "heads": [str(h) for h in heads], "weights": weights_fingerprint(adapter) if out_dir is not None else None, "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch."),
            **config}
     path = out_dir / "progress.jsonl" if out_dir is not None else None
     done: dict[str, list[list[float]]] = {}

@@ -19,9 +19,10 @@ by design, excepted), and so is a truncated or unreadable file.
 A GGUF is dequantised once and cached as safetensors (``$GANDA_CACHE``, default
 ``~/.cache/ganda``) because dequantising takes ~20 s. Each entry is written under a unique
 temporary name and renamed into place while holding ``<entry>.lock``, so concurrent processes
-build it once; it records its files' sizes and sampled checksums (``ganda-cache.json``), and an
-entry that no longer matches is logged and rebuilt. The entry's key covers the GGUF's path, size,
-mtime and sampled content, so a file replaced at the same path is dequantised afresh.
+build it once; it records the fingerprint of each of its files (``ganda-cache.json``; every tensor
+sampled, tokenizer and config files read whole: :mod:`ganda.fingerprint`), and an entry that no
+longer matches is logged and rebuilt. The entry's key covers the GGUF's path and fingerprint, so a
+file replaced at the same path is dequantised afresh.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import torch
 from .. import registry
 from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError
+from ..fingerprint import fingerprint
 from . import hub, placement
 from .base import ModelAdapter
 from .registry import adapter_for, check_model_type
@@ -338,9 +340,9 @@ _STALE_S = 3600.0  # a temporary entry older than this is abandoned, whatever it
 
 
 def _gguf_cache_key(path: Path) -> str:
-    """Path, size, mtime (ns) and sampled content: a GGUF replaced at the same path gets a new entry."""
-    st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_sample_digest(path)}"
+    """Path and fingerprint (size, mtime, header, a sample of every tensor: :mod:`ganda.fingerprint`):
+    a GGUF replaced at the same path gets a new entry."""
+    ident = f"{path.resolve()}|{fingerprint(path)}"
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
@@ -450,38 +452,35 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _sample_digest(file: Path) -> str:
-    """sha256 of 17 evenly spaced 64 KiB blocks (ends included): catches truncation and most damage
-    for the cost of reading 1 MiB, on every load."""
-    size = file.stat().st_size
-    block = 1 << 16
-    h = hashlib.sha256(str(size).encode())
-    with open(file, "rb") as f:
-        for k in range(17):
-            f.seek(max(0, min(size - block, (size - block) * k // 16)))
-            h.update(f.read(block))
-    return h.hexdigest()
+def _entry_files(entry: Path) -> list[Path]:
+    """Every file of a cache entry that its manifest covers (weights, config, tokenizer files)."""
+    return sorted(p for p in entry.rglob("*") if p.is_file() and p.name != CACHE_MANIFEST
+                  and not p.name.startswith(".") and not _TEMP.match(p.name))
 
 
 def _write_manifest(entry: Path, source: Path) -> None:
-    files = {p.name: {"size": p.stat().st_size, "sample_sha256": _sample_digest(p)}
-             for p in sorted(entry.glob("*.safetensors"))}
-    manifest = {"format": 1, "source": str(source), "files": files}
+    files = {str(p.relative_to(entry)): {"size": p.stat().st_size, "fingerprint": fingerprint(p)}
+             for p in _entry_files(entry)}
+    manifest = {"format": 2, "source": str(source), "files": files}
     tmp = entry / _temp_name(CACHE_MANIFEST, "part")
     tmp.write_text(json.dumps(manifest, indent=1))
     tmp.replace(entry / CACHE_MANIFEST)
 
 
 def _entry_problem(entry: Path) -> str | None:
-    """Why a cache entry cannot be used (None when it is complete and matches its manifest)."""
+    """Why a cache entry cannot be used (None when it is complete and every file matches the
+    fingerprint its manifest records: every tensor sampled, the tokenizer files read whole)."""
     if not (entry / "config.json").is_file():
         return "no config.json"
     try:
         manifest = json.loads((entry / CACHE_MANIFEST).read_text())
         files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        version = manifest.get("format")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"{CACHE_MANIFEST} is missing or unreadable"
-    if not isinstance(files, dict) or not files:
+    if version != 2:
+        return f"{CACHE_MANIFEST} has format {version!r}, not 2 (written by another ganda version)"
+    if not isinstance(files, dict) or not any(str(name).endswith(".safetensors") for name in files):
         return f"{CACHE_MANIFEST} lists no weights"
     for name, rec in files.items():
         f = entry / name
@@ -489,10 +488,10 @@ def _entry_problem(entry: Path) -> str | None:
             size = f.stat().st_size
         except OSError:
             return f"{name} is missing"
-        if size != rec.get("size"):
-            return f"{name} is {size} bytes, {rec.get('size')} were written"
-        if _sample_digest(f) != rec.get("sample_sha256"):
-            return f"{name} does not match its checksum"
+        if not isinstance(rec, dict) or size != rec.get("size"):
+            return f"{name} is {size} bytes, {rec.get('size') if isinstance(rec, dict) else '?'} were written"
+        if fingerprint(f) != rec.get("fingerprint"):
+            return f"{name} does not match its fingerprint"
     return None
 
 
