@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from ganda_lab import checkpoint
 
@@ -92,6 +93,26 @@ CASES = [
     C("eval-wrong-shape", "eval", "{badshape}", "--task", "kv"),
     C("eval-missing-tensors", "eval", "{nolayer3}", "--task", "kv"),
     C("eval-truncated-gguf", "eval", "{truncated_gguf}", "--task", "kv"),
+    # non-finite weights or config numbers: refused when the model loads, never scored (an accuracy
+    # of NaN log-likelihoods is every prediction on choice A)
+    C("eval-nan-weight", "eval", "{nan_weight}", "--task", "lab-mmlu", "--limit", "4", "--json",
+      match="model.layers.1.self_attn.o_proj.weight holds 1 NaN of 4,096 values"),
+    C("eval-all-nan-weight", "eval", "{all_nan}", "--task", "kv", "--predictions", "pred.jsonl",
+      match="model.layers.2.mlp.down_proj.weight holds 12,288 NaN"),
+    C("eval-inf-weight", "eval", "{inf_weight}", "--task", "kv", match="model.norm.weight holds 1 infinite"),
+    C("eval-negative-eps", "eval", "{neg_eps}", "--task", "kv", match="rms_norm_eps is -1; it must be positive"),
+    C("eval-nan-rope-theta", "eval", "{nan_theta}", "--task", "kv", match="rope_parameters.rope_theta is nan"),
+    C("sweep-nan-weight", "sweep", "{nan_weight}", "--task", "kv", "--limit", "2", "--out", "out",
+      match="weights are not finite"),
+    C("rank-nan-weight", "rank", "{nan_weight}", "--task", "kv", "--limit", "2", "--out", "out",
+      match="weights are not finite"),
+    C("heads-nan-weight", "heads", "{nan_weight}", "--out", "out", match="weights are not finite"),
+    # sizes beyond any real model: refused before anything is built from the config
+    C("eval-million-layers", "eval", "{huge_layers}", "--task", "kv", match="num_hidden_layers is 1,000,000"),
+    C("info-meta-million-layers", "info", "{huge_layers}", "--meta", match="num_hidden_layers is 1,000,000"),
+    C("info-million-layers", "info", "{huge_layers}", match="num_hidden_layers is 1,000,000"),
+    C("info-meta-million-experts", "info", "{huge_experts}", "--meta", match="num_local_experts is 1,000,000"),
+    C("plan-million-layers", "plan", "{huge_layers}", match="num_hidden_layers is 1,000,000"),
     C("eval-device-cuda", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DEVICE="cuda"),
     C("eval-dtype-float77", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DTYPE="float77"),
     C("eval-predictions-dir", "eval", LAB, "--task", "kv", "--limit", "2", "--predictions", "pred_dir"),
@@ -266,6 +287,41 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     badentry.mkdir()
     (badentry / "test.json").write_text(json.dumps(
         [[["W: hello", "M: hi"], [{"question": "Who spoke first?", "choice": ["W", "M"], "answer": "W"}], "d-1"]]))
+    def damaged(name: str, tensor: str, fill) -> Path:
+        d = copy(name)
+        w = dict(weights)
+        w[tensor] = fill(w[tensor].clone())
+        save_file(w, str(d / "model.safetensors"), metadata={"format": "pt"})
+        return d
+
+    def one_nan(t):
+        t.view(-1)[t.numel() // 2] = float("nan")
+        return t
+
+    nan_weight = damaged("nan_weight", "model.layers.1.self_attn.o_proj.weight", one_nan)
+    all_nan = damaged("all_nan", "model.layers.2.mlp.down_proj.weight", lambda t: t.fill_(float("nan")))
+    inf_weight = damaged("inf_weight", "model.norm.weight", lambda t: t.index_fill_(0, torch.tensor([3]), float("inf")))
+
+    def config(name: str, **changes) -> Path:
+        d = copy(name)
+        cfg = json.loads((d / "config.json").read_text())
+        for key, value in changes.items():
+            where = cfg
+            *parents, last = key.split(".")
+            for k in parents:
+                where = where[k]
+            where[last] = value
+        (d / "config.json").write_text(json.dumps(cfg))
+        return d
+
+    neg_eps = config("neg_eps", rms_norm_eps=-1)
+    nan_theta = config("nan_theta", **{"rope_parameters.rope_theta": float("nan")})
+    huge_layers = config("huge_layers", num_hidden_layers=10**6)
+    experts = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "num_local_experts": 10**6, "num_experts_per_tok": 2}
+    huge_experts = root / "huge_experts.json"
+    huge_experts.write_text(json.dumps(experts))
     empty = root / "empty_run"
     empty.mkdir()
     good = root / "good_run"
@@ -273,7 +329,10 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     (good / "result.json").write_text(json.dumps({"kind": "prune", "model": LAB, "summary": {"minimal_layers": 2}}))
     return {"nolab": str(nolab), "nolab4": str(nolab4), "truncated": str(trunc), "badshape": str(bad), "nolayer3": str(gone),
             "truncated_gguf": str(gguf), "dream_badjson": str(badjson), "dream_badentry": str(badentry),
-            "empty_run": str(empty), "good_run": str(good), "missing": str(root / "does-not-exist")}
+            "empty_run": str(empty), "good_run": str(good), "missing": str(root / "does-not-exist"),
+            "nan_weight": str(nan_weight), "all_nan": str(all_nan), "inf_weight": str(inf_weight),
+            "neg_eps": str(neg_eps), "nan_theta": str(nan_theta), "huge_layers": str(huge_layers),
+            "huge_experts": str(huge_experts)}
 
 
 def _tree(d: Path) -> dict[str, tuple[bool, int, int]]:

@@ -56,6 +56,7 @@ import contextlib
 import csv
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ from .engine import Replay, Trace
 from .errors import GandaError
 from .figures import pyplot
 from .fingerprint import fingerprint
+from .finite import check_scores
 from .heads import HeadId
 from .interventions import AblateHeads, apply
 from .models.base import ModelAdapter, SweepRunner
@@ -387,6 +389,18 @@ def _record(kind: str, head: HeadId | None, packed: list[_Packed], logliks: list
     return rec
 
 
+def _require_finite(adapter: ModelAdapter, packed: list[_Packed], rec: dict[str, Any]) -> None:
+    """Refuse a record with a non-finite log-likelihood before it is written: its prompt is run again
+    (under the record's ablation) to name the module where the non-finite values first appear."""
+    bad = next((i for i, ll in enumerate(rec["loglik"]) if not all(math.isfinite(v) for v in ll)), None)
+    if bad is None:
+        return
+    head = rec.get("head")
+    with apply(adapter, [AblateHeads([head])] if head else []):
+        check_scores(rec["loglik"][bad], f"prompt {bad} with {head} ablated" if head else f"prompt {bad}",
+                     adapter, packed[bad].rows[0][: packed[bad].ctx_lens[0]])
+
+
 def _read_progress(path: Path) -> list[dict[str, Any]]:
     """Complete JSON lines of a progress file; a torn last line (killed mid-write) is cut off."""
     if not path.exists():
@@ -600,6 +614,7 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
             runio.set_interrupt_note(f"{n} head{'s' if n != 1 else ''} saved, rerun the same command to resume")
 
     def emit(rec: dict[str, Any]) -> None:
+        _require_finite(adapter, packed, rec)
         if fh is not None:
             try:
                 fh.write(json.dumps(rec) + "\n")

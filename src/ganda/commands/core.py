@@ -182,9 +182,9 @@ def register(app: typer.Typer) -> None:
         if predictions:
             with runio.atomic_open(predictions) as f:
                 for p in res.predictions:
-                    f.write(json.dumps(p) + "\n")
+                    f.write(json.dumps(p, allow_nan=False) + "\n")
         if as_json:
-            print(json.dumps(res.to_json()))
+            print(json.dumps(res.to_json(), allow_nan=False))  # every score is finite (ganda.finite)
         else:
             lo, hi = res.ci95
             ivtxt = "; ".join(json.dumps(i) for i in res.interventions) or "none"

@@ -68,6 +68,7 @@ def register(app: typer.Typer) -> None:
 
         from ..attribution import ABLATIONS, MARGINS, RANK_METHODS, rank_heads
         from ..distributed import ray_sweeps
+        from ..finite import finite_json
         from ..heads import expand
         from ..models import load_model
         from ..tasks import task_for_model
@@ -113,7 +114,7 @@ def register(app: typer.Typer) -> None:
                              heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
                              config=cfg)
         if as_json:
-            print(json.dumps({**res.to_json(), "out": str(out_dir)}))
+            print(json.dumps(finite_json({**res.to_json(), "out": str(out_dir)})))
             return
 
         console = Console()

@@ -51,6 +51,7 @@ from .. import registry
 from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError
 from ..fingerprint import fingerprint
+from ..finite import check_config, check_weights
 from . import hub, placement
 from .base import ModelAdapter
 from .registry import adapter_for, check_model_type
@@ -298,6 +299,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
     from transformers import AutoConfig, AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
     raw = _read_config(path)
+    check_config(raw, str(path / "config.json"))
     model_type = raw.get("model_type")
     safetensors = sorted(path.glob("*.safetensors"))
     has_pickle = any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth"))
@@ -610,6 +612,7 @@ def load_model(
         model = placement.dispatch(model, place, dtype)
     if place is not None:
         placement.check(model)
+    check_weights(model, spec)  # one NaN in one weight makes every score NaN (and every prediction A)
     model.eval()
     if tok is not None and tok.pad_token is None:
         tok.pad_token = tok.eos_token
