@@ -107,6 +107,25 @@ CASES = [
     C("rank-nan-weight", "rank", "{nan_weight}", "--task", "kv", "--limit", "2", "--out", "out",
       match="weights are not finite"),
     C("heads-nan-weight", "heads", "{nan_weight}", "--out", "out", match="weights are not finite"),
+    # integer or boolean weights would be cast to floats silently: strict loading expects floating point
+    C("eval-int8-weights", "eval", "{int8_weights}", "--task", "kv", match="is stored as I8 (and 37 more)"),
+    C("eval-bool-weight", "eval", "{bool_weight}", "--task", "kv",
+      match="tensor model.layers.0.mlp.up_proj.weight is stored as BOOL; ganda loads floating-point"),
+    C("sweep-int32-weight", "sweep", "{int32_weight}", "--task", "kv", "--out", "out",
+      match="tensor model.norm.weight is stored as I32"),
+    # a model without tokenizer files, or with a broken tokenizer.json
+    C("eval-no-tokenizer", "eval", "{no_tokenizer}", "--task", "kv", match="has no tokenizer"),
+    C("sweep-no-tokenizer", "sweep", "{no_tokenizer}", "--task", "kv", "--out", "out", match="has no tokenizer"),
+    C("rank-no-tokenizer", "rank", "{no_tokenizer}", "--task", "kv", "--out", "out", match="has no tokenizer"),
+    C("heads-no-tokenizer", "heads", "{no_tokenizer}", "--out", "out", match="has no tokenizer"),
+    C("attn-no-tokenizer", "attn", "{no_tokenizer}", "--heads", "L1H0", "--prompt", "the key", "--out", "a.png",
+      match="has no tokenizer"),
+    C("eval-broken-tokenizer", "eval", "{broken_tokenizer}", "--task", "kv",
+      match="cannot load its tokenizer (tokenizer.json, tokenizer_config.json)"),
+    C("sweep-broken-tokenizer", "sweep", "{broken_tokenizer}", "--task", "kv", "--out", "out",
+      match="cannot load its tokenizer"),
+    C("rank-broken-tokenizer", "rank", "{broken_tokenizer}", "--task", "kv", "--out", "out",
+      match="cannot load its tokenizer"),
     # sizes beyond any real model: refused before anything is built from the config
     C("eval-million-layers", "eval", "{huge_layers}", "--task", "kv", match="num_hidden_layers is 1,000,000"),
     C("info-meta-million-layers", "info", "{huge_layers}", "--meta", match="num_hidden_layers is 1,000,000"),
@@ -302,6 +321,16 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     all_nan = damaged("all_nan", "model.layers.2.mlp.down_proj.weight", lambda t: t.fill_(float("nan")))
     inf_weight = damaged("inf_weight", "model.norm.weight", lambda t: t.index_fill_(0, torch.tensor([3]), float("inf")))
 
+    int8_weights = copy("int8_weights")
+    save_file({k: v.to(torch.int8) for k, v in weights.items()}, str(int8_weights / "model.safetensors"))
+    bool_weight = damaged("bool_weight", "model.layers.0.mlp.up_proj.weight", lambda t: t > 0)
+    int32_weight = damaged("int32_weight", "model.norm.weight", lambda t: t.to(torch.int32))
+    no_tokenizer = copy("no_tokenizer")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tokenizer / f).unlink()
+    broken_tokenizer = copy("broken_tokenizer")
+    (broken_tokenizer / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+
     def config(name: str, **changes) -> Path:
         d = copy(name)
         cfg = json.loads((d / "config.json").read_text())
@@ -332,7 +361,9 @@ def inputs(tmp_path_factory) -> dict[str, str]:
             "empty_run": str(empty), "good_run": str(good), "missing": str(root / "does-not-exist"),
             "nan_weight": str(nan_weight), "all_nan": str(all_nan), "inf_weight": str(inf_weight),
             "neg_eps": str(neg_eps), "nan_theta": str(nan_theta), "huge_layers": str(huge_layers),
-            "huge_experts": str(huge_experts)}
+            "huge_experts": str(huge_experts), "int8_weights": str(int8_weights), "bool_weight": str(bool_weight),
+            "int32_weight": str(int32_weight), "no_tokenizer": str(no_tokenizer),
+            "broken_tokenizer": str(broken_tokenizer)}
 
 
 def _tree(d: Path) -> dict[str, tuple[bool, int, int]]:

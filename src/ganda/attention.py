@@ -41,7 +41,7 @@ def segment_tokens(adapter: ModelAdapter, example: Example) -> list[list[int]]:
     (a BOS token added by :func:`~ganda.scoring.encode` shifts them)."""
     if not example.segments:
         return []
-    enc = adapter.tokenizer(example.prompt, add_special_tokens=False, return_offsets_mapping=True)
+    enc = adapter.require_tokenizer()(example.prompt, add_special_tokens=False, return_offsets_mapping=True)
     shift = len(encode(adapter, example.prompt)) - len(enc.input_ids)
     return [[a + shift, b + shift] for a, b in token_spans(enc.offset_mapping, example.segments)]
 

@@ -33,7 +33,7 @@ def add_bos(adapter: ModelAdapter) -> bool:
 
 
 def encode(adapter: ModelAdapter, text: str) -> list[int]:
-    ids = adapter.tokenizer(text, add_special_tokens=False).input_ids
+    ids = adapter.require_tokenizer()(text, add_special_tokens=False).input_ids
     if add_bos(adapter) and adapter.tokenizer.bos_token_id is not None:
         ids = [adapter.tokenizer.bos_token_id, *ids]
     return ids

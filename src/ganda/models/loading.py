@@ -157,8 +157,10 @@ def _first(keys: Any, n: int = 3) -> str:
 
 # ---- strict loading -------------------------------------------------------------------------
 
-def _check_safetensors(file: Path) -> None:
-    """Refuse a truncated or malformed ``.safetensors`` file from its header alone (cheap)."""
+def _check_safetensors(file: Path, floating: bool = False) -> None:
+    """Refuse a truncated or malformed ``.safetensors`` file from its header alone (cheap); with
+    ``floating``, also one holding a tensor that is not floating-point (integers and booleans would
+    be cast to floats silently: a different model, scored as if it were this one)."""
     size = file.stat().st_size
     try:
         with open(file, "rb") as f:
@@ -179,6 +181,13 @@ def _check_safetensors(file: Path) -> None:
         raise GandaError(f"{file}: not a safetensors file (malformed tensor table)") from None
     if 8 + n + end > size:
         raise GandaError(f"{file}: truncated safetensors file ({size} bytes, its tensors need {8 + n + end})")
+    if floating:
+        odd = sorted((k, str(v.get("dtype"))) for k, v in header.items()
+                     if k != "__metadata__" and not str(v.get("dtype", "")).startswith(("F", "BF")))
+        if odd:
+            more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+            raise GandaError(f"{file}: tensor {odd[0][0]} is stored as {odd[0][1]}{more}; ganda loads floating-point "
+                             "checkpoints (F32, F16, BF16), or quantised ones that say so in config.json")
 
 
 def _safetensors_numel(files: list[Path]) -> int:
@@ -264,8 +273,14 @@ def _read_config(path: Path) -> dict[str, Any]:
     return raw
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model")
+
+
 def _load_tokenizer(where: str, **kwargs: Any) -> Any:
-    """The tokenizer at ``where`` (None when there is none); one that needs custom code is refused."""
+    """The tokenizer at ``where`` (None when the directory has no tokenizer files: the model can still
+    be analysed on token ids, and a task refuses it in one line). Tokenizer files that cannot be
+    read (a broken ``tokenizer.json``) are refused, as is a tokenizer that needs custom code."""
     from transformers import AutoTokenizer  # heavy (~0.5 s): loaded with a model
 
     try:
@@ -276,6 +291,9 @@ def _load_tokenizer(where: str, **kwargs: Any) -> Any:
                 f"{where}: the tokenizer needs custom code from the model directory (auto_map), which ganda "
                 "never runs; remove auto_map from tokenizer_config.json to use tokenizer.json"
             ) from None
+        present = [f for f in TOKENIZER_FILES if (Path(where) / f).is_file()] if "gguf_file" not in kwargs else []
+        if present:
+            raise GandaError(f"{where}: cannot load its tokenizer ({', '.join(present)}): {_one_line(exc)}") from None
         log.warning("no tokenizer in %s: %s", where, _one_line(exc))
         return None
 
@@ -312,7 +330,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
         if not has_pickle:
             raise GandaError(f"{path} has no weights (*.safetensors)")
     for f in safetensors:
-        _check_safetensors(f)
+        _check_safetensors(f, floating="quantization_config" not in raw)
     if model_type not in CUSTOM_LOADERS:
         check_model_type(model_type)  # before the tokenizer, which may read config.json's auto_map
     tok = _load_tokenizer(str(path))

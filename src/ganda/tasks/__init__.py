@@ -63,7 +63,8 @@ def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
     """``task`` rebuilt with ``adapter``'s defaults when its class takes any (else ``task``).
 
     Commands build the task before loading the model, so that a bad task name fails fast, then
-    call this once the model is loaded."""
+    call this once the model is loaded; a model without a tokenizer is refused here, in one line."""
+    adapter.require_tokenizer()
     if hasattr(type(task), "for_model"):
         return get_task(name, adapter=adapter, **options)
     return task
