@@ -87,6 +87,15 @@ CASES = [
     # a lab model copied without its lab.json
     C("eval-lab-without-lab-json", "eval", "{nolab}", "--task", "lab-mmlu", "--limit", "4", "--json",
       match="has no lab.json"),
+    # a malformed lab.json is refused as a missing one is, never read as the default world
+    C("eval-lab-json-list", "eval", "{lab_json_list}", "--task", "lab-mmlu", "--limit", "4", "--json",
+      match="lab.json is not a lab.json record (a JSON object)"),
+    C("eval-lab-json-empty", "eval", "{lab_json_empty}", "--task", "lab-mmlu", "--limit", "4", "--json",
+      match="lab.json names no world"),
+    C("eval-lab-json-bad-world", "eval", "{lab_json_bad_world}", "--task", "lab-kv", "--limit", "4",
+      match="holds a world ganda cannot read"),
+    C("eval-world-option-empty", "eval", LAB, "--task", "lab-mmlu", "--option", "world={lab_json_empty}",
+      match="lab.json names no world"),
     # model files and the device (strict loading, environment)
     C("eval-missing-model", "eval", "{missing}", match="no such model"),
     C("eval-truncated-safetensors", "eval", "{truncated}", "--task", "kv", "--json"),
@@ -331,6 +340,13 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     broken_tokenizer = copy("broken_tokenizer")
     (broken_tokenizer / "tokenizer.json").write_text('{"version": "1.0", "model": ')
 
+    lab_json_list = copy("lab_json_list")
+    (lab_json_list / "lab.json").write_text("[1]")
+    lab_json_empty = copy("lab_json_empty")
+    (lab_json_empty / "lab.json").write_text("{}")
+    lab_json_bad_world = copy("lab_json_bad_world")
+    (lab_json_bad_world / "lab.json").write_text(json.dumps({"world": {"seed": "x", "n_entities": [1]}}))
+
     def config(name: str, **changes) -> Path:
         d = copy(name)
         cfg = json.loads((d / "config.json").read_text())
@@ -361,7 +377,8 @@ def inputs(tmp_path_factory) -> dict[str, str]:
             "empty_run": str(empty), "good_run": str(good), "missing": str(root / "does-not-exist"),
             "nan_weight": str(nan_weight), "all_nan": str(all_nan), "inf_weight": str(inf_weight),
             "neg_eps": str(neg_eps), "nan_theta": str(nan_theta), "huge_layers": str(huge_layers),
-            "huge_experts": str(huge_experts), "int8_weights": str(int8_weights), "bool_weight": str(bool_weight),
+            "huge_experts": str(huge_experts), "lab_json_list": str(lab_json_list),
+            "lab_json_empty": str(lab_json_empty), "lab_json_bad_world": str(lab_json_bad_world), "int8_weights": str(int8_weights), "bool_weight": str(bool_weight),
             "int32_weight": str(int32_weight), "no_tokenizer": str(no_tokenizer),
             "broken_tokenizer": str(broken_tokenizer)}
 
@@ -478,6 +495,45 @@ def test_lab_library_functions_refuse_a_model_without_lab_json(inputs):
         with pytest.raises(GandaError, match="has no lab.json"):
             call()
     assert get_task("lab-kv", adapter=ad, world_seed=0).world.config.seed == 0  # a world named explicitly
+
+
+def test_a_lab_model_loaded_by_hub_id_reads_the_lab_json_of_its_snapshot(tmp_path, monkeypatch, capfd):
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--lab-h1"
+    shutil.copytree(checkpoint(LAB), repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    rc, orig, _ = _eval_json(capfd, LAB, "--task", "lab-mmlu", "--limit", "8")
+    rc, hub, err = _eval_json(capfd, "acme/lab-h1", "--task", "lab-mmlu", "--limit", "8")
+    assert rc == 0, err
+    assert hub["model"] == f"acme/lab-h1@{commit}"
+    assert hub["accuracy"] == orig["accuracy"] >= 0.75 and hub["config"]["world"] == orig["config"]["world"]
+
+
+def test_a_task_built_for_no_model_or_another_refuses_to_score(inputs):
+    """``get_task("lab-mmlu")`` without the model has the default world's data, on which a lab model
+    scores chance: ``evaluate`` refuses it, and a task built for another model."""
+    import ganda
+    from ganda.errors import GandaError
+    from ganda.evaluation import evaluate
+    from ganda.tasks import get_task
+
+    ad = ganda.load_model(LAB, device="cpu")
+    other = ganda.load_model(KV, device="cpu")
+    with pytest.raises(GandaError, match=r"task 'lab-mmlu' takes its data from the model it scores, and this one "
+                                         r"was built for no model, not lab-llama-h1: build it with "
+                                         r"get_task\('lab-mmlu', adapter=model\) or name its data with world=..."):
+        evaluate(ad, get_task("lab-mmlu"), limit=4, progress=False)
+    with pytest.raises(GandaError, match="was built for lab-kv-llama, not lab-llama-h1"):
+        evaluate(ad, get_task("lab-mmlu", adapter=other), limit=4, progress=False)
+    assert evaluate(ad, get_task("lab-mmlu", adapter=ad), limit=8, progress=False).accuracy >= 0.75
+    # data named explicitly are data the caller chose: scored on any model
+    assert evaluate(ad, get_task("lab-mmlu", world=str(checkpoint(LAB))), limit=8, progress=False).accuracy >= 0.75
+    evaluate(ad, get_task("lab-mmlu", world="default"), limit=2, progress=False)
+    evaluate(ad, get_task("kv"), limit=2, progress=False)  # a task of its own data: any model
 
 
 # ---- task options: declared once on each task ----------------------------------------------

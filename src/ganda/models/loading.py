@@ -634,7 +634,9 @@ def load_model(
     model.eval()
     if tok is not None and tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    return adapter_for(model, tok, spec)
+    adapter = adapter_for(model, tok, spec)
+    adapter.source_path = path  # type: ignore[attr-defined]  # what it was loaded from (a hub id's snapshot)
+    return adapter
 
 
 def model_path(spec: str) -> Path | None:

@@ -128,6 +128,25 @@ class Task(ABC):
     def score_generation(self, example: Example, generated: str) -> bool:  # pragma: no cover
         raise NotImplementedError
 
+    #: for a task whose data come from the model it scores (its class has ``for_model``): the
+    #: options that name those data explicitly (the lab's ``world``, ``world_seed``)
+    model_options: ClassVar[tuple[str, ...]] = ()
+    #: the spec of the model the task was built for (:func:`ganda.tasks.get_task` with ``adapter``),
+    #: ``"*"`` when its data were named explicitly, None when neither
+    built_for: str | None = None
+
+    def check_model(self, adapter: Any) -> None:
+        """Refuse to score ``adapter`` with a task whose data come from a model (the lab's world, from
+        a lab model's ``lab.json``) when the task was built for no model or for another one: a lab
+        model scores chance on a world it never learned."""
+        if not hasattr(type(self), "for_model") or self.built_for in ("*", adapter.spec):
+            return
+        named = " or ".join(f"{k}=..." for k in self.model_options)
+        built = f"for {self.built_for}" if self.built_for else "for no model"
+        raise GandaError(f"task {self.name!r} takes its data from the model it scores, and this one was built "
+                         f"{built}, not {adapter.spec}: build it with get_task({self.name!r}, adapter=model)"
+                         + (f" or name its data with {named}" if named else ""))
+
 
 def token_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Map character spans to token spans ``[first, last]`` (inclusive) using offset mappings.
