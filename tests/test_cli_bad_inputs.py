@@ -53,6 +53,10 @@ CASES = [
     C("eval-unknown-task", "eval", LAB, "--task", "nosuch", match="unknown task 'nosuch'"),
     C("eval-unknown-subject", "eval", LAB, "--task", "mmlu", "--subjects", "alchemy", match="unknown MMLU subject"),
     C("eval-no-subject", "eval", LAB, "--task", "mmlu", "--subjects", ",", match="no MMLU subject"),
+    C("eval-subject-twice", "eval", LAB, "--task", "mmlu", "--subjects", "anatomy,anatomy", "--json",
+      match="MMLU subject 'anatomy' is named twice"),
+    C("sweep-subject-twice", "sweep", LAB, "--task", "mmlu", "--subjects", "anatomy, virology,anatomy", "--out", "out",
+      match="MMLU subject 'anatomy' is named twice"),
     C("eval-mmlu-shots-9", "eval", LAB, "--task", "mmlu", "--shots", "9", match="shots must be between 0 and 5"),
     C("eval-letters-shots-neg", "eval", LAB, "--task", "letters", "--shots", "-1", match="shots must be at least 0"),
     C("eval-bbh-subtask", "eval", LAB, "--task", "bbh", "--option", "subtask=chess", match="unknown BBH subtask"),
@@ -567,6 +571,25 @@ def test_task_options_are_converted_and_checked_in_one_place():
         get_task("lab-kv", pairs=10_000)
     with pytest.raises(OptionError, match="n must be at least 1"):
         get_task("arc_easy", n=0)
+
+
+def test_a_negative_or_fractional_limit_is_refused_by_the_python_api():
+    """``limit=-1`` sliced off the last example (and crashed with seed 1); the API checks every
+    ``limit`` as the command line does, on every task's ``examples``."""
+    import ganda
+    from ganda.errors import GandaError
+    from ganda.evaluation import evaluate
+    from ganda.tasks import get_task
+
+    ad = ganda.load_model(LAB, device="cpu")
+    for limit in (-1, -5, 1.7, True, "3"):
+        for seed in (0, 1):
+            with pytest.raises(GandaError, match=f"limit must be a whole number of at least 1, got {limit!r}"):
+                evaluate(ad, get_task("kv", pairs=3), limit=limit, seed=seed, progress=False)
+    for name in ("kv", "letters", "mmlu", "arc_easy", "bbh", "gsm8k", "lab-mmlu"):
+        with pytest.raises(GandaError, match=f"task '{name}': limit must be"):
+            get_task(name, world="default" if name.startswith("lab") else None).examples(limit=-1)
+    assert len(get_task("kv", pairs=3).examples(limit=3)) == 3
 
 
 def test_empty_evaluation_is_an_error_not_an_accuracy():

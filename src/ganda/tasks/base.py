@@ -69,8 +69,12 @@ class Task(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Check ``bounds`` on every construction, so a task built from Python (``KVTask(pairs=0)``)
-        is refused exactly as ``get_task`` refuses it."""
+        is refused exactly as ``get_task`` refuses it; and ``limit`` on every call of ``examples``
+        (``limit=-1`` would slice off the last example, ``1.7`` would become 1)."""
         super().__init_subclass__(**kwargs)
+        examples = cls.__dict__.get("examples")
+        if examples is not None and getattr(examples, "__wrapped__", None) is None:
+            cls.examples = _checked_examples(examples)  # type: ignore[method-assign]
         init = cls.__dict__.get("__init__")
         if init is None or getattr(init, "__wrapped__", None) is not None:
             return
@@ -146,6 +150,22 @@ class Task(ABC):
         raise GandaError(f"task {self.name!r} takes its data from the model it scores, and this one was built "
                          f"{built}, not {adapter.spec}: build it with get_task({self.name!r}, adapter=model)"
                          + (f" or name its data with {named}" if named else ""))
+
+
+def check_limit(limit: Any, what: str = "limit") -> None:
+    """Refuse a ``limit`` that is not None or a whole number of at least 0 (0 gives no examples,
+    which whoever scores them refuses: an accuracy over nothing is no number)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise OptionError(f"{what} must be a whole number of at least 1, got {limit!r}")
+
+
+def _checked_examples(examples: Any) -> Any:
+    @functools.wraps(examples)
+    def checked(self: Task, limit: int | None = None, *args: Any, **kw: Any) -> list[Example]:
+        check_limit(limit, f"task {self.name!r}: limit")
+        return examples(self, limit, *args, **kw)
+
+    return checked
 
 
 def token_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
