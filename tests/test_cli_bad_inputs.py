@@ -224,6 +224,16 @@ CASES = [
       match="--limit"),
     # ganda grid, --ray
     C("grid-no-spec", "grid", "nothing.yaml", match="no grid spec at nothing.yaml"),
+    # the grid spec's schema: one line naming the key, before any model loads
+    C("grid-limit-text", "grid", "{grid_limit_abc}", match="options.limit must be a whole number of at least 1, got 'abc'"),
+    C("grid-limit-fraction", "grid", "{grid_limit_float}", match="options.limit must be a whole number of at least 1, "
+      "got 1.7"),
+    C("grid-limit-negative", "grid", "{grid_limit_neg}", match="options.limit must be a whole number of at least 1, got -1"),
+    C("grid-seed-text", "grid", "{grid_seed_xyz}", match="options.seed must be a whole number, got 'xyz'"),
+    C("grid-batch-heads-text", "grid", "{grid_batch_x}", match="options.sweep.batch_heads must be a whole number"),
+    C("grid-rank-method", "grid", "{grid_rank_method}", match="options.rank.method must be one of atp, atp*, exact"),
+    C("grid-out-list", "grid", "{grid_out_list}", match="'out' must be a directory name, got ['a', 'b']"),
+    C("grid-binary-spec", "grid", "{grid_binary}", match="not a grid spec (not UTF-8 text"),
     C("sweep-ray-actors-0", "sweep", LAB, "--task", "kv", "--limit", "2", "--ray", "local", "--ray-actors", "0",
       "--out", "out", match="--ray-actors must be at least 1"),
     C("sweep-ray-naive", "sweep", LAB, "--task", "kv", "--ray", "local", "--naive", "--out", "out",
@@ -351,6 +361,23 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     lab_json_bad_world = copy("lab_json_bad_world")
     (lab_json_bad_world / "lab.json").write_text(json.dumps({"world": {"seed": "x", "n_entities": [1]}}))
 
+    def grid(name: str, text: str | bytes, out: str = "runs/grid") -> Path:
+        f = root / f"{name}.yaml"
+        if isinstance(text, bytes):
+            f.write_bytes(text)
+        else:
+            f.write_text(f"models: [{LAB}]\ntasks: [kv]\nexperiments: [sweep, rank]\nout: {out}\n{text}")
+        return f
+
+    grids = {"grid_limit_abc": grid("grid_limit_abc", "options: {limit: abc}\n"),
+             "grid_limit_float": grid("grid_limit_float", "options: {limit: 1.7}\n"),
+             "grid_limit_neg": grid("grid_limit_neg", "options: {limit: -1}\n"),
+             "grid_seed_xyz": grid("grid_seed_xyz", "options: {seed: xyz}\n"),
+             "grid_batch_x": grid("grid_batch_x", "options: {sweep: {batch_heads: x}}\n"),
+             "grid_rank_method": grid("grid_rank_method", "options: {rank: {method: magic}}\n"),
+             "grid_out_list": grid("grid_out_list", "", out="[a, b]"),
+             "grid_binary": grid("grid_binary", bytes(range(256)) * 8)}
+
     def config(name: str, **changes) -> Path:
         d = copy(name)
         cfg = json.loads((d / "config.json").read_text())
@@ -382,7 +409,7 @@ def inputs(tmp_path_factory) -> dict[str, str]:
             "nan_weight": str(nan_weight), "all_nan": str(all_nan), "inf_weight": str(inf_weight),
             "neg_eps": str(neg_eps), "nan_theta": str(nan_theta), "huge_layers": str(huge_layers),
             "huge_experts": str(huge_experts), "lab_json_list": str(lab_json_list),
-            "lab_json_empty": str(lab_json_empty), "lab_json_bad_world": str(lab_json_bad_world), "int8_weights": str(int8_weights), "bool_weight": str(bool_weight),
+            "lab_json_empty": str(lab_json_empty), "lab_json_bad_world": str(lab_json_bad_world), **{k: str(v) for k, v in grids.items()}, "int8_weights": str(int8_weights), "bool_weight": str(bool_weight),
             "int32_weight": str(int32_weight), "no_tokenizer": str(no_tokenizer),
             "broken_tokenizer": str(broken_tokenizer)}
 

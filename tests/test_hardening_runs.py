@@ -419,3 +419,71 @@ def test_new_sweep_clears_an_earlier_sweeps_results(tmp_path, capsys):
     # the report would otherwise show the old cumulative curve beside the new sweep
     assert not any((out / f"cumulative.{ext}").exists() for ext in ("json", "csv", "png"))
     assert json.loads((out / "results.jsonl").read_text().splitlines()[0])["config"]["n"] == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# ganda grid reuses a job only when it was made as the spec says now
+
+
+def _grid(tmp_path: Path, model: Path | str, **options) -> Path:
+    import yaml
+
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(yaml.safe_dump({"models": [str(model)], "tasks": ["lab-mmlu"], "experiments": ["sweep"],
+                                    "out": str(tmp_path / "grid"), "options": {"limit": 2, "seed": 0, **options}}))
+    return spec
+
+
+def test_grid_reuses_a_job_only_when_its_record_matches(tmp_path, capsys, monkeypatch):
+    """A rerun with another limit or seed, on replaced weights or in another dtype refuses in one line
+    and leaves every file as it was; the same spec again skips the finished job without loading."""
+    import ganda.grid
+
+    model = _copy_model(tmp_path)
+    spec = _grid(tmp_path, model)
+    assert _cli(capsys, "grid", spec)[0] == 0
+    grid = tmp_path / "grid"
+    job = next(grid.glob("*/lab-mmlu/sweep"))
+    record = json.loads((job / "grid-job.json").read_text())
+    assert record["options"]["limit"] == 2 and record["weights"] == runio.model_fingerprint(model)
+    files = {p: p.read_bytes() for p in grid.rglob("*") if p.is_file() and p.name != ".lock"}
+
+    def refused(*extra: str, **env: str) -> str:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        rc, out, err = _cli(capsys, "grid", *extra)
+        for k in env:
+            monkeypatch.delenv(k)
+        assert rc == 2 and len(_err_lines(err)) == 1 and "Traceback" not in err, err
+        assert {p: p.read_bytes() for p in grid.rglob("*") if p.is_file() and p.name != ".lock"} == files
+        return err
+
+    assert "made with other options.limit than the spec gives now" in refused(_grid(tmp_path, model, limit=3))
+    assert "other options.seed" in refused(_grid(tmp_path, model, seed=1))
+    assert "other options.sweep" in refused(_grid(tmp_path, model, sweep={"batch_heads": 1}))
+    assert "other dtype" in refused(_grid(tmp_path, model), GANDA_DTYPE="bfloat16")
+    from safetensors.torch import load_file, save_file
+
+    weights = model / "model.safetensors"
+    st, blob = weights.stat(), weights.read_bytes()
+    tensors = load_file(weights)
+    tensors["model.layers.2.self_attn.o_proj.weight"] *= 0.5  # another checkpoint, same size and mtime
+    save_file(tensors, weights, metadata={"format": "pt"})
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    err = refused(_grid(tmp_path, model))
+    assert "other weights than the spec gives now; the weights changed since" in err
+    weights.write_bytes(blob)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    monkeypatch.setattr(ganda.grid, "load_model", lambda *a, **k: pytest.fail("a finished job loaded its model"))
+    rc, out, _ = _cli(capsys, "grid", _grid(tmp_path, model))
+    assert rc == 0 and out.startswith(" done") and (grid / "grid.json").exists()
+
+
+def test_grid_refuses_a_job_directory_without_its_record(tmp_path, capsys):
+    model = _copy_model(tmp_path)
+    assert _cli(capsys, "grid", _grid(tmp_path, model))[0] == 0
+    job = next((tmp_path / "grid").glob("*/lab-mmlu/sweep"))
+    (job / "grid-job.json").unlink()  # results made elsewhere, or by hand: nothing says how
+    rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, limit=3))
+    assert rc == 2 and "holds results but no grid-job.json saying how they were made" in err
