@@ -245,6 +245,31 @@ def test_ctrl_c_during_eval_exits_130():
     assert out == ""
 
 
+def _python_start_up() -> float:
+    """Seconds the interpreter itself takes to start here (before any ganda code can run)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import runpy"], env=ENV, check=True)
+    return time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("after", [0.0, 0.1, 0.3])
+def test_ctrl_c_during_start_up_is_one_line(after):
+    """Imports take most of a second; a Ctrl-C among them (once Python itself has started: before
+    that no program's code runs) is ``ganda: interrupted``, exit 130, for the script and ``-m``."""
+    script = Path(sys.executable).parent / "ganda"
+    for argv in ([sys.executable, "-m", "ganda"], [sys.executable, "-X", "utf8", "-m", "ganda"],
+                 *([[str(script)]] if script.exists() else [])):
+        wait = 1.5 * _python_start_up() + 0.05 + after
+        proc = subprocess.Popen([*argv, "eval", MODEL, "--task", "kv", "--limit", "2"], env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(wait)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert proc.returncode == 130 and _err_lines(err) == ["ganda: interrupted"], (proc.returncode, err)
+        assert out == ""
+
+
 def test_second_run_into_the_same_out_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     proc = _start([*SLOW, "--out", str(out)])
@@ -487,3 +512,19 @@ def test_grid_refuses_a_job_directory_without_its_record(tmp_path, capsys):
     (job / "grid-job.json").unlink()  # results made elsewhere, or by hand: nothing says how
     rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, limit=3))
     assert rc == 2 and "holds results but no grid-job.json saying how they were made" in err
+
+
+def test_quiet_silences_the_gguf_dequantisation_bar(tmp_path, monkeypatch, capfd):
+    from test_hardening_models import write_tiny_gguf
+
+    monkeypatch.setenv("GANDA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GANDA_PROGRESS_EVERY", "0")
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf)
+    capfd.readouterr()
+    assert main(["-q", "eval", str(gguf), "--task", "kv", "--pairs", "2", "--limit", "1", "--json"]) == 0
+    err = capfd.readouterr().err
+    assert "GGUF" not in err and _err_lines(err) == [line for line in _err_lines(err) if line.startswith("ganda eval")]
+    monkeypatch.setenv("GANDA_CACHE", str(tmp_path / "cache2"))  # not quiet: the bar is ganda's (a log line here)
+    assert main(["eval", str(gguf), "--task", "kv", "--pairs", "2", "--limit", "1", "--json"]) == 0
+    assert "de-quantizing GGUF" in capfd.readouterr().err

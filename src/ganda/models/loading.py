@@ -52,6 +52,7 @@ from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError
 from ..fingerprint import fingerprint
 from ..finite import check_config, check_weights
+from ..progress import tqdm as progress_bar
 from . import hub, placement
 from .base import ModelAdapter
 from .registry import adapter_for, check_model_type
@@ -401,7 +402,7 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
     """Model (fp32) and tokenizer from a GGUF, strictly: every tensor the architecture needs."""
     from transformers import AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
-    with _reading(path, "GGUF file (truncated or corrupt?)"):
+    with _reading(path, "GGUF file (truncated or corrupt?)"), _ganda_bars():
         tok = _load_tokenizer(str(path.parent), gguf_file=path.name)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -412,6 +413,24 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
     check_model_type(getattr(model.config, "model_type", None))
     _check_loading_info(model, info, path)
     return model, tok
+
+
+@contextlib.contextmanager
+def _ganda_bars() -> Iterator[None]:
+    """transformers' GGUF loader draws its own tqdm bar ("Converting and de-quantizing GGUF
+    tensors..."), which its progress-bar switch does not reach: route it through
+    :mod:`ganda.progress`, silent under ``--quiet`` and one line at a time in a log file."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - transformers without GGUF support
+        yield
+        return
+    old = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = progress_bar
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = old
 
 
 def _temp_name(name: str, tag: str) -> str:
