@@ -528,3 +528,60 @@ def test_quiet_silences_the_gguf_dequantisation_bar(tmp_path, monkeypatch, capfd
     monkeypatch.setenv("GANDA_CACHE", str(tmp_path / "cache2"))  # not quiet: the bar is ganda's (a log line here)
     assert main(["eval", str(gguf), "--task", "kv", "--pairs", "2", "--limit", "1", "--json"]) == 0
     assert "de-quantizing GGUF" in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# a damaged progress file is named, line and all, never resumed from
+
+
+@pytest.mark.parametrize("line, why", [
+    (b"5", "line 4: a JSON int, not a record"),
+    (b"[]", "line 4: a JSON list, not a record"),
+    (b"garbage", "line 4: not JSON"),
+    (b'{"type": "head", "head": "L2H0"}', "line 4: a head record without layer, index, n, acc"),
+    (b'{"type": "header", "config": {}}', "line 4: a record of type 'header'"),
+    (b'{"type": "head", "head": "L2H0", "layer": 2, "index": 0, "n": 2, "acc": 0.5, "acc_norm": 0.5, "pred": [0, 1], '
+     b'"pred_norm": [0, 1], "gold": [0, 1], "loglik": [[NaN, -1.0], [-1.0, -2.0]]}',
+     "line 4: a head record whose scores are malformed or not finite"),
+])
+def test_a_damaged_progress_line_is_reported_with_its_number(tmp_path, capsys, line, why):
+    out = tmp_path / "run"
+    cmd = ["sweep", MODEL, "--task", "kv", "--limit", "2", "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    lines = (out / "progress.jsonl").read_bytes().splitlines(keepends=True)
+    damaged = b"".join([*lines[:3], line + b"\n", *lines[3:4]])
+    (out / "progress.jsonl").write_bytes(damaged)
+    (out / "results.jsonl").unlink()
+    rc, _, err = _cli(capsys, *cmd)
+    assert rc == 2 and len(_err_lines(err)) == 1 and "Traceback" not in err, err
+    assert f"progress.jsonl, line {why.split(':')[0].split()[1]}: {why.split(': ', 1)[1]}" in err
+    assert err.rstrip().endswith("use --no-resume to start over, or another --out")
+    assert (out / "progress.jsonl").read_bytes() == damaged  # nothing cut, nothing appended
+    assert _cli(capsys, *cmd, "--no-resume")[0] == 0
+
+
+def test_a_torn_last_line_still_resumes(tmp_path, capsys):
+    """A write killed before its newline leaves a torn last line: it is cut off and the run resumes."""
+    out = tmp_path / "run"
+    cmd = ["sweep", MODEL, "--task", "kv", "--limit", "2", "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    full = (out / "progress.jsonl").read_bytes()
+    lines = full.splitlines(keepends=True)
+    (out / "progress.jsonl").write_bytes(b"".join(lines[:3]) + lines[3][:25])
+    (out / "results.jsonl").unlink()
+    assert _cli(capsys, *cmd)[0] == 0
+    assert _heads(out) == ["L0H0", "L1H0", "L2H0", "L3H0"]
+
+
+def test_a_damaged_verification_file_is_one_line(tmp_path, capsys):
+    out = tmp_path / "rank"
+    cmd = ["rank", MODEL, "--task", "kv", "--limit", "2", "--ablation", "mean", "--verify-top", "2", "--audit", "0",
+           "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    for name, line in (("verify/progress.jsonl", b'{"type": "head"}'), ("attribution.jsonl", b"7")):
+        f = out / name
+        kept = f.read_bytes()
+        f.write_bytes(kept + line + b"\n")
+        rc, _, err = _cli(capsys, *cmd)
+        assert rc == 2 and len(_err_lines(err)) == 1 and "Traceback" not in err and f"{name}, line " in err, err
+        f.write_bytes(kept)

@@ -401,28 +401,52 @@ def _require_finite(adapter: ModelAdapter, packed: list[_Packed], rec: dict[str,
                      adapter, packed[bad].rows[0][: packed[bad].ctx_lens[0]])
 
 
+_FIELDS = {"header": ("config",), "baseline": ("n", "acc", "acc_norm", "pred", "pred_norm", "gold", "loglik"),
+           "head": ("head", "layer", "index", "n", "acc", "acc_norm", "pred", "pred_norm", "gold", "loglik")}
+
+
 def _read_progress(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON lines of a progress file; a torn last line (killed mid-write) is cut off."""
+    """The records of a progress file. A torn last line (a write killed before its newline) is cut
+    off: the run resumes before it. Any other line that is not a sweep record (not JSON, not an
+    object, a record of another kind or missing its fields, scores that are not finite) is one
+    error naming its line: the file is damaged, and a resume would mix its numbers in."""
     if not path.exists():
         return []
     data = path.read_bytes()
-    good_end = 0
+    complete = data[: data.rfind(b"\n") + 1]
     out = []
-    start = 0
-    while True:
-        nl = data.find(b"\n", start)
-        if nl < 0:
-            break
+    for i, line in enumerate(complete.splitlines(), 1):
+        why = None
         try:
-            out.append(json.loads(data[start:nl]))
-        except json.JSONDecodeError:
-            break
-        good_end = nl + 1
-        start = nl + 1
-    if good_end != len(data):
+            rec = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            rec, why = None, "not JSON"
+        if why is None:
+            kind = rec.get("type") if isinstance(rec, dict) else None
+            want = "header" if i == 1 else kind if kind in ("baseline", "head") else None
+            if not isinstance(rec, dict):
+                why = f"a JSON {type(rec).__name__}, not a record"
+            elif want is None or kind != want:
+                why = f"a record of type {kind!r}" + (" where the header belongs" if i == 1 else "")
+            elif missing := [f for f in _FIELDS[want] if f not in rec]:
+                why = f"a {want} record without {', '.join(missing)}"
+            elif want != "header" and not _well_formed(rec):
+                why = f"a {want} record whose scores are malformed or not finite"
+        if why is not None:
+            raise GandaError(f"{path}, line {i}: {why}; the file is damaged (a resume would mix its numbers in): "
+                             "use --no-resume to start over, or another --out")
+        out.append(rec)
+    if len(complete) != len(data):
         with path.open("r+b") as f:
-            f.truncate(good_end)
+            f.truncate(len(complete))
     return out
+
+
+def _well_formed(rec: dict[str, Any]) -> bool:
+    lists = [rec.get(k) for k in ("pred", "pred_norm", "gold", "loglik")]
+    return (isinstance(rec.get("n"), int) and all(isinstance(x, list) and len(x) == rec["n"] for x in lists)
+            and all(isinstance(ll, list) and all(isinstance(v, int | float) and math.isfinite(v) for v in ll)
+                    for ll in rec["loglik"]))
 
 
 @dataclass

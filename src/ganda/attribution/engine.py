@@ -509,7 +509,8 @@ def _prompts_digest(examples: Sequence[Example]) -> str:
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON lines; a torn last line (a killed write) is cut off."""
+    """Complete JSON lines; a torn last line (a killed write, no newline) is cut off, and any other
+    line that is not a JSON object is one error naming it."""
     if not path.exists():
         return []
     out, good = [], 0
@@ -518,9 +519,13 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
         if not line.endswith(b"\n"):
             break
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+            rec = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            rec = None
+        if not isinstance(rec, dict):  # a whole line that is not a record: damage, never cut silently
+            raise GandaError(f"{path}, line {len(out) + 1}: not a record; the file is damaged: use --no-resume "
+                             "to start over, or another --out")
+        out.append(rec)
         good += len(line)
     if good != len(data):
         with path.open("r+b") as f:

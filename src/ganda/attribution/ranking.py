@@ -221,7 +221,10 @@ def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
         if lines:
             if lines[0].get("config") != cfg:
                 raise GandaError(f"{path} holds a different verification; use --no-resume or another --out")
-            for rec in lines[1:]:
+            for i, rec in enumerate(lines[1:], 2):
+                if not isinstance(rec.get("loglik"), list) or (rec.get("type") != "baseline" and "head" not in rec):
+                    raise GandaError(f"{path}, line {i}: not a verification record; the file is damaged: use "
+                                     "--no-resume to start over, or another --out")
                 if rec.get("type") == "baseline":
                     baseline = rec["loglik"]
                 else:
