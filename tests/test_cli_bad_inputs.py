@@ -236,6 +236,12 @@ CASES = [
     C("grid-binary-spec", "grid", "{grid_binary}", match="not a grid spec (not UTF-8 text"),
     C("sweep-ray-actors-0", "sweep", LAB, "--task", "kv", "--limit", "2", "--ray", "local", "--ray-actors", "0",
       "--out", "out", match="--ray-actors must be at least 1"),
+    C("sweep-ray-unreachable", "sweep", LAB, "--task", "kv", "--ray", "127.0.0.1:1", "--out", "out",
+      match="--ray 127.0.0.1:1: no Ray cluster answered at 127.0.0.1:1 within 1 s (Connection refused)",
+      GANDA_RAY_CONNECT_TIMEOUT="1"),
+    C("rank-ray-client-unreachable", "rank", LAB, "--task", "kv", "--ray", "ray://127.0.0.1:1", "--out", "out",
+      match="no Ray cluster answered at 127.0.0.1:1 within 1.5 s", GANDA_RAY_CONNECT_TIMEOUT="1.5"),
+    C("grid-ray-bad-address", "grid", "{grid_ok}", "--ray", "somewhere:port", match="expected local, auto, HOST:PORT"),
     C("sweep-ray-naive", "sweep", LAB, "--task", "kv", "--ray", "local", "--naive", "--out", "out",
       match="drop --ray or --naive"),
     # ganda extends
@@ -376,7 +382,8 @@ def inputs(tmp_path_factory) -> dict[str, str]:
              "grid_batch_x": grid("grid_batch_x", "options: {sweep: {batch_heads: x}}\n"),
              "grid_rank_method": grid("grid_rank_method", "options: {rank: {method: magic}}\n"),
              "grid_out_list": grid("grid_out_list", "", out="[a, b]"),
-             "grid_binary": grid("grid_binary", bytes(range(256)) * 8)}
+             "grid_binary": grid("grid_binary", bytes(range(256)) * 8),
+             "grid_ok": grid("grid_ok", "options: {limit: 2}\n")}
 
     def config(name: str, **changes) -> Path:
         d = copy(name)
@@ -474,6 +481,22 @@ def test_bad_input_through_the_entry_point(case_id: str, inputs, tmp_path, monke
     before = _tree(cwd)
     r = subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=300)
     _check(case, inputs, r.returncode, r.stdout, r.stderr, before, cwd)
+
+
+def test_ray_not_installed_is_said_before_the_model_loads(monkeypatch, tmp_path, capfd):
+    import ganda.models
+    from ganda.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "ray", None)  # what "import ray" sees where Ray is not installed
+    monkeypatch.setattr(ganda.models, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    for argv in (["sweep", LAB, "--task", "kv", "--ray", "local", "--out", "out"],
+                 ["rank", LAB, "--task", "kv", "--ray", "127.0.0.1:1", "--out", "out"]):
+        capfd.readouterr()
+        assert main(argv) == 2
+        err = capfd.readouterr().err
+        assert err.startswith("ganda: error: --ray needs Ray, which is not installed here") and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())
 
 
 def test_every_command_has_a_bad_input_row():
