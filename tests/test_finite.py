@@ -82,19 +82,24 @@ def test_generation_stops_at_the_first_logits_that_are_not_finite(byte_tok):
         evaluate(_nan_o_proj(byte_tok), get_task("gsm8k"), limit=1, progress=False)
 
 
-def test_weights_are_checked_on_their_device_in_bounded_chunks(monkeypatch):
+def test_weights_are_checked_on_their_device_without_a_copy(monkeypatch):
     import ganda.finite as finite
 
-    monkeypatch.setattr(finite, "CHUNK", 100)  # several chunks per tensor
-    model = torch.nn.Sequential(torch.nn.Linear(30, 30), torch.nn.Linear(30, 30))
+    model = torch.nn.Sequential(torch.nn.Linear(30, 30), torch.nn.Linear(30, 30).to(torch.bfloat16))
     check_weights(model, "m")
     with torch.no_grad():
-        model[1].weight[29, 29] = float("-inf")  # the last element of the last chunk
+        model[1].weight[29, 29] = float("-inf")  # the last element
         model[1].bias[0] = float("nan")
     with pytest.raises(GandaError, match=r"^m: the weights are not finite: 1\.weight holds 1 infinite of 900 values "
                                          r"\(1 more tensor too\)"):
         check_weights(model, "m")
     check_weights(torch.nn.Module(), "nothing")  # no weights, nothing to refuse
+    # a dtype without a min/max kernel is checked in chunks
+    monkeypatch.setattr(finite, "CHUNK", 100)
+    monkeypatch.setattr(torch, "aminmax", lambda t: (_ for _ in ()).throw(RuntimeError("no kernel")))
+    with pytest.raises(GandaError, match=r"1\.weight holds 1 infinite"):
+        check_weights(model, "m")
+    check_weights(torch.nn.Linear(30, 30), "m")
 
 
 def _configs() -> list[Path]:

@@ -7,8 +7,8 @@ choice, and an accuracy computed from them looks like a result. Three checks sto
   every ``*eps*`` / ``*epsilon*`` is positive, ``rope_theta`` is positive, and every size (layers,
   heads, experts, widths, vocabulary) is within what any real model has, so a config cannot make
   ganda build a million layers;
-* :func:`check_weights`: when a model loads, every floating-point tensor is finite (checked on its
-  own device, in bounded chunks); the first tensor that is not is named;
+* :func:`check_weights`: when a model loads, every floating-point tensor is finite (a min/max
+  reduction on its own device, no copy); the first tensor that is not is named;
 * :func:`check_scores` / :func:`check_logits`: every score is finite (a few floats per example, so
   the check is free); when one is not, a diagnostic forward of that prompt names the first module,
   in the order they run, whose output is not finite.
@@ -82,37 +82,54 @@ def check_config(raw: dict[str, Any], where: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # weights
 
-CHUNK = 1 << 24  # elements checked at once: bounds the temporary boolean tensor (16 MiB)
+CHUNK = 1 << 24  # elements checked at once where a dtype has no min/max reduction (its bool mask: 16 MiB)
+SMALL = 1 << 22  # CPU tensors below this many elements are checked on one thread
+
+
+def _bounds(t: Any) -> Any:
+    """``[min, max]`` of a floating-point tensor as float64 on its device: both finite iff every value is
+    (min and max propagate NaN). One pass, no temporary the size of the tensor; 15x faster on a CPU
+    than ``isfinite(t).all()``. A dtype without a min/max kernel (float8) is checked in chunks."""
+    import torch
+
+    try:
+        return torch.stack(torch.aminmax(t.detach())).to(torch.float64)
+    except (RuntimeError, NotImplementedError):
+        flat = t.detach().reshape(-1)
+        ok = torch.stack([torch.isfinite(flat[i : i + CHUNK].float()).all() for i in range(0, flat.numel(), CHUNK)])
+        return torch.where(ok.all(), 0.0, float("nan")).to(torch.float64).repeat(2)
 
 
 def check_weights(model: Any, where: str) -> None:
     """Refuse a model any of whose floating-point tensors (parameters and buffers) holds NaN or
     infinity, naming the first one (in the model's own order) and how many values are bad.
 
-    Runs on each tensor's device in chunks of :data:`CHUNK` elements, with one host
-    synchronisation per device; tensors on the ``meta`` device (disk offload) are skipped."""
+    Runs on each tensor's device (a min/max reduction per tensor), with one host synchronisation
+    per device; tensors on the ``meta`` device (disk offload) are skipped."""
     import torch
 
     with torch.no_grad():
-        names: list[str] = []
-        flags: dict[str, list[Any]] = {}
-        order: dict[str, list[int]] = {}
-        for name, t in model.state_dict(keep_vars=False).items():
-            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.device.type == "meta" or t.numel() == 0:
-                continue
-            flat = t.detach().view(-1) if t.is_contiguous() else t.detach()
-            ok = [torch.isfinite(flat[i : i + CHUNK]).all() for i in range(0, flat.shape[0], CHUNK)] \
-                if flat.dim() == 1 else [torch.isfinite(flat).all()]
-            key = str(t.device)
-            flags.setdefault(key, []).append(torch.stack(ok).all())
-            order.setdefault(key, []).append(len(names))
-            names.append(name)
-        bad = sorted(order[dev][i] for dev, fl in flags.items()
-                     for i in torch.stack(fl).logical_not().nonzero().flatten().tolist())
+        tensors = {name: t for name, t in model.state_dict(keep_vars=False).items()
+                   if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type != "meta" and t.numel()}
+        names = list(tensors)
+        bounds: dict[int, Any] = {}
+        small = [i for i, n in enumerate(names) if tensors[n].device.type == "cpu" and tensors[n].numel() < SMALL]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # waking a second thread costs more than a small tensor's whole pass
+        try:
+            bounds.update((i, _bounds(tensors[names[i]])) for i in small)
+        finally:
+            torch.set_num_threads(threads)
+        bounds.update((i, _bounds(tensors[n])) for i, n in enumerate(names) if i not in bounds)
+        by_device: dict[str, list[int]] = {}
+        for i, name in enumerate(names):
+            by_device.setdefault(str(tensors[name].device), []).append(i)
+        bad = sorted(idx[j] for idx in by_device.values()
+                     for j in (~torch.isfinite(torch.stack([bounds[i] for i in idx])).all(1)).nonzero().flatten().tolist())
         if not bad:
             return
         name = names[bad[0]]
-        t = model.state_dict()[name].detach()
+        t = tensors[name].detach()
         nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
         what = " and ".join(x for x in (f"{nan:,} NaN" if nan else "", f"{inf:,} infinite" if inf else "") if x)
         more = f" ({len(bad) - 1} more tensor{'s' if len(bad) > 2 else ''} too)" if len(bad) > 1 else ""
