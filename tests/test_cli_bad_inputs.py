@@ -9,6 +9,7 @@ empty working directory whose outputs (``out``, ``pred.jsonl``, ``runs/``, ...) 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -148,6 +149,19 @@ CASES = [
     C("eval-device-cuda", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DEVICE="cuda"),
     C("eval-dtype-float77", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DTYPE="float77"),
     C("eval-predictions-dir", "eval", LAB, "--task", "kv", "--limit", "2", "--predictions", "pred_dir"),
+    # inputs are never written over; another existing file only with --force
+    C("eval-predictions-over-weights", "eval", "{victim}", "--task", "kv", "--limit", "2", "--predictions",
+      "{victim}/model.safetensors", match="is inside {victim}, which this command reads; ganda never writes over"),
+    C("eval-predictions-into-model", "eval", "{victim}", "--task", "kv", "--limit", "2", "--predictions",
+      "{victim}/pred.jsonl", match="is inside {victim}, which this command reads"),
+    C("eval-predictions-over-a-file", "eval", LAB, "--task", "kv", "--limit", "2", "--predictions", "{user_file}",
+      match="exists and is not a predictions file that ganda wrote; pass --force to replace it"),
+    C("attn-out-over-a-file", "attn", LAB, "--heads", "L1H0", "--prompt", "the key", "--out", "{user_png}",
+      match="exists and is not a figure that ganda wrote; pass --force"),
+    C("attn-out-over-weights", "attn", "{victim}", "--heads", "L1H0", "--prompt", "the key", "--force", "--out",
+      "{victim}/model.safetensors", match="ganda never writes over its inputs"),
+    C("sweep-out-inside-model", "sweep", "{victim}", "--task", "kv", "--limit", "2", "--out", "{victim}/run",
+      match="is inside the model directory {victim}; ganda never writes into a model's files"),
     # ganda attn
     C("attn-heads-empty", "attn", LAB, "--heads", ",", "--out", "a.png", match="no head ids"),
     C("attn-index-neg", "attn", LAB, "--heads", "L1H0", "--index", "-1", "--out", "a.png", match="--index"),
@@ -272,6 +286,21 @@ CASES = [
     C("report-empty-dir", "report", "{empty_run}", "--out", "page.html", match="no result.json"),
     C("report-missing-dir", "report", "{missing}", "--out", "page.html", match="not a run directory"),
     C("report-out-is-dir", "report", "{good_run}", "--out", "pred_dir", match="is a directory"),
+    # damaged result files: one line naming the file (and the line), never a page that shows the error
+    C("report-garbage-line", "report", "{sweep_garbage_line}", "--out", "page.html",
+      match="results.jsonl, line 3: not a JSON object"),
+    C("report-results-list", "report", "{sweep_list}", "--out", "page.html", match="results.jsonl, line 1: not a JSON"),
+    C("report-header-without-fields", "report", "{sweep_no_fields}", "--out", "page.html",
+      match="is not a finished sweep (no header with its config"),
+    C("report-garbage-result-json", "report", "{garbage_result}", "--out", "page.html",
+      match="result.json is not valid JSON"),
+    C("report-result-json-list", "report", "{list_result}", "--out", "page.html",
+      match="result.json is not a ganda result (a JSON list, not an object)"),
+    C("report-garbage-ranking", "report", "{garbage_ranking}", "--out", "page.html", match="ranking.json is not valid"),
+    C("report-out-over-result", "report", "{good_run}", "--out", "{good_run}/result.json", "--force",
+      match="is a file that this command reads; ganda never writes over its inputs"),
+    C("report-out-over-a-file", "report", "{good_run}", "--out", "{user_file}",
+      match="exists and is not a report page that ganda wrote; pass --force"),
     # ganda info
     C("info-missing", "info", "{missing}", match="no such model"),
     C("info-truncated-safetensors", "info", "{truncated}"),
@@ -360,6 +389,26 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     broken_tokenizer = copy("broken_tokenizer")
     (broken_tokenizer / "tokenizer.json").write_text('{"version": "1.0", "model": ')
 
+    victim = copy("victim")  # a model a command must never write into
+    user_file = root / "notes.jsonl"
+    user_file.write_text("my own notes\n")
+    user_png = root / "photo.png"
+    user_png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    def run_dir(name: str, **files: str) -> Path:
+        d = root / name
+        d.mkdir()
+        for f, text in files.items():
+            (d / f.replace("_", ".")).write_text(text)
+        return d
+
+    header = json.dumps({"type": "header", "config": {"model": LAB}})
+    baseline = json.dumps({"type": "baseline", "n": 2, "acc": 0.5, "acc_norm": 0.5})
+    runs = {"sweep_garbage_line": run_dir("sweep_garbage_line", results_jsonl=f"{header}\n{baseline}\n{{garbage\n"),
+            "sweep_list": run_dir("sweep_list", results_jsonl="[]\n"),
+            "sweep_no_fields": run_dir("sweep_no_fields", results_jsonl='{"type": "header"}\n{"type": "baseline"}\n'),
+            "garbage_result": run_dir("garbage_result", result_json="garbage"),
+            "list_result": run_dir("list_result", result_json="[1, 2]"),
+            "garbage_ranking": run_dir("garbage_ranking", ranking_json="{")}
     lab_json_list = copy("lab_json_list")
     (lab_json_list / "lab.json").write_text("[1]")
     lab_json_empty = copy("lab_json_empty")
@@ -416,9 +465,20 @@ def inputs(tmp_path_factory) -> dict[str, str]:
             "nan_weight": str(nan_weight), "all_nan": str(all_nan), "inf_weight": str(inf_weight),
             "neg_eps": str(neg_eps), "nan_theta": str(nan_theta), "huge_layers": str(huge_layers),
             "huge_experts": str(huge_experts), "lab_json_list": str(lab_json_list),
-            "lab_json_empty": str(lab_json_empty), "lab_json_bad_world": str(lab_json_bad_world), **{k: str(v) for k, v in grids.items()}, "int8_weights": str(int8_weights), "bool_weight": str(bool_weight),
+            "lab_json_empty": str(lab_json_empty), "lab_json_bad_world": str(lab_json_bad_world),
+            **{k: str(v) for k, v in grids.items()}, "victim": str(victim), "user_file": str(user_file),
+            **{k: str(v) for k, v in runs.items()},
+            "user_png": str(user_png), "int8_weights": str(int8_weights), "bool_weight": str(bool_weight),
             "int32_weight": str(int32_weight), "no_tokenizer": str(no_tokenizer),
             "broken_tokenizer": str(broken_tokenizer)}
+
+
+def _outside(inputs: dict[str, str]) -> dict[str, tuple[bool, int, int]]:
+    """The bad inputs that commands are told to write over: they must stay as they are."""
+    root = Path(inputs["victim"]).parent
+    return {n: _tree(root / n) if (root / n).is_dir() else (False, (root / n).stat().st_size,
+                                                             (root / n).stat().st_mtime_ns)
+            for n in ("victim", "notes.jsonl", "photo.png", "good_run")}
 
 
 def _tree(d: Path) -> dict[str, tuple[bool, int, int]]:
@@ -457,7 +517,7 @@ def test_bad_input_is_one_line_and_exit_2(case: Case, inputs, tmp_path, monkeypa
     from ganda.cli import main
 
     argv, cwd = _prepare(case, inputs, tmp_path, monkeypatch)
-    before = _tree(cwd)
+    before, kept = _tree(cwd), _outside(inputs)
     capfd.readouterr()
     try:
         rc = main(argv)
@@ -465,6 +525,7 @@ def test_bad_input_is_one_line_and_exit_2(case: Case, inputs, tmp_path, monkeypa
         pytest.fail(f"ganda {' '.join(argv)} raised {type(exc).__name__}: {exc}")
     out, err = capfd.readouterr()
     _check(case, inputs, rc, out, err, before, cwd)
+    assert _outside(inputs) == kept, "a file outside the working directory was written"
 
 
 ENTRY_POINT_CASES = ["eval-pairs-0", "eval-limit-0", "eval-lab-without-lab-json", "report-empty-dir",
@@ -685,6 +746,21 @@ def test_dream_directory_named_but_empty_is_an_error_never_a_fallback(tmp_path, 
 
 
 # ---- ganda report ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, match", [
+    ("sweep_garbage_line", "results.jsonl, line 3: not a JSON object"), ("sweep_list", "line 1: not a JSON object"),
+    ("sweep_no_fields", "its result files are damaged or not ganda's (KeyError"),
+    ("garbage_result", "result.json: not readable as JSON"), ("list_result", "is not a ganda result"),
+    ("garbage_ranking", "ranking.json: not readable as JSON"),
+])
+def test_damaged_results_are_one_line_in_python_too(inputs, name, match):
+    from ganda import results
+    from ganda.errors import GandaError
+
+    with pytest.raises(GandaError, match=re.escape(match)) as info:
+        results.load(inputs[name])
+    assert "\n" not in str(info.value)
+
 
 def test_report_of_directories_without_results_is_refused(tmp_path):
     from ganda.errors import GandaError

@@ -514,6 +514,47 @@ def test_grid_refuses_a_job_directory_without_its_record(tmp_path, capsys):
     assert rc == 2 and "holds results but no grid-job.json saying how they were made" in err
 
 
+# ---------------------------------------------------------------------------------------------
+# output files: inputs never, ganda's own again, anything else with --force
+
+
+def test_an_output_ganda_wrote_is_replaced_and_another_file_only_with_force(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pred, page = tmp_path / "pred.jsonl", tmp_path / "page.html"
+    eval_cmd = ["eval", MODEL, "--task", "kv", "--limit", "2"]
+    assert _cli(capsys, *eval_cmd, "--predictions", pred)[0] == 0
+    assert _cli(capsys, *eval_cmd, "--predictions", pred)[0] == 0  # its own file: replaced
+    figure = tmp_path / "maps.png"
+    attn = ["attn", MODEL, "--heads", "L1H0", "--prompt", "the key is", "--out", figure]
+    assert _cli(capsys, *attn)[0] == 0 and _cli(capsys, *attn)[0] == 0
+    assert (tmp_path / "maps.json").exists()
+    run = tmp_path / "run"
+    assert _cli(capsys, "sweep", MODEL, "--task", "kv", "--limit", "2", "--heads", "L0H0", "--out", run)[0] == 0
+    for _ in range(2):
+        assert _cli(capsys, "report", run, "--out", page)[0] == 0
+    assert _cli(capsys, "report", run, "--out", run / "report.html")[0] == 0  # a new page beside the results
+
+    mine = b"keep me\n"
+    for path, cmd in ((pred, [*eval_cmd, "--predictions", pred]), (figure, attn),
+                      (tmp_path / "maps.json", attn), (page, ["report", run, "--out", page])):
+        path.write_bytes(mine)
+        rc, _, err = _cli(capsys, *cmd)
+        assert rc == 2 and "that ganda wrote; pass --force to replace it" in err and path.read_bytes() == mine
+        assert _cli(capsys, *cmd, "--force")[0] == 0 and path.read_bytes() != mine
+    rc, _, err = _cli(capsys, "report", run, "--out", run / "results.jsonl", "--force")
+    assert rc == 2 and "ganda never writes over its inputs" in err
+
+
+def test_attention_drawn_to_a_device_writes_nothing_beside_it(tmp_path, capsys):
+    stray = [Path("/dev/null.png"), Path("/dev/null.json")]
+    for p in stray:  # left by an earlier run: matplotlib appended .png to a bare /dev/null
+        if p.is_file():
+            p.unlink()
+    rc, out, _ = _cli(capsys, "attn", MODEL, "--heads", "L1H0", "--prompt", "the key is", "--out", "/dev/null")
+    assert rc == 0 and out.strip() == "wrote /dev/null"
+    assert not any(p.exists() for p in stray)
+
+
 def test_quiet_silences_the_gguf_dequantisation_bar(tmp_path, monkeypatch, capfd):
     from test_hardening_models import write_tiny_gguf
 

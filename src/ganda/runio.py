@@ -187,11 +187,15 @@ def _probe_dir(d: Path, shown: Path, option: str) -> None:
         os.unlink(name)
 
 
-def check_output_file(path: str | Path, option: str = "--out") -> Path:
+def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequence[str | Path] = (),
+                      kind: str | None = None, force: bool = False) -> Path:
     """Check, before a run, that a result file can be written at ``path``; returns it.
 
     The target must not be a directory, and its nearest existing ancestor must be a writable
-    directory (missing parents are created when the file is written, not now)."""
+    directory (missing parents are created when the file is written, not now). It must not be one
+    of the command's ``inputs`` (a file, or a directory: a model directory, whose files are never
+    written), whatever ``force`` says. An existing file is replaced only when ganda wrote it as
+    this ``kind`` of output (:func:`written_by_ganda`), or with ``force``."""
     path = Path(path).expanduser()
     target = _target(path)
     if target.is_dir():
@@ -200,11 +204,73 @@ def check_output_file(path: str | Path, option: str = "--out") -> Path:
         if not os.access(target, os.W_OK):
             raise GandaError(f"{option} {path}: not writable")
         return path
+    real = os.path.realpath(target)
+    for inp in inputs:
+        where = os.path.realpath(Path(inp).expanduser())
+        if real == where or (os.path.isdir(where) and real.startswith(where.rstrip(os.sep) + os.sep)):
+            what = f"inside {inp}, which" if real != where else "a file that"
+            raise GandaError(f"{option} {path} is {what} this command reads; ganda never writes over its inputs: "
+                             "choose another path")
+    if target.is_file() and not force and not written_by_ganda(target, kind):
+        raise GandaError(f"{option} {path} exists and is not {KINDS.get(kind or '', 'a file')} that ganda wrote; "
+                         "pass --force to replace it, or choose another path")
     anc = _nearest_existing(target.parent)
     if not anc.is_dir():
         raise GandaError(f"{option} {path}: {anc} is not a directory")
     _probe_dir(anc, path, option)
     return path
+
+
+#: the kinds of output files a command may replace, as the error names them
+KINDS = {"predictions": "a predictions file", "report": "a report page", "figure": "a figure",
+         "attention": "an attention-maps file"}
+#: what ganda writes into every file of a kind (PNG: matplotlib's ``Software`` text chunk)
+GENERATOR = "ganda"
+_MARKS = {"report": b'<meta name="generator" content="ganda', "figure": b"Software\x00ganda",
+          "attention": b'{"format":"ganda-attention/'}
+
+
+def written_by_ganda(path: str | Path, kind: str | None) -> bool:
+    """Whether the file at ``path`` is one ganda wrote as ``kind`` (see :data:`KINDS`), from its
+    first bytes: the generator mark of a report page or figure, the format of an attention-maps
+    file, the fields of a predictions line."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if kind == "predictions":
+        line = head.split(b"\n", 1)[0]
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return False
+        return isinstance(rec, dict) and {"id", "gold", "pred", "correct"} <= set(rec)
+    mark = _MARKS.get(kind or "")
+    return mark is not None and mark in head
+
+
+def model_inputs(spec: str) -> list[Path]:
+    """The files or directory a model spec loads from (nothing when it names none yet): what an
+    output path must never be, or be inside."""
+    from .models.loading import model_path  # torch: only when a command checks against a model
+
+    try:
+        path = model_path(spec)
+    except GandaError:
+        return []
+    return [path] if path is not None else []
+
+
+def check_not_inside(model: str | Path) -> None:
+    """Refuse a model that holds a run directory this command claimed: its files would be written
+    into the model's directory."""
+    where = os.path.realpath(model)
+    for d in _claims:
+        real = os.path.realpath(d)
+        if os.path.isdir(where) and (real == where or real.startswith(where.rstrip(os.sep) + os.sep)):
+            raise GandaError(f"--out {d} is inside the model directory {model}; ganda never writes into a model's "
+                             "files: choose another --out")
 
 
 def check_output_dir(path: str | Path, option: str = "--out") -> Path:

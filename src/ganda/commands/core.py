@@ -17,7 +17,7 @@ from .. import runio
 from ..errors import GandaError
 from ..heads import split_spec
 from ..tasks import get_task
-from .options import QUIET
+from .options import FORCE, QUIET
 
 if TYPE_CHECKING:
     from ..interventions import Intervention
@@ -155,6 +155,7 @@ def register(app: typer.Typer) -> None:
         no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="run every prompt whole instead of "
                                              "reusing shared prompt prefixes (same as GANDA_PREFIX_CACHE=0)"),
         allow_pickle: bool = PICKLE,
+        force: bool = FORCE,
         quiet: bool = QUIET,
     ) -> None:
         """Accuracy of MODEL on a task (Wilson 95% CI), optionally under interventions."""
@@ -169,7 +170,8 @@ def register(app: typer.Typer) -> None:
         task_obj = get_task(task, **opts)
         ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule)
         if predictions:
-            runio.check_output_file(predictions, "--predictions")
+            runio.check_output_file(predictions, "--predictions", inputs=runio.model_inputs(model), kind="predictions",
+                                    force=force)
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
         validate_interventions(adapter, ivs)
@@ -206,10 +208,11 @@ def register(app: typer.Typer) -> None:
         last_rows: int | None = typer.Option(None, "--rows", help="draw only the last N query rows"),
         seed: int = SEED,
         allow_pickle: bool = PICKLE,
+        force: bool = FORCE,
         quiet: bool = QUIET,
     ) -> None:
         """Draw attention maps (softmax, or exact SSM implicit attention) of heads on one prompt."""
-        from ..attention import draw_attention
+        from ..attention import draw_attention, sidecar
         from ..models import load_model
         from ..tasks import task_for_model
 
@@ -219,7 +222,10 @@ def register(app: typer.Typer) -> None:
         if prompt is not None and not prompt.strip():
             raise GandaError("--prompt is empty")
         t = get_task(task, pairs=pairs, shots=shots) if prompt is None else None
-        runio.check_output_file(out, "--out")
+        inputs = runio.model_inputs(model)
+        runio.check_output_file(out, "--out", inputs=inputs, kind="figure", force=force)
+        if (side := sidecar(out)) is not None:  # the maps as JSON, beside the figure
+            runio.check_output_file(side, "--out", inputs=inputs, kind="attention", force=force)
         adapter = load_model(model, allow_pickle=allow_pickle)
         if t is not None:
             exs = task_for_model(task, t, adapter, pairs=pairs, shots=shots).examples(limit=index + 1, seed=seed)
@@ -227,7 +233,7 @@ def register(app: typer.Typer) -> None:
                 raise GandaError(f"--index {index}: task {task!r} has {len(exs)} examples (0-{len(exs) - 1})")
         # a task example also saves its segments and gold segment beside the maps (<out>.json)
         path = draw_attention(adapter, exs[index] if t is not None else prompt, heads, out, last_rows=last_rows)
-        print(f"wrote {path} and {path.with_suffix('.json').name}")
+        print(f"wrote {path}" + (f" and {side.name}" if side is not None else ""))
 
     @app.command()
     def heads(

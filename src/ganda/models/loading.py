@@ -14,7 +14,11 @@ gets ``trust_remote_code=False``, and a tokenizer or model that needs its own co
 ``auto_map``) is refused with one line. Pickle checkpoints (``*.bin``, ``*.pt``) are refused unless
 ``allow_pickle=True``. Loading is strict: a missing, unexpected or wrongly shaped tensor is an
 error naming the first keys (tied output embeddings and non-persistent buffers, which are absent
-by design, excepted), and so is a truncated or unreadable file.
+by design, excepted), and so is a truncated or unreadable file, a tensor stored as integers or
+booleans (unless ``config.json`` declares a quantisation), tokenizer files that cannot be read, a
+weight that is not finite, and a ``config.json`` with a non-finite number or a size beyond a real
+model's (:mod:`ganda.finite`). A model directory with no tokenizer files loads without one; tasks
+refuse it (:meth:`ModelAdapter.require_tokenizer`).
 
 A GGUF is dequantised once and cached as safetensors (``$GANDA_CACHE``, default
 ``~/.cache/ganda``) because dequantising takes ~20 s. Each entry is written under a unique
@@ -47,7 +51,7 @@ from typing import Any
 
 import torch
 
-from .. import registry
+from .. import registry, runio
 from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError
 from ..fingerprint import fingerprint
@@ -637,6 +641,7 @@ def load_model(
         raise GandaError(f"no such model: {spec!r} (give a local HF directory, a .gguf file, or one of: "
                          f"{', '.join(ALIASES)}{named})")
     spec = hub.pinned(spec, path)
+    runio.check_not_inside(path)  # a run directory claimed inside the model's own directory
     if path.is_dir():
         model, tok = _load_hf_dir(path, allow_pickle, dtype, place)
     elif path.suffix.lower() == ".gguf":
