@@ -29,12 +29,14 @@ oversubscribe. ``GANDA_DTYPE``, ``GANDA_DEVICE``, ``GANDA_DEVICE_MAP`` and ``GAN
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
 import os
 import re
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -110,9 +112,6 @@ CONNECT_TIMEOUT_S = 10.0  # how long an address may take to answer (GANDA_RAY_CO
 
 def ray_installed() -> bool:
     """Whether Ray can be imported here (without importing it: that takes seconds)."""
-    import importlib.util
-    import sys
-
     if "ray" in sys.modules:
         return sys.modules["ray"] is not None
     try:

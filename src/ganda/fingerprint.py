@@ -36,7 +36,8 @@ spacing above, away from the blocks) or a change made on purpose to leave both s
 sampled elements unchanged. It is a check against accidents (a replaced checkpoint, a corrupt
 copy, a model edited in memory), not against an adversary.
 
-This module imports torch only to fingerprint a model in memory.
+This module imports only the standard library (:mod:`ganda.runio` imports it when ganda starts): a
+model in memory is read with the torch that made its tensors.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import math
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -235,6 +237,11 @@ def _gguf_sample(f: Any, size: int, h: Any) -> bool:
 # memory
 
 
+def _torch() -> Any:
+    """torch, as loaded by whoever made the tensors being fingerprinted (only they reach here)."""
+    return sys.modules["torch"]
+
+
 def _to_host(t: Any) -> list[list[int]]:
     """The one transfer from a device to the host (a ``[tensors, 2]`` integer tensor)."""
     return t.cpu().tolist()
@@ -246,8 +253,7 @@ _INDEX_CACHE: dict[tuple[int, int, str], Any] = {}
 def _sample_index(n: int, block: int, device: Any) -> Any:
     """Flat indices of the in-memory sample of an ``n``-element tensor: the strided view, then the
     blocks (``block`` elements each). Cached per size and device (layers repeat shapes)."""
-    import torch
-
+    torch = _torch()
     key = (n, block, str(device))
     idx = _INDEX_CACHE.get(key)
     if idx is None:
@@ -266,8 +272,7 @@ _WEIGHTS_CACHE: dict[tuple[int, str], Any] = {}
 
 def _weights(k: int, device: Any) -> Any:
     """A fixed sequence of ``k`` integers in [1, 65521] (the weighted sum's weights)."""
-    import torch
-
+    torch = _torch()
     key = (k, str(device))
     w = _WEIGHTS_CACHE.get(key)
     if w is None:
@@ -280,8 +285,7 @@ def _weights(k: int, device: Any) -> Any:
 
 def _bits(values: Any) -> Any:
     """The sampled elements' bit patterns as non-negative int64 (8-byte elements as two halves)."""
-    import torch
-
+    torch = _torch()
     size = values.element_size()
     if size == 1:
         return values.view(torch.uint8).to(torch.int64)
@@ -294,8 +298,7 @@ def _bits(values: Any) -> Any:
 
 def _sample_sums(t: Any) -> Any:
     """``[2]`` int64 on ``t``'s device: the plain and the weighted sum of the sample's bit patterns."""
-    import torch
-
+    torch = _torch()
     n = t.numel()
     idx = _sample_index(n, max(1, BLOCK_BYTES // t.element_size()), t.device)
     if t.is_contiguous():
@@ -309,8 +312,7 @@ def _sample_sums(t: Any) -> Any:
 def _tensor_entries(tensors: Mapping[str, Any]) -> list[Any]:
     """Per tensor: name, shape, dtype and the two sums of its sample (bounded: every op on a tensor
     reads at most its sample; at most 14K int64 values, a kilobyte of sums, are made per tensor)."""
-    import torch
-
+    torch = _torch()
     with torch.no_grad():
         entries: list[list[Any]] = []
         pending: dict[str, list[tuple[int, Any]]] = {}

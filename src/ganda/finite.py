@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
+
 from .errors import GandaError
 
 # ---------------------------------------------------------------------------------------------
@@ -90,8 +92,6 @@ def _bounds(t: Any) -> Any:
     """``[min, max]`` of a floating-point tensor as float64 on its device: both finite iff every value is
     (min and max propagate NaN). One pass, no temporary the size of the tensor; 15x faster on a CPU
     than ``isfinite(t).all()``. A dtype without a min/max kernel (float8) is checked in chunks."""
-    import torch
-
     try:
         return torch.stack(torch.aminmax(t.detach())).to(torch.float64)
     except (RuntimeError, NotImplementedError):
@@ -106,8 +106,6 @@ def check_weights(model: Any, where: str) -> None:
 
     Runs on each tensor's device (a min/max reduction per tensor), with one host synchronisation
     per device; tensors on the ``meta`` device (disk offload) are skipped."""
-    import torch
-
     with torch.no_grad():
         tensors = {name: t for name, t in model.state_dict(keep_vars=False).items()
                    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type != "meta" and t.numel()}
@@ -144,8 +142,6 @@ def check_weights(model: Any, where: str) -> None:
 def first_nonfinite(adapter: Any, input_ids: Any) -> str | None:
     """The name of the first module (in the order modules run) whose output holds NaN or infinity
     when ``adapter``'s model runs ``input_ids`` under the interventions active now; None when none."""
-    import torch
-
     found: list[str] = []
 
     def hook(name: str) -> Any:
@@ -175,8 +171,6 @@ def first_nonfinite(adapter: Any, input_ids: Any) -> str | None:
 def _where(adapter: Any, prompt_ids: Sequence[int] | None) -> str:
     if adapter is None or not prompt_ids:
         return ""
-    import torch
-
     name = first_nonfinite(adapter, torch.tensor([list(prompt_ids)], device=adapter.device))
     return f"; they first appear in the output of {name}" if name else ""
 
@@ -196,8 +190,6 @@ def check_scores(values: Any, what: str, adapter: Any = None, prompt_ids: Sequen
 
 def check_logits(logits: Any, what: str, adapter: Any = None, prompt_ids: Sequence[int] | None = None) -> None:
     """:func:`check_scores` for a tensor of logits (checked on its device, one synchronisation)."""
-    import torch
-
     if bool(torch.isfinite(logits).all()):
         return
     bad = "NaN" if bool(torch.isnan(logits).any()) else "infinity"

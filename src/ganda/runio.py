@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import GandaError
+from .fingerprint import fingerprint
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -250,18 +251,6 @@ def written_by_ganda(path: str | Path, kind: str | None) -> bool:
     return mark is not None and mark in head
 
 
-def model_inputs(spec: str) -> list[Path]:
-    """The files or directory a model spec loads from (nothing when it names none yet): what an
-    output path must never be, or be inside."""
-    from .models.loading import model_path  # torch: only when a command checks against a model
-
-    try:
-        path = model_path(spec)
-    except GandaError:
-        return []
-    return [path] if path is not None else []
-
-
 def check_not_inside(model: str | Path) -> None:
     """Refuse a model that holds a run directory this command claimed: its files would be written
     into the model's directory."""
@@ -416,8 +405,6 @@ def model_fingerprint(path: str | Path) -> str:
     directory) that changes when its weights, config or tokenizer change:
     :func:`ganda.fingerprint.fingerprint`, which reads a fixed sample of every tensor and the small
     files whole, so its cost does not grow with the size of the model."""
-    from .fingerprint import fingerprint
-
     return fingerprint(Path(path).resolve())
 
 

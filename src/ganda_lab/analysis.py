@@ -29,6 +29,7 @@ from ganda.tasks import get_task
 from ganda.tasks.base import Example, token_spans
 
 from . import shipped_path
+from .world import checked_world
 
 
 def model_world(adapter: ModelAdapter, task: str | None = None) -> dict[str, Any]:
@@ -37,8 +38,6 @@ def model_world(adapter: ModelAdapter, task: str | None = None) -> dict[str, Any
     lab model copied without it, or not a lab model), or with one that records no world, is
     refused: scored on a world it never learned it would get a chance-level number that looks like
     a result."""
-    from .tasks import checked_world
-
     spec = str(adapter.spec)
     root = getattr(adapter, "source_path", None) or Path(spec).expanduser()
     if not root.exists():

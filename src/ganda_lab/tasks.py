@@ -8,7 +8,6 @@ the training stream, so prompts are held out (new distractors, option orders, no
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from ganda.tasks.base import Example, OptionError, Task, keyword_types
 
 from . import shipped_path
 from .analysis import model_world
-from .world import DEFAULT_WORLD, World, WorldConfig, eval_rng
+from .world import DEFAULT_WORLD, World, WorldConfig, checked_world, eval_rng
 
 _WORLDS: dict[WorldConfig, World] = {}
 
@@ -47,29 +46,6 @@ def world_record(spec: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GandaError(f"world {spec!r}: cannot read {f}: {exc}") from None
     return checked_world(meta, f"world {spec!r}: {f}")
-
-
-def checked_world(meta: Any, where: str) -> dict[str, Any]:
-    """The ``world`` of a ``lab.json`` record, refused in one line unless it is a world record."""
-    world = meta.get("world") if isinstance(meta, dict) else None
-    if not isinstance(world, dict):
-        what = "is not a lab.json record (a JSON object)" if not isinstance(meta, dict) else "names no world"
-        raise GandaError(f"{where} {what}; a lab model's lab.json records the world it was trained on")
-    for f in dataclasses.fields(WorldConfig):
-        if f.name not in world:
-            continue
-        value, default = world[f.name], f.default
-        ok = (all(isinstance(v, str) for v in value) if isinstance(value, list) else False) \
-            if isinstance(default, tuple) else isinstance(value, int | float) and not isinstance(value, bool) \
-            if isinstance(default, float) else type(value) is type(default)
-        if not ok:
-            raise GandaError(f"{where} holds a world ganda cannot read: {f.name} is {value!r}, not a "
-                             f"{'list of names' if isinstance(default, tuple) else type(default).__name__}")
-    try:
-        hash(WorldConfig.from_json(world))
-    except Exception as exc:  # noqa: BLE001 - any malformed world record is one line
-        raise GandaError(f"{where} holds a world ganda cannot read ({type(exc).__name__}: {exc})") from None
-    return world
 
 
 class _LabTask(Task):

@@ -80,6 +80,18 @@ def build_interventions(
     return out
 
 
+def model_inputs(spec: str) -> list[Path]:
+    """The file or directory a model spec loads from (nothing when it names none): what an output path
+    must never be, or be inside (:func:`ganda.runio.check_output_file`)."""
+    from ..models.loading import model_path
+
+    try:
+        path = model_path(spec)
+    except GandaError:
+        return []
+    return [path] if path is not None else []
+
+
 def at_least(flag: str, value: int | None, low: int = 1) -> None:
     """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run."""
     if value is not None and value < low:
@@ -170,7 +182,7 @@ def register(app: typer.Typer) -> None:
         task_obj = get_task(task, **opts)
         ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule)
         if predictions:
-            runio.check_output_file(predictions, "--predictions", inputs=runio.model_inputs(model), kind="predictions",
+            runio.check_output_file(predictions, "--predictions", inputs=model_inputs(model), kind="predictions",
                                     force=force)
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
@@ -222,7 +234,7 @@ def register(app: typer.Typer) -> None:
         if prompt is not None and not prompt.strip():
             raise GandaError("--prompt is empty")
         t = get_task(task, pairs=pairs, shots=shots) if prompt is None else None
-        inputs = runio.model_inputs(model)
+        inputs = model_inputs(model)
         runio.check_output_file(out, "--out", inputs=inputs, kind="figure", force=force)
         if (side := sidecar(out)) is not None:  # the maps as JSON, beside the figure
             runio.check_output_file(side, "--out", inputs=inputs, kind="attention", force=force)
