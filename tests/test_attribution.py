@@ -287,9 +287,9 @@ def test_bound_and_statistics():
     assert math.isclose(metric_value([[0.0, -1.0, -3.0]], [0], "max"), 1.0)
 
 
-def test_rank_json_and_bad_inputs(tiny_dir, capsys):
+def test_rank_json_and_bad_inputs(tiny_dir, tmp_path, capsys):
     rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3",
-               "--audit", "2", "--out", str(tiny_dir / "rank"), "--json"])
+               "--audit", "2", "--out", str(tmp_path / "rank"), "--json"])
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     ranking = data["ranking"]
@@ -303,12 +303,12 @@ def test_rank_json_and_bad_inputs(tiny_dir, capsys):
     assert data["bound"]["pool"] == 9 and len(data["bound"]["audited"]) == 2
     # --graddrop-blocks 0: the per-layer form; its estimates differ from the 2-block run's, its exact numbers do not
     rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3",
-               "--audit", "2", "--out", str(tiny_dir / "rank0"), "--json", "--graddrop-blocks", "2"])
+               "--audit", "2", "--out", str(tmp_path / "rank0"), "--json", "--graddrop-blocks", "2"])
     two = {r["head"]: r for r in json.loads(capsys.readouterr().out)["ranking"]}
-    saved = json.loads((tiny_dir / "rank0" / "ranking.json").read_text())["config"]
+    saved = json.loads((tmp_path / "rank0" / "ranking.json").read_text())["config"]
     assert saved["graddrop_blocks"] == 2 and saved["verify_top"] == 3 and saved["verify_layers"] == []
     rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "12",
-               "--audit", "0", "--out", str(tiny_dir / "rank1"), "--json", "--graddrop-blocks", "0"])
+               "--audit", "0", "--out", str(tmp_path / "rank1"), "--json", "--graddrop-blocks", "0"])
     per_layer = {r["head"]: r for r in json.loads(capsys.readouterr().out)["ranking"]}
     assert rc == 0 and any(abs(two[h]["estimate"] - per_layer[h]["estimate"]) > 1e-6 for h in two)
     assert all(abs(r["exact"] - per_layer[r["head"]]["exact"]) < 1e-6 for r in known)

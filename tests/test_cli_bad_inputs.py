@@ -9,6 +9,7 @@ empty working directory whose outputs (``out``, ``pred.jsonl``, ``runs/``, ...) 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from ganda_lab import checkpoint
 
@@ -52,6 +54,10 @@ CASES = [
     C("eval-unknown-task", "eval", LAB, "--task", "nosuch", match="unknown task 'nosuch'"),
     C("eval-unknown-subject", "eval", LAB, "--task", "mmlu", "--subjects", "alchemy", match="unknown MMLU subject"),
     C("eval-no-subject", "eval", LAB, "--task", "mmlu", "--subjects", ",", match="no MMLU subject"),
+    C("eval-subject-twice", "eval", LAB, "--task", "mmlu", "--subjects", "anatomy,anatomy", "--json",
+      match="MMLU subject 'anatomy' is named twice"),
+    C("sweep-subject-twice", "sweep", LAB, "--task", "mmlu", "--subjects", "anatomy, virology,anatomy", "--out", "out",
+      match="MMLU subject 'anatomy' is named twice"),
     C("eval-mmlu-shots-9", "eval", LAB, "--task", "mmlu", "--shots", "9", match="shots must be between 0 and 5"),
     C("eval-letters-shots-neg", "eval", LAB, "--task", "letters", "--shots", "-1", match="shots must be at least 0"),
     C("eval-bbh-subtask", "eval", LAB, "--task", "bbh", "--option", "subtask=chess", match="unknown BBH subtask"),
@@ -86,15 +92,76 @@ CASES = [
     # a lab model copied without its lab.json
     C("eval-lab-without-lab-json", "eval", "{nolab}", "--task", "lab-mmlu", "--limit", "4", "--json",
       match="has no lab.json"),
+    # a malformed lab.json is refused as a missing one is, never read as the default world
+    C("eval-lab-json-list", "eval", "{lab_json_list}", "--task", "lab-mmlu", "--limit", "4", "--json",
+      match="lab.json is not a lab.json record (a JSON object)"),
+    C("eval-lab-json-empty", "eval", "{lab_json_empty}", "--task", "lab-mmlu", "--limit", "4", "--json",
+      match="lab.json names no world"),
+    C("eval-lab-json-bad-world", "eval", "{lab_json_bad_world}", "--task", "lab-kv", "--limit", "4",
+      match="holds a world ganda cannot read"),
+    C("eval-world-option-empty", "eval", LAB, "--task", "lab-mmlu", "--option", "world={lab_json_empty}",
+      match="lab.json names no world"),
     # model files and the device (strict loading, environment)
     C("eval-missing-model", "eval", "{missing}", match="no such model"),
     C("eval-truncated-safetensors", "eval", "{truncated}", "--task", "kv", "--json"),
     C("eval-wrong-shape", "eval", "{badshape}", "--task", "kv"),
     C("eval-missing-tensors", "eval", "{nolayer3}", "--task", "kv"),
     C("eval-truncated-gguf", "eval", "{truncated_gguf}", "--task", "kv"),
+    # non-finite weights or config numbers: refused when the model loads, never scored (an accuracy
+    # of NaN log-likelihoods is every prediction on choice A)
+    C("eval-nan-weight", "eval", "{nan_weight}", "--task", "lab-mmlu", "--limit", "4", "--json",
+      match="model.layers.1.self_attn.o_proj.weight holds 1 NaN of 4,096 values"),
+    C("eval-all-nan-weight", "eval", "{all_nan}", "--task", "kv", "--predictions", "pred.jsonl",
+      match="model.layers.2.mlp.down_proj.weight holds 12,288 NaN"),
+    C("eval-inf-weight", "eval", "{inf_weight}", "--task", "kv", match="model.norm.weight holds 1 infinite"),
+    C("eval-negative-eps", "eval", "{neg_eps}", "--task", "kv", match="rms_norm_eps is -1; it must be positive"),
+    C("eval-nan-rope-theta", "eval", "{nan_theta}", "--task", "kv", match="rope_parameters.rope_theta is nan"),
+    C("sweep-nan-weight", "sweep", "{nan_weight}", "--task", "kv", "--limit", "2", "--out", "out",
+      match="weights are not finite"),
+    C("rank-nan-weight", "rank", "{nan_weight}", "--task", "kv", "--limit", "2", "--out", "out",
+      match="weights are not finite"),
+    C("heads-nan-weight", "heads", "{nan_weight}", "--out", "out", match="weights are not finite"),
+    # integer or boolean weights would be cast to floats silently: strict loading expects floating point
+    C("eval-int8-weights", "eval", "{int8_weights}", "--task", "kv", match="is stored as I8 (and 37 more)"),
+    C("eval-bool-weight", "eval", "{bool_weight}", "--task", "kv",
+      match="tensor model.layers.0.mlp.up_proj.weight is stored as BOOL; ganda loads floating-point"),
+    C("sweep-int32-weight", "sweep", "{int32_weight}", "--task", "kv", "--out", "out",
+      match="tensor model.norm.weight is stored as I32"),
+    # a model without tokenizer files, or with a broken tokenizer.json
+    C("eval-no-tokenizer", "eval", "{no_tokenizer}", "--task", "kv", match="has no tokenizer"),
+    C("sweep-no-tokenizer", "sweep", "{no_tokenizer}", "--task", "kv", "--out", "out", match="has no tokenizer"),
+    C("rank-no-tokenizer", "rank", "{no_tokenizer}", "--task", "kv", "--out", "out", match="has no tokenizer"),
+    C("heads-no-tokenizer", "heads", "{no_tokenizer}", "--out", "out", match="has no tokenizer"),
+    C("attn-no-tokenizer", "attn", "{no_tokenizer}", "--heads", "L1H0", "--prompt", "the key", "--out", "a.png",
+      match="has no tokenizer"),
+    C("eval-broken-tokenizer", "eval", "{broken_tokenizer}", "--task", "kv",
+      match="cannot load its tokenizer (tokenizer.json, tokenizer_config.json)"),
+    C("sweep-broken-tokenizer", "sweep", "{broken_tokenizer}", "--task", "kv", "--out", "out",
+      match="cannot load its tokenizer"),
+    C("rank-broken-tokenizer", "rank", "{broken_tokenizer}", "--task", "kv", "--out", "out",
+      match="cannot load its tokenizer"),
+    # sizes beyond any real model: refused before anything is built from the config
+    C("eval-million-layers", "eval", "{huge_layers}", "--task", "kv", match="num_hidden_layers is 1,000,000"),
+    C("info-meta-million-layers", "info", "{huge_layers}", "--meta", match="num_hidden_layers is 1,000,000"),
+    C("info-million-layers", "info", "{huge_layers}", match="num_hidden_layers is 1,000,000"),
+    C("info-meta-million-experts", "info", "{huge_experts}", "--meta", match="num_local_experts is 1,000,000"),
+    C("plan-million-layers", "plan", "{huge_layers}", match="num_hidden_layers is 1,000,000"),
     C("eval-device-cuda", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DEVICE="cuda"),
     C("eval-dtype-float77", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DTYPE="float77"),
     C("eval-predictions-dir", "eval", LAB, "--task", "kv", "--limit", "2", "--predictions", "pred_dir"),
+    # inputs are never written over; another existing file only with --force
+    C("eval-predictions-over-weights", "eval", "{victim}", "--task", "kv", "--limit", "2", "--predictions",
+      "{victim}/model.safetensors", match="is inside {victim}, which this command reads; ganda never writes over"),
+    C("eval-predictions-into-model", "eval", "{victim}", "--task", "kv", "--limit", "2", "--predictions",
+      "{victim}/pred.jsonl", match="is inside {victim}, which this command reads"),
+    C("eval-predictions-over-a-file", "eval", LAB, "--task", "kv", "--limit", "2", "--predictions", "{user_file}",
+      match="exists and is not a predictions file that ganda wrote; pass --force to replace it"),
+    C("attn-out-over-a-file", "attn", LAB, "--heads", "L1H0", "--prompt", "the key", "--out", "{user_png}",
+      match="exists and is not a figure that ganda wrote; pass --force"),
+    C("attn-out-over-weights", "attn", "{victim}", "--heads", "L1H0", "--prompt", "the key", "--force", "--out",
+      "{victim}/model.safetensors", match="ganda never writes over its inputs"),
+    C("sweep-out-inside-model", "sweep", "{victim}", "--task", "kv", "--limit", "2", "--out", "{victim}/run",
+      match="is inside the model directory {victim}; ganda never writes into a model's files"),
     # ganda attn
     C("attn-heads-empty", "attn", LAB, "--heads", ",", "--out", "a.png", match="no head ids"),
     C("attn-index-neg", "attn", LAB, "--heads", "L1H0", "--index", "-1", "--out", "a.png", match="--index"),
@@ -213,8 +280,24 @@ CASES = [
     C("run-option-form", "run", "sweep", LAB, "--option", "batch_heads", "--out", "out",
       match="--option takes KEY=VALUE, got 'batch_heads'"),
     C("run-limit-0", "run", "sweep", LAB, "--limit", "0", match="--limit must be at least 1"),
+    # the grid spec's schema: one line naming the key, before any model loads
+    C("grid-limit-text", "grid", "{grid_limit_abc}", match="options.limit must be a whole number of at least 1, got 'abc'"),
+    C("grid-limit-fraction", "grid", "{grid_limit_float}", match="options.limit must be a whole number of at least 1, "
+      "got 1.7"),
+    C("grid-limit-negative", "grid", "{grid_limit_neg}", match="options.limit must be a whole number of at least 1, got -1"),
+    C("grid-seed-text", "grid", "{grid_seed_xyz}", match="options.seed must be a whole number, got 'xyz'"),
+    C("grid-batch-heads-text", "grid", "{grid_batch_x}", match="options.sweep.batch_heads must be a whole number"),
+    C("grid-rank-method", "grid", "{grid_rank_method}", match="options.rank.method must be one of atp, atp*, exact"),
+    C("grid-out-list", "grid", "{grid_out_list}", match="'out' must be a directory name, got ['a', 'b']"),
+    C("grid-binary-spec", "grid", "{grid_binary}", match="not a grid spec (not UTF-8 text"),
     C("sweep-ray-actors-0", "sweep", LAB, "--task", "kv", "--limit", "2", "--ray", "local", "--ray-actors", "0",
       "--out", "out", match="--ray-actors must be at least 1"),
+    C("sweep-ray-unreachable", "sweep", LAB, "--task", "kv", "--ray", "127.0.0.1:1", "--out", "out",
+      match="--ray 127.0.0.1:1: no Ray cluster answered at 127.0.0.1:1 within 1 s (Connection refused)",
+      GANDA_RAY_CONNECT_TIMEOUT="1"),
+    C("rank-ray-client-unreachable", "rank", LAB, "--task", "kv", "--ray", "ray://127.0.0.1:1", "--out", "out",
+      match="no Ray cluster answered at 127.0.0.1:1 within 1.5 s", GANDA_RAY_CONNECT_TIMEOUT="1.5"),
+    C("grid-ray-bad-address", "grid", "{grid_ok}", "--ray", "somewhere:port", match="expected local, auto, HOST:PORT"),
     C("sweep-ray-naive", "sweep", LAB, "--task", "kv", "--ray", "local", "--naive", "--out", "out",
       match="drop --ray or --naive"),
     # ganda extends
@@ -245,6 +328,21 @@ CASES = [
     C("report-empty-dir", "report", "{empty_run}", "--out", "page.html", match="no result.json"),
     C("report-missing-dir", "report", "{missing}", "--out", "page.html", match="not a run directory"),
     C("report-out-is-dir", "report", "{good_run}", "--out", "pred_dir", match="is a directory"),
+    # damaged result files: one line naming the file (and the line), never a page that shows the error
+    C("report-garbage-line", "report", "{sweep_garbage_line}", "--out", "page.html",
+      match="results.jsonl, line 3: not a JSON object"),
+    C("report-results-list", "report", "{sweep_list}", "--out", "page.html", match="results.jsonl, line 1: not a JSON"),
+    C("report-header-without-fields", "report", "{sweep_no_fields}", "--out", "page.html",
+      match="is not a finished sweep (no header with its config"),
+    C("report-garbage-result-json", "report", "{garbage_result}", "--out", "page.html",
+      match="result.json is not valid JSON"),
+    C("report-result-json-list", "report", "{list_result}", "--out", "page.html",
+      match="result.json is not a ganda result (a JSON list, not an object)"),
+    C("report-garbage-ranking", "report", "{garbage_ranking}", "--out", "page.html", match="ranking.json is not valid"),
+    C("report-out-over-result", "report", "{good_run}", "--out", "{good_run}/result.json", "--force",
+      match="is a file that this command reads; ganda never writes over its inputs"),
+    C("report-out-over-a-file", "report", "{good_run}", "--out", "{user_file}",
+      match="exists and is not a report page that ganda wrote; pass --force"),
     # ganda info
     C("info-missing", "info", "{missing}", match="no such model"),
     C("info-truncated-safetensors", "info", "{truncated}"),
@@ -308,6 +406,96 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     badentry.mkdir()
     (badentry / "test.json").write_text(json.dumps(
         [[["W: hello", "M: hi"], [{"question": "Who spoke first?", "choice": ["W", "M"], "answer": "W"}], "d-1"]]))
+    def damaged(name: str, tensor: str, fill) -> Path:
+        d = copy(name)
+        w = dict(weights)
+        w[tensor] = fill(w[tensor].clone())
+        save_file(w, str(d / "model.safetensors"), metadata={"format": "pt"})
+        return d
+
+    def one_nan(t):
+        t.view(-1)[t.numel() // 2] = float("nan")
+        return t
+
+    nan_weight = damaged("nan_weight", "model.layers.1.self_attn.o_proj.weight", one_nan)
+    all_nan = damaged("all_nan", "model.layers.2.mlp.down_proj.weight", lambda t: t.fill_(float("nan")))
+    inf_weight = damaged("inf_weight", "model.norm.weight", lambda t: t.index_fill_(0, torch.tensor([3]), float("inf")))
+
+    int8_weights = copy("int8_weights")
+    save_file({k: v.to(torch.int8) for k, v in weights.items()}, str(int8_weights / "model.safetensors"))
+    bool_weight = damaged("bool_weight", "model.layers.0.mlp.up_proj.weight", lambda t: t > 0)
+    int32_weight = damaged("int32_weight", "model.norm.weight", lambda t: t.to(torch.int32))
+    no_tokenizer = copy("no_tokenizer")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tokenizer / f).unlink()
+    broken_tokenizer = copy("broken_tokenizer")
+    (broken_tokenizer / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+
+    victim = copy("victim")  # a model a command must never write into
+    user_file = root / "notes.jsonl"
+    user_file.write_text("my own notes\n")
+    user_png = root / "photo.png"
+    user_png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    def run_dir(name: str, **files: str) -> Path:
+        d = root / name
+        d.mkdir()
+        for f, text in files.items():
+            (d / f.replace("_", ".")).write_text(text)
+        return d
+
+    header = json.dumps({"type": "header", "config": {"model": LAB}})
+    baseline = json.dumps({"type": "baseline", "n": 2, "acc": 0.5, "acc_norm": 0.5})
+    runs = {"sweep_garbage_line": run_dir("sweep_garbage_line", results_jsonl=f"{header}\n{baseline}\n{{garbage\n"),
+            "sweep_list": run_dir("sweep_list", results_jsonl="[]\n"),
+            "sweep_no_fields": run_dir("sweep_no_fields", results_jsonl='{"type": "header"}\n{"type": "baseline"}\n'),
+            "garbage_result": run_dir("garbage_result", result_json="garbage"),
+            "list_result": run_dir("list_result", result_json="[1, 2]"),
+            "garbage_ranking": run_dir("garbage_ranking", ranking_json="{")}
+    lab_json_list = copy("lab_json_list")
+    (lab_json_list / "lab.json").write_text("[1]")
+    lab_json_empty = copy("lab_json_empty")
+    (lab_json_empty / "lab.json").write_text("{}")
+    lab_json_bad_world = copy("lab_json_bad_world")
+    (lab_json_bad_world / "lab.json").write_text(json.dumps({"world": {"seed": "x", "n_entities": [1]}}))
+
+    def grid(name: str, text: str | bytes, out: str = "runs/grid") -> Path:
+        f = root / f"{name}.yaml"
+        if isinstance(text, bytes):
+            f.write_bytes(text)
+        else:
+            f.write_text(f"models: [{LAB}]\ntasks: [kv]\nexperiments: [sweep, rank]\nout: {out}\n{text}")
+        return f
+
+    grids = {"grid_limit_abc": grid("grid_limit_abc", "options: {limit: abc}\n"),
+             "grid_limit_float": grid("grid_limit_float", "options: {limit: 1.7}\n"),
+             "grid_limit_neg": grid("grid_limit_neg", "options: {limit: -1}\n"),
+             "grid_seed_xyz": grid("grid_seed_xyz", "options: {seed: xyz}\n"),
+             "grid_batch_x": grid("grid_batch_x", "options: {sweep: {batch_heads: x}}\n"),
+             "grid_rank_method": grid("grid_rank_method", "options: {rank: {method: magic}}\n"),
+             "grid_out_list": grid("grid_out_list", "", out="[a, b]"),
+             "grid_binary": grid("grid_binary", bytes(range(256)) * 8),
+             "grid_ok": grid("grid_ok", "options: {limit: 2}\n")}
+
+    def config(name: str, **changes) -> Path:
+        d = copy(name)
+        cfg = json.loads((d / "config.json").read_text())
+        for key, value in changes.items():
+            where = cfg
+            *parents, last = key.split(".")
+            for k in parents:
+                where = where[k]
+            where[last] = value
+        (d / "config.json").write_text(json.dumps(cfg))
+        return d
+
+    neg_eps = config("neg_eps", rms_norm_eps=-1)
+    nan_theta = config("nan_theta", **{"rope_parameters.rope_theta": float("nan")})
+    huge_layers = config("huge_layers", num_hidden_layers=10**6)
+    experts = {"model_type": "mixtral", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "num_local_experts": 10**6, "num_experts_per_tok": 2}
+    huge_experts = root / "huge_experts.json"
+    huge_experts.write_text(json.dumps(experts))
     empty = root / "empty_run"
     empty.mkdir()
     good = root / "good_run"
@@ -315,7 +503,24 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     (good / "result.json").write_text(json.dumps({"kind": "prune", "model": LAB, "summary": {"minimal_layers": 2}}))
     return {"nolab": str(nolab), "nolab4": str(nolab4), "truncated": str(trunc), "badshape": str(bad), "nolayer3": str(gone),
             "truncated_gguf": str(gguf), "dream_badjson": str(badjson), "dream_badentry": str(badentry),
-            "empty_run": str(empty), "good_run": str(good), "missing": str(root / "does-not-exist")}
+            "empty_run": str(empty), "good_run": str(good), "missing": str(root / "does-not-exist"),
+            "nan_weight": str(nan_weight), "all_nan": str(all_nan), "inf_weight": str(inf_weight),
+            "neg_eps": str(neg_eps), "nan_theta": str(nan_theta), "huge_layers": str(huge_layers),
+            "huge_experts": str(huge_experts), "lab_json_list": str(lab_json_list),
+            "lab_json_empty": str(lab_json_empty), "lab_json_bad_world": str(lab_json_bad_world),
+            **{k: str(v) for k, v in grids.items()}, "victim": str(victim), "user_file": str(user_file),
+            **{k: str(v) for k, v in runs.items()},
+            "user_png": str(user_png), "int8_weights": str(int8_weights), "bool_weight": str(bool_weight),
+            "int32_weight": str(int32_weight), "no_tokenizer": str(no_tokenizer),
+            "broken_tokenizer": str(broken_tokenizer)}
+
+
+def _outside(inputs: dict[str, str]) -> dict[str, tuple[bool, int, int]]:
+    """The bad inputs that commands are told to write over: they must stay as they are."""
+    root = Path(inputs["victim"]).parent
+    return {n: _tree(root / n) if (root / n).is_dir() else (False, (root / n).stat().st_size,
+                                                             (root / n).stat().st_mtime_ns)
+            for n in ("victim", "notes.jsonl", "photo.png", "good_run")}
 
 
 def _tree(d: Path) -> dict[str, tuple[bool, int, int]]:
@@ -354,7 +559,7 @@ def test_bad_input_is_one_line_and_exit_2(case: Case, inputs, tmp_path, monkeypa
     from ganda.cli import main
 
     argv, cwd = _prepare(case, inputs, tmp_path, monkeypatch)
-    before = _tree(cwd)
+    before, kept = _tree(cwd), _outside(inputs)
     capfd.readouterr()
     try:
         rc = main(argv)
@@ -362,6 +567,7 @@ def test_bad_input_is_one_line_and_exit_2(case: Case, inputs, tmp_path, monkeypa
         pytest.fail(f"ganda {' '.join(argv)} raised {type(exc).__name__}: {exc}")
     out, err = capfd.readouterr()
     _check(case, inputs, rc, out, err, before, cwd)
+    assert _outside(inputs) == kept, "a file outside the working directory was written"
 
 
 ENTRY_POINT_CASES = ["eval-pairs-0", "eval-limit-0", "eval-lab-without-lab-json", "report-empty-dir",
@@ -378,6 +584,22 @@ def test_bad_input_through_the_entry_point(case_id: str, inputs, tmp_path, monke
     before = _tree(cwd)
     r = subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=300)
     _check(case, inputs, r.returncode, r.stdout, r.stderr, before, cwd)
+
+
+def test_ray_not_installed_is_said_before_the_model_loads(monkeypatch, tmp_path, capfd):
+    import ganda.models
+    from ganda.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "ray", None)  # what "import ray" sees where Ray is not installed
+    monkeypatch.setattr(ganda.models, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    for argv in (["sweep", LAB, "--task", "kv", "--ray", "local", "--out", "out"],
+                 ["rank", LAB, "--task", "kv", "--ray", "127.0.0.1:1", "--out", "out"]):
+        capfd.readouterr()
+        assert main(argv) == 2
+        err = capfd.readouterr().err
+        assert err.startswith("ganda: error: --ray needs Ray, which is not installed here") and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())
 
 
 def test_every_command_has_a_bad_input_row():
@@ -432,6 +654,45 @@ def test_lab_library_functions_refuse_a_model_without_lab_json(inputs):
     assert get_task("lab-kv", adapter=ad, world_seed=0).world.config.seed == 0  # a world named explicitly
 
 
+def test_a_lab_model_loaded_by_hub_id_reads_the_lab_json_of_its_snapshot(tmp_path, monkeypatch, capfd):
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--lab-h1"
+    shutil.copytree(checkpoint(LAB), repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    rc, orig, _ = _eval_json(capfd, LAB, "--task", "lab-mmlu", "--limit", "8")
+    rc, hub, err = _eval_json(capfd, "acme/lab-h1", "--task", "lab-mmlu", "--limit", "8")
+    assert rc == 0, err
+    assert hub["model"] == f"acme/lab-h1@{commit}"
+    assert hub["accuracy"] == orig["accuracy"] >= 0.75 and hub["config"]["world"] == orig["config"]["world"]
+
+
+def test_a_task_built_for_no_model_or_another_refuses_to_score(inputs):
+    """``get_task("lab-mmlu")`` without the model has the default world's data, on which a lab model
+    scores chance: ``evaluate`` refuses it, and a task built for another model."""
+    import ganda
+    from ganda.errors import GandaError
+    from ganda.evaluation import evaluate
+    from ganda.tasks import get_task
+
+    ad = ganda.load_model(LAB, device="cpu")
+    other = ganda.load_model(KV, device="cpu")
+    with pytest.raises(GandaError, match=r"task 'lab-mmlu' takes its data from the model it scores, and this one "
+                                         r"was built for no model, not lab-llama-h1: build it with "
+                                         r"get_task\('lab-mmlu', adapter=model\) or name its data with world=..."):
+        evaluate(ad, get_task("lab-mmlu"), limit=4, progress=False)
+    with pytest.raises(GandaError, match="was built for lab-kv-llama, not lab-llama-h1"):
+        evaluate(ad, get_task("lab-mmlu", adapter=other), limit=4, progress=False)
+    assert evaluate(ad, get_task("lab-mmlu", adapter=ad), limit=8, progress=False).accuracy >= 0.75
+    # data named explicitly are data the caller chose: scored on any model
+    assert evaluate(ad, get_task("lab-mmlu", world=str(checkpoint(LAB))), limit=8, progress=False).accuracy >= 0.75
+    evaluate(ad, get_task("lab-mmlu", world="default"), limit=2, progress=False)
+    evaluate(ad, get_task("kv"), limit=2, progress=False)  # a task of its own data: any model
+
+
 # ---- task options: declared once on each task ----------------------------------------------
 
 def test_every_task_declares_bounds_only_for_options_it_takes():
@@ -463,6 +724,25 @@ def test_task_options_are_converted_and_checked_in_one_place():
         get_task("lab-kv", pairs=10_000)
     with pytest.raises(OptionError, match="n must be at least 1"):
         get_task("arc_easy", n=0)
+
+
+def test_a_negative_or_fractional_limit_is_refused_by_the_python_api():
+    """``limit=-1`` sliced off the last example (and crashed with seed 1); the API checks every
+    ``limit`` as the command line does, on every task's ``examples``."""
+    import ganda
+    from ganda.errors import GandaError
+    from ganda.evaluation import evaluate
+    from ganda.tasks import get_task
+
+    ad = ganda.load_model(LAB, device="cpu")
+    for limit in (-1, -5, 1.7, True, "3"):
+        for seed in (0, 1):
+            with pytest.raises(GandaError, match=f"limit must be a whole number of at least 1, got {limit!r}"):
+                evaluate(ad, get_task("kv", pairs=3), limit=limit, seed=seed, progress=False)
+    for name in ("kv", "letters", "mmlu", "arc_easy", "bbh", "gsm8k", "lab-mmlu"):
+        with pytest.raises(GandaError, match=f"task '{name}': limit must be"):
+            get_task(name, world="default" if name.startswith("lab") else None).examples(limit=-1)
+    assert len(get_task("kv", pairs=3).examples(limit=3)) == 3
 
 
 def test_empty_evaluation_is_an_error_not_an_accuracy():
@@ -508,6 +788,21 @@ def test_dream_directory_named_but_empty_is_an_error_never_a_fallback(tmp_path, 
 
 
 # ---- ganda report ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, match", [
+    ("sweep_garbage_line", "results.jsonl, line 3: not a JSON object"), ("sweep_list", "line 1: not a JSON object"),
+    ("sweep_no_fields", "its result files are damaged or not ganda's (KeyError"),
+    ("garbage_result", "result.json: not readable as JSON"), ("list_result", "is not a ganda result"),
+    ("garbage_ranking", "ranking.json: not readable as JSON"),
+])
+def test_damaged_results_are_one_line_in_python_too(inputs, name, match):
+    from ganda import results
+    from ganda.errors import GandaError
+
+    with pytest.raises(GandaError, match=re.escape(match)) as info:
+        results.load(inputs[name])
+    assert "\n" not in str(info.value)
+
 
 def test_report_of_directories_without_results_is_refused(tmp_path):
     from ganda.errors import GandaError

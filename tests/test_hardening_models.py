@@ -451,7 +451,7 @@ def test_precision_names(llama_dir, monkeypatch):
 
 # ---- GGUF: strict, one-line errors, the cache -------------------------------------------
 
-def write_tiny_gguf(path: Path, layers: int = 2, seed: int = 0, drop: tuple[str, ...] = ()) -> None:
+def write_tiny_gguf(path: Path, layers: int = 2, seed: int = 0, drop: tuple[str, ...] = (), width: int = 32) -> None:
     """A tiny Llama GGUF (fp32 tensors, the byte-level BPE tokenizer of conftest) via gguf.GGUFWriter."""
     import gguf
 
@@ -459,7 +459,7 @@ def write_tiny_gguf(path: Path, layers: int = 2, seed: int = 0, drop: tuple[str,
     vocab = tj["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    V, D, F, H, KV = len(tokens), 32, 64, 4, 2
+    V, D, F, H, KV = len(tokens), width, 2 * width, 4, 2
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(layers)
     w.add_context_length(128)
@@ -549,6 +549,45 @@ def test_damaged_cache_entry_is_logged_and_rebuilt(gguf_file, tmp_path, caplog, 
     with caplog.at_level(logging.WARNING, logger="ganda.models.loading"):
         load_model(str(gguf_file), device="cpu")
     assert not caplog.records  # whole again
+
+
+@pytest.mark.parametrize("damage", ["tensor", "tokenizer"])
+def test_damage_anywhere_in_a_cache_entry_is_detected(tmp_path, monkeypatch, caplog, damage):
+    """Every tensor of the entry is sampled and its tokenizer files are read whole: a region between
+    17 evenly spaced 64 KiB blocks of the weights (what sampling the file as a whole reads), or a
+    broken ``tokenizer.json``, is found, logged and rebuilt."""
+    monkeypatch.setenv("GANDA_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "src" / "wide.gguf"
+    gguf.parent.mkdir()
+    write_tiny_gguf(gguf, width=512)
+    x = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    first = load_model(str(gguf), device="cpu")
+    want, want_ids = first.forward(x), first.tokenizer("the apple").input_ids
+    (entry, _lock) = entries(tmp_path / "cache")
+    if damage == "tensor":
+        st = entry / "model.safetensors"
+        raw = st.read_bytes()
+        size, block = len(raw), 1 << 16
+        whole_file_blocks = [((size - block) * k // 16, (size - block) * k // 16 + block) for k in range(17)]
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8 : 8 + n])
+        name = max((k for k in header if k != "__metadata__"),
+                   key=lambda k: header[k]["data_offsets"][1] - header[k]["data_offsets"][0])
+        begin, end = (8 + n + o for o in header[name]["data_offsets"])
+        length = -(-(end - begin) // 7)  # 1/(BLOCKS - 1) of the tensor
+        start = next(s for s in range(begin, end - length, 4096)
+                     if all(s + length <= a or s >= b for a, b in whole_file_blocks))
+        damaged = raw[:start] + bytes(length) + raw[start + length :]
+        st.write_bytes(damaged)
+        assert len(damaged) == size
+    else:
+        (entry / "tokenizer.json").write_text("{")
+    with caplog.at_level(logging.WARNING, logger="ganda.models.loading"):
+        again = load_model(str(gguf), device="cpu")
+    rebuilt = [r for r in caplog.records if "damaged" in r.getMessage() and "rebuilding" in r.getMessage()]
+    assert len(rebuilt) == 1, [r.getMessage() for r in caplog.records]
+    assert torch.equal(again.forward(x), want)
+    assert again.tokenizer is not None and again.tokenizer("the apple").input_ids == want_ids
 
 
 def test_gguf_replaced_at_the_same_path_is_not_served_from_the_cache(gguf_file, tmp_path):

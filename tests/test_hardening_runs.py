@@ -120,6 +120,31 @@ def test_resume_after_weights_changed_is_refused(tmp_path, capsys):
     assert _progress(out)[0]["config"]["weights"] == runio.model_fingerprint(model)
 
 
+def test_weights_replaced_under_the_same_size_and_mtime_are_seen_on_resume(tmp_path, capsys):
+    """``cp -p``, ``rsync -a`` and ``tar`` keep a file's size and modification time: the resume check
+    reads a sample of every tensor, so another checkpoint of the same shapes is still refused."""
+    from safetensors.torch import load_file, save_file
+
+    model, out = _copy_model(tmp_path), tmp_path / "run"
+    cmd = ["sweep", model, "--task", "lab-mmlu", "--limit", "4", "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    kept = _truncate_progress(out, 2)
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    tensors = load_file(weights)
+    name = next(k for k in tensors if "layers.2" in k and k.endswith("o_proj.weight"))
+    tensors[name] = tensors[name] * 0.5
+    other = tmp_path / "other.safetensors"
+    save_file(tensors, other, metadata={"format": "pt"})
+    os.replace(other, weights)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    rc, _, err = _cli(capsys, *cmd)
+    assert rc == 2 and len(_err_lines(err)) == 1, err
+    assert f"the weights of {model} changed since this run started" in err
+    assert (out / "progress.jsonl").read_bytes() == kept
+
+
 def test_resume_with_another_dtype_is_refused(tmp_path):
     from ganda.models import load_model
     from ganda.sweep import run_sweep
@@ -218,6 +243,31 @@ def test_ctrl_c_during_eval_exits_130():
     assert "Traceback" not in seen + err
     assert (seen + err).endswith("ganda: interrupted\n") and (seen + err).count("ganda:") == 1
     assert out == ""
+
+
+def _python_start_up() -> float:
+    """Seconds the interpreter itself takes to start here (before any ganda code can run)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import runpy"], env=ENV, check=True)
+    return time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("after", [0.0, 0.1, 0.3])
+def test_ctrl_c_during_start_up_is_one_line(after):
+    """Imports take most of a second; a Ctrl-C among them (once Python itself has started: before
+    that no program's code runs) is ``ganda: interrupted``, exit 130, for the script and ``-m``."""
+    script = Path(sys.executable).parent / "ganda"
+    for argv in ([sys.executable, "-m", "ganda"], [sys.executable, "-X", "utf8", "-m", "ganda"],
+                 *([[str(script)]] if script.exists() else [])):
+        wait = 1.5 * _python_start_up() + 0.05 + after
+        proc = subprocess.Popen([*argv, "eval", MODEL, "--task", "kv", "--limit", "2"], env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(wait)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert proc.returncode == 130 and _err_lines(err) == ["ganda: interrupted"], (proc.returncode, err)
+        assert out == ""
 
 
 def test_second_run_into_the_same_out_is_refused(tmp_path, capsys):
@@ -394,3 +444,185 @@ def test_new_sweep_clears_an_earlier_sweeps_results(tmp_path, capsys):
     # the report would otherwise show the old cumulative curve beside the new sweep
     assert not any((out / f"cumulative.{ext}").exists() for ext in ("json", "csv", "png"))
     assert json.loads((out / "results.jsonl").read_text().splitlines()[0])["config"]["n"] == 8
+
+
+# ---------------------------------------------------------------------------------------------
+# ganda grid reuses a job only when it was made as the spec says now
+
+
+def _grid(tmp_path: Path, model: Path | str, **options) -> Path:
+    import yaml
+
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(yaml.safe_dump({"models": [str(model)], "tasks": ["lab-mmlu"], "experiments": ["sweep"],
+                                    "out": str(tmp_path / "grid"), "options": {"limit": 2, "seed": 0, **options}}))
+    return spec
+
+
+def test_grid_reuses_a_job_only_when_its_record_matches(tmp_path, capsys, monkeypatch):
+    """A rerun with another limit or seed, on replaced weights or in another dtype refuses in one line
+    and leaves every file as it was; the same spec again skips the finished job without loading."""
+    import ganda.grid
+
+    model = _copy_model(tmp_path)
+    spec = _grid(tmp_path, model)
+    assert _cli(capsys, "grid", spec)[0] == 0
+    grid = tmp_path / "grid"
+    job = next(grid.glob("*/lab-mmlu/sweep"))
+    record = json.loads((job / "grid-job.json").read_text())
+    assert record["options"]["limit"] == 2 and record["weights"] == runio.model_fingerprint(model)
+    files = {p: p.read_bytes() for p in grid.rglob("*") if p.is_file() and p.name != ".lock"}
+
+    def refused(*extra: str, **env: str) -> str:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        rc, out, err = _cli(capsys, "grid", *extra)
+        for k in env:
+            monkeypatch.delenv(k)
+        assert rc == 2 and len(_err_lines(err)) == 1 and "Traceback" not in err, err
+        assert {p: p.read_bytes() for p in grid.rglob("*") if p.is_file() and p.name != ".lock"} == files
+        return err
+
+    assert "made with other options.limit than the spec gives now" in refused(_grid(tmp_path, model, limit=3))
+    assert "other options.seed" in refused(_grid(tmp_path, model, seed=1))
+    assert "other options.sweep" in refused(_grid(tmp_path, model, sweep={"batch_heads": 1}))
+    assert "other dtype" in refused(_grid(tmp_path, model), GANDA_DTYPE="bfloat16")
+    from safetensors.torch import load_file, save_file
+
+    weights = model / "model.safetensors"
+    st, blob = weights.stat(), weights.read_bytes()
+    tensors = load_file(weights)
+    tensors["model.layers.2.self_attn.o_proj.weight"] *= 0.5  # another checkpoint, same size and mtime
+    save_file(tensors, weights, metadata={"format": "pt"})
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    err = refused(_grid(tmp_path, model))
+    assert "other weights than the spec gives now; the weights changed since" in err
+    weights.write_bytes(blob)
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    monkeypatch.setattr(ganda.grid, "load_model", lambda *a, **k: pytest.fail("a finished job loaded its model"))
+    rc, out, _ = _cli(capsys, "grid", _grid(tmp_path, model))
+    assert rc == 0 and out.startswith(" done") and (grid / "grid.json").exists()
+
+
+def test_grid_refuses_a_job_directory_without_its_record(tmp_path, capsys):
+    model = _copy_model(tmp_path)
+    assert _cli(capsys, "grid", _grid(tmp_path, model))[0] == 0
+    job = next((tmp_path / "grid").glob("*/lab-mmlu/sweep"))
+    (job / "grid-job.json").unlink()  # results made elsewhere, or by hand: nothing says how
+    rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, limit=3))
+    assert rc == 2 and "holds results but no grid-job.json saying how they were made" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# output files: inputs never, ganda's own again, anything else with --force
+
+
+def test_an_output_ganda_wrote_is_replaced_and_another_file_only_with_force(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pred, page = tmp_path / "pred.jsonl", tmp_path / "page.html"
+    eval_cmd = ["eval", MODEL, "--task", "kv", "--limit", "2"]
+    assert _cli(capsys, *eval_cmd, "--predictions", pred)[0] == 0
+    assert _cli(capsys, *eval_cmd, "--predictions", pred)[0] == 0  # its own file: replaced
+    figure = tmp_path / "maps.png"
+    attn = ["attn", MODEL, "--heads", "L1H0", "--prompt", "the key is", "--out", figure]
+    assert _cli(capsys, *attn)[0] == 0 and _cli(capsys, *attn)[0] == 0
+    assert (tmp_path / "maps.json").exists()
+    run = tmp_path / "run"
+    assert _cli(capsys, "sweep", MODEL, "--task", "kv", "--limit", "2", "--heads", "L0H0", "--out", run)[0] == 0
+    for _ in range(2):
+        assert _cli(capsys, "report", run, "--out", page)[0] == 0
+    assert _cli(capsys, "report", run, "--out", run / "report.html")[0] == 0  # a new page beside the results
+
+    mine = b"keep me\n"
+    for path, cmd in ((pred, [*eval_cmd, "--predictions", pred]), (figure, attn),
+                      (tmp_path / "maps.json", attn), (page, ["report", run, "--out", page])):
+        path.write_bytes(mine)
+        rc, _, err = _cli(capsys, *cmd)
+        assert rc == 2 and "that ganda wrote; pass --force to replace it" in err and path.read_bytes() == mine
+        assert _cli(capsys, *cmd, "--force")[0] == 0 and path.read_bytes() != mine
+    rc, _, err = _cli(capsys, "report", run, "--out", run / "results.jsonl", "--force")
+    assert rc == 2 and "ganda never writes over its inputs" in err
+
+
+def test_attention_drawn_to_a_device_writes_nothing_beside_it(tmp_path, capsys):
+    stray = [Path("/dev/null.png"), Path("/dev/null.json")]
+    for p in stray:  # left by an earlier run: matplotlib appended .png to a bare /dev/null
+        if p.is_file():
+            p.unlink()
+    rc, out, _ = _cli(capsys, "attn", MODEL, "--heads", "L1H0", "--prompt", "the key is", "--out", "/dev/null")
+    assert rc == 0 and out.strip() == "wrote /dev/null"
+    assert not any(p.exists() for p in stray)
+
+
+def test_quiet_silences_the_gguf_dequantisation_bar(tmp_path, monkeypatch, capfd):
+    from test_hardening_models import write_tiny_gguf
+
+    monkeypatch.setenv("GANDA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GANDA_PROGRESS_EVERY", "0")
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf)
+    capfd.readouterr()
+    assert main(["-q", "eval", str(gguf), "--task", "kv", "--pairs", "2", "--limit", "1", "--json"]) == 0
+    err = capfd.readouterr().err
+    assert "GGUF" not in err and _err_lines(err) == [line for line in _err_lines(err) if line.startswith("ganda eval")]
+    monkeypatch.setenv("GANDA_CACHE", str(tmp_path / "cache2"))  # not quiet: the bar is ganda's (a log line here)
+    assert main(["eval", str(gguf), "--task", "kv", "--pairs", "2", "--limit", "1", "--json"]) == 0
+    assert "de-quantizing GGUF" in capfd.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# a damaged progress file is named, line and all, never resumed from
+
+
+@pytest.mark.parametrize("line, why", [
+    (b"5", "line 4: a JSON int, not a record"),
+    (b"[]", "line 4: a JSON list, not a record"),
+    (b"garbage", "line 4: not JSON"),
+    (b'{"type": "head", "head": "L2H0"}', "line 4: a head record without layer, index, n, acc"),
+    (b'{"type": "header", "config": {}}', "line 4: a record of type 'header'"),
+    (b'{"type": "head", "head": "L2H0", "layer": 2, "index": 0, "n": 2, "acc": 0.5, "acc_norm": 0.5, "pred": [0, 1], '
+     b'"pred_norm": [0, 1], "gold": [0, 1], "loglik": [[NaN, -1.0], [-1.0, -2.0]]}',
+     "line 4: a head record whose scores are malformed or not finite"),
+])
+def test_a_damaged_progress_line_is_reported_with_its_number(tmp_path, capsys, line, why):
+    out = tmp_path / "run"
+    cmd = ["sweep", MODEL, "--task", "kv", "--limit", "2", "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    lines = (out / "progress.jsonl").read_bytes().splitlines(keepends=True)
+    damaged = b"".join([*lines[:3], line + b"\n", *lines[3:4]])
+    (out / "progress.jsonl").write_bytes(damaged)
+    (out / "results.jsonl").unlink()
+    rc, _, err = _cli(capsys, *cmd)
+    assert rc == 2 and len(_err_lines(err)) == 1 and "Traceback" not in err, err
+    assert f"progress.jsonl, line {why.split(':')[0].split()[1]}: {why.split(': ', 1)[1]}" in err
+    assert err.rstrip().endswith("use --no-resume to start over, or another --out")
+    assert (out / "progress.jsonl").read_bytes() == damaged  # nothing cut, nothing appended
+    assert _cli(capsys, *cmd, "--no-resume")[0] == 0
+
+
+def test_a_torn_last_line_still_resumes(tmp_path, capsys):
+    """A write killed before its newline leaves a torn last line: it is cut off and the run resumes."""
+    out = tmp_path / "run"
+    cmd = ["sweep", MODEL, "--task", "kv", "--limit", "2", "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    full = (out / "progress.jsonl").read_bytes()
+    lines = full.splitlines(keepends=True)
+    (out / "progress.jsonl").write_bytes(b"".join(lines[:3]) + lines[3][:25])
+    (out / "results.jsonl").unlink()
+    assert _cli(capsys, *cmd)[0] == 0
+    assert _heads(out) == ["L0H0", "L1H0", "L2H0", "L3H0"]
+
+
+def test_a_damaged_verification_file_is_one_line(tmp_path, capsys):
+    out = tmp_path / "rank"
+    cmd = ["rank", MODEL, "--task", "kv", "--limit", "2", "--ablation", "mean", "--verify-top", "2", "--audit", "0",
+           "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    for name, line in (("verify/progress.jsonl", b'{"type": "head"}'), ("attribution.jsonl", b"7")):
+        f = out / name
+        kept = f.read_bytes()
+        f.write_bytes(kept + line + b"\n")
+        rc, _, err = _cli(capsys, *cmd)
+        assert rc == 2 and len(_err_lines(err)) == 1 and "Traceback" not in err and f"{name}, line " in err, err
+        f.write_bytes(kept)

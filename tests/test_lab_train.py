@@ -66,10 +66,10 @@ def test_trained_dir_loads_in_ganda(tmp_path):
     train(MICRO, tmp_path / "m", progress=False, log=lambda *_: None)
     adapter = ganda.load_model(str(tmp_path / "m"))
     assert adapter.num_layers == 1
-    r = evaluate(adapter, get_task("lab-mmlu"), limit=3, progress=False)
+    r = evaluate(adapter, get_task("lab-mmlu", adapter=adapter), limit=3, progress=False)  # its world
     assert r.n == 3
     with ganda.AblateHeads("L0H1").apply(adapter):
-        evaluate(adapter, get_task("lab-kv"), limit=2, progress=False)
+        evaluate(adapter, get_task("lab-kv", adapter=adapter), limit=2, progress=False)
 
 
 def test_cli_train(tmp_path, capsys):

@@ -296,3 +296,20 @@ def test_weak_results_say_so_and_clear_ones_do_not() -> None:
     weak = SweepRun({"summary": {"top_head": "L1H0", "top_drop": 0.15, "baseline_acc": 0.725, "n": 40}}).headline()
     clear = SweepRun({"summary": {"top_head": "L1H0", "top_drop": 0.5, "baseline_acc": 0.725, "n": 40}}).headline()
     assert "on 40 prompts (weak: the 95% intervals overlap at n=40" in weak and "weak" not in clear
+
+
+def test_report_of_a_ranking_directory(tmp_path: Path, capsys) -> None:
+    """``ganda rank`` writes ``ranking.json`` (no result.json): its directory is a run the report shows."""
+    from ganda.cli import main
+
+    run = tmp_path / "rank"
+    assert main(["rank", "lab-llama-h1", "--task", "kv", "--limit", "2", "--verify-top", "2", "--audit", "0",
+                 "--out", str(run)]) == 0
+    ranking = json.loads((run / "ranking.json").read_text())
+    best = max((r for r in ranking["ranking"] if r["exact"] is not None), key=lambda r: abs(r["exact"]))
+    capsys.readouterr()
+    assert main(["report", str(run), "--out", str(tmp_path / "page.html")]) == 0
+    page = (tmp_path / "page.html").read_text()
+    assert "Heads ranked by attribution, the top verified exactly" in page
+    assert f"Largest exact effect: <b>{best['head']}</b>" in page
+    assert "data:image/png;base64," in page  # scatter.png, inlined

@@ -10,6 +10,7 @@ first lookup that misses.
 
 import importlib
 import os
+import signal
 import sys
 from typing import Any
 
@@ -21,6 +22,31 @@ from .errors import GandaError
 # ganda is imported before torch.
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def _interrupted_at_startup(_signum: int, _frame: Any) -> None:
+    """Ctrl-C before the command line can catch it: one line and exit 130, as any interrupt."""
+    try:
+        sys.stderr.write("ganda: interrupted\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(130)
+
+
+def _guard_startup() -> None:
+    """Run as the ``ganda`` command (the script or ``python -m ganda``), a Ctrl-C during start-up
+    (imports take most of a second) would print a KeyboardInterrupt traceback from whichever
+    import it hit: until :func:`ganda.cli.main` restores Python's handler, it exits 130 in one
+    line. Importing ganda as a library changes nothing."""
+    argv = list(getattr(sys, "orig_argv", None) or [])[1:]
+    while argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c", "-"):  # interpreter options
+        argv = argv[2:] if argv[0] in ("-X", "-W", "--check-hash-based-pycs") else argv[1:]
+    ours = argv[:2] == ["-m", "ganda"] or (bool(argv) and os.path.basename(argv[0]) == "ganda")
+    if ours and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_at_startup)
+
+
+_guard_startup()
 
 # The public names load on first use: ``import ganda`` (and ``ganda --help``) does not wait for
 # torch. A module that looks a task or result kind up imports the package that registers it.

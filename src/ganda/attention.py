@@ -41,7 +41,7 @@ def segment_tokens(adapter: ModelAdapter, example: Example) -> list[list[int]]:
     (a BOS token added by :func:`~ganda.scoring.encode` shifts them)."""
     if not example.segments:
         return []
-    enc = adapter.tokenizer(example.prompt, add_special_tokens=False, return_offsets_mapping=True)
+    enc = adapter.require_tokenizer()(example.prompt, add_special_tokens=False, return_offsets_mapping=True)
     shift = len(encode(adapter, example.prompt)) - len(enc.input_ids)
     return [[a + shift, b + shift] for a, b in token_spans(enc.offset_mapping, example.segments)]
 
@@ -69,13 +69,23 @@ def save_attention_json(path: str | Path, model: str, prompts: list[dict[str, An
     return Path(path)
 
 
+def sidecar(out: str | Path) -> Path | None:
+    """Where :func:`draw_attention` writes the maps as JSON beside ``out`` (None when ``out`` is a
+    device or a pipe, which has no "beside")."""
+    out = Path(out)
+    if out.exists() and not out.is_file():
+        return None
+    return out.with_suffix(".json")
+
+
 def draw_attention(
     adapter: ModelAdapter, prompt: str | Example, heads: str | list, out: str | Path, last_rows: int | None = None,
     title: str | None = None, roles: dict[str, str] | None = None,
 ) -> Path:
     """One PNG, one panel per head (softmax: sequential [0,1]; SSM implicit: signed, diverging),
-    and the same maps as ``<out>.json`` for the report's interactive view. An :class:`Example`
-    also records its segments and gold segment; ``roles`` names heads' roles (``gather``, ...)."""
+    and the same maps as ``<out>.json`` for the report's interactive view (not when ``out`` is a
+    device such as ``/dev/null``: nothing is written beside it). An :class:`Example` also records
+    its segments and gold segment; ``roles`` names heads' roles (``gather``, ...)."""
     example = prompt if isinstance(prompt, Example) else None
     text = example.prompt if example is not None else str(prompt)
     tokens, maps, kinds, rows = prompt_maps(adapter, text, heads, last_rows)
@@ -84,8 +94,10 @@ def draw_attention(
         maps = {h: maps[h] for h in dict.fromkeys(order)}
         roles = {str(expand([k], adapter)[0]): v for k, v in (roles or {}).items()}
     path = attention_panels(maps, tokens, kinds, out, rows=rows, title=title or adapter.spec, roles=roles)
+    if not sidecar(path):
+        return path
     record = attention_record(
         tokens, maps, kinds, rows, segments=segment_tokens(adapter, example) if example is not None else None,
         gold_segment=example.gold_segment if example is not None else None, roles=roles)
-    save_attention_json(Path(path).with_suffix(".json"), adapter.spec, [record])
+    save_attention_json(sidecar(path), adapter.spec, [record])
     return path

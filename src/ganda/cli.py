@@ -11,12 +11,13 @@ import errno
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 import time
 
 import typer
 
-from . import commands, progress, registry, runio
+from . import _interrupted_at_startup, commands, progress, registry, runio
 from .errors import GandaError
 
 # the command that runs and when it started, for its final summary line
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if "torch" not in sys.modules:  # read once, when torch loads OpenMP (BENCHMARKS.md, threads)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
+        if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:  # from here on, Ctrl-C is caught below
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         rc = app(args=argv, standalone_mode=False, prog_name="ganda")
         if rc in (None, 0):
             _summary()

@@ -127,7 +127,7 @@ class HeadScore:
 
 def prompt_positions(adapter: ModelAdapter, ex: Example) -> tuple[list[int], list[tuple[int, int]], int]:
     """Token ids, segment token spans and query position for one example's prompt."""
-    enc = adapter.tokenizer(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
+    enc = adapter.require_tokenizer()(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
     ids = encode(adapter, ex.prompt)
     shift = len(ids) - len(enc.input_ids)  # a BOS token added by ``encode``
     spans = [(a + shift, b + shift) for a, b in token_spans(enc.offset_mapping, ex.segments)]

@@ -29,12 +29,14 @@ oversubscribe. ``GANDA_DTYPE``, ``GANDA_DEVICE``, ``GANDA_DEVICE_MAP`` and ``GAN
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
 import os
 import re
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -106,11 +108,56 @@ def _ray() -> Any:
     return ray
 
 
+CONNECT_TIMEOUT_S = 10.0  # how long an address may take to answer (GANDA_RAY_CONNECT_TIMEOUT)
+
+
+def ray_installed() -> bool:
+    """Whether Ray can be imported here (without importing it: that takes seconds)."""
+    if "ray" in sys.modules:
+        return sys.modules["ray"] is not None
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_reachable(address: str, timeout: float | None = None) -> None:
+    """Refuse, after at most ``timeout`` seconds (``GANDA_RAY_CONNECT_TIMEOUT``, default
+    :data:`CONNECT_TIMEOUT_S`), a cluster address (``HOST:PORT``, ``ray://HOST:PORT``) where nothing
+    accepts a connection: Ray itself would retry for many minutes, printing its client's logs.
+    ``local`` and ``auto`` are left to Ray (they name no host)."""
+    if address in ("local", "auto"):
+        return
+    if timeout is None:
+        timeout = _env_number("GANDA_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S) or CONNECT_TIMEOUT_S
+    rest = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        host, port = rest, "10001" if address.startswith("ray://") else "6379"
+    try:
+        where = (host.strip("[]") or "127.0.0.1", int(port))
+    except ValueError:
+        raise GandaError(f"--ray {address}: expected local, auto, HOST:PORT or ray://HOST:PORT") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(where, timeout=max(0.1, min(2.0, deadline - time.monotonic()))).close()
+            return
+        except OSError as exc:
+            why = exc.strerror or type(exc).__name__
+        if time.monotonic() + 0.5 >= deadline:
+            raise GandaError(f"--ray {address}: no Ray cluster answered at {where[0]}:{where[1]} within {timeout:g} s "
+                             f"({why}); start one there (ray start --head) or use --ray local")
+        time.sleep(0.5)
+
+
 def connect(address: str = "local", num_cpus: int | None = None) -> None:
-    """Start (``local``) or join (an address) Ray once per process; an existing connection is kept."""
+    """Start (``local``) or join (an address) Ray once per process; an existing connection is kept.
+    An address where nothing answers is refused after a bounded wait (:func:`check_reachable`)."""
     ray = _ray()
     if ray.is_initialized():
         return
+    check_reachable(address)
     try:
         quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # a command's stderr stays its own
         if address == "local":

@@ -29,6 +29,7 @@ def evaluate(
     Multiple-choice examples are packed (each context once, its choices as short suffixes) and
     prompt prefixes shared by several examples (few-shot exemplars) run once, under the
     interventions; ``prefix_cache=False`` (or ``GANDA_PREFIX_CACHE=0``) runs every row whole."""
+    task.check_model(adapter)  # a task whose data come from a model (the lab's world) scores that model only
     examples = task.examples(limit=limit, seed=seed)
     if not examples:
         raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")

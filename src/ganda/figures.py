@@ -44,8 +44,10 @@ def _np(x: Any) -> np.ndarray:
 def _save(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     try:
+        fmt = path.suffix[1:].lower() or "png"  # named: matplotlib appends .png to a bare /dev/null
+        mark = {"metadata": {"Software": runio.GENERATOR}} if fmt == "png" else {}  # runio.written_by_ganda
         with runio.atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight")
+            fig.savefig(tmp, dpi=110, bbox_inches="tight", format=fmt, **mark)
     finally:
         pyplot().close(fig)
     return path

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .finite import check_logits
 from .interventions import Intervention, apply
 from .models.base import ModelAdapter
 from .progress import tqdm
@@ -144,6 +145,7 @@ def _generate_cached(adapter: ModelAdapter, rows: list[_Row], eos: set[int], pre
     logits = adapter.forward_cached(ids, cache, pos, full, keep=torch.tensor([width - 1], device=dev))
     next_pos = pos[:, -1:] + 1
     while True:
+        check_logits(logits[:, -1], "the next-token logits", adapter, rows[0].prompt_ids)  # argmax of NaN: token 0
         nxt = logits[:, -1].argmax(-1)
         step = torch.full((k, 1), pad, dtype=torch.long, device=dev)
         for i, r in enumerate(rows):
@@ -183,6 +185,7 @@ def _generate_uncached(adapter: ModelAdapter, row: _Row, eos: set[int]) -> None:
     n_ctx = adapter.n_ctx
     while row.finish is None:
         logits = adapter.forward(torch.tensor([seq], device=dev))
+        check_logits(logits[0, -1], "the next-token logits", adapter, row.prompt_ids)
         tok = int(logits[0, -1].argmax())
         _check_row(adapter, row, tok, eos, n_ctx)
         seq.append(tok)

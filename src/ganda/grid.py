@@ -14,6 +14,13 @@ with the experiment's own files (a sweep's ``progress.jsonl`` and ``results.*``,
 skipped on a rerun and a stopped one resumes from its files, so rerunning the same grid finishes it.
 Inside :func:`ganda.distributed.ray_sweeps` every job's sweep work runs on Ray. ``out/grid.json``
 lists every job with its status and headline numbers.
+
+The spec is checked before any model loads, the shared options against :data:`OPTION_RULES` and each
+experiment's own by its registered ``Options``: every problem
+is one line naming its key. Each job records how it is made in ``grid-job.json`` (its options, the
+weights' fingerprint, the dtype) before it starts. A rerun skips or resumes a job only when that
+record matches the job as the spec and the model give it now; otherwise it refuses in one line
+before any work, so numbers made under other options are never reported under these.
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from typing import Any
 import yaml
 
 from . import registry, runio
+from .device import default_device, default_dtype
 from .errors import GandaError
 from .models.base import ModelAdapter
-from .models.loading import load_model
+from .models.loading import load_model, model_path
 from .tasks import get_task, task_for_model
 
 TASK_OPTIONS = ("pairs", "shots", "subjects")
@@ -41,6 +49,29 @@ def grid_experiments() -> list[str]:
     """The registered experiments that run as grid jobs (one model, one task's examples)."""
     return [n for n in registry.experiment_names() if registry.experiment(n).on_task
             and registry.experiment(n).name == n]
+
+
+JOB_FILE = "grid-job.json"
+
+
+def _whole(low: int | None) -> Callable[[str, Any], None]:
+    def check(key: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+            least = f" of at least {low}" if low is not None else ""
+            raise GandaError(f"grid spec: {key} must be a whole number{least}, got {value!r}")
+
+    return check
+
+
+def _names(key: str, value: Any) -> None:
+    if not (isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))):
+        raise GandaError(f"grid spec: {key} must be a name or a list of names, got {value!r}")
+
+
+#: the schema of the options every job shares (an experiment's own are checked by its Options)
+OPTION_RULES: dict[str, Callable[[str, Any], None]] = {
+    "limit": _whole(1), "seed": _whole(None), "pairs": _whole(None), "shots": _whole(None), "subjects": _names,
+}
 
 
 def _list(spec: dict[str, Any], key: str) -> list[str]:
@@ -64,7 +95,11 @@ def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
         if not path.is_file():
             raise GandaError(f"no grid spec at {path}")
         try:
-            spec = yaml.safe_load(path.read_text())
+            spec = yaml.safe_load(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError:
+            raise GandaError(f"{path}: not a grid spec (not UTF-8 text: a binary file?)") from None
+        except OSError as exc:
+            raise GandaError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         except yaml.YAMLError as exc:
             raise GandaError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
         if not isinstance(spec, dict):
@@ -87,6 +122,11 @@ def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
             registry.experiment(key).Options.build(val, where=f"grid spec: options.{key}: ")
         elif key not in COMMON:
             raise GandaError(f"grid spec: unknown option {key!r} (expected {', '.join(COMMON)} or an experiment name)")
+        else:
+            OPTION_RULES[key](f"options.{key}", val)
+    out = "runs/grid" if spec.get("out") is None else spec["out"]
+    if not isinstance(out, str) or not out.strip():
+        raise GandaError(f"grid spec: 'out' must be a directory name, got {out!r}")
     names = [safe_name(m) for m in models]
     if len(set(names)) != len(names):
         raise GandaError("grid spec: two models share one directory name; list each model once")
@@ -94,8 +134,7 @@ def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
         task = get_task(t, **{k: opts[k] for k in TASK_OPTIONS if k in opts})
         if task.kind != "mc":
             raise GandaError(f"grid spec: task {t!r} is a generation task; sweeps and rankings score multiple choice")
-    return {"models": models, "tasks": tasks, "experiments": exps, "options": opts,
-            "out": str(spec.get("out") or "runs/grid")}
+    return {"models": models, "tasks": tasks, "experiments": exps, "options": opts, "out": out}
 
 
 def jobs(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -113,18 +152,62 @@ def _earlier(path: Path) -> dict[str, dict[str, Any]]:
         return {}
 
 
+def job_record(job: dict[str, Any], opts: dict[str, Any], weights: str | None, dtype: str) -> dict[str, Any]:
+    """What makes a job's numbers what they are: written to its ``grid-job.json`` before it starts,
+    compared on every rerun."""
+    options = {"limit": int(opts.get("limit", 32)), "seed": int(opts.get("seed", 0)),
+               **{k: opts[k] for k in TASK_OPTIONS if k in opts}, job["experiment"]: opts.get(job["experiment"], {})}
+    return {"model": job["model"], "task": job["task"], "experiment": job["experiment"], "options": options,
+            "weights": weights, "dtype": dtype}
+
+
+def _check_job(job: dict[str, Any], want: dict[str, Any]) -> None:
+    """Refuse a job directory made under another record (or with results but no record)."""
+    jdir = Path(job["dir"])
+    record = jdir / JOB_FILE
+    if not record.exists():
+        if jdir.is_dir() and any(jdir.iterdir()):
+            raise GandaError(f"{jdir} holds results but no {JOB_FILE} saying how they were made; delete it to run "
+                             "the job again, or use another out")
+        return
+    try:
+        have = json.loads(record.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise GandaError(f"{record}: not a readable job record ({exc})") from None
+    if have == want:
+        return
+    have = have if isinstance(have, dict) else {}
+    diff = [k for k in want if have.get(k) != want[k]]
+    opts = [k for k in want["options"] if (have.get("options") or {}).get(k) != want["options"][k]] \
+        if "options" in diff and isinstance(have.get("options"), dict) else []
+    what = ", ".join(f"options.{k}" for k in opts) or ", ".join(diff) or "its record"
+    detail = "; the weights changed since" if "weights" in diff else ""
+    raise GandaError(f"the grid job {jdir} was made with other {what} than the spec gives now{detail}; "
+                     "use another out, or delete that directory to run the job again")
+
+
 def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
              on_job: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run (or finish) every job of the grid; return the job list as written to ``out/grid.json``."""
+    """Run (or finish) every job of the grid; return the job list as written to ``out/grid.json``.
+
+    Every job is checked against its ``grid-job.json`` first (see the module docstring)."""
     spec = parse_spec(spec)
     out = Path(spec["out"])
     opts = spec["options"]
     limit, seed = int(opts.get("limit", 32)), int(opts.get("seed", 0))
     task_opts = {k: opts[k] for k in TASK_OPTIONS if k in opts}
     todo = jobs(spec)
+    dtype = str(default_dtype(default_device())).removeprefix("torch.")
+    weights: dict[str, str | None] = {}
+    for m in spec["models"]:
+        path = model_path(m)
+        weights[m] = runio.model_fingerprint(path) if path is not None else None
+    records = {job["dir"]: job_record(job, opts, weights[job["model"]], dtype) for job in todo}
     earlier = _earlier(out / "grid.json")
     adapters: dict[str, ModelAdapter] = {}
     with runio.run_dir_lock(out):
+        for job in todo:  # every job before any work: one stale job refuses the rerun
+            _check_job(job, records[job["dir"]])
         for job in todo:
             exp = registry.experiment(job["experiment"])()
             jdir = Path(job["dir"])
@@ -142,6 +225,7 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
                     raise GandaError(f"task {job['task']!r} gave no examples")
                 cfg = {"task": task.config(), "limit": limit, "seed": seed}
                 jdir.mkdir(parents=True, exist_ok=True)
+                runio.write_text(jdir / JOB_FILE, json.dumps(records[job["dir"]], indent=1) + "\n")
                 t0 = time.perf_counter()
                 options = exp.Options.build(opts.get(job["experiment"], {}))
                 result = exp.run(adapter, examples, options, out_dir=jdir, config=cfg, progress=False)
@@ -153,4 +237,4 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
     return todo
 
 
-__all__ = ["grid_experiments", "jobs", "parse_spec", "run_grid", "safe_name"]
+__all__ = ["JOB_FILE", "OPTION_RULES", "grid_experiments", "job_record", "jobs", "parse_spec", "run_grid", "safe_name"]

@@ -76,7 +76,13 @@ def load(*paths: str | Path) -> Results:
             raise GandaError(f"{path} is not a ganda run directory (no {', '.join(dict.fromkeys([*RUN_FILES, *_readers()]))} in it or "
                               "under it)")
         for run in runs:
-            _load_run(run, t)
+            try:
+                _load_run(run, t)
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:  # one line, never a traceback
+                if isinstance(exc, GandaError):
+                    raise
+                raise GandaError(f"{run}: its result files are damaged or not ganda's ({type(exc).__name__}: {exc})"
+                                 ) from None
     try:
         import pandas as pd  # an optional heavy dependency: loaded when tables are built
     except ImportError:
@@ -174,7 +180,17 @@ def _prediction_rows(run: str, condition: str, task: Any, rec: dict[str, Any], i
 
 def _sweep(run: Path, t: _Tables) -> None:
     """``results.jsonl``: header, intact baseline, one record per ablated head."""
-    lines = [json.loads(x) for x in (run / "results.jsonl").read_text().splitlines() if x.strip()]
+    lines = []
+    for i, x in enumerate((run / "results.jsonl").read_text().splitlines(), 1):
+        if not x.strip():
+            continue
+        try:
+            rec = json.loads(x)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict):
+            raise GandaError(f"{run / 'results.jsonl'}, line {i}: not a JSON object; the file is damaged or not ganda's")
+        lines.append(rec)
     header = next((x for x in lines if x.get("type") == "header"), None)
     base = next((x for x in lines if x.get("type") == "baseline"), None)
     if header is None or base is None:

@@ -11,11 +11,13 @@ Commands check their output paths before they load a model (:func:`check_output_
 ``flock`` on ``<dir>/.lock`` held for the whole run, so two runs never write into one directory.
 The lock dies with the process, so a killed run never leaves a stale lock behind.
 
-:func:`model_fingerprint` summarises the weights on disk cheaply (sizes, modification times,
-safetensors / GGUF headers, small files' contents) so that a resumed run can tell that the
-model it measured has changed; :func:`ganda_version` is recorded in every result file.
+:func:`model_fingerprint` summarises the weights on disk cheaply (:mod:`ganda.fingerprint`: sizes,
+modification times, headers, a fixed sample of every tensor, small files whole) so that a resumed
+run can tell that the model it measured has changed; :func:`ganda_version` is recorded in every
+result file.
 
-This module imports only the standard library and :mod:`ganda.errors`.
+This module imports only the standard library and ganda modules that do (:mod:`ganda.errors`,
+:mod:`ganda.fingerprint`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import contextlib
 import csv
 import errno
 import fcntl
-import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import GandaError
+from .fingerprint import fingerprint
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -186,11 +188,15 @@ def _probe_dir(d: Path, shown: Path, option: str) -> None:
         os.unlink(name)
 
 
-def check_output_file(path: str | Path, option: str = "--out") -> Path:
+def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequence[str | Path] = (),
+                      kind: str | None = None, force: bool = False) -> Path:
     """Check, before a run, that a result file can be written at ``path``; returns it.
 
     The target must not be a directory, and its nearest existing ancestor must be a writable
-    directory (missing parents are created when the file is written, not now)."""
+    directory (missing parents are created when the file is written, not now). It must not be one
+    of the command's ``inputs`` (a file, or a directory: a model directory, whose files are never
+    written), whatever ``force`` says. An existing file is replaced only when ganda wrote it as
+    this ``kind`` of output (:func:`written_by_ganda`), or with ``force``."""
     path = Path(path).expanduser()
     target = _target(path)
     if target.is_dir():
@@ -199,11 +205,61 @@ def check_output_file(path: str | Path, option: str = "--out") -> Path:
         if not os.access(target, os.W_OK):
             raise GandaError(f"{option} {path}: not writable")
         return path
+    real = os.path.realpath(target)
+    for inp in inputs:
+        where = os.path.realpath(Path(inp).expanduser())
+        if real == where or (os.path.isdir(where) and real.startswith(where.rstrip(os.sep) + os.sep)):
+            what = f"inside {inp}, which" if real != where else "a file that"
+            raise GandaError(f"{option} {path} is {what} this command reads; ganda never writes over its inputs: "
+                             "choose another path")
+    if target.is_file() and not force and not written_by_ganda(target, kind):
+        raise GandaError(f"{option} {path} exists and is not {KINDS.get(kind or '', 'a file')} that ganda wrote; "
+                         "pass --force to replace it, or choose another path")
     anc = _nearest_existing(target.parent)
     if not anc.is_dir():
         raise GandaError(f"{option} {path}: {anc} is not a directory")
     _probe_dir(anc, path, option)
     return path
+
+
+#: the kinds of output files a command may replace, as the error names them
+KINDS = {"predictions": "a predictions file", "report": "a report page", "figure": "a figure",
+         "attention": "an attention-maps file"}
+#: what ganda writes into every file of a kind (PNG: matplotlib's ``Software`` text chunk)
+GENERATOR = "ganda"
+_MARKS = {"report": b'<meta name="generator" content="ganda', "figure": b"Software\x00ganda",
+          "attention": b'{"format":"ganda-attention/'}
+
+
+def written_by_ganda(path: str | Path, kind: str | None) -> bool:
+    """Whether the file at ``path`` is one ganda wrote as ``kind`` (see :data:`KINDS`), from its
+    first bytes: the generator mark of a report page or figure, the format of an attention-maps
+    file, the fields of a predictions line."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    if kind == "predictions":
+        line = head.split(b"\n", 1)[0]
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return False
+        return isinstance(rec, dict) and {"id", "gold", "pred", "correct"} <= set(rec)
+    mark = _MARKS.get(kind or "")
+    return mark is not None and mark in head
+
+
+def check_not_inside(model: str | Path) -> None:
+    """Refuse a model that holds a run directory this command claimed: its files would be written
+    into the model's directory."""
+    where = os.path.realpath(model)
+    for d in _claims:
+        real = os.path.realpath(d)
+        if os.path.isdir(where) and (real == where or real.startswith(where.rstrip(os.sep) + os.sep)):
+            raise GandaError(f"--out {d} is inside the model directory {model}; ganda never writes into a model's "
+                             "files: choose another --out")
 
 
 def check_output_dir(path: str | Path, option: str = "--out") -> Path:
@@ -343,42 +399,13 @@ def release_claims() -> None:
 # ---------------------------------------------------------------------------------------------
 # model fingerprints
 
-_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt")
-_HASHED_LIMIT = 8 << 20  # smaller non-weight files (config, tokenizer, lab.json) are hashed whole
-
-
-def _file_entry(p: Path, rel: str) -> dict[str, Any]:
-    st = p.stat()
-    e: dict[str, Any] = {"name": rel, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        if p.suffix == ".safetensors":
-            raw = f.read(8)
-            n = int.from_bytes(raw, "little") if len(raw) == 8 else 0
-            h.update(raw + f.read(min(n, 100 << 20)))
-        elif p.suffix == ".gguf":
-            h.update(f.read(1 << 20))
-        elif p.suffix in _WEIGHT_SUFFIXES:
-            h.update(f.read(1 << 16))
-        elif st.st_size <= _HASHED_LIMIT:
-            h.update(f.read())
-    e["head"] = h.hexdigest()[:16]
-    return e
-
 
 def model_fingerprint(path: str | Path) -> str:
-    """A short digest of the model at ``path`` (a ``.gguf`` file or an HF directory) that changes
-    when its weights, config or tokenizer change: every file's size and modification time, the
-    safetensors headers / GGUF metadata, and the contents of the small files. Reads no weights."""
-    p = Path(path).resolve()
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
-        entries = [_file_entry(f, str(f.relative_to(p))) for f in files]
-    elif p.is_file():
-        entries = [_file_entry(p, p.name)]
-    else:
-        raise GandaError(f"no model at {path}")
-    return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()[:16]
+    """A short digest of the model at ``path`` (a ``.gguf`` or ``.safetensors`` file, or an HF
+    directory) that changes when its weights, config or tokenizer change:
+    :func:`ganda.fingerprint.fingerprint`, which reads a fixed sample of every tensor and the small
+    files whole, so its cost does not grow with the size of the model."""
+    return fingerprint(Path(path).resolve())
 
 
 # ---------------------------------------------------------------------------------------------

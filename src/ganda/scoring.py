@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .finite import check_scores
 from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter, ReadPositions
 from .progress import tqdm
@@ -33,7 +35,7 @@ def add_bos(adapter: ModelAdapter) -> bool:
 
 
 def encode(adapter: ModelAdapter, text: str) -> list[int]:
-    ids = adapter.tokenizer(text, add_special_tokens=False).input_ids
+    ids = adapter.require_tokenizer()(text, add_special_tokens=False).input_ids
     if add_bos(adapter) and adapter.tokenizer.bos_token_id is not None:
         ids = [adapter.tokenizer.bos_token_id, *ids]
     return ids
@@ -172,7 +174,7 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
             logp = torch.log_softmax(logits[r, pos].float(), -1)
             ll.append(float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum()))
         out.append(ChoiceScores(ll, n_chars))
-    return out
+    return _finite(adapter, items, out)
 
 
 def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int],
@@ -396,7 +398,20 @@ def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, boo
                     logp = torch.log_softmax(logits[i, cols].float(), -1)
                     lls[k][c] = float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum())
         del prefix
-    return [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)]
+    return _finite(adapter, items, [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)])
+
+
+def _finite(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[int]]],
+            scores: list[ChoiceScores]) -> list[ChoiceScores]:
+    """``scores``, once every log-likelihood is finite (:func:`ganda.finite.check_scores`: a NaN
+    score would make the first choice every prediction); the prompt whose scores are not is run
+    again to name the module where the non-finite values first appear."""
+    for (pairs, _, _), sc in zip(items, scores, strict=True):
+        if not all(math.isfinite(v) for v in sc.loglik):
+            ctx = pairs[0][0]
+            tail = adapter.tokenizer.decode(ctx[-12:]) if adapter.tokenizer is not None else str(ctx[-12:])
+            check_scores(sc.loglik, f"the choices' log-likelihoods after {tail!r}", adapter, ctx)
+    return scores
 
 
 SMALL_MODEL_PARAMS = 20_000_000

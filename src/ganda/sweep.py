@@ -54,8 +54,8 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -68,6 +68,8 @@ from . import runio
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
 from .figures import pyplot
+from .fingerprint import fingerprint
+from .finite import check_scores
 from .heads import HeadId
 from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
@@ -265,6 +267,25 @@ def _record(kind: str, head: HeadId | None, packed: list[Prepared], logliks: lis
     return rec
 
 
+def _require_finite(adapter: ModelAdapter, packed: list[Prepared], rec: dict[str, Any]) -> None:
+    """Refuse a record with a non-finite log-likelihood before it is written: its prompt is run again
+    (under the record's ablation) to name the module where the non-finite values first appear."""
+    bad = next((i for i, ll in enumerate(rec["loglik"]) if not all(math.isfinite(v) for v in ll)), None)
+    if bad is None:
+        return
+    head = rec.get("head")
+    with apply(adapter, [AblateHeads([head])] if head else []):
+        check_scores(rec["loglik"][bad], f"prompt {bad} with {head} ablated" if head else f"prompt {bad}",
+                     adapter, packed[bad].rows[0][: packed[bad].ctx_lens[0]])
+
+
+def _well_formed(rec: dict[str, Any]) -> bool:
+    lists = [rec.get(k) for k in ("pred", "pred_norm", "gold", "loglik")]
+    return (isinstance(rec.get("n"), int) and all(isinstance(x, list) and len(x) == rec["n"] for x in lists)
+            and all(isinstance(ll, list) and all(isinstance(v, int | float) and math.isfinite(v) for v in ll)
+                    for ll in rec["loglik"]))
+
+
 @dataclass
 class SweepResult:
     config: dict[str, Any]
@@ -407,8 +428,8 @@ _RESULT_FILES = ("results.jsonl", "results.csv", "heatmap.png", "cumulative.json
 
 def _is_record(rec: dict[str, Any]) -> bool:
     """A line of a sweep's journal: the baseline or one head, with its log-likelihoods."""
-    return rec.get("type") in ("baseline", "head") and isinstance(rec.get("loglik"), list) \
-        and (rec["type"] == "baseline" or isinstance(rec.get("head"), str))
+    return rec.get("type") in ("baseline", "head") and (rec["type"] == "baseline" or isinstance(rec.get("head"), str)) \
+        and _well_formed(rec)
 
 
 def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0):
@@ -433,6 +454,7 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
             runio.set_interrupt_note(f"{n} head{'s' if n != 1 else ''} saved, rerun the same command to resume")
 
     def emit(rec: dict[str, Any]) -> None:
+        _require_finite(adapter, packed, rec)
         if journal is not None:
             journal.append(rec)
         note()
@@ -512,16 +534,10 @@ def scored_by(scorer: BatchScorer) -> Iterator[None]:
 
 
 def weights_fingerprint(adapter: ModelAdapter) -> str:
-    """What a resumed run checks the weights against: :func:`ganda.runio.model_fingerprint` of the
-    files behind ``adapter.spec`` or, for a model built in memory, a digest of its tensors."""
+    """What a resumed run checks the weights against: :func:`ganda.fingerprint.fingerprint` of the
+    files behind ``adapter.spec`` or, for a model built in memory, of its tensors on their device."""
     path = model_path(adapter.spec)
-    if path is not None:
-        return runio.model_fingerprint(path)
-    h = hashlib.sha256()
-    for name, t in sorted(adapter.model.state_dict().items()):
-        h.update(f"{name}|{tuple(t.shape)}|{t.dtype}".encode())
-        h.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy())
-    return "mem-" + h.hexdigest()[:16]
+    return fingerprint(path.resolve() if path is not None else adapter.model)
 
 
 def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head):

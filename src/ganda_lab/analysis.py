@@ -29,15 +29,17 @@ from ganda.tasks import get_task
 from ganda.tasks.base import Example, token_spans
 
 from . import shipped_path
+from .world import checked_world
 
 
-def model_world(adapter: ModelAdapter, task: str | None = None) -> dict[str, Any] | None:
-    """The world a lab model was trained on, from the ``lab.json`` beside its weights (None: the
-    record names no world, so the default one). A model without ``lab.json`` (a lab model copied
-    without it, or not a lab model) is refused: scored on a world it never learned it would get a
-    chance-level number that looks like a result."""
+def model_world(adapter: ModelAdapter, task: str | None = None) -> dict[str, Any]:
+    """The world a lab model was trained on, from the ``lab.json`` beside its weights (the directory
+    it was loaded from: a path, a shipped name or a hub snapshot). A model without ``lab.json`` (a
+    lab model copied without it, or not a lab model), or with one that records no world, is
+    refused: scored on a world it never learned it would get a chance-level number that looks like
+    a result."""
     spec = str(adapter.spec)
-    root = Path(spec).expanduser()
+    root = getattr(adapter, "source_path", None) or Path(spec).expanduser()
     if not root.exists():
         root = shipped_path(spec) or root
     f = root / "lab.json"
@@ -50,7 +52,7 @@ def model_world(adapter: ModelAdapter, task: str | None = None) -> dict[str, Any
         meta = json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GandaError(f"{f}: cannot read the lab record: {exc}") from None
-    return meta.get("world") if isinstance(meta, dict) else None
+    return checked_world(meta, str(f))
 
 
 def _examples(task: str, n: int, seed: int, world: dict[str, Any] | None = None) -> list[Example]:

@@ -17,7 +17,7 @@ from ganda.tasks.base import Example, OptionError, Task, keyword_types
 
 from . import shipped_path
 from .analysis import model_world
-from .world import DEFAULT_WORLD, World, WorldConfig, eval_rng
+from .world import DEFAULT_WORLD, World, WorldConfig, checked_world, eval_rng
 
 _WORLDS: dict[WorldConfig, World] = {}
 
@@ -45,15 +45,14 @@ def world_record(spec: str) -> dict[str, Any]:
         meta = json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GandaError(f"world {spec!r}: cannot read {f}: {exc}") from None
-    if not isinstance(meta, dict):
-        raise GandaError(f"world {spec!r}: {f} is not a lab.json record")
-    return meta.get("world") or DEFAULT_WORLD.to_json()
+    return checked_world(meta, f"world {spec!r}: {f}")
 
 
 class _LabTask(Task):
     kind = "mc"
     default_n = 400
     bounds = {"n": (1, None)}
+    model_options = ("world", "world_seed")
 
     def __init__(self, n: int | None = None, world_seed: int | None = None,
                  world: dict[str, Any] | str | None = None, **kw: Any) -> None:
@@ -76,8 +75,7 @@ class _LabTask(Task):
         a world. A model with no ``lab.json`` is refused (:func:`~ganda_lab.analysis.model_world`)."""
         if options and ("world" in options or "world_seed" in options):
             return {}
-        world = model_world(adapter, task=cls.name)
-        return {"world": world} if world is not None else {}
+        return {"world": model_world(adapter, task=cls.name)}
 
     def _init(self) -> None:
         pass

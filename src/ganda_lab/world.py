@@ -17,11 +17,13 @@ the tasks, the training mixture and the tokenizer's vocabulary always agree.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
 
+from ganda.errors import GandaError
 from ganda.tasks.base import Example
 
 LETTERS = "ABCD"
@@ -506,3 +508,26 @@ def eval_rng(kind: str, seed: int) -> random.Random:
 
 def train_rng(seed: int, step: int) -> random.Random:
     return random.Random(f"ganda-lab-train-{seed}-{step}")
+
+
+def checked_world(meta: Any, where: str) -> dict[str, Any]:
+    """The ``world`` of a ``lab.json`` record, refused in one line unless it is a world record."""
+    world = meta.get("world") if isinstance(meta, dict) else None
+    if not isinstance(world, dict):
+        what = "is not a lab.json record (a JSON object)" if not isinstance(meta, dict) else "names no world"
+        raise GandaError(f"{where} {what}; a lab model's lab.json records the world it was trained on")
+    for f in dataclasses.fields(WorldConfig):
+        if f.name not in world:
+            continue
+        value, default = world[f.name], f.default
+        ok = (all(isinstance(v, str) for v in value) if isinstance(value, list) else False) \
+            if isinstance(default, tuple) else isinstance(value, int | float) and not isinstance(value, bool) \
+            if isinstance(default, float) else type(value) is type(default)
+        if not ok:
+            raise GandaError(f"{where} holds a world ganda cannot read: {f.name} is {value!r}, not a "
+                             f"{'list of names' if isinstance(default, tuple) else type(default).__name__}")
+    try:
+        hash(WorldConfig.from_json(world))
+    except Exception as exc:  # noqa: BLE001 - any malformed world record is one line
+        raise GandaError(f"{where} holds a world ganda cannot read ({type(exc).__name__}: {exc})") from None
+    return world

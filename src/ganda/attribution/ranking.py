@@ -27,11 +27,12 @@ import torch
 
 from .. import runio
 from ..errors import GandaError
+from ..finite import check_scores, finite_json
 from ..heads import HeadId
 from ..interventions import MeanAblateHeads
 from ..models.base import ModelAdapter
 from ..progress import tqdm
-from ..scoring import examples_digest, score_examples
+from ..scoring import encode, examples_digest, score_examples
 from ..sweep import run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import (
@@ -181,6 +182,15 @@ def _exact_zero(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
     return res.baseline["loglik"], {r["head"]: r["loglik"] for r in res.records}
 
 
+def _require_finite(adapter: ModelAdapter, examples: Sequence[Example], att: Attribution) -> None:
+    """Refuse an attribution with a non-finite score (a NaN ranking would be written as a result);
+    the first prompt whose log-likelihoods are not finite names where they first appear."""
+    for i, ll in enumerate(att.clean_logliks):
+        if not all(math.isfinite(v) for v in ll):
+            check_scores(ll, f"prompt {i}", adapter, encode(adapter, examples[i].prompt))
+    check_scores([att.clean, *att.estimate], f"the {att.method} estimates", adapter)
+
+
 def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], means: dict[tuple[int, str], torch.Tensor],
                 out_dir: Path | None, resume: bool, progress: bool, config: dict[str, Any]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
     """Mean-ablation of each head alone through the scoring path (resumable, one line per head)."""
@@ -281,7 +291,8 @@ class RankResult:
     def write(self, out_dir: str | Path) -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        runio.write_text(out / "ranking.json", json.dumps({**self.to_json(), "config": self.config}, indent=1) + "\n")
+        runio.write_text(out / "ranking.json",  # an undefined statistic (NaN) is null: the file stays JSON
+                         json.dumps(finite_json({**self.to_json(), "config": self.config}), indent=1) + "\n")
         rows = self.rows()
         with runio.atomic_open(out / "ranking.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["head"])
@@ -418,6 +429,7 @@ def rank_heads(
         att = attribute(adapter, examples, method=method, ablation=ablation, margin=margin, heads=head_list,
                         batch_tokens=batch_tokens, graddrop_blocks=graddrop_blocks, out_dir=out, resume=resume,
                         progress=progress)
+        _require_finite(adapter, examples, att)
         secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()

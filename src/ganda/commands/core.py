@@ -17,7 +17,7 @@ from .. import runio
 from ..errors import GandaError
 from ..heads import split_spec
 from ..tasks import get_task
-from .options import QUIET
+from .options import FORCE, QUIET
 
 if TYPE_CHECKING:
     from ..interventions import Intervention
@@ -84,6 +84,18 @@ def flag(option: str) -> str:
     """A library option's name as its command-line flag (``verify_top`` -> ``--verify-top``), for
     the library's checks to name what the user typed."""
     return "--" + option.replace("_", "-")
+
+
+def model_inputs(spec: str) -> list[Path]:
+    """The file or directory a model spec loads from (nothing when it names none): what an output path
+    must never be, or be inside (:func:`ganda.runio.check_output_file`)."""
+    from ..models.loading import model_path
+
+    try:
+        path = model_path(spec)
+    except GandaError:
+        return []
+    return [path] if path is not None else []
 
 
 def at_least(flag: str, value: int | None, low: int = 1) -> None:
@@ -161,6 +173,7 @@ def register(app: typer.Typer) -> None:
         no_prefix_cache: bool = typer.Option(False, "--no-prefix-cache", help="run every prompt whole instead of "
                                              "reusing shared prompt prefixes (same as GANDA_PREFIX_CACHE=0)"),
         allow_pickle: bool = PICKLE,
+        force: bool = FORCE,
         quiet: bool = QUIET,
     ) -> None:
         """Accuracy of MODEL on a task (Wilson 95% CI), optionally under interventions."""
@@ -175,7 +188,8 @@ def register(app: typer.Typer) -> None:
         task_obj = get_task(task, **opts)
         ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule)
         if predictions:
-            runio.check_output_file(predictions, "--predictions")
+            runio.check_output_file(predictions, "--predictions", inputs=model_inputs(model), kind="predictions",
+                                    force=force)
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
         validate_interventions(adapter, ivs)
@@ -188,9 +202,9 @@ def register(app: typer.Typer) -> None:
         if predictions:
             with runio.atomic_open(predictions) as f:
                 for p in res.predictions:
-                    f.write(json.dumps(p) + "\n")
+                    f.write(json.dumps(p, allow_nan=False) + "\n")
         if as_json:
-            print(json.dumps(res.to_json()))
+            print(json.dumps(res.to_json(), allow_nan=False))  # every score is finite (ganda.finite)
         else:
             lo, hi = res.ci95
             ivtxt = "; ".join(json.dumps(i) for i in res.interventions) or "none"
@@ -212,10 +226,11 @@ def register(app: typer.Typer) -> None:
         last_rows: int | None = typer.Option(None, "--rows", help="draw only the last N query rows"),
         seed: int = SEED,
         allow_pickle: bool = PICKLE,
+        force: bool = FORCE,
         quiet: bool = QUIET,
     ) -> None:
         """Draw attention maps (softmax, or exact SSM implicit attention) of heads on one prompt."""
-        from ..attention import draw_attention
+        from ..attention import draw_attention, sidecar
         from ..models import load_model
         from ..tasks import task_for_model
 
@@ -225,7 +240,10 @@ def register(app: typer.Typer) -> None:
         if prompt is not None and not prompt.strip():
             raise GandaError("--prompt is empty")
         t = get_task(task, pairs=pairs, shots=shots) if prompt is None else None
-        runio.check_output_file(out, "--out")
+        inputs = model_inputs(model)
+        runio.check_output_file(out, "--out", inputs=inputs, kind="figure", force=force)
+        if (side := sidecar(out)) is not None:  # the maps as JSON, beside the figure
+            runio.check_output_file(side, "--out", inputs=inputs, kind="attention", force=force)
         adapter = load_model(model, allow_pickle=allow_pickle)
         if t is not None:
             exs = task_for_model(task, t, adapter, pairs=pairs, shots=shots).examples(limit=index + 1, seed=seed)
@@ -233,7 +251,7 @@ def register(app: typer.Typer) -> None:
                 raise GandaError(f"--index {index}: task {task!r} has {len(exs)} examples (0-{len(exs) - 1})")
         # a task example also saves its segments and gold segment beside the maps (<out>.json)
         path = draw_attention(adapter, exs[index] if t is not None else prompt, heads, out, last_rows=last_rows)
-        print(f"wrote {path} and {path.with_suffix('.json').name}")
+        print(f"wrote {path}" + (f" and {side.name}" if side is not None else ""))
 
     @app.command()
     def heads(

@@ -8,11 +8,28 @@ from pathlib import Path
 import typer
 
 from .. import runio
+from ..errors import GandaError
 from .core import PICKLE, QUIET
 
-RAY = typer.Option(None, "--ray", metavar="ADDRESS",
+
+def _check_ray(value: str | None) -> str | None:
+    """``--ray``, checked when the command line is read, before any model loads: Ray is installed and
+    the address answers within a bounded wait (GANDA_RAY_CONNECT_TIMEOUT seconds, default 10)."""
+    if value is None:
+        return value
+    from .. import distributed  # torch: loaded only when --ray is given
+
+    if not distributed.ray_installed():
+        raise GandaError("--ray needs Ray, which is not installed here: pip install 'ganda[distributed]' "
+                         "(or pip install 'ray>=2.9')")
+    distributed.check_reachable(value)
+    return value
+
+
+RAY = typer.Option(None, "--ray", metavar="ADDRESS", callback=_check_ray,
                    help="run the work on Ray: 'local' starts an instance with this machine's cores; an "
-                   "address (auto, HOST:6379, ray://HOST:10001) joins that cluster. Same files as a local run")
+                   "address (auto, HOST:6379, ray://HOST:10001) joins that cluster, refused if it does not answer "
+                   "within GANDA_RAY_CONNECT_TIMEOUT seconds (default 10). Same files as a local run")
 RAY_ACTORS = typer.Option(None, "--ray-actors", help="Ray actors, each with the model loaded once "
                           "(default: one per GPU, else one per CPU core)")
 

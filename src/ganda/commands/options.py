@@ -16,3 +16,6 @@ def _set_quiet(value: bool) -> bool:
 
 QUIET = typer.Option(False, "--quiet", "-q", callback=_set_quiet,
                      help="no progress bars or notes on stderr: the results and the final summary line only")
+
+FORCE = typer.Option(False, "--force", help="replace an existing output file that ganda did not write (never a "
+                     "file the command reads)")

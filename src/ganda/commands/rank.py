@@ -69,6 +69,7 @@ def register(app: typer.Typer) -> None:
 
         from ..attribution import check_rank_options, rank_heads
         from ..distributed import ray_sweeps
+        from ..finite import finite_json
         from ..heads import expand
         from ..models import load_model
         from ..tasks import task_for_model
@@ -104,7 +105,7 @@ def register(app: typer.Typer) -> None:
                              heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
                              config=cfg)
         if as_json:
-            print(json.dumps({**res.to_json(), "out": str(out_dir)}))
+            print(json.dumps(finite_json({**res.to_json(), "out": str(out_dir)})))
             return
 
         console = Console()

@@ -8,7 +8,7 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from .core import QUIET
+from .options import FORCE, QUIET
 
 
 def register(app: typer.Typer) -> None:
@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
         run_dirs: list[Path] = typer.Argument(..., help="run directories (each with result.json, *.png, *.csv)"),
         out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write"),
         title: str = typer.Option("ganda report", "--title", help="page title"),
+        force: bool = FORCE,
         quiet: bool = QUIET,
     ) -> None:
         """Render run directories into ONE offline HTML page (PNGs inlined, no external files)."""
@@ -27,9 +28,10 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"not a run directory: {', '.join(missing)}")
         empty = [str(d) for d in run_dirs if not has_results(d)]
         if empty:
-            raise GandaError(f"not a run directory (no result.json or results.jsonl): {', '.join(empty)}")
+            raise GandaError(f"not a run directory (no result.json, results.jsonl or ranking.json): {', '.join(empty)}")
         if out.is_dir():
             raise GandaError(f"--out {out} is a directory; give the HTML file to write")
-        runio.check_output_file(out, "--out")
+        reads = [p for d in run_dirs for p in Path(d).rglob("*") if p.is_file() and p.suffix != ".html"]
+        runio.check_output_file(out, "--out", inputs=reads, kind="report", force=force)
         path = write_report(list(run_dirs), out, title=title)
         print(path)

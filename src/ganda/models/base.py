@@ -588,6 +588,15 @@ class ModelAdapter(ABC):
         raise GandaError(f"{self.spec or self.family}: {self.family} heads cannot run outside their model "
                          "(transplant donors must be Llama-layout Transformers)")
 
+    def require_tokenizer(self) -> Any:
+        """The tokenizer; a model loaded without one (no tokenizer files beside its weights) is refused
+        in one line wherever text has to become tokens."""
+        if self.tokenizer is None:
+            raise GandaError(f"{self.spec or self.family} has no tokenizer (no tokenizer.json, tokenizer.model or "
+                             "tokenizer_config.json beside its weights); copy the tokenizer files into the model "
+                             "directory")
+        return self.tokenizer
+
     def describe(self) -> dict[str, Any]:
         """A JSON-able summary (family, layers, mixers and head counts)."""
         return {

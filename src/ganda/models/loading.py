@@ -14,14 +14,19 @@ gets ``trust_remote_code=False``, and a tokenizer or model that needs its own co
 ``auto_map``) is refused with one line. Pickle checkpoints (``*.bin``, ``*.pt``) are refused unless
 ``allow_pickle=True``. Loading is strict: a missing, unexpected or wrongly shaped tensor is an
 error naming the first keys (tied output embeddings and non-persistent buffers, which are absent
-by design, excepted), and so is a truncated or unreadable file.
+by design, excepted), and so is a truncated or unreadable file, a tensor stored as integers or
+booleans (unless ``config.json`` declares a quantisation), tokenizer files that cannot be read, a
+weight that is not finite, and a ``config.json`` with a non-finite number or a size beyond a real
+model's (:mod:`ganda.finite`). A model directory with no tokenizer files loads without one; tasks
+refuse it (:meth:`ModelAdapter.require_tokenizer`).
 
 A GGUF is dequantised once and cached as safetensors (``$GANDA_CACHE``, default
 ``~/.cache/ganda``) because dequantising takes ~20 s. Each entry is written under a unique
 temporary name and renamed into place while holding ``<entry>.lock``, so concurrent processes
-build it once; it records its files' sizes and sampled checksums (``ganda-cache.json``), and an
-entry that no longer matches is logged and rebuilt. The entry's key covers the GGUF's path, size,
-mtime and sampled content, so a file replaced at the same path is dequantised afresh.
+build it once; it records the fingerprint of each of its files (``ganda-cache.json``; every tensor
+sampled, tokenizer and config files read whole: :mod:`ganda.fingerprint`), and an entry that no
+longer matches is logged and rebuilt. The entry's key covers the GGUF's path and fingerprint, so a
+file replaced at the same path is dequantised afresh.
 """
 
 from __future__ import annotations
@@ -46,9 +51,12 @@ from typing import Any
 
 import torch
 
-from .. import registry
+from .. import registry, runio
 from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError
+from ..fingerprint import fingerprint
+from ..finite import check_config, check_weights
+from ..progress import tqdm as progress_bar
 from . import hub, placement
 from .base import ModelAdapter
 from .registry import adapter_for, check_model_type
@@ -154,8 +162,10 @@ def _first(keys: Any, n: int = 3) -> str:
 
 # ---- strict loading -------------------------------------------------------------------------
 
-def _check_safetensors(file: Path) -> None:
-    """Refuse a truncated or malformed ``.safetensors`` file from its header alone (cheap)."""
+def _check_safetensors(file: Path, floating: bool = False) -> None:
+    """Refuse a truncated or malformed ``.safetensors`` file from its header alone (cheap); with
+    ``floating``, also one holding a tensor that is not floating-point (integers and booleans would
+    be cast to floats silently: a different model, scored as if it were this one)."""
     size = file.stat().st_size
     try:
         with open(file, "rb") as f:
@@ -176,6 +186,13 @@ def _check_safetensors(file: Path) -> None:
         raise GandaError(f"{file}: not a safetensors file (malformed tensor table)") from None
     if 8 + n + end > size:
         raise GandaError(f"{file}: truncated safetensors file ({size} bytes, its tensors need {8 + n + end})")
+    if floating:
+        odd = sorted((k, str(v.get("dtype"))) for k, v in header.items()
+                     if k != "__metadata__" and not str(v.get("dtype", "")).startswith(("F", "BF")))
+        if odd:
+            more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+            raise GandaError(f"{file}: tensor {odd[0][0]} is stored as {odd[0][1]}{more}; ganda loads floating-point "
+                             "checkpoints (F32, F16, BF16), or quantised ones that say so in config.json")
 
 
 def _safetensors_numel(files: list[Path]) -> int:
@@ -261,8 +278,14 @@ def _read_config(path: Path) -> dict[str, Any]:
     return raw
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "merges.txt", "spiece.model")
+
+
 def _load_tokenizer(where: str, **kwargs: Any) -> Any:
-    """The tokenizer at ``where`` (None when there is none); one that needs custom code is refused."""
+    """The tokenizer at ``where`` (None when the directory has no tokenizer files: the model can still
+    be analysed on token ids, and a task refuses it in one line). Tokenizer files that cannot be
+    read (a broken ``tokenizer.json``) are refused, as is a tokenizer that needs custom code."""
     from transformers import AutoTokenizer  # heavy (~0.5 s): loaded with a model
 
     try:
@@ -273,6 +296,9 @@ def _load_tokenizer(where: str, **kwargs: Any) -> Any:
                 f"{where}: the tokenizer needs custom code from the model directory (auto_map), which ganda "
                 "never runs; remove auto_map from tokenizer_config.json to use tokenizer.json"
             ) from None
+        present = [f for f in TOKENIZER_FILES if (Path(where) / f).is_file()] if "gguf_file" not in kwargs else []
+        if present:
+            raise GandaError(f"{where}: cannot load its tokenizer ({', '.join(present)}): {_one_line(exc)}") from None
         log.warning("no tokenizer in %s: %s", where, _one_line(exc))
         return None
 
@@ -296,6 +322,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
     from transformers import AutoConfig, AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
     raw = _read_config(path)
+    check_config(raw, str(path / "config.json"))
     model_type = raw.get("model_type")
     safetensors = sorted(path.glob("*.safetensors"))
     has_pickle = any(path.glob("*.bin")) or any(path.glob("*.pt")) or any(path.glob("*.pth"))
@@ -308,7 +335,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
         if not has_pickle:
             raise GandaError(f"{path} has no weights (*.safetensors)")
     for f in safetensors:
-        _check_safetensors(f)
+        _check_safetensors(f, floating="quantization_config" not in raw)
     if model_type not in CUSTOM_LOADERS:
         check_model_type(model_type)  # before the tokenizer, which may read config.json's auto_map
     tok = _load_tokenizer(str(path))
@@ -338,9 +365,9 @@ _STALE_S = 3600.0  # a temporary entry older than this is abandoned, whatever it
 
 
 def _gguf_cache_key(path: Path) -> str:
-    """Path, size, mtime (ns) and sampled content: a GGUF replaced at the same path gets a new entry."""
-    st = path.stat()
-    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_sample_digest(path)}"
+    """Path and fingerprint (size, mtime, header, a sample of every tensor: :mod:`ganda.fingerprint`):
+    a GGUF replaced at the same path gets a new entry."""
+    ident = f"{path.resolve()}|{fingerprint(path)}"
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
@@ -379,7 +406,7 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
     """Model (fp32) and tokenizer from a GGUF, strictly: every tensor the architecture needs."""
     from transformers import AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
-    with _reading(path, "GGUF file (truncated or corrupt?)"):
+    with _reading(path, "GGUF file (truncated or corrupt?)"), _ganda_bars():
         tok = _load_tokenizer(str(path.parent), gguf_file=path.name)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -390,6 +417,24 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
     check_model_type(getattr(model.config, "model_type", None))
     _check_loading_info(model, info, path)
     return model, tok
+
+
+@contextlib.contextmanager
+def _ganda_bars() -> Iterator[None]:
+    """transformers' GGUF loader draws its own tqdm bar ("Converting and de-quantizing GGUF
+    tensors..."), which its progress-bar switch does not reach: route it through
+    :mod:`ganda.progress`, silent under ``--quiet`` and one line at a time in a log file."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - transformers without GGUF support
+        yield
+        return
+    old = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = progress_bar
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = old
 
 
 def _temp_name(name: str, tag: str) -> str:
@@ -450,38 +495,35 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _sample_digest(file: Path) -> str:
-    """sha256 of 17 evenly spaced 64 KiB blocks (ends included): catches truncation and most damage
-    for the cost of reading 1 MiB, on every load."""
-    size = file.stat().st_size
-    block = 1 << 16
-    h = hashlib.sha256(str(size).encode())
-    with open(file, "rb") as f:
-        for k in range(17):
-            f.seek(max(0, min(size - block, (size - block) * k // 16)))
-            h.update(f.read(block))
-    return h.hexdigest()
+def _entry_files(entry: Path) -> list[Path]:
+    """Every file of a cache entry that its manifest covers (weights, config, tokenizer files)."""
+    return sorted(p for p in entry.rglob("*") if p.is_file() and p.name != CACHE_MANIFEST
+                  and not p.name.startswith(".") and not _TEMP.match(p.name))
 
 
 def _write_manifest(entry: Path, source: Path) -> None:
-    files = {p.name: {"size": p.stat().st_size, "sample_sha256": _sample_digest(p)}
-             for p in sorted(entry.glob("*.safetensors"))}
-    manifest = {"format": 1, "source": str(source), "files": files}
+    files = {str(p.relative_to(entry)): {"size": p.stat().st_size, "fingerprint": fingerprint(p)}
+             for p in _entry_files(entry)}
+    manifest = {"format": 2, "source": str(source), "files": files}
     tmp = entry / _temp_name(CACHE_MANIFEST, "part")
     tmp.write_text(json.dumps(manifest, indent=1))
     tmp.replace(entry / CACHE_MANIFEST)
 
 
 def _entry_problem(entry: Path) -> str | None:
-    """Why a cache entry cannot be used (None when it is complete and matches its manifest)."""
+    """Why a cache entry cannot be used (None when it is complete and every file matches the
+    fingerprint its manifest records: every tensor sampled, the tokenizer files read whole)."""
     if not (entry / "config.json").is_file():
         return "no config.json"
     try:
         manifest = json.loads((entry / CACHE_MANIFEST).read_text())
         files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        version = manifest.get("format")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return f"{CACHE_MANIFEST} is missing or unreadable"
-    if not isinstance(files, dict) or not files:
+    if version != 2:
+        return f"{CACHE_MANIFEST} has format {version!r}, not 2 (written by another ganda version)"
+    if not isinstance(files, dict) or not any(str(name).endswith(".safetensors") for name in files):
         return f"{CACHE_MANIFEST} lists no weights"
     for name, rec in files.items():
         f = entry / name
@@ -489,10 +531,10 @@ def _entry_problem(entry: Path) -> str | None:
             size = f.stat().st_size
         except OSError:
             return f"{name} is missing"
-        if size != rec.get("size"):
-            return f"{name} is {size} bytes, {rec.get('size')} were written"
-        if _sample_digest(f) != rec.get("sample_sha256"):
-            return f"{name} does not match its checksum"
+        if not isinstance(rec, dict) or size != rec.get("size"):
+            return f"{name} is {size} bytes, {rec.get('size') if isinstance(rec, dict) else '?'} were written"
+        if fingerprint(f) != rec.get("fingerprint"):
+            return f"{name} does not match its fingerprint"
     return None
 
 
@@ -599,6 +641,7 @@ def load_model(
         raise GandaError(f"no such model: {spec!r} (give a local HF directory, a .gguf file, or one of: "
                          f"{', '.join(ALIASES)}{named})")
     spec = hub.pinned(spec, path)
+    runio.check_not_inside(path)  # a run directory claimed inside the model's own directory
     if path.is_dir():
         model, tok = _load_hf_dir(path, allow_pickle, dtype, place)
     elif path.suffix.lower() == ".gguf":
@@ -611,10 +654,13 @@ def load_model(
         model = placement.dispatch(model, place, dtype)
     if place is not None:
         placement.check(model)
+    check_weights(model, spec)  # one NaN in one weight makes every score NaN (and every prediction A)
     model.eval()
     if tok is not None and tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    return adapter_for(model, tok, spec)
+    adapter = adapter_for(model, tok, spec)
+    adapter.source_path = path  # type: ignore[attr-defined]  # what it was loaded from (a hub id's snapshot)
+    return adapter
 
 
 def model_path(spec: str) -> Path | None:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import GandaError
+from ..finite import check_config
 from ..heads import HeadId
 from . import hub
 from .base import ModelAdapter
@@ -105,6 +106,7 @@ def build_model(raw: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> nn.
 def build(spec: str, dtype: torch.dtype = torch.bfloat16) -> ModelAdapter:
     """The adapter of ``spec``'s architecture at full size, on the meta device (no tokenizer)."""
     raw, source = config_of(spec)
+    check_config(raw, source)  # a million layers would take hours to build, even without weights
     adapter = adapter_for(build_model(raw, dtype), None, str(spec))
     adapter.config_source = source  # type: ignore[attr-defined]
     return adapter

@@ -60,6 +60,7 @@ KIND_TITLES = {
     "circuit_path": "One head's effect along its paths into another",
     "circuit_edges": "The circuit: which head feeds which",
     "lab_findings": "The paper's findings on the lab models",
+    "rank": "Heads ranked by attribution, the top verified exactly",
     "lab_models": "The lab models",
 }
 
@@ -201,6 +202,24 @@ class SweepRun:
         return []
 
 
+class RankRun:
+    """A head ranking's ``ranking.json`` as summarised by :func:`rank_result`."""
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.summary = d.get("summary") or {}
+
+    def headline(self) -> str:
+        s = self.summary
+        if not s.get("top_head") or not isinstance(s.get("top_exact"), int | float):
+            return ""
+        clean = f" (intact {s['clean']:+.3f})" if isinstance(s.get("clean"), int | float) else ""
+        return (f"Largest exact effect: **{s['top_head']}**; ablating it alone lowers the {s.get('margin', '?')} "
+                f"margin by {s['top_exact']:+.3f}{clean}; {s.get('verified', '?')} heads verified exactly.")
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        return []
+
+
 def _png_data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
@@ -240,57 +259,116 @@ META_KEYS = ("model", "command", "seed", "ganda_version", "created")
 HEAVY = ("pred", "pred_norm", "gold", "loglik", "predictions")
 
 
+def _records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file; any line that is not one is an error naming it."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GandaError(f"{path}: cannot read it ({exc})") from None
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict):
+            raise GandaError(f"{path}, line {i}: not a JSON object; the file is damaged or not ganda's")
+        out.append(rec)
+    return out
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
 def sweep_result(path: Path, top: int = 20) -> dict[str, Any]:
     """A head sweep's ``results.jsonl`` (header, baseline, one record per head) as a result dict:
-    the heads whose ablation costs the most accuracy first, per-prompt lists left out."""
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    header = next((x for x in lines if x.get("type") == "header"), {})
+    the heads whose ablation costs the most accuracy first, per-prompt lists left out. A file that
+    is not a finished sweep is one error naming what it lacks."""
+    lines = _records(path)
+    header = next((x for x in lines if x.get("type") == "header"), None)
     base = next((x for x in lines if x.get("type") == "baseline"), None)
     recs = [x for x in lines if x.get("type") not in ("header", "baseline")]
-    b = base.get("acc") if base else None
+    if header is None or not isinstance(header.get("config"), dict) or base is None or not _number(base.get("acc")):
+        raise GandaError(f"{path} is not a finished sweep (no header with its config, or no baseline with its "
+                         "accuracy)")
+    if any(not isinstance(r.get("head"), str) or not _number(r.get("acc")) for r in recs):
+        raise GandaError(f"{path} holds a head record without its head or accuracy; the file is damaged")
+    b = base["acc"]
     slim = []
     for r in recs:
         row = {k: v for k, v in r.items() if k not in HEAVY and k != "type"}
-        if b is not None and isinstance(r.get("acc"), int | float):
-            row["drop"] = b - r["acc"]
+        row["drop"] = b - r["acc"]
         slim.append(row)
     slim.sort(key=lambda r: -r.get("drop", 0.0))
-    cfg = header.get("config", {})
+    cfg = header["config"]
     out = {
         "kind": "sweep",
         "model": cfg.get("model", "?"),
-        "summary": {"baseline_acc": b, "n": base.get("n") if base else None, "heads": len(recs), "top_head": slim[0].get("head") if slim else None,
+        "summary": {"baseline_acc": b, "n": base.get("n"), "heads": len(recs), "top_head": slim[0].get("head") if slim else None,
                     "top_drop": slim[0].get("drop") if slim else None},
         "top_heads": slim[:top],
         "config": {k: v for k, v in cfg.items() if k != "heads"},
     }
     cum = path.parent / "cumulative.json"
     if cum.is_file():  # ``ganda sweep --until-chance``
-        c = json.loads(cum.read_text())
+        c = _read_json(cum)
         out["summary"]["heads_to_chance"] = c.get("heads_to_chance")
         out["cumulative_ablation"] = c.get("curve", [])
     return out
 
 
+def rank_result(path: Path, top: int = 20) -> dict[str, Any]:
+    """A head ranking's ``ranking.json`` (``ganda rank``) as a result dict: its summary, the head
+    with the largest exact effect, the top of the ranking."""
+    d = _read_json(path)
+    rows = d.get("ranking")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "head" in r for r in rows):
+        raise GandaError(f"{path} is not a ganda ranking (no list of ranked heads)")
+    exact = [r for r in rows if _number(r.get("exact"))]
+    best = max(exact, key=lambda r: abs(r["exact"])) if exact else None
+    summary = {k: d.get(k) for k in ("method", "ablation", "margin", "clean", "n", "spearman_verified")}
+    summary.update({"verified": d.get("verified"), "heads": len(rows), "top_head": best["head"] if best else None,
+                    "top_exact": best["exact"] if best else None})
+    return {"kind": "rank", "model": d.get("model", "?"), "summary": summary, "top_heads": rows[:top],
+            "bound": d.get("bound"), "config": d.get("config")}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise GandaError(f"{path} is not valid JSON ({exc}); the file is damaged or not ganda's") from None
+    if not isinstance(d, dict):
+        raise GandaError(f"{path} is not a ganda result (a JSON {type(d).__name__}, not an object)")
+    return d
+
+
+#: the files that make a directory a run the report can show, in the order they are read
+RESULT_FILES = ("result.json", "results.jsonl", "ranking.json")
+
+
 def has_results(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run's results (``result.json``, or a sweep's ``results.jsonl``)."""
-    return (Path(run_dir) / "result.json").is_file() or (Path(run_dir) / "results.jsonl").is_file()
+    """Whether ``run_dir`` holds a run's results (``result.json``, a sweep's ``results.jsonl`` or a
+    ranking's ``ranking.json``)."""
+    return any((Path(run_dir) / f).is_file() for f in RESULT_FILES)
 
 
 def _read_result(run_dir: Path) -> tuple[dict[str, Any], Any]:
-    """The run's result dict and its result object (None when its kind is not registered)."""
+    """The run's result dict and its result object (None when its kind is not registered); a result
+    file that cannot be read is one error, never a page that shows it."""
     rfile = run_dir / "result.json"
     if not rfile.exists() and (run_dir / "results.jsonl").exists():
         result = sweep_result(run_dir / "results.jsonl")
         return result, SweepRun.from_json(result)
+    if not rfile.exists() and (run_dir / "ranking.json").exists():
+        result = rank_result(run_dir / "ranking.json")
+        return result, RankRun(result)
     if not rfile.exists():
         return {"kind": "?", "error": "no result.json in this directory"}, None
-    try:
-        result = json.loads(rfile.read_text())
-    except json.JSONDecodeError as exc:
-        return {"kind": "?", "error": f"result.json is not valid JSON: {exc}"}, None
-    if not isinstance(result, dict):
-        return {"kind": "?", "value": result}, None
+    result = _read_json(rfile)
     return result, _result_object(result)
 
 
@@ -364,6 +442,6 @@ def write_report(run_dirs: list[Path], out: Path, title: str = "ganda report") -
     runs = [Path(d) for d in run_dirs]
     if not any(has_results(d) for d in runs):
         names = ", ".join(str(d) for d in runs) or "none given"
-        raise GandaError(f"nothing to report: no result.json or results.jsonl in {names}")
+        raise GandaError(f"nothing to report: no result.json, results.jsonl or ranking.json in {names}")
     runio.write_text(out, render_page(runs, title))
     return out

@@ -45,28 +45,34 @@ def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
     model through a ``for_model(adapter, options) -> dict`` classmethod: the lab's tasks read the
     world a lab model was trained on from its ``lab.json``, so its facts are the ones it learned
     (and refuse a model whose world is unknown unless ``options`` name one). Options given
-    explicitly win over those defaults.
+    explicitly win over those defaults. Such a task records the model it was built for, and
+    :func:`ganda.evaluation.evaluate` refuses to score another with it (:meth:`Task.check_model`).
     """
     cls = registry.task_class(name)
     if cls is None:
         raise GandaError(f"unknown task {name!r}; known: {', '.join(registry.task_names())}")
     opts = {k: v for k, v in options.items() if v is not None}
     opts = cls.check_options(opts, task=name)
+    explicit = any(k in opts for k in getattr(cls, "model_options", ()))
     if adapter is not None and hasattr(cls, "for_model"):
         opts = {**cls.for_model(adapter, opts), **opts}
     try:
-        return cls(**opts)
+        task = cls(**opts)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, GandaError):
             raise
         raise OptionError(f"task {name!r}: {exc}") from None
+    if hasattr(cls, "for_model"):  # its data come from a model: which one (Task.check_model)
+        task.built_for = "*" if explicit else adapter.spec if adapter is not None else None
+    return task
 
 
 def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
     """``task`` rebuilt with ``adapter``'s defaults when its class takes any (else ``task``).
 
     Commands build the task before loading the model, so that a bad task name fails fast, then
-    call this once the model is loaded."""
+    call this once the model is loaded; a model without a tokenizer is refused here, in one line."""
+    adapter.require_tokenizer()
     if hasattr(type(task), "for_model"):
         return get_task(name, adapter=adapter, **options)
     return task

@@ -69,8 +69,12 @@ class Task(ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Check ``bounds`` on every construction, so a task built from Python (``KVTask(pairs=0)``)
-        is refused exactly as ``get_task`` refuses it."""
+        is refused exactly as ``get_task`` refuses it; and ``limit`` on every call of ``examples``
+        (``limit=-1`` would slice off the last example, ``1.7`` would become 1)."""
         super().__init_subclass__(**kwargs)
+        examples = cls.__dict__.get("examples")
+        if examples is not None and getattr(examples, "__wrapped__", None) is None:
+            cls.examples = _checked_examples(examples)  # type: ignore[method-assign]
         init = cls.__dict__.get("__init__")
         if init is None or getattr(init, "__wrapped__", None) is not None:
             return
@@ -127,6 +131,41 @@ class Task(ABC):
 
     def score_generation(self, example: Example, generated: str) -> bool:  # pragma: no cover
         raise NotImplementedError
+
+    #: for a task whose data come from the model it scores (its class has ``for_model``): the
+    #: options that name those data explicitly (the lab's ``world``, ``world_seed``)
+    model_options: ClassVar[tuple[str, ...]] = ()
+    #: the spec of the model the task was built for (:func:`ganda.tasks.get_task` with ``adapter``),
+    #: ``"*"`` when its data were named explicitly, None when neither
+    built_for: str | None = None
+
+    def check_model(self, adapter: Any) -> None:
+        """Refuse to score ``adapter`` with a task whose data come from a model (the lab's world, from
+        a lab model's ``lab.json``) when the task was built for no model or for another one: a lab
+        model scores chance on a world it never learned."""
+        if not hasattr(type(self), "for_model") or self.built_for in ("*", adapter.spec):
+            return
+        named = " or ".join(f"{k}=..." for k in self.model_options)
+        built = f"for {self.built_for}" if self.built_for else "for no model"
+        raise GandaError(f"task {self.name!r} takes its data from the model it scores, and this one was built "
+                         f"{built}, not {adapter.spec}: build it with get_task({self.name!r}, adapter=model)"
+                         + (f" or name its data with {named}" if named else ""))
+
+
+def check_limit(limit: Any, what: str = "limit") -> None:
+    """Refuse a ``limit`` that is not None or a whole number of at least 0 (0 gives no examples,
+    which whoever scores them refuses: an accuracy over nothing is no number)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise OptionError(f"{what} must be a whole number of at least 1, got {limit!r}")
+
+
+def _checked_examples(examples: Any) -> Any:
+    @functools.wraps(examples)
+    def checked(self: Task, limit: int | None = None, *args: Any, **kw: Any) -> list[Example]:
+        check_limit(limit, f"task {self.name!r}: limit")
+        return examples(self, limit, *args, **kw)
+
+    return checked
 
 
 def token_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

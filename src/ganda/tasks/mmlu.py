@@ -87,6 +87,9 @@ class MMLUTask(Task):
         bad = [s for s in chosen if s not in known]
         if bad:
             raise GandaError(f"unknown MMLU subject {bad[0]!r}; e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
+        twice = [s for i, s in enumerate(chosen) if s in chosen[:i]]
+        if twice:  # its questions would count twice and narrow the confidence interval
+            raise GandaError(f"MMLU subject {twice[0]!r} is named twice; name each subject once")
         self.shots, self.subjects, self.sample = shots, list(chosen), bool(sample)
 
     @classmethod
