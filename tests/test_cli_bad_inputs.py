@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from ganda_lab import checkpoint
 
@@ -92,7 +93,8 @@ CASES = [
     C("eval-wrong-shape", "eval", "{badshape}", "--task", "kv"),
     C("eval-missing-tensors", "eval", "{nolayer3}", "--task", "kv"),
     C("eval-truncated-gguf", "eval", "{truncated_gguf}", "--task", "kv"),
-    C("eval-device-cuda", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DEVICE="cuda"),
+    C("eval-device-cuda", "eval", LAB, "--task", "kv", "--limit", "2",  # a CUDA device this machine lacks
+      GANDA_DEVICE=f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"),
     C("eval-dtype-float77", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DTYPE="float77"),
     C("eval-predictions-dir", "eval", LAB, "--task", "kv", "--limit", "2", "--predictions", "pred_dir"),
     # ganda attn
