@@ -206,7 +206,7 @@ class TransplantHead(Intervention):
         if len(hs) != 1:
             raise GandaError(f"--head must name exactly one student head, got {len(hs)}")
         s = hs[0]
-        d_spec = self.donor_head if self.donor_head is not None else HeadId(s.layer, s.head)
+        d_spec = self.donor_head if self.donor_head is not None else HeadId(s.layer, s.head, s.kind)
         dh = expand([d_spec] if isinstance(d_spec, HeadId) else d_spec, self.donor)
         if len(dh) != 1:
             raise GandaError("--donor-head must name exactly one donor head")
