@@ -3,15 +3,17 @@ agreement beyond it.
 
 Two computations of one choice log-likelihood that differ only in the order and shape of their
 arithmetic (the fast sweep and the naive loop; a cached prefix and whole rows; the GPU and the
-CPU; bf16 and fp32) agree within :func:`loglik_bound` of the coarser precision, per scored token.
-Their predictions then agree on every example whose top-two margin exceeds twice the bound (each
-of the two log-likelihoods may move by the bound); an example within it is a **tie**, reported
-by :func:`compare_logliks`, never counted as an agreement or a disagreement. docs/heads.md,
-"What exact means in bf16", states the bounds and how they were measured.
+CPU; bf16 and fp32) agree within :func:`loglik_bound` of the coarser precision: an absolute part
+per scored token plus a part relative to the log-likelihood itself (an unlikely choice sits far
+out on the logit scale, where rounding is coarse). Their predictions then agree on every example
+whose top choice leads every other by more than the two choices' bounds together; an example
+within that is a **tie**, reported by :func:`compare_logliks`, never counted as an agreement or a
+disagreement. docs/heads.md, "What exact means in bf16", states the bounds and how they were
+measured.
 
     from ganda.precision import compare_logliks
     cmp = compare_logliks(fast_logliks, naive_logliks, dtype=torch.bfloat16)
-    print(cmp.text())  # "12 examples: 11 agree, 1 tie (margin <= 1), 0 disagree; max |Δ| 0.031 <= 0.5 per token"
+    print(cmp.text())  # "12 examples: 11 agree, 1 tie, 0 disagree; max |Δ| 0.031, within the bf16 bound"
 """
 
 from __future__ import annotations
@@ -24,26 +26,29 @@ import torch
 
 from .device import parse_dtype
 
-# Per scored token: how far two computations of one log-likelihood in this precision may lie apart.
-# bf16 keeps 8 significant bits (unit roundoff 2^-8 = 3.9e-3): the logits of a trained model reach
-# |z| of 20-30, so rounding them alone moves a log-probability by ~0.1, and every layer's output is
-# rounded too. Measured worst bf16 against fp32 (the CPU, one token per choice): 0.38 on lab-llama
-# lab-mmlu (48 questions) and on SmolLM2-135M MMLU (40 questions; docs/scale.md). fp16 keeps 11
-# bits (2^-11, 8x finer): measured worst 0.065 (lab-mamba2 lab-mmlu). fp32: float tolerance of
-# reordered sums, the bound every fp32 equivalence test has used.
-LOGLIK_BOUND: dict[torch.dtype, float] = {
-    torch.float64: 1e-9,
-    torch.float32: 1e-4,
-    torch.float16: 0.1,
-    torch.bfloat16: 0.5,
+# (absolute per scored token, relative to |log-likelihood|): how far two computations of one
+# log-likelihood in this precision may lie apart. bf16 keeps 8 significant bits (unit roundoff
+# 2^-8): logits of a trained model reach |z| of 20-30, so rounding them alone moves a log-probability
+# by ~0.1, and every layer's output is rounded too; a choice far below the top (log p of -15) sits on
+# logits rounded as coarsely as they are large. Measured worst, bf16 against fp32 on the CPU (one
+# token per choice): 0.38 at log p -9.9 (lab-llama, lab-mmlu), 0.31 at -4.2, 0.25 at -3.8
+# (lab-mamba2-9k), 1.71 at -14.7 (lab-hybrid-late-7k5: rounding its weights alone moves that one by
+# 0.78), 0.11 at -1.9 (SmolLM2-135M, MMLU); the bound there is 0.25 + log p / 8. fp16 keeps 11 bits
+# (8x finer): measured worst 0.065 at -7.5 (lab-mamba2-9k), bound 0.03 + log p / 64. fp32: the float
+# tolerance every fp32 equivalence test has used.
+LOGLIK_BOUND: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-9, 0.0),
+    torch.float32: (1e-4, 0.0),
+    torch.float16: (0.03, 2.0 ** -6),
+    torch.bfloat16: (0.25, 2.0 ** -3),
 }
 
 
-def loglik_bound(dtype: torch.dtype | str, tokens: int = 1) -> float:
-    """The bound on ``|Δ log-likelihood|`` of a choice of ``tokens`` scored tokens computed in
-    ``dtype`` (``torch.bfloat16``, ``"bf16"``, ...): :data:`LOGLIK_BOUND` per token, summed."""
-    dt = parse_dtype(dtype)
-    return LOGLIK_BOUND[dt] * max(1, int(tokens))
+def loglik_bound(dtype: torch.dtype | str, tokens: int = 1, loglik: float = 0.0) -> float:
+    """The bound on ``|Δ log-likelihood|`` of a choice of ``tokens`` scored tokens whose
+    log-likelihood is ``loglik``, computed in ``dtype`` (``torch.bfloat16``, ``"bf16"``, ...)."""
+    absolute, relative = LOGLIK_BOUND[parse_dtype(dtype)]
+    return absolute * max(1, int(tokens)) + relative * abs(float(loglik))
 
 
 def coarser(a: torch.dtype | str, b: torch.dtype | str) -> torch.dtype:
@@ -54,16 +59,16 @@ def coarser(a: torch.dtype | str, b: torch.dtype | str) -> torch.dtype:
 
 @dataclass
 class Agreement:
-    """Two runs' choice log-likelihoods compared under a per-token bound (see the module docstring)."""
+    """Two runs' choice log-likelihoods compared under a precision's bound (module docstring)."""
 
     n: int  # examples compared
-    bound: float  # per scored token
+    dtype: str  # the precision whose bound applies
     max_diff: float  # worst |Δ log-likelihood| over every choice
     max_excess: float  # worst |Δ| / (its choice's bound): at most 1 within the bound
-    agree: int  # examples with a clear margin (> 2x the bound) and the same prediction
-    ties: list[int] = field(default_factory=list)  # examples whose top-two margin is within 2x the bound
-    disagree: list[int] = field(default_factory=list)  # clear margin, different prediction
-    outside: list[tuple[int, int]] = field(default_factory=list)  # (example, choice) beyond the bound
+    agree: int  # examples with a clear lead and the same prediction
+    ties: list[int] = field(default_factory=list)  # examples whose lead is within the two choices' bounds
+    disagree: list[int] = field(default_factory=list)  # a clear lead, a different prediction
+    outside: list[tuple[int, int]] = field(default_factory=list)  # (example, choice) beyond its bound
     same_prediction: int = 0  # examples with the same prediction, ties included
 
     @property
@@ -73,15 +78,16 @@ class Agreement:
 
     @property
     def ok(self) -> bool:
-        """Within the bound, and the same prediction wherever the margin is clear."""
+        """Within the bound, and the same prediction wherever the lead is clear."""
         return self.within and not self.disagree
 
     def text(self) -> str:
         """One line: counts, ties and the worst difference against the bound."""
-        return (f"{self.n} examples: {self.agree} agree, {len(self.ties)} tie{'s' if len(self.ties) != 1 else ''} "
-                f"(margin <= {2 * self.bound:g}), {len(self.disagree)} disagree; max |Δ| {self.max_diff:.3g}"
-                f"{' <= ' if self.within else ' > '}{self.bound:g} per token"
-                + (f" ({len(self.outside)} choices outside)" if self.outside else ""))
+        where = (f"within the {self.dtype} bound" if self.within
+                 else f"{len(self.outside)} choice{'s' if len(self.outside) != 1 else ''} outside the {self.dtype} "
+                      f"bound ({self.max_excess:.2g}x)")
+        return (f"{self.n} examples: {self.agree} agree, {len(self.ties)} tie{'s' if len(self.ties) != 1 else ''}, "
+                f"{len(self.disagree)} disagree; max |Δ| {self.max_diff:.3g}, {where}")
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -104,27 +110,23 @@ def compare_logliks(
     a: Sequence[Sequence[float]],
     b: Sequence[Sequence[float]],
     *,
-    dtype: torch.dtype | str | None = None,
-    bound: float | None = None,
+    dtype: torch.dtype | str,
     tokens: Sequence[Sequence[int]] | None = None,
 ) -> Agreement:
-    """Compare two runs' log-likelihoods (per example, per choice) under a per-token ``bound``
-    (default :func:`loglik_bound` of ``dtype``; one of the two is required). ``tokens``: each
-    choice's scored tokens (default 1), which multiplies its bound. An example is a tie when, in
-    either run, the top choice leads another by no more than their two bounds together (twice the
-    bound for one-token choices); else its predictions must agree."""
-    if bound is None:
-        if dtype is None:
-            raise ValueError("give dtype= or bound=")
-        bound = loglik_bound(dtype)
+    """Compare two runs' log-likelihoods (per example, per choice) under :func:`loglik_bound` of
+    ``dtype`` (the coarser of the two runs' precisions, :func:`coarser`). ``tokens``: each choice's
+    scored tokens (default 1). A choice's bound is taken at the larger of its two log-likelihoods'
+    magnitudes. An example is a tie when, in either run, the top choice leads another by no more
+    than the two choices' bounds together; else its predictions must agree."""
+    dt = parse_dtype(dtype)
     if len(a) != len(b):
         raise ValueError(f"{len(a)} examples against {len(b)}")
-    res = Agreement(n=len(a), bound=float(bound), max_diff=0.0, max_excess=0.0, agree=0)
+    res = Agreement(n=len(a), dtype=str(dt).removeprefix("torch."), max_diff=0.0, max_excess=0.0, agree=0)
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if len(x) != len(y):
             raise ValueError(f"example {i}: {len(x)} choices against {len(y)}")
         toks = list(tokens[i]) if tokens is not None else [1] * len(x)
-        limits = [bound * max(1, int(t)) for t in toks]
+        limits = [loglik_bound(dt, k, max(abs(float(u)), abs(float(v)))) for u, v, k in zip(x, y, toks, strict=True)]
         for c, (u, v, lim) in enumerate(zip(x, y, limits, strict=True)):
             d = abs(float(u) - float(v))
             res.max_diff = max(res.max_diff, d)
