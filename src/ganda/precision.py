@@ -31,10 +31,10 @@ from .device import parse_dtype
 # 2^-8): logits of a trained model reach |z| of 20-30, so rounding them alone moves a log-probability
 # by ~0.1, and every layer's output is rounded too; a choice far below the top (log p of -15) sits on
 # logits rounded as coarsely as they are large. Measured worst, bf16 against fp32 on the CPU (one
-# token per choice): 0.38 at log p -9.9 (lab-llama, lab-mmlu), 0.31 at -4.2, 0.25 at -3.8
+# token per choice): 0.38 at log p -9.9 and 0.31 at -4.2 (lab-llama, lab-mmlu), 0.25 at -3.8
 # (lab-mamba2-9k), 1.71 at -14.7 (lab-hybrid-late-7k5: rounding its weights alone moves that one by
-# 0.78), 0.11 at -1.9 (SmolLM2-135M, MMLU); the bound there is 0.25 + log p / 8. fp16 keeps 11 bits
-# (8x finer): measured worst 0.065 at -7.5 (lab-mamba2-9k), bound 0.03 + log p / 64. fp32: the float
+# 0.78), 0.67 at -9.0 (SmolLM2-135M, 40 MMLU questions); the bound is 0.25 + |log p| / 8 (the worst
+# of these is at 0.82 of it). fp16 keeps 11 bits (8x finer): measured worst 0.065 at -7.5 (lab-mamba2-9k), bound 0.03 + |log p| / 64. fp32: the float
 # tolerance every fp32 equivalence test has used.
 LOGLIK_BOUND: dict[torch.dtype, tuple[float, float]] = {
     torch.float64: (1e-9, 0.0),
