@@ -307,7 +307,7 @@ def transplant_sweep(
     rows: list[dict[str, Any]] = [{"condition": "student", **flat_scores(scorer.score([], label="student"))}]
     if score_donor:
         dscorer = Scorer(donor, scorer.tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
-                         seed=scorer.seed, progress=scorer.progress)
+                         seed=scorer.seed, progress=scorer.progress, sample=scorer.sample)
         rows.append({"condition": "donor", **flat_scores(dscorer.score([], label="donor"))})
     conditions: list[tuple[str, Intervention]] = []
     if heads:
