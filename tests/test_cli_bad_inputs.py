@@ -146,7 +146,8 @@ CASES = [
     C("info-million-layers", "info", "{huge_layers}", match="num_hidden_layers is 1,000,000"),
     C("info-meta-million-experts", "info", "{huge_experts}", "--meta", match="num_local_experts is 1,000,000"),
     C("plan-million-layers", "plan", "{huge_layers}", match="num_hidden_layers is 1,000,000"),
-    C("eval-device-cuda", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DEVICE="cuda"),
+    C("eval-device-cuda", "eval", LAB, "--task", "kv", "--limit", "2",  # a CUDA device this machine lacks
+      GANDA_DEVICE=f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"),
     C("eval-dtype-float77", "eval", LAB, "--task", "kv", "--limit", "2", GANDA_DTYPE="float77"),
     C("eval-predictions-dir", "eval", LAB, "--task", "kv", "--limit", "2", "--predictions", "pred_dir"),
     # inputs are never written over; another existing file only with --force
@@ -364,7 +365,7 @@ CASES = [
 ]
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> dict[str, str]:
+def inputs(tmp_path_factory, lab_checkpoints) -> dict[str, str]:  # nolab4 copies lab-llama
     """Bad inputs on disk, outside the working directory the commands run in."""
     from safetensors.torch import load_file, save_file
 

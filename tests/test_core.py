@@ -328,6 +328,7 @@ def test_discover_drops_equal_the_plain_ablation_loop(tiny):
         assert s.ablated_accuracy == acc and s.drop == pytest.approx(base - acc)
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_shipped_lab_checkpoints_load_by_name_and_sweep_from_the_cli(tmp_path):
     """``lab-llama`` is a model spec like ``smollm2-135m``; ``ganda sweep`` takes lab tasks."""
     import ganda

@@ -24,7 +24,7 @@ from ganda.sweep import load_result, run_sweep, scored_by
 from ganda.tasks import get_task, task_for_model
 
 ray = pytest.importorskip("ray", reason="the distributed extra: pip install -e '.[distributed]'")
-pytestmark = pytest.mark.usefixtures("one_thread", "ray_local")
+pytestmark = pytest.mark.usefixtures("one_thread", "ray_local", "lab_checkpoints")
 
 MODEL, TASK, N, BATCH = "lab-llama", "lab-mmlu", 6, 2  # 3 layers x 4 heads: 6 batches + the baseline
 

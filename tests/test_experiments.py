@@ -298,6 +298,8 @@ def test_transplant_sweep(student, tok, tmp_path: Path) -> None:
     donor = tiny_llama(tok, seed=1)
     res = transplant_sweep(student, donor, _scorer(student), layers=[1, 3], score_donor=True)
     assert [r["condition"] for r in res.rows] == ["student", "donor", "L1", "L3"]
+    right = res.rows[1]["mmlu"] * 3
+    assert abs(right - round(right)) < 1e-9  # the donor scored on the student's 3 sampled questions
     assert res.summary["best_layer"] in (1, 3)
     _check_saved(res, tmp_path / "layers")
     res_h = transplant_sweep(student, donor, _scorer(student), heads="L2H0-1")

@@ -221,6 +221,7 @@ def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path, capsys):
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_ctrl_c_during_eval_exits_130():
     # stderr is a pipe, so progress comes as log lines; GANDA_PROGRESS_EVERY=0 writes every update
     proc = _start(["eval", "lab-llama", "--task", "lab-mmlu", "--limit", "2000"],

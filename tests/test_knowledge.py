@@ -145,6 +145,7 @@ def test_evaluate_knowledge_tiny():
         assert res["tasks"][t]["acc"] == evaluate_examples(tiny, exs, progress=False).accuracy, t
 
 
+@pytest.mark.usefixtures("smollm2_wheel")
 @pytest.mark.slow
 def test_smollm2_knowledge_runs():
     import ganda

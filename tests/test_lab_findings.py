@@ -110,7 +110,7 @@ def test_head_score_intervals_contain_their_summaries():
 
 
 @pytest.fixture(scope="module")
-def lab():
+def lab(lab_checkpoints):
     import ganda
 
     torch.set_num_threads(1)
@@ -242,6 +242,7 @@ def test_only_the_teachers_aggregate_layer_lifts_lab_mmlu_in_the_default_student
     assert acc[3] == max(acc.values()), acc
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_transplant_cli_runs_lab_tasks_and_records_the_swap(tmp_path, capsys):
     from ganda.cli import main
     from ganda.experiments.common import parse_tasks
@@ -299,6 +300,7 @@ def test_sharpness_under_both_summaries_from_one_pass_equals_two_runs(lab):
     assert a_end != pytest.approx(a_last, rel=1e-3)
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
     from ganda.cli import main
 
@@ -328,6 +330,7 @@ def _accuracy(adapter, limit: int):
     return acc
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_shipped_hybrid_aggregates_in_its_last_ssm_layer_and_gathers_with_attention():
     """Finding 5 on the shipped ``lab-hybrid`` (docs/lab.md, n=200): masking the final row of its
     attention layer (L2) leaves lab-mmlu at 97% (99.5% intact); the Aggregate role is the SSM head
@@ -350,6 +353,7 @@ def test_shipped_hybrid_aggregates_in_its_last_ssm_layer_and_gathers_with_attent
     assert acc(know, [agg]) >= 0.95 and acc(know, [gat]) >= 0.95
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_hybrid_with_attention_last_aggregates_in_attention():
     """Finding 5 as in the paper, on ``lab-hybrid-late`` (attention at layer 3 of 4, training seed
     1; docs/lab.md, n=200): masking attention's final row takes lab-mmlu 91% -> 22.5% (chance 25%)
@@ -412,6 +416,7 @@ def test_summary_last_scores_a_head_that_reads_the_last_word_as_aggregate():
         summary_spans(spans, "middle")
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_lab_mamba2_c32_aggregates_at_the_last_word_not_the_newline():
     """lab-mamba2-c32's sharpest Aggregate head (L3H4) reads the gold option's last word: scored
     with the paper's ``\\n`` summary it looks like no Aggregate head at all."""

@@ -291,6 +291,7 @@ def test_replay_refuses_a_directory_that_is_not_a_lab_run(tmp_path):
     assert main(["lab", "--replay", str(tmp_path)]) == 2
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_finding6_refuses_a_student_of_another_depth_before_running_anything(tmp_path, capsys):
     """The default student, lab-distilled-h1, has lab-llama-h1's 4 layers; lab-llama has 3: finding 6
     cannot swap its layers one for one, and the run says so before any model is evaluated."""
@@ -324,6 +325,7 @@ def test_scratch_plan_starts_the_short_transformer_early_and_passes_the_eval_int
                                               "kv_transformer": 10, "kv_ssm": 10}
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_compare_with_shipped_tells_a_bit_for_bit_rebuild_from_a_near_miss(tmp_path):
     """`ganda lab --from-scratch` checks every rebuilt model against the shipped one: equal
     tensors are "identical"; one weight off by 1e-6 is not, and the report names the tensor."""

@@ -355,6 +355,7 @@ def test_config_base_overrides_key_by_key():
                                          ("mamba2-9k", "lab-mamba2-9k"), ("hybrid-late-7k5", "lab-hybrid-late-7k5"),
                                          ("mamba2-c32", "lab-mamba2-c32"), ("hybrid", "lab-hybrid"),
                                          ("kv-llama", "lab-kv-llama"), ("kv-mamba2", "lab-kv-mamba2")])
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_named_config_is_the_one_its_shipped_checkpoint_ran(config, name):
     """`ganda train NAME` rebuilds the shipped checkpoint only if the named config is the recorded one.
     Keys added to the recipe after a run was recorded must default to what it did; the logging
@@ -372,6 +373,7 @@ def test_named_config_is_the_one_its_shipped_checkpoint_ran(config, name):
         {k: v for k, v in named.items() if k not in ("name", "train")}
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 def test_distill_defaults_are_the_ones_the_default_student_ran():
     """`ganda distill lab-llama-h1` rebuilds lab-distilled-h1 only if the defaults are its recorded
     config (so does `ganda distill lab-llama-wd` for lab-distilled-wd; lab-distilled ran the earlier

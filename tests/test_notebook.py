@@ -24,6 +24,7 @@ def _text(cell) -> str:
     return "".join(out)
 
 
+@pytest.mark.usefixtures("smollm2_wheel")
 @pytest.mark.slow
 def test_quickstart_notebook_runs(tmp_path):
     """Every cell runs without error (nbclient raises on the first that fails), and the cells show

@@ -96,6 +96,7 @@ def test_bad_position_rule_is_refused(tiny):
         pass
 
 
+@pytest.mark.usefixtures("lab_checkpoints")
 @pytest.mark.parametrize("name,head", [("lab-llama", "L1H1"), ("lab-mamba2", "L0H7"), ("lab-hybrid", "L3H1")])
 def test_batched_scoring_equals_one_example_per_forward(name, head):
     """Several examples in one right-padded forward (the default for small models) give the

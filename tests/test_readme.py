@@ -107,6 +107,7 @@ def _stated_prints(code: str) -> list[float]:
     return [float(m.group(1)) for m in re.finditer(r"print\(.*#\s*([0-9.]+)", code)]
 
 
+@pytest.mark.usefixtures("smollm2_wheel")
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_block_runs_and_prints_what_it_states(index, tmp_path):

@@ -45,7 +45,7 @@ SAVED = {
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, lab_checkpoints):  # extends runs on lab-llama-wd
     root = tmp_path_factory.mktemp("runs")
     for name, argv in COMMANDS.items():
         assert main([*argv, "--out", str(root / name)]) == 0, name

@@ -304,7 +304,8 @@ def test_plan_counts_flops_and_bytes_by_hand(shipped):
     # the intact scores come from the recording pass; then each layer's heads rerun layers k..
     want = (sum(per_layer) + reads) + sum(32 * (sum(per_layer[k:]) + reads) for k in range(L))
     assert math.isclose(sw.flops, want, rel_tol=1e-6)
-    assert sw.seconds > pl.seconds * 100
+    # 532x the FLOPs; one question's eval on a GPU is mostly its 46 ms of host time
+    assert sw.seconds > pl.seconds * 10 and sw.flops > pl.flops * 500
 
 
 def test_plan_prices_graddrop_blocks_ssd_layer_calls_and_host_floors(shipped):
@@ -503,8 +504,11 @@ def test_disk_offloaded_ssm_maps_match(tmp_path):
 
 
 def test_device_map_refusals(tiny_dir, monkeypatch):
+    # a CUDA index this machine lacks: refused whether or not it has CUDA
+    absent = (f'{{"model.layers.0": {torch.cuda.device_count() + 3}}}',
+              "CUDA device(s)" if torch.cuda.is_available() else "CUDA is not available")
     for bad, match in (("everywhere", "expected auto"), ('{"model.layers.0": "gpu"}', "not a device"),
-                       ("{oops", "not valid JSON"), ('{"model.layers.0": 3}', "CUDA is not available")):
+                       ("{oops", "not valid JSON"), absent):
         with pytest.raises(GandaError, match=match):
             placement.parse_device_map(bad)
     with pytest.raises(GandaError, match="input embeddings are offloaded to disk"):
@@ -514,7 +518,7 @@ def test_device_map_refusals(tiny_dir, monkeypatch):
         ganda.load_model(str(tiny_dir), device="cpu", offload_folder="x")
     monkeypatch.setenv("GANDA_DEVICE_MAP", "auto")
     auto = ganda.load_model(str(tiny_dir), device="cpu")
-    assert set(auto.model.hf_device_map.values()) == {"cpu"}
+    assert set(auto.model.hf_device_map.values()) == ({0} if torch.cuda.is_available() else {"cpu"})  # accelerate's choice
 
 
 def test_the_large_cpu_benchmark_runs_on_a_scaled_down_config(tmp_path):

@@ -232,6 +232,7 @@ def test_no_resume_starts_over(adapter, tmp_path):
     assert len(seen) == 12
 
 
+@pytest.mark.usefixtures("smollm2_wheel")
 @pytest.mark.slow
 def test_smollm2_fast_equals_naive_subset():
     import ganda

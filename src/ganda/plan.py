@@ -73,16 +73,32 @@ class Device:
         return self.flops.get(dtype, self.flops["float32"]) * self.util
 
 
+# GPU rows: data-sheet dense peaks (no sparsity; fp32 without TF32, PyTorch's default). Fitted on one
+# H200 (docs/scale.md: a random-weight Llama-3.1-8B in bf16, MMLU 5-shot prompts of 747 tokens): a
+# forward of 4 prompts 0.076 s, 64 questions evaluated in 4.37 s, a fast sweep of 64 heads over 8
+# prompts in 6.37 s. util 0.80 is the measured bf16 matmul peak over the data sheet's (790 / 989);
+# activation work runs at ~3.1x the card's bandwidth in LayerCost.traffic's units (they count fp32
+# elements and eager attention's T x T matrices, which SDPA never writes out on a GPU); each example
+# costs 46 ms of host time per scoring pass (tokenising, prefix grouping, Python) beyond its FLOPs.
+# The H100 shares the H200's chip and the host-side costs; the A100 and L40S keep the H100's overheads
+# and the bandwidth ratio at their own stated utilisation (not measured).
+_GPU = dict(bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB, example_overhead=46e-3,
+            call_overhead=1.0e-3)
+_ACT_PER_BW = 3.1  # activation bytes/s per byte/s of data-sheet bandwidth (fitted on the H200)
+
 DEVICES: dict[str, Device] = {
     "h100": Device("NVIDIA H100 SXM5 80 GB", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-                   3.35e12, 80e9, util=0.40, bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB,
-                   note="dense bf16 tensor-core peak; fp32 without TF32 (PyTorch's default)"),
+                   3.35e12, 80e9, util=0.80, act_bandwidth=_ACT_PER_BW * 3.35e12, **_GPU,
+                   note="dense bf16 tensor-core peak; fp32 without TF32 (PyTorch's default); the H200's fit"),
+    "h200": Device("NVIDIA H200 141 GB", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
+                   4.8e12, 141e9, util=0.80, act_bandwidth=_ACT_PER_BW * 4.8e12, **_GPU,
+                   note="dense bf16 tensor-core peak as the H100 SXM; measured bf16 matmul peak 790 TFLOP/s"),
     "a100": Device("NVIDIA A100 SXM4 80 GB", {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
-                   2.04e12, 80e9, util=0.45, bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB,
-                   note="dense bf16 tensor-core peak; fp32 without TF32"),
+                   2.04e12, 80e9, util=0.45, act_bandwidth=_ACT_PER_BW * 2.04e12, **_GPU,
+                   note="dense bf16 tensor-core peak; fp32 without TF32; utilisation not measured"),
     "l40s": Device("NVIDIA L40S 48 GB", {"bfloat16": 362e12, "float16": 362e12, "float32": 91.6e12},
-                   0.864e12, 48e9, util=0.40, bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB,
-                   note="dense bf16 tensor-core peak (733 TFLOP/s is with sparsity)"),
+                   0.864e12, 48e9, util=0.40, act_bandwidth=_ACT_PER_BW * 0.864e12, **_GPU,
+                   note="dense bf16 tensor-core peak (733 TFLOP/s is with sparsity); utilisation not measured"),
     # Calibrated by benchmarks/bench_plan.py on this repository's CPU machine (one torch thread,
     # process CPU time): effective matmul rates, per-layer-call and per-scan-step costs.
     "cpu": Device("this CPU (1 thread, calibrated)", {"bfloat16": 210e9, "float16": 20e9, "float32": 90e9},

@@ -16,7 +16,7 @@ from .options import QUIET
 
 # ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
 EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps", "path", "edges")
-DEVICES = ("h100", "a100", "l40s", "cpu")
+DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
 
 # Published token counts are not at hand for a config alone: characters per token of English
 # text under a ~128k BPE vocabulary (Llama-3's tokenizer gives 4.1-4.4 on MMLU).

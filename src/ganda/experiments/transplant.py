@@ -205,7 +205,7 @@ class TransplantHead(Intervention):
         if len(hs) != 1:
             raise GandaError(f"--head must name exactly one student head, got {len(hs)}")
         s = hs[0]
-        d_spec = self.donor_head if self.donor_head is not None else HeadId(s.layer, s.head)
+        d_spec = self.donor_head if self.donor_head is not None else HeadId(s.layer, s.head, s.kind)
         dh = expand([d_spec] if isinstance(d_spec, HeadId) else d_spec, self.donor)
         if len(dh) != 1:
             raise GandaError("--donor-head must name exactly one donor head")
@@ -304,7 +304,7 @@ def transplant_sweep(
     rows: list[dict[str, Any]] = [{"condition": "student", **flat_scores(scorer.score([], label="student"))}]
     if score_donor:
         dscorer = Scorer(donor, scorer.tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
-                         seed=scorer.seed, progress=scorer.progress)
+                         seed=scorer.seed, progress=scorer.progress, sample=scorer.sample)
         rows.append({"condition": "donor", **flat_scores(dscorer.score([], label="donor"))})
     conditions: list[tuple[str, Intervention]] = []
     if heads:

@@ -89,6 +89,17 @@ def _scan_from(start: _Start):
     return mamba_selective_scan
 
 
+def recurrent_state(cache: Any, layer_idx: int) -> torch.Tensor | None:
+    """The cached recurrent state of a Mamba-1 layer (None before any token): ``get_recurrent_state``
+    where the cache has it, else (transformers 5.17) the layer's first state once it holds one."""
+    get = getattr(cache, "get_recurrent_state", None)
+    if get is not None:
+        return get(layer_idx)
+    if not cache.has_previous_state(layer_idx, 0):
+        return None
+    return cache.layers[layer_idx].recurrent_states[0]
+
+
 @contextmanager
 def scans_continue(cache: Any, mixers: Sequence[nn.Module]) -> Iterator[None]:
     """For the duration, every Mamba-1 mixer in ``mixers`` scans a multi-token input from its
@@ -109,7 +120,7 @@ def scans_continue(cache: Any, mixers: Sequence[nn.Module]) -> Iterator[None]:
     scan = _scan_from(start)
 
     def read_state(module: nn.Module, _args: Any) -> None:
-        start.state = cache.get_recurrent_state(module.layer_idx)
+        start.state = recurrent_state(cache, module.layer_idx)
 
     swapped = []
     for name in _SCAN_MODULES:
