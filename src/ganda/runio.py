@@ -32,7 +32,7 @@ import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -417,14 +417,15 @@ class Journal:
     finished unit (a head, a batch of prompts), each flushed as soon as it is written.
 
     Opening reads what an earlier run left: a torn last line (a write cut by a kill) is cut off,
-    any other line that is not a record (``check`` says which are) is refused with its line number,
+    any other line that is not a record (``check(line)`` says what is wrong with one, or None) is
+    refused with its line number and what is wrong,
     and a header whose config differs from this run's is refused in one line naming what differs
     (the weights' fingerprint and dtype are part of the config, so a resume never mixes two
     models' numbers). ``records`` holds the earlier run's units; :meth:`append` adds one.
     """
 
     def __init__(self, path: str | Path, config: dict[str, Any], what: str, *, resume: bool = True,
-                 check: Any = None) -> None:
+                 check: Callable[[dict[str, Any]], str | None] | None = None) -> None:
         self.path = Path(path)
         self.config = config
         self.what = what
@@ -490,10 +491,11 @@ class Journal:
             self._fh = None
 
 
-def read_journal(path: str | Path, check: Any = None) -> list[dict[str, Any]]:
+def read_journal(path: str | Path, problem: Callable[[dict[str, Any]], str | None] | None = None) -> list[dict[str, Any]]:
     """The complete lines of a journal (empty when there is none). A torn last line (no newline:
     a write cut short) is cut off the file; a complete line that is not a JSON object, or that
-    ``check(line)`` refuses, is one error naming the file and the line number."""
+    ``problem(line)`` finds wrong (it returns what is wrong, or None), is one error naming the file,
+    the line number and what is wrong with it: the file is damaged, and a resume would mix it in."""
     path = Path(path)
     if not path.exists():
         return []
@@ -501,21 +503,32 @@ def read_journal(path: str | Path, check: Any = None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     start = 0
     while (nl := data.find(b"\n", start)) >= 0:
-        try:
-            rec = json.loads(data[start:nl])
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            rec = None
         number = len(out) + 1
-        if not isinstance(rec, dict) or (number == 1 and rec.get("type") != "header") \
-                or (number > 1 and check is not None and not check(rec)):
-            raise GandaError(f"{path}, line {number}: not a record of this run (damaged or foreign); "
-                             "use --no-resume to start over or another --out")
-        out.append(rec)
+        why = _line_problem(data[start:nl], number, problem)
+        if why is not None:
+            raise GandaError(f"{path}, line {number}: {why}; the file is damaged (a resume would mix its numbers in): "
+                             "use --no-resume to start over, or another --out")
+        out.append(json.loads(data[start:nl]))
         start = nl + 1
     if start != len(data):  # a torn last line
         with path.open("r+b") as f:
             f.truncate(start)
     return out
+
+
+def _line_problem(line: bytes, number: int, problem: Callable[[dict[str, Any]], str | None] | None) -> str | None:
+    try:
+        rec = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return "not JSON"
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not a record"
+    kind = rec.get("type")
+    if number == 1:
+        return None if kind == "header" else "not a journal's header"
+    if kind == "header":
+        return "a record of type 'header'"
+    return problem(rec) if problem is not None else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -426,14 +426,23 @@ def run_sweep(
 _RESULT_FILES = ("results.jsonl", "results.csv", "heatmap.png", "cumulative.json", "cumulative.csv", "cumulative.png")
 
 
-def _is_record(rec: dict[str, Any]) -> bool:
-    """A line of a sweep's journal: the baseline or one head, with its log-likelihoods."""
-    return rec.get("type") in ("baseline", "head") and (rec["type"] == "baseline" or isinstance(rec.get("head"), str)) \
-        and _well_formed(rec)
+_FIELDS = {"baseline": ("n", "acc", "acc_norm", "pred", "pred_norm", "gold", "loglik"),
+           "head": ("head", "layer", "index", "n", "acc", "acc_norm", "pred", "pred_norm", "gold", "loglik")}
+
+
+def _record_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a line of a sweep's journal (None: the baseline's or one head's record
+    with all its fields and finite scores)."""
+    kind = rec.get("type")
+    if kind not in _FIELDS:
+        return f"a record of type {kind!r}"
+    if missing := [f for f in _FIELDS[kind] if f not in rec]:
+        return f"a {kind} record without {', '.join(missing)}"
+    return None if _well_formed(rec) else f"a {kind} record whose scores are malformed or not finite"
 
 
 def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0):
-    journal = runio.Journal(out / "progress.jsonl", cfg, "sweep", resume=resume, check=_is_record) \
+    journal = runio.Journal(out / "progress.jsonl", cfg, "sweep", resume=resume, check=_record_problem) \
         if out is not None else None
     done: dict[str, dict[str, Any]] = {}
     baseline: dict[str, Any] | None = None

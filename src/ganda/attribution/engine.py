@@ -407,8 +407,10 @@ def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "m
         raise GandaError(f"{name('graddrop_blocks')} must be at least 1")
 
 
-def _is_batch(rec: dict[str, Any]) -> bool:
-    return isinstance(rec.get("batch"), int) and isinstance(rec.get("atp"), list) and isinstance(rec.get("loglik"), list)
+def _batch_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a line of attribution's journal (None: a batch's record)."""
+    missing = [k for k, t in (("batch", int), ("atp", list), ("loglik", list)) if not isinstance(rec.get(k), t)]
+    return f"a batch record without {', '.join(missing)}" if missing else None
 
 
 def attribute(
@@ -456,7 +458,7 @@ def attribute(
         if out_dir is not None:
             cfg["weights"] = weights_fingerprint(adapter)
             journal = runio.Journal(Path(out_dir) / "attribution.jsonl", cfg, "attribution", resume=resume,
-                                    check=_is_batch).open()
+                                    check=_batch_problem).open()
         if ablation == "mean":
             ref_plan, ref_packed = (plan, packed) if reference is None else _plan(adapter, reference, batch_tokens)
             eng.reference_means([_make_batch(adapter, b, ref_packed, eng.dtype) for b in ref_plan])

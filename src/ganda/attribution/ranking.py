@@ -191,6 +191,13 @@ def _require_finite(adapter: ModelAdapter, examples: Sequence[Example], att: Att
     check_scores([att.clean, *att.estimate], f"the {att.method} estimates", adapter)
 
 
+def _verification_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a line of the verification's journal (None: the baseline's or a head's)."""
+    if rec.get("type") not in ("baseline", "head"):
+        return f"a record of type {rec.get('type')!r}"
+    return None if isinstance(rec.get("loglik"), list) else f"a {rec['type']} record without loglik"
+
+
 def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], means: dict[tuple[int, str], torch.Tensor],
                 out_dir: Path | None, resume: bool, progress: bool, config: dict[str, Any]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
     """Mean-ablation of each head alone through the scoring path (resumable, one line per head)."""
@@ -201,7 +208,7 @@ def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
     if out_dir is not None:
         cfg["weights"] = weights_fingerprint(adapter)
         journal = runio.Journal(out_dir / "progress.jsonl", cfg, "verification", resume=resume,
-                                check=lambda r: r.get("type") in ("baseline", "head") and isinstance(r.get("loglik"), list))
+                                check=_verification_problem)
         journal.open()
     baseline = next((r["loglik"] for r in journal.records if r["type"] == "baseline"), None) if journal else None
     done = {r["head"]: r["loglik"] for r in journal.records if r["type"] == "head"} if journal else {}

@@ -245,8 +245,10 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
 # exact effects
 
 
-def _is_edge_record(rec: dict[str, Any]) -> bool:
-    return isinstance(rec.get("edge"), str) and isinstance(rec.get("loglik"), list)
+def _edge_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a line of the edge checks' journal (None: an edge's record)."""
+    missing = [k for k, t in (("edge", str), ("loglik", list)) if not isinstance(rec.get(k), t)]
+    return f"an edge record without {', '.join(missing)}" if missing else None
 
 
 def exact_edges(adapter: ModelAdapter, examples: Sequence[Example], edges: Sequence[tuple[HeadId, HeadId]], *,
@@ -264,7 +266,7 @@ def exact_edges(adapter: ModelAdapter, examples: Sequence[Example], edges: Seque
         cfg = {"model": adapter.spec, "prompts_sha": examples_digest(examples), "paths": paths, "margin": margin,
                "weights": weights_fingerprint(adapter)}
         journal = runio.Journal(Path(out_dir) / "edges_exact.jsonl", cfg, "exact edge check", resume=resume,
-                                check=_is_edge_record).open()
+                                check=_edge_problem).open()
     done = {r["edge"]: r["loglik"] for r in journal.records} if journal is not None else {}
     todo: dict[HeadId, list[HeadId]] = {}
     for s, r in edges:
