@@ -18,7 +18,9 @@ SUITE=${4:-220}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$WHEELS"/*.whl \
     > "$OUT/install.log" 2>&1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
+# the tests import the installed wheel, whose lab plugin looks for lab-checkpoints/ beside its own
+# source tree: point it at the checkout's
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH GANDA_LAB_CHECKPOINTS=$PWD/lab-checkpoints
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 python3 -c "import sys, torch, transformers, ganda; print(sys.version.split()[0], torch.__version__,
 transformers.__version__, torch.cuda.get_device_name(0), ganda.__file__)" >> "$OUT/gpu.txt" 2>&1
@@ -32,9 +34,13 @@ matrix bfloat16 &
 matrix float32 &
 wait
 
-timeout "$SUITE" python3 -m pytest -q -p no:cacheprovider -n 15 -m "not slow and not device" \
-    --junitxml="$OUT/suite.xml" > "$OUT/suite.log" 2>&1
-echo "rc=$?" >> "$OUT/suite.log"
+# -v streams one line per test (a timeout keeps them); the reasons go to a file of their own
+timeout "$SUITE" python3 -m pytest -v -rfE -p no:cacheprovider -n 15 -m "not slow and not device" \
+    > /tmp/suite.log 2>&1
+echo "rc=$?" > "$OUT/suite-rc.txt"
+grep -cE " PASSED" /tmp/suite.log >> "$OUT/suite-rc.txt"
+grep -E "^(FAILED|ERROR) " /tmp/suite.log | cut -c1-400 > "$OUT/suite-failed.txt"
+grep -E "^E  " /tmp/suite.log | sort | uniq -c | sort -rn | head -n 60 | cut -c1-300 > "$OUT/suite-reasons.txt"
 
 timeout $((BUDGET + 60)) python3 benchmarks/bench_gpu.py --budget-s "$BUDGET" \
     --sections attribution,sweep,eval,maps,memory --out "$OUT/bench_gpu.json" > "$OUT/bench_gpu.log" 2>&1

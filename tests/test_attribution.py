@@ -256,9 +256,9 @@ def test_attribution_resume_refuses_changed_weights(tmp_path):
 
 @pytest.mark.parametrize("family", ["mamba2", "llamba", "bamba"])
 def test_ssm_heads_get_gradients(family):
-    from ganda.checks import tiny_model
 
-    ad = ganda.from_model(tiny_model(family), CharTok(), spec=family)
+    ad = ganda.from_model(ganda.checks.tiny_model(family), CharTok(),
+                                                                             spec=family)
     exs = [Example(prompt="abc defg hij kl x", choices=[" a", " bq", " c"], gold=1),
            Example(prompt="zzz yy q", choices=[" k", " l", " mm"], gold=2)]
     att = attribute(ad, exs, method="atp", progress=False)
@@ -348,3 +348,37 @@ def test_attribution_batches_fill_a_gpu_budget():
     assert h100 == int(0.5 * 60e9 // per_token) and 4096 < h100 < 65536
     assert batch_tokens_for(32, 4096, 2, 6, 1e12) == 65536 and batch_tokens_for(32, 4096, 2, 6, 1e6) == 4096
     assert default_batch_tokens(llama(layers=2)) == 4096  # this CPU
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2"])
+def test_a_batch_that_runs_out_of_memory_runs_as_halves_with_the_same_numbers(family, monkeypatch):
+    """A device out of memory on a batch of several prompts: the batch runs as two halves (down to
+    one prompt), and AtP, GradDrop and the log-likelihoods are those of the whole batch; one prompt
+    that does not fit is one line."""
+    from ganda.attribution import engine
+
+    adapter = llama(layers=3) if family == "llama" else ganda.from_model(ganda.checks.tiny_model(family), CharTok(),
+                                                                             spec=family)
+    whole = attribute(adapter, EXAMPLES, method="atp*", progress=False)
+    real, sizes = engine._Engine.run, []
+
+    def run(self, batch):
+        sizes.append(len(batch.items))
+        if len(batch.items) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 448.00 MiB")
+        return real(self, batch)
+
+    monkeypatch.setattr(engine._Engine, "run", run)
+    split = attribute(adapter, EXAMPLES, method="atp*", progress=False)
+    assert sizes[0] == len(EXAMPLES) and sizes.count(1) == len(EXAMPLES)  # whole batch, then one prompt at a time
+    assert torch.allclose(split.per_example, whole.per_example, atol=1e-5)
+    assert split.estimate == pytest.approx(whole.estimate, abs=1e-5)
+    for a, b in zip(split.clean_logliks, whole.clean_logliks, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+
+    def none_fit(self, batch):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(engine._Engine, "run", none_fit)
+    with pytest.raises(ganda.GandaError, match=r"one prompt \(\d+ tokens\) does not fit in the memory of cpu"):
+        attribute(adapter, EXAMPLES, method="atp*", progress=False)

@@ -498,7 +498,7 @@ def _run_batches(eng: _Engine, plan: list[list[_Item]], packed: bool, n: int, jo
                 g_b = torch.tensor(rec["graddrop"]) if rec.get("graddrop") is not None else None
                 ll_b = rec["loglik"]
             else:
-                a_b, g_b, ll_b = eng.run(_make_batch(eng.adapter, items, packed, eng.dtype))
+                a_b, g_b, ll_b = _run_fitting(eng, items, packed)
                 if journal is not None:
                     journal.append({"batch": b, "atp": a_b.tolist(), "graddrop": g_b.tolist() if g_b is not None else None,
                                     "loglik": ll_b})
@@ -511,6 +511,26 @@ def _run_batches(eng: _Engine, plan: list[list[_Item]], packed: bool, n: int, jo
     finally:
         bar.close()
     return atp, gd, lls
+
+
+def _run_fitting(eng: _Engine, items: list[_Item], packed: bool) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                          list[list[float]]]:
+    """``eng.run`` on one batch; a batch that runs the device out of memory runs as two halves
+    instead (AtP is per prompt and GradDrop a sum over prompts, so the halves give the same
+    numbers). The batch sizes are estimates (:func:`batch_tokens_for`); an SSM's scan keeps far more
+    per token than a Transformer's layers, and no estimate covers every kernel."""
+    try:
+        return eng.run(_make_batch(eng.adapter, items, packed, eng.dtype))
+    except torch.OutOfMemoryError:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if len(items) == 1:
+            raise GandaError(f"attribution: one prompt ({max(map(len, items[0].rows))} tokens) does not fit in the "
+                             f"memory of {eng.adapter.device} with its gradients; use shorter prompts, fewer "
+                             "GradDrop blocks (--graddrop-blocks) or a larger device") from None
+    half = len(items) // 2
+    (a1, g1, l1), (a2, g2, l2) = _run_fitting(eng, items[:half], packed), _run_fitting(eng, items[half:], packed)
+    return torch.cat([a1, a2]), (g1 + g2 if g1 is not None and g2 is not None else None), [*l1, *l2]
 
 
 def graddrop_blocks(n_layers: int, blocks: int | None) -> list[int]:
