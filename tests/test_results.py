@@ -32,6 +32,9 @@ COMMANDS = {
     "transplant": ["transplant", "lab-distilled-h1", "--donor", "lab-llama-h1", "--layers", "3", "--tasks",
                    "lab-mmlu", "-n", str(N)],
     "extends": ["extends", "lab-llama-wd", "--heads", "L2H0", "--tasks", "lab-mmlu", "-n", str(N)],
+    "path": ["path", "lab-llama-h1", "--task", "lab-mmlu", "-n", str(N), "--from", "L2H0", "--to", "L3H0"],
+    "edges": ["edges", "lab-llama-h1", "--task", "lab-mmlu", "-n", str(N), "--verify-top", "1", "--audit", "0",
+              "--no-roles"],
 }
 #: kinds whose command takes minutes even at its smallest (the lab programme, remove-and-restore on
 #: every layer): saved through their registered class from a result of that class's shape
@@ -62,7 +65,7 @@ def test_every_result_kind_loads(runs):
     r = load(runs, runs / "eval.jsonl")
     kinds = set(r.runs["kind"])
     assert set(registry.result_kinds()) <= kinds
-    assert {"sweep", "rank", "heads", "predictions", "extends"} <= kinds
+    assert {"sweep", "rank", "heads", "predictions", "extends", "circuit_path", "circuit_edges"} <= kinds
     assert len(r.runs) == len(COMMANDS) + len(SAVED) + 1
     prune = r.rows[r.rows["run"] == str(runs / "prune")]
     with open(runs / "prune" / "prune.csv", newline="") as f:
