@@ -268,3 +268,22 @@ def test_experiments_read_limit_and_sample_as_eval_does():
     assert len(sampled._task_examples("mmlu")[1]) == 2  # --sample: two in all
     assert len(sampled._task_examples("kv3")[1]) == 2  # a task without subjects is unchanged by --sample
     assert "--sample" in {o for p in _options(_commands()["prune"]) for o in p.opts}
+
+
+def test_help_lists_each_command_with_its_whole_one_line_summary(capsys, monkeypatch):
+    """click cuts a docstring's summary at its first period ("Cumulative layer pruning (Fig."): every
+    command carries a short help that the listing shows whole, on one line of an 80-column terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["--help"]) == 0
+    listing = capsys.readouterr().out.split("Commands:\n", 1)[1].splitlines()
+    shown = {}
+    for line in listing:
+        assert line.startswith("  ") and not line.startswith("   "), f"a summary wraps: {line!r}"
+        name, summary = line.split(maxsplit=1)
+        shown[name] = summary
+    cmds = _commands()
+    assert set(shown) == set(cmds)
+    for name, cmd in cmds.items():
+        assert cmd.short_help and shown[name] == cmd.short_help, name
+        assert not shown[name].endswith(("...", ".", "(", "Fig")), shown[name]
+        assert shown[name].count("(") == shown[name].count(")"), shown[name]

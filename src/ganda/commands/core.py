@@ -148,7 +148,7 @@ def validate_interventions(adapter, interventions: list[Intervention]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("eval")
+    @app.command("eval", short_help="Accuracy of a model on a task, optionally under interventions")
     def eval_(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, arc_easy, gsm8k, bbh, lab-mmlu, ..."),
@@ -213,7 +213,7 @@ def register(app: typer.Typer) -> None:
             if answers := res.by_answer():
                 print("  " + answers_text(answers))
 
-    @app.command()
+    @app.command(short_help="Draw attention maps of heads on one prompt")
     def attn(
         model: str = MODEL,
         heads: str = typer.Option(..., "--heads", help="heads to draw, e.g. L16H22,L17H24 or L6.attnH3,L7.ssmH2"),
@@ -253,7 +253,7 @@ def register(app: typer.Typer) -> None:
         path = draw_attention(adapter, exs[index] if t is not None else prompt, heads, out, last_rows=last_rows)
         print(f"wrote {path}" + (f" and {side.name}" if side is not None else ""))
 
-    @app.command()
+    @app.command(short_help="Rank heads by Gather and Aggregate patterns, then verify")
     def heads(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, lab-mmlu, ... (tasks with segments)"),
@@ -293,7 +293,7 @@ def register(app: typer.Typer) -> None:
         _print_discovery(d)
         print(f"wrote {out}/result.json and {out}/heads.csv")
 
-    @app.command()
+    @app.command(short_help="The main job: KV's G&A heads found, ablated and reported")
     def demo(
         model: str = MODEL,
         out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="run directory (report.html, JSON, CSV, PNG)"),

@@ -79,7 +79,7 @@ def _scorer(adapter, tasks: str, limit: int, klimit: int | None, seed: int, quie
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Cumulative layer pruning and the minimal model (Figures 2, 3)")
     def prune(
         model: str = MODEL,
         limit: int = LIMIT,
@@ -129,7 +129,7 @@ def register(app: typer.Typer) -> None:
                 minimal = int(curve.summary["minimal_layers"])
             _finish(run_remove_restore(adapter, scorer, minimal, drop_task=drop_task), out_dir, html)
 
-    @app.command()
+    @app.command(short_help="Keep none, either or both critical heads (Table 1)")
     def retain(
         model: str = MODEL,
         gather: str = typer.Option(..., "--gather", help="Gather head(s), one layer, e.g. L16H22"),
@@ -159,7 +159,7 @@ def register(app: typer.Typer) -> None:
         result = run_retain(adapter, scorer, gather, aggregate, keep_layers=_layers(keep_layers))
         _finish(result, _out(out, "retain", model), html)
 
-    @app.command("kv-curve")
+    @app.command("kv-curve", short_help="KV-retrieval accuracy against the number of pairs (Figure 4)")
     def kv_curve(
         model: str = MODEL,
         heads: str | None = typer.Option(None, "--heads", help="heads to ablate, e.g. L17H24 (none: intact only)"),
@@ -200,7 +200,7 @@ def register(app: typer.Typer) -> None:
                      task=task, compare=others)
         _finish(result, _out(out, "kv_curve", model), html)
 
-    @app.command("mask-last-row")
+    @app.command("mask-last-row", short_help="Zero attention's last row and score MMLU and knowledge")
     def mask_last_row(
         model: str = MODEL,
         heads: str | None = typer.Option(None, "--heads", help="attention heads (default: all, L*.attnH*)"),
@@ -235,7 +235,7 @@ def register(app: typer.Typer) -> None:
                                           rules=rules)
         _finish(result, _out(out, "mask_last_row", model), html)
 
-    @app.command()
+    @app.command(short_help="Label the most damaging heads Gather or Aggregate")
     def roles(
         model: str = MODEL,
         task: str = typer.Option("lab-mmlu", "--task", "-t", help="multiple-choice task the heads are ranked on"),
@@ -290,7 +290,7 @@ def register(app: typer.Typer) -> None:
             n_heads = s["heads_to_chance"] or f"more than {s['heads_to_chance_max']}"
             print(f"heads to chance: {n_heads}")
 
-    @app.command()
+    @app.command(short_help="Replace student layers or heads with a donor's (Figure 7)")
     def transplant(
         student: str = typer.Argument(..., help="the model that receives the donor's pieces: " + MODEL_HELP),
         donor: str = typer.Option(..., "--donor", help="Transformer donor with the same d_model"),

@@ -18,7 +18,7 @@ CONDITIONS = ("intact", "ablated", "control")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Each task intact, G&A heads ablated, random heads ablated")
     def extends(
         model: str = typer.Argument(..., help=MODEL_HELP),
         heads: str = typer.Option(..., "--heads", help="the G&A heads to ablate, e.g. L16H22,L17H24"),

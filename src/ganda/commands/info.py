@@ -10,7 +10,7 @@ from .core import MODEL, PICKLE, QUIET
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Print the model's layout as ganda sees it")
     def info(
         model: str = MODEL,
         allow_pickle: bool = PICKLE,

@@ -12,7 +12,7 @@ from .options import FORCE, QUIET
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Render run directories into one offline HTML page")
     def report(
         run_dirs: list[Path] = typer.Argument(..., help="run directories (each with result.json, *.png, *.csv)"),
         out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write"),
