@@ -7,6 +7,7 @@ output suits a log file, and every command ends with one summary line.
 from __future__ import annotations
 
 import io
+import json
 import os
 import resource
 import subprocess
@@ -287,3 +288,39 @@ def test_help_lists_each_command_with_its_whole_one_line_summary(capsys, monkeyp
         assert cmd.short_help and shown[name] == cmd.short_help, name
         assert not shown[name].endswith(("...", ".", "(", "Fig")), shown[name]
         assert shown[name].count("(") == shown[name].count(")"), shown[name]
+
+
+SEVERAL_TASKS = ("prune", "retain", "mask-last-row", "transplant", "extends")
+
+
+def test_commands_that_score_several_tasks_take_them_as_task_and_tasks_is_hidden(capfd, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmds = _commands()
+    for name, cmd in cmds.items():
+        assert "--tasks" not in {o for p in _options(cmd) for o in p.opts}, f"{name} shows --tasks"
+    for name in SEVERAL_TASKS:
+        shown = {o: p for p in _options(cmds[name]) for o in p.opts}
+        assert shown["--task"].name == "task" and shown["-t"].name == "task", name
+        assert "comma-separated" in shown["--task"].help, name
+        alias = next(p for p in cmds[name].params if "--tasks" in getattr(p, "opts", []))
+        assert alias.hidden, name
+        for spelling in ("--task", "-t", "--tasks"):  # each reaches the task check before the model loads
+            argv = [name, "lab-llama-h1", spelling, "kv,nosuch", *_required(name), "--out", "unwritten"]
+            assert main(argv) == 2
+            assert "unknown task 'nosuch'" in capfd.readouterr().err, (name, spelling)
+
+
+def _required(name: str) -> list[str]:
+    return {"retain": ["--gather", "L0H0", "--aggregate", "L1H0"], "extends": ["--heads", "L0H0"],
+            "transplant": ["--donor", "lab-llama-h1"]}.get(name, [])
+
+
+def test_a_numbered_task_name_means_the_same_in_eval_as_in_a_task_list(capsys):
+    """``kv5`` is ``kv`` with 5 pairs wherever a task is named: in ``eval --task`` as in ``prune --task``."""
+    assert get_task("kv5").config() == get_task("kv", pairs=5).config()
+    runs = []
+    for argv in (["--task", "lab-kv4"], ["--task", "lab-kv", "--pairs", "4"]):
+        assert main(["-q", "eval", "lab-llama-h1", *argv, "-n", "6", "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        runs.append({k: v for k, v in got.items() if k != "seconds"})
+    assert runs[0] == runs[1] and runs[0]["config"]["n_pairs"] == 4

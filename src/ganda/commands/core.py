@@ -43,6 +43,22 @@ def limit_option(default: int | None, what: str = "examples per task", mmlu: boo
     return typer.Option(default, "--limit", "-n", help=what + (LIMIT_MMLU if mmlu else ""))
 
 
+TASKS_ALIAS = typer.Option(None, "--tasks", hidden=True, help="another spelling of --task")
+
+
+def task_list_option(default: str, examples: str) -> Any:
+    """``-t/--task`` of a command that scores several tasks: the one task option, a comma list."""
+    return typer.Option(None, "--task", "-t", help=f"comma-separated tasks: {examples} (default {default})")
+
+
+def task_list(task: str | None, tasks: str | None, default: str) -> str:
+    """The tasks of ``--task`` or of its other spelling ``--tasks`` (kept so that written command
+    lines still run); the two naming different lists is an error, not a silent choice."""
+    if task is not None and tasks is not None and task != tasks:
+        raise GandaError(f"--task {task} and --tasks {tasks}: --tasks is another spelling of --task, give one")
+    return task if task is not None else tasks if tasks is not None else default
+
+
 def mmlu_options(sample: bool) -> dict[str, Any]:
     """``--sample`` as the mmlu task option ``sample`` (other tasks take no such option)."""
     return {"sample": True} if sample else {}

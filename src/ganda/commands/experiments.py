@@ -22,16 +22,20 @@ from .core import (
     QUIET,
     SAMPLE,
     SEED,
+    TASKS_ALIAS,
     at_least,
     limit_option,
     mmlu_options,
     require_heads,
+    task_list,
+    task_list_option,
 )
 from .grid import RAY, RAY_ACTORS
 
 LIMIT = limit_option(100, "examples per task (the same examples in every condition)")
 KLIMIT = typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: --limit)")
-TASKS = typer.Option("mmlu,knowledge", "--tasks", help="comma-separated: mmlu, knowledge, letters, kv20, ...")
+DEFAULT_TASKS = "mmlu,knowledge"
+TASKS = task_list_option(DEFAULT_TASKS, "mmlu, knowledge, letters, kv20, ...")
 HTML = typer.Option(True, "--html/--no-html", help="also write report.html into the run directory")
 KEEP = typer.Option(None, "--keep-layers", help="run on a submodel of these layers, e.g. 0-17")
 OUT = typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<model>)")
@@ -85,7 +89,8 @@ def register(app: typer.Typer) -> None:
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = TASKS,
+        task: str | None = TASKS,
+        tasks: str | None = TASKS_ALIAS,
         layers: int = typer.Option(1, "--layers", help="pruning step: score every LAYERS-th truncation"),
         min_layers: int = typer.Option(1, "--min-layers", help="smallest number of kept layers"),
         remove_restore: bool = typer.Option(False, "--remove-restore", help="Fig. 3 on the minimal model"),
@@ -106,15 +111,16 @@ def register(app: typer.Typer) -> None:
         from ..experiments.prune import remove_restore as run_remove_restore
         from ..models import load_model
 
+        tasks = task_list(task, tasks, DEFAULT_TASKS)
         names = _check_inputs(limit, knowledge_limit, tasks, layers=layers, min_layers=min_layers, minimal=minimal)
         if drop_task is not None and drop_task not in names:
-            raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(names)}")
+            raise GandaError(f"--drop-task {drop_task} is not among --task {','.join(names)}")
         _out(out, "remove_restore" if remove_restore else "prune", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
         scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet, sample)
         drop_task = drop_task or ("mmlu" if "mmlu" in scorer.tasks else scorer.tasks[0])
         if drop_task not in scorer.tasks:
-            raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(scorer.tasks)}")
+            raise GandaError(f"--drop-task {drop_task} is not among --task {','.join(scorer.tasks)}")
         out_dir = _out(out, "remove_restore" if remove_restore else "prune", model)
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             if not remove_restore:
@@ -138,7 +144,8 @@ def register(app: typer.Typer) -> None:
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = TASKS,
+        task: str | None = TASKS,
+        tasks: str | None = TASKS_ALIAS,
         seed: int = SEED,
         out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
@@ -149,6 +156,7 @@ def register(app: typer.Typer) -> None:
         from ..experiments.retain import retain as run_retain
         from ..models import load_model
 
+        tasks = task_list(task, tasks, DEFAULT_TASKS)
         _check_inputs(limit, knowledge_limit, tasks)
         require_heads("--gather", gather)
         require_heads("--aggregate", aggregate)
@@ -211,7 +219,8 @@ def register(app: typer.Typer) -> None:
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = TASKS,
+        task: str | None = TASKS,
+        tasks: str | None = TASKS_ALIAS,
         seed: int = SEED,
         out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
@@ -225,6 +234,7 @@ def register(app: typer.Typer) -> None:
         rules = {"both": ("query", "last"), "query": ("query",), "last": ("last",)}.get(rule)
         if rules is None:
             raise GandaError(f"--rule must be query, last or both, not {rule!r}")
+        tasks = task_list(task, tasks, DEFAULT_TASKS)
         _check_inputs(limit, knowledge_limit, tasks)
         require_heads("--heads", heads)
         _layers(keep_layers)
@@ -301,7 +311,8 @@ def register(app: typer.Typer) -> None:
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = typer.Option("mmlu", "--tasks", help="comma-separated: mmlu, knowledge, lab-mmlu, ..."),
+        task: str | None = task_list_option("mmlu", "mmlu, knowledge, lab-mmlu, ..."),
+        tasks: str | None = TASKS_ALIAS,
         seed: int = SEED,
         out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
@@ -312,6 +323,7 @@ def register(app: typer.Typer) -> None:
         from ..experiments.transplant import transplant_sweep
         from ..models import load_model
 
+        tasks = task_list(task, tasks, "mmlu")
         _check_inputs(limit, knowledge_limit, tasks)
         require_heads("--head", head)
         require_heads("--donor-head", donor_head)
