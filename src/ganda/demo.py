@@ -14,7 +14,6 @@ no reported accuracy is measured on the prompts that chose the heads.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -230,7 +229,7 @@ def run_demo(
                 "verify_layers": list(verify_layers), "top": top, "max_heads": max_heads, "seed": seed,
                 "rank_method": "atp"},
         extra={"cumulative_ablation": curve, "heads": heads})
-    runio.write_text(out / "result.json", json.dumps(result.to_json(), indent=2, default=str))
+    runio.write_json(out / "result.json", result.to_json())
     runio.write_csv(out / "ablations.csv", rows)
     runio.write_csv(out / "cumulative_ablation.csv", curve)
     runio.write_csv(out / "heads.csv", heads)

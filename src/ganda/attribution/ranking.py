@@ -14,7 +14,6 @@ to every unverified estimate, names the heads that could still reach θ ("at ris
 from __future__ import annotations
 
 import csv
-import json
 import math
 import random
 import time
@@ -298,8 +297,8 @@ class RankResult:
     def write(self, out_dir: str | Path) -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        runio.write_text(out / "ranking.json",  # an undefined statistic (NaN) is null: the file stays JSON
-                         json.dumps(finite_json({**self.to_json(), "config": self.config}), indent=1) + "\n")
+        runio.write_json(out / "ranking.json",  # an undefined statistic (NaN) is null: the file stays JSON
+                         finite_json({**self.to_json(), "config": self.config}), indent=1)
         rows = self.rows()
         with runio.atomic_open(out / "ranking.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["head"])

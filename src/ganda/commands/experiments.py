@@ -5,7 +5,6 @@ and prints the summary as JSON.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -53,7 +52,7 @@ def _finish(result, out: Path, html: bool) -> None:
     result.save(out, command=command)
     if html:
         write_report([out], out / "report.html", title=f"ganda {result.kind}: {result.model}")
-    print(json.dumps({"out": str(out), "summary": result.summary}, indent=2, default=str))
+    print(runio.json_text({"out": str(out), "summary": result.summary}, indent=2))
 
 
 def _layers(text: str | None) -> list[int] | None:

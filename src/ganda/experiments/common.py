@@ -11,7 +11,6 @@ knowledge tasks, each member scored as a task of its own (:func:`ganda.knowledge
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -224,7 +223,7 @@ class ExperimentResult:
         d = self.to_json()
         if command:
             d["command"] = command
-        runio.write_text(out / "result.json", json.dumps(d, indent=2, default=str))
+        runio.write_json(out / "result.json", d)
         if self.rows:
             runio.write_csv(out / f"{self.kind}.csv", self.rows)
         self.draw(out)
