@@ -25,7 +25,7 @@ from rich.console import Console
 from . import registry, runio
 from .attention import draw_attention
 from .attribution import rank_heads
-from .discovery import HeadScore, ablate_until_chance, pattern_scores
+from .discovery import HeadScore, ablate_until_chance, added_heads, pattern_scores
 from .experiments.common import ExperimentResult
 from .figures import curves
 from .interventions import AblateHeads
@@ -286,4 +286,4 @@ def _curve_png(curve: list[dict[str, Any]], base: EvalResult, chance: float, pat
     his = [base.ci95[1]] + [c["ci95"][1] for c in curve]
     return curves(xs, {"kv accuracy": ys}, path, bands={"kv accuracy": (los, his)},
                   xlabel="heads ablated (cumulative, causal order)", hlines={"chance": chance},
-                  title="How many heads must go")
+                  title="How many heads must go", integer_x=True, point_labels={"kv accuracy": added_heads(curve)})

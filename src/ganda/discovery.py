@@ -383,6 +383,12 @@ def ablate_until_chance(
     return curve
 
 
+def added_heads(curve: Sequence[dict[str, Any]]) -> list[str]:
+    """The names of a cumulative ablation curve's points, the intact point first: each point is
+    named by the head its step adds."""
+    return ["", *(str(r.get("added") or "") for r in curve)]
+
+
 def cumulative_ablation(
     adapter: ModelAdapter,
     examples: Sequence[Example],
@@ -417,7 +423,8 @@ def cumulative_ablation(
         his = [base.ci95[1]] + [r["ci95"][1] for r in curve]
         curves(x, {"accuracy": ys}, out / "cumulative.png", bands={"accuracy": (los, his)},
                xlabel="heads ablated (most damaging first)", hlines={"chance": chance},
-               title=f"Cumulative head ablation ({adapter.spec})")
+               title=f"Cumulative head ablation ({adapter.spec})", integer_x=True,
+               point_labels={"accuracy": added_heads(curve)})
     return rec
 
 

@@ -317,7 +317,8 @@ class RankResult:
         fig, ax = plt.subplots(figsize=(5.5, 5))
         for group, color, label in ((self.verified, "C0", "top by estimate"), (self.audited, "C1", "random audit")):
             hs = [h for h in group if h in self.exact and h in self.estimate]
-            ax.scatter([self.estimate[h] for h in hs], [self.exact[h] for h in hs], s=18, c=color, label=label)
+            if hs:  # a group with no points has no legend entry
+                ax.scatter([self.estimate[h] for h in hs], [self.exact[h] for h in hs], s=18, c=color, label=label)
         vals = [v for h in self.exact if h in self.estimate for v in (self.estimate[h], self.exact[h])]
         lim = max([abs(v) for v in vals] + [1e-9]) * 1.05
         ax.plot([-lim, lim], [-lim, lim], lw=0.8, c="grey", ls="--")

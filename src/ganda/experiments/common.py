@@ -151,6 +151,12 @@ def pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, int | float) else str(x)
 
 
+def points(x: Any) -> str:
+    """A difference of two accuracies: ``0.125`` -> ``"12.5 points"`` (a percentage of a percentage
+    would read as a ratio)."""
+    return f"{100 * x:.1f} points" if isinstance(x, int | float) else str(x)
+
+
 def acc(scores: dict[str, Any], task: str) -> float | None:
     s = scores.get(task)
     return None if s is None else s["accuracy"]
