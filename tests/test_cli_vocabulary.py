@@ -7,6 +7,7 @@ output suits a log file, and every command ends with one summary line.
 from __future__ import annotations
 
 import io
+import json
 import os
 import resource
 import subprocess
@@ -268,3 +269,58 @@ def test_experiments_read_limit_and_sample_as_eval_does():
     assert len(sampled._task_examples("mmlu")[1]) == 2  # --sample: two in all
     assert len(sampled._task_examples("kv3")[1]) == 2  # a task without subjects is unchanged by --sample
     assert "--sample" in {o for p in _options(_commands()["prune"]) for o in p.opts}
+
+
+def test_help_lists_each_command_with_its_whole_one_line_summary(capsys, monkeypatch):
+    """click cuts a docstring's summary at its first period ("Cumulative layer pruning (Fig."): every
+    command carries a short help that the listing shows whole, on one line of an 80-column terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["--help"]) == 0
+    listing = capsys.readouterr().out.split("Commands:\n", 1)[1].splitlines()
+    shown = {}
+    for line in listing:
+        assert line.startswith("  ") and not line.startswith("   "), f"a summary wraps: {line!r}"
+        name, summary = line.split(maxsplit=1)
+        shown[name] = summary
+    cmds = _commands()
+    assert set(shown) == set(cmds)
+    for name, cmd in cmds.items():
+        assert cmd.short_help and shown[name] == cmd.short_help, name
+        assert not shown[name].endswith(("...", ".", "(", "Fig")), shown[name]
+        assert shown[name].count("(") == shown[name].count(")"), shown[name]
+
+
+SEVERAL_TASKS = ("prune", "retain", "mask-last-row", "transplant", "extends")
+
+
+def test_commands_that_score_several_tasks_take_them_as_task_and_tasks_is_hidden(capfd, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmds = _commands()
+    for name, cmd in cmds.items():
+        assert "--tasks" not in {o for p in _options(cmd) for o in p.opts}, f"{name} shows --tasks"
+    for name in SEVERAL_TASKS:
+        shown = {o: p for p in _options(cmds[name]) for o in p.opts}
+        assert shown["--task"].name == "task" and shown["-t"].name == "task", name
+        assert "comma-separated" in shown["--task"].help, name
+        alias = next(p for p in cmds[name].params if "--tasks" in getattr(p, "opts", []))
+        assert alias.hidden, name
+        for spelling in ("--task", "-t", "--tasks"):  # each reaches the task check before the model loads
+            argv = [name, "lab-llama-h1", spelling, "kv,nosuch", *_required(name), "--out", "unwritten"]
+            assert main(argv) == 2
+            assert "unknown task 'nosuch'" in capfd.readouterr().err, (name, spelling)
+
+
+def _required(name: str) -> list[str]:
+    return {"retain": ["--gather", "L0H0", "--aggregate", "L1H0"], "extends": ["--heads", "L0H0"],
+            "transplant": ["--donor", "lab-llama-h1"]}.get(name, [])
+
+
+def test_a_numbered_task_name_means_the_same_in_eval_as_in_a_task_list(capsys):
+    """``kv5`` is ``kv`` with 5 pairs wherever a task is named: in ``eval --task`` as in ``prune --task``."""
+    assert get_task("kv5").config() == get_task("kv", pairs=5).config()
+    runs = []
+    for argv in (["--task", "lab-kv4"], ["--task", "lab-kv", "--pairs", "4"]):
+        assert main(["-q", "eval", "lab-llama-h1", *argv, "-n", "6", "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        runs.append({k: v for k, v in got.items() if k != "seconds"})
+    assert runs[0] == runs[1] and runs[0]["config"]["n_pairs"] == 4

@@ -4,6 +4,9 @@ the ``demo`` result kind that makes ``ganda report`` open with that paragraph.""
 from __future__ import annotations
 
 import json
+import re
+
+import pytest
 
 from ganda import registry
 from ganda.demo import DemoResult, finding, roles
@@ -54,21 +57,34 @@ def test_roles_take_the_higher_percentile_in_the_top_tenth_above_a_floor():
 
 def test_finding_states_heads_costs_intervals_and_heads_to_chance():
     text = finding(SUMMARY)
-    assert "**52%** [37%, 67%] of 40 prompts (chance 20%)" in text
+    assert "**53%** [37%, 67%] of 40 prompts (chance 20%)" in text
     assert "**L19H1** (no G&A pattern), **L16H2** (Gather)" in text
     assert "24 of them verified by exact ablation, on 16 other prompts" in text
     assert "3 show the Gather pattern, 2 the Aggregate pattern and 5 neither" in text
-    assert "Ablating the Gather head **L16H2** leaves 48% [33%, 63%]: it costs **5 points** [0, 12]" in text
-    assert "the Aggregate head **L17H0** leaves 55% [40%, 69%]: accuracy rises by 2 points (drop [-8, 0])" in text
+    assert "Ablating the Gather head **L16H2** leaves 48% [33%, 63%]: it costs **5 points** [0, 13]" in text
+    assert "the Aggregate head **L17H0** leaves 55% [40%, 69%]: accuracy rises by 2 points (drop [-7, 0])" in text
     assert "Ablating the top causal head **L19H1** leaves 45% [31%, 60%]: it costs **8 points** [0, 18]" in text
     assert "Ablating L19H1, L16H2, L17H0 together leaves 48%" in text and "No head shows" not in text
-    assert "reaches chance after **4 heads** (22% [12%, 38%])" in text
+    assert "reaches chance after **4 heads** (23% [12%, 38%])" in text
     no_agg = {k: v for k, v in SUMMARY.items() if not k.startswith("aggregate")}
     assert "No head shows the Aggregate pattern (the largest aggregate score of all heads is 0.036, L15H6)" in finding(
         {**no_agg, "aggregate_head": None})
     no_chance = {**SUMMARY, "heads_to_chance": None, "curve_heads": 8, "curve_accuracy": 0.4, "curve_ci95": [0.3, 0.5]}
     assert "the top 8 heads in causal order leaves 40% [30%, 50%], still above chance" in finding(no_chance)
     assert finding({}) == ""
+
+
+@pytest.mark.parametrize("base, acc", [(0.525, 0.445), (0.525, 0.45), (0.625, 0.555), (0.285, 0.215), (0.5, 0.505)])
+def test_the_points_a_head_costs_are_the_difference_of_the_percentages_shown(base, acc):
+    """Each number is rounded once, by one rule, and the drop is computed from the rounded ones: the
+    sentence's arithmetic holds (0.525 and 0.45 read 53% and 45%, a cost of 8 points, not 52%, 45%, 8)."""
+    text = finding({**SUMMARY, "top_accuracy": acc, "top_drop": base - acc, "baseline_accuracy": base})
+    shown = int(re.search(r"on \*\*(\d+)%\*\*", text).group(1))
+    top = re.search(r"\*\*L19H1\*\* leaves (\d+)% \[[^]]*\]: (?:it costs \*\*(\d+) points?|accuracy rises by (\d+) "
+                    r"points?)", text)
+    left, cost = int(top.group(1)), int(top.group(2)) if top.group(2) else -int(top.group(3))
+    assert shown - left == cost, text
+    assert abs(shown - 100 * base) <= 0.5 + 1e-9 and abs(left - 100 * acc) <= 0.5 + 1e-9
 
 
 def test_demo_kind_is_registered_and_the_report_opens_with_the_finding(tmp_path):

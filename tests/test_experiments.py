@@ -319,7 +319,7 @@ def test_cli_commands(model_dir: Path, tmp_path: Path) -> None:
     from ganda.cli import main
 
     m = str(model_dir)
-    common = ["--limit", "2", "--sample", "--tasks", "mmlu", "--quiet"]
+    common = ["--limit", "2", "--sample", "--task", "mmlu", "--quiet"]
     cmds = {
         "prune": ["prune", m, *common, "--out"],
         "rr": ["prune", m, *common, "--remove-restore", "--minimal", "3", "--out"],

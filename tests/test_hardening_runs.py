@@ -332,9 +332,9 @@ def test_predictions_directory_is_refused_before_the_model_loads(tmp_path, capsy
 
 @pytest.mark.parametrize("command", [
     ["sweep", "--task", "lab-mmlu"],
-    ["prune", "--tasks", "lab-mmlu"],
+    ["prune", "--task", "lab-mmlu"],
     ["heads", "--task", "lab-mmlu"],
-    ["extends", "--heads", "L0H0", "--tasks", "lab-mmlu"],
+    ["extends", "--heads", "L0H0", "--task", "lab-mmlu"],
     ["rank", "--task", "lab-mmlu"],
 ])
 def test_out_under_a_file_is_refused_before_the_model_loads(tmp_path, capsys, command):

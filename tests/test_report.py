@@ -313,3 +313,26 @@ def test_report_of_a_ranking_directory(tmp_path: Path, capsys) -> None:
     assert "Heads ranked by attribution, the top verified exactly" in page
     assert f"Largest exact effect: <b>{best['head']}</b>" in page
     assert "data:image/png;base64," in page  # scatter.png, inlined
+
+
+def test_report_shows_a_sweep_that_has_not_finished_as_partial(tmp_path, capfd):
+    """A sweep killed (or still running) has only its journal: the page shows the heads measured so
+    far, marked partial, and the journal is read, never cut, whatever its last line holds."""
+    from ganda.cli import main
+
+    run = tmp_path / "sweep"
+    assert main(["-q", "sweep", "lab-llama-h1", "--task", "lab-mmlu", "-n", "4", "--out", str(run)]) == 0
+    lines = (run / "progress.jsonl").read_text().splitlines()
+    assert [json.loads(x)["type"] for x in lines] == ["header", "baseline", "head", "head", "head", "head"]
+    for name in ("results.jsonl", "results.csv", "heatmap.png"):
+        (run / name).unlink()
+    journal = "\n".join(lines[:4]) + "\n" + lines[4][:20]  # two heads done, the third cut mid-line
+    (run / "progress.jsonl").write_text(journal)
+    assert main(["report", str(run), "-o", str(tmp_path / "page.html")]) == 0
+    page = (tmp_path / "page.html").read_text()
+    assert "Every head ablated alone (partial: not finished)" in page
+    assert "<b>Partial sweep</b>: 2 of 4 heads measured so far" in page
+    assert (run / "progress.jsonl").read_text() == journal
+    (run / "progress.jsonl").write_text("\n".join(lines[:1]) + "\n")  # the header alone: nothing measured yet
+    assert main(["report", str(run), "-o", str(tmp_path / "page.html")]) == 2
+    assert "is not a sweep's journal with its baseline" in capfd.readouterr().err

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ganda import registry
+from ganda import registry, runio
 from ganda.cli import main
 from ganda.errors import GandaError
 from ganda.results import PREDICTION_COLUMNS, load
@@ -57,6 +57,45 @@ def runs(tmp_path_factory, lab_checkpoints):  # extends runs on lab-llama-wd
     for kind, fields in SAVED.items():
         registry.result_class(kind)(kind=kind, model="lab-llama-h1", **fields).save(root / kind)
     return root
+
+
+def _floats(obj):
+    if isinstance(obj, float):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _floats(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _floats(v)
+
+
+def test_result_files_hold_floats_to_the_stated_digits(runs):
+    """Every JSON result of every kind writes its floats to runio.RESULT_DIGITS significant digits
+    (an accuracy of 11/50 is 0.22, never 0.21999999999999997). The JSON-lines records a run resumes
+    from and every example's log-likelihoods are kept exact."""
+    files = list(runs.rglob("*.json"))
+    assert {f.parent.name for f in files} >= set(COMMANDS) - {"sweep"}, files
+    floats = 0
+    for f in files:
+        for x in _floats(json.loads(f.read_text())):
+            floats += 1
+            assert float(f"{x:.{runio.RESULT_DIGITS}g}") == x, (f, x)
+    assert floats > 1000
+
+
+def test_write_json_rounds_to_the_stated_digits_and_reads_back_the_same_numbers(tmp_path):
+    numbers = {"acc": 1 - 0.78, "drop": 0.525 - 0.445, "ci": (1 / 3, 2 / 3), "tiny": 2e-9 / 3,
+               "big": 123456789.123, "n": 11, "ok": True, "name": "L2H0"}
+    assert numbers["acc"] == 0.21999999999999997
+    text = runio.write_json(tmp_path / "r.json", numbers).read_text()
+    assert "0.21999999999999997" not in text and '"acc": 0.22' in text
+    back = json.loads(text)
+    assert back["n"] == 11 and back["ok"] is True and back["name"] == "L2H0" and back["big"] == 123457000.0
+    for key in ("acc", "drop", "tiny"):
+        assert back[key] == pytest.approx(numbers[key], rel=10 ** -runio.RESULT_DIGITS), key
+        assert back[key] != numbers[key] and float(f"{back[key]:.{runio.RESULT_DIGITS}g}") == back[key], key
+    assert back["ci"] == pytest.approx(list(numbers["ci"]), rel=10 ** -runio.RESULT_DIGITS)
 
 
 def test_every_result_kind_loads(runs):

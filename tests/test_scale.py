@@ -201,6 +201,21 @@ def test_info_meta_on_shipped_names_and_config_files(capsys, tmp_path):
     assert "8,841,204,736 parameters" in capsys.readouterr().out
 
 
+def test_info_prints_one_line_per_run_of_identical_layers(capsys, tmp_path, byte_tok):
+    """Thirty identical layers are one line, not thirty: the loaded model reads as --meta does."""
+    make_tiny_llama(len(byte_tok), layers=30, ctx=128).save_pretrained(tmp_path / "deep", safe_serialization=True)
+    assert main(["info", str(tmp_path / "deep")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3, lines
+    assert lines[1].endswith("30 layers, 120 heads (120 attn); context 128 tokens"), lines[1]
+    assert lines[2] == "  layers 0-29: attn, 4 heads of 8, 2 KV heads"
+    assert main(["info", str(tmp_path / "deep"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mixers"] == [{"layers": "0-29", "n": 30, "kind": "attn", "num_heads": 4, "head_dim": 8,
+                              "kv_heads": 2}]
+    assert (out["n_layers"], out["heads"], out["n_ctx"]) == (30, 120, 128)
+
+
 @pytest.mark.parametrize("argv, match", [
     (["info", "missing.json", "--meta"], "no config for 'missing.json'"),
     (["info", "acme/not-cached", "--meta"], "is not in the Hugging Face cache"),

@@ -65,7 +65,7 @@ def attention_record(
 def save_attention_json(path: str | Path, model: str, prompts: list[dict[str, Any]]) -> Path:
     """Write ``{"format", "model", "prompts": [attention_record, ...]}`` to ``path``."""
     doc = {"format": ATTENTION_FORMAT, "model": model, "prompts": prompts}
-    runio.write_text(Path(path), json.dumps(doc, separators=(",", ":")))
+    runio.write_text(Path(path), json.dumps(runio.rounded(doc), separators=(",", ":")))  # floats as every result's
     return Path(path)
 
 

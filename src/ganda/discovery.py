@@ -47,7 +47,6 @@ task accuracy, which is what decides whether a head matters.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -351,7 +350,7 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
         "rows": verified,
         "all_heads": rows,
     }
-    runio.write_text(out / "result.json", json.dumps(result, indent=2))
+    runio.write_json(out / "result.json", result)
     runio.write_csv(out / "heads.csv", [s.csv_row() for s in ordered])
     runio.write_csv(out / "per_prompt.csv", [{"head": s.head, "prompt": i, **{k: s.samples[k][i] for k in METRICS}}
                                        for s in ordered if s.samples for i in range(s.n_prompts)])
@@ -384,6 +383,12 @@ def ablate_until_chance(
     return curve
 
 
+def added_heads(curve: Sequence[dict[str, Any]]) -> list[str]:
+    """The names of a cumulative ablation curve's points, the intact point first: each point is
+    named by the head its step adds."""
+    return ["", *(str(r.get("added") or "") for r in curve)]
+
+
 def cumulative_ablation(
     adapter: ModelAdapter,
     examples: Sequence[Example],
@@ -410,7 +415,7 @@ def cumulative_ablation(
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        runio.write_text(out / "cumulative.json", json.dumps(rec, indent=2))
+        runio.write_json(out / "cumulative.json", rec)
         runio.write_csv(out / "cumulative.csv", curve)
         x = [0] + [r["n_heads"] for r in curve]
         ys = [base.accuracy] + [r["accuracy"] for r in curve]
@@ -418,7 +423,8 @@ def cumulative_ablation(
         his = [base.ci95[1]] + [r["ci95"][1] for r in curve]
         curves(x, {"accuracy": ys}, out / "cumulative.png", bands={"accuracy": (los, his)},
                xlabel="heads ablated (most damaging first)", hlines={"chance": chance},
-               title=f"Cumulative head ablation ({adapter.spec})")
+               title=f"Cumulative head ablation ({adapter.spec})", integer_x=True,
+               point_labels={"accuracy": added_heads(curve)})
     return rec
 
 
@@ -595,7 +601,7 @@ def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
     returns the CSV rows."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    runio.write_text(out / "result.json", json.dumps(res, indent=2))
+    runio.write_json(out / "result.json", res)
     rows = [{"model": m, "metric": k, "value": v["value"], "lo": v["ci95"][0], "hi": v["ci95"][1],
              "scale": v["scale"], "heads": ",".join(d["aggregate_heads"] if k.startswith("aggregate")
                                                     else d["gather_heads"])}

@@ -159,8 +159,13 @@ def curves(
     vlines: Mapping[str, float] | None = None,
     ylim: tuple[float, float] | None = (0.0, 1.0),
     invert_x: bool = False,
+    integer_x: bool = False,
+    point_labels: Mapping[str, Sequence[str]] | None = None,
 ) -> Path:
-    """Line plot of several series over ``x`` with optional CI bands and reference lines."""
+    """Line plot of several series over ``x`` with optional CI bands and reference lines.
+
+    ``integer_x``: ticks only at whole numbers (``x`` counts something, such as heads);
+    ``point_labels``: a series' points named, e.g. by the head each step adds ("" names none)."""
     fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for name, ys in series.items():
         yy = np.array([np.nan if y is None else y for y in ys], dtype=float)
@@ -168,6 +173,13 @@ def curves(
         if bands and name in bands:
             lo, hi = bands[name]
             ax.fill_between(list(x), list(lo), list(hi), color=line.get_color(), alpha=0.18, lw=0)
+        for xv, yv, text in zip(x, yy, (point_labels or {}).get(name, ()), strict=False):
+            if text and np.isfinite(yv):
+                ax.annotate(text, (xv, yv), fontsize=7, xytext=(3, 4), textcoords="offset points")
+    if integer_x:
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for i, (name, y) in enumerate((hlines or {}).items()):
         ax.axhline(y, ls="--", lw=1, color=f"C{7 + i % 3}", label=name)
     for i, (name, xv) in enumerate((vlines or {}).items()):

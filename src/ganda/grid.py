@@ -225,13 +225,13 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
                     raise GandaError(f"task {job['task']!r} gave no examples")
                 cfg = {"task": task.config(), "limit": limit, "seed": seed}
                 jdir.mkdir(parents=True, exist_ok=True)
-                runio.write_text(jdir / JOB_FILE, json.dumps(records[job["dir"]], indent=1) + "\n")
+                runio.write_text(jdir / JOB_FILE, json.dumps(records[job["dir"]], indent=1) + "\n")  # a record, compared exactly
                 t0 = time.perf_counter()
                 options = exp.Options.build(opts.get(job["experiment"], {}))
                 result = exp.run(adapter, examples, options, out_dir=jdir, config=cfg, progress=False)
                 job["result"] = exp.job_summary(result)
                 job["status"], job["seconds"] = "done", round(time.perf_counter() - t0, 2)
-            runio.write_text(out / "grid.json", json.dumps({"spec": spec, "jobs": todo}, indent=1) + "\n")
+            runio.write_json(out / "grid.json", {"spec": spec, "jobs": todo}, indent=1)
             if on_job:
                 on_job(job)
     return todo

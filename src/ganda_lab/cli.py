@@ -25,7 +25,7 @@ def _print_run(out: Path, rec: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Train a lab model on the synthetic world")
     def train(
         config: str = typer.Argument(..., help="lab config name (llama, mamba2, hybrid, smoke) or a JSON file/string"),
         out: Path = typer.Option(..., "--out", "-o", help="output directory (a Hugging Face model directory)"),
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         _print_run(out, run(config, out, steps=steps, seed=seed, resume=resume, progress=not quiet,
                             eval_every=eval_every))
 
-    @app.command()
+    @app.command(short_help="Distil a Mamba-2 student from a lab Llama, layer by layer")
     def distill(
         teacher: str = typer.Argument(..., help="lab Llama teacher: a model directory or a shipped checkpoint name"),
         out: Path = typer.Option(..., "--out", "-o", help="output directory for the distilled SSM"),
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         runio.claim_run_dir(out)
         _print_run(out, run(lab_model(teacher), out, steps=steps, seed=seed, progress=not quiet))
 
-    @app.command()
+    @app.command(short_help="Grow a lab Llama by block expansion")
     def grow(
         base: str = typer.Argument(..., help="lab Llama to grow: a model directory or a shipped checkpoint name"),
         out: Path = typer.Option(..., "--out", "-o", help="output directory for the grown model"),
@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         runio.claim_run_dir(out)
         _print_run(out, run(lab_model(base), out, layers=layers, steps=steps, seed=seed, progress=not quiet))
 
-    @app.command()
+    @app.command(short_help="The lab programme: the paper's six findings on the lab models")
     def lab(
         transformer: str = typer.Option(DEFAULT_MODELS["transformer"], "--transformer",
                                        help="Llama model (findings 1-4, donor of 6)"),

@@ -14,7 +14,6 @@ to every unverified estimate, names the heads that could still reach θ ("at ris
 from __future__ import annotations
 
 import csv
-import json
 import math
 import random
 import time
@@ -298,8 +297,8 @@ class RankResult:
     def write(self, out_dir: str | Path) -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        runio.write_text(out / "ranking.json",  # an undefined statistic (NaN) is null: the file stays JSON
-                         json.dumps(finite_json({**self.to_json(), "config": self.config}), indent=1) + "\n")
+        runio.write_json(out / "ranking.json",  # an undefined statistic (NaN) is null: the file stays JSON
+                         finite_json({**self.to_json(), "config": self.config}), indent=1)
         rows = self.rows()
         with runio.atomic_open(out / "ranking.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["head"])
@@ -318,7 +317,8 @@ class RankResult:
         fig, ax = plt.subplots(figsize=(5.5, 5))
         for group, color, label in ((self.verified, "C0", "top by estimate"), (self.audited, "C1", "random audit")):
             hs = [h for h in group if h in self.exact and h in self.estimate]
-            ax.scatter([self.estimate[h] for h in hs], [self.exact[h] for h in hs], s=18, c=color, label=label)
+            if hs:  # a group with no points has no legend entry
+                ax.scatter([self.estimate[h] for h in hs], [self.exact[h] for h in hs], s=18, c=color, label=label)
         vals = [v for h in self.exact if h in self.estimate for v in (self.estimate[h], self.exact[h])]
         lim = max([abs(v) for v in vals] + [1e-9]) * 1.05
         ax.plot([-lim, lim], [-lim, lim], lw=0.8, c="grey", ls="--")

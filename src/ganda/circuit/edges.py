@@ -33,7 +33,6 @@ unverified edges could reach the verified top's smallest effect.
 from __future__ import annotations
 
 import csv
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -351,7 +350,7 @@ class EdgeRanking:
         """``edges.json`` (the top 100 edges and every exactly known one), ``edges.csv`` (every edge)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        runio.write_text(out / "edges.json", json.dumps({**self.to_json(), "config": self.config}, indent=1) + "\n")
+        runio.write_json(out / "edges.json", {**self.to_json(), "config": self.config}, indent=1)
         rows = self.rows()
         with runio.atomic_open(out / "edges.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["edge"])

@@ -41,7 +41,7 @@ def _ci(ci: Any, scale: float = 100.0, digits: int = 1) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Remove one head's contribution along its paths into another")
     def path(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, lab-mmlu, mmlu, ...)"),
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
                   f"{r['margin']:8.3f} {mdrop:>28s}")
 
 
-    @app.command()
+    @app.command(short_help="Score every sender -> receiver head pair and draw the circuit")
     def edges(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, lab-mmlu, mmlu, ...)"),

@@ -43,6 +43,22 @@ def limit_option(default: int | None, what: str = "examples per task", mmlu: boo
     return typer.Option(default, "--limit", "-n", help=what + (LIMIT_MMLU if mmlu else ""))
 
 
+TASKS_ALIAS = typer.Option(None, "--tasks", hidden=True, help="another spelling of --task")
+
+
+def task_list_option(default: str, examples: str) -> Any:
+    """``-t/--task`` of a command that scores several tasks: the one task option, a comma list."""
+    return typer.Option(None, "--task", "-t", help=f"comma-separated tasks: {examples} (default {default})")
+
+
+def task_list(task: str | None, tasks: str | None, default: str) -> str:
+    """The tasks of ``--task`` or of its other spelling ``--tasks`` (kept so that written command
+    lines still run); the two naming different lists is an error, not a silent choice."""
+    if task is not None and tasks is not None and task != tasks:
+        raise GandaError(f"--task {task} and --tasks {tasks}: --tasks is another spelling of --task, give one")
+    return task if task is not None else tasks if tasks is not None else default
+
+
 def mmlu_options(sample: bool) -> dict[str, Any]:
     """``--sample`` as the mmlu task option ``sample`` (other tasks take no such option)."""
     return {"sample": True} if sample else {}
@@ -148,7 +164,7 @@ def validate_interventions(adapter, interventions: list[Intervention]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("eval")
+    @app.command("eval", short_help="Accuracy of a model on a task, optionally under interventions")
     def eval_(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, arc_easy, gsm8k, bbh, lab-mmlu, ..."),
@@ -213,7 +229,7 @@ def register(app: typer.Typer) -> None:
             if answers := res.by_answer():
                 print("  " + answers_text(answers))
 
-    @app.command()
+    @app.command(short_help="Draw attention maps of heads on one prompt")
     def attn(
         model: str = MODEL,
         heads: str = typer.Option(..., "--heads", help="heads to draw, e.g. L16H22,L17H24 or L6.attnH3,L7.ssmH2"),
@@ -253,7 +269,7 @@ def register(app: typer.Typer) -> None:
         path = draw_attention(adapter, exs[index] if t is not None else prompt, heads, out, last_rows=last_rows)
         print(f"wrote {path}" + (f" and {side.name}" if side is not None else ""))
 
-    @app.command()
+    @app.command(short_help="Rank heads by Gather and Aggregate patterns, then verify")
     def heads(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, lab-mmlu, ... (tasks with segments)"),
@@ -293,7 +309,7 @@ def register(app: typer.Typer) -> None:
         _print_discovery(d)
         print(f"wrote {out}/result.json and {out}/heads.csv")
 
-    @app.command()
+    @app.command(short_help="The main job: KV's G&A heads found, ablated and reported")
     def demo(
         model: str = MODEL,
         out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="run directory (report.html, JSON, CSV, PNG)"),

@@ -5,7 +5,6 @@ and prints the summary as JSON.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -22,16 +21,20 @@ from .core import (
     QUIET,
     SAMPLE,
     SEED,
+    TASKS_ALIAS,
     at_least,
     limit_option,
     mmlu_options,
     require_heads,
+    task_list,
+    task_list_option,
 )
 from .grid import RAY, RAY_ACTORS
 
 LIMIT = limit_option(100, "examples per task (the same examples in every condition)")
 KLIMIT = typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: --limit)")
-TASKS = typer.Option("mmlu,knowledge", "--tasks", help="comma-separated: mmlu, knowledge, letters, kv20, ...")
+DEFAULT_TASKS = "mmlu,knowledge"
+TASKS = task_list_option(DEFAULT_TASKS, "mmlu, knowledge, letters, kv20, ...")
 HTML = typer.Option(True, "--html/--no-html", help="also write report.html into the run directory")
 KEEP = typer.Option(None, "--keep-layers", help="run on a submodel of these layers, e.g. 0-17")
 OUT = typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<model>)")
@@ -49,7 +52,7 @@ def _finish(result, out: Path, html: bool) -> None:
     result.save(out, command=command)
     if html:
         write_report([out], out / "report.html", title=f"ganda {result.kind}: {result.model}")
-    print(json.dumps({"out": str(out), "summary": result.summary}, indent=2, default=str))
+    print(runio.json_text({"out": str(out), "summary": result.summary}, indent=2))
 
 
 def _layers(text: str | None) -> list[int] | None:
@@ -79,13 +82,14 @@ def _scorer(adapter, tasks: str, limit: int, klimit: int | None, seed: int, quie
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Cumulative layer pruning and the minimal model (Figures 2, 3)")
     def prune(
         model: str = MODEL,
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = TASKS,
+        task: str | None = TASKS,
+        tasks: str | None = TASKS_ALIAS,
         layers: int = typer.Option(1, "--layers", help="pruning step: score every LAYERS-th truncation"),
         min_layers: int = typer.Option(1, "--min-layers", help="smallest number of kept layers"),
         remove_restore: bool = typer.Option(False, "--remove-restore", help="Fig. 3 on the minimal model"),
@@ -106,15 +110,16 @@ def register(app: typer.Typer) -> None:
         from ..experiments.prune import remove_restore as run_remove_restore
         from ..models import load_model
 
+        tasks = task_list(task, tasks, DEFAULT_TASKS)
         names = _check_inputs(limit, knowledge_limit, tasks, layers=layers, min_layers=min_layers, minimal=minimal)
         if drop_task is not None and drop_task not in names:
-            raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(names)}")
+            raise GandaError(f"--drop-task {drop_task} is not among --task {','.join(names)}")
         _out(out, "remove_restore" if remove_restore else "prune", model)
         adapter = load_model(model, allow_pickle=allow_pickle)
         scorer = _scorer(adapter, tasks, limit, knowledge_limit, seed, quiet, sample)
         drop_task = drop_task or ("mmlu" if "mmlu" in scorer.tasks else scorer.tasks[0])
         if drop_task not in scorer.tasks:
-            raise GandaError(f"--drop-task {drop_task} is not among --tasks {','.join(scorer.tasks)}")
+            raise GandaError(f"--drop-task {drop_task} is not among --task {','.join(scorer.tasks)}")
         out_dir = _out(out, "remove_restore" if remove_restore else "prune", model)
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             if not remove_restore:
@@ -129,7 +134,7 @@ def register(app: typer.Typer) -> None:
                 minimal = int(curve.summary["minimal_layers"])
             _finish(run_remove_restore(adapter, scorer, minimal, drop_task=drop_task), out_dir, html)
 
-    @app.command()
+    @app.command(short_help="Keep none, either or both critical heads (Table 1)")
     def retain(
         model: str = MODEL,
         gather: str = typer.Option(..., "--gather", help="Gather head(s), one layer, e.g. L16H22"),
@@ -138,7 +143,8 @@ def register(app: typer.Typer) -> None:
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = TASKS,
+        task: str | None = TASKS,
+        tasks: str | None = TASKS_ALIAS,
         seed: int = SEED,
         out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
@@ -149,6 +155,7 @@ def register(app: typer.Typer) -> None:
         from ..experiments.retain import retain as run_retain
         from ..models import load_model
 
+        tasks = task_list(task, tasks, DEFAULT_TASKS)
         _check_inputs(limit, knowledge_limit, tasks)
         require_heads("--gather", gather)
         require_heads("--aggregate", aggregate)
@@ -159,7 +166,7 @@ def register(app: typer.Typer) -> None:
         result = run_retain(adapter, scorer, gather, aggregate, keep_layers=_layers(keep_layers))
         _finish(result, _out(out, "retain", model), html)
 
-    @app.command("kv-curve")
+    @app.command("kv-curve", short_help="KV-retrieval accuracy against the number of pairs (Figure 4)")
     def kv_curve(
         model: str = MODEL,
         heads: str | None = typer.Option(None, "--heads", help="heads to ablate, e.g. L17H24 (none: intact only)"),
@@ -200,7 +207,7 @@ def register(app: typer.Typer) -> None:
                      task=task, compare=others)
         _finish(result, _out(out, "kv_curve", model), html)
 
-    @app.command("mask-last-row")
+    @app.command("mask-last-row", short_help="Zero attention's last row and score MMLU and knowledge")
     def mask_last_row(
         model: str = MODEL,
         heads: str | None = typer.Option(None, "--heads", help="attention heads (default: all, L*.attnH*)"),
@@ -211,7 +218,8 @@ def register(app: typer.Typer) -> None:
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = TASKS,
+        task: str | None = TASKS,
+        tasks: str | None = TASKS_ALIAS,
         seed: int = SEED,
         out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
@@ -225,6 +233,7 @@ def register(app: typer.Typer) -> None:
         rules = {"both": ("query", "last"), "query": ("query",), "last": ("last",)}.get(rule)
         if rules is None:
             raise GandaError(f"--rule must be query, last or both, not {rule!r}")
+        tasks = task_list(task, tasks, DEFAULT_TASKS)
         _check_inputs(limit, knowledge_limit, tasks)
         require_heads("--heads", heads)
         _layers(keep_layers)
@@ -235,7 +244,7 @@ def register(app: typer.Typer) -> None:
                                           rules=rules)
         _finish(result, _out(out, "mask_last_row", model), html)
 
-    @app.command()
+    @app.command(short_help="Label the most damaging heads Gather or Aggregate")
     def roles(
         model: str = MODEL,
         task: str = typer.Option("lab-mmlu", "--task", "-t", help="multiple-choice task the heads are ranked on"),
@@ -290,7 +299,7 @@ def register(app: typer.Typer) -> None:
             n_heads = s["heads_to_chance"] or f"more than {s['heads_to_chance_max']}"
             print(f"heads to chance: {n_heads}")
 
-    @app.command()
+    @app.command(short_help="Replace student layers or heads with a donor's (Figure 7)")
     def transplant(
         student: str = typer.Argument(..., help="the model that receives the donor's pieces: " + MODEL_HELP),
         donor: str = typer.Option(..., "--donor", help="Transformer donor with the same d_model"),
@@ -301,7 +310,8 @@ def register(app: typer.Typer) -> None:
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         knowledge_limit: int | None = KLIMIT,
-        tasks: str = typer.Option("mmlu", "--tasks", help="comma-separated: mmlu, knowledge, lab-mmlu, ..."),
+        task: str | None = task_list_option("mmlu", "mmlu, knowledge, lab-mmlu, ..."),
+        tasks: str | None = TASKS_ALIAS,
         seed: int = SEED,
         out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
@@ -312,6 +322,7 @@ def register(app: typer.Typer) -> None:
         from ..experiments.transplant import transplant_sweep
         from ..models import load_model
 
+        tasks = task_list(task, tasks, "mmlu")
         _check_inputs(limit, knowledge_limit, tasks)
         require_heads("--head", head)
         require_heads("--donor-head", donor_head)

@@ -9,7 +9,18 @@ import typer
 from .. import runio
 from ..errors import GandaError
 from ..tasks import get_task
-from .core import MODEL_HELP, PICKLE, QUIET, at_least, limit_option, parse_options, require_heads
+from .core import (
+    MODEL_HELP,
+    PICKLE,
+    QUIET,
+    TASKS_ALIAS,
+    at_least,
+    limit_option,
+    parse_options,
+    require_heads,
+    task_list,
+    task_list_option,
+)
 from .grid import RAY, RAY_ACTORS
 
 # ganda.experiments.extends.DEFAULT_TASKS and CONDITIONS, spelled here so that --help needs no torch
@@ -18,11 +29,12 @@ CONDITIONS = ("intact", "ablated", "control")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Each task intact, G&A heads ablated, random heads ablated")
     def extends(
         model: str = typer.Argument(..., help=MODEL_HELP),
         heads: str = typer.Option(..., "--heads", help="the G&A heads to ablate, e.g. L16H22,L17H24"),
-        tasks: str = typer.Option(DEFAULT_TASKS, "--tasks", help="comma-separated task names (registry) or 'knowledge'"),
+        task: str | None = task_list_option(DEFAULT_TASKS, "registered task names or 'knowledge'"),
+        tasks: str | None = TASKS_ALIAS,
         limit: int | None = limit_option(None, "examples per task (default: every example)"),
         seed: int = typer.Option(0, "--seed", help="seed of the prompt sample and the control heads"),
         out: Path = typer.Option(Path("runs/extends"), "--out", "-o", help="directory for JSON, CSV, predictions"),
@@ -40,19 +52,20 @@ def register(app: typer.Typer) -> None:
         from ..experiments.extends import run_extends
         from ..models import load_model
 
+        tasks = task_list(task, tasks, DEFAULT_TASKS)
         names = [t.strip() for t in tasks.split(",") if t.strip()]
         if not names:
-            raise GandaError(f"--tasks: no task names in {tasks!r}")
+            raise GandaError(f"--task: no task names in {tasks!r}")
         require_heads("--heads", heads)
         at_least("--limit", limit)
         opts = parse_options(option, per_task=True)
         stray = [t for t in opts if t not in names]
         if stray:
-            raise GandaError(f"--option {stray[0]}.*: task {stray[0]!r} is not among --tasks {','.join(names)}")
+            raise GandaError(f"--option {stray[0]}.*: task {stray[0]!r} is not among --task {','.join(names)}")
         if data_dir:
             dreams = [n for n in names if n.startswith("dream")]
             if not dreams:
-                raise GandaError("--data-dir is the DREAM data directory, and --tasks has no dream task")
+                raise GandaError("--data-dir is the DREAM data directory, and --task names no dream task")
             for n in dreams:
                 opts.setdefault(n, {})["data_dir"] = data_dir
         for n in names:  # unknown names, bad options, missing data: refused before the model loads

@@ -35,7 +35,7 @@ RAY_ACTORS = typer.Option(None, "--ray-actors", help="Ray actors, each with the 
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Run every (model, task, experiment) job of a grid, resumably")
     def grid(
         spec: Path = typer.Argument(..., help="grid spec (YAML): models, tasks, experiments, options, out"),
         out: Path = typer.Option(None, "--out", "-o", help="directory (default: the spec's out, else runs/grid)"),

@@ -151,7 +151,7 @@ def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tup
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("plan")
+    @app.command("plan", short_help="Estimate FLOPs, peak memory and time of an experiment")
     def plan_cmd(
         model: str | None = typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, "
                                            "a model directory or a hub id; omit with --paper"),

@@ -27,7 +27,7 @@ from .grid import RAY, RAY_ACTORS
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Rank every head by its ablation effect on the task's margin")
     def rank(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, mmlu, lab-mmlu, arc_easy, ...)"),

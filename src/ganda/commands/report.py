@@ -12,7 +12,7 @@ from .options import FORCE, QUIET
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Render run directories into one offline HTML page")
     def report(
         run_dirs: list[Path] = typer.Argument(..., help="run directories (each with result.json, *.png, *.csv)"),
         out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write"),
@@ -28,7 +28,8 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"not a run directory: {', '.join(missing)}")
         empty = [str(d) for d in run_dirs if not has_results(d)]
         if empty:
-            raise GandaError(f"not a run directory (no result.json, results.jsonl or ranking.json): {', '.join(empty)}")
+            raise GandaError("not a run directory (no result.json, results.jsonl, ranking.json or a sweep's "
+                             f"progress.jsonl): {', '.join(empty)}")
         if out.is_dir():
             raise GandaError(f"--out {out} is a directory; give the HTML file to write")
         reads = [p for d in run_dirs for p in Path(d).rglob("*") if p.is_file() and p.suffix != ".html"]

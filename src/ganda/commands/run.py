@@ -14,7 +14,7 @@ from .core import MODEL, PICKLE, QUIET, SEED, at_least, limit_option, parse_opti
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Run any registered experiment on one task")
     def run(
         experiment: str = typer.Argument(..., help="a registered experiment (an unknown name lists them)"),
         model: str = MODEL,

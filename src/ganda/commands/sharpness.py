@@ -13,7 +13,7 @@ from .core import MODEL_HELP, PICKLE, QUIET, SEED, SUMMARIES, at_least, limit_op
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Sharpness of the top-k Aggregate and Gather heads of models")
     def sharpness(
         models: list[str] = typer.Argument(..., help="two or more models, each " + MODEL_HELP
                                            + "; differences are the first minus each other"),

@@ -27,7 +27,7 @@ from .grid import RAY, RAY_ACTORS
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(short_help="Single-head ablation: accuracy with each head zeroed")
     def sweep(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, or any multiple-choice task "

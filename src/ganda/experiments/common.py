@@ -11,7 +11,6 @@ knowledge tasks, each member scored as a task of its own (:func:`ganda.knowledge
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -152,6 +151,12 @@ def pct(x: Any) -> str:
     return f"{100 * x:.1f}%" if isinstance(x, int | float) else str(x)
 
 
+def points(x: Any) -> str:
+    """A difference of two accuracies: ``0.125`` -> ``"12.5 points"`` (a percentage of a percentage
+    would read as a ratio)."""
+    return f"{100 * x:.1f} points" if isinstance(x, int | float) else str(x)
+
+
 def acc(scores: dict[str, Any], task: str) -> float | None:
     s = scores.get(task)
     return None if s is None else s["accuracy"]
@@ -224,7 +229,7 @@ class ExperimentResult:
         d = self.to_json()
         if command:
             d["command"] = command
-        runio.write_text(out / "result.json", json.dumps(d, indent=2, default=str))
+        runio.write_json(out / "result.json", d)
         if self.rows:
             runio.write_csv(out / f"{self.kind}.csv", self.rows)
         self.draw(out)

@@ -228,7 +228,7 @@ def _unit(adapter: ModelAdapter, fn: Any, args: tuple[Any, ...]) -> Any:
 
 
 def write_results(result: dict[str, Any], out: Path) -> None:
-    runio.write_text(out / "extends.json", json.dumps(result, indent=2, default=str) + "\n")
+    runio.write_json(out / "extends.json", result)
     with runio.atomic_open(out / "extends.csv", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "condition", "n", "correct", "accuracy", "ci_low", "ci_high", "seconds", "heads"])

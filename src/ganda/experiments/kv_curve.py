@@ -23,7 +23,7 @@ from ..heads import expand, format_heads
 from ..interventions import AblateHeads, Intervention, KeepLayers
 from ..models.base import ModelAdapter
 from ..progress import tqdm
-from .common import ExperimentResult, Scorer, flat_scores, pct
+from .common import ExperimentResult, Scorer, flat_scores, pct, points
 
 
 @dataclass
@@ -33,9 +33,9 @@ class KVCurveResult(ExperimentResult):
     def headline(self) -> str:
         s, lines = self.summary, []
         if "mean_gap" in s:
-            lines.append(f"Mean accuracy lost by ablating the heads: **{pct(s['mean_gap'])}**.")
+            lines.append(f"Mean accuracy lost by ablating the heads: **{points(s['mean_gap'])}**.")
         for name, fall in (s.get("fall") or {}).items():
-            lines.append(f"{name}: loses **{pct(fall)}** from the fewest to the most pairs "
+            lines.append(f"{name}: loses **{points(fall)}** from the fewest to the most pairs "
                          f"(at the most: {pct((s.get('at_max_pairs') or {}).get(name))}).")
         return "\n".join(lines)
 

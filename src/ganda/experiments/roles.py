@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..discovery import ablate_until_chance
+from ..discovery import ablate_until_chance, added_heads
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
@@ -42,7 +42,7 @@ from ..scoring import evaluate_examples
 from ..stats import overlap
 from ..sweep import run_sweep
 from ..tasks.base import Example
-from .common import ExperimentResult, pct
+from .common import ExperimentResult, pct, points
 
 MODES = ("all", "query", "context")
 
@@ -59,7 +59,7 @@ class RolesResult(ExperimentResult):
                 weak = " — *weak*: its 95% interval overlaps the intact one" if a and b and overlap(a, b) else ""
                 lines.append(f"{role.capitalize()} head **{s[role]}**: {pct(s.get('baseline'))} → "
                              f"**{pct(s.get(f'{role}_ablated'))}**{weak} (control task "
-                             f"{pct(-(s.get(f'{role}_control_drop') or 0))} change); {role} heads: "
+                             f"{points(-(s.get(f'{role}_control_drop') or 0))} change); {role} heads: "
                              f"{', '.join(s.get(f'{role}_heads') or [])}.")
         if "heads_to_chance" in s:
             lines.append("Heads ablated together (most damaging first) to reach chance: "
@@ -84,7 +84,8 @@ class RolesResult(ExperimentResult):
             ys = [self.summary.get("baseline")] + [c["accuracy"] for c in cum]
             paths.append(curves(x, {task: ys}, Path(out_dir) / "cumulative.png", xlabel="heads ablated (ranked by drop)",
                                 hlines={"chance": self.summary.get("chance", 0.0)},
-                                title=f"Cumulative head ablation ({self.model})"))
+                                title=f"Cumulative head ablation ({self.model})", integer_x=True,
+                                point_labels={task: added_heads(cum)}))
         base_answers = self.summary.get("baseline_answers")
         if base_answers and rows and all(r.get("answers") for r in rows):
             letters = list(base_answers)

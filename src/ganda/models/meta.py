@@ -173,16 +173,32 @@ def summary(adapter: ModelAdapter) -> dict[str, Any]:
     return out
 
 
+def _count(n: int) -> str:
+    """A parameter count as a model card writes it (8.03B, 135M, 284K)."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}" if unit == "B" else f"{n / size:.0f}{unit}"
+    return str(n)
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def summary_text(s: dict[str, Any]) -> str:
     """The summary as a few lines for a terminal."""
-    lines = [f"{s['spec']} ({s['source']}): {s['class']}, family {s['family']}",
-             f"  {s['n_params']:,} parameters ({s['n_params'] / 1e9:.2f}B; {s['weights_bytes'] / 2**30:.1f} GiB in "
+    source = f" ({s['source']})" if s["source"] != s["spec"] else ""
+    context = f"; context {s['n_ctx']:,} tokens" if s.get("n_ctx") else ""
+    lines = [f"{s['spec']}{source}: {s['class']}, family {s['family']}",
+             f"  {s['n_params']:,} parameters ({_count(s['n_params'])}; {_bytes(s['weights_bytes'])} in "
              f"{s['dtype']}), {s['n_layers']} layers, {s['heads']:,} heads "
-             f"({', '.join(f'{v:,} {k}' for k, v in s['heads_by_kind'].items())})"]
+             f"({', '.join(f'{v:,} {k}' for k, v in s['heads_by_kind'].items())}){context}"]
     for m in s["mixers"]:
         kv = f", {m['kv_heads']} KV heads" if "kv_heads" in m else ""
         shared = " (shared block invocations)" if m.get("shared") else ""
-        lines.append(f"  layers {m['layers']}: {m['kind']}, {m['num_heads']:,} heads of {m['head_dim']}{kv}{shared}")
+        where = f"layer {m['layers']}" if m["n"] == 1 else f"layers {m['layers']}"
+        heads = f"{m['num_heads']:,} head{'s' if m['num_heads'] != 1 else ''}"
+        lines.append(f"  {where}: {m['kind']}, {heads} of {m['head_dim']}{kv}{shared}")
     for key, layers in (s.get("shared_blocks") or {}).items():
         lines.append(f"  {key.replace('block', 'B')} runs at layers {_ranges(layers)}")
     return "\n".join(lines)

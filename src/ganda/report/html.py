@@ -187,12 +187,15 @@ class SweepRun:
 
     def headline(self) -> str:
         s = self.summary
+        partial = (f"**Partial sweep**: {s.get('heads')} of {s.get('heads_total') or '?'} heads measured so far; "
+                   "rerun the same command to finish it." if s.get("partial") else "")
         if not s.get("top_head"):
-            return ""
+            return partial
         base, drop = s.get("baseline_acc"), s.get("top_drop")
         weak = weak_note(base, base - drop, s.get("n")) if isinstance(base, float | int) and isinstance(
             drop, float | int) else ""
-        lines = [f"Most critical head: **{s['top_head']}**; ablating it alone costs {_points(drop)} of {_pct(base)}"
+        lines = [partial] if partial else []
+        lines += [f"Most critical head: **{s['top_head']}**; ablating it alone costs {_points(drop)} of {_pct(base)}"
                  f"{' on ' + str(s['n']) + ' prompts' if s.get('n') else ''}{weak}."]
         if s.get("heads_to_chance"):
             lines.append(f"Heads ablated together, most damaging first, to reach chance: **{s['heads_to_chance']}**.")
@@ -259,12 +262,15 @@ META_KEYS = ("model", "command", "seed", "ganda_version", "created")
 HEAVY = ("pred", "pred_norm", "gold", "loglik", "predictions")
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file; any line that is not one is an error naming it."""
+def _records(path: Path, torn_tail: bool = False) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file; any line that is not one is an error naming it. With
+    ``torn_tail`` (a journal a run may still be writing) a last line without its newline is left out."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise GandaError(f"{path}: cannot read it ({exc})") from None
+    if torn_tail and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
     out = []
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -283,17 +289,18 @@ def _number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
-def sweep_result(path: Path, top: int = 20) -> dict[str, Any]:
+def sweep_result(path: Path, top: int = 20, partial: bool = False) -> dict[str, Any]:
     """A head sweep's ``results.jsonl`` (header, baseline, one record per head) as a result dict:
     the heads whose ablation costs the most accuracy first, per-prompt lists left out. A file that
-    is not a finished sweep is one error naming what it lacks."""
-    lines = _records(path)
+    is not a finished sweep is one error naming what it lacks. ``partial``: ``path`` is the journal
+    (``progress.jsonl``) of a sweep that has not finished, read as far as it goes."""
+    lines = _records(path, torn_tail=partial)
     header = next((x for x in lines if x.get("type") == "header"), None)
     base = next((x for x in lines if x.get("type") == "baseline"), None)
     recs = [x for x in lines if x.get("type") not in ("header", "baseline")]
     if header is None or not isinstance(header.get("config"), dict) or base is None or not _number(base.get("acc")):
-        raise GandaError(f"{path} is not a finished sweep (no header with its config, or no baseline with its "
-                         "accuracy)")
+        what = "a sweep's journal with its baseline" if partial else "a finished sweep"
+        raise GandaError(f"{path} is not {what} (no header with its config, or no baseline with its accuracy)")
     if any(not isinstance(r.get("head"), str) or not _number(r.get("acc")) for r in recs):
         raise GandaError(f"{path} holds a head record without its head or accuracy; the file is damaged")
     b = base["acc"]
@@ -304,11 +311,12 @@ def sweep_result(path: Path, top: int = 20) -> dict[str, Any]:
         slim.append(row)
     slim.sort(key=lambda r: -r.get("drop", 0.0))
     cfg = header["config"]
-    out = {
+    out: dict[str, Any] = {
         "kind": "sweep",
         "model": cfg.get("model", "?"),
         "summary": {"baseline_acc": b, "n": base.get("n"), "heads": len(recs), "top_head": slim[0].get("head") if slim else None,
-                    "top_drop": slim[0].get("drop") if slim else None},
+                    "top_drop": slim[0].get("drop") if slim else None,
+                    **({"partial": True, "heads_total": len(cfg.get("heads") or []) or None} if partial else {})},
         "top_heads": slim[:top],
         "config": {k: v for k, v in cfg.items() if k != "heads"},
     }
@@ -346,13 +354,14 @@ def _read_json(path: Path) -> dict[str, Any]:
     return d
 
 
-#: the files that make a directory a run the report can show, in the order they are read
-RESULT_FILES = ("result.json", "results.jsonl", "ranking.json")
+#: the files that make a directory a run the report can show, in the order they are read (the
+#: journal last: a sweep that has not finished yet)
+RESULT_FILES = ("result.json", "results.jsonl", "ranking.json", "progress.jsonl")
 
 
 def has_results(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run's results (``result.json``, a sweep's ``results.jsonl`` or a
-    ranking's ``ranking.json``)."""
+    """Whether ``run_dir`` holds a run's results (``result.json``, a sweep's ``results.jsonl``, a
+    ranking's ``ranking.json``, or the ``progress.jsonl`` of a sweep still under way)."""
     return any((Path(run_dir) / f).is_file() for f in RESULT_FILES)
 
 
@@ -366,6 +375,9 @@ def _read_result(run_dir: Path) -> tuple[dict[str, Any], Any]:
     if not rfile.exists() and (run_dir / "ranking.json").exists():
         result = rank_result(run_dir / "ranking.json")
         return result, RankRun(result)
+    if not rfile.exists() and (run_dir / "progress.jsonl").exists():
+        result = sweep_result(run_dir / "progress.jsonl", partial=True)
+        return result, SweepRun.from_json(result)
     if not rfile.exists():
         return {"kind": "?", "error": "no result.json in this directory"}, None
     result = _read_json(rfile)
@@ -402,7 +414,8 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
     summary = result.get("summary")
     return {
         "index": index, "kind": kind, "dir": run_dir.name, "model": result.get("model"),
-        "title": KIND_TITLES.get(kind, kind), "meta": meta,
+        "title": KIND_TITLES.get(kind, kind) + (" (partial: not finished)" if _partial(summary) else ""),
+        "meta": meta,
         "headline": _safe(headline_html(obj.headline() if obj is not None else "")),
         "viewer": view,
         "figures": [{"name": p.name, "uri": _png_data_uri(p)} for p in pngs],
@@ -412,6 +425,10 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
         "csvs": [c for c in (_csv(p) for p in sorted(run_dir.glob("*.csv"))) if c],
         "raw": json.dumps(result, indent=1, default=str),
     }
+
+
+def _partial(summary: Any) -> bool:
+    return isinstance(summary, dict) and summary.get("partial") is True
 
 
 def render_run(run_dir: Path, index: int) -> str:
@@ -442,6 +459,7 @@ def write_report(run_dirs: list[Path], out: Path, title: str = "ganda report") -
     runs = [Path(d) for d in run_dirs]
     if not any(has_results(d) for d in runs):
         names = ", ".join(str(d) for d in runs) or "none given"
-        raise GandaError(f"nothing to report: no result.json, results.jsonl or ranking.json in {names}")
+        raise GandaError(f"nothing to report: no result.json, results.jsonl, ranking.json or a sweep's "
+                         f"progress.jsonl in {names}")
     runio.write_text(out, render_page(runs, title))
     return out

@@ -36,7 +36,8 @@ register_task = registry.register_task
 
 
 def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
-    """Build a task by name; options that are None are left at the task's defaults.
+    """Build a task by name; options that are None are left at the task's defaults. A numbered name
+    (``kv5``) is its task with that option (``pairs=5``), as in an experiment's task list.
 
     Options are checked against the task's declaration (:meth:`Task.check_options`: names, types,
     bounds) and any problem is an :class:`OptionError`, one line on the command line.
@@ -49,9 +50,11 @@ def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
     :func:`ganda.evaluation.evaluate` refuses to score another with it (:meth:`Task.check_model`).
     """
     cls = registry.task_class(name)
+    opts = {k: v for k, v in options.items() if v is not None}
+    if cls is None and (spec := registry.parse_task_name(name)) is not None:
+        return get_task(spec[0], adapter, **_numbered(name, spec[1], opts))
     if cls is None:
         raise GandaError(f"unknown task {name!r}; known: {', '.join(registry.task_names())}")
-    opts = {k: v for k, v in options.items() if v is not None}
     opts = cls.check_options(opts, task=name)
     explicit = any(k in opts for k in getattr(cls, "model_options", ()))
     if adapter is not None and hasattr(cls, "for_model"):
@@ -65,6 +68,15 @@ def get_task(name: str, adapter: Any = None, **options: Any) -> Task:
     if hasattr(cls, "for_model"):  # its data come from a model: which one (Task.check_model)
         task.built_for = "*" if explicit else adapter.spec if adapter is not None else None
     return task
+
+
+def _numbered(name: str, number: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The options of a numbered name (``kv5``: ``pairs=5``) with the others given; the same option
+    given twice with two values is refused."""
+    for key, value in number.items():
+        if options.get(key, value) != value:
+            raise OptionError(f"task {name!r} has {key} {value}, and {key} {options[key]} is given too")
+    return {**options, **number}
 
 
 def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
