@@ -200,18 +200,22 @@ def test_head_transplant_identity(tok, student) -> None:
     torch.testing.assert_close(student.forward(ids), ref)
 
 
-def _tiny_gemma3(seed: int = 0):
-    """A tiny random Gemma-3 text model: sliding (window 4) and full layers with different RoPE bases."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+def _tiny_gemma(family: str, seed: int = 0):
+    """A tiny random Gemma-2 or Gemma-3 text model: sliding (window 4) and full layers; Gemma-3's
+    with different RoPE bases per layer type, Gemma-2's with attention-logit soft-capping."""
+    import transformers
 
     torch.manual_seed(seed)
-    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}
-    cfg = Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
-                           sliding_window=4, max_position_embeddings=128, rope_parameters=rope,
-                           layer_types=["sliding_attention", "full_attention", "sliding_attention"])
-    return from_model(Gemma3ForCausalLM(cfg), None, spec=f"tiny-gemma3-{seed}")
+    extra = {"attn_logit_softcapping": 2.0} if family == "gemma2" else {"rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}}
+    config, model = {"gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+                     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}[family]
+    cfg = getattr(transformers, config)(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=128,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], **extra)
+    return from_model(getattr(transformers, model)(cfg), None, spec=f"tiny-{family}-{seed}")
 
 
 def _loglik(adapter, ids: torch.Tensor) -> torch.Tensor:
@@ -219,12 +223,14 @@ def _loglik(adapter, ids: torch.Tensor) -> torch.Tensor:
     return logp[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]
 
 
-def test_gemma3_donor_block_and_head_compute_what_they_compute_in_their_model() -> None:
-    """A Gemma-3 block or head run as a donor gets its own layer type's RoPE and sliding window: a
-    Gemma-3 model's own layers (and heads) transplanted into a copy of it change no log-likelihood."""
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_donor_block_and_head_compute_what_they_compute_in_their_model(family) -> None:
+    """A Gemma block or head run as a donor gets its own layer type's RoPE, its sliding window and
+    (one head) its logit soft-capping: a model's own layers and heads transplanted into a copy of it
+    change no log-likelihood."""
     from ganda.experiments.transplant import TransplantHead, TransplantLayer
 
-    student = _tiny_gemma3()
+    student = _tiny_gemma(family)
     twin = from_model(copy.deepcopy(student.model), None, spec="twin")
     ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(1))  # 12 > the window
     ref = _loglik(student, ids)
@@ -234,7 +240,7 @@ def test_gemma3_donor_block_and_head_compute_what_they_compute_in_their_model() 
     for head in ("L0H1", "L1H2", "L2H3"):
         with TransplantHead(twin, head).apply(student):
             torch.testing.assert_close(_loglik(student, ids), ref, atol=1e-5, rtol=0)
-    with TransplantLayer(_tiny_gemma3(seed=1), [0]).apply(student):  # another donor does change it
+    with TransplantLayer(_tiny_gemma(family, seed=1), [0]).apply(student):  # another donor does change it
         assert (_loglik(student, ids) - ref).abs().max() > 1e-3
 
 
