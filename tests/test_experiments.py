@@ -215,7 +215,11 @@ def _tiny_gemma(family: str, seed: int = 0):
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=128,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"], **extra)
-    return from_model(getattr(transformers, model)(cfg), None, spec=f"tiny-{family}-{seed}")
+    m = getattr(transformers, model)(cfg)
+    with torch.no_grad():  # logits well past the cap, where soft-capping changes them
+        for layer in m.model.layers:
+            layer.self_attn.q_proj.weight.mul_(20.0)
+    return from_model(m, None, spec=f"tiny-{family}-{seed}")
 
 
 def _loglik(adapter, ids: torch.Tensor) -> torch.Tensor:
