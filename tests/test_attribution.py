@@ -320,6 +320,31 @@ def test_rank_json_and_bad_inputs(tiny_dir, tmp_path, capsys):
         assert rc == 2 and len(err) == 1 and err[0].startswith("ganda: error:") and msg in err[0], (argv, err)
 
 
+def test_verified_heads_with_the_estimates_opposite_sign_are_flagged(tmp_path):
+    """On this tiny Llama, AtP gives L1H0 a small negative effect (-0.007) where ablating it lowers the
+    margin by +0.019: the ranking lists it, its CSV row says so, and the report's headline counts it."""
+    from ganda.attribution.ranking import sign_flip_sentence
+    from ganda.report.html import RankRun, rank_result
+
+    ad = llama(layers=3, seed=1)
+    _, exact = exact_drops(ad, EXAMPLES)
+    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=12, audit=0, out_dir=tmp_path, progress=False)
+    flips = res.sign_flips()
+    assert [f["head"] for f in flips] == ["L1H0"]
+    f = flips[0]
+    assert f["estimate"] < 0 < f["exact"] and f["exact"] == pytest.approx(exact["L1H0"], abs=1e-5)
+    assert all(res.estimate[h] * res.exact[h] >= 0 for h in res.verified if h != "L1H0")
+    saved = json.loads((tmp_path / "ranking.json").read_text())
+    assert [(g["head"], g["estimate"], g["exact"]) for g in saved["sign_flips"]] == [("L1H0", f["estimate"], f["exact"])]
+    csv_rows = (tmp_path / "ranking.csv").read_text().splitlines()
+    col = csv_rows[0].split(",").index("sign_flip")
+    assert {r.split(",")[0] for r in csv_rows[1:] if r.split(",")[col] == "True"} == {"L1H0"}
+    sentence = sign_flip_sentence(flips)
+    assert sentence == f"1 verified head has the estimate's opposite sign: L1H0 (est {f['estimate']:+.3g}, exact {f['exact']:+.3g})"
+    assert sentence in RankRun(rank_result(tmp_path / "ranking.json")).headline()
+    assert sign_flip_sentence([]) == "" and rank_heads(ad, EXAMPLES, method="exact", progress=False).sign_flips() == []
+
+
 def test_verify_layers_adds_every_head_of_those_layers():
     """``verify_layers`` verifies a layer's heads whatever their estimate, on top of the top K, with
     the sweep's exact numbers; the audit is drawn from the heads left."""

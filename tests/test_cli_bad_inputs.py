@@ -185,6 +185,7 @@ CASES = [
     C("demo-pairs-0", "demo", LAB, "--pairs", "0", "--out", "out", match="pairs must be"),
     C("demo-n-0", "demo", LAB, "--limit", "0", "--out", "out", match="--limit must be"),
     C("demo-top-0", "demo", LAB, "--top", "0", "--out", "out", match="--top must be"),
+    C("demo-prompt-sets-0", "demo", LAB, "--prompt-sets", "0", "--out", "out", match="--prompt-sets must be"),
     # ganda sweep
     C("sweep-limit-0", "sweep", LAB, "--task", "kv", "--limit", "0", "--out", "out", match="--limit"),
     C("sweep-heads-empty", "sweep", LAB, "--task", "kv", "--heads", ",", "--out", "out", match="no head ids"),

@@ -111,3 +111,51 @@ def test_ganda_report_renders_a_saved_demo_with_its_finding(tmp_path):
     assert r.returncode == 0, r.stderr
     page = (tmp_path / "r.html").read_text()
     assert 'class="headline"' in page and "reaches chance after <b>4 heads</b>" in page
+
+
+def _set(k: int, top: str, gather: str | None, together: tuple[float, float]) -> dict:
+    return {"set": k, "seeds": {"pattern": 3 * (k - 1), "rank": 3 * (k - 1) + 1, "measure": 3 * (k - 1) + 2},
+            "top_head": top, "gather_head": gather, "aggregate_head": "L17H0", "baseline_accuracy": 0.5,
+            "conditions": {"together": {"heads": "x", "drop": sum(together) / 2, "drop_ci95": list(together)}}}
+
+
+def test_a_further_prompt_set_holds_with_the_same_heads_and_every_established_cost():
+    from ganda.demo import _holds
+
+    first = _set(1, "L19H1", "L16H2", (0.05, 0.3))
+    assert _holds(first, _set(2, "L19H1", "L16H2", (0.02, 0.2))) == {"holds": True, "why_not": []}
+    other = _holds(first, _set(3, "L19H1", "L15H5", (-0.05, 0.1)))
+    assert other == {"holds": False, "why_not": ["gather head L15H5 (not L16H2)",
+                                                  "together ablation cost not established (+2 points [-5, 10])"]}
+    # a cost that was not established on the first set is not asked of the others
+    assert _holds(_set(1, "L19H1", "L16H2", (0.0, 0.3)), _set(2, "L19H1", "L16H2", (-0.1, 0.1)))["holds"]
+    sets = [first, {**_set(2, "L19H1", "L16H2", (0.02, 0.2)), "holds": True, "why_not": []},
+            {**_set(3, "L19H1", "L15H5", (-0.05, 0.1)), **other}]
+    text = finding({**SUMMARY, "prompt_sets": sets, "holds_on": 1})
+    assert text.endswith("Stated on prompt set 1 (seeds 0-2), the finding holds on **1 of 2** further prompt sets: "
+                         "set 2 (seeds 3-5): holds; set 3 (seeds 6-8): gather head L15H5 (not L16H2), together "
+                         "ablation cost not established (+2 points [-5, 10]).")
+    assert "prompt set" not in finding(SUMMARY)
+
+
+def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tmp_path):
+    """lab-llama-h1 on KV (5 pairs) is near chance (25% of 20 prompts): its top causal head is L0H0 on
+    the first set and on the third, L1H0 on the second, and the finding says so."""
+    import torch
+
+    from ganda.demo import _holds, run_demo
+
+    torch.set_num_threads(1)
+    run_demo("lab-llama-h1", tmp_path, n=4, verify_n=20, rank_n=8, prompt_sets=3)
+    saved = json.loads((tmp_path / "result.json").read_text())
+    s, sets = saved["summary"], saved["summary"]["prompt_sets"]
+    assert saved["config"]["prompt_sets"] == 3
+    assert [list(r["seeds"].values()) for r in sets] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert sets[0]["top_head"] == s["top_head"] == "L0H0" and sets[0]["conditions"]["top"]["drop"] == s["top_drop"]
+    assert [r["top_head"] for r in sets] == ["L0H0", "L1H0", "L0H0"]
+    for r in sets[1:]:
+        assert {k: r[k] for k in ("holds", "why_not")} == _holds(sets[0], r)
+    assert s["holds_on"] == 1 and sets[1]["why_not"] == ["top head L1H0 (not L0H0)"]
+    assert "the finding holds on **1 of 2** further prompt sets: set 2 (seeds 3-5): top head L1H0" in s["finding"]
+    rows = (tmp_path / "prompt_sets.csv").read_text().splitlines()
+    assert len(rows) == 4 and rows[0].startswith("set,seed_pattern,seed_rank,seed_measure,top_head")

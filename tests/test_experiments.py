@@ -200,6 +200,54 @@ def test_head_transplant_identity(tok, student) -> None:
     torch.testing.assert_close(student.forward(ids), ref)
 
 
+def _tiny_gemma(family: str, seed: int = 0):
+    """A tiny random Gemma-2 or Gemma-3 text model: sliding (window 4) and full layers; Gemma-3's
+    with different RoPE bases per layer type, Gemma-2's with attention-logit soft-capping."""
+    import transformers
+
+    torch.manual_seed(seed)
+    extra = {"attn_logit_softcapping": 2.0} if family == "gemma2" else {"rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}}
+    config, model = {"gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+                     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}[family]
+    cfg = getattr(transformers, config)(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=128,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], **extra)
+    m = getattr(transformers, model)(cfg)
+    with torch.no_grad():  # logits well past the cap, where soft-capping changes them
+        for layer in m.model.layers:
+            layer.self_attn.q_proj.weight.mul_(20.0)
+    return from_model(m, None, spec=f"tiny-{family}-{seed}")
+
+
+def _loglik(adapter, ids: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(adapter.forward(ids).float(), dim=-1)
+    return logp[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_donor_block_and_head_compute_what_they_compute_in_their_model(family) -> None:
+    """A Gemma block or head run as a donor gets its own layer type's RoPE, its sliding window and
+    (one head) its logit soft-capping: a model's own layers and heads transplanted into a copy of it
+    change no log-likelihood."""
+    from ganda.experiments.transplant import TransplantHead, TransplantLayer
+
+    student = _tiny_gemma(family)
+    twin = from_model(copy.deepcopy(student.model), None, spec="twin")
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(1))  # 12 > the window
+    ref = _loglik(student, ids)
+    for k in range(3):
+        with TransplantLayer(twin, [k]).apply(student):
+            torch.testing.assert_close(_loglik(student, ids), ref, atol=1e-5, rtol=0)
+    for head in ("L0H1", "L1H2", "L2H3"):
+        with TransplantHead(twin, head).apply(student):
+            torch.testing.assert_close(_loglik(student, ids), ref, atol=1e-5, rtol=0)
+    with TransplantLayer(_tiny_gemma(family, seed=1), [0]).apply(student):  # another donor does change it
+        assert (_loglik(student, ids) - ref).abs().max() > 1e-3
+
+
 def test_head_transplant_changes_only_that_head(tok, student) -> None:
     """At layer 0 (where student and donor see the same input when they share embeddings) the
     transplant's o_proj output = student's output with the head ablated + the donor head's own

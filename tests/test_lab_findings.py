@@ -602,3 +602,34 @@ def test_kv_pair_the_ssm_loses_kv_retrieval_with_pairs_faster_than_the_transform
     assert acc["lab-kv-llama", 2] >= 0.95 and acc["lab-kv-llama", 16] >= 0.85
     assert acc["lab-kv-mamba2", 2] >= 0.75  # chance 50 %
     assert acc["lab-kv-mamba2", 16] <= 0.4  # chance 6 %
+
+
+def test_extends_draws_control_heads_only_among_heads_whose_own_ablation_is_within_noise(lab):
+    """On lab-llama, L0H3 alone takes lab-mmlu from 87% to about 28% (n=60): beside the G&A set
+    L0H0,L2H1 it is never a control. Every control head's own measured effect is recorded, and is
+    within noise: its accuracy-drop interval contains 0 and its margin drop is small."""
+    from ganda.experiments.extends import CONTROL_RULE, NOISE_MARGIN, control_sentence, run_extends
+
+    a = lab["lab-llama"]
+    for seed in range(3):
+        r = run_extends(a, "L0H0,L2H1", ["lab-mmlu"], limit=60, seed=seed, conditions=("control",), progress=False)
+        c, effects = r["controls"], r["control_effects"]
+        assert c["n"] == 60 and c["tasks"] == {"lab-mmlu": 60} and c["rule"] == CONTROL_RULE
+        assert set(c["candidates"]) == {"L0H1", "L0H2", "L0H3", "L2H0", "L2H2", "L2H3"}
+        causal = c["candidates"]["L0H3"]
+        assert causal["acc_drop_ci95"][0] > 0.3 and not causal["within_noise"]
+        assert "L0H3" not in r["control_heads"] and sorted(effects) == r["control_heads"].split(",")
+        for e in effects.values():
+            assert e["acc_drop_ci95"][0] <= 0 <= e["acc_drop_ci95"][1] and abs(e["acc_drop"]) <= 0.1
+            assert abs(e["margin_drop"]) <= NOISE_MARGIN * c["baseline_margin"]
+        assert control_sentence(r).startswith(f"control heads: {sorted(effects)[0]} (acc drop ")
+
+
+def test_extends_refuses_a_control_where_every_other_head_of_the_layer_is_causal(lab):
+    """lab-llama's layer 1: each of L1H1-L1H3 alone costs 18-25 points of lab-mmlu (n=60), so L1H0 has
+    no control beside it."""
+    from ganda.errors import GandaError
+    from ganda.experiments.extends import run_extends
+
+    with pytest.raises(GandaError, match="layer 1 has only 0 heads outside the G&A set whose single ablation"):
+        run_extends(lab["lab-llama"], "L1H0", ["lab-mmlu"], limit=60, conditions=("control",), progress=False)

@@ -10,6 +10,11 @@ accuracy reaches chance -> attention maps -> ``result.json``, CSVs, PNGs and one
 Three disjoint prompt sets (seeds ``seed``, ``seed + 1``, ``seed + 2``): the pattern prompts label
 roles, the ranking prompts order heads, the measurement prompts give every accuracy reported, so
 no reported accuracy is measured on the prompts that chose the heads.
+
+One such triple states the finding; with ``prompt_sets=K`` the ranking, roles and ablations run
+again on K - 1 further triples (set k: seeds ``seed + 3k`` to ``seed + 3k + 2``), each recorded in
+``summary["prompt_sets"]`` and ``prompt_sets.csv``, and the finding says on how many of them it
+holds (the same heads named, every established ablation cost established again) and where not, why.
 """
 
 from __future__ import annotations
@@ -139,7 +144,21 @@ def finding(s: dict[str, Any]) -> str:
     elif s.get("curve_heads"):
         parts.append(f"Ablating the top {s['curve_heads']} heads in causal order leaves "
                      f"{_pct(s['curve_accuracy'])}{_ci(s.get('curve_ci95'))}, still above chance.")
+    sets = s.get("prompt_sets") or []
+    if len(sets) > 1:
+        parts.append(_sets_sentence(sets, s.get("holds_on", 0)))
     return " ".join(parts)
+
+
+def _sets_sentence(sets: Sequence[dict[str, Any]], holds_on: int) -> str:
+    """How many further prompt sets repeat the finding, and where one does not, why."""
+    def seeds(r: dict[str, Any]) -> str:
+        return f"seeds {r['seeds']['pattern']}-{r['seeds']['measure']}"
+
+    each = "; ".join(f"set {r['set']} ({seeds(r)}): " + ("holds" if r["holds"] else ", ".join(r["why_not"]))
+                     for r in sets[1:])
+    return (f"Stated on prompt set 1 ({seeds(sets[0])}), the finding holds on **{holds_on} of {len(sets) - 1}** "
+            f"further prompt sets: {each}.")
 
 
 def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[str], base: EvalResult,
@@ -161,17 +180,85 @@ def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[st
     return next((h for h in order if role.get(h) == want), None)
 
 
+def _rank_and_label(adapter: ModelAdapter, task: Any, pattern_ex: Sequence[Example], rank_ex: Sequence[Example],
+                    verify_top: int, verify_layers: Sequence[int], out_dir: Path | None
+                    ) -> tuple[Any, list[str], list[HeadScore], dict[str, str]]:
+    """Every head ranked causally on ``rank_ex`` and labelled by its pattern on ``pattern_ex``."""
+    ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
+                        progress=False, out_dir=out_dir, resume=False, config={"task": task.config()})
+    scores = pattern_scores(adapter, pattern_ex, progress=False)
+    return ranked, ranked.order(), scores, roles(scores)
+
+
+def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list[str], role: dict[str, str],
+               exact: dict[str, float], seed: int) -> tuple[EvalResult, list[dict[str, Any]], str | None, str | None]:
+    """The intact run and the top, best Gather and best Aggregate heads ablated alone and together."""
+    base = evaluate_examples(adapter, measure_ex, progress=False)
+    g_head, a_head = _first(order, role, "gather", exact), _first(order, role, "aggregate", exact)
+    rows: list[dict[str, Any]] = [{"condition": "intact", "heads": "", "accuracy": base.accuracy,
+                                   "ci95": list(base.ci95), "drop": 0.0, "drop_ci95": [0.0, 0.0]}]
+    singles = {"top": order[0] if order[0] not in (g_head, a_head) else None, "gather": g_head, "aggregate": a_head}
+    together = [h for h in singles.values() if h]
+    for label, heads in (*((k, [h]) for k, h in singles.items()), ("together", together)):
+        if heads and all(heads) and (label != "together" or len(heads) > 1):
+            rows.append({"condition": label, **_condition(adapter, measure_ex, heads, base, seed)})
+    return base, rows, g_head, a_head
+
+
+def _set_record(k: int, seed: int, top: str, g_head: str | None, a_head: str | None, base: EvalResult,
+                rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"set": k + 1, "seeds": {"pattern": seed, "rank": seed + 1, "measure": seed + 2}, "top_head": top,
+            "gather_head": g_head, "aggregate_head": a_head, "baseline_accuracy": base.accuracy,
+            "conditions": {r["condition"]: {"heads": r["heads"], "drop": r["drop"], "drop_ci95": r["drop_ci95"]}
+                           for r in rows[1:]}}
+
+
+def _replicate(adapter: ModelAdapter, task: Any, k: int, seed: int, n: int, rank_n: int, verify_n: int,
+               verify_top: int, verify_layers: Sequence[int]) -> dict[str, Any]:
+    """The finding's steps again (ranking, roles, ablations; not the cumulative curve) on prompt set
+    ``k``, drawn with seeds ``seed``, ``seed + 1``, ``seed + 2``."""
+    pattern_ex, rank_ex = task.examples(limit=n, seed=seed), task.examples(limit=rank_n, seed=seed + 1)
+    measure_ex = task.examples(limit=verify_n, seed=seed + 2)
+    ranked, order, _, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers, None)
+    base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed)
+    return _set_record(k, seed, order[0], g_head, a_head, base, rows)
+
+
+def _set_row(r: dict[str, Any]) -> dict[str, Any]:
+    """One prompt set as a CSV row: its seeds, the heads it names, each ablation's drop."""
+    row = {"set": r["set"], **{f"seed_{k}": v for k, v in r["seeds"].items()},
+           **{k: r[k] for k in ("top_head", "gather_head", "aggregate_head", "baseline_accuracy")}}
+    for label, c in r["conditions"].items():
+        row.update({f"{label}_drop": c["drop"], f"{label}_drop_lo": c["drop_ci95"][0], f"{label}_drop_hi": c["drop_ci95"][1]})
+    return {**row, "holds": r.get("holds", ""), "why_not": "; ".join(r.get("why_not", []))}
+
+
+def _holds(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Whether another prompt set repeats the finding: it names the same top, Gather and Aggregate
+    heads, and every ablation whose cost was established on the first set (drop interval above 0)
+    is established there too."""
+    why = [f"{key.split('_')[0]} head {other[key] or 'none'} (not {first[key] or 'none'})"
+           for key in ("top_head", "gather_head", "aggregate_head") if other[key] != first[key]]
+    for label, c in first["conditions"].items():
+        o = other["conditions"].get(label)
+        if c["drop_ci95"][0] > 0 and (o is None or o["drop_ci95"][0] <= 0):
+            why.append(f"{label} ablation cost not established" + ("" if o is None else
+                       f" ({100 * o['drop']:+.0f} points [{100 * o['drop_ci95'][0]:.0f}, {100 * o['drop_ci95'][1]:.0f}])"))
+    return {"holds": not why, "why_not": why}
+
+
 def run_demo(
     model: str, out: str | Path, *, pairs: int = 5, n: int = 8, verify_n: int = 40, top: int = 4,
     seed: int = 0, max_heads: int = 8, rank_n: int = 16, verify_top: int = 20, verify_layers: Sequence[int] = (0, 1),
-    allow_pickle: bool = False,
+    allow_pickle: bool = False, prompt_sets: int = 1,
 ) -> Path:
     """Run the demo into ``out`` and return its ``report.html``. ``n``: pattern prompts (roles);
     ``rank_n``: ranking prompts; ``verify_top``: heads verified exactly, with every head of
     ``verify_layers`` (first-order estimates underrate heads of the first two layers, docs/attribution.md);
     ``verify_n``: measurement prompts; ``top``: causal heads the finding names and draws;
-    ``max_heads``: longest cumulative ablation. The defaults take about 2.5 minutes on two
-    idle cores (BENCHMARKS.md §9)."""
+    ``max_heads``: longest cumulative ablation; ``prompt_sets``: how many prompt sets the finding
+    is checked on (:func:`_replicate`). The defaults take about 2.5 minutes on two idle cores
+    (BENCHMARKS.md §9), and each further prompt set most of that again."""
     con = Console(stderr=True, quiet=is_quiet())  # -q: only the command's summary line
     t0, c0 = time.perf_counter(), time.process_time()
     out = Path(out)
@@ -193,26 +280,13 @@ def run_demo(
     early = f" and every head of layer{'s' if len(verify_layers) > 1 else ''} {', '.join(map(str, verify_layers))}" \
         if verify_layers else ""
     con.print(f"1/4 ranking every head causally (AtP, top {verify_top}{early} verified exactly on {len(rank_ex)} prompts)")
-    ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
-                        progress=False,
-                        out_dir=out / "ranking", resume=False, config={"task": task.config()})
-    order = ranked.order()
-    scores = pattern_scores(adapter, pattern_ex, progress=False)
-    role = roles(scores)
+    ranked, order, scores, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers,
+                                                  out / "ranking")
     by = {s.head: s for s in scores}
     c = lap("rank", c)
 
     con.print("2/4 ablating the best Gather and Aggregate heads")
-    base = evaluate_examples(adapter, measure_ex, progress=False)
-    g_head = _first(order, role, "gather", ranked.exact)
-    a_head = _first(order, role, "aggregate", ranked.exact)
-    rows: list[dict[str, Any]] = [{"condition": "intact", "heads": "", "accuracy": base.accuracy,
-                                   "ci95": list(base.ci95), "drop": 0.0, "drop_ci95": [0.0, 0.0]}]
-    singles = {"top": order[0] if order[0] not in (g_head, a_head) else None, "gather": g_head, "aggregate": a_head}
-    together = [h for h in singles.values() if h]
-    for label, heads in (*((k, [h]) for k, h in singles.items()), ("together", together)):
-        if heads and all(heads) and (label != "together" or len(heads) > 1):
-            rows.append({"condition": label, **_condition(adapter, measure_ex, heads, base, seed)})
+    base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed)
     c = lap("ablate", c)
 
     con.print("3/4 cumulative ablation in causal order until chance")
@@ -227,6 +301,14 @@ def run_demo(
     lap("figures", c)
     summary = _summary(adapter, task.config(), base, rows, curve, ranked, role, order, top, chance,
                        len(measure_ex), g_head, a_head, {h.head: h.aggregate for h in scores})
+    if prompt_sets > 1:
+        con.print(f"the finding on {prompt_sets - 1} more prompt set(s)")
+        sets = [_set_record(0, seed, order[0], g_head, a_head, base, rows)]
+        for k in range(1, prompt_sets):
+            sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers))
+            sets[-1].update(_holds(sets[0], sets[-1]))
+        summary.update({"prompt_sets": sets, "holds_on": sum(r["holds"] for r in sets[1:])})
+        c = lap("prompt_sets", c)
     summary.update({"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
                     "cpu_seconds_by_phase": phases})
     summary["finding"] = finding(summary)
@@ -237,12 +319,14 @@ def run_demo(
         kind="demo", model=adapter.spec, summary=summary, rows=rows,
         config={**task.config(), "n_pattern": n, "n_rank": rank_n, "n_verify": verify_n, "verify_top": verify_top,
                 "verify_layers": list(verify_layers), "top": top, "max_heads": max_heads, "seed": seed,
-                "rank_method": "atp"},
+                "prompt_sets": prompt_sets, "rank_method": "atp"},
         extra={"cumulative_ablation": curve, "heads": heads})
     runio.write_json(out / "result.json", result.to_json())
     runio.write_csv(out / "ablations.csv", rows)
     runio.write_csv(out / "cumulative_ablation.csv", curve)
     runio.write_csv(out / "heads.csv", heads)
+    if prompt_sets > 1:
+        runio.write_csv(out / "prompt_sets.csv", [_set_row(r) for r in summary["prompt_sets"]])
     report = write_report([out], out / "report.html", title=f"ganda demo: {adapter.spec}")
     con.print(summary["finding"].replace("**", ""))
     con.print(f"done in {summary['seconds']:.0f} s ({summary['cpu_seconds']:.0f} CPU s)")

@@ -267,6 +267,14 @@ class RankResult:
     def ranking(self) -> list[dict[str, Any]]:
         return [{"head": h, "estimate": self.estimate.get(h), "exact": self.exact.get(h)} for h in self.order()]
 
+    def sign_flips(self) -> list[dict[str, Any]]:
+        """Verified heads whose exact effect has the estimate's opposite sign, largest |exact| first:
+        there the estimate says the head helps where it hurts (or the reverse), whatever its rank."""
+        flips = [h for h in self.verified if h in self.estimate and h in self.exact
+                 and self.estimate[h] * self.exact[h] < 0]
+        return [{"head": h, "estimate": self.estimate[h], "exact": self.exact[h]}
+                for h in sorted(flips, key=lambda h: (-abs(self.exact[h]), h))]
+
     def rows(self) -> list[dict[str, Any]]:
         """One row per head in final order with both ranks (1 = largest |effect|)."""
         r_est = {h: i + 1 for i, h in enumerate(top_by_magnitude(self.estimate, len(self.estimate)))}
@@ -274,13 +282,15 @@ class RankResult:
         att = self.attribution
         atp = dict(zip([str(h) for h in att.heads], att.atp, strict=True)) if att else {}
         gd = dict(zip([str(h) for h in att.heads], att.graddrop, strict=True)) if att and att.graddrop else {}
+        flipped = {f["head"] for f in self.sign_flips()}
         out = []
         for h in self.order():
             hid = HeadId.parse(h)
             out.append({"head": h, "layer": hid.layer, "index": hid.head, "kind": hid.kind or "",
                         "estimate": self.estimate.get(h), "exact": self.exact.get(h), "rank_estimate": r_est.get(h),
                         "rank_exact": r_ex.get(h), "atp": atp.get(h), "graddrop": gd.get(h),
-                        "verified": h in set(self.verified), "audited": h in set(self.audited)})
+                        "verified": h in set(self.verified), "audited": h in set(self.audited),
+                        "sign_flip": h in flipped})
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -291,6 +301,7 @@ class RankResult:
             "method": self.method, "ablation": self.ablation, "margin": self.margin, "clean": self.clean,
             "verified": len(self.verified), "audited": self.audited,
             "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
+            "sign_flips": self.sign_flips(),
             "seconds": self.seconds, "ranking": self.ranking(),
         }
 
@@ -342,6 +353,17 @@ class RankResult:
         with runio.atomic_path(Path(path)) as tmp:
             fig.savefig(tmp, dpi=120)
         plt.close(fig)
+
+
+def sign_flip_sentence(flips: Sequence[dict[str, Any]], shown: int = 5) -> str:
+    """``"2 verified heads have the estimate's opposite sign: L16H0 (est -0.65, exact +0.74), ..."``
+    (empty where there are none)."""
+    if not flips:
+        return ""
+    n = len(flips)
+    each = ", ".join(f"{f['head']} (est {f['estimate']:+.3g}, exact {f['exact']:+.3g})" for f in flips[:shown])
+    more = f" and {n - shown} more" if n > shown else ""
+    return f"{n} verified head{'s have' if n != 1 else ' has'} the estimate's opposite sign: {each}{more}"
 
 
 def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", verify_top: int = 30,

@@ -318,18 +318,20 @@ def register(app: typer.Typer) -> None:
         verify_n: int = typer.Option(40, "--verify-n", help="prompts for the accuracy measurements"),
         top: int = typer.Option(4, "--top", help="top causal heads the finding names and draws"),
         seed: int = SEED,
+        prompt_sets: int = typer.Option(1, "--prompt-sets", help="prompt sets the finding is checked on (set k: seeds "
+                                        "seed+3k, +1, +2), each reported with whether the finding holds"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
     ) -> None:
         """The main job: KV baseline -> causal head ranking -> ablate the top G&A heads -> figures -> HTML report."""
         from ..demo import run_demo
 
-        for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top)):
+        for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top), ("--prompt-sets", prompt_sets)):
             at_least(flag, value)
         get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
         runio.claim_run_dir(out)
         report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed,
-                          allow_pickle=allow_pickle)
+                          allow_pickle=allow_pickle, prompt_sets=prompt_sets)
         print(f"report: {report}")
 
 

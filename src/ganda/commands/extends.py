@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
         task: str | None = task_list_option(DEFAULT_TASKS, "registered task names or 'knowledge'"),
         tasks: str | None = TASKS_ALIAS,
         limit: int | None = limit_option(None, "examples per task (default: every example)"),
-        seed: int = typer.Option(0, "--seed", help="seed of the prompt sample and the control heads"),
+        seed: int = typer.Option(0, "--seed", help="seed of the prompt sample, the control draw and its bootstrap"),
         out: Path = typer.Option(Path("runs/extends"), "--out", "-o", help="directory for JSON, CSV, predictions"),
         option: list[str] = typer.Option([], "--option", help="task option TASK.KEY=VALUE (repeatable), e.g. bbh.cot=false"),
         data_dir: str | None = typer.Option(None, "--data-dir", help="DREAM data directory (non-commercial licence)"),
@@ -47,9 +47,10 @@ def register(app: typer.Typer) -> None:
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
     ) -> None:
-        """Each task intact vs G&A heads ablated vs as many random heads from the same layers ablated."""
+        """Each task intact vs G&A heads ablated vs as many heads from the same layers ablated, drawn at
+        random among those whose own ablation is within noise on the run's multiple-choice prompts."""
         from ..distributed import ray_sweeps
-        from ..experiments.extends import run_extends
+        from ..experiments.extends import control_sentence, run_extends
         from ..models import load_model
 
         tasks = task_list(task, tasks, DEFAULT_TASKS)
@@ -87,4 +88,5 @@ def register(app: typer.Typer) -> None:
             acc = r["accuracy"]
             print(f"{r['task']:>14} {r['condition']:>8}  acc {acc if acc is None else round(acc, 4)}"
                   f"  CI [{ci[0]:.3f}, {ci[1]:.3f}]  n={r['n']}")
-        print(f"wrote {out}/extends.json and {out}/extends.csv (control heads: {result['control_heads']})")
+        print(control_sentence(result))
+        print(f"wrote {out}/extends.json and {out}/extends.csv")

@@ -68,6 +68,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from ..attribution import check_rank_options, rank_heads
+        from ..attribution.ranking import sign_flip_sentence
         from ..distributed import ray_sweeps
         from ..finite import finite_json
         from ..heads import expand
@@ -128,6 +129,8 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         if res.bound is not None:
             console.print(f"bound: {res.bound.sentence()}")
+        if flips := sign_flip_sentence(res.sign_flips()):
+            console.print(f"sign: {flips}")
         console.print(f"wrote {out_dir}/ranking.json, ranking.csv" + (", scatter.png" if res.estimate and res.exact else ""))
 
 

@@ -1,8 +1,13 @@
 """Does the G&A bottleneck reach beyond MMLU (GSM8K, BBH, dialogue)? (``ganda extends``)
 
 Each task is run three times on the same examples: intact, with the given G&A heads
-zero-ablated, and with a *control* set of as many random heads drawn from the same layers
-(never one of the G&A heads; seeded). Accuracies come with Wilson 95% intervals; results go to
+zero-ablated, and with a *control* set of as many heads drawn at random (seeded) from the same
+layers among the heads whose own ablation is within noise: each candidate is ablated alone on the
+run's multiple-choice prompts, and only a head whose accuracy-drop 95% interval (paired bootstrap
+over prompts) contains 0 and whose gold-margin drop is within noise (its interval contains 0, or
+it is at most 15% of the intact margin) can be drawn, so a control is never itself a causal head.
+The result records the rule and every candidate's measured effect (``controls``) and each control
+head's own (``control_effects``). Accuracies come with Wilson 95% intervals; results go to
 ``OUT/extends.json`` and ``OUT/extends.csv``, and each run's per-example predictions (the
 generations, for GSM8K/BBH) to ``OUT/predictions/<task>.<condition>.jsonl``.
 """
@@ -25,8 +30,10 @@ from ..heads import HeadId, expand, format_heads
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge
 from ..models.base import ModelAdapter
+from ..prepared import prepare_all
 from ..scoring import EvalResult, choice_labels, evaluate_examples
-from ..stats import wilson
+from ..stats import bootstrap_paired, wilson
+from ..sweep import _record, local_scores
 from ..tasks import get_task
 from ..tasks.base import Task
 
@@ -34,22 +41,84 @@ DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
 CONDITIONS = ("intact", "ablated", "control")
 
 
-def control_heads(adapter: ModelAdapter, heads: list[HeadId], seed: int = 0) -> list[HeadId]:
-    """As many random heads per layer (and mixer kind) as ``heads`` has, none of them in ``heads``."""
+NOISE_MARGIN = 0.15  # a margin drop at most this fraction of the intact margin is within noise
+CONTROL_RULE = ("ablated alone on the run's multiple-choice prompts: accuracy-drop 95% interval contains 0, "
+                f"and margin-drop 95% interval contains 0 or |margin drop| <= {NOISE_MARGIN:g} x the intact margin")
+
+
+def _by_mixer(heads: list[HeadId]) -> list[tuple[tuple[int, str | None], list[HeadId]]]:
+    by: dict[tuple[int, str | None], list[HeadId]] = {}
+    for h in heads:
+        by.setdefault((h.layer, h.kind), []).append(h)
+    return sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
+
+
+def _candidates(adapter: ModelAdapter, heads: list[HeadId]) -> list[HeadId]:
+    """Every head of the G&A heads' mixers that is not one of them."""
+    out = []
+    for (layer, kind), _ in _by_mixer(heads):
+        mixer = adapter.mixer(layer, kind)
+        out += [h for i in range(mixer.num_heads) if (h := adapter.canonical(HeadId(layer, i, mixer.kind))) not in heads]
+    return out
+
+
+def _per_prompt(rec: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """Per prompt: correct (0/1) and the gold margin (gold log-likelihood minus the others' mean)."""
+    correct = [float(p == g) for p, g in zip(rec["pred"], rec["gold"], strict=True)]
+    margins = [ll[g] - (sum(ll) - ll[g]) / (len(ll) - 1) for ll, g in zip(rec["loglik"], rec["gold"], strict=True)]
+    return correct, margins
+
+
+def _single_ablations(adapter: ModelAdapter, examples: list[Any], heads: list[HeadId]
+                      ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The intact record and one record per head ablated alone, from the sweep's engine in this
+    process (a short screen, kept out of a Ray pool's units)."""
+    packed = prepare_all(adapter, examples)
+    by_layer: dict[int, list[HeadId]] = {}
+    for h in heads:
+        by_layer.setdefault(h.layer, []).append(h)
+    batches: list[list[HeadId | None]] = [[None], *by_layer.values()]
+    scores = list(local_scores(adapter, examples, packed, batches))
+    base = _record("baseline", None, packed, scores[0][0])
+    return base, [_record("head", h, packed, ll) for b, s in zip(batches[1:], scores[1:], strict=True)
+                  for h, ll in zip(b, s, strict=True)]
+
+
+def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[Any], seed: int = 0) -> dict[str, Any]:
+    """Each candidate control head's exact single-head ablation effect on ``examples``, and whether
+    it is within noise (:data:`CONTROL_RULE`): a control must not be a causal head itself."""
+    baseline, records = _single_ablations(adapter, examples, _candidates(adapter, heads))
+    base_c, base_m = _per_prompt(baseline)
+    base_margin = sum(base_m) / len(base_m)
+    effects: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        c, m = _per_prompt(rec)
+        acc, mar = bootstrap_paired(base_c, c, seed=seed), bootstrap_paired(base_m, m, seed=seed)
+        noise = (acc["diff_ci95"][0] <= 0 <= acc["diff_ci95"][1]
+                 and (mar["diff_ci95"][0] <= 0 <= mar["diff_ci95"][1] or abs(mar["diff"]) <= NOISE_MARGIN * abs(base_margin)))
+        effects[rec["head"]] = {"acc_drop": acc["diff"], "acc_drop_ci95": acc["diff_ci95"], "margin_drop": mar["diff"],
+                                "margin_drop_ci95": mar["diff_ci95"], "within_noise": noise}
+    return {"rule": CONTROL_RULE, "n": len(examples), "baseline_accuracy": baseline["acc"],
+            "baseline_margin": base_margin, "candidates": effects}
+
+
+def control_heads(adapter: ModelAdapter, heads: list[HeadId], seed: int = 0,
+                  screen: dict[str, Any] | None = None) -> list[HeadId]:
+    """As many random heads per layer (and mixer kind) as ``heads`` has, none of them in ``heads``
+    and, given a :func:`screen_controls` result, only heads it found within noise."""
     rng = random.Random(f"extends-control-{seed}")
     chosen: set[HeadId] = set(heads)
     out: list[HeadId] = []
-    by_mixer: dict[tuple[int, str | None], list[HeadId]] = {}
-    for h in heads:
-        by_mixer.setdefault((h.layer, h.kind), []).append(h)
-    for (layer, kind), hs in sorted(by_mixer.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+    for (layer, kind), hs in _by_mixer(heads):
         mixer = adapter.mixer(layer, kind)
         pool = [adapter.canonical(HeadId(layer, i, mixer.kind)) for i in range(mixer.num_heads)]
         pool = [p for p in pool if p not in chosen]
+        if screen is not None:
+            pool = [p for p in pool if screen["candidates"][str(p)]["within_noise"]]
         if len(pool) < len(hs):
-            raise GandaError(
-                f"layer {layer} has only {len(pool)} heads outside the G&A set, {len(hs)} needed for the control"
-            )
+            which = " whose single ablation is within noise" if screen is not None else ""
+            raise GandaError(f"layer {layer} has only {len(pool)} heads outside the G&A set{which}, "
+                             f"{len(hs)} needed for the control")
         pick = rng.sample(pool, len(hs))
         out.extend(pick)
         chosen.update(pick)
@@ -151,15 +220,18 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
     ga = expand(heads, adapter)
     if not ga:
         raise GandaError("--heads is empty")
-    ctrl = control_heads(adapter, ga, seed)
-    ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga)], "control": [AblateHeads(ctrl)]}
     options = options or {}
     rows: list[dict[str, Any]] = []
-    header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
-              "limit": limit, "seed": seed}
     try:
         # every task is built (its options, its data, a lab model's world) before any of them runs
         built = {name: _task(adapter, name, options.get(name, {})) for name in tasks if name != "knowledge"}
+        ctrl, controls = _controls(adapter, ga, built, limit, seed) if "control" in conditions else ([], None)
+        ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga)], "control": [AblateHeads(ctrl)]}
+        header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
+                  "limit": limit, "seed": seed}
+        if controls is not None:
+            header["controls"] = controls
+            header["control_effects"] = {str(h): controls["candidates"][str(h)] for h in ctrl}
         pred_dir = out / "predictions" if out else None
         if pred_dir:
             pred_dir.mkdir(parents=True, exist_ok=True)
@@ -220,6 +292,32 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
     finally:  # this run's tasks (a worker's stay with its model)
         for key in [k for k in _TASKS if k[0] == id(adapter)]:
             del _TASKS[key]
+
+
+def _controls(adapter: ModelAdapter, ga: list[HeadId], built: dict[str, Task], limit: int | None, seed: int
+              ) -> tuple[list[HeadId], dict[str, Any]]:
+    """The control heads, screened on the run's own multiple-choice prompts (module docstring)."""
+    mc = {name: _examples(t, limit, seed) for name, t in built.items() if t.kind == "mc"}
+    if not mc:
+        raise GandaError("the control heads are screened on the run's multiple-choice prompts and --tasks has none: "
+                         "add one (e.g. mmlu), or leave control out of --conditions")
+    screen = screen_controls(adapter, ga, [e for exs in mc.values() for e in exs], seed=seed)
+    screen["tasks"] = {name: len(exs) for name, exs in mc.items()}
+    return control_heads(adapter, ga, seed, screen), screen
+
+
+def control_sentence(result: dict[str, Any]) -> str:
+    """One line: the control heads, each with its own measured effect, and how they were chosen."""
+    eff = result.get("control_effects")
+    if eff is None:
+        return f"control heads: {result.get('control_heads') or 'none'}"
+    each = ", ".join(f"{h} (acc drop {e['acc_drop']:+.3f} [{e['acc_drop_ci95'][0]:+.3f}, {e['acc_drop_ci95'][1]:+.3f}], "
+                     f"margin drop {e['margin_drop']:+.2f})" for h, e in eff.items())
+    c = result["controls"]
+    n_ok = sum(e["within_noise"] for e in c["candidates"].values())
+    return (f"control heads: {each}; drawn from the {n_ok} of {len(c['candidates'])} candidate heads whose single "
+            f"ablation is within noise on {c['n']} prompts ({', '.join(c['tasks'])}; intact margin "
+            f"{c['baseline_margin']:.2f})")
 
 
 def _unit(adapter: ModelAdapter, fn: Any, args: tuple[Any, ...]) -> Any:

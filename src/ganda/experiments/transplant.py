@@ -31,7 +31,9 @@ any) is not added (it belongs to the donor layer, not to one head). Everything e
 (other heads, the MLP, other layers) is untouched. With donor == student and d == s this is the
 identity (tested). Donors are adapters that run a block or one head outside their model
 (:meth:`ModelAdapter.run_block`, :meth:`ModelAdapter.head_output`): Llama-layout Transformers
-(Llama, SmolLM2, Qwen2/3, Mistral); Gemma's soft-capping and sliding windows are not reproduced.
+(Llama, SmolLM2, Qwen2/3, Mistral, Gemma 1-3). A donor block keeps what its own model gives it:
+the RoPE of its layer type (Gemma-3's local and global bases), its sliding window where it has one,
+and (for one head) Gemma-2's attention-logit soft-capping.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ the model (what a transplant donor provides).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -97,10 +98,32 @@ class TransformerAdapter(ModelAdapter):
             raise GandaError(f"{self.spec} has no rotary_emb: its blocks cannot run outside the model")
         return rot
 
+    def _rope(self, layer: int, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's own rotary cos/sin: models with per-layer-type RoPE (Gemma-3: local and
+        global bases) key their ``rotary_emb`` by the block's ``layer_type``."""
+        rot = self._rotary()
+        if "layer_type" not in inspect.signature(rot.forward).parameters:
+            return rot(x, positions)
+        attn = self.original_layers()[layer].self_attn
+        layer_type = getattr(attn, "layer_type", None) or self.model.config.layer_types[attn.layer_idx]
+        return rot(x, positions, layer_type=layer_type)
+
+    def _window(self, layer: int, mask: torch.Tensor) -> torch.Tensor:
+        """``mask`` narrowed to the block's sliding window where it has one (a key ``w`` or more
+        positions back is masked), as the model's own sliding-window mask does for that block."""
+        attn = self.original_layers()[layer].self_attn
+        window = getattr(attn, "sliding_window", getattr(self.model.config, "sliding_window", None))
+        t = mask.shape[-1]
+        if not window or t <= window:
+            return mask
+        idx = torch.arange(t, device=mask.device)
+        far = idx[None, :] <= idx[:, None] - window  # [q, k]
+        return mask.masked_fill(far, torch.finfo(mask.dtype).min)
+
     def run_block(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor,
                   mask: torch.Tensor) -> torch.Tensor:
-        cos, sin = self._rotary()(hidden, positions)
-        out = self.original_layers()[layer](hidden, attention_mask=mask, position_ids=positions,
+        cos, sin = self._rope(layer, hidden, positions)
+        out = self.original_layers()[layer](hidden, attention_mask=self._window(layer, mask), position_ids=positions,
                                             position_embeddings=(cos, sin), use_cache=False)
         return out[0] if isinstance(out, tuple) else out
 
@@ -126,11 +149,14 @@ class TransformerAdapter(ModelAdapter):
         q, k, v = proj(attn.q_proj, head), proj(attn.k_proj, kv), proj(attn.v_proj, kv)
         if getattr(attn, "q_norm", None) is not None:
             q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = self._rotary()(x, positions)
+        cos, sin = self._rope(layer, x, positions)
         cos, sin = cos[:, None], sin[:, None]
         q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        scale = getattr(attn, "scaling", hd**-0.5)
-        scores = (q @ k.transpose(-1, -2)) * scale + mask
+        scores = (q @ k.transpose(-1, -2)) * getattr(attn, "scaling", hd**-0.5)
+        cap = getattr(attn, "attn_logit_softcapping", None)
+        if cap:  # Gemma-2: logits soft-capped before the mask, as its eager attention does
+            scores = torch.tanh(scores / cap) * cap
+        scores = scores + self._window(layer, mask)
         probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
         o = (probs @ v)[:, 0]  # [B, T, hd]
         return F.linear(o, attn.o_proj.weight[:, head * hd : (head + 1) * hd])

@@ -31,6 +31,7 @@ from typing import Any
 
 from .. import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
 from .. import registry, runio
+from ..attribution.ranking import sign_flip_sentence
 from ..errors import GandaError
 from ..figures import attention_panels
 from ..stats import weak_note
@@ -216,8 +217,10 @@ class RankRun:
         if not s.get("top_head") or not isinstance(s.get("top_exact"), int | float):
             return ""
         clean = f" (intact {s['clean']:+.3f})" if isinstance(s.get("clean"), int | float) else ""
+        flips = sign_flip_sentence(s.get("sign_flips") or [])
         return (f"Largest exact effect: **{s['top_head']}**; ablating it alone lowers the {s.get('margin', '?')} "
-                f"margin by {s['top_exact']:+.3f}{clean}; {s.get('verified', '?')} heads verified exactly.")
+                f"margin by {s['top_exact']:+.3f}{clean}; {s.get('verified', '?')} heads verified exactly"
+                + (f"; {flips}." if flips else "."))
 
     def draw(self, out_dir: Path) -> list[Path]:
         return []
@@ -328,6 +331,14 @@ def sweep_result(path: Path, top: int = 20, partial: bool = False) -> dict[str, 
     return out
 
 
+def _sign_flips(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ranking's verified heads with the estimate's opposite sign (as it recorded them)."""
+    flips = d.get("sign_flips")
+    ok = isinstance(flips, list) and all(isinstance(f, dict) and _number(f.get("estimate")) and _number(f.get("exact"))
+                                         and "head" in f for f in flips)
+    return flips if ok else []
+
+
 def rank_result(path: Path, top: int = 20) -> dict[str, Any]:
     """A head ranking's ``ranking.json`` (``ganda rank``) as a result dict: its summary, the head
     with the largest exact effect, the top of the ranking."""
@@ -339,7 +350,7 @@ def rank_result(path: Path, top: int = 20) -> dict[str, Any]:
     best = max(exact, key=lambda r: abs(r["exact"])) if exact else None
     summary = {k: d.get(k) for k in ("method", "ablation", "margin", "clean", "n", "spearman_verified")}
     summary.update({"verified": d.get("verified"), "heads": len(rows), "top_head": best["head"] if best else None,
-                    "top_exact": best["exact"] if best else None})
+                    "top_exact": best["exact"] if best else None, "sign_flips": _sign_flips(d)})
     return {"kind": "rank", "model": d.get("model", "?"), "summary": summary, "top_heads": rows[:top],
             "bound": d.get("bound"), "config": d.get("config")}
 
