@@ -299,7 +299,7 @@ def _controls(adapter: ModelAdapter, ga: list[HeadId], built: dict[str, Task], l
     """The control heads, screened on the run's own multiple-choice prompts (module docstring)."""
     mc = {name: _examples(t, limit, seed) for name, t in built.items() if t.kind == "mc"}
     if not mc:
-        raise GandaError("the control heads are screened on the run's multiple-choice prompts and --tasks has none: "
+        raise GandaError("the control heads are screened on the run's multiple-choice prompts and --task has none: "
                          "add one (e.g. mmlu), or leave control out of --conditions")
     screen = screen_controls(adapter, ga, [e for exs in mc.values() for e in exs], seed=seed)
     screen["tasks"] = {name: len(exs) for name, exs in mc.items()}
