@@ -28,7 +28,7 @@ from ..errors import GandaError
 from ..generation import evaluate_generation
 from ..heads import HeadId, expand, format_heads
 from ..interventions import AblateHeads, Intervention, describe_all
-from ..knowledge import evaluate_knowledge
+from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
 from ..prepared import prepare_all
 from ..scoring import EvalResult, choice_labels, evaluate_examples
@@ -225,7 +225,9 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
     try:
         # every task is built (its options, its data, a lab model's world) before any of them runs
         built = {name: _task(adapter, name, options.get(name, {})) for name in tasks if name != "knowledge"}
-        ctrl, controls = _controls(adapter, ga, built, limit, seed) if "control" in conditions else ([], None)
+        screened = {**built, **({m: _task(adapter, m, {}) for m in members_of("knowledge")} if "knowledge" in tasks
+                                else {})}  # the knowledge group's tasks are multiple choice too
+        ctrl, controls = _controls(adapter, ga, screened, limit, seed) if "control" in conditions else ([], None)
         ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga)], "control": [AblateHeads(ctrl)]}
         header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
                   "limit": limit, "seed": seed}
