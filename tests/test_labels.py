@@ -1,0 +1,103 @@
+"""The one head labeller (ganda.labels): constructed attention maps, then real lab models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ganda
+from ganda.discovery import discover, pattern_scores
+from ganda.labels import MIN_SCORE, label_head, label_model, map_scores
+from ganda.tasks import get_task
+
+
+def _scores(m: torch.Tensor, ids: list[int]) -> dict[str, float]:
+    return {k: s / c for k, (s, c) in map_scores(m, ids).items() if c}
+
+
+def _previous_token(t: int) -> torch.Tensor:
+    m = torch.zeros(t, t)
+    m[0, 0] = 1.0
+    for i in range(1, t):
+        m[i, i - 1] = 1.0
+    return m
+
+
+def test_previous_token_map():
+    s = _scores(_previous_token(10), list(range(10)))
+    assert s["previous_token"] == pytest.approx(1.0)
+    assert s["sink"] == pytest.approx(1 / 9)  # only row 1's previous token is the first token
+    assert "induction" not in s  # no token repeats: nothing to count
+    assert label_head("L0H0", **s).label == "previous-token"
+
+
+def test_induction_map_on_a_repeated_sequence():
+    seq = [7, 3, 9, 4, 1, 8]
+    ids = [0, *seq, *seq]  # <bos>, then the sequence twice
+    t = len(ids)
+    m = torch.zeros(t, t)
+    m[:, 0] = 1.0  # rows without an earlier occurrence rest on <bos>
+    for i in range(1 + len(seq), t):
+        m[i] = 0.0
+        m[i, i - len(seq) + 1] = 1.0  # the token after the earlier occurrence of ids[i]
+    s = _scores(m, ids)
+    assert s["induction"] == pytest.approx(1.0)
+    assert s["previous_token"] < MIN_SCORE["previous_token"]
+    lab = label_head("L1H0", **s)
+    assert lab.label == "induction" and "induction score 1.000" in lab.reason
+
+
+def test_sink_map():
+    t = 12
+    m = torch.zeros(t, t)
+    m[:, 0] = 0.8
+    for i in range(t):
+        m[i, i] += 0.2
+    s = _scores(m, list(range(t)))
+    assert s["sink"] == pytest.approx(0.8)
+    assert label_head("L0H1", **s).label == "sink"
+
+
+def test_signed_implicit_maps_are_scored_by_their_magnitude():
+    m = -_previous_token(8)  # an SSM head's implicit map may be negative
+    assert _scores(m, list(range(8)))["previous_token"] == pytest.approx(1.0)
+
+
+def test_gather_and_aggregate_need_their_minimum_score():
+    assert label_head("L2H0", aggregate=0.000215, gather=0.2).label == "none"
+    # a big ablation drop does not make a low pattern score Aggregate
+    low = label_head("L2H0", aggregate=0.01, ablation={"drop_all": 0.6, "drop_query": 0.6, "drop_context": 0.0})
+    assert low.label == "none"
+    assert label_head("L3H0", aggregate=0.2, gather=0.1).label == "Aggregate"
+    assert label_head("L1H0", aggregate=0.0, gather=0.7).label == "Gather"
+    # G&A outranks the generic patterns
+    assert label_head("L3H0", aggregate=0.2, sink=0.9).label == "Aggregate"
+
+
+def test_where_the_ablation_hurts_decides_between_two_qualifying_patterns():
+    both = {"aggregate": 0.06, "gather": 0.9}  # gather is the larger multiple of its minimum
+    assert label_head("L1H0", **both).label == "Gather"
+    hurt_at_query = {"drop_all": 0.3, "drop_query": 0.3, "drop_context": 0.0}
+    assert label_head("L1H0", **both, ablation=hurt_at_query).label == "Aggregate"
+    # an ablation that does not hurt says nothing
+    harmless = {"drop_all": 0.01, "drop_query": 0.01, "drop_context": 0.0}
+    assert label_head("L1H0", **both, ablation=harmless).label == "Gather"
+    # one qualifying pattern keeps its label; the reason says where the ablation hurts instead
+    lab = label_head("L1H0", aggregate=0.2, ablation={"drop_all": 0.3, "drop_query": 0.0, "drop_context": 0.3})
+    assert lab.label == "Aggregate" and "before the final position" in lab.reason
+
+
+@pytest.mark.usefixtures("lab_checkpoints")
+def test_labels_of_a_real_lab_model():
+    a = ganda.load_model("lab-llama-h1", device="cpu", dtype=torch.float32)
+    exs = get_task("lab-mmlu", adapter=a).examples(limit=6, seed=0)
+    labels = label_model(a, exs, pattern_scores(a, exs, progress=False))
+    assert sorted(labels) == sorted(str(h) for h in a.heads())
+    for lab in labels.values():
+        if lab.label in ("Gather", "Aggregate"):
+            assert lab.scores[lab.label.lower()] >= MIN_SCORE[lab.label.lower()]
+        for k in ("sink", "previous_token", "induction"):
+            assert 0.0 <= lab.scores[k] <= 1.0 + 1e-6
+    # discover labels every head it scores with the same labeller
+    d = discover(a, exs, exs[:4], top=2, progress=False)
+    assert {s.head: s.label for s in d.scores} == {h: lab.label for h, lab in labels.items()}
