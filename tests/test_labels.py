@@ -101,3 +101,31 @@ def test_labels_of_a_real_lab_model():
     # discover labels every head it scores with the same labeller
     d = discover(a, exs, exs[:4], top=2, progress=False)
     assert {s.head: s.label for s in d.scores} == {h: lab.label for h, lab in labels.items()}
+
+
+@pytest.mark.usefixtures("lab_checkpoints")
+def test_heads_and_roles_give_every_head_they_both_report_the_same_label(tmp_path):
+    """``ganda heads`` ranks by pattern and ``ganda roles`` by ablation; on the same prompts both
+    label a head alike, and neither calls a head Gather or Aggregate below the minimum score."""
+    import json
+
+    from ganda.cli import main
+
+    common = ["lab-llama-h1", "--task", "lab-mmlu", "--limit", "8", "--seed", "0"]
+    assert main(["-q", "heads", *common, "--verify-n", "4", "--top", "2", "--out", str(tmp_path / "h")]) == 0
+    assert main(["-q", "roles", *common, "--top", "4", "--control", "none", "--max-heads", "1",
+                 "--out", str(tmp_path / "r")]) == 0
+    heads = json.loads((tmp_path / "h" / "result.json").read_text())["all_heads"]
+    roles = json.loads((tmp_path / "r" / "result.json").read_text())["rows"]
+    by_heads = {r["head"]: r["label"] for r in heads}
+    by_roles = {r["head"]: r["label"] for r in roles}
+    assert len(by_heads) == 4 and len(by_roles) == 4  # lab-llama-h1: 4 layers x 1 head
+    assert by_roles == {h: by_heads[h] for h in by_roles}
+    for r in heads + [{**r, "aggregate": r["aggregate_score"], "gather": r["gather_score"]} for r in roles]:
+        for role in ("Aggregate", "Gather"):
+            if r["label"] == role:
+                assert r[role.lower()] >= MIN_SCORE[role.lower()], r
+    # lab-llama-h1's heads carry the task (roles: ablating L3H0 costs most at the final position)
+    # without the G&A attention pattern: no head reaches either minimum
+    assert set(by_heads.values()) == {"none"}
+    assert {r["role"] for r in roles} <= {"gather", "aggregate", "-", "knowledge"}

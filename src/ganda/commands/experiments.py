@@ -265,7 +265,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Label the most damaging heads Gather or Aggregate by where ablating them hurts (final position or
         before it), with a control task and the number of heads it takes to reach chance."""
-        from ..experiments.roles import head_roles
+        from ..experiments.roles import WHERE, head_roles
         from ..models import load_model
 
         _check_inputs(limit, top=top, max_heads=max_heads)
@@ -292,7 +292,8 @@ def register(app: typer.Typer) -> None:
         s = result.summary
         for role in ("gather", "aggregate"):
             if s.get(role):
-                print(f"{role:9s} {s[role]}: {task} {s['baseline']:.3f} -> {s[f'{role}_ablated']:.3f}"
+                label = (s.get("labels") or {}).get(s[role])
+                print(f"hurts most {WHERE[role]}: {s[role]}" + (f" (label {label})" if label else "") + f": {task} {s['baseline']:.3f} -> {s[f'{role}_ablated']:.3f}"
                       + (f", {ctrl} drop {s[f'{role}_control_drop']:+.3f}" if ctrl else "")
                       + (f"; answers it serves: {s[f'{role}_answers_lost']}" if s.get(f"{role}_answers_lost") else ""))
         if "heads_to_chance" in s:
