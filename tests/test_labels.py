@@ -115,7 +115,9 @@ def test_heads_and_roles_give_every_head_they_both_report_the_same_label(tmp_pat
     assert main(["-q", "heads", *common, "--verify-n", "4", "--top", "2", "--out", str(tmp_path / "h")]) == 0
     assert main(["-q", "roles", *common, "--top", "4", "--control", "none", "--max-heads", "1",
                  "--out", str(tmp_path / "r")]) == 0
-    heads = json.loads((tmp_path / "h" / "result.json").read_text())["all_heads"]
+    saved = json.loads((tmp_path / "h" / "result.json").read_text())
+    heads = saved["all_heads"]
+    assert saved["summary"]["labels"] == {h["head"]: h["label"] for h in heads if h["label"] != "none"}
     roles = json.loads((tmp_path / "r" / "result.json").read_text())["rows"]
     by_heads = {r["head"]: r["label"] for r in heads}
     by_roles = {r["head"]: r["label"] for r in roles}
@@ -129,3 +131,18 @@ def test_heads_and_roles_give_every_head_they_both_report_the_same_label(tmp_pat
     # without the G&A attention pattern: no head reaches either minimum
     assert set(by_heads.values()) == {"none"}
     assert {r["role"] for r in roles} <= {"gather", "aggregate", "-", "knowledge"}
+
+
+@pytest.mark.usefixtures("lab_checkpoints")
+def test_ssm_heads_are_labelled_from_their_implicit_maps():
+    """lab-mamba2-9k's SSM heads show the pattern (n=8 lab-mmlu prompts: L3H6 aggregate 0.105,
+    L0H5 gather 0.86): labelled from the implicit attention every SSM head has."""
+    a = ganda.load_model("lab-mamba2-9k", device="cpu", dtype=torch.float32)
+    exs = get_task("lab-mmlu", adapter=a).examples(limit=8, seed=0)
+    labels = label_model(a, exs, pattern_scores(a, exs, progress=False))
+    assert labels["L3H6"].label == "Aggregate" and labels["L0H5"].label == "Gather"
+    for lab in labels.values():
+        role = lab.label.lower()
+        if role in ("gather", "aggregate"):
+            assert lab.scores[role] >= MIN_SCORE[role]
+    assert sum(lab.label == "none" for lab in labels.values()) >= len(labels) // 2

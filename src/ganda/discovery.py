@@ -354,6 +354,7 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
         "summary": {
             "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
             "top_aggregate": d.top_aggregate, "top_gather": d.top_gather, "ci_method": CI_METHOD,
+            "labels": {s.head: s.label for s in ordered if s.label not in (None, "none")},
         },
         "rows": verified,
         "all_heads": rows,

@@ -363,3 +363,6 @@ def _print_discovery(d) -> None:
                         f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",
                         f"{s.drop:+.3f}" if s.drop is not None else "-")
         con.print(tab)
+    order = sorted(d.scores, key=lambda s: (s.layer, len(s.head), s.head))
+    named = [f"{s.head} {s.label}" for s in order if s.label not in (None, "none")]
+    con.print("labels: " + (", ".join(named) if named else "none (no head reaches a minimum score: docs/heads.md)"))
