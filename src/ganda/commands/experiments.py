@@ -244,7 +244,7 @@ def register(app: typer.Typer) -> None:
                                           rules=rules)
         _finish(result, _out(out, "mask_last_row", model), html)
 
-    @app.command(short_help="Label the most damaging heads Gather or Aggregate")
+    @app.command(short_help="Where the most damaging heads matter, and their labels")
     def roles(
         model: str = MODEL,
         task: str = typer.Option("lab-mmlu", "--task", "-t", help="multiple-choice task the heads are ranked on"),
@@ -263,8 +263,9 @@ def register(app: typer.Typer) -> None:
         html: bool = HTML,
         quiet: bool = QUIET,
     ) -> None:
-        """Label the most damaging heads Gather or Aggregate by where ablating them hurts (final position or
-        before it), with a control task and the number of heads it takes to reach chance."""
+        """Where ablating each of the most damaging heads hurts (final position or before it) and each
+        head's label (Gather and Aggregate only above their minimum pattern scores: docs/heads.md), with a
+        control task and the number of heads it takes to reach chance."""
         from ..experiments.roles import WHERE, head_roles
         from ..models import load_model
 
