@@ -146,3 +146,20 @@ def test_ssm_heads_are_labelled_from_their_implicit_maps():
         if role in ("gather", "aggregate"):
             assert lab.scores[role] >= MIN_SCORE[role]
     assert sum(lab.label == "none" for lab in labels.values()) >= len(labels) // 2
+
+
+def test_generic_scores_are_the_same_whatever_the_map_budget(tiny, monkeypatch):
+    """Long prompts are scored a few heads at a time; the scores do not depend on how many."""
+    import ganda.labels as labels
+
+    exs = get_task("kv", pairs=3).examples(limit=2, seed=0)
+    seqs = labels.probe_ids(tiny, exs)
+    rep, n = seqs[-1], len(seqs[-1]) // 2
+    assert len(seqs) == 3 and rep[-n:] == rep[-2 * n : -n] and n == 16  # two prompts, then 16 tokens twice
+    whole = labels.generic_scores(tiny, seqs)
+    monkeypatch.setattr(labels, "MAP_BUDGET", 1)  # one head per pass
+    one = labels.generic_scores(tiny, seqs)
+    assert one.keys() == whole.keys() and len(one) == len(tiny.heads())
+    for h in whole:
+        for k in ("induction", "previous_token", "sink"):
+            assert one[h][k] == pytest.approx(whole[h][k], abs=1e-6)

@@ -55,6 +55,7 @@ MIN_SCORE = {"aggregate": 0.05, "gather": 0.5, "induction": 0.3, "previous_token
 GENERIC = ("induction", "previous_token", "sink")  # in the order the rules try them
 GENERIC_LABEL = {"induction": "induction", "previous_token": "previous-token", "sink": "sink"}
 MIN_DROP = 0.05  # a positional ablation speaks only where the full ablation costs this much
+MAP_BUDGET = 256 * 2**20  # bytes of full [T, T] maps held at once by generic_scores
 
 
 @dataclass
@@ -118,11 +119,13 @@ def generic_scores(adapter: ModelAdapter, seqs: Sequence[Sequence[int]], heads: 
     heads = list(heads) if heads is not None else adapter.heads()
     acc = {h: {k: [0.0, 0] for k in GENERIC} for h in heads}
     for ids in seqs:
-        maps = adapter.attention_maps(torch.tensor([list(ids)]), heads)
-        for h, m in maps.items():
-            for k, (s, c) in map_scores(m, ids).items():
-                acc[h][k][0] += s
-                acc[h][k][1] += c
+        step = max(1, MAP_BUDGET // (4 * len(ids) ** 2))  # heads per pass: full fp32 maps within the budget
+        for i in range(0, len(heads), step):
+            maps = adapter.attention_maps(torch.tensor([list(ids)]), heads[i : i + step])
+            for h, m in maps.items():
+                for k, (s, c) in map_scores(m, ids).items():
+                    acc[h][k][0] += s
+                    acc[h][k][1] += c
     return {str(h): {k: (s / c if c else float("nan")) for k, (s, c) in v.items()} for h, v in acc.items()}
 
 
