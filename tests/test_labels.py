@@ -163,3 +163,16 @@ def test_generic_scores_are_the_same_whatever_the_map_budget(tiny, monkeypatch):
     for h in whole:
         for k in ("induction", "previous_token", "sink"):
             assert one[h][k] == pytest.approx(whole[h][k], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_smollm2_heads_take_every_kind_of_label(smollm2):
+    """SmolLM2-135M on 4 KV prompts (ganda heads, same prompts): L16H2 Gather (gather 0.84),
+    L17H5 induction (0.64), L1H0 previous-token (0.55), late-layer heads on <bos> (sink); no
+    head reaches the Aggregate minimum (its largest aggregate score on KV is about 0.04)."""
+    exs = get_task("kv").examples(limit=4, seed=0)
+    labels = label_model(smollm2, exs, pattern_scores(smollm2, exs, progress=False))
+    got = {h: lab.label for h, lab in labels.items()}
+    assert got["L16H2"] == "Gather" and got["L17H5"] == "induction" and got["L1H0"] == "previous-token"
+    assert sum(v == "sink" for v in got.values()) >= 50 and "Aggregate" not in got.values()
+    assert all(labels[h].scores["gather"] >= MIN_SCORE["gather"] for h, v in got.items() if v == "Gather")
