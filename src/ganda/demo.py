@@ -34,6 +34,7 @@ from .discovery import HeadScore, ablate_until_chance, added_heads, pattern_scor
 from .experiments.common import ExperimentResult
 from .figures import curves
 from .interventions import AblateHeads
+from .labels import MIN_SCORE
 from .models import load_model
 from .models.base import ModelAdapter
 from .progress import is_quiet
@@ -44,9 +45,10 @@ from .tasks import get_task
 from .tasks.base import Example
 
 ROLE_PERCENTILE = 0.9  # a head takes a role when its pattern score is in the top 10% of all heads'
-# ... and the score itself shows the pattern: half of each summary token's row on its own segment
-# (Gather), 5% more of the final row on the gold summary than on the others (Aggregate)
-FLOORS = {"gather": 0.5, "aggregate": 0.05}
+# ... and the score itself reaches the minimum below which the labeller every command shares
+# (ganda.labels) calls no head Gather or Aggregate: half of each summary token's row on its own
+# segment (Gather), 5% more of the final row on the gold summary than on the others (Aggregate)
+FLOORS = {"gather": MIN_SCORE["gather"], "aggregate": MIN_SCORE["aggregate"]}
 
 
 class DemoResult(ExperimentResult):

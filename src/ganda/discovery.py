@@ -60,6 +60,7 @@ from .errors import GandaError
 from .figures import curves, pyplot
 from .heads import HeadId, expand
 from .interventions import AblateHeads
+from .labels import label_model
 from .models.base import ModelAdapter
 from .progress import tqdm
 from .scoring import encode, evaluate_examples
@@ -108,6 +109,8 @@ class HeadScore:
     aggregate_neighbour_ci95: list[float] | None = None
     gather_edge_ci95: list[float] | None = None
     summary: str = "end"  # the token scored as each segment's summary (module docstring)
+    label: str | None = None  # Gather, Aggregate, induction, previous-token, sink or none (ganda.labels)
+    label_reason: str | None = None
     read: dict[str, float] = field(default_factory=dict)  # read profile: mean share per READ_PARTS
     samples: dict[str, list[float]] = field(default_factory=dict, repr=False)  # per-prompt values
 
@@ -312,8 +315,13 @@ def discover(
     progress: bool = True,
     summary: str = "end",
 ) -> Discovery:
-    """Rank heads by pattern scores, then verify the top ``top`` of each list by ablation."""
+    """Rank heads by pattern scores, then verify the top ``top`` of each list by ablation; every
+    head is labelled by :func:`ganda.labels.label_heads` (a candidate is not a Gather or Aggregate
+    head unless its score reaches the labeller's minimum)."""
     scores = pattern_scores(adapter, pattern_examples, progress=progress, summary=summary)
+    labels = label_model(adapter, pattern_examples, scores)
+    for s in scores:
+        s.label, s.label_reason = labels[s.head].label, labels[s.head].reason
     by_name = {s.head: s for s in scores}
     top_agg = [s.head for s in sorted(scores, key=lambda s: -s.aggregate)[:top]]
     top_gat = [s.head for s in sorted(scores, key=lambda s: -s.gather)[:top]]
@@ -346,6 +354,7 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
         "summary": {
             "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
             "top_aggregate": d.top_aggregate, "top_gather": d.top_gather, "ci_method": CI_METHOD,
+            "labels": {s.head: s.label for s in ordered if s.label not in (None, "none")},
         },
         "rows": verified,
         "all_heads": rows,

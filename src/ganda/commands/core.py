@@ -350,7 +350,7 @@ def _print_discovery(d) -> None:
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts")
     for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
         tab = Table(title=f"top {role} candidates")
-        for col in ("head", "aggregate", "gather", "agg peak [95% CI]", "gather contrast", "final row reads",
+        for col in ("head", "label", "aggregate", "gather", "agg peak [95% CI]", "gather contrast", "final row reads",
                     "ablated acc", "drop"):
             tab.add_column(col)
         by = {s.head: s for s in d.scores}
@@ -358,8 +358,11 @@ def _print_discovery(d) -> None:
             s = by[name]
             ci = s.aggregate_peak_ci95
             peak = f"{s.aggregate_peak:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
-            tab.add_row(name, f"{s.aggregate:.3f}", f"{s.gather:.3f}", peak,
+            tab.add_row(name, s.label or "-", f"{s.aggregate:.3f}", f"{s.gather:.3f}", peak,
                         f"{s.gather_contrast:.1f}", _reads(s.read),
                         f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",
                         f"{s.drop:+.3f}" if s.drop is not None else "-")
         con.print(tab)
+    order = sorted(d.scores, key=lambda s: (s.layer, len(s.head), s.head))
+    named = [f"{s.head} {s.label}" for s in order if s.label not in (None, "none")]
+    con.print("labels: " + (", ".join(named) if named else "none (no head reaches a minimum score: docs/heads.md)"))

@@ -244,7 +244,7 @@ def register(app: typer.Typer) -> None:
                                           rules=rules)
         _finish(result, _out(out, "mask_last_row", model), html)
 
-    @app.command(short_help="Label the most damaging heads Gather or Aggregate")
+    @app.command(short_help="Where the most damaging heads matter, and their labels")
     def roles(
         model: str = MODEL,
         task: str = typer.Option("lab-mmlu", "--task", "-t", help="multiple-choice task the heads are ranked on"),
@@ -263,9 +263,10 @@ def register(app: typer.Typer) -> None:
         html: bool = HTML,
         quiet: bool = QUIET,
     ) -> None:
-        """Label the most damaging heads Gather or Aggregate by where ablating them hurts (final position or
-        before it), with a control task and the number of heads it takes to reach chance."""
-        from ..experiments.roles import head_roles
+        """Where ablating each of the most damaging heads hurts (final position or before it) and each
+        head's label (Gather and Aggregate only above their minimum pattern scores: docs/heads.md), with a
+        control task and the number of heads it takes to reach chance."""
+        from ..experiments.roles import WHERE, head_roles
         from ..models import load_model
 
         _check_inputs(limit, top=top, max_heads=max_heads)
@@ -292,7 +293,8 @@ def register(app: typer.Typer) -> None:
         s = result.summary
         for role in ("gather", "aggregate"):
             if s.get(role):
-                print(f"{role:9s} {s[role]}: {task} {s['baseline']:.3f} -> {s[f'{role}_ablated']:.3f}"
+                label = (s.get("labels") or {}).get(s[role])
+                print(f"hurts most {WHERE[role]}: {s[role]}" + (f" (label {label})" if label else "") + f": {task} {s['baseline']:.3f} -> {s[f'{role}_ablated']:.3f}"
                       + (f", {ctrl} drop {s[f'{role}_control_drop']:+.3f}" if ctrl else "")
                       + (f"; answers it serves: {s[f'{role}_answers_lost']}" if s.get(f"{role}_answers_lost") else ""))
         if "heads_to_chance" in s:

@@ -17,6 +17,13 @@ full ablation costs less than ``min_drop`` is labelled ``-``, and one whose full
 control task more than ``max_control_drop`` is labelled ``knowledge``: it carries what the task needs
 to know, not how it is retrieved (the paper's G&A heads leave knowledge tasks alone).
 
+Where the task's prompts have segments, each row also carries the head's **label** from the
+labeller every command shares (:mod:`ganda.labels`): Gather or Aggregate only where the head's
+attention pattern score reaches its minimum, else induction, previous-token, sink or none. The
+causal role says where a head's ablation hurts; the label says what its attention does, so a head
+that hurts at the final position without reading the gold summary is labelled none (the shipped
+lab Transformers' heads, whose pattern scores stay far below the minimum).
+
 The result also records the cumulative ablation of the ranked heads until the task is at chance
 (how many heads must go), the measure of how concentrated the mechanism is.
 
@@ -31,11 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..discovery import ablate_until_chance, added_heads
+from ..discovery import ablate_until_chance, added_heads, pattern_scores
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
 from ..interventions import AblateHeads, KeepLayers, apply
+from ..labels import Label, label_model
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from ..scoring import evaluate_examples
@@ -45,6 +53,8 @@ from ..tasks.base import Example
 from .common import ExperimentResult, pct, points
 
 MODES = ("all", "query", "context")
+# where a head's ablation hurts, by the causal role it points to
+WHERE = {"aggregate": "at the final position", "gather": "before the final position"}
 
 
 @dataclass
@@ -57,9 +67,11 @@ class RolesResult(ExperimentResult):
             if s.get(role):
                 a, b = s.get("baseline_ci95"), s.get(f"{role}_ablated_ci95")
                 weak = " — *weak*: its 95% interval overlaps the intact one" if a and b and overlap(a, b) else ""
-                lines.append(f"{role.capitalize()} head **{s[role]}**: {pct(s.get('baseline'))} → "
+                label = (s.get("labels") or {}).get(s[role])
+                lines.append(f"Hurts most {WHERE[role]}: **{s[role]}**"
+                             + (f" (label: {label})" if label else "") + f": {pct(s.get('baseline'))} → "
                              f"**{pct(s.get(f'{role}_ablated'))}**{weak} (control task "
-                             f"{points(-(s.get(f'{role}_control_drop') or 0))} change); {role} heads: "
+                             f"{points(-(s.get(f'{role}_control_drop') or 0))} change); heads that hurt there: "
                              f"{', '.join(s.get(f'{role}_heads') or [])}.")
         if "heads_to_chance" in s:
             lines.append("Heads ablated together (most damaging first) to reach chance: "
@@ -70,7 +82,7 @@ class RolesResult(ExperimentResult):
         task = self.config.get("task", "task")
         control = self.config.get("control")
         rows = self.rows
-        labels = [f"{r['head']} ({r['role']})" for r in rows]
+        labels = [f"{r['head']} ({r.get('label') or r['role']})" for r in rows]
         series = {f"{task}, ablated at {m}": [r[f"{m}"] for r in rows] for m in MODES}
         if control:
             series[f"{control}, ablated at all"] = [r.get("control") for r in rows]
@@ -107,6 +119,19 @@ def answers_lost(intact: dict[str, float | None], ablated: dict[str, float | Non
     """Answer letters whose accuracy falls by at least ``drop`` under an ablation: the answers the
     head serves. lab-llama-wd's two Aggregate heads split the letters (L3H0: A, B; L3H1: D)."""
     return [k for k, v in ablated.items() if v is not None and intact.get(k) is not None and intact[k] - v >= drop]
+
+
+def _labels(adapter: ModelAdapter, examples: Sequence[Example], rows: Sequence[dict[str, Any]]) -> dict[str, Label]:
+    """The shared labeller's label of each row's head (:mod:`ganda.labels`): pattern scores on the
+    task's prompts, and where the positional ablations hurt; none where the prompts have no segments."""
+    if not rows or not all(ex.segments for ex in examples):
+        return {}
+    heads = [HeadId.parse(r["head"]) for r in rows]
+    scores = pattern_scores(adapter, examples, heads, progress=False)
+    for sc, r in zip(scores, rows, strict=True):
+        sc.head = r["head"]  # the name the row uses
+    drops = {r["head"]: {k: r[k] for k in ("drop_all", "drop_query", "drop_context")} for r in rows}
+    return label_model(adapter, examples, scores, ablations=drops)
 
 
 def head_roles(
@@ -189,9 +214,16 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         else:
             row["role"] = "aggregate" if row["drop_query"] > row["drop_context"] else "gather"
         rows.append(row)
+    labels = _labels(adapter, examples, rows)
+    for row in rows:
+        lab = labels.get(row["head"])
+        row["label"], row["label_reason"] = (lab.label, lab.reason) if lab else (None, None)
+        for k in ("aggregate", "gather"):  # the pattern scores the label was given
+            row[f"{k}_score"] = lab.scores.get(k) if lab else None
     summary: dict[str, Any] = {"baseline": base, "baseline_ci95": base_ci, "chance": chance, "n": len(examples),
                                "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()},
-                               "baseline_answers": base_answers}
+                               "baseline_answers": base_answers,
+                               "labels": {r["head"]: r["label"] for r in rows if r["label"] is not None}}
     for role in ("gather", "aggregate"):
         cands = [r for r in rows if r["role"] == role]
         best = min(cands, key=lambda r: r["all"]) if cands else None
