@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from . import registry
 from .errors import GandaError
 from .experiments.base import Experiment
+from .intervals import split_all
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -245,6 +246,7 @@ def _result(run: Path, t: _Tables) -> None:
     d = _read_json(run / "result.json")
     if not isinstance(d, dict):
         raise GandaError(f"{run / 'result.json'} is not a ganda result (not a JSON object)")
+    d = split_all(d)  # intervals as two numbers, also from a file that wrote them otherwise
     kind = str(d.get("kind", "?"))
     cfg = d.get("config") if isinstance(d.get("config"), dict) else {}
     summary = d.get("summary") if isinstance(d.get("summary"), dict) else {}
@@ -273,7 +275,7 @@ def _models(d: dict[str, Any]) -> str | None:
 def _extends(run: Path, t: _Tables) -> None:
     """``ganda extends``: ``extends.json`` (one result per task and condition) and, per task and
     condition, ``predictions/<task>.<condition>.jsonl``."""
-    d = _read_json(run / "extends.json")
+    d = split_all(_read_json(run / "extends.json"))
     results = [r for r in d.get("results") or [] if isinstance(r, dict)]
     t.runs.append(_run_row(run, "extends", d.get("model"), ",".join(dict.fromkeys(r["task"] for r in results)),
                            d.get("limit"), None, {"heads": d.get("heads"), "control_heads": d.get("control_heads")}))
