@@ -175,6 +175,14 @@ def test_rank_and_heads_tables(runs):
     ranking = json.loads((runs / "rank" / "ranking.json").read_text())
     assert rank["exact"].notna().sum() == sum(x.get("exact") is not None for x in ranking["ranking"]) >= 2
     assert "verify" not in " ".join(r.runs["run"])  # a ranking's exact sweep is part of the ranking
+    verified = [x["head"] for x in ranking["ranking"] if x.get("exact") is not None]
+    p = r.predictions[r.predictions["run"] == str(runs / "rank")]
+    assert set(p["condition"]) == {"intact", *verified}
+    assert len(p) == (1 + len(verified)) * N and set(p["task"]) == {"lab-mmlu"}
+    sw = load(runs / "sweep").predictions  # the same examples, so the same verdicts as the full sweep
+    for head in ["intact", *verified]:
+        mine = p[p["condition"] == head]["correct"].tolist()
+        assert mine == sw[sw["condition"] == head]["correct"].tolist(), head
     heads = r.heads[r.heads["run"] == str(runs / "heads")]
     assert len(heads) == 4 and {"aggregate", "gather"} <= set(heads.columns)
     base = r.runs.set_index("kind").loc["heads", "accuracy"]
