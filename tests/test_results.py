@@ -208,6 +208,8 @@ def test_demo_run_and_its_ranking(byte_tok, tmp_path):
         rows = list(csv.DictReader(f))
     assert list(heads["head"]) == [x["head"] for x in rows] and len(rows) == 12  # 3 layers x 4 heads
     assert list(heads["exact"]) == pytest.approx([float(x["exact"]) for x in rows])
+    assert not _file_problems(tmp_path / "demo")  # its intervals too: see the test of every run kind
+    assert {"baseline_ci_low", "baseline_ci_high"} <= set(r.runs.columns)
 
 
 def test_example_keys_name_the_source_file_row():
@@ -312,19 +314,25 @@ def _records(obj, where):
             yield from _records(v, f"{where}[{i}]")
 
 
+def _file_problems(root):
+    """What in the JSON and CSV files under ``root`` breaks the interval schema."""
+    problems = []
+    for f in sorted(root.rglob("*.json")):
+        for where, rec in _records(json.loads(f.read_text()), f.relative_to(root).as_posix()):
+            problems += _interval_problems(where, rec)
+    for f in sorted(root.rglob("*.csv")):
+        with open(f, newline="") as fh:
+            for i, row in enumerate(csv.DictReader(fh)):
+                row = {k: (float(v) if re.fullmatch(r"-?[\d.]+(e-?\d+)?", v or "") else v) for k, v in row.items()}
+                problems += _interval_problems(f"{f.relative_to(root).as_posix()}:{i + 2}", row)
+    return problems
+
+
 def test_every_run_kind_writes_one_interval_schema(runs):
     """Every interval of every run kind, in its JSON files, its CSV tables and the tables of
     ``results.load``, is two numbers ``<name>_ci_low`` <= ``<name>_ci_high`` (``ci_low``/``ci_high``
     in a row of one value): never a string, never ``_lo``/``_hi`` or ``ci95``."""
-    problems = []
-    for f in sorted(runs.rglob("*.json")):
-        for where, rec in _records(json.loads(f.read_text()), f.relative_to(runs).as_posix()):
-            problems += _interval_problems(where, rec)
-    for f in sorted(runs.rglob("*.csv")):
-        with open(f, newline="") as fh:
-            for i, row in enumerate(csv.DictReader(fh)):
-                row = {k: (float(v) if re.fullmatch(r"-?[\d.]+(e-?\d+)?", v or "") else v) for k, v in row.items()}
-                problems += _interval_problems(f"{f.relative_to(runs).as_posix()}:{i + 2}", row)
+    problems = _file_problems(runs)
     r = load(runs, runs / "eval.jsonl")
     for name in ("runs", "heads", "rows", "predictions"):
         for i, row in enumerate(getattr(r, name).to_dict("records")):
