@@ -146,6 +146,7 @@ def lab_cmd(args) -> None:
     import ganda
     from ganda.circuit import path_ablation
     from ganda.heads import HeadId
+    from ganda.intervals import bounds, ci
     from ganda.tasks import get_task, task_for_model
 
     torch.set_num_threads(args.threads)
@@ -162,14 +163,14 @@ def lab_cmd(args) -> None:
             res = path_ablation(adapter, examples, s, r, paths="all", progress=False)
             every, path = res.rows()[1], res.rows()[2]
             rows.append({"sender": str(s), "kind": adapter.mixer_of(s).kind, "path_margin_drop": path["margin_drop"],
-                         "path_margin_drop_ci95": path["margin_drop_ci95"], "path_acc_drop": path["drop"],
-                         "path_acc_drop_ci95": path["drop_ci95"], "sender_margin_drop": every["margin_drop"],
-                         "sender_acc_drop": every["drop"], "sender_acc_drop_ci95": every["drop_ci95"]})
+                         **ci(bounds(path, "margin_drop"), "path_margin_drop"), "path_acc_drop": path["drop"],
+                         **ci(bounds(path, "drop"), "path_acc_drop"), "sender_margin_drop": every["margin_drop"],
+                         "sender_acc_drop": every["drop"], **ci(bounds(every, "drop"), "sender_acc_drop")})
             print(kind, rows[-1]["sender"], f"{rows[-1]['path_margin_drop']:.3f}", flush=True)
         drops = sorted((max(0.0, x["path_margin_drop"]) for x in rows), reverse=True)
         total = sum(drops) or 1.0
         needed = next(i + 1 for i in range(len(drops)) if sum(drops[: i + 1]) >= 0.8 * total)
-        clear = [x["sender"] for x in rows if x["path_margin_drop_ci95"][0] > 0]
+        clear = [x["sender"] for x in rows if x["path_margin_drop_ci_low"] > 0]
         out[kind] = {"model": name, "receiver": str(r), "n": len(examples), "senders": rows,
                      "largest_share": drops[0] / total, "senders_for_80pct": needed,
                      "senders_above_zero": clear, "intact_accuracy": res.rows()[0]["accuracy"]}

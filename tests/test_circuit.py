@@ -322,7 +322,7 @@ def test_verified_edges_are_the_path_ablation_and_resume(tmp_path, monkeypatch):
         pa = path_ablation(ad, exs, s, r, paths="direct", progress=False)
         row = pa.rows()[2]
         assert res.exact[e] == pytest.approx(row["margin_drop"], abs=1e-6)
-        assert res.exact_ci[e] == pytest.approx(row["margin_drop_ci95"], abs=1e-6)
+        assert res.exact_ci[e] == pytest.approx([row["margin_drop_ci_low"], row["margin_drop_ci_high"]], abs=1e-6)
     saved = json.loads((tmp_path / "edges.json").read_text())
     assert saved["verified"] == res.verified and saved["ranking"][0]["exact"] is not None
     assert sum(1 for _ in open(tmp_path / "edges.csv")) == len(est) + 1

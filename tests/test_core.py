@@ -226,7 +226,7 @@ def test_cli_errors_on_real_directories(tiny_dir, tmp_path):
     r = run_cli("eval", str(tiny_dir), "--limit", "2", "--pairs", "3", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert {"task", "model", "n", "accuracy", "ci95", "interventions"} <= set(out) and out["n"] == 2
+    assert {"task", "model", "n", "accuracy", "ci_low", "ci_high", "interventions"} <= set(out) and out["n"] == 2
     ans = out["by_answer"]  # the accuracy split by gold answer adds back up to the total
     assert sum(x["n"] for x in ans) == 2 and sum(x["predicted"] for x in ans) == pytest.approx(1.0)
     assert sum(round(x["accuracy"] * x["n"]) for x in ans if x["n"]) == out["correct"]
@@ -304,7 +304,7 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
     assert all(h["role"] in ("gather", "aggregate", "neither") for h in demo["heads"])
     for r in demo["rows"][1:]:
         assert r["drop"] == pytest.approx(demo["rows"][0]["accuracy"] - r["accuracy"])
-        assert r["drop_ci95"][0] <= r["drop"] <= r["drop_ci95"][1]
+        assert r["drop_ci_low"] <= r["drop"] <= r["drop_ci_high"]
     assert s["finding"] and s["finding"].replace("**", "<b>", 1).split("<b>")[0] in html
     assert (tmp_path / "demo" / "ga_heads.json").exists() and (tmp_path / "demo" / "ranking" / "ranking.csv").exists()
 

@@ -21,18 +21,21 @@ def _score(head: str, aggregate: float, gather: float) -> HeadScore:
 
 SUMMARY = {
     "model": "smollm2-135m", "pairs": 5, "n_measure": 40, "n_rank": 16, "n_heads": 270, "verified": 24,
-    "baseline_accuracy": 0.525, "baseline_ci95": [0.373, 0.673], "chance": 0.2,
+    "baseline_accuracy": 0.525, "baseline_ci_low": 0.373, "baseline_ci_high": 0.673, "chance": 0.2,
     "top_heads": [{"head": "L19H1", "role": "neither"}, {"head": "L16H2", "role": "gather"}],
     "roles_in_top": {"gather": 3, "aggregate": 2, "neither": 5},
-    "gather_head": "L16H2", "gather_accuracy": 0.475, "gather_ci95": [0.33, 0.63], "gather_drop": 0.05,
-    "gather_drop_ci95": [0.0, 0.125],
-    "top_head": "L19H1", "top_accuracy": 0.45, "top_ci95": [0.31, 0.6], "top_drop": 0.075,
-    "top_drop_ci95": [0.0, 0.175], "max_aggregate": 0.036, "max_aggregate_head": "L15H6",
-    "aggregate_head": "L17H0", "aggregate_accuracy": 0.55, "aggregate_ci95": [0.4, 0.69], "aggregate_drop": -0.025,
-    "aggregate_drop_ci95": [-0.075, 0.0],
-    "both_accuracy": 0.475, "both_ci95": [0.33, 0.63], "both_drop": 0.05, "both_drop_ci95": [-0.05, 0.15],
+    "gather_head": "L16H2", "gather_accuracy": 0.475, "gather_ci_low": 0.33, "gather_ci_high": 0.63,
+    "gather_drop": 0.05,
+    "gather_drop_ci_low": 0.0, "gather_drop_ci_high": 0.125,
+    "top_head": "L19H1", "top_accuracy": 0.45, "top_ci_low": 0.31, "top_ci_high": 0.6, "top_drop": 0.075,
+    "top_drop_ci_low": 0.0, "top_drop_ci_high": 0.175, "max_aggregate": 0.036, "max_aggregate_head": "L15H6",
+    "aggregate_head": "L17H0", "aggregate_accuracy": 0.55, "aggregate_ci_low": 0.4, "aggregate_ci_high": 0.69,
+    "aggregate_drop": -0.025,
+    "aggregate_drop_ci_low": -0.075, "aggregate_drop_ci_high": 0.0,
+    "both_accuracy": 0.475, "both_ci_low": 0.33, "both_ci_high": 0.63, "both_drop": 0.05, "both_drop_ci_low": -0.05,
+    "both_drop_ci_high": 0.15,
     "together": "L19H1,L16H2,L17H0",
-    "heads_to_chance": 4, "chance_accuracy": 0.225, "chance_ci95": [0.123, 0.375],
+    "heads_to_chance": 4, "chance_accuracy": 0.225, "chance_ci_low": 0.123, "chance_ci_high": 0.375,
 }
 
 
@@ -69,7 +72,8 @@ def test_finding_states_heads_costs_intervals_and_heads_to_chance():
     no_agg = {k: v for k, v in SUMMARY.items() if not k.startswith("aggregate")}
     assert "No head shows the Aggregate pattern (the largest aggregate score of all heads is 0.036, L15H6)" in finding(
         {**no_agg, "aggregate_head": None})
-    no_chance = {**SUMMARY, "heads_to_chance": None, "curve_heads": 8, "curve_accuracy": 0.4, "curve_ci95": [0.3, 0.5]}
+    no_chance = {**SUMMARY, "heads_to_chance": None, "curve_heads": 8, "curve_accuracy": 0.4, "curve_ci_low": 0.3,
+                 "curve_ci_high": 0.5}
     assert "the top 8 heads in causal order leaves 40% [30%, 50%], still above chance" in finding(no_chance)
     assert finding({}) == ""
 
@@ -116,7 +120,8 @@ def test_ganda_report_renders_a_saved_demo_with_its_finding(tmp_path):
 def _set(k: int, top: str, gather: str | None, together: tuple[float, float]) -> dict:
     return {"set": k, "seeds": {"pattern": 3 * (k - 1), "rank": 3 * (k - 1) + 1, "measure": 3 * (k - 1) + 2},
             "top_head": top, "gather_head": gather, "aggregate_head": "L17H0", "baseline_accuracy": 0.5,
-            "conditions": {"together": {"heads": "x", "drop": sum(together) / 2, "drop_ci95": list(together)}}}
+            "conditions": {"together": {"heads": "x", "drop": sum(together) / 2, "drop_ci_low": together[0],
+                                         "drop_ci_high": together[1]}}}
 
 
 def test_a_further_prompt_set_holds_with_the_same_heads_and_every_established_cost():

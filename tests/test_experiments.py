@@ -127,7 +127,7 @@ def test_kv_curve(student, tmp_path: Path) -> None:
 
     res = kv_curve(student, "L3H0,L2H1", [2, 3], limit=4, progress=False)
     assert [r["pairs"] for r in res.rows] == [2, 3]
-    assert all(0 <= r["intact_lo"] <= r["intact"] <= r["intact_hi"] <= 1 for r in res.rows)
+    assert all(0 <= r["intact_ci_low"] <= r["intact"] <= r["intact_ci_high"] <= 1 for r in res.rows)
     assert "mean_gap" in res.summary
     _check_saved(res, tmp_path)
 

@@ -14,9 +14,9 @@ from ganda.demo import _curve_png
 from ganda.experiments.kv_curve import KVCurveResult
 from ganda.experiments.roles import RolesResult
 
-CURVE = [{"n_heads": 1, "added": "L2H0", "accuracy": 0.6, "ci95": [0.4, 0.8]},
-         {"n_heads": 2, "added": "L3H1", "accuracy": 0.45, "ci95": [0.3, 0.6]},
-         {"n_heads": 3, "added": "L1H0", "accuracy": 0.3, "ci95": [0.15, 0.45]}]
+CURVE = [{"n_heads": 1, "added": "L2H0", "accuracy": 0.6, "ci_low": 0.4, "ci_high": 0.8},
+         {"n_heads": 2, "added": "L3H1", "accuracy": 0.45, "ci_low": 0.3, "ci_high": 0.6},
+         {"n_heads": 3, "added": "L1H0", "accuracy": 0.3, "ci_low": 0.15, "ci_high": 0.45}]
 
 
 @pytest.fixture

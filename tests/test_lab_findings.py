@@ -100,7 +100,7 @@ def test_head_score_intervals_contain_their_summaries():
     d = s.to_json()
     assert "samples" not in d and d["n_prompts"] == 30
     for m in METRICS:
-        lo, hi = d[f"{m}_ci95"]
+        lo, hi = d[f"{m}_ci_low"], d[f"{m}_ci_high"]
         assert lo <= d[m] <= hi, m
     assert d["aggregate_hit"] == pytest.approx(sum(samples["aggregate_hit"]) / 30)
     assert d["aggregate_peak"] < sum(samples["aggregate_peak"]) / 30  # geometric mean <= arithmetic mean
@@ -266,7 +266,7 @@ def test_compare_sharpness_gives_paired_differences_with_intervals(lab):
     for m in res["models"].values():
         assert len(m["aggregate_heads"]) == 1 and len(m["gather_heads"]) == 1
         for v in m["metrics"].values():
-            assert v["ci95"][0] - 1e-9 <= v["value"] <= v["ci95"][1] + 1e-9
+            assert v["ci_low"] - 1e-9 <= v["value"] <= v["ci_high"] + 1e-9
     by = {r["metric"]: r for r in res["differences"]}
     g = by["gather"]
     assert g["value"] == pytest.approx(res["models"]["llama"]["metrics"]["gather"]["value"]
@@ -309,13 +309,13 @@ def test_heads_cli_writes_intervals_and_per_prompt_values(tmp_path):
     assert rc == 0
     res = json.loads((tmp_path / "result.json").read_text())
     row = res["all_heads"][0]
-    assert len(row["aggregate_peak_ci95"]) == 2 and row["n_prompts"] == 5 and "ci_method" in res["summary"]
+    assert row["aggregate_peak_ci_low"] <= row["aggregate_peak_ci_high"] and row["n_prompts"] == 5 and "ci_method" in res["summary"]
     assert row["summary"] == "last" and res["config"]["summary"] == "last"
     assert sum(v for k, v in row["read"].items() if k != "argmax_gold") == pytest.approx(1.0)
     lines = (tmp_path / "per_prompt.csv").read_text().splitlines()
     assert lines[0].startswith("head,prompt,aggregate") and len(lines) == 1 + 12 * 5
     header = (tmp_path / "heads.csv").read_text().splitlines()[0].split(",")
-    assert "aggregate_peak_ci95" in header and {"read_gold_last", "read_gold_end", "read_outside"} <= set(header)
+    assert {"aggregate_peak_ci_low", "aggregate_peak_ci_high"} <= set(header) and {"read_gold_last", "read_gold_end", "read_outside"} <= set(header)
     assert main(["heads", str(checkpoint("lab-llama")), "--task", "lab-mmlu", "--summary", "middle",
                  "--out", str(tmp_path / "bad")]) == 2
 
@@ -554,7 +554,8 @@ def test_lab_llama_wd_aggregate_role_is_split_over_its_two_last_layer_heads(lab)
 def _kv_rows(t: list[tuple[float, float, float]], s: list[tuple[float, float, float]], pairs=(2, 8, 24)):
     rows = []
     for p, (ta, tl, th), (sa, sl, sh) in zip(pairs, t, s, strict=True):
-        rows.append({"pairs": p, "intact": ta, "intact_lo": tl, "intact_hi": th, "ssm": sa, "ssm_lo": sl, "ssm_hi": sh})
+        rows.append({"pairs": p, "intact": ta, "intact_ci_low": tl, "intact_ci_high": th, "ssm": sa, "ssm_ci_low": sl,
+                     "ssm_ci_high": sh})
     return rows
 
 
@@ -617,10 +618,10 @@ def test_extends_draws_control_heads_only_among_heads_whose_own_ablation_is_with
         assert c["n"] == 60 and c["tasks"] == {"lab-mmlu": 60} and c["rule"] == CONTROL_RULE
         assert set(c["candidates"]) == {"L0H1", "L0H2", "L0H3", "L2H0", "L2H2", "L2H3"}
         causal = c["candidates"]["L0H3"]
-        assert causal["acc_drop_ci95"][0] > 0.3 and not causal["within_noise"]
+        assert causal["acc_drop_ci_low"] > 0.3 and not causal["within_noise"]
         assert "L0H3" not in r["control_heads"] and sorted(effects) == r["control_heads"].split(",")
         for e in effects.values():
-            assert e["acc_drop_ci95"][0] <= 0 <= e["acc_drop_ci95"][1] and abs(e["acc_drop"]) <= 0.1
+            assert e["acc_drop_ci_low"] <= 0 <= e["acc_drop_ci_high"] and abs(e["acc_drop"]) <= 0.1
             assert abs(e["margin_drop"]) <= NOISE_MARGIN * c["baseline_margin"]
         assert control_sentence(r).startswith(f"control heads: {sorted(effects)[0]} (acc drop ")
 

@@ -101,7 +101,8 @@ def test_finding3_rule_counts_each_check():
     t = _roles(0.30, 0.33, heads_to_chance=2)
     s_more = _roles(0.50, 0.55, heads_to_chance=5)
     def rows(t, s):  # (accuracy, lo, hi) at 2 and 16 pairs for the Transformer T and the SSM S
-        return [{"pairs": p, "intact": ta, "intact_lo": tl, "intact_hi": th, "S": sa, "S_lo": sl, "S_hi": sh}
+        return [{"pairs": p, "intact": ta, "intact_ci_low": tl, "intact_ci_high": th, "S": sa, "S_ci_low": sl,
+                 "S_ci_high": sh}
                 for p, (ta, tl, th), (sa, sl, sh) in zip((2, 16), t, s, strict=True)]
 
     kv = ExperimentResult(kind="kv_curve", model="T", summary={"fall": {"T": 0.2, "S": 0.5}, "at_max_pairs": {"T": 0.5, "S": 0.2}},

@@ -217,9 +217,9 @@ def test_sharpness_and_lab_models_headlines() -> None:
     from ganda import registry
 
     sharp = registry.result_class("sharpness").from_json({"kind": "sharpness", "n": 200, "differences": [
-        {"a": "T", "b": "S", "metric": "aggregate", "value": 0.21, "ci95": [0.12, 0.3], "scale": "difference T - S",
+        {"a": "T", "b": "S", "metric": "aggregate", "value": 0.21, "ci_low": 0.12, "ci_high": 0.3, "scale": "difference T - S",
          "sharper": "T"},
-        {"a": "T", "b": "S", "metric": "gather", "value": -0.01, "ci95": [-0.05, 0.03], "scale": "difference T - S",
+        {"a": "T", "b": "S", "metric": "gather", "value": -0.01, "ci_low": -0.05, "ci_high": 0.03, "scale": "difference T - S",
          "sharper": "undecided (CI covers no difference)"}]})
     assert sharp.headline().splitlines() == [
         "aggregate: **T** sharper; difference T - S 0.21 (95% CI 0.12 to 0.3, n=200).",
@@ -278,8 +278,9 @@ def test_weak_results_say_so_and_clear_ones_do_not() -> None:
 
     def roles(ablated_ci):
         return registry.result_class("roles").from_json({"kind": "roles", "summary": {
-            "baseline": 0.725, "baseline_ci95": [0.57, 0.84], "gather": "L16H2", "gather_ablated": 0.575,
-            "gather_ablated_ci95": ablated_ci, "gather_heads": ["L16H2"]}}).headline()
+            "baseline": 0.725, "baseline_ci_low": 0.57, "baseline_ci_high": 0.84, "gather": "L16H2",
+            "gather_ablated": 0.575, "gather_ablated_ci_low": ablated_ci[0], "gather_ablated_ci_high": ablated_ci[1],
+            "gather_heads": ["L16H2"]}}).headline()
 
     assert "*weak*: its 95% interval overlaps the intact one" in roles([0.42, 0.71])
     assert "weak" not in roles([0.1, 0.35])
@@ -287,8 +288,8 @@ def test_weak_results_say_so_and_clear_ones_do_not() -> None:
     def transplant(best_lo):
         return registry.result_class("transplant").from_json({"kind": "transplant", "summary": {
             "task": "mmlu", "best": "L3", "best_layer": 3, "best_accuracy": 0.5, "baseline_accuracy": 0.3},
-            "rows": [{"condition": "student", "mmlu": 0.3, "mmlu_lo": 0.2, "mmlu_hi": 0.41},
-                     {"condition": "L3", "mmlu": 0.5, "mmlu_lo": best_lo, "mmlu_hi": 0.6}]}).headline()
+            "rows": [{"condition": "student", "mmlu": 0.3, "mmlu_ci_low": 0.2, "mmlu_ci_high": 0.41},
+                     {"condition": "L3", "mmlu": 0.5, "mmlu_ci_low": best_lo, "mmlu_ci_high": 0.6}]}).headline()
 
     assert transplant(0.38).endswith("vs baseline 30.0% (weak: its 95% interval overlaps the baseline's).")
     assert transplant(0.42).endswith("vs baseline 30.0%.")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import re
 
 import pytest
 
@@ -43,7 +44,7 @@ SAVED = {
     "lab_findings": {"rows": [{"finding": "1", "verdict": "reproduced"}], "summary": {"reproduced": ["1"]}},
     "lab_models": {"rows": [{"role": "transformer", "model": "lab-llama-h1", "lab-mmlu": 0.875}], "config": {"n": 8}},
     "demo": {"rows": [{"condition": "intact", "heads": "", "accuracy": 0.5}],
-             "summary": {"baseline_accuracy": 0.5, "baseline_ci95": [0.3, 0.7], "chance": 0.2}},
+             "summary": {"baseline_accuracy": 0.5, "baseline_ci_low": 0.3, "baseline_ci_high": 0.7, "chance": 0.2}},
 }
 
 
@@ -174,6 +175,14 @@ def test_rank_and_heads_tables(runs):
     ranking = json.loads((runs / "rank" / "ranking.json").read_text())
     assert rank["exact"].notna().sum() == sum(x.get("exact") is not None for x in ranking["ranking"]) >= 2
     assert "verify" not in " ".join(r.runs["run"])  # a ranking's exact sweep is part of the ranking
+    verified = [x["head"] for x in ranking["ranking"] if x.get("exact") is not None]
+    p = r.predictions[r.predictions["run"] == str(runs / "rank")]
+    assert set(p["condition"]) == {"intact", *verified}
+    assert len(p) == (1 + len(verified)) * N and set(p["task"]) == {"lab-mmlu"}
+    sw = load(runs / "sweep").predictions  # the same examples, so the same verdicts as the full sweep
+    for head in ["intact", *verified]:
+        mine = p[p["condition"] == head]["correct"].tolist()
+        assert mine == sw[sw["condition"] == head]["correct"].tolist(), head
     heads = r.heads[r.heads["run"] == str(runs / "heads")]
     assert len(heads) == 4 and {"aggregate", "gather"} <= set(heads.columns)
     base = r.runs.set_index("kind").loc["heads", "accuracy"]
@@ -199,6 +208,8 @@ def test_demo_run_and_its_ranking(byte_tok, tmp_path):
         rows = list(csv.DictReader(f))
     assert list(heads["head"]) == [x["head"] for x in rows] and len(rows) == 12  # 3 layers x 4 heads
     assert list(heads["exact"]) == pytest.approx([float(x["exact"]) for x in rows])
+    assert not _file_problems(tmp_path / "demo")  # its intervals too: see the test of every run kind
+    assert {"baseline_ci_low", "baseline_ci_high"} <= set(r.runs.columns)
 
 
 def test_example_keys_name_the_source_file_row():
@@ -271,3 +282,82 @@ def test_predictions_join_lm_eval_log_samples(byte_tok, tmp_path):
         assert a == pytest.approx(b, abs=1e-4)
     assert (joined["correct"].astype(float) == joined["acc"]).all()
     assert (joined["correct_norm"].astype(float) == joined["acc_norm"]).all()
+
+
+OLD_INTERVAL = re.compile(r"(^|_)(lo|hi|ci95)$|ci95")
+TEXT_INTERVAL = re.compile(r"^\s*\[\s*-?[\d.eE+-]+\s*,\s*-?[\d.eE+-]+\s*\]\s*$")
+
+
+def _interval_problems(where, record):
+    """What in one record (a dict of a file or a table row) breaks the interval schema."""
+    out = [f"{where}: {k}" for k in record if OLD_INTERVAL.search(str(k))]
+    out += [f"{where}: {k} = {v!r}" for k, v in record.items() if isinstance(v, str) and TEXT_INTERVAL.match(v)]
+    for k in record:
+        if str(k).endswith("ci_low"):
+            high = str(k)[: -len("low")] + "high"
+            lo, hi = record[k], record.get(high, "missing")
+            if hi == "missing":
+                out.append(f"{where}: {k} without {high}")
+            elif isinstance(lo, int | float) and isinstance(hi, int | float) and lo == lo and hi == hi and not lo <= hi:
+                out.append(f"{where}: {k} {lo} > {high} {hi}")
+    return out
+
+
+def _records(obj, where):
+    """Every dict inside a JSON document, with where it sits."""
+    if isinstance(obj, dict):
+        yield where, obj
+        for k, v in obj.items():
+            yield from _records(v, f"{where}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _records(v, f"{where}[{i}]")
+
+
+def _file_problems(root):
+    """What in the JSON and CSV files under ``root`` breaks the interval schema."""
+    problems = []
+    for f in sorted(root.rglob("*.json")):
+        for where, rec in _records(json.loads(f.read_text()), f.relative_to(root).as_posix()):
+            problems += _interval_problems(where, rec)
+    for f in sorted(root.rglob("*.csv")):
+        with open(f, newline="") as fh:
+            for i, row in enumerate(csv.DictReader(fh)):
+                row = {k: (float(v) if re.fullmatch(r"-?[\d.]+(e-?\d+)?", v or "") else v) for k, v in row.items()}
+                problems += _interval_problems(f"{f.relative_to(root).as_posix()}:{i + 2}", row)
+    return problems
+
+
+def test_every_run_kind_writes_one_interval_schema(runs):
+    """Every interval of every run kind, in its JSON files, its CSV tables and the tables of
+    ``results.load``, is two numbers ``<name>_ci_low`` <= ``<name>_ci_high`` (``ci_low``/``ci_high``
+    in a row of one value): never a string, never ``_lo``/``_hi`` or ``ci95``."""
+    problems = _file_problems(runs)
+    r = load(runs, runs / "eval.jsonl")
+    for name in ("runs", "heads", "rows", "predictions"):
+        for i, row in enumerate(getattr(r, name).to_dict("records")):
+            problems += _interval_problems(f"load().{name}[{i}]", row)
+    assert not problems, "\n".join(dict.fromkeys(problems))
+    lows = [c for name in ("runs", "heads", "rows") for c in getattr(r, name).columns if c.endswith("ci_low")]
+    assert lows, "no interval in any run"
+
+
+def test_intervals_in_other_forms_read_back_as_two_numbers(tmp_path):
+    """A result that holds an interval as a ``[low, high]`` list or as ``_lo``/``_hi`` columns is
+    read (by its result class and by ``results.load``) with ``_ci_low``/``_ci_high`` in their place."""
+    from ganda.intervals import split_all
+
+    d = {"kind": "roles", "summary": {"baseline": 0.7, "baseline_ci95": [0.5, 0.8], "gather_ablated_ci95": None},
+         "rows": [{"head": "L2H0", "all": 0.4, "all_lo": 0.3, "all_hi": 0.5, "ci95": [0.1, 0.2]},
+                  {"head": "L3H0", "value": 1.5, "lo": 1, "hi": 2}]}
+    assert split_all(d)["summary"] == {"baseline": 0.7, "baseline_ci_low": 0.5, "baseline_ci_high": 0.8,
+                                       "gather_ablated_ci_low": None, "gather_ablated_ci_high": None}
+    rows = split_all(d)["rows"]
+    assert list(rows[0]) == ["head", "all", "all_ci_low", "all_ci_high", "ci_low", "ci_high"]
+    assert rows[1] == {"head": "L3H0", "value": 1.5, "ci_low": 1, "ci_high": 2}
+    assert registry.result_class("roles").from_json(d).rows[0]["all_ci_high"] == 0.5
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "result.json").write_text(json.dumps(d))
+    r = load(tmp_path / "run")
+    assert r.runs.loc[0, "baseline_ci_low"] == 0.5 and r.rows.loc[0, "ci_high"] == 0.2
+    assert not [c for c in (*r.runs.columns, *r.rows.columns) if "ci95" in c or c.endswith(("_lo", "_hi"))]

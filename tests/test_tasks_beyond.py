@@ -323,7 +323,7 @@ def test_run_extends_knowledge(tiny, monkeypatch):
 
     def fake(adapter, interventions=None, limit=None, *, seed=0, progress=True):
         seen.append((len(interventions or []), limit))
-        return {"tasks": {"arc_easy": {"n": 3, "acc": 0.5, "ci95": [0.1, 0.9]}}, "mean": 0.5, "seconds": 0.1}
+        return {"tasks": {"arc_easy": {"n": 3, "acc": 0.5, "ci_low": 0.1, "ci_high": 0.9}}, "mean": 0.5, "seconds": 0.1}
 
     monkeypatch.setattr(kn, "evaluate_knowledge", fake)
     res = run_extends(tiny, "L1H0", ["knowledge"], limit=3, progress=False)

@@ -33,6 +33,7 @@ from .attribution import rank_heads
 from .discovery import HeadScore, ablate_until_chance, added_heads, pattern_scores
 from .experiments.common import ExperimentResult
 from .figures import curves
+from .intervals import bounds, ci
 from .interventions import AblateHeads
 from .labels import MIN_SCORE
 from .models import load_model
@@ -89,8 +90,15 @@ def _pct(x: float) -> str:
     return f"{whole_percent(x)}%"
 
 
-def _ci(ci: Sequence[float] | None) -> str:
-    return f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else ""
+def _pair(s: dict[str, Any], name: str) -> tuple[float, float] | None:
+    """The interval ``name`` of a summary, or None where it has none."""
+    low, high = bounds(s, name)
+    return None if low is None or high is None else (low, high)
+
+
+def _ci(s: dict[str, Any], name: str) -> str:
+    pair = _pair(s, name)
+    return f" [{_pct(pair[0])}, {_pct(pair[1])}]" if pair else ""
 
 
 def _cost(base: float, acc: float, ci: Sequence[float] | None) -> str:
@@ -113,7 +121,7 @@ def finding(s: dict[str, Any]) -> str:
         return ""
     n = s.get("n_measure", "?")
     parts = [f"{s.get('model', 'The model')} retrieves the right value in KV retrieval with "
-             f"{s.get('pairs', '?')} pairs on **{_pct(s['baseline_accuracy'])}**{_ci(s.get('baseline_ci95'))} of "
+             f"{s.get('pairs', '?')} pairs on **{_pct(s['baseline_accuracy'])}**{_ci(s, 'baseline')} of "
              f"{n} prompts (chance {_pct(s['chance'])})."]
     top = s.get("top_heads") or []
     if top:
@@ -134,18 +142,18 @@ def finding(s: dict[str, Any]) -> str:
                       ("aggregate", f"the Aggregate head **{s.get('aggregate_head')}**"),
                       ("both", f"{s.get('together', 'these heads').replace(',', ', ')} together")):
         if f"{key}_accuracy" in s:
-            parts.append(f"Ablating {what} leaves {_pct(s[f'{key}_accuracy'])}{_ci(s.get(f'{key}_ci95'))}: "
-                         f"{_cost(s['baseline_accuracy'], s[f'{key}_accuracy'], s.get(f'{key}_drop_ci95'))}.")
+            parts.append(f"Ablating {what} leaves {_pct(s[f'{key}_accuracy'])}{_ci(s, f'{key}')}: "
+                         f"{_cost(s['baseline_accuracy'], s[f'{key}_accuracy'], _pair(s, f'{key}_drop'))}.")
     k = s.get("heads_to_chance")
     if k:
         parts.append(f"Ablating heads cumulatively in causal order reaches chance after **{k} heads** "
-                     f"({_pct(s['chance_accuracy'])}{_ci(s.get('chance_ci95'))}): retrieval runs through a few heads, "
+                     f"({_pct(s['chance_accuracy'])}{_ci(s, 'chance')}): retrieval runs through a few heads, "
                      "not one bottleneck." if k > 2 else
                      f"Ablating heads cumulatively in causal order reaches chance after **{k} head(s)** "
-                     f"({_pct(s['chance_accuracy'])}{_ci(s.get('chance_ci95'))}).")
+                     f"({_pct(s['chance_accuracy'])}{_ci(s, 'chance')}).")
     elif s.get("curve_heads"):
         parts.append(f"Ablating the top {s['curve_heads']} heads in causal order leaves "
-                     f"{_pct(s['curve_accuracy'])}{_ci(s.get('curve_ci95'))}, still above chance.")
+                     f"{_pct(s['curve_accuracy'])}{_ci(s, 'curve')}, still above chance.")
     sets = s.get("prompt_sets") or []
     if len(sets) > 1:
         parts.append(_sets_sentence(sets, s.get("holds_on", 0)))
@@ -170,8 +178,8 @@ def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[s
     a = [float(p["correct"]) for p in base.predictions]
     b = [float(p["correct"]) for p in r.predictions]
     bs = bootstrap_paired(a, b, seed=seed)
-    return {"heads": ",".join(heads), "accuracy": r.accuracy, "ci95": list(r.ci95), "drop": bs["diff"],
-            "drop_ci95": bs["diff_ci95"]}
+    return {"heads": ",".join(heads), "accuracy": r.accuracy, **ci(r.ci95), "drop": bs["diff"],
+            **ci(bs["diff_ci95"], "drop")}
 
 
 def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[str, float]) -> str | None:
@@ -198,7 +206,7 @@ def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list
     base = evaluate_examples(adapter, measure_ex, progress=False)
     g_head, a_head = _first(order, role, "gather", exact), _first(order, role, "aggregate", exact)
     rows: list[dict[str, Any]] = [{"condition": "intact", "heads": "", "accuracy": base.accuracy,
-                                   "ci95": list(base.ci95), "drop": 0.0, "drop_ci95": [0.0, 0.0]}]
+                                   **ci(base.ci95), "drop": 0.0, **ci((0.0, 0.0), "drop")}]
     singles = {"top": order[0] if order[0] not in (g_head, a_head) else None, "gather": g_head, "aggregate": a_head}
     together = [h for h in singles.values() if h]
     for label, heads in (*((k, [h]) for k, h in singles.items()), ("together", together)):
@@ -211,7 +219,7 @@ def _set_record(k: int, seed: int, top: str, g_head: str | None, a_head: str | N
                 rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"set": k + 1, "seeds": {"pattern": seed, "rank": seed + 1, "measure": seed + 2}, "top_head": top,
             "gather_head": g_head, "aggregate_head": a_head, "baseline_accuracy": base.accuracy,
-            "conditions": {r["condition"]: {"heads": r["heads"], "drop": r["drop"], "drop_ci95": r["drop_ci95"]}
+            "conditions": {r["condition"]: {"heads": r["heads"], "drop": r["drop"], **ci(bounds(r, "drop"), "drop")}
                            for r in rows[1:]}}
 
 
@@ -231,7 +239,7 @@ def _set_row(r: dict[str, Any]) -> dict[str, Any]:
     row = {"set": r["set"], **{f"seed_{k}": v for k, v in r["seeds"].items()},
            **{k: r[k] for k in ("top_head", "gather_head", "aggregate_head", "baseline_accuracy")}}
     for label, c in r["conditions"].items():
-        row.update({f"{label}_drop": c["drop"], f"{label}_drop_lo": c["drop_ci95"][0], f"{label}_drop_hi": c["drop_ci95"][1]})
+        row.update({f"{label}_drop": c["drop"], **ci(bounds(c, "drop"), f"{label}_drop")})
     return {**row, "holds": r.get("holds", ""), "why_not": "; ".join(r.get("why_not", []))}
 
 
@@ -243,9 +251,9 @@ def _holds(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
            for key in ("top_head", "gather_head", "aggregate_head") if other[key] != first[key]]
     for label, c in first["conditions"].items():
         o = other["conditions"].get(label)
-        if c["drop_ci95"][0] > 0 and (o is None or o["drop_ci95"][0] <= 0):
+        if c["drop_ci_low"] > 0 and (o is None or o["drop_ci_low"] <= 0):
             why.append(f"{label} ablation cost not established" + ("" if o is None else
-                       f" ({100 * o['drop']:+.0f} points [{100 * o['drop_ci95'][0]:.0f}, {100 * o['drop_ci95'][1]:.0f}])"))
+                       f" ({100 * o['drop']:+.0f} points [{100 * o['drop_ci_low']:.0f}, {100 * o['drop_ci_high']:.0f}])"))
     return {"holds": not why, "why_not": why}
 
 
@@ -342,7 +350,7 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
     s: dict[str, Any] = {
         "model": adapter.spec, "pairs": task_cfg.get("pairs"), "n_measure": n_measure, "n_rank": ranked.config.get("n"),
         "n_heads": len(ranked.heads), "verified": len(ranked.verified), "rank_method": ranked.method,
-        "baseline_accuracy": base.accuracy, "baseline_ci95": list(base.ci95), "chance": chance,
+        "baseline_accuracy": base.accuracy, **ci(base.ci95, "baseline"), "chance": chance,
         "top_heads": [{"head": h, "role": role[h], "exact": ranked.exact.get(h)} for h in order[:top]],
         "roles_in_top": {r: sum(role[h] == r for h in order[:10]) for r in ("gather", "aggregate", "neither")},
         "gather_head": g_head, "aggregate_head": a_head, "top_head": order[0],
@@ -352,14 +360,14 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
         key = {"together": "both"}.get(r["condition"], r["condition"])
         if key == "both":
             s["together"] = r["heads"]
-        s.update({f"{key}_accuracy": r["accuracy"], f"{key}_ci95": r["ci95"], f"{key}_drop": r["drop"],
-                  f"{key}_drop_ci95": r["drop_ci95"]})
+        s.update({f"{key}_accuracy": r["accuracy"], **ci(bounds(r), key), f"{key}_drop": r["drop"],
+                  **ci(bounds(r, "drop"), f"{key}_drop")})
     last = curve[-1] if curve else None
     reached = last is not None and last["accuracy"] <= chance + 0.05
     s["heads_to_chance"] = last["n_heads"] if reached else None
     if last is not None:
         key = "chance" if reached else "curve"
-        s.update({f"{key}_accuracy": last["accuracy"], f"{key}_ci95": last["ci95"]})
+        s.update({f"{key}_accuracy": last["accuracy"], **ci(bounds(last), key)})
         if not reached:
             s["curve_heads"] = last["n_heads"]
     return s
@@ -368,8 +376,8 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
 def _curve_png(curve: list[dict[str, Any]], base: EvalResult, chance: float, path: Path) -> Path:
     xs = [0] + [c["n_heads"] for c in curve]
     ys = [base.accuracy] + [c["accuracy"] for c in curve]
-    los = [base.ci95[0]] + [c["ci95"][0] for c in curve]
-    his = [base.ci95[1]] + [c["ci95"][1] for c in curve]
+    los = [base.ci95[0]] + [c["ci_low"] for c in curve]
+    his = [base.ci95[1]] + [c["ci_high"] for c in curve]
     return curves(xs, {"kv accuracy": ys}, path, bands={"kv accuracy": (los, his)},
                   xlabel="heads ablated (cumulative, causal order)", hlines={"chance": chance},
                   title="How many heads must go", integer_x=True, point_labels={"kv accuracy": added_heads(curve)})

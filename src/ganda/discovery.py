@@ -34,11 +34,11 @@ says which one a head reads: the share of its final row on the gold and on the o
 first token, inner tokens, last token before the ``\n``, and ``\n``, and outside every segment.
 
 Every metric is computed per prompt (:func:`prompt_metrics`) and kept (``HeadScore.samples``),
-so each comes with a 95% interval over prompts (``<metric>_ci95``): a Student-t interval of the
-mean for ``aggregate``, ``aggregate_segment`` and ``gather``; the t interval of ``log x``,
-exponentiated, for the geometric means of the ratios (``aggregate_peak``, ``aggregate_neighbour``,
-``gather_contrast``, ``gather_edge``); a Wilson interval
-for the proportion ``aggregate_hit``. Intervals treat prompts as independent draws.
+so each comes with a 95% interval over prompts (``HeadScore.<metric>_ci95``, written as
+``<metric>_ci_low`` and ``<metric>_ci_high``): a Student-t interval of the mean for ``aggregate``,
+``aggregate_segment`` and ``gather``; the t interval of ``log x``, exponentiated, for the geometric
+means of the ratios (``aggregate_peak``, ``aggregate_neighbour``, ``gather_contrast``,
+``gather_edge``); a Wilson interval for the proportion ``aggregate_hit``. Intervals treat prompts as independent draws.
 :func:`compare_sharpness` compares models' top heads with a paired bootstrap over prompts.
 
 Causal verification then zero-ablates the top candidates one at a time and measures the drop in
@@ -59,6 +59,7 @@ from . import runio
 from .errors import GandaError
 from .figures import curves, pyplot
 from .heads import HeadId, expand
+from .intervals import bounds, ci, split, split_all
 from .interventions import AblateHeads
 from .labels import label_model
 from .models.base import ModelAdapter
@@ -117,7 +118,7 @@ class HeadScore:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("samples")
-        return d
+        return split(d)
 
     def csv_row(self) -> dict[str, Any]:
         """``to_json`` with the read profile flattened into ``read_<part>`` columns."""
@@ -343,7 +344,7 @@ def discover(
 
 def save_discovery(d: Discovery, out: Any, model: str) -> None:
     """``result.json`` (kind ``heads``), ``heads.csv`` (every head, sorted by aggregate score, with
-    ``<metric>_ci95`` intervals) and ``per_prompt.csv`` (every head's metrics on every prompt)."""
+    ``<metric>_ci_low`` / ``<metric>_ci_high`` intervals) and ``per_prompt.csv`` (every head's metrics on every prompt)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ordered = sorted(d.scores, key=lambda s: -s.aggregate)
@@ -386,7 +387,7 @@ def ablate_until_chance(
     for name in tqdm(list(ranked_heads)[:max_heads], desc="cumulative ablation", disable=not progress, leave=False):
         chosen.append(name)
         r = evaluate_examples(adapter, examples, [AblateHeads(list(chosen))], progress=False)
-        curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, "ci95": list(r.ci95)})
+        curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, **ci(r.ci95)})
         if r.accuracy <= chance + margin:
             break
     return curve
@@ -419,7 +420,7 @@ def cumulative_ablation(
                                 margin=margin, progress=progress)
     reached = bool(curve) and curve[-1]["accuracy"] <= chance + margin
     rec = {"model": adapter.spec, "n": len(examples), "chance": chance, "margin": margin,
-           "baseline": base.accuracy, "baseline_ci95": list(base.ci95), "reached_chance": reached,
+           "baseline": base.accuracy, **ci(base.ci95, "baseline"), "reached_chance": reached,
            "heads_to_chance": curve[-1]["n_heads"] if reached else None, "max_heads": max_heads, "curve": curve}
     if out_dir is not None:
         out = Path(out_dir)
@@ -428,8 +429,8 @@ def cumulative_ablation(
         runio.write_csv(out / "cumulative.csv", curve)
         x = [0] + [r["n_heads"] for r in curve]
         ys = [base.accuracy] + [r["accuracy"] for r in curve]
-        los = [base.ci95[0]] + [r["ci95"][0] for r in curve]
-        his = [base.ci95[1]] + [r["ci95"][1] for r in curve]
+        los = [base.ci95[0]] + [r["ci_low"] for r in curve]
+        his = [base.ci95[1]] + [r["ci_high"] for r in curve]
         curves(x, {"accuracy": ys}, out / "cumulative.png", bands={"accuracy": (los, his)},
                xlabel="heads ablated (most damaging first)", hlines={"chance": chance},
                title=f"Cumulative head ablation ({adapter.spec})", integer_x=True,
@@ -567,10 +568,10 @@ def compare_sharpness_summaries(
             for metric, xs in values.items():
                 b = bootstrap_paired(xs, resamples=resamples, seed=seed)
                 if metric in RATIO_METRICS:
-                    metrics[metric] = {"value": math.exp(b["a"]), "ci95": [math.exp(v) for v in b["a_ci95"]],
+                    metrics[metric] = {"value": math.exp(b["a"]), **ci([math.exp(v) for v in b["a_ci95"]]),
                                        "scale": "geometric mean"}
                 else:
-                    metrics[metric] = {"value": b["a"], "ci95": b["a_ci95"], "scale": "mean"}
+                    metrics[metric] = {"value": b["a"], **ci(b["a_ci95"]), "scale": "mean"}
             models[i][name] = {
                 "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
                 "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
@@ -585,11 +586,11 @@ def compare_sharpness_summaries(
                 b = bootstrap_paired(per_prompt[i][names[0]][metric], per_prompt[i][other][metric],
                                      resamples=resamples, seed=seed)
                 if metric in RATIO_METRICS:
-                    row = {"value": math.exp(b["diff"]), "ci95": [math.exp(v) for v in b["diff_ci95"]],
+                    row = {"value": math.exp(b["diff"]), **ci([math.exp(v) for v in b["diff_ci95"]]),
                            "scale": f"ratio {names[0]} / {other} of geometric means"}
                 else:
-                    row = {"value": b["diff"], "ci95": b["diff_ci95"], "scale": f"difference {names[0]} - {other}"}
-                lo, hi = row["ci95"]
+                    row = {"value": b["diff"], **ci(b["diff_ci95"]), "scale": f"difference {names[0]} - {other}"}
+                lo, hi = bounds(row)
                 neutral = 1.0 if metric in RATIO_METRICS else 0.0
                 row["sharper"] = (names[0] if lo > neutral else other if hi < neutral
                                   else "undecided (CI covers no difference)")
@@ -611,12 +612,12 @@ def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runio.write_json(out / "result.json", res)
-    rows = [{"model": m, "metric": k, "value": v["value"], "lo": v["ci95"][0], "hi": v["ci95"][1],
+    rows = [{"model": m, "metric": k, "value": v["value"], **ci(bounds(v)),
              "scale": v["scale"], "heads": ",".join(d["aggregate_heads"] if k.startswith("aggregate")
                                                     else d["gather_heads"])}
             for m, d in res["models"].items() for k, v in d["metrics"].items()]
-    rows += [{"model": f"{r['a']} vs {r['b']}", "metric": r["metric"], "value": r["value"], "lo": r["ci95"][0],
-              "hi": r["ci95"][1], "scale": r["scale"], "heads": r["sharper"]} for r in res["differences"]]
+    rows += [{"model": f"{r['a']} vs {r['b']}", "metric": r["metric"], "value": r["value"], **ci(bounds(r)),
+              "scale": r["scale"], "heads": r["sharper"]} for r in res["differences"]]
     runio.write_csv(out / "sharpness.csv", rows)
     if res["differences"]:
         _forest(res["differences"], out / "sharpness.png")
@@ -632,7 +633,7 @@ def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.45 * max(len(ratios), len(plain)) + 1.6))
     for ax, group, neutral, log in ((axes[0], ratios, 1.0, True), (axes[1], plain, 0.0, False)):
         for i, d in enumerate(group):
-            lo, hi = d["ci95"]
+            lo, hi = bounds(d)
             color = "C0" if lo > neutral else "C3" if hi < neutral else "0.5"
             ax.errorbar([d["value"]], [i], xerr=[[d["value"] - lo], [hi - d["value"]]], fmt="o", color=color,
                         capsize=3)
@@ -661,6 +662,7 @@ class HeadsResult:
     """A saved ``heads`` run (:func:`save_discovery`) as ``ganda report`` shows it: what was found."""
 
     def __init__(self, d: dict[str, Any]) -> None:
+        d = split_all(d)
         self.summary, self.rows = d.get("summary") or {}, d.get("rows") or []
 
     @classmethod
@@ -693,7 +695,7 @@ class SharpnessResult:
     """A saved ``sharpness`` run (:func:`save_sharpness`): which model's G&A maps are sharper."""
 
     def __init__(self, d: dict[str, Any]) -> None:
-        self.d = d
+        self.d = split_all(d)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SharpnessResult:
@@ -704,7 +706,7 @@ class SharpnessResult:
         for r in self.d.get("differences") or []:
             if r.get("metric") not in ("aggregate", "gather", "aggregate_peak", "gather_contrast"):
                 continue
-            lo, hi = r["ci95"]
+            lo, hi = bounds(r)
             decided = not str(r.get("sharper", "")).startswith("undecided")
             verdict = f"**{r['sharper']}** sharper" if decided else "**undecided** (the 95% interval covers no difference)"
             lines.append(f"{r['metric']}: {verdict}; {r.get('scale', '')} {r['value']:.3g} "

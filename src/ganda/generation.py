@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from .finite import check_logits
+from .intervals import ci
 from .interventions import Intervention, apply
 from .models.base import ModelAdapter
 from .progress import tqdm
@@ -306,7 +307,7 @@ def evaluate_generation(
     n = len(examples)
     cfg = {**task.config(), "seed": seed, "max_new_tokens": max_new, "finish": finishes}
     if metric_sums:
-        cfg["metrics"] = {k: {"correct": v, "accuracy": v / n if n else 0.0, "ci95": list(wilson(v, n))}
+        cfg["metrics"] = {k: {"correct": v, "accuracy": v / n if n else 0.0, **ci(wilson(v, n))}
                           for k, v in metric_sums.items()}
     if hasattr(task, "aggregate"):
         cfg.update(task.aggregate(preds))

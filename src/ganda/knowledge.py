@@ -11,6 +11,7 @@ from typing import Any
 
 from . import registry
 from .errors import GandaError
+from .intervals import ci
 from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter
 from .scoring import evaluate_examples
@@ -32,7 +33,7 @@ def group_score(per_task: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """A group's score from its members' ``{"accuracy", "n", ...}``: the unweighted mean accuracy
     (the paper's knowledge score), the examples in all, and each member's accuracy."""
     accs = {t: float(s["accuracy"]) for t, s in per_task.items()}
-    return {"accuracy": sum(accs.values()) / max(1, len(accs)), "ci95": None,
+    return {"accuracy": sum(accs.values()) / max(1, len(accs)), **ci(None),
             "n": sum(int(s["n"]) for s in per_task.values()), "tasks": accs}
 
 
@@ -59,7 +60,7 @@ def evaluate_group(
             task = get_task(task_name, adapter=adapter)
             r = evaluate_examples(adapter, task.examples(limit=limit, seed=seed), task_name=task_name,
                                   progress=progress)
-            res: dict[str, Any] = {"n": r.n, "acc": r.accuracy, "ci95": list(r.ci95)}
+            res: dict[str, Any] = {"n": r.n, "acc": r.accuracy, **ci(r.ci95)}
             if "acc_norm" in getattr(task, "metrics", ()):
                 res["acc_norm"] = r.acc_norm
             out["tasks"][task_name] = res

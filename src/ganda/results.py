@@ -10,8 +10,16 @@ JSONL files, into four tables; each row carries ``run``, the directory (or file)
   and exact effect, the pattern scores of ``ganda heads``, a demo's candidates, a roles run's labels;
 * ``predictions``: one row per example and condition (``condition``: ``intact`` or the ablated head):
   ``task``, ``subject``, ``doc_id`` (see :meth:`ganda.tasks.base.Example.key`), ``gold``, ``pred``,
-  ``pred_norm``, ``correct``, ``correct_norm`` and ``loglik`` (every choice's log-likelihood);
+  ``pred_norm``, ``correct``, ``correct_norm`` and ``loglik`` (every choice's log-likelihood). The
+  runs that keep their examples fill it: a sweep, a ranking (the exact sweep of its verified heads),
+  ``ganda extends`` (each condition), a ``ganda eval --predictions`` file, and a demo's ``ranking/``.
+  The other kinds (``prune``, ``retain``, ``kv_curve``, ``mask_last_row``, ``transplant``, ``roles``,
+  ``heads``, ``sharpness``, ``circuit_path``, ``demo``, the lab's) write accuracies with their
+  intervals, not their examples, and add no rows; ``circuit_edges`` keeps each verified edge's
+  log-likelihoods per example in ``edges_exact.jsonl``, which is not read here;
 * ``rows``: the table of an experiment (``<kind>.csv``: conditions by task scores).
+
+Every interval is two numbers, ``<name>_ci_low`` and ``<name>_ci_high`` (:mod:`ganda.intervals`).
 
 A table a run does not have is empty, not missing. pandas is imported when a table is built.
 """
@@ -27,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from . import registry
 from .errors import GandaError
 from .experiments.base import Experiment
+from .intervals import split_all
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -178,10 +187,10 @@ def _prediction_rows(run: str, condition: str, task: Any, rec: dict[str, Any], i
     return out
 
 
-def _sweep(run: Path, t: _Tables) -> None:
-    """``results.jsonl``: header, intact baseline, one record per ablated head."""
+def _sweep_records(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """A finished sweep's ``results.jsonl``: its config, the intact baseline and one record per head."""
     lines = []
-    for i, x in enumerate((run / "results.jsonl").read_text().splitlines(), 1):
+    for i, x in enumerate(path.read_text().splitlines(), 1):
         if not x.strip():
             continue
         try:
@@ -189,15 +198,29 @@ def _sweep(run: Path, t: _Tables) -> None:
         except ValueError:
             rec = None
         if not isinstance(rec, dict):
-            raise GandaError(f"{run / 'results.jsonl'}, line {i}: not a JSON object; the file is damaged or not ganda's")
+            raise GandaError(f"{path}, line {i}: not a JSON object; the file is damaged or not ganda's")
         lines.append(rec)
     header = next((x for x in lines if x.get("type") == "header"), None)
     base = next((x for x in lines if x.get("type") == "baseline"), None)
     if header is None or base is None:
-        raise GandaError(f"{run / 'results.jsonl'} is not a finished sweep (no header or baseline)")
-    cfg = header.get("config", {})
+        raise GandaError(f"{path} is not a finished sweep (no header or baseline)")
+    return header.get("config", {}), base, [x for x in lines if x.get("type") == "head"]
+
+
+def _sweep_predictions(run: Path, cfg: dict[str, Any], base: dict[str, Any], heads: list[dict[str, Any]]
+                       ) -> list[dict[str, Any]]:
+    """Every example of a sweep, intact and under each head's ablation."""
+    task, ids = _task_name(cfg.get("task")), cfg.get("ids")
+    rows = _prediction_rows(str(run), "intact", task, base, ids)
+    for r in heads:
+        rows += _prediction_rows(str(run), r["head"], task, r, ids)
+    return rows
+
+
+def _sweep(run: Path, t: _Tables) -> None:
+    """``results.jsonl``: header, intact baseline, one record per ablated head."""
+    cfg, base, heads = _sweep_records(run / "results.jsonl")
     task = _task_name(cfg.get("task"))
-    heads = [x for x in lines if x.get("type") == "head"]
     t.runs.append(_run_row(run, "sweep", cfg.get("model"), task, base["n"], base["acc"],
                            {"acc_norm": base["acc_norm"], "heads": len(heads), "seed": cfg.get("seed")}))
     gold_ll = _gold_loglik(base)
@@ -206,10 +229,7 @@ def _sweep(run: Path, t: _Tables) -> None:
                         "mixer": r.get("kind") or "", "n": r["n"], "acc": r["acc"], "acc_norm": r["acc_norm"],
                         "drop": base["acc"] - r["acc"], "drop_norm": base["acc_norm"] - r["acc_norm"],
                         "gold_loglik_drop": gold_ll - _gold_loglik(r)})
-    ids = cfg.get("ids")
-    t.predictions += _prediction_rows(str(run), "intact", task, base, ids)
-    for r in heads:
-        t.predictions += _prediction_rows(str(run), r["head"], task, r, ids)
+    t.predictions += _sweep_predictions(run, cfg, base, heads)
 
 
 def _gold_loglik(rec: dict[str, Any]) -> float:
@@ -219,8 +239,10 @@ def _gold_loglik(rec: dict[str, Any]) -> float:
 
 def _ranking(run: Path, t: _Tables) -> None:
     """``ranking.json`` of ``ganda rank``: every head's attribution estimate, the exact effect of the
-    verified ones, and both ranks."""
+    verified ones, and both ranks; the predictions of its exact sweep (``verify/``), where it ran one."""
     d = _read_json(run / "ranking.json")
+    if (run / "verify" / "results.jsonl").is_file():
+        t.predictions += _sweep_predictions(run, *_sweep_records(run / "verify" / "results.jsonl"))
     seconds = d.get("seconds") or {}
     t.runs.append(_run_row(run, "rank", d.get("model"), d.get("task"), d.get("n"), None,
                            {"method": d.get("method"), "ablation": d.get("ablation"), "margin": d.get("margin"),
@@ -245,6 +267,7 @@ def _result(run: Path, t: _Tables) -> None:
     d = _read_json(run / "result.json")
     if not isinstance(d, dict):
         raise GandaError(f"{run / 'result.json'} is not a ganda result (not a JSON object)")
+    d = split_all(d)  # intervals as two numbers, also from a file that wrote them otherwise
     kind = str(d.get("kind", "?"))
     cfg = d.get("config") if isinstance(d.get("config"), dict) else {}
     summary = d.get("summary") if isinstance(d.get("summary"), dict) else {}
@@ -273,7 +296,7 @@ def _models(d: dict[str, Any]) -> str | None:
 def _extends(run: Path, t: _Tables) -> None:
     """``ganda extends``: ``extends.json`` (one result per task and condition) and, per task and
     condition, ``predictions/<task>.<condition>.jsonl``."""
-    d = _read_json(run / "extends.json")
+    d = split_all(_read_json(run / "extends.json"))
     results = [r for r in d.get("results") or [] if isinstance(r, dict)]
     t.runs.append(_run_row(run, "extends", d.get("model"), ",".join(dict.fromkeys(r["task"] for r in results)),
                            d.get("limit"), None, {"heads": d.get("heads"), "control_heads": d.get("control_heads")}))

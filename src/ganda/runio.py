@@ -40,6 +40,7 @@ from typing import IO, Any
 
 from .errors import GandaError
 from .fingerprint import fingerprint
+from .intervals import split
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -164,7 +165,9 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
 
 def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
     """Rows of dicts as CSV, atomically: the columns are every key in order of first appearance,
-    lists and dicts are written as JSON, floats to :data:`RESULT_DIGITS` as in the JSON results."""
+    every interval as two columns (:func:`ganda.intervals.split`), other lists and dicts as JSON,
+    floats to :data:`RESULT_DIGITS` as in the JSON results."""
+    rows = [split(r) for r in rows]
     cols: list[str] = []
     for r in rows:
         for k in r:

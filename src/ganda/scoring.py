@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .finite import check_scores
+from .intervals import split
 from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter, ReadPositions
 from .progress import tqdm
@@ -513,8 +514,7 @@ class EvalResult:
         return {x["answer"]: x["accuracy"] for x in self.by_answer()}
 
     def to_json(self, with_predictions: bool = False) -> dict[str, Any]:
-        d = asdict(self)
-        d["ci95"] = list(self.ci95)
+        d = split(asdict(self))
         if answers := self.by_answer():
             d["by_answer"] = answers
         if not with_predictions:

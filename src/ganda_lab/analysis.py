@@ -20,6 +20,7 @@ import torch
 from ganda.errors import GandaError
 from ganda.evaluation import evaluate
 from ganda.heads import HeadId
+from ganda.intervals import ci
 from ganda.interventions import AblateHeads
 from ganda.models import load_model
 from ganda.models.base import ModelAdapter
@@ -138,7 +139,7 @@ def evaluate_lab(adapter: ModelAdapter, n: int = 200, seed: int = 0, interventio
         todo.append(("lab-mmlu:held", get_task("lab-mmlu", split="held", world=world)))
     for name, task in todo:
         r = evaluate(adapter, task, interventions, limit=n, seed=seed, progress=False)
-        out[name] = {"accuracy": round(r.accuracy, 4), "ci95": [round(x, 4) for x in r.ci95], "n": r.n}
+        out[name] = {"accuracy": round(r.accuracy, 4), **ci([round(x, 4) for x in r.ci95]), "n": r.n}
     return out
 
 

@@ -43,6 +43,7 @@ from ganda.experiments.roles import head_roles
 from ganda.experiments.transplant import transplant_sweep
 from ganda.figures import panels
 from ganda.heads import HeadId
+from ganda.intervals import ci
 from ganda.models import load_model
 from ganda.report import write_report
 from ganda.scoring import evaluate_examples
@@ -122,7 +123,7 @@ class Programme:
             tasks += [(f"lab-kv{p}", "lab-kv", {"pairs": p}) for p in (2, 4, 8)]
             for label, task, opts in tasks:
                 r = evaluate_examples(ad, self.examples(role, task, **opts), progress=False)
-                row.update(flat_scores({label: {"accuracy": r.accuracy, "ci95": list(r.ci95)}}))
+                row.update(flat_scores({label: {"accuracy": r.accuracy, **ci(r.ci95)}}))
             row["params"] = sum(p.numel() for p in ad.model.parameters())
             rows.append(row)
         res = LabModelsResult(model=",".join(r["model"] for r in rows), rows=rows,
@@ -544,7 +545,7 @@ def verdicts(st: dict[str, Any]) -> list[dict[str, Any]]:
         a_name = sh["differences"][0]["a"] if sh["differences"] else "?"
         t_sharper = [d["metric"] for d in agg + gat if d["sharper"] == a_name]
         s_sharper = [d["metric"] for d in agg + gat if d["sharper"] not in (a_name,) and not d["sharper"].startswith("undecided")]
-        lab = "; ".join(f"{d['metric']} {d['value']:.3g} [{d['ci95'][0]:.3g}, {d['ci95'][1]:.3g}] ({d['scale']})"
+        lab = "; ".join(f"{d['metric']} {d['value']:.3g} [{d['ci_low']:.3g}, {d['ci_high']:.3g}] ({d['scale']})"
                         for d in agg + gat)
         v = ("reproduced" if t_sharper and not s_sharper else "partly" if t_sharper else "not reproduced")
         lab += "; " + _reads_text(sh)
@@ -649,11 +650,11 @@ def _kv_falls_faster(kv, parts: list[str]) -> bool:
                  + ", ".join(f"{k} {_pct(v)}" for k, v in fall.items())
                  + f"; at {last['pairs']} pairs: " + ", ".join(f"{k} {_pct(last[c])}" for k, c in cols.items()))
     chance = 1 / first["pairs"]
-    unlearned = [k for k, c in cols.items() if not first[f"{c}_lo"] > chance]
+    unlearned = [k for k, c in cols.items() if not first[f"{c}_ci_low"] > chance]
     if unlearned:
         parts.append(f"KV not learned by {', '.join(unlearned)} (at {first['pairs']} pairs the interval reaches chance)")
         return False
-    return fall[others[0]] > fall[tspec] and last["intact_lo"] > last[f"{others[0]}_hi"]
+    return fall[others[0]] > fall[tspec] and last["intact_ci_low"] > last[f"{others[0]}_ci_high"]
 
 
 def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -704,7 +705,7 @@ def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[
             out.append({"title": f"4. sharpness, Transformer / SSM (paper: SSM smoother, >1): {verdict.get(4)}",
                         "groups": [d["metric"] for d in ratios],
                         "series": {"ratio": [d["value"] for d in ratios]},
-                        "errors": {"ratio": ([d["ci95"][0] for d in ratios], [d["ci95"][1] for d in ratios])},
+                        "errors": {"ratio": ([d["ci_low"] for d in ratios], [d["ci_high"] for d in ratios])},
                         "hlines": {"equally sharp": 1.0}, "ylim": None, "log": True,
                         "ylabel": "ratio of geometric means (95% CI)"})
     mk = st.get("mask")

@@ -331,8 +331,8 @@ class EdgeRanking:
             s, r = parse_edge(e)
             ci = self.exact_ci.get(e)
             out.append({"edge": e, "sender": str(s), "receiver": str(r), "estimate": est.get(e),
-                        "rank_estimate": rank.get(e), "exact": self.exact.get(e), "exact_lo": ci[0] if ci else None,
-                        "exact_hi": ci[1] if ci else None, "accuracy_drop": self.accuracy_drop.get(e),
+                        "rank_estimate": rank.get(e), "exact": self.exact.get(e), "exact_ci_low": ci[0] if ci else None,
+                        "exact_ci_high": ci[1] if ci else None, "accuracy_drop": self.accuracy_drop.get(e),
                         "verified": e in self.verified, "audited": e in self.audited})
         return out
 

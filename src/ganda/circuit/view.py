@@ -41,7 +41,7 @@ def _arrow(ax: Any, a: tuple[float, float], b: tuple[float, float], e: Mapping[s
     """One edge: an arc (skips over several layers bend more, alternately up and down) and its label
     at the arc's middle (matplotlib bends arcs in display space, so the middle is found there)."""
     eff = float(e["exact"])
-    lo, hi = e.get("exact_lo"), e.get("exact_hi")
+    lo, hi = e.get("exact_ci_low"), e.get("exact_ci_high")
     weak = lo is not None and hi is not None and lo <= 0 <= hi
     rad = (0.1 + 0.07 * max(0.0, b[0] - a[0] - 1)) * (1 if k % 2 else -1)
     ax.add_patch(patch(a, b, arrowstyle="-|>", mutation_scale=14, connectionstyle=f"arc3,rad={rad}", shrinkA=16,
@@ -57,7 +57,7 @@ def _arrow(ax: Any, a: tuple[float, float], b: tuple[float, float], e: Mapping[s
 
 def draw_circuit(edges: Sequence[Mapping[str, Any]], path: str | Path, *, roles: Mapping[str, str] | None = None,
                  title: str | None = None, n_layers: int | None = None) -> Path:
-    """One PNG of ``edges`` (rows with ``sender``, ``receiver``, ``exact``, ``exact_lo``, ``exact_hi``)."""
+    """One PNG of ``edges`` (rows with ``sender``, ``receiver``, ``exact``, ``exact_ci_low``, ``exact_ci_high``)."""
     plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch

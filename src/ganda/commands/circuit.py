@@ -11,6 +11,7 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
+from ..intervals import bounds
 from ..tasks import get_task
 from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option, require_heads
 
@@ -37,7 +38,7 @@ def _pct(x: float) -> str:
 
 
 def _ci(ci: Any, scale: float = 100.0, digits: int = 1) -> str:
-    return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 else ""
+    return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 and None not in ci else ""
 
 
 def register(app: typer.Typer) -> None:
@@ -84,9 +85,9 @@ def register(app: typer.Typer) -> None:
         print(f"{'condition':24s} {'accuracy [95% CI]':>22s} {'drop, paired CI':>22s} {'margin':>8s} "
               f"{'margin drop, paired CI':>28s}")
         for r in res.rows:
-            drop = f"{_pct(r['drop'])} {_ci(r['drop_ci95'])}" if "drop" in r else ""
-            mdrop = f"{r['margin_drop']:.3f} {_ci(r['margin_drop_ci95'], 1, 3)}" if "margin_drop" in r else ""
-            print(f"{r['condition']:24s} {_pct(r['accuracy']) + ' ' + _ci(r['accuracy_ci95']):>22s} {drop:>22s} "
+            drop = f"{_pct(r['drop'])} {_ci(bounds(r, 'drop'))}" if "drop" in r else ""
+            mdrop = f"{r['margin_drop']:.3f} {_ci(bounds(r, 'margin_drop'), 1, 3)}" if "margin_drop" in r else ""
+            print(f"{r['condition']:24s} {_pct(r['accuracy']) + ' ' + _ci(bounds(r, 'accuracy')):>22s} {drop:>22s} "
                   f"{r['margin']:8.3f} {mdrop:>28s}")
 
 
@@ -142,7 +143,7 @@ def register(app: typer.Typer) -> None:
         print(f"{'edge':>22s} {'estimate':>9s} {'exact [paired 95% CI]':>28s} {'acc. drop':>9s} {'roles':>20s}")
         roles_of = res.extra.get("roles") or {}
         for r in res.rows[:top]:
-            exact = f"{r['exact']:.3f} [{r['exact_lo']:.3f}, {r['exact_hi']:.3f}]" if r["exact"] is not None else "-"
+            exact = f"{r['exact']:.3f} [{r['exact_ci_low']:.3f}, {r['exact_ci_high']:.3f}]" if r["exact"] is not None else "-"
             acc = _pct(r["accuracy_drop"]) if r["accuracy_drop"] is not None else "-"
             who = f"{roles_of.get(r['sender'], '')} > {roles_of.get(r['receiver'], '')}" if roles_of else ""
             print(f"{r['edge']:>22s} {r['estimate']:9.3f} {exact:>28s} {acc:>9s} {who:>20s}")

@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
             result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts,
                                  conditions=conds)
         for r in result["results"]:
-            ci = r.get("ci95") or [float("nan"), float("nan")]
+            ci = [float("nan") if x is None else x for x in (r.get("ci_low"), r.get("ci_high"))]
             acc = r["accuracy"]
             print(f"{r['task']:>14} {r['condition']:>8}  acc {acc if acc is None else round(acc, 4)}"
                   f"  CI [{ci[0]:.3f}, {ci[1]:.3f}]  n={r['n']}")

@@ -50,5 +50,5 @@ def register(app: typer.Typer) -> None:
                                 resamples=resamples, progress=not quiet, summary=summary)
         rows = save_sharpness(res, out)
         for r in rows:
-            print(f"{r['model']:>40}  {r['metric']:<18} {r['value']:9.4f}  [{r['lo']:.4f}, {r['hi']:.4f}]  {r['heads']}")
+            print(f"{r['model']:>40}  {r['metric']:<18} {r['value']:9.4f}  [{r['ci_low']:.4f}, {r['ci_high']:.4f}]  {r['heads']}")
         print(f"wrote {out}/result.json, sharpness.csv and sharpness.png")

@@ -18,6 +18,7 @@ from ..circuit.view import draw_circuit
 from ..errors import GandaError
 from ..figures import bars
 from ..heads import HeadId, expand
+from ..intervals import bounds
 from ..models.base import ModelAdapter
 from ..scoring import encode
 from ..stats import overlap
@@ -62,7 +63,7 @@ class PathOptions(Options):
 
 def _span(ci: Any, scale: float = 100.0) -> str:
     digits = 1 if scale == 100.0 else 3
-    return f" [{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 else ""
+    return f" [{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 and None not in ci else ""
 
 
 @dataclass
@@ -78,15 +79,16 @@ class PathResult(ExperimentResult):
         what = "every path" if s.get("paths") == "all" else "its direct path"
         lines = [f"Intact: {100 * base['accuracy']:.1f}% on {s.get('n')} prompts, margin {base['margin']:.3f}. "
                  f"{s['sender']} ablated everywhere: accuracy drop **{100 * every['drop']:.1f}** points"
-                 f"{_span(every['drop_ci95'])}, margin drop **{every['margin_drop']:.3f}**{_span(every['margin_drop_ci95'], 1)}."]
+                 f"{_span(bounds(every, 'drop'))}, margin drop **{every['margin_drop']:.3f}**"
+                 f"{_span(bounds(every, 'margin_drop'), 1)}."]
         for r in self.rows:
             if r["condition"] in (INTACT, EVERYWHERE):
                 continue
             share = f" ({100 * r['share_of_sender']:.0f}% of the sender's)" if r.get("share_of_sender") is not None else ""
-            weak = " — *weak*: its interval includes 0" if overlap(r["margin_drop_ci95"], [0.0, 0.0]) else ""
+            weak = " — *weak*: its interval includes 0" if overlap(bounds(r, "margin_drop"), [0.0, 0.0]) else ""
             lines.append(f"{s['sender']} removed only along {what} into {s['receiver']}, {r['condition']}: "
-                         f"accuracy drop **{100 * r['drop']:.1f}** points{_span(r['drop_ci95'])}, margin drop "
-                         f"**{r['margin_drop']:.3f}**{_span(r['margin_drop_ci95'], 1)}{share}{weak}.")
+                         f"accuracy drop **{100 * r['drop']:.1f}** points{_span(bounds(r, 'drop'))}, margin drop "
+                         f"**{r['margin_drop']:.3f}**{_span(bounds(r, 'margin_drop'), 1)}{share}{weak}.")
         return "\n".join(lines)
 
     def draw(self, out_dir: Path) -> list[Path]:
@@ -96,8 +98,8 @@ class PathResult(ExperimentResult):
         s = self.summary
         return [bars([r["condition"] for r in rows], {"margin drop": [r["margin_drop"] for r in rows]},
                      Path(out_dir) / "path.png", ylim=None, ylabel="drop of the margin (paired 95% CI)",
-                     errors={"margin drop": ([r["margin_drop_ci95"][0] for r in rows],
-                                             [r["margin_drop_ci95"][1] for r in rows])},
+                     errors={"margin drop": ([bounds(r, "margin_drop")[0] for r in rows],
+                                             [bounds(r, "margin_drop")[1] for r in rows])},
                      rotate=20, title=f"{s.get('sender')} -> {s.get('receiver')} ({s.get('paths')} paths), {self.model}")]
 
 
@@ -180,10 +182,10 @@ class EdgesResult(ExperimentResult):
             return f" ({roles[head]})" if roles.get(head) else ""
 
         for r in sorted(self.verified_rows(), key=lambda r: -abs(r["exact"]))[:3]:
-            weak = " — *weak*: its interval includes 0" if r["exact_lo"] <= 0 <= r["exact_hi"] else ""
+            weak = " — *weak*: its interval includes 0" if r["exact_ci_low"] <= 0 <= r["exact_ci_high"] else ""
             lines.append(f"**{r['sender']}**{who(r['sender'])} → **{r['receiver']}**{who(r['receiver'])}: "
                          "removing the edge drops the margin by "
-                         f"**{r['exact']:.3f}** [{r['exact_lo']:.3f}, {r['exact_hi']:.3f}] (accuracy "
+                         f"**{r['exact']:.3f}** [{r['exact_ci_low']:.3f}, {r['exact_ci_high']:.3f}] (accuracy "
                          f"{-100 * r['accuracy_drop']:+.1f} points; estimate {r['estimate']:.3f}){weak}.")
         if s.get("bound"):
             lines.append(s["bound"])

@@ -1,7 +1,7 @@
 """What every experiment shares: scoring a model on the paper's two axes (MMLU vs knowledge),
 a result object that saves itself as JSON + CSV + PNG, and provenance for re-running.
 
-Scores are summarised as plain dicts ``{"accuracy", "ci95", "n"}`` so results stay JSON.
+Scores are summarised as plain dicts ``{"accuracy", "ci_low", "ci_high", "n"}`` so results stay JSON.
 An experiment's task list names registered tasks (:func:`ganda.registry.register_task`), a number
 after a task that declares one setting that option (``kv20``: ``kv`` with 20 pairs), and task
 groups (:func:`ganda.registry.register_group`), such as ``knowledge``: the mean accuracy over the
@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import registry, runio
 from ..errors import GandaError
+from ..intervals import bounds, ci, split_all
 from ..interventions import Intervention, describe_all
 from ..knowledge import group_score
 from ..models.base import ModelAdapter
@@ -87,7 +88,7 @@ def parse_tasks(text: str | Sequence[str]) -> list[str]:
 
 def _summary(acc: float, n: int, correct: int | None = None, **extra: Any) -> dict[str, Any]:
     c = round(acc * n) if correct is None else correct
-    return {"accuracy": acc, "ci95": list(wilson(c, n)), "n": n, **extra}
+    return {"accuracy": acc, **ci(wilson(c, n)), "n": n, **extra}
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Scorer:
         return [(m, self._task_examples(m, klimit)[1]) for m in registry.group_members(name) or ()]
 
     def score(self, interventions: Sequence[Intervention] = (), label: str = "") -> dict[str, Any]:
-        """``{task: {"accuracy", "ci95", "n"} | None}`` for every task (a group: its members' mean,
+        """``{task: {"accuracy", "ci_low", "ci_high", "n"} | None}`` for every task (a group: its members' mean,
         :func:`ganda.knowledge.group_score`)."""
         out: dict[str, Any] = {}
 
@@ -163,15 +164,15 @@ def acc(scores: dict[str, Any], task: str) -> float | None:
 
 
 def flat_scores(scores: dict[str, Any]) -> dict[str, Any]:
-    """``{"mmlu": .5, "mmlu_lo": .4, "mmlu_hi": .6, ...}`` for CSV rows and tables."""
+    """``{"mmlu": .5, "mmlu_ci_low": .4, "mmlu_ci_high": .6, ...}`` for CSV rows and tables."""
     out: dict[str, Any] = {}
     for t, s in scores.items():
         if s is None:
             out[t] = None
             continue
         out[t] = s["accuracy"]
-        if s.get("ci95"):
-            out[f"{t}_lo"], out[f"{t}_hi"] = s["ci95"]
+        if bounds(s)[0] is not None:
+            out.update(ci(bounds(s), t))
     return out
 
 
@@ -193,8 +194,13 @@ class ExperimentResult:
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Every interval as two numbers (:mod:`ganda.intervals`), also in a result read from a file
+        that wrote it in another form."""
+        self.summary, self.rows, self.extra = (split_all(x) for x in (self.summary, self.rows, self.extra))
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        return split_all({
             "kind": self.kind,
             "model": self.model,
             "ganda_version": runio.ganda_version(),
@@ -205,7 +211,7 @@ class ExperimentResult:
             "interventions": self.interventions,
             "notes": self.notes,
             **self.extra,
-        }
+        })
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ExperimentResult:

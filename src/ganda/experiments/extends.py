@@ -27,6 +27,7 @@ from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
 from ..generation import evaluate_generation
 from ..heads import HeadId, expand, format_heads
+from ..intervals import bounds, ci
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
@@ -96,8 +97,8 @@ def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[A
         acc, mar = bootstrap_paired(base_c, c, seed=seed), bootstrap_paired(base_m, m, seed=seed)
         noise = (acc["diff_ci95"][0] <= 0 <= acc["diff_ci95"][1]
                  and (mar["diff_ci95"][0] <= 0 <= mar["diff_ci95"][1] or abs(mar["diff"]) <= NOISE_MARGIN * abs(base_margin)))
-        effects[rec["head"]] = {"acc_drop": acc["diff"], "acc_drop_ci95": acc["diff_ci95"], "margin_drop": mar["diff"],
-                                "margin_drop_ci95": mar["diff_ci95"], "within_noise": noise}
+        effects[rec["head"]] = {"acc_drop": acc["diff"], **ci(acc["diff_ci95"], "acc_drop"), "margin_drop": mar["diff"],
+                                **ci(mar["diff_ci95"], "margin_drop"), "within_noise": noise}
     return {"rule": CONTROL_RULE, "n": len(examples), "baseline_accuracy": baseline["acc"],
             "baseline_margin": base_margin, "candidates": effects}
 
@@ -131,16 +132,17 @@ def _knowledge(adapter: ModelAdapter, interventions: list[Intervention], limit: 
     r = evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
     d = r.to_json() if hasattr(r, "to_json") else dict(r) if isinstance(r, dict) else {"value": r}
     if isinstance(d.get("tasks"), dict):
-        # {"tasks": {name: {"n", "acc", "ci95"}}, "mean": ...}: the paper's knowledge score is the mean acc
+        # {"tasks": {name: {"n", "acc", "ci_low", "ci_high"}}, "mean": ...}: the paper's knowledge score is the mean acc
         per = d["tasks"]
         n = sum(int(t.get("n", 0)) for t in per.values())
-        return {"n": n, "correct": None, "accuracy": d.get("mean"), "ci95": None,
+        return {"n": n, "correct": None, "accuracy": d.get("mean"), **ci(None),
                 "seconds": d.get("seconds", time.perf_counter() - t0), "detail": d}
     n, correct = d.get("n"), d.get("correct")
     acc = d.get("accuracy", d.get("score", d.get("mean")))
     row = {"n": n, "correct": correct, "accuracy": acc, "seconds": d.get("seconds", time.perf_counter() - t0),
            "detail": d}
-    row["ci95"] = list(wilson(int(correct), int(n))) if n and correct is not None else d.get("ci95")
+    row.update(ci(wilson(int(correct), int(n))) if n and correct is not None else ci(bounds(d)) if bounds(d)[0] is not None
+               else ci(None))
     return row
 
 
@@ -199,7 +201,7 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
         config = {**task.config(), "seed": first.config["seed"], "max_new_tokens": first.config["max_new_tokens"],
                   "finish": finish}
         if sums:
-            config["metrics"] = {k: {"correct": v, "accuracy": v / n, "ci95": list(wilson(v, n))} for k, v in sums.items()}
+            config["metrics"] = {k: {"correct": v, "accuracy": v / n, **ci(wilson(v, n))} for k, v in sums.items()}
         if hasattr(task, "aggregate"):
             config.update(task.aggregate(preds))
         norm = None
@@ -268,14 +270,14 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
                 k = parts[0]
                 if k is None:
                     continue
-                row = {"task": "knowledge", "condition": cond, **{x: k[x] for x in ("n", "correct", "accuracy", "ci95")},
+                row = {"task": "knowledge", "condition": cond, **{x: k[x] for x in ("n", "correct", "accuracy", "ci_low", "ci_high")},
                        "seconds": round(time.perf_counter() - t0, 2),
                        "config": {"task": "knowledge", "per_task": k["detail"].get("tasks")},
                        "interventions": describe_all(ivs[cond])}
             else:
                 res = _merge(adapter, task, _examples(task, limit, seed) if n_units > 1 else [], parts)
                 row = {"task": name, "condition": cond, "n": res.n, "correct": res.correct,
-                       "accuracy": res.accuracy, "ci95": list(res.ci95), "seconds": round(res.seconds, 2),
+                       "accuracy": res.accuracy, **ci(res.ci95), "seconds": round(res.seconds, 2),
                        "config": res.config, "interventions": res.interventions}
                 if pred_dir:
                     with runio.atomic_open(pred_dir / f"{name}.{cond}.jsonl") as f:
@@ -313,7 +315,7 @@ def control_sentence(result: dict[str, Any]) -> str:
     eff = result.get("control_effects")
     if eff is None:
         return f"control heads: {result.get('control_heads') or 'none'}"
-    each = ", ".join(f"{h} (acc drop {e['acc_drop']:+.3f} [{e['acc_drop_ci95'][0]:+.3f}, {e['acc_drop_ci95'][1]:+.3f}], "
+    each = ", ".join(f"{h} (acc drop {e['acc_drop']:+.3f} [{e['acc_drop_ci_low']:+.3f}, {e['acc_drop_ci_high']:+.3f}], "
                      f"margin drop {e['margin_drop']:+.2f})" for h, e in eff.items())
     c = result["controls"]
     n_ok = sum(e["within_noise"] for e in c["candidates"].values())
@@ -333,7 +335,7 @@ def write_results(result: dict[str, Any], out: Path) -> None:
         w = csv.writer(f)
         w.writerow(["task", "condition", "n", "correct", "accuracy", "ci_low", "ci_high", "seconds", "heads"])
         for r in result["results"]:
-            ci = r.get("ci95") or [None, None]
+            low, high = bounds(r)
             heads = {"intact": "", "ablated": result["heads"], "control": result["control_heads"]}[r["condition"]]
-            w.writerow([r["task"], r["condition"], r["n"], r["correct"], r["accuracy"], ci[0], ci[1],
+            w.writerow([r["task"], r["condition"], r["n"], r["correct"], r["accuracy"], low, high,
                         r["seconds"], heads])

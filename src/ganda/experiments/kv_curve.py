@@ -48,7 +48,7 @@ class KVCurveResult(ExperimentResult):
             if all(cond in r for r in rows):
                 label = f"{self.model}" if cond == "intact" and others else cond
                 series[label] = [r[cond] for r in rows]
-                bands[label] = ([r[f"{cond}_lo"] for r in rows], [r[f"{cond}_hi"] for r in rows])
+                bands[label] = ([r[f"{cond}_ci_low"] for r in rows], [r[f"{cond}_ci_high"] for r in rows])
         series["chance (1/pairs)"] = [1 / p for p in x]
         heads = self.config.get("heads")
         title = (f"KV retrieval, intact vs {heads} ablated ({self.model})" if heads and not others
@@ -86,7 +86,7 @@ def kv_curve(
                  for label, other in compare.items()]
         for cond, sc, ivs in runs:
             s = flat_scores(sc.score(ivs, label=f"{cond} {p}"))
-            row[cond], row[f"{cond}_lo"], row[f"{cond}_hi"] = s[name], s[f"{name}_lo"], s[f"{name}_hi"]
+            row[cond], row[f"{cond}_ci_low"], row[f"{cond}_ci_high"] = s[name], s[f"{name}_ci_low"], s[f"{name}_ci_high"]
         if hs:
             row["gap"] = row["intact"] - row["ablated"]
         rows.append(row)

@@ -44,8 +44,8 @@ from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores
 
 def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[list[Any], list[Any]] | None]:
     ys = [r.get(task) for r in rows]
-    if all(f"{task}_lo" in r for r in rows):
-        return ys, ([r[f"{task}_lo"] for r in rows], [r[f"{task}_hi"] for r in rows])
+    if all(f"{task}_ci_low" in r for r in rows):
+        return ys, ([r[f"{task}_ci_low"] for r in rows], [r[f"{task}_ci_high"] for r in rows])
     return ys, None
 
 
@@ -360,8 +360,8 @@ def prune_curve(
     pts = [(r["layers"], r[drop_task]) for r in rows if r.get(drop_task) is not None]
     if len(pts) >= 2:
         d = find_drop(pts)
-        lo_prev = next(r for r in rows if r["layers"] == d["minimal_layers"]).get(f"{drop_task}_lo")
-        hi_next = next(r for r in rows if r["layers"] == d["removed_to"]).get(f"{drop_task}_hi")
+        lo_prev = next(r for r in rows if r["layers"] == d["minimal_layers"]).get(f"{drop_task}_ci_low")
+        hi_next = next(r for r in rows if r["layers"] == d["removed_to"]).get(f"{drop_task}_ci_high")
         d["significant"] = bool(lo_prev is not None and hi_next is not None and lo_prev > hi_next)
         if step > 1:
             result.notes.append(f"step {step}: the drop is located to within {step} layers; rerun with step 1 near it")

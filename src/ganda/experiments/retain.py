@@ -53,8 +53,8 @@ class RetainResult(ExperimentResult):
         series, errors = {}, {}
         for t in task_columns(self.rows):
             series[t] = [r.get(t) for r in self.rows]
-            if all(f"{t}_lo" in r for r in self.rows):
-                errors[t] = ([r[f"{t}_lo"] for r in self.rows], [r[f"{t}_hi"] for r in self.rows])
+            if all(f"{t}_ci_low" in r for r in self.rows):
+                errors[t] = ([r[f"{t}_ci_low"] for r in self.rows], [r[f"{t}_ci_high"] for r in self.rows])
         return [bars(labels, series, Path(out_dir) / "retain.png", errors=errors, hlines={"MMLU chance": chance("mmlu")},
                      title=f"Critical heads retained in layers {self.config.get('gather_layer')}-"
                            f"{self.config.get('aggregate_layer')}")]

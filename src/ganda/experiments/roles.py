@@ -42,6 +42,7 @@ from ..discovery import ablate_until_chance, added_heads, pattern_scores
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
+from ..intervals import bounds, ci
 from ..interventions import AblateHeads, KeepLayers, apply
 from ..labels import Label, label_model
 from ..models.base import ModelAdapter
@@ -65,8 +66,9 @@ class RolesResult(ExperimentResult):
         s, lines = self.summary, []
         for role in ("gather", "aggregate"):
             if s.get(role):
-                a, b = s.get("baseline_ci95"), s.get(f"{role}_ablated_ci95")
-                weak = " — *weak*: its 95% interval overlaps the intact one" if a and b and overlap(a, b) else ""
+                a, b = bounds(s, "baseline"), bounds(s, f"{role}_ablated")
+                weak = (" — *weak*: its 95% interval overlaps the intact one"
+                        if None not in (*a, *b) and overlap(a, b) else "")
                 label = (s.get("labels") or {}).get(s[role])
                 lines.append(f"Hurts most {WHERE[role]}: **{s[role]}**"
                              + (f" (label: {label})" if label else "") + f": {pct(s.get('baseline'))} → "
@@ -196,7 +198,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         for m in MODES:
             r = evaluate_examples(adapter, examples, [AblateHeads(h, positions=None if m == "all" else m)],
                                   progress=False)
-            row[m], (row[f"{m}_lo"], row[f"{m}_hi"]) = r.accuracy, r.ci95
+            row.update({m: r.accuracy, **ci(r.ci95, m)})
             row[f"drop_{m}"] = base - r.accuracy
             if m == "all":  # which answer letters this head serves
                 row["answers"] = r.answer_accuracy()
@@ -220,7 +222,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         row["label"], row["label_reason"] = (lab.label, lab.reason) if lab else (None, None)
         for k in ("aggregate", "gather"):  # the pattern scores the label was given
             row[f"{k}_score"] = lab.scores.get(k) if lab else None
-    summary: dict[str, Any] = {"baseline": base, "baseline_ci95": base_ci, "chance": chance, "n": len(examples),
+    summary: dict[str, Any] = {"baseline": base, **ci(base_ci, "baseline"), "chance": chance, "n": len(examples),
                                "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()},
                                "baseline_answers": base_answers,
                                "labels": {r["head"]: r["label"] for r in rows if r["label"] is not None}}
@@ -229,7 +231,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         best = min(cands, key=lambda r: r["all"]) if cands else None
         summary[role] = best["head"] if best else None
         summary[f"{role}_ablated"] = best["all"] if best else None
-        summary[f"{role}_ablated_ci95"] = [best["all_lo"], best["all_hi"]] if best else None
+        summary.update(ci((best["all_ci_low"], best["all_ci_high"]) if best else None, f"{role}_ablated"))
         summary[f"{role}_control_drop"] = best.get("drop_control") if best else None
         summary[f"{role}_answers_lost"] = best["answers_lost"] if best else None
         summary[f"{role}_heads"] = [r["head"] for r in cands]

@@ -264,7 +264,7 @@ class TransplantResult(ExperimentResult):
         if "best_layer" not in s:
             return ""
         t = s.get("task")
-        ci = {r["condition"]: (r.get(f"{t}_lo"), r.get(f"{t}_hi")) for r in self.rows}
+        ci = {r["condition"]: (r.get(f"{t}_ci_low"), r.get(f"{t}_ci_high")) for r in self.rows}
         best, base = ci.get(s.get("best"), (None, None)), ci.get("student", (None, None))
         weak = (" (weak: its 95% interval overlaps the baseline's)" if None not in (*best, *base)
                 and best[0] <= base[1] and base[0] <= best[1] else "")
@@ -280,8 +280,8 @@ class TransplantResult(ExperimentResult):
         tasks = self.config.get("tasks") or task_columns(rows)
         for t in tasks:
             series[t] = [r.get(t) for r in rows]
-            if all(f"{t}_lo" in r for r in rows):
-                errors[t] = ([r[f"{t}_lo"] for r in rows], [r[f"{t}_hi"] for r in rows])
+            if all(f"{t}_ci_low" in r for r in rows):
+                errors[t] = ([r[f"{t}_ci_low"] for r in rows], [r[f"{t}_ci_high"] for r in rows])
         hl = {f"student {t}": base[t] for t in series if base.get(t) is not None}
         hl.update({f"donor {t}": donor[t] for t in series if donor.get(t) is not None})
         if "mmlu" in series or "lab-mmlu" in series:
