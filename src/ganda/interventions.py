@@ -111,6 +111,18 @@ def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> dict
     return {z_point(mixer): mask_edit(adapter, masks)}
 
 
+@contextmanager
+def _edit_layers(adapter: ModelAdapter, layers: Any, what: str, edits: dict[str, Any]) -> Iterator[None]:
+    """Claim ``layers`` for an intervention (``what`` names it if another layer edit holds them), run
+    with ``edits`` on their named points, and release them however the block ends."""
+    token = adapter.use_layers(layers, what)
+    try:
+        with Trace(adapter, edit=edits):
+            yield
+    finally:
+        adapter.release_layers(token)
+
+
 def _group_by_mixer(adapter: ModelAdapter, heads: Sequence[HeadId]) -> dict[int, tuple[Mixer, list[int]]]:
     groups: dict[int, tuple[Mixer, list[int]]] = {}
     for h in heads:
@@ -149,14 +161,10 @@ class AblateHeads(Intervention):
             raise GandaError(f"no head ids in {self.heads!r} (expected e.g. L17H24 or L3H0-2)")
         for h in heads:  # a head of a removed layer would be ablated by nothing: refuse it
             adapter.require_active([h.layer], str(h))
-        token = adapter.use_layers({h.layer for h in heads}, f"the ablation of {_short(heads)}")
         edits = {z_point(m): mask_edit(adapter, head_mask(m, hs), self.positions)
                  for m, hs in _group_by_mixer(adapter, heads).values()}
-        try:
-            with Trace(adapter, edit=edits):
-                yield
-        finally:
-            adapter.release_layers(token)
+        with _edit_layers(adapter, {h.layer for h in heads}, f"the ablation of {_short(heads)}", edits):
+            yield
 
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
@@ -208,12 +216,9 @@ class KeepHeads(Intervention):
             raise GandaError(f"KeepHeads: {ignored[0]} is not in the mixers it acts on ({where})")
         label = f"keep-heads in layers {compress_ranges(layers)}"
         adapter.require_active(layers, label)
-        token = adapter.use_layers(layers, label)
-        try:
-            with Trace(adapter, edit={z_point(m): mask_edit(adapter, head_mask(m, kept, keep=True)) for m, kept in plan}):
-                yield
-        finally:
-            adapter.release_layers(token)
+        edits = {z_point(m): mask_edit(adapter, head_mask(m, kept, keep=True)) for m, kept in plan}
+        with _edit_layers(adapter, layers, label, edits):
+            yield
 
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
@@ -232,17 +237,13 @@ class MeanAblateHeads(Intervention):
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
         heads = expand(self.heads, adapter)
-        token = adapter.use_layers({h.layer for h in heads}, f"the mean-ablation of {_short(heads)}")
         edits = {}
         for m, hs in _group_by_mixer(adapter, heads).values():
             if (m.layer, m.kind) not in self.means:
                 raise GandaError(f"no reference mean for layer {m.layer} ({m.kind})")
             edits[z_point(m)] = mean_edit(m, hs, self.means[(m.layer, m.kind)])
-        try:
-            with Trace(adapter, edit=edits):
-                yield
-        finally:
-            adapter.release_layers(token)
+        with _edit_layers(adapter, {h.layer for h in heads}, f"the mean-ablation of {_short(heads)}", edits):
+            yield
 
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
