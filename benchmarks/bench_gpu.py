@@ -402,6 +402,7 @@ def section_attribution(ctx: SimpleNamespace) -> dict[str, Any]:
     exs = ctx.examples[:n]
     w = pl.workload(exs)
     predicted, mem = pl.seconds("attribution", w, skip_exact=True, method="atp*", verify_top=0, audit=0)
+    attribute(ctx.adapter, exs[:1], method="atp*", progress=False)  # warm, as the forward/backward beside it is
     with Peak(ctx.dev) as peak:
         res, secs = timed(ctx.dev, lambda: attribute(ctx.adapter, exs, method="atp*", progress=False))
     fb = _forward_backward(ctx, exs)

@@ -277,7 +277,7 @@ class _Engine:
 
     def _heads_of(self, zs: list[tuple[Mixer, list[int | None], torch.Tensor]], grads: Sequence[torch.Tensor | None],
                   batch: _Batch, n_items: int) -> list[tuple[list[int | None], torch.Tensor]]:
-        """Per mixer: (head columns, ``[items, heads]`` first-order drops)."""
+        """Per mixer: (head columns, ``[items, heads]`` first-order drops, on the model's device)."""
         out = []
         for (m, cols, z), g in zip(zs, grads, strict=True):
             rows, w = z.shape[0], z.shape[1]
@@ -289,44 +289,66 @@ class _Engine:
                     zf = zf - self.means[z_point(m)].to(zf.device)
                 prod = (zf * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
                 vals = prod.new_zeros((n_items, m.num_heads)).index_add_(0, batch.row_example, prod)
-            out.append((cols, vals.cpu()))
+            out.append((cols, vals))
         return out
 
-    def _replay(self, calls: LayerCalls, k: int) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
+    def _columns(self, cols: list[int | None], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the mixer's head indices that are ranked, their columns in the result), as index tensors."""
+        pairs = [(h, c) for h, c in enumerate(cols) if c is not None]
+        return (torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
+                torch.tensor([c for _, c in pairs], dtype=torch.long, device=device))
+
+    def _replay(self, calls: LayerCalls, k: int) -> tuple[torch.Tensor, torch.Tensor, list[Any], torch.Tensor]:
         """Layer k recomputed with autograd from its recorded input: (input, output, the heads' ``z``
-        with their mixers and head columns). Refused where the replay differs from the model's pass."""
+        with their mixers and head columns, the replay's relative difference from the model's own
+        pass, a device scalar that :meth:`run` checks once per batch instead of a host sync per layer)."""
         mixers = self.by_layer.get(k, [])
         points = [z_point(m) for m, _ in mixers]
         with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, detach=False) as tr:
             x = calls.inputs[k].detach().requires_grad_(True)  # type: ignore[index]
             out = calls.run(k, x)
         want = calls.output(k).float()
-        err = float((out.detach().float() - want).abs().max()) / (1.0 + float(want.abs().max()))
-        if err > (1e-4 if out.dtype == torch.float32 else 3e-2):
-            raise GandaError(f"layer {k} replayed by hand differs from the model's own pass; "
+        err = (out.detach().float() - want).abs().max() / (1.0 + want.abs().max())
+        return x, out, [(m, cols, tr[p]) for (m, cols), p in zip(mixers, points, strict=True)], err
+
+    def _check_replays(self, errs: dict[int, torch.Tensor], dtype: torch.dtype) -> None:
+        """Refuse a model whose layers, replayed by hand, differ from its own pass."""
+        if not errs:
+            return
+        layers = sorted(errs)
+        values = torch.stack([errs[k] for k in layers]).cpu().tolist()
+        tol = 1e-4 if dtype == torch.float32 else 3e-2
+        bad = [k for k, v in zip(layers, values, strict=True) if not v <= tol]
+        if bad:
+            raise GandaError(f"layer {bad[-1]} replayed by hand differs from the model's own pass; "
                              f"attribution does not support {type(self.adapter.model).__name__}")
-        return x, out, [(m, cols, tr[p]) for (m, cols), p in zip(mixers, points, strict=True)]
 
     def run(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
-        """``[items, heads]`` AtP, ``[blocks, heads]`` summed GradDrop terms (or None), clean log-likelihoods."""
+        """``[items, heads]`` AtP, ``[blocks, heads]`` summed GradDrop terms (or None), clean log-likelihoods.
+        The scores accumulate on the model's device and move to the host once per batch."""
         calls = self.trace(batch)
         n_items, n_heads, n_layers = len(batch.items), len(self.heads), self.n_layers
-        atp = torch.zeros((n_items, n_heads))
-        gd = torch.zeros((self.n_blocks, n_heads)) if self.graddrop else None
+        dev = batch.ids.device
+        atp = torch.zeros((n_items, n_heads), device=dev)
+        gd = torch.zeros((self.n_blocks, n_heads), device=dev) if self.graddrop else None
         with torch.enable_grad():
             assert calls.final is not None
             top = calls.final.detach().requires_grad_(True)
             total, lls = self._metric(batch, top)
             (cot,) = torch.autograd.grad(total, [top])
         drops: dict[int, torch.Tensor] = {}  # block -> cotangent at the current layer's output, its branches dropped
+        errs: dict[int, torch.Tensor] = {}
         for k in reversed(range(n_layers)):
             own = self.block_of[k]
             if self.graddrop and k > 0 and own not in drops:
                 drops[own] = cot  # entering the block from above: its layers pass this cotangent on unchanged
-            x, out, zs = self._replay(calls, k)
+            x, out, zs, errs[k] = self._replay(calls, k)
+            if k == n_layers - 1:
+                self._check_replays(errs, out.dtype)  # the top layer at once: an unsupported model stops here
             passes: list[int | None] = [None, *sorted(b for b in drops if b != own)]
             need_x = k > 0
             inputs = ([x] if need_x else []) + [z for _, _, z in zs]
+            index = [self._columns(cols, dev) for _, cols, _ in zs]
             new_cot = cot
             for j, ell in enumerate(passes):
                 if not inputs:
@@ -340,20 +362,18 @@ class _Engine:
                         new_cot = gx
                     else:
                         drops[ell] = gx
-                for cols, vals in self._heads_of(zs, gz, batch, n_items):
-                    for hcol, col in enumerate(cols):
-                        if col is None:
-                            continue
-                        if ell is None:
-                            atp[:, col] = vals[:, hcol]
-                        else:
-                            assert gd is not None
-                            gd[ell, col] += float(vals[:, hcol].sum())
+                for (_, vals), (hsel, csel) in zip(self._heads_of(zs, gz, batch, n_items), index, strict=True):
+                    if ell is None:
+                        atp[:, csel] = vals[:, hsel]
+                    else:
+                        assert gd is not None
+                        gd[ell, csel] += vals[:, hsel].sum(0)
                 del grads, gx, gz, c
             del out, x
             if need_x:
                 cot = new_cot
-        return atp, gd, lls
+        self._check_replays(errs, calls.output(n_layers - 1).dtype)
+        return atp.cpu(), (gd.cpu() if gd is not None else None), lls
 
 
 @contextlib.contextmanager
