@@ -393,13 +393,33 @@ def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, boo
             logits = adapter.forward_cached(ids.to(dev), cache, pos, keep=torch.tensor(keep, device=dev),
                                             read=ReadPositions(q, last))
             del cache
-            for i, m in enumerate(batch):
-                for k, c, first, cont in rows[m].reads:
-                    cols = [col[first - plen + j] for j in range(len(cont))]
-                    logp = torch.log_softmax(logits[i, cols].float(), -1)
-                    lls[k][c] = float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum())
+            _read_batch(logits, [rows[m] for m in batch], col, plen, lls)
         del prefix
     return _finite(adapter, items, [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)])
+
+
+def _read_batch(logits: torch.Tensor, rows: Sequence[_ScoreRow], col: Mapping[int, int], plen: int,
+                lls: list[list[float]]) -> None:
+    """Each read's continuation log-likelihood into ``lls``, from one suffix batch's kept logits
+    ``[rows, kept, V]`` (``col``: a suffix position's kept column). One log-softmax over every read
+    position and one transfer to the host per batch: a sync per choice leaves a GPU idle between them.
+    Each choice's sum is the same float32 reduction over its own positions as one read at a time."""
+    dev = logits.device
+    at_row, at_col, tokens, spans = [], [], [], []
+    for i, r in enumerate(rows):
+        for k, c, first, cont in r.reads:
+            start = len(tokens)
+            at_row += [i] * len(cont)
+            at_col += [col[first - plen + j] for j in range(len(cont))]
+            tokens += list(cont)
+            spans.append((k, c, start, len(tokens)))
+    if not spans:
+        return
+    logp = torch.log_softmax(logits[torch.tensor(at_row, device=dev), torch.tensor(at_col, device=dev)].float(), -1)
+    picked = logp.gather(-1, torch.tensor(tokens, device=dev)[:, None])[:, 0]
+    sums = torch.stack([picked[a:b].sum() for _, _, a, b in spans]).cpu().tolist()
+    for (k, c, _, _), v in zip(spans, sums, strict=True):
+        lls[k][c] = v
 
 
 def _finite(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[int]]],
@@ -451,8 +471,6 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
     if n == 1:
         return [_score_pairs(adapter, example_pairs(ex), norm_chars(ex), False)
                 for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
-    if n == 1:
-        return [score_example(adapter, ex) for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
     out: list[ChoiceScores] = []
     chunk: list[tuple[Pairs, bool, list[int]]] = []
     size = 0
