@@ -11,8 +11,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ["--small", "--dtype", "float32", "--n", "2", "--shots", "0", "--sweep-prompts", "2", "--attr-prompts", "2",
-         "--sweep-heads", "2", "--map-tokens", "128"]
+SMALL = ["--small", "--device", "cpu", "--dtype", "float32", "--n", "2", "--shots", "0", "--sweep-prompts", "2",
+         "--attr-prompts", "2", "--sweep-heads", "2", "--map-tokens", "128"]
 
 
 @pytest.fixture(scope="module")

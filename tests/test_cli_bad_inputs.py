@@ -8,6 +8,8 @@ empty working directory whose outputs (``out``, ``pred.jsonl``, ``runs/``, ...) 
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import re
 import shutil
@@ -107,6 +109,7 @@ CASES = [
     C("eval-wrong-shape", "eval", "{badshape}", "--task", "kv"),
     C("eval-missing-tensors", "eval", "{nolayer3}", "--task", "kv"),
     C("eval-truncated-gguf", "eval", "{truncated_gguf}", "--task", "kv"),
+    C("eval-gguf-without-tensors", "eval", "{empty_gguf}", "--task", "kv", match="cannot load this GGUF file"),
     # non-finite weights or config numbers: refused when the model loads, never scored (an accuracy
     # of NaN log-likelihoods is every prediction on choice A)
     C("eval-nan-weight", "eval", "{nan_weight}", "--task", "lab-mmlu", "--limit", "4", "--json",
@@ -405,6 +408,8 @@ def inputs(tmp_path_factory, lab_checkpoints) -> dict[str, str]:  # nolab4 copie
             gguf.write_bytes(f.read(200_000))
     else:
         gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    header_only = root / "empty.gguf"  # a GGUF v3 header with no metadata and no tensors
+    header_only.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
     badjson = root / "dream_badjson"
     badjson.mkdir()
     (badjson / "test.json").write_text('[["W: hello"], [{"question": ')
@@ -508,7 +513,7 @@ def inputs(tmp_path_factory, lab_checkpoints) -> dict[str, str]:  # nolab4 copie
     good.mkdir()
     (good / "result.json").write_text(json.dumps({"kind": "prune", "model": LAB, "summary": {"minimal_layers": 2}}))
     return {"nolab": str(nolab), "nolab4": str(nolab4), "truncated": str(trunc), "badshape": str(bad), "nolayer3": str(gone),
-            "truncated_gguf": str(gguf), "dream_badjson": str(badjson), "dream_badentry": str(badentry),
+            "truncated_gguf": str(gguf), "empty_gguf": str(header_only), "dream_badjson": str(badjson), "dream_badentry": str(badentry),
             "empty_run": str(empty), "good_run": str(good), "missing": str(root / "does-not-exist"),
             "nan_weight": str(nan_weight), "all_nan": str(all_nan), "inf_weight": str(inf_weight),
             "neg_eps": str(neg_eps), "nan_theta": str(nan_theta), "huge_layers": str(huge_layers),
@@ -565,6 +570,8 @@ def test_bad_input_is_one_line_and_exit_2(case: Case, inputs, tmp_path, monkeypa
     from ganda.cli import main
 
     argv, cwd = _prepare(case, inputs, tmp_path, monkeypatch)
+    if "--ray" in argv and importlib.util.find_spec("ray") is None:  # said first where Ray is not installed
+        case = dataclasses.replace(case, match="--ray needs Ray, which is not installed here")
     before, kept = _tree(cwd), _outside(inputs)
     capfd.readouterr()
     try:

@@ -225,6 +225,8 @@ def _gguf_sample(f: Any, size: int, h: Any) -> bool:
     finally:
         buf.close()
     ends = sorted(set(offsets))
+    if not ends:  # no tensors: the header is the whole model
+        return True
     bounds = dict(zip(ends, [*ends[1:], size - start], strict=True))
     for off in ends:
         begin, end = start + off, start + bounds[off]

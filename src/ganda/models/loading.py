@@ -407,13 +407,13 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
     with _reading(path, "GGUF file (truncated or corrupt?)"), _ganda_bars():
-        tok = _load_tokenizer(str(path.parent), gguf_file=path.name)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # the model first: a file it cannot read is one error line
             warnings.simplefilter("ignore")
             model, info = AutoModelForCausalLM.from_pretrained(
                 str(path.parent), gguf_file=path.name, dtype=torch.float32, trust_remote_code=False,
                 output_loading_info=True, ignore_mismatched_sizes=True,
             )
+        tok = _load_tokenizer(str(path.parent), gguf_file=path.name)
     check_model_type(getattr(model.config, "model_type", None))
     _check_loading_info(model, info, path)
     return model, tok
