@@ -524,7 +524,7 @@ def test_disk_offloaded_ssm_maps_match(tmp_path):
 def test_device_map_refusals(tiny_dir, monkeypatch):
     # a CUDA index this machine lacks: refused whether or not it has CUDA
     absent = (f'{{"model.layers.0": {torch.cuda.device_count() + 3}}}',
-              "CUDA device(s)" if torch.cuda.is_available() else "CUDA is not available")
+              r"CUDA device\(s\)" if torch.cuda.is_available() else "CUDA is not available")
     for bad, match in (("everywhere", "expected auto"), ('{"model.layers.0": "gpu"}', "not a device"),
                        ("{oops", "not valid JSON"), absent):
         with pytest.raises(GandaError, match=match):
@@ -553,3 +553,22 @@ def test_the_large_cpu_benchmark_runs_on_a_scaled_down_config(tmp_path):
     assert res["map_shapes"] == {"L16H22": [64, 64], "L17H24": [64, 64]}
     assert all(abs(v - 1.0) < 1e-2 for v in res["map_last_row_sums"].values())  # softmax rows, in bf16
     assert res["ablation_effect_last_logits"] > 0 and res["predicted_forward_s"] > 0
+
+
+def test_cuda_models_leave_cudnn_attention_out_unless_asked(monkeypatch):
+    """cuDNN's SDPA kernel plans every new shape; a model on CUDA takes it out of PyTorch's choices
+    (process-wide), a CPU model leaves the flag alone, and GANDA_CUDNN_SDPA=1 keeps it."""
+    from ganda.device import CUDNN_SDPA_ENV, shape_free_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert not shape_free_attention(torch.device("cpu")) and torch.backends.cuda.cudnn_sdp_enabled()
+        ganda.from_model(make_tiny_llama(64), None)  # on the CPU: nothing changes
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setenv(CUDNN_SDPA_ENV, "1")
+        assert not shape_free_attention(torch.device("cuda")) and torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.delenv(CUDNN_SDPA_ENV)
+        assert shape_free_attention(torch.device("cuda")) and not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -107,3 +107,19 @@ def restore_threads() -> None:
     if _SAVED_THREADS:
         torch.set_num_threads(_SAVED_THREADS[0])
         _SAVED_THREADS.clear()
+
+
+CUDNN_SDPA_ENV = "GANDA_CUDNN_SDPA"
+
+
+def shape_free_attention(device: torch.device) -> bool:
+    """On CUDA, take cuDNN's kernel out of PyTorch's attention (SDPA) choices, unless
+    ``GANDA_CUDNN_SDPA=1``; returns whether it was taken out. cuDNN builds an execution plan for
+    every new input shape, forward and backward (a few hundred milliseconds each), and ganda's
+    batches take a new shape at almost every call (prompt lengths, suffix buckets, packed choices);
+    the flash and memory-efficient kernels PyTorch falls back to need no plan. The switch is
+    process-wide (``torch.backends.cuda.enable_cudnn_sdp``), as PyTorch's backend flags are."""
+    if device.type != "cuda" or os.environ.get(CUDNN_SDPA_ENV, "").strip() in ("1", "true", "yes", "on"):
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import shape_free_attention
 from ..errors import GandaError
 from ..heads import HeadId
 
@@ -229,6 +230,9 @@ class ModelAdapter(ABC):
         self._n_params: int | None = None
         self._output_head: OutputHead | None = None
         self.read_positions: ReadPositions | None = None  # set by the forward running now
+        first = next(model.parameters(), None)
+        if first is not None:
+            shape_free_attention(first.device)
 
     # ---- layout -------------------------------------------------------------------------
     @classmethod
