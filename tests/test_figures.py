@@ -79,3 +79,38 @@ def _ranking(audited: list[str]) -> RankResult:
 def test_the_attribution_scatter_legend_lists_only_the_groups_it_shows(drawn, tmp_path, audited, legend):
     _ranking(audited).scatter(tmp_path / "scatter.png")
     assert [t.get_text() for t in drawn[-1].axes[0].get_legend().get_texts()] == legend
+
+
+def _renderer(fig):
+    """``fig`` laid out and drawn on an Agg canvas (a closed figure keeps no canvas of its own)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return fig.canvas.get_renderer()
+
+
+def _shows_something(ax) -> bool:
+    return bool(ax.images or ax.collections or ax.lines or ax.patches or ax.texts)
+
+
+@pytest.mark.parametrize("n_heads", [4, 5])
+def test_attention_panels_keep_the_suptitle_clear_of_the_panel_titles_and_draw_no_empty_panel(
+        drawn, tmp_path, n_heads):
+    import torch
+
+    from ganda.figures import attention_panels
+
+    t = 12
+    m = torch.softmax(torch.randn(t, t), -1)
+    maps = {f"L{i}H0": m for i in range(n_heads)}
+    attention_panels(maps, [f"w{i}" for i in range(t)], {}, tmp_path / "ga_heads.png",
+                     title="lab-llama-h1: the top causal heads", roles={"L0H0": "gather", "L1H0": "aggregate"})
+    fig = drawn[-1]
+    r = _renderer(fig)
+    titled = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in titled][:2] == ["Gather: L0H0 (softmax)", "Aggregate: L1H0 (softmax)"]
+    assert len(titled) == n_heads and all(_shows_something(ax) for ax in fig.axes)
+    assert fig.get_suptitle() == "lab-llama-h1: the top causal heads"
+    top = fig._suptitle.get_window_extent(r)
+    assert not any(top.overlaps(ax.title.get_window_extent(r)) for ax in titled)
+    assert top.y0 > max(ax.get_tightbbox(r).y1 for ax in fig.axes)  # above every panel, its labels included
