@@ -114,3 +114,21 @@ def test_attention_panels_keep_the_suptitle_clear_of_the_panel_titles_and_draw_n
     top = fig._suptitle.get_window_extent(r)
     assert not any(top.overlaps(ax.title.get_window_extent(r)) for ax in titled)
     assert top.y0 > max(ax.get_tightbbox(r).y1 for ax in fig.axes)  # above every panel, its labels included
+
+
+def test_the_roles_bar_chart_legend_covers_no_bar(drawn, tmp_path):
+    rows = [{"head": f"L{i}H0", "role": "gather" if i % 2 else "aggregate", "all": 0.95 - 0.1 * i,
+             "query": 0.9, "context": 0.97, "control": 0.96} for i in range(6)]
+    res = RolesResult(model="m", config={"task": "lab-mmlu", "control": "lab-knowledge"}, rows=rows,
+                      summary={"baseline": 0.98, "chance": 0.25})
+    res.draw(tmp_path)
+    fig = next(f for f in drawn if f.axes[0].get_title().startswith("Where each head matters"))
+    r = _renderer(fig)
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "lab-mmlu intact", "chance", "lab-mmlu, ablated at all", "lab-mmlu, ablated at query",
+        "lab-mmlu, ablated at context", "lab-knowledge, ablated at all"]
+    box = legend.get_window_extent(r)
+    assert len(ax.patches) == 4 * len(rows)
+    assert not any(box.overlaps(bar.get_window_extent(r)) for bar in ax.patches)

@@ -288,9 +288,10 @@ def bars(
     ylim: tuple[float, float] | None = (0.0, 1.0),
     rotate: int = 0,
 ) -> Path:
-    """Grouped bars: one group per label, one bar per series; ``errors`` are (lo, hi) CI bounds."""
+    """Grouped bars: one group per label, one bar per series; ``errors`` are (lo, hi) CI bounds.
+    The legend stands to the right of the axes, where it covers no bar."""
     k = max(1, len(series))
-    fig, ax = pyplot().subplots(figsize=(max(5.0, 0.35 * len(labels) * k + 2), 4.2))
+    fig, ax = pyplot().subplots(figsize=(max(5.0, 0.35 * len(labels) * k + 2) + 2.5, 4.2), layout="constrained")
     x = _grouped_bars(ax, len(labels), series, errors, hlines)
     ax.set_xticks(x)
     ax.set_xticklabels(list(labels), rotation=rotate, ha="right" if rotate else "center", fontsize=8)
@@ -298,10 +299,9 @@ def bars(
     if ylim:
         ax.set_ylim(*ylim)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # beside the bars
     if title:
         ax.set_title(title)
-    fig.tight_layout()
     return _save(fig, path)
 
 
