@@ -132,3 +132,26 @@ def test_the_roles_bar_chart_legend_covers_no_bar(drawn, tmp_path):
     box = legend.get_window_extent(r)
     assert len(ax.patches) == 4 * len(rows)
     assert not any(box.overlaps(bar.get_window_extent(r)) for bar in ax.patches)
+
+
+def _roles(model: str, baseline: float, alls: list[float]):
+    from ganda.experiments import ExperimentResult
+
+    return ExperimentResult(kind="roles", model=model, summary={"baseline": baseline}, rows=[{"all": a} for a in alls])
+
+
+@pytest.mark.parametrize("kv_models, legend", [
+    (("lab-kv-llama", "lab-kv-mamba2"), ["lab-llama-h1 (KV: lab-kv-llama)", "lab-mamba2-9k (KV: lab-kv-mamba2)"]),
+    (("lab-llama-h1", "lab-mamba2-9k"), ["lab-llama-h1", "lab-mamba2-9k"])])
+def test_the_lab_report_panel_3_legend_names_the_models_its_bars_were_measured_on(drawn, tmp_path, kv_models, legend):
+    from ganda.experiments import ExperimentResult
+    from ganda_lab.programme import LabFindingsResult, findings_panels
+
+    tkv, skv = kv_models
+    kv = ExperimentResult(kind="kv_curve", model=tkv, summary={"pairs": [2, 8], "at_max_pairs": {tkv: 0.9, skv: 0.4}})
+    st = {"models": {"transformer": {"model": "stale-t"}, "ssm": {"model": "stale-s"}}, "kv": kv,
+          "roles_transformer": _roles("lab-llama-h1", 0.95, [0.3, 0.6]), "roles_ssm": _roles("lab-mamba2-9k", 0.9, [0.7])}
+    LabFindingsResult(extra={"panels": findings_panels(st, [])}).draw(tmp_path)
+    (ax,) = [ax for ax in drawn[-1].axes if ax.get_title().startswith("3.")]
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-2:] == legend
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["intact", "best head ablated", "KV 8 pairs"]

@@ -268,8 +268,9 @@ def test_lab_panel_3_names_the_kv_models_its_kv_bars_come_from() -> None:
     st = {"models": {"transformer": {"model": "lab-llama-h1"}, "ssm": {"model": "lab-mamba2-9k"}},
           "roles_transformer": roles_t, "roles_ssm": roles_s, "kv": kv}
     (p3,) = [p for p in findings_panels(st, []) if p["title"].startswith("3.")]
-    assert p3["groups"] == ["intact", "best head ablated", "KV 8 pairs\non lab-kv-llama / lab-kv-mamba2"]
-    assert p3["series"] == {"lab-llama-h1": [0.95, 0.3, 0.9], "lab-mamba2-9k": [0.9, 0.7, 0.4]}
+    assert p3["groups"] == ["intact", "best head ablated", "KV 8 pairs"]
+    assert p3["series"] == {"lab-llama-h1 (KV: lab-kv-llama)": [0.95, 0.3, 0.9],
+                            "lab-mamba2-9k (KV: lab-kv-mamba2)": [0.9, 0.7, 0.4]}
 
 
 def test_weak_results_say_so_and_clear_ones_do_not() -> None:
