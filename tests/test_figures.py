@@ -155,3 +155,17 @@ def test_the_lab_report_panel_3_legend_names_the_models_its_bars_were_measured_o
     (ax,) = [ax for ax in drawn[-1].axes if ax.get_title().startswith("3.")]
     assert [t.get_text() for t in ax.get_legend().get_texts()][-2:] == legend
     assert [t.get_text() for t in ax.get_xticklabels()] == ["intact", "best head ablated", "KV 8 pairs"]
+
+
+def test_the_verify_heat_map_shows_the_exact_effect_of_every_verified_head_by_layer_and_head(drawn, tmp_path):
+    from ganda.attribution.ranking import RankResult
+
+    rank = _ranking(["L1H0"])
+    rank.verify_heatmap(tmp_path / "verify_heatmap.png")
+    ax = drawn[-1].axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["L0", "L1"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["H0", "H1"]
+    assert sorted(t.get_text() for t in ax.texts) == ["-0.18", "0.12", "0.45"]  # L1H1 was not verified: blank
+    assert ax.get_title() == "Exact effect of the 3 verified heads of 4 (blank: not verified)"
+    again = RankResult.from_json({**rank.to_json(), "config": rank.config})
+    assert (again.exact, again.verified, again.audited) == (rank.exact, ["L0H0", "L0H1"], ["L1H0"])

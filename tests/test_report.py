@@ -314,7 +314,15 @@ def test_report_of_a_ranking_directory(tmp_path: Path, capsys) -> None:
     page = (tmp_path / "page.html").read_text()
     assert "Heads ranked by attribution, the top verified exactly" in page
     assert f"Largest exact effect: <b>{best['head']}</b>" in page
-    assert "data:image/png;base64," in page  # scatter.png, inlined
+    for name in ("scatter.png", "verify_heatmap.png"):  # estimate vs exact, exact by layer and head: inlined
+        assert f"<figcaption>{name}</figcaption>" in page
+        assert base64.b64encode((run / name).read_bytes()).decode() in page
+    for name in ("scatter.png", "verify_heatmap.png"):  # a ranking saved without them: drawn from ranking.json
+        (run / name).unlink()
+        assert main(["report", str(run), "--out", str(tmp_path / "page.html")]) == 0
+        page = (tmp_path / "page.html").read_text()
+        assert page.count("<figcaption>scatter.png</figcaption>") == page.count(
+            "<figcaption>verify_heatmap.png</figcaption>") == 1
 
 
 def test_report_shows_a_sweep_that_has_not_finished_as_partial(tmp_path, capfd):

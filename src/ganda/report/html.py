@@ -31,7 +31,7 @@ from typing import Any
 
 from .. import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
 from .. import registry, runio
-from ..attribution.ranking import sign_flip_sentence
+from ..attribution.ranking import RankResult, sign_flip_sentence
 from ..errors import GandaError
 from ..figures import attention_panels
 from ..stats import weak_note
@@ -207,10 +207,14 @@ class SweepRun:
 
 
 class RankRun:
-    """A head ranking's ``ranking.json`` as summarised by :func:`rank_result`."""
+    """A head ranking's ``ranking.json`` as summarised by :func:`rank_result`; with the file's
+    ``path`` it draws the ranking's figures (:data:`FIGURES`)."""
 
-    def __init__(self, d: dict[str, Any]) -> None:
+    FIGURES = ("scatter.png", "verify_heatmap.png")
+
+    def __init__(self, d: dict[str, Any], path: Path | None = None) -> None:
         self.summary = d.get("summary") or {}
+        self.path = path
 
     def headline(self) -> str:
         s = self.summary
@@ -223,7 +227,15 @@ class RankRun:
                 + (f"; {flips}." if flips else "."))
 
     def draw(self, out_dir: Path) -> list[Path]:
-        return []
+        """The estimate-vs-exact scatter and the verified heads' heat map (none without exact effects)."""
+        rank = RankResult.from_json(_read_json(self.path)) if self.path is not None else None
+        if rank is None or not rank.exact:
+            return []
+        drawn = []
+        if rank.estimate:
+            rank.scatter(out_dir / "scatter.png")
+            drawn.append(out_dir / "scatter.png")
+        return [*drawn, rank.verify_heatmap(out_dir / "verify_heatmap.png")]
 
 
 def _png_data_uri(path: Path) -> str:
@@ -385,7 +397,7 @@ def _read_result(run_dir: Path) -> tuple[dict[str, Any], Any]:
         return result, SweepRun.from_json(result)
     if not rfile.exists() and (run_dir / "ranking.json").exists():
         result = rank_result(run_dir / "ranking.json")
-        return result, RankRun(result)
+        return result, RankRun(result, run_dir / "ranking.json")
     if not rfile.exists() and (run_dir / "progress.jsonl").exists():
         result = sweep_result(run_dir / "progress.jsonl", partial=True)
         return result, SweepRun.from_json(result)
@@ -419,6 +431,8 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
     pngs = sorted(run_dir.glob("*.png"))
     if not pngs and (run_dir / "result.json").exists():
         pngs = _fallback_figures(result, obj, tmp)
+    elif isinstance(obj, RankRun) and not set(RankRun.FIGURES) <= {p.name for p in pngs}:
+        pngs += [p for p in _fallback_figures(result, obj, tmp) if not (run_dir / p.name).exists()]
     view = _viewer(run_dir, result, f"gv{index}")
     skip = SKIP_KEYS | set(meta) | (VIEWER_KEYS if view else set())
     rest = {k: v for k, v in result.items() if k not in skip and not is_empty(v)}
