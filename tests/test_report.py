@@ -346,3 +346,19 @@ def test_report_shows_a_sweep_that_has_not_finished_as_partial(tmp_path, capfd):
     (run / "progress.jsonl").write_text("\n".join(lines[:1]) + "\n")  # the header alone: nothing measured yet
     assert main(["report", str(run), "-o", str(tmp_path / "page.html")]) == 2
     assert "is not a sweep's journal with its baseline" in capfd.readouterr().err
+
+
+def test_what_a_run_cost_closes_the_page_after_every_science_table(tmp_path: Path) -> None:
+    d = _run_dir(tmp_path)
+    result = json.loads((d / "result.json").read_text())
+    result["summary"].update({"seconds": 12.5, "cpu_seconds": 20.1, "cpu_seconds_by_phase": {"rank": 9.5, "ablate": 6.0}})
+    (d / "result.json").write_text(json.dumps(result))
+    text = write_report([d], tmp_path / "r.html").read_text()
+    run, cost = _outline(text)
+    assert not any("seconds" in cell for row in run["rows"] for cell in row)
+    assert not any("seconds" in h for h in run["headings"])
+    assert cost["headings"] == ["Layer pruning curve · run-prune", "cpu_seconds_by_phase"]
+    assert cost["rows"] == [["seconds", "12.5"], ["cpu_seconds", "20.1"], ["rank", "9.5"], ["ablate", "6"]]
+    head = text.index("<h2>Cost</h2>")
+    assert text.index("<h4>cpu_seconds_by_phase</h4>") > head > text.rindex("<table>", 0, head)
+    assert head > text.index('id="run0"') and "<table>" not in text[text.index("</section>", head):]

@@ -10,8 +10,9 @@ Each run section reads top to bottom as a reader asks: what was found (the resul
 ``headline()``, :func:`ganda.registry.register_result`), the attention maps to explore (when the
 run saved any), the figures (drawn on the fly by the class's ``draw()`` when the run directory
 holds no PNG), then the numbers: the summary, every other value (wide or long tables folded),
-the CSVs and the raw ``result.json``. Empty values are left out. Kinds are registered by whoever
-defines them (``ganda.experiments``, plugins), never here.
+the CSVs and the raw ``result.json``. What the runs cost (:data:`COST_KEYS`: seconds, CPU seconds
+by phase) closes the page in its own section, after every result. Empty values are left out.
+Kinds are registered by whoever defines them (``ganda.experiments``, plugins), never here.
 """
 
 from __future__ import annotations
@@ -272,6 +273,7 @@ def _fallback_figures(result: dict[str, Any], obj: Any, tmp: Path) -> list[Path]
 
 
 SKIP_KEYS = {"kind", "model", "summary", "panels"}  # panels: figure specs, drawn as PNG
+COST_KEYS = ("seconds", "cpu_seconds", "cpu_seconds_by_phase")  # shown in the page's closing Cost section
 VIEWER_KEYS = {"maps", "tokens", "map_kinds"}  # shown by the attention viewer, not as tables
 META_KEYS = ("model", "command", "seed", "ganda_version", "created")
 HEAVY = ("pred", "pred_norm", "gold", "loglik", "predictions")
@@ -435,8 +437,8 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
         pngs += [p for p in _fallback_figures(result, obj, tmp) if not (run_dir / p.name).exists()]
     view = _viewer(run_dir, result, f"gv{index}")
     skip = SKIP_KEYS | set(meta) | (VIEWER_KEYS if view else set())
-    rest = {k: v for k, v in result.items() if k not in skip and not is_empty(v)}
-    summary = result.get("summary")
+    summary, cost = _split_cost(result.get("summary"))
+    rest, top_cost = _split_cost({k: v for k, v in result.items() if k not in skip and not is_empty(v)})
     return {
         "index": index, "kind": kind, "dir": run_dir.name, "model": result.get("model"),
         "title": KIND_TITLES.get(kind, kind) + (" (partial: not finished)" if _partial(summary) else ""),
@@ -449,7 +451,16 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
         "blocks": {k: _shown(v) for k, v in rest.items() if isinstance(v, dict | list)},
         "csvs": [c for c in (_csv(p) for p in sorted(run_dir.glob("*.csv"))) if c],
         "raw": json.dumps(result, indent=1, default=str),
+        "cost": _shown({**top_cost, **cost}),
     }
+
+
+def _split_cost(d: Any) -> tuple[Any, dict[str, Any]]:
+    """``d`` without its :data:`COST_KEYS`, and those keys (a value that is no dict: itself, no cost)."""
+    if not isinstance(d, dict):
+        return d, {}
+    return ({k: v for k, v in d.items() if k not in COST_KEYS},
+            {k: d[k] for k in COST_KEYS if k in d and not is_empty(d[k])})
 
 
 def _partial(summary: Any) -> bool:
@@ -458,20 +469,28 @@ def _partial(summary: Any) -> bool:
 
 def render_run(run_dir: Path, index: int) -> str:
     """One run's ``<section>``."""
+    return _render_run(run_dir, index)[0]
+
+
+def _render_run(run_dir: Path, index: int) -> tuple[str, dict[str, Any]]:
+    """One run's ``<section>`` and its entry in the page's Cost section (``cost`` empty: none)."""
     with tempfile.TemporaryDirectory() as td:
         ctx = run_context(run_dir, index, Path(td))
-        return environment().get_template("run.html.j2").render(run=ctx, columns=_columns, max_rows=MAX_ROWS,
-                                                                max_csv_rows=MAX_CSV_ROWS)
+        html_ = environment().get_template("run.html.j2").render(run=ctx, columns=_columns, max_rows=MAX_ROWS,
+                                                                 max_csv_rows=MAX_CSV_ROWS)
+    return html_, {"title": ctx["title"], "dir": ctx["dir"], "cost": ctx["cost"]}
 
 
 def render_page(run_dirs: Sequence[Path], title: str = "ganda report") -> str:
-    """The whole page for ``run_dirs`` as text."""
+    """The whole page for ``run_dirs`` as text: a section per run, then what the runs cost."""
     runs = [Path(d) for d in run_dirs]
-    sections = [render_run(d, i) for i, d in enumerate(runs)]
+    rendered = [_render_run(d, i) for i, d in enumerate(runs)]
+    sections = [s for s, _ in rendered]
     env = environment()
     has_viewer = any('class="gv"' in s for s in sections)
     return env.get_template("page.html.j2").render(
         title=title, runs=[{"index": i, "name": d.name} for i, d in enumerate(runs)],
+        costs=[c for _, c in rendered if c["cost"]], columns=_columns,
         sections=[_safe(s) for s in sections], stamp=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         css=_safe((TEMPLATES / "report.css").read_text()),
         viewer_css=_safe((TEMPLATES / "viewer.css").read_text()) if has_viewer else "",
