@@ -307,6 +307,7 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
         assert r["drop_ci_low"] <= r["drop"] <= r["drop_ci_high"]
     assert s["finding"] and s["finding"].replace("**", "<b>", 1).split("<b>")[0] in html
     assert (tmp_path / "demo" / "ga_heads.json").exists() and (tmp_path / "demo" / "ranking" / "ranking.csv").exists()
+    assert "<figcaption>scatter.png</figcaption>" in html and "<figcaption>verify_heatmap.png</figcaption>" in html
 
 
 def test_discover_drops_equal_the_plain_ablation_loop(tiny):

@@ -79,3 +79,93 @@ def _ranking(audited: list[str]) -> RankResult:
 def test_the_attribution_scatter_legend_lists_only_the_groups_it_shows(drawn, tmp_path, audited, legend):
     _ranking(audited).scatter(tmp_path / "scatter.png")
     assert [t.get_text() for t in drawn[-1].axes[0].get_legend().get_texts()] == legend
+
+
+def _renderer(fig):
+    """``fig`` laid out and drawn on an Agg canvas (a closed figure keeps no canvas of its own)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return fig.canvas.get_renderer()
+
+
+def _shows_something(ax) -> bool:
+    return bool(ax.images or ax.collections or ax.lines or ax.patches or ax.texts)
+
+
+@pytest.mark.parametrize("n_heads", [4, 5])
+def test_attention_panels_keep_the_suptitle_clear_of_the_panel_titles_and_draw_no_empty_panel(
+        drawn, tmp_path, n_heads):
+    import torch
+
+    from ganda.figures import attention_panels
+
+    t = 12
+    m = torch.softmax(torch.randn(t, t), -1)
+    maps = {f"L{i}H0": m for i in range(n_heads)}
+    attention_panels(maps, [f"w{i}" for i in range(t)], {}, tmp_path / "ga_heads.png",
+                     title="lab-llama-h1: the top causal heads", roles={"L0H0": "gather", "L1H0": "aggregate"})
+    fig = drawn[-1]
+    r = _renderer(fig)
+    titled = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in titled][:2] == ["Gather: L0H0 (softmax)", "Aggregate: L1H0 (softmax)"]
+    assert len(titled) == n_heads and all(_shows_something(ax) for ax in fig.axes)
+    assert fig.get_suptitle() == "lab-llama-h1: the top causal heads"
+    top = fig._suptitle.get_window_extent(r)
+    assert not any(top.overlaps(ax.title.get_window_extent(r)) for ax in titled)
+    assert top.y0 > max(ax.get_tightbbox(r).y1 for ax in fig.axes)  # above every panel, its labels included
+
+
+def test_the_roles_bar_chart_legend_covers_no_bar(drawn, tmp_path):
+    rows = [{"head": f"L{i}H0", "role": "gather" if i % 2 else "aggregate", "all": 0.95 - 0.1 * i,
+             "query": 0.9, "context": 0.97, "control": 0.96} for i in range(6)]
+    res = RolesResult(model="m", config={"task": "lab-mmlu", "control": "lab-knowledge"}, rows=rows,
+                      summary={"baseline": 0.98, "chance": 0.25})
+    res.draw(tmp_path)
+    fig = next(f for f in drawn if f.axes[0].get_title().startswith("Where each head matters"))
+    r = _renderer(fig)
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "lab-mmlu intact", "chance", "lab-mmlu, ablated at all", "lab-mmlu, ablated at query",
+        "lab-mmlu, ablated at context", "lab-knowledge, ablated at all"]
+    box = legend.get_window_extent(r)
+    assert len(ax.patches) == 4 * len(rows)
+    assert not any(box.overlaps(bar.get_window_extent(r)) for bar in ax.patches)
+
+
+def _roles(model: str, baseline: float, alls: list[float]):
+    from ganda.experiments import ExperimentResult
+
+    return ExperimentResult(kind="roles", model=model, summary={"baseline": baseline}, rows=[{"all": a} for a in alls])
+
+
+@pytest.mark.parametrize("kv_models, legend", [
+    (("lab-kv-llama", "lab-kv-mamba2"), ["lab-llama-h1 (KV: lab-kv-llama)", "lab-mamba2-9k (KV: lab-kv-mamba2)"]),
+    (("lab-llama-h1", "lab-mamba2-9k"), ["lab-llama-h1", "lab-mamba2-9k"])])
+def test_the_lab_report_panel_3_legend_names_the_models_its_bars_were_measured_on(drawn, tmp_path, kv_models, legend):
+    from ganda.experiments import ExperimentResult
+    from ganda_lab.programme import LabFindingsResult, findings_panels
+
+    tkv, skv = kv_models
+    kv = ExperimentResult(kind="kv_curve", model=tkv, summary={"pairs": [2, 8], "at_max_pairs": {tkv: 0.9, skv: 0.4}})
+    st = {"models": {"transformer": {"model": "stale-t"}, "ssm": {"model": "stale-s"}}, "kv": kv,
+          "roles_transformer": _roles("lab-llama-h1", 0.95, [0.3, 0.6]), "roles_ssm": _roles("lab-mamba2-9k", 0.9, [0.7])}
+    LabFindingsResult(extra={"panels": findings_panels(st, [])}).draw(tmp_path)
+    (ax,) = [ax for ax in drawn[-1].axes if ax.get_title().startswith("3.")]
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-2:] == legend
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["intact", "best head ablated", "KV 8 pairs"]
+
+
+def test_the_verify_heat_map_shows_the_exact_effect_of_every_verified_head_by_layer_and_head(drawn, tmp_path):
+    from ganda.attribution.ranking import RankResult
+
+    rank = _ranking(["L1H0"])
+    rank.verify_heatmap(tmp_path / "verify_heatmap.png")
+    ax = drawn[-1].axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["L0", "L1"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["H0", "H1"]
+    assert sorted(t.get_text() for t in ax.texts) == ["-0.18", "0.12", "0.45"]  # L1H1 was not verified: blank
+    assert ax.get_title() == "Exact effect of the 3 verified heads of 4 (blank: not verified)"
+    again = RankResult.from_json({**rank.to_json(), "config": rank.config})
+    assert (again.exact, again.verified, again.audited) == (rank.exact, ["L0H0", "L0H1"], ["L1H0"])

@@ -268,8 +268,9 @@ def test_lab_panel_3_names_the_kv_models_its_kv_bars_come_from() -> None:
     st = {"models": {"transformer": {"model": "lab-llama-h1"}, "ssm": {"model": "lab-mamba2-9k"}},
           "roles_transformer": roles_t, "roles_ssm": roles_s, "kv": kv}
     (p3,) = [p for p in findings_panels(st, []) if p["title"].startswith("3.")]
-    assert p3["groups"] == ["intact", "best head ablated", "KV 8 pairs\non lab-kv-llama / lab-kv-mamba2"]
-    assert p3["series"] == {"lab-llama-h1": [0.95, 0.3, 0.9], "lab-mamba2-9k": [0.9, 0.7, 0.4]}
+    assert p3["groups"] == ["intact", "best head ablated", "KV 8 pairs"]
+    assert p3["series"] == {"lab-llama-h1 (KV: lab-kv-llama)": [0.95, 0.3, 0.9],
+                            "lab-mamba2-9k (KV: lab-kv-mamba2)": [0.9, 0.7, 0.4]}
 
 
 def test_weak_results_say_so_and_clear_ones_do_not() -> None:
@@ -313,7 +314,15 @@ def test_report_of_a_ranking_directory(tmp_path: Path, capsys) -> None:
     page = (tmp_path / "page.html").read_text()
     assert "Heads ranked by attribution, the top verified exactly" in page
     assert f"Largest exact effect: <b>{best['head']}</b>" in page
-    assert "data:image/png;base64," in page  # scatter.png, inlined
+    for name in ("scatter.png", "verify_heatmap.png"):  # estimate vs exact, exact by layer and head: inlined
+        assert f"<figcaption>{name}</figcaption>" in page
+        assert base64.b64encode((run / name).read_bytes()).decode() in page
+    for name in ("scatter.png", "verify_heatmap.png"):  # a ranking saved without them: drawn from ranking.json
+        (run / name).unlink()
+        assert main(["report", str(run), "--out", str(tmp_path / "page.html")]) == 0
+        page = (tmp_path / "page.html").read_text()
+        assert page.count("<figcaption>scatter.png</figcaption>") == page.count(
+            "<figcaption>verify_heatmap.png</figcaption>") == 1
 
 
 def test_report_shows_a_sweep_that_has_not_finished_as_partial(tmp_path, capfd):
@@ -337,3 +346,19 @@ def test_report_shows_a_sweep_that_has_not_finished_as_partial(tmp_path, capfd):
     (run / "progress.jsonl").write_text("\n".join(lines[:1]) + "\n")  # the header alone: nothing measured yet
     assert main(["report", str(run), "-o", str(tmp_path / "page.html")]) == 2
     assert "is not a sweep's journal with its baseline" in capfd.readouterr().err
+
+
+def test_what_a_run_cost_closes_the_page_after_every_science_table(tmp_path: Path) -> None:
+    d = _run_dir(tmp_path)
+    result = json.loads((d / "result.json").read_text())
+    result["summary"].update({"seconds": 12.5, "cpu_seconds": 20.1, "cpu_seconds_by_phase": {"rank": 9.5, "ablate": 6.0}})
+    (d / "result.json").write_text(json.dumps(result))
+    text = write_report([d], tmp_path / "r.html").read_text()
+    run, cost = _outline(text)
+    assert not any("seconds" in cell for row in run["rows"] for cell in row)
+    assert not any("seconds" in h for h in run["headings"])
+    assert cost["headings"] == ["Layer pruning curve · run-prune", "cpu_seconds_by_phase"]
+    assert cost["rows"] == [["seconds", "12.5"], ["cpu_seconds", "20.1"], ["rank", "9.5"], ["ablate", "6"]]
+    head = text.index("<h2>Cost</h2>")
+    assert text.index("<h4>cpu_seconds_by_phase</h4>") > head > text.rindex("<table>", 0, head)
+    assert head > text.index('id="run0"') and "<table>" not in text[text.index("</section>", head):]

@@ -5,7 +5,8 @@ verified by exact single-head ablation: :func:`ganda.attribution.rank_heads`) ->
 heads labelled Gather or Aggregate by their attention patterns -> the best Gather and the best
 Aggregate head ablated alone and together -> heads ablated cumulatively in causal order until
 accuracy reaches chance -> attention maps -> ``result.json``, CSVs, PNGs and one self-contained
-``report.html`` that opens with the finding in one paragraph.
+``report.html`` that opens with the finding in one paragraph and shows the ranking (``ranking/``)
+after it, with its estimate-vs-exact scatter and the verified heads' heat map.
 
 Three disjoint prompt sets (seeds ``seed``, ``seed + 1``, ``seed + 2``): the pattern prompts label
 roles, the ranking prompts order heads, the measurement prompts give every accuracy reported, so
@@ -337,7 +338,7 @@ def run_demo(
     runio.write_csv(out / "heads.csv", heads)
     if prompt_sets > 1:
         runio.write_csv(out / "prompt_sets.csv", [_set_row(r) for r in summary["prompt_sets"]])
-    report = write_report([out], out / "report.html", title=f"ganda demo: {adapter.spec}")
+    report = write_report([out, out / "ranking"], out / "report.html", title=f"ganda demo: {adapter.spec}")
     con.print(summary["finding"].replace("**", ""))
     con.print(f"done in {summary['seconds']:.0f} s ({summary['cpu_seconds']:.0f} CPU s)")
     return report

@@ -80,6 +80,16 @@ def colour_limit(m: np.ndarray, kind: str) -> float:
     return top or 1.0
 
 
+def _grid(n: int, rows: int, cols: int, figsize: tuple[float, float]) -> tuple[Any, list[Any]]:
+    """A figure of ``n`` panels on a ``rows`` x ``cols`` grid: the grid's cells past the ``n``-th
+    are removed, so no empty frame is drawn. Constrained layout keeps a suptitle clear of the
+    panels' titles and leaves room for colour bars."""
+    fig, axes = pyplot().subplots(rows, cols, figsize=figsize, squeeze=False, layout="constrained")
+    for ax in axes.flat[n:]:
+        fig.delaxes(ax)
+    return fig, list(axes.flat[:n])
+
+
 def attention_panels(
     maps: Mapping[str, Any],
     tokens: Sequence[str],
@@ -106,17 +116,15 @@ def attention_panels(
     if not names:
         raise ValueError("attention_panels: no maps given")
     n = len(names)
-    cols = min(max_cols, n)
-    nrows = math.ceil(n / cols)
+    nrows = math.ceil(n / max_cols)
+    cols = math.ceil(n / nrows)
     t = len(tokens)
     ticks = _tick_positions(t)
     side = max(4.0, min(11.0, 0.13 * len(ticks) + 2.0))
-    fig, axes = pyplot().subplots(nrows, cols, figsize=(side * cols, side * nrows * 0.92 + 0.5), squeeze=False)
+    fig, axes = _grid(n, nrows, cols, (side * cols, side * nrows * 0.92 + 0.5))
     labels = [show_token(x) for x in tokens]
     fs = 7.5 if len(ticks) > 40 else 8.5
-    for ax in axes.flat[n:]:
-        ax.axis("off")
-    for ax, name in zip(axes.flat, names, strict=False):
+    for ax, name in zip(axes, names, strict=True):
         m = _np(maps[name])
         kind = kinds.get(name, "softmax")
         top = colour_limit(m, kind)
@@ -142,7 +150,6 @@ def attention_panels(
             cb.set_label(f"scale excludes the first key column (up to {float(np.abs(m).max()):.2f})", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=12)
-    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -281,9 +288,10 @@ def bars(
     ylim: tuple[float, float] | None = (0.0, 1.0),
     rotate: int = 0,
 ) -> Path:
-    """Grouped bars: one group per label, one bar per series; ``errors`` are (lo, hi) CI bounds."""
+    """Grouped bars: one group per label, one bar per series; ``errors`` are (lo, hi) CI bounds.
+    The legend stands to the right of the axes, where it covers no bar."""
     k = max(1, len(series))
-    fig, ax = pyplot().subplots(figsize=(max(5.0, 0.35 * len(labels) * k + 2), 4.2))
+    fig, ax = pyplot().subplots(figsize=(max(5.0, 0.35 * len(labels) * k + 2) + 2.5, 4.2), layout="constrained")
     x = _grouped_bars(ax, len(labels), series, errors, hlines)
     ax.set_xticks(x)
     ax.set_xticklabels(list(labels), rotation=rotate, ha="right" if rotate else "center", fontsize=8)
@@ -291,10 +299,9 @@ def bars(
     if ylim:
         ax.set_ylim(*ylim)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # beside the bars
     if title:
         ax.set_title(title)
-    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -313,8 +320,8 @@ def panels(
     n = max(1, len(specs))
     cols = min(cols, n)
     rows = (n + cols - 1) // cols
-    fig, axes = pyplot().subplots(rows, cols, figsize=(4.6 * cols, 3.6 * rows), squeeze=False)
-    for ax, spec in zip(axes.flat, specs, strict=False):
+    fig, axes = _grid(len(specs), rows, cols, (4.6 * cols, 3.6 * rows))
+    for ax, spec in zip(axes, specs, strict=True):
         groups = list(spec["groups"])
         x = _grouped_bars(ax, len(groups), spec["series"], spec.get("errors"), spec.get("hlines"))
         ylim = spec.get("ylim", (0.0, 1.18))  # headroom above 1.0 for the legend
@@ -336,9 +343,6 @@ def panels(
         ax.set_title(spec.get("title", ""), fontsize=8.5)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=6.5, loc="upper right", ncol=3, framealpha=0.9)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     return _save(fig, path)

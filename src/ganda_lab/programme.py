@@ -657,13 +657,37 @@ def _kv_falls_faster(kv, parts: list[str]) -> bool:
     return fall[others[0]] > fall[tspec] and last["intact_ci_low"] > last[f"{others[0]}_ci_high"]
 
 
+def _panel3_bars(st: dict[str, Any]) -> dict[str, Any]:
+    """Finding 3's groups and series: each architecture's intact and best-head-ablated lab-mmlu
+    accuracy and, with a KV curve, its KV accuracy at the most pairs. A series is named after every
+    model its bars were measured on: the KV bars come from the KV models, which may differ from
+    the roles models."""
+    models = st.get("models", {})
+    named = {}
+    for key, role, label in (("roles_transformer", "transformer", "Transformer"), ("roles_ssm", "ssm", "SSM")):
+        res = st[key]
+        name = res.model or models.get(role, {}).get("model") or label
+        best = min((r["all"] for r in res.rows), default=None)
+        named[role] = [name, [res.summary.get("baseline"), best]]
+    groups = ["intact", "best head ablated"]
+    kv = st.get("kv")
+    if kv is not None:
+        at = kv.summary.get("at_max_pairs", {})
+        kv_models = {"transformer": kv.model, "ssm": next((k for k in at if k != kv.model), None)}
+        groups.append(f"KV {max(kv.summary.get('pairs') or [0])} pairs")
+        for role, (name, ys) in named.items():
+            ys.append(at.get(kv_models[role]))
+            if kv_models[role] not in (None, name):
+                named[role][0] = f"{name} (KV: {kv_models[role]})"
+    return {"groups": groups, "series": dict(named.values())}
+
+
 def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One bar-chart spec per finding (for :func:`ganda.figures.panels`), from the same
     numbers the verdicts read; the paper's number and the verdict go in the title."""
     verdict = {f["finding"]: f["verdict"] for f in findings}
     out: list[dict[str, Any]] = []
     chance = {"chance (4 options)": 0.25}
-    models = st.get("models", {})
     rt = st.get("roles_transformer")
     if rt is not None:
         s = rt.summary
@@ -681,23 +705,9 @@ def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[
                     "groups": [f"{r['layers']} layer{'s' if r['layers'] != 1 else ''}" for r in pr],
                     "series": {"lab-mmlu": [r.get("lab-mmlu") for r in pr],
                                "lab-knowledge": [r.get("lab-knowledge") for r in pr]}, "hlines": chance})
-    rs_ = st.get("roles_ssm")
-    if rs_ is not None and rt is not None:
-        best = {k: min((r["all"] for r in r_.rows), default=None) for k, r_ in (("t", rt), ("s", rs_))}
-        groups, tser, sser = ["intact", "best head ablated"], [rt.summary.get("baseline"), best["t"]], \
-            [rs_.summary.get("baseline"), best["s"]]
-        kv = st.get("kv")
-        if kv is not None:
-            at = kv.summary.get("at_max_pairs", {})
-            kv_ssm = next((k for k in at if k != kv.model), "?")
-            # the KV bars are measured on the KV pair of models, not on the two named in the legend
-            groups.append(f"KV {max(kv.summary.get('pairs') or [0])} pairs\non {kv.model} / {kv_ssm}")
-            tser.append(at.get(kv.model))
-            sser.append(at.get(kv_ssm))
+    if st.get("roles_ssm") is not None and rt is not None:
         out.append({"title": f"3. Transformer vs SSM, lab-mmlu and KV (paper: SSM needs more heads): {verdict.get(3)}",
-                    "groups": groups, "series": {models.get("transformer", {}).get("model", "Transformer"): tser,
-                                                 models.get("ssm", {}).get("model", "SSM"): sser},
-                    "hlines": chance})
+                    **_panel3_bars(st), "hlines": chance})
     sh = st.get("sharpness")
     if sh is not None:
         ratios = [d for d in sh["differences"] if str(d.get("scale", "")).startswith("ratio")]

@@ -26,6 +26,7 @@ import torch
 
 from .. import runio
 from ..errors import GandaError
+from ..figures import heatmap
 from ..finite import check_scores, finite_json
 from ..heads import HeadId
 from ..interventions import MeanAblateHeads
@@ -317,6 +318,31 @@ class RankResult:
             w.writerows(rows)
         if self.estimate and self.exact:
             self.scatter(out / "scatter.png")
+        if self.exact:
+            self.verify_heatmap(out / "verify_heatmap.png")
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RankResult:
+        """The ranking a ``ranking.json`` holds (:meth:`write`), enough to draw its figures: the
+        verified heads are the exactly known ones outside the audit."""
+        rows = [r for r in d.get("ranking") or [] if isinstance(r, dict) and "head" in r]
+        est, exact = ({r["head"]: r[k] for r in rows if isinstance(r.get(k), int | float)} for k in ("estimate", "exact"))
+        audited = [h for h in d.get("audited") or [] if h in exact]
+        return cls(method=str(d.get("method", "?")), ablation=str(d.get("ablation", "?")), margin=str(d.get("margin", "?")),
+                   heads=[r["head"] for r in rows], estimate=est, exact=exact,
+                   verified=[h for h in exact if h not in set(audited)], audited=audited, clean=d.get("clean"),
+                   bound=None, config=d.get("config") or {})
+
+    def verify_heatmap(self, path: str | Path) -> Path:
+        """The exact effect of every exactly known head on a layers x heads grid (blank: not verified)."""
+        ids = {h: HeadId.parse(h) for h in [*self.heads, *self.exact]}
+        cols = sorted({(i.kind or "", i.head) for i in ids.values()})
+        grid = [[math.nan] * len(cols) for _ in range(1 + max(i.layer for i in ids.values()))]
+        for h, v in self.exact.items():
+            grid[ids[h].layer][cols.index((ids[h].kind or "", ids[h].head))] = v
+        return heatmap(grid, path, xlabels=[f"{k} H{j}".strip() for k, j in cols], ylabels=[f"L{n}" for n in range(len(grid))],
+                       xlabel="head", ylabel="layer", center=0.0, colorbar_label=f"exact drop ({self.ablation}-ablation)",
+                       title=f"Exact effect of the {len(self.exact)} verified heads of {len(ids)} (blank: not verified)")
 
     def scatter(self, path: str | Path) -> None:
         """Estimate against exact effect for every exactly known head."""
@@ -432,7 +458,7 @@ def rank_heads(
 
     ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
     effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
-    ``ranking.json``, ``ranking.csv`` and ``scatter.png`` are written there.
+    ``ranking.json``, ``ranking.csv``, ``scatter.png`` and ``verify_heatmap.png`` are written there.
     """
     check_rank_options(method, ablation, margin, verify_top, audit, top, threshold, confidence, batch_tokens,
                        batch_heads, graddrop_blocks)

@@ -61,8 +61,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rank every head by its ablation effect on the task's margin: attribution for all, exact for the top.
 
-        Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), OUT/attribution.jsonl and
-        OUT/verify/ (both resume a stopped run).
+        Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), verify_heatmap.png (exact effect
+        by layer and head), OUT/attribution.jsonl and OUT/verify/ (both resume a stopped run).
         """
         from rich.console import Console
         from rich.table import Table
@@ -131,7 +131,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"bound: {res.bound.sentence()}")
         if flips := sign_flip_sentence(res.sign_flips()):
             console.print(f"sign: {flips}")
-        console.print(f"wrote {out_dir}/ranking.json, ranking.csv" + (", scatter.png" if res.estimate and res.exact else ""))
+        console.print(f"wrote {out_dir}/ranking.json, ranking.csv" + (", scatter.png" if res.estimate and res.exact else "")
+                      + (", verify_heatmap.png" if res.exact else ""))
 
 
 def _layers(text: str) -> list[int]:

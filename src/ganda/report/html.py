@@ -10,8 +10,9 @@ Each run section reads top to bottom as a reader asks: what was found (the resul
 ``headline()``, :func:`ganda.registry.register_result`), the attention maps to explore (when the
 run saved any), the figures (drawn on the fly by the class's ``draw()`` when the run directory
 holds no PNG), then the numbers: the summary, every other value (wide or long tables folded),
-the CSVs and the raw ``result.json``. Empty values are left out. Kinds are registered by whoever
-defines them (``ganda.experiments``, plugins), never here.
+the CSVs and the raw ``result.json``. What the runs cost (:data:`COST_KEYS`: seconds, CPU seconds
+by phase) closes the page in its own section, after every result. Empty values are left out.
+Kinds are registered by whoever defines them (``ganda.experiments``, plugins), never here.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 
 from .. import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
 from .. import registry, runio
-from ..attribution.ranking import sign_flip_sentence
+from ..attribution.ranking import RankResult, sign_flip_sentence
 from ..errors import GandaError
 from ..figures import attention_panels
 from ..stats import weak_note
@@ -207,10 +208,14 @@ class SweepRun:
 
 
 class RankRun:
-    """A head ranking's ``ranking.json`` as summarised by :func:`rank_result`."""
+    """A head ranking's ``ranking.json`` as summarised by :func:`rank_result`; with the file's
+    ``path`` it draws the ranking's figures (:data:`FIGURES`)."""
 
-    def __init__(self, d: dict[str, Any]) -> None:
+    FIGURES = ("scatter.png", "verify_heatmap.png")
+
+    def __init__(self, d: dict[str, Any], path: Path | None = None) -> None:
         self.summary = d.get("summary") or {}
+        self.path = path
 
     def headline(self) -> str:
         s = self.summary
@@ -223,7 +228,15 @@ class RankRun:
                 + (f"; {flips}." if flips else "."))
 
     def draw(self, out_dir: Path) -> list[Path]:
-        return []
+        """The estimate-vs-exact scatter and the verified heads' heat map (none without exact effects)."""
+        rank = RankResult.from_json(_read_json(self.path)) if self.path is not None else None
+        if rank is None or not rank.exact:
+            return []
+        drawn = []
+        if rank.estimate:
+            rank.scatter(out_dir / "scatter.png")
+            drawn.append(out_dir / "scatter.png")
+        return [*drawn, rank.verify_heatmap(out_dir / "verify_heatmap.png")]
 
 
 def _png_data_uri(path: Path) -> str:
@@ -260,6 +273,7 @@ def _fallback_figures(result: dict[str, Any], obj: Any, tmp: Path) -> list[Path]
 
 
 SKIP_KEYS = {"kind", "model", "summary", "panels"}  # panels: figure specs, drawn as PNG
+COST_KEYS = ("seconds", "cpu_seconds", "cpu_seconds_by_phase")  # shown in the page's closing Cost section
 VIEWER_KEYS = {"maps", "tokens", "map_kinds"}  # shown by the attention viewer, not as tables
 META_KEYS = ("model", "command", "seed", "ganda_version", "created")
 HEAVY = ("pred", "pred_norm", "gold", "loglik", "predictions")
@@ -385,7 +399,7 @@ def _read_result(run_dir: Path) -> tuple[dict[str, Any], Any]:
         return result, SweepRun.from_json(result)
     if not rfile.exists() and (run_dir / "ranking.json").exists():
         result = rank_result(run_dir / "ranking.json")
-        return result, RankRun(result)
+        return result, RankRun(result, run_dir / "ranking.json")
     if not rfile.exists() and (run_dir / "progress.jsonl").exists():
         result = sweep_result(run_dir / "progress.jsonl", partial=True)
         return result, SweepRun.from_json(result)
@@ -419,10 +433,12 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
     pngs = sorted(run_dir.glob("*.png"))
     if not pngs and (run_dir / "result.json").exists():
         pngs = _fallback_figures(result, obj, tmp)
+    elif isinstance(obj, RankRun) and not set(RankRun.FIGURES) <= {p.name for p in pngs}:
+        pngs += [p for p in _fallback_figures(result, obj, tmp) if not (run_dir / p.name).exists()]
     view = _viewer(run_dir, result, f"gv{index}")
     skip = SKIP_KEYS | set(meta) | (VIEWER_KEYS if view else set())
-    rest = {k: v for k, v in result.items() if k not in skip and not is_empty(v)}
-    summary = result.get("summary")
+    summary, cost = _split_cost(result.get("summary"))
+    rest, top_cost = _split_cost({k: v for k, v in result.items() if k not in skip and not is_empty(v)})
     return {
         "index": index, "kind": kind, "dir": run_dir.name, "model": result.get("model"),
         "title": KIND_TITLES.get(kind, kind) + (" (partial: not finished)" if _partial(summary) else ""),
@@ -435,7 +451,16 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
         "blocks": {k: _shown(v) for k, v in rest.items() if isinstance(v, dict | list)},
         "csvs": [c for c in (_csv(p) for p in sorted(run_dir.glob("*.csv"))) if c],
         "raw": json.dumps(result, indent=1, default=str),
+        "cost": _shown({**top_cost, **cost}),
     }
+
+
+def _split_cost(d: Any) -> tuple[Any, dict[str, Any]]:
+    """``d`` without its :data:`COST_KEYS`, and those keys (a value that is no dict: itself, no cost)."""
+    if not isinstance(d, dict):
+        return d, {}
+    return ({k: v for k, v in d.items() if k not in COST_KEYS},
+            {k: d[k] for k in COST_KEYS if k in d and not is_empty(d[k])})
 
 
 def _partial(summary: Any) -> bool:
@@ -444,20 +469,28 @@ def _partial(summary: Any) -> bool:
 
 def render_run(run_dir: Path, index: int) -> str:
     """One run's ``<section>``."""
+    return _render_run(run_dir, index)[0]
+
+
+def _render_run(run_dir: Path, index: int) -> tuple[str, dict[str, Any]]:
+    """One run's ``<section>`` and its entry in the page's Cost section (``cost`` empty: none)."""
     with tempfile.TemporaryDirectory() as td:
         ctx = run_context(run_dir, index, Path(td))
-        return environment().get_template("run.html.j2").render(run=ctx, columns=_columns, max_rows=MAX_ROWS,
-                                                                max_csv_rows=MAX_CSV_ROWS)
+        html_ = environment().get_template("run.html.j2").render(run=ctx, columns=_columns, max_rows=MAX_ROWS,
+                                                                 max_csv_rows=MAX_CSV_ROWS)
+    return html_, {"title": ctx["title"], "dir": ctx["dir"], "cost": ctx["cost"]}
 
 
 def render_page(run_dirs: Sequence[Path], title: str = "ganda report") -> str:
-    """The whole page for ``run_dirs`` as text."""
+    """The whole page for ``run_dirs`` as text: a section per run, then what the runs cost."""
     runs = [Path(d) for d in run_dirs]
-    sections = [render_run(d, i) for i, d in enumerate(runs)]
+    rendered = [_render_run(d, i) for i, d in enumerate(runs)]
+    sections = [s for s, _ in rendered]
     env = environment()
     has_viewer = any('class="gv"' in s for s in sections)
     return env.get_template("page.html.j2").render(
         title=title, runs=[{"index": i, "name": d.name} for i, d in enumerate(runs)],
+        costs=[c for _, c in rendered if c["cost"]], columns=_columns,
         sections=[_safe(s) for s in sections], stamp=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         css=_safe((TEMPLATES / "report.css").read_text()),
         viewer_css=_safe((TEMPLATES / "viewer.css").read_text()) if has_viewer else "",
