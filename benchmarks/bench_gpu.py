@@ -414,8 +414,9 @@ def section_attribution(ctx: SimpleNamespace) -> dict[str, Any]:
         torch.cuda.empty_cache()
         fb = {"forward_s": None, "forward_backward_s": None, "forward_input_grads_s": None,
               "forward_backward_error": "out of memory (a plain backward keeps every layer's graph)"}
-    pred_fwd = pl.forward(n, w.tokens)
-    pred_fb = pl.forward(n, w.tokens, backward=2.0)
+    width = w.max_tokens or w.tokens  # the forward/backward pads every prompt to the longest
+    pred_fwd = pl.forward(n, width)
+    pred_fb = pl.forward(n, width, backward=2.0)
     return {"prompts": n, "heads": len(res.heads), "measured_s": secs, "first_call_s": first, "predicted_s": predicted,
             "ratio": ratio(secs, predicted), **fb, "predicted_forward_s": pred_fwd,
             "forward_ratio": ratio(fb["forward_s"], pred_fwd), "predicted_forward_backward_s": pred_fb,

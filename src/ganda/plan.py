@@ -440,17 +440,20 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
                                                                      block_of[-1] + 1, free))
     per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
     calls = math.ceil(w.n / per_batch)
+    width = w.packed  # batches follow the input order, each padded to its longest prompt: in one batch
+    if calls == 1 and w.n > 1 and w.max_tokens:  # of unequal prompts that is the longest of all
+        width += max(0.0, w.max_tokens - w.choice_tokens - w.tokens)
     depth = len(L)
     blocks = block_of[-1] + 1
     # per layer a recompute and input-gradient VJPs: the plain one and, for AtP*, one per GradDrop
     # block above the layer's own
     above = sum(blocks - 1 - b for b in block_of) / depth
     back = 1.0 + (1.0 + above if method == "atp*" else 1.0)
-    phases = [Phase("no-grad pass, residuals kept", calls, per_batch, w.packed, L, n_read, examples=w.n,
+    phases = [Phase("no-grad pass, residuals kept", calls, per_batch, width, L, n_read, examples=w.n,
                     scored=w.n * w.score_rows),
-              Phase(f"layer-by-layer backward ({method})", calls, per_batch, w.packed, L, n_read, backward=back - 1.0)]
+              Phase(f"layer-by-layer backward ({method})", calls, per_batch, width, L, n_read, backward=back - 1.0)]
     cotangents = blocks if method == "atp*" else 1
-    kept = (depth + cotangents) * per_batch * w.packed * p.d_model * 4
+    kept = (depth + cotangents) * per_batch * width * p.d_model * 4
     early = sorted(set(opts.get("verify_layers") or ()))
     if any(not 0 <= k < len(L) for k in early):
         raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
