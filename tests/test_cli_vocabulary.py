@@ -334,3 +334,16 @@ def test_a_numbered_task_name_means_the_same_in_eval_as_in_a_task_list(capsys):
         got = json.loads(capsys.readouterr().out)
         runs.append({k: v for k, v in got.items() if k != "seconds"})
     assert runs[0] == runs[1] and runs[0]["config"]["n_pairs"] == 4
+
+
+def test_limit_is_the_cap_asked_for_and_n_the_examples_scored(capsys, tmp_path):
+    assert main(["eval", "lab-llama-h1", "--task", "lab-kv", "--limit", "3", "--json"]) == 0
+    cfg = json.loads(capsys.readouterr().out)["config"]
+    assert (cfg["limit"], cfg["n"], cfg["size"]) == (3, 3, 400)  # size: the task's own, uncapped
+    assert main(["eval", "lab-llama-h1", "--task", "lab-kv", "--option", "n=5", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert (res["config"]["limit"], res["config"]["n"], res["config"]["size"], res["n"]) == (None, 5, 5, 5)
+    out = tmp_path / "sw"
+    assert main(["run", "sweep", "lab-llama-h1", "--task", "lab-kv", "--limit", "3", "--out", str(out), "-q"]) == 0
+    header = json.loads((out / "results.jsonl").read_text().splitlines()[0])["config"]
+    assert (header["limit"], header["n"], header["task"]["size"]) == (3, 3, 400)

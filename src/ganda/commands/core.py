@@ -304,7 +304,7 @@ def register(app: typer.Typer) -> None:
         ver = t.examples(limit=verify_n, seed=seed + 1)
         if not pat or not pat[0].segments:
             raise GandaError(f"task {task!r} has no segments to score heads on")
-        d = discover(adapter, pat, ver, top=top, task_config={**t.config(), "summary": summary}, summary=summary)
+        d = discover(adapter, pat, ver, top=top, task_config={**t.run_config(limit, len(pat), seed), "summary": summary}, summary=summary)
         save_discovery(d, out, model=adapter.spec)
         _print_discovery(d)
         print(f"wrote {out}/result.json and {out}/heads.csv")

@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"task {task!r} has examples with fewer than two choices; a margin needs two")
         head_list = expand(heads, adapter) if heads else None
         out_dir = out if out is not None else Path("runs") / f"rank-{task}"
-        cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
+        cfg = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed}
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):  # the exact (zero-ablation) verification
             res = rank_heads(adapter, examples, method=method, ablation=ablation, margin=margin,
                              verify_top=verify_top, audit=audit, threshold=threshold, top=top, seed=seed,

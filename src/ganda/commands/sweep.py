@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         if not examples:
             raise GandaError(f"task {task!r} gave no examples")
         head_list = expand(heads, adapter) if heads else adapter.heads()
-        cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
+        cfg = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed}
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             res = run_sweep(adapter, examples, heads=head_list, out_dir=out_dir, resume=resume, naive=naive,
                             batch_heads=batch_heads, config=cfg)

@@ -172,9 +172,10 @@ def _shard(adapter: ModelAdapter, name: str, options: dict[str, Any], interventi
     part = examples[lo:hi]
     if task.kind != "mc":
         res = evaluate_generation(adapter, task, part, interventions, seed=seed, progress=progress)
+        res.config.update(limit=limit, n=res.n)
     else:
         res = evaluate_examples(adapter, part, interventions, task_name=task.name,
-                                config={**task.config(), "limit": limit, "seed": seed}, progress=progress)
+                                config=task.run_config(limit, len(part), seed), progress=progress)
     if lo:
         for i, (ex, p) in enumerate(zip(part, res.predictions, strict=True)):
             p["id"] = ex.key(task.name, lo + i)
@@ -189,7 +190,7 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
     n, correct = len(preds), sum(bool(p["correct"]) for p in preds)
     first = parts[0]
     if task.kind == "mc":
-        config = first.config
+        config = {**first.config, "n": n}
         norm = sum(bool(p["correct_norm"]) for p in preds)
     else:
         finish: dict[str, int] = {}
@@ -198,8 +199,8 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
             finish[p["finish"]] = finish.get(p["finish"], 0) + 1
             for k, v in p.get("metrics", {}).items():
                 sums[k] = sums.get(k, 0) + bool(v)
-        config = {**task.config(), "seed": first.config["seed"], "max_new_tokens": first.config["max_new_tokens"],
-                  "finish": finish}
+        config = {**task.run_config(first.config.get("limit"), n, first.config["seed"]),
+                  "max_new_tokens": first.config["max_new_tokens"], "finish": finish}
         if sums:
             config["metrics"] = {k: {"correct": v, "accuracy": v / n, **ci(wilson(v, n))} for k, v in sums.items()}
         if hasattr(task, "aggregate"):
