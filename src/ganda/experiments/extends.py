@@ -95,10 +95,11 @@ def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[A
     for rec in records:
         c, m = _per_prompt(rec)
         acc, mar = bootstrap_paired(base_c, c, seed=seed), bootstrap_paired(base_m, m, seed=seed)
-        noise = (acc["diff_ci95"][0] <= 0 <= acc["diff_ci95"][1]
-                 and (mar["diff_ci95"][0] <= 0 <= mar["diff_ci95"][1] or abs(mar["diff"]) <= NOISE_MARGIN * abs(base_margin)))
-        effects[rec["head"]] = {"acc_drop": acc["diff"], **ci(acc["diff_ci95"], "acc_drop"), "margin_drop": mar["diff"],
-                                **ci(mar["diff_ci95"], "margin_drop"), "within_noise": noise}
+        (a_low, a_high), (m_low, m_high) = bounds(acc, "diff"), bounds(mar, "diff")
+        noise = (a_low <= 0 <= a_high
+                 and (m_low <= 0 <= m_high or abs(mar["diff"]) <= NOISE_MARGIN * abs(base_margin)))
+        effects[rec["head"]] = {"acc_drop": acc["diff"], **ci(bounds(acc, "diff"), "acc_drop"), "margin_drop": mar["diff"],
+                                **ci(bounds(mar, "diff"), "margin_drop"), "within_noise": noise}
     return {"rule": CONTROL_RULE, "n": len(examples), "baseline_accuracy": baseline["acc"],
             "baseline_margin": base_margin, "candidates": effects}
 
@@ -278,7 +279,7 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
             else:
                 res = _merge(adapter, task, _examples(task, limit, seed) if n_units > 1 else [], parts)
                 row = {"task": name, "condition": cond, "n": res.n, "correct": res.correct,
-                       "accuracy": res.accuracy, **ci(res.ci95), "seconds": round(res.seconds, 2),
+                       "accuracy": res.accuracy, **ci((res.ci_low, res.ci_high)), "seconds": round(res.seconds, 2),
                        "config": res.config, "interventions": res.interventions}
                 if pred_dir:
                     with runio.atomic_open(pred_dir / f"{name}.{cond}.jsonl") as f:
