@@ -347,3 +347,35 @@ def test_limit_is_the_cap_asked_for_and_n_the_examples_scored(capsys, tmp_path):
     assert main(["run", "sweep", "lab-llama-h1", "--task", "lab-kv", "--limit", "3", "--out", str(out), "-q"]) == 0
     header = json.loads((out / "results.jsonl").read_text().splitlines()[0])["config"]
     assert (header["limit"], header["n"], header["task"]["size"]) == (3, 3, 400)
+
+
+def test_quiet_silences_transformers_and_lm_eval_and_restores_them(capfd, caplog):
+    import logging
+    import warnings
+
+    from transformers.utils import logging as tf_logging
+
+    def noise() -> str:
+        """What transformers and lm-eval say: stderr, log records and warnings, in one text."""
+        caplog.clear()
+        with warnings.catch_warnings(record=True) as warned:
+            tf_logging.get_logger("transformers.modeling_utils").warning("a transformers warning")
+            logging.getLogger("lm-eval").warning("an lm-eval warning")
+            logging.getLogger("lm_eval.evaluator").warning("an lm_eval warning")
+            warnings.warn_explicit("an lm_eval UserWarning", UserWarning, "evaluator.py", 1, module="lm_eval.evaluator")
+            for _ in tf_logging.tqdm(range(3), desc="Writing model shards", mininterval=0):
+                pass
+        return "\n".join([capfd.readouterr().err, *caplog.messages, *(str(w.message) for w in warned)])
+
+    assert main(["-q", "info", "lab-llama-h1"]) == 0
+    capfd.readouterr()
+    progress.set_quiet(True)
+    try:
+        quiet = noise()
+    finally:
+        progress.set_quiet(False)
+    loud = noise()
+    assert quiet.strip() == "", quiet
+    for line in ("a transformers warning", "an lm-eval warning", "an lm_eval warning", "an lm_eval UserWarning",
+                 "Writing model shards"):
+        assert line in loud, (line, loud)
