@@ -379,3 +379,14 @@ def test_quiet_silences_transformers_and_lm_eval_and_restores_them(capfd, caplog
     for line in ("a transformers warning", "an lm-eval warning", "an lm_eval warning", "an lm_eval UserWarning",
                  "Writing model shards"):
         assert line in loud, (line, loud)
+
+
+def test_heads_tables_in_a_log_file_keep_every_row_on_one_line(tmp_path, monkeypatch):
+    import ganda
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(ganda.__file__).parents[1]))  # the ganda under test
+    r = _ganda("-q", "heads", "lab-llama-h1", "--task", "lab-kv", "-n", "2", "--verify-n", "2", "--top", "1",
+               "--out", "h", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    header = [line for line in r.stdout.splitlines() if "agg peak [95% CI]" in line]
+    assert header and all(c in header[0] for c in ("head", "gather contrast", "final row reads", "ablated acc")), r.stdout

@@ -17,7 +17,7 @@ from .. import runio
 from ..errors import GandaError
 from ..heads import split_spec
 from ..tasks import get_task
-from .options import FORCE, QUIET
+from .options import FORCE, QUIET, console
 
 if TYPE_CHECKING:
     from ..interventions import Intervention
@@ -343,10 +343,9 @@ def _reads(read: dict) -> str:
 
 
 def _print_discovery(d) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = console()
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts")
     for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
         tab = Table(title=f"top {role} candidates")

@@ -10,6 +10,7 @@ import typer
 from .. import runio
 from ..errors import GandaError
 from ..tasks import get_task
+from . import options
 from .core import (
     MODEL,
     PAIRS,
@@ -64,7 +65,6 @@ def register(app: typer.Typer) -> None:
         Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), OUT/attribution.jsonl and
         OUT/verify/ (both resume a stopped run).
         """
-        from rich.console import Console
         from rich.table import Table
 
         from ..attribution import check_rank_options, rank_heads
@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(finite_json({**res.to_json(), "out": str(out_dir)})))
             return
 
-        console = Console()
+        console = options.console()
         s = res.seconds
         timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "verification", "total") if k in s)
         blocks = res.config.get("graddrop_blocks")
