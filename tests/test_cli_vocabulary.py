@@ -334,3 +334,59 @@ def test_a_numbered_task_name_means_the_same_in_eval_as_in_a_task_list(capsys):
         got = json.loads(capsys.readouterr().out)
         runs.append({k: v for k, v in got.items() if k != "seconds"})
     assert runs[0] == runs[1] and runs[0]["config"]["n_pairs"] == 4
+
+
+def test_limit_is_the_cap_asked_for_and_n_the_examples_scored(capsys, tmp_path):
+    assert main(["eval", "lab-llama-h1", "--task", "lab-kv", "--limit", "3", "--json"]) == 0
+    cfg = json.loads(capsys.readouterr().out)["config"]
+    assert (cfg["limit"], cfg["n"], cfg["size"]) == (3, 3, 400)  # size: the task's own, uncapped
+    assert main(["eval", "lab-llama-h1", "--task", "lab-kv", "--option", "n=5", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert (res["config"]["limit"], res["config"]["n"], res["config"]["size"], res["n"]) == (None, 5, 5, 5)
+    out = tmp_path / "sw"
+    assert main(["run", "sweep", "lab-llama-h1", "--task", "lab-kv", "--limit", "3", "--out", str(out), "-q"]) == 0
+    header = json.loads((out / "results.jsonl").read_text().splitlines()[0])["config"]
+    assert (header["limit"], header["n"], header["task"]["size"]) == (3, 3, 400)
+
+
+def test_quiet_silences_transformers_and_lm_eval_and_restores_them(capfd, caplog):
+    import logging
+    import warnings
+
+    from transformers.utils import logging as tf_logging
+
+    def noise() -> str:
+        """What transformers and lm-eval say: stderr, log records and warnings, in one text."""
+        caplog.clear()
+        with warnings.catch_warnings(record=True) as warned:
+            tf_logging.get_logger("transformers.modeling_utils").warning("a transformers warning")
+            logging.getLogger("lm-eval").warning("an lm-eval warning")
+            logging.getLogger("lm_eval.evaluator").warning("an lm_eval warning")
+            warnings.warn_explicit("an lm_eval UserWarning", UserWarning, "evaluator.py", 1, module="lm_eval.evaluator")
+            for _ in tf_logging.tqdm(range(3), desc="Writing model shards", mininterval=0):
+                pass
+        return "\n".join([capfd.readouterr().err, *caplog.messages, *(str(w.message) for w in warned)])
+
+    assert main(["-q", "info", "lab-llama-h1"]) == 0
+    capfd.readouterr()
+    progress.set_quiet(True)
+    try:
+        quiet = noise()
+    finally:
+        progress.set_quiet(False)
+    loud = noise()
+    assert quiet.strip() == "", quiet
+    for line in ("a transformers warning", "an lm-eval warning", "an lm_eval warning", "an lm_eval UserWarning",
+                 "Writing model shards"):
+        assert line in loud, (line, loud)
+
+
+def test_heads_tables_in_a_log_file_keep_every_row_on_one_line(tmp_path, monkeypatch):
+    import ganda
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(ganda.__file__).parents[1]))  # the ganda under test
+    r = _ganda("-q", "heads", "lab-llama-h1", "--task", "lab-kv", "-n", "2", "--verify-n", "2", "--top", "1",
+               "--out", "h", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    header = [line for line in r.stdout.splitlines() if "agg peak [95% CI]" in line]
+    assert header and all(c in header[0] for c in ("head", "gather contrast", "final row reads", "ablated acc")), r.stdout

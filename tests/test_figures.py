@@ -41,7 +41,7 @@ def _ticks_and_names(fig) -> tuple[list[float], list[str]]:
 
 
 def test_the_demo_ablation_curve_counts_heads_in_whole_numbers_and_names_its_points(drawn, tmp_path):
-    base = SimpleNamespace(accuracy=0.8, ci95=(0.6, 0.9))
+    base = SimpleNamespace(accuracy=0.8, ci_low=0.6, ci_high=0.9)
     _curve_png(CURVE, base, 0.2, tmp_path / "ablation_curve.png")
     ticks, names = _ticks_and_names(drawn[-1])
     assert ticks and all(t == int(t) for t in ticks), ticks

@@ -49,9 +49,9 @@ def test_paired_bootstrap_is_seeded_and_sees_a_paired_shift():
     b = [x - 0.5 + rng.gauss(0, 0.1) for x in a]  # ... but a clear paired shift of 0.5
     r1, r2 = bootstrap_paired(a, b, seed=3), bootstrap_paired(a, b, seed=3)
     assert r1 == r2
-    assert r1["diff_ci95"][0] < r1["diff"] < r1["diff_ci95"][1]
-    assert 0.4 < r1["diff_ci95"][0] and r1["diff_ci95"][1] < 0.6
-    assert r1["a_ci95"][0] < 0 < r1["a_ci95"][1]  # unpaired, the spread hides the shift
+    assert r1["diff_ci_low"] < r1["diff"] < r1["diff_ci_high"]
+    assert 0.4 < r1["diff_ci_low"] and r1["diff_ci_high"] < 0.6
+    assert r1["a_ci_low"] < 0 < r1["a_ci_high"]  # unpaired, the spread hides the shift
 
 
 # ---- sharpness metrics on synthetic maps ---------------------------------------------------------
@@ -142,7 +142,7 @@ def test_pattern_scores_keep_per_prompt_values_and_intervals(lab):
             assert s.n_prompts == 6 and all(len(s.samples[m]) == 6 for m in METRICS)
             assert s.aggregate == pytest.approx(sum(s.samples["aggregate"]) / 6)
             for m in METRICS:
-                lo, hi = getattr(s, f"{m}_ci95")
+                lo, hi = getattr(s, f"{m}_ci_low"), getattr(s, f"{m}_ci_high")
                 assert lo - 1e-12 <= getattr(s, m) <= hi + 1e-12
 
 

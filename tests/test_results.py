@@ -361,3 +361,21 @@ def test_intervals_in_other_forms_read_back_as_two_numbers(tmp_path):
     r = load(tmp_path / "run")
     assert r.runs.loc[0, "baseline_ci_low"] == 0.5 and r.rows.loc[0, "ci_high"] == 0.2
     assert not [c for c in (*r.runs.columns, *r.rows.columns) if "ci95" in c or c.endswith(("_lo", "_hi"))]
+
+
+def test_objects_in_memory_name_intervals_as_the_files_do():
+    """EvalResult, HeadScore and the paired bootstrap hold ``<name>_ci_low`` / ``<name>_ci_high``
+    (no ``ci95`` pair, no ``_lo``/``_hi``), the names of every result file."""
+    import dataclasses
+
+    from ganda.discovery import METRICS, HeadScore
+    from ganda.scoring import EvalResult
+    from ganda.stats import bootstrap_paired
+
+    for cls, names in ((EvalResult, [""]), (HeadScore, list(METRICS))):
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert not [f for f in fields if OLD_INTERVAL.search(f)], cls
+        assert {f"{n}_ci_{end}".lstrip("_") for n in names for end in ("low", "high")} <= fields, cls
+    boot = bootstrap_paired([0.1, 0.5, 0.9], [0.0, 0.2, 0.4], resamples=50)
+    assert not [k for k in boot if OLD_INTERVAL.search(k)]
+    assert all(boot[f"{n}_ci_low"] <= boot[n] <= boot[f"{n}_ci_high"] for n in ("a", "b", "diff"))

@@ -179,8 +179,8 @@ def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[s
     a = [float(p["correct"]) for p in base.predictions]
     b = [float(p["correct"]) for p in r.predictions]
     bs = bootstrap_paired(a, b, seed=seed)
-    return {"heads": ",".join(heads), "accuracy": r.accuracy, **ci(r.ci95), "drop": bs["diff"],
-            **ci(bs["diff_ci95"], "drop")}
+    return {"heads": ",".join(heads), "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high)), "drop": bs["diff"],
+            **ci(bounds(bs, "diff"), "drop")}
 
 
 def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[str, float]) -> str | None:
@@ -207,7 +207,7 @@ def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list
     base = evaluate_examples(adapter, measure_ex, progress=False)
     g_head, a_head = _first(order, role, "gather", exact), _first(order, role, "aggregate", exact)
     rows: list[dict[str, Any]] = [{"condition": "intact", "heads": "", "accuracy": base.accuracy,
-                                   **ci(base.ci95), "drop": 0.0, **ci((0.0, 0.0), "drop")}]
+                                   **ci((base.ci_low, base.ci_high)), "drop": 0.0, **ci((0.0, 0.0), "drop")}]
     singles = {"top": order[0] if order[0] not in (g_head, a_head) else None, "gather": g_head, "aggregate": a_head}
     together = [h for h in singles.values() if h]
     for label, heads in (*((k, [h]) for k, h in singles.items()), ("together", together)):
@@ -351,7 +351,7 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
     s: dict[str, Any] = {
         "model": adapter.spec, "pairs": task_cfg.get("pairs"), "n_measure": n_measure, "n_rank": ranked.config.get("n"),
         "n_heads": len(ranked.heads), "verified": len(ranked.verified), "rank_method": ranked.method,
-        "baseline_accuracy": base.accuracy, **ci(base.ci95, "baseline"), "chance": chance,
+        "baseline_accuracy": base.accuracy, **ci((base.ci_low, base.ci_high), "baseline"), "chance": chance,
         "top_heads": [{"head": h, "role": role[h], "exact": ranked.exact.get(h)} for h in order[:top]],
         "roles_in_top": {r: sum(role[h] == r for h in order[:10]) for r in ("gather", "aggregate", "neither")},
         "gather_head": g_head, "aggregate_head": a_head, "top_head": order[0],
@@ -377,8 +377,8 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
 def _curve_png(curve: list[dict[str, Any]], base: EvalResult, chance: float, path: Path) -> Path:
     xs = [0] + [c["n_heads"] for c in curve]
     ys = [base.accuracy] + [c["accuracy"] for c in curve]
-    los = [base.ci95[0]] + [c["ci_low"] for c in curve]
-    his = [base.ci95[1]] + [c["ci_high"] for c in curve]
+    los = [base.ci_low] + [c["ci_low"] for c in curve]
+    his = [base.ci_high] + [c["ci_high"] for c in curve]
     return curves(xs, {"kv accuracy": ys}, path, bands={"kv accuracy": (los, his)},
                   xlabel="heads ablated (cumulative, causal order)", hlines={"chance": chance},
                   title="How many heads must go", integer_x=True, point_labels={"kv accuracy": added_heads(curve)})

@@ -34,8 +34,8 @@ says which one a head reads: the share of its final row on the gold and on the o
 first token, inner tokens, last token before the ``\n``, and ``\n``, and outside every segment.
 
 Every metric is computed per prompt (:func:`prompt_metrics`) and kept (``HeadScore.samples``),
-so each comes with a 95% interval over prompts (``HeadScore.<metric>_ci95``, written as
-``<metric>_ci_low`` and ``<metric>_ci_high``): a Student-t interval of the mean for ``aggregate``,
+so each comes with a 95% interval over prompts (``HeadScore.<metric>_ci_low`` and
+``HeadScore.<metric>_ci_high``, the names the result files use): a Student-t interval of the mean for ``aggregate``,
 ``aggregate_segment`` and ``gather``; the t interval of ``log x``, exponentiated, for the geometric
 means of the ratios (``aggregate_peak``, ``aggregate_neighbour``, ``gather_contrast``,
 ``gather_edge``); a Wilson interval for the proportion ``aggregate_hit``. Intervals treat prompts as independent draws.
@@ -101,14 +101,23 @@ class HeadScore:
     drop: float | None = None  # accuracy drop when this head alone is ablated (verified heads)
     ablated_accuracy: float | None = None
     n_prompts: int = 0
-    aggregate_ci95: list[float] | None = None
-    aggregate_segment_ci95: list[float] | None = None
-    gather_ci95: list[float] | None = None
-    aggregate_peak_ci95: list[float] | None = None
-    aggregate_hit_ci95: list[float] | None = None
-    gather_contrast_ci95: list[float] | None = None
-    aggregate_neighbour_ci95: list[float] | None = None
-    gather_edge_ci95: list[float] | None = None
+    # each metric's 95% interval over prompts (module docstring), None where it has none
+    aggregate_ci_low: float | None = None
+    aggregate_ci_high: float | None = None
+    aggregate_segment_ci_low: float | None = None
+    aggregate_segment_ci_high: float | None = None
+    gather_ci_low: float | None = None
+    gather_ci_high: float | None = None
+    aggregate_peak_ci_low: float | None = None
+    aggregate_peak_ci_high: float | None = None
+    aggregate_hit_ci_low: float | None = None
+    aggregate_hit_ci_high: float | None = None
+    gather_contrast_ci_low: float | None = None
+    gather_contrast_ci_high: float | None = None
+    aggregate_neighbour_ci_low: float | None = None
+    aggregate_neighbour_ci_high: float | None = None
+    gather_edge_ci_low: float | None = None
+    gather_edge_ci_high: float | None = None
     summary: str = "end"  # the token scored as each segment's summary (module docstring)
     label: str | None = None  # Gather, Aggregate, induction, previous-token, sink or none (ganda.labels)
     label_reason: str | None = None
@@ -224,12 +233,12 @@ def head_score(head: str, layer: int, kind: str, samples: dict[str, list[float]]
     for k in METRICS:
         xs = samples[k]
         if k in RATIO_METRICS:
-            summary[k], ci = _geo_mean(xs), geo_t_interval(xs)
+            summary[k], pair = _geo_mean(xs), geo_t_interval(xs)
         elif k == "aggregate_hit":
-            summary[k], ci = sum(xs) / n, wilson(int(round(sum(xs))), n)
+            summary[k], pair = sum(xs) / n, wilson(int(round(sum(xs))), n)
         else:
-            summary[k], ci = sum(xs) / n, t_interval(xs)
-        summary[f"{k}_ci95"] = list(ci) if ci is not None else None
+            summary[k], pair = sum(xs) / n, t_interval(xs)
+        summary.update(ci(pair, k))
     return HeadScore(head=head, layer=layer, kind=kind, n_prompts=n, samples=samples, **summary)
 
 
@@ -387,7 +396,7 @@ def ablate_until_chance(
     for name in tqdm(list(ranked_heads)[:max_heads], desc="cumulative ablation", disable=not progress, leave=False):
         chosen.append(name)
         r = evaluate_examples(adapter, examples, [AblateHeads(list(chosen))], progress=False)
-        curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, **ci(r.ci95)})
+        curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high))})
         if r.accuracy <= chance + margin:
             break
     return curve
@@ -420,7 +429,7 @@ def cumulative_ablation(
                                 margin=margin, progress=progress)
     reached = bool(curve) and curve[-1]["accuracy"] <= chance + margin
     rec = {"model": adapter.spec, "n": len(examples), "chance": chance, "margin": margin,
-           "baseline": base.accuracy, **ci(base.ci95, "baseline"), "reached_chance": reached,
+           "baseline": base.accuracy, **ci((base.ci_low, base.ci_high), "baseline"), "reached_chance": reached,
            "heads_to_chance": curve[-1]["n_heads"] if reached else None, "max_heads": max_heads, "curve": curve}
     if out_dir is not None:
         out = Path(out_dir)
@@ -429,8 +438,8 @@ def cumulative_ablation(
         runio.write_csv(out / "cumulative.csv", curve)
         x = [0] + [r["n_heads"] for r in curve]
         ys = [base.accuracy] + [r["accuracy"] for r in curve]
-        los = [base.ci95[0]] + [r["ci_low"] for r in curve]
-        his = [base.ci95[1]] + [r["ci_high"] for r in curve]
+        los = [base.ci_low] + [r["ci_low"] for r in curve]
+        his = [base.ci_high] + [r["ci_high"] for r in curve]
         curves(x, {"accuracy": ys}, out / "cumulative.png", bands={"accuracy": (los, his)},
                xlabel="heads ablated (most damaging first)", hlines={"chance": chance},
                title=f"Cumulative head ablation ({adapter.spec})", integer_x=True,
@@ -568,10 +577,10 @@ def compare_sharpness_summaries(
             for metric, xs in values.items():
                 b = bootstrap_paired(xs, resamples=resamples, seed=seed)
                 if metric in RATIO_METRICS:
-                    metrics[metric] = {"value": math.exp(b["a"]), **ci([math.exp(v) for v in b["a_ci95"]]),
+                    metrics[metric] = {"value": math.exp(b["a"]), **ci([math.exp(v) for v in bounds(b, "a")]),
                                        "scale": "geometric mean"}
                 else:
-                    metrics[metric] = {"value": b["a"], **ci(b["a_ci95"]), "scale": "mean"}
+                    metrics[metric] = {"value": b["a"], **ci(bounds(b, "a")), "scale": "mean"}
             models[i][name] = {
                 "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
                 "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
@@ -586,10 +595,10 @@ def compare_sharpness_summaries(
                 b = bootstrap_paired(per_prompt[i][names[0]][metric], per_prompt[i][other][metric],
                                      resamples=resamples, seed=seed)
                 if metric in RATIO_METRICS:
-                    row = {"value": math.exp(b["diff"]), **ci([math.exp(v) for v in b["diff_ci95"]]),
+                    row = {"value": math.exp(b["diff"]), **ci([math.exp(v) for v in bounds(b, "diff")]),
                            "scale": f"ratio {names[0]} / {other} of geometric means"}
                 else:
-                    row = {"value": b["diff"], **ci(b["diff_ci95"]), "scale": f"difference {names[0]} - {other}"}
+                    row = {"value": b["diff"], **ci(bounds(b, "diff")), "scale": f"difference {names[0]} - {other}"}
                 lo, hi = bounds(row)
                 neutral = 1.0 if metric in RATIO_METRICS else 0.0
                 row["sharper"] = (names[0] if lo > neutral else other if hi < neutral

@@ -34,9 +34,11 @@ def evaluate(
     if not examples:
         raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")
     if task.kind != "mc":  # GSM8K, BBH: exact match of greedy generations
-        return evaluate_generation(adapter, task, examples, interventions, seed=seed, progress=progress,
-                                   prefix_cache=prefix_cache)
+        res = evaluate_generation(adapter, task, examples, interventions, seed=seed, progress=progress,
+                                  prefix_cache=prefix_cache)
+        res.config.update(limit=limit, n=res.n)
+        return res
     return evaluate_examples(
         adapter, examples, interventions, task_name=task.name,
-        config={**task.config(), "limit": limit, "seed": seed}, progress=progress, prefix_cache=prefix_cache,
+        config=task.run_config(limit, len(examples), seed), progress=progress, prefix_cache=prefix_cache,
     )

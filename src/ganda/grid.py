@@ -223,7 +223,7 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
                 examples = task.examples(limit=limit, seed=seed)
                 if not examples:
                     raise GandaError(f"task {job['task']!r} gave no examples")
-                cfg = {"task": task.config(), "limit": limit, "seed": seed}
+                cfg = {"task": task.config(), "limit": limit, "n": len(examples), "seed": seed}
                 jdir.mkdir(parents=True, exist_ok=True)
                 runio.write_text(jdir / JOB_FILE, json.dumps(records[job["dir"]], indent=1) + "\n")  # a record, compared exactly
                 t0 = time.perf_counter()

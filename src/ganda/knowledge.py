@@ -60,7 +60,7 @@ def evaluate_group(
             task = get_task(task_name, adapter=adapter)
             r = evaluate_examples(adapter, task.examples(limit=limit, seed=seed), task_name=task_name,
                                   progress=progress)
-            res: dict[str, Any] = {"n": r.n, "acc": r.accuracy, **ci(r.ci95)}
+            res: dict[str, Any] = {"n": r.n, "acc": r.accuracy, **ci((r.ci_low, r.ci_high))}
             if "acc_norm" in getattr(task, "metrics", ()):
                 res["acc_norm"] = r.acc_norm
             out["tasks"][task_name] = res

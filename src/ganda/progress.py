@@ -8,8 +8,10 @@ without each one knowing about them. ``GANDA_PROGRESS_EVERY`` sets the seconds b
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import warnings
 from typing import IO, Any
 
 from tqdm.auto import tqdm as _tqdm
@@ -18,10 +20,54 @@ LOG_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal
 
 _state = {"quiet": False}
 
+#: the loggers and warning modules of the libraries a command runs, silenced below errors under ``--quiet``
+THIRD_PARTY = ("transformers", "lm_eval", "lm-eval")
+_BARS_OFF = "HF_HUB_DISABLE_PROGRESS_BARS"  # read when huggingface_hub (and transformers' bars) load
+_saved: dict[str, Any] = {}
+
 
 def set_quiet(on: bool) -> None:
-    """Silence every progress bar (``--quiet``) until :func:`set_quiet` is called with False."""
+    """Silence every progress bar (``--quiet``) until :func:`set_quiet` is called with False, and
+    with them the third-party output a command would print (:func:`quiet_third_party`)."""
+    if bool(on) != _state["quiet"]:
+        quiet_third_party(bool(on))
     _state["quiet"] = bool(on)
+
+
+def quiet_third_party(on: bool) -> None:
+    """``on``: transformers' and lm-eval's loggers at ERROR, their warnings ignored and transformers'
+    (huggingface_hub's) progress bars off; off: every one of them as it was before."""
+    if on:
+        _saved.update(levels={n: logging.getLogger(n).level for n in THIRD_PARTY}, env=os.environ.get(_BARS_OFF),
+                      filters=list(warnings.filters), bars=_transformers_bars(None))
+        for name in THIRD_PARTY:
+            logging.getLogger(name).setLevel(logging.ERROR)
+            warnings.filterwarnings("ignore", module=name.replace("-", "_") + r"(\.|$)")
+        os.environ[_BARS_OFF] = "1"
+        _transformers_bars(False)
+        return
+    if not _saved:
+        return
+    for name, level in _saved["levels"].items():
+        logging.getLogger(name).setLevel(level)
+    warnings.filters[:] = _saved["filters"]
+    if _saved["env"] is None:
+        os.environ.pop(_BARS_OFF, None)
+    else:
+        os.environ[_BARS_OFF] = _saved["env"]
+    _transformers_bars(_saved["bars"] if _saved["bars"] is not None else _saved["env"] is None)
+    _saved.clear()
+
+
+def _transformers_bars(on: bool | None) -> bool | None:
+    """Whether transformers' progress bars are on (None: transformers not loaded), switched to ``on``
+    first unless it is None. transformers loaded later reads :data:`_BARS_OFF`."""
+    tf_logging = sys.modules.get("transformers.utils.logging")
+    if tf_logging is None:
+        return None
+    if on is not None:
+        (tf_logging.enable_progress_bar if on else tf_logging.disable_progress_bar)()
+    return bool(tf_logging.is_progress_bar_enabled())
 
 
 def is_quiet() -> bool:

@@ -272,7 +272,7 @@ def _result(run: Path, t: _Tables) -> None:
     cfg = d.get("config") if isinstance(d.get("config"), dict) else {}
     summary = d.get("summary") if isinstance(d.get("summary"), dict) else {}
     task = cfg.get("task") or d.get("task") or (",".join(cfg["tasks"]) if isinstance(cfg.get("tasks"), list) else None)
-    n = next((x for x in (summary.get("n_measure"), summary.get("n_verify"), cfg.get("limit"), d.get("n"))
+    n = next((x for x in (summary.get("n_measure"), summary.get("n_verify"), cfg.get("n"), d.get("n"), cfg.get("limit"))
               if x is not None), None)
     acc = summary.get("baseline_accuracy")
     t.runs.append(_run_row(run, kind, d.get("model") or _models(d), task, n, acc,

@@ -498,7 +498,8 @@ class EvalResult:
     n: int
     correct: int
     accuracy: float
-    ci95: tuple[float, float]
+    ci_low: float  # the Wilson 95% interval of the accuracy
+    ci_high: float
     seconds: float
     interventions: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
@@ -512,9 +513,10 @@ class EvalResult:
                     predictions: list[dict[str, Any]], correct_norm: int | None = None) -> EvalResult:
         """The one way a result is built (multiple-choice scoring and generation alike): accuracy
         and its Wilson interval from the counts, seconds since ``started`` (``time.perf_counter``)."""
+        low, high = wilson(correct, n)
         return cls(
             task=task, model=adapter.spec, n=n, correct=correct, accuracy=correct / n if n else 0.0,
-            ci95=wilson(correct, n), seconds=time.perf_counter() - started,
+            ci_low=low, ci_high=high, seconds=time.perf_counter() - started,
             interventions=describe_all(interventions), config=config,
             acc_norm=(correct_norm / n if n else None) if correct_norm is not None else None,
             predictions=predictions,

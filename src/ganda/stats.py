@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .intervals import ci as interval
+
 
 def wilson(correct: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """Wilson score 95% interval for a binomial proportion (well-behaved at 0% and 100%)."""
@@ -57,7 +59,8 @@ def geo_t_interval(xs: Sequence[float], level: float = 0.95, floor: float = 1e-3
 
 def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, resamples: int = 2000, seed: int = 0,
                      level: float = 0.95) -> dict[str, Any]:
-    """Percentile bootstrap over items (prompts) of mean(a), mean(b) and the paired mean(a - b).
+    """Percentile bootstrap over items (prompts) of mean(a), mean(b) and the paired mean(a - b):
+    ``a``, ``b`` and ``diff`` with their intervals ``<name>_ci_low`` and ``<name>_ci_high``.
 
     ``a[i]`` and ``b[i]`` belong to the same item; every resample draws items with replacement
     and uses the same draw for a, b and a - b: each interval is ``scipy.stats.bootstrap`` with a
@@ -77,13 +80,13 @@ def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, re
                             vectorized=True, rng=np.random.default_rng(seed))
         return [float(r.confidence_interval.low), float(r.confidence_interval.high)]
 
-    out: dict[str, Any] = {"n": n, "resamples": resamples, "seed": seed, "a": float(xa.mean()), "a_ci95": ci(xa)}
+    out: dict[str, Any] = {"n": n, "resamples": resamples, "seed": seed, "a": float(xa.mean()), **interval(ci(xa), "a")}
     if b is not None:
         xb = np.asarray(b, dtype=float)
         if len(xb) != n:
             raise ValueError("paired bootstrap needs a and b of the same length")
         d = xa - xb
-        out.update({"b": float(xb.mean()), "b_ci95": ci(xb), "diff": float(d.mean()), "diff_ci95": ci(d)})
+        out.update({"b": float(xb.mean()), **interval(ci(xb), "b"), "diff": float(d.mean()), **interval(ci(d), "diff")})
     return out
 
 

@@ -139,7 +139,7 @@ def evaluate_lab(adapter: ModelAdapter, n: int = 200, seed: int = 0, interventio
         todo.append(("lab-mmlu:held", get_task("lab-mmlu", split="held", world=world)))
     for name, task in todo:
         r = evaluate(adapter, task, interventions, limit=n, seed=seed, progress=False)
-        out[name] = {"accuracy": round(r.accuracy, 4), **ci([round(x, 4) for x in r.ci95]), "n": r.n}
+        out[name] = {"accuracy": round(r.accuracy, 4), **ci([round(x, 4) for x in (r.ci_low, r.ci_high)]), "n": r.n}
     return out
 
 

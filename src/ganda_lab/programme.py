@@ -123,7 +123,7 @@ class Programme:
             tasks += [(f"lab-kv{p}", "lab-kv", {"pairs": p}) for p in (2, 4, 8)]
             for label, task, opts in tasks:
                 r = evaluate_examples(ad, self.examples(role, task, **opts), progress=False)
-                row.update(flat_scores({label: {"accuracy": r.accuracy, **ci(r.ci95)}}))
+                row.update(flat_scores({label: {"accuracy": r.accuracy, **ci((r.ci_low, r.ci_high))}}))
             row["params"] = sum(p.numel() for p in ad.model.parameters())
             rows.append(row)
         res = LabModelsResult(model=",".join(r["model"] for r in rows), rows=rows,

@@ -88,7 +88,7 @@ class _LabTask(Task):
         raise NotImplementedError
 
     def config(self) -> dict[str, Any]:
-        return {"task": self.name, "n": self.n, "world": self.world.config.to_json(), **self._extra()}
+        return {"task": self.name, "size": self.n, "world": self.world.config.to_json(), **self._extra()}
 
     def _extra(self) -> dict[str, Any]:
         return {}

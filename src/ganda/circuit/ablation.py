@@ -22,7 +22,7 @@ import torch
 from ..attribution.engine import default_batch_tokens, margin_of
 from ..errors import GandaError
 from ..heads import HeadId
-from ..intervals import ci
+from ..intervals import bounds, ci
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from ..scoring import examples_digest
@@ -97,13 +97,13 @@ class PathAblation:
             if c != INTACT:
                 a = bootstrap_paired(acc[INTACT][0], right, resamples=resamples, seed=seed)
                 m = bootstrap_paired(acc[INTACT][1], marg, resamples=resamples, seed=seed)
-                row.update({"drop": a["diff"], **ci(a["diff_ci95"], "drop"), "margin_drop": m["diff"],
-                            **ci(m["diff_ci95"], "margin_drop")})
+                row.update({"drop": a["diff"], **ci(bounds(a, "diff"), "drop"), "margin_drop": m["diff"],
+                            **ci(bounds(m, "diff"), "margin_drop")})
             if c not in (INTACT, EVERYWHERE):
                 a = bootstrap_paired(right, acc[EVERYWHERE][0], resamples=resamples, seed=seed)
                 m = bootstrap_paired(marg, acc[EVERYWHERE][1], resamples=resamples, seed=seed)
-                row.update({"vs_sender": a["diff"], **ci(a["diff_ci95"], "vs_sender"), "margin_vs_sender": m["diff"],
-                            **ci(m["diff_ci95"], "margin_vs_sender")})
+                row.update({"vs_sender": a["diff"], **ci(bounds(a, "diff"), "vs_sender"), "margin_vs_sender": m["diff"],
+                            **ci(bounds(m, "diff"), "margin_vs_sender")})
                 every = out[1]["margin_drop"]
                 row["share_of_sender"] = row["margin_drop"] / every if abs(every) > 1e-12 else None
             out.append(row)

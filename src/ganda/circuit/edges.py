@@ -47,6 +47,7 @@ from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
 from ..heads import HeadId
+from ..intervals import bounds
 from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import residual_write_scale
@@ -404,7 +405,7 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
     for name, ll in lls.items():
         a, m = per_prompt(ll, golds, margin)
         bs = bootstrap_paired(base_m, m, seed=seed)
-        exact[name], ci[name] = bs["diff"], bs["diff_ci95"]
+        exact[name], ci[name] = bs["diff"], list(bounds(bs, "diff"))
         acc[name] = (sum(base_a) - sum(a)) / len(a)
     bound = None
     if chosen:

@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"path-{task}")
         n = limit if limit is not None else 32
         adapter, task_obj, examples = _examples(model, task, pairs, n, seed, allow_pickle)
-        config = {"task": task_obj.config(), "limit": n, "seed": seed, "options": opts.to_json()}
+        config = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed, "options": opts.to_json()}
         res = PathExperiment().run(adapter, examples, opts, out_dir=out_dir, config=config,
                                    progress=not (quiet or as_json))
         if as_json:
@@ -131,7 +131,7 @@ def register(app: typer.Typer) -> None:
         out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"edges-{task}")
         n = limit if limit is not None else 32
         adapter, task_obj, examples = _examples(model, task, pairs, n, seed, allow_pickle)
-        config = {"task": task_obj.config(), "limit": n, "seed": seed, "options": opts.to_json()}
+        config = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed, "options": opts.to_json()}
         res = EdgesExperiment(resume=resume).run(adapter, examples, opts, out_dir=out_dir, config=config,
                                     progress=not (quiet or as_json))
         if as_json:

@@ -17,7 +17,7 @@ from .. import runio
 from ..errors import GandaError
 from ..heads import split_spec
 from ..tasks import get_task
-from .options import FORCE, QUIET
+from .options import FORCE, QUIET, console
 
 if TYPE_CHECKING:
     from ..interventions import Intervention
@@ -222,7 +222,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(res.to_json(), allow_nan=False))  # every score is finite (ganda.finite)
         else:
-            lo, hi = res.ci95
+            lo, hi = res.ci_low, res.ci_high
             ivtxt = "; ".join(json.dumps(i) for i in res.interventions) or "none"
             print(f"{res.task} on {res.model}: accuracy {res.accuracy:.3f} (95% CI {lo:.3f}-{hi:.3f}), "
                   f"n={res.n}, {res.seconds:.1f} s, interventions: {ivtxt}")
@@ -304,7 +304,7 @@ def register(app: typer.Typer) -> None:
         ver = t.examples(limit=verify_n, seed=seed + 1)
         if not pat or not pat[0].segments:
             raise GandaError(f"task {task!r} has no segments to score heads on")
-        d = discover(adapter, pat, ver, top=top, task_config={**t.config(), "summary": summary}, summary=summary)
+        d = discover(adapter, pat, ver, top=top, task_config={**t.run_config(limit, len(pat), seed), "summary": summary}, summary=summary)
         save_discovery(d, out, model=adapter.spec)
         _print_discovery(d)
         print(f"wrote {out}/result.json and {out}/heads.csv")
@@ -343,10 +343,9 @@ def _reads(read: dict) -> str:
 
 
 def _print_discovery(d) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = console()
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts")
     for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
         tab = Table(title=f"top {role} candidates")
@@ -356,8 +355,8 @@ def _print_discovery(d) -> None:
         by = {s.head: s for s in d.scores}
         for name in names:
             s = by[name]
-            ci = s.aggregate_peak_ci95
-            peak = f"{s.aggregate_peak:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+            low, high = s.aggregate_peak_ci_low, s.aggregate_peak_ci_high
+            peak = f"{s.aggregate_peak:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
             tab.add_row(name, s.label or "-", f"{s.aggregate:.3f}", f"{s.gather:.3f}", peak,
                         f"{s.gather_contrast:.1f}", _reads(s.read),
                         f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",

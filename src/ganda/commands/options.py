@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from .. import progress
@@ -19,3 +21,17 @@ QUIET = typer.Option(False, "--quiet", "-q", callback=_set_quiet,
 
 FORCE = typer.Option(False, "--force", help="replace an existing output file that ganda did not write (never a "
                      "file the command reads)")
+
+
+#: the width of a table printed to a file or pipe (a log): wide enough that no cell wraps or is cut
+LOG_WIDTH = 1000
+
+
+def console() -> Any:
+    """A rich Console for a command's tables on stdout: the terminal's width on a terminal, and
+    :data:`LOG_WIDTH` columns in a file or pipe, where rich would otherwise wrap at 80."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)

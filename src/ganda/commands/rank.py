@@ -10,6 +10,7 @@ import typer
 from .. import runio
 from ..errors import GandaError
 from ..tasks import get_task
+from . import options
 from .core import (
     MODEL,
     PAIRS,
@@ -64,7 +65,6 @@ def register(app: typer.Typer) -> None:
         Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), verify_heatmap.png (exact effect
         by layer and head), OUT/attribution.jsonl and OUT/verify/ (both resume a stopped run).
         """
-        from rich.console import Console
         from rich.table import Table
 
         from ..attribution import check_rank_options, rank_heads
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"task {task!r} has examples with fewer than two choices; a margin needs two")
         head_list = expand(heads, adapter) if heads else None
         out_dir = out if out is not None else Path("runs") / f"rank-{task}"
-        cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
+        cfg = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed}
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):  # the exact (zero-ablation) verification
             res = rank_heads(adapter, examples, method=method, ablation=ablation, margin=margin,
                              verify_top=verify_top, audit=audit, threshold=threshold, top=top, seed=seed,
@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(finite_json({**res.to_json(), "out": str(out_dir)})))
             return
 
-        console = Console()
+        console = options.console()
         s = res.seconds
         timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "verification", "total") if k in s)
         blocks = res.config.get("graddrop_blocks")

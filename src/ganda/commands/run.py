@@ -49,6 +49,6 @@ def register(app: typer.Typer) -> None:
         examples = task_obj.examples(limit=n, seed=seed)
         if not examples:
             raise GandaError(f"task {task!r} gave no examples")
-        config = {"task": task_obj.config(), "limit": n, "seed": seed, "options": options.to_json()}
+        config = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed, "options": options.to_json()}
         result = cls().run(adapter, examples, options, out_dir=out_dir, config=config, progress=not quiet)
         print(json.dumps({"out": str(out_dir), "experiment": cls.name, **cls().job_summary(result)}, default=str))

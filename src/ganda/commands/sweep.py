@@ -9,6 +9,7 @@ import typer
 from .. import runio
 from ..errors import GandaError
 from ..tasks import get_task
+from . import options
 from .core import (
     MODEL,
     PAIRS,
@@ -57,7 +58,6 @@ def register(app: typer.Typer) -> None:
         Writes OUT/progress.jsonl (one line per finished head; a killed run resumes from it),
         then OUT/results.jsonl, results.csv and heatmap.png.
         """
-        from rich.console import Console
         from rich.table import Table
 
         from ..discovery import cumulative_ablation
@@ -85,12 +85,12 @@ def register(app: typer.Typer) -> None:
         if not examples:
             raise GandaError(f"task {task!r} gave no examples")
         head_list = expand(heads, adapter) if heads else adapter.heads()
-        cfg = {"task": task_obj.config(), "limit": n, "seed": seed}
+        cfg = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed}
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             res = run_sweep(adapter, examples, heads=head_list, out_dir=out_dir, resume=resume, naive=naive,
                             batch_heads=batch_heads, config=cfg)
 
-        console = Console()
+        console = options.console()
         b = res.baseline
         console.print(f"[bold]{model}[/bold] on {task} (n={b['n']}): intact acc {b['acc']:.3f}"
                       f" (acc_norm {b['acc_norm']:.3f}); {len(res.records)} heads in {res.seconds:.1f} s")

@@ -95,10 +95,11 @@ def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[A
     for rec in records:
         c, m = _per_prompt(rec)
         acc, mar = bootstrap_paired(base_c, c, seed=seed), bootstrap_paired(base_m, m, seed=seed)
-        noise = (acc["diff_ci95"][0] <= 0 <= acc["diff_ci95"][1]
-                 and (mar["diff_ci95"][0] <= 0 <= mar["diff_ci95"][1] or abs(mar["diff"]) <= NOISE_MARGIN * abs(base_margin)))
-        effects[rec["head"]] = {"acc_drop": acc["diff"], **ci(acc["diff_ci95"], "acc_drop"), "margin_drop": mar["diff"],
-                                **ci(mar["diff_ci95"], "margin_drop"), "within_noise": noise}
+        (a_low, a_high), (m_low, m_high) = bounds(acc, "diff"), bounds(mar, "diff")
+        noise = (a_low <= 0 <= a_high
+                 and (m_low <= 0 <= m_high or abs(mar["diff"]) <= NOISE_MARGIN * abs(base_margin)))
+        effects[rec["head"]] = {"acc_drop": acc["diff"], **ci(bounds(acc, "diff"), "acc_drop"), "margin_drop": mar["diff"],
+                                **ci(bounds(mar, "diff"), "margin_drop"), "within_noise": noise}
     return {"rule": CONTROL_RULE, "n": len(examples), "baseline_accuracy": baseline["acc"],
             "baseline_margin": base_margin, "candidates": effects}
 
@@ -172,9 +173,10 @@ def _shard(adapter: ModelAdapter, name: str, options: dict[str, Any], interventi
     part = examples[lo:hi]
     if task.kind != "mc":
         res = evaluate_generation(adapter, task, part, interventions, seed=seed, progress=progress)
+        res.config.update(limit=limit, n=res.n)
     else:
         res = evaluate_examples(adapter, part, interventions, task_name=task.name,
-                                config={**task.config(), "limit": limit, "seed": seed}, progress=progress)
+                                config=task.run_config(limit, len(part), seed), progress=progress)
     if lo:
         for i, (ex, p) in enumerate(zip(part, res.predictions, strict=True)):
             p["id"] = ex.key(task.name, lo + i)
@@ -189,7 +191,7 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
     n, correct = len(preds), sum(bool(p["correct"]) for p in preds)
     first = parts[0]
     if task.kind == "mc":
-        config = first.config
+        config = {**first.config, "n": n}
         norm = sum(bool(p["correct_norm"]) for p in preds)
     else:
         finish: dict[str, int] = {}
@@ -198,8 +200,8 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
             finish[p["finish"]] = finish.get(p["finish"], 0) + 1
             for k, v in p.get("metrics", {}).items():
                 sums[k] = sums.get(k, 0) + bool(v)
-        config = {**task.config(), "seed": first.config["seed"], "max_new_tokens": first.config["max_new_tokens"],
-                  "finish": finish}
+        config = {**task.run_config(first.config.get("limit"), n, first.config["seed"]),
+                  "max_new_tokens": first.config["max_new_tokens"], "finish": finish}
         if sums:
             config["metrics"] = {k: {"correct": v, "accuracy": v / n, **ci(wilson(v, n))} for k, v in sums.items()}
         if hasattr(task, "aggregate"):
@@ -277,7 +279,7 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
             else:
                 res = _merge(adapter, task, _examples(task, limit, seed) if n_units > 1 else [], parts)
                 row = {"task": name, "condition": cond, "n": res.n, "correct": res.correct,
-                       "accuracy": res.accuracy, **ci(res.ci95), "seconds": round(res.seconds, 2),
+                       "accuracy": res.accuracy, **ci((res.ci_low, res.ci_high)), "seconds": round(res.seconds, 2),
                        "config": res.config, "interventions": res.interventions}
                 if pred_dir:
                     with runio.atomic_open(pred_dir / f"{name}.{cond}.jsonl") as f:

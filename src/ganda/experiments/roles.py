@@ -114,7 +114,7 @@ class RolesResult(ExperimentResult):
 
 def _acc(adapter: ModelAdapter, examples: Sequence[Example], ivs: list) -> tuple[float, list[float]]:
     r = evaluate_examples(adapter, examples, ivs, progress=False)
-    return r.accuracy, list(r.ci95)
+    return r.accuracy, [r.ci_low, r.ci_high]
 
 
 def answers_lost(intact: dict[str, float | None], ablated: dict[str, float | None], drop: float = 0.5) -> list[str]:
@@ -177,7 +177,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         raise GandaError("head roles need multiple-choice examples")
     chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
     intact = evaluate_examples(adapter, examples, [], progress=False)
-    base, base_ci = intact.accuracy, list(intact.ci95)
+    base, base_ci = intact.accuracy, [intact.ci_low, intact.ci_high]
     base_answers = intact.answer_accuracy()
     sweep_drops: dict[str, float] = {}
     if ranked is None:
@@ -198,7 +198,7 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         for m in MODES:
             r = evaluate_examples(adapter, examples, [AblateHeads(h, positions=None if m == "all" else m)],
                                   progress=False)
-            row.update({m: r.accuracy, **ci(r.ci95, m)})
+            row.update({m: r.accuracy, **ci((r.ci_low, r.ci_high), m)})
             row[f"drop_{m}"] = base - r.accuracy
             if m == "all":  # which answer letters this head serves
                 row["answers"] = r.answer_accuracy()

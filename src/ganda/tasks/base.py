@@ -126,8 +126,15 @@ class Task(ABC):
         """The evaluation examples (deterministic for a given seed)."""
 
     def config(self) -> dict[str, Any]:
-        """What defines the examples (recorded in result files so a number can be re-run)."""
+        """What defines the examples (recorded in result files so a number can be re-run). A task
+        that makes a set number of examples records it as ``size`` (the examples scored when no
+        ``limit`` caps them): ``n`` in a run's config is the number of examples scored."""
         return {"task": self.name}
+
+    def run_config(self, limit: int | None, n: int, seed: int) -> dict[str, Any]:
+        """:meth:`config` with a run's ``limit`` (the cap asked for, None: none), ``n`` (the examples
+        scored) and ``seed``."""
+        return {**self.config(), "limit": limit, "n": n, "seed": seed}
 
     def score_generation(self, example: Example, generated: str) -> bool:  # pragma: no cover
         raise NotImplementedError

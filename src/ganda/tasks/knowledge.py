@@ -87,7 +87,7 @@ class _KnowledgeTask(Task):
         self._docs: list[Example] | None = None
 
     def config(self) -> dict[str, Any]:
-        return {"task": self.name, "n": self.n}
+        return {"task": self.name, "size": self.n}
 
     def _load(self) -> list[Example]:  # pragma: no cover - interface
         raise NotImplementedError

@@ -44,7 +44,7 @@ class KVTask(Task):
         return 1 / int((options or {}).get("pairs") or 10)
 
     def config(self) -> dict[str, Any]:
-        return {"task": self.name, "pairs": self.pairs, "n": self.n, "max_value": self.max_value}
+        return {"task": self.name, "pairs": self.pairs, "size": self.n, "max_value": self.max_value}
 
     def make_example(self, rng: random.Random) -> Example:
         keys = sample_words(rng, self.pairs)

@@ -41,7 +41,7 @@ class LettersTask(Task):
         return 1 / int((options or {}).get("options") or 4)
 
     def config(self) -> dict[str, Any]:
-        return {"task": self.name, "options": self.options, "words": self.words, "shots": self.shots, "n": self.n}
+        return {"task": self.name, "options": self.options, "words": self.words, "shots": self.shots, "size": self.n}
 
     def _phrase(self, rng: random.Random) -> str:
         adjs, nouns = word_list("adjective"), word_list("noun")
