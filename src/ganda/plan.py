@@ -82,16 +82,16 @@ class Device:
 # costs 46 ms of host time per scoring pass (tokenising, prefix grouping, Python) beyond its FLOPs.
 # The H100 shares the H200's chip and the host-side costs; the A100 and L40S keep the H100's overheads
 # and the bandwidth ratio at their own stated utilisation (not measured).
-_GPU = dict(bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB, example_overhead=46e-3,
-            call_overhead=1.0e-3)
+_GPU = dict(bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB, example_overhead=12e-3,
+            call_overhead=1.0e-3, ssd_layer_overhead=1.3e-3)
 _ACT_PER_BW = 3.1  # activation bytes/s per byte/s of data-sheet bandwidth (fitted on the H200)
 
 DEVICES: dict[str, Device] = {
     "h100": Device("NVIDIA H100 SXM5 80 GB", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-                   3.35e12, 80e9, util=0.80, act_bandwidth=_ACT_PER_BW * 3.35e12, **_GPU,
+                   3.35e12, 80e9, util=0.55, act_bandwidth=_ACT_PER_BW * 3.35e12, **_GPU,
                    note="dense bf16 tensor-core peak; fp32 without TF32 (PyTorch's default); the H200's fit"),
     "h200": Device("NVIDIA H200 141 GB", {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-                   4.8e12, 141e9, util=0.80, act_bandwidth=_ACT_PER_BW * 4.8e12, **_GPU,
+                   4.8e12, 141e9, util=0.55, act_bandwidth=_ACT_PER_BW * 4.8e12, **_GPU,
                    note="dense bf16 tensor-core peak as the H100 SXM; measured bf16 matmul peak 790 TFLOP/s"),
     "a100": Device("NVIDIA A100 SXM4 80 GB", {"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
                    2.04e12, 80e9, util=0.45, act_bandwidth=_ACT_PER_BW * 2.04e12, **_GPU,
@@ -529,12 +529,18 @@ def maps_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
                          "(float64 prefix sums); SSM maps need the PyTorch path (no kernels)"]
 
 
+GPU_SCORE_TOKENS = 16384  # tokens per scoring forward on a GPU: the suffix batches split by length (PAD_WASTE)
+
+
 def scoring_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> Phase:
     """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to 64
     rows for small models, one example per forward otherwise; logits only at the positions a choice is read from."""
     rows, T = w.rows_tokens
     batch = opts.get("batch_rows") or (64 if p.n_params < 20_000_000 else rows)
     per_call = max(1, min(w.n, batch // rows))
+    dev = opts.get("_device")
+    if not opts.get("batch_rows") and dev is not None and not dev.host:  # a GPU's suffix batches (scoring.score_budget)
+        per_call = max(per_call, min(w.n, GPU_SCORE_TOKENS // max(1, round(rows * T))))
     # logits only where a continuation token is read (the scorer's keep positions)
     reads = 1.0 if w.single else w.choice_tokens
     return Phase(name, repeat * math.ceil(w.n / per_call), rows * per_call, T, list(range(len(p.layers))), reads,
