@@ -25,12 +25,13 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)  # type: ignore[union-attr]
 
 
-def meta_planner(spec: str, row: str, dtype: torch.dtype) -> Any:
-    """A :class:`bench_gpu.Planner` over the model of ``spec`` built on the meta device."""
+def meta_planner(spec: str, row: str, dtype: torch.dtype, small: bool = False) -> Any:
+    """A :class:`bench_gpu.Planner` over the model of ``spec`` (``small``: its shrunken config) built
+    on the meta device."""
     import ganda
     from ganda.models import meta
 
-    model = meta.build_model(bench.config(spec, False), dtype)
+    model = meta.build_model(bench.config(spec, small), dtype)
     vocab = int(bench.embedding(model).weight.shape[0])
     adapter = ganda.from_model(model.eval(), bench.tokenizer(ROOT / "benchmarks" / "tokenizers" / "smollm2-135m", vocab),
                                spec=spec)
@@ -56,12 +57,23 @@ def predictions(pl: Any, sec: str, rec: dict[str, Any], examples: list[Any]) -> 
     return {}
 
 
+def from_probe(probe: dict[str, Any]) -> dict[str, Any]:
+    """A ``gpu_probe.py`` result as a bench_gpu.py document: its steady-state (second) calls."""
+    fb = probe["fb"]
+    return {"plan_device": "h200", "dtype": "bfloat16", "n": 64, "shots": 5, "models": {"meta-llama/Llama-3.1-8B (steady)": {
+        "attribution": {"prompts": 4, "measured_s": probe["atp_warm_s"], "forward_s": fb["forward_s"],
+                        "forward_backward_s": fb["forward_backward_s"]},
+        "eval": {"n": 64, "measured_s": probe["eval_warm_s"]}}}}
+
+
 def replan(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    if "models" not in doc and "atp_warm_s" in doc:
+        doc = from_probe(doc)
     dtype = getattr(torch, doc.get("dtype", "bfloat16"))
     examples = bench.examples_for(doc["n"], doc["shots"])
     rows = []
     for spec, secs in doc["models"].items():
-        pl = meta_planner(spec, doc["plan_device"], dtype)
+        pl = meta_planner(spec.split(" (")[0], doc["plan_device"], dtype, bool(doc.get("small")))
         for sec, rec in secs.items():
             if not isinstance(rec, dict) or "error" in rec or "skipped" in rec:
                 continue

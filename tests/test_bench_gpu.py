@@ -103,3 +103,20 @@ def test_folded_tokenizer_keeps_counts_and_stays_in_the_vocabulary(bench):
     assert max(ids) >= 512 and all(0 <= i < 512 for i in small(text).input_ids)
     assert small(text).input_ids == [i % 512 for i in ids]
     assert full.eos_token_id == full.pad_token_id == full.tok.token_to_id("<|im_end|>")
+
+
+def test_replan_reproduces_the_bench_runs_own_predictions(small):
+    """benchmarks/replan_gpu.py recomputes a result's predictions from meta-device models: on the
+    run it was given it finds the numbers bench_gpu.py planned itself, row by row."""
+    spec = importlib.util.spec_from_file_location("replan_gpu", ROOT / "benchmarks" / "replan_gpu.py")
+    replan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replan)
+    _, doc = small
+    rows = replan.replan(doc)
+    assert {(r["section"], r["quantity"]) for r in rows} >= {("attribution", "measured_s"), ("eval", "measured_s"),
+                                                              ("sweep", "measured_s"), ("sweep", "naive_s")}
+    for r in rows:
+        rec = doc["models"][r["model"]][r["section"]]
+        planned = rec[{"measured_s": "predicted_s", "naive_s": "naive_predicted_s", "forward_s": "predicted_forward_s",
+                       "forward_backward_s": "predicted_forward_backward_s"}[r["quantity"]]]
+        assert r["predicted_s"] == pytest.approx(planned, rel=1e-6), r
