@@ -74,14 +74,15 @@ class Device:
 
 
 # GPU rows: data-sheet dense peaks (no sparsity; fp32 without TF32, PyTorch's default). Fitted on one
-# H200 (docs/scale.md: a random-weight Llama-3.1-8B in bf16, MMLU 5-shot prompts of 747 tokens): a
-# forward of 4 prompts 0.076 s, 64 questions evaluated in 4.37 s, a fast sweep of 64 heads over 8
-# prompts in 6.37 s. util 0.80 is the measured bf16 matmul peak over the data sheet's (790 / 989);
-# activation work runs at ~3.1x the card's bandwidth in LayerCost.traffic's units (they count fp32
-# elements and eager attention's T x T matrices, which SDPA never writes out on a GPU); each example
-# costs 46 ms of host time per scoring pass (tokenising, prefix grouping, Python) beyond its FLOPs.
-# The H100 shares the H200's chip and the host-side costs; the A100 and L40S keep the H100's overheads
-# and the bandwidth ratio at their own stated utilisation (not measured).
+# H200 (docs/scale.md; benchmarks/replan_gpu.py recomputes the comparison): random-weight
+# Llama-3.1-8B and Llamba-8B in bf16, MMLU 5-shot prompts of 747 tokens. util 0.55 is the rate
+# whole-row forwards reach (590 TFLOP/s) over the data sheet's 989; activation work runs at ~3.1x
+# the card's bandwidth in LayerCost.traffic's units (they count fp32 elements and eager attention's
+# T x T matrices, which SDPA never writes out on a GPU); each example costs 12 ms of host time per
+# scoring pass (tokenising, prefix grouping, reading the choices) and each SSD layer call 1.3 ms
+# (the chunked PyTorch path's small kernels). The H100 shares the H200's chip and the host-side
+# costs; the A100 and L40S keep the H100's overheads and the bandwidth ratio at their own stated
+# utilisation (not measured).
 _GPU = dict(bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB, example_overhead=12e-3,
             call_overhead=1.0e-3, ssd_layer_overhead=1.3e-3)
 _ACT_PER_BW = 3.1  # activation bytes/s per byte/s of data-sheet bandwidth (fitted on the H200)
