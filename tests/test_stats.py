@@ -140,3 +140,8 @@ def test_prompt_sets_are_disjoint_where_the_task_allows() -> None:
         return kv.examples(4, 0)[:limit]
 
     assert [d for _, d in prompt_sets(fixed, 4, 0, 2)] == [True, False]
+
+
+def test_a_pooled_accuracy_interval_stays_within_0_and_1() -> None:
+    p = pool_sets([0.9, 0.5], [0.8, 0.3], [1.0, 0.7], within=(0.0, 1.0))
+    assert (p["ci_low"], p["ci_high"]) == (0.0, 1.0) and not p["pooled_holds"]

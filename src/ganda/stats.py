@@ -111,7 +111,7 @@ Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 
 
 def pool_sets(estimates: Sequence[float], lows: Sequence[float | None], highs: Sequence[float | None],
-              level: float = 0.95, above: float = 0.0) -> dict[str, Any]:
+              level: float = 0.95, above: float = 0.0, within: tuple[float, float] | None = None) -> dict[str, Any]:
     """One estimate from K prompt sets, with an interval that includes between-set variation.
 
     Each set gives an estimate and its own interval (a Wilson, t or bootstrap interval over its
@@ -128,6 +128,7 @@ def pool_sets(estimates: Sequence[float], lows: Sequence[float | None], highs: S
     ``between_sd`` is the between-set standard deviation beyond sampling noise (the moment estimate
     ``sqrt(max(0, sd^2 - mean se^2))``). A set holds when its interval lies above ``above`` (its
     ``low > above``); ``holds_on`` counts them and ``pooled_holds`` says whether the pooled interval does.
+    ``within``: the range the quantity cannot leave (``(0, 1)`` for an accuracy), the pooled interval cut to it.
     """
     k = len(estimates)
     if k == 0 or not len(lows) == len(highs) == k:
@@ -141,9 +142,11 @@ def pool_sets(estimates: Sequence[float], lows: Sequence[float | None], highs: S
     mean = sum(estimates) / k
     spread = sum((x - mean) ** 2 for x in estimates) / (k - 1)
     ses = [None if lo is None or hi is None else (hi - lo) / (2 * Z95) for lo, hi in zip(lows, highs, strict=True)]
-    within = None if None in ses else sum(s * s for s in ses) / k  # mean se^2
-    var = max(spread / k, (within or 0.0) / k)
+    noise = None if None in ses else sum(s * s for s in ses) / k  # mean se^2
+    var = max(spread / k, (noise or 0.0) / k)
     half = t_quantile(0.5 + level / 2, k - 1) * math.sqrt(var)
-    between = None if within is None else math.sqrt(max(0.0, spread - within))
-    return {**out, "estimate": mean, **interval((mean - half, mean + half)), "between_sd": between,
-            "pooled_holds": mean - half > above}
+    between = None if noise is None else math.sqrt(max(0.0, spread - noise))
+    lo, hi = mean - half, mean + half
+    if within is not None:
+        lo, hi = max(lo, within[0]), min(hi, within[1])
+    return {**out, "estimate": mean, **interval((lo, hi)), "between_sd": between, "pooled_holds": lo > above}
