@@ -46,3 +46,28 @@ def test_extends_on_two_prompt_sets(tmp_path: Path, capsys) -> None:
         assert f"{task}: the G&A ablation costs more than the control on {f['holds_on']} of 2 prompt sets (seeds 5-6)" in printed
     assert "prompt_sets.csv" in printed
     assert (tmp_path / "two" / "predictions" / "set-2" / "lab-kv.ablated.jsonl").exists()
+
+
+def test_roles_on_two_prompt_sets(tmp_path: Path, capsys) -> None:
+    from ganda.cli import main
+
+    out = tmp_path / "roles"
+    assert main(["roles", "lab-llama-h1", "--task", "lab-mmlu", "--control", "none", "--top", "2", "--max-heads", "1",
+                 "--limit", "12", "--seed", "3", "--prompt-sets", "2", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["config"]["prompt_sets"] == 2 and saved["seeds"] == [3, 4] == saved["summary"]["seeds"]
+    assert [(s["set"], s["seed"], s["n"], s["disjoint"]) for s in saved["sets"]] == [(1, 3, 12, True), (2, 4, 12, True)]
+    roles = [r for r in ("gather", "aggregate") if saved["summary"].get(r)]
+    assert roles and set(saved["findings"]) == set(roles)
+    rows = _csv(out / "prompt_sets.csv")
+    modes = ("all", "query", "context", "where")
+    assert [(r["set"], r["role"], r["mode"]) for r in rows] == [
+        (s, role, m) for s in ("1", "2", "pooled") for role in roles for m in modes]
+    for role in roles:
+        f = saved["findings"][role]
+        assert f["holds_on"] == sum(f["holds"]) == saved["summary"]["holds_on"][role] and f["k"] == 2
+        assert f"{role.capitalize()} head {f['head']}: holds on {f['holds_on']} of 2 prompt sets (seeds 3-4)" in printed
+    # set 1 measures the roles on the prompts that found them: its drop is the summary's
+    first = saved["sets"][0]["roles"][roles[0]]["all"]
+    assert first["accuracy"] == pytest.approx(saved["summary"][f"{roles[0]}_ablated"])
