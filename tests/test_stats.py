@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ganda.intervals import bounds
-from ganda.stats import bootstrap_paired, t_interval, t_quantile
+from ganda.stats import bootstrap_paired, pool_sets, t_interval, t_quantile
 
 
 def _reference_t_quantile(p: float, df: int) -> float:
@@ -89,3 +89,59 @@ def test_bootstrap_of_one_item_or_equal_items_is_a_point() -> None:
     r = bootstrap_paired([1.0, 1.0, 1.0], [0.0, 0.5, 1.0], seed=2)
     assert bounds(r, "a") == (1.0, 1.0)
     assert list(bounds(r, "b")) == _reference_bootstrap([1, 1, 1], [0, 0.5, 1], 2000, 2)["b"]
+
+
+def test_pooled_interval_is_wider_than_every_set_when_the_sets_disagree() -> None:
+    est, lows, highs = [0.10, 0.45, 0.30], [0.02, 0.38, 0.22], [0.18, 0.52, 0.38]
+    p = pool_sets(est, lows, highs)
+    assert p["estimate"] == pytest.approx(sum(est) / 3)
+    width = p["ci_high"] - p["ci_low"]
+    assert all(width > hi - lo for lo, hi in zip(lows, highs, strict=True))
+    assert p["between_sd"] > 0.1 and p["holds_on"] == 3 and p["holds"] == [True, True, True]
+    # the spread of the estimates sets the interval: sd / sqrt(K) with t at K - 1 = 2 degrees of freedom
+    sd = math.sqrt(sum((x - p["estimate"]) ** 2 for x in est) / 2)
+    assert p["ci_high"] - p["estimate"] == pytest.approx(t_quantile(0.975, 2) * sd / math.sqrt(3))
+
+
+def test_pooled_interval_of_one_set_is_its_own() -> None:
+    p = pool_sets([0.25], [0.1], [0.4])
+    assert (p["estimate"], p["ci_low"], p["ci_high"], p["holds_on"], p["pooled_holds"]) == (0.25, 0.1, 0.4, 1, True)
+    assert pool_sets([0.25], [-0.1], [0.4])["holds_on"] == 0
+
+
+def test_agreeing_sets_keep_their_within_set_noise() -> None:
+    """Sets with equal estimates have no spread: the interval comes from their own intervals."""
+    p = pool_sets([0.3, 0.3], [0.2, 0.1], [0.4, 0.5])
+    se = [0.1 / 1.959963984540054, 0.2 / 1.959963984540054]
+    want = t_quantile(0.975, 1) * math.sqrt((se[0] ** 2 + se[1] ** 2) / 4)
+    assert p["ci_high"] - 0.3 == pytest.approx(want) and p["between_sd"] == 0.0
+
+
+def test_holds_on_counts_the_sets_above_the_criterion() -> None:
+    p = pool_sets([0.2, -0.05, 0.1, 0.3], [0.1, -0.2, -0.01, 0.2], [0.3, 0.1, 0.2, 0.4])
+    assert p["holds"] == [True, False, False, True] and p["holds_on"] == 2
+    assert pool_sets([0.2, 0.3], [0.1, 0.2], [0.3, 0.4], above=0.15)["holds_on"] == 1
+    with pytest.raises(ValueError):
+        pool_sets([], [], [])
+
+
+def test_prompt_sets_are_disjoint_where_the_task_allows() -> None:
+    from ganda.experiments.common import prompt_set, prompt_sets
+    from ganda.tasks import get_task
+
+    kv = get_task("kv")
+    sets = prompt_sets(kv.examples, 6, 3, 3)
+    assert [len(s) for s, _ in sets] == [6, 6, 6] and all(d for _, d in sets)
+    prompts = [ex.prompt for s, _ in sets for ex in s]
+    assert len(set(prompts)) == 18 and sets[0][0][0].prompt == kv.examples(6, 3)[0].prompt
+    assert [ex.prompt for ex in prompt_set(kv.examples, 6, 3, 2)[0]] == [ex.prompt for ex in sets[2][0]]
+
+    def fixed(limit, seed):  # a fixed pool of 4 prompts that ignores the seed: no disjoint second set
+        return kv.examples(4, 0)[:limit]
+
+    assert [d for _, d in prompt_sets(fixed, 4, 0, 2)] == [True, False]
+
+
+def test_a_pooled_accuracy_interval_stays_within_0_and_1() -> None:
+    p = pool_sets([0.9, 0.5], [0.8, 0.3], [1.0, 0.7], within=(0.0, 1.0))
+    assert (p["ci_low"], p["ci_high"]) == (0.0, 1.0) and not p["pooled_holds"]

@@ -105,3 +105,48 @@ def weak_note(acc_a: float | None, acc_b: float | None, n: int | None, n_b: int 
         at = f"n={n}" if n == n_b else f"n={n} and {n_b}"
         return f" (weak: the 95% intervals overlap at {at}; more prompts would tell)"
     return ""
+
+
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
+
+
+def pool_sets(estimates: Sequence[float], lows: Sequence[float | None], highs: Sequence[float | None],
+              level: float = 0.95, above: float = 0.0, within: tuple[float, float] | None = None) -> dict[str, Any]:
+    """One estimate from K prompt sets, with an interval that includes between-set variation.
+
+    Each set gives an estimate and its own interval (a Wilson, t or bootstrap interval over its
+    prompts); its standard error is read back from the interval's width, ``(high - low) / (2 z)``.
+    Sets have equal weight (they have equal size). The pooled estimate is the mean of the set
+    estimates; its variance is the larger of two (the modified Hartung-Knapp random-effects
+    interval): the spread of the set estimates, ``sd^2 / K``, which holds both the between-set
+    variation and each set's sampling noise, and the within-set variance alone, ``sum(se^2) / K^2``,
+    so sets that happen to agree do not shrink the interval below what their prompts support. The
+    interval is the estimate +- the t quantile with K - 1 degrees of freedom times its square root
+    (K = 2 has one degree of freedom, t = 12.7: two sets give a wide interval). With K = 1 the
+    pooled estimate and interval are the set's own.
+
+    ``between_sd`` is the between-set standard deviation beyond sampling noise (the moment estimate
+    ``sqrt(max(0, sd^2 - mean se^2))``). A set holds when its interval lies above ``above`` (its
+    ``low > above``); ``holds_on`` counts them and ``pooled_holds`` says whether the pooled interval does.
+    ``within``: the range the quantity cannot leave (``(0, 1)`` for an accuracy), the pooled interval cut to it.
+    """
+    k = len(estimates)
+    if k == 0 or not len(lows) == len(highs) == k:
+        raise ValueError("pool_sets needs one estimate, low and high per set")
+    holds = [lo is not None and lo > above for lo in lows]
+    out: dict[str, Any] = {"k": k, "holds_on": sum(holds), "holds": holds, "method": "modified Hartung-Knapp, equal weights"}
+    if k == 1:
+        lo, hi = lows[0], highs[0]
+        return {**out, "estimate": float(estimates[0]), **interval((lo, hi) if lo is not None else None),
+                "between_sd": None, "pooled_holds": holds[0]}
+    mean = sum(estimates) / k
+    spread = sum((x - mean) ** 2 for x in estimates) / (k - 1)
+    ses = [None if lo is None or hi is None else (hi - lo) / (2 * Z95) for lo, hi in zip(lows, highs, strict=True)]
+    noise = None if None in ses else sum(s * s for s in ses) / k  # mean se^2
+    var = max(spread / k, (noise or 0.0) / k)
+    half = t_quantile(0.5 + level / 2, k - 1) * math.sqrt(var)
+    between = None if noise is None else math.sqrt(max(0.0, spread - noise))
+    lo, hi = mean - half, mean + half
+    if within is not None:
+        lo, hi = max(lo, within[0]), min(hi, within[1])
+    return {**out, "estimate": mean, **interval((lo, hi)), "between_sd": between, "pooled_holds": lo > above}

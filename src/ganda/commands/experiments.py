@@ -258,6 +258,8 @@ def register(app: typer.Typer) -> None:
         limit: int = LIMIT,
         sample: bool = SAMPLE,
         seed: int = SEED,
+        prompt_sets: int = typer.Option(1, "--prompt-sets", help="prompt sets the roles found on set 1 are measured "
+                                        "on (set k: seed seed+k, prompts disjoint where the task allows), pooled and counted"),
         out: Path | None = OUT,
         allow_pickle: bool = PICKLE,
         html: bool = HTML,
@@ -266,10 +268,11 @@ def register(app: typer.Typer) -> None:
         """Where ablating each of the most damaging heads hurts (final position or before it) and each
         head's label (Gather and Aggregate only above their minimum pattern scores: docs/heads.md), with a
         control task and the number of heads it takes to reach chance."""
-        from ..experiments.roles import WHERE, head_roles
+        from ..experiments.roles import WHERE, head_roles, role_sets, sets_lines
         from ..models import load_model
 
         _check_inputs(limit, top=top, max_heads=max_heads)
+        at_least("--prompt-sets", prompt_sets)
         _layers(keep_layers)
         for name in [task, control, *(also or "").split(",")]:
             if name and name.strip() and name != "none":
@@ -289,6 +292,14 @@ def register(app: typer.Typer) -> None:
                             max_heads=max_heads, task_name=task, control_name=ctrl, progress=not quiet,
                             keep_layers=_layers(keep_layers))
         result.config.update({"limit": limit, "seed": seed})
+        if prompt_sets > 1:
+            t = get_task(task, adapter=adapter, **(mmlu_options(sample) if task == "mmlu" else {}))
+            sets = role_sets(adapter, lambda n, s: t.examples(limit=n, seed=s), result.summary, limit=limit, seed=seed,
+                             count=prompt_sets, keep_layers=_layers(keep_layers))
+            result.extra.update(sets)
+            result.config["prompt_sets"] = prompt_sets
+            result.summary.update({"seeds": sets["seeds"],
+                                   "holds_on": {r: f["holds_on"] for r, f in sets["findings"].items()}})
         _finish(result, _out(out, "roles", model), html)
         s = result.summary
         for role in ("gather", "aggregate"):
@@ -300,6 +311,8 @@ def register(app: typer.Typer) -> None:
         if "heads_to_chance" in s:
             n_heads = s["heads_to_chance"] or f"more than {s['heads_to_chance_max']}"
             print(f"heads to chance: {n_heads}")
+        for line in sets_lines(result.extra):
+            print(line.replace("**", ""))
 
     @app.command(short_help="Replace student layers or heads with a donor's (Figure 7)")
     def transplant(

@@ -42,6 +42,8 @@ def register(app: typer.Typer) -> None:
         data_dir: str | None = typer.Option(None, "--data-dir", help="DREAM data directory (non-commercial licence)"),
         conditions: str = typer.Option(",".join(CONDITIONS), "--conditions",
                                        help="which of intact,ablated,control to run"),
+        prompt_sets: int = typer.Option(1, "--prompt-sets", help="prompt sets the comparison runs on (set k: seed "
+                                        "seed+k, prompts disjoint where the task allows), pooled and counted"),
         ray: str | None = RAY,
         ray_actors: int | None = RAY_ACTORS,
         allow_pickle: bool = PICKLE,
@@ -50,7 +52,7 @@ def register(app: typer.Typer) -> None:
         """Each task intact vs G&A heads ablated vs as many heads from the same layers ablated, drawn at
         random among those whose own ablation is within noise on the run's multiple-choice prompts."""
         from ..distributed import ray_sweeps
-        from ..experiments.extends import control_sentence, run_extends
+        from ..experiments.extends import control_sentence, run_extends, sets_sentence
         from ..models import load_model
 
         tasks = task_list(task, tasks, DEFAULT_TASKS)
@@ -59,6 +61,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"--task: no task names in {tasks!r}")
         require_heads("--heads", heads)
         at_least("--limit", limit)
+        at_least("--prompt-sets", prompt_sets)
         opts = parse_options(option, per_task=True)
         stray = [t for t in opts if t not in names]
         if stray:
@@ -82,11 +85,13 @@ def register(app: typer.Typer) -> None:
         adapter = load_model(model, allow_pickle=allow_pickle)
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts,
-                                 conditions=conds)
+                                 conditions=conds, prompt_sets=prompt_sets)
         for r in result["results"]:
             ci = [float("nan") if x is None else x for x in (r.get("ci_low"), r.get("ci_high"))]
             acc = r["accuracy"]
             print(f"{r['task']:>14} {r['condition']:>8}  acc {acc if acc is None else round(acc, 4)}"
                   f"  CI [{ci[0]:.3f}, {ci[1]:.3f}]  n={r['n']}")
         print(control_sentence(result))
-        print(f"wrote {out}/extends.json and {out}/extends.csv")
+        if prompt_sets > 1:
+            print(sets_sentence(result))
+        print(f"wrote {out}/extends.json and {out}/extends.csv" + (f" and {out}/prompt_sets.csv" if prompt_sets > 1 else ""))

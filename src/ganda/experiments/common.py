@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,44 @@ def parse_tasks(text: str | Sequence[str]) -> list[str]:
     if not items:
         raise GandaError("no task given")
     return items
+
+
+def _identity(ex: Any) -> tuple[Any, ...]:
+    """What makes two examples the same prompt: its text, choices, gold answer and target."""
+    return (ex.prompt, tuple(ex.choices), ex.gold, ex.target)
+
+
+def prompt_sets(draw: Callable[[int | None, int], list[Any]], limit: int | None, seed: int, count: int
+                ) -> list[tuple[list[Any], bool]]:
+    """A task's first ``count`` prompt sets, each with whether it is disjoint from the sets before it.
+
+    Set k (0 first) is ``draw(limit, seed + k)`` without the prompts of sets 0 to k - 1. Where
+    removing them leaves fewer than ``limit`` prompts, a larger draw of the same seed fills the set
+    (a generated task's draw of one seed grows by adding prompts). A task whose draw ignores the
+    seed (MMLU's first ``limit`` questions of each subject) cannot give a disjoint set: set k is
+    then its plain draw, recorded as not disjoint. ``draw`` is ``task.examples``,
+    ``(limit, seed) -> examples``; the sets are the same wherever they are drawn (a Ray worker
+    draws the same ones)."""
+    out: list[tuple[list[Any], bool]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for k in range(count):
+        first = draw(limit, seed + k)
+        fresh = [ex for ex in first if _identity(ex) not in seen]
+        if limit is not None and len(fresh) < len(first):
+            fresh = [ex for ex in draw(2 * limit + len(seen), seed + k) if _identity(ex) not in seen][:limit]
+        disjoint = len(fresh) >= len(first)
+        chosen = fresh if disjoint else first
+        out.append((chosen, disjoint))
+        seen.update(_identity(ex) for ex in chosen)
+    return out
+
+
+def prompt_set(draw: Callable[[int | None, int], list[Any]], limit: int | None, seed: int, k: int
+               ) -> tuple[list[Any], bool]:
+    """Prompt set ``k`` of :func:`prompt_sets` (set 0 is the plain ``draw(limit, seed)``)."""
+    if k == 0:
+        return draw(limit, seed), True
+    return prompt_sets(draw, limit, seed, k + 1)[k]
 
 
 def _summary(acc: float, n: int, correct: int | None = None, **extra: Any) -> dict[str, Any]:

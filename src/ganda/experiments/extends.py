@@ -33,10 +33,11 @@ from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
 from ..prepared import prepare_all
 from ..scoring import EvalResult, choice_labels, evaluate_examples
-from ..stats import bootstrap_paired, wilson
+from ..stats import Z95, bootstrap_paired, pool_sets, wilson
 from ..sweep import _record, local_scores
 from ..tasks import get_task
 from ..tasks.base import Task
+from .common import prompt_set
 
 DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
 CONDITIONS = ("intact", "ablated", "control")
@@ -158,18 +159,21 @@ def _task(adapter: ModelAdapter, name: str, options: dict[str, Any]) -> Task:
     return _TASKS[key]
 
 
-def _examples(task: Task, limit: int | None, seed: int) -> list[Any]:
-    examples = task.examples(limit=limit, seed=seed)
+def _examples(task: Task, limit: int | None, seed: int, k: int = 0) -> list[Any]:
+    """Prompt set ``k`` of a task (:func:`ganda.experiments.common.prompt_set`: seed ``seed + k``)."""
+    examples = prompt_set(lambda n, s: task.examples(limit=n, seed=s), limit, seed, k)[0]
     if not examples:
         raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")
     return examples
 
 
 def _shard(adapter: ModelAdapter, name: str, options: dict[str, Any], interventions: list[Intervention],
-           limit: int | None, seed: int, lo: int, hi: int | None, progress: bool) -> EvalResult:
-    """One task under one condition on its prompts ``lo:hi`` (all of them: :func:`ganda.evaluation.evaluate`)."""
+           limit: int | None, seed: int, lo: int, hi: int | None, progress: bool, k: int = 0) -> EvalResult:
+    """One task under one condition on prompt set ``k``'s prompts ``lo:hi`` (all of them:
+    :func:`ganda.evaluation.evaluate`); ``seed`` is the run's, set k's is ``seed + k``."""
     task = _task(adapter, name, options)
-    examples = _examples(task, limit, seed)
+    examples = _examples(task, limit, seed, k)
+    seed += k
     part = examples[lo:hi]
     if task.kind != "mc":
         res = evaluate_generation(adapter, task, part, interventions, seed=seed, progress=progress)
@@ -217,81 +221,34 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
 
 def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: int | None = None, seed: int = 0,
                 out: Path | None = None, options: dict[str, dict[str, Any]] | None = None,
-                conditions: tuple[str, ...] = CONDITIONS, progress: bool = True) -> dict[str, Any]:
+                conditions: tuple[str, ...] = CONDITIONS, progress: bool = True, prompt_sets: int = 1) -> dict[str, Any]:
     """Every task intact, with ``heads`` ablated and with the control heads ablated (module
     docstring); returns the JSON it writes to ``out`` (after every run, so an interrupted sweep
-    keeps what it finished)."""
+    keeps what it finished).
+
+    ``prompt_sets`` K > 1 runs the whole comparison (control screen and draw included) on K prompt
+    sets, set k with seed ``seed + k`` and prompts disjoint from the sets before it where the task
+    allows (:func:`ganda.experiments.common.prompt_sets`). The result's top level is set 1's, and
+    ``prompt_sets`` (each set's seed, control heads and rows), ``pooled`` (each task and condition
+    pooled over the sets, :func:`ganda.stats.pool_sets`) and ``findings`` (on how many sets the G&A
+    ablation costs more than the control, per task) are added; ``prompt_sets.csv`` has one row per
+    set, task and condition and a pooled row per task and condition."""
     ga = expand(heads, adapter)
     if not ga:
         raise GandaError("--heads is empty")
     options = options or {}
-    rows: list[dict[str, Any]] = []
     try:
-        # every task is built (its options, its data, a lab model's world) before any of them runs
-        built = {name: _task(adapter, name, options.get(name, {})) for name in tasks if name != "knowledge"}
-        screened = {**built, **({m: _task(adapter, m, {}) for m in members_of("knowledge")} if "knowledge" in tasks
-                                else {})}  # the knowledge group's tasks are multiple choice too
-        ctrl, controls = _controls(adapter, ga, screened, limit, seed) if "control" in conditions else ([], None)
-        ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga)], "control": [AblateHeads(ctrl)]}
-        header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
-                  "limit": limit, "seed": seed}
-        if controls is not None:
-            header["controls"] = controls
-            header["control_effects"] = {str(h): controls["candidates"][str(h)] for h in ctrl}
-        pred_dir = out / "predictions" if out else None
-        if pred_dir:
-            pred_dir.mkdir(parents=True, exist_ok=True)
-        # the work units: each task under each condition on a shard of its prompts (one shard in this process)
-        units: list[tuple[Any, ...]] = []
-        names: list[str] = []
-        fns: list[Any] = []
-        groups: list[tuple[str, str, int]] = []  # (task, condition, units)
-        for name in tasks:
-            task = built.get(name)
-            shards = [(0, None)]
-            if task is not None and on_ray():
-                n_ex = len(_examples(task, limit, seed))
-                shards = prompt_shards(n_ex, len(tasks) * len(conditions),
-                                       align=1 if task.kind == "mc" else max(1, getattr(task, "batch_size", 8)) * 4)
-            for cond in conditions:
-                for lo, hi in shards:
-                    if task is None:
-                        fns.append(_knowledge)
-                        units.append((ivs[cond], limit, seed, progress))
-                    else:
-                        fns.append(_shard)
-                        units.append((name, options.get(name, {}), ivs[cond], limit, seed, lo, hi, progress))
-                    names.append(f"({name}, {cond}" + (f", prompts {lo}-{hi - 1})" if hi is not None else ")"))
-                groups.append((name, cond, len(shards)))
-        results = map_units(adapter, _unit, list(zip(fns, units, strict=True)), names)
-        for name, cond, n_units in groups:
-            task = built.get(name)
-            t0 = time.perf_counter()
-            parts = [next(results) for _ in range(n_units)]
-            if task is None:
-                k = parts[0]
-                if k is None:
-                    continue
-                row = {"task": "knowledge", "condition": cond, **{x: k[x] for x in ("n", "correct", "accuracy", "ci_low", "ci_high")},
-                       "seconds": round(time.perf_counter() - t0, 2),
-                       "config": {"task": "knowledge", "per_task": k["detail"].get("tasks")},
-                       "interventions": describe_all(ivs[cond])}
-            else:
-                res = _merge(adapter, task, _examples(task, limit, seed) if n_units > 1 else [], parts)
-                row = {"task": name, "condition": cond, "n": res.n, "correct": res.correct,
-                       "accuracy": res.accuracy, **ci((res.ci_low, res.ci_high)), "seconds": round(res.seconds, 2),
-                       "config": res.config, "interventions": res.interventions}
-                if pred_dir:
-                    with runio.atomic_open(pred_dir / f"{name}.{cond}.jsonl") as f:
-                        for p in res.predictions:
-                            f.write(json.dumps(p) + "\n")
-            rows.append(row)
-            if out:  # after every run, so an interrupted sweep keeps what it finished
-                write_results({**header, "results": rows}, out)
-            acc = row["accuracy"]
-            acc_s = "n/a" if acc is None else f"{acc:.3f}"
-            print(f"{row['task']:>14} {cond:>8}: {acc_s} (n={row['n']}, {row['seconds']:.0f}s)", file=sys.stderr)
-        result = {**header, "results": rows}
+        first, correct = _run_set(adapter, ga, tasks, 0, limit=limit, seed=seed, out=out, options=options,
+                                  conditions=conditions, progress=progress)
+        if prompt_sets == 1:
+            return first
+        sets = [_set_record(adapter, k=0, seed=seed, limit=limit, options=options, result=first, correct=correct)]
+        for k in range(1, prompt_sets):
+            res, corr = _run_set(adapter, ga, tasks, k, limit=limit, seed=seed, out=out, options=options,
+                                 conditions=conditions, progress=progress)
+            sets.append(_set_record(adapter, k=k, seed=seed, limit=limit, options=options, result=res, correct=corr))
+        result = {**first, "prompt_sets": prompt_sets, "seeds": [seed + k for k in range(prompt_sets)], "sets": sets,
+                  **robustness(sets)}
         if out:
             write_results(result, out)
         return result
@@ -300,16 +257,197 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
             del _TASKS[key]
 
 
-def _controls(adapter: ModelAdapter, ga: list[HeadId], built: dict[str, Task], limit: int | None, seed: int
-              ) -> tuple[list[HeadId], dict[str, Any]]:
-    """The control heads, screened on the run's own multiple-choice prompts (module docstring)."""
-    mc = {name: _examples(t, limit, seed) for name, t in built.items() if t.kind == "mc"}
+def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, *, limit: int | None, seed: int,
+             out: Path | None, options: dict[str, dict[str, Any]], conditions: tuple[str, ...], progress: bool
+             ) -> tuple[dict[str, Any], dict[tuple[str, str], list[float]]]:
+    """Prompt set ``k`` of :func:`run_extends`: its result (written to ``out`` for set 0) and each
+    (task, condition)'s per-prompt correctness (the paired drops' input)."""
+    rows: list[dict[str, Any]] = []
+    correct: dict[tuple[str, str], list[float]] = {}
+    # every task is built (its options, its data, a lab model's world) before any of them runs
+    built = {name: _task(adapter, name, options.get(name, {})) for name in tasks if name != "knowledge"}
+    screened = {**built, **({m: _task(adapter, m, {}) for m in members_of("knowledge")} if "knowledge" in tasks
+                            else {})}  # the knowledge group's tasks are multiple choice too
+    ctrl, controls = _controls(adapter, ga, screened, limit, seed, k) if "control" in conditions else ([], None)
+    ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga)], "control": [AblateHeads(ctrl)]}
+    header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
+              "limit": limit, "seed": seed + k}
+    if controls is not None:
+        header["controls"] = controls
+        header["control_effects"] = {str(h): controls["candidates"][str(h)] for h in ctrl}
+    pred_dir = (out / "predictions" / (f"set-{k + 1}" if k else "")) if out else None
+    if pred_dir:
+        pred_dir.mkdir(parents=True, exist_ok=True)
+    # the work units: each task under each condition on a shard of its prompts (one shard in this process)
+    units: list[tuple[Any, ...]] = []
+    names: list[str] = []
+    fns: list[Any] = []
+    groups: list[tuple[str, str, int]] = []  # (task, condition, units)
+    for name in tasks:
+        task = built.get(name)
+        shards = [(0, None)]
+        if task is not None and on_ray():
+            n_ex = len(_examples(task, limit, seed, k))
+            shards = prompt_shards(n_ex, len(tasks) * len(conditions),
+                                   align=1 if task.kind == "mc" else max(1, getattr(task, "batch_size", 8)) * 4)
+        for cond in conditions:
+            for lo, hi in shards:
+                if task is None:
+                    fns.append(_knowledge)
+                    units.append((ivs[cond], limit, seed + k, progress))
+                else:
+                    fns.append(_shard)
+                    units.append((name, options.get(name, {}), ivs[cond], limit, seed, lo, hi, progress, k))
+                names.append(f"({name}, {cond}" + (f", prompts {lo}-{hi - 1})" if hi is not None else ")"))
+            groups.append((name, cond, len(shards)))
+    results = map_units(adapter, _unit, list(zip(fns, units, strict=True)), names)
+    for name, cond, n_units in groups:
+        task = built.get(name)
+        t0 = time.perf_counter()
+        parts = [next(results) for _ in range(n_units)]
+        if task is None:
+            kn = parts[0]
+            if kn is None:
+                continue
+            row = {"task": "knowledge", "condition": cond, **{x: kn[x] for x in ("n", "correct", "accuracy", "ci_low", "ci_high")},
+                   "seconds": round(time.perf_counter() - t0, 2),
+                   "config": {"task": "knowledge", "per_task": kn["detail"].get("tasks")},
+                   "interventions": describe_all(ivs[cond])}
+        else:
+            res = _merge(adapter, task, _examples(task, limit, seed, k) if n_units > 1 else [], parts)
+            row = {"task": name, "condition": cond, "n": res.n, "correct": res.correct,
+                   "accuracy": res.accuracy, **ci((res.ci_low, res.ci_high)), "seconds": round(res.seconds, 2),
+                   "config": res.config, "interventions": res.interventions}
+            correct[(name, cond)] = [float(bool(p["correct"])) for p in res.predictions]
+            if pred_dir:
+                with runio.atomic_open(pred_dir / f"{name}.{cond}.jsonl") as f:
+                    for p in res.predictions:
+                        f.write(json.dumps(p) + "\n")
+        rows.append(row)
+        if out and k == 0:  # after every run, so an interrupted sweep keeps what it finished
+            write_results({**header, "results": rows}, out)
+        acc = row["accuracy"]
+        acc_s = "n/a" if acc is None else f"{acc:.3f}"
+        at = f" set {k + 1}" if k else ""
+        print(f"{row['task']:>14} {cond:>8}{at}: {acc_s} (n={row['n']}, {row['seconds']:.0f}s)", file=sys.stderr)
+    result = {**header, "results": rows}
+    if out and k == 0:
+        write_results(result, out)
+    return result, correct
+
+
+FINDING = {"control": "the G&A ablation costs more than the control (control accuracy minus ablated, paired over "
+                       "prompts: 95% interval above 0)",
+           "intact": "the G&A ablation costs accuracy (intact minus ablated, paired over prompts: 95% interval above 0)"}
+
+
+def _difference(base: dict[str, Any], other: dict[str, Any], a: list[float] | None, b: list[float] | None,
+                seed: int) -> dict[str, Any]:
+    """``base`` accuracy minus ``other``'s with a 95% interval: the paired bootstrap over prompts where
+    both have per-prompt results (``a``, ``b``), else the unpaired normal interval from their own."""
+    if a is not None and b is not None:
+        bs = bootstrap_paired(a, b, seed=seed)
+        return {"drop": bs["diff"], **ci(bounds(bs, "diff"), "drop")}
+    if None in (base["accuracy"], other["accuracy"], *bounds(base), *bounds(other)):
+        return {"drop": None, **ci(None, "drop")}
+    se = [(hi - lo) / (2 * Z95) for lo, hi in (bounds(base), bounds(other))]
+    d, half = base["accuracy"] - other["accuracy"], Z95 * (se[0] ** 2 + se[1] ** 2) ** 0.5
+    return {"drop": d, **ci((d - half, d + half), "drop")}
+
+
+def _set_record(adapter: ModelAdapter, *, k: int, seed: int, limit: int | None, options: dict[str, dict[str, Any]],
+                result: dict[str, Any], correct: dict[tuple[str, str], list[float]]) -> dict[str, Any]:
+    """Prompt set ``k`` of :func:`run_extends`: its seed, control heads and per task and condition the
+    accuracy, the drop from intact and, as ``finding``, the G&A ablation's cost beyond the control's."""
+    by = {(r["task"], r["condition"]): r for r in result["results"]}
+    rows, finding = [], {}
+    for (name, cond), r in by.items():
+        row = {"task": name, "condition": cond, "n": r["n"], "accuracy": r["accuracy"], **ci(bounds(r))}
+        if cond != "intact" and (name, "intact") in by:
+            row.update(_difference(by[(name, "intact")], r, correct.get((name, "intact")), correct.get((name, cond)),
+                                   seed + k))
+        rows.append(row)
+        ref = "control" if (name, "control") in by else "intact"
+        if cond == "ablated" and (name, ref) in by:
+            d = _difference(by[(name, ref)], r, correct.get((name, ref)), correct.get((name, cond)), seed + k)
+            finding[name] = {"against": ref, "cost": d["drop"], **ci(bounds(d, "drop"), "cost")}
+    disjoint = {name: prompt_set(lambda n, s, t=_task(adapter, name, options.get(name, {})): t.examples(limit=n, seed=s),
+                                 limit, seed, k)[1] for name, _ in by if name != "knowledge"}
+    return {"set": k + 1, "seed": seed + k, "disjoint": disjoint, "control_heads": result["control_heads"],
+            "rows": rows, "finding": finding}
+
+
+def robustness(sets: list[dict[str, Any]]) -> dict[str, Any]:
+    """What K prompt sets of :func:`run_extends` say together: each task and condition's accuracy
+    and drop pooled over the sets (:func:`ganda.stats.pool_sets`), and per task on how many sets the
+    finding (:data:`FINDING`) holds, with its pooled cost."""
+    pooled: list[dict[str, Any]] = []
+    for row in sets[0]["rows"]:
+        each = [next(r for r in s["rows"] if (r["task"], r["condition"]) == (row["task"], row["condition"]))
+                for s in sets]
+        out = {"task": row["task"], "condition": row["condition"], "n": sum(r["n"] or 0 for r in each)}
+        for name, key in (("accuracy", ""), ("drop", "drop")):
+            if all(r.get(name) is not None for r in each):
+                p = pool_sets([r[name] for r in each], [bounds(r, key)[0] for r in each], [bounds(r, key)[1] for r in each],
+                              within=(0.0, 1.0) if name == "accuracy" else (-1.0, 1.0))
+                out.update({name: p["estimate"], **ci(bounds(p), key), f"{name}_between_sd": p["between_sd"]})
+        pooled.append(out)
+    findings = {}
+    for task, f in sets[0]["finding"].items():
+        each = [s["finding"].get(task) or {"cost": None, "cost_ci_low": None, "cost_ci_high": None} for s in sets]
+        if any(e["cost"] is None for e in each):
+            continue
+        p = pool_sets([e["cost"] for e in each], [e["cost_ci_low"] for e in each], [e["cost_ci_high"] for e in each],
+                      within=(-1.0, 1.0))
+        findings[task] = {"criterion": FINDING[f["against"]], "against": f["against"], "holds_on": p["holds_on"],
+                          "k": p["k"], "holds": p["holds"], "cost": p["estimate"], **ci(bounds(p), "cost"),
+                          "between_sd": p["between_sd"], "pooled_holds": p["pooled_holds"], "method": p["method"]}
+    return {"pooled": pooled, "findings": findings}
+
+
+def sets_sentence(result: dict[str, Any]) -> str:
+    """Per task, on how many of the K prompt sets the G&A ablation costs more than the control (or
+    than intact, without a control), where it does not, and the pooled cost; empty for one set."""
+    sets = result.get("sets") or []
+    if len(sets) < 2:
+        return ""
+    lines = []
+    for task, f in (result.get("findings") or {}).items():
+        what = "more than the control" if f["against"] == "control" else "accuracy"
+        misses = [f"set {s['set']} (seed {s['seed']}): {_points(s['finding'][task], 'cost')}"
+                  for s, ok in zip(sets, f["holds"], strict=True) if not ok]
+        lines.append(f"{task}: the G&A ablation costs {what} on {f['holds_on']} of {f['k']} prompt sets "
+                     f"(seeds {result['seeds'][0]}-{result['seeds'][-1]})"
+                     + (f"; not on {', '.join(misses)}" if misses else "")
+                     + f"; pooled {_points(f, 'cost')}")
+    return "\n".join(lines)
+
+
+def _points(r: dict[str, Any], name: str) -> str:
+    """``+12.0 points [3.0, 21.0]``."""
+    lo, hi = bounds(r, name)
+    return f"{100 * r[name]:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def set_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """``prompt_sets.csv``: one row per prompt set, task and condition, then a pooled row per task and condition."""
+    rows = [{"set": s["set"], "seed": s["seed"], "disjoint": s["disjoint"].get(r["task"], ""),
+             "control_heads": s["control_heads"], **r} for s in result["sets"] for r in s["rows"]]
+    return rows + [{"set": "pooled", "seed": ",".join(map(str, result["seeds"])), "disjoint": "", "control_heads": "",
+                    **r} for r in result["pooled"]]
+
+
+def _controls(adapter: ModelAdapter, ga: list[HeadId], built: dict[str, Task], limit: int | None, seed: int,
+              k: int = 0) -> tuple[list[HeadId], dict[str, Any]]:
+    """The control heads, screened on prompt set ``k``'s multiple-choice prompts and drawn with
+    seed ``seed + k`` (module docstring)."""
+    mc = {name: _examples(t, limit, seed, k) for name, t in built.items() if t.kind == "mc"}
     if not mc:
         raise GandaError("the control heads are screened on the run's multiple-choice prompts and --task has none: "
                          "add one (e.g. mmlu), or leave control out of --conditions")
-    screen = screen_controls(adapter, ga, [e for exs in mc.values() for e in exs], seed=seed)
+    screen = screen_controls(adapter, ga, [e for exs in mc.values() for e in exs], seed=seed + k)
     screen["tasks"] = {name: len(exs) for name, exs in mc.items()}
-    return control_heads(adapter, ga, seed, screen), screen
+    return control_heads(adapter, ga, seed + k, screen), screen
 
 
 def control_sentence(result: dict[str, Any]) -> str:
@@ -333,6 +471,8 @@ def _unit(adapter: ModelAdapter, fn: Any, args: tuple[Any, ...]) -> Any:
 
 def write_results(result: dict[str, Any], out: Path) -> None:
     runio.write_json(out / "extends.json", result)
+    if result.get("sets"):
+        runio.write_csv(out / "prompt_sets.csv", set_rows(result))
     with runio.atomic_open(out / "extends.csv", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "condition", "n", "correct", "accuracy", "ci_low", "ci_high", "seconds", "heads"])

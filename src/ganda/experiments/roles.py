@@ -33,11 +33,12 @@ Llama-3.1-8B cut to its minimal model (layers 0-17), where no later layer can st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import runio
 from ..discovery import ablate_until_chance, added_heads, pattern_scores
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
@@ -48,10 +49,10 @@ from ..labels import Label, label_model
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from ..scoring import evaluate_examples
-from ..stats import overlap
+from ..stats import bootstrap_paired, overlap, pool_sets
 from ..sweep import run_sweep
 from ..tasks.base import Example
-from .common import ExperimentResult, pct, points
+from .common import ExperimentResult, pct, points, prompt_sets
 
 MODES = ("all", "query", "context")
 # where a head's ablation hurts, by the causal role it points to
@@ -78,7 +79,15 @@ class RolesResult(ExperimentResult):
         if "heads_to_chance" in s:
             lines.append("Heads ablated together (most damaging first) to reach chance: "
                          f"**{s['heads_to_chance'] or 'more than ' + str(s.get('heads_to_chance_max'))}**.")
+        lines += sets_lines(self.extra)
         return "\n".join(lines)
+
+    def save(self, out_dir: str | Path, command: str | None = None) -> Path:
+        """:meth:`ExperimentResult.save`, and ``prompt_sets.csv`` when the run has several prompt sets."""
+        out = super().save(out_dir, command)
+        if self.extra.get("sets"):
+            runio.write_csv(out / "prompt_sets.csv", set_rows(self.extra))
+        return out
 
     def draw(self, out_dir: Path) -> list[Path]:
         task = self.config.get("task", "task")
@@ -259,3 +268,106 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
                 "max_control_drop": max_control_drop,
                 "ranked": list(ranked[:top])},
     )
+
+
+# where each role's ablation must cost more: an Aggregate head at the final position, a Gather head before it
+ROLE_MODE = {"aggregate": ("query", "context"), "gather": ("context", "query")}
+FINDING = ("the head's ablation costs accuracy (paired drop, 95% interval above 0) and costs more where its role "
+           "says (Aggregate: at the final position; Gather: before it)")
+
+
+def _mode_rows(adapter: ModelAdapter, examples: Sequence[Example], head: str, seed: int) -> dict[str, dict[str, Any]]:
+    """The head ablated at every position, at the final one and before it: each mode's accuracy and
+    paired drop from intact (bootstrap over prompts), and ``where``: the query-minus-context cost."""
+    def correct(ivs: list) -> tuple[Any, list[float]]:
+        r = evaluate_examples(adapter, examples, ivs, progress=False)
+        return r, [float(bool(p["correct"])) for p in r.predictions]
+
+    _, base = correct([])
+    out: dict[str, dict[str, Any]] = {}
+    per: dict[str, list[float]] = {}
+    for m in MODES:
+        r, per[m] = correct([AblateHeads(head, positions=None if m == "all" else m)])
+        bs = bootstrap_paired(base, per[m], seed=seed)
+        out[m] = {"n": r.n, "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high)), "drop": bs["diff"],
+                  **ci(bounds(bs, "diff"), "drop")}
+    where = bootstrap_paired(per["context"], per["query"], seed=seed)  # query drop minus context drop
+    out["where"] = {"drop": where["diff"], **ci(bounds(where, "diff"), "drop")}
+    return out
+
+
+def _holds(role: str, modes: dict[str, dict[str, Any]]) -> bool:
+    """:data:`FINDING` on one prompt set."""
+    sign = 1 if role == "aggregate" else -1
+    low, high = bounds(modes["where"], "drop")
+    return modes["all"]["drop_ci_low"] > 0 and (low > 0 if sign > 0 else high < 0)
+
+
+def role_sets(adapter: ModelAdapter, draw: Callable[[int | None, int], list[Example]], summary: dict[str, Any], *,
+              limit: int | None, seed: int, count: int, keep_layers: Sequence[int] | None = None) -> dict[str, Any]:
+    """The roles found on prompt set 1 measured again on ``count`` prompt sets (set k: seed
+    ``seed + k``, prompts disjoint from earlier sets where the task allows:
+    :func:`ganda.experiments.common.prompt_sets`): per set and role head, its three ablations'
+    accuracy and paired drop, and whether :data:`FINDING` holds; per role, the drops pooled over
+    the sets (:func:`ganda.stats.pool_sets`) and on how many sets the finding holds. ``draw`` is the
+    task's ``examples``, ``(limit, seed) -> examples``."""
+    heads = {role: summary[role] for role in ("gather", "aggregate") if summary.get(role)}
+    sets = []
+    with apply(adapter, [KeepLayers(sorted(set(keep_layers)))] if keep_layers is not None else []):
+        for k, (examples, disjoint) in enumerate(prompt_sets(draw, limit, seed, count)):
+            measured = {role: _mode_rows(adapter, examples, h, seed + k) for role, h in heads.items()}
+            sets.append({"set": k + 1, "seed": seed + k, "disjoint": disjoint, "n": len(examples),
+                         "roles": {role: {"head": heads[role], "holds": _holds(role, m), **m}
+                                   for role, m in measured.items()}})
+    return {"sets": sets, "seeds": [seed + k for k in range(count)], **_pool_roles(sets, heads)}
+
+
+def _pool_roles(sets: list[dict[str, Any]], heads: dict[str, str]) -> dict[str, Any]:
+    """Each role head's drops pooled over the sets, and on how many sets its finding holds."""
+    pooled, findings = [], {}
+    for role, head in heads.items():
+        for mode in (*MODES, "where"):
+            each = [s["roles"][role][mode] for s in sets]
+            p = pool_sets([e["drop"] for e in each], [e["drop_ci_low"] for e in each], [e["drop_ci_high"] for e in each],
+                          within=(-1.0, 1.0))
+            row = {"role": role, "head": head, "mode": mode, "n": sum(s["n"] for s in sets),
+                   "drop": p["estimate"], **ci(bounds(p), "drop"), "between_sd": p["between_sd"]}
+            if mode != "where":
+                a = pool_sets([e["accuracy"] for e in each], [e["ci_low"] for e in each], [e["ci_high"] for e in each],
+                              within=(0.0, 1.0))
+                row.update({"accuracy": a["estimate"], **ci(bounds(a))})
+            pooled.append(row)
+        holds = [s["roles"][role]["holds"] for s in sets]
+        findings[role] = {"head": head, "criterion": FINDING, "holds": holds, "holds_on": sum(holds), "k": len(sets)}
+    return {"pooled": pooled, "findings": findings}
+
+
+def sets_lines(extra: dict[str, Any]) -> list[str]:
+    """Per role, on how many prompt sets its finding holds, where it does not, and the pooled drop."""
+    sets = extra.get("sets") or []
+    if len(sets) < 2:
+        return []
+    lines = []
+    for role, f in (extra.get("findings") or {}).items():
+        p = next(r for r in extra["pooled"] if r["role"] == role and r["mode"] == "all")
+        misses = [f"set {s['set']} (seed {s['seed']}): drop {_pts(s['roles'][role]['all'])}, final position minus "
+                  f"before it {_pts(s['roles'][role]['where'])}" for s, ok in zip(sets, f["holds"], strict=True) if not ok]
+        lines.append(f"{role.capitalize()} head {f['head']}: holds on **{f['holds_on']} of {f['k']}** prompt sets "
+                     f"(seeds {extra['seeds'][0]}-{extra['seeds'][-1]})" + (f"; not on {'; '.join(misses)}" if misses else "")
+                     + f"; pooled drop {_pts(p)}.")
+    return lines
+
+
+def _pts(r: dict[str, Any]) -> str:
+    """A drop with its interval: ``+12.0 points [3.0, 21.0]``."""
+    lo, hi = bounds(r, "drop")
+    return f"{100 * r['drop']:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def set_rows(extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """``prompt_sets.csv``: one row per prompt set, role head and ablation, then a pooled row for each."""
+    rows = [{"set": s["set"], "seed": s["seed"], "disjoint": s["disjoint"], "role": role, "head": r["head"], "mode": m,
+             "n": s["n"], **{k: v for k, v in r[m].items() if k != "n"}, "holds": r["holds"]}
+            for s in extra["sets"] for role, r in s["roles"].items() for m in (*MODES, "where")]
+    return rows + [{"set": "pooled", "seed": ",".join(map(str, extra["seeds"])), "disjoint": "",
+                    **r, "holds": extra["findings"][r["role"]]["holds_on"]} for r in extra["pooled"]]
