@@ -368,13 +368,22 @@ def test_quiet_silences_transformers_and_lm_eval_and_restores_them(capfd, caplog
         return "\n".join([capfd.readouterr().err, *caplog.messages, *(str(w.message) for w in warned)])
 
     assert main(["-q", "info", "lab-llama-h1"]) == 0
+    verbosity, bars = tf_logging.get_verbosity(), tf_logging.is_progress_bar_enabled()
+    tf_logging.set_verbosity_warning()  # a user's settings (loading a model turns transformers' down)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tf_logging.enable_progress_bar()
     capfd.readouterr()
-    progress.set_quiet(True)
     try:
-        quiet = noise()
+        progress.set_quiet(True)
+        try:
+            quiet = noise()
+        finally:
+            progress.set_quiet(False)
+        loud = noise()
     finally:
-        progress.set_quiet(False)
-    loud = noise()
+        tf_logging.set_verbosity(verbosity)
+        (tf_logging.enable_progress_bar if bars else tf_logging.disable_progress_bar)()
     assert quiet.strip() == "", quiet
     for line in ("a transformers warning", "an lm-eval warning", "an lm_eval warning", "an lm_eval UserWarning",
                  "Writing model shards"):

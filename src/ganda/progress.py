@@ -38,6 +38,8 @@ def quiet_third_party(on: bool) -> None:
     """``on``: transformers' and lm-eval's loggers at ERROR, their warnings ignored and transformers'
     (huggingface_hub's) progress bars off; off: every one of them as it was before."""
     if on:
+        if _saved:  # already quiet: the state to restore is the one saved first
+            return
         _saved.update(levels={n: logging.getLogger(n).level for n in THIRD_PARTY}, env=os.environ.get(_BARS_OFF),
                       filters=list(warnings.filters), bars=_transformers_bars(None))
         for name in THIRD_PARTY:
@@ -55,7 +57,10 @@ def quiet_third_party(on: bool) -> None:
         os.environ.pop(_BARS_OFF, None)
     else:
         os.environ[_BARS_OFF] = _saved["env"]
-    _transformers_bars(_saved["bars"] if _saved["bars"] is not None else _saved["env"] is None)
+    if _saved["bars"]:  # bars that were on go back on (huggingface_hub warns where its variable was read as set)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _transformers_bars(True)
     _saved.clear()
 
 
