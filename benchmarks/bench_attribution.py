@@ -32,6 +32,13 @@ Peak resident memory of the attribution pass against a plain no-grad forward of 
 
     .venv/bin/python benchmarks/bench_attribution.py memory
 
+AtP* against integrated gradients (k midpoint steps) on the same exhaustive sweep: Spearman, the
+exhaustive top 10's recall in the estimate's top 10, sign flips among the top 30, CPU seconds
+(written to ``attribution_ig_<name>.json``):
+
+    .venv/bin/python benchmarks/bench_attribution.py ig --model lab-llama-h1 --task lab-mmlu --n 32
+    .venv/bin/python benchmarks/bench_attribution.py ig --model smollm2-135m --task kv --pairs 6 --n 16 --seed 1
+
 Then the markdown tables (benchmarks/results/attribution.md) from the JSON results:
 
     .venv/bin/python benchmarks/bench_attribution.py table
@@ -469,6 +476,44 @@ def table_cmd(_args) -> None:
     print(text)
 
 
+def ig_cmd(args) -> None:
+    from ganda.attribution import attribute, metric_value, quality, top_by_magnitude
+
+    torch.set_num_threads(args.threads)
+    adapter, examples, opts = load(args)
+    res = exhaustive(adapter, examples, args, opts)
+    golds = [ex.gold for ex in examples]
+    clean = metric_value(res.baseline["loglik"], golds, args.margin)
+    exact = {r["head"]: clean - metric_value(r["loglik"], golds, args.margin) for r in res.records}
+    arms = [("atp", {}), ("atp*", {}), *((f"ig{k}", {"ig_steps": k}) for k in args.ig_steps)]
+    rows = []
+    for name, kw in arms:
+        method = "ig" if name.startswith("ig") else name
+        att, wall, cpu = timed(lambda m=method, kw=kw: attribute(adapter, examples, method=m, margin=args.margin,
+                                                                 progress=False, **kw))
+        est = att.by_head()
+        q = quality(est, exact, k=10, within=(10, 30))
+        top30 = top_by_magnitude(est, 30)
+        flips = [h for h in top30 if est[h] * exact[h] < 0]
+        rows.append({"arm": name, "seconds": wall, "cpu_seconds": cpu, "spearman_abs": q["spearman_abs"],
+                     "spearman_signed": q["spearman_signed"], "recall_top10_in_10": q["recall_top10_in_10"],
+                     "recall_top10_in_30": q["recall_top10_in_30"], "missed_in_10": q["missed_in_10"],
+                     "sign_flips_in_top30": flips, "sum_estimate": sum(est.values()), "estimates": est})
+        print(f"{name}: spearman |.| {q['spearman_abs']:.3f} signed {q['spearman_signed']:.3f}, recall@10 in 10 "
+              f"{q['recall_top10_in_10']:.2f}, in 30 {q['recall_top10_in_30']:.2f}, sign flips in top 30 {len(flips)}, "
+              f"{cpu:.1f} CPU s ({wall:.1f} s)", flush=True)
+    out = {"command": "python benchmarks/bench_attribution.py ig " + " ".join(
+               f"--{k} {v}" for k, v in (("model", args.model), ("task", args.task), ("pairs", args.pairs),
+                                         ("n", args.n), ("seed", args.seed)) if v is not None),
+           "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples),
+           "n_heads": len(exact), "margin": args.margin, "clean_margin": clean,
+           "exact_top10": top_by_magnitude(exact, 10), "exact": exact, "arms": rows,
+           "cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average_at_end": list(os.getloadavg())}
+    path = RESULTS / f"attribution_ig_{name_of(args)}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -502,10 +547,19 @@ def main() -> None:
     m.add_argument("--pairs", type=int, default=None)
     m.add_argument("--n", type=int, default=16)
     m.add_argument("--seed", type=int, default=0)
+    ig = sub.add_parser("ig")
+    ig.add_argument("--model", default="lab-llama-h1")
+    ig.add_argument("--task", default="lab-mmlu")
+    ig.add_argument("--pairs", type=int, default=None)
+    ig.add_argument("--n", type=int, default=32)
+    ig.add_argument("--seed", type=int, default=0)
+    ig.add_argument("--margin", default="mean")
+    ig.add_argument("--threads", type=int, default=1)
+    ig.add_argument("--ig-steps", type=int, nargs="+", default=[5], help="IG arms, one per step count")
     sub.add_parser("table")
     args = ap.parse_args()
     {"quality": quality_cmd, "speed": speed_cmd, "profile": profile_cmd, "blocks": blocks_cmd, "memory": memory_cmd,
-     "_mem": mem_arm_cmd, "table": table_cmd}[args.cmd](args)
+     "_mem": mem_arm_cmd, "table": table_cmd, "ig": ig_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":

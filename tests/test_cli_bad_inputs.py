@@ -199,6 +199,8 @@ CASES = [
     # ganda rank
     C("rank-limit-0", "rank", LAB, "--task", "kv", "--limit", "0", "--out", "out", match="--limit"),
     C("rank-method", "rank", LAB, "--task", "kv", "--method", "magic", "--out", "out", match="--method"),
+    C("rank-ig-steps-0", "rank", LAB, "--task", "kv", "--method", "ig", "--ig-steps", "0", "--out", "out",
+      match="--ig-steps must be at least 1"),
     C("rank-pairs-0", "rank", LAB, "--task", "kv", "--pairs", "0", "--out", "out", match="pairs must be at least 2"),
     C("rank-heads-empty", "rank", LAB, "--task", "kv", "--heads", ",", "--out", "out", match="no head ids"),
     # ganda plan
@@ -296,7 +298,7 @@ CASES = [
     C("grid-limit-negative", "grid", "{grid_limit_neg}", match="options.limit must be a whole number of at least 1, got -1"),
     C("grid-seed-text", "grid", "{grid_seed_xyz}", match="options.seed must be a whole number, got 'xyz'"),
     C("grid-batch-heads-text", "grid", "{grid_batch_x}", match="options.sweep: batch_heads must be an integer, not 'x'"),
-    C("grid-rank-method", "grid", "{grid_rank_method}", match="options.rank: method must be one of atp, atp*, exact, not 'magic'"),
+    C("grid-rank-method", "grid", "{grid_rank_method}", match="options.rank: method must be one of atp, atp*, ig, exact, not 'magic'"),
     C("grid-out-list", "grid", "{grid_out_list}", match="'out' must be a directory name, got ['a', 'b']"),
     C("grid-binary-spec", "grid", "{grid_binary}", match="not a grid spec (not UTF-8 text"),
     C("sweep-ray-actors-0", "sweep", LAB, "--task", "kv", "--limit", "2", "--ray", "local", "--ray-actors", "0",

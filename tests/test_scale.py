@@ -337,6 +337,8 @@ def test_plan_prices_graddrop_blocks_ssd_layer_calls_and_host_floors(shipped):
     six = 1 + sum(n * (1 + (5 - b)) for b, n in enumerate(sizes)) / 32
     assert math.isclose(backward("atp*") / plain, six / 2, rel_tol=1e-9)
     assert math.isclose(backward("atp*", graddrop_blocks=None) / plain, (1 + 33 / 2) / 2, rel_tol=1e-9)
+    # IG runs k steps and a clean copy of every prompt through AtP's pass
+    assert math.isclose(backward("ig", ig_steps=5) / plain, 6, rel_tol=1e-9)
     # a host's allocator keeps a code path's heap: small runs are floored on the CPU, not on a GPU
     small = planner.profile(ganda.from_model(make_tiny_llama(64)))
     w = planner.Workload(n=4, tokens=8, max_tokens=8)

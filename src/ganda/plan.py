@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from . import registry
-from .attribution.engine import GRADDROP_BLOCKS, batch_tokens_for, graddrop_blocks
+from .attribution.engine import GRADDROP_BLOCKS, IG_STEPS, batch_tokens_for, graddrop_blocks
 from .errors import GandaError
 from .models.base import ModelAdapter
 
@@ -439,7 +439,8 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     free = None if dev is None or dev.host else dev.memory - p.weight_bytes - dev.runtime
     batch_tokens = int(opts.get("batch_tokens") or batch_tokens_for(len(L), p.d_model, int(p.bytes_per_param),
                                                                      block_of[-1] + 1, free))
-    per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
+    reps = int(opts.get("ig_steps") or IG_STEPS) + 1 if method == "ig" else 1  # IG: k steps and a clean copy
+    per_batch = max(1, min(w.n, batch_tokens // reps // max(1, round(w.packed))))
     calls = math.ceil(w.n / per_batch)
     width = w.packed  # batches follow the input order, each padded to its longest prompt: in one batch
     if calls == 1 and w.n > 1 and w.max_tokens:  # of unequal prompts that is the longest of all
@@ -450,11 +451,12 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     # block above the layer's own
     above = sum(blocks - 1 - b for b in block_of) / depth
     back = 1.0 + (1.0 + above if method == "atp*" else 1.0)
-    phases = [Phase("no-grad pass, residuals kept", calls, per_batch, width, L, n_read, examples=w.n,
-                    scored=w.n * w.score_rows),
-              Phase(f"layer-by-layer backward ({method})", calls, per_batch, width, L, n_read, backward=back - 1.0)]
+    phases = [Phase("no-grad pass, residuals kept", calls, per_batch * reps, width, L, n_read, examples=w.n,
+                    scored=w.n * w.score_rows * reps),
+              Phase(f"layer-by-layer backward ({method})", calls, per_batch * reps, width, L, n_read,
+                    backward=back - 1.0)]
     cotangents = blocks if method == "atp*" else 1
-    kept = (depth + cotangents) * per_batch * width * p.d_model * 4
+    kept = (depth + cotangents) * per_batch * reps * width * p.d_model * 4
     early = sorted(set(opts.get("verify_layers") or ()))
     if any(not 0 <= k < len(L) for k in early):
         raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
@@ -468,6 +470,7 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     for ph in sub:
         ph.name = f"exact check of {verify} heads: {ph.name}"
     vjps = f"{1 + above:.1f} input-gradient VJPs on average (GradDrop over {blocks} blocks)" if method == "atp*" \
+        else f"one VJP, over {reps} copies of each prompt ({reps - 1} IG steps and the clean one)" if reps > 1 \
         else "one VJP"
     note = (f"{method}: one no-grad pass, then per layer a recompute and {vjps}; then the top "
             f"{opts.get('verify_top', 30)} and {opts.get('audit', 10)} audited heads exactly"

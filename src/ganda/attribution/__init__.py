@@ -1,7 +1,7 @@
 """Rank every head by a first-order estimate of its ablation effect, then verify the top exactly.
 
 ``attribute`` estimates every head's effect on the task's multiple-choice margin from one forward
-and one backward pass per batch of prompts (AtP, or AtP* with GradDrop); ``rank_heads`` verifies
+and one backward pass per batch of prompts (AtP, or AtP* with GradDrop; or integrated gradients over k steps); ``rank_heads`` verifies
 the top K with the exact sweep engine and bounds the false negatives among the rest. See
 docs/attribution.md.
 """
@@ -10,6 +10,7 @@ from .engine import (
     ABLATIONS,
     BATCH_TOKENS,
     GRADDROP_BLOCKS,
+    IG_STEPS,
     MARGINS,
     METHODS,
     Attribution,
@@ -19,6 +20,7 @@ from .engine import (
     default_batch_tokens,
     graddrop_blocks,
     graddrop_scores,
+    ig_alphas,
     margin_of,
     metric_value,
 )
@@ -36,8 +38,8 @@ from .ranking import (
 )
 
 __all__ = [
-    "ABLATIONS", "BATCH_TOKENS", "batch_tokens_for", "default_batch_tokens", "GRADDROP_BLOCKS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute", "check_options",
+    "ABLATIONS", "BATCH_TOKENS", "batch_tokens_for", "default_batch_tokens", "GRADDROP_BLOCKS", "IG_STEPS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute", "check_options",
     "check_rank_options",
-    "false_negative_bound", "graddrop_blocks", "graddrop_scores", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
+    "false_negative_bound", "graddrop_blocks", "graddrop_scores", "ig_alphas", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
     "top_by_magnitude", "upper_count",
 ]

@@ -26,6 +26,25 @@ its own layer), with the sign of plain AtP. By default the branches are dropped 
 contiguous layers at a time (``graddrop_blocks=6``: ``1/(G−1) Σ_b``, about ``L(G+1)/2`` VJPs), which
 costs a third of the per-layer form on a 30-layer model and ranks heads as well there.
 
+**Integrated gradients** (``method="ig"``, the path form EAP-IG uses). AtP is one tangent at the
+clean point, and ablating a head is a large step: the estimate can miss the effect by an order of
+magnitude or get its sign wrong. IG follows the straight path from every ranked head ablated to
+the clean model. Step α runs the model with each ranked head's ``z_h`` replaced, at every layer at
+once, by ``ẑ_h = b_h + α·(z_h − b_h)`` (``b_h`` = 0 for zero-ablation, ``μ_h`` for mean-ablation;
+``z_h`` is what the head computes in that α-pass, so later layers see the scaled earlier ones), and
+a head's score is
+
+    IG(h) = mean_α Σ_pos ∂m/∂ẑ_h · (z_h − b_h)      α ∈ {(i + ½)/k : i < k}  (midpoint rule, k steps)
+
+with the gradient taken at ``ẑ_h`` through everything downstream (later heads' scaled outputs
+included). Since ``dm/dα = Σ_h ∂m/∂ẑ_h · (z_h − b_h)`` exactly (α enters the pass only through the
+edits), the scores are complete: ``Σ_h IG(h)`` is the midpoint-rule integral of ``dm/dα``, i.e.
+``m(clean) − m(every ranked head ablated)`` up to ``O(1/k²)``. Ranking one head makes IG that head's
+exact ablation effect in the limit; with ``α = 1`` as the only step it is AtP (both tested).
+Multiplying by the clean ``z_h`` instead of the α-pass's would break completeness. The ``k`` steps
+and one clean copy (α = 1: the log-likelihoods and plain AtP) run as ``k + 1`` copies of the batch's
+rows in one checkpointed pass, so a batch holds ``1/(k+1)`` of the prompts.
+
 Transformers (Llama layout) run in the sweep's packed layout (an example's choices share one
 sequence through a block mask), so estimate and exact sweep see the same tokens; other families
 run one right-padded row per choice on the pure-PyTorch SSM path, so autograd reaches every head.
@@ -55,12 +74,18 @@ from ..scoring import examples_digest
 from ..sweep import weights_fingerprint
 from ..tasks.base import Example
 
-METHODS = ("atp", "atp*")
+METHODS = ("atp", "atp*", "ig")
 ABLATIONS = ("zero", "mean")
 MARGINS = ("mean", "max")
 
 
 GRADDROP_BLOCKS = 6  # GradDrop's default blocks of layers: L·6/2 layer VJPs, not L²/2 (docs/attribution.md)
+IG_STEPS = 5  # integrated gradients' midpoint steps (k + 1 copies of every batch: docs/attribution.md)
+
+
+def ig_alphas(steps: int) -> list[float]:
+    """The midpoint rule's ``k`` points of ``(0, 1)``: ``(i + ½)/k``."""
+    return [(i + 0.5) / steps for i in range(steps)]
 
 
 def margin_of(ll: torch.Tensor, gold: int, margin: str = "mean") -> torch.Tensor:
@@ -204,7 +229,7 @@ class Attribution:
 
     heads: list[HeadId]
     atp: list[float]  # plain AtP, signed
-    estimate: list[float]  # the ranking score: AtP, or AtP* magnitude with AtP's sign
+    estimate: list[float]  # the ranking score: AtP, AtP* magnitude with AtP's sign, or IG
     method: str
     ablation: str
     margin: str
@@ -217,6 +242,8 @@ class Attribution:
     cpu_seconds: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
     means: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)  # mean-ablation μ per mixer
+    ig: list[float] | None = None  # integrated gradients, signed (method "ig")
+    per_example_ig: torch.Tensor | None = None  # [prompts, heads] IG per prompt
 
     def order(self) -> list[int]:
         """Head indices by |estimate|, largest first (ties: head order)."""
@@ -232,8 +259,10 @@ class Attribution:
 
 class _Engine:
     def __init__(self, adapter: ModelAdapter, heads: list[HeadId], ablation: str, margin: str, graddrop: bool,
-                 blocks: int | None = None) -> None:
+                 blocks: int | None = None, alphas: Sequence[float] | None = None) -> None:
         self.adapter = adapter
+        self.alphas = list(alphas) if alphas is not None else None  # IG's steps (None: AtP / AtP*)
+        self._raw: dict[str, torch.Tensor] = {}  # IG: each z point's value before its edit, latest pass
         self.ablation = ablation
         self.margin = margin
         self.graddrop = graddrop
@@ -249,10 +278,43 @@ class _Engine:
         self.means: dict[str, torch.Tensor] = {}  # z point -> [H*D]
         self.dtype = next(adapter.model.parameters()).dtype
 
-    def trace(self, batch: _Batch) -> LayerCalls:
-        """One no-grad pass that records every decoder layer's input and call."""
-        with torch.no_grad(), _ssm_context(self.adapter):
+    def trace(self, batch: _Batch, edit: dict[str, Edit] | None = None) -> LayerCalls:
+        """One no-grad pass that records every decoder layer's input and call (``edit``: IG's α edits)."""
+        with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, edit=edit or {}):
             return LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
+
+    @property
+    def reps(self) -> int:
+        """Copies of a batch's rows one pass runs: IG's steps and the clean copy; 1 otherwise."""
+        return 1 + len(self.alphas) if self.alphas is not None else 1
+
+    def ig_edits(self, batch: _Batch) -> dict[str, Edit]:
+        """IG's edits of a batch repeated :attr:`reps` times: copy 0 is clean (α = 1), copy i + 1
+        runs at ``alphas[i]``; every ranked head's slice becomes ``b + α·(z − b)`` and ``z`` (what
+        the head computed in that pass) is kept in ``_raw`` for the product."""
+        assert self.alphas is not None
+        per_copy = batch.ids.shape[0] // self.reps
+        alpha = torch.tensor([1.0, *self.alphas], device=batch.ids.device).repeat_interleave(per_copy)
+        edits: dict[str, Edit] = {}
+        for mixers in self.by_layer.values():
+            for m, cols in mixers:
+                ranked = torch.tensor([c is not None for c in cols], device=batch.ids.device)
+                if not bool(ranked.any()):
+                    continue
+                point = z_point(m)
+                cmask = ranked.repeat_interleave(m.head_dim)
+
+                def edit(x: torch.Tensor, point: str = point, cmask: torch.Tensor = cmask) -> torch.Tensor:
+                    self._raw[point] = x.detach()
+                    a = alpha.to(x.dtype)[:, None, None]
+                    if self.ablation == "mean":
+                        mu = self.means[point].to(device=x.device, dtype=x.dtype)
+                        scaled = mu + a * (x - mu)
+                    else:
+                        scaled = a * x
+                    return torch.where(cmask, scaled, x)
+                edits[point] = edit
+        return edits
 
     def reference_means(self, batches: Sequence[_Batch]) -> None:
         """``μ_h``: each mixer's output-projection input averaged over every real position."""
@@ -277,14 +339,15 @@ class _Engine:
 
     def _heads_of(self, zs: list[tuple[Mixer, list[int | None], torch.Tensor]], grads: Sequence[torch.Tensor | None],
                   batch: _Batch, n_items: int) -> list[tuple[list[int | None], torch.Tensor]]:
-        """Per mixer: (head columns, ``[items, heads]`` first-order drops, on the model's device)."""
+        """Per mixer: (head columns, ``[items, heads]`` first-order drops, on the model's device).
+        IG: the gradient is taken at the edited ``ẑ`` and multiplied by the pass's own ``z``."""
         out = []
         for (m, cols, z), g in zip(zs, grads, strict=True):
             rows, w = z.shape[0], z.shape[1]
             if g is None:
                 vals = z.new_zeros((n_items, m.num_heads), dtype=torch.float32)
             else:
-                zf = z.detach().float()
+                zf = (self._raw.get(z_point(m), z) if self.alphas is not None else z).detach().float()
                 if self.ablation == "mean":
                     zf = zf - self.means[z_point(m)].to(zf.device)
                 prod = (zf * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
@@ -298,13 +361,15 @@ class _Engine:
         return (torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
                 torch.tensor([c for _, c in pairs], dtype=torch.long, device=device))
 
-    def _replay(self, calls: LayerCalls, k: int) -> tuple[torch.Tensor, torch.Tensor, list[Any], torch.Tensor]:
+    def _replay(self, calls: LayerCalls, k: int, edit: dict[str, Edit] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, list[Any], torch.Tensor]:
         """Layer k recomputed with autograd from its recorded input: (input, output, the heads' ``z``
         with their mixers and head columns, the replay's relative difference from the model's own
         pass, a device scalar that :meth:`run` checks once per batch instead of a host sync per layer)."""
         mixers = self.by_layer.get(k, [])
         points = [z_point(m) for m, _ in mixers]
-        with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, detach=False) as tr:
+        mine = {p: e for p, e in (edit or {}).items() if p in points}
+        with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, edit=mine, detach=False) as tr:
             x = calls.inputs[k].detach().requires_grad_(True)  # type: ignore[index]
             out = calls.run(k, x)
         want = calls.output(k).float()
@@ -324,9 +389,11 @@ class _Engine:
                              f"attribution does not support {type(self.adapter.model).__name__}")
 
     def run(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
-        """``[items, heads]`` AtP, ``[blocks, heads]`` summed GradDrop terms (or None), clean log-likelihoods.
-        The scores accumulate on the model's device and move to the host once per batch."""
-        calls = self.trace(batch)
+        """``[items, heads]`` AtP; ``[blocks, heads]`` summed GradDrop terms (AtP*), ``[items, heads]``
+        IG (IG: ``batch`` holds :attr:`reps` copies of the items, copy 0 the clean one) or None; clean
+        log-likelihoods. The scores accumulate on the model's device and move to the host once per batch."""
+        edit = self.ig_edits(batch) if self.alphas is not None else None
+        calls = self.trace(batch, edit)
         n_items, n_heads, n_layers = len(batch.items), len(self.heads), self.n_layers
         dev = batch.ids.device
         atp = torch.zeros((n_items, n_heads), device=dev)
@@ -342,7 +409,7 @@ class _Engine:
             own = self.block_of[k]
             if self.graddrop and k > 0 and own not in drops:
                 drops[own] = cot  # entering the block from above: its layers pass this cotangent on unchanged
-            x, out, zs, errs[k] = self._replay(calls, k)
+            x, out, zs, errs[k] = self._replay(calls, k, edit)
             if k == n_layers - 1:
                 self._check_replays(errs, out.dtype)  # the top layer at once: an unsupported model stops here
             passes: list[int | None] = [None, *sorted(b for b in drops if b != own)]
@@ -373,6 +440,11 @@ class _Engine:
             if need_x:
                 cot = new_cot
         self._check_replays(errs, calls.output(n_layers - 1).dtype)
+        self._raw.clear()
+        if self.alphas is not None:  # copy 0 is clean (AtP, log-likelihoods); the others are IG's steps
+            per = n_items // self.reps
+            steps = atp.reshape(self.reps, per, n_heads)
+            return steps[0].cpu(), steps[1:].mean(0).cpu(), lls[:per]
         return atp.cpu(), (gd.cpu() if gd is not None else None), lls
 
 
@@ -412,7 +484,7 @@ def default_batch_tokens(adapter: ModelAdapter, blocks: int = GRADDROP_BLOCKS) -
 
 
 def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", batch_tokens: int | None = None,
-                  graddrop_blocks: int | None = GRADDROP_BLOCKS, name: Any = str) -> None:
+                  graddrop_blocks: int | None = GRADDROP_BLOCKS, name: Any = str, ig_steps: int = IG_STEPS) -> None:
     """Refuse (one line) an attribution option out of its range: the one place these are checked
     (``name(option)`` is how the caller names an option: ``--graddrop-blocks`` on the command line)."""
     if method not in METHODS:
@@ -425,6 +497,8 @@ def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "m
         raise GandaError(f"{name('batch_tokens')} must be at least 1")
     if graddrop_blocks is not None and graddrop_blocks < 1:
         raise GandaError(f"{name('graddrop_blocks')} must be at least 1")
+    if ig_steps < 1:
+        raise GandaError(f"{name('ig_steps')} must be at least 1")
 
 
 def _batch_problem(rec: dict[str, Any]) -> str | None:
@@ -444,13 +518,16 @@ def attribute(
     reference: Sequence[Example] | None = None,
     batch_tokens: int | None = None,
     graddrop_blocks: int | None = GRADDROP_BLOCKS,
+    ig_steps: int = IG_STEPS,
     out_dir: str | Path | None = None,
     resume: bool = True,
     progress: bool = True,
 ) -> Attribution:
     """Estimate every head's ablation effect on the margin metric (see the module docstring).
 
-    ``method``: ``"atp"`` (one backward) or ``"atp*"`` (adds GradDrop). ``ablation``: ``"zero"``
+    ``method``: ``"atp"`` (one backward), ``"atp*"`` (adds GradDrop) or ``"ig"`` (integrated
+    gradients over ``ig_steps`` midpoint steps, run as ``ig_steps + 1`` copies of each batch; the
+    result's ``atp`` is plain AtP from the clean copy, ``estimate`` and ``ig`` IG). ``ablation``: ``"zero"``
     or ``"mean"`` (``reference``: the prompts the mean is taken over; default ``examples``).
     ``graddrop_blocks``: GradDrop over that many contiguous blocks of layers, ``L·G/2`` layer VJPs
     instead of ``L²/2`` (default 6; ``None``: one block per layer, the paper's form).
@@ -459,18 +536,20 @@ def attribute(
     :class:`ganda.runio.Journal`) gets one line per finished batch and a stopped run resumes from it;
     only then are the weights fingerprinted.
     """
-    check_options(method, ablation, margin, batch_tokens, graddrop_blocks)
+    check_options(method, ablation, margin, batch_tokens, graddrop_blocks, ig_steps=ig_steps)
     if not examples:
         raise GandaError("no examples to attribute")
     with _cpu_clock() as clock:
         head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
-        eng = _Engine(adapter, head_list, ablation, margin, graddrop=method == "atp*", blocks=graddrop_blocks)
+        eng = _Engine(adapter, head_list, ablation, margin, graddrop=method == "atp*", blocks=graddrop_blocks,
+                      alphas=ig_alphas(ig_steps) if method == "ig" else None)
         if batch_tokens is None:
-            batch_tokens = default_batch_tokens(adapter, eng.n_blocks)
-        plan, packed = _plan(adapter, examples, batch_tokens)
+            batch_tokens = default_batch_tokens(adapter, eng.n_blocks if method == "atp*" else 0)
+        plan, packed = _plan(adapter, examples, max(1, batch_tokens // eng.reps))  # IG: reps copies share the budget
         cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "method": method,
                "ablation": ablation, "margin": margin, "heads": [str(h) for h in head_list],
                "graddrop_blocks": eng.n_blocks if method == "atp*" else None,
+               "ig_steps": ig_steps if method == "ig" else None,
                "batches": [[it.index for it in b] for b in plan],
                "reference_sha": examples_digest(reference) if reference is not None else None,
                "dtype": str(eng.dtype).removeprefix("torch.")}
@@ -488,25 +567,32 @@ def attribute(
             if journal is not None:
                 journal.close()
         mean_atp = atp.mean(0)
-        est, gd_mag = mean_atp.tolist(), None
-        if gd is not None:
+        est, gd_mag, ig = mean_atp.tolist(), None, None
+        if method == "ig":
+            assert gd is not None
+            ig = gd.mean(0).tolist()
+            est = list(ig)
+        elif gd is not None:
             gd_mag = graddrop_scores(gd / len(examples), mean_atp, [h.layer for h in head_list], eng.n_layers, eng.n_blocks)
             est = [(1.0 if a >= 0 else -1.0) * s for a, s in zip(mean_atp.tolist(), gd_mag, strict=True)]
     golds = [ex.gold for ex in examples]
     means = {(m.layer, m.kind): eng.means[z_point(m)] for ms in eng.by_layer.values() for m, _ in ms
              if z_point(m) in eng.means}
     return Attribution(head_list, mean_atp.tolist(), est, method, ablation, margin, metric_value(lls, golds, margin),
-                       lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, means)
+                       lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, means, ig,
+                       gd if method == "ig" else None)
 
 
 def _run_batches(eng: _Engine, plan: list[list[_Item]], packed: bool, n: int, journal: runio.Journal | None,
                  progress: bool, method: str) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
-    """Every batch's AtP, GradDrop sums and clean log-likelihoods, from the journal where an
-    earlier run finished the batch, else computed (and journalled)."""
+    """Every batch's AtP, GradDrop sums (AtP*) or per-prompt IG (IG) and clean log-likelihoods,
+    from the journal where an earlier run finished the batch, else computed (and journalled)."""
     done = {rec["batch"]: rec for rec in journal.records} if journal is not None else {}
     n_heads = len(eng.heads)
     atp = torch.zeros((n, n_heads))
-    gd = torch.zeros((eng.n_blocks, n_heads)) if method == "atp*" else None
+    ig = method == "ig"
+    gd = torch.zeros((n, n_heads)) if ig else torch.zeros((eng.n_blocks, n_heads)) if method == "atp*" else None
+    key = "ig" if ig else "graddrop"
     lls: list[list[float]] = [[] for _ in range(n)]
     bar = tqdm(total=n, initial=sum(len(plan[b]) for b in done if b < len(plan)), desc=f"attribute ({method})",
                unit="prompt", disable=not progress)
@@ -515,18 +601,22 @@ def _run_batches(eng: _Engine, plan: list[list[_Item]], packed: bool, n: int, jo
             if b in done:
                 rec = done[b]
                 a_b = torch.tensor(rec["atp"])
-                g_b = torch.tensor(rec["graddrop"]) if rec.get("graddrop") is not None else None
+                g_b = torch.tensor(rec[key]) if rec.get(key) is not None else None
                 ll_b = rec["loglik"]
             else:
                 a_b, g_b, ll_b = _run_fitting(eng, items, packed)
                 if journal is not None:
-                    journal.append({"batch": b, "atp": a_b.tolist(), "graddrop": g_b.tolist() if g_b is not None else None,
+                    journal.append({"batch": b, "atp": a_b.tolist(), key: g_b.tolist() if g_b is not None else None,
                                     "loglik": ll_b})
                 bar.update(len(items))
             for j, it in enumerate(items):
                 atp[it.index] = a_b[j]
                 lls[it.index] = ll_b[j]
-            if gd is not None and g_b is not None:
+                if ig:
+                    if g_b is None:
+                        raise GandaError(f"attribution journal: batch {b} has no ig scores")
+                    gd[it.index] = g_b[j]  # type: ignore[index]
+            if gd is not None and g_b is not None and not ig:
                 gd += g_b
     finally:
         bar.close()
@@ -538,9 +628,10 @@ def _run_fitting(eng: _Engine, items: list[_Item], packed: bool) -> tuple[torch.
     """``eng.run`` on one batch; a batch that runs the device out of memory runs as two halves
     instead (AtP is per prompt and GradDrop a sum over prompts, so the halves give the same
     numbers). The batch sizes are estimates (:func:`batch_tokens_for`); an SSM's scan keeps far more
-    per token than a Transformer's layers, and no estimate covers every kernel."""
+    per token than a Transformer's layers, and no estimate covers every kernel. IG runs the items
+    :attr:`_Engine.reps` times over (its per-prompt scores concatenate like AtP's)."""
     try:
-        return eng.run(_make_batch(eng.adapter, items, packed, eng.dtype))
+        return eng.run(_make_batch(eng.adapter, items * eng.reps, packed, eng.dtype))
     except torch.OutOfMemoryError:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -550,7 +641,9 @@ def _run_fitting(eng: _Engine, items: list[_Item], packed: bool) -> tuple[torch.
                              "GradDrop blocks (--graddrop-blocks) or a larger device") from None
     half = len(items) // 2
     (a1, g1, l1), (a2, g2, l2) = _run_fitting(eng, items[:half], packed), _run_fitting(eng, items[half:], packed)
-    return torch.cat([a1, a2]), (g1 + g2 if g1 is not None and g2 is not None else None), [*l1, *l2]
+    if g1 is None or g2 is None:
+        return torch.cat([a1, a2]), None, [*l1, *l2]
+    return torch.cat([a1, a2]), torch.cat([g1, g2]) if eng.alphas is not None else g1 + g2, [*l1, *l2]
 
 
 def graddrop_blocks(n_layers: int, blocks: int | None) -> list[int]:

@@ -37,13 +37,14 @@ from ..sweep import run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import (
     GRADDROP_BLOCKS,
+    IG_STEPS,
     Attribution,
     attribute,
     check_options,
     metric_value,
 )
 
-RANK_METHODS = ("atp", "atp*", "exact")
+RANK_METHODS = ("atp", "atp*", "ig", "exact")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,12 +397,12 @@ def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str
                        audit: int = 10, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
                        batch_tokens: int | None = None, batch_heads: int = 16,
                        graddrop_blocks: int | None = GRADDROP_BLOCKS,
-                       name: Any = str) -> None:
+                       name: Any = str, ig_steps: int = IG_STEPS) -> None:
     """Refuse (one line) a ranking option out of its range: the one place these are checked, for
     ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads` (``name``: as :func:`check_options`)."""
     if method not in RANK_METHODS:
         raise GandaError(f"{name('method')} must be one of {', '.join(RANK_METHODS)}, not {method!r}")
-    check_options("atp", ablation, margin, batch_tokens, graddrop_blocks, name)
+    check_options("atp", ablation, margin, batch_tokens, graddrop_blocks, name, ig_steps)
     for key, value, least in (("verify_top", verify_top, 0), ("audit", audit, 0), ("top", top, 1),
                               ("batch_heads", batch_heads, 1)):
         if value < least:
@@ -445,8 +446,9 @@ def rank_heads(
     batch_tokens: int | None = None,
     batch_heads: int = 16,
     graddrop_blocks: int | None = GRADDROP_BLOCKS,
+    ig_steps: int = IG_STEPS,
 ) -> RankResult:
-    """Rank every head: attribution (``"atp"``/``"atp*"``) then exact verification of the top
+    """Rank every head: attribution (``"atp"``/``"atp*"``/``"ig"``) then exact verification of the top
     ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
 
     ``verify_layers``: every head of these layers is verified too, whatever its estimate. Heads of
@@ -454,14 +456,15 @@ def rank_heads(
     estimate underrates (docs/attribution.md): on SmolLM2 KV the AtP top 20 plus layers 0 and 1
     holds the exhaustive top 10 on three prompt sets where the AtP top 30 misses one to three.
 
-    ``graddrop_blocks``: AtP*'s GradDrop over that many blocks of layers (``attribute``).
+    ``graddrop_blocks``: AtP*'s GradDrop over that many blocks of layers; ``ig_steps``: integrated
+    gradients' midpoint steps (``attribute``).
 
     ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
     effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
     ``ranking.json``, ``ranking.csv``, ``scatter.png`` and ``verify_heatmap.png`` are written there.
     """
     check_rank_options(method, ablation, margin, verify_top, audit, top, threshold, confidence, batch_tokens,
-                       batch_heads, graddrop_blocks)
+                       batch_heads, graddrop_blocks, ig_steps=ig_steps)
     if not examples:
         raise GandaError("no examples to rank heads on")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -473,7 +476,8 @@ def rank_heads(
         raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
     names = [str(h) for h in head_list]
     cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": verify_top,
-           "verify_layers": sorted(set(verify_layers)), "audit": audit, "graddrop_blocks": None}
+           "verify_layers": sorted(set(verify_layers)), "audit": audit, "graddrop_blocks": None,
+           "ig_steps": ig_steps if method == "ig" else None}
     golds = [ex.gold for ex in examples]
     secs: dict[str, float] = {}
     att: Attribution | None = None
@@ -482,8 +486,8 @@ def rank_heads(
         chosen, audited = list(head_list), []
     else:
         att = attribute(adapter, examples, method=method, ablation=ablation, margin=margin, heads=head_list,
-                        batch_tokens=batch_tokens, graddrop_blocks=graddrop_blocks, out_dir=out, resume=resume,
-                        progress=progress)
+                        batch_tokens=batch_tokens, graddrop_blocks=graddrop_blocks, ig_steps=ig_steps, out_dir=out,
+                        resume=resume, progress=progress)
         _require_finite(adapter, examples, att)
         secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]

@@ -166,7 +166,8 @@ def register(app: typer.Typer) -> None:
         dtype: str | None = typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"),
         heads: str | None = typer.Option(None, "--heads", help="sweep: only these heads (e.g. 'L0H*,L15H*')"),
         batch_heads: int = typer.Option(16, "--batch-heads", help="sweep: heads ablated per forward"),
-        method: str = typer.Option("atp*", "--method", help="attribution: atp or atp*"),
+        method: str = typer.Option("atp*", "--method", help="attribution: atp, atp* or ig"),
+        ig_steps: int = typer.Option(5, "--ig-steps", help="attribution (ig): integrated gradients' steps (as ganda rank)"),
         verify_top: int = typer.Option(30, "--verify-top", help="attribution: heads verified exactly (as ganda rank)"),
         audit: int = typer.Option(10, "--audit", help="attribution: random other heads verified (as ganda rank)"),
         verify_layers: str | None = typer.Option(None, "--verify-layers", help="attribution: also verify every head "
@@ -208,7 +209,8 @@ def register(app: typer.Typer) -> None:
             if verify_top < 0 or audit < 0:
                 raise GandaError("--verify-top and --audit must be at least 0")
             opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter),
-                                    "graddrop_blocks": graddrop_blocks or None, "verify_top": verify_top, "audit": audit}
+                                    "graddrop_blocks": graddrop_blocks or None, "verify_top": verify_top, "audit": audit,
+                                    "ig_steps": ig_steps}
             if verify_layers:
                 opts["verify_layers"] = parse_layers(verify_layers)
             if heads is not None:

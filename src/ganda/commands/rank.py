@@ -1,4 +1,4 @@
-"""``ganda rank``: rank every head by attribution (AtP / AtP*), verify the top K exactly, bound the rest."""
+"""``ganda rank``: rank every head by attribution (AtP / AtP* / IG), verify the top K exactly, bound the rest."""
 
 from __future__ import annotations
 
@@ -32,10 +32,12 @@ def register(app: typer.Typer) -> None:
     def rank(
         model: str = MODEL,
         task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, mmlu, lab-mmlu, arc_easy, ...)"),
-        method: str = typer.Option("atp*", "--method", "-m", help="atp (one backward), atp* (adds GradDrop) or exact "
-                                   "(the exhaustive sweep)"),
+        method: str = typer.Option("atp*", "--method", "-m", help="atp (one backward), atp* (adds GradDrop), ig "
+                                   "(integrated gradients over --ig-steps) or exact (the exhaustive sweep)"),
         graddrop_blocks: int = typer.Option(6, "--graddrop-blocks", help="atp*: GradDrop over this many blocks of "
                                             "layers (0: one per layer, the paper's form; cost grows with it)"),
+        ig_steps: int = typer.Option(5, "--ig-steps", help="ig: midpoint steps from every head ablated to the clean "
+                                     "model (each costs about one AtP pass)"),
         verify_top: int = typer.Option(30, "--verify-top", "-k", help="verify this many top heads exactly"),
         verify_layers: str = typer.Option("", "--verify-layers", help="also verify every head of these layers, "
                                           "e.g. 0,1 (first-order estimates underrate the first layers' heads)"),
@@ -80,7 +82,7 @@ def register(app: typer.Typer) -> None:
         if graddrop_blocks < 0:
             raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
         check_rank_options(method, ablation, margin, verify_top, audit, top, threshold,
-                           graddrop_blocks=graddrop_blocks or None, name=flag)
+                           graddrop_blocks=graddrop_blocks or None, name=flag, ig_steps=ig_steps)
         layer_list = _layers(verify_layers)
         require_heads("--heads", heads)
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
@@ -102,7 +104,7 @@ def register(app: typer.Typer) -> None:
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):  # the exact (zero-ablation) verification
             res = rank_heads(adapter, examples, method=method, ablation=ablation, margin=margin,
                              verify_top=verify_top, audit=audit, threshold=threshold, top=top, seed=seed,
-                             verify_layers=layer_list, graddrop_blocks=graddrop_blocks or None,
+                             verify_layers=layer_list, graddrop_blocks=graddrop_blocks or None, ig_steps=ig_steps,
                              heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
                              config=cfg)
         if as_json:
@@ -114,6 +116,8 @@ def register(app: typer.Typer) -> None:
         timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "verification", "total") if k in s)
         blocks = res.config.get("graddrop_blocks")
         how = f"{method} (GradDrop over {blocks} blocks of layers)" if blocks else method
+        if res.config.get("ig_steps"):
+            how = f"{method} ({res.config['ig_steps']} steps)"
         console.print(f"[bold]{model}[/bold] on {task} (n={len(examples)}), {how}, {ablation}-ablation, "
                       f"{margin} margin {res.clean:+.3f}; {len(res.heads)} heads, {len(res.exact)} verified; {timing}")
         table = Table(title=f"top {min(top, len(res.heads))} heads (drop of the margin when ablated)")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..attribution import GRADDROP_BLOCKS, check_rank_options, rank_heads
+from ..attribution import GRADDROP_BLOCKS, IG_STEPS, check_rank_options, rank_heads
 from ..errors import GandaError
 from ..models.base import ModelAdapter
 from ..sweep import run_sweep
@@ -49,7 +49,7 @@ class Sweep(Experiment):
 
 @dataclass
 class RankOptions(Options):
-    method: str = field(default="atp*", metadata={"help": "atp, atp* or exact"})
+    method: str = field(default="atp*", metadata={"help": "atp, atp*, ig or exact"})
     ablation: str = field(default="zero", metadata={"help": "zero or mean"})
     margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
     verify_top: int = field(default=30, metadata={"help": "verify this many top heads exactly"})
@@ -58,17 +58,18 @@ class RankOptions(Options):
     top: int = field(default=10, metadata={"help": "the bound's default threshold: the verified top TOP"})
     batch_heads: int = field(default=16, metadata={"help": "heads of one layer ablated per forward (verification)"})
     graddrop_blocks: int | None = field(default=GRADDROP_BLOCKS, metadata={"help": "atp*: GradDrop blocks of layers"})
+    ig_steps: int = field(default=IG_STEPS, metadata={"help": "ig: integrated gradients' midpoint steps"})
 
     def check(self) -> None:
         check_rank_options(self.method, self.ablation, self.margin, self.verify_top, self.audit, self.top,
                            self.threshold, batch_heads=self.batch_heads, graddrop_blocks=self.graddrop_blocks,
-                           name=self.flag)
+                           name=self.flag, ig_steps=self.ig_steps)
 
 
 class Rank(Experiment):
     name = "rank"
     aliases = ("attribution",)
-    summary = "Rank every head by attribution (AtP / AtP*), verify the top exactly, bound the rest"
+    summary = "Rank every head by attribution (AtP / AtP* / IG), verify the top exactly, bound the rest"
     Options = RankOptions
     done_file = "ranking.json"
     phases = "ganda.plan:attribution_phases"
@@ -80,7 +81,8 @@ class Rank(Experiment):
 
     def job_summary(self, result: Any) -> dict[str, Any]:
         rows = result.rows()
-        return {"heads": len(result.heads), "verified": len(result.exact), "top_head": rows[0]["head"] if rows else None}
+        return {"heads": len(result.heads), "verified": len(result.exact), "top_head": rows[0]["head"] if rows else None,
+                "sign_flips": len(result.sign_flips())}
 
 
 class Evaluation(Experiment):
