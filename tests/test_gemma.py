@@ -12,9 +12,9 @@ import torch
 from conftest import require_gemma
 
 from ganda import AblateHeads, HeadId, load_model
-from ganda.scoring import evaluate_examples
 from ganda.experiments.transplant import TransplantHead, TransplantLayer
 from ganda.models import from_model
+from ganda.scoring import evaluate_examples
 from ganda.sweep import run_sweep
 from ganda.tasks import get_task
 
