@@ -290,7 +290,8 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
     assert (out / "heads.csv").read_text().count("\n") == 13
     from ganda.demo import run_demo
 
-    report = run_demo(str(tiny_dir), tmp_path / "demo", pairs=3, n=2, verify_n=4, top=1, max_heads=2, rank_n=4)
+    report = run_demo(str(tiny_dir), tmp_path / "demo", pairs=3, n=2, verify_n=4, top=1, max_heads=2, rank_n=4,
+                      prompt_sets=1)
     html = report.read_text()
     assert "data:image/png;base64," in html and "http://" not in html and "https://" not in html
     demo = json.loads((tmp_path / "demo" / "result.json").read_text())

@@ -261,7 +261,7 @@ def _holds(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 def run_demo(
     model: str, out: str | Path, *, pairs: int = 5, n: int = 8, verify_n: int = 40, top: int = 4,
     seed: int = 0, max_heads: int = 8, rank_n: int = 16, verify_top: int = 20, verify_layers: Sequence[int] = (0, 1),
-    allow_pickle: bool = False, prompt_sets: int = 1,
+    allow_pickle: bool = False, prompt_sets: int = 3,
 ) -> Path:
     """Run the demo into ``out`` and return its ``report.html``. ``n``: pattern prompts (roles);
     ``rank_n``: ranking prompts; ``verify_top``: heads verified exactly, with every head of

@@ -318,7 +318,7 @@ def register(app: typer.Typer) -> None:
         verify_n: int = typer.Option(40, "--verify-n", help="prompts for the accuracy measurements"),
         top: int = typer.Option(4, "--top", help="top causal heads the finding names and draws"),
         seed: int = SEED,
-        prompt_sets: int = typer.Option(1, "--prompt-sets", help="prompt sets the finding is checked on (set k: seeds "
+        prompt_sets: int = typer.Option(3, "--prompt-sets", help="prompt sets the finding is checked on (set k: seeds "
                                         "seed+3k, +1, +2), each reported with whether the finding holds"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
