@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -97,8 +98,52 @@ def arm(threads: int, policy: str | None, contended: bool, n: int, pairs: int, t
     return res
 
 
+API = """
+import sys
+import ganda
+from ganda.scoring import evaluate_examples
+from ganda.tasks import get_task
+a = ganda.load_model("smollm2-135m")
+res = evaluate_examples(a, get_task("kv", pairs=int(sys.argv[2])).examples(limit=int(sys.argv[1]), seed=0), progress=False)
+print(res.accuracy)
+"""
+
+
+def whole_process(argv: list[str]) -> dict:
+    """Wall and CPU seconds (user + system) of one child process, start-up and model load included."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(argv, env=_env(None), capture_output=True, text=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall": time.perf_counter() - t0, "cpu": cpu}
+
+
+def api_vs_cli(n: int, pairs: int, repeats: int, tmp: Path) -> list[dict]:
+    """The README's Python path (``import ganda``, ``evaluate_examples``) against ``ganda eval`` on the
+    same prompts, each a fresh process with the environment's thread settings removed, beside a
+    single-thread busy job: what importing ganda sets up is what the API run gets."""
+    rate_file = tmp / "busy.txt"
+    busy = subprocess.Popen([sys.executable, "-c", BUSY, str(rate_file)], env=_env(None))
+    time.sleep(3)
+    rows = []
+    try:
+        for rep in range(repeats):
+            for name, argv in (("api", [sys.executable, "-c", API, str(n), str(pairs)]),
+                               ("cli", [sys.executable, "-m", "ganda", "-q", "eval", "smollm2-135m", "--task",
+                                        f"kv{pairs}", "--limit", str(n), "--json"])):
+                r = {"arm": name, "repeat": rep, "load_before": round(os.getloadavg()[0], 2), **whole_process(argv)}
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+    finally:
+        busy.kill()
+        busy.wait()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--api-vs-cli", action="store_true", help="only the Python path against the command line")
     ap.add_argument("--n", type=int, default=6, help="KV prompts per arm")
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3, help="rounds over all arms; the table gives medians")
@@ -107,6 +152,16 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(args.out).parent
     tmp.mkdir(parents=True, exist_ok=True)
+    if args.api_vs_cli:
+        rows = api_vs_cli(args.n, args.pairs, args.repeats, tmp)
+        med = {a: {k: statistics.median(r[k] for r in rows if r["arm"] == a) for k in ("wall", "cpu")}
+               for a in ("api", "cli")}
+        print(f"\napi: {med['api']['cpu']:.1f} CPU s, {med['api']['wall']:.1f} s wall; cli: {med['cli']['cpu']:.1f} CPU s, "
+              f"{med['cli']['wall']:.1f} s wall; api / cli CPU {med['api']['cpu'] / med['cli']['cpu']:.2f}")
+        Path(args.out).write_text(json.dumps({"command": "python benchmarks/bench_threads.py " + " ".join(sys.argv[1:]),
+                                              "cpus": os.cpu_count(), "n": args.n, "pairs": args.pairs,
+                                              "median": med, "arms": rows}, indent=2) + "\n")
+        return
     counts = [int(x) for x in args.threads.split(",")]
     arms = [(c, t, p) for c in (False, True) for t in counts for p in ([None] if t == 1 else [None, "PASSIVE"])]
     rows = []

@@ -399,3 +399,19 @@ def test_heads_tables_in_a_log_file_keep_every_row_on_one_line(tmp_path, monkeyp
     assert r.returncode == 0, r.stderr
     header = [line for line in r.stdout.splitlines() if "agg peak [95% CI]" in line]
     assert header and all(c in header[0] for c in ("head", "gather contrast", "final row reads", "ablated acc")), r.stdout
+
+
+def test_json_printed_on_stdout_is_rounded_as_the_files_are(capsys):
+    def floats(obj):
+        if isinstance(obj, float):
+            yield obj
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                yield from floats(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                yield from floats(v)
+
+    assert main(["-q", "eval", "lab-llama-h1", "--task", "lab-kv", "--limit", "7", "--json"]) == 0
+    got = [x for x in floats(json.loads(capsys.readouterr().out)) if x not in (0.0, 1.0)]
+    assert got and all(x == float(f"{x:.6g}") for x in got), got

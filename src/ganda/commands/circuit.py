@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
         res = PathExperiment().run(adapter, examples, opts, out_dir=out_dir, config=config,
                                    progress=not (quiet or as_json))
         if as_json:
-            print(json.dumps({"out": str(out_dir), **res.summary, "rows": res.rows}, default=str))
+            print(json.dumps(runio.rounded({"out": str(out_dir), **res.summary, "rows": res.rows}), default=str))
             return
         s = res.summary
         print(f"{model} on {task} (n={s['n']}): {s['sender']} -> {s['receiver']}, {s['paths']} paths, {margin} margin")
@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
         res = EdgesExperiment(resume=resume).run(adapter, examples, opts, out_dir=out_dir, config=config,
                                     progress=not (quiet or as_json))
         if as_json:
-            print(json.dumps({"out": str(out_dir), **res.summary, "rows": res.rows[:top]}, default=str))
+            print(json.dumps(runio.rounded({"out": str(out_dir), **res.summary, "rows": res.rows[:top]}), default=str))
             return
         s = res.summary
         print(f"{model} on {task} (n={s['n']}): {s['edges']:,} edges, {s['verified']} verified, "

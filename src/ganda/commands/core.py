@@ -220,7 +220,7 @@ def register(app: typer.Typer) -> None:
                 for p in res.predictions:
                     f.write(json.dumps(p, allow_nan=False) + "\n")
         if as_json:
-            print(json.dumps(res.to_json(), allow_nan=False))  # every score is finite (ganda.finite)
+            print(json.dumps(runio.rounded(res.to_json()), allow_nan=False))  # every score is finite (ganda.finite)
         else:
             lo, hi = res.ci_low, res.ci_high
             ivtxt = "; ".join(json.dumps(i) for i in res.interventions) or "none"

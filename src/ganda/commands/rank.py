@@ -108,7 +108,7 @@ def register(app: typer.Typer) -> None:
                              heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
                              config=cfg)
         if as_json:
-            print(json.dumps(finite_json({**res.to_json(), "out": str(out_dir)})))
+            print(json.dumps(runio.rounded(finite_json({**res.to_json(), "out": str(out_dir)}))))
             return
 
         console = options.console()

@@ -51,4 +51,5 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"task {task!r} gave no examples")
         config = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed, "options": options.to_json()}
         result = cls().run(adapter, examples, options, out_dir=out_dir, config=config, progress=not quiet)
-        print(json.dumps({"out": str(out_dir), "experiment": cls.name, **cls().job_summary(result)}, default=str))
+        print(json.dumps(runio.rounded({"out": str(out_dir), "experiment": cls.name, **cls().job_summary(result)}),
+                             default=str))
