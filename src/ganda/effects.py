@@ -62,19 +62,22 @@ def helpful_when_ablated(value: float | None, ci_high: float | None = None) -> b
     return value is not None and value < 0 and (ci_high is None or ci_high < 0)
 
 
-def ordered(effects: Mapping[str, float], tie: Mapping[str, float] | None = None) -> list[str]:
+def ordered(effects: Mapping[str, float], tie: Mapping[str, float] | None = None, by_name: bool = False) -> list[str]:
     """Heads by signed effect, largest first: heads that matter most, then neutral ones, then those
-    whose ablation helps most last. Ties: larger ``tie`` effect first, then the mapping's order."""
+    whose ablation helps most last. Ties: larger ``tie`` effect first, then the mapping's order
+    (``by_name``: the heads' names)."""
     tie = tie or {}
-    return sorted(effects, key=lambda h: (-effects[h], -tie.get(h, 0.0)))
+    heads = sorted(effects) if by_name else list(effects)
+    return sorted(heads, key=lambda h: (-effects[h], -tie.get(h, 0.0)))
 
 
 def split(effects: Mapping[str, float], tie: Mapping[str, float] | None = None,
-          lows: Mapping[str, float] | None = None, highs: Mapping[str, float] | None = None
+          lows: Mapping[str, float] | None = None, highs: Mapping[str, float] | None = None, by_name: bool = False
           ) -> tuple[list[str], list[str]]:
     """``(matter, helpful)``: the heads that matter, largest effect first, and the heads that are
-    helpful when ablated, most negative effect first (``lows``/``highs``: the effects' intervals)."""
-    order = ordered(effects, tie)
+    helpful when ablated, most negative effect first (``lows``/``highs``: the effects' intervals;
+    ties as :func:`ordered`)."""
+    order = ordered(effects, tie, by_name)
     lows, highs = lows or {}, highs or {}
     matter = [h for h in order if matters(effects[h], lows.get(h))]
     helpful = sorted((h for h in order if helpful_when_ablated(effects[h], highs.get(h))), key=lambda h: effects[h])

@@ -49,12 +49,12 @@ def _print_heads(console, res, top: int) -> None:
     matter, helpful = res.matter(), res.helpful_when_ablated()
     if matter:
         console.print(_heads_table(res, matter[:top], f"heads that matter: top {min(top, len(matter))} of "
-                                   f"{len(matter)} by {what} drop when ablated (intact minus ablated)"))
+                                   f"{len(matter)}, by {what} drop when ablated"))
     else:
         console.print(f"no head's ablation lowers the {what}")
     if helpful:
         console.print(_heads_table(res, helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose "
-                                   f"ablation raises the {what}, largest rise first"))
+                                   f"ablation raises the {what}"))
 
 
 def register(app: typer.Typer) -> None:
