@@ -198,7 +198,9 @@ class SweepRun:
         weak = weak_note(base, base - drop, s.get("n")) if isinstance(base, float | int) and isinstance(
             drop, float | int) else ""
         lines = [partial] if partial else []
-        lines += [f"Most critical head: **{s['top_head']}**; ablating it alone costs {_points(drop)} of {_pct(base)}"
+        also = (f"lowers the mean margin by {s['top_margin_drop']:+.3f} and " if s.get("metric") == "margin"
+                and _number(s.get("top_margin_drop")) else "")
+        lines += [f"Most critical head: **{s['top_head']}**; ablating it alone {also}costs {_points(drop)} of {_pct(base)}"
                  f"{' on ' + str(s['n']) + ' prompts' if s.get('n') else ''}{weak}."]
         if s.get("heads_to_chance"):
             lines.append(f"Heads ablated together, most damaging first, to reach chance: **{s['heads_to_chance']}**.")
@@ -230,11 +232,11 @@ class RankRun:
 
     def headline(self) -> str:
         s = self.summary
+        helpful = helped_sentence(s.get("helpful_when_ablated"), f"{s.get('margin', '?')} margin")
         if not s.get("top_head") or not isinstance(s.get("top_exact"), int | float):
-            return ""
+            return f"No verified head's ablation lowers the {s.get('margin', '?')} margin. {helpful}" if helpful else ""
         clean = f" (intact {s['clean']:+.3f})" if isinstance(s.get("clean"), int | float) else ""
         flips = sign_flip_sentence(s.get("sign_flips") or [])
-        helpful = helped_sentence(s.get("helpful_when_ablated"), f"{s.get('margin', '?')} margin")
         return (f"Largest exact effect: **{s['top_head']}**; ablating it alone lowers the {s.get('margin', '?')} "
                 f"margin by {s['top_exact']:+.3f}{clean}; {s.get('verified', '?')} heads verified exactly"
                 + (f"; {flips}." if flips else ".") + (f" {helpful}" if helpful else ""))
@@ -334,8 +336,8 @@ def sweep_result(path: Path, top: int = 20, partial: bool = False) -> dict[str, 
         raise GandaError(f"{path} holds a head record without its head or accuracy; the file is damaged")
     metric = header.get("metric", "acc")
     slim = _sweep_rows(base, recs, metric)
-    matter = [r for r in slim if matters(r.get(f"{metric}_drop"))]
-    helpful = [r["head"] for r in reversed(slim) if helpful_when_ablated(r.get(f"{metric}_drop"))]
+    matter = [r for r in slim if matters(r.get(_drop_key(metric)))]
+    helpful = [r["head"] for r in reversed(slim) if helpful_when_ablated(r.get(_drop_key(metric)))]
     b = base["acc"]
     cfg = header["config"]
     out: dict[str, Any] = {
@@ -343,6 +345,7 @@ def sweep_result(path: Path, top: int = 20, partial: bool = False) -> dict[str, 
         "model": cfg.get("model", "?"),
         "summary": {"baseline_acc": b, "n": base.get("n"), "heads": len(recs), "metric": metric,
                     "top_head": matter[0]["head"] if matter else None, "top_drop": matter[0]["drop"] if matter else None,
+                    "top_margin_drop": matter[0].get("margin_drop") if matter else None,
                     "helpful_when_ablated": helpful,
                     **({"partial": True, "heads_total": len(cfg.get("heads") or []) or None} if partial else {})},
         "top_heads": slim[:top],
@@ -356,9 +359,15 @@ def sweep_result(path: Path, top: int = 20, partial: bool = False) -> dict[str, 
     return out
 
 
+def _drop_key(metric: str) -> str:
+    """The column of a sweep's head rows that holds the effect on ``metric``."""
+    return "drop" if metric == "acc" else f"{metric}_drop"
+
+
 def _sweep_rows(base: dict[str, Any], recs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
     """A sweep's head records without their per-prompt lists, with each head's effects (``drop``:
-    accuracy, ``acc_norm_drop``, ``margin_drop``), by signed effect on ``metric``, largest first."""
+    accuracy; ``acc_norm_drop`` and ``margin_drop`` where the record holds what they need), by signed
+    effect on ``metric``, largest first."""
     def margin(r: dict[str, Any]) -> float | None:
         ok = isinstance(r.get("loglik"), list) and isinstance(r.get("gold"), list)
         return mean_margin(r["loglik"], r["gold"]) if ok else None
@@ -368,12 +377,13 @@ def _sweep_rows(base: dict[str, Any], recs: list[dict[str, Any]], metric: str) -
     for r in recs:
         row = {k: v for k, v in r.items() if k not in HEAVY and k != "type"}
         m = margin(r)
-        row.update({"drop": effect(base["acc"], r["acc"]), "acc_drop": effect(base["acc"], r["acc"]),
-                    "margin_drop": effect(m0, m) if m0 is not None and m is not None else None})
+        row["drop"] = effect(base["acc"], r["acc"])
+        if m0 is not None and m is not None:
+            row["margin_drop"] = effect(m0, m)
         if _number(r.get("acc_norm")) and _number(base.get("acc_norm")):
             row["acc_norm_drop"] = effect(base["acc_norm"], r["acc_norm"])
         rows.append(row)
-    key = {r["head"]: r.get(f"{metric}_drop") or 0.0 for r in rows}
+    key = {r["head"]: r.get(_drop_key(metric)) or 0.0 for r in rows}
     by = {r["head"]: r for r in rows}
     return [by[h] for h in ordered(key)]
 
