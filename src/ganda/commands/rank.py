@@ -62,6 +62,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rank every head by its ablation effect on the task's margin: attribution for all, exact for the top.
 
+        A head's effect is the drop of the mean margin when it is ablated (intact minus ablated). The
+        first table holds the verified heads that matter (positive effect), largest first; verified
+        heads whose ablation raises the margin are listed apart, as helpful when ablated. Both tables
+        show the margin and the accuracy drop.
+
         Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), verify_heatmap.png (exact effect
         by layer and head), OUT/attribution.jsonl and OUT/verify/ (both resume a stopped run).
         """
