@@ -139,3 +139,14 @@ def test_sweep_cli_prints_heads_that_matter_and_helpful_heads_apart(tiny_dir, tm
     assert shown_matter or shown_helpful
     assert main(["sweep", str(tiny_dir), "--metric", "loss", "--out", str(tmp_path / "x")]) == 2
     assert "--metric" in capsys.readouterr().err
+    # ganda rank on the same prompts: the same heads matter, in the same order, with the same margin drops
+    assert main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "4", "--method", "exact",
+                 "--out", str(tmp_path / "rank"), "--json"]) == 0
+    ranking = json.loads(capsys.readouterr().out)
+    assert ranking["metric"] == "margin"
+    assert ranking["matter"] == [r["head"] for r in res.matter()]
+    assert ranking["helpful_when_ablated"] == [r["head"] for r in res.helpful_when_ablated()]
+    assert [r["head"] for r in ranking["ranking"]] == [r["head"] for r in res.top(None)]
+    drops = {r["head"]: (res.margin_drop(r), res.drop(r)) for r in res.records}
+    for r in ranking["ranking"]:
+        assert (r["exact"], r["acc_drop"]) == pytest.approx(drops[r["head"]], abs=1e-5)

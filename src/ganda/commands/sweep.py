@@ -77,8 +77,8 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(15, "--top", help="rows in each printed table"),
         metric: str = typer.Option("acc", "--metric", help="rank heads by the drop of acc (accuracy), acc_norm or "
                                    "margin (mean margin) when each is ablated"),
-        until_chance: bool = typer.Option(False, "--until-chance", help="then ablate the heads cumulatively, most "
-                                          "damaging first, until accuracy is at chance: how many heads must go"),
+        until_chance: bool = typer.Option(False, "--until-chance", help="then ablate the heads that matter cumulatively, "
+                                          "most damaging first, until accuracy is at chance: how many heads must go"),
         max_heads: int = typer.Option(24, "--max-heads", help="--until-chance: give up after this many heads"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
@@ -132,7 +132,7 @@ def register(app: typer.Typer) -> None:
         _print_heads(console, res, top)
         console.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
         if until_chance:
-            cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.top(len(res.records))],
+            cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.matter()],
                                       max_heads=max_heads, out_dir=out_dir, progress=not quiet)
             last = cum["curve"][-1] if cum["curve"] else None
             if last is not None:
