@@ -6,6 +6,7 @@ apart; ``ganda sweep`` and ``ganda rank`` agree on the sign and order of the hea
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -13,7 +14,17 @@ from test_attribution import EXAMPLES, LETTERS, llama
 
 from ganda.attribution import rank_heads
 from ganda.cli import main
-from ganda.effects import accuracy, effect, helpful_when_ablated, margin, matters, mean_margin, ordered, split
+from ganda.effects import (
+    accuracy,
+    effect,
+    helpful_when_ablated,
+    margin,
+    matters,
+    mean_margin,
+    mean_margin_or_nan,
+    ordered,
+    split,
+)
 from ganda.errors import GandaError
 from ganda.sweep import SweepResult, load_result, run_sweep
 
@@ -27,6 +38,7 @@ def test_effect_is_intact_minus_ablated_and_its_sign_says_whether_the_head_matte
     assert accuracy([[0.0, -1.0], [-1.0, -1.0], [-1.0, 0.0]], [0, 1, 0]) == pytest.approx(1 / 3)  # a tie: the first
     with pytest.raises(GandaError, match="two choices"):
         margin([0.0], 0)
+    assert math.isnan(mean_margin_or_nan([[0.0, -1.0], [0.0]], [0, 0]))  # a sweep of one-choice prompts has no margin
     assert matters(0.1) and not matters(0.0) and not matters(-0.1) and not matters(None)
     assert not matters(0.1, ci_low=-0.02) and matters(0.1, ci_low=0.01)  # beyond its interval
     assert helpful_when_ablated(-0.1) and not helpful_when_ablated(0.0) and not helpful_when_ablated(-0.1, ci_high=0.0)

@@ -17,6 +17,7 @@ with :func:`split`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from .errors import GandaError
@@ -43,6 +44,11 @@ def mean_margin(logliks: Sequence[Sequence[float]], golds: Sequence[int], kind: 
     """The margin metric: :func:`margin` averaged over prompts."""
     vals = [margin(ll, g, kind) for ll, g in zip(logliks, golds, strict=True)]
     return sum(vals) / max(1, len(vals))
+
+
+def mean_margin_or_nan(logliks: Sequence[Sequence[float]], golds: Sequence[int], kind: str = "mean") -> float:
+    """:func:`mean_margin`, NaN where a prompt has fewer than two choices (the margin is undefined)."""
+    return mean_margin(logliks, golds, kind) if all(len(ll) > 1 for ll in logliks) else math.nan
 
 
 def accuracy(logliks: Sequence[Sequence[float]], golds: Sequence[int]) -> float:
@@ -85,4 +91,4 @@ def split(effects: Mapping[str, float], tie: Mapping[str, float] | None = None,
 
 
 __all__ = ["MARGIN_KINDS", "METRICS", "NAMES", "accuracy", "effect", "helpful_when_ablated", "margin", "matters",
-           "mean_margin", "ordered", "split"]
+           "mean_margin", "mean_margin_or_nan", "ordered", "split"]

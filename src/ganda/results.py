@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import registry
-from .effects import effect, mean_margin, ordered
+from .effects import effect, mean_margin_or_nan, ordered
 from .errors import GandaError
 from .experiments.base import Experiment
 from .intervals import split_all
@@ -224,13 +224,13 @@ def _sweep(run: Path, t: _Tables) -> None:
     task = _task_name(cfg.get("task"))
     t.runs.append(_run_row(run, "sweep", cfg.get("model"), task, base["n"], base["acc"],
                            {"acc_norm": base["acc_norm"], "heads": len(heads), "seed": cfg.get("seed")}))
-    gold_ll, margin = _gold_loglik(base), mean_margin(base["loglik"], base["gold"])
+    gold_ll, margin = _gold_loglik(base), mean_margin_or_nan(base["loglik"], base["gold"])
     for r in heads:
         t.heads.append({"run": str(run), "head": r["head"], "layer": r["layer"], "index": r["index"],
                         "mixer": r.get("kind") or "", "n": r["n"], "acc": r["acc"], "acc_norm": r["acc_norm"],
                         "drop": base["acc"] - r["acc"], "drop_norm": base["acc_norm"] - r["acc_norm"],
                         "gold_loglik_drop": gold_ll - _gold_loglik(r),
-                        "margin_drop": effect(margin, mean_margin(r["loglik"], r["gold"]))})
+                        "margin_drop": effect(margin, mean_margin_or_nan(r["loglik"], r["gold"]))})
     t.predictions += _sweep_predictions(run, cfg, base, heads)
 
 

@@ -65,7 +65,7 @@ from typing import Any
 import torch
 
 from . import runio
-from .effects import effect, mean_margin, ordered, split
+from .effects import effect, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
 from .figures import pyplot
@@ -305,9 +305,10 @@ class SweepResult:
 
     @staticmethod
     def value(rec: dict[str, Any], metric: str = "acc") -> float:
-        """A record's ``metric``: its accuracy, normalised accuracy or mean margin."""
+        """A record's ``metric``: its accuracy, normalised accuracy or mean margin (NaN where a prompt
+        has a single choice)."""
         if metric == "margin":
-            return mean_margin(rec["loglik"], rec["gold"])
+            return mean_margin_or_nan(rec["loglik"], rec["gold"])
         return rec[metric]
 
     def drop(self, rec: dict[str, Any], metric: str = "acc") -> float:

@@ -24,6 +24,7 @@ import functools
 import html
 import json
 import logging
+import math
 import re
 import tempfile
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ from typing import Any
 from .. import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
 from .. import registry, runio
 from ..attribution.ranking import RankResult, sign_flip_sentence
-from ..effects import NAMES, effect, helpful_when_ablated, matters, mean_margin, ordered
+from ..effects import NAMES, effect, helpful_when_ablated, matters, mean_margin_or_nan, ordered
 from ..errors import GandaError
 from ..figures import attention_panels
 from ..stats import weak_note
@@ -370,7 +371,8 @@ def _sweep_rows(base: dict[str, Any], recs: list[dict[str, Any]], metric: str) -
     effect on ``metric``, largest first."""
     def margin(r: dict[str, Any]) -> float | None:
         ok = isinstance(r.get("loglik"), list) and isinstance(r.get("gold"), list)
-        return mean_margin(r["loglik"], r["gold"]) if ok else None
+        m = mean_margin_or_nan(r["loglik"], r["gold"]) if ok else math.nan
+        return None if math.isnan(m) else m
 
     m0 = margin(base)
     rows = []
