@@ -220,8 +220,8 @@ def test_verification_reproduces_the_exact_sweep(tmp_path):
     order = res.order()
     known = order[:7]
     assert sorted(known) == sorted(res.exact)
-    assert [abs(res.exact[h]) for h in known] == sorted((abs(res.exact[h]) for h in known), reverse=True)
-    rest = [abs(res.estimate[h]) for h in order[7:]]
+    assert [res.exact[h] for h in known] == sorted((res.exact[h] for h in known), reverse=True)
+    rest = [res.estimate[h] for h in order[7:]]
     assert rest == sorted(rest, reverse=True)
     for f in ("ranking.json", "ranking.csv", "scatter.png", "attribution.jsonl", "verify/results.jsonl"):
         assert (tmp_path / f).exists(), f
@@ -294,11 +294,12 @@ def test_rank_json_and_bad_inputs(tiny_dir, tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     ranking = data["ranking"]
     assert len(ranking) == 12 and {r["head"] for r in ranking} == {f"L{i}H{j}" for i in range(3) for j in range(4)}
-    assert all(set(r) == {"head", "estimate", "exact"} for r in ranking)
+    assert all(set(r) == {"head", "estimate", "exact", "acc_drop"} for r in ranking)
+    assert data["metric"] == "margin" and data["margin"] == "mean"
     known = [r for r in ranking if r["exact"] is not None]
-    assert len(known) == 5 and ranking[:5] == known
-    assert [abs(r["exact"]) for r in known] == sorted((abs(r["exact"]) for r in known), reverse=True)
-    rest = [abs(r["estimate"]) for r in ranking[5:]]
+    assert len(known) == 5 and ranking[:5] == known and all(r["acc_drop"] is not None for r in known)
+    assert [r["exact"] for r in known] == sorted((r["exact"] for r in known), reverse=True)
+    rest = [r["estimate"] for r in ranking[5:]]
     assert rest == sorted(rest, reverse=True)
     assert data["bound"]["pool"] == 9 and len(data["bound"]["audited"]) == 2
     # --graddrop-blocks 0: the per-layer form; its estimates differ from the 2-block run's, its exact numbers do not

@@ -63,7 +63,7 @@ def test_finding_states_heads_costs_intervals_and_heads_to_chance():
     assert "**53%** [37%, 67%] of 40 prompts (chance 20%)" in text
     assert "**L19H1** (no G&A pattern), **L16H2** (Gather)" in text
     assert "24 of them verified by exact ablation, on 16 other prompts" in text
-    assert "3 show the Gather pattern, 2 the Aggregate pattern and 5 neither" in text
+    assert "Of the heads that matter most (10), 3 show the Gather pattern, 2 the Aggregate pattern and 5 neither" in text
     assert "Ablating the Gather head **L16H2** leaves 48% [33%, 63%]: it costs **5 points** [0, 13]" in text
     assert "the Aggregate head **L17H0** leaves 55% [40%, 69%]: accuracy rises by 2 points (drop [-7, 0])" in text
     assert "Ablating the top causal head **L19H1** leaves 45% [31%, 60%]: it costs **8 points** [0, 18]" in text
@@ -76,6 +76,15 @@ def test_finding_states_heads_costs_intervals_and_heads_to_chance():
                  "curve_ci_high": 0.5}
     assert "the top 8 heads in causal order leaves 40% [30%, 50%], still above chance" in finding(no_chance)
     assert finding({}) == ""
+
+
+def test_finding_lists_heads_whose_ablation_helps_apart_from_the_heads_that_matter():
+    helped = {**SUMMARY, "helpful_when_ablated": [{"head": "L3H1", "role": "neither", "exact": -0.4}]}
+    text = finding(helped)
+    matter = re.search(r"the heads that matter most \(.*?\) are (.*?)\.", text).group(1)
+    assert "L3H1" not in matter and "L19H1" in matter
+    assert "Ablating **L3H1** raises the margin instead: helpful when ablated" in text
+    assert "helpful when ablated" not in finding(SUMMARY)
 
 
 @pytest.mark.parametrize("base, acc", [(0.525, 0.445), (0.525, 0.45), (0.625, 0.555), (0.285, 0.215), (0.5, 0.505)])
@@ -144,8 +153,9 @@ def test_a_further_prompt_set_holds_with_the_same_heads_and_every_established_co
 
 
 def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tmp_path):
-    """lab-llama-h1 on KV (5 pairs) is near chance (25% of 20 prompts): its top causal head is L0H0 on
-    the first set and on the third, L1H0 on the second, and the finding says so."""
+    """lab-llama-h1 on KV (5 pairs) is near chance (25% of 20 prompts): its top causal head (the verified
+    head whose ablation lowers the margin most) is L2H0 on the first two sets and L3H0 on the third, and
+    the finding says so. L0H0, whose ablation raises the margin most on the first set, is no top head."""
     import torch
 
     from ganda.demo import _holds, run_demo
@@ -156,11 +166,15 @@ def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tmp_path):
     s, sets = saved["summary"], saved["summary"]["prompt_sets"]
     assert saved["config"]["prompt_sets"] == 3
     assert [list(r["seeds"].values()) for r in sets] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
-    assert sets[0]["top_head"] == s["top_head"] == "L0H0" and sets[0]["conditions"]["top"]["drop"] == s["top_drop"]
-    assert [r["top_head"] for r in sets] == ["L0H0", "L1H0", "L0H0"]
+    assert sets[0]["top_head"] == s["top_head"] == "L2H0" and sets[0]["conditions"]["top"]["drop"] == s["top_drop"]
+    assert [r["top_head"] for r in sets] == ["L2H0", "L2H0", "L3H0"]
+    assert [h["head"] for h in s["top_heads"]] == ["L2H0"] and s["top_heads"][0]["exact"] > 0
+    assert [h["head"] for h in s["helpful_when_ablated"]] == ["L0H0", "L1H0", "L3H0"]
+    assert all(h["exact"] < 0 for h in s["helpful_when_ablated"])
     for r in sets[1:]:
         assert {k: r[k] for k in ("holds", "why_not")} == _holds(sets[0], r)
-    assert s["holds_on"] == 1 and sets[1]["why_not"] == ["top head L1H0 (not L0H0)"]
-    assert "the finding holds on **1 of 2** further prompt sets: set 2 (seeds 3-5): top head L1H0" in s["finding"]
+    assert s["holds_on"] == 1 and sets[2]["why_not"] == ["top head L3H0 (not L2H0)"]
+    assert "the finding holds on **1 of 2** further prompt sets: set 2 (seeds 3-5): holds; set 3 (seeds 6-8): top " \
+           "head L3H0" in s["finding"]
     rows = (tmp_path / "prompt_sets.csv").read_text().splitlines()
     assert len(rows) == 4 and rows[0].startswith("set,seed_pattern,seed_rank,seed_measure,top_head")

@@ -174,7 +174,8 @@ def test_jinja_page_has_the_sections_and_tables_of_the_fstring_page(tmp_path: Pa
     assert [s["headings"] for s in new] == [s["headings"] for s in ref]
     assert new[0]["rows"] == ref[0]["rows"] and new[0]["headline"] == ref[0]["headline"]
     extra = [r for r in new[1]["rows"] if r not in ref[1]["rows"]]
-    assert extra == [["n", "5"]] and [r for r in new[1]["rows"] if r != ["n", "5"]] == ref[1]["rows"]
+    added = [["n", "5"], ["metric", "acc"]]  # the sweep's prompt count and the metric it ranks heads by
+    assert extra == added and [r for r in new[1]["rows"] if r not in added] == ref[1]["rows"]
 
 
 def test_sections_are_titled_in_words_fold_wide_tables_and_omit_empty_values(tmp_path: Path) -> None:
@@ -305,15 +306,18 @@ def test_report_of_a_ranking_directory(tmp_path: Path, capsys) -> None:
     from ganda.cli import main
 
     run = tmp_path / "rank"
-    assert main(["rank", "lab-llama-h1", "--task", "kv", "--limit", "2", "--verify-top", "2", "--audit", "0",
+    assert main(["rank", "lab-llama-h1", "--task", "kv", "--limit", "2", "--verify-top", "4", "--audit", "0",
                  "--out", str(run)]) == 0
     ranking = json.loads((run / "ranking.json").read_text())
-    best = max((r for r in ranking["ranking"] if r["exact"] is not None), key=lambda r: abs(r["exact"]))
+    best = next(r for r in ranking["ranking"] if r["exact"] is not None and r["exact"] > 0)  # its ablation hurts most
+    helped = sorted((r for r in ranking["ranking"] if r["exact"] is not None and r["exact"] < 0), key=lambda r: r["exact"])
+    assert helped and ranking["helpful_when_ablated"] == [r["head"] for r in helped]
     capsys.readouterr()
     assert main(["report", str(run), "--out", str(tmp_path / "page.html")]) == 0
     page = (tmp_path / "page.html").read_text()
     assert "Heads ranked by attribution, the top verified exactly" in page
     assert f"Largest exact effect: <b>{best['head']}</b>" in page
+    assert f"Helpful when ablated: ablating {' or '.join(r['head'] for r in helped)} alone raises the mean margin" in page
     for name in ("scatter.png", "verify_heatmap.png"):  # estimate vs exact, exact by layer and head: inlined
         assert f"<figcaption>{name}</figcaption>" in page
         assert base64.b64encode((run / name).read_bytes()).decode() in page

@@ -203,6 +203,11 @@ def test_demo_run_and_its_ranking(byte_tok, tmp_path):
     demo = r.runs.iloc[0]
     summary = json.loads((tmp_path / "demo" / "result.json").read_text())["summary"]
     assert demo["n"] == 4 and demo["accuracy"] == summary["baseline_accuracy"]
+    # the heads that matter are verified heads whose ablation lowers the margin; the others are listed apart
+    ranking = json.loads((tmp_path / "demo" / "ranking" / "ranking.json").read_text())
+    assert all(h["exact"] > 0 for h in summary["top_heads"]) and all(h["exact"] < 0 for h in summary["helpful_when_ablated"])
+    assert [h["head"] for h in summary["top_heads"]] == ranking["matter"][:1]
+    assert [h["head"] for h in summary["helpful_when_ablated"]] == ranking["helpful_when_ablated"]
     heads = r.heads[r.heads["run"] == str(tmp_path / "demo")]
     with open(tmp_path / "demo" / "heads.csv", newline="") as f:
         rows = list(csv.DictReader(f))

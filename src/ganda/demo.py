@@ -32,6 +32,7 @@ from . import registry, runio
 from .attention import draw_attention
 from .attribution import rank_heads
 from .discovery import HeadScore, ablate_until_chance, added_heads, pattern_scores
+from .effects import matters
 from .experiments.common import ExperimentResult
 from .figures import curves
 from .intervals import bounds, ci
@@ -129,10 +130,13 @@ def finding(s: dict[str, Any]) -> str:
         named = ", ".join(f"**{h['head']}** ({LABEL[h['role']]})" for h in top)
         parts.append(f"Ranked causally (AtP over all {s.get('n_heads', '?')} heads, {s.get('verified', '?')} of them "
                      f"verified by exact ablation, on {s.get('n_rank', '?')} other prompts), the heads that matter "
-                     f"most are {named}.")
+                     f"most (their ablation lowers the margin most) are {named}.")
+    if helped := s.get("helpful_when_ablated"):
+        named = ", ".join(f"**{h['head']}**" for h in helped[:3]) + (f" and {len(helped) - 3} more" if len(helped) > 3 else "")
+        parts.append(f"Ablating {named} raises the margin instead: helpful when ablated, not among the heads that matter.")
     counts = s.get("roles_in_top")
     if counts:
-        parts.append(f"Of the top {sum(counts.values())} causal heads, {counts.get('gather', 0)} show the Gather "
+        parts.append(f"Of the heads that matter most ({sum(counts.values())}), {counts.get('gather', 0)} show the Gather "
                      f"pattern, {counts.get('aggregate', 0)} the Aggregate pattern and {counts.get('neither', 0)} "
                      "neither.")
     if s.get("aggregate_head") is None and "max_aggregate" in s:
@@ -183,10 +187,16 @@ def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[s
             **ci(bounds(bs, "diff"), "drop")}
 
 
+def top_head(order: Sequence[str], exact: dict[str, float]) -> str | None:
+    """The top causal head: the first verified head in causal order whose ablation lowers the margin
+    (None where no verified head's does)."""
+    return next((h for h in order if matters(exact.get(h))), None)
+
+
 def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[str, float]) -> str | None:
-    """The highest-ranked head of a role, preferring verified heads that support the answer."""
+    """The highest-ranked head of a role, preferring verified heads that matter (their ablation hurts)."""
     for h in order:
-        if role.get(h) == want and exact.get(h, 0.0) > 0:
+        if role.get(h) == want and matters(exact.get(h)):
             return h
     return next((h for h in order if role.get(h) == want), None)
 
@@ -208,7 +218,8 @@ def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list
     g_head, a_head = _first(order, role, "gather", exact), _first(order, role, "aggregate", exact)
     rows: list[dict[str, Any]] = [{"condition": "intact", "heads": "", "accuracy": base.accuracy,
                                    **ci((base.ci_low, base.ci_high)), "drop": 0.0, **ci((0.0, 0.0), "drop")}]
-    singles = {"top": order[0] if order[0] not in (g_head, a_head) else None, "gather": g_head, "aggregate": a_head}
+    top = top_head(order, exact)
+    singles = {"top": top if top not in (g_head, a_head) else None, "gather": g_head, "aggregate": a_head}
     together = [h for h in singles.values() if h]
     for label, heads in (*((k, [h]) for k, h in singles.items()), ("together", together)):
         if heads and all(heads) and (label != "together" or len(heads) > 1):
@@ -216,7 +227,7 @@ def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list
     return base, rows, g_head, a_head
 
 
-def _set_record(k: int, seed: int, top: str, g_head: str | None, a_head: str | None, base: EvalResult,
+def _set_record(k: int, seed: int, top: str | None, g_head: str | None, a_head: str | None, base: EvalResult,
                 rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"set": k + 1, "seeds": {"pattern": seed, "rank": seed + 1, "measure": seed + 2}, "top_head": top,
             "gather_head": g_head, "aggregate_head": a_head, "baseline_accuracy": base.accuracy,
@@ -232,7 +243,7 @@ def _replicate(adapter: ModelAdapter, task: Any, k: int, seed: int, n: int, rank
     measure_ex = task.examples(limit=verify_n, seed=seed + 2)
     ranked, order, _, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers, None)
     base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed)
-    return _set_record(k, seed, order[0], g_head, a_head, base, rows)
+    return _set_record(k, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)
 
 
 def _set_row(r: dict[str, Any]) -> dict[str, Any]:
@@ -305,7 +316,7 @@ def run_demo(
     c = lap("curve", c)
 
     con.print("4/4 figures and report")
-    shown = list(dict.fromkeys([*order[:top], *(h for h in (g_head, a_head) if h)]))
+    shown = list(dict.fromkeys([*ranked.matter()[:top], *(h for h in (g_head, a_head) if h)]))
     draw_attention(adapter, pattern_ex[0], shown, out / "ga_heads.png",
                    title=f"{adapter.spec}: the top causal heads", roles={h: role[h] for h in shown})
     _curve_png(curve, base, chance, out / "ablation_curve.png")
@@ -314,7 +325,7 @@ def run_demo(
                        len(measure_ex), g_head, a_head, {h.head: h.aggregate for h in scores})
     if prompt_sets > 1:
         con.print(f"the finding on {prompt_sets - 1} more prompt set(s)")
-        sets = [_set_record(0, seed, order[0], g_head, a_head, base, rows)]
+        sets = [_set_record(0, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)]
         for k in range(1, prompt_sets):
             sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers))
             sets[-1].update(_holds(sets[0], sets[-1]))
@@ -323,7 +334,7 @@ def run_demo(
     summary.update({"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
                     "cpu_seconds_by_phase": phases})
     summary["finding"] = finding(summary)
-    heads = [{"head": h, "role": role[h], "rank": i + 1, "exact": ranked.exact.get(h),
+    heads = [{"head": h, "role": role[h], "rank": i + 1, "exact": ranked.exact.get(h), "acc_drop": ranked.exact_acc.get(h),
               "estimate": ranked.estimate.get(h), "aggregate": by[h].aggregate, "gather": by[h].gather}
              for i, h in enumerate(order[:max(verify_top, top)])]
     result = DemoResult(
@@ -352,9 +363,11 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
         "model": adapter.spec, "pairs": task_cfg.get("pairs"), "n_measure": n_measure, "n_rank": ranked.config.get("n"),
         "n_heads": len(ranked.heads), "verified": len(ranked.verified), "rank_method": ranked.method,
         "baseline_accuracy": base.accuracy, **ci((base.ci_low, base.ci_high), "baseline"), "chance": chance,
-        "top_heads": [{"head": h, "role": role[h], "exact": ranked.exact.get(h)} for h in order[:top]],
-        "roles_in_top": {r: sum(role[h] == r for h in order[:10]) for r in ("gather", "aggregate", "neither")},
-        "gather_head": g_head, "aggregate_head": a_head, "top_head": order[0],
+        "metric": f"{ranked.margin} margin",
+        "top_heads": [_head(h, role, ranked) for h in ranked.matter()[:top]],
+        "helpful_when_ablated": [_head(h, role, ranked) for h in ranked.helpful_when_ablated()],
+        "roles_in_top": {r: sum(role[h] == r for h in ranked.matter()[:10]) for r in ("gather", "aggregate", "neither")},
+        "gather_head": g_head, "aggregate_head": a_head, "top_head": top_head(order, ranked.exact),
         "max_aggregate": max(scores.values()), "max_aggregate_head": max(scores, key=scores.get),
     }
     for r in rows[1:]:
@@ -372,6 +385,11 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
         if not reached:
             s["curve_heads"] = last["n_heads"]
     return s
+
+
+def _head(h: str, role: dict[str, str], ranked: Any) -> dict[str, Any]:
+    """A verified head as the summary lists it: its role and its exact margin and accuracy drops."""
+    return {"head": h, "role": role[h], "exact": ranked.exact.get(h), "acc_drop": ranked.exact_acc.get(h)}
 
 
 def _curve_png(curve: list[dict[str, Any]], base: EvalResult, chance: float, path: Path) -> Path:

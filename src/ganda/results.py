@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import registry
+from .effects import effect, mean_margin_or_nan, ordered
 from .errors import GandaError
 from .experiments.base import Experiment
 from .intervals import split_all
@@ -223,12 +224,13 @@ def _sweep(run: Path, t: _Tables) -> None:
     task = _task_name(cfg.get("task"))
     t.runs.append(_run_row(run, "sweep", cfg.get("model"), task, base["n"], base["acc"],
                            {"acc_norm": base["acc_norm"], "heads": len(heads), "seed": cfg.get("seed")}))
-    gold_ll = _gold_loglik(base)
+    gold_ll, margin = _gold_loglik(base), mean_margin_or_nan(base["loglik"], base["gold"])
     for r in heads:
         t.heads.append({"run": str(run), "head": r["head"], "layer": r["layer"], "index": r["index"],
                         "mixer": r.get("kind") or "", "n": r["n"], "acc": r["acc"], "acc_norm": r["acc_norm"],
                         "drop": base["acc"] - r["acc"], "drop_norm": base["acc_norm"] - r["acc_norm"],
-                        "gold_loglik_drop": gold_ll - _gold_loglik(r)})
+                        "gold_loglik_drop": gold_ll - _gold_loglik(r),
+                        "margin_drop": effect(margin, mean_margin_or_nan(r["loglik"], r["gold"]))})
     t.predictions += _sweep_predictions(run, cfg, base, heads)
 
 
@@ -246,18 +248,18 @@ def _ranking(run: Path, t: _Tables) -> None:
     seconds = d.get("seconds") or {}
     t.runs.append(_run_row(run, "rank", d.get("model"), d.get("task"), d.get("n"), None,
                            {"method": d.get("method"), "ablation": d.get("ablation"), "margin": d.get("margin"),
-                            "clean_margin": d.get("clean"), "verified": d.get("verified"),
+                            "metric": d.get("metric", "margin"), "clean_margin": d.get("clean"), "verified": d.get("verified"),
                             "spearman_verified": d.get("spearman_verified"), "seconds": seconds.get("total")}))
-    rows = d.get("ranking") or []  # the final order: verified heads by |exact|, then the rest by |estimate|
-    ranks = {}
-    for col in ("estimate", "exact"):
-        values = {r["head"]: r[col] for r in rows if r.get(col) is not None}
-        order = sorted(values, key=lambda h: (-abs(values[h]), h))  # ganda rank's order (ties: by name)
-        ranks[col] = {h: i + 1 for i, h in enumerate(order)}
+    rows = d.get("ranking") or []  # the final order: verified heads by signed exact effect, then the rest by estimate
+    values = {col: {r["head"]: r[col] for r in rows if r.get(col) is not None} for col in ("estimate", "exact", "acc_drop")}
+    ranks = {"estimate": ordered(values["estimate"], by_name=True),
+             "exact": ordered(values["exact"], values["acc_drop"], by_name=True)}
+    ranks = {col: {h: i + 1 for i, h in enumerate(order)} for col, order in ranks.items()}  # ganda rank's ranks
     audited = set(d.get("audited") or [])
     for i, r in enumerate(rows, 1):
         t.heads.append({"run": str(run), "head": r["head"], "rank": i, "estimate": r.get("estimate"),
-                        "exact": r.get("exact"), "rank_estimate": ranks["estimate"].get(r["head"]),
+                        "exact": r.get("exact"), "acc_drop": r.get("acc_drop"),
+                        "rank_estimate": ranks["estimate"].get(r["head"]),
                         "rank_exact": ranks["exact"].get(r["head"]), "audited": r["head"] in audited})
 
 

@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from . import runio
+from .effects import effect, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
 from .figures import pyplot
@@ -286,16 +287,37 @@ def _well_formed(rec: dict[str, Any]) -> bool:
                     for ll in rec["loglik"]))
 
 
+SWEEP_METRICS = ("acc", "acc_norm", "margin")  # what a sweep ranks heads by (ganda.effects)
+
+
 @dataclass
 class SweepResult:
+    """A sweep's numbers. A head's effect is the drop of a metric when it is ablated, intact minus
+    ablated (:mod:`ganda.effects`): ``"acc"``, ``"acc_norm"`` or ``"margin"`` (the mean margin);
+    ``metric`` is the one heads are ranked by."""
+
     config: dict[str, Any]
     baseline: dict[str, Any]
     records: list[dict[str, Any]]  # one per head, in head order
     seconds: float = 0.0
     out_dir: Path | None = None
+    metric: str = "acc"
+
+    @staticmethod
+    def value(rec: dict[str, Any], metric: str = "acc") -> float:
+        """A record's ``metric``: its accuracy, normalised accuracy or mean margin (NaN where a prompt
+        has a single choice)."""
+        if metric == "margin":
+            return mean_margin_or_nan(rec["loglik"], rec["gold"])
+        return rec[metric]
 
     def drop(self, rec: dict[str, Any], metric: str = "acc") -> float:
-        return self.baseline[metric] - rec[metric]
+        """The head's effect on ``metric``: intact minus ablated (positive: the head helps)."""
+        return effect(self.value(self.baseline, metric), self.value(rec, metric))
+
+    def margin_drop(self, rec: dict[str, Any]) -> float:
+        """How much ablating the head lowers the mean margin."""
+        return self.drop(rec, "margin")
 
     @staticmethod
     def gold_loglik(rec: dict[str, Any]) -> float:
@@ -307,14 +329,35 @@ class SweepResult:
         """How much ablating the head lowers the gold choice's mean log-likelihood."""
         return self.gold_loglik(self.baseline) - self.gold_loglik(rec)
 
-    def top(self, k: int = 10, metric: str = "acc") -> list[dict[str, Any]]:
-        """Heads whose ablation lowers ``metric`` most (ties: larger gold log-likelihood drop first)."""
-        order = sorted(range(len(self.records)),
-                       key=lambda i: (-self.drop(self.records[i], metric), -self.ll_drop(self.records[i]), i))
-        return [self.records[i] for i in order[:k]]
+    def effects(self, metric: str | None = None) -> dict[str, float]:
+        """Every head's effect on ``metric`` (default: the ranking metric), in head order."""
+        return {r["head"]: self.drop(r, metric or self.metric) for r in self.records}
+
+    def _split(self, metric: str | None) -> tuple[list[str], list[str]]:
+        metric = metric or self.metric
+        return split(self.effects(metric), self.effects("acc" if metric == "margin" else "margin"))
+
+    def top(self, k: int | None = 10, metric: str | None = None) -> list[dict[str, Any]]:
+        """The first ``k`` heads by signed effect on ``metric`` (default: the ranking metric),
+        largest first: heads whose ablation hurts most lead, those whose ablation helps come last
+        (ties: the larger effect on the other of accuracy and margin first, then head order)."""
+        metric = metric or self.metric
+        by = {r["head"]: r for r in self.records}
+        order = ordered(self.effects(metric), self.effects("acc" if metric == "margin" else "margin"))
+        return [by[h] for h in order[:k]]
+
+    def matter(self, metric: str | None = None) -> list[dict[str, Any]]:
+        """The heads whose ablation lowers ``metric`` (positive effect), largest effect first."""
+        by = {r["head"]: r for r in self.records}
+        return [by[h] for h in self._split(metric)[0]]
+
+    def helpful_when_ablated(self, metric: str | None = None) -> list[dict[str, Any]]:
+        """The heads whose ablation raises ``metric`` (negative effect), most negative first."""
+        by = {r["head"]: r for r in self.records}
+        return [by[h] for h in self._split(metric)[1]]
 
     def matrix(self, metric: str = "acc", kind: str | None = None) -> torch.Tensor:
-        """``[layers, heads]`` accuracy drop (NaN where a head was not swept)."""
+        """``[layers, heads]`` effect on ``metric`` (NaN where a head was not swept)."""
         recs = [r for r in self.records if kind is None or r.get("kind") == kind]
         n_l = max((r["layer"] for r in recs), default=-1) + 1
         n_h = max((r["index"] for r in recs), default=-1) + 1
@@ -326,23 +369,26 @@ class SweepResult:
     def write(self, out_dir: Path) -> None:
         """``results.jsonl``, ``results.csv`` and ``heatmap.png``, each written atomically."""
         with runio.atomic_open(out_dir / "results.jsonl") as f:
-            f.write(json.dumps({"type": "header", "config": self.config}) + "\n")
+            f.write(json.dumps({"type": "header", "config": self.config, "metric": self.metric}) + "\n")
             f.write(json.dumps(self.baseline) + "\n")
             for r in self.records:
                 f.write(json.dumps(r) + "\n")
         with runio.atomic_open(out_dir / "results.csv", newline="") as f:
             w = csv.writer(f)
             w.writerow(["head", "layer", "index", "kind", "n", "correct", "acc", "acc_norm", "drop", "drop_norm",
-                        "gold_loglik", "gold_loglik_drop"])
+                        "gold_loglik", "gold_loglik_drop", "margin", "margin_drop"])
             w.writerow(["none", "", "", "", self.baseline["n"], self.baseline["correct"], self.baseline["acc"],
-                        self.baseline["acc_norm"], 0.0, 0.0, self.gold_loglik(self.baseline), 0.0])
+                        self.baseline["acc_norm"], 0.0, 0.0, self.gold_loglik(self.baseline), 0.0,
+                        self.value(self.baseline, "margin"), 0.0])
             for r in self.records:
                 w.writerow([r["head"], r["layer"], r["index"], r["kind"] or "", r["n"], r["correct"], r["acc"],
                             r["acc_norm"], self.drop(r), self.drop(r, "acc_norm"), self.gold_loglik(r),
-                            self.ll_drop(r)])
+                            self.ll_drop(r), self.value(r, "margin"), self.margin_drop(r)])
         self.heatmap(out_dir / "heatmap.png")
 
-    def heatmap(self, path: Path, metric: str = "acc") -> None:
+    def heatmap(self, path: Path, metric: str | None = None) -> None:
+        """Every head's effect on ``metric`` (default: the ranking metric) on a layers x heads grid."""
+        metric = metric or self.metric
         plt = pyplot()
         kinds = sorted({r.get("kind") or "" for r in self.records}) or [""]
         fig, axes = plt.subplots(1, len(kinds), figsize=(4 + 3 * len(kinds), 6), squeeze=False)
@@ -353,7 +399,7 @@ class SweepResult:
             ax.set_xlabel("head")
             ax.set_ylabel("layer")
             ax.set_title(f"{kind + ' ' if kind else ''}{metric} drop when ablated")
-            fig.colorbar(im, ax=ax, label=f"baseline {metric} {self.baseline[metric]:.3f} minus ablated")
+            fig.colorbar(im, ax=ax, label=f"baseline {metric} {self.value(self.baseline, metric):.3f} minus ablated")
         model = self.config.get("model", "")
         task = self.config.get("task", {})
         fig.suptitle(f"{model}: {task.get('task', '?') if isinstance(task, dict) else task} (n={self.baseline['n']})")
@@ -388,6 +434,7 @@ def run_sweep(
     progress: bool = True,
     config: dict[str, Any] | None = None,
     on_head: Callable[[dict[str, Any]], None] | None = None,
+    metric: str = "acc",
 ) -> SweepResult:
     """Ablate each head alone and score ``examples`` (see the module docstring).
 
@@ -395,7 +442,8 @@ def run_sweep(
     removes is refused. ``config`` (task options, seed, ...) is recorded and must match on resume, as must the
     weights (their fingerprint) and the dtype. ``naive=True``
     runs the reference loop (``AblateHeads`` + ``evaluate_examples`` per head) with the same
-    output format. ``on_head`` is called with each finished head's record.
+    output format. ``on_head`` is called with each finished head's record. ``metric`` (``"acc"``,
+    ``"acc_norm"`` or ``"margin"``) is the effect the result ranks heads by (:meth:`SweepResult.top`).
     """
     t0 = time.perf_counter()
     if heads is None:
@@ -406,6 +454,8 @@ def run_sweep(
         raise GandaError("no examples to sweep")
     if batch_heads < 1:
         raise GandaError("batch_heads must be at least 1")
+    if metric not in SWEEP_METRICS:
+        raise GandaError(f"metric must be one of {', '.join(SWEEP_METRICS)}, not {metric!r}")
     packed = prepare_all(adapter, examples)
     cfg = {
         "model": adapter.spec,
@@ -416,11 +466,11 @@ def run_sweep(
     }
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
-        return _sweep(adapter, examples, packed, heads, cfg, None, resume, naive, batch_heads, progress, on_head, t0)
+        return _sweep(adapter, examples, packed, heads, cfg, None, resume, naive, batch_heads, progress, on_head, t0, metric)
     with runio.run_dir_lock(out):
         cfg["weights"] = weights_fingerprint(adapter)
         cfg["dtype"] = str(next(adapter.model.parameters()).dtype).removeprefix("torch.")
-        return _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0)
+        return _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric)
 
 
 _RESULT_FILES = ("results.jsonl", "results.csv", "heatmap.png", "cumulative.json", "cumulative.csv", "cumulative.png")
@@ -441,7 +491,7 @@ def _record_problem(rec: dict[str, Any]) -> str | None:
     return None if _well_formed(rec) else f"a {kind} record whose scores are malformed or not finite"
 
 
-def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0):
+def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric):
     journal = runio.Journal(out / "progress.jsonl", cfg, "sweep", resume=resume, check=_record_problem) \
         if out is not None else None
     done: dict[str, dict[str, Any]] = {}
@@ -497,7 +547,7 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
         if journal is not None:
             journal.close()
     assert baseline is not None
-    result = SweepResult(cfg, baseline, [done[str(h)] for h in heads], time.perf_counter() - t0, out)
+    result = SweepResult(cfg, baseline, [done[str(h)] for h in heads], time.perf_counter() - t0, out, metric)
     if out is not None:
         try:
             result.write(out)
@@ -577,8 +627,8 @@ def load_result(out_dir: str | Path) -> SweepResult:
     if not path.exists():
         raise GandaError(f"no sweep results in {out_dir}")
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir))
+    return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir), metric=lines[0].get("metric", "acc"))
 
 
-__all__ = ["BatchScorer", "SweepResult", "engine_for", "load_result", "local_scores", "run_sweep", "scored_by",
+__all__ = ["SWEEP_METRICS", "BatchScorer", "SweepResult", "engine_for", "load_result", "local_scores", "run_sweep", "scored_by",
            "weights_fingerprint"]

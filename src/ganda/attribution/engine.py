@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from .. import runio
+from ..effects import mean_margin
 from ..engine import Edit, LayerCalls, Trace, logprobs
 from ..errors import GandaError
 from ..heads import HeadId
@@ -98,8 +99,7 @@ def margin_of(ll: torch.Tensor, gold: int, margin: str = "mean") -> torch.Tensor
 
 def metric_value(logliks: Sequence[Sequence[float]], golds: Sequence[int], margin: str = "mean") -> float:
     """The metric (mean margin over prompts) from per-prompt choice log-likelihoods."""
-    vals = [float(margin_of(torch.tensor(ll, dtype=torch.float64), g, margin)) for ll, g in zip(logliks, golds, strict=True)]
-    return sum(vals) / max(1, len(vals))
+    return mean_margin(logliks, golds, margin)
 
 
 # ---------------------------------------------------------------------------------------------

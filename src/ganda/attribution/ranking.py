@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .. import runio
+from ..effects import accuracy, effect, ordered, split
 from ..errors import GandaError
 from ..figures import heatmap
 from ..finite import check_scores, finite_json
@@ -242,7 +243,8 @@ def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
 
 @dataclass
 class RankResult:
-    """Every head with its estimate and (where verified) its exact effect, in final order."""
+    """Every head with its estimate and, where verified, its exact effect: the drop of the mean
+    ``margin`` margin when it is ablated (the metric heads are ranked by), and of accuracy."""
 
     method: str
     ablation: str
@@ -258,16 +260,32 @@ class RankResult:
     seconds: dict[str, float] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     out_dir: Path | None = None
+    exact_acc: dict[str, float] = field(default_factory=dict)  # accuracy drop of every exactly known head
+    clean_acc: float | None = None
+
+    metric = "margin"  # what heads are ranked by: the drop of the mean margin (ganda.effects)
 
     def order(self) -> list[str]:
-        """Verified (and audited) heads first by |exact|, then the rest by |estimate|."""
-        known = top_by_magnitude(self.exact, len(self.exact))
+        """Verified (and audited) heads first by signed exact effect, largest first, then the rest by
+        signed estimate: heads whose ablation lowers the margin lead, those whose ablation raises it trail."""
+        known = ordered(self.exact, self.exact_acc, by_name=True)
         seen = set(known)
-        rest = [h for h in top_by_magnitude(self.estimate, len(self.estimate)) if h not in seen]
+        rest = [h for h in ordered(self.estimate, by_name=True) if h not in seen]
         return known + rest
 
+    def matter(self) -> list[str]:
+        """Exactly known heads whose ablation lowers the margin (positive effect), largest first."""
+        return split(self.exact, self.exact_acc, by_name=True)[0]
+
+    def helpful_when_ablated(self) -> list[str]:
+        """Exactly known heads whose ablation raises the margin (negative effect), most negative first."""
+        return split(self.exact, self.exact_acc, by_name=True)[1]
+
     def ranking(self) -> list[dict[str, Any]]:
-        return [{"head": h, "estimate": self.estimate.get(h), "exact": self.exact.get(h)} for h in self.order()]
+        """Every head in final order: its estimate and, where measured exactly, its margin drop
+        (``exact``) and accuracy drop (``acc_drop``)."""
+        return [{"head": h, "estimate": self.estimate.get(h), "exact": self.exact.get(h),
+                 "acc_drop": self.exact_acc.get(h)} for h in self.order()]
 
     def sign_flips(self) -> list[dict[str, Any]]:
         """Verified heads whose exact effect has the estimate's opposite sign, largest |exact| first:
@@ -278,9 +296,9 @@ class RankResult:
                 for h in sorted(flips, key=lambda h: (-abs(self.exact[h]), h))]
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per head in final order with both ranks (1 = largest |effect|)."""
-        r_est = {h: i + 1 for i, h in enumerate(top_by_magnitude(self.estimate, len(self.estimate)))}
-        r_ex = {h: i + 1 for i, h in enumerate(top_by_magnitude(self.exact, len(self.exact)))}
+        """One row per head in final order with both ranks (1 = largest signed effect)."""
+        r_est = {h: i + 1 for i, h in enumerate(ordered(self.estimate, by_name=True))}
+        r_ex = {h: i + 1 for i, h in enumerate(ordered(self.exact, self.exact_acc, by_name=True))}
         att = self.attribution
         atp = dict(zip([str(h) for h in att.heads], att.atp, strict=True)) if att else {}
         gd = dict(zip([str(h) for h in att.heads], att.graddrop, strict=True)) if att and att.graddrop else {}
@@ -289,7 +307,8 @@ class RankResult:
         for h in self.order():
             hid = HeadId.parse(h)
             out.append({"head": h, "layer": hid.layer, "index": hid.head, "kind": hid.kind or "",
-                        "estimate": self.estimate.get(h), "exact": self.exact.get(h), "rank_estimate": r_est.get(h),
+                        "estimate": self.estimate.get(h), "exact": self.exact.get(h),
+                        "acc_drop": self.exact_acc.get(h), "rank_estimate": r_est.get(h),
                         "rank_exact": r_ex.get(h), "atp": atp.get(h), "graddrop": gd.get(h),
                         "verified": h in set(self.verified), "audited": h in set(self.audited),
                         "sign_flip": h in flipped})
@@ -300,8 +319,9 @@ class RankResult:
         rho = spearman([abs(self.estimate[h]) for h in known], [abs(self.exact[h]) for h in known]) if len(known) > 2 else None
         return {
             "model": self.config.get("model"), "task": self.config.get("task"), "n": self.config.get("n"),
-            "method": self.method, "ablation": self.ablation, "margin": self.margin, "clean": self.clean,
-            "verified": len(self.verified), "audited": self.audited,
+            "method": self.method, "ablation": self.ablation, "margin": self.margin, "metric": self.metric,
+            "clean": self.clean, "clean_acc": self.clean_acc, "verified": len(self.verified), "audited": self.audited,
+            "matter": self.matter(), "helpful_when_ablated": self.helpful_when_ablated(),
             "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
             "sign_flips": self.sign_flips(),
             "seconds": self.seconds, "ranking": self.ranking(),
@@ -327,12 +347,13 @@ class RankResult:
         """The ranking a ``ranking.json`` holds (:meth:`write`), enough to draw its figures: the
         verified heads are the exactly known ones outside the audit."""
         rows = [r for r in d.get("ranking") or [] if isinstance(r, dict) and "head" in r]
-        est, exact = ({r["head"]: r[k] for r in rows if isinstance(r.get(k), int | float)} for k in ("estimate", "exact"))
+        est, exact, acc = ({r["head"]: r[k] for r in rows if isinstance(r.get(k), int | float)}
+                           for k in ("estimate", "exact", "acc_drop"))
         audited = [h for h in d.get("audited") or [] if h in exact]
         return cls(method=str(d.get("method", "?")), ablation=str(d.get("ablation", "?")), margin=str(d.get("margin", "?")),
                    heads=[r["head"] for r in rows], estimate=est, exact=exact,
                    verified=[h for h in exact if h not in set(audited)], audited=audited, clean=d.get("clean"),
-                   bound=None, config=d.get("config") or {})
+                   bound=None, config=d.get("config") or {}, exact_acc=acc, clean_acc=d.get("clean_acc"))
 
     def verify_heatmap(self, path: str | Path) -> Path:
         """The exact effect of every exactly known head on a layers x heads grid (blank: not verified)."""
@@ -496,6 +517,8 @@ def rank_heads(
     by_name = {str(h): h for h in head_list}
     to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
     exact: dict[str, float] = {}
+    exact_acc: dict[str, float] = {}
+    clean_acc = None
     clean = att.clean if att is not None else float("nan")
     if to_verify:
         t1, c1 = time.perf_counter(), time.process_time()
@@ -508,8 +531,9 @@ def rank_heads(
                 adapter, examples, method="atp", ablation="mean", margin=margin, heads=head_list,
                 batch_tokens=batch_tokens, progress=False).means
             base, lls = _exact_mean(adapter, examples, to_verify, means, vdir, resume, progress, vcfg)
-        clean = metric_value(base, golds, margin)
-        exact = {h: clean - metric_value(ll, golds, margin) for h, ll in lls.items()}
+        clean, clean_acc = metric_value(base, golds, margin), accuracy(base, golds)
+        exact = {h: effect(clean, metric_value(ll, golds, margin)) for h, ll in lls.items()}
+        exact_acc = {h: effect(clean_acc, accuracy(ll, golds)) for h, ll in lls.items()}
         secs.update({"verification": time.perf_counter() - t1, "verification_cpu": time.process_time() - c1})
     verified = [str(h) for h in chosen]
     bound = None
@@ -518,7 +542,8 @@ def rank_heads(
         theta = threshold if threshold is not None else known[min(top, len(known)) - 1]
         bound = false_negative_bound(estimate, exact, verified, audited, theta, confidence)
     secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
-    res = RankResult(method, ablation, margin, names, estimate, exact, verified, audited, clean, bound, att, secs, cfg, out)
+    res = RankResult(method, ablation, margin, names, estimate, exact, verified, audited, clean, bound, att, secs, cfg, out,
+                     exact_acc, clean_acc)
     if out is not None:
         res.write(out)
     return res

@@ -64,11 +64,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rank every head by its ablation effect on the task's margin: attribution for all, exact for the top.
 
+        A head's effect is the drop of the mean margin when it is ablated (intact minus ablated). The
+        first table holds the verified heads that matter (positive effect), largest first; verified
+        heads whose ablation raises the margin are listed apart, as helpful when ablated. Both tables
+        show the margin and the accuracy drop.
+
         Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), verify_heatmap.png (exact effect
         by layer and head), OUT/attribution.jsonl and OUT/verify/ (both resume a stopped run).
         """
-        from rich.table import Table
-
         from ..attribution import check_rank_options, rank_heads
         from ..attribution.ranking import sign_flip_sentence
         from ..distributed import ray_sweeps
@@ -120,23 +123,45 @@ def register(app: typer.Typer) -> None:
             how = f"{method} ({res.config['ig_steps']} steps)"
         console.print(f"[bold]{model}[/bold] on {task} (n={len(examples)}), {how}, {ablation}-ablation, "
                       f"{margin} margin {res.clean:+.3f}; {len(res.heads)} heads, {len(res.exact)} verified; {timing}")
-        table = Table(title=f"top {min(top, len(res.heads))} heads (drop of the margin when ablated)")
-        for col in ("rank", "head", "estimate", "exact", "rank by estimate", "rank by exact"):
-            table.add_column(col, justify="right")
-
-        def num(v: float | None) -> str:
-            return "-" if v is None else f"{v:+.4f}"
-
-        for i, row in enumerate(res.rows()[:top], 1):
-            table.add_row(str(i), row["head"], num(row["estimate"]), num(row["exact"]),
-                          str(row["rank_estimate"] or "-"), str(row["rank_exact"] or "-"))
-        console.print(table)
+        _print_heads(console, res, top)
         if res.bound is not None:
             console.print(f"bound: {res.bound.sentence()}")
         if flips := sign_flip_sentence(res.sign_flips()):
             console.print(f"sign: {flips}")
         console.print(f"wrote {out_dir}/ranking.json, ranking.csv" + (", scatter.png" if res.estimate and res.exact else "")
                       + (", verify_heatmap.png" if res.exact else ""))
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.4f}"
+
+
+def _heads_table(res, heads: list[str], title: str):
+    """One table of verified heads: estimate, exact margin drop, exact accuracy drop and both ranks."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("rank", "head", "estimate", "margin drop", "acc drop", "rank by estimate", "rank by exact"):
+        table.add_column(col, justify="right")
+    rows = {r["head"]: r for r in res.rows()}
+    for i, h in enumerate(heads, 1):
+        row = rows[h]
+        table.add_row(str(i), h, _num(row["estimate"]), _num(row["exact"]), _num(row["acc_drop"]),
+                      str(row["rank_estimate"] or "-"), str(row["rank_exact"] or "-"))
+    return table
+
+
+def _print_heads(console, res, top: int) -> None:
+    """The verified heads that matter (ablation lowers the margin), then those helpful when ablated."""
+    matter, helpful = res.matter(), res.helpful_when_ablated()
+    if matter:
+        console.print(_heads_table(res, matter[:top], f"heads that matter: top {min(top, len(matter))} of {len(matter)}, "
+                                   f"by {res.margin} margin drop when ablated"))
+    else:
+        console.print(f"no verified head's ablation lowers the {res.margin} margin")
+    if helpful:
+        console.print(_heads_table(res, helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose ablation "
+                                   f"raises the {res.margin} margin"))
 
 
 def _layers(text: str) -> list[int]:

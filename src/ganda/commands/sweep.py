@@ -1,4 +1,5 @@
-"""``ganda sweep``: ablate every head alone and rank heads by the accuracy drop (resumable)."""
+"""``ganda sweep``: ablate every head alone and rank heads by their effect, the drop of a stated
+metric when each is ablated (:mod:`ganda.effects`; resumable)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import typer
 
 from .. import runio
+from ..effects import NAMES
 from ..errors import GandaError
 from ..tasks import get_task
 from . import options
@@ -22,9 +24,37 @@ from .core import (
     at_least,
     limit_option,
     mmlu_options,
+    one_of,
     require_heads,
 )
 from .grid import RAY, RAY_ACTORS
+
+
+def _heads_table(res, rows: list, title: str):
+    """One table of heads: their accuracies and the drops of accuracy and mean margin when ablated."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("rank", "head", "acc", "acc drop", "margin drop", "acc_norm", "drop_norm", "gold logp drop"):
+        table.add_column(col, justify="right")
+    for i, r in enumerate(rows, 1):
+        table.add_row(str(i), r["head"], f"{r['acc']:.3f}", f"{res.drop(r):+.3f}", f"{res.margin_drop(r):+.4f}",
+                      f"{r['acc_norm']:.3f}", f"{res.drop(r, 'acc_norm'):+.3f}", f"{res.ll_drop(r):+.3f}")
+    return table
+
+
+def _print_heads(console, res, top: int) -> None:
+    """The heads that matter (ablation lowers the ranking metric), then those helpful when ablated."""
+    what = NAMES[res.metric]
+    matter, helpful = res.matter(), res.helpful_when_ablated()
+    if matter:
+        console.print(_heads_table(res, matter[:top], f"heads that matter: top {min(top, len(matter))} of "
+                                   f"{len(matter)}, by {what} drop when ablated"))
+    else:
+        console.print(f"no head's ablation lowers the {what}")
+    if helpful:
+        console.print(_heads_table(res, helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose "
+                                   f"ablation raises the {what}"))
 
 
 def register(app: typer.Typer) -> None:
@@ -44,9 +74,11 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(True, "--resume/--no-resume", help="continue a stopped sweep in --out"),
         naive: bool = typer.Option(False, "--naive", help="reference loop (AblateHeads + scoring per head), slow"),
         batch_heads: int = typer.Option(16, "--batch-heads", help="heads of one layer ablated per forward"),
-        top: int = typer.Option(15, "--top", help="rows in the printed table"),
-        until_chance: bool = typer.Option(False, "--until-chance", help="then ablate the heads cumulatively, most "
-                                          "damaging first, until accuracy is at chance: how many heads must go"),
+        top: int = typer.Option(15, "--top", help="rows in each printed table"),
+        metric: str = typer.Option("acc", "--metric", help="rank heads by the drop of acc (accuracy), acc_norm or "
+                                   "margin (mean margin) when each is ablated"),
+        until_chance: bool = typer.Option(False, "--until-chance", help="then ablate the heads that matter cumulatively, "
+                                          "most damaging first, until accuracy is at chance: how many heads must go"),
         max_heads: int = typer.Option(24, "--max-heads", help="--until-chance: give up after this many heads"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
@@ -55,22 +87,25 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Exhaustive single-head ablation: accuracy with each head zeroed, heat map and top heads.
 
-        Writes OUT/progress.jsonl (one line per finished head; a killed run resumes from it),
+        A head's effect is the drop of --metric when it is ablated (intact minus ablated). The first
+        table holds the heads that matter (positive effect), largest first; the heads whose ablation
+        raises the metric are listed apart, as helpful when ablated. Both tables show the accuracy
+        and the mean-margin drop. Writes OUT/progress.jsonl (one line per finished head; a killed run resumes from it),
         then OUT/results.jsonl, results.csv and heatmap.png.
         """
-        from rich.table import Table
 
         from ..discovery import cumulative_ablation
         from ..distributed import ray_sweeps
         from ..heads import expand
         from ..models import load_model
-        from ..sweep import run_sweep
+        from ..sweep import SWEEP_METRICS, run_sweep
         from ..tasks import task_for_model
 
         for flag, value in (("--limit", limit), ("--batch-heads", batch_heads), ("--top", top),
                             ("--max-heads", max_heads)):
             at_least(flag, value)
         require_heads("--heads", heads)
+        one_of("--metric", metric, SWEEP_METRICS)
         if ray is not None and naive:
             raise GandaError("--naive runs the reference loop in this process; drop --ray or --naive")
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
@@ -88,22 +123,16 @@ def register(app: typer.Typer) -> None:
         cfg = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed}
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             res = run_sweep(adapter, examples, heads=head_list, out_dir=out_dir, resume=resume, naive=naive,
-                            batch_heads=batch_heads, config=cfg)
+                            batch_heads=batch_heads, config=cfg, metric=metric)
 
         console = options.console()
         b = res.baseline
         console.print(f"[bold]{model}[/bold] on {task} (n={b['n']}): intact acc {b['acc']:.3f}"
                       f" (acc_norm {b['acc_norm']:.3f}); {len(res.records)} heads in {res.seconds:.1f} s")
-        table = Table(title=f"top {min(top, len(res.records))} heads by accuracy drop")
-        for col in ("rank", "head", "acc", "drop", "acc_norm", "drop_norm", "gold logp drop"):
-            table.add_column(col, justify="right")
-        for i, r in enumerate(res.top(top), 1):
-            table.add_row(str(i), r["head"], f"{r['acc']:.3f}", f"{res.drop(r):+.3f}", f"{r['acc_norm']:.3f}",
-                          f"{res.drop(r, 'acc_norm'):+.3f}", f"{res.ll_drop(r):+.3f}")
-        console.print(table)
+        _print_heads(console, res, top)
         console.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
         if until_chance:
-            cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.top(len(res.records))],
+            cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.matter()],
                                       max_heads=max_heads, out_dir=out_dir, progress=not quiet)
             last = cum["curve"][-1] if cum["curve"] else None
             if last is not None:

@@ -42,8 +42,8 @@ class Sweep(Experiment):
                          batch_heads=options.batch_heads, naive=options.naive)
 
     def job_summary(self, result: Any) -> dict[str, Any]:
-        top = result.top(1)
-        return {"acc": result.baseline["acc"], "heads": len(result.records),
+        top = result.matter()[:1]  # the head whose ablation lowers the ranking metric most, if any does
+        return {"acc": result.baseline["acc"], "heads": len(result.records), "metric": result.metric,
                 "top_head": top[0]["head"] if top else None, "top_drop": result.drop(top[0]) if top else None}
 
 
@@ -80,9 +80,9 @@ class Rank(Experiment):
                           seed=int(config.get("seed", 0)), **options.to_json())
 
     def job_summary(self, result: Any) -> dict[str, Any]:
-        rows = result.rows()
-        return {"heads": len(result.heads), "verified": len(result.exact), "top_head": rows[0]["head"] if rows else None,
-                "sign_flips": len(result.sign_flips())}
+        matter = result.matter()
+        return {"heads": len(result.heads), "verified": len(result.exact), "metric": result.metric,
+                "top_head": matter[0] if matter else None, "sign_flips": len(result.sign_flips())}
 
 
 class Evaluation(Experiment):

@@ -24,6 +24,7 @@ import functools
 import html
 import json
 import logging
+import math
 import re
 import tempfile
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from typing import Any
 from .. import experiments as _experiments  # noqa: F401  (registers the built-in result kinds)
 from .. import registry, runio
 from ..attribution.ranking import RankResult, sign_flip_sentence
+from ..effects import NAMES, effect, helpful_when_ablated, matters, mean_margin_or_nan, ordered
 from ..errors import GandaError
 from ..figures import attention_panels
 from ..stats import weak_note
@@ -197,14 +199,26 @@ class SweepRun:
         weak = weak_note(base, base - drop, s.get("n")) if isinstance(base, float | int) and isinstance(
             drop, float | int) else ""
         lines = [partial] if partial else []
-        lines += [f"Most critical head: **{s['top_head']}**; ablating it alone costs {_points(drop)} of {_pct(base)}"
+        also = (f"lowers the mean margin by {s['top_margin_drop']:+.3f} and " if s.get("metric") == "margin"
+                and _number(s.get("top_margin_drop")) else "")
+        lines += [f"Most critical head: **{s['top_head']}**; ablating it alone {also}costs {_points(drop)} of {_pct(base)}"
                  f"{' on ' + str(s['n']) + ' prompts' if s.get('n') else ''}{weak}."]
         if s.get("heads_to_chance"):
             lines.append(f"Heads ablated together, most damaging first, to reach chance: **{s['heads_to_chance']}**.")
+        if helpful := helped_sentence(s.get("helpful_when_ablated"), NAMES.get(s.get("metric", "acc"), "accuracy")):
+            lines.append(helpful)
         return "\n".join(lines)
 
     def draw(self, out_dir: Path) -> list[Path]:
         return []
+
+
+def helped_sentence(heads: Sequence[str] | None, what: str, shown: int = 5) -> str:
+    """``"Helpful when ablated: ablating L3H1 or L0H2 alone raises the accuracy."``, or ``""``."""
+    if not heads:
+        return ""
+    more = f" (and {len(heads) - shown} more)" if len(heads) > shown else ""
+    return f"Helpful when ablated: ablating {' or '.join(heads[:shown])}{more} alone raises the {what}."
 
 
 class RankRun:
@@ -219,13 +233,14 @@ class RankRun:
 
     def headline(self) -> str:
         s = self.summary
+        helpful = helped_sentence(s.get("helpful_when_ablated"), f"{s.get('margin', '?')} margin")
         if not s.get("top_head") or not isinstance(s.get("top_exact"), int | float):
-            return ""
+            return f"No verified head's ablation lowers the {s.get('margin', '?')} margin. {helpful}" if helpful else ""
         clean = f" (intact {s['clean']:+.3f})" if isinstance(s.get("clean"), int | float) else ""
         flips = sign_flip_sentence(s.get("sign_flips") or [])
         return (f"Largest exact effect: **{s['top_head']}**; ablating it alone lowers the {s.get('margin', '?')} "
                 f"margin by {s['top_exact']:+.3f}{clean}; {s.get('verified', '?')} heads verified exactly"
-                + (f"; {flips}." if flips else "."))
+                + (f"; {flips}." if flips else ".") + (f" {helpful}" if helpful else ""))
 
     def draw(self, out_dir: Path) -> list[Path]:
         """The estimate-vs-exact scatter and the verified heads' heat map (none without exact effects)."""
@@ -320,19 +335,19 @@ def sweep_result(path: Path, top: int = 20, partial: bool = False) -> dict[str, 
         raise GandaError(f"{path} is not {what} (no header with its config, or no baseline with its accuracy)")
     if any(not isinstance(r.get("head"), str) or not _number(r.get("acc")) for r in recs):
         raise GandaError(f"{path} holds a head record without its head or accuracy; the file is damaged")
+    metric = header.get("metric", "acc")
+    slim = _sweep_rows(base, recs, metric)
+    matter = [r for r in slim if matters(r.get(_drop_key(metric)))]
+    helpful = [r["head"] for r in reversed(slim) if helpful_when_ablated(r.get(_drop_key(metric)))]
     b = base["acc"]
-    slim = []
-    for r in recs:
-        row = {k: v for k, v in r.items() if k not in HEAVY and k != "type"}
-        row["drop"] = b - r["acc"]
-        slim.append(row)
-    slim.sort(key=lambda r: -r.get("drop", 0.0))
     cfg = header["config"]
     out: dict[str, Any] = {
         "kind": "sweep",
         "model": cfg.get("model", "?"),
-        "summary": {"baseline_acc": b, "n": base.get("n"), "heads": len(recs), "top_head": slim[0].get("head") if slim else None,
-                    "top_drop": slim[0].get("drop") if slim else None,
+        "summary": {"baseline_acc": b, "n": base.get("n"), "heads": len(recs), "metric": metric,
+                    "top_head": matter[0]["head"] if matter else None, "top_drop": matter[0]["drop"] if matter else None,
+                    "top_margin_drop": matter[0].get("margin_drop") if matter else None,
+                    "helpful_when_ablated": helpful,
                     **({"partial": True, "heads_total": len(cfg.get("heads") or []) or None} if partial else {})},
         "top_heads": slim[:top],
         "config": {k: v for k, v in cfg.items() if k != "heads"},
@@ -343,6 +358,36 @@ def sweep_result(path: Path, top: int = 20, partial: bool = False) -> dict[str, 
         out["summary"]["heads_to_chance"] = c.get("heads_to_chance")
         out["cumulative_ablation"] = c.get("curve", [])
     return out
+
+
+def _drop_key(metric: str) -> str:
+    """The column of a sweep's head rows that holds the effect on ``metric``."""
+    return "drop" if metric == "acc" else f"{metric}_drop"
+
+
+def _sweep_rows(base: dict[str, Any], recs: list[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """A sweep's head records without their per-prompt lists, with each head's effects (``drop``:
+    accuracy; ``acc_norm_drop`` and ``margin_drop`` where the record holds what they need), by signed
+    effect on ``metric``, largest first."""
+    def margin(r: dict[str, Any]) -> float | None:
+        ok = isinstance(r.get("loglik"), list) and isinstance(r.get("gold"), list)
+        m = mean_margin_or_nan(r["loglik"], r["gold"]) if ok else math.nan
+        return None if math.isnan(m) else m
+
+    m0 = margin(base)
+    rows = []
+    for r in recs:
+        row = {k: v for k, v in r.items() if k not in HEAVY and k != "type"}
+        m = margin(r)
+        row["drop"] = effect(base["acc"], r["acc"])
+        if m0 is not None and m is not None:
+            row["margin_drop"] = effect(m0, m)
+        if _number(r.get("acc_norm")) and _number(base.get("acc_norm")):
+            row["acc_norm_drop"] = effect(base["acc_norm"], r["acc_norm"])
+        rows.append(row)
+    key = {r["head"]: r.get(_drop_key(metric)) or 0.0 for r in rows}
+    by = {r["head"]: r for r in rows}
+    return [by[h] for h in ordered(key)]
 
 
 def _sign_flips(d: dict[str, Any]) -> list[dict[str, Any]]:
@@ -360,9 +405,10 @@ def rank_result(path: Path, top: int = 20) -> dict[str, Any]:
     rows = d.get("ranking")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "head" in r for r in rows):
         raise GandaError(f"{path} is not a ganda ranking (no list of ranked heads)")
-    exact = [r for r in rows if _number(r.get("exact"))]
-    best = max(exact, key=lambda r: abs(r["exact"])) if exact else None
+    best = next((r for r in rows if _number(r.get("exact")) and matters(r["exact"])), None)  # rows: largest first
     summary = {k: d.get(k) for k in ("method", "ablation", "margin", "clean", "n", "spearman_verified")}
+    summary["helpful_when_ablated"] = [r["head"] for r in sorted(
+        (r for r in rows if _number(r.get("exact")) and helpful_when_ablated(r["exact"])), key=lambda r: r["exact"])]
     summary.update({"verified": d.get("verified"), "heads": len(rows), "top_head": best["head"] if best else None,
                     "top_exact": best["exact"] if best else None, "sign_flips": _sign_flips(d)})
     return {"kind": "rank", "model": d.get("model", "?"), "summary": summary, "top_heads": rows[:top],
