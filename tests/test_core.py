@@ -301,7 +301,7 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
     s = demo["summary"]
     assert s["verified"] == 12 and s["n_heads"] == 12 and len(demo["heads"]) == 12
     ranks = [h for h in demo["heads"] if h["exact"] is not None]
-    assert [abs(h["exact"]) for h in ranks] == sorted((abs(h["exact"]) for h in ranks), reverse=True)
+    assert [h["exact"] for h in ranks] == sorted((h["exact"] for h in ranks), reverse=True)  # one signed effect
     assert all(h["role"] in ("gather", "aggregate", "neither") for h in demo["heads"])
     for r in demo["rows"][1:]:
         assert r["drop"] == pytest.approx(demo["rows"][0]["accuracy"] - r["accuracy"])

@@ -208,7 +208,7 @@ def test_a_new_family_task_and_result_kind_work_end_to_end(toy, tmp_path, capsys
     # the command line loads it by name too
     assert main(["eval", "toy-tiny", "--task", "toy-first", "--option", "options=3", "--limit", "12", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["accuracy"] == right / 12 and out["n"] == 12
+    assert out["accuracy"] == pytest.approx(right / 12, rel=1e-6) and out["n"] == 12  # printed to 6 digits
 
     # the result kind: saved, rebuilt from its JSON as its own class, rendered with its headline and figure
     res = LetterCountResult(model=ad.spec, summary={"correct": right, "n": 12})
