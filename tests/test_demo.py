@@ -148,7 +148,11 @@ def test_a_further_prompt_set_holds_with_the_same_heads_and_every_established_co
     text = finding({**SUMMARY, "prompt_sets": sets, "holds_on": 1})
     assert text.endswith("Stated on prompt set 1 (seeds 0-2), the finding holds on **1 of 2** further prompt sets: "
                          "set 2 (seeds 3-5): holds; set 3 (seeds 6-8): gather head L15H5 (not L16H2), together "
-                         "ablation cost not established (+2 points [-5, 10]).")
+                         "ablation cost not established (+2 points [-5, 10]). Pooled over the 3 sets (each with "
+                         "the heads it picks), ablating the top and Gather heads together costs 10 points [-8, 29] "
+                         "(an interval that includes the between-set variation).")
+    # drops 17.5, 11 and 2.5 points: mean 10.3; their spread (sd 7.5) exceeds the sets' own errors, so
+    # the half-width is t(0.975, 2 df) = 4.30 times sd / sqrt(3) = 4.34 points: 18.7
     assert "prompt set" not in finding(SUMMARY)
 
 
@@ -177,4 +181,8 @@ def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tmp_path):
     assert "the finding holds on **1 of 2** further prompt sets: set 2 (seeds 3-5): holds; set 3 (seeds 6-8): top " \
            "head L3H0" in s["finding"]
     rows = (tmp_path / "prompt_sets.csv").read_text().splitlines()
-    assert len(rows) == 4 and rows[0].startswith("set,seed_pattern,seed_rank,seed_measure,top_head")
+    assert len(rows) == 5 and rows[0].startswith("set,seed_pattern,seed_rank,seed_measure,top_head")
+    pooled = s["pooled"]["top"]  # the top head as each set picks it
+    assert rows[-1].startswith("pooled over 3,") and pooled["k"] == 3
+    assert pooled["estimate"] == pytest.approx(sum(r["conditions"]["top"]["drop"] for r in sets) / 3)
+    assert pooled["ci_low"] <= min(r["conditions"]["top"]["drop"] for r in sets)

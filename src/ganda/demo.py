@@ -43,7 +43,7 @@ from .models.base import ModelAdapter
 from .progress import is_quiet
 from .report.html import write_report
 from .scoring import EvalResult, evaluate_examples
-from .stats import bootstrap_paired
+from .stats import bootstrap_paired, pool_sets
 from .tasks import get_task
 from .tasks.base import Example
 
@@ -173,7 +173,16 @@ def _sets_sentence(sets: Sequence[dict[str, Any]], holds_on: int) -> str:
     each = "; ".join(f"set {r['set']} ({seeds(r)}): " + ("holds" if r["holds"] else ", ".join(r["why_not"]))
                      for r in sets[1:])
     return (f"Stated on prompt set 1 ({seeds(sets[0])}), the finding holds on **{holds_on} of {len(sets) - 1}** "
-            f"further prompt sets: {each}.")
+            f"further prompt sets: {each}." + _pooled_sentence(sets))
+
+
+def _pooled_sentence(sets: Sequence[dict[str, Any]]) -> str:
+    p = _pooled(sets).get("together")
+    if p is None or p.get("ci_low") is None:
+        return ""
+    return (f" Pooled over the {len(sets)} sets (each with the heads it picks), ablating the top and Gather heads "
+            f"together costs {100 * p['estimate']:.0f} points [{100 * p['ci_low']:.0f}, {100 * p['ci_high']:.0f}] "
+            f"(an interval that includes the between-set variation).")
 
 
 def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[str], base: EvalResult,
@@ -255,6 +264,27 @@ def _set_row(r: dict[str, Any]) -> dict[str, Any]:
     return {**row, "holds": r.get("holds", ""), "why_not": "; ".join(r.get("why_not", []))}
 
 
+def _pooled(sets: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each ablation's drop pooled over the prompt sets (:func:`ganda.stats.pool_sets`: the interval
+    includes the between-set variation), the heads as each set picks them."""
+    out = {}
+    for label in sets[0]["conditions"]:
+        cs = [r["conditions"].get(label) for r in sets]
+        if any(c is None or c.get("drop") is None for c in cs):
+            continue
+        out[label] = pool_sets([c["drop"] for c in cs], [c.get("drop_ci_low") for c in cs],
+                               [c.get("drop_ci_high") for c in cs], within=(-1.0, 1.0))
+    return out
+
+
+def _pooled_row(pooled: dict[str, dict[str, Any]], k: int) -> dict[str, Any]:
+    row: dict[str, Any] = {"set": f"pooled over {k}"}
+    for label, p in pooled.items():
+        row.update({f"{label}_drop": p["estimate"], f"{label}_drop_ci_low": p.get("ci_low"),
+                    f"{label}_drop_ci_high": p.get("ci_high")})
+    return row
+
+
 def _holds(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Whether another prompt set repeats the finding: it names the same top, Gather and Aggregate
     heads, and every ablation whose cost was established on the first set (drop interval above 0)
@@ -329,7 +359,7 @@ def run_demo(
         for k in range(1, prompt_sets):
             sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers))
             sets[-1].update(_holds(sets[0], sets[-1]))
-        summary.update({"prompt_sets": sets, "holds_on": sum(r["holds"] for r in sets[1:])})
+        summary.update({"prompt_sets": sets, "holds_on": sum(r["holds"] for r in sets[1:]), "pooled": _pooled(sets)})
         c = lap("prompt_sets", c)
     summary.update({"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
                     "cpu_seconds_by_phase": phases})
@@ -348,7 +378,8 @@ def run_demo(
     runio.write_csv(out / "cumulative_ablation.csv", curve)
     runio.write_csv(out / "heads.csv", heads)
     if prompt_sets > 1:
-        runio.write_csv(out / "prompt_sets.csv", [_set_row(r) for r in summary["prompt_sets"]])
+        runio.write_csv(out / "prompt_sets.csv", [*(_set_row(r) for r in summary["prompt_sets"]),
+                                                  _pooled_row(summary["pooled"], prompt_sets)])
     report = write_report([out, out / "ranking"], out / "report.html", title=f"ganda demo: {adapter.spec}")
     con.print(summary["finding"].replace("**", ""))
     con.print(f"done in {summary['seconds']:.0f} s ({summary['cpu_seconds']:.0f} CPU s)")
