@@ -138,6 +138,7 @@ def api_vs_cli(n: int, pairs: int, repeats: int, tmp: Path) -> list[dict]:
     finally:
         busy.kill()
         busy.wait()
+        rate_file.unlink(missing_ok=True)
     return rows
 
 
