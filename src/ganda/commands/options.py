@@ -35,3 +35,16 @@ def console() -> Any:
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
+
+
+def print_split(con: Any, table: Any, matter: list[Any], helpful: list[Any], top: int, what: str,
+                heads: str = "head") -> None:
+    """The heads that matter (ablation lowers ``what``), then those helpful when ablated, each as
+    ``table(rows, title)``; one line where no ``heads`` qualifies. Shared by ``sweep`` and ``rank``."""
+    if matter:
+        con.print(table(matter[:top], f"heads that matter: top {min(top, len(matter))} of {len(matter)}, "
+                                      f"by {what} drop when ablated"))
+    else:
+        con.print(f"no {heads}'s ablation lowers the {what}")
+    if helpful:
+        con.print(table(helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose ablation raises the {what}"))

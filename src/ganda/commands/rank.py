@@ -153,15 +153,8 @@ def _heads_table(res, heads: list[str], title: str):
 
 def _print_heads(console, res, top: int) -> None:
     """The verified heads that matter (ablation lowers the margin), then those helpful when ablated."""
-    matter, helpful = res.matter(), res.helpful_when_ablated()
-    if matter:
-        console.print(_heads_table(res, matter[:top], f"heads that matter: top {min(top, len(matter))} of {len(matter)}, "
-                                   f"by {res.margin} margin drop when ablated"))
-    else:
-        console.print(f"no verified head's ablation lowers the {res.margin} margin")
-    if helpful:
-        console.print(_heads_table(res, helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose ablation "
-                                   f"raises the {res.margin} margin"))
+    options.print_split(console, lambda rows, title: _heads_table(res, rows, title), res.matter(), res.helpful_when_ablated(),
+                top, f"{res.margin} margin", heads="verified head")
 
 
 def _layers(text: str) -> list[int]:

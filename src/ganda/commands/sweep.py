@@ -45,16 +45,8 @@ def _heads_table(res, rows: list, title: str):
 
 def _print_heads(console, res, top: int) -> None:
     """The heads that matter (ablation lowers the ranking metric), then those helpful when ablated."""
-    what = NAMES[res.metric]
-    matter, helpful = res.matter(), res.helpful_when_ablated()
-    if matter:
-        console.print(_heads_table(res, matter[:top], f"heads that matter: top {min(top, len(matter))} of "
-                                   f"{len(matter)}, by {what} drop when ablated"))
-    else:
-        console.print(f"no head's ablation lowers the {what}")
-    if helpful:
-        console.print(_heads_table(res, helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose "
-                                   f"ablation raises the {what}"))
+    options.print_split(console, lambda rows, title: _heads_table(res, rows, title), res.matter(), res.helpful_when_ablated(),
+                top, NAMES[res.metric])
 
 
 def register(app: typer.Typer) -> None:
