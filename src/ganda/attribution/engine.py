@@ -277,6 +277,7 @@ class _Engine:
             self.by_layer.setdefault(m.layer, []).append((m, cols))
         self.means: dict[str, torch.Tensor] = {}  # z point -> [H*D]
         self.dtype = next(adapter.model.parameters()).dtype
+        self._indices: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # see _layer_index
 
     def trace(self, batch: _Batch, edit: dict[str, Edit] | None = None) -> LayerCalls:
         """One no-grad pass that records every decoder layer's input and call (``edit``: IG's α edits)."""
@@ -355,11 +356,18 @@ class _Engine:
             out.append((cols, vals))
         return out
 
-    def _columns(self, cols: list[int | None], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the mixer's head indices that are ranked, their columns in the result), as index tensors."""
-        pairs = [(h, c) for h, c in enumerate(cols) if c is not None]
-        return (torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
-                torch.tensor([c for _, c in pairs], dtype=torch.long, device=device))
+    def _layer_index(self, k: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per mixer of layer ``k`` (in :attr:`by_layer`'s order): its head indices that are ranked and
+        their columns in the result, as index tensors on ``device``, built once per device and layer."""
+        key = (str(device), k)
+        if key not in self._indices:
+            out = []
+            for _, cols in self.by_layer.get(k, []):
+                pairs = [(h, c) for h, c in enumerate(cols) if c is not None]
+                out.append((torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
+                            torch.tensor([c for _, c in pairs], dtype=torch.long, device=device)))
+            self._indices[key] = out
+        return self._indices[key]
 
     def _replay(self, calls: LayerCalls, k: int, edit: dict[str, Edit] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, list[Any], torch.Tensor]:
@@ -415,7 +423,7 @@ class _Engine:
             passes: list[int | None] = [None, *sorted(b for b in drops if b != own)]
             need_x = k > 0
             inputs = ([x] if need_x else []) + [z for _, _, z in zs]
-            index = [self._columns(cols, dev) for _, cols, _ in zs]
+            index = self._layer_index(k, dev)
             new_cot = cot
             for j, ell in enumerate(passes):
                 if not inputs:
