@@ -104,9 +104,10 @@ def exhaustive(adapter, examples, args, opts):
     return res
 
 
-def quality_cmd(args) -> None:
-    from ganda.attribution import attribute, metric_value, quality, top_by_magnitude
-    from ganda.heads import HeadId
+def exact_effects(args) -> tuple:
+    """The model, prompts, task options, exhaustive sweep, clean margin and every head's exact
+    margin drop, the reference every estimator is measured against."""
+    from ganda.attribution import metric_value
 
     torch.set_num_threads(args.threads)
     adapter, examples, opts = load(args)
@@ -114,6 +115,14 @@ def quality_cmd(args) -> None:
     golds = [ex.gold for ex in examples]
     clean = metric_value(res.baseline["loglik"], golds, args.margin)
     exact = {r["head"]: clean - metric_value(r["loglik"], golds, args.margin) for r in res.records}
+    return adapter, examples, opts, res, clean, exact
+
+
+def quality_cmd(args) -> None:
+    from ganda.attribution import attribute, quality, top_by_magnitude
+    from ganda.heads import HeadId
+
+    adapter, examples, opts, res, clean, exact = exact_effects(args)
     exact_rank = {h: i + 1 for i, h in enumerate(top_by_magnitude(exact, len(exact)))}
     rows = []
     for method in ("atp", "atp*"):
@@ -477,14 +486,9 @@ def table_cmd(_args) -> None:
 
 
 def ig_cmd(args) -> None:
-    from ganda.attribution import attribute, metric_value, quality, top_by_magnitude
+    from ganda.attribution import attribute, quality, top_by_magnitude
 
-    torch.set_num_threads(args.threads)
-    adapter, examples, opts = load(args)
-    res = exhaustive(adapter, examples, args, opts)
-    golds = [ex.gold for ex in examples]
-    clean = metric_value(res.baseline["loglik"], golds, args.margin)
-    exact = {r["head"]: clean - metric_value(r["loglik"], golds, args.margin) for r in res.records}
+    adapter, examples, opts, _, clean, exact = exact_effects(args)
     arms = [("atp", {}), ("atp*", {}), *((f"ig{k}", {"ig_steps": k}) for k in args.ig_steps)]
     rows = []
     for name, kw in arms:
