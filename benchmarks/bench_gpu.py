@@ -213,7 +213,10 @@ class FoldedTokenizer:
         pad = special("pad_token")
         self.pad_token_id = pad if pad is not None else (self.eos_token_id or 0)
 
-    def __call__(self, text: str, add_special_tokens: bool = False, **_kw: Any) -> Any:
+    def __call__(self, text: str | list[str], add_special_tokens: bool = False, **_kw: Any) -> Any:
+        if isinstance(text, list):
+            encs = self.tok.encode_batch(text, add_special_tokens=add_special_tokens)
+            return SimpleNamespace(input_ids=[[i % self.vocab for i in e.ids] for e in encs])
         ids = self.tok.encode(text, add_special_tokens=add_special_tokens).ids
         return SimpleNamespace(input_ids=[i % self.vocab for i in ids])
 

@@ -8,7 +8,7 @@ import torch
 from ganda import AblateHeads, KeepLayers, RemoveLayers, mask_last_row
 from ganda.discovery import prompt_positions
 from ganda.interventions import apply
-from ganda.scoring import encode_pair, evaluate_examples, score_choices
+from ganda.scoring import encode_pair, encode_pairs, evaluate_examples, score_choices
 from ganda.tasks import get_task
 
 pytestmark = pytest.mark.slow
@@ -47,6 +47,22 @@ def test_interventions_restore_bit_for_bit(smollm2):
             changed = smollm2.forward(ids)
         assert not torch.equal(changed, base)
         assert torch.equal(smollm2.forward(ids), base)
+
+
+def test_batched_encoding_is_lm_evals_one_pair_at_a_time(smollm2):
+    """One tokenizer call for many pairs (contexts encoded once) gives lm-eval's ``_encode_pair``
+    ids: the whole string's ids split at the length of the context's own encoding."""
+    tok = smollm2.tokenizer
+    exs = get_task("mmlu").examples(limit=3, seed=4) + get_task("kv", pairs=5).examples(limit=2, seed=3)
+    pairs = [(ex.prompt, c) for ex in exs for c in ex.choices] + [("Answer: ", "A"), ("x  ", "y z")]
+    for (ctx, cont), got in zip(pairs, encode_pairs(smollm2, pairs), strict=True):
+        n = len(ctx) - len(ctx.rstrip())
+        if n:
+            ctx, cont = ctx[:-n], ctx[-n:] + cont
+        whole = tok(ctx + cont, add_special_tokens=False).input_ids
+        k = len(tok(ctx, add_special_tokens=False).input_ids)
+        assert got == (whole[:k], whole[k:])
+    assert encode_pairs(smollm2, pairs[:1]) == [encode_pair(smollm2, *pairs[0])]
 
 
 def test_kv_scoring_sums_every_value_token(smollm2):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .errors import GandaError
-from .scoring import encode_pair, example_pairs, norm_chars, pad_rows
+from .scoring import encode_pairs, example_pairs, norm_chars, pad_rows
 from .tasks.base import Example
 
 PACKED, ROWS = "packed", "rows"
@@ -100,7 +100,7 @@ def block_mask(parent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def prepare(adapter: Any, ex: Example) -> Prepared:
     """Tokenise ``ex`` exactly as :func:`ganda.scoring.score_example` does, then pack it."""
-    pairs = [encode_pair(adapter, ctx, cont) for ctx, cont in example_pairs(ex)]
+    pairs = encode_pairs(adapter, example_pairs(ex))
     for c, t in pairs:
         if not t:
             raise GandaError(f"a choice encodes to no token after the context: {ex.prompt[-40:]!r}")

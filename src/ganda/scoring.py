@@ -42,15 +42,47 @@ def encode(adapter: ModelAdapter, text: str) -> list[int]:
     return ids
 
 
-def encode_pair(adapter: ModelAdapter, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """lm-eval's ``_encode_pair``: returns (context ids, continuation ids)."""
+def _split_space(context: str, continuation: str) -> tuple[str, str]:
+    """lm-eval moves the context's trailing whitespace to the front of the continuation."""
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces > 0:
-        continuation = context[-n_spaces:] + continuation
-        context = context[:-n_spaces]
-    whole = encode(adapter, context + continuation)
-    ctx = encode(adapter, context)
-    return whole[: len(ctx)], whole[len(ctx) :]
+        return context[:-n_spaces], context[-n_spaces:] + continuation
+    return context, continuation
+
+
+def encode_pair(adapter: ModelAdapter, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's ``_encode_pair``: returns (context ids, continuation ids)."""
+    return encode_pairs(adapter, [(context, continuation)])[0]
+
+
+def encode_many(adapter: ModelAdapter, texts: Sequence[str]) -> list[list[int]]:
+    """:func:`encode` of each text, in one call of the tokenizer where it takes a list (a fast
+    tokenizer encodes the batch on all cores; 5-shot prompts made tokenising most of eval's host time)."""
+    tok = adapter.require_tokenizer()
+    try:
+        out = [list(ids) for ids in tok(list(texts), add_special_tokens=False).input_ids]
+        batched = len(out) == len(texts)
+    except (TypeError, AttributeError, ValueError):  # a tokenizer that takes one text at a time
+        batched = False
+    if not batched:
+        out = [list(tok(t, add_special_tokens=False).input_ids) for t in texts]
+    if add_bos(adapter) and tok.bos_token_id is not None:
+        out = [[tok.bos_token_id, *ids] for ids in out]
+    return out
+
+
+def encode_pairs(adapter: ModelAdapter, pairs: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """:func:`encode_pair` of each (context, continuation): one tokenizer call, each distinct
+    context encoded once (an MMLU example's choices share one 5-shot context)."""
+    split = [_split_space(c, t) for c, t in pairs]
+    contexts = list(dict.fromkeys(c for c, _ in split))
+    encoded = encode_many(adapter, [c + t for c, t in split] + contexts)
+    wholes, ctx_ids = encoded[: len(split)], dict(zip(contexts, encoded[len(split):], strict=True))
+    out = []
+    for (c, _), whole in zip(split, wholes, strict=True):
+        n = len(ctx_ids[c])
+        out.append((whole[:n], whole[n:]))
+    return out
 
 
 @dataclass
@@ -133,9 +165,18 @@ Pairs = list[tuple[list[int], list[int]]]  # (context ids, continuation ids) per
 def _encode_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]]) -> tuple[Pairs, bool]:
     """Encoded (context, continuation) pairs, and whether one row (their shared context) scores
     them all: every continuation is one token after the same context (MMLU letters)."""
-    pairs = [encode_pair(adapter, c, t) for c, t in texts]
-    single = len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs)
-    return pairs, single
+    return _shared(encode_pairs(adapter, texts))
+
+
+def _shared(pairs: Pairs) -> tuple[Pairs, bool]:
+    return pairs, len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs)
+
+
+def _encode_examples(adapter: ModelAdapter, examples: Sequence[Example]) -> list[tuple[Pairs, bool, list[int]]]:
+    """``(pairs, single, n_chars)`` per example, every example's pairs in one tokenizer call."""
+    texts = [example_pairs(ex) for ex in examples]
+    flat = iter(encode_pairs(adapter, [p for t in texts for p in t]))
+    return [(*_shared([next(flat) for _ in t]), norm_chars(ex)) for t, ex in zip(texts, examples, strict=True)]
 
 
 @torch.no_grad()
@@ -462,7 +503,7 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
         bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
         for k in range(0, len(examples), PREFIX_CHUNK):
             chunk = examples[k: k + PREFIX_CHUNK]
-            items = [(*_encode_pairs(adapter, example_pairs(ex)), norm_chars(ex)) for ex in chunk]
+            items = _encode_examples(adapter, chunk)
             res += _score_rows_prefixed(adapter, items, rows)
             bar.update(len(chunk))
         bar.close()
@@ -602,8 +643,8 @@ def evaluate_examples(
     inside the interventions and live for this call only)."""
     t0 = time.perf_counter()
     if adapter.n_ctx is not None:  # fail before any work, not halfway through
-        for ex in examples:
-            adapter.check_length(len(encode(adapter, ex.prompt)))
+        for ids in encode_many(adapter, [ex.prompt for ex in examples]):
+            adapter.check_length(len(ids))
     preds: list[dict[str, Any]] = []
     correct = correct_norm = 0
     with apply(adapter, interventions):

@@ -52,7 +52,7 @@ from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import residual_write_scale
 from ..progress import tqdm
-from ..scoring import encode_pair, example_pairs, examples_digest, pad_rows
+from ..scoring import encode_pairs, example_pairs, examples_digest, pad_rows
 from ..stats import bootstrap_paired
 from ..sweep import weights_fingerprint
 from ..tasks.base import Example
@@ -430,7 +430,7 @@ def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, rece
     s, r = adapter.canonical(sender), adapter.canonical(receiver)
     sm, rm = adapter.mixer_of(s), adapter.mixer_of(r)
     check_paths(adapter, "direct", [s])
-    pairs = [encode_pair(adapter, c, t) for c, t in example_pairs(example)]
+    pairs = encode_pairs(adapter, example_pairs(example))
     ids, mask = pad_rows(adapter, [c + t for c, t in pairs])
     sp, rp = z_point(sm), z_point(rm)
     with torch.no_grad(), _ssm_context(adapter), Trace(adapter, [sp]) as tr:
