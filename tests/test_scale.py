@@ -331,12 +331,14 @@ def test_plan_prices_graddrop_blocks_ssd_layer_calls_and_host_floors(shipped):
         pl = planner.plan(prof, "attribution", w, "h100", method=method, verify_top=0, audit=0, **opts)
         return next(p["flops"] for p in pl.phases if p["phase"].startswith("layer-by-layer backward"))
 
-    plain = backward("atp")  # recompute + one VJP: twice the forward
+    v = planner.DEVICES["h100"].vjp_cost  # forwards per input-gradient VJP (attention's backward kernels)
+    assert 1.0 <= v <= 3.0 and planner.DEVICES["cpu"].vjp_cost == 1.0
+    plain = backward("atp")  # recompute + one VJP
     # per layer: recompute, the plain VJP, one VJP per block above (32 layers: blocks of 6,5,5,6,5,5)
     sizes = [6, 5, 5, 6, 5, 5]
-    six = 1 + sum(n * (1 + (5 - b)) for b, n in enumerate(sizes)) / 32
-    assert math.isclose(backward("atp*") / plain, six / 2, rel_tol=1e-9)
-    assert math.isclose(backward("atp*", graddrop_blocks=None) / plain, (1 + 33 / 2) / 2, rel_tol=1e-9)
+    vjps = sum(n * (1 + (5 - b)) for b, n in enumerate(sizes)) / 32
+    assert math.isclose(backward("atp*") / plain, (1 + v * vjps) / (1 + v), rel_tol=1e-9)
+    assert math.isclose(backward("atp*", graddrop_blocks=None) / plain, (1 + v * 33 / 2) / (1 + v), rel_tol=1e-9)
     # IG runs k steps and a clean copy of every prompt through AtP's pass
     assert math.isclose(backward("ig", ig_steps=5) / plain, 6, rel_tol=1e-9)
     # a host's allocator keeps a code path's heap: small runs are floored on the CPU, not on a GPU
@@ -386,8 +388,10 @@ def test_plan_command_and_the_papers_runs(capsys):
         phases = json.loads(capsys.readouterr().out)["phases"]
         flops[blocks] = next(ph["flops"] for ph in phases if ph["phase"].startswith("layer-by-layer backward"))
     # per layer a recompute, the plain VJP and one per GradDrop block above: per-layer blocks give
-    # 1 + 1 + 15.5 units of a layer's forward, 6 blocks 1 + 1 + 2.5625 (the average over 32 layers)
-    assert flops["0"] / flops["6"] == pytest.approx(17.5 / 4.5625, rel=1e-6)
+    # a recompute and 1 + 15.5 VJPs, 6 blocks 1 + 2.5625 (the average over 32 layers); a VJP costs
+    # the device's vjp_cost forwards
+    v = planner.DEVICES["h100"].vjp_cost
+    assert flops["0"] / flops["6"] == pytest.approx((1 + v * 16.5) / (1 + v * 3.5625), rel=1e-6)
     # the early-layer rule: every head of layers 0-1 (64 full-depth ablations) on top of the 40 spread heads
     assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "-n", "100", "--verify-layers", "0,1",
                  "--json"]) == 0
@@ -574,3 +578,18 @@ def test_cuda_models_leave_cudnn_attention_out_unless_asked(monkeypatch):
         assert shape_free_attention(torch.device("cuda")) and not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_plan_prices_transformers_ssd_path_apart_from_gandas(shipped):
+    """Zamba2's Mamba-2 mixers run transformers' own PyTorch SSD (no mamba_ssm); Llamba's run ganda's
+    chunked SSD: only the first pay the device's ``library_ssd_scale``."""
+    zamba, llamba = (planner.profile(shipped[s]) for s in ("Zyphra/Zamba2-7B", "cartesia-ai/Llamba-8B"))
+    assert sum(lc.library_ssd for lc in zamba.layers) == sum(len(lc.ssd) for lc in zamba.layers) > 0
+    assert sum(lc.library_ssd for lc in llamba.layers) == 0 and sum(len(lc.ssd) for lc in llamba.layers) > 0
+    w = planner.Workload(n=8, tokens=700, max_tokens=700)
+    h200 = planner.DEVICES["h200"]
+    assert h200.library_ssd_scale > 1.0
+    flat = dataclasses.replace(h200, library_ssd_scale=1.0)
+    for prof, moves in ((zamba, True), (llamba, False)):
+        scaled, plain = (planner.plan(prof, "eval", w, d).seconds for d in (h200, flat))
+        assert (scaled > 1.2 * plain) if moves else scaled == plain

@@ -65,6 +65,8 @@ class Device:
     map_overhead: float = 1.0e-4  # seconds per materialised head map beyond its arithmetic
     ssd_layer_overhead: float = 0.0  # extra seconds per Mamba-2 (SSD) layer call: its chunked PyTorch path's many small ops
     ssd_traffic_scale: float = 1.0  # elements the SSD path moves per element LayerCost.traffic counts (its temporaries)
+    library_ssd_scale: float = 1.0  # transformers' PyTorch SSD path (Zamba2, Bamba, Falcon-H1) against ganda's
+    vjp_cost: float = 1.0  # forward-equivalents of one input-gradient VJP of a layer (attribution's backward)
     # the heap an experiment's code path grows on its first run (bytes): a host allocator keeps what
     # the many small tensors of a sweep or a backward freed, and smaller activations reuse it
     act_floor: dict[str, float] = field(default_factory=dict)
@@ -79,12 +81,14 @@ class Device:
 # whole-row forwards reach (590 TFLOP/s) over the data sheet's 989; activation work runs at ~3.1x
 # the card's bandwidth in LayerCost.traffic's units (they count fp32 elements and eager attention's
 # T x T matrices, which SDPA never writes out on a GPU); each example costs 12 ms of host time per
-# scoring pass (tokenising, prefix grouping, reading the choices) and each SSD layer call 1.3 ms
-# (the chunked PyTorch path's small kernels). The H100 shares the H200's chip and the host-side
+# scoring pass (prefix grouping, reading the choices; tokenising runs batched) and each SSD layer
+# call 1.3 ms (the chunked PyTorch path's small kernels); one input-gradient VJP of a layer costs 1.6
+# forwards (attention's backward kernels); transformers' own SSD path (Zamba2, Bamba, Falcon-H1 without
+# mamba_ssm) moves 4x what ganda's chunked SSD does. The H100 shares the H200's chip and the host-side
 # costs; the A100 and L40S keep the H100's overheads and the bandwidth ratio at their own stated
 # utilisation (not measured).
-_GPU = dict(bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB, example_overhead=12e-3,
-            call_overhead=1.0e-3, ssd_layer_overhead=1.3e-3)
+_GPU = dict(bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB, example_overhead=7e-3,
+            call_overhead=1.0e-3, ssd_layer_overhead=1.3e-3, vjp_cost=1.6, library_ssd_scale=4.0)
 _ACT_PER_BW = 3.1  # activation bytes/s per byte/s of data-sheet bandwidth (fitted on the H200)
 
 DEVICES: dict[str, Device] = {
@@ -130,6 +134,7 @@ class LayerCost:
     mlp: int = 0  # widest intermediate activation (MLP or expert) per token
     proj: int = 0  # widest input projection output per token (SSM in_proj, q/k/v)
     d: int = 0  # the residual stream's width
+    library_ssd: int = 0  # SSD mixers run by transformers' own PyTorch path (no mamba_ssm), not ganda's
 
     def flops(self, T: int) -> float:
         """Forward FLOPs of this layer for one row of T tokens."""
@@ -143,16 +148,18 @@ class LayerCost:
             f += 9.0 * T * E * N
         return f
 
-    def traffic(self, T: int, ssd_scale: float = 1.0) -> float:
+    def traffic(self, T: int, ssd_scale: float = 1.0, library_scale: float = 1.0) -> float:
         """Activation elements this layer reads and writes outside its matmuls, for one row: norms,
         residual adds, rotary, activations, masking and softmax, scan arithmetic (memory-bound work).
-        ``ssd_scale``: what a device's SSD path really moves per element counted here."""
+        ``ssd_scale``: what a device's SSD path really moves per element counted here; the
+        ``library_ssd`` mixers move ``library_scale`` times that."""
         out = 12.0 * T * self.d + 4.0 * T * self.mlp + 2.0 * T * self.proj
         for h, _d in self.attn:
             out += 8.0 * h * T * T
-        for H, P, N, Q in self.ssd:
+        for k, (H, P, N, Q) in enumerate(self.ssd):
             Tp = math.ceil(T / Q) * Q
-            out += ssd_scale * (10.0 * Tp * Q * H + 6.0 * Tp * H * (N + P))
+            lib = library_scale if k < self.library_ssd else 1.0
+            out += ssd_scale * lib * (10.0 * Tp * Q * H + 6.0 * Tp * H * (N + P))
         for E, N in self.selective:
             out += 10.0 * T * E * N
         return out
@@ -247,6 +254,7 @@ def profile(adapter: ModelAdapter) -> Profile:
                 n_state = int(getattr(mod, "ssm_state_size", 0) or getattr(mod, "d_state", 0) or 64)
                 chunk = int(getattr(mod, "chunk_size", 0) or 256)
                 lc.ssd.append((m.num_heads, m.head_dim, n_state, chunk))
+                lc.library_ssd += type(mod).__module__.startswith("transformers.")
                 lc.proj = max(lc.proj, _linear_width(mod, ("in_proj",)))
         layers.append(lc)
     first = next(model.parameters())
@@ -340,10 +348,11 @@ class Phase:
         per_call = self.flops(p) / max(self.calls, 1e-12) / rate
         weights = (p.layer_params(self.layers) + p.d_model * p.vocab) * p.bytes_per_param
         per_call = max(per_call, weights * (1.0 + self.backward) / (dev.bandwidth * dev.bw_util))
-        traffic = sum(p.layers[i].traffic(T, dev.ssd_traffic_scale) for i in self.layers) + 2.0 * self.logit_positions * p.vocab
+        traffic = sum(p.layers[i].traffic(T, dev.ssd_traffic_scale, dev.library_ssd_scale) for i in self.layers) \
+            + 2.0 * self.logit_positions * p.vocab
         per_call += self.rows * traffic * 4.0 * (1.0 + self.backward) / (dev.act_bandwidth or dev.bandwidth * dev.bw_util)
         per_call += len(self.layers) * dev.layer_overhead * (1.0 + self.backward)
-        ssd = sum(len(p.layers[i].ssd) for i in self.layers)
+        ssd = sum(len(p.layers[i].ssd) + (dev.library_ssd_scale - 1.0) * p.layers[i].library_ssd for i in self.layers)
         per_call += ssd * dev.ssd_layer_overhead * (1.0 + self.backward)
         if self.scan:
             steps = sum(1 for i in self.layers for _ in p.layers[i].selective)
@@ -450,7 +459,8 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     # per layer a recompute and input-gradient VJPs: the plain one and, for AtP*, one per GradDrop
     # block above the layer's own
     above = sum(blocks - 1 - b for b in block_of) / depth
-    back = 1.0 + (1.0 + above if method == "atp*" else 1.0)
+    vjp = dev.vjp_cost if dev is not None else 1.0
+    back = 1.0 + vjp * (1.0 + above if method == "atp*" else 1.0)
     phases = [Phase("no-grad pass, residuals kept", calls, per_batch * reps, width, L, n_read, examples=w.n,
                     scored=w.n * w.score_rows * reps),
               Phase(f"layer-by-layer backward ({method})", calls, per_batch * reps, width, L, n_read,
