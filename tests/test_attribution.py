@@ -410,3 +410,31 @@ def test_a_batch_that_runs_out_of_memory_runs_as_halves_with_the_same_numbers(fa
     monkeypatch.setattr(engine._Engine, "run", none_fit)
     with pytest.raises(ganda.GandaError, match=r"one prompt \(\d+ tokens\) does not fit in the memory of cpu"):
         attribute(adapter, EXAMPLES, method="atp*", progress=False)
+
+
+def test_widen_verifies_by_estimate_until_the_reported_top_holds(tmp_path):
+    """``widen``: rounds of the next heads by estimate, each verified exactly (the sweep's numbers),
+    until one round leaves the reported top unchanged; before the last round it had changed."""
+    from ganda.attribution.ranking import reported_top
+
+    ad = llama(layers=3, seed=4)
+    _, exact = exact_drops(ad, EXAMPLES)
+    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=1, audit=0, top=3, widen=2, out_dir=tmp_path,
+                     progress=False)
+    by_est = sorted(res.estimate, key=lambda h: (-abs(res.estimate[h]), h))
+    n = len(res.verified)
+    assert res.verified == by_est[:n] and res.config["widened"] == n - 1 and n >= 5  # two rounds at least
+    for h in res.verified:
+        assert res.exact[h] == pytest.approx(exact[h], abs=1e-5)
+    final = reported_top(res.exact, 3)
+    if n < len(by_est):  # stopped because the last round changed nothing
+        assert reported_top({h: res.exact[h] for h in by_est[: n - 2]}, 3) == final
+    if n > 3:  # every earlier round changed the top
+        assert reported_top({h: res.exact[h] for h in by_est[: n - 4]}, 3) != reported_top(
+            {h: res.exact[h] for h in by_est[: n - 2]}, 3)
+    assert set(res.order()[:3]) == final
+    again = rank_heads(ad, EXAMPLES, method="atp", verify_top=1, audit=0, top=3, widen=2, out_dir=tmp_path,
+                       progress=False)  # resumes round by round
+    assert again.exact == res.exact and (tmp_path / "verify" / "widen-1").is_dir() == (n > 1)
+    with pytest.raises(GandaError, match="widen"):
+        rank_heads(ad, EXAMPLES, method="atp", widen=-1, progress=False)

@@ -418,20 +418,25 @@ def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str
                        audit: int = 10, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
                        batch_tokens: int | None = None, batch_heads: int = 16,
                        graddrop_blocks: int | None = GRADDROP_BLOCKS,
-                       name: Any = str, ig_steps: int = IG_STEPS) -> None:
+                       name: Any = str, ig_steps: int = IG_STEPS, widen: int = 0) -> None:
     """Refuse (one line) a ranking option out of its range: the one place these are checked, for
     ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads` (``name``: as :func:`check_options`)."""
     if method not in RANK_METHODS:
         raise GandaError(f"{name('method')} must be one of {', '.join(RANK_METHODS)}, not {method!r}")
     check_options("atp", ablation, margin, batch_tokens, graddrop_blocks, name, ig_steps)
     for key, value, least in (("verify_top", verify_top, 0), ("audit", audit, 0), ("top", top, 1),
-                              ("batch_heads", batch_heads, 1)):
+                              ("batch_heads", batch_heads, 1), ("widen", widen, 0)):
         if value < least:
             raise GandaError(f"{name(key)} must be at least {least}, got {value}")
     if threshold is not None and threshold <= 0:
         raise GandaError(f"{name('threshold')} must be positive")
     if not 0.0 < confidence < 1.0:
         raise GandaError(f"{name('confidence')} must be between 0 and 1")
+
+
+def reported_top(exact: dict[str, float], top: int) -> set[str]:
+    """The ``top`` heads whose ablation hurts most (signed exact effect, largest first)."""
+    return set(sorted(exact, key=lambda h: (-exact[h], h))[:top])
 
 
 def _to_verify(order: list[str], verify_top: int, layers: set[int], audit: int, seed: int
@@ -468,6 +473,7 @@ def rank_heads(
     batch_heads: int = 16,
     graddrop_blocks: int | None = GRADDROP_BLOCKS,
     ig_steps: int = IG_STEPS,
+    widen: int = 0,
 ) -> RankResult:
     """Rank every head: attribution (``"atp"``/``"atp*"``/``"ig"``) then exact verification of the top
     ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
@@ -480,12 +486,16 @@ def rank_heads(
     ``graddrop_blocks``: AtP*'s GradDrop over that many blocks of layers; ``ig_steps``: integrated
     gradients' midpoint steps (``attribute``).
 
+    ``widen``: after the first verification, verify the next ``widen`` heads by estimate, again and
+    again, until a round leaves the reported top ``top`` (by signed exact effect) unchanged: the
+    answer no longer depends on where the estimate's list was cut.
+
     ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
     effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
     ``ranking.json``, ``ranking.csv``, ``scatter.png`` and ``verify_heatmap.png`` are written there.
     """
     check_rank_options(method, ablation, margin, verify_top, audit, top, threshold, confidence, batch_tokens,
-                       batch_heads, graddrop_blocks, ig_steps=ig_steps)
+                       batch_heads, graddrop_blocks, ig_steps=ig_steps, widen=widen)
     if not examples:
         raise GandaError("no examples to rank heads on")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -520,22 +530,40 @@ def rank_heads(
     exact_acc: dict[str, float] = {}
     clean_acc = None
     clean = att.clean if att is not None else float("nan")
-    if to_verify:
+    vdir = out / "verify" if out is not None else None
+    vcfg = {"task": cfg.get("task"), "ablation": ablation}
+
+    def verify(hs: list[HeadId], where: Path | None) -> None:
+        """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""
+        nonlocal clean, clean_acc
         t1, c1 = time.perf_counter(), time.process_time()
-        vdir = out / "verify" if out is not None else None
-        vcfg = {"task": cfg.get("task"), "ablation": ablation}
         if ablation == "zero":
-            base, lls = _exact_zero(adapter, examples, to_verify, vdir, resume, progress, vcfg, batch_heads)
+            base, lls = _exact_zero(adapter, examples, hs, where, resume, progress, vcfg, batch_heads)
         else:
             means = att.means if att is not None else attribute(
                 adapter, examples, method="atp", ablation="mean", margin=margin, heads=head_list,
                 batch_tokens=batch_tokens, progress=False).means
-            base, lls = _exact_mean(adapter, examples, to_verify, means, vdir, resume, progress, vcfg)
+            base, lls = _exact_mean(adapter, examples, hs, means, where, resume, progress, vcfg)
         clean, clean_acc = metric_value(base, golds, margin), accuracy(base, golds)
-        exact = {h: effect(clean, metric_value(ll, golds, margin)) for h, ll in lls.items()}
-        exact_acc = {h: effect(clean_acc, accuracy(ll, golds)) for h, ll in lls.items()}
-        secs.update({"verification": time.perf_counter() - t1, "verification_cpu": time.process_time() - c1})
-    verified = [str(h) for h in chosen]
+        exact.update({h: effect(clean, metric_value(ll, golds, margin)) for h, ll in lls.items()})
+        exact_acc.update({h: effect(clean_acc, accuracy(ll, golds)) for h, ll in lls.items()})
+        secs["verification"] = secs.get("verification", 0.0) + time.perf_counter() - t1
+        secs["verification_cpu"] = secs.get("verification_cpu", 0.0) + time.process_time() - c1
+
+    if to_verify:
+        verify(to_verify, vdir)
+    widened: list[str] = []
+    if widen and att is not None and to_verify:  # more heads by estimate until the reported top holds
+        rest = [names[i] for i in att.order() if names[i] not in exact]
+        while rest:
+            before = reported_top(exact, top)
+            batch, rest = rest[:widen], rest[widen:]
+            verify([by_name[h] for h in batch], vdir / f"widen-{len(widened) // widen + 1}" if vdir else None)
+            widened += batch
+            if reported_top(exact, top) == before:
+                break
+    cfg["widened"] = len(widened)
+    verified = [str(h) for h in chosen] + widened
     bound = None
     if method != "exact" and verified:
         known = sorted((abs(exact[h]) for h in verified), reverse=True)

@@ -42,6 +42,8 @@ def register(app: typer.Typer) -> None:
         verify_layers: str = typer.Option("", "--verify-layers", help="also verify every head of these layers, "
                                           "e.g. 0,1 (first-order estimates underrate the first layers' heads)"),
         audit: int = typer.Option(10, "--audit", help="also verify this many random other heads (the false-negative bound)"),
+        widen: int = typer.Option(0, "--widen", help="then verify this many more heads by estimate, round after "
+                                  "round, until a round leaves the reported top --top unchanged (0: off)"),
         threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about "
                                                "(default: the smallest exact effect in the verified top --top)"),
         ablation: str = typer.Option("zero", "--ablation", help="zero or mean (mean over the same prompts)"),
@@ -85,7 +87,7 @@ def register(app: typer.Typer) -> None:
         if graddrop_blocks < 0:
             raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
         check_rank_options(method, ablation, margin, verify_top, audit, top, threshold,
-                           graddrop_blocks=graddrop_blocks or None, name=flag, ig_steps=ig_steps)
+                           graddrop_blocks=graddrop_blocks or None, name=flag, ig_steps=ig_steps, widen=widen)
         layer_list = _layers(verify_layers)
         require_heads("--heads", heads)
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
@@ -109,7 +111,7 @@ def register(app: typer.Typer) -> None:
                              verify_top=verify_top, audit=audit, threshold=threshold, top=top, seed=seed,
                              verify_layers=layer_list, graddrop_blocks=graddrop_blocks or None, ig_steps=ig_steps,
                              heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
-                             config=cfg)
+                             config=cfg, widen=widen)
         if as_json:
             print(json.dumps(runio.rounded(finite_json({**res.to_json(), "out": str(out_dir)}))))
             return
@@ -122,7 +124,8 @@ def register(app: typer.Typer) -> None:
         if res.config.get("ig_steps"):
             how = f"{method} ({res.config['ig_steps']} steps)"
         console.print(f"[bold]{model}[/bold] on {task} (n={len(examples)}), {how}, {ablation}-ablation, "
-                      f"{margin} margin {res.clean:+.3f}; {len(res.heads)} heads, {len(res.exact)} verified; {timing}")
+                      f"{margin} margin {res.clean:+.3f}; {len(res.heads)} heads, {len(res.exact)} verified"
+                      + (f" ({res.config['widened']} by --widen)" if res.config.get("widened") else "") + f"; {timing}")
         _print_heads(console, res, top)
         if res.bound is not None:
             console.print(f"bound: {res.bound.sentence()}")
