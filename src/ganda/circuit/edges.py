@@ -108,6 +108,8 @@ class _EdgeEngine:
         self.heads = adapter.heads()
         self.head_col = {h: i for i, h in enumerate(self.heads)}
         self.recv_col = {h: j for j, h in enumerate(receivers)}
+        self._index: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # built once per mixer
+        self._recv_index: dict[int, torch.Tensor] = {}  # ... and per receiver layer
 
     def _writes(self, zs: dict[str, torch.Tensor], rows: int, width: int, d: int) -> torch.Tensor:
         """Every sender's write ``[rows, senders, width·d]`` (fp32), senders in list order."""
@@ -159,9 +161,10 @@ class _EdgeEngine:
             calls = LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
         rows, width = batch.ids.shape
         writes = self._writes({p: tr[p] for p in s_points}, rows, width, calls.h0.shape[-1]) if self.senders else None
-        n_items = len(batch.items)
-        scores = torch.zeros((len(self.senders), len(self.receivers)))
-        atp = torch.zeros((n_items, len(self.heads)))
+        n_items, dev = len(batch.items), self.adapter.device
+        # both accumulate on the device and reach the host once per batch (a sync per layer idles a GPU)
+        scores = torch.zeros((len(self.senders), len(self.receivers)), device=dev)
+        atp = torch.zeros((n_items, len(self.heads)), device=dev)
         with torch.enable_grad():
             assert calls.final is not None
             top = calls.final.detach().requires_grad_(True)
@@ -180,12 +183,27 @@ class _EdgeEngine:
             if recv and below and writes is not None:
                 G = self._receiver_grads(calls, pos, dz, fired, recv)  # [C, rows, W, d]
                 G = G.reshape(len(recv), rows, -1).permute(1, 2, 0)  # [rows, W·d, C]
-                sums = torch.bmm(writes[:, :below], G).sum(0).cpu()  # [below, C], summed over rows
-                cols = torch.tensor([self.recv_col[r] for r in recv])
-                scores[:below, cols] += sums
+                sums = torch.bmm(writes[:, :below], G).sum(0)  # [below, C], summed over rows
+                scores[:below, self._recv_cols(layer, recv)] += sums.to(scores.dtype)
             cot = grads[0] if grads[0] is not None else torch.zeros_like(cot)
             del x, out, zs, grads
-        return scores, atp, lls
+        return scores.cpu(), atp.cpu(), lls
+
+    def _recv_cols(self, layer: int, recv: list[HeadId]) -> torch.Tensor:
+        if layer not in self._recv_index:
+            self._recv_index[layer] = torch.tensor([self.recv_col[r] for r in recv], device=self.adapter.device)
+        return self._recv_index[layer]
+
+    def _head_cols(self, m: Mixer) -> tuple[torch.Tensor, torch.Tensor]:
+        """(heads of ``m`` that are columns of the AtP table, their columns), on the device."""
+        key = (z_point(m), m.layer)
+        if key not in self._index:
+            pairs = [(h, self.head_col[c]) for h in range(m.num_heads)
+                     if (c := self.adapter.canonical(HeadId(m.layer, h, m.kind))) in self.head_col]
+            dev = self.adapter.device
+            self._index[key] = (torch.tensor([h for h, _ in pairs], dtype=torch.long, device=dev),
+                                torch.tensor([c for _, c in pairs], dtype=torch.long, device=dev))
+        return self._index[key]
 
     def _node_atp(self, atp: torch.Tensor, zs: list[tuple[Mixer, torch.Tensor]], dz: dict[str, torch.Tensor],
                   batch: _Batch) -> None:
@@ -193,11 +211,9 @@ class _EdgeEngine:
             g = dz[z_point(m)]
             rows, w = z.shape[0], z.shape[1]
             prod = (z.detach().float() * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
-            vals = prod.new_zeros((len(batch.items), m.num_heads)).index_add_(0, batch.row_example, prod).cpu()
-            for h in range(m.num_heads):
-                col = self.head_col.get(self.adapter.canonical(HeadId(m.layer, h, m.kind)))
-                if col is not None:
-                    atp[:, col] = vals[:, h]
+            vals = prod.new_zeros((len(batch.items), m.num_heads)).index_add_(0, batch.row_example.to(prod.device), prod)
+            heads, cols = self._head_cols(m)
+            atp[:, cols] = vals[:, heads].to(atp.dtype)
 
 
 def default_senders(adapter: ModelAdapter) -> list[HeadId]:
