@@ -334,6 +334,7 @@ CASES = [
     C("sharpness-one-model", "sharpness", LAB, "--out", "out", match="at least two models"),
     C("sharpness-n-0", "sharpness", LAB, LAB, "-n", "0", "--out", "out", match="--limit"),
     C("sharpness-summary", "sharpness", LAB, LAB, "--summary", "middle", "--out", "out", match="--summary"),
+    C("sharpness-prompt-sets-0", "sharpness", LAB, LAB, "--prompt-sets", "0", "--out", "out", match="--prompt-sets"),
     C("sharpness-unknown-task", "sharpness", LAB, LAB, "--task", "nosuch", "--out", "out", match="unknown task"),
     # ganda report
     C("report-empty-dir", "report", "{empty_run}", "--out", "page.html", match="no result.json"),

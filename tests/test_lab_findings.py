@@ -277,6 +277,41 @@ def test_compare_sharpness_gives_paired_differences_with_intervals(lab):
     json.dumps(res)
 
 
+def test_sharpness_on_prompt_sets_pools_each_difference(lab, tmp_path, capsys):
+    """``--prompt-sets K``: set i measures on seed 2i and chooses heads on 2i + 1 (each set is the
+    plain run at that seed); every difference is pooled over the sets (ratios on the log scale)
+    and counted per set; the command prints and writes the pooled rows."""
+    import math
+
+    from ganda.cli import main
+    from ganda.discovery import RATIO_METRICS, compare_sharpness, sharpness_sets
+    from ganda.stats import pool_sets
+
+    models = {"llama": lab["lab-llama"], "mamba2": lab["lab-mamba2"]}
+    kw = dict(k=1, n=6, select_n=6, resamples=200, progress=False)
+    res = sharpness_sets(models, "lab-mmlu", prompt_sets=2, seed=3, **kw)
+    assert res["seeds"] == [3, 5] and [st["seed"] for st in res["sets"]] == [3, 5]
+    second = compare_sharpness(models, "lab-mmlu", seed=5, **kw)
+    assert res["sets"][1]["differences"] == second["differences"]
+    for j, row in enumerate(res["pooled"]):
+        per = [st["differences"][j] for st in res["sets"]]
+        f = math.log if row["metric"] in RATIO_METRICS else float
+        want = pool_sets([f(r["value"]) for r in per], [f(r["ci_low"]) for r in per], [f(r["ci_high"]) for r in per])
+        back = math.exp if f is math.log else float
+        assert row["value"] == pytest.approx(back(want["estimate"]))
+        assert (row["ci_low"], row["ci_high"]) == pytest.approx((back(want["ci_low"]), back(want["ci_high"])))
+        assert row["a_sharper_on"] == sum(r["sharper"] == "llama" for r in per) and row["k"] == 2
+        assert row["b_sharper_on"] == sum(r["sharper"] == "mamba2" for r in per)
+    rc = main(["sharpness", str(checkpoint("lab-llama")), str(checkpoint("lab-mamba2")), "-n", "6", "--select-n", "6",
+               "-k", "1", "--resamples", "200", "--prompt-sets", "2", "--out", str(tmp_path), "-q"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "pooled over 2 prompt sets (seeds 0, 2" in out and " sharper on " in out
+    rows = (tmp_path / "prompt_sets.csv").read_text().splitlines()
+    assert len(rows) == 1 + 3 * len(res["pooled"])  # two sets and the pooled row per metric
+    assert json.loads((tmp_path / "result.json").read_text())["prompt_sets"] == 2
+
+
 def test_sharpness_under_both_summaries_from_one_pass_equals_two_runs(lab):
     """Finding 4 reads each prompt's maps once for the ``\\n`` and the last-word summary: the
     results must be those of two separate runs (to float rounding: the SSM's rows are computed

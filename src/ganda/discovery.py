@@ -614,6 +614,50 @@ def compare_sharpness_summaries(
     return out
 
 
+def sharpness_sets(adapters: Mapping[str, ModelAdapter] | Sequence[ModelAdapter], task: Any = "lab-mmlu", *,
+                   prompt_sets: int = 3, seed: int = 0, **kw: Any) -> dict[str, Any]:
+    """:func:`compare_sharpness` on ``prompt_sets`` prompt sets (set ``i``: heads chosen on seed
+    ``seed + 2i + 1``, measured on ``seed + 2i``), then every difference pooled over the sets
+    (:func:`pool_sharpness`). The result is set 1's, with ``sets``, ``seeds`` and ``pooled`` added."""
+    sets = [compare_sharpness(adapters, task, seed=seed + 2 * i, **kw) for i in range(prompt_sets)]
+    return {**sets[0], "prompt_sets": prompt_sets, "seeds": [seed + 2 * i for i in range(prompt_sets)],
+            "sets": sets, "pooled": pool_sharpness(sets)}
+
+
+def pool_sharpness(sets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each between-model difference of K :func:`compare_sharpness` results pooled
+    (:func:`ganda.stats.pool_sets`; ratios on the log scale): the pooled value and interval, on
+    how many sets the first model is sharper (its set interval clear of no difference), on how many
+    the other is, and which one the pooled interval names (``undecided`` where it covers none)."""
+    from .stats import pool_sets
+
+    out = []
+    for j, first in enumerate(sets[0]["differences"]):
+        rows = [s["differences"][j] for s in sets]
+        ratio = first["metric"] in RATIO_METRICS
+        f = math.log if ratio else float
+        pooled = pool_sets([f(r["value"]) for r in rows], [f(bounds(r)[0]) for r in rows],
+                           [f(bounds(r)[1]) for r in rows])
+        back = math.exp if ratio else float
+        lo, hi = (back(x) for x in bounds(pooled))
+        a, b = first["a"], first["b"]
+        out.append({"a": a, "b": b, "metric": first["metric"], "value": back(pooled["estimate"]), **ci((lo, hi)),
+                    "scale": first["scale"], "k": len(sets),
+                    "a_sharper_on": sum(str(r["sharper"]) == a for r in rows),
+                    "b_sharper_on": sum(str(r["sharper"]) == b for r in rows),
+                    "sharper": a if pooled["pooled_holds"] else b if bounds(pooled)[1] < 0 else
+                    "undecided (pooled CI covers no difference)",
+                    "between_sd": pooled["between_sd"], "method": pooled["method"]})
+    return out
+
+
+def pooled_sharpness_lines(pooled: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per metric: the pooled difference, its interval and how many sets agree."""
+    return [f"{r['metric']:<18} {r['value']:9.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}]  {r['a']} sharper on "
+            f"{r['a_sharper_on']} of {r['k']} sets, {r['b']} on {r['b_sharper_on']}; pooled: {r['sharper']}"
+            for r in pooled]
+
+
 def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
     """``result.json`` (kind ``sharpness``), ``sharpness.csv`` and ``sharpness.png`` (a forest plot
     of every between-model difference with its 95% interval) for a :func:`compare_sharpness` result;
@@ -630,6 +674,13 @@ def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
     runio.write_csv(out / "sharpness.csv", rows)
     if res["differences"]:
         _forest(res["differences"], out / "sharpness.png")
+    if res.get("pooled"):
+        runio.write_csv(out / "prompt_sets.csv", [
+            {"set": i + 1, "seed": st["seed"], "model": f"{r['a']} vs {r['b']}", "metric": r["metric"],
+             "value": r["value"], **ci(bounds(r)), "sharper": r["sharper"]}
+            for i, st in enumerate(res["sets"]) for r in st["differences"]]
+            + [{"set": "pooled", "seed": "", "model": f"{r['a']} vs {r['b']}", "metric": r["metric"],
+                "value": r["value"], **ci(bounds(r)), "sharper": r["sharper"]} for r in res["pooled"]])
     return rows
 
 

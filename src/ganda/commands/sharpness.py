@@ -24,6 +24,8 @@ def register(app: typer.Typer) -> None:
         select_n: int | None = typer.Option(None, "--select-n", help="prompts for choosing heads (seed --seed+1; "
                                             "default --limit)"),
         resamples: int = typer.Option(2000, "--resamples", help="bootstrap draws"),
+        prompt_sets: int = typer.Option(1, "--prompt-sets", help="run on K prompt sets (seeds --seed, +2, +4, ...) "
+                                        "and pool every difference over them"),
         seed: int = SEED,
         out: Path = typer.Option(Path("runs/sharpness"), "--out", "-o", help="directory for JSON, CSV and PNG"),
         summary: str = typer.Option("end", "--summary", help="the token scored as a segment's summary: 'end' (the "
@@ -33,22 +35,30 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
         95% bootstrap intervals over prompts and the paired difference between models."""
-        from ..discovery import compare_sharpness, save_sharpness
+        from ..discovery import compare_sharpness, pooled_sharpness_lines, save_sharpness, sharpness_sets
         from ..models import load_model
 
         if select not in ("pattern", "drop"):
             raise GandaError(f"--select must be 'pattern' or 'drop', not {select!r}")
         if len(models) < 2:
             raise GandaError("give at least two models to compare")
-        for flag, value in (("--limit", limit), ("--top", top), ("--select-n", select_n), ("--resamples", resamples)):
+        for flag, value in (("--limit", limit), ("--top", top), ("--select-n", select_n), ("--resamples", resamples),
+                            ("--prompt-sets", prompt_sets)):
             at_least(flag, value)
         one_of("--summary", summary, SUMMARIES)
         get_task(task)  # an unknown task fails before the models load
         runio.claim_run_dir(out)
         adapters = {m: load_model(m, allow_pickle=allow_pickle) for m in models}
-        res = compare_sharpness(adapters, task, k=top, n=limit, seed=seed, select=select, select_n=select_n,
-                                resamples=resamples, progress=not quiet, summary=summary)
+        kw = dict(k=top, n=limit, select=select, select_n=select_n, resamples=resamples, progress=not quiet,
+                  summary=summary)
+        res = (sharpness_sets(adapters, task, prompt_sets=prompt_sets, seed=seed, **kw) if prompt_sets > 1
+               else compare_sharpness(adapters, task, seed=seed, **kw))
         rows = save_sharpness(res, out)
         for r in rows:
             print(f"{r['model']:>40}  {r['metric']:<18} {r['value']:9.4f}  [{r['ci_low']:.4f}, {r['ci_high']:.4f}]  {r['heads']}")
-        print(f"wrote {out}/result.json, sharpness.csv and sharpness.png")
+        if prompt_sets > 1:
+            print(f"pooled over {prompt_sets} prompt sets (seeds {', '.join(map(str, res['seeds']))}; the rows above are set 1's):")
+            for line in pooled_sharpness_lines(res["pooled"]):
+                print("  " + line)
+        print(f"wrote {out}/result.json, sharpness.csv" + (", prompt_sets.csv" if prompt_sets > 1 else "")
+              + " and sharpness.png")
