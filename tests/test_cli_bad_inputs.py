@@ -369,6 +369,7 @@ CASES = [
     C("grow-layers-0", "grow", LAB, "--out", "out", "--layers", "0", match="--layers"),
     C("lab-only", "lab", "--only", "9", "--out", "out", match="--only"),
     C("lab-n-0", "lab", "--limit", "0", "--out", "out", match="--limit"),
+    C("lab-prompt-sets-0", "lab", "--prompt-sets", "0", "--out", "out", match="--prompt-sets"),
     C("lab-missing-model", "lab", "--only", "1", "--transformer", "{missing}", "--out", "out",
       match="neither a model directory"),
     C("lab-replay-empty", "lab", "--replay", "{empty_run}", match="not a ganda lab run directory"),

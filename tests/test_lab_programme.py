@@ -371,3 +371,26 @@ def test_lab_checks_only_the_models_its_findings_read(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--transformer" in err and "--distilled" not in err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.usefixtures("lab_checkpoints")
+def test_lab_on_prompt_sets_counts_each_findings_verdicts(tmp_path, capsys):
+    """``--prompt-sets K``: one programme run per evaluation seed, each in its own directory, and
+    each finding's verdicts across them counted as the sets' own findings files say."""
+    from ganda.cli import main
+    from ganda_lab.programme import load_findings
+
+    out = tmp_path / "lab"
+    assert main(["lab", "--only", "1", "--limit", "6", "--top", "2", "--seed", "4", "--prompt-sets", "2",
+                 "--out", str(out), "-q"]) == 0
+    doc = json.loads((out / "prompt_sets.json").read_text())
+    assert doc["seeds"] == [4, 5] and [r["finding"] for r in doc["findings"]] == [1]
+    row = doc["findings"][0]
+    per_set = [load_findings(out / f"set-{i}")[0] for i in (1, 2)]
+    assert row["verdicts"] == [f["verdict"] for f in per_set] and row["lab"] == [f["lab"] for f in per_set]
+    assert row["reproduced_on"] + row["partly_on"] + row["not_on"] == 2
+    assert row["reproduced_on"] == sum(f["verdict"] == "reproduced" for f in per_set)
+    cfg = [json.loads((out / f"set-{i}" / "f1-roles-transformer" / "result.json").read_text())["config"] for i in (1, 2)]
+    assert cfg[0] != cfg[1]  # two prompt sets, not one twice
+    assert f"finding 1: reproduced on {row['reproduced_on']} of 2 prompt sets" in capsys.readouterr().out
+    assert len((out / "prompt_sets.csv").read_text().splitlines()) == 3

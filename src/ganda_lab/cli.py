@@ -108,6 +108,9 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(None, "--steps", help="--from-scratch: override every config's training steps"),
         limit: int = limit_option(200, "held-out prompts per task", mmlu=False),
         seed: int = typer.Option(0, "--seed", help="evaluation seed"),
+        prompt_sets: int = typer.Option(1, "--prompt-sets", help="run the programme on K prompt sets (evaluation "
+                                        "seeds --seed, +1, ...; one run directory each, OUT/set-1 ...) and count "
+                                        "on how many each finding holds"),
         top: int = typer.Option(6, "--top", help="heads whose role is tested per model"),
         only: str = typer.Option("1,2,3,4,5,6", "--only", help="findings to run, e.g. 1,5"),
         out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="run directory (one folder per finding, "
@@ -122,7 +125,7 @@ def register(app: typer.Typer) -> None:
         from .programme import replay as replay_run
 
         for flag, value in (("--limit", limit), ("--top", top), ("--jobs", jobs), ("--eval-every", eval_every),
-                            ("--steps", steps)):
+                            ("--steps", steps), ("--prompt-sets", prompt_sets)):
             at_least(flag, value)
         if replay is not None:
             runio.claim_run_dir(replay, "--replay")
@@ -150,7 +153,32 @@ def register(app: typer.Typer) -> None:
                 raise GandaError(f"--{role.replace('_', '-')} {spec!r} is neither a model directory nor a shipped lab checkpoint "
                                  f"({', '.join(shipped())})")
         runio.claim_run_dir(out)
+        if prompt_sets > 1:
+            _lab_sets(models, out, limit, seed, top, findings, prompt_sets, quiet)
+            return
         res = Programme(models=models, out=out, n=limit, seed=seed, top=top, only=findings, progress=not quiet).run()
         for f in res["findings"]:
             print(f"finding {f['finding']}: {f['verdict']:<15} {f['lab']}")
         print(f"wrote {out}/report.html ({res['seconds']:.0f} s)")
+
+
+def _lab_sets(models: dict, out: Path, limit: int, seed: int, top: int, findings: tuple[int, ...], k: int,
+              quiet: bool) -> None:
+    """The programme once per prompt set (seeds ``seed .. seed + k - 1``, resumable each), then each
+    finding's count of sets that reproduce it: ``prompt_sets.json`` and ``prompt_sets.csv``."""
+    from .programme import Programme, across_text, verdicts_across
+
+    seeds = [seed + i for i in range(k)]
+    sets = []
+    for i, s in enumerate(seeds):
+        res = Programme(models=models, out=out / f"set-{i + 1}", n=limit, seed=s, top=top, only=findings,
+                        progress=not quiet).run()
+        sets.append(res["findings"])
+    rows = verdicts_across(sets, seeds)
+    runio.write_json(out / "prompt_sets.json", {"kind": "lab-prompt-sets", "seeds": seeds, "findings": rows})
+    runio.write_csv(out / "prompt_sets.csv", [
+        {"finding": r["finding"], "set": i + 1, "seed": s, "verdict": v, "lab": lab}
+        for r in rows for i, (s, v, lab) in enumerate(zip(seeds, r["verdicts"], r["lab"], strict=True))])
+    for r in rows:
+        print(across_text(r))
+    print(f"wrote {out}/prompt_sets.json, prompt_sets.csv and one run per set ({out}/set-1 ... set-{k})")

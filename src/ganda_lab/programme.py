@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -754,6 +754,29 @@ def _signed(x: float | None) -> str:
 def _change(drop: float | None) -> str:
     """A drop (baseline - after) shown as the change in points (- is down)."""
     return "-" if drop is None else f"{-100 * drop:+.1f} pts"
+
+
+def verdicts_across(sets: Sequence[Sequence[dict[str, Any]]], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """Each finding's verdict on K prompt sets (one programme run per evaluation seed): how many
+    sets reproduce it, how many reproduce it partly, and the verdict and lab numbers of each set."""
+    out = []
+    for number in sorted({f["finding"] for fs in sets for f in fs}):
+        per = [next((f for f in fs if f["finding"] == number), None) for fs in sets]
+        got = [f["verdict"] if f else "not run" for f in per]
+        out.append({"finding": number, "k": len(sets), "seeds": list(seeds),
+                    "reproduced_on": got.count("reproduced"), "partly_on": got.count("partly"),
+                    "not_on": got.count("not reproduced"), "verdicts": got,
+                    "lab": [f["lab"] if f else None for f in per]})
+    return out
+
+
+def across_text(row: dict[str, Any]) -> str:
+    """``finding 4: reproduced on 3 of 3 prompt sets`` (with the partly and not counts where any)."""
+    k = row["k"]
+    parts = [f"reproduced on {row['reproduced_on']} of {k} prompt sets"]
+    parts += [f"partly on {row['partly_on']}"] if row["partly_on"] else []
+    parts += [f"not on {row['not_on']}"] if row["not_on"] else []
+    return f"finding {row['finding']}: " + ", ".join(parts) + f" (seeds {', '.join(map(str, row['seeds']))})"
 
 
 def load_findings(run_dir: str | Path) -> list[dict[str, Any]]:
