@@ -485,6 +485,44 @@ def table_cmd(_args) -> None:
     print(text)
 
 
+def widen_cmd(args) -> None:
+    """Replay ``rank --verify-top V --verify-layers ... --widen W`` on recorded quality/ig runs: their
+    exhaustive sweep gives every head's exact effect, which is what verification measures, so the
+    replay is what ``rank`` would report. Cost: the fast sweep reruns layers k.. for a head of layer
+    k, so a head costs ``L - k`` layer-forwards; the share is verified cost over all heads' cost."""
+    from ganda.attribution.ranking import reported_top, widen_until_stable
+
+    layers = {int(x) for x in args.verify_layers.split(",") if x.strip()}
+    rows = []
+    for path in args.files:
+        d = json.loads(Path(path).read_text())
+        exact = d["exact"]
+        arms = {a.get("method") or a.get("arm"): a["estimates"] for a in d.get("methods") or d.get("arms")}
+        n_layers = 1 + max(int(h[1:].split("H")[0]) for h in exact)
+        cost = {h: n_layers - int(h[1:].split("H")[0]) for h in exact}
+        truth = reported_top(exact, args.top)
+        for method in args.methods:
+            est = arms[method]
+            order = sorted(est, key=lambda h: (-abs(est[h]), h))
+            first = order[:args.verify_top] + [h for h in order[args.verify_top:] if int(h[1:].split("H")[0]) in layers]
+            known = {h: exact[h] for h in first}
+            more = widen_until_stable(order, known, args.widen, args.top,
+                                      lambda batch, _k, known=known, exact=exact: known.update(
+                                          {h: exact[h] for h in batch})) if args.widen else []
+            got = reported_top(known, args.top)
+            share = sum(cost[h] for h in known) / sum(cost.values())
+            rows.append({"file": Path(path).name, "n": d.get("n_prompts"), "method": method, "verified": len(known),
+                         "widened": len(more), "found": len(got & truth), "top": args.top,
+                         "missed": sorted(truth - got), "sweep_share": share})
+            print(f"{Path(path).name:<52} {method:<5} verified {len(known):>3} ({len(more)} by widening), "
+                  f"{len(got & truth)}/{args.top} of the exhaustive top {args.top}, {100 * share:.0f}% of the "
+                  f"sweep's layer-forwards; missed {', '.join(sorted(truth - got)) or '-'}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"command": "python benchmarks/bench_attribution.py widen " + " ".join(args.files), "rule": {
+            "verify_top": args.verify_top, "verify_layers": sorted(layers), "widen": args.widen, "top": args.top},
+            "rows": rows}, indent=1))
+
+
 def ig_cmd(args) -> None:
     from ganda.attribution import attribute, quality, top_by_magnitude
 
@@ -560,10 +598,18 @@ def main() -> None:
     ig.add_argument("--margin", default="mean")
     ig.add_argument("--threads", type=int, default=1)
     ig.add_argument("--ig-steps", type=int, nargs="+", default=[5], help="IG arms, one per step count")
+    w = sub.add_parser("widen")
+    w.add_argument("files", nargs="+", help="quality or ig result files (their exhaustive sweep and estimates)")
+    w.add_argument("--methods", nargs="+", default=["atp*"])
+    w.add_argument("--verify-top", type=int, default=20)
+    w.add_argument("--verify-layers", default="0,1")
+    w.add_argument("--widen", type=int, default=10)
+    w.add_argument("--top", type=int, default=10)
+    w.add_argument("--out", default=None)
     sub.add_parser("table")
     args = ap.parse_args()
     {"quality": quality_cmd, "speed": speed_cmd, "profile": profile_cmd, "blocks": blocks_cmd, "memory": memory_cmd,
-     "_mem": mem_arm_cmd, "table": table_cmd, "ig": ig_cmd}[args.cmd](args)
+     "_mem": mem_arm_cmd, "table": table_cmd, "ig": ig_cmd, "widen": widen_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":

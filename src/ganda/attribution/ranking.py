@@ -17,7 +17,7 @@ import csv
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -439,6 +439,23 @@ def reported_top(exact: dict[str, float], top: int) -> set[str]:
     return set(sorted(exact, key=lambda h: (-exact[h], h))[:top])
 
 
+def widen_until_stable(order: Sequence[str], exact: dict[str, float], widen: int, top: int,
+                       measure: Callable[[list[str], int], None]) -> list[str]:
+    """``rank --widen``: the next ``widen`` heads of ``order`` not yet in ``exact``, round ``k`` = 1, 2, ...,
+    each ``measure(batch, k)``-d (which adds their exact effects to ``exact``), until a round leaves
+    :func:`reported_top` unchanged or no head is left; returns the heads it measured, in order."""
+    rest = [h for h in order if h not in exact]
+    widened: list[str] = []
+    while rest:
+        before = reported_top(exact, top)
+        batch, rest = rest[:widen], rest[widen:]
+        measure(batch, len(widened) // widen + 1)
+        widened += batch
+        if reported_top(exact, top) == before:
+            break
+    return widened
+
+
 def _to_verify(order: list[str], verify_top: int, layers: set[int], audit: int, seed: int
                ) -> tuple[list[HeadId], list[str]]:
     """The heads to verify exactly, from heads in estimate order: the top ``verify_top`` and every head
@@ -554,14 +571,8 @@ def rank_heads(
         verify(to_verify, vdir)
     widened: list[str] = []
     if widen and att is not None and to_verify:  # more heads by estimate until the reported top holds
-        rest = [names[i] for i in att.order() if names[i] not in exact]
-        while rest:
-            before = reported_top(exact, top)
-            batch, rest = rest[:widen], rest[widen:]
-            verify([by_name[h] for h in batch], vdir / f"widen-{len(widened) // widen + 1}" if vdir else None)
-            widened += batch
-            if reported_top(exact, top) == before:
-                break
+        widened = widen_until_stable([names[i] for i in att.order()], exact, widen, top, lambda batch, k: verify(
+            [by_name[h] for h in batch], vdir / f"widen-{k}" if vdir else None))
     cfg["widened"] = len(widened)
     verified = [str(h) for h in chosen] + widened
     bound = None
