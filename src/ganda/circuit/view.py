@@ -1,10 +1,11 @@
 """The circuit view: heads as nodes placed by layer, verified edges as arrows labelled with their
-exact effect and its interval, nodes coloured by role (Gather, Aggregate, neither).
+exact effect and its interval, nodes coloured by their label (:mod:`ganda.labels`: Gather,
+Aggregate, induction, previous-token, sink or none).
 
 An arrow's width grows with |effect|; green where removing the edge lowers the gold answer's
 margin (the edge supports it), purple where it raises it; dashed where the paired 95% interval
-includes 0 (a weak edge). Roles are whatever the caller labelled the heads with
-(:func:`ganda.experiments.roles.head_roles` in ``ganda edges``); a head without one is drawn
+includes 0 (a weak edge). Labels are whatever the caller gives (the shared labeller, through
+:func:`ganda.experiments.circuit.circuit_roles`, in ``ganda edges``); a head without one is drawn
 white.
 """
 
@@ -18,7 +19,8 @@ from ..figures import pyplot
 from ..heads import HeadId
 from ..runio import atomic_path
 
-ROLE_COLOURS = {"gather": "#4C72B0", "aggregate": "#C44E52", "neither": "#BBBBBB"}
+ROLE_COLOURS = {"Gather": "#4C72B0", "Aggregate": "#C44E52", "induction": "#DD8452", "previous-token": "#CCB974",
+                "sink": "#8172B3", "none": "#BBBBBB", "unlabelled": "#FFFFFF"}  # ganda.labels.LABELS
 SUPPORTS, OPPOSES = "#2A9D3A", "#8E44AD"
 
 
@@ -76,13 +78,15 @@ def draw_circuit(edges: Sequence[Mapping[str, Any]], path: str | Path, *, roles:
     for k, e in enumerate(edges):
         _arrow(ax, pos[str(e["sender"])], pos[str(e["receiver"])], e, k, biggest, FancyArrowPatch)
     for n, (x, y) in pos.items():
-        ax.scatter([x], [y], s=900, c=ROLE_COLOURS.get(roles.get(n, ""), "white"), edgecolors="black", zorder=2)
+        ax.scatter([x], [y], s=900, c=ROLE_COLOURS.get(roles.get(n, "unlabelled"), "white"), edgecolors="black", zorder=2)
         ax.text(x, y, n, fontsize=7, ha="center", va="center", zorder=4)
     ax.set_yticks([])
     first, last = ax.get_xlim()
     ax.set_xticks(range(int(first + 0.6), int(last - 0.6) + 1, max(1, int(last - first) // 12)))
     ax.set_xlabel("layer")
-    handles = [Line2D([], [], marker="o", ls="", ms=10, mfc=c, mec="black", label=r) for r, c in ROLE_COLOURS.items()]
+    shown = set(roles.get(n, "unlabelled") for n in nodes)
+    handles = [Line2D([], [], marker="o", ls="", ms=10, mfc=c, mec="black", label=r) for r, c in ROLE_COLOURS.items()
+               if r in shown]
     handles += [Line2D([], [], color=SUPPORTS, lw=2, label="edge supports the gold answer"),
                 Line2D([], [], color=OPPOSES, lw=2, label="edge opposes it"),
                 Line2D([], [], color="grey", lw=2, ls="--", label="95% interval includes 0")]

@@ -226,13 +226,14 @@ def attention_view(adapter: ModelAdapter, example: Example, sender: HeadId, rece
 
 def circuit_roles(adapter: ModelAdapter, examples: list[Example], heads: list[str], progress: bool = True
                   ) -> dict[str, str]:
-    """Gather / Aggregate / neither for ``heads``, by ``ganda roles``' rule
-    (:func:`ganda.experiments.roles.head_roles`: a head whose ablation at the final position alone
-    costs more than before it aggregates, the other way round gathers; below its ``min_drop``: neither)."""
+    """Each of ``heads`` labelled by the labeller every command shares (:mod:`ganda.labels`, through
+    :func:`ganda.experiments.roles.head_roles`, whose positional ablations it reads): Gather or
+    Aggregate only where the pattern score reaches its minimum, else induction, previous-token,
+    sink or none; ``unlabelled`` where the task's prompts have no segments to score."""
     if not heads:
         return {}
     res = head_roles(adapter, examples, ranked=heads, top=len(heads), until_chance=False, progress=progress)
-    return {r["head"]: ("neither" if r["role"] == "-" else r["role"]) for r in res.rows}
+    return {r["head"]: r.get("label") or "unlabelled" for r in res.rows}
 
 
 def edges_result(adapter: ModelAdapter, res: Any, options: EdgesOptions, config: dict[str, Any],
