@@ -335,6 +335,28 @@ def test_verified_edges_are_the_path_ablation_and_resume(tmp_path, monkeypatch):
     assert again.exact == res.exact
 
 
+def test_edges_widen_until_the_top_by_exact_holds(tmp_path):
+    """``widen``: rounds of the next edges by |estimate|, each verified by the path ablation, until a
+    round leaves the top ``top`` by |exact| unchanged; every earlier round had changed it."""
+    ad, exs = model("llama"), EXAMPLES
+    res = rank_edges(ad, exs, verify_top=1, audit=0, top=3, widen=1, out_dir=tmp_path, progress=False)
+    order = sorted(res.estimate, key=lambda e: -abs(res.estimate[e]))
+    n = len(res.verified)
+    assert res.verified == order[:n] and res.config["widened"] == n - 1 >= 3
+
+    def top3(names):
+        return set(sorted(names, key=lambda e: -abs(res.exact[e]))[:3])
+
+    if n < len(order):
+        assert top3(order[: n - 1]) == top3(order[:n])
+    for k in range(2, n):  # the rounds before the last moved the top
+        assert top3(order[: k - 1]) != top3(order[:k])
+    plain = rank_edges(ad, exs, verify_top=n, audit=0, top=3, progress=False)
+    assert {e: plain.exact[e] for e in res.verified} == pytest.approx(res.exact, abs=1e-9)
+    with pytest.raises(GandaError, match="widen"):
+        rank_edges(ad, exs, widen=-1, progress=False)
+
+
 def test_edge_positions_sum_to_the_edge_score():
     ad, exs = model("mamba2"), examples("mamba2")
     es = edge_attribution(ad, exs[:1], progress=False)

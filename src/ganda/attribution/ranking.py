@@ -440,18 +440,20 @@ def reported_top(exact: dict[str, float], top: int) -> set[str]:
 
 
 def widen_until_stable(order: Sequence[str], exact: dict[str, float], widen: int, top: int,
-                       measure: Callable[[list[str], int], None]) -> list[str]:
-    """``rank --widen``: the next ``widen`` heads of ``order`` not yet in ``exact``, round ``k`` = 1, 2, ...,
+                       measure: Callable[[list[str], int], None],
+                       top_of: Callable[[dict[str, float], int], set[str]] = reported_top) -> list[str]:
+    """``rank --widen``: the next ``widen`` items of ``order`` not yet in ``exact``, round ``k`` = 1, 2, ...,
     each ``measure(batch, k)``-d (which adds their exact effects to ``exact``), until a round leaves
-    :func:`reported_top` unchanged or no head is left; returns the heads it measured, in order."""
+    ``top_of(exact, top)`` (default :func:`reported_top`) unchanged or nothing is left; returns the
+    items it measured, in order."""
     rest = [h for h in order if h not in exact]
     widened: list[str] = []
     while rest:
-        before = reported_top(exact, top)
+        before = top_of(exact, top)
         batch, rest = rest[:widen], rest[widen:]
         measure(batch, len(widened) // widen + 1)
         widened += batch
-        if reported_top(exact, top) == before:
+        if top_of(exact, top) == before:
             break
     return widened
 

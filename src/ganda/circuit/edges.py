@@ -43,7 +43,7 @@ import torch
 
 from .. import runio
 from ..attribution.engine import _Batch, _ssm_context, batch_metric, margin_of, metric_value
-from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_magnitude
+from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_magnitude, widen_until_stable
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
 from ..heads import HeadId
@@ -398,31 +398,46 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
                senders: Sequence[HeadId] | None = None, receivers: Sequence[HeadId] | None = None,
                margin: str = "mean", seed: int = 0, batch_tokens: int | None = None,
                out_dir: str | Path | None = None, resume: bool = True, progress: bool = True,
-               config: dict[str, Any] | None = None) -> EdgeRanking:
+               config: dict[str, Any] | None = None, widen: int = 0) -> EdgeRanking:
     """Score every edge (:func:`edge_attribution`), ablate the top ``verify_top`` and ``audit``
     random others exactly along their direct paths, and bound what the unverified edges could hide
-    (``threshold``: default the smallest |exact| in the verified top ``top``)."""
-    if verify_top < 0 or audit < 0 or top < 1:
-        raise GandaError("verify_top and audit must be at least 0, top at least 1")
+    (``threshold``: default the smallest |exact| in the verified top ``top``). ``widen``: then the
+    next ``widen`` edges by |estimate|, round after round, until a round leaves the top ``top`` by
+    |exact| unchanged (:func:`ganda.attribution.ranking.widen_until_stable`)."""
+    if verify_top < 0 or audit < 0 or top < 1 or widen < 0:
+        raise GandaError("verify_top, audit and widen must be at least 0, top at least 1")
     with cpu_clock() as c1:
         sc = edge_attribution(adapter, examples, senders=senders, receivers=receivers, margin=margin,
                               batch_tokens=batch_tokens, progress=progress)
     est = sc.by_edge()
-    chosen, audited = _to_verify(top_by_magnitude(est, len(est)), verify_top, audit, seed)
-    edges = [parse_edge(e) for e in [*chosen, *audited]]
-    edges = [(adapter.canonical(s), adapter.canonical(r)) for s, r in edges]
-    with cpu_clock() as c2:
-        clean_ll, lls = exact_edges(adapter, examples, edges, margin=margin, out_dir=out_dir, resume=resume,
-                                    progress=progress) if edges else (sc.clean_logliks, {})
+    order = top_by_magnitude(est, len(est))
+    chosen, audited = _to_verify(order, verify_top, audit, seed)
     golds = [ex.gold for ex in examples]
+    clean_ll = sc.clean_logliks
+    exact: dict[str, float] = {}
+    ci: dict[str, list[float]] = {}
+    acc: dict[str, float] = {}
+
+    def measure(names: list[str], _round: int = 0) -> None:
+        """Exact path ablations of ``names`` into ``exact``, ``ci`` and ``acc`` (resumable in ``out_dir``)."""
+        nonlocal clean_ll
+        edges = [(adapter.canonical(s), adapter.canonical(r)) for s, r in map(parse_edge, names)]
+        clean_ll, lls = exact_edges(adapter, examples, edges, margin=margin, out_dir=out_dir, resume=resume,
+                                    progress=progress)
+        base_a, base_m = per_prompt(clean_ll, golds, margin)
+        for name, ll in lls.items():
+            a, m = per_prompt(ll, golds, margin)
+            bs = bootstrap_paired(base_m, m, seed=seed)
+            exact[name], ci[name] = bs["diff"], list(bounds(bs, "diff"))
+            acc[name] = (sum(base_a) - sum(a)) / len(a)
+
+    with cpu_clock() as c2:
+        if chosen or audited:
+            measure([*chosen, *audited])
+        if widen and chosen:
+            chosen += widen_until_stable(order, exact, widen, top, measure, top_of=lambda ex, k: set(
+                top_by_magnitude(ex, k)))
     clean = metric_value(clean_ll, golds, margin)
-    base_a, base_m = per_prompt(clean_ll, golds, margin)
-    exact, ci, acc = {}, {}, {}
-    for name, ll in lls.items():
-        a, m = per_prompt(ll, golds, margin)
-        bs = bootstrap_paired(base_m, m, seed=seed)
-        exact[name], ci[name] = bs["diff"], list(bounds(bs, "diff"))
-        acc[name] = (sum(base_a) - sum(a)) / len(a)
     bound = None
     if chosen:
         known = sorted((abs(exact[e]) for e in chosen), reverse=True)
@@ -430,7 +445,8 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
         bound = false_negative_bound(est, exact, chosen, audited, theta, confidence)
     secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
             "verification_cpu": c2["cpu"]}
-    cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "audit": audit, "seed": seed}
+    cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "audit": audit, "seed": seed, "widen": widen,
+           "widened": len(chosen) - min(verify_top, len(order))}
     res = EdgeRanking(sc, "direct", exact, ci, acc, chosen, audited, clean, bound, secs, cfg)
     if out_dir is not None:
         res.write(out_dir)

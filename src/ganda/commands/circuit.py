@@ -97,6 +97,8 @@ def register(app: typer.Typer) -> None:
         task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, lab-mmlu, mmlu, ...)"),
         verify_top: int = typer.Option(10, "--verify-top", "-k", help="verify this many top edges exactly"),
         audit: int = typer.Option(10, "--audit", help="also verify this many random other edges (the false-negative bound)"),
+        widen: int = typer.Option(0, "--widen", help="then verify this many more edges by estimate, round after round, "
+                                  "until a round leaves the top --top by |exact| unchanged (0: off)"),
         top: int = typer.Option(10, "--top", help="the bound's default threshold: the smallest exact effect in the "
                                 "verified top TOP; rows printed"),
         threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about"),
@@ -125,7 +127,8 @@ def register(app: typer.Typer) -> None:
         at_least("--limit", limit)
         require_heads("--senders", senders)
         require_heads("--receivers", receivers)
-        opts = EdgesOptions.build({"verify_top": verify_top, "audit": audit, "top": top, "threshold": threshold,
+        opts = EdgesOptions.build({"verify_top": verify_top, "audit": audit, "widen": widen, "top": top,
+                                   "threshold": threshold,
                                    "senders": senders or "", "receivers": receivers or "", "margin": margin,
                                    "roles": not no_roles, "show": show}, cli=True)
         out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"edges-{task}")

@@ -140,6 +140,8 @@ class PathExperiment(Experiment):
 class EdgesOptions(Options):
     verify_top: int = field(default=10, metadata={"help": "verify this many top edges exactly (direct paths)"})
     audit: int = field(default=10, metadata={"help": "also verify this many random other edges (the bound)"})
+    widen: int = field(default=0, metadata={"help": "then verify this many more edges by estimate, round after round, "
+                                            "until the top TOP by |exact| holds (0: off)"})
     top: int = field(default=10, metadata={"help": "the bound's default threshold: the verified top TOP"})
     threshold: float | None = field(default=None, metadata={"help": "effect size the false-negative bound speaks about"})
     senders: str = field(default="", metadata={"help": "only these senders, e.g. 'L16H*' (default: every head)"})
@@ -150,7 +152,7 @@ class EdgesOptions(Options):
     show: int = field(default=10, metadata={"help": "verified edges drawn in the circuit view"})
 
     def check(self) -> None:
-        for name in ("verify_top", "audit"):
+        for name in ("verify_top", "audit", "widen"):
             if getattr(self, name) < 0:
                 raise GandaError(f"{self.flag(name)} must be at least 0, got {getattr(self, name)}")
         for name in ("top", "show"):
@@ -266,6 +268,7 @@ class EdgesExperiment(Experiment):
         senders = expand(options.senders, adapter) if options.senders else None
         receivers = expand(options.receivers, adapter) if options.receivers else None
         res = rank_edges(adapter, examples, verify_top=options.verify_top, audit=options.audit, top=options.top,
+                         widen=options.widen,
                          threshold=options.threshold, senders=senders, receivers=receivers, margin=options.margin,
                          seed=int(config.get("seed", 0)), out_dir=out_dir, resume=self.resume, progress=progress,
                          config=config)
