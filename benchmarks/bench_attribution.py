@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -518,7 +519,7 @@ def widen_cmd(args) -> None:
                   f"{len(got & truth)}/{args.top} of the exhaustive top {args.top}, {100 * share:.0f}% of the "
                   f"sweep's layer-forwards; missed {', '.join(sorted(truth - got)) or '-'}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"command": "python benchmarks/bench_attribution.py widen " + " ".join(args.files), "rule": {
+        Path(args.out).write_text(json.dumps({"command": "python benchmarks/bench_attribution.py " + " ".join(sys.argv[1:]), "rule": {
             "verify_top": args.verify_top, "verify_layers": sorted(layers), "widen": args.widen, "top": args.top},
             "rows": rows}, indent=1))
 
