@@ -65,7 +65,7 @@ from .labels import label_model
 from .models.base import ModelAdapter
 from .progress import tqdm
 from .scoring import encode, evaluate_examples
-from .stats import bootstrap_paired, geo_t_interval, t_interval, weak_note, wilson
+from .stats import bootstrap_paired, geo_t_interval, pool_sets, t_interval, weak_note, wilson
 from .sweep import run_sweep
 from .tasks import get_task
 from .tasks.base import Example, token_spans
@@ -629,8 +629,6 @@ def pool_sharpness(sets: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     (:func:`ganda.stats.pool_sets`; ratios on the log scale): the pooled value and interval, on
     how many sets the first model is sharper (its set interval clear of no difference), on how many
     the other is, and which one the pooled interval names (``undecided`` where it covers none)."""
-    from .stats import pool_sets
-
     out = []
     for j, first in enumerate(sets[0]["differences"]):
         rows = [s["differences"][j] for s in sets]
