@@ -57,7 +57,7 @@ def encode_pair(adapter: ModelAdapter, context: str, continuation: str) -> tuple
 
 def encode_many(adapter: ModelAdapter, texts: Sequence[str]) -> list[list[int]]:
     """:func:`encode` of each text, in one call of the tokenizer where it takes a list (a fast
-    tokenizer encodes the batch on all cores; 5-shot prompts made tokenising most of eval's host time)."""
+    tokenizer encodes the batch on all cores; one call per 5-shot choice is most of eval's host time)."""
     tok = adapter.require_tokenizer()
     try:
         out = [list(ids) for ids in tok(list(texts), add_special_tokens=False).input_ids]
