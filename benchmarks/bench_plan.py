@@ -58,6 +58,8 @@ OUT = ROOT / "benchmarks" / "results" / "plan.json"
 # name: (model, experiment, task, n, extra options)
 CASES: dict[str, tuple[str, str, str, int, dict[str, Any]]] = {
     "smollm2 eval mmlu": ("smollm2-135m", "eval", "mmlu", 24, {}),
+    "smollm2 eval kv": ("smollm2-135m", "eval", "kv", 40, {}),
+    "gemma3-270m eval kv": ("gemma3-270m", "eval", "kv", 40, {}),
     "smollm2 sweep letters (27 heads)": ("smollm2-135m", "sweep", "letters", 4, {"heads": "L0H*,L15H*,L29H*"}),
     "smollm2 attribution letters": ("smollm2-135m", "attribution", "letters", 8, {"verify_top": 6, "audit": 2}),
     "smollm2 prune mmlu": ("smollm2-135m", "prune", "mmlu", 16, {}),

@@ -593,3 +593,20 @@ def test_plan_prices_transformers_ssd_path_apart_from_gandas(shipped):
     for prof, moves in ((zamba, True), (llamba, False)):
         scaled, plain = (planner.plan(prof, "eval", w, d).seconds for d in (h200, flat))
         assert (scaled > 1.2 * plain) if moves else scaled == plain
+
+
+def test_plan_scores_multi_token_choices_as_the_prefix_cache_does(monkeypatch):
+    """Choices of several tokens on a model that continues from a cached prompt: each prompt runs
+    once and each example's choices as one batch of short rows (what the profiler counts: two
+    forwards per example); without the cache, one whole row per choice."""
+    ad = ganda.from_model(make_tiny_llama(64))
+    w = planner.Workload(n=10, tokens=60.0, choices=5, choice_tokens=3.0, max_tokens=70)
+    cached = planner.plan(planner.profile(ad), "eval", w, "cpu")
+    assert [(p["forwards"], p["rows"]) for p in cached.phases] == [(10, 1), (10, 5)]
+    monkeypatch.setenv("GANDA_PREFIX_CACHE", "0")
+    whole = planner.plan(planner.profile(ad), "eval", w, "cpu")
+    assert len(whole.phases) == 1 and whole.phases[0]["rows"] >= 5
+    assert whole.flops > 3 * cached.flops  # 5 rows of 63 tokens against 60 + 5 x 3 tokens
+    single = planner.Workload(n=10, tokens=60.0, choices=4, choice_tokens=1.0)  # MMLU letters: unchanged
+    monkeypatch.delenv("GANDA_PREFIX_CACHE")
+    assert len(planner.plan(planner.profile(ad), "eval", single, "cpu").phases) == 1

@@ -35,6 +35,7 @@ from . import registry
 from .attribution.engine import GRADDROP_BLOCKS, IG_STEPS, batch_tokens_for, graddrop_blocks
 from .errors import GandaError
 from .models.base import ModelAdapter
+from .scoring import prefix_cache_enabled
 
 GiB = float(1 << 30)
 
@@ -193,6 +194,7 @@ class Profile:
     vocab: int
     layers: list[LayerCost]
     n_ctx: int | None = None
+    prefix_cache: bool = False  # scoring continues from a cached prompt (multi-token choices score suffixes only)
 
     @property
     def weight_bytes(self) -> float:
@@ -260,7 +262,8 @@ def profile(adapter: ModelAdapter) -> Profile:
     first = next(model.parameters())
     return Profile(spec=adapter.spec, family=adapter.family, n_params=sum(p.numel() for p in model.parameters()),
                    dtype=str(first.dtype).removeprefix("torch."), bytes_per_param=first.element_size(),
-                   d_model=int(d_model), vocab=int(vocab), layers=layers, n_ctx=adapter.n_ctx)
+                   d_model=int(d_model), vocab=int(vocab), layers=layers, n_ctx=adapter.n_ctx,
+                   prefix_cache=prefix_cache_enabled(adapter))
 
 
 # ---- the workload ---------------------------------------------------------------------------
@@ -410,7 +413,7 @@ def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> P
 
 def eval_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda eval``: every example scored once."""
-    return [scoring_phase(p, w, "score every example", 1, opts)], 0.0, []
+    return scoring_phases(p, w, "score every example", 1, opts), 0.0, []
 
 
 def sweep_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
@@ -506,8 +509,8 @@ def prune_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
 
 def transplant_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda transplant``: the student scored, then once per transplanted layer."""
-    phases = [scoring_phase(p, w, "score the student", 1, opts),
-              scoring_phase(p, w, "score each layer transplanted", len(p.layers), opts)]
+    phases = [*scoring_phases(p, w, "score the student", 1, opts),
+              *scoring_phases(p, w, "score each layer transplanted", len(p.layers), opts)]
     return phases, p.weight_bytes, ["donor assumed the student's size (its weights are counted once more)"]
 
 
@@ -547,18 +550,35 @@ GPU_SCORE_TOKENS = 16384  # tokens per scoring forward on a GPU: the suffix batc
 
 
 def scoring_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> Phase:
+    """Scoring every example ``repeat`` times as ``evaluate_examples`` does, as one phase
+    (:func:`scoring_phases` summed): what an extension's planner adds for its scoring passes."""
+    parts = scoring_phases(p, w, name, repeat, opts)
+    return parts[0] if len(parts) == 1 else _Sum(name, parts)
+
+
+def scoring_phases(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> list[Phase]:
     """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to 64
-    rows for small models, one example per forward otherwise; logits only at the positions a choice is read from."""
+    rows for small models, one example per forward otherwise; logits only at the positions a choice
+    is read from. Choices of several tokens on a model that continues from a cached prefix
+    (:func:`ganda.scoring.prefix_cache_enabled`) are scored as the scorer does: each prompt once,
+    then the choices' own tokens in batches of suffix rows."""
+    dev = opts.get("_device")
+    gpu = dev is not None and not dev.host
+    L = list(range(len(p.layers)))
+    if not w.single and p.prefix_cache and not opts.get("batch_rows"):
+        # each example's prompt is its own prefix: one forward for it, one for its choices' rows
+        return [Phase(f"{name}: each prompt once", repeat * w.n, 1, w.tokens, L, 1.0, examples=repeat * w.n),
+                Phase(f"{name}: the choices after it", repeat * w.n, w.choices, w.choice_tokens, L, w.choice_tokens,
+                      scored=repeat * w.n * w.score_rows)]
     rows, T = w.rows_tokens
     batch = opts.get("batch_rows") or (64 if p.n_params < 20_000_000 else rows)
     per_call = max(1, min(w.n, batch // rows))
-    dev = opts.get("_device")
-    if not opts.get("batch_rows") and dev is not None and not dev.host:  # a GPU's suffix batches (scoring.score_budget)
+    if not opts.get("batch_rows") and gpu:  # a GPU's suffix batches (scoring.score_budget)
         per_call = max(per_call, min(w.n, GPU_SCORE_TOKENS // max(1, round(rows * T))))
     # logits only where a continuation token is read (the scorer's keep positions)
     reads = 1.0 if w.single else w.choice_tokens
-    return Phase(name, repeat * math.ceil(w.n / per_call), rows * per_call, T, list(range(len(p.layers))), reads,
-                 examples=repeat * w.n, scored=repeat * w.n * w.score_rows)
+    return [Phase(name, repeat * math.ceil(w.n / per_call), rows * per_call, T, L, reads,
+                  examples=repeat * w.n, scored=repeat * w.n * w.score_rows)]
 
 
 class _MapPhase(Phase):
