@@ -83,13 +83,13 @@ class Device:
 # the card's bandwidth in LayerCost.traffic's units (they count fp32 elements and eager attention's
 # T x T matrices, which SDPA never writes out on a GPU); each example costs 12 ms of host time per
 # scoring pass (prefix grouping, reading the choices; tokenising runs batched) and each SSD layer
-# call 1.3 ms (the chunked PyTorch path's small kernels); one input-gradient VJP of a layer costs 1.6
+# call 2.1 ms (the chunked PyTorch path's small kernels); one input-gradient VJP of a layer costs 1.6
 # forwards (attention's backward kernels); transformers' own SSD path (Zamba2, Bamba, Falcon-H1 without
 # mamba_ssm) moves 4x what ganda's chunked SSD does. The H100 shares the H200's chip and the host-side
 # costs; the A100 and L40S keep the H100's overheads and the bandwidth ratio at their own stated
 # utilisation (not measured).
 _GPU = dict(bw_util=0.70, layer_overhead=150e-6, scan_step=40e-6, runtime=1.0 * GiB, example_overhead=7e-3,
-            call_overhead=1.0e-3, ssd_layer_overhead=1.3e-3, vjp_cost=1.6, library_ssd_scale=4.0)
+            call_overhead=1.0e-3, ssd_layer_overhead=2.1e-3, vjp_cost=1.6, library_ssd_scale=4.0)
 _ACT_PER_BW = 3.1  # activation bytes/s per byte/s of data-sheet bandwidth (fitted on the H200)
 
 DEVICES: dict[str, Device] = {
