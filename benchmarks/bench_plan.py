@@ -60,6 +60,8 @@ CASES: dict[str, tuple[str, str, str, int, dict[str, Any]]] = {
     "smollm2 eval mmlu": ("smollm2-135m", "eval", "mmlu", 24, {}),
     "smollm2 eval kv": ("smollm2-135m", "eval", "kv", 40, {}),
     "gemma3-270m eval kv": ("gemma3-270m", "eval", "kv", 40, {}),
+    "gemma3-270m sweep kv (12 heads)": ("gemma3-270m", "sweep", "kv", 8, {"heads": "L0H*,L9H*,L17H*"}),
+    "gemma3-270m attribution kv": ("gemma3-270m", "attribution", "kv", 8, {"verify_top": 4, "audit": 0}),
     "smollm2 sweep letters (27 heads)": ("smollm2-135m", "sweep", "letters", 4, {"heads": "L0H*,L15H*,L29H*"}),
     "smollm2 attribution letters": ("smollm2-135m", "attribution", "letters", 8, {"verify_top": 6, "audit": 2}),
     "smollm2 prune mmlu": ("smollm2-135m", "prune", "mmlu", 16, {}),
