@@ -492,6 +492,10 @@ def widen_cmd(args) -> None:
     replay is what ``rank`` would report. Cost: the fast sweep reruns layers k.. for a head of layer
     k, so a head costs ``L - k`` layer-forwards; the share is verified cost over all heads' cost."""
     from ganda.attribution.ranking import reported_top, widen_until_stable
+    from ganda.heads import HeadId
+
+    def layer(h: str) -> int:
+        return HeadId.parse(h).layer
 
     layers = {int(x) for x in args.verify_layers.split(",") if x.strip()}
     rows = []
@@ -499,13 +503,13 @@ def widen_cmd(args) -> None:
         d = json.loads(Path(path).read_text())
         exact = d["exact"]
         arms = {a.get("method") or a.get("arm"): a["estimates"] for a in d.get("methods") or d.get("arms")}
-        n_layers = 1 + max(int(h[1:].split("H")[0]) for h in exact)
-        cost = {h: n_layers - int(h[1:].split("H")[0]) for h in exact}
+        n_layers = 1 + max(map(layer, exact))
+        cost = {h: n_layers - layer(h) for h in exact}
         truth = reported_top(exact, args.top)
         for method in args.methods:
             est = arms[method]
             order = sorted(est, key=lambda h: (-abs(est[h]), h))
-            first = order[:args.verify_top] + [h for h in order[args.verify_top:] if int(h[1:].split("H")[0]) in layers]
+            first = order[:args.verify_top] + [h for h in order[args.verify_top:] if layer(h) in layers]
             known = {h: exact[h] for h in first}
             more = widen_until_stable(order, known, args.widen, args.top,
                                       lambda batch, _k, known=known, exact=exact: known.update(

@@ -673,12 +673,13 @@ def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
     if res["differences"]:
         _forest(res["differences"], out / "sharpness.png")
     if res.get("pooled"):
-        runio.write_csv(out / "prompt_sets.csv", [
-            {"set": i + 1, "seed": st["seed"], "model": f"{r['a']} vs {r['b']}", "metric": r["metric"],
-             "value": r["value"], **ci(bounds(r)), "sharper": r["sharper"]}
-            for i, st in enumerate(res["sets"]) for r in st["differences"]]
-            + [{"set": "pooled", "seed": "", "model": f"{r['a']} vs {r['b']}", "metric": r["metric"],
-                "value": r["value"], **ci(bounds(r)), "sharper": r["sharper"]} for r in res["pooled"]])
+        def row(which: Any, seed: Any, r: dict[str, Any]) -> dict[str, Any]:
+            return {"set": which, "seed": seed, "model": f"{r['a']} vs {r['b']}", "metric": r["metric"],
+                    "value": r["value"], **ci(bounds(r)), "sharper": r["sharper"]}
+
+        runio.write_csv(out / "prompt_sets.csv",
+                        [row(i + 1, st["seed"], r) for i, st in enumerate(res["sets"]) for r in st["differences"]]
+                        + [row("pooled", "", r) for r in res["pooled"]])
     return rows
 
 

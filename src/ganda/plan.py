@@ -81,7 +81,7 @@ class Device:
 # Llama-3.1-8B and Llamba-8B in bf16, MMLU 5-shot prompts of 747 tokens. util 0.55 is the rate
 # whole-row forwards reach (590 TFLOP/s) over the data sheet's 989; activation work runs at ~3.1x
 # the card's bandwidth in LayerCost.traffic's units (they count fp32 elements and eager attention's
-# T x T matrices, which SDPA never writes out on a GPU); each example costs 12 ms of host time per
+# T x T matrices, which SDPA never writes out on a GPU); each example costs 7 ms of host time per
 # scoring pass (prefix grouping, reading the choices; tokenising runs batched) and each SSD layer
 # call 2.1 ms (the chunked PyTorch path's small kernels); one input-gradient VJP of a layer costs 1.6
 # forwards (attention's backward kernels); transformers' own SSD path (Zamba2, Bamba, Falcon-H1 without

@@ -257,6 +257,13 @@ class Attribution:
 # the engine
 
 
+def index_pairs(pairs: Sequence[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[(head, column), ...]`` as two long index tensors on ``device`` (a mixer's ranked heads and
+    their columns in a result table)."""
+    return (torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
+            torch.tensor([c for _, c in pairs], dtype=torch.long, device=device))
+
+
 class _Engine:
     def __init__(self, adapter: ModelAdapter, heads: list[HeadId], ablation: str, margin: str, graddrop: bool,
                  blocks: int | None = None, alphas: Sequence[float] | None = None) -> None:
@@ -361,12 +368,8 @@ class _Engine:
         their columns in the result, as index tensors on ``device``, built once per device and layer."""
         key = (str(device), k)
         if key not in self._indices:
-            out = []
-            for _, cols in self.by_layer.get(k, []):
-                pairs = [(h, c) for h, c in enumerate(cols) if c is not None]
-                out.append((torch.tensor([h for h, _ in pairs], dtype=torch.long, device=device),
-                            torch.tensor([c for _, c in pairs], dtype=torch.long, device=device)))
-            self._indices[key] = out
+            self._indices[key] = [index_pairs([(h, c) for h, c in enumerate(cols) if c is not None], device)
+                                  for _, cols in self.by_layer.get(k, [])]
         return self._indices[key]
 
     def _replay(self, calls: LayerCalls, k: int, edit: dict[str, Edit] | None = None

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from .. import runio
-from ..attribution.engine import _Batch, _ssm_context, batch_metric, margin_of, metric_value
+from ..attribution.engine import _Batch, _ssm_context, batch_metric, index_pairs, margin_of, metric_value
 from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_magnitude, widen_until_stable
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
@@ -198,11 +198,9 @@ class _EdgeEngine:
         """(heads of ``m`` that are columns of the AtP table, their columns), on the device."""
         key = (z_point(m), m.layer)
         if key not in self._index:
-            pairs = [(h, self.head_col[c]) for h in range(m.num_heads)
-                     if (c := self.adapter.canonical(HeadId(m.layer, h, m.kind))) in self.head_col]
-            dev = self.adapter.device
-            self._index[key] = (torch.tensor([h for h, _ in pairs], dtype=torch.long, device=dev),
-                                torch.tensor([c for _, c in pairs], dtype=torch.long, device=dev))
+            self._index[key] = index_pairs([(h, self.head_col[c]) for h in range(m.num_heads)
+                                            if (c := self.adapter.canonical(HeadId(m.layer, h, m.kind))) in self.head_col],
+                                           self.adapter.device)
         return self._index[key]
 
     def _node_atp(self, atp: torch.Tensor, zs: list[tuple[Mixer, torch.Tensor]], dz: dict[str, torch.Tensor],
