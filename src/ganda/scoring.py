@@ -516,14 +516,14 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
     chunk: list[tuple[Pairs, bool, list[int]]] = []
     size = 0
     bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
-    for ex in examples:
-        pairs, single = _encode_pairs(adapter, example_pairs(ex))
+    for item in _encode_examples(adapter, examples):
+        pairs, single, _ = item
         k = 1 if single else len(pairs)
         if chunk and size + k > n:
             out += _score_rows(adapter, chunk)
             bar.update(len(chunk))
             chunk, size = [], 0
-        chunk.append((pairs, single, norm_chars(ex)))
+        chunk.append(item)
         size += k
     if chunk:
         out += _score_rows(adapter, chunk)
