@@ -39,6 +39,13 @@ exhaustive top 10's recall in the estimate's top 10, sign flips among the top 30
     .venv/bin/python benchmarks/bench_attribution.py ig --model lab-llama-h1 --task lab-mmlu --n 32
     .venv/bin/python benchmarks/bench_attribution.py ig --model smollm2-135m --task kv --pairs 6 --n 16 --seed 1
 
+The answer screen (``rank --screen``) on one prompt set: every head's exact effect at the last shared
+token, and its CPU time beside the set's exhaustive sweep (``attribution_screen_<name>.json``); then
+the widening replay with the screen's top K verified too:
+
+    .venv/bin/python benchmarks/bench_attribution.py screen --pairs 6 --n 40 --seed 1
+    .venv/bin/python benchmarks/bench_attribution.py widen FILES --methods atp atp* --verify-layers "" --widen 0 --screen 15
+
 Then the markdown tables (benchmarks/results/attribution.md) from the JSON results:
 
     .venv/bin/python benchmarks/bench_attribution.py table
@@ -506,10 +513,16 @@ def widen_cmd(args) -> None:
         n_layers = 1 + max(map(layer, exact))
         cost = {h: n_layers - layer(h) for h in exact}
         truth = reported_top(exact, args.top)
+        screened: list[str] = []
+        if args.screen:
+            stem = Path(path).name.split("_", 2)[2]  # attribution_{quality,ig}_<set>.json
+            by = json.loads((Path(path).parent / f"attribution_screen_{stem}").read_text())["by_head"]
+            screened = sorted(by, key=lambda h: (-by[h], h))[:args.screen]
         for method in args.methods:
             est = arms[method]
             order = sorted(est, key=lambda h: (-abs(est[h]), h))
-            first = order[:args.verify_top] + [h for h in order[args.verify_top:] if layer(h) in layers]
+            first = list(dict.fromkeys(order[:args.verify_top] + screened
+                                       + [h for h in order[args.verify_top:] if layer(h) in layers]))
             known = {h: exact[h] for h in first}
             more = widen_until_stable(order, known, args.widen, args.top,
                                       lambda batch, _k, known=known, exact=exact: known.update(
@@ -524,7 +537,8 @@ def widen_cmd(args) -> None:
                   f"sweep's layer-forwards; missed {', '.join(sorted(truth - got)) or '-'}")
     if args.out:
         Path(args.out).write_text(json.dumps({"command": "python benchmarks/bench_attribution.py " + " ".join(sys.argv[1:]), "rule": {
-            "verify_top": args.verify_top, "verify_layers": sorted(layers), "widen": args.widen, "top": args.top},
+            "verify_top": args.verify_top, "verify_layers": sorted(layers), "widen": args.widen, "top": args.top,
+            "screen": args.screen},
             "rows": rows}, indent=1))
 
 
@@ -559,6 +573,29 @@ def ig_cmd(args) -> None:
     path = RESULTS / f"attribution_ig_{name_of(args)}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def screen_cmd(args) -> None:
+    """The answer screen on one prompt set (``rank --screen``'s list): every head's effect, its CPU
+    time, and the exhaustive sweep's CPU time where the quality run recorded it."""
+    from ganda.attribution.screen import answer_screen
+
+    torch.set_num_threads(args.threads)
+    adapter, examples, opts = load(args)
+    sc = answer_screen(adapter, examples, progress=False)
+    timing = RUNS / name_of(args) / "sweep" / "timing.json"
+    sweep_cpu = json.loads(timing.read_text())["cpu"] if timing.exists() else None
+    out = {"command": "python benchmarks/bench_attribution.py screen " + " ".join(
+               f"--{k} {v}" for k, v in (("model", args.model), ("task", args.task), ("pairs", args.pairs),
+                                         ("n", args.n), ("seed", args.seed)) if v is not None),
+           "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples),
+           **sc.to_json(), "sweep_cpu_seconds": sweep_cpu,
+           "cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average_at_end": list(os.getloadavg())}
+    path = RESULTS / f"attribution_screen_{name_of(args)}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"screen: {sc.cpu_seconds:.1f} CPU s ({sc.seconds:.1f} s)"
+          + (f", {100 * sc.cpu_seconds / sweep_cpu:.1f}% of the sweep's {sweep_cpu:.0f}" if sweep_cpu else "")
+          + f"; wrote {path}")
 
 
 def main() -> None:
@@ -610,11 +647,21 @@ def main() -> None:
     w.add_argument("--verify-layers", default="0,1")
     w.add_argument("--widen", type=int, default=10)
     w.add_argument("--top", type=int, default=10)
+    w.add_argument("--screen", type=int, default=0, help="also verify the answer screen's top K "
+                   "(attribution_screen_<set>.json beside each file)")
     w.add_argument("--out", default=None)
+    sc = sub.add_parser("screen")
+    sc.add_argument("--model", default="smollm2-135m")
+    sc.add_argument("--task", default="kv")
+    sc.add_argument("--pairs", type=int, default=None)
+    sc.add_argument("--n", type=int, default=16)
+    sc.add_argument("--seed", type=int, default=0)
+    sc.add_argument("--threads", type=int, default=1)
     sub.add_parser("table")
     args = ap.parse_args()
     {"quality": quality_cmd, "speed": speed_cmd, "profile": profile_cmd, "blocks": blocks_cmd, "memory": memory_cmd,
-     "_mem": mem_arm_cmd, "table": table_cmd, "ig": ig_cmd, "widen": widen_cmd}[args.cmd](args)
+     "_mem": mem_arm_cmd, "table": table_cmd, "ig": ig_cmd, "widen": widen_cmd,
+     "screen": screen_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":

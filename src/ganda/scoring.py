@@ -172,7 +172,7 @@ def _shared(pairs: Pairs) -> tuple[Pairs, bool]:
     return pairs, len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs)
 
 
-def _encode_examples(adapter: ModelAdapter, examples: Sequence[Example]) -> list[tuple[Pairs, bool, list[int]]]:
+def encode_examples(adapter: ModelAdapter, examples: Sequence[Example]) -> list[tuple[Pairs, bool, list[int]]]:
     """``(pairs, single, n_chars)`` per example, every example's pairs in one tokenizer call."""
     texts = [example_pairs(ex) for ex in examples]
     flat = iter(encode_pairs(adapter, [p for t in texts for p in t]))
@@ -503,7 +503,7 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
         bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
         for k in range(0, len(examples), PREFIX_CHUNK):
             chunk = examples[k: k + PREFIX_CHUNK]
-            items = _encode_examples(adapter, chunk)
+            items = encode_examples(adapter, chunk)
             res += _score_rows_prefixed(adapter, items, rows)
             bar.update(len(chunk))
         bar.close()
@@ -516,7 +516,7 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
     chunk: list[tuple[Pairs, bool, list[int]]] = []
     size = 0
     bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
-    for item in _encode_examples(adapter, examples):
+    for item in encode_examples(adapter, examples):
         pairs, single, _ = item
         k = 1 if single else len(pairs)
         if chunk and size + k > n:

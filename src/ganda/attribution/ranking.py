@@ -44,6 +44,7 @@ from .engine import (
     check_options,
     metric_value,
 )
+from .screen import answer_screen
 
 RANK_METHODS = ("atp", "atp*", "ig", "exact")
 
@@ -262,6 +263,7 @@ class RankResult:
     out_dir: Path | None = None
     exact_acc: dict[str, float] = field(default_factory=dict)  # accuracy drop of every exactly known head
     clean_acc: float | None = None
+    screen: dict[str, float] = field(default_factory=dict)  # answer-screen effects (rank_heads(screen=K))
 
     metric = "margin"  # what heads are ranked by: the drop of the mean margin (ganda.effects)
 
@@ -325,6 +327,7 @@ class RankResult:
             "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
             "sign_flips": self.sign_flips(),
             "seconds": self.seconds, "ranking": self.ranking(),
+            **({"screen": self.screen} if self.screen else {}),
         }
 
     def write(self, out_dir: str | Path) -> None:
@@ -418,18 +421,21 @@ def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str
                        audit: int = 10, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
                        batch_tokens: int | None = None, batch_heads: int = 16,
                        graddrop_blocks: int | None = GRADDROP_BLOCKS,
-                       name: Any = str, ig_steps: int = IG_STEPS, widen: int = 0) -> None:
+                       name: Any = str, ig_steps: int = IG_STEPS, widen: int = 0, screen: int = 0) -> None:
     """Refuse (one line) a ranking option out of its range: the one place these are checked, for
     ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads` (``name``: as :func:`check_options`)."""
     if method not in RANK_METHODS:
         raise GandaError(f"{name('method')} must be one of {', '.join(RANK_METHODS)}, not {method!r}")
     check_options("atp", ablation, margin, batch_tokens, graddrop_blocks, name, ig_steps)
     for key, value, least in (("verify_top", verify_top, 0), ("audit", audit, 0), ("top", top, 1),
-                              ("batch_heads", batch_heads, 1), ("widen", widen, 0)):
+                              ("batch_heads", batch_heads, 1), ("widen", widen, 0),
+                              ("screen", screen, 0)):
         if value < least:
             raise GandaError(f"{name(key)} must be at least {least}, got {value}")
     if threshold is not None and threshold <= 0:
         raise GandaError(f"{name('threshold')} must be positive")
+    if screen and ablation != "zero":
+        raise GandaError(f"{name('screen')} measures zero-ablation at the answer; it does not apply to {ablation}-ablation")
     if not 0.0 < confidence < 1.0:
         raise GandaError(f"{name('confidence')} must be between 0 and 1")
 
@@ -458,15 +464,24 @@ def widen_until_stable(order: Sequence[str], exact: dict[str, float], widen: int
     return widened
 
 
-def _to_verify(order: list[str], verify_top: int, layers: set[int], audit: int, seed: int
-               ) -> tuple[list[HeadId], list[str]]:
-    """The heads to verify exactly, from heads in estimate order: the top ``verify_top`` and every head
-    of ``layers``; and a seeded random ``audit`` of the rest (the false-negative bound's sample)."""
-    chosen = order[:verify_top] + [h for h in order[verify_top:] if HeadId.parse(h).layer in layers]
+def _to_verify(order: list[str], verify_top: int, layers: set[int], audit: int, seed: int,
+               screened: Sequence[str] = ()) -> tuple[list[HeadId], list[str]]:
+    """The heads to verify exactly, from heads in estimate order: the top ``verify_top``, every head
+    of ``layers`` and the ``screened`` heads (the answer screen's top); and a seeded random ``audit``
+    of the rest (the false-negative bound's sample)."""
+    extra = set(screened)
+    chosen = order[:verify_top] + [h for h in order[verify_top:] if HeadId.parse(h).layer in layers or h in extra]
     picked = set(chosen)
     pool = [h for h in order if h not in picked]
     audited = sorted(random.Random(seed).sample(pool, min(audit, len(pool))), key=order.index)
     return [HeadId.parse(h) for h in chosen], audited
+
+
+def _screened(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], margin: str, progress: bool, secs: dict[str, float]) -> dict[str, float]:
+    """Every head's answer-screen effect (``secs`` gets its time)."""
+    sc = answer_screen(adapter, examples, heads, margin=margin, progress=progress)
+    secs.update({"screen": sc.seconds, "screen_cpu": sc.cpu_seconds})
+    return sc.by_head
 
 
 def rank_heads(
@@ -493,6 +508,7 @@ def rank_heads(
     graddrop_blocks: int | None = GRADDROP_BLOCKS,
     ig_steps: int = IG_STEPS,
     widen: int = 0,
+    screen: int = 0,
 ) -> RankResult:
     """Rank every head: attribution (``"atp"``/``"atp*"``/``"ig"``) then exact verification of the top
     ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
@@ -509,12 +525,16 @@ def rank_heads(
     again, until a round leaves the reported top ``top`` (by signed exact effect) unchanged: the
     answer no longer depends on where the estimate's list was cut.
 
+    ``screen``: also verify the ``screen`` heads whose ablation at the answer's position hurts most
+    (:func:`ganda.attribution.screen.answer_screen`, exact there, one token per head and prompt):
+    heads acting where the answer is read, which a first-order estimate can miss whatever its rank.
+
     ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
     effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
     ``ranking.json``, ``ranking.csv``, ``scatter.png`` and ``verify_heatmap.png`` are written there.
     """
     check_rank_options(method, ablation, margin, verify_top, audit, top, threshold, confidence, batch_tokens,
-                       batch_heads, graddrop_blocks, ig_steps=ig_steps, widen=widen)
+                       batch_heads, graddrop_blocks, ig_steps=ig_steps, widen=widen, screen=screen)
     if not examples:
         raise GandaError("no examples to rank heads on")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -527,11 +547,12 @@ def rank_heads(
     names = [str(h) for h in head_list]
     cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": verify_top,
            "verify_layers": sorted(set(verify_layers)), "audit": audit, "graddrop_blocks": None,
-           "ig_steps": ig_steps if method == "ig" else None}
+           "ig_steps": ig_steps if method == "ig" else None, "screen": screen if method != "exact" else 0}
     golds = [ex.gold for ex in examples]
     secs: dict[str, float] = {}
     att: Attribution | None = None
     estimate: dict[str, float] = {}
+    screened: dict[str, float] = {}
     if method == "exact":
         chosen, audited = list(head_list), []
     else:
@@ -542,7 +563,10 @@ def rank_heads(
         secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()
-        chosen, audited = _to_verify([names[i] for i in att.order()], verify_top, set(verify_layers), audit, seed)
+        screened = _screened(adapter, examples, head_list, margin, progress, secs) if screen else {}
+        top_screen = sorted(screened, key=lambda h: (-screened[h], h))[:screen]
+        chosen, audited = _to_verify([names[i] for i in att.order()], verify_top, set(verify_layers), audit, seed,
+                                     top_screen)
     by_name = {str(h): h for h in head_list}
     to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
     exact: dict[str, float] = {}
@@ -584,7 +608,7 @@ def rank_heads(
         bound = false_negative_bound(estimate, exact, verified, audited, theta, confidence)
     secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
     res = RankResult(method, ablation, margin, names, estimate, exact, verified, audited, clean, bound, att, secs, cfg, out,
-                     exact_acc, clean_acc)
+                     exact_acc, clean_acc, screened)
     if out is not None:
         res.write(out)
     return res

@@ -44,6 +44,8 @@ def register(app: typer.Typer) -> None:
         audit: int = typer.Option(10, "--audit", help="also verify this many random other heads (the false-negative bound)"),
         widen: int = typer.Option(0, "--widen", help="then verify this many more heads by estimate, round after "
                                   "round, until a round leaves the reported top --top unchanged (0: off)"),
+        screen: int = typer.Option(0, "--screen", help="also verify the heads whose ablation at the answer's "
+                                   "position hurts most, this many (exact there, one token per head; 0: off)"),
         threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about "
                                                "(default: the smallest exact effect in the verified top --top)"),
         ablation: str = typer.Option("zero", "--ablation", help="zero or mean (mean over the same prompts)"),
@@ -87,7 +89,7 @@ def register(app: typer.Typer) -> None:
         if graddrop_blocks < 0:
             raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
         check_rank_options(method, ablation, margin, verify_top, audit, top, threshold,
-                           graddrop_blocks=graddrop_blocks or None, name=flag, ig_steps=ig_steps, widen=widen)
+                           graddrop_blocks=graddrop_blocks or None, name=flag, ig_steps=ig_steps, widen=widen, screen=screen)
         layer_list = _layers(verify_layers)
         require_heads("--heads", heads)
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
@@ -111,14 +113,14 @@ def register(app: typer.Typer) -> None:
                              verify_top=verify_top, audit=audit, threshold=threshold, top=top, seed=seed,
                              verify_layers=layer_list, graddrop_blocks=graddrop_blocks or None, ig_steps=ig_steps,
                              heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
-                             config=cfg, widen=widen)
+                             config=cfg, widen=widen, screen=screen)
         if as_json:
             print(json.dumps(runio.rounded(finite_json({**res.to_json(), "out": str(out_dir)}))))
             return
 
         console = options.console()
         s = res.seconds
-        timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "verification", "total") if k in s)
+        timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "screen", "verification", "total") if k in s)
         blocks = res.config.get("graddrop_blocks")
         how = f"{method} (GradDrop over {blocks} blocks of layers)" if blocks else method
         if res.config.get("ig_steps"):
