@@ -46,6 +46,11 @@ the widening replay with the screen's top K verified too:
     .venv/bin/python benchmarks/bench_attribution.py screen --pairs 6 --n 40 --seed 1
     .venv/bin/python benchmarks/bench_attribution.py widen FILES --methods atp atp* --verify-layers "" --widen 0 --screen 15
 
+How well a prompt set's exhaustive sweep decides its top 10 (effects and standard errors around
+the cut, the paired SE of tenth minus eleventh; ``attribution_ties_<name>.json``):
+
+    .venv/bin/python benchmarks/bench_attribution.py ties --pairs 6 --n 40 --seed 1
+
 Then the markdown tables (benchmarks/results/attribution.md) from the JSON results:
 
     .venv/bin/python benchmarks/bench_attribution.py table
@@ -598,6 +603,47 @@ def screen_cmd(args) -> None:
           + f"; wrote {path}")
 
 
+def ties_cmd(args) -> None:
+    """How well a prompt set's exhaustive sweep decides its top ``--top``: the heads around the cut
+    with their effects and standard errors over prompts, and the paired standard error of the
+    difference between the last head in and the first head out (the resumable sweep of ``quality``)."""
+    from ganda.effects import margin
+
+    adapter, examples, opts = load(args)
+    res = exhaustive(adapter, examples, args, opts)
+    golds = [ex.gold for ex in examples]
+
+    def per_prompt(ll):
+        return [margin(x, g, args.margin) for x, g in zip(ll, golds, strict=True)]
+
+    base = per_prompt(res.baseline["loglik"])
+    eff = {r["head"]: [b - a for a, b in zip(per_prompt(r["loglik"]), base, strict=True)] for r in res.records}
+    mean = {h: sum(v) / len(v) for h, v in eff.items()}
+
+    def se(v):
+        m = sum(v) / len(v)
+        return (sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v)) ** 0.5
+
+    order = sorted(mean, key=lambda h: (-mean[h], h))
+    k = args.top
+    near = [{"head": h, "rank": i + 1, "effect": mean[h], "se": se(eff[h])} for i, h in enumerate(order)
+            if k - 3 <= i < k + 3]
+    last_in, first_out = order[k - 1], order[k]
+    gap = mean[last_in] - mean[first_out]
+    paired = se([a - b for a, b in zip(eff[last_in], eff[first_out], strict=True)])
+    for r in near:
+        print(f"{r['rank']:>3} {r['head']:<7} {r['effect']:.3f} ± {r['se']:.3f}")
+    print(f"{last_in} (rank {k}) minus {first_out} (rank {k + 1}): {gap:.3f}, paired SE {paired:.3f}")
+    out = {"command": "python benchmarks/bench_attribution.py ties " + " ".join(
+               f"--{a} {v}" for a, v in (("model", args.model), ("task", args.task), ("pairs", args.pairs),
+                                         ("n", args.n), ("seed", args.seed), ("top", k)) if v is not None),
+           "n_prompts": len(examples), "near_the_cut": near, "last_in": last_in, "first_out": first_out,
+           "gap": gap, "paired_se": paired}
+    path = RESULTS / f"attribution_ties_{name_of(args)}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -650,6 +696,14 @@ def main() -> None:
     w.add_argument("--screen", type=int, default=0, help="also verify the answer screen's top K "
                    "(attribution_screen_<set>.json beside each file)")
     w.add_argument("--out", default=None)
+    ti = sub.add_parser("ties")
+    ti.add_argument("--model", default="smollm2-135m")
+    ti.add_argument("--task", default="kv")
+    ti.add_argument("--pairs", type=int, default=None)
+    ti.add_argument("--n", type=int, default=16)
+    ti.add_argument("--seed", type=int, default=0)
+    ti.add_argument("--margin", default="mean")
+    ti.add_argument("--top", type=int, default=10)
     sc = sub.add_parser("screen")
     sc.add_argument("--model", default="smollm2-135m")
     sc.add_argument("--task", default="kv")
@@ -661,7 +715,7 @@ def main() -> None:
     args = ap.parse_args()
     {"quality": quality_cmd, "speed": speed_cmd, "profile": profile_cmd, "blocks": blocks_cmd, "memory": memory_cmd,
      "_mem": mem_arm_cmd, "table": table_cmd, "ig": ig_cmd, "widen": widen_cmd,
-     "screen": screen_cmd}[args.cmd](args)
+     "screen": screen_cmd, "ties": ties_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":
