@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -50,6 +51,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["meta-llama/Llama-3.1-8B", "cartesia-ai/Llamba-8B", "tiiuae/falcon-mamba-7b", "Zyphra/Zamba2-7B"]
 SECTIONS = ("eval", "sweep", "attribution", "maps", "memory")
+# how the peaks of this file are taken (benchmarks/replan_gpu.py reads files without this key as
+# the runs whose section peaks were read after the next stretch and with the previous model held)
+PEAKS = "each section's own, fixed on its exit; the previous model freed (gc) before the next is built"
 MAP_TOKENS = 4096
 
 # --small: each config shrunk to a few layers of tiny widths and a 512-token vocabulary (same classes,
@@ -91,16 +95,32 @@ def timed(dev: torch.device, fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 class Peak:
-    """Peak memory of a stretch: device memory allocated on CUDA, resident memory above the start
-    on the CPU (sampled)."""
+    """Peak memory of the stretch inside the ``with`` block, fixed when it exits: device memory
+    allocated on CUDA, resident memory above the start on the CPU (sampled). CUDA keeps one peak
+    counter: a Peak that resets it first folds the peak so far into every enclosing Peak, so
+    nested stretches (each section inside the model's whole run) each get their own peak.
+    ``start_bytes``: what was allocated when the stretch began (CUDA)."""
+
+    _open: list[Peak] = []  # the CUDA Peaks inside whose blocks the program is
 
     def __init__(self, dev: torch.device) -> None:
         self.dev = dev
         self.rss: Any = None
+        self.start_bytes = 0
+        self._max = 0
+        self._done: int | None = None
+
+    def _fold(self) -> None:
+        now = int(torch.cuda.max_memory_allocated(self.dev))
+        for p in Peak._open:
+            p._max = max(p._max, now)
 
     def __enter__(self) -> Peak:
         if self.dev.type == "cuda":
+            self._fold()
             torch.cuda.reset_peak_memory_stats(self.dev)
+            self.start_bytes = int(torch.cuda.memory_allocated(self.dev))
+            Peak._open.append(self)
         else:
             sys.path.insert(0, str(ROOT / "benchmarks"))
             from peak_rss import PeakRSS
@@ -109,13 +129,20 @@ class Peak:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.rss is not None:
+        if self.dev.type == "cuda":
+            self._fold()
+            Peak._open.remove(self)
+            self._done = self._max
+        elif self.rss is not None:
             self.rss.stop()
+            self._done = int(self.rss.peak - self.rss.base)
 
     @property
     def bytes(self) -> int:
-        if self.dev.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.dev))
+        if self._done is not None:
+            return self._done
+        if self.dev.type == "cuda":  # still open: the peak so far
+            return max(self._max, int(torch.cuda.max_memory_allocated(self.dev)))
         return int(self.rss.peak - self.rss.base) if self.rss is not None else 0
 
 
@@ -150,7 +177,17 @@ def materialise(model: torch.nn.Module, dev: torch.device, seed: int = 0) -> Non
     """Real tensors on ``dev`` for a meta-device model: N(0, 0.02) weights, unit norms, zero biases,
     SSM dynamics in their usual ranges (A = -1..-16, Δ = 1e-3..1e-1, D = 1), and the computed buffers
     (rotary frequencies, weightless norms) rebuilt on the device."""
+    # to_empty gives every module its own new tensor, so parameters that several modules share
+    # (Zamba2's shared blocks, tied embeddings) would be duplicated: tie them again afterwards
+    owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for mod in model.modules():
+        for leaf, p in mod.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append((mod, leaf))
     model.to_empty(device=dev)
+    for shared in owners.values():
+        first = getattr(*shared[0])
+        for mod, leaf in shared[1:]:
+            setattr(mod, leaf, first)
     g = torch.Generator(device=dev).manual_seed(seed)
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
@@ -314,7 +351,7 @@ def section_eval(ctx: SimpleNamespace) -> dict[str, Any]:
     cmp = compare_logliks(cached, rows, dtype=ctx.dtype)
     return {"n": n, "tokens_mean": w.tokens, "measured_s": secs, "first_call_s": first, "questions_per_s": n / secs,
             "predicted_s": predicted, "ratio": ratio(secs, predicted), "peak_bytes": peak.bytes,
-            "predicted_peak_bytes": pred_mem, "accuracy": res.accuracy,
+            "start_bytes": peak.start_bytes, "predicted_peak_bytes": pred_mem, "accuracy": res.accuracy,
             "prefix_vs_rows": {**cmp.to_json(), "text": cmp.text()}}
 
 
@@ -358,7 +395,8 @@ def section_sweep(ctx: SimpleNamespace) -> dict[str, Any]:
             "measured_s": t_fast, "s_per_head": t_fast / len(heads), "predicted_s": fast_pred,
             "ratio": ratio(t_fast, fast_pred), "naive_s": t_naive, "naive_s_per_head": t_naive / len(heads),
             "naive_predicted_s": naive_pred, "naive_ratio": ratio(t_naive, naive_pred),
-            "speedup": t_naive / t_fast, "peak_bytes": peak.bytes, "predicted_peak_bytes": mem,
+            "speedup": t_naive / t_fast, "peak_bytes": peak.bytes, "start_bytes": peak.start_bytes,
+            "predicted_peak_bytes": mem,
             "fast_vs_naive": {**cmp.to_json(), "text": cmp.text()}}
 
 
@@ -412,11 +450,13 @@ def section_attribution(ctx: SimpleNamespace) -> dict[str, Any]:
         _, first = timed(ctx.dev, lambda: attribute(ctx.adapter, exs, method="atp*", progress=False))
         res, secs = timed(ctx.dev, lambda: attribute(ctx.adapter, exs, method="atp*", progress=False))
     try:
-        fb = _forward_backward(ctx, exs)
+        with Peak(ctx.dev) as fb_peak:
+            fb = _forward_backward(ctx, exs)
     except torch.OutOfMemoryError:  # the plain backward keeps every layer's graph; attribution keeps one
         torch.cuda.empty_cache()
         fb = {"forward_s": None, "forward_backward_s": None, "forward_input_grads_s": None,
               "forward_backward_error": "out of memory (a plain backward keeps every layer's graph)"}
+    fb["forward_backward_peak_bytes"] = fb_peak.bytes  # weight gradients and every layer's graph
     width = w.max_tokens or w.tokens  # the forward/backward pads every prompt to the longest
     pred_fwd = pl.forward(n, width)
     pred_fb = pl.forward(n, width, backward=2.0)
@@ -425,7 +465,7 @@ def section_attribution(ctx: SimpleNamespace) -> dict[str, Any]:
             "forward_ratio": ratio(fb["forward_s"], pred_fwd), "predicted_forward_backward_s": pred_fb,
             "forward_backward_ratio": ratio(fb["forward_backward_s"], pred_fb),
             "atp_star_over_forward_backward": ratio(secs, fb["forward_backward_s"]),
-            "peak_bytes": peak.bytes, "predicted_peak_bytes": mem}
+            "peak_bytes": peak.bytes, "start_bytes": peak.start_bytes, "predicted_peak_bytes": mem}
 
 
 def section_maps(ctx: SimpleNamespace) -> dict[str, Any]:
@@ -445,7 +485,7 @@ def section_maps(ctx: SimpleNamespace) -> dict[str, Any]:
     finite = all(bool(torch.isfinite(m).all()) for m in maps.values())
     return {"layer": mid, "heads": len(heads), "kinds": kinds, "tokens": L, "rows": 1, "measured_s": secs,
             "predicted_s": predicted, "ratio": ratio(secs, predicted), "finite": finite,
-            "peak_bytes": peak.bytes, "predicted_peak_bytes": mem}
+            "peak_bytes": peak.bytes, "start_bytes": peak.start_bytes, "predicted_peak_bytes": mem}
 
 
 RUNNERS: dict[str, Callable[[SimpleNamespace], dict[str, Any]]] = {
@@ -517,10 +557,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "device": name, "plan_device": row, "dtype": str(dtype).removeprefix("torch."), "small": args.small,
         "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
         "n": args.n, "shots": args.shots, "budget_s": args.budget_s, "section_s": args.section_s,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S")})
+        "peaks": PEAKS, "started": time.strftime("%Y-%m-%d %H:%M:%S")})
     log(f"{name}: planner row {row}, {', '.join(models)}; sections {', '.join(sections)}; writing {out}")
     examples = examples_for(args.n, args.shots)
     for spec in models:
+        gc.collect()  # the previous model sits in reference cycles after attribution or a sweep
         if dev.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(dev)
@@ -556,11 +597,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 done = results.doc["models"][spec]
                 planned_peaks = [r["predicted_peak_bytes"] for r in done.values()
                                  if isinstance(r, dict) and r.get("predicted_peak_bytes")]
-                mem.update(peak_bytes=whole.bytes, predicted_peak_bytes=max(planned_peaks, default=None),
+                mem.update(peak_bytes=whole.bytes, start_bytes=whole.start_bytes,
+                           predicted_peak_bytes=max(planned_peaks, default=None),
                            ratio=ratio(whole.bytes, max(planned_peaks, default=None)),
                            measured="torch.cuda.max_memory_allocated" if dev.type == "cuda" else "resident above start")
                 log(f"  memory: peak {whole.bytes / 2**30:.2f} GiB")
         del ctx, adapter
+        gc.collect()
     results.doc["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     results.doc["wall_s"] = time.perf_counter() - start
     results.write()

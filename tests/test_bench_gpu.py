@@ -57,6 +57,7 @@ def test_every_section_of_every_model_has_its_numbers(bench, small):
         assert at["predicted_forward_s"] > 0 and at["predicted_forward_backward_s"] > at["predicted_forward_s"]
         assert mp["tokens"] == 128 and mp["heads"] > 0 and mp["finite"], mp
         assert rows["memory"]["peak_bytes"] >= 0 and rows["memory"]["predicted_peak_bytes"] > 0
+        assert at["forward_backward_peak_bytes"] >= 0
     kinds = {m: set(r["maps"]["kinds"]) for m, r in doc["models"].items()}
     assert kinds["meta-llama/Llama-3.1-8B"] == {"softmax"} and kinds["tiiuae/falcon-mamba-7b"] == {"implicit"}
 
@@ -115,8 +116,58 @@ def test_replan_reproduces_the_bench_runs_own_predictions(small):
     rows = replan.replan(doc)
     assert {(r["section"], r["quantity"]) for r in rows} >= {("attribution", "measured_s"), ("eval", "measured_s"),
                                                               ("sweep", "measured_s"), ("sweep", "naive_s")}
+    assert {r["section"] for r in rows if r["quantity"] == "peak_bytes"} >= {"attribution", "eval", "sweep", "memory"}
     for r in rows:
         rec = doc["models"][r["model"]][r["section"]]
+        if r["quantity"] == "peak_bytes":  # a file with "peaks": each section's own peak, nothing taken off
+            assert r["compared"] and not r["notes"] and r["measured_bytes"] == rec["peak_bytes"], r
+            if r["section"] != "memory":
+                assert r["predicted_bytes"] == pytest.approx(rec["predicted_peak_bytes"], rel=1e-6), r
+            continue
         planned = rec[{"measured_s": "predicted_s", "naive_s": "naive_predicted_s", "forward_s": "predicted_forward_s",
                        "forward_backward_s": "predicted_forward_backward_s"}[r["quantity"]]]
         assert r["predicted_s"] == pytest.approx(planned, rel=1e-6), r
+
+
+def test_section_peaks_are_their_own_and_the_whole_run_holds_them_all(bench, monkeypatch):
+    """CUDA keeps one peak counter: each section's Peak resets it, so a Peak is fixed when its block
+    exits (not when read: what follows must not count) and folds into the Peaks around it."""
+    state = {"alloc": 100, "max": 100}
+
+    def reset(_dev=None):
+        state["max"] = state["alloc"]
+
+    def alloc(n):
+        state["alloc"] += n
+        state["max"] = max(state["max"], state["alloc"])
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda _dev=None: state["max"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda _dev=None: state["alloc"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    dev = torch.device("cuda")
+    with bench.Peak(dev) as whole:
+        with bench.Peak(dev) as first:
+            alloc(500)
+            alloc(-500)
+        alloc(900)  # between sections (attribution's plain forward + backward): no section's peak
+        alloc(-900)
+        with bench.Peak(dev) as second:
+            alloc(50)
+            alloc(-50)
+    alloc(2000)
+    assert (first.bytes, second.bytes, whole.bytes) == (600, 150, 1000)
+    assert first.start_bytes == second.start_bytes == 100
+
+
+def test_materialise_keeps_shared_parameters_shared(bench):
+    """Zamba2's shared blocks: ``to_empty`` alone gives every module its own copy of them."""
+    from ganda.models import meta
+
+    raw = {**bench.config("Zyphra/Zamba2-7B", True), "num_hidden_layers": 4,
+           "layers_block_type": ["hybrid", "mamba", "hybrid", "hybrid"]}
+    model = meta.build_model(raw, torch.float32)
+    before = meta.param_count(model)
+    bench.materialise(model, torch.device("cpu"))
+    assert meta.param_count(model) == before
+    copy = meta.build_model(raw, torch.float32).to_empty(device="cpu")
+    assert meta.param_count(copy) > before

@@ -362,6 +362,18 @@ def test_plan_prices_graddrop_blocks_ssd_layer_calls_and_host_floors(shipped):
     assert planner.plan(small, "eval", ev, cpu_dev).seconds == planner.plan(small, "eval", ev, bare).seconds
 
 
+def test_plan_holds_the_fallback_sweeps_logits(shipped):
+    """The activation term the H200's Llamba-8B sweep peak showed (docs/scale.md): the sweep without
+    layer skipping takes an fp32 log-softmax at every position of every row."""
+    prof = planner.profile(shipped["cartesia-ai/Llamba-8B"])
+    # 8 heads of one layer per forward; the longest of 8 prompts 916 tokens, their mean 484.5: the
+    # H200 measured 8.74 GiB above the weights
+    sweep = planner.plan(prof, "sweep", planner.Workload(n=8, tokens=484.5, max_tokens=916), "h200",
+                         heads_per_layer=[8 if i in (0, 16) else 0 for i in range(32)], batch_heads=16,
+                         layer_skip=False)
+    assert sweep.memory["activations"] == pytest.approx(8.74 * 2**30, rel=0.05)
+
+
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
     prof = planner.profile(shipped["ai21labs/AI21-Jamba-1.5-Mini"])
     w = planner.Workload(n=100, tokens=200, max_tokens=200)

@@ -339,6 +339,8 @@ class Phase:
     scan: bool = True  # Mamba-1 layers run their sequential scan (False: kernels or skipped)
     examples: float = 0.0  # example passes (each pays the device's per-example overhead)
     scored: float = 0.0  # rows whose log-likelihoods are read back (each pays the per-score overhead)
+    full_logits: bool = False  # float32 log-softmax over every position of every row (the fallback sweep)
+    peak_rows: float = 0.0  # rows of the largest forward where the batches differ in size (0: rows)
 
     def flops(self, p: Profile) -> float:
         T = max(1, round(self.tokens))
@@ -395,6 +397,18 @@ def _act_peak(p: Profile, rows: float, T: int, layers: Sequence[int], logit_posi
     return resid + max(layer, logits)
 
 
+def _phase_act(p: Profile, ph: Phase, w: Workload) -> float:
+    """The activation peak of one phase: :func:`_act_peak`, with what a phase holds besides."""
+    T = max(1, round(ph.tokens or w.peak_tokens))
+    rows = ph.peak_rows or ph.rows
+    act = _act_peak(p, rows, T, ph.layers, ph.logit_positions)
+    if ph.full_logits:
+        # fp32 logits and their log-softmax at every position of the longest prompt, beside the
+        # previous prompt's log-probabilities (freed only when the next replace them), at the mean length
+        act = max(act, 3.0 * rows * T * p.d_model * p.bytes_per_param + rows * p.vocab * 4.0 * (2.0 * w.peak_tokens + T))
+    return act
+
+
 Phases = tuple[list[Phase], float, list[str]]  # the forwards, the bytes kept between them, notes
 
 
@@ -425,9 +439,12 @@ def sweep_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     bh = int(opts.get("batch_heads") or 16)
     if not opts.get("layer_skip", True):
         total = sum(heads)
-        phases = [Phase("intact model scored", w.n, 1, w.packed, L, n_read, examples=w.n, scored=w.n * w.score_rows),
+        # memory: a batch holds one mixer's heads, and each forward's log-softmax covers every position
+        largest = max((min(bh, hk) for hk in heads if hk), default=1)
+        phases = [Phase("intact model scored", w.n, 1, w.packed, L, n_read, examples=w.n, scored=w.n * w.score_rows,
+                        full_logits=True),
                   Phase("ablated heads (full forwards)", w.n * math.ceil(total / bh), min(bh, total),
-                        w.packed, L, n_read, scored=w.n * total * w.score_rows)]
+                        w.packed, L, n_read, scored=w.n * total * w.score_rows, full_logits=True, peak_rows=largest)]
         return phases, 0.0, ["no layer skipping for this family: every head batch runs the whole model"]
     # the intact scores come from the pass that records each layer's input; each head batch
     # reads all its rows back through one LM-head call per prompt
@@ -606,7 +623,9 @@ class _Sum(Phase):
     def __init__(self, name: str, parts: list[Phase]) -> None:
         super().__init__(name, sum(q.calls for q in parts), max(q.rows for q in parts), parts[0].tokens,
                          sorted({i for q in parts for i in q.layers}), parts[0].logit_positions,
-                         examples=sum(q.examples for q in parts), scored=sum(q.scored for q in parts))
+                         examples=sum(q.examples for q in parts), scored=sum(q.scored for q in parts),
+                         full_logits=any(q.full_logits for q in parts),
+                         peak_rows=max(q.peak_rows or q.rows for q in parts))
         self.parts = parts
 
     def flops(self, p: Profile) -> float:
@@ -628,8 +647,7 @@ def plan(prof: Profile, experiment: str, w: Workload, dev: Device | str = "h100"
     phases, kept, notes = _phases(prof, experiment, w, opts)
     flops = sum(ph.flops(prof) for ph in phases)
     seconds = sum(ph.seconds(prof, dev) for ph in phases)
-    act = max(_act_peak(prof, ph.rows, max(1, round(ph.tokens or w.peak_tokens)), ph.layers, ph.logit_positions)
-              * (2.0 if ph.backward else 1.0) for ph in phases)
+    act = max(_phase_act(prof, ph, w) * (2.0 if ph.backward else 1.0) for ph in phases)
     weights = prof.weight_bytes
     runtime = dev.runtime + (dev.ssm_runtime if any(layer.ssd or layer.selective for layer in prof.layers) else 0.0)
     act = max(act, dev.act_floor.get(experiment, 0.0))
