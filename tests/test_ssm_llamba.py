@@ -127,3 +127,18 @@ def test_right_padding_is_accepted_left_padding_refused():
     assert torch.allclose(out[1, :4], adapter.forward(ids[1:, :4])[0], atol=1e-5)
     with pytest.raises(GandaError, match="right padding"):
         adapter.forward(ids, attention_mask=mask.flip(1))
+
+
+def test_prefix_cache_holds_its_last_conv_inputs_only():
+    """After a cached forward of T tokens each layer's conv state is its own ``d_conv - 1`` columns
+    (a slice of the whole input would keep ``[rows, channels, T + d_conv - 1]`` allocated as long as
+    the cache), and continuing from it gives the whole sequence's logits."""
+    adapter = ganda.from_model(_tiny())
+    ids = torch.randint(0, 61, (1, 40), generator=torch.Generator().manual_seed(3))
+    cache = adapter.new_cache()
+    adapter.forward_cached(ids[:, :30], cache, torch.arange(30)[None])
+    for state in cache.conv:
+        assert state.shape[-1] == 3  # d_conv - 1
+        assert state.untyped_storage().nbytes() == state.numel() * state.element_size()
+    tail = adapter.forward_cached(ids[:, 30:], cache, torch.arange(30, 40)[None])
+    assert torch.allclose(tail, adapter.forward(ids)[:, 30:], atol=1e-5)

@@ -175,7 +175,8 @@ class DiscreteMamba2(nn.Module):
         if cache is not None:
             if prev is None:
                 prev = raw.new_zeros(*raw.shape[:-1], self.d_conv - 1)
-            cache.conv[self.layer_idx] = torch.cat([prev, raw], -1)[..., T:]
+            # a copy: a slice would keep the whole [.., channels, T] input allocated as long as the cache
+            cache.conv[self.layer_idx] = torch.cat([prev, raw], -1)[..., T:].clone()
         xBC = xBC.transpose(-1, -2)
         if self.activation in ("silu", "swish"):
             xBC = F.silu(xBC)
