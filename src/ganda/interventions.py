@@ -101,14 +101,16 @@ def mean_edit(mixer: Mixer, heads: Iterable[int], mu: torch.Tensor) -> Edit:
 
 
 def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> dict[str, Edit]:
-    """The edit that zeroes, in batch row b, head ``heads[b]`` (None: nothing) of one mixer: the
-    sweep's batch of single-head ablations in one forward (empty when every entry is None)."""
-    real = [h for h in heads if h is not None]
-    if not real:
-        return {}
-    mixer = adapter.mixer_of(real[0])
-    masks = torch.stack([head_mask(mixer, [] if h is None else [h.head]) for h in heads])[:, None]
-    return {z_point(mixer): mask_edit(adapter, masks)}
+    """The edits that zero, in batch row b, head ``heads[b]`` (None: nothing), one edit per mixer the
+    heads belong to: a batch of single-head ablations in one forward, the heads of one layer (the
+    sweep) or of several (the answer screen); empty when every entry is None."""
+    mixers = {id(m): m for m in (adapter.mixer_of(h) for h in heads if h is not None)}
+    edits: dict[str, Edit] = {}
+    for mixer in mixers.values():
+        masks = torch.stack([head_mask(mixer, [h.head] if h is not None and adapter.mixer_of(h) is mixer else [])
+                             for h in heads])[:, None]
+        edits[z_point(mixer)] = mask_edit(adapter, masks)
+    return edits
 
 
 @contextmanager

@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from ..engine import Edit, Trace
+from ..engine import Trace
 from ..errors import GandaError
 from ..heads import HeadId
-from ..interventions import head_mask, z_point
+from ..interventions import row_ablations
 from ..models.base import ModelAdapter, ReadPositions
 from ..progress import tqdm
 from ..scoring import encode_examples, run_prefix
@@ -53,30 +53,9 @@ class Screen:
     cpu_seconds: float
     config: dict[str, Any] = field(default_factory=dict)
 
-    def order(self) -> list[str]:
-        """Heads by |effect|, largest first (ties by name)."""
-        return sorted(self.by_head, key=lambda h: (-abs(self.by_head[h]), h))
-
     def to_json(self) -> dict[str, Any]:
         return {"clean": self.clean, "by_head": self.by_head, "seconds": self.seconds,
                 "cpu_seconds": self.cpu_seconds, "config": self.config}
-
-
-def _row_edits(adapter: ModelAdapter, rows: Sequence[HeadId | None]) -> dict[str, Edit]:
-    """Per mixer, the edit that zeroes in row b the head ``rows[b]`` where that head is the mixer's
-    (every other row untouched): heads of several layers ablated in one forward, one per row."""
-    by_point: dict[str, tuple[Any, list[list[int]]]] = {}
-    for b, h in enumerate(rows):
-        if h is None:
-            continue
-        mixer = adapter.mixer_of(h)
-        entry = by_point.setdefault(z_point(mixer), (mixer, [[] for _ in rows]))
-        entry[1][b].append(h.head)
-    edits: dict[str, Edit] = {}
-    for point, (mixer, per_row) in by_point.items():
-        mask = torch.stack([head_mask(mixer, hs) for hs in per_row])[:, None]  # [B, 1, H*D]
-        edits[point] = (lambda m: lambda x: x * m.to(dtype=x.dtype, device=x.device))(mask)
-    return edits
 
 
 def _decision(pairs: Sequence[tuple[list[int], list[int]]]) -> tuple[list[int], list[int]] | None:
@@ -120,7 +99,7 @@ def answer_screen(adapter: ModelAdapter, examples: Sequence[Example], heads: Seq
             b = len(chunk)
             cache = adapter.expand_cache(prefix, b)
             zero = torch.zeros(b, dtype=torch.long, device=dev)
-            with Trace(adapter, edit=_row_edits(adapter, chunk)):
+            with Trace(adapter, edit=row_ablations(adapter, chunk)):
                 logits = adapter.forward_cached(torch.full((b, 1), ctx[-1], device=dev), cache,
                                                 torch.full((b, 1), len(ctx) - 1, device=dev),
                                                 keep=zero[:1], read=ReadPositions(zero, zero))
