@@ -103,6 +103,22 @@ def name_of(args) -> str:
             + (f"-s{args.seed}" if args.seed else ""))
 
 
+def command_of(cmd: str, args, *extra: tuple[str, object]) -> str:
+    """The command line that reproduces a prompt-set run (``--model --task [--pairs] --n --seed``)."""
+    given = (("model", args.model), ("task", args.task), ("pairs", args.pairs), ("n", args.n), ("seed", args.seed),
+             *extra)
+    return f"python benchmarks/bench_attribution.py {cmd} " + " ".join(f"--{k} {v}" for k, v in given if v is not None)
+
+
+def prompt_set_options(p, model: str = "smollm2-135m", task: str = "kv", n: int = 16) -> None:
+    """The options that name a model and a prompt set (what :func:`load` and :func:`name_of` read)."""
+    p.add_argument("--model", default=model, required=model is None)
+    p.add_argument("--task", default=task, required=task is None)
+    p.add_argument("--pairs", type=int, default=None)
+    p.add_argument("--n", type=int, default=n)
+    p.add_argument("--seed", type=int, default=0)
+
+
 def exhaustive(adapter, examples, args, opts):
     """The exact sweep over every head (resumable); its time when this call ran it whole."""
     from ganda.sweep import run_sweep
@@ -165,9 +181,7 @@ def quality_cmd(args) -> None:
                      "verified_top10": reported, "missed_in_10": q["missed_in_10"], "missed_in_30": misses,
                      "clean_matches_sweep": abs(att.clean - clean) < 1e-4,
                      "estimates": est})
-    out = {"command": "python benchmarks/bench_attribution.py quality " + " ".join(
-               f"--{k} {v}" for k, v in (("model", args.model), ("task", args.task), ("pairs", args.pairs),
-                                         ("n", args.n), ("seed", args.seed)) if v is not None),
+    out = {"command": command_of("quality", args),
            "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples),
            "n_heads": len(exact), "margin": args.margin, "clean_margin": clean, "baseline_acc": res.baseline["acc"],
            "exact_top10": top_by_magnitude(exact, 10), "exact": exact, "methods": rows,
@@ -568,9 +582,7 @@ def ig_cmd(args) -> None:
         print(f"{name}: spearman |.| {q['spearman_abs']:.3f} signed {q['spearman_signed']:.3f}, recall@10 in 10 "
               f"{q['recall_top10_in_10']:.2f}, in 30 {q['recall_top10_in_30']:.2f}, sign flips in top 30 {len(flips)}, "
               f"{cpu:.1f} CPU s ({wall:.1f} s)", flush=True)
-    out = {"command": "python benchmarks/bench_attribution.py ig " + " ".join(
-               f"--{k} {v}" for k, v in (("model", args.model), ("task", args.task), ("pairs", args.pairs),
-                                         ("n", args.n), ("seed", args.seed)) if v is not None),
+    out = {"command": command_of("ig", args),
            "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples),
            "n_heads": len(exact), "margin": args.margin, "clean_margin": clean,
            "exact_top10": top_by_magnitude(exact, 10), "exact": exact, "arms": rows,
@@ -590,9 +602,7 @@ def screen_cmd(args) -> None:
     sc = answer_screen(adapter, examples, progress=False)
     timing = RUNS / name_of(args) / "sweep" / "timing.json"
     sweep_cpu = json.loads(timing.read_text())["cpu"] if timing.exists() else None
-    out = {"command": "python benchmarks/bench_attribution.py screen " + " ".join(
-               f"--{k} {v}" for k, v in (("model", args.model), ("task", args.task), ("pairs", args.pairs),
-                                         ("n", args.n), ("seed", args.seed)) if v is not None),
+    out = {"command": command_of("screen", args),
            "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples),
            **sc.to_json(), "sweep_cpu_seconds": sweep_cpu,
            "cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average_at_end": list(os.getloadavg())}
@@ -634,9 +644,7 @@ def ties_cmd(args) -> None:
     for r in near:
         print(f"{r['rank']:>3} {r['head']:<7} {r['effect']:.3f} ± {r['se']:.3f}")
     print(f"{last_in} (rank {k}) minus {first_out} (rank {k + 1}): {gap:.3f}, paired SE {paired:.3f}")
-    out = {"command": "python benchmarks/bench_attribution.py ties " + " ".join(
-               f"--{a} {v}" for a, v in (("model", args.model), ("task", args.task), ("pairs", args.pairs),
-                                         ("n", args.n), ("seed", args.seed), ("top", k)) if v is not None),
+    out = {"command": command_of("ties", args, ("top", k)),
            "n_prompts": len(examples), "near_the_cut": near, "last_in": last_in, "first_out": first_out,
            "gap": gap, "paired_se": paired}
     path = RESULTS / f"attribution_ties_{name_of(args)}.json"
@@ -648,11 +656,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("quality")
-    q.add_argument("--model", default="smollm2-135m")
-    q.add_argument("--task", default="kv")
-    q.add_argument("--pairs", type=int, default=None)
-    q.add_argument("--n", type=int, default=16)
-    q.add_argument("--seed", type=int, default=0)
+    prompt_set_options(q)
     q.add_argument("--margin", default="mean")
     q.add_argument("--threads", type=int, default=1)
     s = sub.add_parser("speed")
@@ -672,17 +676,9 @@ def main() -> None:
     sub.add_parser("memory")
     m = sub.add_parser("_mem")
     m.add_argument("--arm", required=True)
-    m.add_argument("--model", required=True)
-    m.add_argument("--task", required=True)
-    m.add_argument("--pairs", type=int, default=None)
-    m.add_argument("--n", type=int, default=16)
-    m.add_argument("--seed", type=int, default=0)
+    prompt_set_options(m, model=None, task=None)
     ig = sub.add_parser("ig")
-    ig.add_argument("--model", default="lab-llama-h1")
-    ig.add_argument("--task", default="lab-mmlu")
-    ig.add_argument("--pairs", type=int, default=None)
-    ig.add_argument("--n", type=int, default=32)
-    ig.add_argument("--seed", type=int, default=0)
+    prompt_set_options(ig, "lab-llama-h1", "lab-mmlu", 32)
     ig.add_argument("--margin", default="mean")
     ig.add_argument("--threads", type=int, default=1)
     ig.add_argument("--ig-steps", type=int, nargs="+", default=[5], help="IG arms, one per step count")
@@ -697,19 +693,11 @@ def main() -> None:
                    "(attribution_screen_<set>.json beside each file)")
     w.add_argument("--out", default=None)
     ti = sub.add_parser("ties")
-    ti.add_argument("--model", default="smollm2-135m")
-    ti.add_argument("--task", default="kv")
-    ti.add_argument("--pairs", type=int, default=None)
-    ti.add_argument("--n", type=int, default=16)
-    ti.add_argument("--seed", type=int, default=0)
+    prompt_set_options(ti)
     ti.add_argument("--margin", default="mean")
     ti.add_argument("--top", type=int, default=10)
     sc = sub.add_parser("screen")
-    sc.add_argument("--model", default="smollm2-135m")
-    sc.add_argument("--task", default="kv")
-    sc.add_argument("--pairs", type=int, default=None)
-    sc.add_argument("--n", type=int, default=16)
-    sc.add_argument("--seed", type=int, default=0)
+    prompt_set_options(sc)
     sc.add_argument("--threads", type=int, default=1)
     sub.add_parser("table")
     args = ap.parse_args()
