@@ -532,15 +532,16 @@ def widen_cmd(args) -> None:
         n_layers = 1 + max(map(layer, exact))
         cost = {h: n_layers - layer(h) for h in exact}
         truth = reported_top(exact, args.top)
-        screened: list[str] = []
-        if args.screen:
-            stem = Path(path).name.split("_", 2)[2]  # attribution_{quality,ig}_<set>.json
-            by = json.loads((Path(path).parent / f"attribution_screen_{stem}").read_text())["by_head"]
-            screened = sorted(by, key=lambda h: (-by[h], h))[:args.screen]
+        stem = Path(path).name.split("_", 2)[2]  # attribution_{quality,ig}_<set>.json
+        also: list[str] = []
+        for k, kind, key in ((args.screen, "screen", "by_head"), (args.active, "rule", "activity")):
+            if k:
+                by = json.loads((Path(path).parent / f"attribution_{kind}_{stem}").read_text())[key]
+                also += sorted(by, key=lambda h: (-by[h], h))[:k]
         for method in args.methods:
             est = arms[method]
             order = sorted(est, key=lambda h: (-abs(est[h]), h))
-            first = list(dict.fromkeys(order[:args.verify_top] + screened
+            first = list(dict.fromkeys(order[:args.verify_top] + also
                                        + [h for h in order[args.verify_top:] if layer(h) in layers]))
             known = {h: exact[h] for h in first}
             more = widen_until_stable(order, known, args.widen, args.top,
@@ -557,7 +558,7 @@ def widen_cmd(args) -> None:
     if args.out:
         Path(args.out).write_text(json.dumps({"command": "python benchmarks/bench_attribution.py " + " ".join(sys.argv[1:]), "rule": {
             "verify_top": args.verify_top, "verify_layers": sorted(layers), "widen": args.widen, "top": args.top,
-            "screen": args.screen},
+            "screen": args.screen, "active": args.active},
             "rows": rows}, indent=1))
 
 
@@ -652,6 +653,41 @@ def ties_cmd(args) -> None:
     print(f"wrote {path}")
 
 
+def rule_cmd(args) -> None:
+    """One ranking rule run whole (``rank_heads`` with these options) on a prompt set whose
+    exhaustive sweep ``quality`` recorded: its CPU time against the sweep's, and how many of the
+    exhaustive top ``--top`` its final top holds. Writes every head's activity (mean |AtP| per
+    prompt) too, which ``widen --active`` replays."""
+    from ganda.attribution import rank_heads
+    from ganda.attribution.ranking import reported_top
+
+    timing = RUNS / name_of(args) / "sweep" / "timing.json"
+    if not timing.exists():
+        raise SystemExit(f"no recorded sweep for {name_of(args)}: run `quality` on this prompt set first")
+    sweep_cpu = json.loads(timing.read_text())["cpu"]
+    adapter, examples, opts, _, _, exact = exact_effects(args)
+    rule = {"method": args.method, "verify_top": args.verify_top, "active": args.active, "audit": args.audit,
+            "verify_layers": [int(x) for x in args.verify_layers.split(",") if x.strip()], "screen": args.screen}
+    res, wall, cpu = timed(lambda: rank_heads(adapter, examples, margin=args.margin, top=args.top, progress=False,
+                                              **rule))
+    truth = reported_top(exact, args.top)
+    got = reported_top({h: res.exact[h] for h in res.verified}, args.top)
+    flags = [("method", args.method), ("verify-top", args.verify_top), ("active", args.active), ("audit", args.audit),
+             ("verify-layers", args.verify_layers or None), ("screen", args.screen or None)]
+    out = {"command": command_of("rule", args, *flags),
+           "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples), "rule": rule,
+           "verified": len(res.verified), "audited": len(res.audited), "found": len(got & truth), "top": args.top,
+           "missed": sorted(truth - got), "cpu_seconds": cpu, "seconds": wall, "parts_cpu": {
+               k: res.seconds[k] for k in ("attribution_cpu", "screen_cpu", "verification_cpu") if k in res.seconds},
+           "sweep_cpu_seconds": sweep_cpu, "sweep_share": cpu / sweep_cpu, "activity": res.activity,
+           "cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average_at_end": list(os.getloadavg())}
+    path = RESULTS / f"attribution_rule_{name_of(args)}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{name_of(args)}: {len(got & truth)}/{args.top} of the exhaustive top {args.top} "
+          f"(missed {', '.join(sorted(truth - got)) or '-'}), {len(res.verified)} verified + {len(res.audited)} audited, "
+          f"{cpu:.1f} CPU s = {100 * cpu / sweep_cpu:.1f}% of the sweep's {sweep_cpu:.0f}; wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -691,6 +727,8 @@ def main() -> None:
     w.add_argument("--top", type=int, default=10)
     w.add_argument("--screen", type=int, default=0, help="also verify the answer screen's top K "
                    "(attribution_screen_<set>.json beside each file)")
+    w.add_argument("--active", type=int, default=0, help="also verify the K most active heads (mean |AtP| per "
+                   "prompt, from attribution_rule_<set>.json beside each file)")
     w.add_argument("--out", default=None)
     ti = sub.add_parser("ties")
     prompt_set_options(ti)
@@ -699,11 +737,22 @@ def main() -> None:
     sc = sub.add_parser("screen")
     prompt_set_options(sc)
     sc.add_argument("--threads", type=int, default=1)
+    ru = sub.add_parser("rule")
+    prompt_set_options(ru)
+    ru.add_argument("--margin", default="mean")
+    ru.add_argument("--threads", type=int, default=1)
+    ru.add_argument("--top", type=int, default=10)
+    ru.add_argument("--method", default="atp")
+    ru.add_argument("--verify-top", type=int, default=10)
+    ru.add_argument("--active", type=int, default=30)
+    ru.add_argument("--audit", type=int, default=0)
+    ru.add_argument("--verify-layers", default="")
+    ru.add_argument("--screen", type=int, default=0)
     sub.add_parser("table")
     args = ap.parse_args()
     {"quality": quality_cmd, "speed": speed_cmd, "profile": profile_cmd, "blocks": blocks_cmd, "memory": memory_cmd,
      "_mem": mem_arm_cmd, "table": table_cmd, "ig": ig_cmd, "widen": widen_cmd,
-     "screen": screen_cmd, "ties": ties_cmd}[args.cmd](args)
+     "screen": screen_cmd, "ties": ties_cmd, "rule": rule_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":

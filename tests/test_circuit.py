@@ -414,6 +414,9 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     edges = planner.plan(prof, "edges", w, "cpu", verify_top=10, audit=10)
     atp = planner.plan(prof, "attribution", w, "cpu", method="atp", verify_top=0, audit=0)
     assert edges.memory["kept"] > atp.memory["kept"] and edges.seconds > 0
+    widened = planner.plan(prof, "edges", w, "cpu", verify_top=10, audit=10, widen=10)  # the first round of 10
+    assert widened.flops == pytest.approx(edges.flops + (edges.flops - planner.plan(
+        prof, "edges", w, "cpu", verify_top=0, audit=10).flops), rel=1e-9)
     path = planner.plan(prof, "path", w, "cpu", sender="L0H0", receiver="L2H1", parts="together,q")
     assert {"path", "edges"} <= set(planner.costed_experiments()) and path.flops < edges.flops
 

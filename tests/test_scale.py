@@ -374,6 +374,21 @@ def test_plan_holds_the_fallback_sweeps_logits(shipped):
     assert sweep.memory["activations"] == pytest.approx(8.74 * 2**30, rel=0.05)
 
 
+def test_plan_verifies_the_larger_of_the_estimates_and_the_activitys_top(shipped):
+    """``--active K`` beside ``--verify-top V``: the two lists overlap, so the exact check is planned
+    for max(V, K) heads (and the audit): the same check as ``--verify-top`` max(V, K) alone."""
+    prof = planner.profile(shipped["meta-llama/Llama-3.1-8B"])
+    w = planner.Workload(n=8, tokens=100, max_tokens=100)
+
+    def check(**opts):
+        pl = planner.plan(prof, "attribution", w, "h100", method="atp", audit=5, **opts)
+        return sum(p["flops"] for p in pl.phases if p["phase"].startswith("exact check"))
+
+    assert check(verify_top=10, active=30) == check(verify_top=30) > check(verify_top=10) * 2
+    assert check(verify_top=30, active=10) == check(verify_top=30)
+    assert check(verify_top=10, active=30, widen=10) == check(verify_top=40)  # --widen's first round
+
+
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
     prof = planner.profile(shipped["ai21labs/AI21-Jamba-1.5-Mini"])
     w = planner.Workload(n=100, tokens=200, max_tokens=200)

@@ -492,7 +492,11 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
         raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
     per_layer = [p.layers[k].heads if k in early else 0 for k in L]  # every head of those layers
     rest = [k for k in L if k not in early]
-    spread = min(sum(p.layers[k].heads for k in rest), int(opts.get("verify_top", 30)) + int(opts.get("audit", 10)))
+    # the activity's top overlaps the estimate's (on SmolLM2 KV the top 10 by estimate lie inside the top
+    # 30 by activity): planned as the larger of the two lists
+    # and --widen W's first round (at least one runs; later rounds depend on what the first finds)
+    top = max(int(opts.get("verify_top", 30)), int(opts.get("active", 0))) + int(opts.get("widen", 0))
+    spread = min(sum(p.layers[k].heads for k in rest), top + int(opts.get("audit", 10)))
     for j in range(spread if rest else 0):  # the top heads and the audit, spread evenly over the other layers
         per_layer[rest[min(len(rest) - 1, int((j + 0.5) * len(rest) / spread))]] += 1
     verify = sum(per_layer)
@@ -502,8 +506,10 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     vjps = f"{1 + above:.1f} input-gradient VJPs on average (GradDrop over {blocks} blocks)" if method == "atp*" \
         else f"one VJP, over {reps} copies of each prompt ({reps - 1} IG steps and the clean one)" if reps > 1 \
         else "one VJP"
+    active = (f" and the {opts['active']} most active" if opts.get("active") else "") + \
+        (f", one round of {opts['widen']} more" if opts.get("widen") else "")
     note = (f"{method}: one no-grad pass, then per layer a recompute and {vjps}; then the top "
-            f"{opts.get('verify_top', 30)} and {opts.get('audit', 10)} audited heads exactly"
+            f"{opts.get('verify_top', 30)}{active} and {opts.get('audit', 10)} audited heads exactly"
             + (f", and every head of layer(s) {', '.join(map(str, early))}" if early else ""))
     return phases + sub, kept, [note]
 

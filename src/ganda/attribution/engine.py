@@ -252,6 +252,13 @@ class Attribution:
     def by_head(self) -> dict[str, float]:
         return {str(h): e for h, e in zip(self.heads, self.estimate, strict=True)}
 
+    def activity(self) -> dict[str, float]:
+        """Each head's mean over prompts of |plain AtP on that prompt|: how far the head moves each
+        prompt's margin, whatever the direction. A head whose per-prompt effects cancel in the mean
+        (or whose ablation acts through a saturating nonlinearity the mean's sign misreads) has a
+        small estimate but a large activity (``rank_heads(active=K)``, docs/attribution.md)."""
+        return dict(zip(map(str, self.heads), self.per_example.abs().mean(0).tolist(), strict=True))
+
 
 # ---------------------------------------------------------------------------------------------
 # the engine

@@ -264,6 +264,7 @@ class RankResult:
     exact_acc: dict[str, float] = field(default_factory=dict)  # accuracy drop of every exactly known head
     clean_acc: float | None = None
     screen: dict[str, float] = field(default_factory=dict)  # answer-screen effects (rank_heads(screen=K))
+    activity: dict[str, float] = field(default_factory=dict)  # mean |AtP| per prompt (Attribution.activity)
 
     metric = "margin"  # what heads are ranked by: the drop of the mean margin (ganda.effects)
 
@@ -312,6 +313,7 @@ class RankResult:
                         "estimate": self.estimate.get(h), "exact": self.exact.get(h),
                         "acc_drop": self.exact_acc.get(h), "rank_estimate": r_est.get(h),
                         "rank_exact": r_ex.get(h), "atp": atp.get(h), "graddrop": gd.get(h),
+                        "activity": self.activity.get(h),
                         "verified": h in set(self.verified), "audited": h in set(self.audited),
                         "sign_flip": h in flipped})
         return out
@@ -421,7 +423,8 @@ def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str
                        audit: int = 10, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
                        batch_tokens: int | None = None, batch_heads: int = 16,
                        graddrop_blocks: int | None = GRADDROP_BLOCKS,
-                       name: Any = str, ig_steps: int = IG_STEPS, widen: int = 0, screen: int = 0) -> None:
+                       name: Any = str, ig_steps: int = IG_STEPS, widen: int = 0, screen: int = 0,
+                       active: int = 0) -> None:
     """Refuse (one line) a ranking option out of its range: the one place these are checked, for
     ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads` (``name``: as :func:`check_options`)."""
     if method not in RANK_METHODS:
@@ -429,7 +432,7 @@ def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str
     check_options("atp", ablation, margin, batch_tokens, graddrop_blocks, name, ig_steps)
     for key, value, least in (("verify_top", verify_top, 0), ("audit", audit, 0), ("top", top, 1),
                               ("batch_heads", batch_heads, 1), ("widen", widen, 0),
-                              ("screen", screen, 0)):
+                              ("screen", screen, 0), ("active", active, 0)):
         if value < least:
             raise GandaError(f"{name(key)} must be at least {least}, got {value}")
     if threshold is not None and threshold <= 0:
@@ -465,11 +468,11 @@ def widen_until_stable(order: Sequence[str], exact: dict[str, float], widen: int
 
 
 def _to_verify(order: list[str], verify_top: int, layers: set[int], audit: int, seed: int,
-               screened: Sequence[str] = ()) -> tuple[list[HeadId], list[str]]:
+               also: Sequence[str] = ()) -> tuple[list[HeadId], list[str]]:
     """The heads to verify exactly, from heads in estimate order: the top ``verify_top``, every head
-    of ``layers`` and the ``screened`` heads (the answer screen's top); and a seeded random ``audit``
-    of the rest (the false-negative bound's sample)."""
-    extra = set(screened)
+    of ``layers`` and the heads ``also`` names (the answer screen's and the activity's top); and a
+    seeded random ``audit`` of the rest (the false-negative bound's sample)."""
+    extra = set(also)
     chosen = order[:verify_top] + [h for h in order[verify_top:] if HeadId.parse(h).layer in layers or h in extra]
     picked = set(chosen)
     pool = [h for h in order if h not in picked]
@@ -509,6 +512,7 @@ def rank_heads(
     ig_steps: int = IG_STEPS,
     widen: int = 0,
     screen: int = 0,
+    active: int = 0,
 ) -> RankResult:
     """Rank every head: attribution (``"atp"``/``"atp*"``/``"ig"``) then exact verification of the top
     ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
@@ -529,12 +533,18 @@ def rank_heads(
     (:func:`ganda.attribution.screen.answer_screen`, exact there, one token per head and prompt):
     heads acting where the answer is read, which a first-order estimate can miss whatever its rank.
 
+    ``active``: also verify the ``active`` heads with the largest mean |AtP| per prompt
+    (:meth:`Attribution.activity`): heads that move every prompt's margin but whose mean estimate
+    is small or of the wrong sign. On SmolLM2 KV the top 30 by activity holds the exhaustive top 10
+    on four of seven prompt sets, including the one where L18H6 (exact +0.48) has AtP* rank 104
+    (docs/attribution.md).
+
     ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
     effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
     ``ranking.json``, ``ranking.csv``, ``scatter.png`` and ``verify_heatmap.png`` are written there.
     """
     check_rank_options(method, ablation, margin, verify_top, audit, top, threshold, confidence, batch_tokens,
-                       batch_heads, graddrop_blocks, ig_steps=ig_steps, widen=widen, screen=screen)
+                       batch_heads, graddrop_blocks, ig_steps=ig_steps, widen=widen, screen=screen, active=active)
     if not examples:
         raise GandaError("no examples to rank heads on")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -547,12 +557,14 @@ def rank_heads(
     names = [str(h) for h in head_list]
     cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": verify_top,
            "verify_layers": sorted(set(verify_layers)), "audit": audit, "graddrop_blocks": None,
-           "ig_steps": ig_steps if method == "ig" else None, "screen": screen if method != "exact" else 0}
+           "ig_steps": ig_steps if method == "ig" else None, "screen": screen if method != "exact" else 0,
+           "active": active if method != "exact" else 0}
     golds = [ex.gold for ex in examples]
     secs: dict[str, float] = {}
     att: Attribution | None = None
     estimate: dict[str, float] = {}
     screened: dict[str, float] = {}
+    activity: dict[str, float] = {}
     if method == "exact":
         chosen, audited = list(head_list), []
     else:
@@ -564,9 +576,10 @@ def rank_heads(
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()
         screened = _screened(adapter, examples, head_list, margin, progress, secs) if screen else {}
-        top_screen = sorted(screened, key=lambda h: (-screened[h], h))[:screen]
-        chosen, audited = _to_verify([names[i] for i in att.order()], verify_top, set(verify_layers), audit, seed,
-                                     top_screen)
+        activity = att.activity()
+        also = sorted(screened, key=lambda h: (-screened[h], h))[:screen]
+        also += sorted(activity, key=lambda h: (-activity[h], h))[:active]
+        chosen, audited = _to_verify([names[i] for i in att.order()], verify_top, set(verify_layers), audit, seed, also)
     by_name = {str(h): h for h in head_list}
     to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
     exact: dict[str, float] = {}
@@ -608,7 +621,7 @@ def rank_heads(
         bound = false_negative_bound(estimate, exact, verified, audited, theta, confidence)
     secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
     res = RankResult(method, ablation, margin, names, estimate, exact, verified, audited, clean, bound, att, secs, cfg, out,
-                     exact_acc, clean_acc, screened)
+                     exact_acc, clean_acc, screened, activity)
     if out is not None:
         res.write(out)
     return res

@@ -96,7 +96,8 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
               Phase("layer-by-layer backward (one VJP per layer)", calls, per_batch, w.packed, L, n_read, backward=1.0),
               _Part(f"receiver copies ({copies:.0f} per layer on average), forward and VJP up to the mixer", calls,
                     per_batch * copies, w.packed, L, mixer_part(p), backward=2.0)]
-    checks = int(opts.get("verify_top", 10)) + int(opts.get("audit", 10))
+    # --widen W: its first round (at least one runs; later rounds depend on what the first finds)
+    checks = int(opts.get("verify_top", 10)) + int(opts.get("audit", 10)) + int(opts.get("widen", 0))
     if checks:
         depth = max(1, round(len(L) / 2))
         phases.append(Phase(f"exact check of {checks} edges (the intact forward from each receiver's layer)",

@@ -170,6 +170,9 @@ def register(app: typer.Typer) -> None:
         ig_steps: int = typer.Option(5, "--ig-steps", help="attribution (ig): integrated gradients' steps (as ganda rank)"),
         verify_top: int = typer.Option(30, "--verify-top", help="attribution: heads verified exactly (as ganda rank)"),
         audit: int = typer.Option(10, "--audit", help="attribution: random other heads verified (as ganda rank)"),
+        active: int = typer.Option(0, "--active", help="attribution: the most active heads verified (as ganda rank)"),
+        widen: int = typer.Option(0, "--widen", help="attribution, edges: the first round of --widen W (as ganda "
+                                  "rank and ganda edges; later rounds depend on what it finds)"),
         verify_layers: str | None = typer.Option(None, "--verify-layers", help="attribution: also verify every head "
                                                  "of these layers (as ganda rank), e.g. 0,1"),
         graddrop_blocks: int = typer.Option(6, "--graddrop-blocks", help="attribution (atp*): GradDrop blocks of "
@@ -206,11 +209,11 @@ def register(app: typer.Typer) -> None:
             w = workload(adapter, tok, task, n, shots, tokens)
             if graddrop_blocks < 0:
                 raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
-            if verify_top < 0 or audit < 0:
-                raise GandaError("--verify-top and --audit must be at least 0")
+            if min(verify_top, audit, active, widen) < 0:
+                raise GandaError("--verify-top, --audit, --active and --widen must be at least 0")
             opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter),
                                     "graddrop_blocks": graddrop_blocks or None, "verify_top": verify_top, "audit": audit,
-                                    "ig_steps": ig_steps}
+                                    "ig_steps": ig_steps, "active": active, "widen": widen}
             if verify_layers:
                 opts["verify_layers"] = parse_layers(verify_layers)
             if heads is not None:

@@ -46,6 +46,8 @@ def register(app: typer.Typer) -> None:
                                   "round, until a round leaves the reported top --top unchanged (0: off)"),
         screen: int = typer.Option(0, "--screen", help="also verify the heads whose ablation at the answer's "
                                    "position hurts most, this many (exact there, one token per head; 0: off)"),
+        active: int = typer.Option(0, "--active", help="also verify this many heads with the largest mean |AtP| per "
+                                   "prompt (heads whose per-prompt effects cancel in the estimate; 0: off)"),
         threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about "
                                                "(default: the smallest exact effect in the verified top --top)"),
         ablation: str = typer.Option("zero", "--ablation", help="zero or mean (mean over the same prompts)"),
@@ -89,7 +91,8 @@ def register(app: typer.Typer) -> None:
         if graddrop_blocks < 0:
             raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
         check_rank_options(method, ablation, margin, verify_top, audit, top, threshold,
-                           graddrop_blocks=graddrop_blocks or None, name=flag, ig_steps=ig_steps, widen=widen, screen=screen)
+                           graddrop_blocks=graddrop_blocks or None, name=flag, ig_steps=ig_steps, widen=widen, screen=screen,
+                           active=active)
         layer_list = _layers(verify_layers)
         require_heads("--heads", heads)
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
@@ -113,7 +116,7 @@ def register(app: typer.Typer) -> None:
                              verify_top=verify_top, audit=audit, threshold=threshold, top=top, seed=seed,
                              verify_layers=layer_list, graddrop_blocks=graddrop_blocks or None, ig_steps=ig_steps,
                              heads=head_list, out_dir=out_dir, resume=resume, progress=not (as_json or quiet),
-                             config=cfg, widen=widen, screen=screen)
+                             config=cfg, widen=widen, screen=screen, active=active)
         if as_json:
             print(json.dumps(runio.rounded(finite_json({**res.to_json(), "out": str(out_dir)}))))
             return

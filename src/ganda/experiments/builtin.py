@@ -54,6 +54,7 @@ class RankOptions(Options):
     margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
     verify_top: int = field(default=30, metadata={"help": "verify this many top heads exactly"})
     audit: int = field(default=10, metadata={"help": "also verify this many random other heads"})
+    active: int = field(default=0, metadata={"help": "also verify this many heads with the largest mean |AtP| per prompt"})
     threshold: float | None = field(default=None, metadata={"help": "effect size the false-negative bound speaks about"})
     top: int = field(default=10, metadata={"help": "the bound's default threshold: the verified top TOP"})
     batch_heads: int = field(default=16, metadata={"help": "heads of one layer ablated per forward (verification)"})
@@ -63,7 +64,7 @@ class RankOptions(Options):
     def check(self) -> None:
         check_rank_options(self.method, self.ablation, self.margin, self.verify_top, self.audit, self.top,
                            self.threshold, batch_heads=self.batch_heads, graddrop_blocks=self.graddrop_blocks,
-                           name=self.flag, ig_steps=self.ig_steps)
+                           name=self.flag, ig_steps=self.ig_steps, active=self.active)
 
 
 class Rank(Experiment):
