@@ -250,11 +250,11 @@ def speed_cmd(args) -> None:
     runs = {
         "atp": lambda: attribute(adapter, examples, method="atp", progress=False),
         "atp*": lambda: attribute(adapter, examples, method="atp*", progress=False),
-        "pipeline_atp*_verify30": lambda: rank_heads(adapter, examples, method="atp*", verify_top=30, audit=0,
+        "pipeline_atp*_verify30": lambda: rank_heads(adapter, examples, method="atp*", verify_top=30, audit=0, active=0,
                                                      progress=False),
-        "pipeline_atp_verify30": lambda: rank_heads(adapter, examples, method="atp", verify_top=30, audit=0,
+        "pipeline_atp_verify30": lambda: rank_heads(adapter, examples, method="atp", verify_top=30, audit=0, active=0,
                                                     progress=False),
-        "pipeline_atp_verify20_layers01": lambda: rank_heads(adapter, examples, method="atp", verify_top=20,
+        "pipeline_atp_verify20_layers01": lambda: rank_heads(adapter, examples, method="atp", verify_top=20, active=0,
                                                              verify_layers=[0, 1], audit=0, progress=False),
         "audit10": lambda: run_sweep(adapter, examples, heads=heads[5::27][:10], progress=False),
         "fast_sweep": lambda: run_sweep(adapter, examples, progress=True),
@@ -654,34 +654,43 @@ def ties_cmd(args) -> None:
 
 
 def rule_cmd(args) -> None:
-    """One ranking rule run whole (``rank_heads`` with these options) on a prompt set whose
-    exhaustive sweep ``quality`` recorded: its CPU time against the sweep's, and how many of the
-    exhaustive top ``--top`` its final top holds. Writes every head's activity (mean |AtP| per
-    prompt) too, which ``widen --active`` replays."""
+    """One ranking rule run whole (``rank_heads`` with these options) on a prompt set: its CPU time
+    against the exhaustive sweep's, and how many of the exhaustive top ``--top`` its final top holds.
+    The sweep's CPU time is the recorded one (``quality``'s timing.json), or with ``--side-by-side``
+    one run in this process (the machine's load then weighs on both alike): the recorded sweep
+    when this process ran it, else a fresh one after the rule. Writes every head's activity (mean |AtP| per prompt), which ``widen --active``
+    replays."""
     from ganda.attribution import rank_heads
     from ganda.attribution.ranking import reported_top
+    from ganda.sweep import run_sweep
 
     timing = RUNS / name_of(args) / "sweep" / "timing.json"
-    if not timing.exists():
-        raise SystemExit(f"no recorded sweep for {name_of(args)}: run `quality` on this prompt set first")
-    sweep_cpu = json.loads(timing.read_text())["cpu"]
+    if not timing.exists() and not args.side_by_side:
+        raise SystemExit(f"no recorded sweep for {name_of(args)}: run `quality` on this prompt set first "
+                         "or give --side-by-side")
+    fresh = not timing.exists()  # then exact_effects runs the sweep in this process, beside the rule
     adapter, examples, opts, _, _, exact = exact_effects(args)
+    sweep_cpu = json.loads(timing.read_text())["cpu"]
     rule = {"method": args.method, "verify_top": args.verify_top, "active": args.active, "audit": args.audit,
             "verify_layers": [int(x) for x in args.verify_layers.split(",") if x.strip()], "screen": args.screen}
     res, wall, cpu = timed(lambda: rank_heads(adapter, examples, margin=args.margin, top=args.top, progress=False,
                                               **rule))
+    if args.side_by_side and not fresh:
+        _, _, sweep_cpu = timed(lambda: run_sweep(adapter, examples, progress=False))
     truth = reported_top(exact, args.top)
     got = reported_top({h: res.exact[h] for h in res.verified}, args.top)
     flags = [("method", args.method), ("verify-top", args.verify_top), ("active", args.active), ("audit", args.audit),
-             ("verify-layers", args.verify_layers or None), ("screen", args.screen or None)]
+             ("verify-layers", args.verify_layers or None), ("screen", args.screen or None),
+             ("side-by-side", "" if args.side_by_side else None), ("tag", args.tag)]
     out = {"command": command_of("rule", args, *flags),
            "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples), "rule": rule,
            "verified": len(res.verified), "audited": len(res.audited), "found": len(got & truth), "top": args.top,
            "missed": sorted(truth - got), "cpu_seconds": cpu, "seconds": wall, "parts_cpu": {
                k: res.seconds[k] for k in ("attribution_cpu", "screen_cpu", "verification_cpu") if k in res.seconds},
-           "sweep_cpu_seconds": sweep_cpu, "sweep_share": cpu / sweep_cpu, "activity": res.activity,
+           "sweep_cpu_seconds": sweep_cpu, "sweep_side_by_side": args.side_by_side, "sweep_share": cpu / sweep_cpu,
+           "activity": res.activity,
            "cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average_at_end": list(os.getloadavg())}
-    path = RESULTS / f"attribution_rule_{name_of(args)}.json"
+    path = RESULTS / f"attribution_rule_{name_of(args)}{'_' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{name_of(args)}: {len(got & truth)}/{args.top} of the exhaustive top {args.top} "
           f"(missed {', '.join(sorted(truth - got)) or '-'}), {len(res.verified)} verified + {len(res.audited)} audited, "
@@ -748,6 +757,8 @@ def main() -> None:
     ru.add_argument("--audit", type=int, default=0)
     ru.add_argument("--verify-layers", default="")
     ru.add_argument("--screen", type=int, default=0)
+    ru.add_argument("--side-by-side", action="store_true", help="time a fresh sweep in this process after the rule")
+    ru.add_argument("--tag", default=None, help="written to attribution_rule_<set>_<tag>.json (another rule)")
     sub.add_parser("table")
     args = ap.parse_args()
     {"quality": quality_cmd, "speed": speed_cmd, "profile": profile_cmd, "blocks": blocks_cmd, "memory": memory_cmd,

@@ -55,6 +55,8 @@ from peak_rss import PeakRSS  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "plan.json"
 
+# the ranking rule the attribution cases were recorded with (a case's extra options override it)
+ATTRIBUTION_RULE = {"method": "atp*", "verify_top": 30, "active": 0, "audit": 10}
 # name: (model, experiment, task, n, extra options)
 CASES: dict[str, tuple[str, str, str, int, dict[str, Any]]] = {
     "smollm2 eval mmlu": ("smollm2-135m", "eval", "mmlu", 24, {}),
@@ -200,9 +202,10 @@ def _child_runtime(arg: str) -> dict[str, Any]:
         elif experiment == "sweep":
             run_sweep(ad, exs, progress=False)
         else:
-            rank_heads(ad, exs, progress=False)
+            rank_heads(ad, exs, progress=False, **ATTRIBUTION_RULE)
     w = planner.workload_from_examples(exs, lambda t: encode(ad, t))
-    pl = planner.plan(planner.profile(ad), experiment, w, "cpu", layer_skip=layer_skip(ad))
+    pl = planner.plan(planner.profile(ad), experiment, w, "cpu", layer_skip=layer_skip(ad),
+                      **(ATTRIBUTION_RULE if experiment == "attribution" else {}))
     m = pl.memory
     runtime = loaded - m["weights"]
     return {"family": ad.family, "experiment": experiment, "delta": mem.peak - mem.base, "runtime": runtime,
@@ -230,9 +233,8 @@ def _child_case(name: str) -> dict[str, Any]:
             for h in expand(extra["heads"], ad):
                 per_layer[h.layer] += 1
             opts["heads_per_layer"] = per_layer
-        for key in ("verify_top", "audit"):
-            if key in extra:
-                opts[key] = extra[key]
+        if experiment == "attribution":
+            opts.update({k: extra.get(k, v) for k, v in ATTRIBUTION_RULE.items()})
         if experiment == "maps":
             opts["rows"] = None
         mem.peak = mem.proc.memory_info().rss  # from here: the experiment's peak (task data excluded)
@@ -264,7 +266,7 @@ def _run(ad: Any, experiment: str, task_name: str, examples: list[Any], extra: d
         heads = expand(extra["heads"], ad) if "heads" in extra else None
         run_sweep(ad, examples, heads=heads, progress=False)
     elif experiment == "attribution":
-        rank_heads(ad, examples, verify_top=extra.get("verify_top", 30), audit=extra.get("audit", 10), progress=False)
+        rank_heads(ad, examples, progress=False, **{k: extra.get(k, v) for k, v in ATTRIBUTION_RULE.items()})
     elif experiment == "prune":
         scorer = Scorer(ad, [task_name], limit=len(examples), progress=False, sample=task_name == "mmlu")
         prune_curve(ad, scorer)

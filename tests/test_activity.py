@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 from test_attribution import EXAMPLES, brute_atp, llama
@@ -45,7 +46,7 @@ def test_rank_verifies_the_most_active_heads(tmp_path):
     with open(tmp_path / "ranking.csv") as f:
         rows = {r["head"]: r for r in csv.DictReader(f)}
     assert float(rows[by_act[0]]["activity"]) == pytest.approx(res.activity[by_act[0]], rel=1e-6)
-    plain = rank_heads(ad, EXAMPLES, method="atp", verify_top=2, audit=0, progress=False)
+    plain = rank_heads(ad, EXAMPLES, method="atp", verify_top=2, active=0, audit=0, progress=False)
     assert set(plain.verified) == set(by_est[:2])
 
 
@@ -55,3 +56,15 @@ def test_active_refusals(capsys):
         rank_heads(ad, EXAMPLES, method="atp", active=-1, progress=False)
     assert main(["rank", "tiny-nonexistent", "--active", "-2"]) == 2
     assert "--active must be at least 0" in capsys.readouterr().err
+
+
+def test_rank_defaults_to_the_activity_rule_without_an_audit(tiny_dir, tmp_path, capsys):
+    """``ganda rank`` with no rule options: AtP, the top 10 and the 30 most active heads checked
+    (every head of a 12-head model), no audit, and a line saying the bound needs one."""
+    assert main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "2", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "bound: none without an audit" in out and "verified" in out
+    doc = json.loads((tmp_path / "r" / "ranking.json").read_text())
+    cfg = doc["config"]
+    assert (doc["method"], cfg["verify_top"], cfg["active"], cfg["audit"]) == ("atp", 10, 30, 0)
+    assert doc["verified"] == 12 and doc["audited"] == []

@@ -140,7 +140,7 @@ def test_linear_case_estimate_equals_exact():
         att = attribute(ad, LETTERS, method="atp", ablation=ablation, progress=False)
         assert att.clean == pytest.approx(clean, abs=1e-5)
         if ablation == "mean":
-            res = rank_heads(ad, LETTERS, method="atp", ablation="mean", verify_top=8, audit=0, progress=False)
+            res = rank_heads(ad, LETTERS, method="atp", ablation="mean", verify_top=8, active=0, audit=0, progress=False)
             exact = res.exact
         top = {str(h): e for h, e in zip(att.heads, att.atp, strict=True) if h.layer == 1}
         assert max(abs(v) for v in top.values()) > 0.01  # effects well above float noise (~1e-6)
@@ -212,7 +212,7 @@ def test_graddrop_changes_nothing_without_later_layers():
 def test_verification_reproduces_the_exact_sweep(tmp_path):
     ad = llama(layers=3, seed=4)
     clean, exact = exact_drops(ad, EXAMPLES)
-    res = rank_heads(ad, EXAMPLES, method="atp*", verify_top=4, audit=3, seed=1, out_dir=tmp_path, progress=False)
+    res = rank_heads(ad, EXAMPLES, method="atp*", verify_top=4, active=0, audit=3, seed=1, out_dir=tmp_path, progress=False)
     assert len(res.verified) == 4 and len(res.audited) == 3 and len(res.exact) == 7
     assert res.clean == pytest.approx(clean, abs=1e-6)
     for h, v in res.exact.items():
@@ -226,7 +226,7 @@ def test_verification_reproduces_the_exact_sweep(tmp_path):
     for f in ("ranking.json", "ranking.csv", "scatter.png", "attribution.jsonl", "verify/results.jsonl"):
         assert (tmp_path / f).exists(), f
     # a second run resumes: nothing recomputed, same numbers
-    again = rank_heads(ad, EXAMPLES, method="atp*", verify_top=4, audit=3, seed=1, out_dir=tmp_path, progress=False)
+    again = rank_heads(ad, EXAMPLES, method="atp*", verify_top=4, active=0, audit=3, seed=1, out_dir=tmp_path, progress=False)
     assert again.exact == res.exact and again.estimate == res.estimate
 
 
@@ -288,7 +288,7 @@ def test_bound_and_statistics():
 
 
 def test_rank_json_and_bad_inputs(tiny_dir, tmp_path, capsys):
-    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3",
+    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3", "--active", "0",
                "--audit", "2", "--out", str(tmp_path / "rank"), "--json"])
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
@@ -303,13 +303,13 @@ def test_rank_json_and_bad_inputs(tiny_dir, tmp_path, capsys):
     assert rest == sorted(rest, reverse=True)
     assert data["bound"]["pool"] == 9 and len(data["bound"]["audited"]) == 2
     # --graddrop-blocks 0: the per-layer form; its estimates differ from the 2-block run's, its exact numbers do not
-    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3",
-               "--audit", "2", "--out", str(tmp_path / "rank0"), "--json", "--graddrop-blocks", "2"])
+    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "3", "--active", "0",
+               "--audit", "2", "--out", str(tmp_path / "rank0"), "--json", "--method", "atp*", "--graddrop-blocks", "2"])
     two = {r["head"]: r for r in json.loads(capsys.readouterr().out)["ranking"]}
     saved = json.loads((tmp_path / "rank0" / "ranking.json").read_text())["config"]
     assert saved["graddrop_blocks"] == 2 and saved["verify_top"] == 3 and saved["verify_layers"] == []
-    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "12",
-               "--audit", "0", "--out", str(tmp_path / "rank1"), "--json", "--graddrop-blocks", "0"])
+    rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--verify-top", "12", "--active", "0",
+               "--audit", "0", "--out", str(tmp_path / "rank1"), "--json", "--method", "atp*", "--graddrop-blocks", "0"])
     per_layer = {r["head"]: r for r in json.loads(capsys.readouterr().out)["ranking"]}
     assert rc == 0 and any(abs(two[h]["estimate"] - per_layer[h]["estimate"]) > 1e-6 for h in two)
     assert all(abs(r["exact"] - per_layer[r["head"]]["exact"]) < 1e-6 for r in known)
@@ -329,7 +329,7 @@ def test_verified_heads_with_the_estimates_opposite_sign_are_flagged(tmp_path):
 
     ad = llama(layers=3, seed=1)
     _, exact = exact_drops(ad, EXAMPLES)
-    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=12, audit=0, out_dir=tmp_path, progress=False)
+    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=12, active=0, audit=0, out_dir=tmp_path, progress=False)
     flips = res.sign_flips()
     assert [f["head"] for f in flips] == ["L1H0"]
     f = flips[0]
@@ -353,7 +353,7 @@ def test_verify_layers_adds_every_head_of_those_layers():
     the sweep's exact numbers; the audit is drawn from the heads left."""
     ad = llama(layers=3, seed=4)
     _, exact = exact_drops(ad, EXAMPLES)
-    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=2, verify_layers=[0], audit=2, seed=0, progress=False)
+    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=2, active=0, verify_layers=[0], audit=2, seed=0, progress=False)
     top2 = sorted(res.estimate, key=lambda h: (-abs(res.estimate[h]), h))[:2]
     layer0 = [str(h) for h in ad.heads() if h.layer == 0]
     assert res.verified[:2] == top2
@@ -362,7 +362,7 @@ def test_verify_layers_adds_every_head_of_those_layers():
     for h in res.verified:
         assert res.exact[h] == pytest.approx(exact[h], abs=1e-5)
     with pytest.raises(GandaError, match="verify_layers"):
-        rank_heads(ad, EXAMPLES, method="atp", verify_top=2, verify_layers=[3], progress=False)
+        rank_heads(ad, EXAMPLES, method="atp", verify_top=2, active=0, verify_layers=[3], progress=False)
 
 
 def test_attribution_batches_fill_a_gpu_budget():
@@ -419,7 +419,7 @@ def test_widen_verifies_by_estimate_until_the_reported_top_holds(tmp_path):
 
     ad = llama(layers=3, seed=4)
     _, exact = exact_drops(ad, EXAMPLES)
-    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=1, audit=0, top=3, widen=2, out_dir=tmp_path,
+    res = rank_heads(ad, EXAMPLES, method="atp", verify_top=1, active=0, audit=0, top=3, widen=2, out_dir=tmp_path,
                      progress=False)
     by_est = sorted(res.estimate, key=lambda h: (-abs(res.estimate[h]), h))
     n = len(res.verified)
@@ -433,7 +433,7 @@ def test_widen_verifies_by_estimate_until_the_reported_top_holds(tmp_path):
         assert reported_top({h: res.exact[h] for h in by_est[: n - 4]}, 3) != reported_top(
             {h: res.exact[h] for h in by_est[: n - 2]}, 3)
     assert set(res.order()[:3]) == final
-    again = rank_heads(ad, EXAMPLES, method="atp", verify_top=1, audit=0, top=3, widen=2, out_dir=tmp_path,
+    again = rank_heads(ad, EXAMPLES, method="atp", verify_top=1, active=0, audit=0, top=3, widen=2, out_dir=tmp_path,
                        progress=False)  # resumes round by round
     assert again.exact == res.exact and (tmp_path / "verify" / "widen-1").is_dir() == (n > 1)
     with pytest.raises(GandaError, match="widen"):

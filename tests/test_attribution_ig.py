@@ -136,14 +136,14 @@ def test_out_of_memory_halves_and_resume_give_the_same_numbers(tmp_path, monkeyp
 
 def test_rank_heads_with_ig_and_the_command_line(tiny_dir, tmp_path, capsys):
     ad = llama(layers=3, seed=1)
-    res = rank_heads(ad, EXAMPLES, method="ig", ig_steps=4, verify_top=12, audit=0, progress=False)
+    res = rank_heads(ad, EXAMPLES, method="ig", ig_steps=4, verify_top=12, active=0, audit=0, progress=False)
     assert res.method == "ig" and res.config["ig_steps"] == 4 and len(res.exact) == 12
     rows = {r["head"]: r for r in res.rows()}
     assert all(r["atp"] is not None and r["sign_flip"] == (r["estimate"] * r["exact"] < 0) for r in rows.values())
     from ganda.experiments.builtin import Rank
     assert Rank().job_summary(res)["sign_flips"] == len(res.sign_flips())
     rc = main(["rank", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "3", "--method", "ig",
-               "--ig-steps", "2", "--verify-top", "3", "--audit", "0", "--out", str(tmp_path / "rank"), "--json"])
+               "--ig-steps", "2", "--verify-top", "3", "--active", "0", "--audit", "0", "--out", str(tmp_path / "rank"), "--json"])
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     assert data["method"] == "ig" and len(data["ranking"]) == 12 and isinstance(data["sign_flips"], list)

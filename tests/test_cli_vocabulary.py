@@ -269,6 +269,16 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
     assert core.DEFAULT_MODEL == models.DEFAULT_MODEL and core.SUMMARIES == tuple(discovery.SUMMARIES)
     assert extends.DEFAULT_TASKS == ext.DEFAULT_TASKS and extends.CONDITIONS == tuple(ext.CONDITIONS)
     assert set(plan.EXPERIMENTS) == set(planner.costed_experiments()) and plan.DEVICES == tuple(planner.DEVICES)
+    # rank's default rule, as rank, plan and `ganda run rank` take it
+    from ganda.attribution import engine
+    from ganda.experiments.builtin import RankOptions
+
+    rule = {"method": engine.RANK_METHOD, "verify_top": engine.VERIFY_TOP, "active": engine.ACTIVE, "audit": engine.AUDIT}
+    cmds = _commands()
+    for name in ("rank", "plan"):
+        given = {p.name: p.default for p in cmds[name].params if p.name in rule}
+        assert given == rule, name
+    assert {k: getattr(RankOptions(), k) for k in rule} == rule
 
 
 def test_experiments_read_limit_and_sample_as_eval_does():

@@ -130,7 +130,7 @@ def test_a_deterministic_failure_stops_the_run_with_one_line(lab, tmp_path):
 def test_grid_runs_models_tasks_experiments_and_resumes(lab, local, tmp_path, capsys):
     spec = {"models": [MODEL], "tasks": [TASK], "experiments": ["sweep", "rank"], "out": str(tmp_path / "grid"),
             "options": {"limit": N, "seed": 0, "sweep": {"batch_heads": BATCH},
-                        "rank": {"method": "atp", "verify_top": 3, "audit": 1}}}
+                        "rank": {"method": "atp", "verify_top": 3, "audit": 1, "active": 0}}}
     spec_file = tmp_path / "grid.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
     assert cli.main(["grid", str(spec_file), "--ray", "local", "--ray-actors", "2"]) == 0
@@ -140,7 +140,7 @@ def test_grid_runs_models_tasks_experiments_and_resumes(lab, local, tmp_path, ca
     assert load_result(job / "sweep").records == local[1].records
     ranking = json.loads((job / "rank" / "ranking.json").read_text())["ranking"]
     exact = {r["head"]: r["exact"] for r in ranking if r["exact"] is not None}
-    ref = rank_heads(lab[0], lab[1], method="atp", verify_top=3, audit=1, seed=0, progress=False)  # in this process
+    ref = rank_heads(lab[0], lab[1], method="atp", verify_top=3, audit=1, active=0, seed=0, progress=False)  # in this process
     assert len(exact) == 4 and exact.keys() == ref.exact.keys()
     assert all(abs(exact[h] - ref.exact[h]) <= 1e-4 for h in exact)
     assert [r["head"] for r in ranking] == [r["head"] for r in ref.ranking()]

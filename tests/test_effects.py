@@ -120,7 +120,7 @@ def test_sweep_and_rank_agree_on_sign_and_order(swept):
     for h, v in exact.exact.items():
         assert v == pytest.approx(margins[h], abs=1e-6)
         assert exact.exact_acc[h] == pytest.approx(sw.drop(next(r for r in sw.records if r["head"] == h)))
-    atp = rank_heads(ad, exs, method="atp", verify_top=6, audit=0, progress=False)
+    atp = rank_heads(ad, exs, method="atp", verify_top=6, active=0, audit=0, progress=False)
     verified = [h for h in atp.order() if h in atp.exact]
     assert verified == [r["head"] for r in sw.top(None) if r["head"] in atp.exact]
     assert all(atp.exact[h] > 0 for h in atp.matter()) and all(atp.exact[h] < 0 for h in atp.helpful_when_ablated())

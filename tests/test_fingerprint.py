@@ -263,7 +263,7 @@ def test_attribution_fingerprints_only_what_it_writes(monkeypatch, tmp_path):
     ad = load_model(MODEL, device="cpu")
     exs = get_task("lab-mmlu", adapter=ad).examples(limit=2)
     attribute(ad, exs, progress=False)
-    rank_heads(ad, exs, ablation="mean", verify_top=1, audit=0, progress=False)
+    rank_heads(ad, exs, ablation="mean", verify_top=1, active=0, audit=0, progress=False)
     assert calls == []
     attribute(ad, exs, progress=False, out_dir=tmp_path / "a")
     assert calls == [ad.spec]

@@ -71,7 +71,7 @@ def test_a_ranking_is_never_made_of_nan(byte_tok, tmp_path):
     ad = _nan_o_proj(byte_tok)
     exs = get_task("kv", pairs=3).examples(limit=3)
     with pytest.raises(GandaError, match=r"NaN in prompt 0\).*model\.layers\.1\.self_attn\.o_proj"):
-        rank_heads(ad, exs, verify_top=2, audit=0, out_dir=tmp_path / "rank", progress=False)
+        rank_heads(ad, exs, verify_top=2, active=0, audit=0, out_dir=tmp_path / "rank", progress=False)
     assert not (tmp_path / "rank" / "ranking.json").exists()
 
 

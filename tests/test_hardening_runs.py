@@ -617,7 +617,7 @@ def test_a_torn_last_line_still_resumes(tmp_path, capsys):
 
 def test_a_damaged_verification_file_is_one_line(tmp_path, capsys):
     out = tmp_path / "rank"
-    cmd = ["rank", MODEL, "--task", "kv", "--limit", "2", "--ablation", "mean", "--verify-top", "2", "--audit", "0",
+    cmd = ["rank", MODEL, "--task", "kv", "--limit", "2", "--ablation", "mean", "--verify-top", "2", "--active", "0", "--audit", "0",
            "--out", out]
     assert _cli(capsys, *cmd)[0] == 0
     for name, line in (("verify/progress.jsonl", b'{"type": "head"}'), ("attribution.jsonl", b"7")):

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 N = 8
 COMMANDS = {
     "sweep": ["sweep", "lab-llama-h1", "--task", "lab-mmlu", "-n", str(N)],
-    "rank": ["rank", "lab-llama-h1", "--task", "lab-mmlu", "-n", str(N), "--method", "atp", "--verify-top", "2",
+    "rank": ["rank", "lab-llama-h1", "--task", "lab-mmlu", "-n", str(N), "--method", "atp", "--verify-top", "2", "--active", "0",
              "--audit", "1"],
     "heads": ["heads", "lab-llama-h1", "--task", "lab-mmlu", "-n", "2", "--verify-n", "4", "--top", "1"],
     "prune": ["prune", "lab-llama-h1", "--tasks", "lab-mmlu", "-n", str(N)],

@@ -384,9 +384,10 @@ def test_plan_verifies_the_larger_of_the_estimates_and_the_activitys_top(shipped
         pl = planner.plan(prof, "attribution", w, "h100", method="atp", audit=5, **opts)
         return sum(p["flops"] for p in pl.phases if p["phase"].startswith("exact check"))
 
-    assert check(verify_top=10, active=30) == check(verify_top=30) > check(verify_top=10) * 2
-    assert check(verify_top=30, active=10) == check(verify_top=30)
-    assert check(verify_top=10, active=30, widen=10) == check(verify_top=40)  # --widen's first round
+    assert check(verify_top=10, active=30) == check(verify_top=30, active=0) > check(verify_top=10, active=0) * 2
+    assert check(verify_top=30, active=10) == check(verify_top=30, active=0)
+    assert check(verify_top=10, active=30, widen=10) == check(verify_top=40, active=0)  # --widen's first round
+    assert check() == check(verify_top=10, active=30)  # the default rule
 
 
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
@@ -410,8 +411,8 @@ def test_plan_command_and_the_papers_runs(capsys):
     assert runs[3]["memory"]["host"] == 8192 * 4096 * 4096 * 4  # one layer's full channel maps, on the host
     flops = {}
     for blocks in ("6", "0"):
-        assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "-n", "100", "--graddrop-blocks", blocks,
-                     "--json"]) == 0
+        assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "-n", "100", "--method", "atp*",
+                     "--graddrop-blocks", blocks, "--json"]) == 0
         phases = json.loads(capsys.readouterr().out)["phases"]
         flops[blocks] = next(ph["flops"] for ph in phases if ph["phase"].startswith("layer-by-layer backward"))
     # per layer a recompute, the plain VJP and one per GradDrop block above: per-layer blocks give
@@ -419,12 +420,13 @@ def test_plan_command_and_the_papers_runs(capsys):
     # the device's vjp_cost forwards
     v = planner.DEVICES["h100"].vjp_cost
     assert flops["0"] / flops["6"] == pytest.approx((1 + v * 16.5) / (1 + v * 3.5625), rel=1e-6)
-    # the early-layer rule: every head of layers 0-1 (64 full-depth ablations) on top of the 40 spread heads
+    # the early-layer rule: every head of layers 0-1 (64 full-depth ablations) on top of the default
+    # rule's 30 spread heads (the larger of its top 10 by estimate and its 30 most active)
     assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "attribution", "-n", "100", "--verify-layers", "0,1",
                  "--json"]) == 0
     early = json.loads(capsys.readouterr().out)
     assert early["flops"] > 2 * flops["6"]
-    assert any("exact check of 104 heads" in p["phase"] for p in early["phases"])
+    assert any("exact check of 94 heads" in p["phase"] for p in early["phases"])
     for argv, match in ((["plan", "x.json"], "no config for"), (["plan", "--paper", "--device", "tpu"], "unknown device"),
                         (["plan", "meta-llama/Llama-3.1-8B", "-e", "train"], "--experiment must be one of"),
                         (["plan", "meta-llama/Llama-3.1-8B", "--devices", "0"], "--devices must be at least 1"),

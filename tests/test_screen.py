@@ -81,14 +81,14 @@ def test_rank_verifies_the_screens_top_heads(tmp_path):
     ad = llama(layers=3, seed=1)
     sc = answer_screen(ad, LETTERS, progress=False)
     top = sorted(sc.by_head, key=lambda h: (-sc.by_head[h], h))[:3]
-    res = rank_heads(ad, LETTERS, method="atp", verify_top=1, audit=0, screen=3, out_dir=tmp_path, progress=False)
+    res = rank_heads(ad, LETTERS, method="atp", verify_top=1, active=0, audit=0, screen=3, out_dir=tmp_path, progress=False)
     by_est = sorted(res.estimate, key=lambda h: (-abs(res.estimate[h]), h))
     assert set(res.verified) == {by_est[0], *top}
     assert res.screen == pytest.approx(sc.by_head, abs=1e-6) and res.config["screen"] == 3
     assert "screen_cpu" in res.seconds
     doc = json.loads((tmp_path / "ranking.json").read_text())
     assert doc["screen"] == pytest.approx(sc.by_head, abs=1e-6)
-    plain = rank_heads(ad, LETTERS, method="atp", verify_top=1, audit=0, progress=False)
+    plain = rank_heads(ad, LETTERS, method="atp", verify_top=1, active=0, audit=0, progress=False)
     assert plain.verified == [by_est[0]] and not plain.screen
 
 

@@ -215,7 +215,7 @@ def _rank_and_label(adapter: ModelAdapter, task: Any, pattern_ex: Sequence[Examp
                     ) -> tuple[Any, list[str], list[HeadScore], dict[str, str]]:
     """Every head ranked causally on ``rank_ex`` and labelled by its pattern on ``pattern_ex``."""
     ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
-                        progress=False, out_dir=out_dir, resume=False, config={"task": task.config()})
+                        active=0, progress=False, out_dir=out_dir, resume=False, config={"task": task.config()})
     scores = pattern_scores(adapter, pattern_ex, progress=False)
     return ranked, ranked.order(), scores, roles(scores)
 

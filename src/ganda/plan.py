@@ -32,7 +32,16 @@ from typing import Any
 import torch
 
 from . import registry
-from .attribution.engine import GRADDROP_BLOCKS, IG_STEPS, batch_tokens_for, graddrop_blocks
+from .attribution.engine import (
+    ACTIVE,
+    AUDIT,
+    GRADDROP_BLOCKS,
+    IG_STEPS,
+    RANK_METHOD,
+    VERIFY_TOP,
+    batch_tokens_for,
+    graddrop_blocks,
+)
 from .errors import GandaError
 from .models.base import ModelAdapter
 from .scoring import prefix_cache_enabled
@@ -462,7 +471,7 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     check of the top heads, the audit and every head of ``verify_layers``."""
     L = list(range(len(p.layers)))
     n_read = w.choices * w.choice_tokens
-    method = opts.get("method", "atp*")
+    method = opts.get("method", RANK_METHOD)
     dev = opts.get("_device")
     block_of = graddrop_blocks(len(L), opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
     free = None if dev is None or dev.host else dev.memory - p.weight_bytes - dev.runtime
@@ -495,8 +504,8 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     # the activity's top overlaps the estimate's (on SmolLM2 KV the top 10 by estimate lie inside the top
     # 30 by activity): planned as the larger of the two lists
     # and --widen W's first round (at least one runs; later rounds depend on what the first finds)
-    top = max(int(opts.get("verify_top", 30)), int(opts.get("active", 0))) + int(opts.get("widen", 0))
-    spread = min(sum(p.layers[k].heads for k in rest), top + int(opts.get("audit", 10)))
+    top = max(int(opts.get("verify_top", VERIFY_TOP)), int(opts.get("active", ACTIVE))) + int(opts.get("widen", 0))
+    spread = min(sum(p.layers[k].heads for k in rest), top + int(opts.get("audit", AUDIT)))
     for j in range(spread if rest else 0):  # the top heads and the audit, spread evenly over the other layers
         per_layer[rest[min(len(rest) - 1, int((j + 0.5) * len(rest) / spread))]] += 1
     verify = sum(per_layer)
@@ -506,10 +515,10 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     vjps = f"{1 + above:.1f} input-gradient VJPs on average (GradDrop over {blocks} blocks)" if method == "atp*" \
         else f"one VJP, over {reps} copies of each prompt ({reps - 1} IG steps and the clean one)" if reps > 1 \
         else "one VJP"
-    active = (f" and the {opts['active']} most active" if opts.get("active") else "") + \
+    active = (f" and the {opts.get('active', ACTIVE)} most active" if opts.get("active", ACTIVE) else "") + \
         (f", one round of {opts['widen']} more" if opts.get("widen") else "")
     note = (f"{method}: one no-grad pass, then per layer a recompute and {vjps}; then the top "
-            f"{opts.get('verify_top', 30)}{active} and {opts.get('audit', 10)} audited heads exactly"
+            f"{opts.get('verify_top', VERIFY_TOP)}{active} and {opts.get('audit', AUDIT)} audited heads exactly"
             + (f", and every head of layer(s) {', '.join(map(str, early))}" if early else ""))
     return phases + sub, kept, [note]
 

@@ -37,8 +37,12 @@ from ..scoring import encode, examples_digest, score_examples
 from ..sweep import run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import (
+    ACTIVE,
+    AUDIT,
     GRADDROP_BLOCKS,
     IG_STEPS,
+    RANK_METHOD,
+    VERIFY_TOP,
     Attribution,
     attribute,
     check_options,
@@ -419,12 +423,12 @@ def sign_flip_sentence(flips: Sequence[dict[str, Any]], shown: int = 5) -> str:
     return f"{n} verified head{'s have' if n != 1 else ' has'} the estimate's opposite sign: {each}{more}"
 
 
-def check_rank_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", verify_top: int = 30,
-                       audit: int = 10, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
+def check_rank_options(method: str = RANK_METHOD, ablation: str = "zero", margin: str = "mean",
+                       verify_top: int = VERIFY_TOP, audit: int = AUDIT, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
                        batch_tokens: int | None = None, batch_heads: int = 16,
                        graddrop_blocks: int | None = GRADDROP_BLOCKS,
                        name: Any = str, ig_steps: int = IG_STEPS, widen: int = 0, screen: int = 0,
-                       active: int = 0) -> None:
+                       active: int = ACTIVE) -> None:
     """Refuse (one line) a ranking option out of its range: the one place these are checked, for
     ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads` (``name``: as :func:`check_options`)."""
     if method not in RANK_METHODS:
@@ -491,12 +495,12 @@ def rank_heads(
     adapter: ModelAdapter,
     examples: Sequence[Example],
     *,
-    method: str = "atp*",
+    method: str = RANK_METHOD,
     ablation: str = "zero",
     margin: str = "mean",
-    verify_top: int = 30,
+    verify_top: int = VERIFY_TOP,
     verify_layers: Sequence[int] = (),
-    audit: int = 10,
+    audit: int = AUDIT,
     threshold: float | None = None,
     top: int = 10,
     confidence: float = 0.95,
@@ -512,7 +516,7 @@ def rank_heads(
     ig_steps: int = IG_STEPS,
     widen: int = 0,
     screen: int = 0,
-    active: int = 0,
+    active: int = ACTIVE,
 ) -> RankResult:
     """Rank every head: attribution (``"atp"``/``"atp*"``/``"ig"``) then exact verification of the top
     ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
@@ -536,8 +540,8 @@ def rank_heads(
     ``active``: also verify the ``active`` heads with the largest mean |AtP| per prompt
     (:meth:`Attribution.activity`): heads that move every prompt's margin but whose mean estimate
     is small or of the wrong sign. On SmolLM2 KV the top 30 by activity holds the exhaustive top 10
-    on four of seven prompt sets, including the one where L18H6 (exact +0.48) has AtP* rank 104
-    (docs/attribution.md).
+    on five of seven prompt sets, including the one where L18H6 (exact +0.48) has AtP* rank 104
+    (docs/attribution.md). ``rank``'s default rule is AtP, ``verify_top=10``, ``active=30``.
 
     ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
     effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and

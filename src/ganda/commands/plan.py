@@ -123,7 +123,8 @@ def layer_skip(adapter: Any) -> bool:
 
 PAPER = [
     ("meta-llama/Llama-3.1-8B", "sweep", {"task": "mmlu", "n": 1000}, "exhaustive single-head sweep, 1,000 MMLU"),
-    ("meta-llama/Llama-3.1-8B", "attribution", {"task": "mmlu", "n": 1000}, "the same ranked by attribution (AtP*)"),
+    ("meta-llama/Llama-3.1-8B", "attribution", {"task": "mmlu", "n": 1000, "method": "atp*", "verify_top": 30, "active": 0,
+                                                 "audit": 10}, "the same ranked by attribution (AtP*)"),
     ("tiiuae/falcon-mamba-7b", "maps", {"tokens": 4096, "n": 1, "rows": 1},
      "implicit maps at L=4,096: every channel of every layer, last row"),
     ("tiiuae/falcon-mamba-7b", "maps", {"tokens": 4096, "n": 1, "map_layers": "32"},
@@ -146,6 +147,7 @@ def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tup
             extra["rows"] = opts["rows"]
         if "map_layers" in opts:
             extra["map_layers"] = parse_layers(opts["map_layers"])
+        extra.update({k: opts[k] for k in ("method", "verify_top", "active", "audit") if k in opts})
         out.append((what, planner.plan(planner.profile(adapter), experiment, w, device, devices, **extra)))
     return out
 
@@ -166,11 +168,11 @@ def register(app: typer.Typer) -> None:
         dtype: str | None = typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"),
         heads: str | None = typer.Option(None, "--heads", help="sweep: only these heads (e.g. 'L0H*,L15H*')"),
         batch_heads: int = typer.Option(16, "--batch-heads", help="sweep: heads ablated per forward"),
-        method: str = typer.Option("atp*", "--method", help="attribution: atp, atp* or ig"),
+        method: str = typer.Option("atp", "--method", help="attribution: atp, atp* or ig"),
         ig_steps: int = typer.Option(5, "--ig-steps", help="attribution (ig): integrated gradients' steps (as ganda rank)"),
-        verify_top: int = typer.Option(30, "--verify-top", help="attribution: heads verified exactly (as ganda rank)"),
-        audit: int = typer.Option(10, "--audit", help="attribution: random other heads verified (as ganda rank)"),
-        active: int = typer.Option(0, "--active", help="attribution: the most active heads verified (as ganda rank)"),
+        verify_top: int = typer.Option(10, "--verify-top", help="attribution: heads verified exactly (as ganda rank)"),
+        audit: int = typer.Option(0, "--audit", help="attribution: random other heads verified (as ganda rank)"),
+        active: int = typer.Option(30, "--active", help="attribution: the most active heads verified (as ganda rank)"),
         widen: int = typer.Option(0, "--widen", help="attribution, edges: the first round of --widen W (as ganda "
                                   "rank and ganda edges; later rounds depend on what it finds)"),
         verify_layers: str | None = typer.Option(None, "--verify-layers", help="attribution: also verify every head "

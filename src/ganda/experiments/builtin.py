@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..attribution import GRADDROP_BLOCKS, IG_STEPS, check_rank_options, rank_heads
+from ..attribution.engine import ACTIVE, AUDIT, RANK_METHOD, VERIFY_TOP
 from ..errors import GandaError
 from ..models.base import ModelAdapter
 from ..sweep import run_sweep
@@ -49,12 +50,12 @@ class Sweep(Experiment):
 
 @dataclass
 class RankOptions(Options):
-    method: str = field(default="atp*", metadata={"help": "atp, atp*, ig or exact"})
+    method: str = field(default=RANK_METHOD, metadata={"help": "atp, atp*, ig or exact"})
     ablation: str = field(default="zero", metadata={"help": "zero or mean"})
     margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
-    verify_top: int = field(default=30, metadata={"help": "verify this many top heads exactly"})
-    audit: int = field(default=10, metadata={"help": "also verify this many random other heads"})
-    active: int = field(default=0, metadata={"help": "also verify this many heads with the largest mean |AtP| per prompt"})
+    verify_top: int = field(default=VERIFY_TOP, metadata={"help": "verify this many top heads exactly"})
+    audit: int = field(default=AUDIT, metadata={"help": "also verify this many random other heads"})
+    active: int = field(default=ACTIVE, metadata={"help": "also verify this many heads with the largest mean |AtP| per prompt"})
     threshold: float | None = field(default=None, metadata={"help": "effect size the false-negative bound speaks about"})
     top: int = field(default=10, metadata={"help": "the bound's default threshold: the verified top TOP"})
     batch_heads: int = field(default=16, metadata={"help": "heads of one layer ablated per forward (verification)"})
