@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         verify_layers: str = typer.Option("", "--verify-layers", help="also verify every head of these layers, "
                                           "e.g. 0,1 (first-order estimates underrate the first layers' heads)"),
         audit: int = typer.Option(0, "--audit", help="also verify this many random other heads: the false-negative "
-                                  "bound's sample (10 costs about 4%% of the exhaustive sweep on SmolLM2)"),
+                                  "bound's sample (10 cost about 4% of the exhaustive sweep on SmolLM2)"),
         widen: int = typer.Option(0, "--widen", help="then verify this many more heads by estimate, round after "
                                   "round, until a round leaves the reported top --top unchanged (0: off)"),
         screen: int = typer.Option(0, "--screen", help="also verify the heads whose ablation at the answer's "
