@@ -104,11 +104,11 @@ def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> dict
     """The edits that zero, in batch row b, head ``heads[b]`` (None: nothing), one edit per mixer the
     heads belong to: a batch of single-head ablations in one forward, the heads of one layer (the
     sweep) or of several (the answer screen); empty when every entry is None."""
-    mixers = {id(m): m for m in (adapter.mixer_of(h) for h in heads if h is not None)}
+    owners = [adapter.mixer_of(h) if h is not None else None for h in heads]  # each row's mixer
     edits: dict[str, Edit] = {}
-    for mixer in mixers.values():
-        masks = torch.stack([head_mask(mixer, [h.head] if h is not None and adapter.mixer_of(h) is mixer else [])
-                             for h in heads])[:, None]
+    for mixer in {id(m): m for m in owners if m is not None}.values():
+        masks = torch.stack([head_mask(mixer, [h.head] if h is not None and m is mixer else [])
+                             for h, m in zip(heads, owners, strict=True)])[:, None]
         edits[z_point(mixer)] = mask_edit(adapter, masks)
     return edits
 

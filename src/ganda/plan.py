@@ -501,10 +501,12 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
         raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
     per_layer = [p.layers[k].heads if k in early else 0 for k in L]  # every head of those layers
     rest = [k for k in L if k not in early]
-    # the activity's top overlaps the estimate's (on SmolLM2 KV the top 10 by estimate lie inside the top
-    # 30 by activity): planned as the larger of the two lists
-    # and --widen W's first round (at least one runs; later rounds depend on what the first finds)
-    top = max(int(opts.get("verify_top", VERIFY_TOP)), int(opts.get("active", ACTIVE))) + int(opts.get("widen", 0))
+    # the estimate's top and the activity's overlap (on SmolLM2 KV the top 10 by estimate lie inside
+    # the top 30 by activity): planned as the larger of the two lists; plus --widen W's first round
+    # (at least one runs; later rounds depend on what the first finds)
+    n_top, n_active, widen = (int(opts.get(k, d)) for k, d in (("verify_top", VERIFY_TOP), ("active", ACTIVE),
+                                                                ("widen", 0)))
+    top = max(n_top, n_active) + widen
     spread = min(sum(p.layers[k].heads for k in rest), top + int(opts.get("audit", AUDIT)))
     for j in range(spread if rest else 0):  # the top heads and the audit, spread evenly over the other layers
         per_layer[rest[min(len(rest) - 1, int((j + 0.5) * len(rest) / spread))]] += 1
@@ -515,10 +517,9 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     vjps = f"{1 + above:.1f} input-gradient VJPs on average (GradDrop over {blocks} blocks)" if method == "atp*" \
         else f"one VJP, over {reps} copies of each prompt ({reps - 1} IG steps and the clean one)" if reps > 1 \
         else "one VJP"
-    active = (f" and the {opts.get('active', ACTIVE)} most active" if opts.get("active", ACTIVE) else "") + \
-        (f", one round of {opts['widen']} more" if opts.get("widen") else "")
+    also = (f" and the {n_active} most active" if n_active else "") + (f", one round of {widen} more" if widen else "")
     note = (f"{method}: one no-grad pass, then per layer a recompute and {vjps}; then the top "
-            f"{opts.get('verify_top', VERIFY_TOP)}{active} and {opts.get('audit', AUDIT)} audited heads exactly"
+            f"{n_top}{also} and {opts.get('audit', AUDIT)} audited heads exactly"
             + (f", and every head of layer(s) {', '.join(map(str, early))}" if early else ""))
     return phases + sub, kept, [note]
 

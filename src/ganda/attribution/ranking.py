@@ -424,7 +424,8 @@ def sign_flip_sentence(flips: Sequence[dict[str, Any]], shown: int = 5) -> str:
 
 
 def check_rank_options(method: str = RANK_METHOD, ablation: str = "zero", margin: str = "mean",
-                       verify_top: int = VERIFY_TOP, audit: int = AUDIT, top: int = 10, threshold: float | None = None, confidence: float = 0.95,
+                       verify_top: int = VERIFY_TOP, audit: int = AUDIT, top: int = 10,
+                       threshold: float | None = None, confidence: float = 0.95,
                        batch_tokens: int | None = None, batch_heads: int = 16,
                        graddrop_blocks: int | None = GRADDROP_BLOCKS,
                        name: Any = str, ig_steps: int = IG_STEPS, widen: int = 0, screen: int = 0,
