@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ganda import cli
+from ganda import cli, sweep
 from ganda.attribution import rank_heads
 from ganda.distributed import RayOptions, RayScorer
 from ganda.errors import GandaError
 from ganda.grid import parse_spec, run_grid
 from ganda.models import load_model
+from ganda.prepared import prepare_all
 from ganda.sweep import load_result, run_sweep, scored_by
 from ganda.tasks import get_task, task_for_model
 
@@ -42,6 +43,17 @@ def lab():
     adapter = load_model(MODEL, device="cpu")
     task = task_for_model(TASK, get_task(TASK), adapter)
     return adapter, task.examples(limit=N, seed=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def blocks_of_four(lab):
+    """Examples run four to a forward (``sweep.examples_per_forward``), here and on the actors: a
+    prompt shard must then start on a block's first example (0 or 4 of 6) to number as the local run."""
+    widths = [len(p.tokens) for p in prepare_all(lab[0], lab[1])]
+    with pytest.MonkeyPatch.context() as mp:  # the environment: a driver run as a subprocess reads it too
+        mp.setenv("GANDA_FORWARD_TOKENS", str(round(4 * BATCH * sum(widths) / len(widths))))
+        assert sweep.examples_per_forward(prepare_all(lab[0], lab[1]), [[None], [1, 2]]) == 4
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +87,7 @@ def test_ray_sweep_equals_the_local_run(lab, local, tmp_path):
         res = _ray_sweep(lab, tmp_path, scorer)
         assert len(set(scorer.pids())) == 2 and all(i["threads"] == 1 for i in scorer.infos)
         assert scorer.units_run == 7 * 2 and scorer.crashes == 0  # (baseline + 6 batches) x 2 prompt shards
+        assert scorer.last_shards == [(0, 4), (4, 6)]  # 2 shards asked for, (0, 3) and (3, 6), moved to a block
     _close(res, local[1])
     _same_files(tmp_path, local[0])
     assert load_result(tmp_path).records == local[1].records

@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from ganda import sweep
 from ganda.errors import GandaError
 from ganda.heads import HeadId
 from ganda.interventions import AblateHeads, KeepLayers, RemoveLayers
@@ -277,12 +278,18 @@ def _sites(p) -> int:
     return len({k for r in p.read for k in r})
 
 
-def test_lm_head_one_call_per_example_and_batch(adapter, monkeypatch):
+@pytest.mark.parametrize("tokens", [1, sweep.FORWARD_TOKENS])
+def test_lm_head_one_call_per_group_and_batch(adapter, monkeypatch, tokens):
+    """Examples run ``examples_per_forward`` to a batch (one each when the token budget is 1)."""
+    monkeypatch.setenv("GANDA_FORWARD_TOKENS", str(tokens))
     exs = tiny_examples()
     packed = [prepare(adapter, ex) for ex in exs]
     u = [_sites(p) for p in packed]
     assert u[1] == 1 and sum(len(r) for r in packed[1].read) == 2  # both letters read one position
     assert (sum(len(r) for r in packed[0].read), u[0]) == (9, 5)  # ' 13', ' 57', ' 20' share 2 of 3 reads
+    g = sweep.examples_per_forward(packed, [[h for h in adapter.heads() if h.layer == 0]])
+    assert (g == 1) == (tokens == 1) and (tokens == 1 or g >= len(exs))
+    blocks = [u[i : i + g] for i in range(0, len(u), g)]
     calls = _lm_head_calls(monkeypatch)
     layer0 = []
     handle = adapter.decoder_layers()[0].register_forward_pre_hook(lambda *_: layer0.append(1))
@@ -290,12 +297,12 @@ def test_lm_head_one_call_per_example_and_batch(adapter, monkeypatch):
         fast = run_sweep(adapter, exs, progress=False)
     finally:
         handle.remove()
-    # the intact baseline: the recording pass's own residuals, one call per example; then per
-    # layer (4 heads in one batch) one call per example holding all 4 heads' distinct read rows
-    assert calls == u + [4 * n for n in u] * 3
-    # per example: the recording pass, the layer-0 batch and the intact state's step to layer 1;
+    # the intact baseline: the recording pass's own residuals, one call per block of examples; then
+    # per layer (4 heads in one batch) one call per block holding all 4 heads' distinct read rows
+    assert calls == [sum(b) for b in blocks] + [4 * sum(b) for b in blocks] * 3
+    # per block: the recording pass, the layer-0 batch and the intact state's step to layer 1;
     # the baseline runs no layer of its own
-    assert len(layer0) == 3 * len(exs)
+    assert len(layer0) == 3 * len(blocks)
     monkeypatch.undo()
     _assert_same(fast, run_sweep(adapter, exs, progress=False, naive=True))
 
@@ -338,6 +345,27 @@ def test_batched_lm_head_equals_naive_on_every_runner_family(family, monkeypatch
     exs = tiny_examples()[:3]
     calls = _lm_head_calls(monkeypatch)
     fast = run_sweep(ad, exs, progress=False)
-    assert len(calls) == 4 * len(exs)  # baseline + 3 layers, one call per example each
+    # baseline + 3 layers, one call each where the 3 examples run as one padded packed batch; a
+    # window shorter than the prompts runs each example's rows alone
+    assert len(calls) == (4 if family != "mistral" else 4 * len(exs))
     monkeypatch.undo()
     _assert_same(fast, run_sweep(ad, exs, progress=False, naive=True))
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "1k", "2.5"])
+def test_a_bad_token_budget_is_refused_before_any_forward(adapter, monkeypatch, raw):
+    monkeypatch.setenv("GANDA_FORWARD_TOKENS", raw)
+    with pytest.raises(GandaError, match="GANDA_FORWARD_TOKENS must be a positive whole number"):
+        run_sweep(adapter, tiny_examples()[:1], progress=False)
+
+
+def test_examples_per_forward_follows_the_budget(adapter, monkeypatch):
+    """Few heads a batch: many examples a forward; a whole layer's heads: fewer (median batch size)."""
+    packed = [prepare(adapter, ex) for ex in tiny_examples()]
+    width = sum(len(p.tokens) for p in packed) / len(packed)
+    monkeypatch.setenv("GANDA_FORWARD_TOKENS", str(round(8 * width)))
+    one, four = [[HeadId(0, 0)]], [[HeadId(0, h) for h in range(4)]]
+    assert sweep.examples_per_forward(packed, [[None], *one * 3]) == 8
+    assert sweep.examples_per_forward(packed, [[None], *four * 3, *one]) == 2
+    monkeypatch.setenv("GANDA_FORWARD_TOKENS", "1")
+    assert sweep.examples_per_forward(packed, four) == 1

@@ -51,7 +51,7 @@ from .models import hub
 from .models.base import ModelAdapter
 from .models.loading import load_model
 from .prepared import Prepared, prepare_all
-from .sweep import engine_for, scored_by, weights_fingerprint
+from .sweep import engine_for, examples_per_forward, scored_by, weights_fingerprint
 from .tasks.base import Example
 
 # environment that decides how a model loads: the root options set it, every actor gets it
@@ -188,8 +188,9 @@ class _Worker:
         return time.process_time()
 
     def score(self, key: str, shard: int, examples: list[Example],
-              batch: list[HeadId | None]) -> list[list[list[float]]]:
-        """One unit: per head of ``batch``, per example of the shard, the choices' log-likelihoods."""
+              batch: list[HeadId | None], group: int = 1) -> list[list[list[float]]]:
+        """One unit: per head of ``batch``, per example of the shard, the choices' log-likelihoods
+        (``group``: examples to a forward, as the driver's :func:`ganda.sweep.examples_per_forward`)."""
         if self.drill.get("delay"):
             time.sleep(float(self.drill["delay"]))
         if self.drill.get("fail_head") in {str(h) for h in batch}:
@@ -203,7 +204,7 @@ class _Worker:
             if eng.at > start:
                 eng = None
         if eng is None:
-            eng = self.engines[shard] = engine_for(self.adapter, prepare_all(self.adapter, examples))
+            eng = self.engines[shard] = engine_for(self.adapter, prepare_all(self.adapter, examples), group)
         return eng.score(layer, batch)
 
     def run(self, fn: Any, args: tuple[Any, ...]) -> Any:
@@ -238,6 +239,7 @@ class RayScorer:
         self.units_run = 0  # units whose results came back (for tests and benchmarks)
         self.batches_run = 0  # head batches handed back to the sweep
         self.crashes = 0  # units lost with their actor and queued again
+        self.last_shards: list[tuple[int, int]] = []  # the prompt shards of the last sweep scored
 
     def __enter__(self) -> RayScorer:
         connect(self.options.address)
@@ -322,19 +324,22 @@ class RayScorer:
         ray = _ray()
         if self.spec != adapter.spec or not self.actors:
             self._start(adapter)
-        shards = self._shards(len(examples), len(batches))
+        # the local engine's blocks of examples (sweep._groups): a shard that starts on a block's
+        # first example groups its examples as this process would, so its numbers are the same
+        group = examples_per_forward(packed, batches) if adapter.skips_layers() else 1
+        shards = self.last_shards = _aligned(self._shards(len(examples), len(batches)), len(examples), group)
         key = f"{adapter.spec}|{id(examples)}|{time.time_ns()}"
         refs = [ray.put(list(examples[lo:hi])) for lo, hi in shards]
-        yield from self._schedule(key, batches, shards, refs)
+        yield from self._schedule(key, batches, shards, refs, group)
 
     def _schedule(self, key: str, batches: list[list[HeadId | None]], shards: list[tuple[int, int]],
-                  refs: list[Any]) -> Iterator[list[list[list[float]]]]:
+                  refs: list[Any], group: int = 1) -> Iterator[list[list[list[float]]]]:
         units = [(b, s) for b in range(len(batches)) for s in range(len(shards))]
         parts: dict[int, dict[int, list[list[list[float]]]]] = {}
         nxt = 0
 
         def submit(actor: Any, unit: tuple[int, int]) -> Any:
-            return actor.score.remote(key, unit[1], refs[unit[1]], batches[unit[0]])
+            return actor.score.remote(key, unit[1], refs[unit[1]], batches[unit[0]], group)
 
         for i, val in self._run_units(units, submit, lambda u: self._name(batches, shards, u)):
             parts.setdefault(units[i][0], {})[units[i][1]] = val
@@ -489,7 +494,12 @@ def prompt_shards(n_examples: int, n_groups: int = 1, *, align: int = 1) -> list
     every shard but the last starts at a multiple of it (generation keeps its local batches)."""
     if not _POOLS or n_examples < 1:
         return [(0, n_examples)]
-    cuts = sorted({min(n_examples, align * round(lo / align)) for lo, _ in _POOLS[-1].shards(n_examples, n_groups)})
+    return _aligned(_POOLS[-1].shards(n_examples, n_groups), n_examples, align)
+
+
+def _aligned(shards: list[tuple[int, int]], n_examples: int, align: int) -> list[tuple[int, int]]:
+    """``shards`` with every start moved to the nearest multiple of ``align`` (shards left empty dropped)."""
+    cuts = sorted({min(n_examples, align * round(lo / align)) for lo, _ in shards})
     cuts = [c for c in cuts if c < n_examples] or [0]
     return [(lo, hi) for lo, hi in zip(cuts, [*cuts[1:], n_examples], strict=True)]
 

@@ -87,6 +87,22 @@ class Prepared:
         return ids, mask, torch.tensor([self.positions], device=device)
 
 
+def packed_batch(group: list[Prepared], dtype: torch.dtype, device: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Several examples' packed layouts as one batch: ``[g, W]`` ids, ``[g, 1, W, W]`` masks and
+    ``[g, W]`` position ids, each right-padded to the longest. A pad token sees the shared prefix
+    and the pads before it, and no real token sees a pad, so every real position computes what it
+    computes alone (:meth:`Prepared.packed_tensors`) up to float rounding."""
+    w = max(len(p.tokens) for p in group)
+    ids, masks, pos = [], [], []
+    for p in group:
+        pad = w - len(p.tokens)
+        ids.append(p.tokens + p.tokens[-1:] * pad)
+        pos.append(p.positions + list(range(p.positions[-1] + 1, p.positions[-1] + 1 + pad)))
+        masks.append(block_mask(torch.tensor(p.parent + [len(p.conts)] * pad, device=device), dtype))
+    return torch.tensor(ids, device=device), torch.stack(masks)[:, None], torch.tensor(pos, device=device)
+
+
 def block_mask(parent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The packed layout's additive ``[W, W]`` mask: causal, and a choice's tokens see the shared
     prefix (``parent == -1``) and their own choice only."""
@@ -141,4 +157,4 @@ def prepare_all(adapter: Any, examples: Any) -> list[Prepared]:
     return out
 
 
-__all__ = ["PACKED", "ROWS", "Prepared", "block_mask", "prepare", "prepare_all"]
+__all__ = ["PACKED", "ROWS", "Prepared", "block_mask", "packed_batch", "prepare", "prepare_all"]

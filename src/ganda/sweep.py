@@ -56,6 +56,7 @@ import contextlib
 import csv
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ from .heads import HeadId
 from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
 from .models.loading import model_path
-from .prepared import PACKED, ROWS, Prepared, prepare_all
+from .prepared import PACKED, ROWS, Prepared, packed_batch, prepare_all
 from .progress import tqdm
 from .scoring import examples_digest, score_example
 from .tasks.base import Example
@@ -86,28 +87,35 @@ from .tasks.base import Example
 
 @dataclass
 class _Reads:
-    """Where one example's choice log-probabilities are read, in one head's copy of its batch rows.
+    """Where a group of examples' choice log-probabilities are read, in one head's copy of the
+    group's batch rows (:class:`_FastEngine` runs several examples as one batch).
 
-    ``rows``/``pos``: the distinct (row, position) sites (choices that share the last context
-    token read the same site once); per read, in choice order: its site and target token."""
+    ``rows``/``pos``: the distinct (row, position) sites of every example of the group in turn
+    (choices that share the last context token read the same site once); per read, in choice
+    order: its site and target token; ``choices``: how many choices each example has."""
 
     copy: int  # batch rows per head copy
     rows: list[int]
     pos: list[int]
     site: list[int]
     target: list[int]
-    lengths: list[int]  # reads per choice
+    lengths: list[int]  # reads per choice, the group's examples in turn
+    choices: list[int]
 
 
-def _reads(p: Prepared, layout: str, copy: int) -> _Reads:
-    """The distinct read sites of ``p`` in ``layout`` (``"packed"`` or ``"rows"``)."""
+def _reads(group: list[Prepared], layout: str, copy: int) -> _Reads:
+    """The distinct read sites of ``group`` in ``layout``: in ``"packed"`` example j is row j of a
+    copy; in ``"rows"`` the group is one example whose rows are the copy's."""
     sites: dict[tuple[int, int], int] = {}
-    site, target = [], []
-    for where, cont in zip(p.sites(layout), p.conts, strict=True):
-        for key, tok in zip(where, cont, strict=True):
-            site.append(sites.setdefault(key, len(sites)))
-            target.append(tok)
-    return _Reads(copy, [r for r, _ in sites], [k for _, k in sites], site, target, [len(c) for c in p.conts])
+    site, target, lengths = [], [], []
+    for j, p in enumerate(group):
+        for where, cont in zip(p.sites(layout), p.conts, strict=True):
+            for (row, k), tok in zip(where, cont, strict=True):
+                site.append(sites.setdefault((row + j, k), len(sites)))
+                target.append(tok)
+            lengths.append(len(cont))
+    return _Reads(copy, [r for r, _ in sites], [k for _, k in sites], site, target, lengths,
+                  [len(p.conts) for p in group])
 
 
 # Rows of final residuals per LM-head call: the call streams the whole [V, d_model] output
@@ -115,29 +123,67 @@ def _reads(p: Prepared, layout: str, copy: int) -> _Reads:
 # the bound keeps the [rows, V] fp32 logits near 64 MiB (341 rows of SmolLM2's 49,152-token vocabulary).
 _LM_HEAD_LOGITS = 1 << 24
 
+# Tokens per layer forward that the layer-skipping engine aims for: a forward of a few short rows
+# costs far more per row than one of ~1,000 tokens (SmolLM2 on 2 CPU threads, 61-token prompts:
+# 24 ms a row alone, 14 for 3 rows, 10 for 9, 9 for 16; benchmarks/bench_sweep.py rows), so
+# examples run several to a batch when a batch ablates few heads. GANDA_FORWARD_TOKENS overrides it
+# (1: every example alone).
+FORWARD_TOKENS = 1024
+
+
+def forward_tokens() -> int:
+    """The token budget of one layer forward: ``GANDA_FORWARD_TOKENS`` where set, else :data:`FORWARD_TOKENS`."""
+    raw = os.environ.get("GANDA_FORWARD_TOKENS", "").strip()
+    if not raw:
+        return FORWARD_TOKENS
+    if not raw.isdigit() or int(raw) < 1:
+        raise GandaError(f"GANDA_FORWARD_TOKENS must be a positive whole number of tokens, not {raw!r}")
+    return int(raw)
+
+
+def examples_per_forward(packed: Sequence[Prepared], batches: Sequence[Sequence[HeadId | None]]) -> int:
+    """How many examples :class:`_FastEngine` runs as one batch for ``batches``: enough that the
+    median batch's heads times the examples' mean packed width reach :func:`forward_tokens`."""
+    sizes = sorted(len(b) for b in batches if b and b[0] is not None) or [1]
+    width = sum(len(p.tokens) for p in packed) / max(1, len(packed))
+    return max(1, round(forward_tokens() / (sizes[len(sizes) // 2] * max(1.0, width))))
+
+
+def _groups(adapter: ModelAdapter, packed: Sequence[Prepared], size: int) -> list[list[int]]:
+    """Example indices run as one batch: the packable examples among ``i*size .. i*size+size-1``
+    (fixed blocks, so a shard starting at a multiple of ``size`` groups as the whole set does);
+    an example that does not pack runs alone."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(packed):
+        key = (i // size, -1) if adapter.packs_choices(len(p.tokens)) else (i // size, i)
+        groups.setdefault(key, []).append(i)
+    return sorted(groups.values())
+
 
 class _FastEngine:
-    """Layer skipping: each prompt's intact residual is advanced a layer at a time, and a batch
+    """Layer skipping: each example's intact residual is advanced a layer at a time, and a batch
     of ablations of one layer runs only that layer and the ones after it (:class:`LayerCalls`).
-    An example's read rows under every head of a batch go through the LM head together."""
+    Examples run ``group`` to a forward (right-padded packed layouts, :func:`packed_batch`); a
+    group's read rows under every head of a batch go through the LM head together."""
 
     @torch.no_grad()
-    def __init__(self, adapter: ModelAdapter, packed: list[Prepared]) -> None:
+    def __init__(self, adapter: ModelAdapter, packed: list[Prepared], group: int = 1) -> None:
         self.adapter = adapter
         self.packed = packed
         self.dev = adapter.device
+        self.groups = _groups(adapter, packed, max(1, group))
         self.calls: list[LayerCalls] = []
-        self.reads: list[_Reads] = []
+        self.reads: list[_Reads] = []  # per group
         dtype = next(adapter.model.parameters()).dtype
-        for p in packed:
-            if adapter.packs_choices(len(p.tokens)):
-                ids, mask, pos = p.packed_tensors(dtype, self.dev)
-                self.calls.append(LayerCalls(adapter, ids, mask, pos))
-                self.reads.append(_reads(p, PACKED, 1))
+        for idx in self.groups:
+            ps = [packed[i] for i in idx]
+            if adapter.packs_choices(len(ps[0].tokens)):
+                self.calls.append(LayerCalls(adapter, *packed_batch(ps, dtype, self.dev)))
+                self.reads.append(_reads(ps, PACKED, len(ps)))
             else:
-                ids, mask = p.row_tensors(adapter)
+                ids, mask = ps[0].row_tensors(adapter)
                 self.calls.append(LayerCalls(adapter, ids, mask))
-                self.reads.append(_reads(p, ROWS, ids.shape[0]))
+                self.reads.append(_reads(ps, ROWS, ids.shape[0]))
         self.layers = self.calls[0].layers if self.calls else adapter.active_layers()
         self.state = [c.h0 for c in self.calls]
         # the recording pass's last residual is the intact model's: the baseline needs no pass of its own
@@ -147,7 +193,7 @@ class _FastEngine:
         self.at = 0  # position (in the running layers) of the layer the state enters
 
     def advance_to(self, pos: int) -> None:
-        """Move each prompt's intact residual forward to the input of the running layer at ``pos``."""
+        """Move each group's intact residual forward to the input of the running layer at ``pos``."""
         if pos < self.at:
             raise RuntimeError("layers must be visited in order")
         with torch.no_grad():
@@ -179,15 +225,14 @@ class _FastEngine:
         return self._read_out(finals, b)
 
     def _read_out(self, finals: list[torch.Tensor], b: int) -> list[list[list[float]]]:
-        """Summed choice log-likelihoods from each example's final residuals ``[b * copy, T, d]``.
+        """Summed choice log-likelihoods from each group's final residuals ``[b * copy, T, d]``.
 
-        Per example, the distinct read rows of all ``b`` head copies go through the LM head in one
-        call (split only past :data:`_LM_HEAD_LOGITS`), then are scattered back to their choices.
-        Each example's numbers depend on that example alone, however the prompts are grouped."""
+        Per group, the distinct read rows of all ``b`` head copies go through the LM head in one
+        call (split only past :data:`_LM_HEAD_LOGITS`), then are scattered back to their choices."""
         vocab = getattr(getattr(self.adapter.model, "config", None), "vocab_size", None) or 1 << 15
         step = max(1, _LM_HEAD_LOGITS // vocab)
-        out: list[list[list[float]]] = [[] for _ in range(b)]
-        for x, rd in zip(finals, self.reads, strict=True):
+        out: list[list[list[float]]] = [[[] for _ in self.packed] for _ in range(b)]
+        for x, rd, idx in zip(finals, self.reads, self.groups, strict=True):
             dev, u, n_c = x.device, len(rd.rows), len(rd.lengths)
             copies = torch.arange(b, device=dev)[:, None] * rd.copy
             rows = (copies + torch.tensor(rd.rows, device=dev)[None]).reshape(-1)
@@ -203,7 +248,10 @@ class _FastEngine:
             seg = torch.repeat_interleave(torch.arange(b * n_c, device=dev), lengths)  # read -> (head, choice)
             sums = torch.zeros(b * n_c, dtype=torch.float32, device=dev).index_add_(0, seg, vals).tolist()
             for bi in range(b):
-                out[bi].append(sums[bi * n_c : (bi + 1) * n_c])
+                at = bi * n_c
+                for i, k in zip(idx, rd.choices, strict=True):
+                    out[bi][i] = sums[at : at + k]
+                    at += k
         return out
 
 
@@ -568,16 +616,17 @@ def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: lis
                  batches: list[list[HeadId | None]]) -> Iterator[list[list[list[float]]]]:
     """Each batch's scores (per head, per example, per choice), in order, from this process's engine;
     a batch ``[None]`` is the intact baseline."""
-    engine = engine_for(adapter, packed)
+    engine = engine_for(adapter, packed, examples_per_forward(packed, batches))
     for batch in batches:
         yield engine.score(None if batch[0] is None else batch[0].layer, batch)
 
 
-def engine_for(adapter: ModelAdapter, packed: list[Prepared]) -> Any:
+def engine_for(adapter: ModelAdapter, packed: list[Prepared], group: int = 1) -> Any:
     """The engine that scores ``packed``: layer skipping where the family allows it
-    (:meth:`ModelAdapter.skips_layers`), else full forwards. Its ``score(layer, heads)`` depends on
-    no other prompt than each one scored."""
-    return _FastEngine(adapter, packed) if adapter.skips_layers() else _FallbackEngine(adapter, packed)
+    (:meth:`ModelAdapter.skips_layers`), ``group`` examples to a forward, else full forwards. Its
+    ``score(layer, heads)`` for an example depends on the examples of its block of ``group``
+    (:func:`_groups`) only, and on those only through float rounding."""
+    return _FastEngine(adapter, packed, group) if adapter.skips_layers() else _FallbackEngine(adapter, packed)
 
 
 @contextlib.contextmanager
