@@ -4,6 +4,7 @@ worker SIGKILLed mid-unit, after a driver restart; a unit that fails determinist
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -51,7 +52,7 @@ def blocks_of_four(lab):
     prompt shard must then start on a block's first example (0 or 4 of 6) to number as the local run."""
     widths = [len(p.tokens) for p in prepare_all(lab[0], lab[1])]
     with pytest.MonkeyPatch.context() as mp:  # the environment: a driver run as a subprocess reads it too
-        mp.setenv("GANDA_FORWARD_TOKENS", str(round(4 * BATCH * sum(widths) / len(widths))))
+        mp.setenv("GANDA_FORWARD_TOKENS", str(math.ceil(4 * BATCH * sum(widths) / len(widths))))
         assert sweep.examples_per_forward(prepare_all(lab[0], lab[1]), [[None], [1, 2]]) == 4
         yield
 

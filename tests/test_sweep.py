@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -363,7 +364,7 @@ def test_examples_per_forward_follows_the_budget(adapter, monkeypatch):
     """Few heads a batch: many examples a forward; a whole layer's heads: fewer (median batch size)."""
     packed = [prepare(adapter, ex) for ex in tiny_examples()]
     width = sum(len(p.tokens) for p in packed) / len(packed)
-    monkeypatch.setenv("GANDA_FORWARD_TOKENS", str(round(8 * width)))
+    monkeypatch.setenv("GANDA_FORWARD_TOKENS", str(math.ceil(8 * width)))
     one, four = [[HeadId(0, 0)]], [[HeadId(0, h) for h in range(4)]]
     assert sweep.examples_per_forward(packed, [[None], *one * 3]) == 8
     assert sweep.examples_per_forward(packed, [[None], *four * 3, *one]) == 2

@@ -123,12 +123,13 @@ def _reads(group: list[Prepared], layout: str, copy: int) -> _Reads:
 # the bound keeps the [rows, V] fp32 logits near 64 MiB (341 rows of SmolLM2's 49,152-token vocabulary).
 _LM_HEAD_LOGITS = 1 << 24
 
-# Tokens per layer forward that the layer-skipping engine aims for: a forward of a few short rows
-# costs far more per row than one of ~1,000 tokens (SmolLM2 on 2 CPU threads, 61-token prompts:
-# 24 ms a row alone, 14 for 3 rows, 10 for 9, 9 for 16; benchmarks/bench_sweep.py rows), so
-# examples run several to a batch when a batch ablates few heads. GANDA_FORWARD_TOKENS overrides it
-# (1: every example alone).
-FORWARD_TOKENS = 1024
+# Tokens per layer forward that the layer-skipping engine aims for: a forward of one short row
+# costs far more per row than one of several hundred tokens (SmolLM2, one CPU thread, layers 5-29
+# of 16 KV6 prompts of ~61 tokens: 5.0 CPU s one prompt a forward, 2.9 s all 16 in one; a layer's
+# 9 heads on one prompt, 549 tokens, are within 6% of the best, and 16 prompts of them 43% slower),
+# so examples run several to a batch when a batch ablates few heads. GANDA_FORWARD_TOKENS
+# overrides it (1: every example alone).
+FORWARD_TOKENS = 768
 
 
 def forward_tokens() -> int:
@@ -142,11 +143,11 @@ def forward_tokens() -> int:
 
 
 def examples_per_forward(packed: Sequence[Prepared], batches: Sequence[Sequence[HeadId | None]]) -> int:
-    """How many examples :class:`_FastEngine` runs as one batch for ``batches``: enough that the
-    median batch's heads times the examples' mean packed width reach :func:`forward_tokens`."""
+    """How many examples :class:`_FastEngine` runs as one batch for ``batches``: as many as keep the
+    median batch's heads times the examples' mean packed width within :func:`forward_tokens` (one at least)."""
     sizes = sorted(len(b) for b in batches if b and b[0] is not None) or [1]
     width = sum(len(p.tokens) for p in packed) / max(1, len(packed))
-    return max(1, round(forward_tokens() / (sizes[len(sizes) // 2] * max(1.0, width))))
+    return max(1, math.floor(forward_tokens() / (sizes[len(sizes) // 2] * max(1.0, width))))
 
 
 def _groups(adapter: ModelAdapter, packed: Sequence[Prepared], size: int) -> list[list[int]]:
