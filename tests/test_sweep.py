@@ -291,6 +291,7 @@ def test_lm_head_one_call_per_group_and_batch(adapter, monkeypatch, tokens):
     g = sweep.examples_per_forward(packed, [[h for h in adapter.heads() if h.layer == 0]])
     assert (g == 1) == (tokens == 1) and (tokens == 1 or g >= len(exs))
     blocks = [u[i : i + g] for i in range(0, len(u), g)]
+    run_sweep(adapter, exs[:1], heads=[HeadId(0, 0)], progress=False)  # a fresh adapter's one-time probe forward
     calls = _lm_head_calls(monkeypatch)
     layer0 = []
     handle = adapter.decoder_layers()[0].register_forward_pre_hook(lambda *_: layer0.append(1))
