@@ -420,6 +420,14 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     path = planner.plan(prof, "path", w, "cpu", sender="L0H0", receiver="L2H1", parts="together,q")
     assert {"path", "edges"} <= set(planner.costed_experiments()) and path.flops < edges.flops
 
+    # `ganda plan -e edges` plans ganda edges' own defaults (--verify-top 10 --audit 10), not rank's (--audit 0)
+    def planned(*extra: str) -> float:
+        assert main(["plan", "lab-llama-h1", "-e", "edges", "--task", "lab-mmlu", "-n", "12", "--device", "cpu",
+                     "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["flops"]
+
+    assert planned() == planned("--verify-top", "10", "--audit", "10") > planned("--audit", "0")
+
 
 def test_viewer_keeps_and_remaps_the_marked_positions():
     from ganda.report.viewer import prompt_payload, sample_positions

@@ -275,10 +275,12 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
 
     rule = {"method": engine.RANK_METHOD, "verify_top": engine.VERIFY_TOP, "active": engine.ACTIVE, "audit": engine.AUDIT}
     cmds = _commands()
-    for name in ("rank", "plan"):
-        given = {p.name: p.default for p in cmds[name].params if p.name in rule}
-        assert given == rule, name
+    given = {p.name: p.default for p in cmds["rank"].params if p.name in rule}
+    assert given == rule
     assert {k: getattr(RankOptions(), k) for k in rule} == rule
+    # plan leaves --verify-top and --audit unset: each experiment's own default then applies
+    given = {p.name: p.default for p in cmds["plan"].params if p.name in rule}
+    assert given == {**rule, "verify_top": None, "audit": None}
 
 
 def test_experiments_read_limit_and_sample_as_eval_does():

@@ -170,8 +170,10 @@ def register(app: typer.Typer) -> None:
         batch_heads: int = typer.Option(16, "--batch-heads", help="sweep: heads ablated per forward"),
         method: str = typer.Option("atp", "--method", help="attribution: atp, atp* or ig"),
         ig_steps: int = typer.Option(5, "--ig-steps", help="attribution (ig): integrated gradients' steps (as ganda rank)"),
-        verify_top: int = typer.Option(10, "--verify-top", help="attribution: heads verified exactly (as ganda rank)"),
-        audit: int = typer.Option(0, "--audit", help="attribution: random other heads verified (as ganda rank)"),
+        verify_top: int | None = typer.Option(None, "--verify-top", help="attribution, edges: heads (edges) verified "
+                                              "exactly (default: ganda rank's 10, ganda edges' 10)"),
+        audit: int | None = typer.Option(None, "--audit", help="attribution, edges: random other heads (edges) "
+                                         "verified (default: ganda rank's 0, ganda edges' 10)"),
         active: int = typer.Option(30, "--active", help="attribution: the most active heads verified (as ganda rank)"),
         widen: int = typer.Option(0, "--widen", help="attribution, edges: the first round of --widen W (as ganda "
                                   "rank and ganda edges; later rounds depend on what it finds)"),
@@ -211,11 +213,13 @@ def register(app: typer.Typer) -> None:
             w = workload(adapter, tok, task, n, shots, tokens)
             if graddrop_blocks < 0:
                 raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
-            if min(verify_top, audit, active, widen) < 0:
+            if min(verify_top or 0, audit or 0, active, widen) < 0:
                 raise GandaError("--verify-top, --audit, --active and --widen must be at least 0")
             opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter),
-                                    "graddrop_blocks": graddrop_blocks or None, "verify_top": verify_top, "audit": audit,
-                                    "ig_steps": ig_steps, "active": active, "widen": widen}
+                                    "graddrop_blocks": graddrop_blocks or None, "ig_steps": ig_steps, "active": active,
+                                    "widen": widen}
+            # unset: the experiment's own default (rank and edges differ in --audit)
+            opts.update({k: v for k, v in (("verify_top", verify_top), ("audit", audit)) if v is not None})
             if verify_layers:
                 opts["verify_layers"] = parse_layers(verify_layers)
             if heads is not None:
