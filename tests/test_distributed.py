@@ -48,12 +48,12 @@ def lab():
 
 @pytest.fixture(scope="module", autouse=True)
 def blocks_of_four(lab):
-    """Examples run four to a forward (``sweep.examples_per_forward``), here and on the actors: a
+    """Examples run four to a forward (``sweep.batching``), here and on the actors: a
     prompt shard must then start on a block's first example (0 or 4 of 6) to number as the local run."""
     widths = [len(p.tokens) for p in prepare_all(lab[0], lab[1])]
     with pytest.MonkeyPatch.context() as mp:  # the environment: a driver run as a subprocess reads it too
         mp.setenv("GANDA_FORWARD_TOKENS", str(math.ceil(4 * BATCH * sum(widths) / len(widths))))
-        assert sweep.examples_per_forward(prepare_all(lab[0], lab[1]), [[None], [1, 2]]) == 4
+        assert sweep.batching(prepare_all(lab[0], lab[1]), [[None], [1, 2]]).examples == 4
         yield
 
 

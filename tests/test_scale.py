@@ -346,7 +346,7 @@ def test_plan_prices_graddrop_blocks_ssd_layer_calls_and_host_floors(shipped):
     w = planner.Workload(n=4, tokens=8, max_tokens=8)
     floor = planner.DEVICES["cpu"].act_floor["sweep"]
     cpu, gpu = planner.plan(small, "sweep", w, "cpu"), planner.plan(small, "sweep", w, "h100")
-    assert gpu.memory["activations"] < floor / 100 and cpu.memory["activations"] == floor
+    assert gpu.memory["activations"] < floor / 25 and cpu.memory["activations"] == floor  # 4 examples a forward
     big = planner.plan(prof, "sweep", w, "cpu")  # 128k-entry logits: far above the floor
     assert big.memory["activations"] == planner.plan(prof, "sweep", w, "h100").memory["activations"] > floor
     # a Mamba-2 layer call costs its chunked path's extra overhead once per layer and forward

@@ -279,16 +279,16 @@ def _sites(p) -> int:
     return len({k for r in p.read for k in r})
 
 
-@pytest.mark.parametrize("tokens", [1, sweep.FORWARD_TOKENS])
+@pytest.mark.parametrize("tokens", [1, sweep.FORWARD_TOKENS_CPU])
 def test_lm_head_one_call_per_group_and_batch(adapter, monkeypatch, tokens):
-    """Examples run ``examples_per_forward`` to a batch (one each when the token budget is 1)."""
+    """Examples run ``batching(...).examples`` to a forward (one each when the token budget is 1)."""
     monkeypatch.setenv("GANDA_FORWARD_TOKENS", str(tokens))
     exs = tiny_examples()
     packed = [prepare(adapter, ex) for ex in exs]
     u = [_sites(p) for p in packed]
     assert u[1] == 1 and sum(len(r) for r in packed[1].read) == 2  # both letters read one position
     assert (sum(len(r) for r in packed[0].read), u[0]) == (9, 5)  # ' 13', ' 57', ' 20' share 2 of 3 reads
-    g = sweep.examples_per_forward(packed, [[h for h in adapter.heads() if h.layer == 0]])
+    g = sweep.batching(packed, [[h for h in adapter.heads() if h.layer == 0]]).examples
     assert (g == 1) == (tokens == 1) and (tokens == 1 or g >= len(exs))
     blocks = [u[i : i + g] for i in range(0, len(u), g)]
     run_sweep(adapter, exs[:1], heads=[HeadId(0, 0)], progress=False)  # a fresh adapter's one-time probe forward
@@ -367,7 +367,34 @@ def test_examples_per_forward_follows_the_budget(adapter, monkeypatch):
     width = sum(len(p.tokens) for p in packed) / len(packed)
     monkeypatch.setenv("GANDA_FORWARD_TOKENS", str(math.ceil(8 * width)))
     one, four = [[HeadId(0, 0)]], [[HeadId(0, h) for h in range(4)]]
-    assert sweep.examples_per_forward(packed, [[None], *one * 3]) == 8
-    assert sweep.examples_per_forward(packed, [[None], *four * 3, *one]) == 2
+    assert sweep.batching(packed, [[None], *one * 3]).examples == 8
+    assert sweep.batching(packed, [[None], *four * 3, *one]).examples == 2
+    assert sweep.batching(packed, four, gpu=True).examples == 2  # the variable sets the GPU's budget too
     monkeypatch.setenv("GANDA_FORWARD_TOKENS", "1")
-    assert sweep.examples_per_forward(packed, four) == 1
+    assert sweep.batching(packed, four).examples == 1
+    monkeypatch.delenv("GANDA_FORWARD_TOKENS")
+    assert sweep.forward_tokens() == sweep.FORWARD_TOKENS_CPU < sweep.forward_tokens(gpu=True)
+    # a forward holds no more heads than the budget allows once examples are grouped
+    assert sweep.Batching(8, 800).heads_per_forward(50, 4) == 2 and sweep.Batching(8, 800).heads_per_forward(200, 4) == 1
+    assert sweep.Batching(1, 800).heads_per_forward(200, 4) == 4  # one example a forward: a batch is never split
+
+
+def test_a_big_batch_among_small_ones_runs_in_several_forwards(adapter, monkeypatch):
+    """Examples grouped for batches of one head: a whole layer's batch is split to stay in the budget,
+    and the numbers are the naive loop's."""
+    exs = tiny_examples()
+    packed = [prepare(adapter, ex) for ex in exs]
+    width = max(len(p.tokens) for p in packed)
+    monkeypatch.setenv("GANDA_FORWARD_TOKENS", str(len(exs) * width))
+    heads = [HeadId(0, h) for h in range(4)] + [HeadId(1, 0), HeadId(2, 0)]  # batches of 4, 1 and 1 heads
+    assert sweep.batching(packed, [heads[:4], heads[4:5], heads[5:]]).examples >= len(exs)
+    run_sweep(adapter, exs[:1], heads=[HeadId(0, 0)], progress=False)  # a fresh adapter's one-time probe forward
+    layer0 = []
+    handle = adapter.decoder_layers()[0].register_forward_pre_hook(lambda *_: layer0.append(1))
+    try:
+        fast = run_sweep(adapter, exs, heads=heads, progress=False)
+    finally:
+        handle.remove()
+    assert len(layer0) == 1 + 4 + 1  # the recording pass, layer 0's 4 heads one a forward, the step to layer 1
+    monkeypatch.delenv("GANDA_FORWARD_TOKENS")
+    _assert_same(fast, run_sweep(adapter, exs, heads=heads, progress=False, naive=True))

@@ -51,7 +51,7 @@ from .models import hub
 from .models.base import ModelAdapter
 from .models.loading import load_model
 from .prepared import Prepared, prepare_all
-from .sweep import engine_for, examples_per_forward, scored_by, weights_fingerprint
+from .sweep import Batching, batching, engine_for, scored_by, weights_fingerprint
 from .tasks.base import Example
 
 # environment that decides how a model loads: the root options set it, every actor gets it
@@ -188,9 +188,9 @@ class _Worker:
         return time.process_time()
 
     def score(self, key: str, shard: int, examples: list[Example],
-              batch: list[HeadId | None], group: int = 1) -> list[list[list[float]]]:
+              batch: list[HeadId | None], shape: Batching = Batching()) -> list[list[list[float]]]:
         """One unit: per head of ``batch``, per example of the shard, the choices' log-likelihoods
-        (``group``: examples to a forward, as the driver's :func:`ganda.sweep.examples_per_forward`)."""
+        (``shape``: the driver's :func:`ganda.sweep.batching`)."""
         if self.drill.get("delay"):
             time.sleep(float(self.drill["delay"]))
         if self.drill.get("fail_head") in {str(h) for h in batch}:
@@ -204,7 +204,7 @@ class _Worker:
             if eng.at > start:
                 eng = None
         if eng is None:
-            eng = self.engines[shard] = engine_for(self.adapter, prepare_all(self.adapter, examples), group)
+            eng = self.engines[shard] = engine_for(self.adapter, prepare_all(self.adapter, examples), shape)
         return eng.score(layer, batch)
 
     def run(self, fn: Any, args: tuple[Any, ...]) -> Any:
@@ -326,20 +326,20 @@ class RayScorer:
             self._start(adapter)
         # the local engine's blocks of examples (sweep._groups): a shard that starts on a block's
         # first example groups its examples as this process would, so its numbers are the same
-        group = examples_per_forward(packed, batches) if adapter.skips_layers() else 1
-        shards = self.last_shards = _aligned(self._shards(len(examples), len(batches)), len(examples), group)
+        shape = batching(packed, batches, adapter.device.type != "cpu") if adapter.skips_layers() else Batching()
+        shards = self.last_shards = _aligned(self._shards(len(examples), len(batches)), len(examples), shape.examples)
         key = f"{adapter.spec}|{id(examples)}|{time.time_ns()}"
         refs = [ray.put(list(examples[lo:hi])) for lo, hi in shards]
-        yield from self._schedule(key, batches, shards, refs, group)
+        yield from self._schedule(key, batches, shards, refs, shape)
 
     def _schedule(self, key: str, batches: list[list[HeadId | None]], shards: list[tuple[int, int]],
-                  refs: list[Any], group: int = 1) -> Iterator[list[list[list[float]]]]:
+                  refs: list[Any], shape: Batching = Batching()) -> Iterator[list[list[list[float]]]]:
         units = [(b, s) for b in range(len(batches)) for s in range(len(shards))]
         parts: dict[int, dict[int, list[list[list[float]]]]] = {}
         nxt = 0
 
         def submit(actor: Any, unit: tuple[int, int]) -> Any:
-            return actor.score.remote(key, unit[1], refs[unit[1]], batches[unit[0]], group)
+            return actor.score.remote(key, unit[1], refs[unit[1]], batches[unit[0]], shape)
 
         for i, val in self._run_units(units, submit, lambda u: self._name(batches, shards, u)):
             parts.setdefault(units[i][0], {})[units[i][1]] = val

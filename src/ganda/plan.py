@@ -45,6 +45,7 @@ from .attribution.engine import (
 from .errors import GandaError
 from .models.base import ModelAdapter
 from .scoring import prefix_cache_enabled
+from .sweep import batching_for, forward_tokens
 
 GiB = float(1 << 30)
 
@@ -455,13 +456,22 @@ def sweep_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
                   Phase("ablated heads (full forwards)", w.n * math.ceil(total / bh), min(bh, total),
                         w.packed, L, n_read, scored=w.n * total * w.score_rows, full_logits=True, peak_rows=largest)]
         return phases, 0.0, ["no layer skipping for this family: every head batch runs the whole model"]
-    # the intact scores come from the pass that records each layer's input; each head batch
-    # reads all its rows back through one LM-head call per prompt
-    phases = [Phase("intact pass kept layer by layer", w.n, 1, w.packed, L, n_read, examples=w.n, scored=w.n)]
+    # the intact scores come from the pass that records each layer's input; examples run g to a
+    # forward, a batch's heads split so a forward stays within the token budget (sweep.batching),
+    # and each head batch reads all its rows back through one LM-head call per block of g examples
+    dev = opts.get("_device")
+    sizes = [min(bh, hk) for hk in heads if hk for _ in range(math.ceil(hk / bh))]
+    shape = batching_for(w.packed, sizes, forward_tokens(gpu=dev is not None and not dev.host))
+    g = min(w.n, shape.examples)
+    blocks = math.ceil(w.n / g)
+    phases = [Phase("intact pass kept layer by layer", blocks, g, w.packed, L, n_read, examples=w.n, scored=blocks)]
     for k, hk in enumerate(heads):
         if hk:
-            calls = w.n * math.ceil(hk / bh)
-            phases.append(Phase(f"heads of layer {k}", calls, min(bh, hk), w.packed, L[k:], n_read, scored=calls))
+            b = min(bh, hk)
+            split = math.ceil(b / shape.heads_per_forward(round(w.packed), b))
+            calls = blocks * math.ceil(hk / bh)
+            phases.append(Phase(f"heads of layer {k}", calls * split, b * g / split, w.packed, L[k:], n_read,
+                                scored=calls))
     kept = w.n * w.packed * p.d_model * p.bytes_per_param  # each prompt's residual entering the current layer
     return phases[:1] + _merge(phases[1:], "ablated heads, layers k.. only"), kept, []
 

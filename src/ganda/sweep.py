@@ -18,6 +18,11 @@ loop, and the tests and ``benchmarks/bench_sweep.py`` check the two agree), but 
 * **Head batching.** The heads of a layer are ablated in one forward: the residual is
   repeated once per head along the batch dimension and a per-row mask at the output
   projection's input zeroes a different head in each row.
+* **Examples grouped.** Consecutive examples run as one batch (their packed layouts right-padded
+  to the longest, a pad seen by no real token) when a batch ablates few heads, so that a forward
+  holds a few hundred tokens on a CPU (:class:`Batching`, ``GANDA_FORWARD_TOKENS``): verifying
+  one or two heads of a layer then costs per row what the whole layer's batch does. Grouping
+  changes an example's log-likelihoods only by float rounding (1e-5 on SmolLM2).
 * **Shared context.** An example's choices are packed into one sequence: the tokens all its
   ``context + choice`` rows share are run once and each choice's remaining tokens follow,
   with a block attention mask (each choice sees the shared prefix and itself) and position
@@ -123,31 +128,55 @@ def _reads(group: list[Prepared], layout: str, copy: int) -> _Reads:
 # the bound keeps the [rows, V] fp32 logits near 64 MiB (341 rows of SmolLM2's 49,152-token vocabulary).
 _LM_HEAD_LOGITS = 1 << 24
 
-# Tokens per layer forward that the layer-skipping engine aims for: a forward of one short row
-# costs far more per row than one of several hundred tokens (SmolLM2, one CPU thread, layers 5-29
-# of 16 KV6 prompts of ~61 tokens: 5.0 CPU s one prompt a forward, 2.9 s all 16 in one; a layer's
-# 9 heads on one prompt, 549 tokens, are within 6% of the best, and 16 prompts of them 43% slower),
-# so examples run several to a batch when a batch ablates few heads. GANDA_FORWARD_TOKENS
-# overrides it (1: every example alone).
-FORWARD_TOKENS = 768
+# Tokens per layer forward that the layer-skipping engine aims for on a CPU: a forward of one short
+# row costs far more per row than one of several hundred tokens (SmolLM2, one CPU thread, layers
+# 5-29 of 16 KV6 prompts of ~61 tokens: 5.0 CPU s one prompt a forward, 2.9 s all 16 in one; a
+# layer's 9 heads on one prompt, 549 tokens, are within 6% of the best, and 16 prompts of them 43%
+# slower). On a GPU a forward's cost hardly grows with its rows until they are many, so the budget
+# there is set by memory instead. GANDA_FORWARD_TOKENS overrides both (1: every example alone).
+FORWARD_TOKENS_CPU = 768
+FORWARD_TOKENS_GPU = 32768
 
 
-def forward_tokens() -> int:
-    """The token budget of one layer forward: ``GANDA_FORWARD_TOKENS`` where set, else :data:`FORWARD_TOKENS`."""
+def forward_tokens(gpu: bool = False) -> int:
+    """The token budget of one layer forward: ``GANDA_FORWARD_TOKENS`` where set, else the CPU's or a GPU's."""
     raw = os.environ.get("GANDA_FORWARD_TOKENS", "").strip()
     if not raw:
-        return FORWARD_TOKENS
+        return FORWARD_TOKENS_GPU if gpu else FORWARD_TOKENS_CPU
     if not raw.isdigit() or int(raw) < 1:
         raise GandaError(f"GANDA_FORWARD_TOKENS must be a positive whole number of tokens, not {raw!r}")
     return int(raw)
 
 
-def examples_per_forward(packed: Sequence[Prepared], batches: Sequence[Sequence[HeadId | None]]) -> int:
-    """How many examples :class:`_FastEngine` runs as one batch for ``batches``: as many as keep the
-    median batch's heads times the examples' mean packed width within :func:`forward_tokens` (one at least)."""
-    sizes = sorted(len(b) for b in batches if b and b[0] is not None) or [1]
+@dataclass(frozen=True)
+class Batching:
+    """How :class:`_FastEngine` shapes its forwards: ``examples`` consecutive examples to a forward
+    and, when that is more than one, no more heads of a batch to a forward than keep examples x
+    heads x width within ``tokens`` (a layer of many heads then runs in several forwards, so that
+    grouping the examples, which helps batches of one or two heads, does not swell the big ones)."""
+
+    examples: int = 1
+    tokens: int = 0
+
+    def heads_per_forward(self, width: int, heads: int) -> int:
+        """Heads of a batch of ``heads`` that one forward of examples ``width`` tokens wide holds."""
+        if self.examples == 1 or not self.tokens:
+            return heads
+        return max(1, min(heads, self.tokens // (self.examples * max(1, width))))
+
+
+def batching(packed: Sequence[Prepared], batches: Sequence[Sequence[HeadId | None]], gpu: bool = False) -> Batching:
+    """The engine's :class:`Batching` for ``batches``: as many examples a forward as keep the median
+    batch's heads times the examples' mean packed width within :func:`forward_tokens` (one at least)."""
     width = sum(len(p.tokens) for p in packed) / max(1, len(packed))
-    return max(1, math.floor(forward_tokens() / (sizes[len(sizes) // 2] * max(1.0, width))))
+    return batching_for(width, [len(b) for b in batches if b and b[0] is not None], forward_tokens(gpu))
+
+
+def batching_for(width: float, head_batches: Sequence[int], tokens: int) -> Batching:
+    """:func:`batching` from the mean packed width, each head batch's size and the token budget
+    (what ``ganda plan`` knows of a run)."""
+    sizes = sorted(head_batches) or [1]
+    return Batching(max(1, math.floor(tokens / (sizes[len(sizes) // 2] * max(1.0, width)))), tokens)
 
 
 def _groups(adapter: ModelAdapter, packed: Sequence[Prepared], size: int) -> list[list[int]]:
@@ -164,15 +193,16 @@ def _groups(adapter: ModelAdapter, packed: Sequence[Prepared], size: int) -> lis
 class _FastEngine:
     """Layer skipping: each example's intact residual is advanced a layer at a time, and a batch
     of ablations of one layer runs only that layer and the ones after it (:class:`LayerCalls`).
-    Examples run ``group`` to a forward (right-padded packed layouts, :func:`packed_batch`); a
-    group's read rows under every head of a batch go through the LM head together."""
+    Examples run several to a forward (right-padded packed layouts, :func:`packed_batch`;
+    :class:`Batching`); a group's read rows under every head of a batch go through the LM head together."""
 
     @torch.no_grad()
-    def __init__(self, adapter: ModelAdapter, packed: list[Prepared], group: int = 1) -> None:
+    def __init__(self, adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching()) -> None:
         self.adapter = adapter
         self.packed = packed
         self.dev = adapter.device
-        self.groups = _groups(adapter, packed, max(1, group))
+        self.shape = shape
+        self.groups = _groups(adapter, packed, max(1, shape.examples))
         self.calls: list[LayerCalls] = []
         self.reads: list[_Reads] = []  # per group
         dtype = next(adapter.model.parameters()).dtype
@@ -211,19 +241,26 @@ class _FastEngine:
             return self._read_out([f.repeat(len(heads), 1, 1) for f in finals], len(heads))
         start = 0 if layer is None else self.layers.index(layer)
         self.advance_to(start)
-        b = len(heads)
-        edit = row_ablations(self.adapter, heads)
         finals = []
         for calls, h in zip(self.calls, self.state, strict=True):
-            x = h.repeat(b, 1, 1) if b > 1 else h
-            for pos in range(start, len(self.layers)):
-                if pos == start and edit:
-                    with Trace(self.adapter, edit=edit):
-                        x = calls.run(pos, x, b)
-                else:
+            step = self.shape.heads_per_forward(h.shape[1], len(heads))
+            parts = [self._run_from(start, calls, h, heads[i : i + step]) for i in range(0, len(heads), step)]
+            finals.append(parts[0] if len(parts) == 1 else torch.cat(parts))  # head-major rows, as one forward's
+        return self._read_out(finals, len(heads))
+
+    def _run_from(self, start: int, calls: LayerCalls, h: torch.Tensor, heads: Sequence[HeadId | None]) -> torch.Tensor:
+        """The final residuals ``[len(heads) * rows, T, d]`` of ``h`` (a group's state at ``start``) run
+        on with ``heads[i]`` ablated in copy i."""
+        b = len(heads)
+        edit = row_ablations(self.adapter, heads)
+        x = h.repeat(b, 1, 1) if b > 1 else h
+        for pos in range(start, len(self.layers)):
+            if pos == start and edit:
+                with Trace(self.adapter, edit=edit):
                     x = calls.run(pos, x, b)
-            finals.append(x)
-        return self._read_out(finals, b)
+            else:
+                x = calls.run(pos, x, b)
+        return x
 
     def _read_out(self, finals: list[torch.Tensor], b: int) -> list[list[list[float]]]:
         """Summed choice log-likelihoods from each group's final residuals ``[b * copy, T, d]``.
@@ -617,17 +654,17 @@ def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: lis
                  batches: list[list[HeadId | None]]) -> Iterator[list[list[list[float]]]]:
     """Each batch's scores (per head, per example, per choice), in order, from this process's engine;
     a batch ``[None]`` is the intact baseline."""
-    engine = engine_for(adapter, packed, examples_per_forward(packed, batches))
+    engine = engine_for(adapter, packed, batching(packed, batches, adapter.device.type != "cpu"))
     for batch in batches:
         yield engine.score(None if batch[0] is None else batch[0].layer, batch)
 
 
-def engine_for(adapter: ModelAdapter, packed: list[Prepared], group: int = 1) -> Any:
+def engine_for(adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching()) -> Any:
     """The engine that scores ``packed``: layer skipping where the family allows it
-    (:meth:`ModelAdapter.skips_layers`), ``group`` examples to a forward, else full forwards. Its
-    ``score(layer, heads)`` for an example depends on the examples of its block of ``group``
-    (:func:`_groups`) only, and on those only through float rounding."""
-    return _FastEngine(adapter, packed, group) if adapter.skips_layers() else _FallbackEngine(adapter, packed)
+    (:meth:`ModelAdapter.skips_layers`), its forwards shaped by ``shape``, else full forwards. Its
+    ``score(layer, heads)`` for an example depends on the examples of its block (:func:`_groups`)
+    only, and on those only through float rounding."""
+    return _FastEngine(adapter, packed, shape) if adapter.skips_layers() else _FallbackEngine(adapter, packed)
 
 
 @contextlib.contextmanager
@@ -680,5 +717,5 @@ def load_result(out_dir: str | Path) -> SweepResult:
     return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir), metric=lines[0].get("metric", "acc"))
 
 
-__all__ = ["SWEEP_METRICS", "BatchScorer", "SweepResult", "engine_for", "load_result", "local_scores", "run_sweep", "scored_by",
+__all__ = ["SWEEP_METRICS", "BatchScorer", "Batching", "SweepResult", "engine_for", "load_result", "local_scores", "run_sweep", "scored_by",
            "weights_fingerprint"]
