@@ -120,10 +120,19 @@ def prompt_set_options(p, model: str = "smollm2-135m", task: str = "kv", n: int 
 
 
 def exhaustive(adapter, examples, args, opts):
-    """The exact sweep over every head (resumable); its time when this call ran it whole."""
-    from ganda.sweep import run_sweep
+    """The exact sweep over every head (resumable); its time when this call ran it whole. A finished
+    sweep with its recorded time is read back as it is: its prompts are checked here and its weights
+    by the intact margin (:func:`same_clean`), since a reinstalled model file's new modification
+    time makes ``run_sweep`` refuse to resume it."""
+    from ganda.scoring import examples_digest
+    from ganda.sweep import load_result, run_sweep
 
     out = RUNS / name_of(args) / "sweep"
+    if (out / "results.jsonl").exists() and (out / "timing.json").exists():
+        res = load_result(out)
+        if res.config.get("prompts_sha") != examples_digest(examples):
+            raise SystemExit(f"{out}: the recorded sweep scored other prompts")
+        return res
     progress = out / "progress.jsonl"
     fresh = not progress.exists() or progress.read_text().count("\n") <= 1
     res, wall, cpu = timed(lambda: run_sweep(adapter, examples, out_dir=out, progress=True,
@@ -131,6 +140,12 @@ def exhaustive(adapter, examples, args, opts):
     if fresh:
         (out / "timing.json").write_text(json.dumps({"wall": wall, "cpu": cpu}))
     return res
+
+
+def same_clean(recorded: float, now: float, what: str) -> None:
+    """Refuse a recorded sweep whose intact margin is not this run's clean margin (other weights)."""
+    if abs(recorded - now) > 1e-3 * max(1.0, abs(now)):
+        raise SystemExit(f"{what}: the recorded sweep's intact margin {recorded:.6f} is not this model's {now:.6f}")
 
 
 def exact_effects(args) -> tuple:
@@ -669,12 +684,13 @@ def rule_cmd(args) -> None:
         raise SystemExit(f"no recorded sweep for {name_of(args)}: run `quality` on this prompt set first "
                          "or give --side-by-side")
     fresh = not timing.exists()  # then exact_effects runs the sweep in this process, beside the rule
-    adapter, examples, opts, _, _, exact = exact_effects(args)
+    adapter, examples, opts, _, clean, exact = exact_effects(args)
     sweep_cpu = json.loads(timing.read_text())["cpu"]
     rule = {"method": args.method, "verify_top": args.verify_top, "active": args.active, "audit": args.audit,
             "verify_layers": [int(x) for x in args.verify_layers.split(",") if x.strip()], "screen": args.screen}
     res, wall, cpu = timed(lambda: rank_heads(adapter, examples, margin=args.margin, top=args.top, progress=False,
                                               **rule))
+    same_clean(clean, res.clean, name_of(args))
     if args.side_by_side and not fresh:
         _, _, sweep_cpu = timed(lambda: run_sweep(adapter, examples, progress=False))
     truth = reported_top(exact, args.top)
@@ -682,7 +698,11 @@ def rule_cmd(args) -> None:
     flags = [("method", args.method), ("verify-top", args.verify_top), ("active", args.active), ("audit", args.audit),
              ("verify-layers", args.verify_layers or None), ("screen", args.screen or None),
              ("side-by-side", "" if args.side_by_side else None), ("tag", args.tag)]
-    out = {"command": command_of("rule", args, *flags),
+    from ganda.sweep import forward_tokens
+
+    env = os.environ.get("GANDA_FORWARD_TOKENS")  # the sweep engine's token budget, where set
+    out = {"command": (f"GANDA_FORWARD_TOKENS={env} " if env else "") + command_of("rule", args, *flags),
+           "forward_tokens": forward_tokens(),
            "model": args.model, "task": args.task, "task_options": opts, "n_prompts": len(examples), "rule": rule,
            "verified": len(res.verified), "audited": len(res.audited), "found": len(got & truth), "top": args.top,
            "missed": sorted(truth - got), "cpu_seconds": cpu, "seconds": wall, "parts_cpu": {
