@@ -80,19 +80,13 @@ class Prepared:
                 out.append([(row, k) for k in range(first, first + len(cont))])
         return out
 
-    def packed_tensors(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``[1, W]`` ids, the additive ``[1, 1, W, W]`` block mask and ``[1, W]`` position ids."""
-        ids = torch.tensor([self.tokens], device=device)
-        mask = block_mask(torch.tensor(self.parent, device=device), dtype)[None, None]
-        return ids, mask, torch.tensor([self.positions], device=device)
-
 
 def packed_batch(group: list[Prepared], dtype: torch.dtype, device: torch.device
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Several examples' packed layouts as one batch: ``[g, W]`` ids, ``[g, 1, W, W]`` masks and
-    ``[g, W]`` position ids, each right-padded to the longest. A pad token sees the shared prefix
-    and the pads before it, and no real token sees a pad, so every real position computes what it
-    computes alone (:meth:`Prepared.packed_tensors`) up to float rounding."""
+    """Several examples' packed layouts as one batch: ``[g, W]`` ids, additive ``[g, 1, W, W]``
+    block masks and ``[g, W]`` position ids, each right-padded to the longest (one example: its own
+    layout, no pad). A pad token sees the shared prefix and the pads before it, and no real token
+    sees a pad, so every real position computes what it computes alone up to float rounding."""
     w = max(len(p.tokens) for p in group)
     ids, masks, pos = [], [], []
     for p in group:
