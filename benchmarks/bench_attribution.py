@@ -121,9 +121,9 @@ def prompt_set_options(p, model: str = "smollm2-135m", task: str = "kv", n: int 
 
 def exhaustive(adapter, examples, args, opts):
     """The exact sweep over every head (resumable); its time when this call ran it whole. A finished
-    sweep with its recorded time is read back as it is: its prompts are checked here and its weights
-    by the intact margin (:func:`same_clean`), since a reinstalled model file's new modification
-    time makes ``run_sweep`` refuse to resume it."""
+    sweep with its recorded time is read back as it is, since a reinstalled model file's new
+    modification time makes ``run_sweep`` refuse to resume it: its prompts are checked here, and
+    ``rule`` checks its weights by the intact margin (:func:`same_clean`)."""
     from ganda.scoring import examples_digest
     from ganda.sweep import load_result, run_sweep
 
