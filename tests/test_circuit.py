@@ -23,6 +23,7 @@ from test_attribution import EXAMPLES, CharTok, llama
 
 import ganda
 from ganda.attribution import attribute, margin_of
+from ganda.attribution.engine import ACTIVE_EDGES
 from ganda.checks import tiny_model
 from ganda.circuit import INTACT, PathBatch, path_ablation
 from ganda.circuit.ablation import EVERYWHERE, condition_name
@@ -303,6 +304,22 @@ def test_edge_scores_equal_autograd_through_the_model(family):
     assert torch.isnan(es.scores[0, 0])  # a sender cannot feed a receiver of its own layer
 
 
+@pytest.mark.parametrize("family", ["llama", "mamba2"])  # packed rows and one row per choice
+def test_edge_activity_is_the_mean_of_each_prompts_absolute_score(family):
+    """Activity is each prompt's own edge score, made positive, then averaged: the prompts' scores
+    come from one batch, so a prompt's rows must be summed before the absolute value is taken."""
+    ad, exs = model(family), examples(family)
+    es = edge_attribution(ad, exs, progress=False)
+    alone = [edge_attribution(ad, [ex], progress=False).scores for ex in exs]
+    want = torch.stack(alone).abs().mean(0)
+    valid = ~torch.isnan(es.scores)
+    assert torch.allclose(es.activity[valid], want[valid], atol=1e-6, rtol=1e-4)
+    assert torch.allclose(es.scores[valid], torch.stack(alone).mean(0)[valid], atol=1e-6, rtol=1e-4)
+    assert bool((es.activity[valid] >= es.scores[valid].abs() - 1e-7).all())
+    # some edge's prompts disagree in sign, so activity orders edges differently from |mean|
+    assert bool((es.activity[valid] > es.scores[valid].abs() * 1.5 + 1e-6).any())
+
+
 def test_zamba2_shared_attention_sends_nothing_directly():
     ad = model("zamba2")
     es = edge_attribution(ad, examples("zamba2"), receivers=[HeadId(4, 1, "ssm")], progress=False)
@@ -333,6 +350,19 @@ def test_verified_edges_are_the_path_ablation_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(PathBatch, "ablate", boom)
     again = rank_edges(ad, exs, verify_top=3, audit=2, seed=1, out_dir=tmp_path, progress=False)
     assert again.exact == res.exact
+
+
+def test_edges_verify_the_most_active_and_audit_only_the_rest(tmp_path):
+    ad, exs = model("llama"), EXAMPLES
+    res = rank_edges(ad, exs, verify_top=2, active=4, audit=3, seed=2, progress=False)
+    est, act = res.estimate, res.scores.by_edge(res.scores.activity)
+    top = sorted(est, key=lambda e: -abs(est[e]))[:2]
+    busy = sorted(act, key=lambda e: -act[e])[:4]
+    assert res.verified == top + [e for e in busy if e not in top]
+    assert len(res.audited) == 3 and not set(res.audited) & set(res.verified)
+    assert set(res.exact) == set(res.verified) | set(res.audited) and res.config["active"] == 4
+    with pytest.raises(GandaError, match="active"):
+        rank_edges(ad, exs, active=-1, progress=False)
 
 
 def test_edges_widen_until_the_top_by_exact_holds(tmp_path):
@@ -417,6 +447,14 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     widened = planner.plan(prof, "edges", w, "cpu", verify_top=10, audit=10, widen=10)  # the first round of 10
     assert widened.flops == pytest.approx(edges.flops + (edges.flops - planner.plan(
         prof, "edges", w, "cpu", verify_top=0, audit=10).flops), rel=1e-9)
+    n_edges = sum(q.heads * sum(o.heads for o in prof.layers[:k]) for k, q in enumerate(prof.layers))
+
+    def checked(**kw: int) -> float:
+        return planner.plan(prof, "edges", w, "cpu", **{"verify_top": 0, "audit": 0, "active": 0, **kw}).flops
+
+    # the top by estimate and the most active are planned as the larger list; never more than every edge
+    assert checked(verify_top=10, active=n_edges - 5) == pytest.approx(checked(verify_top=n_edges - 5), rel=1e-9)
+    assert checked(active=n_edges - 5) < checked(active=n_edges + 50) == pytest.approx(checked(active=10 * n_edges))
     path = planner.plan(prof, "path", w, "cpu", sender="L0H0", receiver="L2H1", parts="together,q")
     assert {"path", "edges"} <= set(planner.costed_experiments()) and path.flops < edges.flops
 
@@ -426,7 +464,8 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
                      "--json", *extra]) == 0
         return json.loads(capsys.readouterr().out)["flops"]
 
-    assert planned() == planned("--verify-top", "10", "--audit", "10") > planned("--audit", "0")
+    assert planned() == planned("--verify-top", "10", "--audit", "10", "--active", str(ACTIVE_EDGES)) \
+        > planned("--verify-top", "0", "--audit", "0", "--active", "0")  # lab-llama-h1: 6 edges, all checked
 
 
 def test_viewer_keeps_and_remaps_the_marked_positions():

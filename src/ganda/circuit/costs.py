@@ -8,8 +8,10 @@ planner's units (:class:`ganda.plan.Phase`: forwards of some rows through some l
   per layer the receivers' copies (one copy of the layer per receiver head, forward and backward,
   stopped at the mixer's output projection: charged as the layer's share of weights in its
   mixers' input projections, :func:`mixer_part`); the sender
-  writes kept for the whole backward; then the exact check of ``verify_top + audit`` edges, each
-  the intact forward from its receiver's layer (receivers spread evenly over the layers).
+  writes kept for the whole backward; then the exact check of the top edges by estimate and the
+  most active (planned as the larger list: the top by estimate lie mostly inside the top by
+  activity), ``audit`` and ``widen``'s first round, at most every edge, each the intact forward
+  from its receiver's layer (receivers spread evenly over the layers).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..attribution.engine import BATCH_TOKENS
+from ..attribution.engine import ACTIVE_EDGES, BATCH_TOKENS
 from ..heads import HeadId
 from ..plan import Device, Phase, Phases, Profile, Workload
 
@@ -97,7 +99,9 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
               _Part(f"receiver copies ({copies:.0f} per layer on average), forward and VJP up to the mixer", calls,
                     per_batch * copies, w.packed, L, mixer_part(p), backward=2.0)]
     # --widen W: its first round (at least one runs; later rounds depend on what the first finds)
-    checks = int(opts.get("verify_top", 10)) + int(opts.get("audit", 10)) + int(opts.get("widen", 0))
+    edges = sum(layer.heads * sum(q.heads for q in p.layers[:k]) for k, layer in enumerate(p.layers))
+    top = max(int(opts.get("verify_top", 10)), int(opts.get("active", ACTIVE_EDGES)))
+    checks = min(edges, top + int(opts.get("audit", 10)) + int(opts.get("widen", 0)))
     if checks:
         depth = max(1, round(len(L) / 2))
         phases.append(Phase(f"exact check of {checks} edges (the intact forward from each receiver's layer)",

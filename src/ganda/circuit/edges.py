@@ -42,7 +42,15 @@ from typing import Any
 import torch
 
 from .. import runio
-from ..attribution.engine import _Batch, _ssm_context, batch_metric, index_pairs, margin_of, metric_value
+from ..attribution.engine import (
+    ACTIVE_EDGES,
+    _Batch,
+    _ssm_context,
+    batch_metric,
+    index_pairs,
+    margin_of,
+    metric_value,
+)
 from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_magnitude, widen_until_stable
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
@@ -78,6 +86,7 @@ class EdgeScores:
     senders: list[HeadId]
     receivers: list[HeadId]
     scores: torch.Tensor  # [senders, receivers], mean over prompts
+    activity: torch.Tensor  # [senders, receivers], mean over prompts of the prompt's |score|
     atp: dict[str, float]  # each head's plain AtP (zero-ablation), from the same backward
     margin: str
     clean: float
@@ -87,13 +96,15 @@ class EdgeScores:
     cpu_seconds: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
 
-    def by_edge(self) -> dict[str, float]:
-        """``{"L2H0>L3H0": score}`` over every valid pair."""
+    def by_edge(self, table: torch.Tensor | None = None) -> dict[str, float]:
+        """``{"L2H0>L3H0": score}`` over every valid pair (``table``: another ``[senders, receivers]``
+        table, e.g. :attr:`activity`)."""
+        t = (self.scores if table is None else table).tolist()
         out = {}
         for i, s in enumerate(self.senders):
             for j, r in enumerate(self.receivers):
                 if s.layer < r.layer:
-                    out[edge_name(s, r)] = float(self.scores[i, j])
+                    out[edge_name(s, r)] = t[i][j]
         return out
 
 
@@ -154,8 +165,9 @@ class _EdgeEngine:
         return g.float().reshape(C, *x.shape)
 
     @torch.no_grad()
-    def run(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor, list[list[float]]]:
-        """``[senders, receivers]`` summed scores, ``[items, heads]`` AtP, the items' clean log-likelihoods."""
+    def run(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[float]]]:
+        """``[senders, receivers]`` scores and |scores| summed over the batch's prompts, ``[items,
+        heads]`` AtP, the items' clean log-likelihoods."""
         s_points = list(dict.fromkeys(z_point(self.adapter.mixer_of(s)) for s in self.senders))
         with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, s_points) as tr:
             calls = LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
@@ -164,6 +176,7 @@ class _EdgeEngine:
         n_items, dev = len(batch.items), self.adapter.device
         # both accumulate on the device and reach the host once per batch (a sync per layer idles a GPU)
         scores = torch.zeros((len(self.senders), len(self.receivers)), device=dev)
+        activity = torch.zeros_like(scores)
         atp = torch.zeros((n_items, len(self.heads)), device=dev)
         with torch.enable_grad():
             assert calls.final is not None
@@ -183,11 +196,14 @@ class _EdgeEngine:
             if recv and below and writes is not None:
                 G = self._receiver_grads(calls, pos, dz, fired, recv)  # [C, rows, W, d]
                 G = G.reshape(len(recv), rows, -1).permute(1, 2, 0)  # [rows, W·d, C]
-                sums = torch.bmm(writes[:, :below], G).sum(0)  # [below, C], summed over rows
-                scores[:below, self._recv_cols(layer, recv)] += sums.to(scores.dtype)
+                per_row = torch.bmm(writes[:, :below], G)  # [rows, below, C]
+                per_item = per_row.new_zeros((n_items, *per_row.shape[1:])).index_add_(0, batch.row_example, per_row)
+                cols = self._recv_cols(layer, recv)
+                scores[:below, cols] += per_item.sum(0).to(scores.dtype)
+                activity[:below, cols] += per_item.abs().sum(0).to(scores.dtype)
             cot = grads[0] if grads[0] is not None else torch.zeros_like(cot)
             del x, out, zs, grads
-        return scores.cpu(), atp.cpu(), lls
+        return scores.cpu(), activity.cpu(), atp.cpu(), lls
 
     def _recv_cols(self, layer: int, recv: list[HeadId]) -> torch.Tensor:
         if layer not in self._recv_index:
@@ -236,22 +252,26 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
         eng = _EdgeEngine(adapter, s_list, r_list, margin)
         plan, packed = path_batches(adapter, examples, batch_tokens or edges_batch_tokens(len(s_list), d_model))
         scores = torch.zeros((len(s_list), len(r_list)))
+        activity = torch.zeros_like(scores)
         atp = torch.zeros((len(examples), len(eng.heads)))
         lls: list[list[float]] = [[] for _ in examples]
         for items in tqdm(plan, desc="edges", unit="batch", disable=not progress):
-            sc, a, ll = eng.run(make_batch(adapter, items, packed))
+            sc, act, a, ll = eng.run(make_batch(adapter, items, packed))
             scores += sc
+            activity += act
             for j, it in enumerate(items):
                 atp[it.index], lls[it.index] = a[j], ll[j]
     scores /= len(examples)
+    activity /= len(examples)
     valid = torch.tensor([[s.layer < r.layer for r in r_list] for s in s_list], dtype=torch.bool)
     scores[~valid] = float("nan")
+    activity[~valid] = float("nan")
     golds = [ex.gold for ex in examples]
     mean_atp = atp.mean(0).tolist()
     cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "margin": margin,
            "senders": len(s_list), "receivers": len(r_list), "batches": len(plan),
            "layout": "packed" if packed else "rows"}
-    return EdgeScores(s_list, r_list, scores, {str(h): v for h, v in zip(eng.heads, mean_atp, strict=True)}, margin,
+    return EdgeScores(s_list, r_list, scores, activity, {str(h): v for h, v in zip(eng.heads, mean_atp, strict=True)}, margin,
                       metric_value(lls, golds, margin), lls, golds, clock["wall"], clock["cpu"], cfg)
 
 
@@ -384,11 +404,21 @@ def bound_sentence(b: Bound) -> str:
     return s + "."
 
 
-def _to_verify(order: list[str], top: int, audit: int, seed: int) -> tuple[list[str], list[str]]:
+def _to_verify(order: list[str], top: int, audit: int, seed: int, also: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """The top ``top`` by estimate, then ``also`` (the most active edges) not among them, and a
+    seeded uniform audit of the rest."""
     chosen = order[:top]
-    rest = order[top:]
+    seen = set(chosen)
+    chosen += [e for e in also if e not in seen]
+    seen.update(also)
+    rest = [e for e in order if e not in seen]
     audited = sorted(random.Random(seed).sample(rest, min(audit, len(rest))))
     return chosen, audited
+
+
+def most_active(activity: dict[str, float], k: int) -> list[str]:
+    """The ``k`` edges with the largest mean |estimate| per prompt (ties by name)."""
+    return sorted(activity, key=lambda e: (-activity[e], e))[:k]
 
 
 def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top: int = 10, audit: int = 10,
@@ -396,20 +426,22 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
                senders: Sequence[HeadId] | None = None, receivers: Sequence[HeadId] | None = None,
                margin: str = "mean", seed: int = 0, batch_tokens: int | None = None,
                out_dir: str | Path | None = None, resume: bool = True, progress: bool = True,
-               config: dict[str, Any] | None = None, widen: int = 0) -> EdgeRanking:
-    """Score every edge (:func:`edge_attribution`), ablate the top ``verify_top`` and ``audit``
-    random others exactly along their direct paths, and bound what the unverified edges could hide
-    (``threshold``: default the smallest |exact| in the verified top ``top``). ``widen``: then the
-    next ``widen`` edges by |estimate|, round after round, until a round leaves the top ``top`` by
-    |exact| unchanged (:func:`ganda.attribution.ranking.widen_until_stable`)."""
-    if verify_top < 0 or audit < 0 or top < 1 or widen < 0:
-        raise GandaError("verify_top, audit and widen must be at least 0, top at least 1")
+               config: dict[str, Any] | None = None, widen: int = 0, active: int = ACTIVE_EDGES) -> EdgeRanking:
+    """Score every edge (:func:`edge_attribution`), ablate the top ``verify_top``, the ``active``
+    most active (largest mean |estimate| per prompt: an edge whose prompts' first-order scores
+    cancel in the mean can still have a large exact effect) and ``audit`` random others exactly
+    along their direct paths, and bound what the unverified edges could hide (``threshold``:
+    default the smallest |exact| in the verified top ``top``). ``widen``: then the next ``widen``
+    edges by |estimate|, round after round, until a round leaves the top ``top`` by |exact|
+    unchanged (:func:`ganda.attribution.ranking.widen_until_stable`)."""
+    if verify_top < 0 or audit < 0 or top < 1 or widen < 0 or active < 0:
+        raise GandaError("verify_top, active, audit and widen must be at least 0, top at least 1")
     with cpu_clock() as c1:
         sc = edge_attribution(adapter, examples, senders=senders, receivers=receivers, margin=margin,
                               batch_tokens=batch_tokens, progress=progress)
     est = sc.by_edge()
     order = top_by_magnitude(est, len(est))
-    chosen, audited = _to_verify(order, verify_top, audit, seed)
+    chosen, audited = _to_verify(order, verify_top, audit, seed, most_active(sc.by_edge(sc.activity), active))
     golds = [ex.gold for ex in examples]
     clean_ll = sc.clean_logliks
     exact: dict[str, float] = {}
@@ -432,9 +464,9 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
     with cpu_clock() as c2:
         if chosen or audited:
             measure([*chosen, *audited])
-        if widen and chosen:
-            chosen += widen_until_stable(order, exact, widen, top, measure, top_of=lambda ex, k: set(
-                top_by_magnitude(ex, k)))
+        widened = widen_until_stable(order, exact, widen, top, measure, top_of=lambda ex, k: set(
+            top_by_magnitude(ex, k))) if widen and chosen else []
+        chosen += widened
     clean = metric_value(clean_ll, golds, margin)
     bound = None
     if chosen:
@@ -443,8 +475,9 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
         bound = false_negative_bound(est, exact, chosen, audited, theta, confidence)
     secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
             "verification_cpu": c2["cpu"]}
-    cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "audit": audit, "seed": seed, "widen": widen,
-           "widened": len(chosen) - min(verify_top, len(order))}
+    cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "active": active, "audit": audit, "seed": seed,
+           "widen": widen,
+           "widened": len(widened)}
     res = EdgeRanking(sc, "direct", exact, ci, acc, chosen, audited, clean, bound, secs, cfg)
     if out_dir is not None:
         res.write(out_dir)

@@ -15,6 +15,8 @@ from ..intervals import bounds
 from ..tasks import get_task
 from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option, require_heads
 
+ACTIVE_EDGES = 0  # ganda.attribution.engine.ACTIVE_EDGES, spelled here so that --help needs no torch
+
 
 def _examples(model: str, task: str, pairs: int | None, limit: int, seed: int, allow_pickle: bool) -> tuple[Any, Any, list]:
     """The model and ``limit`` examples of a multiple-choice task (options checked before loading)."""
@@ -97,6 +99,8 @@ def register(app: typer.Typer) -> None:
         task: str = typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, lab-mmlu, mmlu, ...)"),
         verify_top: int = typer.Option(10, "--verify-top", "-k", help="verify this many top edges exactly"),
         audit: int = typer.Option(10, "--audit", help="also verify this many random other edges (the false-negative bound)"),
+        active: int = typer.Option(ACTIVE_EDGES, "--active", help="also verify this many edges with the largest mean "
+                                   "|estimate| per prompt (their prompts' scores can cancel in the mean)"),
         widen: int = typer.Option(0, "--widen", help="then verify this many more edges by estimate, round after round, "
                                   "until a round leaves the top --top by |exact| unchanged (0: off)"),
         top: int = typer.Option(10, "--top", help="the bound's default threshold: the smallest exact effect in the "
@@ -127,7 +131,7 @@ def register(app: typer.Typer) -> None:
         at_least("--limit", limit)
         require_heads("--senders", senders)
         require_heads("--receivers", receivers)
-        opts = EdgesOptions.build({"verify_top": verify_top, "audit": audit, "widen": widen, "top": top,
+        opts = EdgesOptions.build({"verify_top": verify_top, "audit": audit, "active": active, "widen": widen, "top": top,
                                    "threshold": threshold,
                                    "senders": senders or "", "receivers": receivers or "", "margin": margin,
                                    "roles": not no_roles, "show": show}, cli=True)

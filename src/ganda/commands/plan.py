@@ -12,6 +12,7 @@ import typer
 from ..errors import GandaError
 from ..heads import expand
 from ..tasks import get_task
+from .circuit import ACTIVE_EDGES
 from .options import QUIET
 
 # ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
@@ -174,7 +175,8 @@ def register(app: typer.Typer) -> None:
                                               "exactly (default: ganda rank's 10, ganda edges' 10)"),
         audit: int | None = typer.Option(None, "--audit", help="attribution, edges: random other heads (edges) "
                                          "verified (default: ganda rank's 0, ganda edges' 10)"),
-        active: int = typer.Option(30, "--active", help="attribution: the most active heads verified (as ganda rank)"),
+        active: int | None = typer.Option(None, "--active", help="attribution, edges: the most active heads (edges) "
+                                          f"verified (default: ganda rank's 30, ganda edges' {ACTIVE_EDGES})"),
         widen: int = typer.Option(0, "--widen", help="attribution, edges: the first round of --widen W (as ganda "
                                   "rank and ganda edges; later rounds depend on what it finds)"),
         verify_layers: str | None = typer.Option(None, "--verify-layers", help="attribution: also verify every head "
@@ -213,13 +215,13 @@ def register(app: typer.Typer) -> None:
             w = workload(adapter, tok, task, n, shots, tokens)
             if graddrop_blocks < 0:
                 raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
-            if min(verify_top or 0, audit or 0, active, widen) < 0:
+            if min(verify_top or 0, audit or 0, active or 0, widen) < 0:
                 raise GandaError("--verify-top, --audit, --active and --widen must be at least 0")
             opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter),
-                                    "graddrop_blocks": graddrop_blocks or None, "ig_steps": ig_steps, "active": active,
-                                    "widen": widen}
-            # unset: the experiment's own default (rank and edges differ in --audit)
-            opts.update({k: v for k, v in (("verify_top", verify_top), ("audit", audit)) if v is not None})
+                                    "graddrop_blocks": graddrop_blocks or None, "ig_steps": ig_steps, "widen": widen}
+            # unset: the experiment's own default (rank and edges differ in --audit and --active)
+            opts.update({k: v for k, v in (("verify_top", verify_top), ("audit", audit), ("active", active))
+                         if v is not None})
             if verify_layers:
                 opts["verify_layers"] = parse_layers(verify_layers)
             if heads is not None:

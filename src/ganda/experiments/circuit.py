@@ -13,7 +13,7 @@ from typing import Any
 from ..attention import draw_attention, save_attention_json
 from ..circuit import PATHS, TOGETHER, path_ablation
 from ..circuit.ablation import EVERYWHERE, INTACT
-from ..circuit.edges import bound_sentence, edge_positions, parse_edge, rank_edges
+from ..circuit.edges import ACTIVE_EDGES, bound_sentence, edge_positions, parse_edge, rank_edges
 from ..circuit.view import draw_circuit
 from ..errors import GandaError
 from ..figures import bars
@@ -140,6 +140,8 @@ class PathExperiment(Experiment):
 class EdgesOptions(Options):
     verify_top: int = field(default=10, metadata={"help": "verify this many top edges exactly (direct paths)"})
     audit: int = field(default=10, metadata={"help": "also verify this many random other edges (the bound)"})
+    active: int = field(default=ACTIVE_EDGES, metadata={"help": "also verify the edges with the largest mean "
+                                                        "|estimate| per prompt"})
     widen: int = field(default=0, metadata={"help": "then verify this many more edges by estimate, round after round, "
                                             "until the top TOP by |exact| holds (0: off)"})
     top: int = field(default=10, metadata={"help": "the bound's default threshold: the verified top TOP"})
@@ -152,7 +154,7 @@ class EdgesOptions(Options):
     show: int = field(default=10, metadata={"help": "verified edges drawn in the circuit view"})
 
     def check(self) -> None:
-        for name in ("verify_top", "audit", "widen"):
+        for name in ("verify_top", "audit", "active", "widen"):
             if getattr(self, name) < 0:
                 raise GandaError(f"{self.flag(name)} must be at least 0, got {getattr(self, name)}")
         for name in ("top", "show"):
@@ -176,8 +178,8 @@ class EdgesResult(ExperimentResult):
     def headline(self) -> str:
         s = self.summary
         lines = [f"{s.get('edges', 0):,} edges scored by edge attribution in {s.get('attribution_cpu', 0):.0f} CPU s "
-                 f"({s.get('n')} prompts); the top {len(self.verified_rows())} ablated exactly along their direct "
-                 f"paths."]
+                 f"({s.get('n')} prompts); {len(self.verified_rows())} ablated exactly along their direct "
+                 f"paths{self._chosen()}."]
         roles = self.extra.get("roles") or {}
 
         def who(head: str) -> str:
@@ -192,6 +194,12 @@ class EdgesResult(ExperimentResult):
         if s.get("bound"):
             lines.append(s["bound"])
         return "\n".join(lines)
+
+    def _chosen(self) -> str:
+        top, active = self.config.get("verify_top"), self.config.get("active")
+        if top is None:
+            return ""
+        return f" (the top {top} by estimate" + (f" and the {active} most active" if active else "") + ")"
 
     def draw(self, out_dir: Path) -> list[Path]:
         rows = sorted(self.verified_rows(), key=lambda r: -abs(r["exact"]))[: int(self.config.get("show", 10))]
@@ -268,7 +276,7 @@ class EdgesExperiment(Experiment):
         senders = expand(options.senders, adapter) if options.senders else None
         receivers = expand(options.receivers, adapter) if options.receivers else None
         res = rank_edges(adapter, examples, verify_top=options.verify_top, audit=options.audit, top=options.top,
-                         widen=options.widen,
+                         widen=options.widen, active=options.active,
                          threshold=options.threshold, senders=senders, receivers=receivers, margin=options.margin,
                          seed=int(config.get("seed", 0)), out_dir=out_dir, resume=self.resume, progress=progress,
                          config=config)
