@@ -330,7 +330,7 @@ def test_zamba2_shared_attention_sends_nothing_directly():
 
 def test_verified_edges_are_the_path_ablation_and_resume(tmp_path, monkeypatch):
     ad, exs = model("llama"), EXAMPLES
-    res = rank_edges(ad, exs, verify_top=3, audit=2, seed=1, out_dir=tmp_path, progress=False)
+    res = rank_edges(ad, exs, verify_top=3, active=0, audit=2, seed=1, out_dir=tmp_path, progress=False)
     assert len(res.verified) == 3 and len(res.audited) == 2 and res.bound is not None
     est = res.estimate
     assert [abs(est[e]) for e in res.verified] == sorted((abs(v) for v in est.values()), reverse=True)[:3]
@@ -348,7 +348,7 @@ def test_verified_edges_are_the_path_ablation_and_resume(tmp_path, monkeypatch):
         raise AssertionError("a finished edge was recomputed")
 
     monkeypatch.setattr(PathBatch, "ablate", boom)
-    again = rank_edges(ad, exs, verify_top=3, audit=2, seed=1, out_dir=tmp_path, progress=False)
+    again = rank_edges(ad, exs, verify_top=3, active=0, audit=2, seed=1, out_dir=tmp_path, progress=False)
     assert again.exact == res.exact
 
 
@@ -369,7 +369,7 @@ def test_edges_widen_until_the_top_by_exact_holds(tmp_path):
     """``widen``: rounds of the next edges by |estimate|, each verified by the path ablation, until a
     round leaves the top ``top`` by |exact| unchanged; every earlier round had changed it."""
     ad, exs = model("llama"), EXAMPLES
-    res = rank_edges(ad, exs, verify_top=1, audit=0, top=3, widen=1, out_dir=tmp_path, progress=False)
+    res = rank_edges(ad, exs, verify_top=1, active=0, audit=0, top=3, widen=1, out_dir=tmp_path, progress=False)
     order = sorted(res.estimate, key=lambda e: -abs(res.estimate[e]))
     n = len(res.verified)
     assert res.verified == order[:n] and res.config["widened"] == n - 1 >= 3
@@ -381,7 +381,7 @@ def test_edges_widen_until_the_top_by_exact_holds(tmp_path):
         assert top3(order[: n - 1]) == top3(order[:n])
     for k in range(2, n):  # the rounds before the last moved the top
         assert top3(order[: k - 1]) != top3(order[:k])
-    plain = rank_edges(ad, exs, verify_top=n, audit=0, top=3, progress=False)
+    plain = rank_edges(ad, exs, verify_top=n, active=0, audit=0, top=3, progress=False)
     assert {e: plain.exact[e] for e in res.verified} == pytest.approx(res.exact, abs=1e-9)
     with pytest.raises(GandaError, match="widen"):
         rank_edges(ad, exs, widen=-1, progress=False)
@@ -414,7 +414,7 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     assert rows["path (together)"]["margin_drop"] > 1.0 and rows["intact"]["accuracy"] > 0.5
     assert {"result.json", "circuit_path.csv", "path.png"} <= {p.name for p in (tmp_path / "p").iterdir()}
 
-    assert main(["run", "edges", "lab-llama-h1", "--task", "lab-mmlu", "--limit", "12", "--option", "verify_top=3",
+    assert main(["run", "edges", "lab-llama-h1", "--task", "lab-mmlu", "--limit", "12", "--option", "verify_top=3", "--option", "active=0",
                  "--option", "audit=1", "--option", "show=3", "--out", str(tmp_path / "e")]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["edges"] == 6 and summary["verified"] == 3 and ">" in summary["top_edge"]

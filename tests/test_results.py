@@ -34,7 +34,7 @@ COMMANDS = {
                    "lab-mmlu", "-n", str(N)],
     "extends": ["extends", "lab-llama-wd", "--heads", "L2H0", "--tasks", "lab-mmlu", "-n", str(N)],
     "path": ["path", "lab-llama-h1", "--task", "lab-mmlu", "-n", str(N), "--from", "L2H0", "--to", "L3H0"],
-    "edges": ["edges", "lab-llama-h1", "--task", "lab-mmlu", "-n", str(N), "--verify-top", "1", "--audit", "0",
+    "edges": ["edges", "lab-llama-h1", "--task", "lab-mmlu", "-n", str(N), "--verify-top", "1", "--audit", "0", "--active", "0",
               "--no-roles"],
 }
 #: kinds whose command takes minutes even at its smallest (the lab programme, remove-and-restore on

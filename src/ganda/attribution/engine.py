@@ -87,7 +87,7 @@ IG_STEPS = 5  # integrated gradients' midpoint steps (k + 1 copies of every batc
 # sets than the AtP* top 30 with an audit of 10, at about the same cost (docs/attribution.md); the
 # audit, the false-negative bound's sample, is opt-in.
 RANK_METHOD, VERIFY_TOP, ACTIVE, AUDIT = "atp", 10, 30, 0
-ACTIVE_EDGES = 0  # ``ganda edges``' most active edges verified (its --verify-top and --audit: 10 and 10)
+ACTIVE_EDGES = 100  # ``ganda edges``' most active edges verified (its --verify-top and --audit: 10 and 10)
 
 
 def ig_alphas(steps: int) -> list[float]:

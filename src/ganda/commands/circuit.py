@@ -15,7 +15,7 @@ from ..intervals import bounds
 from ..tasks import get_task
 from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option, require_heads
 
-ACTIVE_EDGES = 0  # ganda.attribution.engine.ACTIVE_EDGES, spelled here so that --help needs no torch
+ACTIVE_EDGES = 100  # ganda.attribution.engine.ACTIVE_EDGES, spelled here so that --help needs no torch
 
 
 def _examples(model: str, task: str, pairs: int | None, limit: int, seed: int, allow_pickle: bool) -> tuple[Any, Any, list]:
