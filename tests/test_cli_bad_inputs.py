@@ -272,6 +272,7 @@ CASES = [
       match="unknown option 'colour'"),
     # ganda edges
     C("edges-verify-top-neg", "edges", LAB, "--verify-top", "-1", "--out", "out", match="--verify-top must be at least 0"),
+    C("edges-active-neg", "edges", LAB, "--active", "-1", "--out", "out", match="--active must be at least 0"),
     C("edges-show-0", "edges", LAB, "--show", "0", "--out", "out", match="--show must be at least 1"),
     C("edges-margin", "edges", LAB, "--margin", "median", "--out", "out", match="--margin must be mean or max"),
     C("edges-senders-empty", "edges", LAB, "--senders", ",", "--out", "out", match="no head ids"),
