@@ -282,11 +282,11 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
     given = {p.name: p.default for p in cmds["plan"].params if p.name in rule}
     assert given == {**rule, "verify_top": None, "audit": None, "active": None}
     # edges' rule, as edges and `ganda run edges` take it
-    from ganda.commands import circuit
+    from ganda.commands import options
     from ganda.experiments.circuit import EdgesOptions
 
     edges_rule = {"verify_top": 10, "audit": 10, "active": engine.ACTIVE_EDGES}
-    assert circuit.ACTIVE_EDGES == engine.ACTIVE_EDGES
+    assert options.ACTIVE_EDGES == engine.ACTIVE_EDGES
     assert {p.name: p.default for p in cmds["edges"].params if p.name in edges_rule} == edges_rule
     assert {k: getattr(EdgesOptions(), k) for k in edges_rule} == edges_rule
 

@@ -14,8 +14,7 @@ from ..errors import GandaError
 from ..intervals import bounds
 from ..tasks import get_task
 from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option, require_heads
-
-ACTIVE_EDGES = 100  # ganda.attribution.engine.ACTIVE_EDGES, spelled here so that --help needs no torch
+from .options import ACTIVE_EDGES
 
 
 def _examples(model: str, task: str, pairs: int | None, limit: int, seed: int, allow_pickle: bool) -> tuple[Any, Any, list]:

@@ -9,6 +9,8 @@ import typer
 
 from .. import progress
 
+ACTIVE_EDGES = 100  # ganda.attribution.engine.ACTIVE_EDGES, spelled here so that --help needs no torch
+
 
 def _set_quiet(value: bool) -> bool:
     if value:

@@ -12,8 +12,7 @@ import typer
 from ..errors import GandaError
 from ..heads import expand
 from ..tasks import get_task
-from .circuit import ACTIVE_EDGES
-from .options import QUIET
+from .options import ACTIVE_EDGES, QUIET
 
 # ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
 EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps", "path", "edges")
