@@ -24,7 +24,9 @@ the plain AtP backward plus, per layer, the copies' forward and VJP up to the mi
 the layer's attention or SSM part) and the products (docs/circuit.md has the measured ratio).
 
 **Verification and the bound** mirror :mod:`ganda.attribution.ranking`: the top ``verify_top`` edges
-by |estimate| and a seeded uniform audit of the others are ablated exactly (:class:`.paths.PathBatch`,
+by |estimate|, the ``active`` edges of largest activity (each prompt's |score|, averaged: it finds
+edges whose prompts' scores cancel in the mean) and a seeded uniform audit of the others are
+ablated exactly (:class:`.paths.PathBatch`,
 direct paths); an edge's exact effect is the drop of the mean margin, with a paired bootstrap
 interval over prompts; :func:`ganda.attribution.ranking.false_negative_bound` bounds how many
 unverified edges could reach the verified top's smallest effect.
@@ -476,8 +478,7 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
     secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
             "verification_cpu": c2["cpu"]}
     cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "active": active, "audit": audit, "seed": seed,
-           "widen": widen,
-           "widened": len(widened)}
+           "widen": widen, "widened": len(widened)}
     res = EdgeRanking(sc, "direct", exact, ci, acc, chosen, audited, clean, bound, secs, cfg)
     if out_dir is not None:
         res.write(out_dir)
