@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# The test suite: install what is needed, lint, then every test (real-model tests included).
+# The test suite: install what is needed, lint, then every tier (tests/README.md): fast, slow (the real
+# models), integration (subprocesses, Ray, the browser, lab training) and the device matrix in fp32,
+# spread over the cores by pytest-xdist, then the device matrix once more in bf16.
+# With arguments, runs `pytest ARGS` after the same set-up (a bare `pytest` is the fast tier alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  # the HTML report is checked in a real headless browser; skip quietly where apt is unavailable
-  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: browser test will skip"
+  # the HTML report is checked in a real headless browser (an integration test, which says so where
+  # chromium is missing)
+  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installed: the browser tests will say so"
 fi
 .venv/bin/ruff check src tests benchmarks
-.venv/bin/pytest -q -p no:cacheprovider "$@"
-if [ $# -eq 0 ]; then
-  # the family x analysis matrix once more in bf16 on the CPU: the precision a GPU runs in, through the
-  # same code path (tests/test_device_matrix.py; the run above had it in fp32)
-  GANDA_TEST_DTYPE=bfloat16 exec .venv/bin/pytest -q -p no:cacheprovider -m device
+if [ $# -gt 0 ]; then
+  exec .venv/bin/pytest -q -p no:cacheprovider "$@"
 fi
+workers=$(.venv/bin/python -c "import os; print(max(1, min(4, os.cpu_count() or 1)))")
+# every tier (-m "" lifts the fast-tier default of pyproject's addopts); whole files go to one worker so
+# that module fixtures (a loaded model, a lab run) are built once; the 15 slowest tests are listed
+.venv/bin/pytest -q -p no:cacheprovider -m "" -n "$workers" --dist loadfile --durations=15
+# the family x analysis matrix once more in bf16 on the CPU: the precision a GPU runs in, through the
+# same code path (tests/test_device_matrix.py; the run above had it in fp32)
+GANDA_TEST_DTYPE=bfloat16 exec .venv/bin/pytest -q -p no:cacheprovider -m device -n "$workers" --durations=5

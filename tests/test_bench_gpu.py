@@ -34,6 +34,7 @@ def small(bench, tmp_path_factory):
     return rc, json.loads(out.read_text())
 
 
+@pytest.mark.integration
 def test_every_section_of_every_model_has_its_numbers(bench, small):
     rc, doc = small
     assert rc == 0, {m: {s: r.get("error") for s, r in rows.items() if "error" in r} for m, rows in doc["models"].items()}
@@ -106,6 +107,7 @@ def test_folded_tokenizer_keeps_counts_and_stays_in_the_vocabulary(bench):
     assert full.eos_token_id == full.pad_token_id == full.tok.token_to_id("<|im_end|>")
 
 
+@pytest.mark.integration
 def test_replan_reproduces_the_bench_runs_own_predictions(small):
     """benchmarks/replan_gpu.py recomputes a result's predictions from meta-device models: on the
     run it was given it finds the numbers bench_gpu.py planned itself, row by row."""

@@ -592,6 +592,7 @@ ENTRY_POINT_CASES = ["eval-pairs-0", "eval-limit-0", "eval-lab-without-lab-json"
                      "eval-limit-text"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case_id", ENTRY_POINT_CASES)
 def test_bad_input_through_the_entry_point(case_id: str, inputs, tmp_path, monkeypatch):
     """The installed ``ganda`` script: same exit code, same single line, no traceback."""

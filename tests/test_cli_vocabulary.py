@@ -99,6 +99,7 @@ def ganda_script() -> Path:
     return Path(found)
 
 
+@pytest.mark.integration
 def test_help_does_not_import_torch_and_answers_quickly():
     """``ganda --help`` imports neither torch nor transformers (importing them takes seconds): the
     commands import the library when they run."""
@@ -202,6 +203,7 @@ def _ganda(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return r
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("quiet", [[], ["-q"], ["--quiet"]], ids=["log", "root-q", "command-quiet"])
 def test_a_run_logged_to_a_file_ends_with_one_summary_line(quiet, tmp_path):
     root, cmd = (quiet, []) if quiet == ["-q"] else ([], quiet)
@@ -410,6 +412,7 @@ def test_quiet_silences_transformers_and_lm_eval_and_restores_them(capfd, caplog
         assert line in loud, (line, loud)
 
 
+@pytest.mark.integration
 def test_heads_tables_in_a_log_file_keep_every_row_on_one_line(tmp_path, monkeypatch):
     import ganda
 

@@ -203,27 +203,45 @@ def test_wilson_interval():
 
 # ---- CLI: bad inputs exit non-zero with one clear line ---------------------------------------
 def run_cli(*args):
+    """The real process (``python -m ganda``): for the tests that must see one."""
     return subprocess.run([sys.executable, "-m", "ganda", *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture
+def cli(capfd):
+    """``ganda ARGS`` in this process (``ganda.cli.main``): the same exit code, stdout and stderr as the
+    entry point, which tests/test_cli_bad_inputs.py checks against the real process."""
+    from types import SimpleNamespace
+
+    from ganda.cli import main
+
+    def run(*args: str) -> SimpleNamespace:
+        capfd.readouterr()
+        code = main([str(a) for a in args])
+        out, err = capfd.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
+
+
 @pytest.mark.parametrize("which, message", [("missing", "no such model"), ("text", "is not a model"), ("gguf", "not a GGUF")])
-def test_cli_bad_model_paths(which, message, tmp_path):
+def test_cli_bad_model_paths(which, message, tmp_path, cli):
     path = tmp_path / {"missing": "nope", "text": "notes.txt", "gguf": "fake.gguf"}[which]
     if which != "missing":
         path.write_text("hello")
-    r = run_cli("eval", str(path))
+    r = cli("eval", str(path))
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_cli_errors_on_real_directories(tiny_dir, tmp_path):
-    r = run_cli("eval", str(tiny_dir), "--ablate", "L99H0", "--limit", "1")
+def test_cli_errors_on_real_directories(tiny_dir, tmp_path, cli):
+    r = cli("eval", str(tiny_dir), "--ablate", "L99H0", "--limit", "1")
     assert r.returncode == 2 and "layer 99 out of range" in r.stderr and "Traceback" not in r.stderr
-    r = run_cli("eval", str(tiny_dir), "--task", "kv", "--pairs", "40", "--limit", "1")  # ctx is 128 tokens
+    r = cli("eval", str(tiny_dir), "--task", "kv", "--pairs", "40", "--limit", "1")  # ctx is 128 tokens
     assert r.returncode == 2 and "longer than the model's context of 128" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    r = run_cli("eval", str(tiny_dir), "--limit", "2", "--pairs", "3", "--json")
+    r = cli("eval", str(tiny_dir), "--limit", "2", "--pairs", "3", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert {"task", "model", "n", "accuracy", "ci_low", "ci_high", "interventions"} <= set(out) and out["n"] == 2
@@ -235,14 +253,14 @@ def test_cli_errors_on_real_directories(tiny_dir, tmp_path):
 
     gdir = tmp_path / "gpt2"
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)).save_pretrained(gdir)
-    r = run_cli("info", str(gdir))
+    r = cli("info", str(gdir))
     assert r.returncode == 2 and "unsupported architecture 'gpt2'" in r.stderr and "Llama" in r.stderr
     # pickle weights are refused
     pdir = tmp_path / "pickled"
     pdir.mkdir()
     (pdir / "config.json").write_text((tiny_dir / "config.json").read_text())
     (pdir / "pytorch_model.bin").write_bytes(b"x")
-    r = run_cli("info", str(pdir))
+    r = cli("info", str(pdir))
     assert r.returncode == 2 and "pickle" in r.stderr
 
 
@@ -262,26 +280,26 @@ def test_parse_options_types_and_errors():
             parse_options(bad, per_task=True)
 
 
-def test_cli_eval_knowledge_task_with_options(tiny_dir):
+def test_cli_eval_knowledge_task_with_options(tiny_dir, cli):
     """Knowledge tasks (Winogrande's per-option contexts included) run through ``ganda eval``,
     and ``--option`` reaches the task (an unknown option is a clear error)."""
-    r = run_cli("eval", str(tiny_dir), "--task", "winogrande", "--limit", "3", "--json")
+    r = cli("eval", str(tiny_dir), "--task", "winogrande", "--limit", "3", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["task"] == "winogrande" and out["n"] == 3 and 0.0 <= out["accuracy"] <= 1.0
-    r = run_cli("eval", str(tiny_dir), "--task", "bbh", "--option", "subtask=no_such_task", "--limit", "1")
+    r = cli("eval", str(tiny_dir), "--task", "bbh", "--option", "subtask=no_such_task", "--limit", "1")
     assert r.returncode == 2 and "unknown BBH subtask 'no_such_task'" in r.stderr
-    r = run_cli("eval", str(tiny_dir), "--task", "kv", "--option", "bogus=1", "--limit", "1")
+    r = cli("eval", str(tiny_dir), "--task", "kv", "--option", "bogus=1", "--limit", "1")
     assert r.returncode == 2 and "bogus" in r.stderr
 
 
-def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path):
+def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path, cli):
     png = tmp_path / "fig.png"
-    r = run_cli("attn", str(tiny_dir), "--task", "kv", "--pairs", "3", "--heads", "L0H1,L2H3", "--out", str(png))
+    r = cli("attn", str(tiny_dir), "--task", "kv", "--pairs", "3", "--heads", "L0H1,L2H3", "--out", str(png))
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = tmp_path / "heads"
-    r = run_cli("heads", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "2", "--verify-n", "4", "--top", "2",
+    r = cli("heads", str(tiny_dir), "--task", "kv", "--pairs", "3", "--limit", "2", "--verify-n", "4", "--top", "2",
                 "--out", str(out))
     assert r.returncode == 0, r.stderr
     res = json.loads((out / "result.json").read_text())
@@ -330,6 +348,7 @@ def test_discover_drops_equal_the_plain_ablation_loop(tiny):
         assert s.ablated_accuracy == acc and s.drop == pytest.approx(base - acc)
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("lab_checkpoints")
 def test_shipped_lab_checkpoints_load_by_name_and_sweep_from_the_cli(tmp_path):
     """``lab-llama`` is a model spec like ``smollm2-135m``; ``ganda sweep`` takes lab tasks."""

@@ -111,6 +111,7 @@ def test_demo_kind_is_registered_and_the_report_opens_with_the_finding(tmp_path)
     assert bare.headline() == finding(SUMMARY)
 
 
+@pytest.mark.integration
 def test_ganda_report_renders_a_saved_demo_with_its_finding(tmp_path):
     """``ganda report`` on a demo run directory, in a fresh process that never imported ganda.demo:
     the kind is registered where the built-in kinds are."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import require_module
 
 from ganda import cli, sweep
 from ganda.attribution import rank_heads
@@ -25,8 +26,11 @@ from ganda.prepared import prepare_all
 from ganda.sweep import load_result, run_sweep, scored_by
 from ganda.tasks import get_task, task_for_model
 
-ray = pytest.importorskip("ray", reason="the distributed extra: pip install -e '.[distributed]'")
-pytestmark = pytest.mark.usefixtures("one_thread", "ray_local", "lab_checkpoints")
+try:
+    import ray
+except ImportError:  # said in one line by the ray_local fixture
+    ray = None
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread", "ray_local", "lab_checkpoints")]
 
 MODEL, TASK, N, BATCH = "lab-llama", "lab-mmlu", 6, 2  # 3 layers x 4 heads: 6 batches + the baseline
 
@@ -34,6 +38,7 @@ MODEL, TASK, N, BATCH = "lab-llama", "lab-mmlu", 6, 2  # 3 layers x 4 heads: 6 b
 @pytest.fixture(scope="module")
 def ray_local():
     """One local Ray instance (2 CPUs) for the module: start-up is the slow part."""
+    require_module("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -9,9 +9,8 @@ import copy
 
 import pytest
 import torch
-from conftest import require_gemma
 
-from ganda import AblateHeads, HeadId, load_model
+from ganda import AblateHeads, HeadId
 from ganda.experiments.transplant import TransplantHead, TransplantLayer
 from ganda.models import from_model
 from ganda.scoring import evaluate_examples
@@ -21,12 +20,6 @@ from ganda.tasks import get_task
 pytestmark = pytest.mark.slow
 
 CAUSAL = HeadId(11, 2)  # the largest KV drop of RESULTS.md's Gemma section
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    require_gemma()
-    return load_model("gemma3-270m", device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -607,6 +607,7 @@ def test_gguf_replaced_at_the_same_path_is_not_served_from_the_cache(gguf_file, 
     assert old_entry.name not in names and len(names) == 2  # the new entry and its lock
 
 
+@pytest.mark.integration
 def test_stale_temporaries_are_cleaned_and_live_ones_kept(gguf_file, tmp_path):
     root = tmp_path / "cache" / "gguf"
     root.mkdir(parents=True)
@@ -647,6 +648,7 @@ print(float(ad.forward(torch.tensor([[3, 1, 4, 1, 5, 9]])).sum()))
 """
 
 
+@pytest.mark.integration
 def test_two_processes_racing_on_a_cold_cache_build_it_once(gguf_file, tmp_path):
     start, log = tmp_path / "go", tmp_path / "dequantised.log"
     env = {**os.environ, "GANDA_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}

@@ -192,6 +192,7 @@ def test_fingerprint_follows_the_files(tmp_path):
 # Ctrl-C and a second writer
 
 
+@pytest.mark.integration
 def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     proc = _start([*SLOW, "--out", str(out)])
@@ -221,6 +222,7 @@ def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path, capsys):
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.integration
 @pytest.mark.usefixtures("lab_checkpoints")
 def test_ctrl_c_during_eval_exits_130():
     # stderr is a pipe, so progress comes as log lines; GANDA_PROGRESS_EVERY=0 writes every update
@@ -253,6 +255,7 @@ def _python_start_up() -> float:
     return time.perf_counter() - t0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("after", [0.0, 0.1, 0.3])
 def test_ctrl_c_during_start_up_is_one_line(after):
     """Imports take most of a second; a Ctrl-C among them (once Python itself has started: before
@@ -271,6 +274,7 @@ def test_ctrl_c_during_start_up_is_one_line(after):
         assert out == ""
 
 
+@pytest.mark.integration
 def test_second_run_into_the_same_out_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     proc = _start([*SLOW, "--out", str(out)])
@@ -297,6 +301,7 @@ def test_second_run_into_the_same_out_is_refused(tmp_path, capsys):
     assert not (out / ".lock").exists()
 
 
+@pytest.mark.integration
 def test_lock_is_reentrant_in_process_and_exclusive_across_processes(tmp_path):
     d = tmp_path / "run"
     with runio.run_dir_lock(d), runio.run_dir_lock(d):
@@ -306,6 +311,7 @@ def test_lock_is_reentrant_in_process_and_exclusive_across_processes(tmp_path):
     assert not d.exists()  # created for a run that wrote nothing: removed again
 
 
+@pytest.mark.integration
 def test_temp_files_of_a_killed_writer_are_cleared(tmp_path):
     d = tmp_path / "run"
     d.mkdir()
@@ -378,6 +384,7 @@ def _fsize_limit(n: int):
     return limit
 
 
+@pytest.mark.integration
 def test_failed_write_leaves_no_partial_file(tmp_path):
     dest = tmp_path / "preds"
     dest.mkdir()
@@ -389,6 +396,7 @@ def test_failed_write_leaves_no_partial_file(tmp_path):
     assert list(dest.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_sweep_stopped_by_a_full_disk_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     cmd = ["sweep", MODEL, "--task", "lab-mmlu", "--limit", "12", "--out", str(out)]

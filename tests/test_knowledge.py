@@ -145,12 +145,9 @@ def test_evaluate_knowledge_tiny():
         assert res["tasks"][t]["acc"] == evaluate_examples(tiny, exs, progress=False).accuracy, t
 
 
-@pytest.mark.usefixtures("smollm2_wheel")
 @pytest.mark.slow
-def test_smollm2_knowledge_runs():
-    import ganda
-
-    res = evaluate_knowledge(ganda.load_model("smollm2-135m", device="cpu"), None, limit=5, progress=False)
+def test_smollm2_knowledge_runs(smollm2):
+    res = evaluate_knowledge(smollm2, None, limit=5, progress=False)
     # SmolLM2-135M (fp32, CPU) on the first five items of each task: acc (acc_norm)
     acc = {"arc_easy": 0.6, "arc_challenge": 0.0, "openbookqa": 0.0, "piqa": 0.6, "hellaswag": 0.4, "winogrande": 0.4}
     acc_norm = {"arc_easy": 0.8, "arc_challenge": 0.2, "openbookqa": 0.2, "piqa": 0.4, "hellaswag": 0.2}

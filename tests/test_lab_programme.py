@@ -183,6 +183,7 @@ def trained(tmp_path_factory):
     return root, configs, models, log
 
 
+@pytest.mark.integration
 def test_train_all_trains_every_role_and_resumes(trained):
     from ganda_lab.scratch import finished, train_all
 
@@ -203,6 +204,7 @@ def test_train_all_trains_every_role_and_resumes(trained):
     assert sum("already trained" in m for m in again) == 7 and not any("started" in m for m in again)
 
 
+@pytest.mark.integration
 def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     from ganda_lab.programme import Programme
 
@@ -258,6 +260,7 @@ def test_programme_runs_every_finding_and_writes_one_report(trained, tmp_path):
     assert sorted(kinds) == list(range(len(kinds))) and ["attn"] in kinds.values()
 
 
+@pytest.mark.integration
 def test_finding1_heads_are_found_in_the_minimal_model(trained, tmp_path):
     """The paper finds its heads in Llama-3.1-8B cut to its minimal model: when pruning finds one
     shallower than the Transformer, finding 1 is scored on it."""

@@ -22,6 +22,7 @@ MICRO = {
 }
 
 
+@pytest.mark.integration
 def test_smoke_training_learns(tmp_path):
     rec = train("smoke", tmp_path / "m", progress=False, log=lambda *_: None)
     last = rec["history"][-1]
@@ -477,6 +478,7 @@ def test_wsd_is_transformers_schedule_with_the_handwritten_rates():
     assert all(wsd_multiplier(11000, 0.2, 0.1)(s) == ref(s) for s in range(0, 11000, 7))
 
 
+@pytest.mark.integration
 def test_wsd_training_is_bit_identical_to_the_handwritten_curve(tmp_path, monkeypatch):
     """A short wsd run (the smoke model, three quarters of it decaying) trains to the same weights, bit for bit,
     with the hand-written curve."""

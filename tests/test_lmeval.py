@@ -4,14 +4,13 @@ cross-check that lm-eval and ganda's MMLU scorer make the same per-question pred
 from __future__ import annotations
 
 import csv
-import importlib.util
 
 import pytest
 
 from ganda import AblateHeads
 from ganda.tasks.mmlu import DATA_DIR, MMLUTask, read_split
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval not installed")
+pytestmark = pytest.mark.usefixtures("lm_eval")
 
 ROWS = [
     ["Which key holds 7?", "apple", "river", "stone", "cloud", "B"],
@@ -66,6 +65,7 @@ def test_arc_config_matches_lm_eval_yaml():
     assert cfg.get("target_delimiter", " ") == ref.get("target_delimiter", " ") == " "
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("shots", [0, 2])
 def test_bridge_matches_ganda_under_ablation(tiny, tmp_path, shots):
     """lm-eval (HFLM on the hooked model) and ganda's scorer: same log-likelihoods, same predictions."""
@@ -100,6 +100,7 @@ def _assert_arc_agree(r, n):
     assert r["lm_eval_acc_norm"] == pytest.approx(r["ganda_acc_norm"]) == r["ganda_correct_norm"] / n
 
 
+@pytest.mark.integration
 def test_arc_easy_bridge_matches_ganda_per_question(tiny, monkeypatch):
     """ARC-Easy through lm-eval (vendored data) and ganda's arc_easy task, intact and under an
     ablation: the same requests, log-likelihoods, acc and acc_norm predictions per question."""

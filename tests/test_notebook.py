@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "quickstart.ipynb"
 #: Seconds the notebook may take on an idle machine. On a machine that other jobs load (a load
@@ -30,7 +31,9 @@ def test_quickstart_notebook_runs(tmp_path):
     """Every cell runs without error (nbclient raises on the first that fails), and the cells show
     what they claim: a ranking of all 270 heads, an ablation that does not raise accuracy, a map
     drawn as a PNG, and a 9-head sweep read back through ganda.results."""
-    nbformat = pytest.importorskip("nbformat")
+    require_module("nbformat")
+    require_module("nbclient")
+    import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(NOTEBOOK, as_version=4)

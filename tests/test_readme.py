@@ -76,6 +76,7 @@ def test_ganda_command_parses(line):
         cmd.make_context(name, rest, parent=ctx)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("line", [x for x in command_lines() if _words(x)[:1] == ["bash"]])
 def test_script_lines_name_scripts_that_parse(line):
     script = ROOT / _words(line)[1]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import CHROMIUM, needs
 
 from ganda.report import attention_panels, bars, curves, heatmap, write_report
 from ganda.report.html import records_table
@@ -70,8 +71,10 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-@pytest.mark.skipif(_chromium() is None, reason="chromium not installed (apt-get install -y chromium)")
+@pytest.mark.integration
 def test_report_renders_in_chromium(tmp_path: Path) -> None:
+    if _chromium() is None:
+        needs(CHROMIUM)
     d = _run_dir(tmp_path)
     out = write_report([d], tmp_path / "r.html")
     shot = tmp_path / "shot.png"

@@ -5,7 +5,6 @@ process) as pandas DataFrames, and ``ganda eval --predictions`` rows that join w
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import re
 
@@ -256,7 +255,8 @@ def test_empty_tables_keep_their_columns(runs):
     assert r.heads.empty and len(r.rows) > 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval not installed")
+@pytest.mark.integration
+@pytest.mark.usefixtures("lm_eval")
 def test_predictions_join_lm_eval_log_samples(byte_tok, tmp_path):
     """``ganda eval --predictions`` on a seeded sample of MMLU astronomy questions (scattered doc ids)
     and lm-eval's ``log_samples`` for exactly those doc ids: joined on (subject, doc_id), every

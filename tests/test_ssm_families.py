@@ -119,6 +119,7 @@ def test_loads_from_local_directory(family, tmp_path, ids):
     assert torch.allclose(ad.forward(ids), model(input_ids=ids, use_cache=False).logits, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_fresh_process_loads_ssm_directory(tmp_path):
     import subprocess
     import sys

@@ -163,6 +163,7 @@ def test_outputs_and_mismatch(adapter, tmp_path):
     assert run_sweep(adapter, exs, out_dir=tmp_path, progress=False, config={"task": {"task": "tiny"}}).records == res.records
 
 
+@pytest.mark.integration
 def test_kill_and_resume(adapter, tmp_path):
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     script = tmp_path / "run.py"
@@ -234,14 +235,12 @@ def test_no_resume_starts_over(adapter, tmp_path):
     assert len(seen) == 12
 
 
-@pytest.mark.usefixtures("smollm2_wheel")
 @pytest.mark.slow
-def test_smollm2_fast_equals_naive_subset():
-    import ganda
+def test_smollm2_fast_equals_naive_subset(smollm2):
     from ganda.heads import HeadId
     from ganda.tasks import get_task
 
-    a = ganda.load_model("smollm2-135m")
+    a = smollm2
     exs = get_task("kv", pairs=3).examples(limit=2)
     heads = [HeadId(0, 0), HeadId(16, 3), HeadId(29, 8)]
     fast = run_sweep(a, exs, heads=heads, progress=False)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
 from ganda.errors import GandaError
 from ganda.tasks import get_task
@@ -67,9 +68,8 @@ def test_gsm8k_prompts():
 
 
 def test_gsm8k_matches_lm_eval_yaml():
+    require_module("lm_eval")
     d = _lm_eval_tasks_dir()
-    if d is None:
-        pytest.skip("lm-eval not installed")
     import yaml
 
     cfg = yaml.safe_load((d / "gsm8k" / "gsm8k-cot.yaml").read_text())
@@ -155,9 +155,8 @@ def test_bbh_prompts():
 
 
 def test_bbh_matches_lm_eval_yaml():
+    require_module("lm_eval")
     d = _lm_eval_tasks_dir()
-    if d is None:
-        pytest.skip("lm-eval not installed")
     import yaml
 
     for s in subtasks():

@@ -71,6 +71,7 @@ def _policy_after_cli(env: dict[str, str]) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.integration
 def test_command_line_starts_torch_with_passive_waits():
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GANDA_THREADS")}
     assert _policy_after_cli(env) == "PASSIVE"
@@ -84,6 +85,7 @@ def _policy_after_import(env: dict[str, str], first: str = "") -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.integration
 def test_the_library_starts_torch_with_passive_waits_too():
     """``import ganda`` (the README snippet, the notebook) sets the policy the command line sets; a
     user's choice stays, and torch imported first has read its environment already."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import CHROMIUM, needs
 
 from ganda.attention import ATTENTION_FORMAT, attention_record, draw_attention, save_attention_json
 from ganda.report import viewer as gv
@@ -202,8 +203,10 @@ def _close(got: list[float | None], want: list[float], tol: float) -> None:
     assert not bad, bad[:5]
 
 
-@pytest.mark.skipif(_chromium() is None, reason="chromium not installed (apt-get install -y chromium)")
+@pytest.mark.integration
 def test_hovering_a_token_shows_its_row_and_column_from_the_saved_map(lab_run: Path, tmp_path: Path) -> None:
+    if _chromium() is None:
+        needs(CHROMIUM)
     out = write_report([lab_run], tmp_path / "r.html")
     saved = json.loads((lab_run / "ga_heads.json").read_text())["prompts"][0]
     b = Browser(tmp_path / "profile")
