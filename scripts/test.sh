@@ -15,10 +15,10 @@ fi
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest -q -p no:cacheprovider "$@"
 fi
-workers=$(.venv/bin/python -c "import os; print(max(1, min(4, os.cpu_count() or 1)))")
-# every tier (-m "" lifts the fast-tier default of pyproject's addopts); whole files go to one worker so
-# that module fixtures (a loaded model, a lab run) are built once; the 15 slowest tests are listed
-.venv/bin/pytest -q -p no:cacheprovider -m "" -n "$workers" --dist loadfile --durations=15
+# every tier (-m "" lifts the fast-tier default of pyproject's addopts, which also spreads the files over
+# the cores with pytest-xdist); the 15 slowest tests are listed
+.venv/bin/pytest -q -p no:cacheprovider -m "" --durations=15
 # the family x analysis matrix once more in bf16 on the CPU: the precision a GPU runs in, through the
-# same code path (tests/test_device_matrix.py; the run above had it in fp32)
-GANDA_TEST_DTYPE=bfloat16 exec .venv/bin/pytest -q -p no:cacheprovider -m device -n "$workers" --durations=5
+# same code path (tests/test_device_matrix.py; the run above had it in fp32); one file, so its cells are
+# dealt to the workers one by one
+GANDA_TEST_DTYPE=bfloat16 exec .venv/bin/pytest -q -p no:cacheprovider -m device --dist load --durations=5
