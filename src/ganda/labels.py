@@ -14,16 +14,22 @@ The scores (shares of ``|M|``, :mod:`ganda.patterns`):
   attends to the previous token everywhere (its standard previous-token score) earns that much
   of it without gathering anything.
 
-The rules (``MIN_SCORE``):
+Each role is judged on the attention a head does not park on the first token (``<bos>`` where
+the model has one): a score ``x`` measured on rows that put ``s`` of their mass on the first
+token counts as ``x / (1 - s)`` (:func:`off_sink`; ``s``: the final row's share for aggregate,
+the summary rows' for gather, the second copy's rows' for induction, the standard sink share for
+previous-token; each a ratio of means over the same rows), and
+must itself reach half the minimum, so that crumbs beside a sink make no role. The rules
+(``MIN_SCORE``, each on the score off the first token):
 
 1. **Aggregate** where the aggregate score >= 0.05.
 2. **Gather** where the gather evidence >= 0.25 *and* exceeds the head's standard previous-token
-   score (a head whose previous-token pattern is stronger than its gathering is not called Gather).
+   score (a head whose previous-token pattern is as strong as its gathering is not called Gather).
 3. Where both G&A rules are met and a positional ablation was run and hurts (full ablation drop
    >= ``min_drop``), *where* it hurts keeps one of them (the final position: Aggregate; before it:
    Gather); otherwise both are kept, the larger multiple of its minimum first.
 4. **induction** where the induction score >= 0.3; **previous-token** where the previous-token
-   score >= 0.5; **sink** where the sink share >= 0.5 — each in addition to any other role.
+   score >= 0.5 — each in addition to any other role; **sink** where the sink share itself >= 0.5.
 5. **none** where no rule is met.
 
 A label is its roles joined by ``+`` in that order (``"induction+sink"``); ``sink`` alone thus
@@ -92,53 +98,75 @@ def _f(x: float) -> str:
     return f"{x:.3f}"
 
 
+def off_sink(x: float | None, sink: float | None) -> float | None:
+    """A role score as a share of the attention a head does not park on the first token:
+    ``x / (1 - sink)``, ``sink`` the share on the first token of the rows ``x`` was measured on."""
+    if x is None or x != x:
+        return None
+    s = sink if sink is not None and sink == sink else 0.0
+    return x / max(1.0 - s, 1e-9)
+
+
+def meets(role: str, x: float | None, sink: float | None) -> bool:
+    """A role's rule on its score (module docstring): the score off the first token reaches the
+    minimum, and the score itself half of it."""
+    rest = off_sink(x, sink)
+    return _at_least(rest, MIN_SCORE[role]) and _at_least(x, MIN_SCORE[role] / 2)
+
+
 def label_head(head: str, *, aggregate: float | None = None, gather: float | None = None,
                gather_previous: float | None = None, induction: float | None = None,
                previous_token: float | None = None, sink: float | None = None,
-               ablation: Mapping[str, float] | None = None, min_drop: float = MIN_DROP) -> Label:
-    """One head's label by the module docstring's rules. ``ablation``, where one was run, holds
-    the accuracy drops ``drop_all`` (the head zeroed everywhere), ``drop_query`` (at the final
-    position only) and ``drop_context`` (everywhere before it)."""
+               aggregate_sink: float | None = None, gather_sink: float | None = None,
+               induction_sink: float | None = None, ablation: Mapping[str, float] | None = None, min_drop: float = MIN_DROP) -> Label:
+    """One head's label by the module docstring's rules. ``aggregate_sink`` and ``gather_sink``:
+    the share of the final row and of the summary rows on the first token (task prompts);
+    ``sink``: the standard sink share. ``ablation``, where one was run, holds the accuracy drops
+    ``drop_all`` (the head zeroed everywhere), ``drop_query`` (at the final position only) and
+    ``drop_context`` (everywhere before it)."""
     evidence = gather_evidence(gather, gather_previous, previous_token)
-    scores = {"aggregate": aggregate, "gather": evidence, "induction": induction, "previous_token": previous_token,
-              "sink": sink}
+    scores = {"aggregate": aggregate, "gather": evidence, "induction": induction, "previous_token": previous_token}
+    first = {"aggregate": aggregate_sink, "gather": gather_sink, "induction": induction_sink, "previous_token": sink}
     kept = {k: float(v) for k, v in {"aggregate": aggregate, "gather": gather, "gather_previous": gather_previous,
                                      "gather_evidence": evidence, "induction": induction,
-                                     "previous_token": previous_token, "sink": sink}.items() if v is not None}
+                                     "previous_token": previous_token, "sink": sink, "aggregate_sink": aggregate_sink,
+                                     "gather_sink": gather_sink, "induction_sink": induction_sink}.items() if v is not None}
     where = None
     if ablation and _at_least(ablation.get("drop_all"), min_drop) and "drop_query" in ablation \
             and "drop_context" in ablation:
         where = "aggregate" if ablation["drop_query"] > ablation["drop_context"] else "gather"
-    ga = [r for r in ("aggregate", "gather") if _at_least(scores[r], MIN_SCORE[r])]
-    if "gather" in ga and previous_token is not None and previous_token == previous_token \
-            and previous_token >= float(evidence):  # type: ignore[arg-type]
-        ga.remove("gather")
+    met = {r: float(off_sink(scores[r], first[r])) for r in scores if meets(r, scores[r], first[r])}  # type: ignore[arg-type]
+    beaten = "gather" in met and _at_least(previous_token, float(evidence))  # type: ignore[arg-type]
+    if beaten:
+        del met["gather"]
+    ga = sorted((r for r in ("aggregate", "gather") if r in met), key=lambda r: -met[r] / MIN_SCORE[r])
     why: list[str] = []
     if len(ga) == 2 and where is not None:
         ga = [where]
         why.append("both G&A patterns qualify; the ablation hurts " +
                    ("at the final position" if where == "aggregate" else "before the final position"))
-    ga.sort(key=lambda r: -float(scores[r]) / MIN_SCORE[r])  # type: ignore[arg-type]
-    for r in ga:
-        what = "gather evidence" if r == "gather" else f"{r} score"
+    roles = [*ga, *(r for r in ("induction", "previous_token") if r in met)]
+    for r in roles:
+        what = "gather evidence" if r == "gather" else f"{r.replace('_', '-')} score"
+        rest = "" if abs(met[r] - float(scores[r])) < 5e-4 else f" ({_f(met[r])} off the first token)"  # type: ignore[arg-type]
         note = ""
-        if where is not None and len(why) == 0:
+        if r in ("aggregate", "gather") and where is not None and len(ga) == 1 and not why[:1]:
             note = ("; the ablation agrees" if where == r else
                     f"; the ablation hurts {'at' if where == 'aggregate' else 'before'} the final position")
-        why.append(f"{what} {_f(float(scores[r]))} >= {MIN_SCORE[r]}{note}")  # type: ignore[arg-type]
-    roles = list(ga)
-    for k in GENERIC:
-        if _at_least(scores[k], MIN_SCORE[k]):
-            roles.append(k)
-            why.append(f"{k.replace('_', '-')} score {_f(float(scores[k]))} >= {MIN_SCORE[k]}")  # type: ignore[arg-type]
+        why.append(f"{what} {_f(float(scores[r]))}{rest} >= {MIN_SCORE[r]}{note}")  # type: ignore[arg-type]
+    if _at_least(sink, MIN_SCORE["sink"]):
+        roles.append("sink")
+        why.append(f"sink share {_f(float(sink))} >= {MIN_SCORE['sink']}")  # type: ignore[arg-type]
+    not_gather = (f"not Gather: gather evidence {_f(float(evidence))} <= previous-token score "  # type: ignore[arg-type]
+                  f"{_f(float(previous_token))}") if beaten else None  # type: ignore[arg-type]
     names = [ROLE_NAME[r] for r in roles]
     if names:
-        return Label(head, "+".join(names), "; ".join(why), kept, names)
-    missed = [f"{'gather evidence' if k == 'gather' else k} {_f(float(scores[k]))} < {MIN_SCORE[k]}"  # type: ignore[arg-type]
-              for k in MIN_SCORE if _at_least(scores[k], -1e9)]
-    if _at_least(evidence, MIN_SCORE["gather"]):
-        missed.append(f"gather evidence {_f(float(evidence))} <= previous-token score "  # type: ignore[arg-type]
-                      f"{_f(float(previous_token))}")  # type: ignore[arg-type]
+        return Label(head, "+".join(names), "; ".join([*why, *([not_gather] if not_gather else [])]), kept, names)
+    missed = [f"{'gather evidence' if k == 'gather' else k.replace('_', '-')} {_f(float(v))} < {MIN_SCORE[k]}"
+              for k, v in (*scores.items(), ("sink", sink)) if _at_least(v, -1e9) and k not in met
+              and not (k == "gather" and beaten)]
+    if not_gather:
+        missed.append(not_gather)
     return Label(head, "none", f"no rule met ({', '.join(missed)})" if missed else "no score measured", kept, [])
 
 
@@ -154,7 +182,9 @@ def label_heads(scores: Sequence[HeadScore], standard: Mapping[str, Mapping[str,
         g = standard.get(s.head, {})
         out[s.head] = label_head(s.head, aggregate=s.aggregate, gather=s.gather, gather_previous=s.gather_previous,
                                  induction=g.get("induction"), previous_token=g.get("previous_token"),
-                                 sink=g.get("sink"), ablation=ablations.get(s.head), min_drop=min_drop)
+                                 sink=g.get("sink"), induction_sink=g.get("induction_sink"),
+                                 aggregate_sink=s.aggregate_sink, gather_sink=s.gather_sink,
+                                 ablation=ablations.get(s.head), min_drop=min_drop)
     return out
 
 
@@ -172,6 +202,7 @@ def label_model(adapter: ModelAdapter, scores: Sequence[HeadScore], *,
     for s in scores:
         lab = labels[s.head]
         s.induction, s.previous_token, s.sink = (lab.scores.get(k) for k in GENERIC)
+        s.induction_sink = lab.scores.get("induction_sink")
         s.gather_evidence, s.label, s.label_reason = lab.scores.get("gather_evidence"), lab.label, lab.reason
     return labels
 

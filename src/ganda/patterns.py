@@ -57,7 +57,8 @@ With ``p`` the prefix length (1 with ``<bos>``) and ``share(i, j) = |M[i, j]| / 
 * **induction** = mean over rows ``i`` of the second copy (``p + L <= i < p + 2L``) of
   ``share(i, i - L + 1)``, the token after the earlier occurrence of ``x_i``;
 * **previous_token** = mean over rows ``i >= 1`` of ``share(i, i - 1)``;
-* **sink** = mean over rows ``i >= 1`` of ``share(i, 0)``, the first token;
+* **sink** = mean over rows ``i >= 1`` of ``share(i, 0)``, the first token (``induction_sink``:
+  the same over the second copy's rows, for :func:`ganda.labels.off_sink`);
 
 each averaged over the sequences. For softmax heads ``share`` is the attention itself.
 """
@@ -114,10 +115,13 @@ class HeadScore:
     gather_edge: float = float("nan")
     gather_previous: float | None = None  # share of each summary row on its previous token (inside the segment)
     gather_evidence: float | None = None  # gather less what a previous-token pattern gives by itself (ganda.labels)
+    gather_sink: float | None = None  # share of each summary row on the first token
+    aggregate_sink: float | None = None  # share of the final row on the first token
     # the task-free standard scores (standard_scores); None where they were not measured
     induction: float | None = None
     previous_token: float | None = None
     sink: float | None = None
+    induction_sink: float | None = None  # the sink share of the rows induction is measured on (ganda.labels)
     drop: float | None = None  # accuracy drop when this head alone is ablated (verified heads)
     ablated_accuracy: float | None = None
     n_prompts: int = 0
@@ -228,13 +232,14 @@ def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int)
     e_g = ends[g]
     beside = [float(row_q[j]) for j in (e_g - 1, e_g + 1) if 0 <= j < row_q.shape[0]]
     out["aggregate_neighbour"] = float(summ[g]) / max(sum(beside) / max(len(beside), 1), 1e-30)
-    gathers, previous, contrasts, edges = [], [], [], []
+    gathers, previous, first, contrasts, edges = [], [], [], [], []
     for k, (a, e) in enumerate(spans):
         row = m[1 + k, : e + 1]
         tot = float(row.sum()) or 1e-30
         inside = float(row[a:e].sum())
         gathers.append(inside / tot)
         previous.append(float(row[e - 1]) / tot if e > a else 0.0)
+        first.append(float(row[0]) / tot if a > 0 else 0.0)
         n_in, n_out = max(e - a, 1), max(e + 1 - (e - a) - 1, 1)
         outside = tot - inside - float(row[e])
         contrasts.append((inside / n_in) / max(outside / n_out, 1e-30))
@@ -243,6 +248,8 @@ def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int)
             edges.append((inside / n_in) / max(float(before.mean()), 1e-30))
     out["gather"] = sum(gathers) / len(gathers)
     out["gather_previous"] = sum(previous) / len(previous)
+    out["gather_sink"] = sum(first) / len(first)
+    out["aggregate_sink"] = float(row_q[0]) / tot_q
     out["gather_contrast"] = sum(contrasts) / len(contrasts)
     # a segment at the very start has nothing before it: the mean is over the others
     out["gather_edge"] = math.exp(sum(math.log(max(x, 1e-30)) for x in edges) / len(edges)) if edges else float("nan")
@@ -257,8 +264,9 @@ def head_score(head: str, layer: int, kind: str, samples: dict[str, list[float]]
     if "read:at" in samples:
         read["argmax_gold"] = sum(READ_PARTS[int(i)].startswith("gold") for i in samples["read:at"]) / n
     summary: dict[str, Any] = {"summary": summary_token, "read": read}
-    if samples.get("gather_previous"):
-        summary["gather_previous"] = sum(samples["gather_previous"]) / n
+    for k in ("gather_previous", "gather_sink", "aggregate_sink"):
+        if samples.get(k):
+            summary[k] = sum(samples[k]) / n
     for k in METRICS:
         xs = samples[k]
         if k in RATIO_METRICS:
@@ -347,7 +355,8 @@ def _geo_mean(xs: list[float]) -> float:
 
 # the standard protocol (module docstring): sequences, tokens per copy, seed of the token draw
 STANDARD = {"batch": 10, "length": 50, "seed": 0}
-STANDARD_SCORES = ("induction", "previous_token", "sink")
+# the scores of the protocol, and the first-token share of the rows induction is measured on
+STANDARD_SCORES = ("induction", "previous_token", "sink", "induction_sink")
 MAP_BUDGET = 256 * 2**20  # bytes of full [T, T] maps held at once by standard_scores
 
 
@@ -380,7 +389,8 @@ def standard_map_scores(m: torch.Tensor, prefix: int, length: int) -> dict[str, 
     rows = torch.arange(1, share.shape[0])
     return {"induction": float(share[second, second - length + 1].mean()),
             "previous_token": float(share[rows, rows - 1].mean()),
-            "sink": float(share[rows, 0].mean())}
+            "sink": float(share[rows, 0].mean()),
+            "induction_sink": float(share[second, 0].mean())}
 
 
 def standard_scores(adapter: ModelAdapter, heads: Sequence[HeadId] | None = None, *, batch: int = STANDARD["batch"],
