@@ -26,6 +26,7 @@ from .patterns import (  # noqa: F401  (the pattern scores' names, as ganda.disc
     AUTO,
     CI_METHOD,
     METRICS,
+    MIN_AGGREGATE,
     RATIO_METRICS,
     READ_PARTS,
     SUMMARIES,
@@ -499,6 +500,7 @@ class HeadsResult:
     def __init__(self, d: dict[str, Any]) -> None:
         d = split_all(d)
         self.summary, self.rows = d.get("summary") or {}, d.get("rows") or []
+        self.all_heads = d.get("all_heads") or self.rows
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HeadsResult:
@@ -520,7 +522,28 @@ class HeadsResult:
         if lines:
             lines.append(f"Every head ranked by its pattern scores on {s.get('n_pattern')} prompts; the table lists "
                          "the verified ones, heads.csv all of them.")
+        lines += self.label_lines()
         return "\n".join(lines)
+
+    def label_lines(self) -> list[str]:
+        """The summary token scored, and how many heads take each role (:mod:`ganda.labels`),
+        with the standard protocol the task-free scores were measured by."""
+        s = self.summary
+        if "summary_token" not in s:
+            return []
+        labels = [str(h.get("label") or "none") for h in self.all_heads]
+        counts = {r: sum(r in lab.split("+") for lab in labels) for r in ("Gather", "Aggregate", "induction",
+                                                                          "previous-token")}
+        p = s.get("standard_protocol") or {}
+        choice = (s.get("summary_choice") or {}).get(s["summary_token"]) or {}
+        why = ("" if not choice else f" (the token the final rows read: {choice['head']}'s aggregate score "
+               f"{choice['aggregate']:.3f})" if choice["aggregate"] >= MIN_AGGREGATE else
+               " (no head's final row reads any candidate token of the gold segment: the paper's `\\n`)")
+        return [f"Summary token: **{s['summary_token']}**{why}.",
+                f"Labels of {len(labels)} heads: " + ", ".join(f"{n} {r}" for r, n in counts.items())
+                + f", {labels.count('sink')} sink alone, {labels.count('none')} none (induction, previous-token "
+                f"and sink on {p.get('batch')} sequences of {p.get('length')} random tokens shown twice, seed "
+                f"{p.get('seed')})."]
 
     def draw(self, out_dir: Path) -> list[Path]:
         return []

@@ -289,9 +289,10 @@ def pattern_scores(
     """Aggregate/Gather pattern scores and sharpness for every head, with per-prompt values and
     95% intervals over prompts, and each head's read profile (see module docstring). ``summary``:
     the token scored as each segment's summary, one of ``SUMMARY_TOKENS`` or ``"auto"``
-    (:func:`choose_summary` over every head of the model, whichever ``heads`` are returned)."""
+    (:func:`choose_summary` over every head the model runs, whichever ``heads`` are returned)."""
     if summary == AUTO:
-        by = pattern_scores_by_summary(adapter, examples, None, progress, SUMMARY_TOKENS)
+        running = [h for h in adapter.heads() if adapter.is_active(h.layer)]  # a submodel: its own heads
+        by = pattern_scores_by_summary(adapter, examples, running, progress, SUMMARY_TOKENS)
         chosen, _ = choose_summary(by)
         if heads is None:
             return by[chosen]

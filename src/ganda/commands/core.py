@@ -375,7 +375,7 @@ def _print_discovery(d) -> None:
     order = sorted(d.scores, key=lambda s: (s.layer, len(s.head), s.head))
     named = [f"{s.head} {s.label}" for s in order if s.label not in (None, "none", "sink")]
     sinks = sum(s.label == "sink" for s in order)
-    con.print("labels: " + (", ".join(named) if named else "no role but sink (docs/heads.md)")
+    con.print("labels: " + (", ".join(named) if named else "none but sink" if sinks else "none (no rule met: docs/heads.md)")
               + (f"; sink alone: {sinks} of {len(order)} heads" if sinks else ""))
 
 
