@@ -239,6 +239,11 @@ def test_lab_llama_g_and_a_heads_are_labelled_by_pattern(tmp_path):
 
     rows = list(csv.DictReader((tmp_path / "heads.csv").open()))
     assert {"induction", "previous_token", "sink", "gather_evidence", "label"} <= set(rows[0])
+    from ganda import results
+
+    table = results.load(tmp_path).heads.set_index("head")
+    assert table.loc["L2H0", "previous_token"] == pytest.approx(by["L2H0"]["previous_token"])
+    assert table.loc["L3H0", "label"] == "Aggregate" and "induction" in table.columns
 
 
 @pytest.mark.usefixtures("lab_checkpoints")
