@@ -40,7 +40,7 @@ from .interventions import AblateHeads
 from .labels import label_model, role_of
 from .models import load_model
 from .models.base import ModelAdapter
-from .patterns import AUTO, HeadScore, pattern_scores
+from .patterns import AUTO, HeadScore, pattern_scores, standard_scores
 from .progress import is_quiet
 from .report.html import write_report
 from .scoring import EvalResult, evaluate_examples
@@ -194,13 +194,15 @@ def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[st
 
 
 def _rank_and_label(adapter: ModelAdapter, task: Any, pattern_ex: Sequence[Example], rank_ex: Sequence[Example],
-                    verify_top: int, verify_layers: Sequence[int], out_dir: Path | None
+                    verify_top: int, verify_layers: Sequence[int], out_dir: Path | None,
+                    standard: dict[str, dict[str, float]] | None = None
                     ) -> tuple[Any, list[str], list[HeadScore], dict[str, str]]:
-    """Every head ranked causally on ``rank_ex`` and labelled by its pattern on ``pattern_ex``."""
+    """Every head ranked causally on ``rank_ex`` and labelled by its pattern on ``pattern_ex`` and
+    its ``standard`` scores (task-free: measured once per model, :func:`ganda.patterns.standard_scores`)."""
     ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
                         active=0, progress=False, out_dir=out_dir, resume=False, config={"task": task.config()})
     scores = pattern_scores(adapter, pattern_ex, progress=False, summary=AUTO)
-    label_model(adapter, scores)
+    label_model(adapter, scores, standard=standard)
     return ranked, ranked.order(), scores, roles(scores)
 
 
@@ -229,12 +231,14 @@ def _set_record(k: int, seed: int, top: str | None, g_head: str | None, a_head: 
 
 
 def _replicate(adapter: ModelAdapter, task: Any, k: int, seed: int, n: int, rank_n: int, verify_n: int,
-               verify_top: int, verify_layers: Sequence[int]) -> dict[str, Any]:
+               verify_top: int, verify_layers: Sequence[int], standard: dict[str, dict[str, float]] | None = None
+               ) -> dict[str, Any]:
     """The finding's steps again (ranking, roles, ablations; not the cumulative curve) on prompt set
     ``k``, drawn with seeds ``seed``, ``seed + 1``, ``seed + 2``."""
     pattern_ex, rank_ex = task.examples(limit=n, seed=seed), task.examples(limit=rank_n, seed=seed + 1)
     measure_ex = task.examples(limit=verify_n, seed=seed + 2)
-    ranked, order, _, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers, None)
+    ranked, order, _, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers, None,
+                                             standard)
     base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed)
     return _set_record(k, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)
 
@@ -316,8 +320,9 @@ def run_demo(
     early = f" and every head of layer{'s' if len(verify_layers) > 1 else ''} {', '.join(map(str, verify_layers))}" \
         if verify_layers else ""
     con.print(f"1/4 ranking every head causally (AtP, top {verify_top}{early} verified exactly on {len(rank_ex)} prompts)")
+    standard = standard_scores(adapter)  # task-free: once for every prompt set
     ranked, order, scores, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers,
-                                                  out / "ranking")
+                                                  out / "ranking", standard)
     by = {s.head: s for s in scores}
     c = lap("rank", c)
 
@@ -342,7 +347,8 @@ def run_demo(
         con.print(f"the finding on {prompt_sets - 1} more prompt set(s)")
         sets = [_set_record(0, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)]
         for k in range(1, prompt_sets):
-            sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers))
+            sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers,
+                                   standard))
             sets[-1].update(_holds(sets[0], sets[-1]))
         summary.update({"prompt_sets": sets, "holds_on": sum(r["holds"] for r in sets[1:]), "pooled": _pooled(sets)})
         c = lap("prompt_sets", c)
