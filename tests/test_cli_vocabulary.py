@@ -267,6 +267,7 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
     from ganda.experiments import extends as ext
 
     assert core.DEFAULT_MODEL == models.DEFAULT_MODEL and core.SUMMARIES == tuple(discovery.SUMMARIES)
+    assert core.HEADS_SUMMARIES == (discovery.AUTO, *discovery.SUMMARY_TOKENS)
     assert extends.DEFAULT_TASKS == ext.DEFAULT_TASKS and extends.CONDITIONS == tuple(ext.CONDITIONS)
     assert set(plan.EXPERIMENTS) == set(planner.costed_experiments()) and plan.DEVICES == tuple(planner.DEVICES)
     # rank's default rule, as rank, plan and `ganda run rank` take it
