@@ -297,7 +297,7 @@ def pattern_scores(
         if heads is None:
             return by[chosen]
         named = {s.head: s for s in by[chosen]}
-        return [named[str(h)] for h in heads]
+        return [named[str(adapter.canonical(h))] for h in heads]
     return pattern_scores_by_summary(adapter, examples, heads, progress, (summary,))[summary]
 
 
