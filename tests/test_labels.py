@@ -313,7 +313,8 @@ def test_heads_and_roles_give_every_head_they_both_report_the_same_label(tmp_pat
 def test_ssm_heads_are_labelled_from_their_implicit_maps():
     """lab-mamba2-9k's SSM heads are scored on their exact implicit maps; its final rows read the
     options' ``\\n`` most (L3H4), so that is the summary, where L0H5's ``\\n`` rows read their own
-    option (Gather) and L3H6 the gold one (Aggregate)."""
+    option (Gather) and L3H6 the gold one (Aggregate; on these 8 prompts only: on 40 its score is
+    -0.005, docs/heads.md)."""
     a = ganda.load_model("lab-mamba2-9k", device="cpu", dtype=torch.float32)
     exs = get_task("lab-mmlu", adapter=a).examples(limit=8, seed=0)
     scores = pattern_scores(a, exs, progress=False, summary=AUTO)
