@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ganda.interventions",),
     ("ganda.tasks",),
     ("ganda.scoring", "ganda.generation", "ganda.lmeval", "ganda.figures"),
-    ("ganda.evaluation", "ganda.prepared", "ganda.attention", "ganda.labels", "ganda.knowledge", "ganda.checks"),
+    ("ganda.evaluation", "ganda.prepared", "ganda.attention", "ganda.patterns", "ganda.labels", "ganda.knowledge", "ganda.checks"),
     ("ganda.sweep", "ganda.discovery", "ganda.attribution", "ganda.plan", "ganda.circuit"),
     ("ganda.experiments", "ganda.distributed", "ganda.grid"),
     ("ganda.report", "ganda.demo", "ganda.results"),

@@ -269,6 +269,7 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
     from ganda.experiments import extends as ext
 
     assert core.DEFAULT_MODEL == models.DEFAULT_MODEL and core.SUMMARIES == tuple(discovery.SUMMARIES)
+    assert core.HEADS_SUMMARIES == (discovery.AUTO, *discovery.SUMMARY_TOKENS)
     assert extends.DEFAULT_TASKS == ext.DEFAULT_TASKS and extends.CONDITIONS == tuple(ext.CONDITIONS)
     assert set(plan.EXPERIMENTS) == set(planner.costed_experiments()) and plan.DEVICES == tuple(planner.DEVICES)
     # rank's default rule, as rank, plan and `ganda run rank` take it
@@ -421,7 +422,7 @@ def test_heads_tables_in_a_log_file_keep_every_row_on_one_line(tmp_path, monkeyp
                "--out", "h", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     header = [line for line in r.stdout.splitlines() if "agg peak [95% CI]" in line]
-    assert header and all(c in header[0] for c in ("head", "gather contrast", "final row reads", "ablated acc")), r.stdout
+    assert header and all(c in header[0] for c in ("head", "induction", "prev-token", "sink", "final row reads", "ablated acc")), r.stdout
 
 
 def test_json_printed_on_stdout_is_rounded_as_the_files_are(capsys):

@@ -1,4 +1,4 @@
-"""The demo's finding: role labels from pattern percentiles, the paragraph's words and numbers, and
+"""The demo's finding: role labels from the shared labeller, the paragraph's words and numbers, and
 the ``demo`` result kind that makes ``ganda report`` open with that paragraph."""
 
 from __future__ import annotations
@@ -39,23 +39,12 @@ SUMMARY = {
 }
 
 
-def test_roles_take_the_higher_percentile_in_the_top_tenth_above_a_floor():
-    # 20 heads: aggregate rises with the index, gather falls; L5H0 the top aggregate score.
-    # Percentile = rank / 19, so only the top two of each score reach 0.9
-    scores = [_score(f"L{i}H0", aggregate=i / 100, gather=0.3 + (19 - i) / 40) for i in range(20)]
-    scores[5] = _score("L5H0", aggregate=0.9, gather=0.0)
-    r = roles(scores)
-    assert r["L5H0"] == "aggregate"
-    assert r["L0H0"] == "gather" and r["L1H0"] == "gather"  # gather 0.775, 0.75: the top two of 20
-    assert r["L19H0"] == "aggregate" and r["L18H0"] == "neither"  # percentile 18/19, then 17/19
-    assert r["L10H0"] == "neither"
-    assert sum(v == "neither" for v in r.values()) == 20 - 4
-    # a model whose every aggregate score is tiny (SmolLM2 on KV: at most 0.036) has no Aggregate head,
-    # and a gather share under one half names no Gather head, whatever the percentiles
-    flat = [_score(f"L{i}H0", aggregate=i / 1000, gather=i / 50) for i in range(20)]
-    r = roles(flat)
-    assert r["L19H0"] == "neither" and r["L18H0"] == "neither" and set(r.values()) == {"neither"}
-    assert roles([_score(f"L{i}H0", aggregate=i / 1000, gather=0.5 + i / 50) for i in range(20)])["L19H0"] == "gather"
+def test_roles_are_the_shared_labellers():
+    """The demo names a head Gather or Aggregate by its label (ganda.labels), nothing else."""
+    scores = [_score("L0H0", 0.2, 0.1), _score("L1H0", 0.0, 0.9), _score("L2H0", 0.0, 0.0), _score("L3H0", 0.0, 0.0)]
+    for s, label in zip(scores, ("Aggregate+sink", "Gather", "induction+sink", None), strict=True):
+        s.label = label
+    assert roles(scores) == {"L0H0": "aggregate", "L1H0": "gather", "L2H0": "neither", "L3H0": "neither"}
 
 
 def test_finding_states_heads_costs_intervals_and_heads_to_chance():

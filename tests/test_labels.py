@@ -1,21 +1,34 @@
-"""The one head labeller (ganda.labels): constructed attention maps, then real lab models."""
+"""The one head labeller (ganda.labels) and the scores it reads (ganda.patterns): constructed maps,
+a tiny Llama with a built previous-token head, the lab models whose G&A heads are known, and the
+standard scores of both real models against plain transformers."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 import ganda
-from ganda.discovery import discover, pattern_scores
-from ganda.labels import MIN_SCORE, label_head, label_model, map_scores
+from ganda.discovery import discover
+from ganda.labels import LABELS, MIN_SCORE, label_head, label_model, parts, role_of
+from ganda.patterns import (
+    AUTO,
+    STANDARD,
+    pattern_scores,
+    pattern_scores_by_summary,
+    repeated_tokens,
+    standard_map_scores,
+    standard_scores,
+    summary_spans,
+)
 from ganda.tasks import get_task
 
+L = 6  # tokens per copy in the constructed protocol maps (prefix: one <bos>)
+T = 1 + 2 * L
 
-def _scores(m: torch.Tensor, ids: list[int]) -> dict[str, float]:
-    return {k: s / c for k, (s, c) in map_scores(m, ids).items() if c}
 
-
-def _previous_token(t: int) -> torch.Tensor:
+def _previous_token(t: int = T) -> torch.Tensor:
     m = torch.zeros(t, t)
     m[0, 0] = 1.0
     for i in range(1, t):
@@ -23,44 +36,63 @@ def _previous_token(t: int) -> torch.Tensor:
     return m
 
 
-def test_previous_token_map():
-    s = _scores(_previous_token(10), list(range(10)))
+def test_standard_scores_of_a_previous_token_map():
+    s = standard_map_scores(_previous_token(), prefix=1, length=L)
     assert s["previous_token"] == pytest.approx(1.0)
-    assert s["sink"] == pytest.approx(1 / 9)  # only row 1's previous token is the first token
-    assert "induction" not in s  # no token repeats: nothing to count
-    assert label_head("L0H0", **s).label == "previous-token"
+    assert s["sink"] == pytest.approx(1 / (T - 1))  # only row 1's previous token is the first token
+    assert s["induction"] == pytest.approx(0.0)  # rows of the second copy read i - 1, not i - L + 1
+    lab = label_head("L0H0", **s)
+    assert lab.label == "previous-token" and lab.roles == ["previous-token"]
 
 
-def test_induction_map_on_a_repeated_sequence():
-    seq = [7, 3, 9, 4, 1, 8]
-    ids = [0, *seq, *seq]  # <bos>, then the sequence twice
-    t = len(ids)
-    m = torch.zeros(t, t)
-    m[:, 0] = 1.0  # rows without an earlier occurrence rest on <bos>
-    for i in range(1 + len(seq), t):
+def test_standard_scores_of_an_induction_map():
+    m = torch.eye(T)  # rows with no earlier occurrence read themselves
+    for i in range(1 + L, T):
         m[i] = 0.0
-        m[i, i - len(seq) + 1] = 1.0  # the token after the earlier occurrence of ids[i]
-    s = _scores(m, ids)
-    assert s["induction"] == pytest.approx(1.0)
-    assert s["previous_token"] < MIN_SCORE["previous_token"]
+        m[i, i - L + 1] = 1.0  # the token after the earlier occurrence of x_i
+    s = standard_map_scores(m, prefix=1, length=L)
+    assert s["induction"] == pytest.approx(1.0) and s["induction_sink"] == pytest.approx(0.0)
+    assert s["sink"] == pytest.approx(0.0) and s["previous_token"] == pytest.approx(0.0)
     lab = label_head("L1H0", **s)
     assert lab.label == "induction" and "induction score 1.000" in lab.reason
 
 
+def test_a_head_gets_every_role_it_meets():
+    """An induction head that parks the rest of its rows on <bos> is induction *and* sink."""
+    m = torch.zeros(T, T)
+    m[:, 0] = 1.0
+    for i in range(1 + L, T):
+        m[i, 0], m[i, i - L + 1] = 0.3, 0.7
+    s = standard_map_scores(m, prefix=1, length=L)
+    assert s["sink"] >= MIN_SCORE["sink"] and s["induction"] == pytest.approx(0.7)
+    lab = label_head("L2H1", **s)
+    assert lab.roles == ["induction", "sink"] and lab.label == "induction+sink"
+    assert parts(lab.label) == ["induction", "sink"] and set(lab.roles) <= set(LABELS)
+    assert role_of(lab.label) == "neither" and role_of("Gather+sink") == "gather"
+
+
+def test_roles_are_judged_off_the_first_token():
+    """0.2 on the induction target with 0.6 on <bos> is half of what the head does elsewhere:
+    induction; the same 0.2 beside no sink is not; crumbs beside a sink make no role."""
+    assert label_head("L0H0", induction=0.2, induction_sink=0.6, sink=0.6).roles == ["induction", "sink"]
+    assert label_head("L0H0", induction=0.2, induction_sink=0.0, sink=0.0).label == "none"
+    crumbs = label_head("L0H0", induction=0.1, induction_sink=0.9, sink=0.9)  # 1.0 off the first token
+    assert crumbs.roles == ["sink"]
+
+
 def test_sink_map():
-    t = 12
-    m = torch.zeros(t, t)
+    m = torch.zeros(T, T)
     m[:, 0] = 0.8
-    for i in range(t):
+    for i in range(T):
         m[i, i] += 0.2
-    s = _scores(m, list(range(t)))
+    s = standard_map_scores(m, prefix=1, length=L)
     assert s["sink"] == pytest.approx(0.8)
     assert label_head("L0H1", **s).label == "sink"
 
 
 def test_signed_implicit_maps_are_scored_by_their_magnitude():
-    m = -_previous_token(8)  # an SSM head's implicit map may be negative
-    assert _scores(m, list(range(8)))["previous_token"] == pytest.approx(1.0)
+    m = -_previous_token()  # an SSM head's implicit map may be negative
+    assert standard_map_scores(m, prefix=1, length=L)["previous_token"] == pytest.approx(1.0)
 
 
 def test_gather_and_aggregate_need_their_minimum_score():
@@ -70,32 +102,184 @@ def test_gather_and_aggregate_need_their_minimum_score():
     assert low.label == "none"
     assert label_head("L3H0", aggregate=0.2, gather=0.1).label == "Aggregate"
     assert label_head("L1H0", aggregate=0.0, gather=0.7).label == "Gather"
-    # G&A outranks the generic patterns
-    assert label_head("L3H0", aggregate=0.2, sink=0.9).label == "Aggregate"
+    # G&A and the task-free roles are listed together
+    assert label_head("L3H0", aggregate=0.2, sink=0.9).label == "Aggregate+sink"
+
+
+def test_gather_excludes_what_a_previous_token_pattern_gives_by_itself():
+    # the summary rows put 0.8 on their previous token, and the head does so everywhere
+    prev = label_head("L1H0", gather=0.9, gather_previous=0.8, previous_token=0.85)
+    assert prev.label == "previous-token" and prev.scores["gather_evidence"] == pytest.approx(0.1)
+    # the same share at the summary rows, but a head that reads its previous token nowhere else
+    only_here = label_head("L1H0", gather=0.9, gather_previous=0.8, previous_token=0.05)
+    assert only_here.label == "Gather" and only_here.scores["gather_evidence"] == pytest.approx(0.85)
+    # evidence that meets the minimum but not the head's previous-token score: not Gather
+    beaten = label_head("L1H0", gather=0.7, gather_previous=0.0, previous_token=0.72)
+    assert beaten.roles == ["previous-token"] and "not Gather: gather evidence 0.700 <= previous-token score 0.720" \
+        in beaten.reason
+    tie = label_head("L1H0", gather=0.4, gather_previous=0.0, previous_token=0.45)
+    assert tie.label == "none" and "gather evidence 0.400 <= previous-token score 0.450" in tie.reason
+    assert "< 0.25" not in tie.reason
 
 
 def test_where_the_ablation_hurts_decides_between_two_qualifying_patterns():
     both = {"aggregate": 0.06, "gather": 0.9}  # gather is the larger multiple of its minimum
-    assert label_head("L1H0", **both).label == "Gather"
+    assert label_head("L1H0", **both).roles == ["Gather", "Aggregate"]
     hurt_at_query = {"drop_all": 0.3, "drop_query": 0.3, "drop_context": 0.0}
     assert label_head("L1H0", **both, ablation=hurt_at_query).label == "Aggregate"
     # an ablation that does not hurt says nothing
     harmless = {"drop_all": 0.01, "drop_query": 0.01, "drop_context": 0.0}
-    assert label_head("L1H0", **both, ablation=harmless).label == "Gather"
+    assert label_head("L1H0", **both, ablation=harmless).label == "Gather+Aggregate"
     # one qualifying pattern keeps its label; the reason says where the ablation hurts instead
     lab = label_head("L1H0", aggregate=0.2, ablation={"drop_all": 0.3, "drop_query": 0.0, "drop_context": 0.3})
     assert lab.label == "Aggregate" and "before the final position" in lab.reason
+
+
+def test_summary_tokens_count_from_either_end():
+    spans = [(10, 14), (15, 19), (20, 21)]
+    assert summary_spans(spans, "end") == spans and summary_spans(spans, "last") == [(10, 13), (15, 18), (20, 20)]
+    assert summary_spans(spans, "first+2") == [(10, 12), (15, 17), (20, 21)]  # a short segment keeps its end
+    assert summary_spans(spans, "first") == [(10, 10), (15, 15), (20, 20)]
+    with pytest.raises(ganda.GandaError, match="summary must be one of"):
+        summary_spans(spans, "middle")
+
+
+def _previous_token_llama(byte_tok):
+    """A one-layer Llama whose head 0 reads the previous token at every position: its query and
+    key are constant (zero weights, a bias), the key the query rotated by one position of RoPE's
+    fastest frequencies, so ``q_i . k_j`` peaks at ``j = i - 1`` (scaled to a one-hot softmax)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ganda import from_model
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(byte_tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                      attention_bias=True, pad_token_id=0, eos_token_id=0, bos_token_id=None)
+    model = LlamaForCausalLM(cfg).eval()
+    attn, d = model.model.layers[0].self_attn, 8  # head_dim
+    theta = cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta
+    q, k = torch.zeros(d), torch.zeros(d)
+    for f in range(3):  # RoPE pairs dims (f, f + d/2) at frequency theta^(-2f/d)
+        w = theta ** (-2 * f / d)
+        q[f], q[f + d // 2] = 30.0, 0.0
+        k[f], k[f + d // 2] = 30.0 * torch.cos(torch.tensor(w)), 30.0 * torch.sin(torch.tensor(w))
+    with torch.no_grad():
+        for proj, vec in ((attn.q_proj, q), (attn.k_proj, k)):
+            proj.weight[:d].zero_()
+            proj.bias.zero_()
+            proj.bias[:d] = vec
+    return from_model(model, byte_tok, spec="tiny-previous-token")
+
+
+def test_a_pure_previous_token_head_is_not_called_gather(byte_tok):
+    """The built head reads each summary's previous token, inside its segment: the gather score
+    the paper's rule reads is high, and all of it is what a previous-token pattern gives."""
+    a = _previous_token_llama(byte_tok)
+    exs = get_task("kv", pairs=3).examples(limit=4, seed=0)
+    std = standard_scores(a, batch=2)
+    assert std["L0H0"]["previous_token"] > 0.99  # the construction works
+    scores = pattern_scores(a, exs, progress=False, summary="end")
+    labels = label_model(a, scores, standard=std)
+    head = next(s for s in scores if s.head == "L0H0")
+    assert head.gather > MIN_SCORE["gather"] * 2  # by the gather score alone it would be Gather
+    assert head.gather_evidence < 0.01 and head.label == labels["L0H0"].label
+    assert labels["L0H0"].roles == ["previous-token"]
+
+
+def test_repeated_tokens_follow_the_protocol(tiny):
+    seqs, prefix, length = repeated_tokens(tiny, batch=3, length=7, seed=1)
+    assert len(seqs) == 3 and length == 7 and all(len(s) == prefix + 14 for s in seqs)
+    special = set(tiny.require_tokenizer().all_special_ids)
+    for s in seqs:
+        body = s[prefix:]
+        assert body[:7] == body[7:] and not special & set(body)
+    assert repeated_tokens(tiny, batch=3, length=7, seed=1)[0] == seqs  # seeded
+    assert repeated_tokens(tiny, batch=3, length=7, seed=2)[0] != seqs
+
+
+def test_standard_scores_are_the_same_whatever_the_map_budget(tiny, monkeypatch):
+    """Long sequences are scored a few heads at a time; the scores do not depend on how many."""
+    import ganda.patterns as patterns
+
+    whole = standard_scores(tiny, batch=2)
+    monkeypatch.setattr(patterns, "MAP_BUDGET", 1)  # one head per pass
+    one = standard_scores(tiny, batch=2)
+    assert one.keys() == whole.keys() and len(one) == len(tiny.heads())
+    for h in whole:
+        for k in ("induction", "previous_token", "sink"):
+            assert one[h][k] == pytest.approx(whole[h][k], abs=1e-6)
+            assert 0.0 <= whole[h][k] <= 1.0 + 1e-6
+
+
+# ---- the lab models, whose G&A heads are known by ablation ----------------------------------
+
+
+@pytest.mark.usefixtures("lab_checkpoints")
+def test_lab_llama_g_and_a_heads_are_labelled_by_pattern(tmp_path):
+    """``ganda heads lab-llama-h1 --task lab-mmlu --limit 40``: the final rows read the gold
+    option's first word (``A. cold port``: the token two after the letter), so that is the
+    summary; there L3H0 reads the gold first word (Aggregate) and L2H0's first-word rows read
+    their own option beyond what a previous-token pattern gives (Gather), the two heads ablation
+    verifies (lab-mmlu 97% -> 29.5% / 28.5%)."""
+    from ganda.cli import main
+
+    assert main(["-q", "heads", "lab-llama-h1", "--task", "lab-mmlu", "--limit", "40", "--verify-n", "4",
+                 "--top", "1", "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["summary"]["summary_token"] == "first+2"
+    labels = saved["summary"]["labels"]
+    assert labels == {"L2H0": "Gather", "L3H0": "Aggregate"}
+    by = {r["head"]: r for r in saved["all_heads"]}
+    assert by["L3H0"]["aggregate"] > 0.15 and by["L2H0"]["gather_evidence"] > 0.28
+    assert by["L2H0"]["previous_token"] < 0.1  # it reads its previous token only at the summary
+    for r in by.values():  # every head's standard scores are in the result
+        assert all(0.0 <= r[k] <= 1.0 for k in ("induction", "previous_token", "sink"))
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "heads.csv").open()))
+    assert {"induction", "previous_token", "sink", "gather_evidence", "label"} <= set(rows[0])
+    from ganda import results
+
+    table = results.load(tmp_path).heads.set_index("head")
+    assert table.loc["L2H0", "previous_token"] == pytest.approx(by["L2H0"]["previous_token"])
+    assert table.loc["L3H0", "label"] == "Aggregate" and "induction" in table.columns
+    from ganda.discovery import HeadsResult
+
+    head = HeadsResult(saved).headline()  # what the report opens with
+    assert "Summary token: **first+2** (the token the final rows read: L3H0's aggregate score 0.205)" in head
+    assert "Labels of 4 heads: 1 Gather, 1 Aggregate, 0 induction, 0 previous-token, 0 sink alone, 2 none" in head
+
+
+@pytest.mark.usefixtures("lab_checkpoints")
+def test_lab_hybrid_attention_aggregate_reads_the_question_not_the_options():
+    """lab-hybrid-late-7k5's L3H3 is its Aggregate head by ablation (at the final position only:
+    84% -> 38%), but its final row reads the question's entity (``soba`` in "What is the home
+    of soba?") or the ``?`` (three quarters of it, n = 40) and otherwise the first option's
+    letter, whichever option is gold: no summary token of any option gives it an Aggregate score,
+    so the labeller does not call it Aggregate (docs/heads.md)."""
+    a = ganda.load_model("lab-hybrid-late-7k5", device="cpu", dtype=torch.float32)
+    exs = get_task("lab-mmlu", adapter=a).examples(limit=40, seed=0)
+    from ganda.heads import HeadId
+
+    by = pattern_scores_by_summary(a, exs, [HeadId(3, 3)], progress=False,
+                                   summaries=("end", "last", "first", "first+1", "first+2", "first+3"))
+    for scores in by.values():
+        assert scores[0].aggregate < 0.01
+    read = by["end"][0].read
+    assert read["outside"] > 0.7 and read["argmax_gold"] < 0.25  # its largest entry in the gold option: below chance
+    labels = label_model(a, pattern_scores(a, exs, progress=False, summary=AUTO))
+    assert "Aggregate" not in labels["L3H3"].roles
 
 
 @pytest.mark.usefixtures("lab_checkpoints")
 def test_labels_of_a_real_lab_model():
     a = ganda.load_model("lab-llama-h1", device="cpu", dtype=torch.float32)
     exs = get_task("lab-mmlu", adapter=a).examples(limit=6, seed=0)
-    labels = label_model(a, exs, pattern_scores(a, exs, progress=False))
+    scores = pattern_scores(a, exs, progress=False, summary=AUTO)
+    labels = label_model(a, scores)
     assert sorted(labels) == sorted(str(h) for h in a.heads())
     for lab in labels.values():
-        if lab.label in ("Gather", "Aggregate"):
-            assert lab.scores[lab.label.lower()] >= MIN_SCORE[lab.label.lower()]
         for k in ("sink", "previous_token", "induction"):
             assert 0.0 <= lab.scores[k] <= 1.0 + 1e-6
     # discover labels every head it scores with the same labeller
@@ -106,9 +290,7 @@ def test_labels_of_a_real_lab_model():
 @pytest.mark.usefixtures("lab_checkpoints")
 def test_heads_and_roles_give_every_head_they_both_report_the_same_label(tmp_path):
     """``ganda heads`` ranks by pattern and ``ganda roles`` by ablation; on the same prompts both
-    label a head alike, and neither calls a head Gather or Aggregate below the minimum score."""
-    import json
-
+    label a head alike (the summary token is chosen over every head in both)."""
     from ganda.cli import main
 
     common = ["lab-llama-h1", "--task", "lab-mmlu", "--limit", "8", "--seed", "0"]
@@ -123,56 +305,85 @@ def test_heads_and_roles_give_every_head_they_both_report_the_same_label(tmp_pat
     by_roles = {r["head"]: r["label"] for r in roles}
     assert len(by_heads) == 4 and len(by_roles) == 4  # lab-llama-h1: 4 layers x 1 head
     assert by_roles == {h: by_heads[h] for h in by_roles}
-    for r in heads + [{**r, "aggregate": r["aggregate_score"], "gather": r["gather_score"]} for r in roles]:
-        for role in ("Aggregate", "Gather"):
-            if r["label"] == role:
-                assert r[role.lower()] >= MIN_SCORE[role.lower()], r
-    # lab-llama-h1's heads carry the task (roles: ablating L3H0 costs most at the final position)
-    # without the G&A attention pattern: no head reaches either minimum
-    assert set(by_heads.values()) == {"none"}
+    assert "Aggregate" in parts(by_heads["L3H0"])
     assert {r["role"] for r in roles} <= {"gather", "aggregate", "-", "knowledge"}
 
 
 @pytest.mark.usefixtures("lab_checkpoints")
 def test_ssm_heads_are_labelled_from_their_implicit_maps():
-    """lab-mamba2-9k's SSM heads show the pattern (n=8 lab-mmlu prompts: L3H6 aggregate 0.105,
-    L0H5 gather 0.86): labelled from the implicit attention every SSM head has."""
+    """lab-mamba2-9k's SSM heads are scored on their exact implicit maps; its final rows read the
+    options' ``\\n`` most (L3H4), so that is the summary, where L0H5's ``\\n`` rows read their own
+    option (Gather) and L3H6 the gold one (Aggregate; on these 8 prompts only: on 40 its score is
+    -0.005, docs/heads.md)."""
     a = ganda.load_model("lab-mamba2-9k", device="cpu", dtype=torch.float32)
     exs = get_task("lab-mmlu", adapter=a).examples(limit=8, seed=0)
-    labels = label_model(a, exs, pattern_scores(a, exs, progress=False))
-    assert labels["L3H6"].label == "Aggregate" and labels["L0H5"].label == "Gather"
+    scores = pattern_scores(a, exs, progress=False, summary=AUTO)
+    assert {s.summary for s in scores} == {"end"}
+    labels = label_model(a, scores)
+    assert "Aggregate" in labels["L3H6"].roles and "Gather" in labels["L0H5"].roles
     for lab in labels.values():
-        role = lab.label.lower()
-        if role in ("gather", "aggregate"):
-            assert lab.scores[role] >= MIN_SCORE[role]
-    assert sum(lab.label == "none" for lab in labels.values()) >= len(labels) // 2
+        assert set(lab.roles) <= set(LABELS)
+        if lab.has("Gather"):
+            assert lab.scores["gather_evidence"] > max(lab.scores["previous_token"], MIN_SCORE["gather"] / 2)
 
 
-def test_generic_scores_are_the_same_whatever_the_map_budget(tiny, monkeypatch):
-    """Long prompts are scored a few heads at a time; the scores do not depend on how many."""
-    import ganda.labels as labels
+# ---- the real models ------------------------------------------------------------------------
 
-    exs = get_task("kv", pairs=3).examples(limit=2, seed=0)
-    seqs = labels.probe_ids(tiny, exs)
-    rep, n = seqs[-1], len(seqs[-1]) // 2
-    assert len(seqs) == 3 and rep[-n:] == rep[-2 * n : -n] and n == 16  # two prompts, then 16 tokens twice
-    whole = labels.generic_scores(tiny, seqs)
-    monkeypatch.setattr(labels, "MAP_BUDGET", 1)  # one head per pass
-    one = labels.generic_scores(tiny, seqs)
-    assert one.keys() == whole.keys() and len(one) == len(tiny.heads())
-    for h in whole:
-        for k in ("induction", "previous_token", "sink"):
-            assert one[h][k] == pytest.approx(whole[h][k], abs=1e-6)
+
+def _plain_scores(model, seqs: list[list[int]], prefix: int, length: int) -> dict[str, dict[str, float]]:
+    """Induction and previous-token scores from transformers' own eager attentions: the protocol
+    written out with nothing of ganda's code."""
+    out: dict[str, dict[str, float]] = {}
+    for ids in seqs:
+        with torch.no_grad():
+            att = model(torch.tensor([ids]), output_attentions=True).attentions  # per layer [1, H, T, T]
+        for layer, a in enumerate(att):
+            a = a[0].float()
+            t = a.shape[-1]
+            for h in range(a.shape[0]):
+                ind = sum(float(a[h, i, i - length + 1]) for i in range(prefix + length, prefix + 2 * length)) / length
+                prev = sum(float(a[h, i, i - 1]) for i in range(1, t)) / (t - 1)
+                d = out.setdefault(f"L{layer}H{h}", {"induction": 0.0, "previous_token": 0.0})
+                d["induction"] += ind / len(seqs)
+                d["previous_token"] += prev / len(seqs)
+    return out
 
 
 @pytest.mark.slow
-def test_smollm2_heads_take_every_kind_of_label(smollm2):
-    """SmolLM2-135M on 4 KV prompts (ganda heads, same prompts): L16H2 Gather (gather 0.84),
-    L17H5 induction (0.64), L1H0 previous-token (0.55), late-layer heads on <bos> (sink); no
-    head reaches the Aggregate minimum (its largest aggregate score on KV is about 0.04)."""
-    exs = get_task("kv").examples(limit=4, seed=0)
-    labels = label_model(smollm2, exs, pattern_scores(smollm2, exs, progress=False))
-    got = {h: lab.label for h, lab in labels.items()}
-    assert got["L16H2"] == "Gather" and got["L17H5"] == "induction" and got["L1H0"] == "previous-token"
-    assert sum(v == "sink" for v in got.values()) >= 50 and "Aggregate" not in got.values()
-    assert all(labels[h].scores["gather"] >= MIN_SCORE["gather"] for h, v in got.items() if v == "Gather")
+@pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
+def test_standard_scores_agree_with_plain_transformers(alias):
+    """Every head's induction and previous-token score within 1e-4 of the same protocol computed
+    from ``model(..., output_attentions=True)`` with eager attention, the model loaded again by
+    transformers from the same GGUF."""
+    from conftest import require_gemma, require_smollm2
+    from transformers import AutoModelForCausalLM
+
+    from ganda.models.loading import resolve_alias
+
+    (require_smollm2 if alias.startswith("smollm2") else require_gemma)()
+    a = ganda.load_model(alias, device="cpu")
+    seqs, prefix, length = repeated_tokens(a, batch=STANDARD["batch"])
+    assert length == STANDARD["length"] and prefix == 1
+    ours = standard_scores(a)
+    path = resolve_alias(alias)
+    plain_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                       attn_implementation="eager").eval()
+    plain = _plain_scores(plain_model, seqs, prefix, length)
+    assert len(ours) == len(plain) == len(a.heads())
+    worst = max(abs(ours[h][k] - plain[h][k]) for h in plain for k in ("induction", "previous_token"))
+    assert worst < 1e-4, worst
+
+
+@pytest.mark.slow
+def test_smollm2_labels(smollm2):
+    """SmolLM2-135M on 16 KV prompts (5 pairs; ``ganda heads smollm2-135m --task kv --pairs 5 -n 16``):
+    its previous-token heads L16H0 and L11H1 are not called Gather; fewer than a fifth of its 270
+    heads are sink alone; no head whose previous-token score exceeds its gather evidence is Gather."""
+    exs = get_task("kv", pairs=5).examples(limit=16, seed=0)
+    labels = label_model(smollm2, pattern_scores(smollm2, exs, progress=False, summary=AUTO))
+    assert labels["L16H0"].roles == ["previous-token"] and labels["L11H1"].roles == ["previous-token"]
+    assert "induction" in labels["L17H4"].roles and "induction" in labels["L18H6"].roles
+    assert sum(lab.label == "sink" for lab in labels.values()) < len(labels) / 5
+    for lab in labels.values():
+        if lab.label == "Gather":
+            assert lab.scores["previous_token"] < lab.scores["gather_evidence"]

@@ -2,7 +2,7 @@
 
 KV retrieval -> every head ranked *causally* (attribution patching over every head, the top K
 verified by exact single-head ablation: :func:`ganda.attribution.rank_heads`) -> the causal
-heads labelled Gather or Aggregate by their attention patterns -> the best Gather and the best
+heads labelled by the labeller every command shares (:mod:`ganda.labels`) -> the best Gather and the best
 Aggregate head ablated alone and together -> heads ablated cumulatively in causal order until
 accuracy reaches chance -> attention maps -> ``result.json``, CSVs, PNGs and one self-contained
 ``report.html`` that opens with the finding in one paragraph and shows the ranking (``ranking/``)
@@ -31,27 +31,22 @@ from rich.console import Console
 from . import registry, runio
 from .attention import draw_attention
 from .attribution import rank_heads
-from .discovery import HeadScore, ablate_until_chance, added_heads, pattern_scores
+from .discovery import ablate_until_chance, added_heads
 from .effects import matters
 from .experiments.common import ExperimentResult
 from .figures import curves
 from .intervals import bounds, ci
 from .interventions import AblateHeads
-from .labels import MIN_SCORE
+from .labels import label_model, role_of
 from .models import load_model
 from .models.base import ModelAdapter
+from .patterns import AUTO, HeadScore, pattern_scores, standard_scores
 from .progress import is_quiet
 from .report.html import write_report
 from .scoring import EvalResult, evaluate_examples
 from .stats import bootstrap_paired, pool_sets
 from .tasks import get_task
 from .tasks.base import Example
-
-ROLE_PERCENTILE = 0.9  # a head takes a role when its pattern score is in the top 10% of all heads'
-# ... and the score itself reaches the minimum below which the labeller every command shares
-# (ganda.labels) calls no head Gather or Aggregate: half of each summary token's row on its own
-# segment (Gather), 5% more of the final row on the gold summary than on the others (Aggregate)
-FLOORS = {"gather": MIN_SCORE["gather"], "aggregate": MIN_SCORE["aggregate"]}
 
 
 class DemoResult(ExperimentResult):
@@ -64,22 +59,10 @@ class DemoResult(ExperimentResult):
 registry.register_result("demo", DemoResult)
 
 
-def roles(scores: Sequence[HeadScore], cut: float = ROLE_PERCENTILE) -> dict[str, str]:
-    """Each head's pattern role: ``"gather"`` or ``"aggregate"`` where that score's percentile
-    among all heads is at least ``cut`` and the score reaches its floor (``FLOORS``; where both do,
-    the higher percentile wins), else ``"neither"``. Percentiles compare the two scores, which live
-    on different scales; the floors keep a model with no such head from having one named."""
-    def pct(key: str) -> dict[str, float]:
-        order = sorted(scores, key=lambda s: getattr(s, key))
-        return {s.head: i / max(1, len(order) - 1) for i, s in enumerate(order)}
-
-    agg, gat = pct("aggregate"), pct("gather")
-    out = {}
-    for s in scores:
-        a = agg[s.head] if s.aggregate >= FLOORS["aggregate"] else 0.0
-        g = gat[s.head] if s.gather >= FLOORS["gather"] else 0.0
-        out[s.head] = "neither" if max(a, g) < cut else ("aggregate" if a > g else "gather")
-    return out
+def roles(scores: Sequence[HeadScore]) -> dict[str, str]:
+    """Each head's G&A role by the labeller every command shares (:func:`ganda.labels.role_of` of
+    the label :func:`ganda.labels.label_model` gave it): ``"aggregate"``, ``"gather"`` or ``"neither"``."""
+    return {s.head: role_of(s.label) for s in scores}
 
 
 def whole_percent(x: float) -> int:
@@ -127,7 +110,7 @@ def finding(s: dict[str, Any]) -> str:
              f"{n} prompts (chance {_pct(s['chance'])})."]
     top = s.get("top_heads") or []
     if top:
-        named = ", ".join(f"**{h['head']}** ({LABEL[h['role']]})" for h in top)
+        named = ", ".join(f"**{h['head']}** ({h.get('label') or LABEL[h['role']]})" for h in top)
         parts.append(f"Ranked causally (AtP over all {s.get('n_heads', '?')} heads, {s.get('verified', '?')} of them "
                      f"verified by exact ablation, on {s.get('n_rank', '?')} other prompts), the heads that matter "
                      f"most (their ablation lowers the margin most) are {named}.")
@@ -211,12 +194,15 @@ def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[st
 
 
 def _rank_and_label(adapter: ModelAdapter, task: Any, pattern_ex: Sequence[Example], rank_ex: Sequence[Example],
-                    verify_top: int, verify_layers: Sequence[int], out_dir: Path | None
+                    verify_top: int, verify_layers: Sequence[int], out_dir: Path | None,
+                    standard: dict[str, dict[str, float]] | None = None
                     ) -> tuple[Any, list[str], list[HeadScore], dict[str, str]]:
-    """Every head ranked causally on ``rank_ex`` and labelled by its pattern on ``pattern_ex``."""
+    """Every head ranked causally on ``rank_ex`` and labelled by its pattern on ``pattern_ex`` and
+    its ``standard`` scores (task-free: measured once per model, :func:`ganda.patterns.standard_scores`)."""
     ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
                         active=0, progress=False, out_dir=out_dir, resume=False, config={"task": task.config()})
-    scores = pattern_scores(adapter, pattern_ex, progress=False)
+    scores = pattern_scores(adapter, pattern_ex, progress=False, summary=AUTO)
+    label_model(adapter, scores, standard=standard)
     return ranked, ranked.order(), scores, roles(scores)
 
 
@@ -245,12 +231,14 @@ def _set_record(k: int, seed: int, top: str | None, g_head: str | None, a_head: 
 
 
 def _replicate(adapter: ModelAdapter, task: Any, k: int, seed: int, n: int, rank_n: int, verify_n: int,
-               verify_top: int, verify_layers: Sequence[int]) -> dict[str, Any]:
+               verify_top: int, verify_layers: Sequence[int], standard: dict[str, dict[str, float]] | None = None
+               ) -> dict[str, Any]:
     """The finding's steps again (ranking, roles, ablations; not the cumulative curve) on prompt set
     ``k``, drawn with seeds ``seed``, ``seed + 1``, ``seed + 2``."""
     pattern_ex, rank_ex = task.examples(limit=n, seed=seed), task.examples(limit=rank_n, seed=seed + 1)
     measure_ex = task.examples(limit=verify_n, seed=seed + 2)
-    ranked, order, _, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers, None)
+    ranked, order, _, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers, None,
+                                             standard)
     base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed)
     return _set_record(k, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)
 
@@ -332,8 +320,9 @@ def run_demo(
     early = f" and every head of layer{'s' if len(verify_layers) > 1 else ''} {', '.join(map(str, verify_layers))}" \
         if verify_layers else ""
     con.print(f"1/4 ranking every head causally (AtP, top {verify_top}{early} verified exactly on {len(rank_ex)} prompts)")
+    standard = standard_scores(adapter)  # task-free: once for every prompt set
     ranked, order, scores, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers,
-                                                  out / "ranking")
+                                                  out / "ranking", standard)
     by = {s.head: s for s in scores}
     c = lap("rank", c)
 
@@ -352,20 +341,24 @@ def run_demo(
     _curve_png(curve, base, chance, out / "ablation_curve.png")
     lap("figures", c)
     summary = _summary(adapter, task.config(), base, rows, curve, ranked, role, order, top, chance,
-                       len(measure_ex), g_head, a_head, {h.head: h.aggregate for h in scores})
+                       len(measure_ex), g_head, a_head, {h.head: h.aggregate for h in scores},
+                       {h.head: h.label for h in scores})
     if prompt_sets > 1:
         con.print(f"the finding on {prompt_sets - 1} more prompt set(s)")
         sets = [_set_record(0, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)]
         for k in range(1, prompt_sets):
-            sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers))
+            sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers,
+                                   standard))
             sets[-1].update(_holds(sets[0], sets[-1]))
         summary.update({"prompt_sets": sets, "holds_on": sum(r["holds"] for r in sets[1:]), "pooled": _pooled(sets)})
         c = lap("prompt_sets", c)
     summary.update({"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
                     "cpu_seconds_by_phase": phases})
     summary["finding"] = finding(summary)
-    heads = [{"head": h, "role": role[h], "rank": i + 1, "exact": ranked.exact.get(h), "acc_drop": ranked.exact_acc.get(h),
-              "estimate": ranked.estimate.get(h), "aggregate": by[h].aggregate, "gather": by[h].gather}
+    heads = [{"head": h, "role": role[h], "label": by[h].label, "rank": i + 1, "exact": ranked.exact.get(h),
+              "acc_drop": ranked.exact_acc.get(h), "estimate": ranked.estimate.get(h), "aggregate": by[h].aggregate,
+              "gather": by[h].gather, "gather_evidence": by[h].gather_evidence, "induction": by[h].induction,
+              "previous_token": by[h].previous_token, "sink": by[h].sink}
              for i, h in enumerate(order[:max(verify_top, top)])]
     result = DemoResult(
         kind="demo", model=adapter.spec, summary=summary, rows=rows,
@@ -389,14 +382,14 @@ def run_demo(
 def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, rows: list[dict[str, Any]],
              curve: list[dict[str, Any]], ranked: Any, role: dict[str, str], order: list[str], top: int,
              chance: float, n_measure: int, g_head: str | None, a_head: str | None,
-             scores: dict[str, float]) -> dict[str, Any]:
+             scores: dict[str, float], labels: dict[str, str | None] | None = None) -> dict[str, Any]:
     s: dict[str, Any] = {
         "model": adapter.spec, "pairs": task_cfg.get("pairs"), "n_measure": n_measure, "n_rank": ranked.config.get("n"),
         "n_heads": len(ranked.heads), "verified": len(ranked.verified), "rank_method": ranked.method,
         "baseline_accuracy": base.accuracy, **ci((base.ci_low, base.ci_high), "baseline"), "chance": chance,
         "metric": f"{ranked.margin} margin",
-        "top_heads": [_head(h, role, ranked) for h in ranked.matter()[:top]],
-        "helpful_when_ablated": [_head(h, role, ranked) for h in ranked.helpful_when_ablated()],
+        "top_heads": [_head(h, role, ranked, labels) for h in ranked.matter()[:top]],
+        "helpful_when_ablated": [_head(h, role, ranked, labels) for h in ranked.helpful_when_ablated()],
         "roles_in_top": {r: sum(role[h] == r for h in ranked.matter()[:10]) for r in ("gather", "aggregate", "neither")},
         "gather_head": g_head, "aggregate_head": a_head, "top_head": top_head(order, ranked.exact),
         "max_aggregate": max(scores.values()), "max_aggregate_head": max(scores, key=scores.get),
@@ -418,9 +411,11 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
     return s
 
 
-def _head(h: str, role: dict[str, str], ranked: Any) -> dict[str, Any]:
-    """A verified head as the summary lists it: its role and its exact margin and accuracy drops."""
-    return {"head": h, "role": role[h], "exact": ranked.exact.get(h), "acc_drop": ranked.exact_acc.get(h)}
+def _head(h: str, role: dict[str, str], ranked: Any, labels: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """A verified head as the summary lists it: its role, its label (:mod:`ganda.labels`) and its
+    exact margin and accuracy drops."""
+    return {"head": h, "role": role[h], "label": (labels or {}).get(h), "exact": ranked.exact.get(h),
+            "acc_drop": ranked.exact_acc.get(h)}
 
 
 def _curve_png(curve: list[dict[str, Any]], base: EvalResult, chance: float, path: Path) -> Path:

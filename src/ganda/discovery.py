@@ -1,47 +1,7 @@
-"""Finding Gather and Aggregate heads: pattern scores over prompts, then causal verification.
+"""Finding Gather and Aggregate heads: pattern scores over prompts (:mod:`ganda.patterns`), every
+head labelled (:mod:`ganda.labels`), then causal verification; and the sharpness comparison.
 
-Pattern scores use each head's mixing matrix M (softmax attention, or the SSM's implicit
-attention) restricted to the rows that matter, with row mass measured as |M| so that signed SSM
-maps and softmax maps are scored by the same formula. For a prompt with segments
-``S_1..S_K`` (token spans ``[a_k, e_k]``; ``e_k`` is the segment's last token, its summary ``\\n``),
-gold segment ``g`` and final query position ``q``:
-
-* **Aggregate score** = share(e_g) − mean_{k≠g} share(e_k), with share(j) = |M[q, j]| / Σ_i |M[q, i]|
-  — the share of the final position's row that lands on the gold segment's summary token, minus
-  what the other summaries get (a head that spreads evenly over all ``\n`` tokens scores ~0);
-* **Gather score** = mean_k Σ_{a_k ≤ j < e_k} |M[e_k, j]| / Σ_j |M[e_k, j]|  — the share of each
-  summary token's row that lands on its own segment's other tokens.
-
-Both are averaged over prompts. Sharpness (how one-hot the pattern is, the paper's "sharp vs
-smooth") is measured per head as well:
-
-* **aggregate_peak** = |M[q, e_g]| / max_{k≠g} |M[q, e_k]|  (gold summary vs the best other summary),
-* **aggregate_hit** = fraction of prompts where e_g has the largest |M[q, ·]| among summaries,
-* **gather_contrast** = mean in-segment |M| per token / mean out-of-segment |M| per token on e_k's row;
-* **aggregate_neighbour** = |M[q, e_g]| / mean(|M[q, e_g − 1]|, |M[q, e_g + 1]|)  (the gold summary
-  against the tokens right beside it: a one-hot read is ≫ 1, a smooth one ≈ 1);
-* **gather_edge** = mean |M[e_k, j]| per token inside the segment (a_k ≤ j < e_k) / mean |M[e_k, j]|
-  per token over the same number of tokens just before a_k (the sharp boundary the paper says SSMs
-  lack; unlike ``gather_contrast`` it is not inflated by a decay that merely forgets far tokens;
-  geometric mean over the segments).
-
-**Which token is the summary.** The paper's summary token is the segment's last token (the
-``\n``), ``summary="end"``. A model may summarise elsewhere: small lab models trained on
-two-word options summarise into the option's last *word* (its ``\n`` is one token later), and
-``summary="last"`` scores every metric with that token as the summary (the segment is then its
-tokens up to the last word). The **read profile** (:func:`read_shares`, in ``ganda heads``)
-says which one a head reads: the share of its final row on the gold and on the other segments'
-first token, inner tokens, last token before the ``\n``, and ``\n``, and outside every segment.
-
-Every metric is computed per prompt (:func:`prompt_metrics`) and kept (``HeadScore.samples``),
-so each comes with a 95% interval over prompts (``HeadScore.<metric>_ci_low`` and
-``HeadScore.<metric>_ci_high``, the names the result files use): a Student-t interval of the mean for ``aggregate``,
-``aggregate_segment`` and ``gather``; the t interval of ``log x``, exponentiated, for the geometric
-means of the ratios (``aggregate_peak``, ``aggregate_neighbour``, ``gather_contrast``,
-``gather_edge``); a Wilson interval for the proportion ``aggregate_hit``. Intervals treat prompts as independent draws.
-:func:`compare_sharpness` compares models' top heads with a paired bootstrap over prompts.
-
-Causal verification then zero-ablates the top candidates one at a time and measures the drop in
+Causal verification zero-ablates the top candidates one at a time and measures the drop in
 task accuracy, which is what decides whether a head matters.
 """
 
@@ -53,244 +13,44 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from . import runio
 from .errors import GandaError
 from .figures import curves, pyplot
 from .heads import HeadId, expand
-from .intervals import bounds, ci, split, split_all
+from .intervals import bounds, ci, split_all
 from .interventions import AblateHeads
 from .labels import label_model
 from .models.base import ModelAdapter
+from .patterns import (  # noqa: F401  (the pattern scores' names, as ganda.discovery has always offered them)
+    AGGREGATE_METRICS,
+    AUTO,
+    CI_METHOD,
+    METRICS,
+    MIN_AGGREGATE,
+    RATIO_METRICS,
+    READ_PARTS,
+    SUMMARIES,
+    SUMMARY_TOKENS,
+    HeadScore,
+    _geo_mean,
+    choose_summary,
+    head_score,
+    pattern_scores,
+    pattern_scores_by_summary,
+    prompt_metrics,
+    prompt_positions,
+    read_shares,
+    standard_protocol,
+    standard_scores,
+    summary_spans,
+    top_reads,
+)
 from .progress import tqdm
-from .scoring import encode, evaluate_examples
-from .stats import bootstrap_paired, geo_t_interval, pool_sets, t_interval, weak_note, wilson
+from .scoring import evaluate_examples
+from .stats import bootstrap_paired, pool_sets, weak_note
 from .sweep import run_sweep
 from .tasks import get_task
-from .tasks.base import Example, token_spans
-
-METRICS = ("aggregate", "aggregate_segment", "gather", "aggregate_peak", "aggregate_hit", "gather_contrast",
-           "aggregate_neighbour", "gather_edge")
-# averaged geometrically, compared on log scale
-RATIO_METRICS = ("aggregate_peak", "gather_contrast", "aggregate_neighbour", "gather_edge")
-AGGREGATE_METRICS = ("aggregate", "aggregate_segment", "aggregate_peak", "aggregate_hit", "aggregate_neighbour")
-SUMMARIES = ("end", "last")
-# where the final position's row lands, as shares of its |mass|: the gold segment's and the other
-# segments' first token, inner tokens, last token before the end, end token; the rest of the prompt
-READ_PARTS = ("gold_first", "gold_inner", "gold_last", "gold_end", "other_first", "other_inner", "other_last",
-              "other_end", "outside")
-CI_METHOD = ("95% over prompts: Student-t interval of the mean (aggregate, aggregate_segment, gather); "
-             "t interval of log x, exponentiated (geometric means aggregate_peak, aggregate_neighbour, "
-             "gather_contrast, gather_edge); Wilson (aggregate_hit)")
-
-
-@dataclass
-class HeadScore:
-    head: str
-    layer: int
-    kind: str
-    aggregate: float
-    aggregate_segment: float  # share of the final row on the whole gold segment (not only its summary)
-    gather: float
-    aggregate_peak: float
-    aggregate_hit: float
-    gather_contrast: float
-    aggregate_neighbour: float = float("nan")
-    gather_edge: float = float("nan")
-    drop: float | None = None  # accuracy drop when this head alone is ablated (verified heads)
-    ablated_accuracy: float | None = None
-    n_prompts: int = 0
-    # each metric's 95% interval over prompts (module docstring), None where it has none
-    aggregate_ci_low: float | None = None
-    aggregate_ci_high: float | None = None
-    aggregate_segment_ci_low: float | None = None
-    aggregate_segment_ci_high: float | None = None
-    gather_ci_low: float | None = None
-    gather_ci_high: float | None = None
-    aggregate_peak_ci_low: float | None = None
-    aggregate_peak_ci_high: float | None = None
-    aggregate_hit_ci_low: float | None = None
-    aggregate_hit_ci_high: float | None = None
-    gather_contrast_ci_low: float | None = None
-    gather_contrast_ci_high: float | None = None
-    aggregate_neighbour_ci_low: float | None = None
-    aggregate_neighbour_ci_high: float | None = None
-    gather_edge_ci_low: float | None = None
-    gather_edge_ci_high: float | None = None
-    summary: str = "end"  # the token scored as each segment's summary (module docstring)
-    label: str | None = None  # Gather, Aggregate, induction, previous-token, sink or none (ganda.labels)
-    label_reason: str | None = None
-    read: dict[str, float] = field(default_factory=dict)  # read profile: mean share per READ_PARTS
-    samples: dict[str, list[float]] = field(default_factory=dict, repr=False)  # per-prompt values
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("samples")
-        return split(d)
-
-    def csv_row(self) -> dict[str, Any]:
-        """``to_json`` with the read profile flattened into ``read_<part>`` columns."""
-        d = self.to_json()
-        for k, v in d.pop("read").items():
-            d[f"read_{k}"] = v
-        return d
-
-
-def prompt_positions(adapter: ModelAdapter, ex: Example) -> tuple[list[int], list[tuple[int, int]], int]:
-    """Token ids, segment token spans and query position for one example's prompt."""
-    enc = adapter.require_tokenizer()(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
-    ids = encode(adapter, ex.prompt)
-    shift = len(ids) - len(enc.input_ids)  # a BOS token added by ``encode``
-    spans = [(a + shift, b + shift) for a, b in token_spans(enc.offset_mapping, ex.segments)]
-    return ids, spans, len(ids) - 1
-
-
-def summary_spans(spans: Sequence[tuple[int, int]], summary: str = "end") -> list[tuple[int, int]]:
-    """Segment spans whose last token is the summary: as they are (``"end"``), or cut before their
-    last token (``"last"``: the summary is the last token before the ``\\n``; a one-token segment stays)."""
-    if summary not in SUMMARIES:
-        raise GandaError(f"summary must be one of {', '.join(SUMMARIES)}, not {summary!r}")
-    if summary == "end":
-        return list(spans)
-    return [(a, e - 1 if e > a else e) for a, e in spans]
-
-
-def read_shares(row: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int) -> dict[str, float]:
-    """One prompt's read profile: shares of |row| (the final position's row) per ``READ_PARTS``,
-    plus ``at``: the index in ``READ_PARTS`` of the part holding the row's largest entry."""
-    r = row.abs().float()
-    tot = float(r.sum()) or 1e-30
-    part = ["outside"] * r.shape[0]
-    for k, (a, e) in enumerate(spans):
-        who = "gold" if k == gold else "other"
-        for j in range(a, e + 1):
-            part[j] = f"{who}_{'first' if j == a else 'end' if j == e else 'last' if j == e - 1 else 'inner'}"
-    out = dict.fromkeys(READ_PARTS, 0.0)
-    for j, name in enumerate(part):
-        out[name] += float(r[j]) / tot
-    out["at"] = float(READ_PARTS.index(part[int(r.argmax())]))
-    return out
-
-
-def top_reads(read: Mapping[str, float], k: int = 1) -> list[tuple[str, float]]:
-    """The ``k`` largest parts of a read profile (``HeadScore.read``), largest first."""
-    return sorted(((p, read[p]) for p in READ_PARTS if p in read), key=lambda kv: -kv[1])[:k]
-
-
-def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int) -> dict[str, float]:
-    """Every pattern metric of one head on one prompt (module docstring).
-
-    ``m`` holds the rows of the head's mixing matrix that matter, ``[1 + K, T]``: row 0 is the
-    final query position's row, row ``1 + k`` is the row of segment k's summary token ``e_k``;
-    ``spans`` are the segments' token spans ``(a_k, e_k)``, ``gold`` the gold segment. Absolute
-    values are taken here, so softmax and signed implicit-attention rows are scored alike.
-    """
-    m = m.abs().float()
-    g = gold
-    ends = [e for _, e in spans]
-    row_q = m[0]
-    tot_q = float(row_q.sum()) or 1e-30
-    summ = row_q[ends]
-    others = torch.cat([summ[:g], summ[g + 1 :]])
-    seg_a, seg_e = spans[g]
-    out = {
-        "aggregate": (float(summ[g]) - float(others.mean())) / tot_q,
-        "aggregate_segment": float(row_q[seg_a : seg_e + 1].sum()) / tot_q,
-        "aggregate_peak": float(summ[g]) / max(float(others.max()), 1e-30),
-        "aggregate_hit": float(int(summ.argmax()) == g),
-    }
-    e_g = ends[g]
-    beside = [float(row_q[j]) for j in (e_g - 1, e_g + 1) if 0 <= j < row_q.shape[0]]
-    out["aggregate_neighbour"] = float(summ[g]) / max(sum(beside) / max(len(beside), 1), 1e-30)
-    gathers, contrasts, edges = [], [], []
-    for k, (a, e) in enumerate(spans):
-        row = m[1 + k, : e + 1]
-        tot = float(row.sum()) or 1e-30
-        inside = float(row[a:e].sum())
-        gathers.append(inside / tot)
-        n_in, n_out = max(e - a, 1), max(e + 1 - (e - a) - 1, 1)
-        outside = tot - inside - float(row[e])
-        contrasts.append((inside / n_in) / max(outside / n_out, 1e-30))
-        before = row[max(a - n_in, 0) : a]
-        if before.numel():
-            edges.append((inside / n_in) / max(float(before.mean()), 1e-30))
-    out["gather"] = sum(gathers) / len(gathers)
-    out["gather_contrast"] = sum(contrasts) / len(contrasts)
-    # a segment at the very start has nothing before it: the mean is over the others
-    out["gather_edge"] = math.exp(sum(math.log(max(x, 1e-30)) for x in edges) / len(edges)) if edges else float("nan")
-    return out
-
-
-def head_score(head: str, layer: int, kind: str, samples: dict[str, list[float]], summary_token: str = "end",
-               ) -> HeadScore:
-    """Summaries (means, geometric means, hit rate) and 95% intervals over prompts from per-prompt values."""
-    n = len(samples["aggregate"])
-    read = {k: sum(samples[f"read:{k}"]) / n for k in READ_PARTS if f"read:{k}" in samples}
-    if "read:at" in samples:
-        read["argmax_gold"] = sum(READ_PARTS[int(i)].startswith("gold") for i in samples["read:at"]) / n
-    summary: dict[str, Any] = {"summary": summary_token, "read": read}
-    for k in METRICS:
-        xs = samples[k]
-        if k in RATIO_METRICS:
-            summary[k], pair = _geo_mean(xs), geo_t_interval(xs)
-        elif k == "aggregate_hit":
-            summary[k], pair = sum(xs) / n, wilson(int(round(sum(xs))), n)
-        else:
-            summary[k], pair = sum(xs) / n, t_interval(xs)
-        summary.update(ci(pair, k))
-    return HeadScore(head=head, layer=layer, kind=kind, n_prompts=n, samples=samples, **summary)
-
-
-def pattern_scores(
-    adapter: ModelAdapter,
-    examples: Sequence[Example],
-    heads: Sequence[HeadId] | None = None,
-    progress: bool = True,
-    summary: str = "end",
-) -> list[HeadScore]:
-    """Aggregate/Gather pattern scores and sharpness for every head, with per-prompt values and
-    95% intervals over prompts, and each head's read profile (see module docstring). ``summary``:
-    the token scored as each segment's summary, ``"end"`` (the ``\\n``) or ``"last"``."""
-    return pattern_scores_by_summary(adapter, examples, heads, progress, (summary,))[summary]
-
-
-def pattern_scores_by_summary(
-    adapter: ModelAdapter,
-    examples: Sequence[Example],
-    heads: Sequence[HeadId] | None = None,
-    progress: bool = True,
-    summaries: Sequence[str] = SUMMARIES,
-) -> dict[str, list[HeadScore]]:
-    """:func:`pattern_scores` under several summary tokens from one pass over the prompts: each
-    prompt's map rows for every summary are read in one call, so two summaries cost one map."""
-    heads = list(heads) if heads is not None else adapter.heads()
-    summaries = list(dict.fromkeys(summaries))
-    for s in summaries:
-        summary_spans([], s)  # validates
-    acc: dict[str, dict[HeadId, dict[str, list[float]]]] = {
-        s: {h: {k: [] for k in METRICS} for h in heads} for s in summaries}
-    for ex in tqdm(examples, desc="pattern scores", disable=not progress, leave=False):
-        ids, full, q = prompt_positions(adapter, ex)
-        spans = {s: summary_spans(full, s) for s in summaries}
-        g = ex.gold_segment if ex.gold_segment is not None else ex.gold
-        rows = list(dict.fromkeys([q, *(e for s in summaries for _, e in spans[s])]))
-        at = {r: i for i, r in enumerate(rows)}
-        maps = adapter.attention_maps(torch.tensor([ids]), heads, rows=rows)
-        for s in summaries:
-            pick = torch.tensor([at[q], *(at[e] for _, e in spans[s])])
-            for h, m in maps.items():
-                for k, v in prompt_metrics(m[pick], spans[s], g).items():
-                    acc[s][h][k].append(v)
-                for k, v in read_shares(m[0], full, g).items():
-                    acc[s][h].setdefault(f"read:{k}", []).append(v)
-    return {s: [head_score(str(h), h.layer, adapter.mixer_of(h).kind, acc[s][h], s) for h in heads]
-            for s in summaries}
-
-
-def _geo_mean(xs: list[float]) -> float:
-    """Ratios are averaged geometrically (a 10x and a 0.1x prompt average to 1x)."""
-    return math.exp(sum(math.log(max(x, 1e-30)) for x in xs) / len(xs))
+from .tasks.base import Example
 
 
 @dataclass
@@ -302,6 +62,10 @@ class Discovery:
     scores: list[HeadScore]
     top_aggregate: list[str]
     top_gather: list[str]
+    summary: str = "end"  # the summary token scored (chosen where "auto" was asked)
+    # per candidate summary token, its best head's Aggregate score (where "auto" chose)
+    summary_choice: dict[str, Any] = field(default_factory=dict)
+    standard: dict[str, Any] = field(default_factory=dict)  # the standard scores' protocol
 
     def best(self, role: str) -> HeadScore | None:
         """The verified head of a role with the largest accuracy drop."""
@@ -315,6 +79,17 @@ class Discovery:
         return d
 
 
+def scores_at(adapter: ModelAdapter, examples: Sequence[Example], summary: str = AUTO, progress: bool = True
+              ) -> tuple[list[HeadScore], str, dict[str, Any]]:
+    """Every head's pattern scores at ``summary`` (``"auto"``: the token chosen by
+    :func:`ganda.patterns.choose_summary`), the summary scored and the choice's evidence."""
+    if summary != AUTO:
+        return pattern_scores(adapter, examples, progress=progress, summary=summary), summary, {}
+    by = pattern_scores_by_summary(adapter, examples, progress=progress, summaries=SUMMARY_TOKENS)
+    chosen, best = choose_summary(by)
+    return by[chosen], chosen, best
+
+
 def discover(
     adapter: ModelAdapter,
     pattern_examples: Sequence[Example],
@@ -323,15 +98,14 @@ def discover(
     top: int = 5,
     task_config: dict[str, Any] | None = None,
     progress: bool = True,
-    summary: str = "end",
+    summary: str = AUTO,
 ) -> Discovery:
-    """Rank heads by pattern scores, then verify the top ``top`` of each list by ablation; every
-    head is labelled by :func:`ganda.labels.label_heads` (a candidate is not a Gather or Aggregate
-    head unless its score reaches the labeller's minimum)."""
-    scores = pattern_scores(adapter, pattern_examples, progress=progress, summary=summary)
-    labels = label_model(adapter, pattern_examples, scores)
-    for s in scores:
-        s.label, s.label_reason = labels[s.head].label, labels[s.head].reason
+    """Rank heads by pattern scores (at the summary token the model reads, unless ``summary``
+    names one), then verify the top ``top`` of each list by ablation; every head is labelled by
+    :func:`ganda.labels.label_model` with its standard scores (a candidate is not a Gather or
+    Aggregate head unless its rule is met)."""
+    scores, chosen, choice = scores_at(adapter, pattern_examples, summary, progress)
+    label_model(adapter, scores)
     by_name = {s.head: s for s in scores}
     top_agg = [s.head for s in sorted(scores, key=lambda s: -s.aggregate)[:top]]
     top_gat = [s.head for s in sorted(scores, key=lambda s: -s.gather)[:top]]
@@ -348,12 +122,14 @@ def discover(
     return Discovery(
         task=task_config or {}, baseline_accuracy=sw.baseline["acc"], n_pattern=len(pattern_examples),
         n_verify=len(verify_examples), scores=scores, top_aggregate=top_agg, top_gather=top_gat,
+        summary=chosen, summary_choice=choice, standard=standard_protocol(adapter),
     )
 
 
 def save_discovery(d: Discovery, out: Any, model: str) -> None:
     """``result.json`` (kind ``heads``), ``heads.csv`` (every head, sorted by aggregate score, with
-    ``<metric>_ci_low`` / ``<metric>_ci_high`` intervals) and ``per_prompt.csv`` (every head's metrics on every prompt)."""
+    ``<metric>_ci_low`` / ``<metric>_ci_high`` intervals, its standard scores and label) and
+    ``per_prompt.csv`` (every head's metrics on every prompt)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ordered = sorted(d.scores, key=lambda s: -s.aggregate)
@@ -364,6 +140,7 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
         "summary": {
             "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
             "top_aggregate": d.top_aggregate, "top_gather": d.top_gather, "ci_method": CI_METHOD,
+            "summary_token": d.summary, "summary_choice": d.summary_choice, "standard_protocol": d.standard,
             "labels": {s.head: s.label for s in ordered if s.label not in (None, "none")},
         },
         "rows": verified,
@@ -723,6 +500,7 @@ class HeadsResult:
     def __init__(self, d: dict[str, Any]) -> None:
         d = split_all(d)
         self.summary, self.rows = d.get("summary") or {}, d.get("rows") or []
+        self.all_heads = d.get("all_heads") or self.rows
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HeadsResult:
@@ -744,7 +522,28 @@ class HeadsResult:
         if lines:
             lines.append(f"Every head ranked by its pattern scores on {s.get('n_pattern')} prompts; the table lists "
                          "the verified ones, heads.csv all of them.")
+        lines += self.label_lines()
         return "\n".join(lines)
+
+    def label_lines(self) -> list[str]:
+        """The summary token scored, and how many heads take each role (:mod:`ganda.labels`),
+        with the standard protocol the task-free scores were measured by."""
+        s = self.summary
+        if "summary_token" not in s:
+            return []
+        labels = [str(h.get("label") or "none") for h in self.all_heads]
+        counts = {r: sum(r in lab.split("+") for lab in labels) for r in ("Gather", "Aggregate", "induction",
+                                                                          "previous-token")}
+        p = s.get("standard_protocol") or {}
+        choice = (s.get("summary_choice") or {}).get(s["summary_token"]) or {}
+        why = ("" if not choice else f" (the token the final rows read: {choice['head']}'s aggregate score "
+               f"{choice['aggregate']:.3f})" if choice["aggregate"] >= MIN_AGGREGATE else
+               " (no head's final row reads any candidate token of the gold segment: the paper's `\\n`)")
+        return [f"Summary token: **{s['summary_token']}**{why}.",
+                f"Labels of {len(labels)} heads: " + ", ".join(f"{n} {r}" for r, n in counts.items())
+                + f", {labels.count('sink')} sink alone, {labels.count('none')} none (induction, previous-token "
+                f"and sink on {p.get('batch')} sequences of {p.get('length')} random tokens shown twice, seed "
+                f"{p.get('seed')})."]
 
     def draw(self, out_dir: Path) -> list[Path]:
         return []

@@ -1,192 +1,214 @@
-"""One labeller for every command: each head is **Gather**, **Aggregate**, **induction**,
-**previous-token**, **sink** or **none**, by stated rules.
+"""The one labeller every command uses (``heads``, ``roles``, the demo, the circuit view, the
+report): each head gets **every** role whose rule it meets, **Gather**, **Aggregate**,
+**induction**, **previous-token**, **sink**, each with its score, or **none**.
 
-The scores are shares of a head's mixing matrix ``M`` (softmax attention, or an SSM head's
-implicit attention), each row's mass measured as ``|M|`` as in :mod:`ganda.discovery`:
+The scores (shares of ``|M|``, :mod:`ganda.patterns`):
 
-* **aggregate** and **gather**: the G&A pattern scores of :mod:`ganda.discovery`
-  (:class:`~ganda.discovery.HeadScore`), measured on the task's segmented prompts;
-* **previous_token**: the mean share of row ``t`` on position ``t - 1`` (rows ``t >= 2``, so that
-  the first token does not count twice);
-* **sink**: the mean share of row ``t`` on position 0, the first token (``<bos>`` where the model
-  has one) (rows ``t >= 1``);
-* **induction**: for every row ``t`` whose token occurred before, the share of row ``t`` on the
-  tokens *after* those earlier occurrences (``j + 1`` for each ``j < t`` with ``x_j = x_t``),
-  averaged over such rows. :func:`probe_ids` adds a repeated random sequence to the task's
-  prompts, so every head sees a prompt where induction is possible.
+* **aggregate** and **gather**: the G&A pattern scores on the task's prompts, at the summary token
+  the model reads (``summary="auto"``: :func:`ganda.patterns.choose_summary`);
+* **induction**, **previous_token**, **sink**: the task-free standard scores on repeated random
+  tokens (:func:`ganda.patterns.standard_scores`);
+* **gather evidence** = gather − min(gather_previous, previous_token): the gather score less what a
+  previous-token pattern gives by itself. ``gather_previous`` is the share of each summary row on
+  the token right before it (inside the segment, so the gather score counts it); a head that
+  attends to the previous token everywhere (its standard previous-token score) earns that much
+  of it without gathering anything.
 
-The rules, first match wins:
+Each role is judged on the attention a head does not park on the first token (``<bos>`` where
+the model has one): a score ``x`` measured on rows that put ``s`` of their mass on the first
+token counts as ``x / (1 - s)`` (:func:`off_sink`; ``s``: the final row's share for aggregate,
+the summary rows' for gather, the second copy's rows' for induction, the standard sink share for
+previous-token; each a ratio of means over the same rows), and
+must itself reach half the minimum, so that crumbs beside a sink make no role. The rules
+(``MIN_SCORE``, each on the score off the first token):
 
-1. **Gather / Aggregate** only where the pattern score reaches its minimum
-   (``MIN_SCORE``: aggregate >= 0.05, gather >= 0.5); below it a head is never called either,
-   whatever its ablation costs. Where both reach it, the role whose score is the larger multiple
-   of its minimum wins, unless a positional ablation was run and hurts (full ablation drop >=
-   ``min_drop``): then the role of *where* it hurts wins (the final position: Aggregate; before
-   it: Gather).
-2. **induction** where the induction score is >= 0.3, then **previous-token** where the
-   previous-token score is >= 0.5, then **sink** where the sink score is >= 0.5.
-3. **none** otherwise.
+1. **Aggregate** where the aggregate score >= 0.05.
+2. **Gather** where the gather evidence >= 0.25 *and* exceeds the head's standard previous-token
+   score (a head whose previous-token pattern is as strong as its gathering is not called Gather).
+3. Where both G&A rules are met and a positional ablation was run and hurts (full ablation drop
+   >= ``min_drop``), *where* it hurts keeps one of them (the final position: Aggregate; before it:
+   Gather); otherwise both are kept, the larger multiple of its minimum first.
+4. **induction** where the induction score >= 0.3; **previous-token** where the previous-token
+   score >= 0.5 — each in addition to any other role; **sink** where the sink share itself >= 0.5.
+5. **none** where no rule is met.
 
-Every label carries its reason (:attr:`Label.reason`), which names the score that decided it and,
-where an ablation was run, whether it agrees (a G&A label whose ablation hurts at the other
-position says so; the pattern still decides).
+A label is its roles joined by ``+`` in that order (``"induction+sink"``); ``sink`` alone thus
+names only heads that meet no other rule. Every label carries its reason (:attr:`Label.reason`):
+each role with the score that met its rule, or every score and the minimum it missed, and where
+an ablation was run whether it agrees.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from .heads import HeadId
 from .models.base import ModelAdapter
-from .scoring import encode
-from .tasks.base import Example
-
-if TYPE_CHECKING:
-    from .discovery import HeadScore
+from .patterns import MIN_AGGREGATE, HeadScore, standard_scores
 
 LABELS = ("Gather", "Aggregate", "induction", "previous-token", "sink", "none")
-# the least score a head needs for each label (shares of |M|; see the module docstring)
-MIN_SCORE = {"aggregate": 0.05, "gather": 0.5, "induction": 0.3, "previous_token": 0.5, "sink": 0.5}
-GENERIC = ("induction", "previous_token", "sink")  # in the order the rules try them
-GENERIC_LABEL = {"induction": "induction", "previous_token": "previous-token", "sink": "sink"}
+ROLE_NAME = {"aggregate": "Aggregate", "gather": "Gather", "induction": "induction",
+             "previous_token": "previous-token", "sink": "sink"}
+# the least score each role needs (shares of |M|; the module docstring). gather: the gather evidence
+MIN_SCORE = {"aggregate": MIN_AGGREGATE, "gather": 0.25, "induction": 0.3, "previous_token": 0.5, "sink": 0.5}
+GENERIC = ("induction", "previous_token", "sink")  # the task-free roles, in label order
 MIN_DROP = 0.05  # a positional ablation speaks only where the full ablation costs this much
-MAP_BUDGET = 256 * 2**20  # bytes of full [T, T] maps held at once by generic_scores
 
 
 @dataclass
 class Label:
     head: str
-    label: str
+    label: str  # the roles joined by "+", or "none"
     reason: str
     scores: dict[str, float] = field(default_factory=dict)
+    roles: list[str] = field(default_factory=list)  # display names (ROLE_NAME), in label order
+
+    def has(self, role: str) -> bool:
+        """Whether the head has a role (``"Gather"``, ``"induction"``, ...)."""
+        return role in self.roles
 
     def to_json(self) -> dict[str, Any]:
-        return {"head": self.head, "label": self.label, "reason": self.reason, **self.scores}
+        return {"head": self.head, "label": self.label, "reason": self.reason, "roles": self.roles, **self.scores}
 
 
-def map_scores(m: torch.Tensor, ids: Sequence[int]) -> dict[str, tuple[float, int]]:
-    """Previous-token, sink and induction scores of one full ``[T, T]`` map over tokens ``ids``,
-    each as ``(sum of per-row shares, rows counted)`` so that prompts can be pooled."""
-    r = m.abs().float()
-    t_len = r.shape[0]
-    tot = r.sum(dim=1).clamp_min(1e-30)
-    share = r / tot[:, None]
-    out: dict[str, tuple[float, int]] = {}
-    rows = torch.arange(2, t_len)
-    out["previous_token"] = (float(share[rows, rows - 1].sum()), len(rows))
-    out["sink"] = (float(share[1:, 0].sum()), t_len - 1)
-    ind, n = 0.0, 0
-    seen: dict[int, list[int]] = {}
-    for t, tok in enumerate(ids):
-        before = seen.get(tok)
-        if before:
-            ind += float(share[t, [j + 1 for j in before]].sum())
-            n += 1
-        seen.setdefault(tok, []).append(t)
-    out["induction"] = (ind, n)
-    return out
+def parts(label: str | None) -> list[str]:
+    """The roles of a joined label (``"induction+sink"`` -> ``["induction", "sink"]``)."""
+    return [p for p in (label or "").split("+") if p]
 
 
-def probe_ids(adapter: ModelAdapter, examples: Sequence[Example], n: int = 4, seed: int = 0,
-              repeat_len: int = 16) -> list[list[int]]:
-    """Token ids to score previous-token, sink and induction on: the first ``n`` prompts, and a
-    random sequence of ``repeat_len`` of their distinct tokens shown twice (after ``<bos>`` where
-    the prompts start with one), where an induction head can read the token after the earlier
-    occurrence."""
-    seqs = [encode(adapter, ex.prompt) for ex in list(examples)[:n]]
-    if not seqs:
-        return []
-    tok = adapter.require_tokenizer()
-    special = set(getattr(tok, "all_special_ids", []) or [])
-    pool = sorted({i for s in seqs for i in s if i not in special})
-    random.Random(seed).shuffle(pool)
-    rep = pool[:repeat_len]
-    if len(rep) >= 2:
-        bos = seqs[0][:1] if seqs[0] and seqs[0][0] in special else []
-        seqs.append([*bos, *rep, *rep])
-    return seqs
-
-
-def generic_scores(adapter: ModelAdapter, seqs: Sequence[Sequence[int]], heads: Sequence[HeadId] | None = None
-                   ) -> dict[str, dict[str, float]]:
-    """Per head (by name), its previous-token, sink and induction scores pooled over the rows of
-    ``seqs`` (module docstring); ``nan`` where no row counts (no repeated token: no induction)."""
-    heads = list(heads) if heads is not None else adapter.heads()
-    acc = {h: {k: [0.0, 0] for k in GENERIC} for h in heads}
-    for ids in seqs:
-        step = max(1, MAP_BUDGET // (4 * len(ids) ** 2))  # heads per pass: full fp32 maps within the budget
-        for i in range(0, len(heads), step):
-            maps = adapter.attention_maps(torch.tensor([list(ids)]), heads[i : i + step])
-            for h, m in maps.items():
-                for k, (s, c) in map_scores(m, ids).items():
-                    acc[h][k][0] += s
-                    acc[h][k][1] += c
-    return {str(h): {k: (s / c if c else float("nan")) for k, (s, c) in v.items()} for h, v in acc.items()}
+def gather_evidence(gather: float | None, gather_previous: float | None, previous_token: float | None
+                    ) -> float | None:
+    """The gather score less what a previous-token pattern gives by itself (module docstring);
+    with no standard previous-token score the whole previous-token share is taken off."""
+    if gather is None:
+        return None
+    prev = gather_previous or 0.0
+    if previous_token is not None and previous_token == previous_token:
+        prev = min(prev, previous_token)
+    return gather - prev
 
 
 def _at_least(x: float | None, minimum: float) -> bool:
     return x is not None and x == x and x >= minimum
 
 
+def _f(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def off_sink(x: float | None, sink: float | None) -> float | None:
+    """A role score as a share of the attention a head does not park on the first token:
+    ``x / (1 - sink)``, ``sink`` the share on the first token of the rows ``x`` was measured on."""
+    if x is None or x != x:
+        return None
+    s = sink if sink is not None and sink == sink else 0.0
+    return x / max(1.0 - s, 1e-9)
+
+
+def meets(role: str, x: float | None, sink: float | None) -> bool:
+    """A role's rule on its score (module docstring): the score off the first token reaches the
+    minimum, and the score itself half of it."""
+    rest = off_sink(x, sink)
+    return _at_least(rest, MIN_SCORE[role]) and _at_least(x, MIN_SCORE[role] / 2)
+
+
 def label_head(head: str, *, aggregate: float | None = None, gather: float | None = None,
-               induction: float | None = None, previous_token: float | None = None, sink: float | None = None,
-               ablation: Mapping[str, float] | None = None, min_drop: float = MIN_DROP) -> Label:
-    """One head's label by the module docstring's rules. ``ablation``, where one was run, holds
-    the accuracy drops ``drop_all`` (the head zeroed everywhere), ``drop_query`` (at the final
-    position only) and ``drop_context`` (everywhere before it)."""
-    scores = {"aggregate": aggregate, "gather": gather, "induction": induction, "previous_token": previous_token,
-              "sink": sink}
-    kept = {k: float(v) for k, v in scores.items() if v is not None}
+               gather_previous: float | None = None, induction: float | None = None,
+               previous_token: float | None = None, sink: float | None = None,
+               aggregate_sink: float | None = None, gather_sink: float | None = None,
+               induction_sink: float | None = None, ablation: Mapping[str, float] | None = None, min_drop: float = MIN_DROP) -> Label:
+    """One head's label by the module docstring's rules. ``aggregate_sink`` and ``gather_sink``:
+    the share of the final row and of the summary rows on the first token (task prompts);
+    ``sink``: the standard sink share. ``ablation``, where one was run, holds the accuracy drops
+    ``drop_all`` (the head zeroed everywhere), ``drop_query`` (at the final position only) and
+    ``drop_context`` (everywhere before it)."""
+    evidence = gather_evidence(gather, gather_previous, previous_token)
+    scores = {"aggregate": aggregate, "gather": evidence, "induction": induction, "previous_token": previous_token}
+    first = {"aggregate": aggregate_sink, "gather": gather_sink, "induction": induction_sink, "previous_token": sink}
+    kept = {k: float(v) for k, v in {"aggregate": aggregate, "gather": gather, "gather_previous": gather_previous,
+                                     "gather_evidence": evidence, "induction": induction,
+                                     "previous_token": previous_token, "sink": sink, "aggregate_sink": aggregate_sink,
+                                     "gather_sink": gather_sink, "induction_sink": induction_sink}.items() if v is not None}
     where = None
     if ablation and _at_least(ablation.get("drop_all"), min_drop) and "drop_query" in ablation \
             and "drop_context" in ablation:
         where = "aggregate" if ablation["drop_query"] > ablation["drop_context"] else "gather"
-    cands = [r for r in ("aggregate", "gather") if _at_least(scores[r], MIN_SCORE[r])]
-    if cands:
-        if len(cands) == 2 and where is not None:
-            role, why = where, "both patterns qualify; the ablation hurts "
-            why += "at the final position" if where == "aggregate" else "before the final position"
-        else:
-            role = max(cands, key=lambda r: float(scores[r]) / MIN_SCORE[r])  # type: ignore[arg-type]
-            why = f"{role} score {float(scores[role]):.3f} >= {MIN_SCORE[role]}"  # type: ignore[arg-type]
-            if where is not None:
-                why += ("; the ablation agrees" if where == role else
-                        f"; the ablation hurts {'at' if where == 'aggregate' else 'before'} the final position")
-        return Label(head, role.capitalize(), why, kept)
-    for k in GENERIC:
-        if _at_least(scores[k], MIN_SCORE[k]):
-            return Label(head, GENERIC_LABEL[k], f"{k.replace('_', '-')} score {float(scores[k]):.3f} >= "
-                                                 f"{MIN_SCORE[k]}", kept)
-    best = ", ".join(f"{k} {float(scores[k]):.3f} < {MIN_SCORE[k]}" for k in MIN_SCORE if _at_least(scores[k], -1e9))
-    return Label(head, "none", f"no score reaches its minimum ({best})" if best else "no score measured", kept)
+    met = {r: float(off_sink(scores[r], first[r])) for r in scores if meets(r, scores[r], first[r])}  # type: ignore[arg-type]
+    beaten = "gather" in met and _at_least(previous_token, float(evidence))  # type: ignore[arg-type]
+    if beaten:
+        del met["gather"]
+    ga = sorted((r for r in ("aggregate", "gather") if r in met), key=lambda r: -met[r] / MIN_SCORE[r])
+    why: list[str] = []
+    if len(ga) == 2 and where is not None:
+        ga = [where]
+        why.append("both G&A patterns qualify; the ablation hurts " +
+                   ("at the final position" if where == "aggregate" else "before the final position"))
+    roles = [*ga, *(r for r in ("induction", "previous_token") if r in met)]
+    for r in roles:
+        what = "gather evidence" if r == "gather" else f"{r.replace('_', '-')} score"
+        rest = "" if abs(met[r] - float(scores[r])) < 5e-4 else f" ({_f(met[r])} off the first token)"  # type: ignore[arg-type]
+        note = ""
+        if r in ("aggregate", "gather") and where is not None and len(ga) == 1 and not why[:1]:
+            note = ("; the ablation agrees" if where == r else
+                    f"; the ablation hurts {'at' if where == 'aggregate' else 'before'} the final position")
+        why.append(f"{what} {_f(float(scores[r]))}{rest} >= {MIN_SCORE[r]}{note}")  # type: ignore[arg-type]
+    if _at_least(sink, MIN_SCORE["sink"]):
+        roles.append("sink")
+        why.append(f"sink share {_f(float(sink))} >= {MIN_SCORE['sink']}")  # type: ignore[arg-type]
+    not_gather = (f"not Gather: gather evidence {_f(float(evidence))} <= previous-token score "  # type: ignore[arg-type]
+                  f"{_f(float(previous_token))}") if beaten else None  # type: ignore[arg-type]
+    names = [ROLE_NAME[r] for r in roles]
+    if names:
+        return Label(head, "+".join(names), "; ".join([*why, *([not_gather] if not_gather else [])]), kept, names)
+    missed = [f"{'gather evidence' if k == 'gather' else k.replace('_', '-')} {_f(float(v))} < {MIN_SCORE[k]}"
+              for k, v in (*scores.items(), ("sink", sink)) if _at_least(v, -1e9) and k not in met
+              and not (k == "gather" and beaten)]
+    if not_gather:
+        missed.append(not_gather)
+    return Label(head, "none", f"no rule met ({', '.join(missed)})" if missed else "no score measured", kept, [])
 
 
-def label_heads(scores: Sequence[HeadScore], generic: Mapping[str, Mapping[str, float]] | None = None,
+def label_heads(scores: Sequence[HeadScore], standard: Mapping[str, Mapping[str, float]] | None = None,
                 ablations: Mapping[str, Mapping[str, float]] | None = None, min_drop: float = MIN_DROP
                 ) -> dict[str, Label]:
-    """Every scored head's :class:`Label`: ``scores`` from :func:`ganda.discovery.pattern_scores`,
-    ``generic`` from :func:`generic_scores`, ``ablations`` (head -> drops, see :func:`label_head`)
-    for the heads whose ablation was run."""
-    generic, ablations = generic or {}, ablations or {}
+    """Every scored head's :class:`Label`: ``scores`` from :func:`ganda.patterns.pattern_scores`,
+    ``standard`` from :func:`ganda.patterns.standard_scores`, ``ablations`` (head -> drops, see
+    :func:`label_head`) for the heads whose ablation was run."""
+    standard, ablations = standard or {}, ablations or {}
     out = {}
     for s in scores:
-        g = generic.get(s.head, {})
-        out[s.head] = label_head(s.head, aggregate=s.aggregate, gather=s.gather, induction=g.get("induction"),
-                                 previous_token=g.get("previous_token"), sink=g.get("sink"),
+        g = standard.get(s.head, {})
+        out[s.head] = label_head(s.head, aggregate=s.aggregate, gather=s.gather, gather_previous=s.gather_previous,
+                                 induction=g.get("induction"), previous_token=g.get("previous_token"),
+                                 sink=g.get("sink"), induction_sink=g.get("induction_sink"),
+                                 aggregate_sink=s.aggregate_sink, gather_sink=s.gather_sink,
                                  ablation=ablations.get(s.head), min_drop=min_drop)
     return out
 
 
-def label_model(adapter: ModelAdapter, examples: Sequence[Example], scores: Sequence[HeadScore], *,
-                ablations: Mapping[str, Mapping[str, float]] | None = None, seed: int = 0) -> dict[str, Label]:
-    """The labels of the heads ``scores`` holds (pattern scores from
-    :func:`ganda.discovery.pattern_scores` on ``examples``): their previous-token, sink and
-    induction scores on :func:`probe_ids` of ``examples``, then :func:`label_heads`."""
-    heads = [HeadId.parse(s.head) for s in scores]
-    generic = generic_scores(adapter, probe_ids(adapter, examples, seed=seed), heads)
-    return label_heads(scores, generic, ablations)
+def label_model(adapter: ModelAdapter, scores: Sequence[HeadScore], *,
+                ablations: Mapping[str, Mapping[str, float]] | None = None,
+                standard: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Label]:
+    """The labels of the heads ``scores`` holds (:func:`ganda.patterns.pattern_scores`), with
+    their standard scores measured here unless given; each :class:`~ganda.patterns.HeadScore`
+    also takes its standard scores, gather evidence, label and reason."""
+    if standard is None:
+        heads = [HeadId.parse(s.head) for s in scores]
+        measured = standard_scores(adapter, heads)
+        standard = {s.head: measured[str(h)] for s, h in zip(scores, heads, strict=True)}
+    labels = label_heads(scores, standard, ablations)
+    for s in scores:
+        lab = labels[s.head]
+        s.induction, s.previous_token, s.sink = (lab.scores.get(k) for k in GENERIC)
+        s.induction_sink = lab.scores.get("induction_sink")
+        s.gather_evidence, s.label, s.label_reason = lab.scores.get("gather_evidence"), lab.label, lab.reason
+    return labels
+
+
+def role_of(label: str | None) -> str:
+    """The G&A role a label names, as the demo and the circuit view use it: ``"aggregate"``,
+    ``"gather"`` (Aggregate first where a head has both) or ``"neither"``."""
+    got = parts(label)
+    return "aggregate" if "Aggregate" in got else "gather" if "Gather" in got else "neither"

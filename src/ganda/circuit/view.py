@@ -1,5 +1,5 @@
 """The circuit view: heads as nodes placed by layer, verified edges as arrows labelled with their
-exact effect and its interval, nodes coloured by their label (:mod:`ganda.labels`: Gather,
+exact effect and its interval, nodes coloured by their label's first role (:mod:`ganda.labels`: Gather,
 Aggregate, induction, previous-token, sink or none).
 
 An arrow's width grows with |effect|; green where removing the edge lowers the gold answer's
@@ -64,7 +64,8 @@ def draw_circuit(edges: Sequence[Mapping[str, Any]], path: str | Path, *, roles:
     from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch
 
-    roles = dict(roles or {})
+    # a node takes the colour of its label's first role (ganda.labels: "induction+sink" is induction)
+    roles = {n: (r.split("+")[0] or "unlabelled") for n, r in (roles or {}).items()}
     nodes = list(dict.fromkeys(n for e in edges for n in (str(e["sender"]), str(e["receiver"]))))
     pos = _positions(nodes)
     span = max((abs(y) for _, y in pos.values()), default=1.0)

@@ -237,9 +237,9 @@ def attention_view(adapter: ModelAdapter, example: Example, sender: HeadId, rece
 def circuit_roles(adapter: ModelAdapter, examples: list[Example], heads: list[str], progress: bool = True
                   ) -> dict[str, str]:
     """Each of ``heads`` labelled by the labeller every command shares (:mod:`ganda.labels`, through
-    :func:`ganda.experiments.roles.head_roles`, whose positional ablations it reads): Gather or
-    Aggregate only where the pattern score reaches its minimum, else induction, previous-token,
-    sink or none; ``unlabelled`` where the task's prompts have no segments to score."""
+    :func:`ganda.experiments.roles.head_roles`, whose positional ablations it reads): every role
+    whose rule the head meets, joined by ``+``, or none; ``unlabelled`` where the task's prompts
+    have no segments to score."""
     if not heads:
         return {}
     res = head_roles(adapter, examples, ranked=heads, top=len(heads), until_chance=False, progress=progress)

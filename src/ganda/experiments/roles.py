@@ -18,11 +18,12 @@ control task more than ``max_control_drop`` is labelled ``knowledge``: it carrie
 to know, not how it is retrieved (the paper's G&A heads leave knowledge tasks alone).
 
 Where the task's prompts have segments, each row also carries the head's **label** from the
-labeller every command shares (:mod:`ganda.labels`): Gather or Aggregate only where the head's
-attention pattern score reaches its minimum, else induction, previous-token, sink or none. The
-causal role says where a head's ablation hurts; the label says what its attention does, so a head
-that hurts at the final position without reading the gold summary is labelled none (the shipped
-lab Transformers' heads, whose pattern scores stay far below the minimum).
+labeller every command shares (:mod:`ganda.labels`): every role whose rule its scores meet
+(Gather, Aggregate at the summary token the model reads; induction, previous-token, sink on
+repeated random tokens), or none. The causal role says where a head's ablation hurts; the label
+says what its attention does, so a head that hurts at the final position without reading the gold
+segment is not labelled Aggregate (lab-hybrid-late-7k5's L3H3, whose final row reads the
+question's entity: docs/heads.md).
 
 The result also records the cumulative ablation of the ranked heads until the task is at chance
 (how many heads must go), the measure of how concentrated the mechanism is.
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import runio
-from ..discovery import ablate_until_chance, added_heads, pattern_scores
+from ..discovery import ablate_until_chance, added_heads
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
@@ -47,6 +48,7 @@ from ..intervals import bounds, ci
 from ..interventions import AblateHeads, KeepLayers, apply
 from ..labels import Label, label_model
 from ..models.base import ModelAdapter
+from ..patterns import AUTO, pattern_scores
 from ..progress import tqdm
 from ..scoring import evaluate_examples
 from ..stats import bootstrap_paired, overlap, pool_sets
@@ -138,11 +140,11 @@ def _labels(adapter: ModelAdapter, examples: Sequence[Example], rows: Sequence[d
     if not rows or not all(ex.segments for ex in examples):
         return {}
     heads = [HeadId.parse(r["head"]) for r in rows]
-    scores = pattern_scores(adapter, examples, heads, progress=False)
+    scores = pattern_scores(adapter, examples, heads, progress=False, summary=AUTO)
     for sc, r in zip(scores, rows, strict=True):
         sc.head = r["head"]  # the name the row uses
     drops = {r["head"]: {k: r[k] for k in ("drop_all", "drop_query", "drop_context")} for r in rows}
-    return label_model(adapter, examples, scores, ablations=drops)
+    return label_model(adapter, scores, ablations=drops)
 
 
 def head_roles(
@@ -231,6 +233,8 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         row["label"], row["label_reason"] = (lab.label, lab.reason) if lab else (None, None)
         for k in ("aggregate", "gather"):  # the pattern scores the label was given
             row[f"{k}_score"] = lab.scores.get(k) if lab else None
+        for k in ("gather_evidence", "induction", "previous_token", "sink"):
+            row[k] = lab.scores.get(k) if lab else None
     summary: dict[str, Any] = {"baseline": base, **ci(base_ci, "baseline"), "chance": chance, "n": len(examples),
                                "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()},
                                "baseline_answers": base_answers,
