@@ -62,26 +62,34 @@ def _scan(u: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C
     N = A.shape[-1]
     Q = chunk_of(T)
     nc = -(-T // Q)
-    pad = nc * Q - T  # decay 1, no input: the padded positions leave the state as it is
-    la = A[None, :, None, :] * dt[:, :, :, None]  # log-decay Δ·A ≤ 0, as transformers computes it
-    x = dt[:, :, :, None] * B.transpose(1, 2)[:, None, :, :].float() * u[:, :, :, None].float()
-    Ct = C.transpose(1, 2)
-    if pad:
-        la, x, Ct = F.pad(la, (0, 0, 0, pad)), F.pad(x, (0, 0, 0, pad)), F.pad(Ct, (0, 0, 0, pad))
-    la, x = la.reshape(b, E, nc, Q, N), x.reshape(b, E, nc, Q, N)
-    steps: list[torch.Tensor] = []  # 1. inside every chunk, from zero
-    for a_q, x_q in zip(la.exp().unbind(3), x.unbind(3), strict=True):
-        steps.append(x_q if not steps else a_q * steps[-1] + x_q)
-    local = torch.stack(steps, 3)
-    S = la.cumsum(3)  # log-decay from the chunk's start through each position (≤ 0)
-    carry = local.new_zeros(b, E, N) if h0 is None else h0.to(torch.promote_types(h0.dtype, local.dtype))
+    pad = nc * Q - T
+    if pad:  # Δ = 0 and u = 0: decay 1 and no input, the state passes the padded positions unchanged
+        u, dt, B, C = (F.pad(t, (0, pad)) for t in (u, dt, B, C))
+    f = torch.promote_types(torch.promote_types(A.dtype, dt.dtype), torch.float32)  # float64 where Δ or A is
+
+    def steps_first(t: torch.Tensor) -> torch.Tensor:  # [b, X, T] -> [Q, b, X, chunks]: a step's slice is contiguous
+        return t.reshape(*t.shape[:2], nc, Q).permute(3, 0, 1, 2)
+
+    dtq = steps_first(dt)
+    la = dtq[..., None] * A[:, None, :]  # [Q, b, E, chunks, N]: the log-decay Δ·A ≤ 0
+    x = (dtq * steps_first(u.to(f)))[..., None] * steps_first(B.to(f)).transpose(2, 3)[:, :, None]  # Δ·u·B
+    Cq = steps_first(C.to(f)).transpose(2, 3)  # [Q, b, chunks, N]
+    dA, decay = la.exp(), la.cumsum(0).exp()  # decay: from the chunk's start through each position
+    del la
+    h, ys = None, []  # 1. inside every chunk at once, from zero
+    for a_q, x_q, c_q in zip(dA.unbind(0), x.unbind(0), Cq.unbind(0), strict=True):
+        h = x_q.clone() if h is None else a_q * h + x_q  # a clone: a view would keep all of x saved
+        ys.append((h * c_q[:, None]).sum(-1))
+    del x
+    assert h is not None
+    carry = h.new_zeros(b, E, N) if h0 is None else h0.to(torch.promote_types(h0.dtype, h.dtype))
     starts = []  # 2. between chunks
-    for whole, end in zip(S[:, :, :, -1].exp().unbind(2), steps[-1].unbind(2), strict=True):
+    for whole, end in zip(decay[-1].unbind(2), h.unbind(2), strict=True):
         starts.append(carry)
         carry = whole * carry + end
-    h = local + S.exp() * torch.stack(starts, 2)[:, :, :, None, :]  # 3. every position
-    y = torch.einsum("becqn,bcqn->becq", h.to(u.dtype), Ct.reshape(b, nc, Q, N)).reshape(b, E, nc * Q)
-    return y[..., :T], carry
+    # 3. every position: the state carried into its chunk, decayed to it, read by C
+    y = torch.stack(ys) + (decay * Cq[:, :, None] * torch.stack(starts, 2)).sum(-1)  # [Q, b, E, chunks]
+    return y.permute(1, 2, 3, 0).reshape(b, E, nc * Q)[..., :T].to(u.dtype), carry
 
 
 def selective_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
