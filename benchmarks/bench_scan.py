@@ -14,6 +14,13 @@ tokenizer with ids folded into the model's vocabulary):
 
     python benchmarks/bench_scan.py [--hidden 4096] [--expand 2] [--state 16] [--layers 2] [--vocab 4096]
         [--n 4] [--scans chunked,sequential] [--threads 1] [--out FILE]
+    python benchmarks/bench_scan.py --exactness     # the chunked scan against the sequential one and float64
+
+``--exactness``: on the tiny Mamba-1, Falcon-Mamba and Jamba models of ``ganda.checks.tiny_model``
+(two rows of random tokens, 1 to 747 long), the largest difference relative to the largest entry
+of outputs, final states and gradients (u, Δ, A, B, C, D, z, Δ bias, initial state) of the first
+mixer's scan, chunked against sequential and each against a float64 sequential scan; and whole
+models in bfloat16 on the PyTorch path, chunked and sequential logits against the float32 ones.
 
 Random weights: the numbers are the cost of the code paths, not science.
 """
@@ -98,6 +105,71 @@ def run_scan(adapter: Any, exs: list[Any], scan: str) -> tuple[dict[str, Any], l
     return row, list(res.estimate)
 
 
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1.0))
+
+
+def _scan_all(scan: Callable[..., Any], args: tuple, kwargs: dict, h0: torch.Tensor | None) -> list[torch.Tensor]:
+    """[y, final state, gradients...] of ``scan`` on leaf copies of the arguments."""
+    leaf = [a.detach().clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+            for a in (*args, *kwargs.values(), h0)]
+    n = len(args)
+    kw = dict(zip(kwargs, leaf[n:-1], strict=True))
+    y, state = scan(*leaf[:n], **{**kw, "return_last_state": True, "initial_state": leaf[-1]})
+    (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape)).sum().add((state * state).sum()).backward()
+    return [y, state, *[t.grad for t in leaf if isinstance(t, torch.Tensor) and t.grad is not None]]
+
+
+def exactness() -> list[dict[str, Any]]:
+    import importlib
+
+    from ganda.checks import tiny_model
+    from ganda.models.ssm.common import torch_path
+    from ganda.models.ssm.selective_scan import selective_scan, sequential_scan
+
+    rows = []
+    for family in ("mamba", "falcon_mamba", "jamba"):
+        model = tiny_model(family)
+        mod = importlib.import_module(type(model).__module__)
+        for T in (1, 7, 64, 747):
+            seen: list[tuple[tuple, dict]] = []
+            ids = torch.randint(0, 60, (2, T), generator=torch.Generator().manual_seed(T))
+            with torch.no_grad(), torch_path(model):
+                mod.mamba_selective_scan = lambda *a, seen=seen, **k: seen.append((a, k)) or sequential_scan(*a, **k)
+                model(ids)
+            args, kwargs = seen[0]
+            to64 = [a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+            kw64 = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                    for k, v in kwargs.items()}
+            for init in (False, True):
+                h0 = torch.randn(2, args[0].shape[1], args[2].shape[-1], generator=torch.Generator().manual_seed(1)) \
+                    if init else None
+                c = _scan_all(selective_scan, args, kwargs, h0)
+                q = _scan_all(sequential_scan, args, kwargs, h0)
+                r = _scan_all(sequential_scan, tuple(to64), kw64, None if h0 is None else h0.double())
+                rows.append({"family": family, "T": T, "initial_state": init,
+                             "chunked_vs_sequential": max(_rel(a, b) for a, b in zip(c, q, strict=True)),
+                             "chunked_vs_float64": max(_rel(a, b) for a, b in zip(c, r, strict=True)),
+                             "sequential_vs_float64": max(_rel(a, b) for a, b in zip(q, r, strict=True))})
+            logits = {}
+            for dtype in (torch.float32, torch.bfloat16):
+                model.to(dtype)
+                for name, scan in (("chunked", selective_scan), ("sequential", sequential_scan)):
+                    with torch.no_grad(), torch_path(model):
+                        mod.mamba_selective_scan = scan
+                        logits[(dtype, name)] = model(ids[:1]).logits.float()
+            model.float()
+            ref = logits[(torch.float32, "sequential")]
+            rows.append({"family": family, "T": T, "bf16_logits": True,
+                         "chunked_vs_sequential": _rel(logits[(torch.bfloat16, "chunked")],
+                                                       logits[(torch.bfloat16, "sequential")]),
+                         "chunked_bf16_vs_fp32": _rel(logits[(torch.bfloat16, "chunked")], ref),
+                         "sequential_bf16_vs_fp32": _rel(logits[(torch.bfloat16, "sequential")], ref),
+                         "fp32_chunked_vs_sequential": _rel(logits[(torch.float32, "chunked")], ref)})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=4096)
@@ -109,8 +181,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scans", default="chunked,sequential")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--exactness", action="store_true", help="the exactness table instead of the timings")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.exactness:
+        for row in exactness():
+            print(json.dumps({k: f"{v:.1e}" if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+        return
     from bench_gpu import examples_for
 
     adapter = build(args)

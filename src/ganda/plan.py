@@ -179,9 +179,10 @@ class LayerCost:
             out += (22.0 if chunked else 10.0) * T * E * N
         return out
 
-    def act_bytes(self, T: int, b: int, chunked: bool = False) -> float:
+    def act_bytes(self, T: int, b: int, chunked: bool = False, segment: Any = None) -> float:
         """Largest transient activations of this layer for one row (bytes; b = element size);
-        ``chunked``: Mamba-1 scans run chunked (six float32 ``T·E·N`` tensors, the loop two)."""
+        ``chunked``: Mamba-1 scans run chunked (six float32 ``T·E·N`` tensors, the loop two);
+        ``segment(E, N)``: the tokens a no-grad chunked scan holds at once (None: all T)."""
         out = 0.0
         if self.mlp:
             out = max(out, 3.0 * T * self.mlp * b)
@@ -192,7 +193,8 @@ class LayerCost:
             # PyTorch's chunked scan keeps ~9 chunk-square and ~6 per-token float32 temporaries alive
             out = max(out, 9.0 * Tp * Q * H * 4 + 6.0 * Tp * H * (N + P) * 4 + 2.0 * T * self.proj * b)
         for E, N in self.selective:
-            out = max(out, (6.0 if chunked else 2.0) * T * E * N * 4 + 3.0 * T * E * 4 + T * self.proj * b)
+            held = min(T, segment(E, N)) if chunked and segment is not None else T
+            out = max(out, (6.0 * held if chunked else 2.0 * T) * E * N * 4 + 3.0 * T * E * 4 + T * self.proj * b)
         return out
 
 
@@ -431,19 +433,27 @@ class Plan:
 
 
 def _act_peak(p: Profile, rows: float, T: int, layers: Sequence[int], logit_positions: float,
-              chunked: bool = False) -> float:
+              chunked: bool = False, segment: Any = None) -> float:
     b = p.bytes_per_param
     resid = 3.0 * rows * T * p.d_model * b
-    layer = max((p.layers[i].act_bytes(T, b, chunked) for i in layers), default=0.0) * rows
+    layer = max((p.layers[i].act_bytes(T, b, chunked, segment) for i in layers), default=0.0) * rows
     logits = rows * logit_positions * p.vocab * (b + 4)  # the logits and their float32 log-softmax
     return resid + max(layer, logits)
 
 
-def _phase_act(p: Profile, ph: Phase, w: Workload) -> float:
-    """The activation peak of one phase: :func:`_act_peak`, with what a phase holds besides."""
+def _phase_act(p: Profile, ph: Phase, w: Workload, dev: Device | None = None) -> float:
+    """The activation peak of one phase: :func:`_act_peak`, with what a phase holds besides. A
+    no-grad chunked scan on ``dev`` holds one segment at a time; with autograd it keeps them all."""
     T = max(1, round(ph.tokens or w.peak_tokens))
     rows = ph.peak_rows or ph.rows
-    act = _act_peak(p, rows, T, ph.layers, ph.logit_positions, ph.chunked)
+    segment = None
+    if ph.chunked and not ph.backward and dev is not None:
+        where = torch.device("cpu" if dev.host else "cuda")
+
+        def segment(E: int, N: int) -> int:
+            return segment_of(max(1, round(rows)), E, N, where)
+
+    act = _act_peak(p, rows, T, ph.layers, ph.logit_positions, ph.chunked, segment)
     if ph.full_logits:
         # fp32 logits and their log-softmax at every position of the longest prompt, beside the
         # previous prompt's log-probabilities (freed only when the next replace them), at the mean length
@@ -706,7 +716,7 @@ def plan(prof: Profile, experiment: str, w: Workload, dev: Device | str = "h100"
     phases, kept, notes = _phases(prof, experiment, w, opts)
     flops = sum(ph.flops(prof) for ph in phases)
     seconds = sum(ph.seconds(prof, dev) for ph in phases)
-    act = max(_phase_act(prof, ph, w) * (2.0 if ph.backward else 1.0) for ph in phases)
+    act = max(_phase_act(prof, ph, w, dev) * (2.0 if ph.backward else 1.0) for ph in phases)
     weights = prof.weight_bytes
     runtime = dev.runtime + (dev.ssm_runtime if any(layer.ssd or layer.selective for layer in prof.layers) else 0.0)
     act = max(act, dev.act_floor.get(experiment, 0.0))
