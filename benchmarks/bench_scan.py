@@ -10,7 +10,8 @@ tokenizer with ids folded into the model's vocabulary):
   attribution's VJPs compute), wall and process CPU seconds;
 * ``atp*``: ``ganda.attribution.attribute(method="atp*")`` over every head (every channel), wall
   and CPU seconds, and its ratio to the forward + backward;
-* the peak resident memory of each, and (both scans run) how far apart their AtP* estimates are.
+* the peak resident memory of each, and (both scans run) how far apart their AtP* estimates are;
+* for the chunked scan, what ``ganda plan``'s ``cpu`` row predicts for both (process CPU time).
 
     python benchmarks/bench_scan.py [--hidden 4096] [--expand 2] [--state 16] [--layers 2] [--vocab 4096]
         [--n 4] [--scans chunked,sequential] [--threads 1] [--out FILE]
@@ -88,6 +89,21 @@ def forward_backward(adapter: Any, exs: list[Any]) -> dict[str, float]:
     return {**clock, "tokens": int(ids.shape[1]), "rows": int(ids.shape[0])}
 
 
+def planned(adapter: Any, exs: list[Any], rows: int, tokens: int) -> dict[str, float]:
+    """``ganda plan``'s ``cpu`` row for the chunked scan: AtP* without its exact check, and one
+    forward + backward (input gradients) of ``rows`` padded rows of ``tokens``."""
+    from ganda import plan
+    from ganda.scoring import encode
+
+    prof, dev = plan.profile(adapter), plan.device("cpu")
+    w = plan.workload_from_examples(exs, lambda t: encode(adapter, t))
+    p = plan.plan(prof, "attribution", w, dev, method="atp*", verify_top=0, active=0, audit=0)
+    atp = sum(ph["seconds"] for ph in p.phases if not ph["phase"].startswith("exact check"))
+    layers = list(range(len(prof.layers)))
+    fb = plan.Phase("forward+backward", 1, rows, tokens, layers, tokens, backward=dev.vjp_cost, scan=plan.CHUNKED)
+    return {"atp*_s": atp, "forward_backward_s": fb.seconds(prof, dev)}
+
+
 def run_scan(adapter: Any, exs: list[Any], scan: str) -> tuple[dict[str, Any], list[float]]:
     import ganda.models.ssm.common as common
     from ganda.attribution import attribute
@@ -100,6 +116,7 @@ def run_scan(adapter: Any, exs: list[Any], scan: str) -> tuple[dict[str, Any], l
     finally:
         common.selective_scan = selective_scan
     row = {"scan": scan, "forward_backward": fb, "atp*": {**clock, "heads": len(res.heads)},
+           "planned_cpu": planned(adapter, exs, fb["rows"], fb["tokens"]) if scan == "chunked" else None,
            "atp*_over_forward_backward_wall": clock["wall_s"] / fb["wall_s"],
            "atp*_over_forward_backward_cpu": clock["cpu_s"] / fb["cpu_s"]}
     return row, list(res.estimate)
