@@ -16,6 +16,7 @@ tokenizer with ids folded into the model's vocabulary):
     python benchmarks/bench_scan.py [--hidden 4096] [--expand 2] [--state 16] [--layers 2] [--vocab 4096]
         [--n 4] [--scans chunked,sequential] [--threads 1] [--out FILE]
     python benchmarks/bench_scan.py --exactness     # the chunked scan against the sequential one and float64
+    python benchmarks/bench_scan.py --plan-only [--hidden 4096 ...]   # the planner's rows alone (meta device)
 
 ``--exactness``: on the tiny Mamba-1, Falcon-Mamba and Jamba models of ``ganda.checks.tiny_model``
 (two rows of random tokens, 1 to 747 long), the largest difference relative to the largest entry
@@ -55,7 +56,7 @@ def clocked(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
     return out, clock
 
 
-def build(args: argparse.Namespace) -> Any:
+def build(args: argparse.Namespace, meta: bool = False) -> Any:
     from bench_gpu import tokenizer
     from transformers import FalconMambaConfig, FalconMambaForCausalLM
 
@@ -64,7 +65,8 @@ def build(args: argparse.Namespace) -> Any:
     torch.manual_seed(0)
     cfg = FalconMambaConfig(vocab_size=args.vocab, hidden_size=args.hidden, expand=args.expand,
                             state_size=args.state, num_hidden_layers=args.layers)
-    model = FalconMambaForCausalLM(cfg).eval()
+    with torch.device("meta" if meta else "cpu"):
+        model = FalconMambaForCausalLM(cfg).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     tok = tokenizer(ROOT / "tokenizers" / "smollm2-135m", args.vocab)
@@ -199,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--exactness", action="store_true", help="the exactness table instead of the timings")
+    ap.add_argument("--plan-only", action="store_true", help="what the planner's cpu row predicts, nothing run")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.exactness:
@@ -207,8 +210,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     from bench_gpu import examples_for
 
-    adapter = build(args)
+    adapter = build(args, meta=args.plan_only)
     exs = examples_for(args.n, 5)
+    if args.plan_only:
+        from ganda.scoring import encode
+
+        lengths = [len(encode(adapter, ex.prompt)) for ex in exs]
+        print(json.dumps({"prompt_tokens": lengths,
+                          "planned_cpu": planned(adapter, exs, len(exs), max(lengths))}))
+        return
     with torch.no_grad():  # one-off set-up of the first call: not in any row's time
         adapter.forward(torch.arange(1, 33)[None] % args.vocab)
     lengths = [len(adapter.tokenizer(ex.prompt).input_ids) for ex in exs]
