@@ -207,3 +207,26 @@ def test_torch_path_swaps_and_restores_every_mamba1_scan():
         for name in MAMBA1_MODULES:
             assert importlib.import_module(name).mamba_selective_scan is selective_scan
     assert {name: importlib.import_module(name).mamba_selective_scan for name in MAMBA1_MODULES} == before
+
+
+def test_the_planner_counts_the_chunked_scan_on_the_pytorch_path():
+    """Attribution (on the PyTorch path) plans ~2·√T scan steps per segment; the exact checks' plain
+    forwards keep transformers' loop (T steps); attribution's GPU batches hold the scan's states."""
+    import ganda
+    from ganda import plan
+    from ganda.attribution import batch_tokens_for
+
+    h100 = plan.DEVICES["h100"]
+    assert plan.scan_steps(plan.SEQUENTIAL, 747, 1, 8192, 16, h100) == 747
+    assert plan.scan_steps(plan.CHUNKED, 747, 1, 8192, 16, h100) == 28 + 27
+    assert plan.scan_steps(plan.CHUNKED, 4096, 1, 8192, 16, h100) == 2 * (46 + 45)  # two segments of 2,048
+    assert plan.scan_steps(plan.CHUNKED, 747, 4, 8192, 16, plan.DEVICES["cpu"]) == 5 * (12 + 11) + (11 + 10)
+    # Falcon-Mamba-7B's widths on an H100 with 60 GB free: ten d_inner × N float32 states a token
+    assert batch_tokens_for(64, 4096, 2, 6, 60e9, state=8192 * 16) == 4989
+    assert batch_tokens_for(64, 4096, 2, 6, 60e9) == 38958
+    prof = plan.profile(ganda.from_model(tiny_model("falcon_mamba")))
+    phases, _, _ = plan._phases(prof, "attribution", plan.Workload(n=4, tokens=747), {"_device": h100})
+    assert [ph.scan for ph in phases[:2]] == [plan.CHUNKED, plan.CHUNKED]
+    assert phases[2:] and all(ph.scan == plan.SEQUENTIAL for ph in phases[2:])
+    maps, _, _ = plan._phases(prof, "maps", plan.Workload(n=1, tokens=747), {"_device": h100})
+    assert maps[0].scan == plan.CHUNKED
