@@ -18,8 +18,10 @@ Counted per decoder layer i and row of T tokens: ``2·P_i·T`` for its weights (
 weights at ``top_k / n_experts``, a shared block at every invocation), ``4·H·d·T²`` for eager
 softmax attention (the full square: eager attention does not skip the masked half), the SSD
 chunked scan ``2·T·Q·H·(N + P) + 4·T·H·P·N`` (Mamba-2 family, chunk Q) or the selective scan
-``9·T·E·N`` (Mamba-1, a sequential loop of T steps on the PyTorch path), and ``2·d·V`` per
-position the LM head is applied at.
+``9·T·E·N`` (Mamba-1), and ``2·d·V`` per position the LM head is applied at. A Mamba-1 scan also
+costs a step overhead per sequential step: T steps of transformers' loop on plain forwards (where
+no ``mamba_ssm`` kernel is installed), about 2·√T on the PyTorch path of analysis (attribution,
+maps, circuits), which runs ganda's chunked scan (:mod:`ganda.models.ssm.selective_scan`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from .attribution.engine import (
 )
 from .errors import GandaError
 from .models.base import ModelAdapter
+from .models.ssm.selective_scan import chunk_of, segment_of
 from .scoring import prefix_cache_enabled
 from .sweep import batching_for, forward_tokens
 
@@ -63,7 +66,7 @@ class Device:
     util: float  # fraction of peak FLOP/s in large matmuls
     bw_util: float  # fraction of peak bandwidth when streaming weights
     layer_overhead: float  # seconds per decoder-layer call (kernel launches, Python, hooks)
-    scan_step: float  # seconds per token step of Mamba-1's sequential PyTorch scan, per layer
+    scan_step: float  # seconds per sequential step of a Mamba-1 PyTorch scan (a token, or a chunk), per layer
     runtime: float  # bytes the runtime holds besides tensors (CUDA context, allocator, libraries)
     note: str = ""
     host: bool = False  # its memory is the host's (results kept on the CPU count against it)
@@ -159,11 +162,12 @@ class LayerCost:
             f += 9.0 * T * E * N
         return f
 
-    def traffic(self, T: int, ssd_scale: float = 1.0, library_scale: float = 1.0) -> float:
+    def traffic(self, T: int, ssd_scale: float = 1.0, library_scale: float = 1.0, chunked: bool = False) -> float:
         """Activation elements this layer reads and writes outside its matmuls, for one row: norms,
         residual adds, rotary, activations, masking and softmax, scan arithmetic (memory-bound work).
         ``ssd_scale``: what a device's SSD path really moves per element counted here; the
-        ``library_ssd`` mixers move ``library_scale`` times that."""
+        ``library_ssd`` mixers move ``library_scale`` times that. ``chunked``: Mamba-1 scans run
+        chunked (about 22 passes over the ``T·E·N`` states and decays, the sequential loop 10)."""
         out = 12.0 * T * self.d + 4.0 * T * self.mlp + 2.0 * T * self.proj
         for h, _d in self.attn:
             out += 8.0 * h * T * T
@@ -172,11 +176,13 @@ class LayerCost:
             lib = library_scale if k < self.library_ssd else 1.0
             out += ssd_scale * lib * (10.0 * Tp * Q * H + 6.0 * Tp * H * (N + P))
         for E, N in self.selective:
-            out += 10.0 * T * E * N
+            out += (22.0 if chunked else 10.0) * T * E * N
         return out
 
-    def act_bytes(self, T: int, b: int) -> float:
-        """Largest transient activations of this layer for one row (bytes; b = element size)."""
+    def act_bytes(self, T: int, b: int, chunked: bool = False, segment: Any = None) -> float:
+        """Largest transient activations of this layer for one row (bytes; b = element size);
+        ``chunked``: Mamba-1 scans run chunked (six float32 ``T·E·N`` tensors, the loop two);
+        ``segment(E, N)``: the tokens a no-grad chunked scan holds at once (None: all T)."""
         out = 0.0
         if self.mlp:
             out = max(out, 3.0 * T * self.mlp * b)
@@ -187,7 +193,8 @@ class LayerCost:
             # PyTorch's chunked scan keeps ~9 chunk-square and ~6 per-token float32 temporaries alive
             out = max(out, 9.0 * Tp * Q * H * 4 + 6.0 * Tp * H * (N + P) * 4 + 2.0 * T * self.proj * b)
         for E, N in self.selective:
-            out = max(out, 2.0 * T * E * N * 4 + 3.0 * T * E * 4 + T * self.proj * b)
+            held = min(T, segment(E, N)) if chunked and segment is not None else T
+            out = max(out, (6.0 * held if chunked else 2.0 * T) * E * N * 4 + 3.0 * T * E * 4 + T * self.proj * b)
         return out
 
 
@@ -335,6 +342,26 @@ def workload_from_examples(examples: Sequence[Any], encode: Any | None = None, c
 
 # ---- costing ----------------------------------------------------------------------------------
 
+SEQUENTIAL = "sequential"  # transformers' Mamba-1 loop, one step per token: plain forwards without kernels
+CHUNKED = "chunked"  # ganda's chunked scan: the PyTorch path of analysis (torch_path)
+
+
+def scan_steps(kind: str, T: int, rows: float, E: int, N: int, dev: Device) -> float:
+    """Sequential steps of one Mamba-1 layer's scan over T tokens: T for the loop; for the chunked
+    scan ⌈√S⌉ steps inside chunks and ⌈S/⌈√S⌉⌉ between them per segment of S tokens
+    (:func:`ganda.models.ssm.selective_scan.segment_of`: rows × S × E × N within its budget)."""
+    if kind != CHUNKED:
+        return float(T)
+    seg = segment_of(max(1, round(rows)), E, N, torch.device("cpu" if dev.host else "cuda"))
+
+    def one(n: int) -> int:
+        q = chunk_of(n)
+        return q + -(-n // q)
+
+    full, rest = divmod(T, seg)
+    return float(full * one(seg) + (one(rest) if rest else 0))
+
+
 @dataclass
 class Phase:
     """One part of an experiment: ``calls`` forwards of ``rows`` rows through ``layers``."""
@@ -346,7 +373,7 @@ class Phase:
     layers: list[int]
     logit_positions: float  # per row
     backward: float = 0.0  # extra forward-equivalents of backward work (input gradients only)
-    scan: bool = True  # Mamba-1 layers run their sequential scan (False: kernels or skipped)
+    scan: str | None = "sequential"  # how Mamba-1 layers scan: SEQUENTIAL, CHUNKED, or None (kernels, skipped)
     examples: float = 0.0  # example passes (each pays the device's per-example overhead)
     scored: float = 0.0  # rows whose log-likelihoods are read back (each pays the per-score overhead)
     full_logits: bool = False  # float32 log-softmax over every position of every row (the fallback sweep)
@@ -357,21 +384,27 @@ class Phase:
         per_row = sum(p.layers[i].flops(T) for i in self.layers) + 2.0 * p.d_model * p.vocab * self.logit_positions
         return self.calls * self.rows * per_row * (1.0 + self.backward)
 
+    @property
+    def chunked(self) -> bool:
+        return self.scan == CHUNKED
+
     def seconds(self, p: Profile, dev: Device) -> float:
         T = max(1, round(self.tokens))
         rate = dev.rate(p.dtype)
         per_call = self.flops(p) / max(self.calls, 1e-12) / rate
         weights = (p.layer_params(self.layers) + p.d_model * p.vocab) * p.bytes_per_param
         per_call = max(per_call, weights * (1.0 + self.backward) / (dev.bandwidth * dev.bw_util))
-        traffic = sum(p.layers[i].traffic(T, dev.ssd_traffic_scale, dev.library_ssd_scale) for i in self.layers) \
+        traffic = sum(p.layers[i].traffic(T, dev.ssd_traffic_scale, dev.library_ssd_scale, self.chunked)
+                      for i in self.layers) \
             + 2.0 * self.logit_positions * p.vocab
         per_call += self.rows * traffic * 4.0 * (1.0 + self.backward) / (dev.act_bandwidth or dev.bandwidth * dev.bw_util)
         per_call += len(self.layers) * dev.layer_overhead * (1.0 + self.backward)
         ssd = sum(len(p.layers[i].ssd) + (dev.library_ssd_scale - 1.0) * p.layers[i].library_ssd for i in self.layers)
         per_call += ssd * dev.ssd_layer_overhead * (1.0 + self.backward)
         if self.scan:
-            steps = sum(1 for i in self.layers for _ in p.layers[i].selective)
-            per_call += steps * T * dev.scan_step * (1.0 + self.backward)
+            steps = sum(scan_steps(self.scan, T, self.rows, E, N, dev) for i in self.layers
+                        for E, N in p.layers[i].selective)
+            per_call += steps * dev.scan_step * (1.0 + self.backward)
         return (self.calls * (per_call + dev.call_overhead) + self.examples * dev.example_overhead
                 + self.examples * self.tokens * dev.token_overhead + self.scored * dev.score_overhead)
 
@@ -399,19 +432,28 @@ class Plan:
         return asdict(self)
 
 
-def _act_peak(p: Profile, rows: float, T: int, layers: Sequence[int], logit_positions: float) -> float:
+def _act_peak(p: Profile, rows: float, T: int, layers: Sequence[int], logit_positions: float,
+              chunked: bool = False, segment: Any = None) -> float:
     b = p.bytes_per_param
     resid = 3.0 * rows * T * p.d_model * b
-    layer = max((p.layers[i].act_bytes(T, b) for i in layers), default=0.0) * rows
+    layer = max((p.layers[i].act_bytes(T, b, chunked, segment) for i in layers), default=0.0) * rows
     logits = rows * logit_positions * p.vocab * (b + 4)  # the logits and their float32 log-softmax
     return resid + max(layer, logits)
 
 
-def _phase_act(p: Profile, ph: Phase, w: Workload) -> float:
-    """The activation peak of one phase: :func:`_act_peak`, with what a phase holds besides."""
+def _phase_act(p: Profile, ph: Phase, w: Workload, dev: Device | None = None) -> float:
+    """The activation peak of one phase: :func:`_act_peak`, with what a phase holds besides. A
+    no-grad chunked scan on ``dev`` holds one segment at a time; with autograd it keeps them all."""
     T = max(1, round(ph.tokens or w.peak_tokens))
     rows = ph.peak_rows or ph.rows
-    act = _act_peak(p, rows, T, ph.layers, ph.logit_positions)
+    segment = None
+    if ph.chunked and not ph.backward and dev is not None:
+        where = torch.device("cpu" if dev.host else "cuda")
+
+        def segment(E: int, N: int) -> int:
+            return segment_of(max(1, round(rows)), E, N, where)
+
+    act = _act_peak(p, rows, T, ph.layers, ph.logit_positions, ph.chunked, segment)
     if ph.full_logits:
         # fp32 logits and their log-softmax at every position of the longest prompt, beside the
         # previous prompt's log-probabilities (freed only when the next replace them), at the mean length
@@ -485,8 +527,9 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     dev = opts.get("_device")
     block_of = graddrop_blocks(len(L), opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
     free = None if dev is None or dev.host else dev.memory - p.weight_bytes - dev.runtime
+    state = max((E * N for layer in p.layers for E, N in layer.selective), default=0)
     batch_tokens = int(opts.get("batch_tokens") or batch_tokens_for(len(L), p.d_model, int(p.bytes_per_param),
-                                                                     block_of[-1] + 1, free))
+                                                                     block_of[-1] + 1, free, state))
     reps = int(opts.get("ig_steps") or IG_STEPS) + 1 if method == "ig" else 1  # IG: k steps and a clean copy
     per_batch = max(1, min(w.n, batch_tokens // reps // max(1, round(w.packed))))
     calls = math.ceil(w.n / per_batch)
@@ -501,9 +544,9 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     vjp = dev.vjp_cost if dev is not None else 1.0
     back = 1.0 + vjp * (1.0 + above if method == "atp*" else 1.0)
     phases = [Phase("no-grad pass, residuals kept", calls, per_batch * reps, width, L, n_read, examples=w.n,
-                    scored=w.n * w.score_rows * reps),
+                    scored=w.n * w.score_rows * reps, scan=CHUNKED),
               Phase(f"layer-by-layer backward ({method})", calls, per_batch * reps, width, L, n_read,
-                    backward=back - 1.0)]
+                    backward=back - 1.0, scan=CHUNKED)]
     cotangents = blocks if method == "atp*" else 1
     kept = (depth + cotangents) * per_batch * reps * width * p.d_model * 4
     early = sorted(set(opts.get("verify_layers") or ()))
@@ -567,7 +610,7 @@ def maps_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     T_ = int(w.max_tokens or T)
     full = p.family == "transformer"  # attention maps come from a whole eager forward
     phases: list[Phase] = [Phase("capture pass (eager attention, PyTorch SSM path)", w.n, 1, T_,
-                                 L if full else L[: max(layers) + 1], T_ if full else 0)]
+                                 L if full else L[: max(layers) + 1], T_ if full else 0, scan=CHUNKED)]
     map_flops = 0.0
     map_bytes = 0.0
     for i in layers:
@@ -628,7 +671,7 @@ class _MapPhase(Phase):
     """Materialising implicit maps: elementwise-bound float32/float64 work, no weights read."""
 
     def __init__(self, name: str, calls: float, flops_per_call: float, layers: list[int], n_maps: int) -> None:
-        super().__init__(name, calls, 1, 0, layers, 0, scan=False)
+        super().__init__(name, calls, 1, 0, layers, 0, scan=None)
         self._flops = flops_per_call
         self.n_maps = n_maps
 
@@ -673,7 +716,7 @@ def plan(prof: Profile, experiment: str, w: Workload, dev: Device | str = "h100"
     phases, kept, notes = _phases(prof, experiment, w, opts)
     flops = sum(ph.flops(prof) for ph in phases)
     seconds = sum(ph.seconds(prof, dev) for ph in phases)
-    act = max(_phase_act(prof, ph, w) * (2.0 if ph.backward else 1.0) for ph in phases)
+    act = max(_phase_act(prof, ph, w, dev) * (2.0 if ph.backward else 1.0) for ph in phases)
     weights = prof.weight_bytes
     runtime = dev.runtime + (dev.ssm_runtime if any(layer.ssd or layer.selective for layer in prof.layers) else 0.0)
     act = max(act, dev.act_floor.get(experiment, 0.0))

@@ -487,14 +487,18 @@ BATCH_TOKENS = 4096  # padded tokens per batch on the CPU (the measured sweet sp
 MAX_BATCH_TOKENS = 65536
 
 
-def batch_tokens_for(n_layers: int, d_model: int, elem_bytes: int, blocks: int, free_bytes: float | None) -> int:
+def batch_tokens_for(n_layers: int, d_model: int, elem_bytes: int, blocks: int, free_bytes: float | None,
+                     state: int = 0) -> int:
     """Padded tokens per batch on an accelerator with ``free_bytes`` free: what one batch holds per
     token (every layer's input in the model's dtype, the fp32 cotangents of the plain pass and each
-    GradDrop block, and one layer's graph, about 16 hidden vectors) within half of the free memory,
-    between the CPU's :data:`BATCH_TOKENS` and :data:`MAX_BATCH_TOKENS`. ``free_bytes`` None: the CPU's."""
+    GradDrop block, and one layer's graph, about 16 hidden vectors, plus for a Mamba-1 layer of
+    ``state`` = d_inner × N states ten float32 ``state`` tensors: its scan's graph and gradients)
+    within half of the free memory, between the CPU's :data:`BATCH_TOKENS` and
+    :data:`MAX_BATCH_TOKENS`. ``free_bytes`` None: the CPU's."""
     if free_bytes is None:
         return BATCH_TOKENS
-    per_token = n_layers * d_model * elem_bytes + (blocks + 1) * d_model * 4 + 16 * d_model * elem_bytes
+    per_token = n_layers * d_model * elem_bytes + (blocks + 1) * d_model * 4 + 16 * d_model * elem_bytes \
+        + 10 * state * 4
     return int(max(BATCH_TOKENS, min(MAX_BATCH_TOKENS, 0.5 * free_bytes // per_token)))
 
 
@@ -504,7 +508,9 @@ def default_batch_tokens(adapter: ModelAdapter, blocks: int = GRADDROP_BLOCKS) -
     free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
     d_model = adapter.mixers()[0].out_proj.out_features if adapter.mixers() else 1
     elem = next(adapter.model.parameters()).element_size()
-    return batch_tokens_for(len(adapter.decoder_layers()), d_model, elem, blocks, free)
+    state = max((m.num_heads * int(getattr(m.module, "ssm_state_size", 0) or 0) for m in adapter.mixers()
+                 if m.kind == "ssm" and m.head_dim == 1), default=0)  # Mamba-1 channels
+    return batch_tokens_for(len(adapter.decoder_layers()), d_model, elem, blocks, free, state)
 
 
 def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "mean", batch_tokens: int | None = None,

@@ -12,6 +12,8 @@ planner's units (:class:`ganda.plan.Phase`: forwards of some rows through some l
   most active (planned as the larger list: the top by estimate lie mostly inside the top by
   activity), ``audit`` and ``widen``'s first round, at most every edge, each the intact forward
   from its receiver's layer (receivers spread evenly over the layers).
+
+Every pass runs on the PyTorch path of analysis (``torch_path``): Mamba-1 layers scan chunked.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from ..attribution.engine import ACTIVE_EDGES, BATCH_TOKENS
 from ..heads import HeadId
-from ..plan import Device, Phase, Phases, Profile, Workload
+from ..plan import CHUNKED, Device, Phase, Phases, Profile, Workload
 
 
 class _Part(Phase):
@@ -30,7 +32,7 @@ class _Part(Phase):
 
     def __init__(self, name: str, calls: float, rows: float, tokens: float, layers: list[int], part: float,
                  backward: float) -> None:
-        super().__init__(name, calls, rows, tokens, layers, 0, backward=backward)
+        super().__init__(name, calls, rows, tokens, layers, 0, backward=backward, scan=CHUNKED)
         self.part = part
 
     def flops(self, p: Profile) -> float:
@@ -68,12 +70,13 @@ def path_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     n_read = w.choices * w.choice_tokens
     per_batch, calls = _batches(w, int(opts.get("batch_tokens") or BATCH_TOKENS))
     phases = [Phase("intact pass, every layer's input kept", calls, per_batch, w.packed, L, n_read, examples=w.n,
-                    scored=w.n * w.score_rows),
-              Phase("sender ablated everywhere", calls, per_batch, w.packed, L[s:], n_read)]
+                    scored=w.n * w.score_rows, scan=CHUNKED),
+              Phase("sender ablated everywhere", calls, per_batch, w.packed, L[s:], n_read, scan=CHUNKED)]
     if opts.get("paths", "all") == "all" and r > s + 1:
-        phases.append(Phase("ablated stream from the sender to the receiver", calls, per_batch, w.packed, L[s:r], 0))
+        phases.append(Phase("ablated stream from the sender to the receiver", calls, per_batch, w.packed, L[s:r], 0,
+                            scan=CHUNKED))
     phases.append(Phase(f"{parts} path ablation(s) from the receiver's layer on", calls * parts, per_batch, w.packed,
-                        L[r:], n_read))
+                        L[r:], n_read, scan=CHUNKED))
     kept = len(L) * per_batch * w.packed * p.d_model * 4
     return phases, kept, [f"path ablation L{s} -> L{r}: the receiver's layer and the {len(L) - r - 1} after it "
                           f"per part ({parts})"]
@@ -94,8 +97,9 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     per_batch, calls = _batches(w, batch_tokens)
     copies = sum(layer.heads for layer in p.layers[1:]) / max(1, len(L))  # receiver copies per layer, on average
     phases = [Phase("no-grad pass, residuals and mixer outputs kept", calls, per_batch, w.packed, L, n_read,
-                    examples=w.n, scored=w.n * w.score_rows),
-              Phase("layer-by-layer backward (one VJP per layer)", calls, per_batch, w.packed, L, n_read, backward=1.0),
+                    examples=w.n, scored=w.n * w.score_rows, scan=CHUNKED),
+              Phase("layer-by-layer backward (one VJP per layer)", calls, per_batch, w.packed, L, n_read, backward=1.0,
+                    scan=CHUNKED),
               _Part(f"receiver copies ({copies:.0f} per layer on average), forward and VJP up to the mixer", calls,
                     per_batch * copies, w.packed, L, mixer_part(p), backward=2.0)]
     # --widen W: its first round (at least one runs; later rounds depend on what the first finds)
@@ -105,7 +109,7 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     if checks:
         depth = max(1, round(len(L) / 2))
         phases.append(Phase(f"exact check of {checks} edges (the intact forward from each receiver's layer)",
-                            calls * checks, per_batch, w.packed, L[len(L) - depth:], n_read))
+                            calls * checks, per_batch, w.packed, L[len(L) - depth:], n_read, scan=CHUNKED))
     kept = (len(L) + heads) * per_batch * w.packed * p.d_model * 4
     note = (f"edges: every sender -> receiver pair of {heads} heads from one forward and one backward per batch, "
             f"{copies:.0f} receiver copies per layer; kept: every layer's input and every head's write")

@@ -25,6 +25,7 @@ from ..base import Mixer, ModelAdapter, PostHook, PreHook
 from ..placement import weights_on
 from ..transformer import eager_attention
 from .materialize import SelectiveParams, SSDParams, SSMParams, for_math, head_map, selective_maps
+from .selective_scan import MAMBA1_MODULES, selective_scan
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 _HF_MODULES = (
     "transformers.models.mamba.modeling_mamba",
     "transformers.models.falcon_mamba.modeling_falcon_mamba",
+    "transformers.models.jamba.modeling_jamba",
     "transformers.models.mamba2.modeling_mamba2",
     "transformers.models.zamba2.modeling_zamba2",
     "transformers.models.bamba.modeling_bamba",
@@ -59,6 +61,9 @@ def torch_path(model: nn.Module) -> Iterator[None]:
     function, at import time; the fused training kernels skip ``norm`` and ``out_proj`` (so their
     hooks never fire) and the others compute with their own numerics. For analysis we unwrap each
     kernelised module-level function to the PyTorch reference it wraps and force eval mode.
+    Mamba-1 mixers (Mamba, Falcon-Mamba, Jamba) get ganda's chunked selective scan in place of
+    transformers' sequential one (:mod:`.selective_scan`: the same outputs in ~2·√T steps, not T),
+    unless a ganda scan is already in place (:func:`.mamba1.scans_continue`).
     """
     global _warned
     patched: list[tuple[Any, str, Any]] = []
@@ -75,6 +80,10 @@ def torch_path(model: nn.Module) -> Iterator[None]:
             if ref is not fn:
                 patched.append((mod, fn_name, fn))
                 setattr(mod, fn_name, ref)
+        scan = getattr(mod, "mamba_selective_scan", None)
+        if name in MAMBA1_MODULES and scan is not None and not getattr(scan, "ganda_scan", False):
+            patched.append((mod, "mamba_selective_scan", scan))
+            mod.mamba_selective_scan = selective_scan
     was_training = model.training
     model.eval()
     if not _warned:

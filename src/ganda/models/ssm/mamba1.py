@@ -21,6 +21,7 @@ from ...heads import HeadId
 from ..base import Mixer
 from .common import SSMAdapterBase, causal_conv
 from .materialize import SelectiveParams, SSMParams, group_channels, selective_channel_map
+from .selective_scan import MAMBA1_MODULES, selective_scan, starting_from
 
 
 def mamba1_params(m: nn.Module, captured: torch.Tensor) -> SelectiveParams:
@@ -42,51 +43,10 @@ def mamba1_params(m: nn.Module, captured: torch.Tensor) -> SelectiveParams:
     return SelectiveParams(x=x, delta=delta, A=A, B=B.float(), C=C.float(), D=m.D.float(), z=z)
 
 
-# transformers modules whose Mamba-1 mixers call the module-level ``mamba_selective_scan``
-_SCAN_MODULES = (
-    "transformers.models.mamba.modeling_mamba",
-    "transformers.models.falcon_mamba.modeling_falcon_mamba",
-    "transformers.models.jamba.modeling_jamba",
-)
-
-
 class _Start:
     """The recurrent state the next selective scan starts from (None: zero)."""
 
     state: torch.Tensor | None = None
-
-
-def _scan_from(start: _Start):
-    def mamba_selective_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                             C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
-                             delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                             return_last_state: bool = False, **_: Any) -> Any:
-        """transformers' reference selective scan (its sequential form, the same operations in the
-        same order) with the recurrent state starting at ``start.state`` instead of zero."""
-        batch, inner, seq_len = hidden_states.shape
-        dtype = hidden_states.dtype
-        if delta_bias is not None:
-            dt = dt + delta_bias.to(dt.dtype)[..., None]
-        if delta_softplus:
-            dt = F.softplus(dt)
-        B, C = B.transpose(1, 2), C.transpose(1, 2)
-        dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
-        dBu = dt[:, :, :, None] * B[:, None, :, :].float() * hidden_states[:, :, :, None].float()
-        state = start.state
-        if state is None:
-            state = torch.zeros(batch, inner, A.shape[-1], dtype=dtype, device=hidden_states.device)
-        outs = []
-        for t in range(seq_len):
-            state = dA[:, :, t] * state + dBu[:, :, t]
-            outs.append(torch.matmul(state.to(dtype), C[:, t, :].unsqueeze(-1))[:, :, 0])
-        y = torch.stack(outs, dim=-1)
-        if D is not None:
-            y = y + hidden_states * D[None, :, None]
-        if z is not None:
-            y = y * F.silu(z)
-        return (y, state) if return_last_state else y
-
-    return mamba_selective_scan
 
 
 def recurrent_state(cache: Any, layer_idx: int) -> torch.Tensor | None:
@@ -107,23 +67,21 @@ def scans_continue(cache: Any, mixers: Sequence[nn.Module]) -> Iterator[None]:
 
     transformers' Mamba-1 mixers (Mamba, Falcon-Mamba, Jamba) continue the conv from a cache but
     start every multi-token scan at a zero state (only one-token inputs use the cached state).
-    Here the module-level scan is swapped for the same sequential scan with an initial state,
-    which a pre-hook on each mixer reads from ``cache`` before the mixer runs; a multi-token
-    suffix then runs in one forward, exactly as if the cached tokens preceded it. The scan is
-    transformers' PyTorch loop over the suffix's positions (the uncached path runs the same loop
-    over the whole row where no ``mamba_ssm`` kernel is installed; with one, the kernel scans the
-    prefix and the loop only the suffix), so reuse pays off behind the long prefixes
-    (``PREFIX_MIN`` tokens or more, a few-shot header) that :func:`ganda.scoring.prefix_groups`
-    caches.
+    Here the module-level scan is swapped for ganda's chunked scan
+    (:func:`.selective_scan.selective_scan`) with an initial state, which a pre-hook on each mixer
+    reads from ``cache`` before the mixer runs; a multi-token suffix then runs in one forward,
+    exactly as if the cached tokens preceded it, in about 2·√T steps of the suffix's T tokens.
+    Reuse pays off behind the long prefixes (``PREFIX_MIN`` tokens or more, a few-shot header)
+    that :func:`ganda.scoring.prefix_groups` caches.
     """
     start = _Start()
-    scan = _scan_from(start)
+    scan = starting_from(selective_scan, start)
 
     def read_state(module: nn.Module, _args: Any) -> None:
         start.state = recurrent_state(cache, module.layer_idx)
 
     swapped = []
-    for name in _SCAN_MODULES:
+    for name in MAMBA1_MODULES:
         try:
             mod = importlib.import_module(name)
         except Exception:  # noqa: BLE001 - family absent from this transformers version
