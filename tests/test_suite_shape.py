@@ -62,12 +62,13 @@ def test_every_test_that_visibly_needs_a_tier_carries_it():
         if path.name == Path(__file__).name:  # the guard's own tests start a process on purpose
             continue
         src = path.read_text()
+        lines = src.splitlines()
         tree = ast.parse(src)
         module = _module_tiers(tree, src)
         for node in tree.body:
             if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
                 continue
-            body = ast.get_source_segment(src, node) or ""
+            body = "\n".join(lines[node.lineno - 1:node.end_lineno])
             tiers = module | _tier_marks(node, src)
             assert len(tiers) <= 1, f"{path.name}::{node.name} is in {sorted(tiers)}"
             args = {a.arg for a in node.args.args}
