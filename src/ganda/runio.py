@@ -256,7 +256,7 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
 
 #: the kinds of output files a command may replace, as the error names them
 KINDS = {"predictions": "a predictions file", "report": "a report page", "figure": "a figure",
-         "attention": "an attention-maps file"}
+         "attention": "an attention-maps file", "plan": "a plan"}
 #: what ganda writes into every file of a kind (PNG: matplotlib's ``Software`` text chunk)
 GENERATOR = "ganda"
 _MARKS = {"report": b'<meta name="generator" content="ganda', "figure": b"Software\x00ganda",
@@ -279,6 +279,14 @@ def written_by_ganda(path: str | Path, kind: str | None) -> bool:
         except ValueError:
             return False
         return isinstance(rec, dict) and {"id", "gold", "pred", "correct"} <= set(rec)
+    if kind == "plan":  # ganda plan --out: a JSON list of plans, each naming what it costs
+        try:
+            with open(path, "rb") as f:
+                plans = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            return False
+        return isinstance(plans, list) and bool(plans) and all(
+            isinstance(p, dict) and {"what", "experiment", "flops", "seconds"} <= set(p) for p in plans)
     mark = _MARKS.get(kind or "")
     return mark is not None and mark in head
 
@@ -410,11 +418,150 @@ def run_dir_lock(path: str | Path, option: str = "--out") -> Iterator[Path]:
         release_run_dir(p)
 
 
-def claim_run_dir(path: str | Path, option: str = "--out") -> Path:
-    """For commands: lock ``path`` until :func:`release_claims` (the CLI calls it on exit)."""
+def claim_run_dir(path: str | Path, option: str = "--out", *, kind: str | None = None,
+                  models: Sequence[str | Path] = ()) -> Path:
+    """For commands: the one output policy of a run directory, then its lock until :func:`release_claims`
+    (the CLI calls it on exit).
+
+    ``path`` must not be inside a directory that holds a model (``models``, the files the command
+    loads, or any directory with a config.json and weights: :func:`check_not_model_dir`); with
+    ``kind`` (the command that writes the run, e.g. ``"sweep"``; ``"model"``: a command that writes a
+    model there, which may replace an earlier one), a directory that already holds
+    another kind's run is refused, naming the kind found (:func:`run_kind`). What is in the
+    directory now is remembered, so that a run refused later removes only what it created
+    (:func:`discard_claims`)."""
+    path = Path(path).expanduser()
+    check_not_model_dir(path, option, models, itself=kind != "model")
+    if kind not in (None, "model") and path.is_dir():
+        found = run_kind(path)
+        if found is not None and found[0] != kind:
+            raise GandaError(f"{option} {path} holds a ganda {found[0]} run ({found[1]}); a {kind} run there would mix "
+                             "two runs' files: choose another --out")
+    before = _files(path)
     p = acquire_run_dir(path, option)
     _claims.append(p)
+    _before.setdefault(_lock_key(p), before)
     return p
+
+
+#: the file that says which command wrote a run directory without a result.json (first found wins)
+KIND_FILES = (("ranking.json", "rank"), ("attribution.jsonl", "rank"), ("extends.json", "extends"),
+              ("edges.json", "edges"), ("edges_exact.jsonl", "edges"), ("results.jsonl", "sweep"),
+              ("progress.jsonl", "sweep"), ("grid.json", "grid"), ("prompt_sets.json", "lab"))
+#: result.json's kind -> the command that writes it, where the two are spelled differently
+RESULT_COMMANDS = {"circuit_path": "path", "circuit_edges": "edges", "kv_curve": "kv-curve",
+                   "mask_last_row": "mask-last-row", "remove_restore": "prune", "lab_models": "lab",
+                   "lab_findings": "lab"}
+
+
+def run_kind(path: str | Path) -> tuple[str, str] | None:
+    """The command whose run directory ``path`` is and the file that says so, from result.json's
+    ``kind`` or the first of :data:`KIND_FILES` present; None for a directory holding no run."""
+    path = Path(path)
+    res = path / "result.json"
+    if res.is_file():
+        try:
+            kind = json.loads(res.read_text(errors="replace")).get("kind")
+        except (OSError, ValueError, AttributeError):
+            kind = None
+        if isinstance(kind, str) and kind:
+            return RESULT_COMMANDS.get(kind, kind), f"its result.json is a {kind} result"
+    for name, command in KIND_FILES:
+        if (path / name).is_file():
+            return command, f"its {name}"
+    return None
+
+
+#: the files that make a directory a model's (with a config.json beside them)
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.gguf", "pytorch_model*", "*.pt")
+
+
+def holds_model(d: str | Path) -> bool:
+    """Whether ``d`` is a model directory: a config.json and weights."""
+    d = Path(d)
+    try:
+        return (d / "config.json").is_file() and any(next(d.glob(g), None) is not None for g in WEIGHT_GLOBS)
+    except OSError:
+        return False
+
+
+def check_not_model_dir(path: str | Path, option: str = "--out", models: Sequence[str | Path] = (), *,
+                        itself: bool = True) -> None:
+    """Refuse an output directory that is, or is inside, a model the command loads (``models``: its
+    file or directory, as resolved when loaded) or any directory that holds a model (``itself``
+    False: a directory above it; a command that writes a model, ``kind="model"``, may replace one)."""
+    real = os.path.realpath(Path(path).expanduser())
+    for m in models:
+        where = os.path.realpath(Path(m).expanduser())
+        if real == where or (os.path.isdir(where) and real.startswith(where.rstrip(os.sep) + os.sep)):
+            raise GandaError(f"{option} {path} is inside the model directory {m}; ganda never writes into a model's "
+                             f"files: choose another {option}")
+    d = Path(real)
+    for a in (d, *d.parents) if itself else d.parents:
+        if a.is_dir() and holds_model(a):
+            raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
+                             f"never writes into a model's files: choose another {option}")
+
+
+_before: dict[str, set[str] | None] = {}  # run directory -> its files when claimed (None: it did not exist)
+
+
+def _files(d: Path) -> set[str] | None:
+    if not d.is_dir():
+        return None
+    return {str(p.relative_to(d)) for p in d.rglob("*")}
+
+
+def _keeps_units(f: Path) -> bool:
+    """A journal holding finished units (more than its header): a resume point, kept after a refusal."""
+    if f.suffix != ".jsonl":
+        return False
+    try:
+        with open(f, "rb") as fh:
+            return fh.read(1 << 20).count(b"\n") > 1
+    except OSError:
+        return False
+
+
+def interrupt_summary() -> str | None:
+    """What an interrupted command kept, for ``ganda: interrupted; ...``: its run directories and
+    whether a rerun resumes (a journal of finished units) or starts over."""
+    parts = []
+    for p in claimed_dirs():
+        if not p.is_dir():
+            continue
+        journals = sorted(str(q.relative_to(p)) for q in p.rglob("*.jsonl") if _keeps_units(q))
+        if journals:
+            parts.append(f"kept {p} ({', '.join(journals)}): rerun the same command to resume")
+        elif any(q.name != ".lock" for q in p.iterdir()):
+            parts.append(f"kept {p} with no finished unit: a rerun starts over")
+        else:
+            parts.append(f"nothing written to {p}")
+    return "; ".join(parts) or None
+
+
+def discard_claims() -> list[Path]:
+    """After a refused run: remove what it created in its run directories (not what was there
+    before, not a journal of finished units, which a rerun resumes from); returns what is kept."""
+    kept: list[Path] = []
+    for p in claimed_dirs():
+        before = _before.get(_lock_key(p))
+        if not p.is_dir():
+            continue
+        new = sorted((q for q in p.rglob("*") if before is None or str(q.relative_to(p)) not in before),
+                     key=lambda q: len(q.parts), reverse=True)
+        for q in new:
+            if q.name == ".lock" and q.parent == p:
+                continue
+            with contextlib.suppress(OSError):
+                if q.is_dir() and not q.is_symlink():
+                    if not any(q.iterdir()):
+                        q.rmdir()
+                elif _keeps_units(q):
+                    kept.append(q)
+                else:
+                    q.unlink()
+    return kept
 
 
 def claimed_dirs() -> list[Path]:
@@ -425,7 +572,10 @@ def claimed_dirs() -> list[Path]:
 def release_claims() -> None:
     """Release every lock taken with :func:`claim_run_dir` (last claimed first)."""
     while _claims:
-        release_run_dir(_claims.pop())
+        p = _claims.pop()
+        if p not in _claims:
+            _before.pop(_lock_key(p), None)
+        release_run_dir(p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -583,7 +733,7 @@ def take_interrupt_note() -> str | None:
 
 
 __all__ = [
-    "Journal", "read_journal", "acquire_run_dir", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
+    "Journal", "read_journal", "acquire_run_dir", "check_not_model_dir", "discard_claims", "holds_model", "interrupt_summary", "run_kind", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
     "model_fingerprint", "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
     "take_interrupt_note", "write_bytes", "write_error", "write_text",
 ]

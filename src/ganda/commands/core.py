@@ -297,7 +297,7 @@ def register(app: typer.Typer) -> None:
         one_of("--summary", summary, SUMMARIES)
         opts = {"pairs": pairs, "shots": shots, **mmlu_options(sample)}
         t = get_task(task, **opts)
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="heads", models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         t = task_for_model(task, t, adapter, **opts)
         pat = t.examples(limit=limit, seed=seed)
@@ -329,7 +329,7 @@ def register(app: typer.Typer) -> None:
         for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top), ("--prompt-sets", prompt_sets)):
             at_least(flag, value)
         get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="demo", models=model_inputs(model))
         report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed,
                           allow_pickle=allow_pickle, prompt_sets=prompt_sets)
         print(f"report: {report}")

@@ -12,7 +12,7 @@ import typer
 from ..errors import GandaError
 from ..heads import expand
 from ..tasks import get_task
-from .options import ACTIVE_EDGES, QUIET
+from .options import ACTIVE_EDGES, FORCE, QUIET
 
 # ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
 EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps", "path", "edges")
@@ -187,6 +187,7 @@ def register(app: typer.Typer) -> None:
         paper: bool = typer.Option(False, "--paper", help="print the paper's headline runs"),
         as_json: bool = typer.Option(False, "--json", help="one JSON object"),
         out: Path | None = typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"),
+        force: bool = FORCE,
         quiet: bool = QUIET,
     ) -> None:
         """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
@@ -200,6 +201,11 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"--limit must be at least 1, got {limit}")
         n = limit
         planner.device(device)
+        if out is not None:  # checked before any work; replaced only when ganda wrote it as a plan, or with --force
+            from .. import runio
+            from .core import model_inputs
+
+            runio.check_output_file(out, "--out", inputs=model_inputs(model) if model else [], kind="plan", force=force)
         if paper:
             plans = paper_plans(device, devices, shots)
         else:
@@ -232,7 +238,7 @@ def register(app: typer.Typer) -> None:
             plans = [(experiment, planner.plan(planner.profile(adapter), experiment, w, device, devices, **opts))]
         payload = [{"what": what, **p.to_json()} for what, p in plans]
         if out is not None:
-            out.write_text(json.dumps(payload, indent=2))
+            runio.write_text(out, json.dumps(payload, indent=2) + "\n")
         if as_json:
             print(json.dumps(payload if paper else payload[0], indent=2))
             return

@@ -22,6 +22,7 @@ from .core import (
     flag,
     limit_option,
     mmlu_options,
+    model_inputs,
     require_heads,
 )
 from .grid import RAY, RAY_ACTORS
@@ -101,7 +102,8 @@ def register(app: typer.Typer) -> None:
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; rank scores multiple-choice tasks only")
         n = limit if limit is not None else 32
-        runio.claim_run_dir(out if out is not None else Path("runs") / f"rank-{task}")
+        runio.claim_run_dir(out if out is not None else Path("runs") / f"rank-{task}", kind="rank",
+                            models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
         examples = task_obj.examples(limit=n, seed=seed)

@@ -10,7 +10,7 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from .core import MODEL, PICKLE, QUIET, SEED, at_least, limit_option, parse_options
+from .core import MODEL, PICKLE, QUIET, SEED, at_least, limit_option, model_inputs, parse_options
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +42,8 @@ def register(app: typer.Typer) -> None:
         task_obj = get_task(task)
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; experiments score multiple-choice tasks")
-        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"{cls.name}-{task}")
+        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"{cls.name}-{task}", kind=cls.name,
+                                         models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter)
         n = limit if limit is not None else 32

@@ -24,6 +24,7 @@ from .core import (
     at_least,
     limit_option,
     mmlu_options,
+    model_inputs,
     one_of,
     require_heads,
 )
@@ -105,7 +106,8 @@ def register(app: typer.Typer) -> None:
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; sweep scores multiple-choice tasks only")
         n = limit if limit is not None else 32
-        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"sweep-{task}")
+        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"sweep-{task}", kind="sweep",
+                                         models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
         examples = task_obj.examples(limit=n, seed=seed)
