@@ -129,7 +129,9 @@ def register(app: typer.Typer) -> None:
             cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.matter()],
                                       max_heads=max_heads, out_dir=out_dir, progress=not quiet)
             last = cum["curve"][-1] if cum["curve"] else None
-            if last is not None:
+            if cum.get("baseline_at_chance"):
+                console.print(f"cumulative ablation: {cum['note']}; wrote {out_dir}/cumulative.json")
+            elif last is not None:
                 verdict = "reached" if cum["reached_chance"] else "did not reach"
                 console.print(f"cumulative ablation {verdict} chance ({cum['chance']:.3f} + {cum['margin']:.2f}) "
                               f"with {last['n_heads']} heads: acc {last['accuracy']:.3f}; wrote {out_dir}/cumulative.json")
