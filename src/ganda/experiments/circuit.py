@@ -6,6 +6,7 @@ what ``ganda run``, ``ganda grid``, ``ganda plan``, ``ganda report`` and ``ganda
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,8 @@ class EdgesOptions(Options):
                 raise GandaError(f"{self.flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.margin not in ("mean", "max"):
             raise GandaError(f"{self.flag('margin')} must be mean or max, not {self.margin!r}")
+        if self.threshold is not None and not (math.isfinite(self.threshold) and self.threshold > 0):
+            raise GandaError(f"{self.flag('threshold')} must be a positive finite number, got {self.threshold}")
         for name in ("senders", "receivers"):
             text = getattr(self, name)
             if text and not [p for p in text.split(",") if p.strip()]:
