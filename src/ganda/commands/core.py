@@ -114,10 +114,17 @@ def model_inputs(spec: str) -> list[Path]:
     return [path] if path is not None else []
 
 
+#: counts bounded above, by flag: each prompt set repeats the whole measurement
+AT_MOST = {"--prompt-sets": 100}
+
+
 def at_least(flag: str, value: int | None, low: int = 1) -> None:
-    """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run."""
+    """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run;
+    a count in :data:`AT_MOST` is also bounded above."""
     if value is not None and value < low:
         raise GandaError(f"{flag} must be at least {low}, got {value}")
+    if value is not None and flag in AT_MOST and value > AT_MOST[flag]:
+        raise GandaError(f"{flag} must be at most {AT_MOST[flag]} (each one repeats the whole measurement), got {value}")
 
 
 def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
