@@ -41,9 +41,14 @@ class Options:
     def check(self) -> None:
         """Refuse a value out of range with one line (the default accepts everything)."""
 
+    #: command-line flags spelled other than ``--<name>`` (``ganda path``'s ``--from`` for ``sender``)
+    CLI_FLAGS: ClassVar[dict[str, str]] = {}
+
     def flag(self, name: str) -> str:
         """How an option is named in an error: ``--verify-top`` from the command line, else ``verify_top``."""
-        return "--" + name.replace("_", "-") if getattr(self, "_cli", False) else name
+        if not getattr(self, "_cli", False):
+            return name
+        return self.CLI_FLAGS.get(name) or "--" + name.replace("_", "-")
 
     @classmethod
     def fields(cls) -> list[dataclasses.Field]:
