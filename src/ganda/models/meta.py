@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import GandaError
+from ..errors import GandaError, one_line
 from ..finite import check_config
 from ..heads import HeadId
 from . import hub
@@ -121,7 +121,7 @@ def build_model(raw: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> nn.
             raise
         except Exception as exc:  # noqa: BLE001 - a config transformers rejects: one line
             raise GandaError(f"cannot build a {model_type} model from this config: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                             f"{one_line(exc)}") from None
     return model.to(dtype=dtype).eval()
 
 
