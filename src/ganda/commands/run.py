@@ -13,6 +13,10 @@ from ..errors import GandaError
 from .core import MODEL, PICKLE, QUIET, SEED, at_least, limit_option, model_inputs, parse_options
 
 
+#: the command of a registered experiment that ``ganda run`` does not run, where it is named otherwise
+COMMANDS = {"maps": "attn"}
+
+
 def register(app: typer.Typer) -> None:
     @app.command(short_help="Run any registered experiment on one task")
     def run(
@@ -37,7 +41,9 @@ def register(app: typer.Typer) -> None:
         at_least("--limit", limit)
         cls = registry.experiment(experiment)
         if not cls.on_task:
-            raise GandaError(f"the {cls.name} experiment does not run on one task's examples: see ganda --help")
+            runs = ", ".join(n for n in registry.experiment_names() if registry.experiment(n).on_task)
+            raise GandaError(f"the {cls.name} experiment does not run on one task's examples: its command is ganda "
+                             f"{COMMANDS.get(cls.name, cls.name)} (ganda run runs {runs})")
         options = cls.Options.build(parse_options(option))
         task_obj = get_task(task)
         if task_obj.kind != "mc":
