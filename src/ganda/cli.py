@@ -55,6 +55,7 @@ def _root(
 
     Every command ends with one summary line on stderr (what ran, how long, where its files are)."""
     _run.update(command=ctx.invoked_subcommand, start=time.perf_counter())
+    progress.log_every()  # a bad GANDA_PROGRESS_EVERY is refused before any work, as GANDA_THREADS is
     if quiet:
         progress.set_quiet(True)
     if (dtype, device_map, offload_folder) != (None, None, None):

@@ -158,7 +158,10 @@ def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[st
             form = "TASK.KEY=VALUE, e.g. bbh.cot=false" if per_task else "KEY=VALUE"
             raise GandaError(f"--option takes {form}, got {item!r}")
         opts = out.setdefault(task.strip(), {}) if per_task else out
-        opts[name.strip().replace("-", "_")] = _option_value(raw)
+        key = name.strip().replace("-", "_")
+        if key in opts:  # one rule for a repeated key: refused, never the last one silently
+            raise GandaError(f"--option {key} is given twice ({opts[key]!r} and {_option_value(raw)!r}); give it once")
+        opts[key] = _option_value(raw)
     return out
 
 

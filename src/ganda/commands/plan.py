@@ -211,6 +211,9 @@ def register(app: typer.Typer) -> None:
         for name, value in (("--devices", devices), ("--limit", limit), ("--tokens", tokens), ("--rows", rows),
                             ("--batch-heads", batch_heads), ("--ig-steps", ig_steps)):
             at_least(name, value)
+        from .core import require_heads
+
+        require_heads("--heads", heads)
         if method not in METHODS:
             raise GandaError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
         n = limit
@@ -241,7 +244,7 @@ def register(app: typer.Typer) -> None:
             # unset: the experiment's own default (rank and edges differ in --audit and --active)
             opts.update({k: v for k, v in (("verify_top", verify_top), ("audit", audit), ("active", active))
                          if v is not None})
-            if verify_layers:
+            if verify_layers is not None:
                 opts["verify_layers"] = _layers_of(adapter, "--verify-layers", verify_layers)
             if heads is not None:
                 opts["heads_per_layer"] = _sweep_heads(adapter, heads)

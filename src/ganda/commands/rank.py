@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         ig_steps: int = typer.Option(5, "--ig-steps", help="ig: midpoint steps from every head ablated to the clean "
                                      "model (each costs about one AtP pass)"),
         verify_top: int = typer.Option(10, "--verify-top", "-k", help="verify this many top heads exactly"),
-        verify_layers: str = typer.Option("", "--verify-layers", help="also verify every head of these layers, "
+        verify_layers: str | None = typer.Option(None, "--verify-layers", help="also verify every head of these layers, "
                                           "e.g. 0,1 (first-order estimates underrate the first layers' heads)"),
         audit: int = typer.Option(0, "--audit", help="also verify this many random other heads: the false-negative "
                                   "bound's sample (10 cost about 4% of the exhaustive sweep on SmolLM2)"),
@@ -170,9 +170,15 @@ def _print_heads(console, res, top: int) -> None:
                 top, f"{res.margin} margin", heads="verified head")
 
 
-def _layers(text: str) -> list[int]:
-    """``--verify-layers`` as layer numbers ("0,1" -> [0, 1])."""
+def _layers(text: str | None) -> list[int]:
+    """``--verify-layers`` as layer numbers ("0,1" -> [0, 1]; not given: none); a list naming no layer
+    is refused, as an empty head list is."""
+    if text is None:
+        return []
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        layers = [int(x) for x in text.split(",") if x.strip() and x.strip().isascii()]
     except ValueError:
-        raise GandaError(f"--verify-layers takes comma-separated layer numbers, not {text!r}") from None
+        layers = []
+    if not layers or len(layers) != len([x for x in text.split(",") if x.strip()]):
+        raise GandaError(f"--verify-layers takes comma-separated layer numbers, not {text!r}")
+    return layers

@@ -12,7 +12,6 @@ from .. import runio
 from ..errors import GandaError
 from .core import MODEL, PICKLE, QUIET, SEED, at_least, limit_option, model_inputs, parse_options
 
-
 #: the command of a registered experiment that ``ganda run`` does not run, where it is named otherwise
 COMMANDS = {"maps": "attn"}
 
