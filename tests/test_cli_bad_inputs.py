@@ -384,6 +384,8 @@ CASES = [
       match="is inside the model directory {victim} (a config.json and weights); ganda never writes into a model's"),
     C("path-out-below-another-model", "path", LAB, "--task", "lab-mmlu", "--from", "L1H0", "--to", "L2H0", "--out",
       "{victim}/runs/p", match="is inside the model directory {victim}"),
+    C("eval-predictions-into-another-model", "eval", LAB, "--task", "lab-mmlu", "--limit", "2", "--predictions",
+      "{victim}/pred.jsonl", match="is inside the model directory {victim} (a config.json and weights)"),
     C("rank-out-into-the-loaded-model", "rank", "{victim}", "--task", "lab-mmlu", "--out", "{victim}",
       match="is inside the model directory {victim}"),
     # a run directory belongs to one kind of run: another kind's run into it is refused, naming the kind found

@@ -227,7 +227,8 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
     The target must not be a directory, and its nearest existing ancestor must be a writable
     directory (missing parents are created when the file is written, not now). It must not be one
     of the command's ``inputs`` (a file, or a directory: a model directory, whose files are never
-    written), whatever ``force`` says. An existing file is replaced only when ganda wrote it as
+    written), nor inside any directory that holds a model (:func:`holds_model`), whatever ``force``
+    says. An existing file is replaced only when ganda wrote it as
     this ``kind`` of output (:func:`written_by_ganda`), or with ``force``."""
     path = Path(path).expanduser()
     target = _target(path)
@@ -244,6 +245,10 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
             what = f"inside {inp}, which" if real != where else "a file that"
             raise GandaError(f"{option} {path} is {what} this command reads; ganda never writes over its inputs: "
                              "choose another path")
+    for a in Path(real).parents:  # any model's directory, not only the one this command loads
+        if a.is_dir() and holds_model(a):
+            raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
+                             "never writes into a model's files: choose another path")
     if target.is_file() and not force and not written_by_ganda(target, kind):
         raise GandaError(f"{option} {path} exists and is not {KINDS.get(kind or '', 'a file')} that ganda wrote; "
                          "pass --force to replace it, or choose another path")
