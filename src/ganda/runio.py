@@ -508,13 +508,20 @@ def check_not_model_dir(path: str | Path, option: str = "--out", models: Sequenc
                              f"never writes into a model's files: choose another {option}")
 
 
-_before: dict[str, set[str] | None] = {}  # run directory -> its files when claimed (None: it did not exist)
+_before: dict[str, set[str] | bool] = {}  # run directory -> its files when claimed (False: it did not exist)
+_MANY = 20_000  # a directory holding more files than this is no run directory: nothing in it is removed
 
 
-def _files(d: Path) -> set[str] | None:
+def _files(d: Path) -> set[str] | bool:
+    """The files under ``d`` now; False when it does not exist, True when it holds too many to track."""
     if not d.is_dir():
-        return None
-    return {str(p.relative_to(d)) for p in d.rglob("*")}
+        return False
+    out: set[str] = set()
+    for p in d.rglob("*"):
+        out.add(str(p.relative_to(d)))
+        if len(out) > _MANY:
+            return True
+    return out
 
 
 def _keeps_units(f: Path) -> bool:
@@ -550,10 +557,10 @@ def discard_claims() -> list[Path]:
     before, not a journal of finished units, which a rerun resumes from); returns what is kept."""
     kept: list[Path] = []
     for p in claimed_dirs():
-        before = _before.get(_lock_key(p))
-        if not p.is_dir():
+        before = _before.get(_lock_key(p), True)
+        if before is True or not p.is_dir():
             continue
-        new = sorted((q for q in p.rglob("*") if before is None or str(q.relative_to(p)) not in before),
+        new = sorted((q for q in p.rglob("*") if before is False or str(q.relative_to(p)) not in before),
                      key=lambda q: len(q.parts), reverse=True)
         for q in new:
             if q.name == ".lock" and q.parent == p:
