@@ -427,9 +427,9 @@ CASES = [
       "--receivers", "L1H0", "--out", "out", match="no edge to score"),
     # ---- tracebacks, unbounded work, messages, one rule ----
     C("plan-map-layers-past-end", "plan", LAB, "-e", "maps", "--limit", "10", "--map-layers", "9",
-      match="--map-layers: layer 9 out of range (the model has 4 layers, 0-3)"),
+      match="--map-layers [9] outside the model's layers 0..3"),
     C("plan-verify-layers-past-end", "plan", LAB, "-e", "attribution", "--limit", "10", "--verify-layers", "7",
-      match="--verify-layers: layer 7 out of range"),
+      match="--verify-layers [7] outside the model's layers 0..3"),
     C("sharpness-prompt-sets-huge", "sharpness", LAB, LAB, "--prompt-sets", "100000000", "--out", "out",
       match="--prompt-sets must be at most 100"),
     C("report-a-file", "report", "{user_file}", "--out", "page.html", match="a file, not a run directory"),

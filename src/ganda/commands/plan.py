@@ -125,7 +125,7 @@ def _layers_of(adapter: Any, flag: str, text: str) -> list[int]:
     layers = parse_layers(text)
     n = len(adapter.original_layers())
     if bad := [i for i in layers if not 0 <= i < n]:
-        raise GandaError(f"{flag}: layer {bad[0]} out of range (the model has {n} layers, 0-{n - 1})")
+        raise GandaError(f"{flag} {bad} outside the model's layers 0..{n - 1}")
     return layers
 
 
