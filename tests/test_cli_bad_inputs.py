@@ -965,6 +965,9 @@ def test_until_chance_says_when_the_intact_model_is_at_chance(tmp_path, monkeypa
     cum = json.loads((tmp_path / "out" / "cumulative.json").read_text())
     assert cum["baseline_at_chance"] is True and cum["baseline"] <= cum["chance"] + cum["margin"]
     assert cum["heads_to_chance"] is None and cum["reached_chance"] is False and cum["curve"] == []
+    assert main(["roles", LAB, "--task", "lab-kv", "--limit", "4", "--top", "1", "--out", "roles", "-q"]) == 0
+    summary = json.loads((tmp_path / "roles" / "result.json").read_text())["summary"]
+    assert summary["baseline_at_chance"] is True and summary.get("heads_to_chance") is None
 
 
 def test_an_interrupted_run_says_what_it_kept(tmp_path, monkeypatch, capfd):
