@@ -12,6 +12,12 @@ Commands check their output paths before they load a model (:func:`check_output_
 ``flock`` on ``<dir>/.lock`` held for the whole run, so two runs never write into one directory.
 The lock dies with the process, so a killed run never leaves a stale lock behind.
 
+The two are the one output policy of every command that writes (docs/reliability.md): a run
+directory holds one kind of run (:func:`run_kind`); nothing is written inside a directory that
+holds a model (:func:`holds_model`), the loaded one or another; an existing file ganda did not
+write is replaced only with ``--force`` (:func:`written_by_ganda`); a command refused after it
+started leaves nothing it created (:func:`discard_claims`, called by the CLI on a refusal).
+
 :func:`model_fingerprint` summarises the weights on disk cheaply (:mod:`ganda.fingerprint`: sizes,
 modification times, headers, a fixed sample of every tensor, small files whole) so that a resumed
 run can tell that the model it measured has changed; :func:`ganda_version` is recorded in every
