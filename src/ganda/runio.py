@@ -448,7 +448,7 @@ def claim_run_dir(path: str | Path, option: str = "--out", *, kind: str | None =
         if found is not None and found[0] != kind:
             raise GandaError(f"{option} {path} holds a ganda {found[0]} run ({found[1]}); a {kind} run there would mix "
                              "two runs' files: choose another --out")
-    before = _files(path)
+    before = _files(path) if kind != "model" else True  # a training's checkpoints outlive a refusal
     p = acquire_run_dir(path, option)
     _claims.append(p)
     _before.setdefault(_lock_key(p), before)
