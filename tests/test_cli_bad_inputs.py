@@ -76,7 +76,7 @@ CASES = [
     C("eval-ablate-out-of-range", "eval", LAB, "--task", "kv", "--ablate", "L9H0"),
     C("eval-keep-reversed", "eval", LAB, "--task", "kv", "--keep-layers", "3-1", match="3-1"),
     C("eval-keep-empty", "eval", LAB, "--task", "kv", "--keep-layers", ",", match="layer"),
-    C("eval-remove-out-of-range", "eval", LAB, "--task", "kv", "--remove-layers", "9", match="out of range"),
+    C("eval-remove-out-of-range", "eval", LAB, "--task", "lab-mmlu", "--remove-layers", "9", match="out of range"),
     C("eval-mask-rule", "eval", LAB, "--task", "kv", "--mask-last-row", "L1H0", "--mask-rule", "sideways",
       match="--mask-rule"),
     C("eval-seed-text", "eval", LAB, "--task", "kv", "--seed", "one", match="--seed"),
@@ -169,7 +169,7 @@ CASES = [
     # ganda attn
     C("attn-heads-empty", "attn", LAB, "--heads", ",", "--out", "a.png", match="no head ids"),
     C("attn-index-neg", "attn", LAB, "--heads", "L1H0", "--index", "-1", "--out", "a.png", match="--index"),
-    C("attn-index-past-end", "attn", LAB, "--heads", "L1H0", "--task", "gsm8k", "--index", "5000", "--out", "a.png",
+    C("attn-index-past-end", "attn", "{tiny}", "--heads", "L1H0", "--task", "gsm8k", "--index", "5000", "--out", "a.png",
       match="--index 5000"),
     C("attn-rows-0", "attn", LAB, "--heads", "L1H0", "--rows", "0", "--out", "a.png", match="--rows"),
     C("attn-empty-prompt", "attn", LAB, "--heads", "L1H0", "--prompt", " ", "--out", "a.png", match="--prompt"),
@@ -266,7 +266,7 @@ CASES = [
       match="--parts"),
     C("path-limit-0", "path", LAB, "--from", "L2H0", "--to", "L3H0", "--limit", "0", "--out", "out", match="--limit"),
     # ganda run: a registered experiment's options, checked before the model loads
-    C("run-path-receiver-below", "run", "path", LAB, "--option", "sender=L3H0", "--option", "receiver=L2H0",
+    C("run-path-receiver-below", "run", "path", LAB, "--task", "lab-mmlu", "--option", "sender=L3H0", "--option", "receiver=L2H0",
       "--out", "out", match="not in a later layer than sender L3H0"),
     C("run-unknown-option", "run", "edges", LAB, "--option", "colour=red", "--out", "out",
       match="unknown option 'colour'"),
@@ -302,7 +302,7 @@ CASES = [
     C("grid-rank-method", "grid", "{grid_rank_method}", match="options.rank: method must be one of atp, atp*, ig, exact, not 'magic'"),
     C("grid-out-list", "grid", "{grid_out_list}", match="'out' must be a directory name, got ['a', 'b']"),
     C("grid-binary-spec", "grid", "{grid_binary}", match="not a grid spec (not UTF-8 text"),
-    C("sweep-ray-actors-0", "sweep", LAB, "--task", "kv", "--limit", "2", "--ray", "local", "--ray-actors", "0",
+    C("sweep-ray-actors-0", "sweep", LAB, "--task", "lab-mmlu", "--limit", "2", "--ray", "local", "--ray-actors", "0",
       "--out", "out", match="--ray-actors must be at least 1"),
     C("sweep-ray-unreachable", "sweep", LAB, "--task", "kv", "--ray", "127.0.0.1:1", "--out", "out",
       match="--ray 127.0.0.1:1: no Ray cluster answered at 127.0.0.1:1 within 1 s (Connection refused)",
@@ -375,10 +375,87 @@ CASES = [
       match="neither a model directory"),
     C("lab-replay-empty", "lab", "--replay", "{empty_run}", match="not a ganda lab run directory"),
     C("unknown-command", "nosuchcommand", match="No such command"),
+    # ---- the one output policy (docs/reliability.md): every command that writes, through ganda.runio ----
+    # an existing file ganda did not write is replaced only with --force (plan as report, eval, attn)
+    C("plan-out-over-a-file", "plan", LAB, "--task", "lab-mmlu", "--limit", "4", "--out", "{user_file}",
+      match="exists and is not a plan that ganda wrote; pass --force to replace it"),
+    # nothing is written inside a directory that holds a model: the one loaded, or any other
+    C("edges-out-into-another-model", "edges", LAB, "--task", "lab-mmlu", "--limit", "8", "--out", "{victim}",
+      match="is inside the model directory {victim} (a config.json and weights); ganda never writes into a model's"),
+    C("path-out-below-another-model", "path", LAB, "--task", "lab-mmlu", "--from", "L1H0", "--to", "L2H0", "--out",
+      "{victim}/runs/p", match="is inside the model directory {victim}"),
+    C("eval-predictions-into-another-model", "eval", LAB, "--task", "lab-mmlu", "--limit", "2", "--predictions",
+      "{victim}/pred.jsonl", match="is inside the model directory {victim} (a config.json and weights)"),
+    C("rank-out-into-the-loaded-model", "rank", "{victim}", "--task", "lab-mmlu", "--out", "{victim}",
+      match="is inside the model directory {victim}"),
+    # a run directory belongs to one kind of run: another kind's run into it is refused, naming the kind found
+    C("path-into-edges-run", "path", LAB, "--task", "lab-mmlu", "--from", "L1H0", "--to", "L2H0", "--out",
+      "{edges_run}", match="holds a ganda edges run (its result.json is a circuit_edges result)"),
+    C("rank-into-sweep-run", "rank", LAB, "--task", "lab-mmlu", "--out", "{sweep_run}",
+      match="holds a ganda sweep run (its results.jsonl)"),
+    C("edges-into-rank-run", "edges", LAB, "--task", "lab-mmlu", "--out", "{rank_run}",
+      match="holds a ganda rank run (its ranking.json)"),
+    C("sweep-into-rank-run", "sweep", LAB, "--task", "lab-mmlu", "--out", "{rank_run}",
+      match="holds a ganda rank run"),
+    C("run-edges-into-prune-run", "run", "edges", LAB, "--task", "lab-mmlu", "--out", "{good_run}",
+      match="holds a ganda prune run"),
+    # a command refused after the model loads leaves nothing it created (the table checks the tree)
+    C("sweep-refused-after-start", "sweep", LAB, "--task", "lab-mmlu", "--limit", "2", "--out", "o/x",
+      match="GANDA_FORWARD_TOKENS must be a positive whole number", GANDA_FORWARD_TOKENS="0"),
+    # ---- no number without meaning ----
+    C("eval-task-unrepresentable", "eval", LAB, "--task", "kv", "--limit", "4", "--json",
+      match="task 'kv' cannot be represented by lab-llama-h1's tokenizer"),
+    C("demo-task-unrepresentable", "demo", LAB, "-q", "--out", "out",
+      match="task 'kv' cannot be represented by lab-llama-h1's tokenizer"),
+    C("demo-intact-at-chance", "demo", "{tiny}", "-q", "--out", "out", match="is already at or below chance"),
+    C("plan-config-without-sizes", "plan", "{two_keys}", match="does not state vocab_size, hidden_size"),
+    C("plan-method-unknown", "plan", LAB, "-e", "attribution", "--method", "foo", match="--method must be one of"),
+    C("plan-tokens-0", "plan", LAB, "--tokens", "0", match="--tokens must be at least 1, got 0"),
+    C("plan-rows-0", "plan", LAB, "-e", "maps", "--rows", "0", match="--rows must be at least 1, got 0"),
+    C("edges-threshold-nan", "edges", LAB, "--task", "lab-mmlu", "--threshold", "nan", "--out", "out",
+      match="--threshold must be a finite number, not nan"),
+    C("edges-threshold-inf", "edges", LAB, "--task", "lab-mmlu", "--threshold", "inf", "--out", "out",
+      match="--threshold must be a finite number, not inf"),
+    C("rank-threshold-nan", "rank", LAB, "--task", "lab-mmlu", "--threshold", "nan", "--out", "out",
+      match="--threshold must be a positive finite number, got nan"),
+    C("run-option-threshold-inf", "run", "edges", LAB, "--task", "lab-mmlu", "--option", "threshold=inf", "--out",
+      "out", match="threshold must be a finite number, not inf"),
+    C("grid-threshold-nan", "grid", "{grid_threshold_nan}", match="options.rank: threshold must be a finite number"),
+    C("edges-no-edge", "edges", LAB, "--task", "lab-mmlu", "--limit", "4", "--receivers", "L0H0", "--out", "out",
+      match="no edge to score: no sender is in an earlier layer than a receiver"),
+    C("edges-receivers-before-senders", "edges", LAB, "--task", "lab-mmlu", "--limit", "4", "--senders", "L2H0,L3H0",
+      "--receivers", "L1H0", "--out", "out", match="no edge to score"),
+    # ---- tracebacks, unbounded work, messages, one rule ----
+    C("plan-map-layers-past-end", "plan", LAB, "-e", "maps", "--limit", "10", "--map-layers", "9",
+      match="--map-layers [9] outside the model's layers 0..3"),
+    C("plan-verify-layers-past-end", "plan", LAB, "-e", "attribution", "--limit", "10", "--verify-layers", "7",
+      match="--verify-layers [7] outside the model's layers 0..3"),
+    C("sharpness-prompt-sets-huge", "sharpness", LAB, LAB, "--prompt-sets", "100000000", "--out", "out",
+      match="--prompt-sets must be at most 100"),
+    C("report-a-file", "report", "{user_file}", "--out", "page.html", match="a file, not a run directory"),
+    C("path-sender-layer-out-of-range", "path", LAB, "--task", "lab-mmlu", "--from", "L9H0", "--to", "L3H0", "--out",
+      "out", match="--from L9H0: layer 9 out of range"),
+    C("path-sender-empty", "path", LAB, "--from", "", "--to", "L3H0", "--out", "out", match="--from is required"),
+    C("run-eval", "run", "eval", LAB, match="its command is ganda eval (ganda run runs "),
+    C("plan-hidden-65", "plan", "{hidden_65}", match="The hidden size (65) is not a multiple of the number of "
+      "attention heads (4)"),
+    C("eval-hidden-65", "eval", "{hidden_65_dir}", "--task", "lab-mmlu", match="its config.json is not a valid config: "
+      "The hidden size (65)"),
+    C("run-option-twice", "run", "path", LAB, "--option", "sender=L2H0", "--option", "sender=L1H0", "--out", "out",
+      match="--option sender is given twice ('L2H0' and 'L1H0'); give it once"),
+    C("eval-option-twice", "eval", LAB, "--task", "lab-kv", "--option", "pairs=3", "--option", "pairs=4",
+      match="--option pairs is given twice"),
+    C("rank-verify-layers-empty", "rank", LAB, "--task", "lab-mmlu", "--verify-layers", "", "--out", "out",
+      match="--verify-layers takes comma-separated layer numbers, not ''"),
+    C("plan-verify-layers-empty", "plan", LAB, "-e", "attribution", "--limit", "10", "--verify-layers", "", match="not a layer list"),
+    C("eval-progress-every-text", "eval", LAB, "--task", "lab-mmlu", "--limit", "2",
+      match="GANDA_PROGRESS_EVERY='abc' is not a number of seconds", GANDA_PROGRESS_EVERY="abc"),
+    C("eval-head-arabic-digit", "eval", LAB, "--task", "lab-mmlu", "--ablate", "L\u0663H0", match="not a head id"),
+    C("eval-layer-arabic-digit", "eval", LAB, "--task", "lab-mmlu", "--keep-layers", "\u0663", match="not a layer list"),
 ]
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, lab_checkpoints) -> dict[str, str]:  # nolab4 copies lab-llama
+def inputs(tmp_path_factory, lab_checkpoints, tiny_dir) -> dict[str, str]:  # nolab4 copies lab-llama
     """Bad inputs on disk, outside the working directory the commands run in."""
     from safetensors.torch import load_file, save_file
 
@@ -490,7 +567,8 @@ def inputs(tmp_path_factory, lab_checkpoints) -> dict[str, str]:  # nolab4 copie
              "grid_rank_method": grid("grid_rank_method", "options: {rank: {method: magic}}\n"),
              "grid_out_list": grid("grid_out_list", "", out="[a, b]"),
              "grid_binary": grid("grid_binary", bytes(range(256)) * 8),
-             "grid_ok": grid("grid_ok", "options: {limit: 2}\n")}
+             "grid_ok": grid("grid_ok", "options: {limit: 2}\n"),
+             "grid_threshold_nan": grid("grid_threshold_nan", "options: {rank: {threshold: .nan}}\n")}
 
     def config(name: str, **changes) -> Path:
         d = copy(name)
@@ -517,7 +595,15 @@ def inputs(tmp_path_factory, lab_checkpoints) -> dict[str, str]:  # nolab4 copie
     good = root / "good_run"
     good.mkdir()
     (good / "result.json").write_text(json.dumps({"kind": "prune", "model": LAB, "summary": {"minimal_layers": 2}}))
-    return {"nolab": str(nolab), "nolab4": str(nolab4), "truncated": str(trunc), "badshape": str(bad), "nolayer3": str(gone),
+    kinds = {"edges_run": run_dir("edges_run", result_json=json.dumps({"kind": "circuit_edges", "model": LAB}),
+                                  edges_json="{}"),
+             "sweep_run": run_dir("sweep_run", results_jsonl=f"{header}\n{baseline}\n"),
+             "rank_run": run_dir("rank_run", ranking_json="{}")}
+    two_keys = root / "two_keys.json"  # transformers would fill in every other size with its defaults
+    two_keys.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 4}))
+    hidden_65_dir = config("hidden_65_dir", hidden_size=65, num_attention_heads=4)
+    return {"tiny": str(tiny_dir), "two_keys": str(two_keys), "hidden_65": str(hidden_65_dir / "config.json"),
+            "hidden_65_dir": str(hidden_65_dir), **{k: str(v) for k, v in kinds.items()},"nolab": str(nolab), "nolab4": str(nolab4), "truncated": str(trunc), "badshape": str(bad), "nolayer3": str(gone),
             "truncated_gguf": str(gguf), "empty_gguf": str(header_only), "dream_badjson": str(badjson), "dream_badentry": str(badentry),
             "empty_run": str(empty), "good_run": str(good), "missing": str(root / "does-not-exist"),
             "nan_weight": str(nan_weight), "all_nan": str(all_nan), "inf_weight": str(inf_weight),
@@ -536,7 +622,7 @@ def _outside(inputs: dict[str, str]) -> dict[str, tuple[bool, int, int]]:
     root = Path(inputs["victim"]).parent
     return {n: _tree(root / n) if (root / n).is_dir() else (False, (root / n).stat().st_size,
                                                              (root / n).stat().st_mtime_ns)
-            for n in ("victim", "notes.jsonl", "photo.png", "good_run")}
+            for n in ("victim", "notes.jsonl", "photo.png", "good_run", "edges_run", "sweep_run", "rank_run")}
 
 
 def _tree(d: Path) -> dict[str, tuple[bool, int, int]]:
@@ -832,3 +918,110 @@ def test_report_of_directories_without_results_is_refused(tmp_path):
     with pytest.raises(GandaError, match="nothing to report"):
         write_report([empty], tmp_path / "r.html")
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_reads_the_directories_results_load_reads(tmp_path, monkeypatch, capfd):
+    """A grid's output directory and a lab --prompt-sets directory: the runs under them, as
+    ganda.results.load reads them, make one page."""
+    from ganda import results
+    from ganda.cli import main
+
+    prune = json.dumps({"kind": "prune", "model": LAB, "summary": {"minimal_layers": 2}, "rows": []})
+    grid = tmp_path / "grid"
+    (grid / LAB / "lab-mmlu" / "prune").mkdir(parents=True)
+    (grid / LAB / "lab-mmlu" / "prune" / "result.json").write_text(prune)
+    (grid / "grid.json").write_text(json.dumps({"spec": {}, "jobs": []}))
+    sets = tmp_path / "lab"
+    for k in (1, 2):
+        (sets / f"set-{k}" / "f2-prune").mkdir(parents=True)
+        (sets / f"set-{k}" / "f2-prune" / "result.json").write_text(prune)
+    (sets / "prompt_sets.json").write_text(json.dumps({"kind": "lab-prompt-sets", "seeds": [0, 1], "findings": []}))
+    monkeypatch.chdir(tmp_path)
+    for d, n in ((grid, 1), (sets, 2)):
+        assert len(results.load(d).runs) == n
+        capfd.readouterr()
+        assert main(["report", str(d), "--out", f"{d.name}.html"]) == 0, capfd.readouterr().err
+        page = (tmp_path / f"{d.name}.html").read_text()
+        assert page.count("minimal_layers") >= n or page.count("prune") >= n
+
+
+def test_results_load_names_a_file_a_file(inputs):
+    from ganda import results
+    from ganda.errors import GandaError
+
+    with pytest.raises(GandaError, match="is a file, not a run directory"):
+        results.load(Path(inputs["good_run"]) / "result.json")
+
+
+def test_until_chance_says_when_the_intact_model_is_at_chance(tmp_path, monkeypatch, capfd):
+    """lab-llama-h1 answers none of lab-kv's prompts: no head count to chance exists, and the sweep
+    says so instead of "reached chance with 1 head"."""
+    from ganda.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    assert main(["sweep", LAB, "--task", "lab-kv", "--limit", "4", "--until-chance", "--out", "out", "-q"]) == 0
+    out = capfd.readouterr().out
+    assert "already at or below chance" in out and "reached chance" not in out
+    cum = json.loads((tmp_path / "out" / "cumulative.json").read_text())
+    assert cum["baseline_at_chance"] is True and cum["baseline"] <= cum["chance"] + cum["margin"]
+    assert cum["heads_to_chance"] is None and cum["reached_chance"] is False and cum["curve"] == []
+    assert main(["roles", LAB, "--task", "lab-kv", "--limit", "4", "--top", "1", "--out", "roles", "-q"]) == 0
+    summary = json.loads((tmp_path / "roles" / "result.json").read_text())["summary"]
+    assert summary["baseline_at_chance"] is True and summary.get("heads_to_chance") is None
+
+
+def test_an_interrupted_run_says_what_it_kept(tmp_path, monkeypatch, capfd):
+    """Ctrl-C: the line names what was kept and how to resume, or that nothing was written."""
+    import ganda.experiments.circuit as circuit
+    from ganda.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["path", LAB, "--task", "lab-mmlu", "--limit", "2", "--from", "L1H0", "--to", "L2H0", "--out", "out"]
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(circuit, "path_ablation", stop)
+    capfd.readouterr()
+    assert main(argv) == 130
+    assert capfd.readouterr().err.strip() == "ganda: interrupted; nothing written to out"
+    assert not (tmp_path / "out").exists()
+
+    def stop_after_a_unit(*a, **k):
+        (tmp_path / "out" / "progress.jsonl").write_text('{"type": "header", "config": {}}\n{"head": "L1H0"}\n')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(circuit, "path_ablation", stop_after_a_unit)
+    assert main(argv) == 130
+    assert capfd.readouterr().err.strip() == ("ganda: interrupted; kept out (progress.jsonl): rerun the same command "
+                                               "to resume")
+
+
+def test_plan_lets_no_tokenizer_warning_out(tmp_path, monkeypatch, capfd):
+    """The planner counts tokens of prompts longer than the lab tokenizer's 512: no transformers warning
+    (caught at its logger: where its handler writes depends on what configured it first)."""
+    import logging
+
+    from ganda.cli import main
+
+    class Records(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    seen = Records()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(seen)
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    try:
+        assert main(["plan", LAB, "--task", "mmlu", "--limit", "200", "--json"]) == 0
+    finally:
+        logger.removeHandler(seen)
+    out, err = capfd.readouterr()
+    assert json.loads(out)["workload"]["max_tokens"] > 512  # prompts past the tokenizer's maximum were counted
+    assert not [m for m in seen.messages if "Token indices" in m] and "Token indices" not in err

@@ -264,7 +264,7 @@ def test_ctrl_c_during_start_up_is_one_line(after):
     for argv in ([sys.executable, "-m", "ganda"], [sys.executable, "-X", "utf8", "-m", "ganda"],
                  *([[str(script)]] if script.exists() else [])):
         wait = 1.5 * _python_start_up() + 0.05 + after
-        proc = subprocess.Popen([*argv, "eval", MODEL, "--task", "kv", "--limit", "2"], env=ENV,
+        proc = subprocess.Popen([*argv, "eval", MODEL, "--task", "lab-kv", "--limit", "2"], env=ENV,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(wait)
         proc.send_signal(signal.SIGINT)
@@ -530,7 +530,7 @@ def test_grid_refuses_a_job_directory_without_its_record(tmp_path, capsys):
 def test_an_output_ganda_wrote_is_replaced_and_another_file_only_with_force(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     pred, page = tmp_path / "pred.jsonl", tmp_path / "page.html"
-    eval_cmd = ["eval", MODEL, "--task", "kv", "--limit", "2"]
+    eval_cmd = ["eval", MODEL, "--task", "lab-kv", "--limit", "2"]
     assert _cli(capsys, *eval_cmd, "--predictions", pred)[0] == 0
     assert _cli(capsys, *eval_cmd, "--predictions", pred)[0] == 0  # its own file: replaced
     figure = tmp_path / "maps.png"
@@ -538,7 +538,7 @@ def test_an_output_ganda_wrote_is_replaced_and_another_file_only_with_force(tmp_
     assert _cli(capsys, *attn)[0] == 0 and _cli(capsys, *attn)[0] == 0
     assert (tmp_path / "maps.json").exists()
     run = tmp_path / "run"
-    assert _cli(capsys, "sweep", MODEL, "--task", "kv", "--limit", "2", "--heads", "L0H0", "--out", run)[0] == 0
+    assert _cli(capsys, "sweep", MODEL, "--task", "lab-kv", "--limit", "2", "--heads", "L0H0", "--out", run)[0] == 0
     for _ in range(2):
         assert _cli(capsys, "report", run, "--out", page)[0] == 0
     assert _cli(capsys, "report", run, "--out", run / "report.html")[0] == 0  # a new page beside the results
@@ -596,7 +596,7 @@ def test_quiet_silences_the_gguf_dequantisation_bar(tmp_path, monkeypatch, capfd
 ])
 def test_a_damaged_progress_line_is_reported_with_its_number(tmp_path, capsys, line, why):
     out = tmp_path / "run"
-    cmd = ["sweep", MODEL, "--task", "kv", "--limit", "2", "--out", out]
+    cmd = ["sweep", MODEL, "--task", "lab-kv", "--limit", "2", "--out", out]
     assert _cli(capsys, *cmd)[0] == 0
     lines = (out / "progress.jsonl").read_bytes().splitlines(keepends=True)
     damaged = b"".join([*lines[:3], line + b"\n", *lines[3:4]])
@@ -613,7 +613,7 @@ def test_a_damaged_progress_line_is_reported_with_its_number(tmp_path, capsys, l
 def test_a_torn_last_line_still_resumes(tmp_path, capsys):
     """A write killed before its newline leaves a torn last line: it is cut off and the run resumes."""
     out = tmp_path / "run"
-    cmd = ["sweep", MODEL, "--task", "kv", "--limit", "2", "--out", out]
+    cmd = ["sweep", MODEL, "--task", "lab-kv", "--limit", "2", "--out", out]
     assert _cli(capsys, *cmd)[0] == 0
     full = (out / "progress.jsonl").read_bytes()
     lines = full.splitlines(keepends=True)
@@ -625,7 +625,7 @@ def test_a_torn_last_line_still_resumes(tmp_path, capsys):
 
 def test_a_damaged_verification_file_is_one_line(tmp_path, capsys):
     out = tmp_path / "rank"
-    cmd = ["rank", MODEL, "--task", "kv", "--limit", "2", "--ablation", "mean", "--verify-top", "2", "--active", "0", "--audit", "0",
+    cmd = ["rank", MODEL, "--task", "lab-kv", "--limit", "2", "--ablation", "mean", "--verify-top", "2", "--active", "0", "--audit", "0",
            "--out", out]
     assert _cli(capsys, *cmd)[0] == 0
     for name, line in (("verify/progress.jsonl", b'{"type": "head"}'), ("attribution.jsonl", b"7")):

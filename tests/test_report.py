@@ -309,7 +309,7 @@ def test_report_of_a_ranking_directory(tmp_path: Path, capsys) -> None:
     from ganda.cli import main
 
     run = tmp_path / "rank"
-    assert main(["rank", "lab-llama-h1", "--task", "kv", "--limit", "2", "--verify-top", "4", "--active", "0", "--audit", "0",
+    assert main(["rank", "lab-llama-h1", "--task", "lab-kv", "--limit", "2", "--verify-top", "4", "--active", "0", "--audit", "0",
                  "--out", str(run)]) == 0
     ranking = json.loads((run / "ranking.json").read_text())
     best = next(r for r in ranking["ranking"] if r["exact"] is not None and r["exact"] > 0)  # its ablation hurts most

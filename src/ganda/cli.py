@@ -55,6 +55,7 @@ def _root(
 
     Every command ends with one summary line on stderr (what ran, how long, where its files are)."""
     _run.update(command=ctx.invoked_subcommand, start=time.perf_counter())
+    progress.log_every()  # a bad GANDA_PROGRESS_EVERY is refused before any work, as GANDA_THREADS is
     if quiet:
         progress.set_quiet(True)
     if (dtype, device_map, offload_folder) != (None, None, None):
@@ -81,8 +82,8 @@ _register_commands()
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
 
 
-def _interrupted() -> int:
-    note = runio.take_interrupt_note()
+def _interrupted(kept: str | None = None) -> int:
+    note = runio.take_interrupt_note() or kept or runio.interrupt_summary()
     print("ganda: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
     return 130
 
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ``standalone_mode=False``), so the return value is the exit status."""
     runio.set_interrupt_note(None)
     _run.clear()
+    rc: object = None
     if "torch" not in sys.modules:  # read once, when torch loads OpenMP (BENCHMARKS.md, threads)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         if rc in (None, 0):
             _summary()
     except GandaError as exc:
+        runio.discard_claims()  # a refused run leaves nothing it created (docs/reliability.md)
         print(f"ganda: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -139,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         raise
     finally:
+        kept = runio.interrupt_summary() if rc == 130 else None
         runio.release_claims()
         progress.set_quiet(False)
         if (placement := sys.modules.get("ganda.models.placement")) is not None:
@@ -146,5 +150,5 @@ def main(argv: list[str] | None = None) -> int:
         if (device := sys.modules.get("ganda.device")) is not None:
             device.restore_threads()
     if rc == 130:
-        return _interrupted()
+        return _interrupted(kept)
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

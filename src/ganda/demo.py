@@ -31,8 +31,9 @@ from rich.console import Console
 from . import registry, runio
 from .attention import draw_attention
 from .attribution import rank_heads
-from .discovery import ablate_until_chance, added_heads
+from .discovery import ablate_until_chance, added_heads, at_chance, chance_sentence
 from .effects import matters
+from .errors import GandaError
 from .experiments.common import ExperimentResult
 from .figures import curves
 from .intervals import bounds, ci
@@ -45,7 +46,7 @@ from .progress import is_quiet
 from .report.html import write_report
 from .scoring import EvalResult, evaluate_examples
 from .stats import bootstrap_paired, pool_sets
-from .tasks import get_task
+from .tasks import check_representable, get_task
 from .tasks.base import Example
 
 
@@ -310,6 +311,11 @@ def run_demo(
     rank_ex = task.examples(limit=rank_n, seed=seed + 1)
     measure_ex = task.examples(limit=verify_n, seed=seed + 2)
     chance = 1.0 / pairs
+    check_representable("kv", task, adapter)  # a tokenizer that reads the keys as <unk>: no finding to write
+    intact = evaluate_examples(adapter, measure_ex, progress=False)
+    if at_chance(intact.accuracy, chance):
+        raise GandaError(f"{adapter.spec} on KV with {pairs} pairs: {chance_sentence(intact.accuracy, chance)}; "
+                         "the demo needs a model that retrieves (fewer --pairs, or another model)")
     phases: dict[str, float] = {}
 
     def lap(name: str, since: float) -> float:

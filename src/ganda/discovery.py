@@ -152,6 +152,18 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
                                        for s in ordered if s.samples for i in range(s.n_prompts)])
 
 
+def at_chance(accuracy: float, chance: float, margin: float = 0.05) -> bool:
+    """Whether an accuracy is within ``margin`` of chance (or below it): the "until chance" rule's
+    stop, and the intact model's state in which ablating heads toward chance measures nothing."""
+    return accuracy <= chance + margin
+
+
+def chance_sentence(accuracy: float, chance: float, margin: float = 0.05) -> str:
+    """Why no head count to chance exists: the intact model is already there."""
+    return (f"the intact model's accuracy {accuracy:.3f} is already at or below chance ({chance:.3f} + {margin:.2f}): "
+            "there is no retrieval for ablated heads to remove, so no number of heads to chance")
+
+
 def ablate_until_chance(
     adapter: ModelAdapter,
     examples: Sequence[Example],
@@ -174,7 +186,7 @@ def ablate_until_chance(
         chosen.append(name)
         r = evaluate_examples(adapter, examples, [AblateHeads(list(chosen))], progress=False)
         curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high))})
-        if r.accuracy <= chance + margin:
+        if at_chance(r.accuracy, chance, margin):
             break
     return curve
 
@@ -202,12 +214,16 @@ def cumulative_ablation(
     whose retrieval runs through one bottleneck head reaches chance after one or two."""
     chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
     base = evaluate_examples(adapter, examples, progress=False)
-    curve = ablate_until_chance(adapter, examples, ranked_heads, chance=chance, max_heads=max_heads,
-                                margin=margin, progress=progress)
-    reached = bool(curve) and curve[-1]["accuracy"] <= chance + margin
+    baseline_at_chance = at_chance(base.accuracy, chance, margin)  # nothing to ablate toward: no curve, said so
+    curve = [] if baseline_at_chance else ablate_until_chance(adapter, examples, ranked_heads, chance=chance,
+                                                              max_heads=max_heads, margin=margin, progress=progress)
+    reached = bool(curve) and at_chance(curve[-1]["accuracy"], chance, margin)
     rec = {"model": adapter.spec, "n": len(examples), "chance": chance, "margin": margin,
            "baseline": base.accuracy, **ci((base.ci_low, base.ci_high), "baseline"), "reached_chance": reached,
-           "heads_to_chance": curve[-1]["n_heads"] if reached else None, "max_heads": max_heads, "curve": curve}
+           "heads_to_chance": curve[-1]["n_heads"] if reached else None, "max_heads": max_heads, "curve": curve,
+           "baseline_at_chance": baseline_at_chance}
+    if baseline_at_chance:
+        rec["note"] = chance_sentence(base.accuracy, chance, margin)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -3,3 +3,17 @@
 
 class GandaError(Exception):
     """A problem with the user's input (path, model, head id, prompt length, ...)."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """What a library's exception says, in one line: its first line, or, when that line only
+    introduces the reason (``Class validation error for validator 'x':``), the reason below it."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0]
+    if text.endswith(":") and len(lines) > 1:
+        reason = lines[1]
+        head, sep, rest = reason.partition(": ")
+        text = rest if sep and head.endswith(("Error", "Exception")) and head.isidentifier() else reason
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from .models.base import ModelAdapter
 
 KINDS = ("attn", "ssm")
-_PAT = re.compile(r"^L(\d+|\*)(?:\.(attn|ssm))?H(\d+|\*|\d+-\d+)$")
-_BLOCK = re.compile(r"^B(\d+)(?:\.attn)?H(\d+|\*|\d+-\d+)$")
+# ASCII digits only: \d would also read L٣H0 (an Arabic-Indic three) as L3H0
+_PAT = re.compile(r"^L(\d+|\*)(?:\.(attn|ssm))?H(\d+|\*|\d+-\d+)$", re.ASCII)
+_BLOCK = re.compile(r"^B(\d+)(?:\.attn)?H(\d+|\*|\d+-\d+)$", re.ASCII)
 
 
 @dataclass(frozen=True, order=True)

@@ -362,6 +362,8 @@ def parse_layers(text: str) -> list[int]:
         part = part.strip()
         if not part:
             continue
+        if not part.isascii():  # int() reads other scripts' digits; a layer list is written in 0-9
+            raise GandaError(f"not a layer list: {text!r} (expected e.g. 0-17 or 3,5,7)")
         try:
             if "-" in part:
                 a, b = (int(x) for x in part.split("-"))

@@ -9,6 +9,7 @@ without each one knowing about them. ``GANDA_PROGRESS_EVERY`` sets the seconds b
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import warnings
@@ -87,11 +88,20 @@ def note(text: str) -> None:
 
 
 def log_every() -> float:
-    """Seconds between progress lines in a log file: ``GANDA_PROGRESS_EVERY`` or 30."""
-    try:
-        return max(0.0, float(os.environ.get("GANDA_PROGRESS_EVERY", LOG_EVERY)))
-    except ValueError:
+    """Seconds between progress lines in a log file: ``GANDA_PROGRESS_EVERY`` or 30. A value that is
+    not a number of seconds is refused, as ``GANDA_THREADS`` is (the CLI checks it at start)."""
+    from .errors import GandaError
+
+    text = os.environ.get("GANDA_PROGRESS_EVERY", "").strip()
+    if not text:
         return LOG_EVERY
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise GandaError(f"GANDA_PROGRESS_EVERY={text!r} is not a number of seconds (0 or more)")
+    return seconds
 
 
 def _is_terminal(stream: Any) -> bool:

@@ -79,6 +79,9 @@ def load(*paths: str | Path) -> Results:
         if path.is_file() and path.suffix == ".jsonl":
             _predictions_file(path, t)
             continue
+        if path.is_file():
+            raise GandaError(f"{path} is a file, not a run directory (ganda.results.load reads run directories and "
+                             "ganda eval --predictions .jsonl files)")
         if not path.is_dir():
             raise GandaError(f"{path}: no such run directory")
         runs = list(_run_dirs(path))
@@ -133,6 +136,12 @@ def _own_reader(exp: Any) -> Any:
 
 def _is_run(d: Path) -> bool:
     return any((d / f).is_file() for f in _readers())
+
+
+def run_dirs(root: str | Path) -> list[Path]:
+    """The runs :func:`load` reads under ``root`` (``root`` first when it is one): a grid's jobs, a
+    lab programme's steps, every prompt set's."""
+    return list(_run_dirs(Path(root)))
 
 
 def _run_dirs(root: Path) -> Iterable[Path]:

@@ -12,6 +12,12 @@ Commands check their output paths before they load a model (:func:`check_output_
 ``flock`` on ``<dir>/.lock`` held for the whole run, so two runs never write into one directory.
 The lock dies with the process, so a killed run never leaves a stale lock behind.
 
+The two are the one output policy of every command that writes (docs/reliability.md): a run
+directory holds one kind of run (:func:`run_kind`); nothing is written inside a directory that
+holds a model (:func:`holds_model`), the loaded one or another; an existing file ganda did not
+write is replaced only with ``--force`` (:func:`written_by_ganda`); a command refused after it
+started leaves nothing it created (:func:`discard_claims`, called by the CLI on a refusal).
+
 :func:`model_fingerprint` summarises the weights on disk cheaply (:mod:`ganda.fingerprint`: sizes,
 modification times, headers, a fixed sample of every tensor, small files whole) so that a resumed
 run can tell that the model it measured has changed; :func:`ganda_version` is recorded in every
@@ -227,7 +233,8 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
     The target must not be a directory, and its nearest existing ancestor must be a writable
     directory (missing parents are created when the file is written, not now). It must not be one
     of the command's ``inputs`` (a file, or a directory: a model directory, whose files are never
-    written), whatever ``force`` says. An existing file is replaced only when ganda wrote it as
+    written), nor inside any directory that holds a model (:func:`holds_model`), whatever ``force``
+    says. An existing file is replaced only when ganda wrote it as
     this ``kind`` of output (:func:`written_by_ganda`), or with ``force``."""
     path = Path(path).expanduser()
     target = _target(path)
@@ -244,6 +251,10 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
             what = f"inside {inp}, which" if real != where else "a file that"
             raise GandaError(f"{option} {path} is {what} this command reads; ganda never writes over its inputs: "
                              "choose another path")
+    for a in Path(real).parents:  # any model's directory, not only the one this command loads
+        if a.is_dir() and holds_model(a):
+            raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
+                             "never writes into a model's files: choose another path")
     if target.is_file() and not force and not written_by_ganda(target, kind):
         raise GandaError(f"{option} {path} exists and is not {KINDS.get(kind or '', 'a file')} that ganda wrote; "
                          "pass --force to replace it, or choose another path")
@@ -256,7 +267,7 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
 
 #: the kinds of output files a command may replace, as the error names them
 KINDS = {"predictions": "a predictions file", "report": "a report page", "figure": "a figure",
-         "attention": "an attention-maps file"}
+         "attention": "an attention-maps file", "plan": "a plan"}
 #: what ganda writes into every file of a kind (PNG: matplotlib's ``Software`` text chunk)
 GENERATOR = "ganda"
 _MARKS = {"report": b'<meta name="generator" content="ganda', "figure": b"Software\x00ganda",
@@ -279,6 +290,14 @@ def written_by_ganda(path: str | Path, kind: str | None) -> bool:
         except ValueError:
             return False
         return isinstance(rec, dict) and {"id", "gold", "pred", "correct"} <= set(rec)
+    if kind == "plan":  # ganda plan --out: a JSON list of plans, each naming what it costs
+        try:
+            with open(path, "rb") as f:
+                plans = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            return False
+        return isinstance(plans, list) and bool(plans) and all(
+            isinstance(p, dict) and {"what", "experiment", "flops", "seconds"} <= set(p) for p in plans)
     mark = _MARKS.get(kind or "")
     return mark is not None and mark in head
 
@@ -410,11 +429,157 @@ def run_dir_lock(path: str | Path, option: str = "--out") -> Iterator[Path]:
         release_run_dir(p)
 
 
-def claim_run_dir(path: str | Path, option: str = "--out") -> Path:
-    """For commands: lock ``path`` until :func:`release_claims` (the CLI calls it on exit)."""
+def claim_run_dir(path: str | Path, option: str = "--out", *, kind: str | None = None,
+                  models: Sequence[str | Path] = ()) -> Path:
+    """For commands: the one output policy of a run directory, then its lock until :func:`release_claims`
+    (the CLI calls it on exit).
+
+    ``path`` must not be inside a directory that holds a model (``models``, the files the command
+    loads, or any directory with a config.json and weights: :func:`check_not_model_dir`); with
+    ``kind`` (the command that writes the run, e.g. ``"sweep"``; ``"model"``: a command that writes a
+    model there, which may replace an earlier one), a directory that already holds
+    another kind's run is refused, naming the kind found (:func:`run_kind`). What is in the
+    directory now is remembered, so that a run refused later removes only what it created
+    (:func:`discard_claims`)."""
+    path = Path(path).expanduser()
+    check_not_model_dir(path, option, models, itself=kind != "model")
+    if kind not in (None, "model") and path.is_dir():
+        found = run_kind(path)
+        if found is not None and found[0] != kind:
+            raise GandaError(f"{option} {path} holds a ganda {found[0]} run ({found[1]}); a {kind} run there would mix "
+                             "two runs' files: choose another --out")
+    before = _files(path) if kind != "model" else True  # a training's checkpoints outlive a refusal
     p = acquire_run_dir(path, option)
     _claims.append(p)
+    _before.setdefault(_lock_key(p), before)
     return p
+
+
+#: the file that says which command wrote a run directory without a result.json (first found wins)
+KIND_FILES = (("ranking.json", "rank"), ("attribution.jsonl", "rank"), ("extends.json", "extends"),
+              ("edges.json", "edges"), ("edges_exact.jsonl", "edges"), ("results.jsonl", "sweep"),
+              ("progress.jsonl", "sweep"), ("grid.json", "grid"), ("prompt_sets.json", "lab"))
+#: result.json's kind -> the command that writes it, where the two are spelled differently
+RESULT_COMMANDS = {"circuit_path": "path", "circuit_edges": "edges", "kv_curve": "kv-curve",
+                   "mask_last_row": "mask-last-row", "remove_restore": "prune", "lab_models": "lab",
+                   "lab_findings": "lab"}
+
+
+def run_kind(path: str | Path) -> tuple[str, str] | None:
+    """The command whose run directory ``path`` is and the file that says so, from result.json's
+    ``kind`` or the first of :data:`KIND_FILES` present; None for a directory holding no run."""
+    path = Path(path)
+    res = path / "result.json"
+    if res.is_file():
+        try:
+            kind = json.loads(res.read_text(errors="replace")).get("kind")
+        except (OSError, ValueError, AttributeError):
+            kind = None
+        if isinstance(kind, str) and kind:
+            return RESULT_COMMANDS.get(kind, kind), f"its result.json is a {kind} result"
+    for name, command in KIND_FILES:
+        if (path / name).is_file():
+            return command, f"its {name}"
+    return None
+
+
+#: the files that make a directory a model's (with a config.json beside them)
+WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.gguf", "pytorch_model*", "*.pt")
+
+
+def holds_model(d: str | Path) -> bool:
+    """Whether ``d`` is a model directory: a config.json and weights."""
+    d = Path(d)
+    try:
+        return (d / "config.json").is_file() and any(next(d.glob(g), None) is not None for g in WEIGHT_GLOBS)
+    except OSError:
+        return False
+
+
+def check_not_model_dir(path: str | Path, option: str = "--out", models: Sequence[str | Path] = (), *,
+                        itself: bool = True) -> None:
+    """Refuse an output directory that is, or is inside, a model the command loads (``models``: its
+    file or directory, as resolved when loaded) or any directory that holds a model (``itself``
+    False: a directory above it; a command that writes a model, ``kind="model"``, may replace one)."""
+    real = os.path.realpath(Path(path).expanduser())
+    for m in models:
+        where = os.path.realpath(Path(m).expanduser())
+        if real == where or (os.path.isdir(where) and real.startswith(where.rstrip(os.sep) + os.sep)):
+            raise GandaError(f"{option} {path} is inside the model directory {m}; ganda never writes into a model's "
+                             f"files: choose another {option}")
+    d = Path(real)
+    for a in (d, *d.parents) if itself else d.parents:
+        if a.is_dir() and holds_model(a):
+            raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
+                             f"never writes into a model's files: choose another {option}")
+
+
+_before: dict[str, set[str] | bool] = {}  # run directory -> its files when claimed (False: it did not exist)
+_MANY = 20_000  # a directory holding more files than this is no run directory: nothing in it is removed
+
+
+def _files(d: Path) -> set[str] | bool:
+    """The files under ``d`` now; False when it does not exist, True when it holds too many to track."""
+    if not d.is_dir():
+        return False
+    out: set[str] = set()
+    for p in d.rglob("*"):
+        out.add(str(p.relative_to(d)))
+        if len(out) > _MANY:
+            return True
+    return out
+
+
+def _keeps_units(f: Path) -> bool:
+    """A journal holding finished units (more than its header): a resume point, kept after a refusal."""
+    if f.suffix != ".jsonl":
+        return False
+    try:
+        with open(f, "rb") as fh:
+            return fh.read(1 << 20).count(b"\n") > 1
+    except OSError:
+        return False
+
+
+def interrupt_summary() -> str | None:
+    """What an interrupted command kept, for ``ganda: interrupted; ...``: its run directories and
+    whether a rerun resumes (a journal of finished units) or starts over."""
+    parts = []
+    for p in claimed_dirs():
+        if not p.is_dir():
+            continue
+        journals = sorted(str(q.relative_to(p)) for q in p.rglob("*.jsonl") if _keeps_units(q))
+        if journals:
+            parts.append(f"kept {p} ({', '.join(journals)}): rerun the same command to resume")
+        elif any(q.name != ".lock" for q in p.iterdir()):
+            parts.append(f"kept {p} with no finished unit: a rerun starts over")
+        else:
+            parts.append(f"nothing written to {p}")
+    return "; ".join(parts) or None
+
+
+def discard_claims() -> list[Path]:
+    """After a refused run: remove what it created in its run directories (not what was there
+    before, not a journal of finished units, which a rerun resumes from); returns what is kept."""
+    kept: list[Path] = []
+    for p in claimed_dirs():
+        before = _before.get(_lock_key(p), True)
+        if before is True or not p.is_dir():
+            continue
+        new = sorted((q for q in p.rglob("*") if before is False or str(q.relative_to(p)) not in before),
+                     key=lambda q: len(q.parts), reverse=True)
+        for q in new:
+            if q.name == ".lock" and q.parent == p:
+                continue
+            with contextlib.suppress(OSError):
+                if q.is_dir() and not q.is_symlink():
+                    if not any(q.iterdir()):
+                        q.rmdir()
+                elif _keeps_units(q):
+                    kept.append(q)
+                else:
+                    q.unlink()
+    return kept
 
 
 def claimed_dirs() -> list[Path]:
@@ -425,7 +590,10 @@ def claimed_dirs() -> list[Path]:
 def release_claims() -> None:
     """Release every lock taken with :func:`claim_run_dir` (last claimed first)."""
     while _claims:
-        release_run_dir(_claims.pop())
+        p = _claims.pop()
+        if p not in _claims:
+            _before.pop(_lock_key(p), None)
+        release_run_dir(p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -583,7 +751,7 @@ def take_interrupt_note() -> str | None:
 
 
 __all__ = [
-    "Journal", "read_journal", "acquire_run_dir", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
+    "Journal", "read_journal", "acquire_run_dir", "check_not_model_dir", "discard_claims", "holds_model", "interrupt_summary", "run_kind", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
     "model_fingerprint", "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
     "take_interrupt_note", "write_bytes", "write_error", "write_text",
 ]

@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"{out} already holds a model; choose another --out or pass --resume")
         at_least("--eval-every", eval_every)
         at_least("--steps", steps)
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="model")
         _print_run(out, run(config, out, steps=steps, seed=seed, resume=resume, progress=not quiet,
                             eval_every=eval_every))
 
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         from .distill import distill as run  # the training stack loads when the command runs
 
         at_least("--steps", steps)
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="model", models=[lab_model(teacher)])
         _print_run(out, run(lab_model(teacher), out, steps=steps, seed=seed, progress=not quiet))
 
     @app.command(short_help="Grow a lab Llama by block expansion")
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
 
         at_least("--layers", layers)
         at_least("--steps", steps)
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="model", models=[lab_model(base)])
         _print_run(out, run(lab_model(base), out, layers=layers, steps=steps, seed=seed, progress=not quiet))
 
     @app.command(short_help="The lab programme: the paper's six findings on the lab models")
@@ -128,7 +128,7 @@ def register(app: typer.Typer) -> None:
                             ("--steps", steps), ("--prompt-sets", prompt_sets)):
             at_least(flag, value)
         if replay is not None:
-            runio.claim_run_dir(replay, "--replay")
+            runio.claim_run_dir(replay, "--replay", kind="lab")
             for f in replay_run(replay):
                 print(f"finding {f['finding']}: {f['verdict']:<15} {f['lab']}")
             print(f"wrote {replay}/findings/findings.png and {replay}/report.html")
@@ -152,7 +152,7 @@ def register(app: typer.Typer) -> None:
             if role in needed and spec and not Path(spec).exists() and spec not in shipped():
                 raise GandaError(f"--{role.replace('_', '-')} {spec!r} is neither a model directory nor a shipped lab checkpoint "
                                  f"({', '.join(shipped())})")
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="lab", models=[lab_model(m) for r, m in models.items() if r in needed and m])
         if prompt_sets > 1:
             _lab_sets(models, out, limit, seed, top, findings, prompt_sets, quiet)
             return

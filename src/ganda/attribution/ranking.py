@@ -440,8 +440,8 @@ def check_rank_options(method: str = RANK_METHOD, ablation: str = "zero", margin
                               ("screen", screen, 0), ("active", active, 0)):
         if value < least:
             raise GandaError(f"{name(key)} must be at least {least}, got {value}")
-    if threshold is not None and threshold <= 0:
-        raise GandaError(f"{name('threshold')} must be positive")
+    if threshold is not None and not (math.isfinite(threshold) and threshold > 0):
+        raise GandaError(f"{name('threshold')} must be a positive finite number, got {threshold}")
     if screen and ablation != "zero":
         raise GandaError(f"{name('screen')} measures zero-ablation at the answer; it does not apply to {ablation}-ablation")
     if not 0.0 < confidence < 1.0:

@@ -232,6 +232,13 @@ class _EdgeEngine:
             atp[:, cols] = vals[:, heads].to(atp.dtype)
 
 
+def _layer_span(layers: list[int]) -> str:
+    if not layers:
+        return "no layer"
+    lo, hi = min(layers), max(layers)
+    return f"layer {lo}" if lo == hi else f"layers {lo}-{hi}"
+
+
 def default_senders(adapter: ModelAdapter) -> list[HeadId]:
     """Every head whose mixer writes linearly into the residual stream (all but Zamba2's shared attention)."""
     return [h for h in adapter.heads() if residual_write_scale(adapter, adapter.mixer_of(h)) is not None]
@@ -249,6 +256,10 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
     s_list = sorted({adapter.canonical(h) for h in (senders if senders is not None else default_senders(adapter))})
     r_list = sorted({adapter.canonical(h) for h in (receivers if receivers is not None else adapter.heads())})
     check_paths(adapter, "direct", s_list)
+    if not any(s.layer < r.layer for s in s_list for r in r_list):
+        span = lambda hs: _layer_span([h.layer for h in hs])  # noqa: E731
+        raise GandaError(f"no edge to score: no sender is in an earlier layer than a receiver (senders in {span(s_list)}, "
+                         f"receivers in {span(r_list)})")
     d_model = adapter.mixers()[0].out_proj.out_features
     with cpu_clock() as clock:
         eng = _EdgeEngine(adapter, s_list, r_list, margin)

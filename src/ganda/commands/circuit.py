@@ -13,7 +13,7 @@ from .. import runio
 from ..errors import GandaError
 from ..intervals import bounds
 from ..tasks import get_task
-from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option, require_heads
+from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option, model_inputs, require_heads
 from .options import ACTIVE_EDGES
 
 
@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
         at_least("--limit", limit)
         opts = PathOptions.build({"sender": sender, "receiver": receiver, "paths": paths, "parts": parts,
                                   "margin": margin}, cli=True)
-        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"path-{task}")
+        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"path-{task}", kind="path",
+                                         models=model_inputs(model))
         n = limit if limit is not None else 32
         adapter, task_obj, examples = _examples(model, task, pairs, n, seed, allow_pickle)
         config = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed, "options": opts.to_json()}
@@ -134,7 +135,8 @@ def register(app: typer.Typer) -> None:
                                    "threshold": threshold,
                                    "senders": senders or "", "receivers": receivers or "", "margin": margin,
                                    "roles": not no_roles, "show": show}, cli=True)
-        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"edges-{task}")
+        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"edges-{task}", kind="edges",
+                                         models=model_inputs(model))
         n = limit if limit is not None else 32
         adapter, task_obj, examples = _examples(model, task, pairs, n, seed, allow_pickle)
         config = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed, "options": opts.to_json()}

@@ -116,10 +116,17 @@ def model_inputs(spec: str) -> list[Path]:
     return [path] if path is not None else []
 
 
+#: counts bounded above, by flag: each prompt set repeats the whole measurement
+AT_MOST = {"--prompt-sets": 100}
+
+
 def at_least(flag: str, value: int | None, low: int = 1) -> None:
-    """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run."""
+    """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run;
+    a count in :data:`AT_MOST` is also bounded above."""
     if value is not None and value < low:
         raise GandaError(f"{flag} must be at least {low}, got {value}")
+    if value is not None and flag in AT_MOST and value > AT_MOST[flag]:
+        raise GandaError(f"{flag} must be at most {AT_MOST[flag]} (each one repeats the whole measurement), got {value}")
 
 
 def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
@@ -153,7 +160,10 @@ def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[st
             form = "TASK.KEY=VALUE, e.g. bbh.cot=false" if per_task else "KEY=VALUE"
             raise GandaError(f"--option takes {form}, got {item!r}")
         opts = out.setdefault(task.strip(), {}) if per_task else out
-        opts[name.strip().replace("-", "_")] = _option_value(raw)
+        key = name.strip().replace("-", "_")
+        if key in opts:  # one rule for a repeated key: refused, never the last one silently
+            raise GandaError(f"--option {key} is given twice ({opts[key]!r} and {_option_value(raw)!r}); give it once")
+        opts[key] = _option_value(raw)
     return out
 
 
@@ -302,7 +312,7 @@ def register(app: typer.Typer) -> None:
         one_of("--summary", summary, HEADS_SUMMARIES)
         opts = {"pairs": pairs, "shots": shots, **mmlu_options(sample)}
         t = get_task(task, **opts)
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="heads", models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         t = task_for_model(task, t, adapter, **opts)
         pat = t.examples(limit=limit, seed=seed)
@@ -335,7 +345,7 @@ def register(app: typer.Typer) -> None:
         for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top), ("--prompt-sets", prompt_sets)):
             at_least(flag, value)
         get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="demo", models=model_inputs(model))
         report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed,
                           allow_pickle=allow_pickle, prompt_sets=prompt_sets)
         print(f"report: {report}")

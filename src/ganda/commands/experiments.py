@@ -25,6 +25,7 @@ from .core import (
     at_least,
     limit_option,
     mmlu_options,
+    model_inputs,
     require_heads,
     task_list,
     task_list_option,
@@ -42,7 +43,8 @@ OUT = typer.Option(None, "--out", "-o", help="run directory (default: runs/<expe
 
 def _out(out: Path | None, kind: str, model: str) -> Path:
     """The run directory, checked and locked for this run (called before the model loads)."""
-    return runio.claim_run_dir(out if out is not None else Path("runs") / f"{kind}-{Path(model).stem or model}")
+    return runio.claim_run_dir(out if out is not None else Path("runs") / f"{kind}-{Path(model).stem or model}",
+                               kind=runio.RESULT_COMMANDS.get(kind, kind), models=model_inputs(model))
 
 
 def _finish(result, out: Path, html: bool) -> None:

@@ -16,6 +16,7 @@ from .core import (
     TASKS_ALIAS,
     at_least,
     limit_option,
+    model_inputs,
     parse_options,
     require_heads,
     task_list,
@@ -81,7 +82,7 @@ def register(app: typer.Typer) -> None:
         bad = [c for c in conds if c not in CONDITIONS]
         if bad or not conds:
             raise GandaError(f"--conditions: expected some of {','.join(CONDITIONS)}, got {conditions!r}")
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="extends", models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts,

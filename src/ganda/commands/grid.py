@@ -9,7 +9,7 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from .core import PICKLE, QUIET
+from .core import PICKLE, QUIET, model_inputs
 
 
 def _check_ray(value: str | None) -> str | None:
@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         parsed = parse_spec(spec)
         if out is not None:
             parsed["out"] = str(out)
-        runio.claim_run_dir(parsed["out"])
+        runio.claim_run_dir(parsed["out"], kind="grid", models=[p for m in parsed["models"] for p in model_inputs(m)])
 
         def show(job: dict) -> None:
             res = job.get("result") or {}

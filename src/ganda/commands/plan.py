@@ -12,11 +12,12 @@ import typer
 from ..errors import GandaError
 from ..heads import expand
 from ..tasks import get_task
-from .options import ACTIVE_EDGES, QUIET
+from .options import ACTIVE_EDGES, FORCE, QUIET
 
 # ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
 EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps", "path", "edges")
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
+METHODS = ("atp", "atp*", "ig")  # ganda.attribution.METHODS
 
 # Published token counts are not at hand for a config alone: characters per token of English
 # text under a ~128k BPE vocabulary (Llama-3's tokenizer gives 4.1-4.4 on MMLU).
@@ -38,6 +39,7 @@ def _adapter_and_tokenizer(model: str, dtype: Any) -> tuple[Any, Any]:
     path = model_path(model) if not hub.is_hub_id(model) and model not in meta.shipped() else None
     tok = _load_tokenizer(str(path)) if path is not None and path.is_dir() else None
     if tok is not None:
+        tok.model_max_length = 1 << 62  # it counts tokens; a prompt past the model's context is the plan's to say
         adapter.tokenizer = tok
     return adapter, tok
 
@@ -116,6 +118,17 @@ def _sweep_heads(adapter: Any, heads: str | None) -> list[int] | None:
     return per_layer
 
 
+def _layers_of(adapter: Any, flag: str, text: str) -> list[int]:
+    """A layer list of the model's own layers: one past the last is one line, not an IndexError."""
+    from ..interventions import parse_layers
+
+    layers = parse_layers(text)
+    n = len(adapter.original_layers())
+    if bad := [i for i in layers if not 0 <= i < n]:
+        raise GandaError(f"{flag} {bad} outside the model's layers 0..{n - 1}")
+    return layers
+
+
 def layer_skip(adapter: Any) -> bool:
     """Whether the exact sweep recomputes only the layers after each head's (the family skips layers)."""
     return bool(adapter.skips_layers())
@@ -187,19 +200,29 @@ def register(app: typer.Typer) -> None:
         paper: bool = typer.Option(False, "--paper", help="print the paper's headline runs"),
         as_json: bool = typer.Option(False, "--json", help="one JSON object"),
         out: Path | None = typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"),
+        force: bool = FORCE,
         quiet: bool = QUIET,
     ) -> None:
         """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
         from .. import plan as planner
         from ..device import parse_dtype
-        from ..interventions import parse_layers
+        from .core import at_least
 
-        if devices < 1:
-            raise GandaError(f"--devices must be at least 1, got {devices}")
-        if limit < 1:
-            raise GandaError(f"--limit must be at least 1, got {limit}")
+        for name, value in (("--devices", devices), ("--limit", limit), ("--tokens", tokens), ("--rows", rows),
+                            ("--batch-heads", batch_heads), ("--ig-steps", ig_steps)):
+            at_least(name, value)
+        from .core import require_heads
+
+        require_heads("--heads", heads)
+        if method not in METHODS:
+            raise GandaError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
         n = limit
         planner.device(device)
+        if out is not None:  # checked before any work; replaced only when ganda wrote it as a plan, or with --force
+            from .. import runio
+            from .core import model_inputs
+
+            runio.check_output_file(out, "--out", inputs=model_inputs(model) if model else [], kind="plan", force=force)
         if paper:
             plans = paper_plans(device, devices, shots)
         else:
@@ -221,18 +244,18 @@ def register(app: typer.Typer) -> None:
             # unset: the experiment's own default (rank and edges differ in --audit and --active)
             opts.update({k: v for k, v in (("verify_top", verify_top), ("audit", audit), ("active", active))
                          if v is not None})
-            if verify_layers:
-                opts["verify_layers"] = parse_layers(verify_layers)
+            if verify_layers is not None:
+                opts["verify_layers"] = _layers_of(adapter, "--verify-layers", verify_layers)
             if heads is not None:
                 opts["heads_per_layer"] = _sweep_heads(adapter, heads)
             if rows is not None:
                 opts["rows"] = rows
             if map_layers is not None:
-                opts["map_layers"] = parse_layers(map_layers)
+                opts["map_layers"] = _layers_of(adapter, "--map-layers", map_layers)
             plans = [(experiment, planner.plan(planner.profile(adapter), experiment, w, device, devices, **opts))]
         payload = [{"what": what, **p.to_json()} for what, p in plans]
         if out is not None:
-            out.write_text(json.dumps(payload, indent=2))
+            runio.write_text(out, json.dumps(payload, indent=2) + "\n")
         if as_json:
             print(json.dumps(payload if paper else payload[0], indent=2))
             return

@@ -22,6 +22,7 @@ from .core import (
     flag,
     limit_option,
     mmlu_options,
+    model_inputs,
     require_heads,
 )
 from .grid import RAY, RAY_ACTORS
@@ -39,7 +40,7 @@ def register(app: typer.Typer) -> None:
         ig_steps: int = typer.Option(5, "--ig-steps", help="ig: midpoint steps from every head ablated to the clean "
                                      "model (each costs about one AtP pass)"),
         verify_top: int = typer.Option(10, "--verify-top", "-k", help="verify this many top heads exactly"),
-        verify_layers: str = typer.Option("", "--verify-layers", help="also verify every head of these layers, "
+        verify_layers: str | None = typer.Option(None, "--verify-layers", help="also verify every head of these layers, "
                                           "e.g. 0,1 (first-order estimates underrate the first layers' heads)"),
         audit: int = typer.Option(0, "--audit", help="also verify this many random other heads: the false-negative "
                                   "bound's sample (10 cost about 4% of the exhaustive sweep on SmolLM2)"),
@@ -101,7 +102,8 @@ def register(app: typer.Typer) -> None:
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; rank scores multiple-choice tasks only")
         n = limit if limit is not None else 32
-        runio.claim_run_dir(out if out is not None else Path("runs") / f"rank-{task}")
+        runio.claim_run_dir(out if out is not None else Path("runs") / f"rank-{task}", kind="rank",
+                            models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
         examples = task_obj.examples(limit=n, seed=seed)
@@ -168,9 +170,15 @@ def _print_heads(console, res, top: int) -> None:
                 top, f"{res.margin} margin", heads="verified head")
 
 
-def _layers(text: str) -> list[int]:
-    """``--verify-layers`` as layer numbers ("0,1" -> [0, 1])."""
+def _layers(text: str | None) -> list[int]:
+    """``--verify-layers`` as layer numbers ("0,1" -> [0, 1]; not given: none); a list naming no layer
+    is refused, as an empty head list is."""
+    if text is None:
+        return []
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        layers = [int(x) for x in text.split(",") if x.strip() and x.strip().isascii()]
     except ValueError:
-        raise GandaError(f"--verify-layers takes comma-separated layer numbers, not {text!r}") from None
+        layers = []
+    if not layers or len(layers) != len([x for x in text.split(",") if x.strip()]):
+        raise GandaError(f"--verify-layers takes comma-separated layer numbers, not {text!r}")
+    return layers

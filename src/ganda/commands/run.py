@@ -10,7 +10,10 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from .core import MODEL, PICKLE, QUIET, SEED, at_least, limit_option, parse_options
+from .core import MODEL, PICKLE, QUIET, SEED, at_least, limit_option, model_inputs, parse_options
+
+#: the command of a registered experiment that ``ganda run`` does not run, where it is named otherwise
+COMMANDS = {"maps": "attn"}
 
 
 def register(app: typer.Typer) -> None:
@@ -37,12 +40,15 @@ def register(app: typer.Typer) -> None:
         at_least("--limit", limit)
         cls = registry.experiment(experiment)
         if not cls.on_task:
-            raise GandaError(f"the {cls.name} experiment does not run on one task's examples: see ganda --help")
+            runs = ", ".join(n for n in registry.experiment_names() if registry.experiment(n).on_task)
+            raise GandaError(f"the {cls.name} experiment does not run on one task's examples: its command is ganda "
+                             f"{COMMANDS.get(cls.name, cls.name)} (ganda run runs {runs})")
         options = cls.Options.build(parse_options(option))
         task_obj = get_task(task)
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; experiments score multiple-choice tasks")
-        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"{cls.name}-{task}")
+        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"{cls.name}-{task}", kind=cls.name,
+                                         models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter)
         n = limit if limit is not None else 32

@@ -9,7 +9,7 @@ import typer
 from .. import runio
 from ..errors import GandaError
 from ..tasks import get_task
-from .core import MODEL_HELP, PICKLE, QUIET, SEED, SUMMARIES, at_least, limit_option, one_of
+from .core import MODEL_HELP, PICKLE, QUIET, SEED, SUMMARIES, at_least, limit_option, model_inputs, one_of
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
             at_least(flag, value)
         one_of("--summary", summary, SUMMARIES)
         get_task(task)  # an unknown task fails before the models load
-        runio.claim_run_dir(out)
+        runio.claim_run_dir(out, kind="sharpness", models=[p for m in models for p in model_inputs(m)])
         adapters = {m: load_model(m, allow_pickle=allow_pickle) for m in models}
         kw = dict(k=top, n=limit, select=select, select_n=select_n, resamples=resamples, progress=not quiet,
                   summary=summary)

@@ -24,6 +24,7 @@ from .core import (
     at_least,
     limit_option,
     mmlu_options,
+    model_inputs,
     one_of,
     require_heads,
 )
@@ -105,7 +106,8 @@ def register(app: typer.Typer) -> None:
         if task_obj.kind != "mc":
             raise GandaError(f"task {task!r} is a generation task; sweep scores multiple-choice tasks only")
         n = limit if limit is not None else 32
-        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"sweep-{task}")
+        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"sweep-{task}", kind="sweep",
+                                         models=model_inputs(model))
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
         examples = task_obj.examples(limit=n, seed=seed)
@@ -127,7 +129,9 @@ def register(app: typer.Typer) -> None:
             cum = cumulative_ablation(adapter, examples, [r["head"] for r in res.matter()],
                                       max_heads=max_heads, out_dir=out_dir, progress=not quiet)
             last = cum["curve"][-1] if cum["curve"] else None
-            if last is not None:
+            if cum.get("baseline_at_chance"):
+                console.print(f"cumulative ablation: {cum['note']}; wrote {out_dir}/cumulative.json")
+            elif last is not None:
                 verdict = "reached" if cum["reached_chance"] else "did not reach"
                 console.print(f"cumulative ablation {verdict} chance ({cum['chance']:.3f} + {cum['margin']:.2f}) "
                               f"with {last['n_heads']} heads: acc {last['accuracy']:.3f}; wrote {out_dir}/cumulative.json")

@@ -21,6 +21,7 @@ docs/extending.md has an example.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -40,9 +41,14 @@ class Options:
     def check(self) -> None:
         """Refuse a value out of range with one line (the default accepts everything)."""
 
+    #: command-line flags spelled other than ``--<name>`` (``ganda path``'s ``--from`` for ``sender``)
+    CLI_FLAGS: ClassVar[dict[str, str]] = {}
+
     def flag(self, name: str) -> str:
         """How an option is named in an error: ``--verify-top`` from the command line, else ``verify_top``."""
-        return "--" + name.replace("_", "-") if getattr(self, "_cli", False) else name
+        if not getattr(self, "_cli", False):
+            return name
+        return self.CLI_FLAGS.get(name) or "--" + name.replace("_", "-")
 
     @classmethod
     def fields(cls) -> list[dataclasses.Field]:
@@ -60,7 +66,7 @@ class Options:
                 takes = ", ".join(known) or "no options"
                 raise GandaError(f"{where}unknown option {key!r} (takes {takes})")
         hints = typing.get_type_hints(cls)
-        out = {k: _coerce(v, hints[k], f"{where}{k}") for k, v in values.items()}
+        out = {k: _coerce(v, hints[k], "--" + k.replace("_", "-") if cli else f"{where}{k}") for k, v in values.items()}
         opts = cls(**out)
         object.__setattr__(opts, "_cli", cli)
         try:
@@ -93,6 +99,8 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     if base is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise GandaError(f"{name} must be a number, not {value!r}")
+        if not math.isfinite(value):  # nan or inf: every comparison with it is false, every result null
+            raise GandaError(f"{name} must be a finite number, not {value}")
         return float(value)
     if base is str:
         if not isinstance(value, str):

@@ -6,9 +6,10 @@ what ``ganda run``, ``ganda grid``, ``ganda plan``, ``ganda report`` and ``ganda
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..attention import draw_attention, save_attention_json
 from ..circuit import PATHS, TOGETHER, path_ablation
@@ -34,9 +35,20 @@ def _head(flag: str, text: str) -> HeadId:
     return HeadId.parse(text)
 
 
-def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sender", "receiver")) -> None:
-    """Two head ids, the receiver in a later layer: refused before any model loads."""
+def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sender", "receiver"),
+                    adapter: ModelAdapter | None = None) -> None:
+    """Two head ids, the receiver in a later layer. Without ``adapter`` (before any model loads) only
+    their form is checked: a layer order between a head the model lacks and another would say the
+    wrong thing; with it, each head is checked in the model first, then the order."""
     s, r = _head(flags[0], sender), _head(flags[1], receiver)
+    if adapter is None:
+        return
+    for flag, h in zip(flags, (s, r), strict=True):
+        try:
+            adapter.canonical(h)
+        except GandaError as exc:
+            why = str(exc) if str(exc).startswith(f"{h}:") else f"{h}: {exc}"
+            raise GandaError(f"{flag} {why}") from None
     if r.layer <= s.layer:
         raise GandaError(f"receiver {r} is not in a later layer than sender {s}: a path runs from an earlier "
                          "layer's head into a later layer's")
@@ -50,6 +62,7 @@ class PathOptions(Options):
     parts: str = field(default=TOGETHER, metadata={"help": "the receiver's inputs taken from the ablated stream: "
                                                    "together, or parts such as q,k,v or x,B,C,dt,gate (k+v: both)"})
     margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
+    CLI_FLAGS: ClassVar[dict[str, str]] = {"sender": "--from", "receiver": "--to"}
 
     def check(self) -> None:
         check_pair_text(self.sender, self.receiver, (self.flag("sender"), self.flag("receiver")))
@@ -119,6 +132,7 @@ class PathExperiment(Experiment):
 
     def run(self, adapter: ModelAdapter, examples: list[Example], options: PathOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> PathResult:
+        check_pair_text(options.sender, options.receiver, (options.flag("sender"), options.flag("receiver")), adapter)
         res = path_ablation(adapter, examples, options.sender, options.receiver, paths=options.paths,
                             parts=[p for p in options.parts.split(",") if p.strip()], margin=options.margin,
                             progress=progress)
@@ -162,6 +176,8 @@ class EdgesOptions(Options):
                 raise GandaError(f"{self.flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.margin not in ("mean", "max"):
             raise GandaError(f"{self.flag('margin')} must be mean or max, not {self.margin!r}")
+        if self.threshold is not None and not (math.isfinite(self.threshold) and self.threshold > 0):
+            raise GandaError(f"{self.flag('threshold')} must be a positive finite number, got {self.threshold}")
         for name in ("senders", "receivers"):
             text = getattr(self, name)
             if text and not [p for p in text.split(",") if p.strip()]:

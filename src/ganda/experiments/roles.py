@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import runio
-from ..discovery import ablate_until_chance, added_heads
+from ..discovery import ablate_until_chance, added_heads, at_chance
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
@@ -78,7 +78,10 @@ class RolesResult(ExperimentResult):
                              f"**{pct(s.get(f'{role}_ablated'))}**{weak} (control task "
                              f"{points(-(s.get(f'{role}_control_drop') or 0))} change); heads that hurt there: "
                              f"{', '.join(s.get(f'{role}_heads') or [])}.")
-        if "heads_to_chance" in s:
+        if s.get("baseline_at_chance"):
+            lines.append("Heads ablated together to reach chance: none measured: the intact model is already at "
+                         f"chance ({pct(s.get('baseline'))}).")
+        elif "heads_to_chance" in s:
             lines.append("Heads ablated together (most damaging first) to reach chance: "
                          f"**{s['heads_to_chance'] or 'more than ' + str(s.get('heads_to_chance_max'))}**.")
         lines += sets_lines(self.extra)
@@ -258,7 +261,10 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
             if control:
                 summary[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)[0]
     extra: dict[str, Any] = {}
-    if until_chance:
+    if until_chance and at_chance(base, chance):  # the intact model is at chance: no head count to chance
+        summary["baseline_at_chance"] = True
+        summary["heads_to_chance_max"] = max_heads
+    elif until_chance:
         cum = ablate_until_chance(adapter, examples, ranked, chance=chance, max_heads=max_heads, progress=progress)
         reached = bool(cum) and cum[-1]["accuracy"] <= chance + 0.05
         summary["heads_to_chance"] = cum[-1]["n_heads"] if reached else None

@@ -53,7 +53,7 @@ import torch
 
 from .. import registry, runio
 from ..device import default_device, default_dtype, parse_device, parse_dtype
-from ..errors import GandaError
+from ..errors import GandaError, one_line
 from ..fingerprint import fingerprint
 from ..finite import check_config, check_weights
 from ..progress import tqdm as progress_bar
@@ -148,10 +148,8 @@ def _assemble_gemma() -> Path:
 # ---- errors ---------------------------------------------------------------------------------
 
 def _one_line(exc: BaseException) -> str:
-    """The first line of an exception's message (library messages run to several lines)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = lines[0] if lines else type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    """An exception's message in one line (library messages run to several lines): :func:`ganda.errors.one_line`."""
+    return one_line(exc)
 
 
 def _first(keys: Any, n: int = 3) -> str:
@@ -297,6 +295,13 @@ def _load_tokenizer(where: str, **kwargs: Any) -> Any:
                 "never runs; remove auto_map from tokenizer_config.json to use tokenizer.json"
             ) from None
         present = [f for f in TOKENIZER_FILES if (Path(where) / f).is_file()] if "gguf_file" not in kwargs else []
+        if present and (Path(where) / "config.json").is_file():  # AutoTokenizer reads the config too: name it
+            from transformers import AutoConfig
+
+            try:
+                AutoConfig.from_pretrained(where, trust_remote_code=False)
+            except Exception as cfg_exc:  # noqa: BLE001 - the config is what is wrong
+                raise GandaError(f"{where}: its config.json is not a valid config: {_one_line(cfg_exc)}") from None
         if present:
             raise GandaError(f"{where}: cannot load its tokenizer ({', '.join(present)}): {_one_line(exc)}") from None
         log.warning("no tokenizer in %s: %s", where, _one_line(exc))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import GandaError
+from ..errors import GandaError, one_line
 from ..finite import check_config
 from ..heads import HeadId
 from . import hub
@@ -75,6 +75,27 @@ def config_of(spec: str) -> tuple[dict[str, Any], str]:
                      f"the shipped configs: {', '.join(files)}")
 
 
+#: the sizes a config must state: a config without one would be built (and planned) at transformers'
+#: default sizes, which describe no model (a Llama config of two keys plans as 1.07B parameters)
+REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def check_sizes(raw: dict[str, Any], config: Any, model_type: str) -> None:
+    """Refuse a config that leaves a size its architecture has to transformers' default."""
+    import inspect
+
+    aliases = getattr(type(config), "attribute_map", {}) or {}
+    try:
+        takes = set(inspect.signature(type(config).__init__).parameters)
+    except (TypeError, ValueError):
+        return
+    missing = [name for name in REQUIRED_SIZES
+               if (name in takes or aliases.get(name) in takes) and name not in raw and aliases.get(name) not in raw]
+    if missing:
+        raise GandaError(f"this {model_type} config does not state {', '.join(missing)}; ganda builds a model only "
+                         "from the sizes its config gives (transformers' defaults describe no model)")
+
+
 def build_model(raw: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> nn.Module:
     """The model ``raw`` describes, every parameter on the ``meta`` device."""
     model_type = raw.get("model_type")
@@ -94,12 +115,13 @@ def build_model(raw: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> nn.
                     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
                     config = CONFIG_MAPPING[model_type].from_dict(raw)
+                    check_sizes(raw, config, model_type)
                     model = AutoModelForCausalLM.from_config(config, trust_remote_code=False, dtype=dtype)
         except GandaError:
             raise
         except Exception as exc:  # noqa: BLE001 - a config transformers rejects: one line
             raise GandaError(f"cannot build a {model_type} model from this config: "
-                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                             f"{one_line(exc)}") from None
     return model.to(dtype=dtype).eval()
 
 

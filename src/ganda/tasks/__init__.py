@@ -86,8 +86,40 @@ def task_for_model(name: str, task: Task, adapter: Any, **options: Any) -> Task:
     call this once the model is loaded; a model without a tokenizer is refused here, in one line."""
     adapter.require_tokenizer()
     if hasattr(type(task), "for_model"):
-        return get_task(name, adapter=adapter, **options)
+        task = get_task(name, adapter=adapter, **options)
+    check_representable(name, task, adapter)
     return task
 
 
-__all__ = ["KNOWLEDGE", "Example", "OptionError", "Task", "get_task", "register_task", "task_for_model", "token_spans"]
+#: the share of unknown tokens in a task's prompts and choices above which its scores mean nothing
+MAX_UNKNOWN = 0.05
+SAMPLE = 8  # prompts tokenised for the check
+
+
+def check_representable(name: str, task: Task, adapter: Any) -> None:
+    """Refuse a task whose text the model's tokenizer cannot represent: more than :data:`MAX_UNKNOWN`
+    of the tokens of its first prompts and choices are the unknown token (the lab tokenizer reads
+    ``kv``'s English keys as ``<unk>``), or two choices of one prompt tokenise alike. Scores on such
+    prompts are numbers without meaning (an accuracy of 0 that no head explains)."""
+    tok = adapter.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None:
+        return
+    examples = task.examples(limit=SAMPLE, seed=0)
+    total = unknown = 0
+    for ex in examples:
+        texts = [ex.prompt, *(ex.choices or [])]
+        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        total += sum(len(i) for i in ids)
+        unknown += sum(x == unk for i in ids for x in i)
+        if ex.choices and len({tuple(i) for i in ids[1:]}) < len(ids) - 1:
+            raise GandaError(f"task {name!r} cannot be scored on {adapter.spec}: its tokenizer reads two choices of one "
+                             f"prompt alike ({', '.join(map(repr, ex.choices[:4]))})")
+    if total and unknown / total > MAX_UNKNOWN:
+        token = getattr(tok, "unk_token", None) or "the unknown token"
+        raise GandaError(f"task {name!r} cannot be represented by {adapter.spec}'s tokenizer: {unknown} of {total} "
+                         f"tokens of its first {len(examples)} prompts and choices ({unknown / total:.0%}) are {token}; "
+                         "its scores would mean nothing (a lab model reads the lab tasks: lab-kv, lab-mmlu, ...)")
+
+
+__all__ = ["KNOWLEDGE", "check_representable", "Example", "OptionError", "Task", "get_task", "register_task", "task_for_model", "token_spans"]
