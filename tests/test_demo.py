@@ -150,8 +150,8 @@ def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tiny_dir, 
     """The tiny random Llama on KV (3 pairs) retrieves a little above chance (40% of 20 prompts against
     33%; a model at chance is refused, row ``demo-intact-at-chance`` of tests/test_cli_bad_inputs.py):
     its top causal head (the verified head whose ablation lowers the margin most) is L0H0 on the first
-    two sets and L1H1 on the third, and the finding says so. L1H0, whose ablation raises the margin
-    most on the first set, is no top head."""
+    two sets and L1H1 on the third, and the finding says so (set 2 differs by its Gather label). L1H0,
+    whose ablation raises the margin most on the first set, is no top head."""
     import torch
 
     from ganda.demo import _holds, run_demo
@@ -169,9 +169,11 @@ def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tiny_dir, 
     assert s["helpful_when_ablated"][0]["head"] == "L1H0" and all(h["exact"] < 0 for h in s["helpful_when_ablated"])
     for r in sets[1:]:
         assert {k: r[k] for k in ("holds", "why_not")} == _holds(sets[0], r)
-    assert s["holds_on"] == 1 and sets[2]["why_not"] == ["top head L1H1 (not L0H0)"]
-    assert "the finding holds on **1 of 2** further prompt sets: set 2 (seeds 3-5): holds; set 3 (seeds 6-8): top " \
-           "head L1H1" in s["finding"]
+    # set 2 keeps the top head but the labeller names a Gather head there (L0H0) where set 1 names none
+    assert s["holds_on"] == 0 and sets[1]["why_not"] == ["gather head L0H0 (not none)"]
+    assert sets[2]["why_not"] == ["top head L1H1 (not L0H0)"]
+    assert "the finding holds on **0 of 2** further prompt sets: set 2 (seeds 3-5): gather head L0H0 (not none); " \
+           "set 3 (seeds 6-8): top head L1H1" in s["finding"]
     rows = (tmp_path / "prompt_sets.csv").read_text().splitlines()
     assert len(rows) == 5 and rows[0].startswith("set,seed_pattern,seed_rank,seed_measure,top_head")
     pooled = s["pooled"]["top"]  # the top head as each set picks it

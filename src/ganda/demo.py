@@ -257,13 +257,22 @@ def _pooled(sets: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each ablation's drop pooled over the prompt sets (:func:`ganda.stats.pool_sets`: the interval
     includes the between-set variation), the heads as each set picks them."""
     out = {}
-    for label in sets[0]["conditions"]:
-        cs = [r["conditions"].get(label) for r in sets]
+    for label in dict.fromkeys(["top", *sets[0]["conditions"]]):
+        cs = [_condition_of(r, label) for r in sets]
         if any(c is None or c.get("drop") is None for c in cs):
             continue
         out[label] = pool_sets([c["drop"] for c in cs], [c.get("drop_ci_low") for c in cs],
                                [c.get("drop_ci_high") for c in cs], within=(-1.0, 1.0))
     return out
+
+
+def _condition_of(r: dict[str, Any], label: str) -> dict[str, Any] | None:
+    """A set's condition; the top head's is filed under its role where it has one (Gather or
+    Aggregate), so ``top`` is looked up by the head too."""
+    c = r["conditions"].get(label)
+    if c is None and label == "top":
+        c = next((c for c in r["conditions"].values() if c["heads"] == r.get("top_head")), None)
+    return c
 
 
 def _pooled_row(pooled: dict[str, dict[str, Any]], k: int) -> dict[str, Any]:
