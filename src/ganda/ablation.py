@@ -48,6 +48,15 @@ def check_ablation(how: str, flag: str = "--ablation", allowed: Sequence[str] = 
         raise GandaError(f"{flag} must be {' or '.join(allowed)}, not {how!r}")
 
 
+def check_batched_ablation(how: str, flag: str = "--ablation", what: str = "this command") -> None:
+    """Refuse (one line) an ablation a batched engine cannot run exactly: zero and mean only
+    (resample needs a donor per scored row, which batched rows do not keep)."""
+    if how == "resample":
+        raise GandaError(f"{flag} resample is not run by {what} (it needs a donor per scored row); use zero or "
+                         "mean, or eval --ablate HEAD --ablation resample")
+    check_ablation(how, flag, ("zero", "mean"))
+
+
 def context_ids(adapter: ModelAdapter, examples: Sequence[Example]) -> list[list[int]]:
     """Each prompt's tokens as scoring runs its context (the first choice's; a prompt without
     choices as :func:`ganda.scoring.encode` gives it)."""
@@ -213,5 +222,5 @@ def row_edit(cols: torch.Tensor, mean: torch.Tensor) -> Edit:
     return edit
 
 
-__all__ = ["ABLATIONS", "Donors", "check_ablation", "context_ids", "edit_for", "reference_data", "reference_donors",
+__all__ = ["ABLATIONS", "Donors", "check_ablation", "check_batched_ablation", "context_ids", "edit_for", "reference_data", "reference_donors",
            "reference_means", "row_edit"]

@@ -38,7 +38,7 @@ import torch
 
 from .finite import check_logits
 from .intervals import ci
-from .interventions import Intervention, apply
+from .interventions import Intervention, apply, bind_reference
 from .models.base import ModelAdapter
 from .progress import tqdm
 from .scoring import EvalResult, encode, prefix_cache_enabled, prefix_groups, run_prefix
@@ -277,6 +277,7 @@ def evaluate_generation(
     correct = 0
     metric_sums: dict[str, int] = {}
     finishes: dict[str, int] = {}
+    interventions = bind_reference(interventions, examples)  # a mean ablation: over the prompts generated from
     with apply(adapter, interventions):
         gens: list[Generation] = []
         step = max(1, bs) * 4  # chunks so the progress bar moves

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -187,13 +187,11 @@ class AblateHeads(Intervention):
 
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
-        d: dict[str, Any] = {"type": "ablate_heads", "heads": heads}
+        d: dict[str, Any] = {"type": "ablate_heads", "heads": heads, "ablation": self.how}
         if self.positions:
             d["positions"] = self.positions
-        if self.how != "zero":
-            d["ablation"] = self.how
-            if self.how == "resample":
-                d["seed"] = self.seed
+        if self.how == "resample":
+            d["seed"] = self.seed
         return d
 
 
@@ -338,6 +336,19 @@ class Compose(Intervention):
 
     def describe(self) -> dict[str, Any]:
         return {"type": "compose", "items": [iv.describe() for iv in self.items]}
+
+
+def bind_reference(interventions: Iterable[Intervention] | None, examples: Sequence[Any]) -> list[Intervention]:
+    """``interventions`` with every mean or resample :class:`AblateHeads` that names no reference
+    (and no means) given ``examples``, the prompts being scored, as its reference."""
+    out: list[Intervention] = []
+    for iv in interventions or []:
+        if isinstance(iv, AblateHeads) and iv.how != "zero" and iv.reference is None and iv.means is None:
+            iv = replace(iv, reference=list(examples))
+        elif isinstance(iv, Compose):
+            iv = Compose(bind_reference(iv.items, examples))
+        out.append(iv)
+    return out
 
 
 @contextmanager

@@ -22,7 +22,7 @@ import torch
 
 from .finite import check_scores
 from .intervals import split
-from .interventions import Intervention, apply, describe_all
+from .interventions import Intervention, apply, bind_reference, describe_all
 from .models.base import ModelAdapter, ReadPositions
 from .progress import tqdm
 from .stats import wilson
@@ -689,6 +689,7 @@ def evaluate_examples(
             adapter.check_length(len(ids))
     preds: list[dict[str, Any]] = []
     correct = correct_norm = 0
+    interventions = bind_reference(interventions, examples)  # mean and resample: over the scored prompts
     with apply(adapter, interventions):
         scores = score_examples(adapter, examples, batch_rows=batch_rows, progress=progress, desc=task_name,
                                 prefix_cache=prefix_cache)

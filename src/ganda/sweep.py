@@ -71,7 +71,7 @@ from typing import Any
 import torch
 
 from . import runio
-from .ablation import check_ablation, reference_means
+from .ablation import check_batched_ablation, reference_means
 from .effects import effect, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
@@ -384,12 +384,9 @@ SWEEP_METRICS = ("acc", "acc_norm", "margin")  # what a sweep ranks heads by (ga
 SWEEP_ABLATIONS = ("zero", "mean")  # resample needs a donor per scored row (ganda.ablation)
 
 
-def check_sweep_ablation(ablation: str, flag: str = "--ablation") -> None:
+def check_sweep_ablation(ablation: str, flag: str = "ablation") -> None:
     """Refuse (one line) an ablation the sweep engine cannot run exactly."""
-    if ablation == "resample":
-        raise GandaError(f"{flag} resample is not run by the sweep engine (it needs a donor per scored row); "
-                         "use zero or mean, or eval --ablate HEAD --ablation resample")
-    check_ablation(ablation, flag, SWEEP_ABLATIONS)
+    check_batched_ablation(ablation, flag, "the sweep engine")
 
 
 @dataclass

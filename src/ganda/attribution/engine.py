@@ -496,6 +496,9 @@ def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "m
     (``name(option)`` is how the caller names an option: ``--graddrop-blocks`` on the command line)."""
     if method not in METHODS:
         raise GandaError(f"{name('method')} must be one of {', '.join(METHODS)}, not {method!r}")
+    if ablation == "resample":
+        raise GandaError(f"{name('ablation')} resample is not estimated by attribution (it needs a donor per scored "
+                         "row); use zero or mean, or eval --ablate HEAD --ablation resample")
     if ablation not in ABLATIONS:
         raise GandaError(f"{name('ablation')} must be one of {', '.join(ABLATIONS)}, not {ablation!r}")
     if margin not in MARGINS:
