@@ -6,7 +6,7 @@ at the segment ends, the queried key, the final position and elsewhere), every d
 paired bootstrap 95% interval over the prompts. Prints one table per head and seed and writes
 the rows as JSON::
 
-    .venv/bin/python benchmarks/ablation_kinds.py smollm2-135m --pairs 5 --heads L19H1,L16H2 --limit 40 --seeds 0,1
+    .venv/bin/python benchmarks/ablation_kinds.py smollm2-135m --pairs 5 --heads L19H1,L16H2 --limit 40 --seeds 0,1,2
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from ganda import load_model
 from ganda.acts import head_profile, verdict, where
 from ganda.scoring import evaluate_examples
+from ganda.sites import CLASSES
 from ganda.tasks import get_task
 
 
@@ -29,11 +30,14 @@ def main() -> None:
     ap.add_argument("--heads", required=True, help="comma-separated heads, each profiled alone")
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--where-seeds", default="0", help="seeds on which each head is also ablated at each position "
+                    "class alone (the rows path: several times slower than the kinds)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     adapter = load_model(args.model, device="cpu")
     task = get_task("kv", pairs=args.pairs)
     rows = []
+    where_seeds = {int(s) for s in args.where_seeds.split(",") if s.strip()}
     for seed in (int(s) for s in args.seeds.split(",")):
         exs = task.examples(limit=args.limit, seed=seed)
         base = evaluate_examples(adapter, exs, progress=False)
@@ -41,7 +45,8 @@ def main() -> None:
               f"[{100 * base.ci_low:.1f}, {100 * base.ci_high:.1f}] (n={base.n})", flush=True)
         for head in args.heads.split(","):
             t0 = time.perf_counter()
-            prof = head_profile(adapter, exs, head, base=base, seed=seed)
+            prof = head_profile(adapter, exs, head, base=base, seed=seed,
+                                classes=CLASSES if seed in where_seeds else ())
             for r in prof:
                 print(f"  {head:7s} {r['ablation']:8s} at {r['positions']:9s} acc {100 * r['accuracy']:5.1f}%  "
                       f"drop {100 * r['drop']:5.1f} [{100 * r['drop_ci_low']:5.1f}, {100 * r['drop_ci_high']:5.1f}]  "
