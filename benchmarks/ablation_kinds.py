@@ -32,12 +32,14 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--where-seeds", default="0", help="seeds on which each head is also ablated at each position "
                     "class alone (the rows path: several times slower than the kinds)")
+    ap.add_argument("--where-heads", default=None, help="heads also ablated at each position class (default: the first)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     adapter = load_model(args.model, device="cpu")
     task = get_task("kv", pairs=args.pairs)
     rows = []
     where_seeds = {int(s) for s in args.where_seeds.split(",") if s.strip()}
+    where_heads = set((args.where_heads or args.heads.split(",")[0]).split(","))
     for seed in (int(s) for s in args.seeds.split(",")):
         exs = task.examples(limit=args.limit, seed=seed)
         base = evaluate_examples(adapter, exs, progress=False)
@@ -46,7 +48,7 @@ def main() -> None:
         for head in args.heads.split(","):
             t0 = time.perf_counter()
             prof = head_profile(adapter, exs, head, base=base, seed=seed,
-                                classes=CLASSES if seed in where_seeds else ())
+                                classes=CLASSES if seed in where_seeds and head in where_heads else ())
             for r in prof:
                 print(f"  {head:7s} {r['ablation']:8s} at {r['positions']:9s} acc {100 * r['accuracy']:5.1f}%  "
                       f"drop {100 * r['drop']:5.1f} [{100 * r['drop_ci_low']:5.1f}, {100 * r['drop_ci_high']:5.1f}]  "
