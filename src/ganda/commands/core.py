@@ -223,10 +223,12 @@ def register(app: typer.Typer) -> None:
                                     force=force)
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
-        if ablation != "zero" or ablate_at is not None:  # the reference prompts are the scored ones
+        if task_obj.kind != "mc" and (ablation == "resample" or ablate_at is not None):
+            raise GandaError(f"--ablation resample and --ablate-at score multiple-choice tasks only; {task!r} generates")
+        validate_interventions(adapter, ivs)  # head ids and layers, before any reference prompt runs
+        if ablation != "zero" or ablate_at is not None:  # mean and resample: over the scored prompts
             ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule, ablation,
-                                      task_obj.examples(limit=limit, seed=seed), ablate_at, seed)
-        validate_interventions(adapter, ivs)
+                                      None, ablate_at, seed)
         if task_obj.kind == "mc":
             from .plan import announce
 
@@ -339,8 +341,8 @@ def register(app: typer.Typer) -> None:
         prompt_sets: int = typer.Option(3, "--prompt-sets", help="prompt sets the finding is checked on (set k: seeds "
                                         "seed+3k, +1, +2), each reported with whether the finding holds"),
         ablation: str = ablation_option("zero|mean|resample (the ranking of a resample demo runs mean)"),
-        profile: bool = typer.Option(True, "--profile/--no-profile", help="also ablate the top causal and Gather "
-                                     "heads zero, mean and resample, and at each position class (where they act)"),
+        no_profile: bool = typer.Option(False, "--no-profile", help="skip ablating the top causal and Gather heads "
+                                        "zero, mean and resample and at each position class (where they act)"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
     ) -> None:
@@ -353,7 +355,7 @@ def register(app: typer.Typer) -> None:
         get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
         runio.claim_run_dir(out)
         report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed,
-                          allow_pickle=allow_pickle, prompt_sets=prompt_sets, ablation=ablation, profile=profile)
+                          allow_pickle=allow_pickle, prompt_sets=prompt_sets, ablation=ablation, profile=not no_profile)
         print(f"report: {report}")
 
 
