@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--where-seeds", default="0", help="seeds on which each head is also ablated at each position "
                     "class alone (the rows path: several times slower than the kinds)")
+    ap.add_argument("--kinds", default="zero,mean,resample", help="ablation kinds at every position")
     ap.add_argument("--where-heads", default=None, help="heads also ablated at each position class (default: the first)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -47,7 +48,7 @@ def main() -> None:
               f"[{100 * base.ci_low:.1f}, {100 * base.ci_high:.1f}] (n={base.n})", flush=True)
         for head in args.heads.split(","):
             t0 = time.perf_counter()
-            prof = head_profile(adapter, exs, head, base=base, seed=seed,
+            prof = head_profile(adapter, exs, head, base=base, seed=seed, kinds=args.kinds.split(","),
                                 classes=CLASSES if seed in where_seeds and head in where_heads else ())
             for r in prof:
                 print(f"  {head:7s} {r['ablation']:8s} at {r['positions']:9s} acc {100 * r['accuracy']:5.1f}%  "

@@ -85,17 +85,25 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
     return f"{head}'s effect does not survive mean ablation: its interval reaches 0 ({nums})."
 
 
+WHERE_SHARE = 0.1  # a class the head acts at carries at least this share of its whole margin drop
+
+
 def where(rows: Sequence[dict[str, Any]]) -> str:
-    """The position classes at which ablating the head alone costs (interval above 0), in one sentence."""
+    """The position classes where the head acts, in one sentence: those at which ablating it alone
+    costs margin (interval above 0) and at least :data:`WHERE_SHARE` of what ablating it everywhere
+    (zero) costs; each class's share of the whole drop."""
     sited = [r for r in rows if r["positions"] != "all"]
-    if not sited:
+    whole = next((r for r in rows if r["positions"] == "all" and r["ablation"] == "zero"), None)
+    if not sited or whole is None:
         return ""
-    head = sited[0]["heads"]
-    hits = [r["positions"] for r in sited if _established(r)]
-    parts = ", ".join(f"{r['positions']} {r['margin_drop']:.2f}" for r in sited)
-    if not hits:
-        return f"No one class of positions carries {head}'s effect alone (margin drops: {parts})."
-    return f"{head} acts at the {' and '.join(hits)} position{'s' if len(hits) > 1 else ''} (margin drops: {parts})."
+    head, total = sited[0]["heads"], whole["margin_drop"]
+    share = {r["positions"]: r["margin_drop"] / total if abs(total) > 1e-12 else 0.0 for r in sited}
+    hits = [r["positions"] for r in sited if _established(r) and share[r["positions"]] >= WHERE_SHARE]
+    parts = ", ".join(f"{c} {100 * v:.0f}%" for c, v in share.items())
+    if not _established(whole) or not hits:
+        return f"No one class of positions carries {head}'s effect alone (share of its margin drop: {parts})."
+    return (f"{head} acts at the {' and '.join(hits)} position{'s' if len(hits) > 1 else ''} "
+            f"(share of its margin drop, ablated at one class alone: {parts}).")
 
 
 __all__ = ["head_profile", "verdict", "where"]
