@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--where-seeds", default="0", help="seeds on which each head is also ablated at each position "
                     "class alone (the rows path: several times slower than the kinds)")
     ap.add_argument("--kinds", default="zero,mean,resample", help="ablation kinds at every position")
+    ap.add_argument("--classes", default=",".join(CLASSES), help="the position classes of --where-seeds")
     ap.add_argument("--where-heads", default=None, help="heads also ablated at each position class (default: the first)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -49,7 +50,7 @@ def main() -> None:
         for head in args.heads.split(","):
             t0 = time.perf_counter()
             prof = head_profile(adapter, exs, head, base=base, seed=seed, kinds=args.kinds.split(","),
-                                classes=CLASSES if seed in where_seeds and head in where_heads else ())
+                                classes=args.classes.split(",") if seed in where_seeds and head in where_heads else ())
             for r in prof:
                 print(f"  {head:7s} {r['ablation']:8s} at {r['positions']:9s} acc {100 * r['accuracy']:5.1f}%  "
                       f"drop {100 * r['drop']:5.1f} [{100 * r['drop_ci_low']:5.1f}, {100 * r['drop_ci_high']:5.1f}]  "
