@@ -19,7 +19,7 @@ import ganda
 from ganda.attribution import attribute, ig_alphas, metric_value, rank_heads
 from ganda.cli import main
 from ganda.engine import Trace
-from ganda.interventions import AblateHeads, MeanAblateHeads, z_point
+from ganda.interventions import AblateHeads, z_point
 from ganda.scoring import score_examples
 from ganda.tasks.base import Example
 
@@ -33,7 +33,7 @@ def all_ablated_drop(adapter, examples, ablation="zero", means=None):
     """m(clean) − m(every head ablated at once), through the scoring path."""
     golds = [ex.gold for ex in examples]
     clean = metric_value([s.loglik for s in score_examples(adapter, examples)], golds)
-    iv = AblateHeads(adapter.heads()) if ablation == "zero" else MeanAblateHeads(adapter.heads(), means)
+    iv = AblateHeads(adapter.heads()) if ablation == "zero" else AblateHeads(adapter.heads(), how="mean", means=means)
     with iv.apply(adapter):
         ablated = metric_value([s.loglik for s in score_examples(adapter, examples)], golds)
     return clean - ablated

@@ -182,3 +182,28 @@ def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tiny_dir, 
     assert "top" not in sets[1]["conditions"] and tops[1] == sets[1]["conditions"]["gather"]["drop"]
     assert pooled["estimate"] == pytest.approx(sum(tops) / 3, abs=1e-6)  # 6 digits
     assert pooled["ci_low"] <= min(tops)
+    # the top head profiled (ganda.acts): zero, mean, resample, then zero at each position class
+    prof = [r for r in saved["head_profiles"] if r["heads"] == "L0H0"]
+    assert [(r["ablation"], r["positions"]) for r in prof] == [
+        ("zero", "all"), ("mean", "all"), ("resample", "all"),
+        ("zero", "ends"), ("zero", "key"), ("zero", "final"), ("zero", "elsewhere")]
+    assert prof[0]["drop"] == pytest.approx(s["top_drop"])  # the same ablation as the finding's, same prompts
+    assert prof[1]["drop"] != prof[0]["drop"] or prof[1]["margin_drop"] != prof[0]["margin_drop"]
+    assert s["survives"]["L0H0"].startswith("L0H0's")  # the zero-ablation effect under mean ablation, in words
+    assert s["survives"]["L0H0"] in s["finding"] and s["acts_at"]["L0H0"] in s["finding"]
+    assert (tmp_path / "ablation_kinds.csv").read_text().splitlines()[0].startswith("heads,ablation,positions")
+    assert saved["config"]["ablation"] == "zero"
+
+
+def test_demo_under_mean_ablation_ranks_and_ablates_by_mean(tiny_dir, tmp_path):
+    import torch
+
+    from ganda.demo import run_demo
+
+    torch.set_num_threads(1)
+    run_demo(str(tiny_dir), tmp_path, pairs=3, n=4, verify_n=20, rank_n=8, prompt_sets=1, ablation="mean",
+             profile=False, max_heads=2)
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["config"]["ablation"] == saved["config"]["rank_ablation"] == "mean"
+    assert json.loads((tmp_path / "ranking" / "ranking.json").read_text())["ablation"] == "mean"
+    assert "Every ablation here is mean-ablation" in saved["summary"]["finding"]

@@ -107,7 +107,7 @@ def test_evaluate_generation(tiny):
     res = evaluate_generation(tiny, t, t.examples(), [AblateHeads("L1H0")], progress=False)
     assert res.n == 3 and len(res.predictions) == 3
     assert res.config["metrics"]["never"]["correct"] == 0
-    assert res.interventions == [{"type": "ablate_heads", "heads": "L1H0"}]
+    assert res.interventions == [{"type": "ablate_heads", "heads": "L1H0", "ablation": "zero"}]
     assert all(p["n_tokens"] <= 4 for p in res.predictions)
     assert sum(res.config["finish"].values()) == 3
 

@@ -82,7 +82,7 @@ def test_bridge_matches_ganda_under_ablation(tiny, tmp_path, shots):
     for a, b in zip(lm, ga.predictions, strict=True):
         assert a["loglik"] == pytest.approx(b["loglik"], abs=1e-4)
     assert res["results"]["ganda_mmlu_astronomy"]["acc,none"] == pytest.approx(ga.accuracy)
-    assert res["ganda"]["interventions"] == [{"type": "ablate_heads", "heads": "L1H0,L2H3"}]
+    assert res["ganda"]["interventions"] == [{"type": "ablate_heads", "heads": "L1H0,L2H3", "ablation": "zero"}]
     # the ablation really acted inside lm-eval, and was removed afterwards
     intact = simple_evaluate(tiny, [mmlu_task("astronomy", data_dir=d, shots=shots)], None, log_samples=True)
     ll_intact = [p["loglik"] for p in sample_predictions(intact, "ganda_mmlu_astronomy")]

@@ -29,6 +29,7 @@ from typing import Any
 from rich.console import Console
 
 from . import registry, runio
+from .acts import head_profile, verdict, where
 from .attention import draw_attention
 from .attribution import rank_heads
 from .discovery import ablate_until_chance, added_heads, at_chance, chance_sentence
@@ -126,6 +127,8 @@ def finding(s: dict[str, Any]) -> str:
     if s.get("aggregate_head") is None and "max_aggregate" in s:
         parts.append(f"No head shows the Aggregate pattern (the largest aggregate score of all heads is "
                      f"{s['max_aggregate']:.3f}, {s.get('max_aggregate_head')}).")
+    if s.get("ablation", "zero") != "zero":
+        parts.append(f"Every ablation here is {s['ablation']}-ablation (docs/heads.md).")
     for key, what in (("top", f"the top causal head **{s.get('top_head')}**"),
                       ("gather", f"the Gather head **{s.get('gather_head')}**"),
                       ("aggregate", f"the Aggregate head **{s.get('aggregate_head')}**"),
@@ -133,6 +136,8 @@ def finding(s: dict[str, Any]) -> str:
         if f"{key}_accuracy" in s:
             parts.append(f"Ablating {what} leaves {_pct(s[f'{key}_accuracy'])}{_ci(s, f'{key}')}: "
                          f"{_cost(s['baseline_accuracy'], s[f'{key}_accuracy'], _pair(s, f'{key}_drop'))}.")
+    for h in s.get("survives") or {}:
+        parts.append(" ".join(x for x in (s["survives"][h], (s.get("acts_at") or {}).get(h, "")) if x))
     k = s.get("heads_to_chance")
     if k:
         parts.append(f"Ablating heads cumulatively in causal order reaches chance after **{k} heads** "
@@ -170,9 +175,11 @@ def _pooled_sentence(sets: Sequence[dict[str, Any]]) -> str:
 
 
 def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[str], base: EvalResult,
-               seed: int) -> dict[str, Any]:
-    """Accuracy with ``heads`` zero-ablated, and its paired drop from ``base`` with a bootstrap CI."""
-    r = evaluate_examples(adapter, examples, [AblateHeads(heads)], progress=False)
+               seed: int, ablation: str = "zero") -> dict[str, Any]:
+    """Accuracy with ``heads`` ablated (``ablation``: :mod:`ganda.ablation`, over ``examples``), and
+    its paired drop from ``base`` with a bootstrap CI."""
+    iv = AblateHeads(heads, how=ablation, reference=examples if ablation != "zero" else None, seed=seed)
+    r = evaluate_examples(adapter, examples, [iv], progress=False)
     a = [float(p["correct"]) for p in base.predictions]
     b = [float(p["correct"]) for p in r.predictions]
     bs = bootstrap_paired(a, b, seed=seed)
@@ -194,21 +201,29 @@ def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[st
     return next((h for h in order if role.get(h) == want), None)
 
 
+def rank_ablation(ablation: str) -> str:
+    """The ablation the demo's causal ranking runs: the demo's own, except resample, which
+    attribution does not estimate (the ranking then runs mean ablation, the nearest kind)."""
+    return "mean" if ablation == "resample" else ablation
+
+
 def _rank_and_label(adapter: ModelAdapter, task: Any, pattern_ex: Sequence[Example], rank_ex: Sequence[Example],
                     verify_top: int, verify_layers: Sequence[int], out_dir: Path | None,
-                    standard: dict[str, dict[str, float]] | None = None
+                    standard: dict[str, dict[str, float]] | None = None, ablation: str = "zero"
                     ) -> tuple[Any, list[str], list[HeadScore], dict[str, str]]:
     """Every head ranked causally on ``rank_ex`` and labelled by its pattern on ``pattern_ex`` and
     its ``standard`` scores (task-free: measured once per model, :func:`ganda.patterns.standard_scores`)."""
     ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
-                        active=0, progress=False, out_dir=out_dir, resume=False, config={"task": task.config()})
+                        active=0, progress=False, out_dir=out_dir, resume=False, config={"task": task.config()},
+                        ablation=rank_ablation(ablation))
     scores = pattern_scores(adapter, pattern_ex, progress=False, summary=AUTO)
     label_model(adapter, scores, standard=standard)
     return ranked, ranked.order(), scores, roles(scores)
 
 
 def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list[str], role: dict[str, str],
-               exact: dict[str, float], seed: int) -> tuple[EvalResult, list[dict[str, Any]], str | None, str | None]:
+               exact: dict[str, float], seed: int, ablation: str = "zero"
+               ) -> tuple[EvalResult, list[dict[str, Any]], str | None, str | None]:
     """The intact run and the top, best Gather and best Aggregate heads ablated alone and together."""
     base = evaluate_examples(adapter, measure_ex, progress=False)
     g_head, a_head = _first(order, role, "gather", exact), _first(order, role, "aggregate", exact)
@@ -219,7 +234,7 @@ def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list
     together = [h for h in singles.values() if h]
     for label, heads in (*((k, [h]) for k, h in singles.items()), ("together", together)):
         if heads and all(heads) and (label != "together" or len(heads) > 1):
-            rows.append({"condition": label, **_condition(adapter, measure_ex, heads, base, seed)})
+            rows.append({"condition": label, **_condition(adapter, measure_ex, heads, base, seed, ablation)})
     return base, rows, g_head, a_head
 
 
@@ -232,15 +247,15 @@ def _set_record(k: int, seed: int, top: str | None, g_head: str | None, a_head: 
 
 
 def _replicate(adapter: ModelAdapter, task: Any, k: int, seed: int, n: int, rank_n: int, verify_n: int,
-               verify_top: int, verify_layers: Sequence[int], standard: dict[str, dict[str, float]] | None = None
-               ) -> dict[str, Any]:
+               verify_top: int, verify_layers: Sequence[int], standard: dict[str, dict[str, float]] | None = None,
+               ablation: str = "zero") -> dict[str, Any]:
     """The finding's steps again (ranking, roles, ablations; not the cumulative curve) on prompt set
     ``k``, drawn with seeds ``seed``, ``seed + 1``, ``seed + 2``."""
     pattern_ex, rank_ex = task.examples(limit=n, seed=seed), task.examples(limit=rank_n, seed=seed + 1)
     measure_ex = task.examples(limit=verify_n, seed=seed + 2)
     ranked, order, _, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers, None,
-                                             standard)
-    base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed)
+                                             standard, ablation)
+    base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed, ablation)
     return _set_record(k, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)
 
 
@@ -300,15 +315,18 @@ def _holds(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 def run_demo(
     model: str, out: str | Path, *, pairs: int = 5, n: int = 8, verify_n: int = 40, top: int = 4,
     seed: int = 0, max_heads: int = 8, rank_n: int = 16, verify_top: int = 20, verify_layers: Sequence[int] = (0, 1),
-    allow_pickle: bool = False, prompt_sets: int = 3,
+    allow_pickle: bool = False, prompt_sets: int = 3, ablation: str = "zero", profile: bool = True,
 ) -> Path:
     """Run the demo into ``out`` and return its ``report.html``. ``n``: pattern prompts (roles);
     ``rank_n``: ranking prompts; ``verify_top``: heads verified exactly, with every head of
     ``verify_layers`` (first-order estimates underrate heads of the first two layers, docs/attribution.md);
     ``verify_n``: measurement prompts; ``top``: causal heads the finding names and draws;
     ``max_heads``: longest cumulative ablation; ``prompt_sets``: how many prompt sets the finding
-    is checked on (:func:`_replicate`). The defaults take about 2.5 minutes on two idle cores
-    (BENCHMARKS.md §9), and each further prompt set most of that again."""
+    is checked on (:func:`_replicate`); ``ablation``: what an ablated head's slice becomes in every
+    measured ablation and the ranking (:mod:`ganda.ablation`; resample ranks by mean, :func:`rank_ablation`);
+    ``profile``: the top causal and Gather heads also ablated zero, mean and resample and at each
+    position class (:func:`ganda.acts.head_profile`, step 3). The defaults take about 2.5 minutes on
+    two idle cores (BENCHMARKS.md §9), and each further prompt set most of that again."""
     con = Console(stderr=True, quiet=is_quiet())  # -q: only the command's summary line
     t0, c0 = time.perf_counter(), time.process_time()
     out = Path(out)
@@ -334,22 +352,29 @@ def run_demo(
     c = time.process_time()
     early = f" and every head of layer{'s' if len(verify_layers) > 1 else ''} {', '.join(map(str, verify_layers))}" \
         if verify_layers else ""
-    con.print(f"1/4 ranking every head causally (AtP, top {verify_top}{early} verified exactly on {len(rank_ex)} prompts)")
+    con.print(f"1/5 ranking every head causally (AtP, {rank_ablation(ablation)}-ablation, top {verify_top}{early} "
+              f"verified exactly on {len(rank_ex)} prompts)")
     standard = standard_scores(adapter)  # task-free: once for every prompt set
     ranked, order, scores, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers,
-                                                  out / "ranking", standard)
+                                                  out / "ranking", standard, ablation)
     by = {s.head: s for s in scores}
     c = lap("rank", c)
 
-    con.print("2/4 ablating the best Gather and Aggregate heads")
-    base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed)
+    con.print(f"2/5 {ablation}-ablating the best Gather and Aggregate heads")
+    base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed, ablation)
     c = lap("ablate", c)
 
-    con.print("3/4 cumulative ablation in causal order until chance")
-    curve = ablate_until_chance(adapter, measure_ex, order, chance=chance, max_heads=max_heads, progress=False)
+    profiled = list(dict.fromkeys(h for h in (top_head(order, ranked.exact), g_head) if h)) if profile else []
+    con.print(f"3/5 {', '.join(profiled) or 'no head'}: zero, mean and resample ablation, and where each acts")
+    profiles = [r for h in profiled for r in head_profile(adapter, measure_ex, h, base=base, seed=seed)]
+    c = lap("profile", c)
+
+    con.print("4/5 cumulative ablation in causal order until chance")
+    curve = ablate_until_chance(adapter, measure_ex, order, chance=chance, max_heads=max_heads, progress=False,
+                                ablation=ablation)
     c = lap("curve", c)
 
-    con.print("4/4 figures and report")
+    con.print("5/5 figures and report")
     shown = list(dict.fromkeys([*ranked.matter()[:top], *(h for h in (g_head, a_head) if h)]))
     draw_attention(adapter, pattern_ex[0], shown, out / "ga_heads.png",
                    title=f"{adapter.spec}: the top causal heads", roles={h: role[h] for h in shown})
@@ -358,12 +383,13 @@ def run_demo(
     summary = _summary(adapter, task.config(), base, rows, curve, ranked, role, order, top, chance,
                        len(measure_ex), g_head, a_head, {h.head: h.aggregate for h in scores},
                        {h.head: h.label for h in scores})
+    summary.update(_profile_summary(profiles, ablation))
     if prompt_sets > 1:
         con.print(f"the finding on {prompt_sets - 1} more prompt set(s)")
         sets = [_set_record(0, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)]
         for k in range(1, prompt_sets):
             sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers,
-                                   standard))
+                                   standard, ablation))
             sets[-1].update(_holds(sets[0], sets[-1]))
         summary.update({"prompt_sets": sets, "holds_on": sum(r["holds"] for r in sets[1:]), "pooled": _pooled(sets)})
         c = lap("prompt_sets", c)
@@ -379,10 +405,13 @@ def run_demo(
         kind="demo", model=adapter.spec, summary=summary, rows=rows,
         config={**task.config(), "n_pattern": n, "n_rank": rank_n, "n_verify": verify_n, "verify_top": verify_top,
                 "verify_layers": list(verify_layers), "top": top, "max_heads": max_heads, "seed": seed,
-                "prompt_sets": prompt_sets, "rank_method": "atp"},
-        extra={"cumulative_ablation": curve, "heads": heads})
+                "prompt_sets": prompt_sets, "rank_method": "atp", "ablation": ablation,
+                "rank_ablation": rank_ablation(ablation)},
+        extra={"cumulative_ablation": curve, "heads": heads, "head_profiles": profiles})
     runio.write_json(out / "result.json", result.to_json())
     runio.write_csv(out / "ablations.csv", rows)
+    if profiles:
+        runio.write_csv(out / "ablation_kinds.csv", profiles)
     runio.write_csv(out / "cumulative_ablation.csv", curve)
     runio.write_csv(out / "heads.csv", heads)
     if prompt_sets > 1:
@@ -424,6 +453,14 @@ def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, 
         if not reached:
             s["curve_heads"] = last["n_heads"]
     return s
+
+
+def _profile_summary(profiles: list[dict[str, Any]], ablation: str) -> dict[str, Any]:
+    """The profiled heads' sentences (:func:`ganda.acts.verdict`, :func:`ganda.acts.where`) by head."""
+    heads = list(dict.fromkeys(r["heads"] for r in profiles))
+    mine = {h: [r for r in profiles if r["heads"] == h] for h in heads}
+    return {"ablation": ablation, "survives": {h: verdict(rs) for h, rs in mine.items()},
+            "acts_at": {h: where(rs) for h, rs in mine.items()}}
 
 
 def _head(h: str, role: dict[str, str], ranked: Any, labels: dict[str, str | None] | None = None) -> dict[str, Any]:

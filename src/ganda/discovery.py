@@ -173,8 +173,10 @@ def ablate_until_chance(
     max_heads: int = 24,
     margin: float = 0.05,
     progress: bool = True,
+    ablation: str = "zero",
 ) -> list[dict[str, Any]]:
-    """Ablate heads cumulatively in ranked order until accuracy is within ``margin`` of chance.
+    """Ablate heads cumulatively in ranked order until accuracy is within ``margin`` of chance
+    (``ablation``: zero, mean or resample, :mod:`ganda.ablation`, over ``examples``).
 
     For models with no single-head bottleneck this answers "how many heads must go": the
     returned curve lists the accuracy after each added head; the last row reached chance (or
@@ -184,7 +186,8 @@ def ablate_until_chance(
     chosen: list[str] = []
     for name in tqdm(list(ranked_heads)[:max_heads], desc="cumulative ablation", disable=not progress, leave=False):
         chosen.append(name)
-        r = evaluate_examples(adapter, examples, [AblateHeads(list(chosen))], progress=False)
+        iv = AblateHeads(list(chosen), how=ablation, reference=examples if ablation != "zero" else None)
+        r = evaluate_examples(adapter, examples, [iv], progress=False)
         curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high))})
         if at_chance(r.accuracy, chance, margin):
             break

@@ -36,9 +36,10 @@ from typing import Any
 
 import torch
 
+from .errors import GandaError
 from .finite import check_logits
 from .intervals import ci
-from .interventions import Intervention, apply
+from .interventions import CLASS_POSITIONS, Intervention, apply, bind_reference
 from .models.base import ModelAdapter
 from .progress import tqdm
 from .scoring import EvalResult, encode, prefix_cache_enabled, prefix_groups, run_prefix
@@ -277,6 +278,11 @@ def evaluate_generation(
     correct = 0
     metric_sums: dict[str, int] = {}
     finishes: dict[str, int] = {}
+    interventions = bind_reference(interventions, examples)  # a mean ablation: over the prompts generated from
+    if any(getattr(iv, "how", None) == "resample" or getattr(iv, "positions", None) in CLASS_POSITIONS
+           for iv in interventions):
+        raise GandaError("resample ablation and position classes (--ablate-at) score multiple-choice tasks only; "
+                         f"{task.name!r} generates")
     with apply(adapter, interventions):
         gens: list[Generation] = []
         step = max(1, bs) * 4  # chunks so the progress bar moves

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -25,7 +25,8 @@ from .errors import GandaError
 from .heads import HeadId, expand, format_heads
 from .models.base import Mixer, ModelAdapter
 
-POSITIONS = ("query", "last", "context")
+CLASS_POSITIONS = ("ends", "key", "final", "elsewhere")  # ganda.sites.CLASSES
+POSITIONS = ("query", "last", "context", *CLASS_POSITIONS)
 
 
 def z_point(mixer: Mixer) -> str:
@@ -84,32 +85,23 @@ def _read_rows(adapter: ModelAdapter, x: torch.Tensor, positions: str) -> tuple[
     return rows[inside], idx[inside]
 
 
-def mean_edit(mixer: Mixer, heads: Iterable[int], mu: torch.Tensor) -> Edit:
-    """An edit of a ``z`` point that sets the listed heads' slices to ``mu`` (``[H*D]``, a mean
-    over reference prompts) at every position."""
-    heads = list(heads)
+def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None],
+                  means: dict[tuple[int, str], torch.Tensor] | None = None) -> dict[str, Edit]:
+    """The edits that zero (``means``: set to its mean, :mod:`ganda.ablation`), in batch row b, head
+    ``heads[b]`` (None: nothing), one edit per mixer the heads belong to: a batch of single-head
+    ablations in one forward, the heads of one layer (the sweep) or of several (the answer screen);
+    empty when every entry is None."""
+    from .ablation import row_edit
 
-    def edit(x: torch.Tensor) -> torch.Tensor:
-        x = x.clone()
-        m = mu.to(dtype=x.dtype, device=x.device)
-        for h in heads:
-            sl = mixer.head_slice(h)
-            x[..., sl] = m[sl]
-        return x
-
-    return edit
-
-
-def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None]) -> dict[str, Edit]:
-    """The edits that zero, in batch row b, head ``heads[b]`` (None: nothing), one edit per mixer the
-    heads belong to: a batch of single-head ablations in one forward, the heads of one layer (the
-    sweep) or of several (the answer screen); empty when every entry is None."""
     owners = [adapter.mixer_of(h) if h is not None else None for h in heads]  # each row's mixer
     edits: dict[str, Edit] = {}
     for mixer in {id(m): m for m in owners if m is not None}.values():
         masks = torch.stack([head_mask(mixer, [h.head] if h is not None and m is mixer else [])
                              for h, m in zip(heads, owners, strict=True)])[:, None]
-        edits[z_point(mixer)] = mask_edit(adapter, masks)
+        if means is None:
+            edits[z_point(mixer)] = mask_edit(adapter, masks)
+        else:
+            edits[z_point(mixer)] = row_edit(masks == 0, means[(mixer.layer, mixer.kind)])
     return edits
 
 
@@ -145,34 +137,61 @@ class Intervention:
 
 @dataclass
 class AblateHeads(Intervention):
-    """Zero-ablate heads at the output-projection input (all positions, or only the query row)."""
+    """Ablate heads at the output-projection input (all positions, or only some), their slice
+    replaced by zero (``how="zero"``, the default), by its mean over reference prompts
+    (``"mean"``) or by its value in another prompt of the same task (``"resample"``); see
+    :mod:`ganda.ablation` for the mean and resample rules.
+
+    ``reference``: the prompts the mean is taken over and resample donors come from (the
+    commands pass the prompts being scored); ``means``: precomputed means (``{(layer, kind):
+    [H*D]}``, what :func:`ganda.ablation.reference_means` returns) instead of a reference;
+    ``seed``: the resample donors' draw."""
 
     heads: Sequence[HeadId | str] | str
     # None: every position; "query": the last prompt token only (it predicts the answer's first
     # token); "last": the last scored position (it predicts the answer's final token);
     # "context": every position except the query (what a Gather head writes, not what an
-    # Aggregate head reads at the answer position)
+    # Aggregate head reads at the answer position); a class of ganda.sites ("ends", "key",
+    # "final", "elsewhere"): the positions of that class in each scored row
     positions: str | None = None
+    how: str = "zero"
+    reference: Sequence[Any] | None = field(default=None, repr=False)
+    means: dict[tuple[int, str], torch.Tensor] | None = field(default=None, repr=False)
+    seed: int = 0
 
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
+        from .ablation import check_ablation, edit_for, reference_data
+
         if self.positions is not None and self.positions not in POSITIONS:
-            raise GandaError(f"positions must be None, 'query', 'last' or 'context', not {self.positions!r}")
+            raise GandaError(f"positions must be None or one of {', '.join(POSITIONS)}, not {self.positions!r}")
+        check_ablation(self.how, "how")
         heads = expand(self.heads, adapter)
         if isinstance(self.heads, str) and not heads:
             raise GandaError(f"no head ids in {self.heads!r} (expected e.g. L17H24 or L3H0-2)")
         for h in heads:  # a head of a removed layer would be ablated by nothing: refuse it
             adapter.require_active([h.layer], str(h))
-        edits = {z_point(m): mask_edit(adapter, head_mask(m, hs), self.positions)
-                 for m, hs in _group_by_mixer(adapter, heads).values()}
-        with _edit_layers(adapter, {h.layer for h in heads}, f"the ablation of {_short(heads)}", edits):
-            yield
+        groups = _group_by_mixer(adapter, heads).values()
+        if self.how == "zero" and self.positions not in CLASS_POSITIONS:
+            edits = {z_point(m): mask_edit(adapter, head_mask(m, hs), self.positions) for m, hs in groups}
+        else:
+            data = reference_data(adapter, self, [m for m, _ in groups])
+            edits = {z_point(m): edit_for(adapter, m, hs, self.how, data, self.positions) for m, hs in groups}
+        rows = int(self.how == "resample" or self.positions in CLASS_POSITIONS)
+        adapter.row_needs = getattr(adapter, "row_needs", 0) + rows
+        try:
+            with _edit_layers(adapter, {h.layer for h in heads}, f"the ablation of {_short(heads)}", edits):
+                yield
+        finally:
+            adapter.row_needs -= rows
 
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
-        d: dict[str, Any] = {"type": "ablate_heads", "heads": heads}
+        d: dict[str, Any] = {"type": "ablate_heads", "heads": heads, "ablation": self.how}
         if self.positions:
             d["positions"] = self.positions
+        if self.how == "resample":
+            d["seed"] = self.seed
         return d
 
 
@@ -225,31 +244,6 @@ class KeepHeads(Intervention):
     def describe(self) -> dict[str, Any]:
         heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
         return {"type": "keep_heads", "heads": heads, "layers": list(self.layers) if self.layers else None}
-
-
-@dataclass
-class MeanAblateHeads(Intervention):
-    """Replace heads' output-projection input slices by their means over reference prompts
-    (``means``: ``{(layer, kind): [H*D]}`` per mixer, as :func:`ganda.attribution.attribute` returns
-    them), the mean-ablation the exact verification of a mean-ablation ranking runs."""
-
-    heads: Sequence[HeadId | str] | str
-    means: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, repr=False)
-
-    @contextmanager
-    def apply(self, adapter: ModelAdapter) -> Iterator[None]:
-        heads = expand(self.heads, adapter)
-        edits = {}
-        for m, hs in _group_by_mixer(adapter, heads).values():
-            if (m.layer, m.kind) not in self.means:
-                raise GandaError(f"no reference mean for layer {m.layer} ({m.kind})")
-            edits[z_point(m)] = mean_edit(m, hs, self.means[(m.layer, m.kind)])
-        with _edit_layers(adapter, {h.layer for h in heads}, f"the mean-ablation of {_short(heads)}", edits):
-            yield
-
-    def describe(self) -> dict[str, Any]:
-        heads = self.heads if isinstance(self.heads, str) else format_heads(self.heads)  # type: ignore[arg-type]
-        return {"type": "mean_ablate_heads", "heads": heads}
 
 
 @dataclass
@@ -324,7 +318,7 @@ def mask_last_row(heads: Sequence[HeadId | str] | str, rule: str = "query") -> A
 
     For one-token answers (MMLU letters) both are the same position.
     """
-    if rule not in POSITIONS:
+    if rule not in ("query", "last"):
         raise GandaError(f"mask-last-row rule must be 'query' or 'last', not {rule!r}")
     return AblateHeads(heads, positions=rule)
 
@@ -342,6 +336,19 @@ class Compose(Intervention):
 
     def describe(self) -> dict[str, Any]:
         return {"type": "compose", "items": [iv.describe() for iv in self.items]}
+
+
+def bind_reference(interventions: Iterable[Intervention] | None, examples: Sequence[Any]) -> list[Intervention]:
+    """``interventions`` with every mean or resample :class:`AblateHeads` that names no reference
+    (and no means) given ``examples``, the prompts being scored, as its reference."""
+    out: list[Intervention] = []
+    for iv in interventions or []:
+        if isinstance(iv, AblateHeads) and iv.how != "zero" and iv.reference is None and iv.means is None:
+            iv = replace(iv, reference=list(examples))
+        elif isinstance(iv, Compose):
+            iv = Compose(bind_reference(iv.items, examples))
+        out.append(iv)
+    return out
 
 
 @contextmanager

@@ -22,7 +22,7 @@ import torch
 
 from .finite import check_scores
 from .intervals import split
-from .interventions import Intervention, apply, describe_all
+from .interventions import Intervention, apply, bind_reference, describe_all
 from .models.base import ModelAdapter, ReadPositions
 from .progress import tqdm
 from .stats import wilson
@@ -180,21 +180,26 @@ def encode_examples(adapter: ModelAdapter, examples: Sequence[Example]) -> list[
 
 
 @torch.no_grad()
-def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[int]]]) -> list[ChoiceScores]:
+def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[int]]],
+                sites: Sequence[dict[str, list[int]] | None] | None = None) -> list[ChoiceScores]:
     """One right-padded forward for one or several examples (``(pairs, single, n_chars)`` each):
     a shared-context example takes one row, any other one row per choice. Each row carries its own
-    query and last-scored positions, so position-restricted interventions act on every row as
-    they would alone; log-probabilities are taken only where a continuation token is scored."""
+    query and last-scored positions (and its ids; with ``sites``, per item its prompt's
+    :func:`ganda.sites.prompt_sites`, each row's position classes), so position-restricted
+    interventions act on every row as they would alone; log-probabilities are taken only where a
+    continuation token is scored."""
     rows: list[list[int]] = []
     qpos: list[int] = []
     last: list[int] = []
     where: list[list[int]] = []
-    for pairs, single, _ in items:
+    owner: list[int] = []
+    for k, (pairs, single, _) in enumerate(items):
         if single:
             rows.append(pairs[0][0])
             qpos.append(len(pairs[0][0]) - 1)
             last.append(len(pairs[0][0]) - 1)
             where.append([len(rows) - 1] * len(pairs))
+            owner.append(k)
             continue
         idx = []
         for ctx, cont in pairs:
@@ -202,11 +207,18 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
             qpos.append(len(ctx) - 1)
             last.append(len(ctx) + len(cont) - 2)
             idx.append(len(rows) - 1)
+            owner.append(k)
         where.append(idx)
     dev = adapter.device
     ids, mask = pad_rows(adapter, rows)
     lone = len(items) == 1 and items[0][1]  # one shared-context row: nothing padded, no mask
-    read = ReadPositions(torch.tensor(qpos, device=dev), torch.tensor(last, device=dev))
+    classes = None
+    if sites is not None:
+        from .sites import row_classes
+
+        classes = row_classes(sites, [(k, q, len(r)) for k, q, r in zip(owner, qpos, rows, strict=True)],
+                              ids.shape[1], dev)
+    read = ReadPositions(torch.tensor(qpos, device=dev), torch.tensor(last, device=dev), ids, classes)
     logits = adapter.forward(ids, attention_mask=None if lone else mask, read=read)
     out = []
     for (pairs, _single, n_chars), idx in zip(items, where, strict=True):
@@ -497,6 +509,8 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
     shared prefix runs once and the rest in length-bucketed batches of up to ``batch_rows``
     suffixes (default the device's :func:`score_budget`: ``SUFFIX_ROWS`` on the CPU); without it up to ``batch_rows`` whole rows per forward
     (default :func:`default_batch_rows`; ``batch_rows=1`` is :func:`score_example` one by one)."""
+    if getattr(adapter, "row_needs", 0):  # resample or position-class ablation: every row whole, with its prompt
+        return _score_sited(adapter, examples, batch_rows, progress, desc)
     if prefix_cache_enabled(adapter, prefix_cache):
         rows = None if batch_rows is None else max(1, int(batch_rows))
         res: list[ChoiceScores] = []
@@ -527,6 +541,34 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
         size += k
     if chunk:
         out += _score_rows(adapter, chunk)
+        bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+def _score_sited(adapter: ModelAdapter, examples: Sequence[Example], batch_rows: int | None, progress: bool,
+                 desc: str) -> list[ChoiceScores]:
+    """:func:`score_examples` on the rows path, each row with its ids and position classes (what a
+    resample or position-class ablation reads, :mod:`ganda.ablation`)."""
+    from .sites import prompt_sites
+
+    n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
+    out: list[ChoiceScores] = []
+    chunk: list[tuple[Pairs, bool, list[int]]] = []
+    where: list[dict[str, list[int]] | None] = []
+    size = 0
+    bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
+    for ex, item in zip(examples, encode_examples(adapter, examples), strict=True):
+        k = 1 if item[1] else len(item[0])
+        if chunk and size + k > n:
+            out += _score_rows(adapter, chunk, where)
+            bar.update(len(chunk))
+            chunk, where, size = [], [], 0
+        chunk.append(item)
+        where.append(prompt_sites(adapter, ex))
+        size += k
+    if chunk:
+        out += _score_rows(adapter, chunk, where)
         bar.update(len(chunk))
     bar.close()
     return out
@@ -647,6 +689,7 @@ def evaluate_examples(
             adapter.check_length(len(ids))
     preds: list[dict[str, Any]] = []
     correct = correct_norm = 0
+    interventions = bind_reference(interventions, examples)  # mean and resample: over the scored prompts
     with apply(adapter, interventions):
         scores = score_examples(adapter, examples, batch_rows=batch_rows, progress=progress, desc=task_name,
                                 prefix_cache=prefix_cache)

@@ -71,6 +71,7 @@ from typing import Any
 import torch
 
 from . import runio
+from .ablation import check_batched_ablation, reference_means
 from .effects import effect, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
@@ -197,11 +198,13 @@ class _FastEngine:
     :class:`Batching`); a group's read rows under every head of a batch go through the LM head together."""
 
     @torch.no_grad()
-    def __init__(self, adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching()) -> None:
+    def __init__(self, adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching(),
+                 means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
         self.adapter = adapter
         self.packed = packed
         self.dev = adapter.device
         self.shape = shape
+        self.means = means  # mean ablation (ganda.ablation); None: zero
         self.groups = _groups(adapter, packed, max(1, shape.examples))
         self.calls: list[LayerCalls] = []
         self.reads: list[_Reads] = []  # per group
@@ -252,7 +255,7 @@ class _FastEngine:
         """The final residuals ``[len(heads) * rows, T, d]`` of ``h`` (a group's state at ``start``) run
         on with ``heads[i]`` ablated in copy i."""
         b = len(heads)
-        edit = row_ablations(self.adapter, heads)
+        edit = row_ablations(self.adapter, heads, self.means)
         x = h.repeat(b, 1, 1) if b > 1 else h
         for pos in range(start, len(self.layers)):
             if pos == start and edit:
@@ -296,15 +299,17 @@ class _FastEngine:
 class _FallbackEngine:
     """Full forwards (families that do not skip layers), batched over heads with per-row masks."""
 
-    def __init__(self, adapter: ModelAdapter, packed: list[Prepared]) -> None:
+    def __init__(self, adapter: ModelAdapter, packed: list[Prepared],
+                 means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
         self.adapter = adapter
         self.packed = packed
         self.dev = adapter.device
+        self.means = means
 
     @torch.no_grad()
     def score(self, layer: int | None, heads: Sequence[HeadId | None]) -> list[list[list[float]]]:
         b = len(heads)
-        edit = row_ablations(self.adapter, heads)
+        edit = row_ablations(self.adapter, heads, self.means)
         out: list[list[list[float]]] = [[] for _ in range(b)]
         for p in self.packed:
             ids, mask = p.row_tensors(self.adapter)
@@ -354,14 +359,16 @@ def _record(kind: str, head: HeadId | None, packed: list[Prepared], logliks: lis
     return rec
 
 
-def _require_finite(adapter: ModelAdapter, packed: list[Prepared], rec: dict[str, Any]) -> None:
+def _require_finite(adapter: ModelAdapter, packed: list[Prepared], rec: dict[str, Any],
+                    means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
     """Refuse a record with a non-finite log-likelihood before it is written: its prompt is run again
     (under the record's ablation) to name the module where the non-finite values first appear."""
     bad = next((i for i, ll in enumerate(rec["loglik"]) if not all(math.isfinite(v) for v in ll)), None)
     if bad is None:
         return
     head = rec.get("head")
-    with apply(adapter, [AblateHeads([head])] if head else []):
+    how = "mean" if means is not None else "zero"
+    with apply(adapter, [AblateHeads([head], how=how, means=means)] if head else []):
         check_scores(rec["loglik"][bad], f"prompt {bad} with {head} ablated" if head else f"prompt {bad}",
                      adapter, packed[bad].rows[0][: packed[bad].ctx_lens[0]])
 
@@ -374,6 +381,12 @@ def _well_formed(rec: dict[str, Any]) -> bool:
 
 
 SWEEP_METRICS = ("acc", "acc_norm", "margin")  # what a sweep ranks heads by (ganda.effects)
+SWEEP_ABLATIONS = ("zero", "mean")  # resample needs a donor per scored row (ganda.ablation)
+
+
+def check_sweep_ablation(ablation: str, flag: str = "ablation") -> None:
+    """Refuse (one line) an ablation the sweep engine cannot run exactly."""
+    check_batched_ablation(ablation, flag, "the sweep engine")
 
 
 @dataclass
@@ -521,6 +534,7 @@ def run_sweep(
     config: dict[str, Any] | None = None,
     on_head: Callable[[dict[str, Any]], None] | None = None,
     metric: str = "acc",
+    ablation: str = "zero",
 ) -> SweepResult:
     """Ablate each head alone and score ``examples`` (see the module docstring).
 
@@ -530,6 +544,9 @@ def run_sweep(
     runs the reference loop (``AblateHeads`` + ``evaluate_examples`` per head) with the same
     output format. ``on_head`` is called with each finished head's record. ``metric`` (``"acc"``,
     ``"acc_norm"`` or ``"margin"``) is the effect the result ranks heads by (:meth:`SweepResult.top`).
+    ``ablation``: ``"zero"`` or ``"mean"`` (each head's slice set to its mean over every token of
+    ``examples``, :mod:`ganda.ablation`: the numbers ``eval --ablation mean`` gives); resample
+    needs each scored row's own donor, which batched heads do not have, and is refused.
     """
     t0 = time.perf_counter()
     if heads is None:
@@ -542,6 +559,12 @@ def run_sweep(
         raise GandaError("batch_heads must be at least 1")
     if metric not in SWEEP_METRICS:
         raise GandaError(f"metric must be one of {', '.join(SWEEP_METRICS)}, not {metric!r}")
+    check_sweep_ablation(ablation)
+    means = None
+    if ablation == "mean":
+        if _SCORERS:
+            raise GandaError("--ablation mean runs in this process only, not on workers")
+        means = reference_means(adapter, examples, list({id(m): m for m in map(adapter.mixer_of, heads)}.values()))
     packed = prepare_all(adapter, examples)
     cfg = {
         "model": adapter.spec,
@@ -549,14 +572,17 @@ def run_sweep(
         "heads": [str(h) for h in heads],
         "prompts_sha": examples_digest(examples),
         **(config or {}),
+        "ablation": ablation,
     }
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
-        return _sweep(adapter, examples, packed, heads, cfg, None, resume, naive, batch_heads, progress, on_head, t0, metric)
+        return _sweep(adapter, examples, packed, heads, cfg, None, resume, naive, batch_heads, progress, on_head, t0, metric,
+                      means)
     with runio.run_dir_lock(out):
         cfg["weights"] = weights_fingerprint(adapter)
         cfg["dtype"] = str(next(adapter.model.parameters()).dtype).removeprefix("torch.")
-        return _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric)
+        return _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric,
+                      means)
 
 
 _RESULT_FILES = ("results.jsonl", "results.csv", "heatmap.png", "cumulative.json", "cumulative.csv", "cumulative.png")
@@ -577,7 +603,7 @@ def _record_problem(rec: dict[str, Any]) -> str | None:
     return None if _well_formed(rec) else f"a {kind} record whose scores are malformed or not finite"
 
 
-def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric):
+def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric, means=None):
     journal = runio.Journal(out / "progress.jsonl", cfg, "sweep", resume=resume, check=_record_problem) \
         if out is not None else None
     done: dict[str, dict[str, Any]] = {}
@@ -599,7 +625,7 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
             runio.set_interrupt_note(f"{n} head{'s' if n != 1 else ''} saved, rerun the same command to resume")
 
     def emit(rec: dict[str, Any]) -> None:
-        _require_finite(adapter, packed, rec)
+        _require_finite(adapter, packed, rec, means)
         if journal is not None:
             journal.append(rec)
         note()
@@ -609,12 +635,13 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
     bar = tqdm(total=len(heads), initial=len(heads) - len(todo), desc="sweep", unit="head", disable=not progress)
     try:
         if naive:
-            baseline, new = _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head)
+            baseline, new = _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head, means)
         else:
             todo_batches: list[list[HeadId | None]] = [[None]] if baseline is None else []
             todo_batches += [b for b in _batches(heads, batch_heads) if not all(str(h) in done for h in b)]
-            scorer = _SCORERS[-1] if _SCORERS else local_scores
-            for batch, scores in zip(todo_batches, scorer(adapter, examples, packed, todo_batches), strict=True):
+            scores_of = _SCORERS[-1](adapter, examples, packed, todo_batches) if _SCORERS else \
+                local_scores(adapter, examples, packed, todo_batches, means)
+            for batch, scores in zip(todo_batches, scores_of, strict=True):
                 if batch[0] is None:  # the intact baseline
                     baseline = _record("baseline", None, packed, scores[0])
                     emit(baseline)
@@ -651,20 +678,22 @@ _SCORERS: list[BatchScorer] = []
 
 
 def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: list[Prepared],
-                 batches: list[list[HeadId | None]]) -> Iterator[list[list[list[float]]]]:
+                 batches: list[list[HeadId | None]], means: dict[tuple[int, str], torch.Tensor] | None = None
+                 ) -> Iterator[list[list[list[float]]]]:
     """Each batch's scores (per head, per example, per choice), in order, from this process's engine;
-    a batch ``[None]`` is the intact baseline."""
-    engine = engine_for(adapter, packed, batching(packed, batches, adapter.device.type != "cpu"))
+    a batch ``[None]`` is the intact baseline (``means``: mean ablation, :mod:`ganda.ablation`)."""
+    engine = engine_for(adapter, packed, batching(packed, batches, adapter.device.type != "cpu"), means)
     for batch in batches:
         yield engine.score(None if batch[0] is None else batch[0].layer, batch)
 
 
-def engine_for(adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching()) -> Any:
+def engine_for(adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching(),
+               means: dict[tuple[int, str], torch.Tensor] | None = None) -> Any:
     """The engine that scores ``packed``: layer skipping where the family allows it
     (:meth:`ModelAdapter.skips_layers`), its forwards shaped by ``shape``, else full forwards. Its
     ``score(layer, heads)`` for an example depends on the examples of its block (:func:`_groups`)
     only, and on those only through float rounding."""
-    return _FastEngine(adapter, packed, shape) if adapter.skips_layers() else _FallbackEngine(adapter, packed)
+    return _FastEngine(adapter, packed, shape, means) if adapter.skips_layers() else _FallbackEngine(adapter, packed, means)
 
 
 @contextlib.contextmanager
@@ -686,7 +715,7 @@ def weights_fingerprint(adapter: ModelAdapter) -> str:
     return fingerprint(path.resolve() if path is not None else adapter.model)
 
 
-def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head):
+def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head, means=None):
     """The reference loop: ``AblateHeads([head])`` around lm-eval-style scoring of every example
     (``score_example``, exactly as ``evaluate_examples`` runs it)."""
     def logliks(ivs):
@@ -699,7 +728,8 @@ def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head)
     for h in heads:
         if str(h) in done:
             continue
-        rec = _record("head", h, packed, logliks([AblateHeads([h])]))
+        rec = _record("head", h, packed, logliks([AblateHeads([h], how="mean" if means is not None else "zero",
+                                                               means=means)]))
         done[str(h)] = rec
         emit(rec)
         bar.update(1)

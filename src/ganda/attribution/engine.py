@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from .. import runio
+from ..ablation import reference_means
 from ..effects import mean_margin
 from ..engine import Edit, LayerCalls, Trace, logprobs
 from ..errors import GandaError
@@ -337,24 +338,6 @@ class _Engine:
                 edits[point] = edit
         return edits
 
-    def reference_means(self, batches: Sequence[_Batch]) -> None:
-        """``μ_h``: each mixer's output-projection input averaged over every real position."""
-        sums: dict[str, torch.Tensor] = {}
-        count = 0
-        points = [z_point(m) for mixers in self.by_layer.values() for m, _ in mixers]
-        for batch in batches:
-            def accumulate(point: str, valid: torch.Tensor = batch.valid) -> Edit:
-                def edit(x: torch.Tensor) -> torch.Tensor:
-                    s = (x.float() * valid[..., None]).sum((0, 1))
-                    sums[point] = sums[point] + s if point in sums else s
-                    return x
-                return edit
-
-            with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, edit={p: accumulate(p) for p in points}):
-                self.adapter.forward(batch.ids, attention_mask=batch.mask, position_ids=batch.position_ids)
-            count += int(batch.valid.sum())
-        self.means = {k: v / max(1, count) for k, v in sums.items()}
-
     def _metric(self, batch: _Batch, h_last: torch.Tensor) -> tuple[torch.Tensor, list[list[float]]]:
         return batch_metric(self.adapter, batch, h_last, self.margin)
 
@@ -519,6 +502,9 @@ def check_options(method: str = "atp*", ablation: str = "zero", margin: str = "m
     (``name(option)`` is how the caller names an option: ``--graddrop-blocks`` on the command line)."""
     if method not in METHODS:
         raise GandaError(f"{name('method')} must be one of {', '.join(METHODS)}, not {method!r}")
+    if ablation == "resample":
+        raise GandaError(f"{name('ablation')} resample is not estimated by attribution (it needs a donor per scored "
+                         "row); use zero or mean, or eval --ablate HEAD --ablation resample")
     if ablation not in ABLATIONS:
         raise GandaError(f"{name('ablation')} must be one of {', '.join(ABLATIONS)}, not {ablation!r}")
     if margin not in MARGINS:
@@ -588,9 +574,10 @@ def attribute(
             cfg["weights"] = weights_fingerprint(adapter)
             journal = runio.Journal(Path(out_dir) / "attribution.jsonl", cfg, "attribution", resume=resume,
                                     check=_batch_problem).open()
-        if ablation == "mean":
-            ref_plan, ref_packed = (plan, packed) if reference is None else _plan(adapter, reference, batch_tokens)
-            eng.reference_means([_make_batch(adapter, b, ref_packed, eng.dtype) for b in ref_plan])
+        if ablation == "mean":  # the one mean rule (ganda.ablation): every token of every reference prompt
+            mixers = [m for ms in eng.by_layer.values() for m, _ in ms]
+            mu = reference_means(adapter, reference if reference is not None else examples, mixers)
+            eng.means = {z_point(m): mu[(m.layer, m.kind)] for m in mixers}
         try:
             atp, gd, lls = _run_batches(eng, plan, packed, len(examples), journal, progress, method)
         finally:

@@ -30,7 +30,7 @@ from ..errors import GandaError
 from ..figures import heatmap
 from ..finite import check_scores, finite_json
 from ..heads import HeadId
-from ..interventions import MeanAblateHeads
+from ..interventions import AblateHeads
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from ..scoring import encode, examples_digest, score_examples
@@ -229,7 +229,7 @@ def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
         for h in heads:
             if str(h) in done:
                 continue
-            with MeanAblateHeads([h], means).apply(adapter):
+            with AblateHeads([h], how="mean", means=means).apply(adapter):
                 ll = [s.loglik for s in score_examples(adapter, examples)]
             done[str(h)] = ll
             if journal is not None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import default_batch_tokens, margin_of
 from ..errors import GandaError
 from ..heads import HeadId
@@ -127,10 +128,14 @@ def path_ablation(
     margin: str = "mean",
     batch_tokens: int | None = None,
     progress: bool = True,
+    ablation: str = "zero",
 ) -> PathAblation:
     """Ablate the sender along its paths into the receiver (``paths``: ``"all"`` or ``"direct"``,
     :mod:`.paths`), once per part in ``parts`` (``together``, or the receiver's ``q``/``k``/``v``,
-    ``x``/``B``/``C``/``dt``/``gate``), and the sender everywhere, on ``examples``."""
+    ``x``/``B``/``C``/``dt``/``gate``), and the sender everywhere, on ``examples``. ``ablation``:
+    ``"zero"`` or ``"mean"`` (the sender's slice set to its mean over every token of ``examples``,
+    :mod:`ganda.ablation`; a direct path then removes ``c·W_O (z - μ)``)."""
+    check_batched_ablation(ablation, "ablation", "path ablation")
     if not examples:
         raise GandaError("no examples to ablate paths on")
     if any(len(ex.choices) < 2 for ex in examples):
@@ -138,13 +143,14 @@ def path_ablation(
     s, r = parse_pair(adapter, sender, receiver)
     check_paths(adapter, paths, [s])
     part_list = check_parts(adapter, r, parts)
+    means = reference_means(adapter, examples, [adapter.mixer_of(s)]) if ablation == "mean" else None
     with cpu_clock() as clock:
         plan, packed = path_batches(adapter, examples, batch_tokens or default_batch_tokens(adapter))
         lls: dict[str, list[list[float]]] = {c: [[] for _ in examples] for c in
                                              [INTACT, EVERYWHERE, *(condition_name(p) for p in part_list)]}
         variants = [Variant(r, p) for p in part_list]
         for items in tqdm(plan, desc=f"path {s} -> {r}", unit="batch", disable=not progress):
-            pb = PathBatch(adapter, make_batch(adapter, items, packed), margin)
+            pb = PathBatch(adapter, make_batch(adapter, items, packed), margin, means)
             got = {INTACT: pb.clean[0], EVERYWHERE: pb.sender_everywhere(s)[0]}
             for p, ll in zip(part_list, pb.ablate(s, variants, paths), strict=True):
                 got[condition_name(p)] = ll
@@ -152,7 +158,7 @@ def path_ablation(
                 for it, v in zip(items, vals, strict=True):
                     lls[cond][it.index] = v
     cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "layout":
-           "packed" if packed else "rows"}
+           "packed" if packed else "rows", "ablation": ablation}
     return PathAblation(str(s), str(r), paths, part_list, margin, [ex.gold for ex in examples], lls,
                         clock["wall"], clock["cpu"], cfg)
 

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from .. import runio
+from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import (
     ACTIVE_EDGES,
     _Batch,
@@ -111,8 +112,9 @@ class EdgeScores:
 
 
 class _EdgeEngine:
-    def __init__(self, adapter: ModelAdapter, senders: list[HeadId], receivers: list[HeadId], margin: str) -> None:
-        self.adapter, self.margin = adapter, margin
+    def __init__(self, adapter: ModelAdapter, senders: list[HeadId], receivers: list[HeadId], margin: str,
+                 means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
+        self.adapter, self.margin, self.means = adapter, margin, means
         self.senders, self.receivers = senders, receivers
         self.layers = list(adapter.active_layers())
         self.by_layer: dict[int, list[Mixer]] = {}
@@ -132,6 +134,8 @@ class _EdgeEngine:
             sl = mixer.head_slice(s.head)
             scale = residual_write_scale(self.adapter, mixer)
             z = zs[z_point(mixer)][..., sl].float()
+            if self.means is not None:  # mean ablation removes z - μ (ganda.ablation)
+                z = z - self.means[(mixer.layer, mixer.kind)][sl].to(z.device)
             w = torch.nn.functional.linear(z, mixer.out_proj.weight[:, sl].float())
             out[:, i] = (w * float(scale or 0.0)).reshape(rows, -1)
         return out
@@ -246,9 +250,10 @@ def default_senders(adapter: ModelAdapter) -> list[HeadId]:
 
 def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, senders: Sequence[HeadId] | None = None,
                      receivers: Sequence[HeadId] | None = None, margin: str = "mean", batch_tokens: int | None = None,
-                     progress: bool = True) -> EdgeScores:
+                     progress: bool = True, means: dict[tuple[int, str], torch.Tensor] | None = None) -> EdgeScores:
     """Every sender -> receiver edge's first-order score (module docstring), one forward and one
-    backward per batch. ``senders``/``receivers``: only these heads (default: every head that can be one)."""
+    backward per batch. ``senders``/``receivers``: only these heads (default: every head that can be one);
+    ``means``: mean ablation, a sender's write taken as ``c·W_O (z - μ)`` (:mod:`ganda.ablation`)."""
     if not examples:
         raise GandaError("no examples to attribute edges on")
     if any(len(ex.choices) < 2 for ex in examples):
@@ -262,7 +267,7 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
                          f"receivers in {span(r_list)})")
     d_model = adapter.mixers()[0].out_proj.out_features
     with cpu_clock() as clock:
-        eng = _EdgeEngine(adapter, s_list, r_list, margin)
+        eng = _EdgeEngine(adapter, s_list, r_list, margin, means)
         plan, packed = path_batches(adapter, examples, batch_tokens or edges_batch_tokens(len(s_list), d_model))
         scores = torch.zeros((len(s_list), len(r_list)))
         activity = torch.zeros_like(scores)
@@ -283,7 +288,7 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
     mean_atp = atp.mean(0).tolist()
     cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "margin": margin,
            "senders": len(s_list), "receivers": len(r_list), "batches": len(plan),
-           "layout": "packed" if packed else "rows"}
+           "layout": "packed" if packed else "rows", "ablation": "mean" if means is not None else "zero"}
     return EdgeScores(s_list, r_list, scores, activity, {str(h): v for h, v in zip(eng.heads, mean_atp, strict=True)}, margin,
                       metric_value(lls, golds, margin), lls, golds, clock["wall"], clock["cpu"], cfg)
 
@@ -300,7 +305,8 @@ def _edge_problem(rec: dict[str, Any]) -> str | None:
 
 def exact_edges(adapter: ModelAdapter, examples: Sequence[Example], edges: Sequence[tuple[HeadId, HeadId]], *,
                 paths: str = "direct", margin: str = "mean", batch_tokens: int | None = None,
-                out_dir: str | Path | None = None, resume: bool = True, progress: bool = True
+                out_dir: str | Path | None = None, resume: bool = True, progress: bool = True,
+                means: dict[tuple[int, str], torch.Tensor] | None = None
                 ) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
     """Each edge's per-prompt log-likelihoods under the exact path ablation (``paths``), and the
     intact ones. The edges of one sender share its batches' recordings; with ``out_dir``,
@@ -311,7 +317,7 @@ def exact_edges(adapter: ModelAdapter, examples: Sequence[Example], edges: Seque
     journal = None
     if out_dir is not None:
         cfg = {"model": adapter.spec, "prompts_sha": examples_digest(examples), "paths": paths, "margin": margin,
-               "weights": weights_fingerprint(adapter)}
+               "weights": weights_fingerprint(adapter), "ablation": "mean" if means is not None else "zero"}
         journal = runio.Journal(Path(out_dir) / "edges_exact.jsonl", cfg, "exact edge check", resume=resume,
                                 check=_edge_problem).open()
     done = {r["edge"]: r["loglik"] for r in journal.records} if journal is not None else {}
@@ -319,7 +325,7 @@ def exact_edges(adapter: ModelAdapter, examples: Sequence[Example], edges: Seque
     for s, r in edges:
         if edge_name(s, r) not in done:
             todo.setdefault(s, []).append(r)
-    batches = [PathBatch(adapter, make_batch(adapter, items, packed), margin) for items in plan]
+    batches = [PathBatch(adapter, make_batch(adapter, items, packed), margin, means) for items in plan]
     clean: list[list[float]] = [[] for _ in examples]
     for pb, items in zip(batches, plan, strict=True):
         for it, ll in zip(items, pb.clean[0], strict=True):
@@ -439,19 +445,27 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
                senders: Sequence[HeadId] | None = None, receivers: Sequence[HeadId] | None = None,
                margin: str = "mean", seed: int = 0, batch_tokens: int | None = None,
                out_dir: str | Path | None = None, resume: bool = True, progress: bool = True,
-               config: dict[str, Any] | None = None, widen: int = 0, active: int = ACTIVE_EDGES) -> EdgeRanking:
+               config: dict[str, Any] | None = None, widen: int = 0, active: int = ACTIVE_EDGES,
+               ablation: str = "zero") -> EdgeRanking:
     """Score every edge (:func:`edge_attribution`), ablate the top ``verify_top``, the ``active``
     most active (largest mean |estimate| per prompt: an edge whose prompts' first-order scores
     cancel in the mean can still have a large exact effect) and ``audit`` random others exactly
     along their direct paths, and bound what the unverified edges could hide (``threshold``:
     default the smallest |exact| in the verified top ``top``). ``widen``: then the next ``widen``
     edges by |estimate|, round after round, until a round leaves the top ``top`` by |exact|
-    unchanged (:func:`ganda.attribution.ranking.widen_until_stable`)."""
+    unchanged (:func:`ganda.attribution.ranking.widen_until_stable`). ``ablation``: ``"zero"`` or
+    ``"mean"`` (every sender's slice set to its mean over every token of ``examples``, estimate and
+    exact checks alike, :mod:`ganda.ablation`)."""
+    check_batched_ablation(ablation, "ablation", "edge attribution")
     if verify_top < 0 or audit < 0 or top < 1 or widen < 0 or active < 0:
         raise GandaError("verify_top, active, audit and widen must be at least 0, top at least 1")
+    means = None
+    if ablation == "mean":
+        s_all = senders if senders is not None else default_senders(adapter)
+        means = reference_means(adapter, examples, list({id(m): m for m in map(adapter.mixer_of, s_all)}.values()))
     with cpu_clock() as c1:
         sc = edge_attribution(adapter, examples, senders=senders, receivers=receivers, margin=margin,
-                              batch_tokens=batch_tokens, progress=progress)
+                              batch_tokens=batch_tokens, progress=progress, means=means)
     est = sc.by_edge()
     order = top_by_magnitude(est, len(est))
     chosen, audited = _to_verify(order, verify_top, audit, seed, most_active(sc.by_edge(sc.activity), active))
@@ -466,7 +480,7 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
         nonlocal clean_ll
         edges = [(adapter.canonical(s), adapter.canonical(r)) for s, r in map(parse_edge, names)]
         clean_ll, lls = exact_edges(adapter, examples, edges, margin=margin, out_dir=out_dir, resume=resume,
-                                    progress=progress)
+                                    progress=progress, means=means)
         base_a, base_m = per_prompt(clean_ll, golds, margin)
         for name, ll in lls.items():
             a, m = per_prompt(ll, golds, margin)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..ablation import edit_for
 from ..attribution.engine import _Batch, _make_batch, _plan, _ssm_context, batch_metric
 from ..engine import Edit, LayerCall, LayerCalls, Trace
 from ..errors import GandaError
@@ -130,8 +131,10 @@ class Variant:
 class PathBatch:
     """One batch of prompts recorded once; path ablations of any pairs replay only what they change."""
 
-    def __init__(self, adapter: ModelAdapter, batch: _Batch, margin: str = "mean") -> None:
+    def __init__(self, adapter: ModelAdapter, batch: _Batch, margin: str = "mean",
+                 means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
         self.adapter, self.batch, self.margin = adapter, batch, margin
+        self.means = means  # mean ablation of senders (ganda.ablation); None: zero
         with torch.no_grad(), _ssm_context(adapter):
             self.calls = LayerCalls(adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
         self.pos = {layer: i for i, layer in enumerate(self.calls.layers)}
@@ -186,15 +189,23 @@ class PathBatch:
                 raise GandaError(f"{sender} has no direct write into the residual stream")
             sl = mixer.head_slice(sender.head)
             z = self.z_of(sender)[..., sl].float()
+            if self.means is not None:  # mean ablation removes z - μ, what the slice differs from its mean by
+                z = z - self.means[(mixer.layer, mixer.kind)][sl].to(z.device)
             self._writes[sender] = scale * F.linear(z, mixer.out_proj.weight[:, sl].float())
         return self._writes[sender]
 
     def sender_everywhere(self, sender: HeadId) -> list[LogLiks]:
-        """Log-likelihoods with the sender zero-ablated at every position (the whole forward from its layer)."""
+        """Log-likelihoods with the sender ablated at every position (the whole forward from its layer)."""
         mixer = self.adapter.mixer_of(sender)
-        edit = {z_point(mixer): mask_edit(self.adapter, head_mask(mixer, [sender.head]))}
+        edit = {z_point(mixer): self._sender_edit(mixer, sender)}
         final, _ = self.run_from(sender.layer, self.input(sender.layer), edit)
         return self.read(final)
+
+    def _sender_edit(self, mixer: Mixer, sender: HeadId) -> Edit:
+        """The sender's ablation at its mixer's output-projection input: zero, or its mean."""
+        if self.means is None:
+            return mask_edit(self.adapter, head_mask(mixer, [sender.head]))
+        return edit_for(self.adapter, mixer, [sender.head], "mean", self.means, None)
 
     def ablated_inputs(self, sender: HeadId, paths: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
         """What the receivers of ``layers`` read: the stream with S removed along the chosen paths."""
@@ -202,7 +213,7 @@ class PathBatch:
             w = self.write(sender)
             return {r: (self.input(r).float() - w).to(self.input(r).dtype) for r in layers}
         mixer = self.adapter.mixer_of(sender)
-        edit = {z_point(mixer): mask_edit(self.adapter, head_mask(mixer, [sender.head]))}
+        edit = {z_point(mixer): self._sender_edit(mixer, sender)}
         top = max(layers)
         before = self.calls.layers[self.pos[top] - 1]
         h, kept = self.run_from(sender.layer, self.input(sender.layer), edit, stop=before, keep=layers)

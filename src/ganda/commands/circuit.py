@@ -14,7 +14,7 @@ from ..errors import GandaError
 from ..intervals import bounds
 from ..tasks import get_task
 from .core import MODEL, PAIRS, PICKLE, QUIET, SEED, at_least, limit_option, model_inputs, require_heads
-from .options import ACTIVE_EDGES
+from .options import ACTIVE_EDGES, ablation_option
 
 
 def _examples(model: str, task: str, pairs: int | None, limit: int, seed: int, allow_pickle: bool) -> tuple[Any, Any, list]:
@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
         seed: int = SEED,
         out: Path = typer.Option(None, "--out", "-o", help="run directory (default: runs/path-<task>)"),
         as_json: bool = typer.Option(False, "--json", help="print the rows as one JSON object"),
+        ablation: str = ablation_option("zero|mean (resample needs a donor per scored row: eval runs it)"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
     ) -> None:
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
 
         at_least("--limit", limit)
         opts = PathOptions.build({"sender": sender, "receiver": receiver, "paths": paths, "parts": parts,
-                                  "margin": margin}, cli=True)
+                                  "margin": margin, "ablation": ablation}, cli=True)
         out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"path-{task}", kind="path",
                                          models=model_inputs(model))
         n = limit if limit is not None else 32
@@ -83,7 +84,8 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(runio.rounded({"out": str(out_dir), **res.summary, "rows": res.rows}), default=str))
             return
         s = res.summary
-        print(f"{model} on {task} (n={s['n']}): {s['sender']} -> {s['receiver']}, {s['paths']} paths, {margin} margin")
+        print(f"{model} on {task} (n={s['n']}): {s['sender']} -> {s['receiver']}, {s['paths']} paths, {margin} margin, "
+              f"{ablation}-ablation")
         print(f"{'condition':24s} {'accuracy [95% CI]':>22s} {'drop, paired CI':>22s} {'margin':>8s} "
               f"{'margin drop, paired CI':>28s}")
         for r in res.rows:
@@ -119,6 +121,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", "-o", help="run directory (default: runs/edges-<task>)"),
         resume: bool = typer.Option(True, "--resume/--no-resume", help="reuse the exact checks a stopped run left in --out"),
         as_json: bool = typer.Option(False, "--json", help="print the summary and the top rows as one JSON object"),
+        ablation: str = ablation_option("zero|mean (resample needs a donor per scored row: eval runs it)"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
     ) -> None:
@@ -134,7 +137,7 @@ def register(app: typer.Typer) -> None:
         opts = EdgesOptions.build({"verify_top": verify_top, "audit": audit, "active": active, "widen": widen, "top": top,
                                    "threshold": threshold,
                                    "senders": senders or "", "receivers": receivers or "", "margin": margin,
-                                   "roles": not no_roles, "show": show}, cli=True)
+                                   "roles": not no_roles, "show": show, "ablation": ablation}, cli=True)
         out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"edges-{task}", kind="edges",
                                          models=model_inputs(model))
         n = limit if limit is not None else 32
@@ -146,7 +149,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(runio.rounded({"out": str(out_dir), **res.summary, "rows": res.rows[:top]}), default=str))
             return
         s = res.summary
-        print(f"{model} on {task} (n={s['n']}): {s['edges']:,} edges, {s['verified']} verified, "
+        print(f"{model} on {task} (n={s['n']}): {s['edges']:,} edges, {s['verified']} verified, {ablation}-ablation, "
               f"edge attribution {s['attribution_cpu']:.1f} CPU s, exact checks {s['verification_cpu']:.1f} CPU s")
         print(f"{'edge':>22s} {'estimate':>9s} {'exact [paired 95% CI]':>28s} {'acc. drop':>9s} {'roles':>20s}")
         roles_of = res.extra.get("roles") or {}

@@ -17,7 +17,7 @@ from .. import runio
 from ..errors import GandaError
 from ..heads import split_spec
 from ..tasks import get_task
-from .options import FORCE, QUIET, console
+from .options import ABLATE_AT, ABLATIONS, FORCE, QUIET, ablation_option, console
 
 if TYPE_CHECKING:
     from ..interventions import Intervention
@@ -79,8 +79,14 @@ def build_interventions(
     remove_layers: str | None = None,
     mask_last_row: str | None = None,
     mask_rule: str = "query",
+    ablation: str = "zero",
+    reference: Any = None,
+    ablate_at: str | None = None,
+    seed: int = 0,
 ) -> list[Intervention]:
-    """CLI flags -> interventions (layer edits first, so head ids keep their original layers)."""
+    """CLI flags -> interventions (layer edits first, so head ids keep their original layers);
+    ``--ablate``'s heads ablated the ``ablation`` way (``reference``: the prompts of the mean and
+    the resample donors) at ``ablate_at`` (a position class of :mod:`ganda.sites`; None: everywhere)."""
     from ..interventions import AblateHeads, KeepLayers, RemoveLayers, parse_layers
     from ..interventions import mask_last_row as mlr
 
@@ -92,7 +98,7 @@ def build_interventions(
     if remove_layers is not None:
         out.append(RemoveLayers(parse_layers(remove_layers)))
     if ablate is not None:
-        out.append(AblateHeads(ablate))
+        out.append(AblateHeads(ablate, positions=ablate_at, how=ablation, reference=reference, seed=seed))
     if mask_last_row is not None:
         out.append(mlr(mask_last_row, mask_rule))
     return out
@@ -185,7 +191,11 @@ def register(app: typer.Typer) -> None:
         shots: int | None = SHOTS,
         pairs: int | None = PAIRS,
         subjects: str | None = SUBJECTS,
-        ablate: str | None = typer.Option(None, "--ablate", help="heads to zero-ablate, e.g. L3H1,L4H2"),
+        ablate: str | None = typer.Option(None, "--ablate", help="heads to ablate, e.g. L3H1,L4H2"),
+        ablation: str = ablation_option(),
+        ablate_at: str | None = typer.Option(None, "--ablate-at", help="ablate --ablate's heads only at these "
+                                             "positions: ends (segment ends), key (the queried key), final (the "
+                                             "last prompt token and the answer), elsewhere; default everywhere"),
         keep_layers: str | None = typer.Option(None, "--keep-layers", help="run only these layers, e.g. 0-17"),
         remove_layers: str | None = typer.Option(None, "--remove-layers", help="skip these layers"),
         mask_last_row: str | None = typer.Option(None, "--mask-last-row", help="attention heads whose last row is zeroed"),
@@ -212,6 +222,11 @@ def register(app: typer.Typer) -> None:
 
         at_least("--limit", limit)
         one_of("--mask-rule", mask_rule, ("query", "last"))
+        one_of("--ablation", ablation, ABLATIONS)
+        if ablate_at is not None:
+            one_of("--ablate-at", ablate_at, ABLATE_AT)
+        if (ablation != "zero" or ablate_at is not None) and ablate is None:
+            raise GandaError("--ablation and --ablate-at need --ablate HEADS")
         opts = {"shots": shots, "pairs": pairs, "subjects": subjects, **mmlu_options(sample), **parse_options(option)}
         task_obj = get_task(task, **opts)
         ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule)
@@ -220,7 +235,12 @@ def register(app: typer.Typer) -> None:
                                     force=force)
         adapter = load_model(model, allow_pickle=allow_pickle)
         task_obj = task_for_model(task, task_obj, adapter, **opts)
-        validate_interventions(adapter, ivs)
+        if task_obj.kind != "mc" and (ablation == "resample" or ablate_at is not None):
+            raise GandaError(f"--ablation resample and --ablate-at score multiple-choice tasks only; {task!r} generates")
+        validate_interventions(adapter, ivs)  # head ids and layers, before any reference prompt runs
+        if ablation != "zero" or ablate_at is not None:  # mean and resample: over the scored prompts
+            ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule, ablation,
+                                      None, ablate_at, seed)
         if task_obj.kind == "mc":
             from .plan import announce
 
@@ -336,6 +356,9 @@ def register(app: typer.Typer) -> None:
         seed: int = SEED,
         prompt_sets: int = typer.Option(3, "--prompt-sets", help="prompt sets the finding is checked on (set k: seeds "
                                         "seed+3k, +1, +2), each reported with whether the finding holds"),
+        ablation: str = ablation_option("zero|mean|resample (the ranking of a resample demo runs mean)"),
+        no_profile: bool = typer.Option(False, "--no-profile", help="skip ablating the top causal and Gather heads "
+                                        "zero, mean and resample and at each position class (where they act)"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
     ) -> None:
@@ -344,10 +367,11 @@ def register(app: typer.Typer) -> None:
 
         for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top), ("--prompt-sets", prompt_sets)):
             at_least(flag, value)
+        one_of("--ablation", ablation, ABLATIONS)
         get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
         runio.claim_run_dir(out, kind="demo", models=model_inputs(model))
         report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed,
-                          allow_pickle=allow_pickle, prompt_sets=prompt_sets)
+                          allow_pickle=allow_pickle, prompt_sets=prompt_sets, ablation=ablation, profile=not no_profile)
         print(f"report: {report}")
 
 

@@ -17,12 +17,14 @@ from .core import (
     at_least,
     limit_option,
     model_inputs,
+    one_of,
     parse_options,
     require_heads,
     task_list,
     task_list_option,
 )
 from .grid import RAY, RAY_ACTORS
+from .options import ABLATIONS, ablation_option
 
 # ganda.experiments.extends.DEFAULT_TASKS and CONDITIONS, spelled here so that --help needs no torch
 DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
@@ -45,6 +47,8 @@ def register(app: typer.Typer) -> None:
                                        help="which of intact,ablated,control to run"),
         prompt_sets: int = typer.Option(1, "--prompt-sets", help="prompt sets the comparison runs on (set k: seed "
                                         "seed+k, prompts disjoint where the task allows), pooled and counted"),
+        ablation: str = ablation_option("zero|mean|resample (over each task's scored prompts; the control heads are "
+                                        "drawn by their zero-ablation effect)"),
         ray: str | None = RAY,
         ray_actors: int | None = RAY_ACTORS,
         allow_pickle: bool = PICKLE,
@@ -63,6 +67,9 @@ def register(app: typer.Typer) -> None:
         require_heads("--heads", heads)
         at_least("--limit", limit)
         at_least("--prompt-sets", prompt_sets)
+        one_of("--ablation", ablation, ABLATIONS)
+        if ablation != "zero" and ray is not None:  # a shard's mean would be over the shard's prompts only
+            raise GandaError(f"--ablation {ablation} runs in this process only; drop --ray")
         opts = parse_options(option, per_task=True)
         stray = [t for t in opts if t not in names]
         if stray:
@@ -86,12 +93,14 @@ def register(app: typer.Typer) -> None:
         adapter = load_model(model, allow_pickle=allow_pickle)
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             result = run_extends(adapter, heads, names, limit=limit, seed=seed, out=out, options=opts,
-                                 conditions=conds, prompt_sets=prompt_sets)
+                                 conditions=conds, prompt_sets=prompt_sets, ablation=ablation)
         for r in result["results"]:
             ci = [float("nan") if x is None else x for x in (r.get("ci_low"), r.get("ci_high"))]
             acc = r["accuracy"]
             print(f"{r['task']:>14} {r['condition']:>8}  acc {acc if acc is None else round(acc, 4)}"
                   f"  CI [{ci[0]:.3f}, {ci[1]:.3f}]  n={r['n']}")
+        if ablation != "zero":
+            print(f"ablation: {ablation}")
         print(control_sentence(result))
         if prompt_sets > 1:
             print(sets_sentence(result))

@@ -25,6 +25,18 @@ FORCE = typer.Option(False, "--force", help="replace an existing output file tha
                      "file the command reads)")
 
 
+ABLATIONS = ("zero", "mean", "resample")  # ganda.ablation.ABLATIONS, spelled here so that --help needs no torch
+ABLATE_AT = ("ends", "key", "final", "elsewhere")  # ganda.sites.CLASSES
+ABLATION_HELP = ("what an ablated head's slice becomes: zero, mean (its mean over every token of the scored "
+                 "prompts) or resample (its value at the same position of another scored prompt, aligned from "
+                 "the prompt's end); docs/heads.md")
+
+
+def ablation_option(kinds: str = "zero|mean|resample") -> Any:
+    """``--ablation``, naming the kinds the command runs."""
+    return typer.Option("zero", "--ablation", help=f"{kinds}: {ABLATION_HELP}")
+
+
 #: the width of a table printed to a file or pipe (a log): wide enough that no cell wraps or is cut
 LOG_WIDTH = 1000
 

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
                                    "per prompt (heads whose per-prompt effects cancel in the estimate; 0: off)"),
         threshold: float | None = typer.Option(None, "--threshold", help="effect size the bound speaks about "
                                                "(default: the smallest exact effect in the verified top --top)"),
-        ablation: str = typer.Option("zero", "--ablation", help="zero or mean (mean over the same prompts)"),
+        ablation: str = options.ablation_option("zero|mean (resample needs a donor per scored row: eval runs it)"),
         margin: str = typer.Option("mean", "--margin", help="gold log-likelihood minus the mean or the max of the others'"),
         limit: int | None = limit_option(None, "number of prompts (default: 32)"),
         sample: bool = SAMPLE,

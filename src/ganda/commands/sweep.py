@@ -73,6 +73,7 @@ def register(app: typer.Typer) -> None:
         until_chance: bool = typer.Option(False, "--until-chance", help="then ablate the heads that matter cumulatively, "
                                           "most damaging first, until accuracy is at chance: how many heads must go"),
         max_heads: int = typer.Option(24, "--max-heads", help="--until-chance: give up after this many heads"),
+        ablation: str = options.ablation_option("zero|mean (resample needs a donor per scored row: eval runs it)"),
         allow_pickle: bool = PICKLE,
         quiet: bool = QUIET,
         ray: str | None = RAY,
@@ -99,6 +100,13 @@ def register(app: typer.Typer) -> None:
             at_least(flag, value)
         require_heads("--heads", heads)
         one_of("--metric", metric, SWEEP_METRICS)
+        if ablation == "resample":
+            raise GandaError("--ablation resample is not run by the sweep engine (it needs a donor per scored row); "
+                             "use zero or mean, or eval --ablate HEAD --ablation resample")
+        one_of("--ablation", ablation, ("zero", "mean"))
+        if ablation != "zero" and (ray is not None or until_chance):
+            raise GandaError(f"--ablation {ablation} runs in this process and without --until-chance; "
+                             "drop --ray and --until-chance")
         if ray is not None and naive:
             raise GandaError("--naive runs the reference loop in this process; drop --ray or --naive")
         opts = {"pairs": pairs, "shots": shots, "subjects": subjects, **mmlu_options(sample)}
@@ -117,12 +125,12 @@ def register(app: typer.Typer) -> None:
         cfg = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed}
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
             res = run_sweep(adapter, examples, heads=head_list, out_dir=out_dir, resume=resume, naive=naive,
-                            batch_heads=batch_heads, config=cfg, metric=metric)
+                            batch_heads=batch_heads, config=cfg, metric=metric, ablation=ablation)
 
         console = options.console()
         b = res.baseline
         console.print(f"[bold]{model}[/bold] on {task} (n={b['n']}): intact acc {b['acc']:.3f}"
-                      f" (acc_norm {b['acc_norm']:.3f}); {len(res.records)} heads in {res.seconds:.1f} s")
+                      f" (acc_norm {b['acc_norm']:.3f}); {len(res.records)} heads {ablation}-ablated in {res.seconds:.1f} s")
         _print_heads(console, res, top)
         console.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
         if until_chance:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..ablation import check_batched_ablation
 from ..attention import draw_attention, save_attention_json
 from ..circuit import PATHS, TOGETHER, path_ablation
 from ..circuit.ablation import EVERYWHERE, INTACT
@@ -62,9 +63,12 @@ class PathOptions(Options):
     parts: str = field(default=TOGETHER, metadata={"help": "the receiver's inputs taken from the ablated stream: "
                                                    "together, or parts such as q,k,v or x,B,C,dt,gate (k+v: both)"})
     margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
+    ablation: str = field(default="zero", metadata={"help": "the sender's ablation: zero or mean (its mean over every "
+                                                    "token of the prompts)"})
     CLI_FLAGS: ClassVar[dict[str, str]] = {"sender": "--from", "receiver": "--to"}
 
     def check(self) -> None:
+        check_batched_ablation(self.ablation, self.flag("ablation"), "path ablation")
         check_pair_text(self.sender, self.receiver, (self.flag("sender"), self.flag("receiver")))
         if self.paths not in PATHS:
             raise GandaError(f"{self.flag('paths')} must be one of {', '.join(PATHS)}, not {self.paths!r}")
@@ -120,6 +124,7 @@ def path_result(adapter: ModelAdapter, res: Any, config: dict[str, Any]) -> Path
     """A :class:`ganda.circuit.PathAblation` as the saved result (per-prompt log-likelihoods in ``extra``)."""
     d = res.to_json()
     summary = {k: d[k] for k in ("sender", "receiver", "paths", "parts", "margin", "n", "seconds", "cpu_seconds")}
+    summary["ablation"] = d["config"].get("ablation", "zero")
     extra = {"golds": d["golds"], "logliks": d["logliks"]}
     return PathResult(model=adapter.spec, config={**config, **d["config"]}, summary=summary, rows=d["rows"], extra=extra)
 
@@ -135,7 +140,7 @@ class PathExperiment(Experiment):
         check_pair_text(options.sender, options.receiver, (options.flag("sender"), options.flag("receiver")), adapter)
         res = path_ablation(adapter, examples, options.sender, options.receiver, paths=options.paths,
                             parts=[p for p in options.parts.split(",") if p.strip()], margin=options.margin,
-                            progress=progress)
+                            progress=progress, ablation=options.ablation)
         out = path_result(adapter, res, config)
         out.save(out_dir)
         return out
@@ -166,8 +171,11 @@ class EdgesOptions(Options):
     roles: bool = field(default=True, metadata={"help": "label the drawn heads Gather/Aggregate (ganda roles' rule: "
                                                 "3 ablations per head)"})
     show: int = field(default=10, metadata={"help": "verified edges drawn in the circuit view"})
+    ablation: str = field(default="zero", metadata={"help": "the senders' ablation: zero or mean (its mean over every "
+                                                    "token of the prompts)"})
 
     def check(self) -> None:
+        check_batched_ablation(self.ablation, self.flag("ablation"), "edge attribution")
         for name in ("verify_top", "audit", "active", "widen"):
             if getattr(self, name) < 0:
                 raise GandaError(f"{self.flag(name)} must be at least 0, got {getattr(self, name)}")
@@ -295,7 +303,7 @@ class EdgesExperiment(Experiment):
                          widen=options.widen, active=options.active,
                          threshold=options.threshold, senders=senders, receivers=receivers, margin=options.margin,
                          seed=int(config.get("seed", 0)), out_dir=out_dir, resume=self.resume, progress=progress,
-                         config=config)
+                         config=config, ablation=options.ablation)
         shown = sorted(res.verified, key=lambda e: -abs(res.exact[e]))[: options.show]
         nodes = list(dict.fromkeys(h for e in shown for h in e.split(">")))
         roles = circuit_roles(adapter, examples, nodes, progress) if options.roles else {}

@@ -221,10 +221,12 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
 
 def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: int | None = None, seed: int = 0,
                 out: Path | None = None, options: dict[str, dict[str, Any]] | None = None,
-                conditions: tuple[str, ...] = CONDITIONS, progress: bool = True, prompt_sets: int = 1) -> dict[str, Any]:
+                conditions: tuple[str, ...] = CONDITIONS, progress: bool = True, prompt_sets: int = 1,
+                ablation: str = "zero") -> dict[str, Any]:
     """Every task intact, with ``heads`` ablated and with the control heads ablated (module
     docstring); returns the JSON it writes to ``out`` (after every run, so an interrupted sweep
-    keeps what it finished).
+    keeps what it finished). ``ablation``: what the ablated and control heads' slices become
+    (:mod:`ganda.ablation`; the mean and resample donors are each task's scored prompts).
 
     ``prompt_sets`` K > 1 runs the whole comparison (control screen and draw included) on K prompt
     sets, set k with seed ``seed + k`` and prompts disjoint from the sets before it where the task
@@ -239,13 +241,13 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
     options = options or {}
     try:
         first, correct = _run_set(adapter, ga, tasks, 0, limit=limit, seed=seed, out=out, options=options,
-                                  conditions=conditions, progress=progress)
+                                  conditions=conditions, progress=progress, ablation=ablation)
         if prompt_sets == 1:
             return first
         sets = [_set_record(adapter, k=0, seed=seed, limit=limit, options=options, result=first, correct=correct)]
         for k in range(1, prompt_sets):
             res, corr = _run_set(adapter, ga, tasks, k, limit=limit, seed=seed, out=out, options=options,
-                                 conditions=conditions, progress=progress)
+                                 conditions=conditions, progress=progress, ablation=ablation)
             sets.append(_set_record(adapter, k=k, seed=seed, limit=limit, options=options, result=res, correct=corr))
         result = {**first, "prompt_sets": prompt_sets, "seeds": [seed + k for k in range(prompt_sets)], "sets": sets,
                   **robustness(sets)}
@@ -258,8 +260,8 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
 
 
 def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, *, limit: int | None, seed: int,
-             out: Path | None, options: dict[str, dict[str, Any]], conditions: tuple[str, ...], progress: bool
-             ) -> tuple[dict[str, Any], dict[tuple[str, str], list[float]]]:
+             out: Path | None, options: dict[str, dict[str, Any]], conditions: tuple[str, ...], progress: bool,
+             ablation: str = "zero") -> tuple[dict[str, Any], dict[tuple[str, str], list[float]]]:
     """Prompt set ``k`` of :func:`run_extends`: its result (written to ``out`` for set 0) and each
     (task, condition)'s per-prompt correctness (the paired drops' input)."""
     rows: list[dict[str, Any]] = []
@@ -269,9 +271,10 @@ def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, 
     screened = {**built, **({m: _task(adapter, m, {}) for m in members_of("knowledge")} if "knowledge" in tasks
                             else {})}  # the knowledge group's tasks are multiple choice too
     ctrl, controls = _controls(adapter, ga, screened, limit, seed, k) if "control" in conditions else ([], None)
-    ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga)], "control": [AblateHeads(ctrl)]}
+    ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga, how=ablation, seed=seed + k)],
+                                          "control": [AblateHeads(ctrl, how=ablation, seed=seed + k)]}
     header = {"model": adapter.spec, "heads": format_heads(ga), "control_heads": format_heads(ctrl),
-              "limit": limit, "seed": seed + k}
+              "limit": limit, "seed": seed + k, "ablation": ablation}
     if controls is not None:
         header["controls"] = controls
         header["control_effects"] = {str(h): controls["candidates"][str(h)] for h in ctrl}

@@ -170,10 +170,17 @@ class ReadPositions:
     ``query``, the last prompt token (it predicts the answer's first token), and ``last``, the
     last scored position (it predicts the answer's final token). A position outside the input
     (a cached prefix's forward, whose query lies in a later suffix) reads nothing there.
-    Position-restricted head ablations act at these rows (:class:`ganda.AblateHeads`)."""
+    Position-restricted head ablations act at these rows (:class:`ganda.AblateHeads`).
+
+    The rows path of scoring also gives ``ids``, the forward's input ``[B, T]`` (a resample
+    ablation finds each row's prompt, and so its donor, from it), and, where an intervention asks
+    for them, ``classes``: per position class (``ends``, ``key``, ``final``, ``elsewhere``) a
+    ``[B, T]`` mask of the positions of that class (:mod:`ganda.sites`)."""
 
     query: torch.Tensor
     last: torch.Tensor
+    ids: torch.Tensor | None = None
+    classes: dict[str, torch.Tensor] | None = None
 
     @classmethod
     def of_mask(cls, mask: torch.Tensor | None) -> ReadPositions | None:
@@ -230,6 +237,7 @@ class ModelAdapter(ABC):
         self._n_params: int | None = None
         self._output_head: OutputHead | None = None
         self.read_positions: ReadPositions | None = None  # set by the forward running now
+        self.row_needs = 0  # active interventions that need each scored row's prompt (ganda.sites)
         first = next(model.parameters(), None)
         if first is not None:
             shape_free_attention(first.device)
