@@ -14,8 +14,8 @@ from ganda.engine import Trace
 from ganda.errors import GandaError
 from ganda.heads import HeadId
 from ganda.interventions import AblateHeads, apply, z_point
-from ganda.scoring import encode_examples, evaluate_examples, score_examples
-from ganda.sites import CLASSES, prompt_sites, row_classes
+from ganda.scoring import encode_examples, evaluate_examples, prompt_sites, score_examples
+from ganda.sites import CLASSES, row_classes
 from ganda.sweep import run_sweep
 from ganda.tasks import get_task
 

@@ -86,7 +86,7 @@ CASES = [
     C("eval-ablation-without-heads", "eval", LAB, "--task", "kv", "--ablation", "mean", match="need --ablate"),
     C("eval-ablate-at", "eval", LAB, "--task", "kv", "--ablate", "L1H0", "--ablate-at", "middle",
       match="--ablate-at must be ends or key or final or elsewhere"),
-    C("eval-resample-generation", "eval", LAB, "--task", "gsm8k", "--limit", "2", "--ablate", "L1H0", "--ablation",
+    C("eval-resample-generation", "eval", "{tiny}", "--task", "gsm8k", "--limit", "2", "--ablate", "L1H0", "--ablation",
       "resample", match="score multiple-choice tasks only"),
     C("sweep-ablation-resample", "sweep", LAB, "--task", "kv", "--ablation", "resample", "--out", "out",
       match="resample is not run by the sweep engine"),

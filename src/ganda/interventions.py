@@ -13,7 +13,8 @@ exactly what was done, and ``apply(adapter, [..])`` stacks several.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -91,8 +92,6 @@ def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None],
     ``heads[b]`` (None: nothing), one edit per mixer the heads belong to: a batch of single-head
     ablations in one forward, the heads of one layer (the sweep) or of several (the answer screen);
     empty when every entry is None."""
-    from .ablation import row_edit
-
     owners = [adapter.mixer_of(h) if h is not None else None for h in heads]  # each row's mixer
     edits: dict[str, Edit] = {}
     for mixer in {id(m): m for m in owners if m is not None}.values():
@@ -123,6 +122,131 @@ def _group_by_mixer(adapter: ModelAdapter, heads: Sequence[HeadId]) -> dict[int,
         mixer = adapter.mixer_of(h)
         groups.setdefault(id(mixer), (mixer, []))[1].append(h.head)
     return groups
+
+# ---- what an ablated slice becomes (ganda.ablation: the rules) -----------------------------------
+ABLATIONS = ("zero", "mean", "resample")
+#: how ``mean`` and ``resample`` take their data from reference prompts, ``{how: fn(adapter, reference,
+#: mixers, seed)}``: running the model on prompts is scoring's work, so :mod:`ganda.scoring` fills this
+REFERENCES: dict[str, Callable[..., Any]] = {}
+
+
+def check_ablation(how: str, flag: str = "--ablation", allowed: Sequence[str] = ABLATIONS) -> None:
+    """Refuse (one line) an ablation kind that is not one of ``allowed``."""
+    if how not in allowed:
+        raise GandaError(f"{flag} must be {' or '.join(allowed)}, not {how!r}")
+
+
+
+@dataclass
+class Donors:
+    """Resample donors: every reference prompt's context tokens and each mixer's output-projection
+    input on it (``[T_j, H*D]``), and the seed of the draw."""
+
+    keys: list[tuple[int, ...]]
+    z: dict[str, list[torch.Tensor]]
+    seed: int = 0
+    _picked: dict[tuple[int, ...], int] = field(default_factory=dict)
+
+    def pick(self, key: tuple[int, ...]) -> int:
+        """The donor of a prompt with context tokens ``key``: a seeded draw among the reference
+        prompts whose context differs, decided by the tokens and the seed alone."""
+        if key not in self._picked:
+            others = [j for j, k in enumerate(self.keys) if k != key]
+            if not others:
+                raise GandaError("resample ablation needs a reference prompt other than the one scored")
+            h = hashlib.sha256(f"{self.seed}:{','.join(map(str, key))}".encode()).digest()
+            self._picked[key] = others[int.from_bytes(h[:8], "big") % len(others)]
+        return self._picked[key]
+
+
+
+def row_edit(cols: torch.Tensor, mean: torch.Tensor) -> Edit:
+    """The sweep's batched mean ablation: batch row b's columns ``cols[b]`` (``[B, 1, H*D]`` bool,
+    head-major rows repeated when the batch is a multiple of it) set to ``mean``, as
+    :func:`edit_for` sets them."""
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        c = cols.to(x.device)
+        if x.shape[0] != c.shape[0]:
+            c = c.repeat_interleave(x.shape[0] // c.shape[0], dim=0)
+        return torch.where(c, mean.to(dtype=x.dtype, device=x.device), x)
+
+    return edit
+
+
+
+def _positions(adapter: ModelAdapter, x: torch.Tensor, positions: str | None) -> torch.Tensor | None:
+    """``[B, T]`` bool: where a position-restricted ablation acts (None: everywhere)."""
+    if positions is None:
+        return None
+    if positions in CLASS_POSITIONS:
+        read = adapter.read_positions
+        if read is None or read.classes is None:
+            raise GandaError(f"an ablation at the {positions!r} positions runs on scoring's rows path only "
+                             "(eval, demo, extends)")
+        return read.classes[positions].to(x.device)
+    sel = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
+    rows, idx = _read_rows(adapter, x, "query" if positions == "context" else positions)
+    sel[rows, idx] = True
+    return ~sel if positions == "context" else sel
+
+
+
+def _donor_values(adapter: ModelAdapter, x: torch.Tensor, donors: Donors, point: str) -> torch.Tensor:
+    """Each row's donor value ``[B, T, H*D]``, aligned from the end of the prompt."""
+    read = adapter.read_positions
+    if read is None or read.ids is None:
+        raise GandaError("resample ablation runs on scoring's rows path only (eval, demo, extends)")
+    out = torch.empty_like(x)
+    t = torch.arange(x.shape[1], device=x.device)
+    for b in range(x.shape[0]):
+        q = int(read.query[b])
+        j = donors.pick(tuple(read.ids[b, : q + 1].tolist()))
+        z = donors.z[point][j].to(device=x.device, dtype=x.dtype)
+        qd = z.shape[0] - 1
+        out[b] = z[(t - q + qd).clamp(0, qd)]
+    return out
+
+
+
+def edit_for(adapter: ModelAdapter, mixer: Mixer, heads: Sequence[int], how: str, data: Any,
+             positions: str | None) -> Edit:
+    """The edit of ``mixer``'s output-projection input that ablates ``heads`` the ``how`` way
+    (``data``: :func:`reference_data`'s) at ``positions``."""
+    cols = head_mask(mixer, heads) == 0
+    point = z_point(mixer)
+
+    def edit(x: torch.Tensor) -> torch.Tensor:
+        c = cols.to(x.device)
+        sel = c if (where := _positions(adapter, x, positions)) is None else where[..., None] & c
+        if how == "zero":
+            value = torch.zeros((), dtype=x.dtype, device=x.device)
+        elif how == "mean":
+            value = data[(mixer.layer, mixer.kind)].to(dtype=x.dtype, device=x.device)
+        else:
+            value = _donor_values(adapter, x, data, point)
+        return torch.where(sel, value, x)
+
+    return edit
+
+
+
+
+def reference_data(adapter: ModelAdapter, iv: Any, mixers: Sequence[Mixer]) -> Any:
+    """What an :class:`AblateHeads` of kind ``iv.how`` replaces slices with: its means (given, or
+    taken over ``iv.reference``), resample donors, or None (zero)."""
+    if iv.how == "zero":
+        return None
+    if iv.how == "mean" and iv.means is not None:
+        missing = [m for m in mixers if (m.layer, m.kind) not in iv.means]
+        if missing:
+            raise GandaError(f"no reference mean for layer {missing[0].layer} ({missing[0].kind})")
+        return iv.means
+    if not iv.reference:
+        raise GandaError(f"{iv.how} ablation needs reference prompts (AblateHeads(..., reference=examples))")
+    if iv.how not in REFERENCES:
+        raise GandaError(f"{iv.how} ablation over reference prompts needs ganda.scoring imported (it runs them)")
+    return REFERENCES[iv.how](adapter, iv.reference, mixers, iv.seed)
+
 
 
 class Intervention:
@@ -161,8 +285,6 @@ class AblateHeads(Intervention):
 
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
-        from .ablation import check_ablation, edit_for, reference_data
-
         if self.positions is not None and self.positions not in POSITIONS:
             raise GandaError(f"positions must be None or one of {', '.join(POSITIONS)}, not {self.positions!r}")
         check_ablation(self.how, "how")

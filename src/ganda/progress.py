@@ -17,6 +17,8 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm as _tqdm
 
+from .errors import GandaError
+
 LOG_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal
 
 _state = {"quiet": False}
@@ -90,8 +92,6 @@ def note(text: str) -> None:
 def log_every() -> float:
     """Seconds between progress lines in a log file: ``GANDA_PROGRESS_EVERY`` or 30. A value that is
     not a number of seconds is refused, as ``GANDA_THREADS`` is (the CLI checks it at start)."""
-    from .errors import GandaError
-
     text = os.environ.get("GANDA_PROGRESS_EVERY", "").strip()
     if not text:
         return LOG_EVERY

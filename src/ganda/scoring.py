@@ -20,13 +20,16 @@ from typing import Any
 
 import torch
 
+from .engine import Trace
+from .errors import GandaError
 from .finite import check_scores
 from .intervals import split
-from .interventions import Intervention, apply, bind_reference, describe_all
-from .models.base import ModelAdapter, ReadPositions
+from .interventions import REFERENCES, Donors, Intervention, apply, bind_reference, describe_all, z_point
+from .models.base import Mixer, ModelAdapter, ReadPositions
 from .progress import tqdm
+from .sites import row_classes
 from .stats import wilson
-from .tasks.base import Example
+from .tasks.base import Example, token_spans
 
 
 def add_bos(adapter: ModelAdapter) -> bool:
@@ -214,7 +217,6 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
     lone = len(items) == 1 and items[0][1]  # one shared-context row: nothing padded, no mask
     classes = None
     if sites is not None:
-        from .sites import row_classes
 
         classes = row_classes(sites, [(k, q, len(r)) for k, q, r in zip(owner, qpos, rows, strict=True)],
                               ids.shape[1], dev)
@@ -550,8 +552,6 @@ def _score_sited(adapter: ModelAdapter, examples: Sequence[Example], batch_rows:
                  desc: str) -> list[ChoiceScores]:
     """:func:`score_examples` on the rows path, each row with its ids and position classes (what a
     resample or position-class ablation reads, :mod:`ganda.ablation`)."""
-    from .sites import prompt_sites
-
     n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
     out: list[ChoiceScores] = []
     chunk: list[tuple[Pairs, bool, list[int]]] = []
@@ -705,3 +705,90 @@ def evaluate_examples(
                                  config=config or {}, predictions=preds, correct_norm=correct_norm)
     res.answer_labels = choice_labels(examples)
     return res
+
+
+# ---- reference prompts (mean and resample ablation, ganda.ablation) and position classes ---------
+REFERENCE_ROWS = 16  # reference prompts per forward
+
+
+def context_ids(adapter: ModelAdapter, examples: Sequence[Example]) -> list[list[int]]:
+    """Each prompt's tokens as scoring runs its context (the first choice's; a prompt without
+    choices as :func:`ganda.scoring.encode` gives it)."""
+    mc = {i: ex for i, ex in enumerate(examples) if ex.choices}
+    enc = dict(zip(mc, encode_examples(adapter, list(mc.values())), strict=True))
+    return [list(enc[i][0][0][0]) if i in enc else encode(adapter, ex.prompt) for i, ex in enumerate(examples)]
+
+
+
+def _batches(adapter: ModelAdapter, seqs: list[list[int]]) -> Any:
+    """Right-padded forwards of ``seqs``, ``REFERENCE_ROWS`` at a time: ``(first index, ids, mask)``."""
+    for k in range(0, len(seqs), REFERENCE_ROWS):
+        ids, mask = pad_rows(adapter, seqs[k:k + REFERENCE_ROWS])
+        yield k, ids, mask
+
+
+
+@torch.no_grad()
+def reference_means(adapter: ModelAdapter, reference: Sequence[Example], mixers: Sequence[Mixer]
+                    ) -> dict[tuple[int, str], torch.Tensor]:
+    """``μ`` per mixer (``{(layer, kind): [H*D]}``, fp32): its output-projection input averaged over
+    every token of every reference prompt, each prompt's context run alone."""
+    if not reference:
+        raise GandaError("mean ablation needs reference prompts")
+    points = {z_point(m): (m.layer, m.kind) for m in mixers}
+    sums: dict[str, torch.Tensor] = {}
+    count = 0
+    for _, ids, mask in _batches(adapter, context_ids(adapter, reference)):
+        with adapter.reading(ReadPositions.of_mask(mask)), Trace(adapter, points) as tr:
+            adapter.forward(ids, attention_mask=mask)
+        for p in points:
+            s = (tr[p].float() * mask[..., None]).sum((0, 1))
+            sums[p] = sums[p] + s if p in sums else s
+        count += int(mask.sum())
+    return {key: sums[p] / count for p, key in points.items()}
+
+
+
+@torch.no_grad()
+def reference_donors(adapter: ModelAdapter, reference: Sequence[Example], mixers: Sequence[Mixer], seed: int = 0
+                     ) -> Donors:
+    """Resample donors: every reference prompt's context run alone, each mixer's output-projection
+    input kept (:mod:`ganda.ablation`)."""
+    seqs = context_ids(adapter, reference)
+    points = [z_point(m) for m in mixers]
+    z: dict[str, list[torch.Tensor]] = {p: [] for p in points}
+    for k, ids, mask in _batches(adapter, seqs):
+        with adapter.reading(ReadPositions.of_mask(mask)), Trace(adapter, points) as tr:
+            adapter.forward(ids, attention_mask=mask)
+        for p in points:
+            z[p] += [tr[p][r, : len(seqs[k + r])].clone() for r in range(ids.shape[0])]
+    return Donors([tuple(s) for s in seqs], z, seed)
+
+
+
+
+REFERENCES.update(mean=lambda adapter, reference, mixers, seed: reference_means(adapter, reference, mixers),
+                  resample=reference_donors)
+
+
+def prompt_sites(adapter: ModelAdapter, ex: Example) -> dict[str, list[int]]:
+    """The ``ends`` and ``key`` positions of ``ex``'s encoded prompt (a BOS shifts them)."""
+    spans: list[tuple[int, int]] = []
+    key = ex.meta.get("key") if isinstance(ex.meta, dict) else None
+    quoted = f"'{key}'" if key else None
+    at = ex.prompt.rfind(quoted) if quoted else -1
+    if at >= 0:
+        spans.append((at + 1, at + 1 + len(str(key))))
+    if not ex.segments and not spans:
+        return {"ends": [], "key": []}
+    enc = adapter.require_tokenizer()(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
+    shift = len(encode(adapter, ex.prompt)) - len(enc.input_ids)
+    seg = token_spans(enc.offset_mapping, list(ex.segments)) if ex.segments else []
+    ends = sorted({b + shift for _, b in seg})
+    keys: list[int] = []
+    if spans:
+        (a, b), = token_spans(enc.offset_mapping, spans)
+        keys = list(range(a + shift, b + shift + 1))
+    return {"ends": ends, "key": keys}
+
+

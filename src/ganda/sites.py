@@ -20,33 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .models.base import ModelAdapter
-from .tasks.base import Example, token_spans
-
 CLASSES = ("ends", "key", "final", "elsewhere")
-
-
-def prompt_sites(adapter: ModelAdapter, ex: Example) -> dict[str, list[int]]:
-    """The ``ends`` and ``key`` positions of ``ex``'s encoded prompt (a BOS shifts them)."""
-    from .scoring import encode
-
-    spans: list[tuple[int, int]] = []
-    key = ex.meta.get("key") if isinstance(ex.meta, dict) else None
-    quoted = f"'{key}'" if key else None
-    at = ex.prompt.rfind(quoted) if quoted else -1
-    if at >= 0:
-        spans.append((at + 1, at + 1 + len(str(key))))
-    if not ex.segments and not spans:
-        return {"ends": [], "key": []}
-    enc = adapter.require_tokenizer()(ex.prompt, add_special_tokens=False, return_offsets_mapping=True)
-    shift = len(encode(adapter, ex.prompt)) - len(enc.input_ids)
-    seg = token_spans(enc.offset_mapping, list(ex.segments)) if ex.segments else []
-    ends = sorted({b + shift for _, b in seg})
-    keys: list[int] = []
-    if spans:
-        (a, b), = token_spans(enc.offset_mapping, spans)
-        keys = list(range(a + shift, b + shift + 1))
-    return {"ends": ends, "key": keys}
 
 
 def row_classes(sites: Sequence[dict[str, list[int]] | None], rows: Sequence[tuple[int, int, int]],
@@ -65,4 +39,4 @@ def row_classes(sites: Sequence[dict[str, list[int]] | None], rows: Sequence[tup
     return {c: m.to(device) for c, m in out.items()}
 
 
-__all__ = ["CLASSES", "prompt_sites", "row_classes"]
+__all__ = ["CLASSES", "row_classes"]

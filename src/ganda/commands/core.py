@@ -15,9 +15,18 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from ..heads import split_spec
 from ..tasks import get_task
-from .options import ABLATE_AT, ABLATIONS, FORCE, QUIET, ablation_option, console
+from .options import (
+    ABLATE_AT,
+    ABLATIONS,
+    FORCE,
+    QUIET,
+    ablation_option,
+    at_least,
+    console,
+    model_inputs,
+    require_heads,
+)
 
 if TYPE_CHECKING:
     from ..interventions import Intervention
@@ -66,13 +75,6 @@ def mmlu_options(sample: bool) -> dict[str, Any]:
     return {"sample": True} if sample else {}
 
 
-def require_heads(flag: str, spec: str | None) -> None:
-    """A head list that names no head (``--heads ","``) is refused: read as "none" it would record
-    an empty intervention, read as "all" it would run every head."""
-    if spec is not None and not split_spec(spec):
-        raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24, L3H0-2 or 'L16H*')")
-
-
 def build_interventions(
     ablate: str | None = None,
     keep_layers: str | None = None,
@@ -108,31 +110,6 @@ def flag(option: str) -> str:
     """A library option's name as its command-line flag (``verify_top`` -> ``--verify-top``), for
     the library's checks to name what the user typed."""
     return "--" + option.replace("_", "-")
-
-
-def model_inputs(spec: str) -> list[Path]:
-    """The file or directory a model spec loads from (nothing when it names none): what an output path
-    must never be, or be inside (:func:`ganda.runio.check_output_file`)."""
-    from ..models.loading import model_path
-
-    try:
-        path = model_path(spec)
-    except GandaError:
-        return []
-    return [path] if path is not None else []
-
-
-#: counts bounded above, by flag: each prompt set repeats the whole measurement
-AT_MOST = {"--prompt-sets": 100}
-
-
-def at_least(flag: str, value: int | None, low: int = 1) -> None:
-    """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run;
-    a count in :data:`AT_MOST` is also bounded above."""
-    if value is not None and value < low:
-        raise GandaError(f"{flag} must be at least {low}, got {value}")
-    if value is not None and flag in AT_MOST and value > AT_MOST[flag]:
-        raise GandaError(f"{flag} must be at most {AT_MOST[flag]} (each one repeats the whole measurement), got {value}")
 
 
 def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:

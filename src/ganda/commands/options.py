@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from .. import progress
+from ..errors import GandaError
+from ..heads import split_spec
 
 ACTIVE_EDGES = 100  # ganda.attribution.engine.ACTIVE_EDGES, spelled here so that --help needs no torch
 
@@ -62,3 +65,35 @@ def print_split(con: Any, table: Any, matter: list[Any], helpful: list[Any], top
         con.print(f"no {heads}'s ablation lowers the {what}")
     if helpful:
         con.print(table(helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose ablation raises the {what}"))
+
+
+def require_heads(flag: str, spec: str | None) -> None:
+    """A head list that names no head (``--heads ","``) is refused: read as "none" it would record
+    an empty intervention, read as "all" it would run every head."""
+    if spec is not None and not split_spec(spec):
+        raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24, L3H0-2 or 'L16H*')")
+
+
+def model_inputs(spec: str) -> list[Path]:
+    """The file or directory a model spec loads from (nothing when it names none): what an output path
+    must never be, or be inside (:func:`ganda.runio.check_output_file`)."""
+    from ..models.loading import model_path
+
+    try:
+        path = model_path(spec)
+    except GandaError:
+        return []
+    return [path] if path is not None else []
+
+
+#: counts bounded above, by flag: each prompt set repeats the whole measurement
+AT_MOST = {"--prompt-sets": 100}
+
+
+def at_least(flag: str, value: int | None, low: int = 1) -> None:
+    """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run;
+    a count in :data:`AT_MOST` is also bounded above."""
+    if value is not None and value < low:
+        raise GandaError(f"{flag} must be at least {low}, got {value}")
+    if value is not None and flag in AT_MOST and value > AT_MOST[flag]:
+        raise GandaError(f"{flag} must be at most {AT_MOST[flag]} (each one repeats the whole measurement), got {value}")

@@ -12,7 +12,7 @@ import typer
 from ..errors import GandaError
 from ..heads import expand
 from ..tasks import get_task
-from .options import ACTIVE_EDGES, FORCE, QUIET
+from .options import ACTIVE_EDGES, FORCE, QUIET, at_least, model_inputs, require_heads
 
 # ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
 EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps", "path", "edges")
@@ -206,12 +206,10 @@ def register(app: typer.Typer) -> None:
         """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
         from .. import plan as planner
         from ..device import parse_dtype
-        from .core import at_least
 
         for name, value in (("--devices", devices), ("--limit", limit), ("--tokens", tokens), ("--rows", rows),
                             ("--batch-heads", batch_heads), ("--ig-steps", ig_steps)):
             at_least(name, value)
-        from .core import require_heads
 
         require_heads("--heads", heads)
         if method not in METHODS:
@@ -220,7 +218,6 @@ def register(app: typer.Typer) -> None:
         planner.device(device)
         if out is not None:  # checked before any work; replaced only when ganda wrote it as a plan, or with --force
             from .. import runio
-            from .core import model_inputs
 
             runio.check_output_file(out, "--out", inputs=model_inputs(model) if model else [], kind="plan", force=force)
         if paper:

@@ -9,6 +9,7 @@ comes from); any other ``config.json`` file, model directory or hub id (config o
 
 from __future__ import annotations
 
+import inspect
 import json
 import warnings
 from collections.abc import Callable
@@ -82,8 +83,6 @@ REQUIRED_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
 
 def check_sizes(raw: dict[str, Any], config: Any, model_type: str) -> None:
     """Refuse a config that leaves a size its architecture has to transformers' default."""
-    import inspect
-
     aliases = getattr(type(config), "attribute_map", {}) or {}
     try:
         takes = set(inspect.signature(type(config).__init__).parameters)
