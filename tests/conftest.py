@@ -54,6 +54,13 @@ def tier_of(item: pytest.Item) -> str:
     return marks[0] if marks else "fast"
 
 
+#: the test files that take longest on two cores (``scripts/test.sh``'s ``--durations``), longest first
+LONGEST_FILES = ("test_distributed.py", "test_labels.py", "test_prefix_cache.py", "test_scale.py",
+                 "test_hardening_runs.py", "test_device_matrix.py", "test_cli_bad_inputs.py", "test_experiments.py",
+                 "test_cli_vocabulary.py", "test_lab_programme.py", "test_core.py", "test_results.py",
+                 "test_demo.py", "test_circuit.py", "test_attribution.py", "test_lab_train.py", "test_gemma.py",
+                 "test_readme.py", "test_notebook.py", "test_lab_findings.py")
+
 #: per-tier counts and the number of test files of the whole collection, before ``-m`` deselects
 TIER_COUNTS = pytest.StashKey[dict]()
 COLLECTED_FILES = pytest.StashKey[int]()
@@ -68,6 +75,11 @@ def pytest_collection_modifyitems(config, items):
         counts[tier_of(item)] += 1
     config.stash[TIER_COUNTS] = counts
     config.stash[COLLECTED_FILES] = len({item.path for item in items})
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # pytest-xdist deals whole files to the workers in collection order: the longest files go
+        # first, so that no worker is left with one at the end while the other idles
+        rank = {name: k for k, name in enumerate(LONGEST_FILES)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     both = [f"{item.nodeid} ({', '.join(n for n in TIERS if item.get_closest_marker(n))})" for item in items
             if sum(item.get_closest_marker(n) is not None for n in TIERS) > 1]
     if both:

@@ -9,6 +9,7 @@ above, and the lab (``ganda_lab``) is a client that nothing in ``ganda`` imports
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -84,6 +85,7 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in MODULES else prefix for a in node.names]
 
 
+@cache
 def _imports() -> list[tuple[str, str, bool, int]]:
     """(importer, imported, inside a function body, line) for every import of a module of src/."""
     out = []
@@ -102,7 +104,6 @@ def _imports() -> list[tuple[str, str, bool, int]]:
     return out
 
 
-IMPORTS = _imports()
 
 
 def test_every_module_has_a_layer():
@@ -113,19 +114,19 @@ def test_every_module_has_a_layer():
 def test_no_import_runs_back_up():
     up = [
         f"{a} (layer {_layer(a)}) imports {b} (layer {_layer(b)}) at line {line}"
-        for a, b, _, line in IMPORTS
+        for a, b, _, line in _imports()
         if b.split(".")[0] in ("ganda", "ganda_lab") and b in MODULES and _layer(b) > _layer(a)
     ]
     assert up == []
 
 
 def test_the_core_never_imports_the_lab():
-    assert [f"{a}:{line}" for a, b, _, line in IMPORTS if a.startswith("ganda.") and b.startswith("ganda_lab")] == []
+    assert [f"{a}:{line}" for a, b, _, line in _imports() if a.startswith("ganda.") and b.startswith("ganda_lab")] == []
 
 
 def test_no_import_circle():
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for a, b, _, _ in IMPORTS:
+    for a, b, _, _ in _imports():
         if b in MODULES and b != a and not a.startswith(b + "."):  # a package's own __init__ is its parent
             graph[a].add(b)
     index: dict[str, int] = {}
@@ -167,7 +168,7 @@ def test_function_body_imports_are_optional_dependencies_only():
     ``ganda --help`` stays quick, as the lab's command module defers its training stack."""
     hidden = [
         f"{a}:{line} imports {b}"
-        for a, b, inside, line in IMPORTS
+        for a, b, inside, line in _imports()
         if inside and a.startswith("ganda.") and not b.startswith(LAZY_OK)
         and not a.startswith(COMMAND_LAYER)
     ]

@@ -293,6 +293,7 @@ def test_cli_eval_knowledge_task_with_options(tiny_dir, cli):
     assert r.returncode == 2 and "bogus" in r.stderr
 
 
+@pytest.mark.slow  # a whole demo run (the slow tier holds the demo's runs)
 def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path, cli):
     png = tmp_path / "fig.png"
     r = cli("attn", str(tiny_dir), "--task", "kv", "--pairs", "3", "--heads", "L0H1,L2H3", "--out", str(png))

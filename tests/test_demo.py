@@ -146,6 +146,7 @@ def test_a_further_prompt_set_holds_with_the_same_heads_and_every_established_co
     assert "prompt set" not in finding(SUMMARY)
 
 
+@pytest.mark.slow  # a whole demo run (the slow tier holds the demo's runs)
 def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tiny_dir, tmp_path):
     """The tiny random Llama on KV (3 pairs) retrieves a little above chance (40% of 20 prompts against
     33%; a model at chance is refused, row ``demo-intact-at-chance`` of tests/test_cli_bad_inputs.py):
@@ -195,6 +196,7 @@ def test_demo_reports_each_prompt_set_and_how_many_repeat_the_finding(tiny_dir, 
     assert saved["config"]["ablation"] == "zero"
 
 
+@pytest.mark.slow  # a whole demo run (the slow tier holds the demo's runs)
 def test_demo_under_mean_ablation_ranks_and_ablates_by_mean(tiny_dir, tmp_path):
     import torch
 

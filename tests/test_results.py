@@ -188,6 +188,7 @@ def test_rank_and_heads_tables(runs):
     assert 0.0 <= base <= 1.0 and base * 4 == round(base * 4)  # an accuracy over the 4 verify prompts
 
 
+@pytest.mark.slow  # a whole demo run (the slow tier holds the demo's runs)
 def test_demo_run_and_its_ranking(byte_tok, tmp_path):
     """``ganda demo`` (on a tiny random Llama, the smallest settings): its run row and heads table,
     and its ``ranking/`` as a rank run; the heads table equals the demo's heads.csv."""
