@@ -1,8 +1,10 @@
 """The ``ganda`` command line: a thin typer layer over the library (parse, call, print).
 
-Commands live in ``ganda/commands/<area>.py``; each module defines ``register(app)`` and is
-discovered automatically, so areas can be added without editing this file. Plugins add theirs
-through ``register_cli(app)`` (:mod:`ganda.registry`), e.g. the lab's ``train`` and ``lab``.
+Every registered experiment that runs on one task is a command built from its declaration
+(``ganda NAME``: :mod:`ganda.commands.analyses`). The other commands (``info``, ``plan``, ``grid``,
+``report``, ...) live in ``ganda/commands/<area>.py``; each module defines ``register(app)`` and
+is discovered automatically. Plugins add theirs through ``register_cli(app)``
+(:mod:`ganda.registry`), e.g. the lab's ``train`` and ``lab``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import time
 import typer
 
 from . import _interrupted_at_startup, commands, progress, registry, runio
+from .commands.analyses import AnalysisGroup
 from .errors import GandaError
 
 # the command that runs and when it started, for its final summary line
 _run: dict[str, object] = {}
 
 app = typer.Typer(
+    cls=AnalysisGroup,
     add_completion=False,
     no_args_is_help=True,
     help="ganda: find, measure, disable and transplant Gather-and-Aggregate heads.",

@@ -17,3 +17,16 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
         head, sep, rest = reason.partition(": ")
         text = rest if sep and head.endswith(("Error", "Exception")) and head.isidentifier() else reason
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+#: counts bounded above, by flag: each prompt set repeats the whole measurement
+AT_MOST = {"--prompt-sets": 100}
+
+
+def at_least(flag: str, value: int | None, low: int = 1) -> None:
+    """A count option (``--limit``, ``--n``, ...) below ``low`` is an error, not an empty run;
+    a count in :data:`AT_MOST` is also bounded above."""
+    if value is not None and value < low:
+        raise GandaError(f"{flag} must be at least {low}, got {value}")
+    if value is not None and flag in AT_MOST and value > AT_MOST[flag]:
+        raise GandaError(f"{flag} must be at most {AT_MOST[flag]} (each one repeats the whole measurement), got {value}")

@@ -142,3 +142,10 @@ def _expand_one(part: str, adapter: ModelAdapter) -> list[HeadId]:
 def format_heads(heads: Iterable[HeadId]) -> str:
     """Comma-separated, the inverse of :func:`expand` for explicit ids."""
     return ",".join(str(h) for h in heads)
+
+
+def require_heads(flag: str, spec: str | None) -> None:
+    """A head list that names no head (``--heads ","``) is refused: read as "none" it would record
+    an empty intervention, read as "all" it would run every head."""
+    if spec is not None and not split_spec(spec):
+        raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24, L3H0-2 or 'L16H*')")

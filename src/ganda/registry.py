@@ -209,14 +209,41 @@ def number_option(name: str) -> str | None:
 # ---- experiments ----------------------------------------------------------------------------
 
 _EXPERIMENTS: dict[str, Any] = {}
+_SUMMARIES: dict[str, str] = {}
+_NO_COMMAND: set[str] = set()
 #: the module that registers ganda's own experiments, imported on the first lookup
 BUILTIN_EXPERIMENTS = "ganda.experiments"
 
 
-def register_experiment(name: str, target: Any) -> None:
+def register_experiment(name: str, target: Any, *, summary: str | None = None, command: bool = True) -> None:
     """Make ``name`` run the experiment ``target`` (an ``Experiment`` class or its ``"module:Class"``
-    path, imported on first use)."""
+    path, imported on first use). ``summary``: its one line, listed by ``ganda --help`` without
+    importing the class (default: the class's ``summary``). ``command``: ``ganda NAME`` runs it
+    (False for an alias, and for an experiment only costed by ``ganda plan``)."""
     _EXPERIMENTS[name] = target
+    if summary is not None:
+        _SUMMARIES[name] = summary
+    (_NO_COMMAND.discard if command else _NO_COMMAND.add)(name)
+
+
+def experiment_target(name: str) -> Any:
+    """What ``name`` is registered to (a class or its ``"module:Class"`` path), without importing it."""
+    return _EXPERIMENTS[name]
+
+
+def experiment_summary(name: str) -> str:
+    """The one-line summary of experiment ``name``: as registered, else the class's own."""
+    _load_experiments()
+    if name in _SUMMARIES:
+        return _SUMMARIES[name]
+    return getattr(experiment(name), "summary", "") or ""
+
+
+def command_experiments() -> list[str]:
+    """The experiments that ``ganda NAME`` runs (registered with ``command``), without importing
+    their classes."""
+    _load_experiments()
+    return sorted(n for n in _EXPERIMENTS if n not in _NO_COMMAND)
 
 
 def _load_experiments() -> None:
@@ -240,6 +267,8 @@ def experiment(name: str) -> Any:
         raise GandaError(f"unknown experiment {name!r}; known: {', '.join(sorted(_EXPERIMENTS))}")
     cls = resolve_target(target)
     _EXPERIMENTS[name] = cls
+    if name in _SUMMARIES and not cls.__dict__.get("summary"):
+        cls.summary = _SUMMARIES[name]
     return cls
 
 

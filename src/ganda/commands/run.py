@@ -1,5 +1,7 @@
 """``ganda run EXPERIMENT MODEL``: any registered experiment (:mod:`ganda.experiments.base`) on one
-task's examples, with the experiment's own options as ``--option KEY=VALUE``."""
+task's examples, with the experiment's own options as ``--option KEY=VALUE``: the same run as
+``ganda EXPERIMENT`` (:func:`ganda.experiments.runner.run_on_task`), for scripts that hold an
+experiment's name and options as data."""
 
 from __future__ import annotations
 
@@ -8,9 +10,8 @@ from pathlib import Path
 
 import typer
 
-from .. import runio
 from ..errors import GandaError
-from .core import MODEL, PICKLE, QUIET, SEED, at_least, limit_option, model_inputs, parse_options
+from .core import MODEL, PICKLE, QUIET, SEED, limit_option, parse_options
 
 #: the command of a registered experiment that ``ganda run`` does not run, where it is named otherwise
 COMMANDS = {"maps": "attn"}
@@ -33,29 +34,17 @@ def register(app: typer.Typer) -> None:
 
         Writes the experiment's files into OUT and prints its summary as JSON.
         """
-        from .. import registry
-        from ..models import load_model
-        from ..tasks import get_task, task_for_model
+        from .. import registry, runio
+        from ..experiments.runner import RunInputs, run_on_task
 
-        at_least("--limit", limit)
         cls = registry.experiment(experiment)
         if not cls.on_task:
             runs = ", ".join(n for n in registry.experiment_names() if registry.experiment(n).on_task)
             raise GandaError(f"the {cls.name} experiment does not run on one task's examples: its command is ganda "
                              f"{COMMANDS.get(cls.name, cls.name)} (ganda run runs {runs})")
         options = cls.Options.build(parse_options(option))
-        task_obj = get_task(task)
-        if task_obj.kind != "mc":
-            raise GandaError(f"task {task!r} is a generation task; experiments score multiple-choice tasks")
-        out_dir = runio.claim_run_dir(out if out is not None else Path("runs") / f"{cls.name}-{task}", kind=cls.name,
-                                         models=model_inputs(model))
-        adapter = load_model(model, allow_pickle=allow_pickle)
-        task_obj = task_for_model(task, task_obj, adapter)
-        n = limit if limit is not None else 32
-        examples = task_obj.examples(limit=n, seed=seed)
-        if not examples:
-            raise GandaError(f"task {task!r} gave no examples")
-        config = {"task": task_obj.config(), "limit": n, "n": len(examples), "seed": seed, "options": options.to_json()}
-        result = cls().run(adapter, examples, options, out_dir=out_dir, config=config, progress=not quiet)
-        print(json.dumps(runio.rounded({"out": str(out_dir), "experiment": cls.name, **cls().job_summary(result)}),
-                             default=str))
+        run_inputs = RunInputs(model=model, task=task, limit=limit, seed=seed, out=out, allow_pickle=allow_pickle,
+                               progress=not quiet)
+        done = run_on_task(cls, run_inputs, options)
+        print(json.dumps(runio.rounded({"out": str(done.out_dir), "experiment": cls.name,
+                                        **done.experiment.job_summary(done.result)}), default=str))

@@ -32,22 +32,30 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
-from .base import Experiment, Options
-from .common import ExperimentResult, Scorer
+from .base import Experiment, Options, option
 
-# The built-in experiments (name -> "module:Class", imported when one is looked up); aliases too.
-for _name, _target in {
-    "eval": "ganda.experiments.builtin:Evaluation",
-    "maps": "ganda.experiments.builtin:Maps",
-    "sweep": "ganda.experiments.builtin:Sweep",
-    "rank": "ganda.experiments.builtin:Rank",
-    "attribution": "ganda.experiments.builtin:Rank",
-    "prune": "ganda.experiments.prune:Prune",
-    "transplant": "ganda.experiments.transplant:Transplant",
-    "path": "ganda.experiments.circuit:PathExperiment",
-    "edges": "ganda.experiments.circuit:EdgesExperiment",
+# The built-in experiments: name -> ("module:Class", its one-line summary). The class is imported
+# when the experiment is looked up; the summary is here so that ``ganda --help`` lists every
+# command without importing torch. An alias is a name whose entry is another name; eval and maps
+# are costed by ganda plan and run by the commands eval and attn.
+for _name, _entry in {
+    "eval": ("ganda.experiments.builtin:Evaluation", "Score every example once (ganda eval)"),
+    "maps": ("ganda.experiments.builtin:Maps", "Attention and exact implicit maps of chosen heads (ganda attn)"),
+    "sweep": ("ganda.experiments.builtin:Sweep", "Single-head ablation: accuracy with each head zeroed"),
+    "rank": ("ganda.experiments.builtin:Rank", "Rank every head by its ablation effect on the task's margin"),
+    "attribution": "rank",
+    "prune": ("ganda.experiments.prune:Prune", "Cumulative layer pruning and the minimal model (Figures 2, 3)"),
+    "transplant": ("ganda.experiments.transplant:Transplant",
+                   "Replace student layers or heads with a donor's (Figure 7)"),
+    "path": ("ganda.experiments.circuit:PathExperiment",
+             "Remove one head's contribution along its paths into another"),
+    "edges": ("ganda.experiments.circuit:EdgesExperiment",
+              "Score every sender -> receiver head pair and draw the circuit"),
 }.items():
-    registry.register_experiment(_name, _target)
+    if isinstance(_entry, str):
+        registry.register_experiment(_name, registry.experiment_target(_entry), command=False)
+    else:
+        registry.register_experiment(_name, _entry[0], summary=_entry[1], command=_name not in ("eval", "maps"))
 
 # The built-in result kinds (kind -> "module:Class", imported when a result of that kind is read).
 for _kind, _target in {
@@ -67,8 +75,19 @@ for _kind, _target in {
     registry.register_result(_kind, _target)
 
 
-def result_from_json(d: dict[str, Any]) -> ExperimentResult:
+def __getattr__(name: str) -> Any:
+    """``ExperimentResult`` and ``Scorer`` load torch: imported when first used, not with the package."""
+    if name in ("ExperimentResult", "Scorer"):
+        from . import common
+
+        return getattr(common, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def result_from_json(d: dict[str, Any]) -> Any:
     """Rebuild a result object of its registered kind's class from its ``result.json``."""
+    from .common import ExperimentResult
+
     cls = registry.result_class(d.get("kind", ""))
     return (cls or ExperimentResult).from_json(d)
 
@@ -78,4 +97,4 @@ def draw_result(d: dict[str, Any], out_dir: Path) -> list[Path]:
     return result_from_json(d).draw(Path(out_dir))
 
 
-__all__ = ["Experiment", "ExperimentResult", "Options", "Scorer", "draw_result", "result_from_json"]
+__all__ = ["Experiment", "ExperimentResult", "Options", "option", "Scorer", "draw_result", "result_from_json"]

@@ -2,10 +2,12 @@
 
 An experiment is one class, registered by name (:func:`ganda.registry.register_experiment`):
 
-* ``Options``: a dataclass of its own options. Each field is an option (its type and default, its
-  help text in ``field(metadata={"help": ...})``); :meth:`Options.check` refuses a value out of
-  range in one line. It is the one place an experiment's options are checked: the command line,
-  a grid spec and Python callers all build it.
+* ``Options``: a dataclass of its own options. Each field is an option declared with
+  :func:`option` (its type and default, help text, bounds, choices, command-line flag); the bounds
+  and choices are checked for every field, and :meth:`Options.check` adds the rules between
+  fields. It is the one place an experiment's options exist: ``ganda NAME``'s flags and help
+  (:mod:`ganda.commands.analyses`), ``ganda run NAME --option``, ``ganda plan -e NAME``, a grid
+  spec's ``options.NAME`` and Python callers all build it.
 * :meth:`Experiment.run`: the examples of one task on one model in, a result out (written into
   its run directory, with ``done_file`` last).
 * ``phases``: ``"module:function"`` of its costs for ``ganda plan``, and ``done_file``, the file
@@ -13,9 +15,9 @@ An experiment is one class, registered by name (:func:`ganda.registry.register_e
   with :meth:`Experiment.read`, or the reader for that file, ``result.json`` for any result kind).
 
 An experiment that runs on one model and one task's examples (``on_task``, the default) is run by
-``ganda run NAME MODEL --task T --option KEY=VALUE`` and by ``ganda grid`` jobs; one that needs other
-inputs (a donor, several task lists) has a command of its own in ``ganda/commands``.
-docs/extending.md has an example.
+``ganda NAME MODEL --task T --its-flags``, ``ganda run NAME MODEL --task T --option KEY=VALUE`` and
+by ``ganda grid`` jobs (:mod:`ganda.experiments.runner` prepares the model and examples for all
+three); :meth:`Experiment.show` prints its result. docs/extending.md adds one in a file of its own.
 """
 
 from __future__ import annotations
@@ -25,13 +27,27 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import GandaError
-from ..models.base import ModelAdapter
-from ..tasks.base import Example
+
+if typing.TYPE_CHECKING:  # ganda --help builds the commands' list without torch
+    from ..models.base import ModelAdapter
+    from ..tasks.base import Example
+
+
+def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
+           low: float | None = None, high: float | None = None, choices: tuple[str, ...] | None = None,
+           why: str = "", hidden: bool = False) -> Any:
+    """One option of an experiment, declared once: its default, ``help`` text, command-line ``flag``
+    (default ``--name``; ``--x/--no-x`` for a switch that can be turned off) and ``short`` flag,
+    the bounds ``low``/``high`` of a number (``why``: a few words on the bound) and the ``choices``
+    of a text. Everything that reads an experiment's options reads them from here."""
+    meta = {"help": help, "flag": flag, "short": short, "low": low, "high": high, "choices": choices, "why": why,
+            "hidden": hidden}
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -39,16 +55,34 @@ class Options:
     """Base of an experiment's options (a dataclass; see the module docstring)."""
 
     def check(self) -> None:
-        """Refuse a value out of range with one line (the default accepts everything)."""
+        """Refuse (one line) a combination of values that the fields' own bounds allow but the
+        experiment does not (the default accepts every combination)."""
 
-    #: command-line flags spelled other than ``--<name>`` (``ganda path``'s ``--from`` for ``sender``)
-    CLI_FLAGS: ClassVar[dict[str, str]] = {}
+    def check_fields(self) -> None:
+        """Each field's bounds and choices, as declared by :func:`option`."""
+        for f in self.fields():
+            value, meta = getattr(self, f.name), f.metadata
+            if value is None or isinstance(value, bool):
+                continue
+            why = f" ({meta['why']})" if meta.get("why") else ""
+            if meta.get("low") is not None and value < meta["low"]:
+                raise GandaError(f"{self.flag(f.name)} must be at least {_num(meta['low'])}{why}, got {value}")
+            if meta.get("high") is not None and value > meta["high"]:
+                raise GandaError(f"{self.flag(f.name)} must be at most {_num(meta['high'])}{why}, got {value}")
+            if meta.get("choices") and value not in meta["choices"]:
+                raise GandaError(f"{self.flag(f.name)} must be {_either(meta['choices'])}, not {value!r}")
+
+    @classmethod
+    def cli_flag(cls, name: str) -> str:
+        """The command-line flag of option ``name`` (``verify_top`` -> ``--verify-top``; a switch's
+        ``--x/--no-x`` gives ``--x``)."""
+        f = next((f for f in cls.fields() if f.name == name), None)
+        declared = f.metadata.get("flag") if f is not None else None
+        return declared.split("/")[0] if declared else "--" + name.replace("_", "-")
 
     def flag(self, name: str) -> str:
         """How an option is named in an error: ``--verify-top`` from the command line, else ``verify_top``."""
-        if not getattr(self, "_cli", False):
-            return name
-        return self.CLI_FLAGS.get(name) or "--" + name.replace("_", "-")
+        return self.cli_flag(name) if getattr(self, "_cli", False) else name
 
     @classmethod
     def fields(cls) -> list[dataclasses.Field]:
@@ -66,10 +100,11 @@ class Options:
                 takes = ", ".join(known) or "no options"
                 raise GandaError(f"{where}unknown option {key!r} (takes {takes})")
         hints = typing.get_type_hints(cls)
-        out = {k: _coerce(v, hints[k], "--" + k.replace("_", "-") if cli else f"{where}{k}") for k, v in values.items()}
+        out = {k: _coerce(v, hints[k], cls.cli_flag(k) if cli else f"{where}{k}") for k, v in values.items()}
         opts = cls(**out)
         object.__setattr__(opts, "_cli", cli)
         try:
+            opts.check_fields()
             opts.check()
         except GandaError as exc:
             raise GandaError(f"{where}{exc}") from None
@@ -109,6 +144,14 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     return value
 
 
+def _either(choices: tuple[str, ...]) -> str:
+    return " or ".join(choices) if len(choices) == 2 else "one of " + ", ".join(choices)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
 def option_type(hint: Any) -> type:
     """The plain type of an option's annotation (``int | None`` -> ``int``)."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -125,7 +168,13 @@ class Experiment:
     done_file: ClassVar[str] = "result.json"
     phases: ClassVar[str | None] = None  # "module:function" (profile, workload, options) -> (phases, kept, notes)
     aliases: ClassVar[tuple[str, ...]] = ()
-    on_task: ClassVar[bool] = True  # runs on one model and one task's examples (ganda run, ganda grid)
+    on_task: ClassVar[bool] = True  # runs on one model and one task's examples (ganda NAME, ganda run, ganda grid)
+    #: run inputs beyond the model, the task, its prompts and the run directory: "ray" (``--ray``,
+    #: ``--ray-actors``: exact checks on a Ray cluster), "resume" (``--resume/--no-resume``)
+    takes: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, resume: bool = True) -> None:
+        self.resume = resume  # continue a stopped run in its directory (the experiment's own journal)
 
     def run(self, adapter: ModelAdapter, examples: list[Example], options: Options, *, out_dir: Path,
             config: dict[str, Any], progress: bool = True) -> Any:
@@ -134,10 +183,31 @@ class Experiment:
         it. Returns the result."""
         raise GandaError(f"the {self.name} experiment is costed by ganda plan but has no runner")
 
+    def check_run(self, options: Options, run: Any) -> None:
+        """Refuse (one line, before any model loads) options that the run's inputs rule out
+        (``run``: :class:`ganda.experiments.runner.RunInputs`, e.g. ``--ray`` with an option run
+        in this process only). The default accepts every combination."""
+
+    def check_examples(self, examples: list[Example], task: str) -> None:
+        """Refuse examples this experiment cannot score (the default takes any multiple-choice prompts)."""
+
     def job_summary(self, result: Any) -> dict[str, Any]:
-        """The few numbers ``ganda grid`` lists for a finished job (default: the result's summary's numbers)."""
+        """The few numbers ``ganda grid`` and ``ganda run`` list for a finished job (default: the
+        result's summary's numbers)."""
         summary = getattr(result, "summary", None) or {}
         return {k: v for k, v in summary.items() if isinstance(v, int | float | str) and not isinstance(v, bool)}
+
+    def as_json(self, result: Any, options: Options, out_dir: Path) -> dict[str, Any]:
+        """``ganda NAME --json``: one JSON object (default: the run directory and :meth:`job_summary`)."""
+        return {"out": str(out_dir), "experiment": self.name, **self.job_summary(result)}
+
+    def show(self, result: Any, options: Options, run: Any, out_dir: Path) -> None:
+        """``ganda NAME``'s printed result for a reader (default: the JSON of :meth:`as_json`)."""
+        import json
+
+        from .. import runio
+
+        print(json.dumps(runio.rounded(self.as_json(result, options, out_dir)), default=str))
 
     @classmethod
     def read(cls, run_dir: Path) -> dict[str, list[dict[str, Any]]] | None:
@@ -146,4 +216,4 @@ class Experiment:
         return None
 
 
-__all__ = ["Experiment", "Options", "option_type"]
+__all__ = ["Experiment", "Options", "option", "option_type"]

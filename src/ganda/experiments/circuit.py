@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from ..ablation import check_batched_ablation
 from ..attention import draw_attention, save_attention_json
@@ -25,7 +25,8 @@ from ..models.base import ModelAdapter
 from ..scoring import encode
 from ..stats import overlap
 from ..tasks.base import Example
-from .base import Experiment, Options
+from .base import Experiment, Options, option
+from .builtin import MARGIN_HELP
 from .common import ExperimentResult
 from .roles import head_roles
 
@@ -57,15 +58,15 @@ def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sende
 
 @dataclass
 class PathOptions(Options):
-    sender: str = field(default="", metadata={"help": "the sender head, e.g. L2H0"})
-    receiver: str = field(default="", metadata={"help": "the receiver head in a later layer, e.g. L3H0"})
-    paths: str = field(default="all", metadata={"help": "all (every path from sender to receiver) or direct (the edge)"})
-    parts: str = field(default=TOGETHER, metadata={"help": "the receiver's inputs taken from the ablated stream: "
-                                                   "together, or parts such as q,k,v or x,B,C,dt,gate (k+v: both)"})
-    margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
-    ablation: str = field(default="zero", metadata={"help": "the sender's ablation: zero or mean (its mean over every "
-                                                    "token of the prompts)"})
-    CLI_FLAGS: ClassVar[dict[str, str]] = {"sender": "--from", "receiver": "--to"}
+    sender: str = option("", "the sender head, e.g. L2H0", flag="--from")
+    receiver: str = option("", "the receiver head in a later layer, e.g. L3H0", flag="--to")
+    paths: str = option("all", "all: every path from sender to receiver (the ablated stream from the sender's layer "
+                        "on); direct: the edge alone (the sender's write)")
+    parts: str = option(TOGETHER, "what the receiver reads from the ablated stream: together, or parts such as q,k,v "
+                        "(attention) or x,B,C,dt,gate (SSM); k+v: both")
+    margin: str = option("mean", MARGIN_HELP, choices=("mean", "max"))
+    ablation: str = option("zero", "the sender's ablation: zero or mean (its mean over every token of the prompts); "
+                           "resample needs a donor per scored row: eval runs it")
 
     def check(self) -> None:
         check_batched_ablation(self.ablation, self.flag("ablation"), "path ablation")
@@ -74,8 +75,6 @@ class PathOptions(Options):
             raise GandaError(f"{self.flag('paths')} must be one of {', '.join(PATHS)}, not {self.paths!r}")
         if not [p for p in self.parts.split(",") if p.strip()]:
             raise GandaError(f"{self.flag('parts')}: no parts in {self.parts!r} (together, or e.g. q,k,v)")
-        if self.margin not in ("mean", "max"):
-            raise GandaError(f"{self.flag('margin')} must be mean or max, not {self.margin!r}")
 
 
 def _span(ci: Any, scale: float = 100.0) -> str:
@@ -130,8 +129,13 @@ def path_result(adapter: ModelAdapter, res: Any, config: dict[str, Any]) -> Path
 
 
 class PathExperiment(Experiment):
+    """Remove one head's contribution only along its paths into another, everything else intact.
+
+    Reports accuracy and margin with each drop's paired 95% interval, next to the sender ablated everywhere.
+    Writes OUT/result.json, circuit_path.csv and path.png.
+    """
+
     name = "path"
-    summary = "Ablate one sender head only along its paths into one receiver head, next to the sender everywhere"
     Options = PathOptions
     phases = "ganda.circuit.costs:path_phases"
 
@@ -152,38 +156,39 @@ class PathExperiment(Experiment):
                 "accuracy": rows[INTACT]["accuracy"], "sender_margin_drop": rows[EVERYWHERE]["margin_drop"],
                 "path_margin_drop": paths[0]["margin_drop"] if paths else None}
 
+    def as_json(self, result: Any, options: Options, out_dir: Path) -> dict[str, Any]:
+        return {"out": str(out_dir), **result.summary, "rows": result.rows}
+
+    def show(self, result: Any, options: Options, run: Any, out_dir: Path) -> None:
+        from .tables import print_path
+
+        print_path(result, options, run)
+
 
 
 
 @dataclass
 class EdgesOptions(Options):
-    verify_top: int = field(default=10, metadata={"help": "verify this many top edges exactly (direct paths)"})
-    audit: int = field(default=10, metadata={"help": "also verify this many random other edges (the bound)"})
-    active: int = field(default=ACTIVE_EDGES, metadata={"help": "also verify the edges with the largest mean "
-                                                        "|estimate| per prompt"})
-    widen: int = field(default=0, metadata={"help": "then verify this many more edges by estimate, round after round, "
-                                            "until the top TOP by |exact| holds (0: off)"})
-    top: int = field(default=10, metadata={"help": "the bound's default threshold: the verified top TOP"})
-    threshold: float | None = field(default=None, metadata={"help": "effect size the false-negative bound speaks about"})
-    senders: str = field(default="", metadata={"help": "only these senders, e.g. 'L16H*' (default: every head)"})
-    receivers: str = field(default="", metadata={"help": "only these receivers, e.g. L19H1 (default: every head)"})
-    margin: str = field(default="mean", metadata={"help": "gold log-likelihood minus the mean or the max of the others'"})
-    roles: bool = field(default=True, metadata={"help": "label the drawn heads Gather/Aggregate (ganda roles' rule: "
-                                                "3 ablations per head)"})
-    show: int = field(default=10, metadata={"help": "verified edges drawn in the circuit view"})
-    ablation: str = field(default="zero", metadata={"help": "the senders' ablation: zero or mean (its mean over every "
-                                                    "token of the prompts)"})
+    verify_top: int = option(10, "verify this many top edges exactly (direct paths)", short="-k", low=0)
+    audit: int = option(10, "also verify this many random other edges (the false-negative bound)", low=0)
+    active: int = option(ACTIVE_EDGES, "also verify this many edges with the largest mean |estimate| per prompt "
+                         "(their prompts' scores can cancel in the mean)", low=0)
+    widen: int = option(0, "then verify this many more edges by estimate, round after round, until a round leaves "
+                        "the top --top by |exact| unchanged (0: off)", low=0)
+    top: int = option(10, "the bound's default threshold: the smallest exact effect in the verified top TOP; rows "
+                      "printed", low=1)
+    threshold: float | None = option(None, "effect size the bound speaks about")
+    senders: str = option("", "only these senders (default: every head), e.g. 'L16H*'")
+    receivers: str = option("", "only these receivers (default: every head), e.g. L19H1")
+    margin: str = option("mean", MARGIN_HELP, choices=("mean", "max"))
+    roles: bool = option(True, "label the drawn heads by the one labeller (--no-roles: leave them unlabelled; "
+                         "labelling costs three ablations per head)", flag="--roles/--no-roles")
+    show: int = option(10, "verified edges drawn in circuit.png", low=1)
+    ablation: str = option("zero", "the senders' ablation: zero or mean (its mean over every token of the prompts); "
+                           "resample needs a donor per scored row: eval runs it")
 
     def check(self) -> None:
         check_batched_ablation(self.ablation, self.flag("ablation"), "edge attribution")
-        for name in ("verify_top", "audit", "active", "widen"):
-            if getattr(self, name) < 0:
-                raise GandaError(f"{self.flag(name)} must be at least 0, got {getattr(self, name)}")
-        for name in ("top", "show"):
-            if getattr(self, name) < 1:
-                raise GandaError(f"{self.flag(name)} must be at least 1, got {getattr(self, name)}")
-        if self.margin not in ("mean", "max"):
-            raise GandaError(f"{self.flag('margin')} must be mean or max, not {self.margin!r}")
         if self.threshold is not None and not (math.isfinite(self.threshold) and self.threshold > 0):
             raise GandaError(f"{self.flag('threshold')} must be a positive finite number, got {self.threshold}")
         for name in ("senders", "receivers"):
@@ -287,13 +292,15 @@ def edges_result(adapter: ModelAdapter, res: Any, options: EdgesOptions, config:
 
 
 class EdgesExperiment(Experiment):
+    """Score every sender -> receiver head pair by edge attribution, verify the top edges exactly, draw the circuit.
+
+    Writes OUT/result.json, edges.json, edges.csv (every edge), circuit.png and edges_exact.jsonl (resumes).
+    """
+
     name = "edges"
-    summary = "Score every head pair by edge attribution, verify the top edges exactly, draw the circuit"
     Options = EdgesOptions
     phases = "ganda.circuit.costs:edges_phases"
-
-    def __init__(self, resume: bool = True) -> None:
-        self.resume = resume  # reuse the exact checks a stopped run left in its directory
+    takes = frozenset({"resume"})  # reuse the exact checks a stopped run left in its directory
 
     def run(self, adapter: ModelAdapter, examples: list[Example], options: EdgesOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> EdgesResult:
@@ -316,6 +323,14 @@ class EdgesExperiment(Experiment):
     def job_summary(self, result: Any) -> dict[str, Any]:
         s = result.summary
         return {k: s.get(k) for k in ("edges", "verified", "top_edge", "top_exact", "attribution_cpu")}
+
+    def as_json(self, result: Any, options: EdgesOptions, out_dir: Path) -> dict[str, Any]:  # type: ignore[override]
+        return {"out": str(out_dir), **result.summary, "rows": result.rows[: options.top]}
+
+    def show(self, result: Any, options: EdgesOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
+        from .tables import print_edges
+
+        print_edges(result, options, run)
 
 
 __all__ = ["EdgesExperiment", "EdgesOptions", "EdgesResult", "PathExperiment", "PathOptions", "PathResult",

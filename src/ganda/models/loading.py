@@ -684,3 +684,13 @@ def from_model(model: Any, tokenizer: Any = None, spec: str = "<in-memory>") -> 
     """Wrap an already-built model (e.g. a tiny random one in a test) in its adapter."""
     model.eval()
     return adapter_for(model, tokenizer, spec)
+
+
+def model_inputs(spec: str) -> list[Path]:
+    """The file or directory a model spec loads from (nothing when it names none): what an output path
+    must never be, or be inside (:func:`ganda.runio.check_output_file`)."""
+    try:
+        path = model_path(spec)
+    except GandaError:
+        return []
+    return [path] if path is not None else []

@@ -1,0 +1,149 @@
+"""``ganda NAME`` for every registered experiment that runs on one model and one task: its
+command is built from the experiment alone (no command body per analysis).
+
+The flags are the run's inputs, declared once here (:data:`INPUTS`: the model, ``--task``,
+``--limit``, ``--out``, ...), and the experiment's own options, read from its ``Options``
+dataclass (:func:`ganda.experiments.base.option`: type, default, help, flag, bounds, choices).
+typer builds the command from a signature made of both, so that help, types and usage errors
+are typer's as for every hand-written command; values are then checked by ``Options.build``, the
+same check ``ganda run``, ``ganda grid`` and Python callers get, and the run goes through
+:func:`ganda.experiments.runner.run_on_task`.
+
+:class:`AnalysisGroup` lists these commands beside the hand-written ones without importing an
+experiment (``ganda --help`` needs no torch) and builds one when it is called.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+import click
+import typer
+import typer.core
+import typer.main
+
+from .. import registry
+from .core import MODEL, PAIRS, PICKLE, QUIET, SAMPLE, SEED, SHOTS, SUBJECTS, limit_option
+from .grid import RAY, RAY_ACTORS
+
+
+def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+#: the inputs of a run on one task, in the order of ``--help``: name -> (typer default, type)
+INPUTS: dict[str, tuple[Any, Any]] = {
+    "model": (MODEL, str),
+    "task": (typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, letters, lab-mmlu, mmlu, "
+                          "arc_easy, arc_challenge, openbookqa, piqa, hellaswag, winogrande, ...)"), str),
+    "limit": (limit_option(None, "number of prompts (default: 32)"), int | None),
+    "sample": (SAMPLE, bool),
+    "pairs": (PAIRS, int | None),
+    "shots": (SHOTS, int | None),
+    "subjects": (SUBJECTS, str | None),
+    "seed": (SEED, int),
+    "out": (typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<task>)"), Path | None),
+    "as_json": (typer.Option(False, "--json", help="print one JSON object instead of tables"), bool),
+    "allow_pickle": (PICKLE, bool),
+    "quiet": (QUIET, bool),
+}
+#: inputs an experiment takes by naming them in ``Experiment.takes``
+OPTIONAL_INPUTS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "resume": {"resume": (typer.Option(True, "--resume/--no-resume", help="continue a stopped run in --out"), bool)},
+    "ray": {"ray": (RAY, str | None), "ray_actors": (RAY_ACTORS, int | None)},
+}
+
+
+def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
+    """One ``Options`` field as a typer option: its flag(s), default and help from :func:`option`."""
+    from ..experiments.base import option_type
+
+    meta = f.metadata
+    names = [meta.get("flag") or "--" + f.name.replace("_", "-")]
+    if meta.get("short"):
+        names.append(meta["short"])
+    help_text = meta.get("help", "")
+    if meta.get("choices") and not any(c in help_text for c in meta["choices"]):
+        help_text += f" ({', '.join(meta['choices'])})"
+    base = option_type(hint)
+    annotation = base | None if f.default is None else base
+    return _param(f.name, typer.Option(f.default, *names, help=help_text, hidden=meta.get("hidden", False)),
+                  annotation)
+
+
+def _signature(cls: Any) -> tuple[inspect.Signature, list[str]]:
+    """The command's parameters: the model argument, the experiment's options, the other inputs."""
+    inputs = dict(INPUTS)
+    for what in sorted(cls.takes):
+        inputs.update(OPTIONAL_INPUTS[what])
+    hints = typing.get_type_hints(cls.Options)
+    fields = cls.Options.fields()
+    clash = [f.name for f in fields if f.name in inputs]
+    if clash:
+        raise TypeError(f"{cls.__name__}.Options declares {clash[0]!r}, an input every run takes")
+    params = [_param("model", *inputs.pop("model"))]
+    params += [option_parameter(f, hints[f.name]) for f in fields]
+    params += [_param(name, default, annotation) for name, (default, annotation) in inputs.items()]
+    return inspect.Signature(params), [f.name for f in fields]
+
+
+def build_command(name: str) -> click.Command:
+    """``ganda NAME`` for the registered experiment ``name``."""
+    from ..experiments.runner import RunInputs
+
+    cls = registry.experiment(name)
+    signature, option_names = _signature(cls)
+
+    def command(**values: Any) -> None:
+        from .. import runio
+        from ..experiments.runner import run_on_task
+
+        as_json, quiet = values.pop("as_json"), values.pop("quiet")
+        options = cls.Options.build({k: values.pop(k) for k in option_names}, cli=True)
+        run = RunInputs(**values, progress=not (quiet or as_json))
+        done = run_on_task(cls, run, options)
+        if as_json:
+            from ..finite import finite_json
+
+            print(json.dumps(runio.rounded(finite_json(done.experiment.as_json(done.result, options, done.out_dir))),
+                             default=str))
+        else:
+            done.experiment.show(done.result, options, run, done.out_dir)
+
+    command.__signature__ = signature  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    command.__doc__ = inspect.getdoc(cls) or cls.summary
+    app = typer.Typer(rich_markup_mode=None, add_completion=False)
+    app.command(name, short_help=registry.experiment_summary(name))(command)
+    return typer.main.get_command(app)
+
+
+class AnalysisGroup(typer.core.TyperGroup):
+    """ganda's commands: the hand-written ones and one per registered experiment (built when called)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | set(registry.command_experiments()))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in registry.command_experiments():
+            self.commands[cmd_name] = build_command(cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The list of ``ganda --help``, each experiment's line from the registry (nothing imported)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.commands.get(name)
+            if cmd is None:
+                rows.append((name, registry.experiment_summary(name)))
+            elif not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(formatter.width - 6 - len(name))))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+__all__ = ["INPUTS", "OPTIONAL_INPUTS", "AnalysisGroup", "build_command", "option_parameter"]

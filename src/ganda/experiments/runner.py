@@ -1,0 +1,100 @@
+"""The one runner of an experiment on one model and one task: ``ganda NAME``, ``ganda run NAME``
+and Python callers all come through :func:`run_on_task`, so that every experiment gets the same
+checks (before any model loads), the same run directory policy (:func:`ganda.runio.claim_run_dir`),
+the same examples for the same ``--task/--limit/--seed`` and the same recorded ``config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import GandaError
+from .base import Experiment, Options
+
+DEFAULT_LIMIT = 32  # prompts an experiment scores when --limit is not given
+
+
+@dataclass
+class RunInputs:
+    """What a run reads besides the experiment's own options: one model, one multiple-choice task
+    (and its options), how many prompts, where the files go, and how the work is spread."""
+
+    model: str
+    task: str = "kv"
+    limit: int | None = None
+    seed: int = 0
+    pairs: int | None = None
+    shots: int | None = None
+    subjects: str | None = None
+    sample: bool = False  # mmlu: a seeded sample across subjects instead of the first N of each
+    out: Path | None = None  # default runs/<experiment>-<task>
+    resume: bool = True
+    ray: str | None = None
+    ray_actors: int | None = None
+    allow_pickle: bool = False
+    progress: bool = True
+
+    def task_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"pairs": self.pairs, "shots": self.shots, "subjects": self.subjects}
+        if self.sample:
+            opts["sample"] = True
+        return opts
+
+    def out_dir(self, experiment: str) -> Path:
+        return self.out if self.out is not None else Path("runs") / f"{experiment}-{self.task}"
+
+
+@dataclass
+class Run:
+    """A finished run: its result, where its files are, and what it ran on."""
+
+    experiment: Experiment
+    result: Any
+    out_dir: Path
+    adapter: Any
+    examples: list[Any]
+    options: Options
+
+
+def check_inputs(cls: type[Experiment], run: RunInputs, options: Options) -> Any:
+    """Everything that can be refused before the model loads: counts, the task and its options,
+    the experiment's own rules between options and inputs. Returns the task."""
+    from ..errors import at_least
+    from ..tasks import get_task
+
+    at_least("--limit", run.limit)
+    at_least("--ray-actors", run.ray_actors)
+    task = get_task(run.task, **run.task_options())
+    if task.kind != "mc":
+        raise GandaError(f"task {run.task!r} is a generation task; {cls.name} scores multiple-choice tasks only")
+    cls().check_run(options, run)
+    return task
+
+
+def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
+    """Check, claim the run directory, load the model, draw the examples and run ``cls``."""
+    from .. import runio
+    from ..distributed import ray_sweeps
+    from ..models import load_model
+    from ..models.loading import model_inputs
+    from ..tasks import task_for_model
+
+    task = check_inputs(cls, run, options)
+    out_dir = runio.claim_run_dir(run.out_dir(cls.name), kind=cls.name, models=model_inputs(run.model))
+    adapter = load_model(run.model, allow_pickle=run.allow_pickle)
+    task = task_for_model(run.task, task, adapter, **run.task_options())
+    n = run.limit if run.limit is not None else DEFAULT_LIMIT
+    examples = task.examples(limit=n, seed=run.seed)
+    if not examples:
+        raise GandaError(f"task {run.task!r} gave no examples")
+    exp = cls(resume=run.resume)
+    exp.check_examples(examples, run.task)
+    config = {"task": task.config(), "limit": n, "n": len(examples), "seed": run.seed, "options": options.to_json()}
+    with ray_sweeps(run.ray, run.ray_actors, allow_pickle=run.allow_pickle):
+        result = exp.run(adapter, examples, options, out_dir=out_dir, config=config, progress=run.progress)
+    return Run(exp, result, out_dir, adapter, examples, options)
+
+
+__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "check_inputs", "run_on_task"]

@@ -1,0 +1,166 @@
+"""The tables ``ganda NAME`` prints for a reader (:meth:`ganda.experiments.base.Experiment.show`):
+rich tables on a terminal, and lines that never wrap in a log file. rich is imported when a table
+is printed, so that this module costs nothing at ``ganda --help``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: the width of a table printed to a file or pipe (a log): wide enough that no cell wraps or is cut
+LOG_WIDTH = 1000
+
+
+def console() -> Any:
+    """A rich Console for a command's tables on stdout: the terminal's width on a terminal, and
+    :data:`LOG_WIDTH` columns in a file or pipe, where rich would otherwise wrap at 80."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
+
+
+def print_split(con: Any, table: Any, matter: list[Any], helpful: list[Any], top: int, what: str,
+                heads: str = "head") -> None:
+    """The heads that matter (ablation lowers ``what``), then those helpful when ablated, each as
+    ``table(rows, title)``; one line where no ``heads`` qualifies. Shared by ``sweep`` and ``rank``."""
+    if matter:
+        con.print(table(matter[:top], f"heads that matter: top {min(top, len(matter))} of {len(matter)}, "
+                                      f"by {what} drop when ablated"))
+    else:
+        con.print(f"no {heads}'s ablation lowers the {what}")
+    if helpful:
+        con.print(table(helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose ablation raises the {what}"))
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.4f}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _ci(ci: Any, scale: float = 100.0, digits: int = 1) -> str:
+    return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 and None not in ci else ""
+
+
+# ---- sweep ----------------------------------------------------------------------------------
+
+def _sweep_table(res: Any, rows: list, title: str) -> Any:
+    """One table of heads: their accuracies and the drops of accuracy and mean margin when ablated."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("rank", "head", "acc", "acc drop", "margin drop", "acc_norm", "drop_norm", "gold logp drop"):
+        table.add_column(col, justify="right")
+    for i, r in enumerate(rows, 1):
+        table.add_row(str(i), r["head"], f"{r['acc']:.3f}", f"{res.drop(r):+.3f}", f"{res.margin_drop(r):+.4f}",
+                      f"{r['acc_norm']:.3f}", f"{res.drop(r, 'acc_norm'):+.3f}", f"{res.ll_drop(r):+.3f}")
+    return table
+
+
+def print_sweep(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> None:
+    """The intact accuracy, the heads that matter and those helpful when ablated, and the cumulative
+    ablation of ``--until-chance``."""
+    from ..effects import NAMES
+
+    b = res.baseline
+    con.print(f"[bold]{run.model}[/bold] on {run.task} (n={b['n']}): intact acc {b['acc']:.3f}"
+              f" (acc_norm {b['acc_norm']:.3f}); {len(res.records)} heads {options.ablation}-ablated in {res.seconds:.1f} s")
+    print_split(con, lambda rows, title: _sweep_table(res, rows, title), res.matter(), res.helpful_when_ablated(),
+                options.top, NAMES[res.metric])
+    con.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
+    cum = getattr(res, "cumulative", None)
+    if not cum:
+        return
+    last = cum["curve"][-1] if cum["curve"] else None
+    if cum.get("baseline_at_chance"):
+        con.print(f"cumulative ablation: {cum['note']}; wrote {out_dir}/cumulative.json")
+    elif last is not None:
+        verdict = "reached" if cum["reached_chance"] else "did not reach"
+        con.print(f"cumulative ablation {verdict} chance ({cum['chance']:.3f} + {cum['margin']:.2f}) "
+                  f"with {last['n_heads']} heads: acc {last['accuracy']:.3f}; wrote {out_dir}/cumulative.json")
+
+
+# ---- rank -----------------------------------------------------------------------------------
+
+def _rank_table(res: Any, heads: list[str], title: str) -> Any:
+    """One table of verified heads: estimate, exact margin drop, exact accuracy drop and both ranks."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("rank", "head", "estimate", "margin drop", "acc drop", "rank by estimate", "rank by exact"):
+        table.add_column(col, justify="right")
+    rows = {r["head"]: r for r in res.rows()}
+    for i, h in enumerate(heads, 1):
+        row = rows[h]
+        table.add_row(str(i), h, _num(row["estimate"]), _num(row["exact"]), _num(row["acc_drop"]),
+                      str(row["rank_estimate"] or "-"), str(row["rank_exact"] or "-"))
+    return table
+
+
+def print_ranking(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> None:
+    """How the heads were ranked, the verified heads that matter and those helpful when ablated,
+    the false-negative bound and the sign flips between estimate and exact effect."""
+    from ..attribution.ranking import sign_flip_sentence
+
+    s = res.seconds
+    timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "screen", "verification", "total") if k in s)
+    blocks = res.config.get("graddrop_blocks")
+    how = f"{options.method} (GradDrop over {blocks} blocks of layers)" if blocks else options.method
+    if res.config.get("ig_steps"):
+        how = f"{options.method} ({res.config['ig_steps']} steps)"
+    n = res.config.get("n")
+    con.print(f"[bold]{run.model}[/bold] on {run.task} (n={n}), {how}, {options.ablation}-ablation, "
+              f"{options.margin} margin {res.clean:+.3f}; {len(res.heads)} heads, {len(res.exact)} verified"
+              + (f" ({res.config['widened']} by --widen)" if res.config.get("widened") else "") + f"; {timing}")
+    print_split(con, lambda rows, title: _rank_table(res, rows, title), res.matter(), res.helpful_when_ablated(),
+                options.top, f"{res.margin} margin", heads="verified head")
+    if res.bound is not None and res.audited:
+        con.print(f"bound: {res.bound.sentence()}")
+    elif res.bound is not None:
+        con.print("bound: none without an audit (--audit N verifies N random unverified heads for one)")
+    if flips := sign_flip_sentence(res.sign_flips()):
+        con.print(f"sign: {flips}")
+    con.print(f"wrote {out_dir}/ranking.json, ranking.csv" + (", scatter.png" if res.estimate and res.exact else "")
+              + (", verify_heatmap.png" if res.exact else ""))
+
+
+# ---- path and edges -------------------------------------------------------------------------
+
+def print_path(res: Any, options: Any, run: Any) -> None:
+    """Accuracy and margin of each condition with each drop's paired 95% interval."""
+    from ..intervals import bounds
+
+    s = res.summary
+    print(f"{run.model} on {run.task} (n={s['n']}): {s['sender']} -> {s['receiver']}, {s['paths']} paths, "
+          f"{options.margin} margin, {options.ablation}-ablation")
+    print(f"{'condition':24s} {'accuracy [95% CI]':>22s} {'drop, paired CI':>22s} {'margin':>8s} "
+          f"{'margin drop, paired CI':>28s}")
+    for r in res.rows:
+        drop = f"{_pct(r['drop'])} {_ci(bounds(r, 'drop'))}" if "drop" in r else ""
+        mdrop = f"{r['margin_drop']:.3f} {_ci(bounds(r, 'margin_drop'), 1, 3)}" if "margin_drop" in r else ""
+        print(f"{r['condition']:24s} {_pct(r['accuracy']) + ' ' + _ci(bounds(r, 'accuracy')):>22s} {drop:>22s} "
+              f"{r['margin']:8.3f} {mdrop:>28s}")
+
+
+def print_edges(res: Any, options: Any, run: Any) -> None:
+    """The top edges: estimate, exact effect with its paired interval, accuracy drop, the two heads' roles."""
+    s = res.summary
+    print(f"{run.model} on {run.task} (n={s['n']}): {s['edges']:,} edges, {s['verified']} verified, "
+          f"{options.ablation}-ablation, edge attribution {s['attribution_cpu']:.1f} CPU s, exact checks "
+          f"{s['verification_cpu']:.1f} CPU s")
+    print(f"{'edge':>22s} {'estimate':>9s} {'exact [paired 95% CI]':>28s} {'acc. drop':>9s} {'roles':>20s}")
+    roles_of = res.extra.get("roles") or {}
+    for r in res.rows[:options.top]:
+        exact = f"{r['exact']:.3f} [{r['exact_ci_low']:.3f}, {r['exact_ci_high']:.3f}]" if r["exact"] is not None else "-"
+        acc = _pct(r["accuracy_drop"]) if r["accuracy_drop"] is not None else "-"
+        who = f"{roles_of.get(r['sender'], '')} > {roles_of.get(r['receiver'], '')}" if roles_of else ""
+        print(f"{r['edge']:>22s} {r['estimate']:9.3f} {exact:>28s} {acc:>9s} {who:>20s}")
+    if s.get("bound"):
+        print(s["bound"])
+
+
+__all__ = ["LOG_WIDTH", "console", "print_edges", "print_path", "print_ranking", "print_split", "print_sweep"]
