@@ -32,9 +32,10 @@ PAIRED_BOOLEANS = {"--html", "--resume"}  # on by default: the pair says how to 
 
 
 def _commands() -> dict:
-    """Every command as typer builds it (typer carries its own click)."""
+    """Every command as typer builds it (typer carries its own click), those built from registered
+    experiments included."""
     group = typer.main.get_command(app)
-    return dict(group.commands)  # type: ignore[attr-defined]
+    return {name: group.get_command(None, name) for name in group.list_commands(None)}  # type: ignore[arg-type]
 
 
 def _options(cmd) -> list:

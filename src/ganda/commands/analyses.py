@@ -58,11 +58,19 @@ OPTIONAL_INPUTS: dict[str, dict[str, tuple[Any, Any]]] = {
 }
 
 
+def _turns_off(f: Any) -> bool:
+    """A switch on by default whose flag turns it off (``roles`` as ``--no-roles``): the command
+    takes the flag, the option gets its opposite."""
+    return f.default is True and (f.metadata.get("flag") or "").startswith("--no-")
+
+
 def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
     """One ``Options`` field as a typer option: its flag(s), default and help from :func:`option`."""
     from ..experiments.base import option_type
 
     meta = f.metadata
+    if _turns_off(f):
+        return _param(f.name, typer.Option(False, meta["flag"], help=meta.get("help", "")), bool)
     names = [meta.get("flag") or "--" + f.name.replace("_", "-")]
     if meta.get("short"):
         names.append(meta["short"])
@@ -75,7 +83,7 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
                   annotation)
 
 
-def _signature(cls: Any) -> tuple[inspect.Signature, list[str]]:
+def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     """The command's parameters: the model argument, the experiment's options, the other inputs."""
     inputs = dict(INPUTS)
     for what in sorted(cls.takes):
@@ -88,7 +96,7 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[str]]:
     params = [_param("model", *inputs.pop("model"))]
     params += [option_parameter(f, hints[f.name]) for f in fields]
     params += [_param(name, default, annotation) for name, (default, annotation) in inputs.items()]
-    return inspect.Signature(params), [f.name for f in fields]
+    return inspect.Signature(params), [f for f in fields]
 
 
 def build_command(name: str) -> click.Command:
@@ -96,14 +104,16 @@ def build_command(name: str) -> click.Command:
     from ..experiments.runner import RunInputs
 
     cls = registry.experiment(name)
-    signature, option_names = _signature(cls)
+    signature, fields = _signature(cls)
 
     def command(**values: Any) -> None:
         from .. import runio
         from ..experiments.runner import run_on_task
 
         as_json, quiet = values.pop("as_json"), values.pop("quiet")
-        options = cls.Options.build({k: values.pop(k) for k in option_names}, cli=True)
+        given = {f.name: values.pop(f.name) for f in fields}
+        given.update({f.name: not given[f.name] for f in fields if _turns_off(f)})
+        options = cls.Options.build(given, cli=True)
         run = RunInputs(**values, progress=not (quiet or as_json))
         done = run_on_task(cls, run, options)
         if as_json:

@@ -42,7 +42,7 @@ def option(default: Any, help: str, *, flag: str | None = None, short: str | Non
            low: float | None = None, high: float | None = None, choices: tuple[str, ...] | None = None,
            why: str = "", hidden: bool = False) -> Any:
     """One option of an experiment, declared once: its default, ``help`` text, command-line ``flag``
-    (default ``--name``; ``--x/--no-x`` for a switch that can be turned off) and ``short`` flag,
+    (default ``--name``; ``--no-x`` for a switch on by default that the flag turns off) and ``short`` flag,
     the bounds ``low``/``high`` of a number (``why``: a few words on the bound) and the ``choices``
     of a text. Everything that reads an experiment's options reads them from here."""
     meta = {"help": help, "flag": flag, "short": short, "low": low, "high": high, "choices": choices, "why": why,
