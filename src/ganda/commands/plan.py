@@ -165,6 +165,19 @@ def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tup
     return out
 
 
+def _experiment_options(experiment: str, items: list[str] | None) -> dict[str, Any]:
+    """``--option KEY=VALUE`` as the experiment's own options, built and checked by its ``Options``
+    (the values given; the others keep the costs' defaults)."""
+    from .. import registry
+    from .core import parse_options
+
+    given = parse_options(items)
+    if not given:
+        return {}
+    built = registry.experiment(experiment).Options.build(given, where="--option ")
+    return {k: v for k, v in built.to_json().items() if k in given}
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan", short_help="Estimate FLOPs, peak memory and time of an experiment")
     def plan_cmd(
@@ -197,6 +210,8 @@ def register(app: typer.Typer) -> None:
                                             "layers, 0 for one per layer (as ganda rank)"),
         rows: int | None = typer.Option(None, "--rows", help="maps: rows per map (default: every row)"),
         map_layers: str | None = typer.Option(None, "--map-layers", help="maps: layers (default: every layer)"),
+        option: list[str] = typer.Option(None, "--option", help="an option of the experiment KEY=VALUE (repeatable; "
+                                         "any registered experiment's own, checked as ganda run checks it)"),
         paper: bool = typer.Option(False, "--paper", help="print the paper's headline runs"),
         as_json: bool = typer.Option(False, "--json", help="one JSON object"),
         out: Path | None = typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"),
@@ -249,6 +264,7 @@ def register(app: typer.Typer) -> None:
                 opts["rows"] = rows
             if map_layers is not None:
                 opts["map_layers"] = _layers_of(adapter, "--map-layers", map_layers)
+            opts.update(_experiment_options(experiment, option))
             plans = [(experiment, planner.plan(planner.profile(adapter), experiment, w, device, devices, **opts))]
         payload = [{"what": what, **p.to_json()} for what, p in plans]
         if out is not None:
