@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
 from ..generation import evaluate_generation
 from ..heads import HeadId, expand, format_heads
-from ..intervals import bounds, ci
+from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
@@ -37,7 +38,7 @@ from ..stats import Z95, bootstrap_paired, pool_sets, wilson
 from ..sweep import _record, local_scores
 from ..tasks import get_task
 from ..tasks.base import Task
-from .common import prompt_set
+from .common import ExperimentResult, pct, prediction_records, prompt_set, read_json_object, run_row
 
 DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
 CONDITIONS = ("intact", "ablated", "control")
@@ -484,3 +485,50 @@ def write_results(result: dict[str, Any], out: Path) -> None:
             heads = {"intact": "", "ablated": result["heads"], "control": result["control_heads"]}[r["condition"]]
             w.writerow([r["task"], r["condition"], r["n"], r["correct"], r["accuracy"], low, high,
                         r["seconds"], heads])
+
+
+# ---- the result, as ganda.results.load and ganda report read it ---------------------------------
+
+@dataclass
+class ExtendsResult(ExperimentResult):
+    """A ``ganda extends`` run directory: ``extends.json`` (one result per task and condition) and,
+    per task and condition, its examples in ``predictions/<task>.<condition>.jsonl``."""
+
+    kind: str = "extends"
+    run_dir: Path | None = field(default=None, repr=False, compare=False)
+
+    title = "G&A heads ablated beyond MMLU, against a control"
+    files = ("extends.json",)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> ExtendsResult:
+        d = split_all(read_json_object(Path(run_dir) / "extends.json"))
+        res = cls(model=d.get("model") or "", config={k: d.get(k) for k in ("limit", "seed", "ablation")},
+                  rows=[r for r in d.get("results") or [] if isinstance(r, dict)], run_dir=Path(run_dir),
+                  extra={k: v for k, v in d.items() if k not in ("model", "results")})
+        res.written = d
+        return res
+
+    def tables(self, run: str) -> dict[str, list[dict[str, Any]]]:
+        """One run row, one row per task and condition, and each condition's examples."""
+        tasks = ",".join(dict.fromkeys(r["task"] for r in self.rows))
+        runs = [run_row(run, self.kind, self.model, tasks, self.config.get("limit"), None,
+                        {"heads": self.extra.get("heads"), "control_heads": self.extra.get("control_heads")})]
+        preds = []
+        for r in self.rows:
+            path = (self.run_dir or Path(run)) / "predictions" / f"{r['task']}.{r['condition']}.jsonl"
+            if path.is_file():
+                preds += prediction_records(path, run=run, condition=r["condition"])
+        return {"runs": runs, "rows": [{"run": run, **{k: v for k, v in r.items() if not isinstance(v, dict)}}
+                                       for r in self.rows], "predictions": preds}
+
+    def headline(self) -> str:
+        """Per task: its accuracy intact, with the G&A heads ablated and with the control heads ablated."""
+        by: dict[str, dict[str, Any]] = {}
+        for r in self.rows:
+            by.setdefault(r["task"], {})[r["condition"]] = r.get("accuracy")
+        what = {"intact": "intact", "ablated": f"**{self.extra.get('heads')}** ablated",
+                "control": f"control {self.extra.get('control_heads') or ''} ablated".replace("  ", " ")}
+        lines = [f"{task}: " + ", ".join(f"{what.get(c, c)} **{pct(a)}**" for c, a in conds.items()) + "."
+                 for task, conds in by.items()]
+        return "\n".join([*lines, *filter(None, [sets_sentence(self.extra)])])
