@@ -213,7 +213,7 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
         "index": index, "kind": kind, "dir": run_dir.name, "model": result.get("model"),
         "title": (obj.title if obj is not None and obj.title else kind) + (" (partial: not finished)" if _partial(summary) else ""),
         "meta": meta,
-        "headline": _safe(headline_html(obj.headline() if obj is not None else "")),
+        "headline": _safe(headline_html(_headline(obj))),
         "viewer": view,
         "figures": [{"name": p.name, "uri": _png_data_uri(p)} for p in pngs],
         "summary": _shown(summary) if isinstance(summary, dict) and summary else None,
@@ -223,6 +223,15 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
         "raw": json.dumps(result, indent=1, default=str),
         "cost": _shown({**top_cost, **cost}),
     }
+
+
+def _headline(obj: ExperimentResult | None) -> str:
+    """The result's headline; none where its class cannot make one of what the run holds."""
+    try:
+        return obj.headline() if obj is not None else ""
+    except Exception as exc:  # noqa: BLE001 - a headline that cannot be made must not cost the page
+        log.warning("cannot headline the %s result: %s", obj.kind if obj is not None else "?", exc)
+        return ""
 
 
 def _split_cost(d: Any) -> tuple[Any, dict[str, Any]]:
