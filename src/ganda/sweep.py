@@ -72,7 +72,7 @@ import torch
 
 from . import runio
 from .ablation import check_batched_ablation, reference_means
-from .effects import effect, mean_margin_or_nan, ordered, split
+from .effects import effect, margin, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
 from .figures import pyplot
@@ -455,6 +455,14 @@ class SweepResult:
         by = {r["head"]: r for r in self.records}
         return [by[h] for h in self._split(metric)[1]]
 
+    @staticmethod
+    def per_prompt(rec: dict[str, Any], metric: str = "acc") -> list[float]:
+        """A record's ``metric`` per prompt: 1.0 or 0.0 for ``"acc"``, the margin for ``"margin"``
+        (what a paired bootstrap over prompts takes)."""
+        if metric == "margin":
+            return [margin(ll, g) for ll, g in zip(rec["loglik"], rec["gold"], strict=True)]
+        return [float(p == g) for p, g in zip(rec["pred"], rec["gold"], strict=True)]
+
     def row(self, rec: dict[str, Any]) -> dict[str, Any]:
         """A head's record without its per-prompt lists, with each effect its record allows (the one
         place effects are computed from records): ``drop`` (accuracy), ``drop_norm`` (normalised
@@ -702,6 +710,20 @@ def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: lis
         yield engine.score(None if batch[0] is None else batch[0].layer, batch)
 
 
+def single_ablations(adapter: ModelAdapter, examples: Sequence[Example], heads: Sequence[HeadId]) -> SweepResult:
+    """Each of ``heads`` ablated alone on ``examples``, scored by this process's engine: no files
+    and no Ray pool, for a short screen inside a larger run (``ganda extends``' control heads)."""
+    packed = prepare_all(adapter, list(examples))
+    by_layer: dict[int, list[HeadId]] = {}
+    for h in heads:
+        by_layer.setdefault(h.layer, []).append(h)
+    batches: list[list[HeadId | None]] = [[None], *by_layer.values()]
+    scores = list(local_scores(adapter, examples, packed, batches))
+    base = _record("baseline", None, packed, scores[0][0])
+    return SweepResult({}, base, [_record("head", h, packed, ll) for b, s in zip(batches[1:], scores[1:], strict=True)
+                                  for h, ll in zip(b, s, strict=True)])
+
+
 def engine_for(adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching(),
                means: dict[tuple[int, str], torch.Tensor] | None = None) -> Any:
     """The engine that scores ``packed``: layer skipping where the family allows it
@@ -803,5 +825,6 @@ def read_sweep(path: Path, partial: bool = False) -> SweepResult:
     return SweepResult(header["config"], base, recs, metric=header.get("metric", "acc"))
 
 
-__all__ = ["SWEEP_METRICS", "BatchScorer", "Batching", "SweepResult", "engine_for", "load_result", "local_scores", "read_sweep", "run_sweep", "scored_by",
+__all__ = ["SWEEP_METRICS", "BatchScorer", "Batching", "SweepResult", "engine_for", "load_result", "local_scores", "read_sweep",
+           "single_ablations", "run_sweep", "scored_by",
            "weights_fingerprint"]

@@ -32,10 +32,9 @@ from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
-from ..prepared import prepare_all
 from ..scoring import EvalResult, choice_labels, evaluate_examples
 from ..stats import Z95, bootstrap_paired, pool_sets, wilson
-from ..sweep import _record, local_scores
+from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
 from .common import ExperimentResult, pct, prediction_records, prompt_set, read_json_object, run_row
@@ -65,37 +64,16 @@ def _candidates(adapter: ModelAdapter, heads: list[HeadId]) -> list[HeadId]:
     return out
 
 
-def _per_prompt(rec: dict[str, Any]) -> tuple[list[float], list[float]]:
-    """Per prompt: correct (0/1) and the gold margin (gold log-likelihood minus the others' mean)."""
-    correct = [float(p == g) for p, g in zip(rec["pred"], rec["gold"], strict=True)]
-    margins = [ll[g] - (sum(ll) - ll[g]) / (len(ll) - 1) for ll, g in zip(rec["loglik"], rec["gold"], strict=True)]
-    return correct, margins
-
-
-def _single_ablations(adapter: ModelAdapter, examples: list[Any], heads: list[HeadId]
-                      ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The intact record and one record per head ablated alone, from the sweep's engine in this
-    process (a short screen, kept out of a Ray pool's units)."""
-    packed = prepare_all(adapter, examples)
-    by_layer: dict[int, list[HeadId]] = {}
-    for h in heads:
-        by_layer.setdefault(h.layer, []).append(h)
-    batches: list[list[HeadId | None]] = [[None], *by_layer.values()]
-    scores = list(local_scores(adapter, examples, packed, batches))
-    base = _record("baseline", None, packed, scores[0][0])
-    return base, [_record("head", h, packed, ll) for b, s in zip(batches[1:], scores[1:], strict=True)
-                  for h, ll in zip(b, s, strict=True)]
-
-
 def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[Any], seed: int = 0) -> dict[str, Any]:
     """Each candidate control head's exact single-head ablation effect on ``examples``, and whether
     it is within noise (:data:`CONTROL_RULE`): a control must not be a causal head itself."""
-    baseline, records = _single_ablations(adapter, examples, _candidates(adapter, heads))
-    base_c, base_m = _per_prompt(baseline)
+    sw = single_ablations(adapter, examples, _candidates(adapter, heads))
+    baseline = sw.baseline
+    base_c, base_m = sw.per_prompt(baseline), sw.per_prompt(baseline, "margin")
     base_margin = sum(base_m) / len(base_m)
     effects: dict[str, dict[str, Any]] = {}
-    for rec in records:
-        c, m = _per_prompt(rec)
+    for rec in sw.records:
+        c, m = sw.per_prompt(rec), sw.per_prompt(rec, "margin")
         acc, mar = bootstrap_paired(base_c, c, seed=seed), bootstrap_paired(base_m, m, seed=seed)
         (a_low, a_high), (m_low, m_high) = bounds(acc, "diff"), bounds(mar, "diff")
         noise = (a_low <= 0 <= a_high
