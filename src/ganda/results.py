@@ -1,8 +1,10 @@
 """Run directories as pandas DataFrames, so any number ganda wrote can be filtered, joined and plotted.
 
 ``ganda.results.load(path, ...)`` reads run directories (and the directories under them: a demo's
-``heads/``, a lab programme's steps) of every kind ganda writes, and ``ganda eval --predictions``
-JSONL files, into four tables; each row carries ``run``, the directory (or file) it came from:
+``heads/``, a lab programme's steps) of every registered kind, and ``ganda eval --predictions``
+JSONL files, into four tables; each row carries ``run``, the directory (or file) it came from.
+A run directory is read by its kind's registered result class alone
+(:func:`ganda.experiments.read_run`, :meth:`ganda.experiments.ExperimentResult.tables`):
 
 * ``runs``: one row per run: ``kind``, ``model``, ``task``, ``n``, ``accuracy`` (the intact
   baseline where the run has one), then the run's summary numbers;

@@ -23,7 +23,14 @@ kind               paper                                   module
                    another (path ablation)
 ``circuit_edges``  every head pair scored, the top          :mod:`.circuit`
                    verified, drawn as a circuit
+``sweep``          every head ablated alone                 :mod:`.builtin` (``results.jsonl``)
+``rank``           heads ranked by attribution, the top     :mod:`.builtin` (``ranking.json``)
+                   verified exactly
+``extends``        G&A heads ablated beyond MMLU            :mod:`.extends` (``extends.json``)
 =================  ======================================  =============================
+
+The registered result class is the only reader of its kind's run directories
+(:func:`read_run`), for :func:`ganda.results.load` and ``ganda report`` alike.
 """
 
 from __future__ import annotations

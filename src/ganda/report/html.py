@@ -6,7 +6,10 @@ external references at all: CSS and the attention viewer's script are inline, PN
 base64 ``data:`` URIs, and nothing is fetched from a CDN, so it can be mailed or archived as one
 file and opened offline. The markup lives in jinja2 templates (``templates/``, package data).
 
-Each run section reads top to bottom as a reader asks: what was found (the result class's
+Each run directory is read by its kind's registered result class (:func:`ganda.experiments.read_run`:
+``result.json``, or the files the class reads, a sweep's ``results.jsonl``, a ranking's
+``ranking.json``), which also gives the section its ``title``. Each run section reads top to
+bottom as a reader asks: what was found (the result class's
 ``headline()``, :func:`ganda.registry.register_result`), the attention maps to explore (when the
 run saved any), the figures (drawn on the fly by the class's ``draw()`` when the run directory
 holds no PNG), then the numbers: the summary, every other value (wide or long tables folded),
