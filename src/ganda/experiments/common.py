@@ -232,6 +232,8 @@ class ExperimentResult:
     interventions: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the ``result.json`` the result was read from, as written (:meth:`read`)
+    written: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Every interval as two numbers (:mod:`ganda.intervals`), also in a result read from a file
@@ -305,9 +307,6 @@ class ExperimentResult:
             res = ExperimentResult.from_json(d)
         res.written = d
         return res
-
-    #: the ``result.json`` the result was read from, as written
-    written: ClassVar[dict[str, Any] | None] = None
 
     def page(self) -> dict[str, Any]:
         """What the report shows of the result: the ``result.json`` it was read from, as written."""
