@@ -158,10 +158,13 @@ class HeadSweepResult(ExperimentResult):
         if sw is None:
             return super().tables(run)
         base = sw.baseline
-        heads = [{"run": run, **{("mixer" if k == "kind" else k): (v or "" if k == "kind" else v) for k, v in sw.row(r).items()}}
-                 for r in sw.records]
+        heads = []
+        for r in sw.records:  # a record's "kind" is its head's mixer ("" for attention)
+            row = sw.row(r)
+            heads.append({"run": run, **{k: v for k, v in row.items() if k != "kind"}, "mixer": row.get("kind") or ""})
         return {"runs": [run_row(run, "sweep", sw.config.get("model"), sw.config.get("task"), base.get("n"), base["acc"],
-                                 {"acc_norm": base.get("acc_norm"), "heads": len(sw.records), "seed": sw.config.get("seed")})],
+                                 {"acc_norm": base.get("acc_norm"), "heads": len(sw.records), "seed": sw.config.get("seed"),
+                                  **({"partial": True} if self.summary.get("partial") else {})})],
                 "heads": heads, "predictions": example_rows(run, sw)}
 
     def headline(self) -> str:
