@@ -55,7 +55,7 @@ def tier_of(item: pytest.Item) -> str:
 
 
 #: the test files that take longest on two cores (``scripts/test.sh``'s ``--durations``), longest first
-LONGEST_FILES = ("test_distributed.py", "test_labels.py", "test_prefix_cache.py", "test_scale.py",
+LONGEST_FILES = ("test_distributed.py", "test_labels_real.py", "test_labels.py", "test_prefix_cache.py", "test_scale.py",
                  "test_hardening_runs.py", "test_device_matrix.py", "test_cli_bad_inputs.py", "test_experiments.py",
                  "test_cli_vocabulary.py", "test_lab_programme.py", "test_core.py", "test_results.py",
                  "test_demo.py", "test_circuit.py", "test_attribution.py", "test_lab_train.py", "test_gemma.py",

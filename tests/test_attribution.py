@@ -325,7 +325,7 @@ def test_verified_heads_with_the_estimates_opposite_sign_are_flagged(tmp_path):
     """On this tiny Llama, AtP gives L1H0 a small negative effect (-0.007) where ablating it lowers the
     margin by +0.019: the ranking lists it, its CSV row says so, and the report's headline counts it."""
     from ganda.attribution.ranking import sign_flip_sentence
-    from ganda.report.html import RankRun, rank_result
+    from ganda.experiments.head_effects import RankingResult
 
     ad = llama(layers=3, seed=1)
     _, exact = exact_drops(ad, EXAMPLES)
@@ -344,7 +344,7 @@ def test_verified_heads_with_the_estimates_opposite_sign_are_flagged(tmp_path):
     assert {r.split(",")[0] for r in csv_rows[1:] if r.split(",")[col] == "True"} == {"L1H0"}
     sentence = sign_flip_sentence(flips)
     assert sentence == f"1 verified head has the estimate's opposite sign: L1H0 (est {f['estimate']:+.3g}, exact {f['exact']:+.3g})"
-    assert sentence in RankRun(rank_result(tmp_path / "ranking.json")).headline()
+    assert sentence in RankingResult.read(tmp_path).headline()
     assert sign_flip_sentence([]) == "" and rank_heads(ad, EXAMPLES, method="exact", progress=False).sign_flips() == []
 
 

@@ -918,9 +918,9 @@ def test_dream_directory_named_but_empty_is_an_error_never_a_fallback(tmp_path, 
 
 @pytest.mark.parametrize("name, match", [
     ("sweep_garbage_line", "results.jsonl, line 3: not a JSON object"), ("sweep_list", "line 1: not a JSON object"),
-    ("sweep_no_fields", "its result files are damaged or not ganda's (KeyError"),
-    ("garbage_result", "result.json: not readable as JSON"), ("list_result", "is not a ganda result"),
-    ("garbage_ranking", "ranking.json: not readable as JSON"),
+    ("sweep_no_fields", "is not a finished sweep (no header with its config"),
+    ("garbage_result", "result.json is not valid JSON"), ("list_result", "is not a ganda result"),
+    ("garbage_ranking", "ranking.json is not valid JSON"),
 ])
 def test_damaged_results_are_one_line_in_python_too(inputs, name, match):
     from ganda import results

@@ -279,7 +279,7 @@ def test_lab_panel_3_names_the_kv_models_its_kv_bars_come_from() -> None:
 
 def test_weak_results_say_so_and_clear_ones_do_not() -> None:
     from ganda import registry
-    from ganda.report.html import SweepRun
+    from ganda.experiments.head_effects import HeadSweepResult
 
     def roles(ablated_ci):
         return registry.result_class("roles").from_json({"kind": "roles", "summary": {
@@ -299,8 +299,8 @@ def test_weak_results_say_so_and_clear_ones_do_not() -> None:
     assert transplant(0.38).endswith("vs baseline 30.0% (weak: its 95% interval overlaps the baseline's).")
     assert transplant(0.42).endswith("vs baseline 30.0%.")
     # a sweep's top head: 72.5% -> 57.5% is weak at n=40, 72.5% -> 22.5% is not
-    weak = SweepRun({"summary": {"top_head": "L1H0", "top_drop": 0.15, "baseline_acc": 0.725, "n": 40}}).headline()
-    clear = SweepRun({"summary": {"top_head": "L1H0", "top_drop": 0.5, "baseline_acc": 0.725, "n": 40}}).headline()
+    weak = HeadSweepResult(summary={"top_head": "L1H0", "top_drop": 0.15, "baseline_acc": 0.725, "n": 40}).headline()
+    clear = HeadSweepResult(summary={"top_head": "L1H0", "top_drop": 0.5, "baseline_acc": 0.725, "n": 40}).headline()
     assert "on 40 prompts (weak: the 95% intervals overlap at n=40" in weak and "weak" not in clear
 
 

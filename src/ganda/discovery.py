@@ -516,6 +516,8 @@ def _pct(x: Any) -> str:
 class HeadsResult:
     """A saved ``heads`` run (:func:`save_discovery`) as ``ganda report`` shows it: what was found."""
 
+    title = "Heads ranked by Gather and Aggregate pattern scores"  # ganda report's section
+
     def __init__(self, d: dict[str, Any]) -> None:
         d = split_all(d)
         self.summary, self.rows = d.get("summary") or {}, d.get("rows") or []
@@ -570,6 +572,9 @@ class HeadsResult:
 
 class SharpnessResult:
     """A saved ``sharpness`` run (:func:`save_sharpness`): which model's G&A maps are sharper."""
+
+    title = "G&A map sharpness compared"  # ganda report's section
+    table = "differences"  # ganda.results.load's rows
 
     def __init__(self, d: dict[str, Any]) -> None:
         self.d = split_all(d)

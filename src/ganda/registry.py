@@ -8,10 +8,12 @@
   :func:`register_group` names a group of tasks scored together (their mean accuracy).
 * **Experiments**: :func:`register_experiment` names an :class:`~ganda.experiments.base.Experiment`
   class (or its ``"module:Class"`` path): its options (a config dataclass that checks itself), how
-  it runs, its result and its costs. The command line, ``ganda grid``, ``ganda plan`` and
-  :func:`ganda.results.load` find experiments here, so a new one is one file.
-* **Result kinds**: :func:`register_result` names the result class that ``ganda report`` rebuilds
-  from a run directory's ``result.json``; the class declares ``headline()`` and ``draw(out_dir)``.
+  it runs, its result and its costs. The command line, ``ganda grid`` and ``ganda plan`` find
+  experiments here, so a new one is one file.
+* **Result kinds**: :func:`register_result` names the result class of a kind: the only reader of
+  its run directories (``result.json`` of that kind, or the class's own ``files``) for
+  :func:`ganda.results.load` and ``ganda report`` (:class:`ganda.experiments.ExperimentResult`:
+  ``read``, ``tables``, ``title``, ``headline()``, ``draw(out_dir)``).
 
 Packages outside ganda register through an entry point in the group ``ganda.plugins`` whose
 target (a module or any object) has ``register()``, called once for the registries, and
@@ -275,7 +277,9 @@ def experiment(name: str) -> Any:
 # ---- experiment result kinds ----------------------------------------------------------------
 
 class ResultKind(Protocol):
-    """What ``ganda report`` needs of a result class."""
+    """The least a result class has: ``ganda report`` rebuilds it from ``result.json`` for its
+    headline and figures, and reads its tables as an ``ExperimentResult``'s. A subclass of
+    :class:`ganda.experiments.ExperimentResult` reads and presents itself."""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ResultKind: ...
@@ -289,7 +293,7 @@ _RESULTS: dict[str, Any] = {}
 
 
 def register_result(kind: str, target: type[ResultKind] | str) -> None:
-    """Make ``result.json`` files of ``kind`` rebuild as ``target`` (a class or ``"module:Class"``)."""
+    """Make run directories of ``kind`` read as ``target`` (a class or ``"module:Class"``)."""
     _RESULTS[kind] = target
 
 

@@ -72,7 +72,7 @@ import torch
 
 from . import runio
 from .ablation import check_batched_ablation, reference_means
-from .effects import effect, mean_margin_or_nan, ordered, split
+from .effects import effect, margin, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
 from .figures import pyplot
@@ -455,6 +455,29 @@ class SweepResult:
         by = {r["head"]: r for r in self.records}
         return [by[h] for h in self._split(metric)[1]]
 
+    @staticmethod
+    def per_prompt(rec: dict[str, Any], metric: str = "acc") -> list[float]:
+        """A record's ``metric`` per prompt: 1.0 or 0.0 for ``"acc"``, the margin for ``"margin"``
+        (what a paired bootstrap over prompts takes)."""
+        if metric == "margin":
+            return [margin(ll, g) for ll, g in zip(rec["loglik"], rec["gold"], strict=True)]
+        return [float(p == g) for p, g in zip(rec["pred"], rec["gold"], strict=True)]
+
+    def row(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """A head's record without its per-prompt lists, with each effect its record allows (the one
+        place effects are computed from records): ``drop`` (accuracy), ``drop_norm`` (normalised
+        accuracy), ``gold_loglik_drop`` and ``margin_drop`` (from the log-likelihoods)."""
+        out = {k: v for k, v in rec.items() if k not in PER_PROMPT and k != "type"}
+        if _numbers(rec, self.baseline, "acc"):
+            out["drop"] = self.drop(rec)
+        if _numbers(rec, self.baseline, "acc_norm"):
+            out["drop_norm"] = self.drop(rec, "acc_norm")
+        if all(isinstance(r.get("loglik"), list) and isinstance(r.get("gold"), list) for r in (rec, self.baseline)):
+            out["gold_loglik_drop"] = self.ll_drop(rec)
+            if not math.isnan(m := self.margin_drop(rec)):
+                out["margin_drop"] = m
+        return out
+
     def matrix(self, metric: str = "acc", kind: str | None = None) -> torch.Tensor:
         """``[layers, heads]`` effect on ``metric`` (NaN where a head was not swept)."""
         recs = [r for r in self.records if kind is None or r.get("kind") == kind]
@@ -687,6 +710,20 @@ def local_scores(adapter: ModelAdapter, examples: Sequence[Example], packed: lis
         yield engine.score(None if batch[0] is None else batch[0].layer, batch)
 
 
+def single_ablations(adapter: ModelAdapter, examples: Sequence[Example], heads: Sequence[HeadId]) -> SweepResult:
+    """Each of ``heads`` ablated alone on ``examples``, scored by this process's engine: no files
+    and no Ray pool, for a short screen inside a larger run (``ganda extends``' control heads)."""
+    packed = prepare_all(adapter, list(examples))
+    by_layer: dict[int, list[HeadId]] = {}
+    for h in heads:
+        by_layer.setdefault(h.layer, []).append(h)
+    batches: list[list[HeadId | None]] = [[None], *by_layer.values()]
+    scores = list(local_scores(adapter, examples, packed, batches))
+    base = _record("baseline", None, packed, scores[0][0])
+    return SweepResult({}, base, [_record("head", h, packed, ll) for b, s in zip(batches[1:], scores[1:], strict=True)
+                                  for h, ll in zip(b, s, strict=True)])
+
+
 def engine_for(adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching(),
                means: dict[tuple[int, str], torch.Tensor] | None = None) -> Any:
     """The engine that scores ``packed``: layer skipping where the family allows it
@@ -738,14 +775,56 @@ def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head,
     return baseline, done
 
 
+PER_PROMPT = ("pred", "pred_norm", "gold", "loglik", "predictions")  # a record's lists of one value per prompt
+
+
+def _numbers(a: dict[str, Any], b: dict[str, Any], key: str) -> bool:
+    return all(isinstance(x.get(key), int | float) and not isinstance(x.get(key), bool) for x in (a, b))
+
+
 def load_result(out_dir: str | Path) -> SweepResult:
     """Read a finished sweep's ``results.jsonl``."""
     path = Path(out_dir) / "results.jsonl"
     if not path.exists():
         raise GandaError(f"no sweep results in {out_dir}")
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return SweepResult(lines[0]["config"], lines[1], lines[2:], out_dir=Path(out_dir), metric=lines[0].get("metric", "acc"))
+    res = read_sweep(path)
+    res.out_dir = Path(out_dir)
+    return res
 
 
-__all__ = ["SWEEP_METRICS", "BatchScorer", "Batching", "SweepResult", "engine_for", "load_result", "local_scores", "run_sweep", "scored_by",
+def read_sweep(path: Path, partial: bool = False) -> SweepResult:
+    """A finished sweep's ``results.jsonl`` (header, baseline, one record per head), or with
+    ``partial`` the journal (``progress.jsonl``) of one that has not finished, read as far as it
+    goes and never changed (a last line without its newline, one a run may be writing, is left
+    out). A file that is not one is one error naming what it lacks."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GandaError(f"{path}: cannot read it ({exc})") from None
+    if partial and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    lines = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict):
+            raise GandaError(f"{path}, line {i}: not a JSON object; the file is damaged or not ganda's")
+        lines.append(rec)
+    header = next((x for x in lines if x.get("type") == "header"), None)
+    base = next((x for x in lines if x.get("type") == "baseline"), None)
+    recs = [x for x in lines if x.get("type") not in ("header", "baseline")]
+    if header is None or not isinstance(header.get("config"), dict) or base is None or not _numbers(base, base, "acc"):
+        what = "a sweep's journal with its baseline" if partial else "a finished sweep"
+        raise GandaError(f"{path} is not {what} (no header with its config, or no baseline with its accuracy)")
+    if any(not isinstance(r.get("head"), str) or not _numbers(r, r, "acc") for r in recs):
+        raise GandaError(f"{path} holds a head record without its head or accuracy; the file is damaged")
+    return SweepResult(header["config"], base, recs, metric=header.get("metric", "acc"))
+
+
+__all__ = ["SWEEP_METRICS", "BatchScorer", "Batching", "SweepResult", "engine_for", "load_result", "local_scores", "read_sweep",
+           "single_ablations", "run_sweep", "scored_by",
            "weights_fingerprint"]

@@ -317,6 +317,7 @@ class LabModelsResult(ExperimentResult):
     """The lab models the programme measured, one row per role, with their task accuracies."""
 
     kind: str = "lab_models"
+    title = "The lab models"
 
     def headline(self) -> str:
         lines = []
@@ -333,6 +334,7 @@ class LabFindingsResult(ExperimentResult):
     """The programme's verdicts; draws one bar panel per finding (``findings.png``)."""
 
     kind: str = "lab_findings"
+    title = "The paper's findings on the lab models"
 
     def headline(self) -> str:
         s = self.summary

@@ -23,7 +23,14 @@ kind               paper                                   module
                    another (path ablation)
 ``circuit_edges``  every head pair scored, the top          :mod:`.circuit`
                    verified, drawn as a circuit
+``sweep``          every head ablated alone                 :mod:`.builtin` (``results.jsonl``)
+``rank``           heads ranked by attribution, the top     :mod:`.builtin` (``ranking.json``)
+                   verified exactly
+``extends``        G&A heads ablated beyond MMLU            :mod:`.extends` (``extends.json``)
 =================  ======================================  =============================
+
+The registered result class is the only reader of its kind's run directories
+(:func:`read_run`), for :func:`ganda.results.load` and ``ganda report`` alike.
 """
 
 from __future__ import annotations
@@ -59,6 +66,9 @@ for _name, _entry in {
 
 # The built-in result kinds (kind -> "module:Class", imported when a result of that kind is read).
 for _kind, _target in {
+    "sweep": "ganda.experiments.head_effects:HeadSweepResult",
+    "rank": "ganda.experiments.head_effects:RankingResult",
+    "extends": "ganda.experiments.extends:ExtendsResult",
     "prune": "ganda.experiments.prune:PruneResult",
     "remove_restore": "ganda.experiments.prune:RemoveRestoreResult",
     "retain": "ganda.experiments.retain:RetainResult",
@@ -75,12 +85,17 @@ for _kind, _target in {
     registry.register_result(_kind, _target)
 
 
-def __getattr__(name: str) -> Any:
-    """``ExperimentResult`` and ``Scorer`` load torch: imported when first used, not with the package."""
-    if name in ("ExperimentResult", "Scorer"):
-        from . import common
+#: names served by the modules that load torch, imported when first used (not with the package, so
+#: that ``ganda --help`` lists the experiments without torch)
+_LAZY = {"ExperimentResult": "common", "Scorer": "common", "read_run": "reading", "result_class": "reading",
+         "run_files": "reading", "run_kind": "reading"}
 
-        return getattr(common, name)
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -97,4 +112,5 @@ def draw_result(d: dict[str, Any], out_dir: Path) -> list[Path]:
     return result_from_json(d).draw(Path(out_dir))
 
 
-__all__ = ["Experiment", "ExperimentResult", "Options", "option", "Scorer", "draw_result", "result_from_json"]
+__all__ = ["Experiment", "ExperimentResult", "Options", "Scorer", "draw_result", "option", "read_run", "result_class",
+           "result_from_json", "run_files", "run_kind"]

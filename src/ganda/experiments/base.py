@@ -11,8 +11,9 @@ An experiment is one class, registered by name (:func:`ganda.registry.register_e
 * :meth:`Experiment.run`: the examples of one task on one model in, a result out (written into
   its run directory, with ``done_file`` last).
 * ``phases``: ``"module:function"`` of its costs for ``ganda plan``, and ``done_file``, the file
-  that says a run finished (``ganda grid`` skips such jobs; :func:`ganda.results.load` reads it
-  with :meth:`Experiment.read`, or the reader for that file, ``result.json`` for any result kind).
+  that says a run finished (``ganda grid`` skips such jobs). What it wrote is read back by its
+  result kind's class (:func:`ganda.registry.register_result`), for :func:`ganda.results.load` and
+  ``ganda report`` alike.
 
 An experiment that runs on one model and one task's examples (``on_task``, the default) is run by
 ``ganda NAME MODEL --task T --its-flags``, ``ganda run NAME MODEL --task T --option KEY=VALUE`` and
@@ -208,12 +209,5 @@ class Experiment:
         from .. import runio
 
         print(json.dumps(runio.rounded(self.as_json(result, options, out_dir)), default=str))
-
-    @classmethod
-    def read(cls, run_dir: Path) -> dict[str, list[dict[str, Any]]] | None:
-        """This experiment's rows for :func:`ganda.results.load` (``runs``, ``heads``, ``predictions``,
-        ``rows``), or None: the reader of ``done_file`` (``result.json``: any result kind)."""
-        return None
-
 
 __all__ = ["Experiment", "Options", "option", "option_type"]

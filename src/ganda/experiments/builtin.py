@@ -215,4 +215,9 @@ class Maps(Experiment):
     on_task = False  # costed only: ganda eval and ganda attn run it
 
 
+# ---- the results of a sweep and a ranking, as ganda.results.load and ganda report read them -------
+
+TOP = 20  # heads the report lists of a sweep or a ranking
+
+
 __all__ = ["Evaluation", "Maps", "Rank", "RankOptions", "Sweep", "SweepOptions"]

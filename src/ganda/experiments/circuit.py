@@ -85,6 +85,7 @@ def _span(ci: Any, scale: float = 100.0) -> str:
 @dataclass
 class PathResult(ExperimentResult):
     kind: str = "circuit_path"
+    title = "One head's effect along its paths into another"
 
     def headline(self) -> str:
         s = self.summary
@@ -200,6 +201,7 @@ class EdgesOptions(Options):
 @dataclass
 class EdgesResult(ExperimentResult):
     kind: str = "circuit_edges"
+    title = "The circuit: which head feeds which"
 
     def verified_rows(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if r.get("verified")]

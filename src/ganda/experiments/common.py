@@ -11,11 +11,12 @@ knowledge tasks, each member scored as a task of its own (:func:`ganda.knowledge
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import registry, runio
 from ..errors import GandaError
@@ -231,6 +232,8 @@ class ExperimentResult:
     interventions: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the ``result.json`` the result was read from, as written (:meth:`read`)
+    written: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """Every interval as two numbers (:mod:`ganda.intervals`), also in a result read from a file
@@ -278,6 +281,110 @@ class ExperimentResult:
             runio.write_csv(out / f"{self.kind}.csv", self.rows)
         self.draw(out)
         return out
+
+    # ---- reading: a run directory of this kind, as ganda.results.load and ganda report see it ----
+    #: the report section's title (the kind where empty)
+    title: ClassVar[str] = ""
+    #: files other than ``result.json`` that make a directory a run of this kind (older formats,
+    #: or a run's journal), the first present read by :meth:`read`
+    files: ClassVar[tuple[str, ...]] = ()
+    #: the figures the report draws from the result when the run directory lacks them (empty: drawn
+    #: only for a run directory without any PNG)
+    figures: ClassVar[tuple[str, ...]] = ()
+    #: the key of ``result.json`` that holds the result's table (``ganda.results.load``'s ``rows``)
+    table: ClassVar[str] = "rows"
+    #: the directories under a run of this kind are part of it, not runs of their own (a ranking's ``verify/``)
+    holds_below: ClassVar[bool] = False
+
+    @classmethod
+    def read(cls, run_dir: Path) -> ExperimentResult:
+        """The result of ``run_dir`` (its ``result.json``; a subclass with :data:`files` reads those too)."""
+        d = read_json_object(Path(run_dir) / "result.json")
+        try:
+            res = cls.from_json(d)
+        except Exception as exc:  # noqa: BLE001 - a result that cannot be rebuilt still shows as one
+            log.warning("cannot rebuild the %s result: %s", d.get("kind"), exc)
+            res = ExperimentResult.from_json(d)
+        res.written = d
+        return res
+
+    def page(self) -> dict[str, Any]:
+        """What the report shows of the result: the ``result.json`` it was read from, as written."""
+        return self.written if self.written is not None else self.to_json()
+
+    def tables(self, run: str) -> dict[str, list[dict[str, Any]]]:
+        """The result's rows of :func:`ganda.results.load`'s ``runs``, ``heads``, ``predictions`` and
+        ``rows`` tables (``run``: the column that names the run): the run row from the summary, the
+        result's table as ``rows``, and its per-head records (a ``heads`` or ``all_heads`` list, or
+        rows that each name a head) as ``heads``."""
+        d = split_all(self.page())
+        cfg = d.get("config") if isinstance(d.get("config"), dict) else {}
+        summary = d.get("summary") if isinstance(d.get("summary"), dict) else {}
+        task = cfg.get("task") or d.get("task") or (",".join(cfg["tasks"]) if isinstance(cfg.get("tasks"), list) else None)
+        n = next((x for x in (summary.get("n_measure"), summary.get("n_verify"), cfg.get("n"), d.get("n"), cfg.get("limit"))
+                  if x is not None), None)
+        models = d.get("models")  # a comparison of several models names them all
+        model = d.get("model") or (",".join(models) if isinstance(models, dict) and models else None)
+        row = run_row(run, str(d.get("kind", self.kind)), model, task, n, summary.get("baseline_accuracy"),
+                      {"created": d.get("created"), **scalars(summary, skip=("baseline_accuracy",))})
+        rows = [r for r in (d.get(self.table) if isinstance(d.get(self.table), list) else []) if isinstance(r, dict)]
+        heads = next((x for x in (d.get("heads"), d.get("all_heads")) if is_head_records(x)), None)
+        heads = heads if heads is not None else rows if is_head_records(rows) else []
+        return {"runs": [row], "rows": [{"run": run, **r} for r in rows],
+                "heads": [{"run": run, **{k: v for k, v in h.items() if not isinstance(v, dict | list)}} for h in heads]}
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A result file's JSON object; a file that is not one is one error naming it."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise GandaError(f"{path} is not valid JSON ({exc}); the file is damaged or not ganda's") from None
+    if not isinstance(d, dict):
+        raise GandaError(f"{path} is not a ganda result (a JSON {type(d).__name__}, not an object)")
+    return d
+
+
+def is_head_records(x: Any) -> bool:
+    """A non-empty list of records that each name a head."""
+    return isinstance(x, list) and bool(x) and all(isinstance(r, dict) and "head" in r for r in x)
+
+
+def scalars(d: dict[str, Any] | None, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """The numbers, texts and flags of a summary (nested records and lists left out)."""
+    return {k: v for k, v in (d or {}).items() if k not in skip and (v is None or isinstance(v, str | int | float))}
+
+
+def run_row(run: str, kind: str, model: Any, task: Any, n: Any, accuracy: Any, more: dict[str, Any] | None = None
+            ) -> dict[str, Any]:
+    """One row of :func:`ganda.results.load`'s ``runs`` table (``accuracy``: the intact baseline)."""
+    row = {"run": run, "kind": kind, "model": model, "task": task.get("task") if isinstance(task, dict) else task,
+           "n": n, "accuracy": accuracy}
+    row.update({k: v for k, v in (more or {}).items() if k not in row})
+    return row
+
+
+def prediction_records(path: Path, run: str, condition: str | None) -> list[dict[str, Any]]:
+    """The rows of one predictions JSONL file (``ganda eval --predictions``: one JSON object per example)."""
+    recs = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise GandaError(f"{path}:{i + 1} is not a JSON line") from None
+        if not isinstance(rec, dict) or "correct" not in rec:
+            raise GandaError(f"{path}:{i + 1} is not a ganda prediction (no 'correct')")
+        recs.append(rec)
+    rows = []
+    for i, rec in enumerate(recs):
+        key = rec.get("id") or {}
+        row = {"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
+               "doc_id": key.get("doc_id"), "example": i}
+        row.update({k: v for k, v in rec.items() if k != "id"})
+        rows.append(row)
+    return rows
 
 
 def describe_run(adapter: ModelAdapter, interventions: Sequence[Intervention] = ()) -> dict[str, Any]:

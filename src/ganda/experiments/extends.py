@@ -19,6 +19,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +28,16 @@ from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
 from ..generation import evaluate_generation
 from ..heads import HeadId, expand, format_heads
-from ..intervals import bounds, ci
+from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
-from ..prepared import prepare_all
 from ..scoring import EvalResult, choice_labels, evaluate_examples
 from ..stats import Z95, bootstrap_paired, pool_sets, wilson
-from ..sweep import _record, local_scores
+from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
-from .common import prompt_set
+from .common import ExperimentResult, pct, prediction_records, prompt_set, read_json_object, run_row
 
 DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
 CONDITIONS = ("intact", "ablated", "control")
@@ -64,37 +64,16 @@ def _candidates(adapter: ModelAdapter, heads: list[HeadId]) -> list[HeadId]:
     return out
 
 
-def _per_prompt(rec: dict[str, Any]) -> tuple[list[float], list[float]]:
-    """Per prompt: correct (0/1) and the gold margin (gold log-likelihood minus the others' mean)."""
-    correct = [float(p == g) for p, g in zip(rec["pred"], rec["gold"], strict=True)]
-    margins = [ll[g] - (sum(ll) - ll[g]) / (len(ll) - 1) for ll, g in zip(rec["loglik"], rec["gold"], strict=True)]
-    return correct, margins
-
-
-def _single_ablations(adapter: ModelAdapter, examples: list[Any], heads: list[HeadId]
-                      ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The intact record and one record per head ablated alone, from the sweep's engine in this
-    process (a short screen, kept out of a Ray pool's units)."""
-    packed = prepare_all(adapter, examples)
-    by_layer: dict[int, list[HeadId]] = {}
-    for h in heads:
-        by_layer.setdefault(h.layer, []).append(h)
-    batches: list[list[HeadId | None]] = [[None], *by_layer.values()]
-    scores = list(local_scores(adapter, examples, packed, batches))
-    base = _record("baseline", None, packed, scores[0][0])
-    return base, [_record("head", h, packed, ll) for b, s in zip(batches[1:], scores[1:], strict=True)
-                  for h, ll in zip(b, s, strict=True)]
-
-
 def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[Any], seed: int = 0) -> dict[str, Any]:
     """Each candidate control head's exact single-head ablation effect on ``examples``, and whether
     it is within noise (:data:`CONTROL_RULE`): a control must not be a causal head itself."""
-    baseline, records = _single_ablations(adapter, examples, _candidates(adapter, heads))
-    base_c, base_m = _per_prompt(baseline)
+    sw = single_ablations(adapter, examples, _candidates(adapter, heads))
+    baseline = sw.baseline
+    base_c, base_m = sw.per_prompt(baseline), sw.per_prompt(baseline, "margin")
     base_margin = sum(base_m) / len(base_m)
     effects: dict[str, dict[str, Any]] = {}
-    for rec in records:
-        c, m = _per_prompt(rec)
+    for rec in sw.records:
+        c, m = sw.per_prompt(rec), sw.per_prompt(rec, "margin")
         acc, mar = bootstrap_paired(base_c, c, seed=seed), bootstrap_paired(base_m, m, seed=seed)
         (a_low, a_high), (m_low, m_high) = bounds(acc, "diff"), bounds(mar, "diff")
         noise = (a_low <= 0 <= a_high
@@ -484,3 +463,50 @@ def write_results(result: dict[str, Any], out: Path) -> None:
             heads = {"intact": "", "ablated": result["heads"], "control": result["control_heads"]}[r["condition"]]
             w.writerow([r["task"], r["condition"], r["n"], r["correct"], r["accuracy"], low, high,
                         r["seconds"], heads])
+
+
+# ---- the result, as ganda.results.load and ganda report read it ---------------------------------
+
+@dataclass
+class ExtendsResult(ExperimentResult):
+    """A ``ganda extends`` run directory: ``extends.json`` (one result per task and condition) and,
+    per task and condition, its examples in ``predictions/<task>.<condition>.jsonl``."""
+
+    kind: str = "extends"
+    run_dir: Path | None = field(default=None, repr=False, compare=False)
+
+    title = "G&A heads ablated beyond MMLU, against a control"
+    files = ("extends.json",)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> ExtendsResult:
+        d = split_all(read_json_object(Path(run_dir) / "extends.json"))
+        res = cls(model=d.get("model") or "", config={k: d.get(k) for k in ("limit", "seed", "ablation")},
+                  rows=[r for r in d.get("results") or [] if isinstance(r, dict)], run_dir=Path(run_dir),
+                  extra={k: v for k, v in d.items() if k not in ("model", "results")})
+        res.written = d
+        return res
+
+    def tables(self, run: str) -> dict[str, list[dict[str, Any]]]:
+        """One run row, one row per task and condition, and each condition's examples."""
+        tasks = ",".join(dict.fromkeys(r["task"] for r in self.rows))
+        runs = [run_row(run, self.kind, self.model, tasks, self.config.get("limit"), None,
+                        {"heads": self.extra.get("heads"), "control_heads": self.extra.get("control_heads")})]
+        preds = []
+        for r in self.rows:
+            path = (self.run_dir or Path(run)) / "predictions" / f"{r['task']}.{r['condition']}.jsonl"
+            if path.is_file():
+                preds += prediction_records(path, run=run, condition=r["condition"])
+        return {"runs": runs, "rows": [{"run": run, **{k: v for k, v in r.items() if not isinstance(v, dict)}}
+                                       for r in self.rows], "predictions": preds}
+
+    def headline(self) -> str:
+        """Per task: its accuracy intact, with the G&A heads ablated and with the control heads ablated."""
+        by: dict[str, dict[str, Any]] = {}
+        for r in self.rows:
+            by.setdefault(r["task"], {})[r["condition"]] = r.get("accuracy")
+        what = {"intact": "intact", "ablated": f"**{self.extra.get('heads')}** ablated",
+                "control": f"control {self.extra.get('control_heads') or ''} ablated".replace("  ", " ")}
+        lines = [f"{task}: " + ", ".join(f"{what.get(c, c)} **{pct(a)}**" for c, a in conds.items()) + "."
+                 for task, conds in by.items()]
+        return "\n".join([*lines, *filter(None, [sets_sentence(self.extra)])])

@@ -29,6 +29,7 @@ from .common import ExperimentResult, Scorer, flat_scores, pct, points
 @dataclass
 class KVCurveResult(ExperimentResult):
     kind: str = "kv_curve"
+    title = "KV retrieval against the number of pairs"
 
     def headline(self) -> str:
         s, lines = self.summary, []

@@ -35,6 +35,7 @@ from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_col
 @dataclass
 class MaskLastRowResult(ExperimentResult):
     kind: str = "mask_last_row"
+    title = "Attention's last row masked"
 
     def headline(self) -> str:
         s, lines = self.summary, []

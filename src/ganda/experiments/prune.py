@@ -287,6 +287,7 @@ def _scores_under(adapter: ModelAdapter, tasks: list[str], limit: int | None, kl
 @dataclass
 class PruneResult(ExperimentResult):
     kind: str = "prune"
+    title = "Layer pruning curve"
 
     def headline(self) -> str:
         s = self.summary
@@ -376,6 +377,7 @@ def prune_curve(
 @dataclass
 class RemoveRestoreResult(ExperimentResult):
     kind: str = "remove_restore"
+    title = "One layer removed and restored"
 
     def headline(self) -> str:
         layers = self.summary.get("critical_layers")

@@ -42,6 +42,7 @@ def _keep(adapter: ModelAdapter, heads: list[HeadId], layers: dict[int, str | No
 @dataclass
 class RetainResult(ExperimentResult):
     kind: str = "retain"
+    title = "Only the critical heads kept"
 
     def headline(self) -> str:
         both, none = self.summary.get("both") or {}, self.summary.get("none") or {}

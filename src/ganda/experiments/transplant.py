@@ -258,6 +258,7 @@ class TransplantHead(Intervention):
 @dataclass
 class TransplantResult(ExperimentResult):
     kind: str = "transplant"
+    title = "Donor layers transplanted"
 
     def headline(self) -> str:
         s = self.summary
