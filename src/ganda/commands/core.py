@@ -23,8 +23,8 @@ from .options import (
     QUIET,
     ablation_option,
     at_least,
-    console,
     model_inputs,
+    parse_options,
     require_heads,
 )
 
@@ -115,39 +115,6 @@ def flag(option: str) -> str:
 def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise GandaError(f"{flag} must be {' or '.join(choices)}, not {value!r}")
-
-
-def _option_value(raw: str) -> Any:
-    low = raw.strip().lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
-def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[str, Any]:
-    """``--option`` values as typed task options (booleans, integers, floats, else text; ``-`` in a
-    key reads as ``_``): ``["cot=true", "pairs=10"]`` -> ``{"cot": True, "pairs": 10}``. With
-    ``per_task`` every key names its task first: ``["bbh.cot=false"]`` -> ``{"bbh": {"cot": False}}``."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        task, dot, name = key.partition(".") if per_task else ("", ".", key)
-        if not sep or not dot or not name.strip() or (per_task and not task.strip()):
-            form = "TASK.KEY=VALUE, e.g. bbh.cot=false" if per_task else "KEY=VALUE"
-            raise GandaError(f"--option takes {form}, got {item!r}")
-        opts = out.setdefault(task.strip(), {}) if per_task else out
-        key = name.strip().replace("-", "_")
-        if key in opts:  # one rule for a repeated key: refused, never the last one silently
-            raise GandaError(f"--option {key} is given twice ({opts[key]!r} and {_option_value(raw)!r}); give it once")
-        opts[key] = _option_value(raw)
-    return out
 
 
 def validate_interventions(adapter, interventions: list[Intervention]) -> None:
@@ -361,6 +328,8 @@ def _reads(read: dict) -> str:
 
 def _print_discovery(d) -> None:
     from rich.table import Table
+
+    from ..experiments.tables import console
 
     con = console()
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts; summary token: {d.summary}"

@@ -12,7 +12,7 @@ import typer
 from ..errors import GandaError
 from ..heads import expand
 from ..tasks import get_task
-from .options import ACTIVE_EDGES, FORCE, QUIET, at_least, model_inputs, require_heads
+from .options import ACTIVE_EDGES, FORCE, QUIET, at_least, model_inputs, parse_options, require_heads
 
 # ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
 EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps", "path", "edges")
@@ -169,8 +169,6 @@ def _experiment_options(experiment: str, items: list[str] | None) -> dict[str, A
     """``--option KEY=VALUE`` as the experiment's own options, built and checked by its ``Options``
     (the values given; the others keep the costs' defaults)."""
     from .. import registry
-    from .core import parse_options
-
     given = parse_options(items)
     if not given:
         return {}

@@ -24,6 +24,7 @@ three); :meth:`Experiment.show` prints its result. docs/extending.md adds one in
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .. import runio
 from ..errors import GandaError
 
 if typing.TYPE_CHECKING:  # ganda --help builds the commands' list without torch
@@ -204,10 +206,6 @@ class Experiment:
 
     def show(self, result: Any, options: Options, run: Any, out_dir: Path) -> None:
         """``ganda NAME``'s printed result for a reader (default: the JSON of :meth:`as_json`)."""
-        import json
-
-        from .. import runio
-
         print(json.dumps(runio.rounded(self.as_json(result, options, out_dir)), default=str))
 
 __all__ = ["Experiment", "Options", "option", "option_type"]

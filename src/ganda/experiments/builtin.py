@@ -11,8 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..ablation import check_batched_ablation
+from ..attribution import check_rank_options, rank_heads
+from ..discovery import cumulative_ablation
 from ..errors import GandaError
+from ..heads import expand, require_heads
+from ..sweep import run_sweep
 from .base import Experiment, Options, option
+from .tables import console, print_ranking, print_sweep
 
 ABLATION_HELP = ("what an ablated head's slice becomes: zero or mean (its mean over every token of the scored "
                  "prompts); resample needs a donor per scored row: eval runs it (docs/heads.md)")
@@ -21,14 +27,10 @@ HEADS_HELP = "only these heads (default: all), e.g. 'L16H*' or 'L*H0,L17H3'"
 
 
 def _heads_spec(opts: Options, name: str = "heads") -> None:
-    from ..heads import require_heads
-
     require_heads(opts.flag(name), getattr(opts, name))
 
 
 def _batched_ablation(opts: Options, what: str) -> None:
-    from ..ablation import check_batched_ablation
-
     check_batched_ablation(opts.ablation, opts.flag("ablation"), what)
 
 
@@ -91,10 +93,6 @@ class Sweep(Experiment):
 
     def run(self, adapter: Any, examples: list[Any], options: SweepOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> Any:
-        from ..discovery import cumulative_ablation
-        from ..heads import expand
-        from ..sweep import run_sweep
-
         heads = expand(options.heads, adapter) if options.heads else adapter.heads()
         res = run_sweep(adapter, examples, heads=heads, out_dir=out_dir, resume=self.resume, progress=progress,
                         config=config, batch_heads=options.batch_heads, naive=options.naive, metric=options.metric,
@@ -110,8 +108,6 @@ class Sweep(Experiment):
                 "top_head": top[0]["head"] if top else None, "top_drop": result.drop(top[0]) if top else None}
 
     def show(self, result: Any, options: SweepOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
-        from .tables import console, print_sweep
-
         print_sweep(console(), result, options, run, out_dir)
 
 
@@ -143,8 +139,6 @@ class RankOptions(Options):
     batch_heads: int = option(16, "heads of one layer ablated per forward (verification)")
 
     def check(self) -> None:
-        from ..attribution import check_rank_options
-
         check_rank_options(self.method, self.ablation, self.margin, self.verify_top, self.audit, self.top,
                            self.threshold, batch_heads=self.batch_heads, graddrop_blocks=self.graddrop_blocks or None,
                            name=self.flag, ig_steps=self.ig_steps, widen=self.widen, screen=self.screen,
@@ -178,9 +172,6 @@ class Rank(Experiment):
 
     def run(self, adapter: Any, examples: list[Any], options: RankOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> Any:
-        from ..attribution import rank_heads
-        from ..heads import expand
-
         opts = options.to_json()
         spec = opts.pop("heads")
         heads = expand(spec, adapter) if spec else None
@@ -198,8 +189,6 @@ class Rank(Experiment):
         return {**result.to_json(), "out": str(out_dir)}
 
     def show(self, result: Any, options: RankOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
-        from .tables import console, print_ranking
-
         print_ranking(console(), result, options, run, out_dir)
 
 

@@ -29,6 +29,7 @@ from .base import Experiment, Options, option
 from .builtin import MARGIN_HELP
 from .common import ExperimentResult
 from .roles import head_roles
+from .tables import print_edges, print_path
 
 
 def _head(flag: str, text: str) -> HeadId:
@@ -161,8 +162,6 @@ class PathExperiment(Experiment):
         return {"out": str(out_dir), **result.summary, "rows": result.rows}
 
     def show(self, result: Any, options: Options, run: Any, out_dir: Path) -> None:
-        from .tables import print_path
-
         print_path(result, options, run)
 
 
@@ -330,8 +329,6 @@ class EdgesExperiment(Experiment):
         return {"out": str(out_dir), **result.summary, "rows": result.rows[: options.top]}
 
     def show(self, result: Any, options: EdgesOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
-        from .tables import print_edges
-
         print_edges(result, options, run)
 
 

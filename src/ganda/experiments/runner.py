@@ -10,7 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import GandaError
+from .. import runio
+from ..distributed import ray_sweeps
+from ..errors import GandaError, at_least
+from ..models import load_model
+from ..models.loading import model_inputs
+from ..tasks import get_task, task_for_model
 from .base import Experiment, Options
 
 DEFAULT_LIMIT = 32  # prompts an experiment scores when --limit is not given
@@ -61,9 +66,6 @@ class Run:
 def check_inputs(cls: type[Experiment], run: RunInputs, options: Options) -> Any:
     """Everything that can be refused before the model loads: counts, the task and its options,
     the experiment's own rules between options and inputs. Returns the task."""
-    from ..errors import at_least
-    from ..tasks import get_task
-
     at_least("--limit", run.limit)
     at_least("--ray-actors", run.ray_actors)
     task = get_task(run.task, **run.task_options())
@@ -75,12 +77,6 @@ def check_inputs(cls: type[Experiment], run: RunInputs, options: Options) -> Any
 
 def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     """Check, claim the run directory, load the model, draw the examples and run ``cls``."""
-    from .. import runio
-    from ..distributed import ray_sweeps
-    from ..models import load_model
-    from ..models.loading import model_inputs
-    from ..tasks import task_for_model
-
     task = check_inputs(cls, run, options)
     out_dir = runio.claim_run_dir(run.out_dir(cls.name), kind=cls.name, models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)

@@ -1,11 +1,18 @@
 """The tables ``ganda NAME`` prints for a reader (:meth:`ganda.experiments.base.Experiment.show`):
-rich tables on a terminal, and lines that never wrap in a log file. rich is imported when a table
-is printed, so that this module costs nothing at ``ganda --help``."""
+rich tables on a terminal, and lines that never wrap in a log file."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..attribution.ranking import sign_flip_sentence
+from ..effects import NAMES
+from ..intervals import bounds
 
 #: the width of a table printed to a file or pipe (a log): wide enough that no cell wraps or is cut
 LOG_WIDTH = 1000
@@ -14,10 +21,6 @@ LOG_WIDTH = 1000
 def console() -> Any:
     """A rich Console for a command's tables on stdout: the terminal's width on a terminal, and
     :data:`LOG_WIDTH` columns in a file or pipe, where rich would otherwise wrap at 80."""
-    import sys
-
-    from rich.console import Console
-
     return Console() if sys.stdout.isatty() else Console(width=LOG_WIDTH)
 
 
@@ -50,8 +53,6 @@ def _ci(ci: Any, scale: float = 100.0, digits: int = 1) -> str:
 
 def _sweep_table(res: Any, rows: list, title: str) -> Any:
     """One table of heads: their accuracies and the drops of accuracy and mean margin when ablated."""
-    from rich.table import Table
-
     table = Table(title=title)
     for col in ("rank", "head", "acc", "acc drop", "margin drop", "acc_norm", "drop_norm", "gold logp drop"):
         table.add_column(col, justify="right")
@@ -64,8 +65,6 @@ def _sweep_table(res: Any, rows: list, title: str) -> Any:
 def print_sweep(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> None:
     """The intact accuracy, the heads that matter and those helpful when ablated, and the cumulative
     ablation of ``--until-chance``."""
-    from ..effects import NAMES
-
     b = res.baseline
     con.print(f"[bold]{run.model}[/bold] on {run.task} (n={b['n']}): intact acc {b['acc']:.3f}"
               f" (acc_norm {b['acc_norm']:.3f}); {len(res.records)} heads {options.ablation}-ablated in {res.seconds:.1f} s")
@@ -88,8 +87,6 @@ def print_sweep(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> No
 
 def _rank_table(res: Any, heads: list[str], title: str) -> Any:
     """One table of verified heads: estimate, exact margin drop, exact accuracy drop and both ranks."""
-    from rich.table import Table
-
     table = Table(title=title)
     for col in ("rank", "head", "estimate", "margin drop", "acc drop", "rank by estimate", "rank by exact"):
         table.add_column(col, justify="right")
@@ -104,8 +101,6 @@ def _rank_table(res: Any, heads: list[str], title: str) -> Any:
 def print_ranking(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> None:
     """How the heads were ranked, the verified heads that matter and those helpful when ablated,
     the false-negative bound and the sign flips between estimate and exact effect."""
-    from ..attribution.ranking import sign_flip_sentence
-
     s = res.seconds
     timing = ", ".join(f"{k} {s[k]:.1f} s" for k in ("attribution", "screen", "verification", "total") if k in s)
     blocks = res.config.get("graddrop_blocks")
@@ -132,8 +127,6 @@ def print_ranking(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> 
 
 def print_path(res: Any, options: Any, run: Any) -> None:
     """Accuracy and margin of each condition with each drop's paired 95% interval."""
-    from ..intervals import bounds
-
     s = res.summary
     print(f"{run.model} on {run.task} (n={s['n']}): {s['sender']} -> {s['receiver']}, {s['paths']} paths, "
           f"{options.margin} margin, {options.ablation}-ablation")
