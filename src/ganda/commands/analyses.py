@@ -27,7 +27,20 @@ import typer.core
 import typer.main
 
 from .. import registry
-from .core import MODEL, PAIRS, PICKLE, QUIET, SAMPLE, SEED, SHOTS, SUBJECTS, limit_option
+from .core import (
+    MODEL,
+    PAIRS,
+    PICKLE,
+    QUIET,
+    SAMPLE,
+    SEED,
+    SHOTS,
+    SUBJECTS,
+    TASKS_ALIAS,
+    limit_option,
+    task_list,
+    task_list_option,
+)
 from .grid import RAY, RAY_ACTORS
 
 
@@ -51,6 +64,28 @@ INPUTS: dict[str, tuple[Any, Any]] = {
     "allow_pickle": (PICKLE, bool),
     "quiet": (QUIET, bool),
 }
+
+
+def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
+    """The inputs of a :class:`ganda.experiments.base.ScoredExperiment`: one model scored on a list
+    of tasks (its default the experiment's), the same examples in every condition."""
+    return {
+        "model": (MODEL, str),
+        "task": (task_list_option(cls.default_tasks, "mmlu, knowledge, letters, kv20, lab-mmlu, ..."), str | None),
+        "tasks": (TASKS_ALIAS, str | None),
+        "limit": (limit_option(100, "examples per task (the same examples in every condition)"), int),
+        "sample": (SAMPLE, bool),
+        "knowledge_limit": (typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: "
+                                         "--limit)"), int | None),
+        "seed": (SEED, int),
+        "out": (typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<model>)"),
+                Path | None),
+        "html": (typer.Option(True, "--html/--no-html", help="also write report.html into the run directory"), bool),
+        "allow_pickle": (PICKLE, bool),
+        "quiet": (QUIET, bool),
+    }
+
+
 #: inputs an experiment takes by naming them in ``Experiment.takes``
 OPTIONAL_INPUTS: dict[str, dict[str, tuple[Any, Any]]] = {
     "resume": {"resume": (typer.Option(True, "--resume/--no-resume", help="continue a stopped run in --out"), bool)},
@@ -72,6 +107,7 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
     if _turns_off(f):
         return _param(f.name, typer.Option(False, meta["flag"], help=meta.get("help", "")), bool)
     names = [meta.get("flag") or "--" + f.name.replace("_", "-")]
+    default = ... if meta.get("required") else f.default
     if meta.get("short"):
         names.append(meta["short"])
     help_text = meta.get("help", "")
@@ -79,13 +115,13 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
         help_text += f" ({', '.join(meta['choices'])})"
     base = option_type(hint)
     annotation = base | None if f.default is None else base
-    return _param(f.name, typer.Option(f.default, *names, help=help_text, hidden=meta.get("hidden", False)),
+    return _param(f.name, typer.Option(default, *names, help=help_text, hidden=meta.get("hidden", False)),
                   annotation)
 
 
 def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     """The command's parameters: the model argument, the experiment's options, the other inputs."""
-    inputs = dict(INPUTS)
+    inputs = scored_inputs(cls) if getattr(cls, "inputs", "task") == "tasks" else dict(INPUTS)
     for what in sorted(cls.takes):
         inputs.update(OPTIONAL_INPUTS[what])
     hints = typing.get_type_hints(cls.Options)
@@ -108,14 +144,18 @@ def build_command(name: str) -> click.Command:
 
     def command(**values: Any) -> None:
         from .. import runio
-        from ..experiments.runner import run_on_task
+        from ..experiments.runner import run_on_task, run_on_tasks
 
-        as_json, quiet = values.pop("as_json"), values.pop("quiet")
+        as_json, quiet, html = values.pop("as_json", False), values.pop("quiet"), values.pop("html", False)
         given = {f.name: values.pop(f.name) for f in fields}
         given.update({f.name: not given[f.name] for f in fields if _turns_off(f)})
         options = cls.Options.build(given, cli=True)
-        run = RunInputs(**values, progress=not (quiet or as_json))
-        done = run_on_task(cls, run, options)
+        if "tasks" in values:  # a ScoredExperiment: --task is a list, --tasks its other spelling
+            values["tasks"] = task_list(values.pop("task"), values.pop("tasks"), cls.default_tasks)
+        run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line())
+        done = (run_on_tasks if "tasks" in values else run_on_task)(cls, run, options)
+        if html:
+            _reports(done.experiment.finished)
         if as_json:
             from ..finite import finite_json
 
@@ -130,6 +170,21 @@ def build_command(name: str) -> click.Command:
     app = typer.Typer(rich_markup_mode=None, add_completion=False)
     app.command(name, short_help=registry.experiment_summary(name))(command)
     return typer.main.get_command(app)
+
+
+def _command_line() -> str:
+    import shlex
+    import sys
+
+    return "ganda " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _reports(finished: list[tuple[Path, Any]]) -> None:
+    """report.html in each run directory a ScoredExperiment saved."""
+    from ..report import write_report
+
+    for out_dir, result in finished:
+        write_report([out_dir], out_dir / "report.html", title=f"ganda {result.kind}: {result.model}")
 
 
 class AnalysisGroup(typer.core.TyperGroup):

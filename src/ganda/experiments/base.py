@@ -43,13 +43,14 @@ if typing.TYPE_CHECKING:  # ganda --help builds the commands' list without torch
 
 def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
            low: float | None = None, high: float | None = None, choices: tuple[str, ...] | None = None,
-           why: str = "", hidden: bool = False) -> Any:
+           why: str = "", hidden: bool = False, required: bool = False) -> Any:
     """One option of an experiment, declared once: its default, ``help`` text, command-line ``flag``
     (default ``--name``; ``--no-x`` for a switch on by default that the flag turns off) and ``short`` flag,
     the bounds ``low``/``high`` of a number (``why``: a few words on the bound) and the ``choices``
-    of a text. Everything that reads an experiment's options reads them from here."""
+    of a text; ``required``: the command line asks for it (the default stands for "not given").
+    Everything that reads an experiment's options reads them from here."""
     meta = {"help": help, "flag": flag, "short": short, "low": low, "high": high, "choices": choices, "why": why,
-            "hidden": hidden}
+            "hidden": hidden, "required": required}
     return field(default=default, metadata=meta)
 
 
@@ -208,4 +209,43 @@ class Experiment:
         """``ganda NAME``'s printed result for a reader (default: the JSON of :meth:`as_json`)."""
         print(json.dumps(runio.rounded(self.as_json(result, options, out_dir)), default=str))
 
-__all__ = ["Experiment", "Options", "option", "option_type"]
+class ScoredExperiment(Experiment):
+    """An experiment that scores one model on a list of tasks, the same examples in every condition
+    (``ganda NAME MODEL --task mmlu,knowledge``): :meth:`run_tasks` gets a
+    :class:`ganda.experiments.common.Scorer` and saves each result with :meth:`finish`."""
+
+    on_task = False
+    inputs: ClassVar[str] = "tasks"
+    default_tasks: ClassVar[str] = "mmlu,knowledge"
+
+    def __init__(self, resume: bool = True) -> None:
+        super().__init__(resume)
+        self.finished: list[tuple[Path, Any]] = []  # (run directory, result), in the order saved
+        self.command = ""  # the command line, recorded with each result
+
+    def out_name(self, options: Options) -> str:
+        """The run directory's name before ``-<model>``, and the kind its claim records."""
+        return self.name
+
+    def check_tasks(self, options: Options, tasks: list[str]) -> None:
+        """Refuse (one line, before the model loads) options that the task list rules out."""
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Any, options: Options, *, out_dir: Path, run: Any) -> Any:
+        """Score the conditions and :meth:`finish` each result; returns the last."""
+        raise GandaError(f"the {self.name} experiment has no runner")
+
+    def finish(self, result: Any, out_dir: Path) -> Any:
+        """Save ``result`` into ``out_dir`` (``result.json``, CSV, PNG; the command adds report.html)."""
+        result.save(out_dir, command=self.command)
+        self.finished.append((out_dir, result))
+        return result
+
+    def as_json(self, result: Any, options: Options, out_dir: Path) -> dict[str, Any]:
+        return {"out": str(out_dir), "summary": result.summary}
+
+    def show(self, result: Any, options: Options, run: Any, out_dir: Path) -> None:
+        for where, res in self.finished:
+            print(runio.json_text({"out": str(where), "summary": res.summary}, indent=2))
+
+
+__all__ = ["Experiment", "Options", "ScoredExperiment", "option", "option_type"]

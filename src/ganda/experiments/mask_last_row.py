@@ -25,10 +25,11 @@ from typing import Any
 
 from ..errors import GandaError
 from ..figures import bars
-from ..heads import expand, format_heads
-from ..interventions import Intervention, KeepLayers, mask_last_row
+from ..heads import expand, format_heads, require_heads
+from ..interventions import Intervention, KeepLayers, mask_last_row, parse_layers
 from ..models.base import ModelAdapter
 from ..progress import tqdm
+from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 
@@ -114,3 +115,35 @@ def mask_last_row_experiment(
                 "rules": list(rules)},
         interventions=[iv.describe() for iv in conditions[1][1]],
     )
+
+
+RULES = {"both": ("query", "last"), "query": ("query",), "last": ("last",)}
+
+
+@dataclass
+class MaskLastRowOptions(Options):
+    heads: str | None = option(None, "attention heads (default: all, L*.attnH*)")
+    per_layer: bool = option(False, "also mask each attention layer alone")
+    rule: str = option("both", "which row: query (last prompt token), last (last scored position, the authors' "
+                       "code) or both; they differ only for multi-token answers", choices=tuple(RULES))
+    keep_layers: str | None = option(None, "run on a submodel of these layers, e.g. 0-17")
+
+    def check(self) -> None:
+        require_heads(self.flag("heads"), self.heads)
+        parse_layers(self.keep_layers) if self.keep_layers else None
+
+
+class MaskLastRow(ScoredExperiment):
+    """Sec. 5.3: zero attention's last row (the answer position) and score MMLU and knowledge."""
+
+    name = "mask-last-row"
+    Options = MaskLastRowOptions
+
+    def out_name(self, options: Options) -> str:
+        return "mask_last_row"
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Scorer, options: MaskLastRowOptions, *,  # type: ignore[override]
+                  out_dir: Path, run: Any) -> MaskLastRowResult:
+        keep = parse_layers(options.keep_layers) if options.keep_layers else None
+        return self.finish(mask_last_row_experiment(adapter, scorer, options.heads, per_layer=options.per_layer,
+                                                    keep_layers=keep, rules=RULES[options.rule]), out_dir)

@@ -38,7 +38,7 @@ from ..knowledge import group_score
 from ..models.base import ModelAdapter
 from ..prepared import ROWS, Prepared, prepare
 from ..progress import tqdm
-from .base import Experiment
+from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, is_group, pct, task_columns
 
 
@@ -443,10 +443,41 @@ def remove_restore(
     return result
 
 
-class Prune(Experiment):
-    """Cumulative layer pruning and remove-and-restore (``ganda prune``, written in ganda/commands)."""
+@dataclass
+class PruneOptions(Options):
+    layers: int = option(1, "pruning step: score every LAYERS-th truncation", low=1)
+    min_layers: int = option(1, "smallest number of kept layers", low=1)
+    remove_restore: bool = option(False, "Fig. 3 on the minimal model")
+    minimal: int | None = option(None, "minimal model size (skips the curve)", low=1)
+    drop_task: str | None = option(None, "task whose drop defines the minimal model (default: mmlu if scored, else "
+                                   "the first task)")
+
+
+class Prune(ScoredExperiment):
+    """Cumulative layer pruning (Fig. 2) and the minimal model; --remove-restore: Fig. 3."""
 
     name = "prune"
-    summary = "Cumulative layer pruning (Fig. 2) and the minimal model; remove-and-restore (Fig. 3)"
+    Options = PruneOptions
     phases = "ganda.plan:prune_phases"
-    on_task = False
+    takes = frozenset({"ray"})
+
+    def out_name(self, options: PruneOptions) -> str:  # type: ignore[override]
+        return "remove_restore" if options.remove_restore else "prune"
+
+    def check_tasks(self, options: PruneOptions, tasks: list[str]) -> None:  # type: ignore[override]
+        if options.drop_task is not None and options.drop_task not in tasks:
+            raise GandaError(f"--drop-task {options.drop_task} is not among --task {','.join(tasks)}")
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Scorer, options: PruneOptions, *, out_dir: Path,  # type: ignore[override]
+                  run: Any) -> Any:
+        drop = options.drop_task or ("mmlu" if "mmlu" in scorer.tasks else scorer.tasks[0])
+        minimal = options.minimal
+        if not options.remove_restore or minimal is None:
+            curve = prune_curve(adapter, scorer, step=options.layers, min_layers=options.min_layers, drop_task=drop)
+            if not options.remove_restore:
+                return self.finish(curve, out_dir)
+            self.finish(curve, out_dir / "prune")
+            if "minimal_layers" not in curve.summary:
+                raise GandaError("could not find the minimal model; pass --minimal N")
+            minimal = int(curve.summary["minimal_layers"])
+        return self.finish(remove_restore(adapter, scorer, minimal, drop_task=drop), out_dir)

@@ -22,9 +22,10 @@ from typing import Any
 
 from ..errors import GandaError
 from ..figures import bars
-from ..heads import HeadId, expand, format_heads
-from ..interventions import Intervention, KeepHeads, KeepLayers
+from ..heads import HeadId, expand, format_heads, require_heads
+from ..interventions import Intervention, KeepHeads, KeepLayers, parse_layers
 from ..models.base import ModelAdapter
+from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 CONFIGS = ("intact", "none", "aggregate", "gather", "both")
@@ -113,3 +114,29 @@ def retain(
                 "gather_layer": g_layer, "aggregate_layer": a_layer, "keep_layers": keep_layers},
         extra={"conditions": described},
     )
+
+
+@dataclass
+class RetainOptions(Options):
+    gather: str = option("", "Gather head(s), one layer, e.g. L16H22", required=True)
+    aggregate: str = option("", "Aggregate head(s), one later layer, e.g. L17H24", required=True)
+    keep_layers: str | None = option(None, "run on a submodel of these layers, e.g. 0-17")
+
+    def check(self) -> None:
+        for name in ("gather", "aggregate"):
+            if not getattr(self, name):
+                raise GandaError(f"{self.flag(name)} is required: head ids such as L16H22")
+            require_heads(self.flag(name), getattr(self, name))
+        parse_layers(self.keep_layers) if self.keep_layers else None
+
+
+class Retain(ScoredExperiment):
+    """Table 1: keep none / only Aggregate / only Gather / both critical heads in the two layers."""
+
+    name = "retain"
+    Options = RetainOptions
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Scorer, options: RetainOptions, *, out_dir: Path,  # type: ignore[override]
+                  run: Any) -> RetainResult:
+        keep = parse_layers(options.keep_layers) if options.keep_layers else None
+        return self.finish(retain(adapter, scorer, options.gather, options.aggregate, keep_layers=keep), out_dir)

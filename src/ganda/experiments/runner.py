@@ -16,7 +16,8 @@ from ..errors import GandaError, at_least
 from ..models import load_model
 from ..models.loading import model_inputs
 from ..tasks import get_task, task_for_model
-from .base import Experiment, Options
+from .base import Experiment, Options, ScoredExperiment
+from .common import Scorer, parse_tasks
 
 DEFAULT_LIMIT = 32  # prompts an experiment scores when --limit is not given
 
@@ -40,6 +41,10 @@ class RunInputs:
     ray_actors: int | None = None
     allow_pickle: bool = False
     progress: bool = True
+    # a list of tasks scored with the same examples in every condition (ScoredExperiment)
+    tasks: str | None = None
+    knowledge_limit: int | None = None
+    command: str = ""  # the command line recorded with the results
 
     def task_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"pairs": self.pairs, "shots": self.shots, "subjects": self.subjects}
@@ -93,4 +98,31 @@ def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     return Run(exp, result, out_dir, adapter, examples, options)
 
 
-__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "check_inputs", "run_on_task"]
+SCORED_LIMIT = 100  # examples per task of a ScoredExperiment when --limit is not given
+
+
+def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) -> Run:
+    """Check, claim the run directory (``runs/<name>-<model>``), load the model and run ``cls`` on
+    its task list, scored by one :class:`ganda.experiments.common.Scorer`."""
+    at_least("--limit", run.limit)
+    at_least("--knowledge-limit", run.knowledge_limit)
+    at_least("--ray-actors", run.ray_actors)
+    names = parse_tasks(run.tasks or cls.default_tasks)  # kv1, lab-kv999: refused by the task's bounds
+    exp = cls(resume=run.resume)
+    exp.command = run.command
+    exp.check_tasks(options, names)
+    exp.check_run(options, run)
+    name = exp.out_name(options)
+    default = Path("runs") / f"{name}-{Path(run.model).stem or run.model}"
+    out_dir = runio.claim_run_dir(run.out if run.out is not None else default,
+                                  kind=runio.RESULT_COMMANDS.get(name, name), models=model_inputs(run.model))
+    adapter = load_model(run.model, allow_pickle=run.allow_pickle)
+    limit = run.limit if run.limit is not None else SCORED_LIMIT
+    scorer = Scorer(adapter, names, limit=limit, knowledge_limit=run.knowledge_limit, seed=run.seed,
+                    progress=run.progress, sample=run.sample)
+    with ray_sweeps(run.ray, run.ray_actors, allow_pickle=run.allow_pickle):
+        result = exp.run_tasks(adapter, scorer, options, out_dir=out_dir, run=run)
+    return Run(exp, result, out_dir, adapter, [], options)
+
+
+__all__ = ["DEFAULT_LIMIT", "SCORED_LIMIT", "Run", "RunInputs", "check_inputs", "run_on_task", "run_on_tasks"]

@@ -50,11 +50,12 @@ from torch import nn
 from ..engine import Trace, layer_returns
 from ..errors import GandaError
 from ..figures import bars
-from ..heads import HeadId, expand
-from ..interventions import Intervention, compress_ranges
+from ..heads import HeadId, expand, require_heads
+from ..interventions import Intervention, compress_ranges, parse_layers
+from ..models import load_model
 from ..models.base import ModelAdapter
 from ..progress import tqdm
-from .base import Experiment
+from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
 
 
@@ -343,10 +344,33 @@ def transplant_sweep(
     )
 
 
-class Transplant(Experiment):
-    """Donor layers or heads in a student (``ganda transplant``, written in ganda/commands)."""
+@dataclass
+class TransplantOptions(Options):
+    donor: str = option("", "Transformer donor with the same d_model", required=True)
+    layers: str | None = option(None, "student layers to sweep (default: all)")
+    head: str | None = option(None, "transplant single heads instead, e.g. L17H3")
+    donor_head: str | None = option(None, "donor head (default: same L/H)")
+    score_donor: bool = option(False, "also score the donor itself")
+
+    def check(self) -> None:
+        if not self.donor:
+            raise GandaError(f"{self.flag('donor')} is required: the donor model")
+        require_heads(self.flag("head"), self.head)
+        require_heads(self.flag("donor_head"), self.donor_head)
+        parse_layers(self.layers) if self.layers else None
+
+
+class Transplant(ScoredExperiment):
+    """Fig. 7: replace each student layer (or one head) with the donor's, score the student (MODEL is the student)."""
 
     name = "transplant"
-    summary = "Replace each student layer (or one head) with the donor's and score the student (Fig. 7)"
+    Options = TransplantOptions
     phases = "ganda.plan:transplant_phases"
-    on_task = False
+    default_tasks = "mmlu"
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Scorer, options: TransplantOptions, *,  # type: ignore[override]
+                  out_dir: Path, run: Any) -> TransplantResult:
+        donor = adapter if options.donor == run.model else load_model(options.donor, allow_pickle=run.allow_pickle)
+        layers = parse_layers(options.layers) if options.layers else None
+        return self.finish(transplant_sweep(adapter, donor, scorer, layers=layers, heads=options.head,
+                                            donor_head=options.donor_head, score_donor=options.score_donor), out_dir)
