@@ -440,3 +440,16 @@ def test_json_printed_on_stdout_is_rounded_as_the_files_are(capsys):
     assert main(["-q", "eval", "lab-llama-h1", "--task", "lab-kv", "--limit", "7", "--json"]) == 0
     got = [x for x in floats(json.loads(capsys.readouterr().out)) if x not in (0.0, 1.0)]
     assert got and all(x == float(f"{x:.6g}") for x in got), got
+
+
+def test_every_command_answers_help(capsys):
+    """``ganda NAME --help`` for every command, the ones built from registered experiments included:
+    exit 0, the usage line, and each of its options named in the text."""
+    from ganda.cli import main
+
+    for name, cmd in _commands().items():
+        assert main([name, "--help"]) == 0, name
+        out = capsys.readouterr().out
+        assert out.startswith(f"Usage: ganda {name} "), name
+        for p in _options(cmd):
+            assert p.opts[0] in out, f"{name}: {p.opts[0]} missing from --help"
