@@ -315,11 +315,10 @@ CASES = [
       match="--option takes KEY=VALUE, got 'batch_heads'"),
     C("run-limit-0", "run", "sweep", LAB, "--limit", "0", match="--limit must be at least 1"),
     # the grid spec's schema: one line naming the key, before any model loads
-    C("grid-limit-text", "grid", "{grid_limit_abc}", match="options.limit must be a whole number of at least 1, got 'abc'"),
-    C("grid-limit-fraction", "grid", "{grid_limit_float}", match="options.limit must be a whole number of at least 1, "
-      "got 1.7"),
-    C("grid-limit-negative", "grid", "{grid_limit_neg}", match="options.limit must be a whole number of at least 1, got -1"),
-    C("grid-seed-text", "grid", "{grid_seed_xyz}", match="options.seed must be a whole number, got 'xyz'"),
+    C("grid-limit-text", "grid", "{grid_limit_abc}", match="options.limit must be an integer, not 'abc'"),
+    C("grid-limit-fraction", "grid", "{grid_limit_float}", match="options.limit must be an integer, not 1.7"),
+    C("grid-limit-negative", "grid", "{grid_limit_neg}", match="options.limit must be at least 1, got -1"),
+    C("grid-seed-text", "grid", "{grid_seed_xyz}", match="options.seed must be an integer, not 'xyz'"),
     C("grid-batch-heads-text", "grid", "{grid_batch_x}", match="options.sweep: batch_heads must be an integer, not 'x'"),
     C("grid-rank-method", "grid", "{grid_rank_method}", match="options.rank: method must be one of atp, atp*, ig, exact, not 'magic'"),
     C("grid-out-list", "grid", "{grid_out_list}", match="'out' must be a directory name, got ['a', 'b']"),

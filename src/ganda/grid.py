@@ -15,7 +15,8 @@ skipped on a rerun and a stopped one resumes from its files, so rerunning the sa
 Inside :func:`ganda.distributed.ray_sweeps` every job's sweep work runs on Ray. ``out/grid.json``
 lists every job with its status and headline numbers.
 
-The spec is checked before any model loads, the shared options against :data:`OPTION_RULES` and each
+The spec is checked before any model loads, the shared options by
+:class:`ganda.experiments.runner.TaskInputs` (as ``ganda NAME``'s ``--limit``, ``--seed``, ...) and each
 experiment's own by its registered ``Options``: every problem
 is one line naming its key. Each job records how it is made in ``grid-job.json`` (its options, the
 weights' fingerprint, the dtype) before it starts. A rerun skips or resumes a job only when that
@@ -37,12 +38,13 @@ import yaml
 from . import registry, runio
 from .device import default_device, default_dtype
 from .errors import GandaError
+from .experiments.runner import TaskInputs
 from .models.base import ModelAdapter
 from .models.loading import load_model, model_path
 from .tasks import get_task, task_for_model
 
 TASK_OPTIONS = ("pairs", "shots", "subjects")
-COMMON = ("limit", "seed", *TASK_OPTIONS)
+COMMON = tuple(f.name for f in TaskInputs.fields())  # limit, sample, pairs, shots, subjects, seed
 
 
 def grid_experiments() -> list[str]:
@@ -52,26 +54,6 @@ def grid_experiments() -> list[str]:
 
 
 JOB_FILE = "grid-job.json"
-
-
-def _whole(low: int | None) -> Callable[[str, Any], None]:
-    def check(key: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
-            least = f" of at least {low}" if low is not None else ""
-            raise GandaError(f"grid spec: {key} must be a whole number{least}, got {value!r}")
-
-    return check
-
-
-def _names(key: str, value: Any) -> None:
-    if not (isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, str) for v in value))):
-        raise GandaError(f"grid spec: {key} must be a name or a list of names, got {value!r}")
-
-
-#: the schema of the options every job shares (an experiment's own are checked by its Options)
-OPTION_RULES: dict[str, Callable[[str, Any], None]] = {
-    "limit": _whole(1), "seed": _whole(None), "pairs": _whole(None), "shots": _whole(None), "subjects": _names,
-}
 
 
 def _list(spec: dict[str, Any], key: str) -> list[str]:
@@ -122,8 +104,10 @@ def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
             registry.experiment(key).Options.build(val, where=f"grid spec: options.{key}: ")
         elif key not in COMMON:
             raise GandaError(f"grid spec: unknown option {key!r} (expected {', '.join(COMMON)} or an experiment name)")
-        else:
-            OPTION_RULES[key](f"options.{key}", val)
+    shared = {k: v for k, v in opts.items() if k in COMMON}
+    if isinstance(shared.get("subjects"), list):  # a list of names is the comma list --subjects takes
+        shared["subjects"] = ",".join(str(x) for x in shared["subjects"])
+    TaskInputs.build(shared, where="grid spec: options.")
     out = "runs/grid" if spec.get("out") is None else spec["out"]
     if not isinstance(out, str) or not out.strip():
         raise GandaError(f"grid spec: 'out' must be a directory name, got {out!r}")
@@ -237,4 +221,4 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
     return todo
 
 
-__all__ = ["JOB_FILE", "OPTION_RULES", "grid_experiments", "job_record", "jobs", "parse_spec", "run_grid", "safe_name"]
+__all__ = ["JOB_FILE", "grid_experiments", "job_record", "jobs", "parse_spec", "run_grid", "safe_name"]

@@ -29,13 +29,10 @@ import typer.main
 from .. import registry
 from .core import (
     MODEL,
-    PAIRS,
     PICKLE,
     QUIET,
     SAMPLE,
     SEED,
-    SHOTS,
-    SUBJECTS,
     TASKS_ALIAS,
     limit_option,
     task_list,
@@ -48,22 +45,27 @@ def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-#: the inputs of a run on one task, in the order of ``--help``: name -> (typer default, type)
-INPUTS: dict[str, tuple[Any, Any]] = {
-    "model": (MODEL, str),
-    "task": (typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, letters, lab-mmlu, mmlu, "
-                          "arc_easy, arc_challenge, openbookqa, piqa, hellaswag, winogrande, ...)"), str),
-    "limit": (limit_option(None, "number of prompts (default: 32)"), int | None),
-    "sample": (SAMPLE, bool),
-    "pairs": (PAIRS, int | None),
-    "shots": (SHOTS, int | None),
-    "subjects": (SUBJECTS, str | None),
-    "seed": (SEED, int),
-    "out": (typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<task>)"), Path | None),
-    "as_json": (typer.Option(False, "--json", help="print one JSON object instead of tables"), bool),
-    "allow_pickle": (PICKLE, bool),
-    "quiet": (QUIET, bool),
-}
+def _task_inputs() -> dict[str, tuple[Any, Any]]:
+    """:class:`ganda.experiments.runner.TaskInputs` as typer options (declared there once)."""
+    from ..experiments.runner import TaskInputs
+
+    hints = typing.get_type_hints(TaskInputs)
+    return {f.name: (p.default, p.annotation) for f in TaskInputs.fields()
+            for p in [option_parameter(f, hints[f.name])]}
+
+
+def run_inputs() -> dict[str, tuple[Any, Any]]:
+    """The inputs of a run on one task, in the order of ``--help``: name -> (typer default, type)."""
+    return {
+        "model": (MODEL, str),
+        "task": (typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, letters, lab-mmlu, mmlu, "
+                              "arc_easy, arc_challenge, openbookqa, piqa, hellaswag, winogrande, ...)"), str),
+        **_task_inputs(),
+        "out": (typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<task>)"), Path | None),
+        "as_json": (typer.Option(False, "--json", help="print one JSON object instead of tables"), bool),
+        "allow_pickle": (PICKLE, bool),
+        "quiet": (QUIET, bool),
+    }
 
 
 def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
@@ -121,7 +123,7 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
 
 def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     """The command's parameters: the model argument, the experiment's options, the other inputs."""
-    inputs = scored_inputs(cls) if getattr(cls, "inputs", "task") == "tasks" else dict(INPUTS)
+    inputs = scored_inputs(cls) if getattr(cls, "inputs", "task") == "tasks" else run_inputs()
     for what in sorted(cls.takes):
         inputs.update(OPTIONAL_INPUTS[what])
     hints = typing.get_type_hints(cls.Options)
@@ -211,4 +213,4 @@ class AnalysisGroup(typer.core.TyperGroup):
             formatter.write_dl(rows)
 
 
-__all__ = ["INPUTS", "OPTIONAL_INPUTS", "AnalysisGroup", "build_command", "option_parameter"]
+__all__ = ["OPTIONAL_INPUTS", "run_inputs", "AnalysisGroup", "build_command", "option_parameter"]

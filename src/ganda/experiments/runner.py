@@ -16,25 +16,41 @@ from ..errors import GandaError, at_least
 from ..models import load_model
 from ..models.loading import model_inputs
 from ..tasks import get_task, task_for_model
-from .base import Experiment, Options, ScoredExperiment
+from .base import Experiment, Options, ScoredExperiment, option
 from .common import Scorer, parse_tasks
 
 DEFAULT_LIMIT = 32  # prompts an experiment scores when --limit is not given
+LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --limit (--sample: a seeded sample of "
+              "N across subjects)")
 
 
 @dataclass
-class RunInputs:
-    """What a run reads besides the experiment's own options: one model, one multiple-choice task
-    (and its options), how many prompts, where the files go, and how the work is spread."""
+class TaskInputs(Options):
+    """Which prompts a run on one task scores: the inputs ``ganda NAME``, ``ganda run`` and every
+    job of a grid spec (its ``options.limit``, ``options.seed``, ...) share, declared once."""
 
-    model: str
+    limit: int | None = option(None, "number of prompts (default: 32)" + LIMIT_MMLU, short="-n", low=1)
+    sample: bool = option(False, "mmlu: --limit N draws a seeded sample (--seed) of N questions across the subjects "
+                          "instead of lm-eval's first N of each subject")
+    pairs: int | None = option(None, "kv: number of key-value pairs")
+    shots: int | None = option(None, "few-shot exemplars (mmlu, letters)")
+    subjects: str | None = option(None, "mmlu: comma-separated subjects")
+    seed: int = option(0, "seed of the prompt sample")
+
+    def task_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"pairs": self.pairs, "shots": self.shots, "subjects": self.subjects}
+        if self.sample:
+            opts["sample"] = True
+        return opts
+
+
+@dataclass
+class RunInputs(TaskInputs):
+    """What a run reads besides the experiment's own options: one model, one multiple-choice task
+    and its prompts (:class:`TaskInputs`), where the files go, and how the work is spread."""
+
+    model: str = ""
     task: str = "kv"
-    limit: int | None = None
-    seed: int = 0
-    pairs: int | None = None
-    shots: int | None = None
-    subjects: str | None = None
-    sample: bool = False  # mmlu: a seeded sample across subjects instead of the first N of each
     out: Path | None = None  # default runs/<experiment>-<task>
     resume: bool = True
     ray: str | None = None
@@ -45,12 +61,6 @@ class RunInputs:
     tasks: str | None = None
     knowledge_limit: int | None = None
     command: str = ""  # the command line recorded with the results
-
-    def task_options(self) -> dict[str, Any]:
-        opts: dict[str, Any] = {"pairs": self.pairs, "shots": self.shots, "subjects": self.subjects}
-        if self.sample:
-            opts["sample"] = True
-        return opts
 
     def out_dir(self, experiment: str) -> Path:
         return self.out if self.out is not None else Path("runs") / f"{experiment}-{self.task}"
@@ -125,4 +135,4 @@ def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) 
     return Run(exp, result, out_dir, adapter, [], options)
 
 
-__all__ = ["DEFAULT_LIMIT", "SCORED_LIMIT", "Run", "RunInputs", "check_inputs", "run_on_task", "run_on_tasks"]
+__all__ = ["DEFAULT_LIMIT", "SCORED_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_on_task", "run_on_tasks"]
