@@ -14,8 +14,7 @@ from ..heads import expand
 from ..tasks import get_task
 from .options import ACTIVE_EDGES, FORCE, QUIET, at_least, model_inputs, parse_options, require_heads
 
-# ganda.plan.costed_experiments() and DEVICES, spelled here so that --help needs no torch
-EXPERIMENTS = ("eval", "sweep", "attribution", "rank", "prune", "transplant", "maps", "path", "edges")
+# ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
 METHODS = ("atp", "atp*", "ig")  # ganda.attribution.METHODS
 
@@ -181,7 +180,9 @@ def register(app: typer.Typer) -> None:
     def plan_cmd(
         model: str | None = typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, "
                                            "a model directory or a hub id; omit with --paper"),
-        experiment: str = typer.Option("eval", "--experiment", "-e", help=", ".join(EXPERIMENTS)),
+        experiment: str = typer.Option("eval", "--experiment", "-e", help="a registered experiment with costs: eval, "
+                                       "maps, sweep, rank, path, edges, prune, transplant or a plugin's (an unknown "
+                                       "name lists them)"),
         task: str = typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"),
         limit: int = typer.Option(1000, "--limit", "-n", help="number of examples the run scores (in all; "
                                   "mmlu's --limit elsewhere counts per subject)"),
