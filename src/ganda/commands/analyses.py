@@ -123,7 +123,11 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
 
 def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     """The command's parameters: the model argument, the experiment's options, the other inputs."""
-    inputs = scored_inputs(cls) if getattr(cls, "inputs", "task") == "tasks" else run_inputs()
+    profile = getattr(cls, "inputs", "task")
+    inputs = run_inputs() if profile == "task" else scored_inputs(cls)
+    if profile == "model":  # its own prompts: no task list
+        for name in ("task", "tasks", "sample", "knowledge_limit"):
+            del inputs[name]
     for what in sorted(cls.takes):
         inputs.update(OPTIONAL_INPUTS[what])
     hints = typing.get_type_hints(cls.Options)
@@ -155,7 +159,7 @@ def build_command(name: str) -> click.Command:
         if "tasks" in values:  # a ScoredExperiment: --task is a list, --tasks its other spelling
             values["tasks"] = task_list(values.pop("task"), values.pop("tasks"), cls.default_tasks)
         run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line())
-        done = (run_on_tasks if "tasks" in values else run_on_task)(cls, run, options)
+        done = (run_on_task if getattr(cls, "inputs", "task") == "task" else run_on_tasks)(cls, run, options)
         if html:
             _reports(done.experiment.finished)
         if as_json:

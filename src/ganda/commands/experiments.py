@@ -26,7 +26,6 @@ from .core import (
     limit_option,
     mmlu_options,
     model_inputs,
-    require_heads,
 )
 
 LIMIT = limit_option(100, "examples per task (the same examples in every condition)")
@@ -58,47 +57,6 @@ def _layers(text: str | None) -> list[int] | None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("kv-curve", short_help="KV-retrieval accuracy against the number of pairs (Figure 4)")
-    def kv_curve(
-        model: str = MODEL,
-        heads: str | None = typer.Option(None, "--heads", help="heads to ablate, e.g. L17H24 (none: intact only)"),
-        pairs: str = typer.Option("5,10,20,30,40,50", "--pairs", help="numbers of key-value pairs"),
-        task: str = typer.Option("kv", "--task", help="kv (SmolLM2's dictionary prompt) or lab-kv (the lab world)"),
-        compare: str | None = typer.Option(None, "--compare", help="other models' intact curves on the same "
-                                           "prompts, comma-separated (e.g. lab-kv-mamba2)"),
-        keep_layers: str | None = KEEP,
-        limit: int = limit_option(100, "prompts per number of pairs (the same prompts in every condition)", mmlu=False),
-        seed: int = SEED,
-        out: Path | None = OUT,
-        allow_pickle: bool = PICKLE,
-        html: bool = HTML,
-        quiet: bool = QUIET,
-    ) -> None:
-        """Fig. 4: KV-retrieval accuracy vs number of pairs, intact vs heads ablated (Wilson CIs)."""
-        from ..experiments.kv_curve import kv_curve as run_kv_curve
-        from ..models import load_model
-
-        try:
-            ps = [int(p) for p in pairs.split(",") if p.strip()]
-        except ValueError:
-            raise GandaError(f"--pairs: not a list of integers: {pairs!r}") from None
-        if not ps:
-            raise GandaError(f"--pairs: no numbers in {pairs!r}")
-        if task not in ("kv", "lab-kv"):
-            raise GandaError(f"--task must be kv or lab-kv, not {task!r}")
-        at_least("--limit", limit)
-        require_heads("--heads", heads)
-        _layers(keep_layers)
-        for p in ps:
-            get_task(task, pairs=p)  # --pairs 0 or 10000: refused by the task's declared bounds
-        _out(out, "kv_curve", model)
-        adapter = load_model(model, allow_pickle=allow_pickle)
-        others = {m.strip(): load_model(m.strip(), allow_pickle=allow_pickle)
-                  for m in (compare or "").split(",") if m.strip()}
-        result = run_kv_curve(adapter, heads, ps, limit=limit, seed=seed, keep_layers=_layers(keep_layers), progress=not quiet,
-                     task=task, compare=others)
-        _finish(result, _out(out, "kv_curve", model), html)
-
     @app.command(short_help="Where the most damaging heads matter, and their labels")
     def roles(
         model: str = MODEL,

@@ -215,7 +215,7 @@ class ScoredExperiment(Experiment):
     :class:`ganda.experiments.common.Scorer` and saves each result with :meth:`finish`."""
 
     on_task = False
-    inputs: ClassVar[str] = "tasks"
+    inputs: ClassVar[str] = "tasks"  # "model": one model, the experiment drawing its own prompts (no Scorer)
     default_tasks: ClassVar[str] = "mmlu,knowledge"
 
     def __init__(self, resume: bool = True) -> None:

@@ -19,10 +19,13 @@ from typing import Any
 
 from ..errors import GandaError
 from ..figures import curves
-from ..heads import expand, format_heads
-from ..interventions import AblateHeads, Intervention, KeepLayers
+from ..heads import expand, format_heads, require_heads
+from ..interventions import AblateHeads, Intervention, KeepLayers, parse_layers
+from ..models import load_model
 from ..models.base import ModelAdapter
 from ..progress import tqdm
+from ..tasks import get_task
+from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, flat_scores, pct, points
 
 
@@ -107,3 +110,49 @@ def kv_curve(
                 "keep_layers": keep_layers, "task": task, "compare": list(compare)},
         interventions=[iv.describe() for iv in ablated],
     )
+
+
+def _pairs(opts: KVCurveOptions) -> list[int]:
+    try:
+        ps = [int(p) for p in opts.pairs.split(",") if p.strip()]
+    except ValueError:
+        raise GandaError(f"{opts.flag('pairs')}: not a list of integers: {opts.pairs!r}") from None
+    if not ps:
+        raise GandaError(f"{opts.flag('pairs')}: no numbers in {opts.pairs!r}")
+    return ps
+
+
+@dataclass
+class KVCurveOptions(Options):
+    heads: str | None = option(None, "heads to ablate, e.g. L17H24 (none: intact only)")
+    pairs: str = option("5,10,20,30,40,50", "numbers of key-value pairs")
+    task: str = option("kv", "kv (SmolLM2's dictionary prompt) or lab-kv (the lab world)", choices=("kv", "lab-kv"))
+    compare: str | None = option(None, "other models' intact curves on the same prompts, comma-separated (e.g. "
+                                 "lab-kv-mamba2)")
+    keep_layers: str | None = option(None, "run on a submodel of these layers, e.g. 0-17")
+
+    def check(self) -> None:
+        for p in _pairs(self):
+            get_task(self.task, pairs=p)  # --pairs 0 or 10000: refused by the task's declared bounds
+        require_heads(self.flag("heads"), self.heads)
+        parse_layers(self.keep_layers) if self.keep_layers else None
+
+
+class KVCurve(ScoredExperiment):
+    """Fig. 4: KV-retrieval accuracy vs number of pairs, intact vs heads ablated (Wilson CIs)."""
+
+    name = "kv-curve"
+    inputs = "model"  # its prompts are its own: --limit of them per number of pairs
+    Options = KVCurveOptions
+
+    def out_name(self, options: Options) -> str:
+        return "kv_curve"
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Any, options: KVCurveOptions, *, out_dir: Path,  # type: ignore[override]
+                  run: Any) -> KVCurveResult:
+        others = {m.strip(): load_model(m.strip(), allow_pickle=run.allow_pickle)
+                  for m in (options.compare or "").split(",") if m.strip()}
+        keep = parse_layers(options.keep_layers) if options.keep_layers else None
+        return self.finish(kv_curve(adapter, options.heads, _pairs(options), limit=run.limit, seed=run.seed,
+                                    keep_layers=keep, progress=run.progress, task=options.task, compare=others),
+                           out_dir)

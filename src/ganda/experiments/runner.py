@@ -117,7 +117,8 @@ def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) 
     at_least("--limit", run.limit)
     at_least("--knowledge-limit", run.knowledge_limit)
     at_least("--ray-actors", run.ray_actors)
-    names = parse_tasks(run.tasks or cls.default_tasks)  # kv1, lab-kv999: refused by the task's bounds
+    scored = cls.inputs == "tasks"  # "model": the experiment draws its own prompts
+    names = parse_tasks(run.tasks or cls.default_tasks) if scored else []  # kv1, lab-kv999: refused by the task's bounds
     exp = cls(resume=run.resume)
     exp.command = run.command
     exp.check_tasks(options, names)
@@ -127,9 +128,9 @@ def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) 
     out_dir = runio.claim_run_dir(run.out if run.out is not None else default,
                                   kind=runio.RESULT_COMMANDS.get(name, name), models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
-    limit = run.limit if run.limit is not None else SCORED_LIMIT
-    scorer = Scorer(adapter, names, limit=limit, knowledge_limit=run.knowledge_limit, seed=run.seed,
-                    progress=run.progress, sample=run.sample)
+    run.limit = run.limit if run.limit is not None else SCORED_LIMIT
+    scorer = Scorer(adapter, names, limit=run.limit, knowledge_limit=run.knowledge_limit, seed=run.seed,
+                    progress=run.progress, sample=run.sample) if scored else None
     with ray_sweeps(run.ray, run.ray_actors, allow_pickle=run.allow_pickle):
         result = exp.run_tasks(adapter, scorer, options, out_dir=out_dir, run=run)
     return Run(exp, result, out_dir, adapter, [], options)
