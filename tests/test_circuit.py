@@ -19,12 +19,12 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from checks import tiny_model
 from test_attribution import EXAMPLES, CharTok, llama
 
 import ganda
 from ganda.attribution import attribute, margin_of
 from ganda.attribution.engine import ACTIVE_EDGES
-from ganda.checks import tiny_model
 from ganda.circuit import INTACT, PathBatch, path_ablation
 from ganda.circuit.ablation import EVERYWHERE, condition_name
 from ganda.circuit.edges import edge_attribution, edge_positions, parse_edge, rank_edges
