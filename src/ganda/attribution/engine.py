@@ -213,6 +213,13 @@ class _Engine:
         self.dtype = next(adapter.model.parameters()).dtype
         self._indices: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # see _layer_index
 
+    def take_means(self, reference: Sequence[Example]) -> None:
+        """Mean ablation's values by the one mean rule (:mod:`ganda.ablation`): each mixer's slice
+        averaged over every token of every reference prompt."""
+        mixers = [m for ms in self.by_layer.values() for m, _ in ms]
+        mu = reference_means(self.adapter, reference, mixers)
+        self.means = {z_point(m): mu[(m.layer, m.kind)] for m in mixers}
+
     def trace(self, batch: Batch, edit: dict[str, Edit] | None = None) -> LayerCalls:
         """One no-grad pass that records every decoder layer's input and call (``edit``: IG's α edits)."""
         with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, edit=edit or {}):
@@ -475,42 +482,62 @@ def attribute(
         if batch_tokens is None:
             batch_tokens = default_batch_tokens(adapter, eng.n_blocks if method == "atp*" else 0)
         plan, packed = plan_batches(adapter, examples, max(1, batch_tokens // eng.reps))  # IG: reps copies share the budget
-        cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "method": method,
-               "ablation": ablation, "margin": margin, "heads": [str(h) for h in head_list],
-               "graddrop_blocks": eng.n_blocks if method == "atp*" else None,
-               "ig_steps": ig_steps if method == "ig" else None,
-               "batches": [[it.index for it in b] for b in plan],
-               "reference_sha": examples_digest(reference) if reference is not None else None,
-               "dtype": str(eng.dtype).removeprefix("torch.")}
-        journal = None
-        if out_dir is not None:
-            cfg["weights"] = weights_fingerprint(adapter)
-            journal = runio.Journal(Path(out_dir) / "attribution.jsonl", cfg, "attribution", resume=resume,
-                                    check=_batch_problem).open()
-        if ablation == "mean":  # the one mean rule (ganda.ablation): every token of every reference prompt
-            mixers = [m for ms in eng.by_layer.values() for m, _ in ms]
-            mu = reference_means(adapter, reference if reference is not None else examples, mixers)
-            eng.means = {z_point(m): mu[(m.layer, m.kind)] for m in mixers}
+        cfg = _config(adapter, examples, eng, plan, method, ig_steps, reference)
+        journal = _journal(adapter, out_dir, cfg, resume)
+        if ablation == "mean":
+            eng.take_means(reference if reference is not None else examples)
         try:
             atp, gd, lls = _run_batches(eng, plan, packed, len(examples), journal, progress, method)
         finally:
             if journal is not None:
                 journal.close()
         mean_atp = atp.mean(0)
-        est, gd_mag, ig = mean_atp.tolist(), None, None
-        if method == "ig":
-            assert gd is not None
-            ig = gd.mean(0).tolist()
-            est = list(ig)
-        elif gd is not None:
-            gd_mag = graddrop_scores(gd / len(examples), mean_atp, [h.layer for h in head_list], eng.n_layers, eng.n_blocks)
-            est = [(1.0 if a >= 0 else -1.0) * s for a, s in zip(mean_atp.tolist(), gd_mag, strict=True)]
+        est, gd_mag, ig = _estimates(eng, method, mean_atp, gd, len(examples))
     golds = [ex.gold for ex in examples]
     means = {(m.layer, m.kind): eng.means[z_point(m)] for ms in eng.by_layer.values() for m, _ in ms
              if z_point(m) in eng.means}
     return Attribution(head_list, mean_atp.tolist(), est, method, ablation, margin, metric_value(lls, golds, margin),
                        lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, means, ig,
                        gd if method == "ig" else None)
+
+
+def _journal(adapter: ModelAdapter, out_dir: str | Path | None, cfg: dict[str, Any], resume: bool
+             ) -> runio.Journal | None:
+    """``out_dir/attribution.jsonl`` opened (resumed where it matches ``cfg``, into which the weights'
+    fingerprint goes first), or None without ``out_dir``: the weights are fingerprinted only then."""
+    if out_dir is None:
+        return None
+    cfg["weights"] = weights_fingerprint(adapter)
+    return runio.Journal(Path(out_dir) / "attribution.jsonl", cfg, "attribution", resume=resume,
+                         check=_batch_problem).open()
+
+
+def _config(adapter: ModelAdapter, examples: Sequence[Example], eng: _Engine, plan: list[list[BatchItem]],
+            method: str, ig_steps: int, reference: Sequence[Example] | None) -> dict[str, Any]:
+    """What attribution's journal records and a resumed run must match: the prompts, the options,
+    the batches (fixed by the inputs) and the dtype."""
+    return {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "method": method,
+            "ablation": eng.ablation, "margin": eng.margin, "heads": [str(h) for h in eng.heads],
+            "graddrop_blocks": eng.n_blocks if method == "atp*" else None,
+            "ig_steps": ig_steps if method == "ig" else None,
+            "batches": [[it.index for it in b] for b in plan],
+            "reference_sha": examples_digest(reference) if reference is not None else None,
+            "dtype": str(eng.dtype).removeprefix("torch.")}
+
+
+def _estimates(eng: _Engine, method: str, mean_atp: torch.Tensor, gd: torch.Tensor | None, n: int
+               ) -> tuple[list[float], list[float] | None, list[float] | None]:
+    """Each head's estimate, by method: AtP's mean; AtP*'s GradDrop magnitude under AtP's sign; IG's
+    mean. Also AtP*'s magnitudes and IG's per-head means (None for the other methods)."""
+    est, gd_mag, ig = mean_atp.tolist(), None, None
+    if method == "ig":
+        assert gd is not None
+        ig = gd.mean(0).tolist()
+        est = list(ig)
+    elif gd is not None:
+        gd_mag = graddrop_scores(gd / n, mean_atp, [h.layer for h in eng.heads], eng.n_layers, eng.n_blocks)
+        est = [(1.0 if a >= 0 else -1.0) * s for a, s in zip(mean_atp.tolist(), gd_mag, strict=True)]
+    return est, gd_mag, ig
 
 
 def _run_batches(eng: _Engine, plan: list[list[BatchItem]], packed: bool, n: int, journal: runio.Journal | None,

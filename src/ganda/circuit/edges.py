@@ -52,7 +52,7 @@ from ..attribution.engine import (
     margin_of,
     metric_value,
 )
-from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_magnitude, widen_until_stable
+from ..attribution.ranking import Bound, bound_at_top, spearman, top_by_magnitude, widen_until_stable
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
 from ..heads import HeadId
@@ -469,45 +469,53 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
     est = sc.by_edge()
     order = top_by_magnitude(est, len(est))
     chosen, audited = _to_verify(order, verify_top, audit, seed, most_active(sc.by_edge(sc.activity), active))
-    golds = [ex.gold for ex in examples]
-    clean_ll = sc.clean_logliks
-    exact: dict[str, float] = {}
-    ci: dict[str, list[float]] = {}
-    acc: dict[str, float] = {}
-
-    def measure(names: list[str], _round: int = 0) -> None:
-        """Exact path ablations of ``names`` into ``exact``, ``ci`` and ``acc`` (resumable in ``out_dir``)."""
-        nonlocal clean_ll
-        edges = [(adapter.canonical(s), adapter.canonical(r)) for s, r in map(parse_edge, names)]
-        clean_ll, lls = exact_edges(adapter, examples, edges, margin=margin, out_dir=out_dir, resume=resume,
-                                    progress=progress, means=means)
-        base_a, base_m = per_prompt(clean_ll, golds, margin)
-        for name, ll in lls.items():
-            a, m = per_prompt(ll, golds, margin)
-            bs = bootstrap_paired(base_m, m, seed=seed)
-            exact[name], ci[name] = bs["diff"], list(bounds(bs, "diff"))
-            acc[name] = (sum(base_a) - sum(a)) / len(a)
-
+    checks = _EdgeChecks(adapter, examples, sc.clean_logliks, margin=margin, seed=seed, means=means, out_dir=out_dir,
+                         resume=resume, progress=progress)
     with cpu_clock() as c2:
         if chosen or audited:
-            measure([*chosen, *audited])
-        widened = widen_until_stable(order, exact, widen, top, measure, top_of=lambda ex, k: set(
+            checks.measure([*chosen, *audited])
+        widened = widen_until_stable(order, checks.exact, widen, top, checks.measure, top_of=lambda ex, k: set(
             top_by_magnitude(ex, k))) if widen and chosen else []
         chosen += widened
-    clean = metric_value(clean_ll, golds, margin)
-    bound = None
-    if chosen:
-        known = sorted((abs(exact[e]) for e in chosen), reverse=True)
-        theta = threshold if threshold is not None else known[min(top, len(known)) - 1]
-        bound = false_negative_bound(est, exact, chosen, audited, theta, confidence)
+    clean = metric_value(checks.clean_ll, checks.golds, margin)
+    bound = bound_at_top(est, checks.exact, chosen, audited, threshold, top, confidence)
     secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
             "verification_cpu": c2["cpu"]}
     cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "active": active, "audit": audit, "seed": seed,
            "widen": widen, "widened": len(widened)}
-    res = EdgeRanking(sc, "direct", exact, ci, acc, chosen, audited, clean, bound, secs, cfg)
+    res = EdgeRanking(sc, "direct", checks.exact, checks.ci, checks.acc, chosen, audited, clean, bound, secs, cfg)
     if out_dir is not None:
         res.write(out_dir)
     return res
+
+
+class _EdgeChecks:
+    """The exact direct-path ablations of the verified edges, measured in rounds (the first choice,
+    then each ``widen`` round; resumable in ``out_dir``): each edge's margin drop as a paired
+    bootstrap over prompts against the intact run (``exact``, its interval ``ci``) and its accuracy
+    drop (``acc``). Every round re-scores the intact model, whose log-likelihoods ``clean_ll`` keeps."""
+
+    def __init__(self, adapter: ModelAdapter, examples: Sequence[Example], clean_ll: list[list[float]], *,
+                 margin: str, seed: int, means: Any, out_dir: str | Path | None, resume: bool, progress: bool) -> None:
+        self.adapter, self.examples, self.clean_ll = adapter, examples, clean_ll
+        self.margin, self.seed, self.means = margin, seed, means
+        self.out_dir, self.resume, self.progress = out_dir, resume, progress
+        self.golds = [ex.gold for ex in examples]
+        self.exact: dict[str, float] = {}
+        self.ci: dict[str, list[float]] = {}
+        self.acc: dict[str, float] = {}
+
+    def measure(self, names: list[str], _round: int = 0) -> None:
+        """Exact path ablations of ``names`` into ``exact``, ``ci`` and ``acc``."""
+        edges = [(self.adapter.canonical(s), self.adapter.canonical(r)) for s, r in map(parse_edge, names)]
+        self.clean_ll, lls = exact_edges(self.adapter, self.examples, edges, margin=self.margin, out_dir=self.out_dir,
+                                         resume=self.resume, progress=self.progress, means=self.means)
+        base_a, base_m = per_prompt(self.clean_ll, self.golds, self.margin)
+        for name, ll in lls.items():
+            a, m = per_prompt(ll, self.golds, self.margin)
+            bs = bootstrap_paired(base_m, m, seed=self.seed)
+            self.exact[name], self.ci[name] = bs["diff"], list(bounds(bs, "diff"))
+            self.acc[name] = (sum(base_a) - sum(a)) / len(a)
 
 
 def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, receiver: HeadId,
