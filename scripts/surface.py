@@ -34,10 +34,10 @@ name tables (mapping an experiment to behaviour)
       All of them together are one table (a command line generated from a registry has none).
 
 places an option of rank or edges is declared
-    The options are :data:`RANK_EDGES_OPTIONS`: the flags that only ``rank`` and ``edges`` take
+    The options are :data:`OPTIONS`: the flags only ``rank`` takes and those only ``edges`` takes
     (shared ones such as ``limit``, ``seed``, ``top``, ``margin`` and ``ablation`` are left out,
-    since every experiment declares its own). A place is one function or class that declares at
-    least one of them, as
+    since every experiment declares its own); ``rank.verify_top`` and ``edges.verify_top`` are two
+    options. A place is one function or class that declares at least one of them, as
 
     * a parameter of a function whose default is a ``typer.Option(...)`` / ``Option(...)`` call
       (anywhere under ``src/ganda``);
@@ -45,14 +45,17 @@ places an option of rank or edges is declared
       name ends in ``Options``; anywhere under ``src/ganda``) or that sits in one of the areas below;
     * plain parameters of a function in ``commands/``, ``experiments/``, ``plan.py`` or ``grid.py``
       (the layers a user's option passes through on its way to the library) that takes at least
-      two of the options: a signature that repeats an option set. One parameter that happens to
-      share a name (``extends.control_heads(screen=...)``) is not a declaration of the flag, and
+      two of the option names: a signature that repeats an option set. One parameter that happens
+      to share a name (``extends.control_heads(screen=...)``) is not a declaration of the flag, and
       the library's own functions below, e.g. ``attribution.rank_heads``, are not counted.
       Result records (a dataclass ``RankResult`` with a ``method`` field) outside the areas are
       not options and are not counted.
 
-    Printed: the places in all, and the most places any one option is declared in (the target
-    is 1: each option declared once).
+    A place declares rank's options when its qualified name says so (``rank`` or ``attribution``
+    in it, e.g. ``RankOptions``, ``register.rank``), edges' when it says ``edge``, else when its
+    file's name does; a place that names neither (``ganda plan``'s flags) declares both.
+    Printed: the most places any one option of one experiment is declared in (the target is 1:
+    each option declared once), and the places declaring any of them.
 
 result readers
     Units are the top-level functions and classes (with their methods and nested functions) of
@@ -91,11 +94,14 @@ KIND_FILES = {
     "attribution.jsonl": "rank", "extends.json": "extends", "edges.json": "edges", "edges_exact.jsonl": "edges",
 }
 GENERIC_FILE = "result.json"
-#: options only ``rank`` and ``edges`` take (python names)
-RANK_EDGES_OPTIONS = frozenset({
-    "method", "graddrop_blocks", "ig_steps", "verify_top", "verify_layers", "audit", "active", "widen",
-    "screen", "threshold", "senders", "receivers", "show",
-})
+#: experiment -> the options it takes that are its own (python names), and the words that name it
+OPTIONS = {
+    "rank": frozenset({"method", "graddrop_blocks", "ig_steps", "verify_top", "verify_layers", "audit", "active",
+                       "widen", "screen", "threshold"}),
+    "edges": frozenset({"verify_top", "audit", "active", "widen", "threshold", "senders", "receivers", "show"}),
+}
+OPTION_OWNERS = {"rank": ("rank", "attribution"), "edges": ("edge",)}
+OPTION_NAMES = frozenset().union(*OPTIONS.values())
 #: where a plain function parameter of one of those names counts as a declaration (package-relative)
 PARAMETER_AREAS = ("commands/", "experiments/", "plan.py", "grid.py")
 READER_AREAS = ("results.py", "report/")
@@ -286,23 +292,35 @@ def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[ast.ar
     return list(zip(positional, defaults, strict=True)) + list(zip(a.kwonlyargs, a.kw_defaults, strict=True))
 
 
+def _owners(file: str, qualname: str) -> tuple[str, ...]:
+    """The experiments whose options a place declares (see the module docstring)."""
+    for text in (qualname.lower(), file.lower()):
+        found = tuple(e for e, words in OPTION_OWNERS.items() if any(w in text for w in words))
+        if found:
+            return found
+    return tuple(OPTION_OWNERS)
+
+
 def option_places(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
-    """Each option of :data:`RANK_EDGES_OPTIONS` -> the places (``file:qualname``) declaring it."""
-    places: dict[str, list[str]] = {opt: [] for opt in sorted(RANK_EDGES_OPTIONS)}
+    """Each option of :data:`OPTIONS` (``experiment.name``) -> the places (``file:qualname``) declaring it."""
+    places: dict[str, list[str]] = {f"{e}.{o}": [] for e, opts in OPTIONS.items() for o in sorted(opts)}
+
+    def declare(f: str, qualname: str, names: list[str]) -> None:
+        for e in _owners(f, qualname):
+            for o in names:
+                if o in OPTIONS[e]:
+                    places[f"{e}.{o}"].append(f"{f}:{qualname}")
+
     for f, tree in trees.items():
         in_area = f.startswith(PARAMETER_AREAS)
         for name, fn in _functions(tree):
-            params = [(arg.arg, default) for arg, default in _parameters(fn) if arg.arg in RANK_EDGES_OPTIONS]
+            params = [(arg.arg, default) for arg, default in _parameters(fn) if arg.arg in OPTION_NAMES]
             repeats_set = in_area and len(params) >= 2
-            for opt, default in params:
-                if repeats_set or _is_option_call(default):
-                    places[opt].append(f"{f}:{name}")
+            declare(f, name, [o for o, default in params if repeats_set or _is_option_call(default)])
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and _is_dataclass(node) and (in_area or _is_options_class(node)):
-                for stmt in node.body:
-                    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) \
-                            and stmt.target.id in RANK_EDGES_OPTIONS:
-                        places[stmt.target.id].append(f"{f}:{node.name}")
+                declare(f, node.name, [stmt.target.id for stmt in node.body if isinstance(stmt, ast.AnnAssign)
+                                       and isinstance(stmt.target, ast.Name) and stmt.target.id in OPTION_NAMES])
     return places
 
 
@@ -362,9 +380,9 @@ def survey(root: Path) -> dict:
         "commands_lines": count_lines(pkg, "commands"),
         "long_functions": len(longs),
         "name_tables": len(tables),
-        "option_places": len(distinct),
-        "option_places_max": len(set(worst[1])),
-        "option_places_max_option": worst[0],
+        "option_places": len(set(worst[1])),
+        "option_places_option": worst[0],
+        "option_declaring_places": len(distinct),
         "result_readers": len(per_kind) + (1 if generic else 0),
         "detail": {
             "long_functions": [asdict(x) for x in longs],
@@ -384,9 +402,9 @@ def table(s: dict) -> str:
         ("lines in src/ganda/commands", s["commands_lines"]),
         (f"functions over {LONG} lines", s["long_functions"]),
         ("name tables mapping an experiment to behaviour", s["name_tables"]),
-        ("places an option of rank or edges is declared", s["option_places"]),
-        ("  most places of one option" + (f" ({s['option_places_max_option']})" if s["option_places_max"] else ""),
-         s["option_places_max"]),
+        ("places an option of rank or edges is declared" + (f" ({s['option_places_option']})"
+                                                             if s["option_places"] else ""), s["option_places"]),
+        ("  places declaring any of their options", s["option_declaring_places"]),
         ("result readers (per-kind + 1 if a generic one)", s["result_readers"]),
     ]
     width = max(len(r[0]) for r in rows)
@@ -396,6 +414,8 @@ def table(s: dict) -> str:
     out += ["", "name tables:"]
     out += [f"  {x['file']}:{x['name']}" + (f" (line {x['line']})" if x["line"] else "") + f": {', '.join(x['names'])}"
             for x in d["name_tables"]]
+    out += ["", "rank/edges options declared in more than one place:"]
+    out += [f"  {opt}: {len(ps)}" for opt, ps in d["option_places"].items() if len(ps) > 1]
     out += ["", "places declaring rank/edges options:"]
     by_place: dict[str, list[str]] = {}
     for opt, ps in d["option_places"].items():

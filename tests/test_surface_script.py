@@ -67,6 +67,15 @@ FILES = {
         register_result("roles", "y")
         register_plugin("demo", "z")
     ''',
+    # ``ganda plan``'s flags: a place naming neither experiment declares the option for both
+    "commands/plan.py": '''
+        import typer
+
+        def register(app):
+            @app.command("plan")
+            def plan_cmd(verify_top: int = typer.Option(10), senders_file: str = typer.Option("")):
+                pass
+    ''',
     # two hand-written experiment commands (one table), one that is no experiment; a typer option
     "commands/rank.py": '''
         import typer
@@ -125,7 +134,8 @@ def test_lines_and_long_functions(surface, tmp_path):
     expected = sum(len(p.read_text().splitlines()) for p in pkg.rglob("*.py"))
     s = surface.survey(root)
     assert s["lines"] == expected
-    assert s["commands_lines"] == len((pkg / "commands" / "rank.py").read_text().splitlines()) == 14
+    assert s["commands_lines"] == sum(len((pkg / "commands" / f).read_text().splitlines())
+                                      for f in ("plan.py", "rank.py")) == 6 + 14
     longs = {(x["file"], x["name"]): x["lines"] for x in s["detail"]["long_functions"]}
     # 61 lines from def to end: counted; exactly 60: not; a method under a decorator: its def line on
     assert longs == {("long.py", "long_one"): 61, ("long.py", "K.method"): 62}
@@ -147,12 +157,15 @@ def test_name_tables(surface, tmp_path):
 def test_option_places(surface, tmp_path):
     s = surface.survey(_tree(tmp_path))
     places = {k: v for k, v in s["detail"]["option_places"].items() if v}
+    # rank's own: the typer command ``rank``, RankOptions, rank_phases' repeated pair; edges' own: none,
+    # but ``plan_cmd`` (naming neither) declares verify_top for both
     assert places == {
-        "verify_top": ["commands/rank.py:register.rank", "experiments/builtin.py:RankOptions",
-                       "experiments/builtin.py:rank_phases"],
-        "audit": ["experiments/builtin.py:RankOptions", "experiments/builtin.py:rank_phases"],
+        "rank.verify_top": ["commands/plan.py:register.plan_cmd", "commands/rank.py:register.rank",
+                            "experiments/builtin.py:RankOptions", "experiments/builtin.py:rank_phases"],
+        "rank.audit": ["experiments/builtin.py:RankOptions", "experiments/builtin.py:rank_phases"],
+        "edges.verify_top": ["commands/plan.py:register.plan_cmd"],
     }
-    assert (s["option_places"], s["option_places_max"], s["option_places_max_option"]) == (3, 3, "verify_top")
+    assert (s["option_places"], s["option_places_option"], s["option_declaring_places"]) == (4, "rank.verify_top", 4)
 
 
 def test_result_readers(surface, tmp_path):
@@ -167,7 +180,7 @@ def test_main_prints_table_and_json(surface, tmp_path, capsys):
     root = _tree(tmp_path)
     assert surface.main(["--root", str(root), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert (d["long_functions"], d["name_tables"], d["option_places"], d["result_readers"]) == (2, 4, 3, 4)
+    assert (d["long_functions"], d["name_tables"], d["option_places"], d["result_readers"]) == (2, 4, 4, 4)
     assert surface.main(["--root", str(root)]) == 0
     out = capsys.readouterr().out
     assert "functions over 60 lines" in out and "long.py:long_one" in out
