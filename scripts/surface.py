@@ -21,11 +21,11 @@ name tables (mapping an experiment to behaviour)
 
     * a dict, tuple, list or set literal written at module or class level (an assignment's value,
       or the iterable of a module-level ``for``, e.g. a loop that registers each entry), not
-      inside another literal, naming at least two distinct names: among a dict's string keys, a
-      sequence's string items, and the string items of the tuples/lists it holds (so
-      ``(("ranking.json", "rank"), ...)`` counts once, as one table), that name at least two
-      different experiments (``attribution`` is ``rank``, ``circuit_edges`` is ``edges``, a kind's
-      file is its kind: one experiment's own list of files is not a table of experiments);
+      inside another literal, whose names (a dict's string keys, a sequence's string items, and
+      the string items of the tuples/lists it holds, so ``(("ranking.json", "rank"), ...)``
+      counts once, as one table) stand for at least two different experiments (``attribution``
+      is ``rank``, ``circuit_edges`` is ``edges``, a kind's file is its kind: one experiment's
+      own list of files is not a table of experiments);
     * module-level calls in one module to one callee whose first argument is a name (e.g.
       ``register_experiment("sweep", ...)`` written once per experiment), naming at least two
       different experiments: one table per callee;
@@ -62,8 +62,8 @@ result readers
     ``src/ganda/results.py`` and ``src/ganda/report/*.py``. A unit is a *per-kind reader* when it
     holds a string literal in :data:`KIND_FILES` (one kind's own file), compares a kind with a
     name (``kind == "sweep"``, ``d.get("kind") in ("rank", ...)``: one side's source mentions
-    ``kind``, the other is a name or a literal sequence holding one), or is a class that defines ``headline``
-    (an adapter that presents one kind's data as a result). A unit that names ``result.json`` and
+    ``kind``, the other is a name or a literal sequence holding one), or is a class that defines
+    ``headline`` (an adapter that presents one kind's data as a result). A unit that names ``result.json`` and
     no kind's file is a *generic reader* (it reads every kind's result.json). Printed: per-kind
     readers, plus 1 where any generic reader exists (the target is 1: one generic reader).
 """
