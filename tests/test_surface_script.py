@@ -184,3 +184,10 @@ def test_main_prints_table_and_json(surface, tmp_path, capsys):
     assert surface.main(["--root", str(root)]) == 0
     out = capsys.readouterr().out
     assert "functions over 60 lines" in out and "long.py:long_one" in out
+
+
+def test_runs_on_this_checkout(surface):
+    """The rules parse the real package (its numbers change with the code and are not checked here)."""
+    s = surface.survey(SCRIPT.parents[1])
+    assert s["lines"] > s["commands_lines"] > 0
+    assert {"long_functions", "name_tables", "option_places", "result_readers"} <= s.keys()
