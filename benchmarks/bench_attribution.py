@@ -365,12 +365,12 @@ def _status_mb(key: str) -> float:
 def mem_arm_cmd(args) -> None:
     """One arm of ``memory`` (run in its own process)."""
     from ganda.attribution import attribute
-    from ganda.attribution.engine import _make_batch, _plan
+    from ganda.prepared import make_batch, plan_batches
 
     torch.set_num_threads(1)
     adapter, examples, _ = load(args)
-    plan, packed = _plan(adapter, examples, 4096)
-    b = _make_batch(adapter, plan[0], packed, next(adapter.model.parameters()).dtype)
+    plan, packed = plan_batches(adapter, examples, 4096)
+    b = make_batch(adapter, plan[0], packed)
     attribute(adapter, examples[:2], method="atp", progress=False)  # warm-up: allocator, lazy modules
     kw = {"input_ids": b.ids, "attention_mask": b.mask, "use_cache": False}
     if b.position_ids is not None:

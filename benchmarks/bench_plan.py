@@ -36,7 +36,6 @@ import ganda
 from ganda import from_model
 from ganda import plan as planner
 from ganda.attribution import rank_heads
-from ganda.checks import tiny_model
 from ganda.commands.plan import layer_skip
 from ganda.experiments.common import Scorer
 from ganda.experiments.prune import prune_curve
@@ -50,6 +49,7 @@ from ganda.tasks import get_task
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # importable from the tests too
+from checks import tiny_model  # noqa: E402
 from conftest import make_byte_tokenizer, make_tiny_llama  # noqa: E402  (the tests' tiny models)
 from peak_rss import PeakRSS  # noqa: E402
 

@@ -18,7 +18,7 @@ tokenizer with ids folded into the model's vocabulary):
     python benchmarks/bench_scan.py --exactness     # the chunked scan against the sequential one and float64
     python benchmarks/bench_scan.py --plan-only [--hidden 4096 ...]   # the planner's rows alone (meta device)
 
-``--exactness``: on the tiny Mamba-1, Falcon-Mamba and Jamba models of ``ganda.checks.tiny_model``
+``--exactness``: on the tiny Mamba-1, Falcon-Mamba and Jamba models of ``tiny_model`` (``tests/checks.py``)
 (two rows of random tokens, 1 to 747 long), the largest difference relative to the largest entry
 of outputs, final states and gradients (u, Δ, A, B, C, D, z, Δ bias, initial state) of the first
 mixer's scan, chunked against sequential and each against a float64 sequential scan; and whole
@@ -42,6 +42,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT.parent / "tests"))  # checks.py: the tests' tiny models
 
 
 def clocked(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
@@ -143,7 +144,8 @@ def _scan_all(scan: Callable[..., Any], args: tuple, kwargs: dict, h0: torch.Ten
 def exactness() -> list[dict[str, Any]]:
     import importlib
 
-    from ganda.checks import tiny_model
+    from checks import tiny_model
+
     from ganda.models.ssm.common import torch_path
     from ganda.models.ssm.selective_scan import selective_scan, sequential_scan
 

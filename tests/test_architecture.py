@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ganda.interventions",),
     ("ganda.tasks", "ganda.sites"),
     ("ganda.scoring", "ganda.generation", "ganda.lmeval", "ganda.figures", "ganda.ablation"),
-    ("ganda.evaluation", "ganda.acts", "ganda.prepared", "ganda.attention", "ganda.patterns", "ganda.labels", "ganda.knowledge", "ganda.checks"),
+    ("ganda.evaluation", "ganda.acts", "ganda.prepared", "ganda.attention", "ganda.patterns", "ganda.labels", "ganda.knowledge"),
     ("ganda.sweep", "ganda.discovery", "ganda.attribution", "ganda.plan", "ganda.circuit"),
     ("ganda.experiments", "ganda.distributed", "ganda.grid"),
     ("ganda.report", "ganda.demo", "ganda.results"),

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from checks import tiny_model
 from torch import nn
 
 import ganda
@@ -257,7 +258,7 @@ def test_attribution_resume_refuses_changed_weights(tmp_path):
 @pytest.mark.parametrize("family", ["mamba2", "llamba", "bamba"])
 def test_ssm_heads_get_gradients(family):
 
-    ad = ganda.from_model(ganda.checks.tiny_model(family), CharTok(),
+    ad = ganda.from_model(tiny_model(family), CharTok(),
                                                                              spec=family)
     exs = [Example(prompt="abc defg hij kl x", choices=[" a", " bq", " c"], gold=1),
            Example(prompt="zzz yy q", choices=[" k", " l", " mm"], gold=2)]
@@ -385,7 +386,7 @@ def test_a_batch_that_runs_out_of_memory_runs_as_halves_with_the_same_numbers(fa
     that does not fit is one line."""
     from ganda.attribution import engine
 
-    adapter = llama(layers=3) if family == "llama" else ganda.from_model(ganda.checks.tiny_model(family), CharTok(),
+    adapter = llama(layers=3) if family == "llama" else ganda.from_model(tiny_model(family), CharTok(),
                                                                              spec=family)
     whole = attribute(adapter, EXAMPLES, method="atp*", progress=False)
     real, sizes = engine._Engine.run, []

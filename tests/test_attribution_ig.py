@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+from checks import tiny_model
 from test_attribution import EXAMPLES, LETTERS, CharTok, exact_drops, llama
 
 import ganda
@@ -78,7 +79,7 @@ def test_one_step_is_the_derivative_along_the_path(family, monkeypatch):
         ad = llama(layers=3)
         exs = LETTERS
     else:
-        ad, exs = ganda.from_model(ganda.checks.tiny_model(family), CharTok(), spec=family), SSM_EXAMPLES
+        ad, exs = ganda.from_model(tiny_model(family), CharTok(), spec=family), SSM_EXAMPLES
     ad.model.double()
     monkeypatch.setattr(engine, "ig_alphas", lambda steps: [0.3])
     att = attribute(ad, exs, method="ig", ig_steps=1, progress=False)

@@ -19,22 +19,22 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from checks import tiny_model
 from test_attribution import EXAMPLES, CharTok, llama
 
 import ganda
 from ganda.attribution import attribute, margin_of
 from ganda.attribution.engine import ACTIVE_EDGES
-from ganda.checks import tiny_model
 from ganda.circuit import INTACT, PathBatch, path_ablation
 from ganda.circuit.ablation import EVERYWHERE, condition_name
 from ganda.circuit.edges import edge_attribution, edge_positions, parse_edge, rank_edges
-from ganda.circuit.paths import make_batch, path_batches
 from ganda.engine import Trace
 from ganda.errors import GandaError
 from ganda.heads import HeadId
 from ganda.interventions import AblateHeads, head_mask, mask_edit, z_point
 from ganda.models.components import residual_write_scale
 from ganda.models.ssm.common import torch_path
+from ganda.prepared import make_batch, plan_batches
 from ganda.scoring import encode_pair, example_pairs, pad_rows, score_examples
 from ganda.tasks.base import Example
 
@@ -148,7 +148,7 @@ def test_intact_and_everywhere_are_the_scorers(family):
 
 
 def _batch(ad, exs):
-    plan, packed = path_batches(ad, exs, 4096)
+    plan, packed = plan_batches(ad, exs, 4096)
     return PathBatch(ad, make_batch(ad, plan[0], packed))
 
 

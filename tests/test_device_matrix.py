@@ -25,12 +25,12 @@ from functools import cache
 
 import pytest
 import torch
+from checks import last_row_diff, tiny_model
 from conftest import TEST_DEVICE, TEST_DTYPE, make_byte_tokenizer, make_tiny_llama
 
 import ganda
 from ganda import AblateHeads, HeadId, generation, mask_last_row
 from ganda.attribution import attribute
-from ganda.checks import last_row_diff, tiny_model
 from ganda.device import parse_device, parse_dtype
 from ganda.experiments.prune import (
     _forward_logp,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checks import tiny_model
 
 import ganda
-from ganda.checks import tiny_model
 from ganda.engine import Trace, final_logits, layer_returns, run_layers
 from ganda.errors import GandaError
 from ganda.interventions import AblateHeads, RemoveLayers

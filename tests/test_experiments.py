@@ -302,9 +302,9 @@ def test_transplant_into_mamba2_student(tok) -> None:
 def test_transplant_into_bamba_student_is_exact() -> None:
     """Bamba's layer loop unpacks (hidden, attn_weights): the donor block must fit that, and what
     reaches the student's next layer must be exactly the donor block applied to the embeddings."""
+    from checks import tiny_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ganda.checks import tiny_model
     from ganda.experiments.transplant import TransplantLayer
 
     student = from_model(tiny_model("bamba"))

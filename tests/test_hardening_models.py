@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checks import tiny_model
 from conftest import make_byte_tokenizer, make_tiny_llama
 
 import ganda
 from ganda import AblateHeads, GandaError, HeadId, KeepHeads, KeepLayers, RemoveLayers
-from ganda.checks import tiny_model
 from ganda.heads import expand
 from ganda.interventions import parse_layers
 from ganda.models import load_model

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checks import tiny_model
 from conftest import make_byte_tokenizer, make_tiny_llama
 
 import ganda
 from ganda import AblateHeads, RemoveLayers, generation, scoring
-from ganda.checks import tiny_model
 from ganda.generation import generate
 from ganda.scoring import PREFIX_MIN, prefix_cache_enabled, prefix_groups, score_examples
 from ganda.tasks.base import Example

@@ -16,13 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_llama
-from transformers import Mamba2Config, Mamba2ForCausalLM
-
-import ganda
-from ganda import AblateHeads, HeadId, KeepHeads, KeepLayers, RemoveLayers
-from ganda import plan as planner
-from ganda.checks import (
+from checks import (
     FAMILIES,
     _randomise_ssm,
     ablation_diff,
@@ -30,6 +24,12 @@ from ganda.checks import (
     reconstruction_error,
     tiny_model,
 )
+from conftest import make_tiny_llama
+from transformers import Mamba2Config, Mamba2ForCausalLM
+
+import ganda
+from ganda import AblateHeads, HeadId, KeepHeads, KeepLayers, RemoveLayers
+from ganda import plan as planner
 from ganda.cli import main
 from ganda.errors import GandaError
 from ganda.experiments.transplant import TransplantHead, TransplantLayer

@@ -11,9 +11,9 @@ import importlib
 
 import pytest
 import torch
+from checks import tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ganda.checks import tiny_model
 from ganda.models.ssm.common import torch_path
 from ganda.models.ssm.selective_scan import (
     MAMBA1_MODULES,

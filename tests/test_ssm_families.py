@@ -11,11 +11,11 @@ from contextlib import nullcontext
 
 import pytest
 import torch
+from checks import FAMILIES, ablation_diff, last_row_diff, reconstruction_error
+from checks import tiny_model as build
 
 import ganda
 from ganda import HeadId, KeepHeads, KeepLayers, RemoveLayers, truncate
-from ganda.checks import FAMILIES, ablation_diff, last_row_diff, reconstruction_error
-from ganda.checks import tiny_model as build
 from ganda.models.transformer import eager_attention
 
 T = 13

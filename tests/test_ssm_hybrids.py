@@ -8,10 +8,10 @@ import copy
 
 import pytest
 import torch
+from checks import tiny_model as build
 
 import ganda
 from ganda import AblateHeads, HeadId, mask_last_row
-from ganda.checks import tiny_model as build
 from ganda.models.transformer import eager_attention
 
 T = 12

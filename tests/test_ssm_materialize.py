@@ -8,10 +8,10 @@ import json
 
 import pytest
 import torch
+from checks import tiny_model as build
 
 import ganda
 from ganda import HeadId
-from ganda.checks import tiny_model as build
 from ganda.errors import GandaError
 from ganda.models.ssm.materialize import (
     SelectiveParams,

@@ -226,6 +226,64 @@ def _failure(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text[-1]}"
 
 
+class _Dispatch:
+    """Which units wait, which actors are idle, which refs are in flight, and which crashed actors
+    are being asked whether they came back, while :meth:`RayScorer._run_units` runs a list of units.
+    An actor that died is probed (``info``) until it answers, up to ``max_crashes`` failed probes in
+    a row; only then does it take units again."""
+
+    def __init__(self, pool: RayScorer, units: list[Any], submit: Any) -> None:
+        self.pool, self.units, self.submit = pool, units, submit
+        self.queue = deque(range(len(units)))
+        self.idle = deque(range(len(pool.actors)))
+        self.inflight: dict[Any, tuple[int, int]] = {}
+        self.probes: dict[Any, int] = {}  # actors coming back from a crash: a unit goes to them once they answer
+        self.dead: dict[int, int] = {}  # consecutive failed probes of an actor that did not come back
+        self.crashes: dict[int, int] = {}  # per unit: the actors it was lost with
+
+    def fill(self) -> None:
+        """Every idle actor takes the next unit."""
+        while self.queue and self.idle:
+            unit, a = self.queue.popleft(), self.idle.popleft()
+            self.inflight[self.submit(self.pool.actors[a], self.units[unit])] = (unit, a)
+
+    def probe(self, a: int) -> None:
+        self.probes[self.pool.actors[a].info.remote()] = a
+
+    def answered(self, ref: Any) -> None:
+        """A probe came back: the actor is idle again, still restarting (asked again shortly) or
+        still dead (asked again, or given up on; with every actor given up on, the run stops)."""
+        ray = _ray()
+        from ray.exceptions import ActorUnavailableError, RayActorError, WorkerCrashedError
+
+        a = self.probes.pop(ref)
+        try:
+            ray.get(ref)
+        except ActorUnavailableError:  # restarting (reloading the model): ask again shortly
+            time.sleep(0.2)
+            self.probe(a)
+            return
+        except (RayActorError, WorkerCrashedError):
+            self.dead[a] = self.dead.get(a, 0) + 1
+            if self.dead[a] < self.pool.options.max_crashes:
+                self.probe(a)
+            elif not (self.idle or self.inflight or self.probes):
+                raise GandaError(f"every Ray worker died and none came back (the last: {self.pool.spec})") from None
+            return
+        self.dead.pop(a, None)
+        self.idle.append(a)
+
+    def lost(self, unit: int, a: int, what: str, exc: BaseException) -> None:
+        """Actor ``a`` died with ``unit``: the unit goes first in the queue, the actor is probed; a
+        unit lost ``max_crashes`` times stops the run."""
+        self.crashes[unit] = self.crashes.get(unit, 0) + 1
+        self.pool.crashes += 1
+        if self.crashes[unit] >= self.pool.options.max_crashes:
+            raise GandaError(f"{what} lost its Ray worker {self.crashes[unit]} times ({_failure(exc)}); stopping") from None
+        self.queue.appendleft(unit)
+        self.probe(a)
+
+
 class RayScorer:
     """The sweep's batch scorer on a pool of Ray actors (see the module docstring); use as
     ``with RayScorer(opts) as s, scored_by(s): run_sweep(...)``. The pool is built on first use
@@ -353,70 +411,32 @@ class RayScorer:
         """Run every unit on the pool (``submit(actor, unit)`` -> a Ray ref); yield ``(index, value)``
         as units finish. A unit lost with its actor is queued again; one that raises stops the run."""
         ray = _ray()
-        from ray.exceptions import ActorUnavailableError, RayActorError, WorkerCrashedError
+        from ray.exceptions import RayActorError, WorkerCrashedError
 
-        queue = deque(range(len(units)))
-        idle = deque(range(len(self.actors)))
-        inflight: dict[Any, tuple[int, int]] = {}
-        probes: dict[Any, int] = {}  # actors coming back from a crash: a unit goes to them once they answer
-        dead: dict[int, int] = {}  # consecutive failed probes of an actor that did not come back
-        crashes: dict[int, int] = {}
+        d = _Dispatch(self, units, submit)
         left = len(units)
-
-        def fill() -> None:  # every idle actor takes the next unit
-            while queue and idle:
-                unit, a = queue.popleft(), idle.popleft()
-                inflight[submit(self.actors[a], units[unit])] = (unit, a)
-
-        def probe(a: int) -> None:
-            probes[self.actors[a].info.remote()] = a
-
-        def answered(ref: Any) -> None:
-            a = probes.pop(ref)
-            try:
-                ray.get(ref)
-            except ActorUnavailableError:  # restarting (reloading the model): ask again shortly
-                time.sleep(0.2)
-                probe(a)
-                return
-            except (RayActorError, WorkerCrashedError):
-                dead[a] = dead.get(a, 0) + 1
-                if dead[a] < self.options.max_crashes:
-                    probe(a)
-                elif not (idle or inflight or probes):
-                    raise GandaError(f"every Ray worker died and none came back (the last: {self.spec})") from None
-                return
-            dead.pop(a, None)
-            idle.append(a)
-
         try:
             while left:
-                fill()
-                (ref,), _ = ray.wait([*inflight, *probes], num_returns=1)
-                if ref in probes:
-                    answered(ref)
+                d.fill()
+                (ref,), _ = ray.wait([*d.inflight, *d.probes], num_returns=1)
+                if ref in d.probes:
+                    d.answered(ref)
                     continue
-                unit, a = inflight.pop(ref)
+                unit, a = d.inflight.pop(ref)
                 try:
                     val = ray.get(ref)
                 except (RayActorError, WorkerCrashedError) as exc:  # the actor died with the unit: retried elsewhere
-                    crashes[unit] = crashes.get(unit, 0) + 1
-                    self.crashes += 1
-                    if crashes[unit] >= self.options.max_crashes:
-                        raise GandaError(f"work unit {name(units[unit])} lost its Ray worker "
-                                         f"{crashes[unit]} times ({_failure(exc)}); stopping") from None
-                    queue.appendleft(unit)
-                    probe(a)
+                    d.lost(unit, a, f"work unit {name(units[unit])}", exc)
                     continue
                 except Exception as exc:  # noqa: BLE001 -- raised by the unit itself: deterministic, not retried
                     raise GandaError(f"work unit {name(units[unit])} failed: {_failure(exc)}") from None
-                idle.append(a)
+                d.idle.append(a)
                 self.units_run += 1
                 left -= 1
-                fill()  # actors stay busy while finished units are handed back
+                d.fill()  # actors stay busy while finished units are handed back
                 yield unit, val
         finally:
-            for ref in inflight:  # units no result waits for any more
+            for ref in d.inflight:  # units no result waits for any more
                 with contextlib.suppress(Exception):
                     ray.cancel(ref, force=False)
 

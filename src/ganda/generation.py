@@ -250,6 +250,36 @@ def generate(
     return gens[:1] if single else gens
 
 
+def _generate_all(adapter: ModelAdapter, desc: str, examples: Sequence[Example], max_new: int, batch_size: int,
+                  use_cache: bool | None, prefix_cache: bool | None, progress: bool) -> list[Generation]:
+    """Every example's greedy generation, in chunks of four batches so that the progress bar moves."""
+    gens: list[Generation] = []
+    step = max(1, batch_size) * 4
+    bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
+    for k in range(0, len(examples), step):
+        chunk = examples[k: k + step]
+        gens.extend(generate(adapter, [ex.prompt for ex in chunk], max_new_tokens=max_new,
+                             stop=[ex.stop for ex in chunk], batch_size=batch_size, use_cache=use_cache,
+                             prefix_cache=prefix_cache))
+        bar.update(len(chunk))
+    bar.close()
+    return gens
+
+
+def _prediction(task: Task, ex: Example, i: int, g: Generation) -> dict[str, Any]:
+    """One generation's prediction record: the task's verdict (``correct``) and, where the task
+    offers them, the answer it read (``extracted``) and every metric it reports (``metrics``)."""
+    rec: dict[str, Any] = {"id": ex.key(task.name, i), "target": ex.target, "generated": g.text, "finish": g.finish,
+                           "n_tokens": g.n_tokens, "correct": bool(task.score_generation(ex, g.text))}
+    if hasattr(task, "extract"):
+        rec["extracted"] = task.extract(ex, g.text)
+    if hasattr(task, "metrics"):
+        rec["metrics"] = task.metrics(ex, g.text)
+    if ex.meta:
+        rec["meta"] = ex.meta
+    return rec
+
+
 def evaluate_generation(
     adapter: ModelAdapter,
     task: Task,
@@ -284,30 +314,12 @@ def evaluate_generation(
         raise GandaError("resample ablation and position classes (--ablate-at) score multiple-choice tasks only; "
                          f"{task.name!r} generates")
     with apply(adapter, interventions):
-        gens: list[Generation] = []
-        step = max(1, bs) * 4  # chunks so the progress bar moves
-        bar = tqdm(total=len(examples), desc=task.name, disable=not progress, leave=False)
-        for k in range(0, len(examples), step):
-            chunk = examples[k: k + step]
-            gens.extend(generate(adapter, [ex.prompt for ex in chunk], max_new_tokens=max_new,
-                                 stop=[ex.stop for ex in chunk], batch_size=bs, use_cache=use_cache,
-                                 prefix_cache=prefix_cache))
-            bar.update(len(chunk))
-        bar.close()
+        gens = _generate_all(adapter, task.name, examples, max_new, bs, use_cache, prefix_cache, progress)
     for i, (ex, g) in enumerate(zip(examples, gens, strict=True)):
-        ok = bool(task.score_generation(ex, g.text))
-        correct += ok
-        rec: dict[str, Any] = {"id": ex.key(task.name, i), "target": ex.target, "generated": g.text, "finish": g.finish,
-                               "n_tokens": g.n_tokens, "correct": ok}
-        if hasattr(task, "extract"):
-            rec["extracted"] = task.extract(ex, g.text)
-        if hasattr(task, "metrics"):
-            ms = task.metrics(ex, g.text)
-            rec["metrics"] = ms
-            for name, v in ms.items():
-                metric_sums[name] = metric_sums.get(name, 0) + bool(v)
-        if ex.meta:
-            rec["meta"] = ex.meta
+        rec = _prediction(task, ex, i, g)
+        correct += rec["correct"]
+        for name, v in rec.get("metrics", {}).items():
+            metric_sums[name] = metric_sums.get(name, 0) + bool(v)
         finishes[g.finish] = finishes.get(g.finish, 0) + 1
         preds.append(rec)
     n = len(examples)

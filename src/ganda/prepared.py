@@ -151,4 +151,107 @@ def prepare_all(adapter: Any, examples: Any) -> list[Prepared]:
     return out
 
 
-__all__ = ["PACKED", "ROWS", "Prepared", "block_mask", "packed_batch", "prepare", "prepare_all"]
+# ---------------------------------------------------------------------------------------------
+# batches of prepared examples: the gradient passes' input (attribution, the circuit's edges and
+# paths), where the examples of one batch share one forward and each keeps its own read sites
+
+
+@dataclass
+class BatchItem:
+    """One example inside a :class:`Batch`: its token rows and, per choice, where its
+    log-probabilities are read."""
+
+    index: int  # the example's index in the prompts
+    gold: int
+    rows: list[list[int]]  # token rows (packed: one)
+    positions: list[list[int]] | None  # packed only
+    parents: list[list[int]] | None  # packed only: -1 prefix, else choice index
+    reads: list[tuple[int, list[int], list[int]]]  # per choice: (row within item, positions, target ids)
+
+
+@dataclass
+class Batch:
+    """Several examples' rows as one right-padded forward on the model's device: ids, the attention
+    mask (the packed layout's additive block masks, or the rows' 0/1 mask), position ids (packed
+    only) and which example each row belongs to."""
+
+    items: list[BatchItem]
+    ids: torch.Tensor
+    mask: torch.Tensor | None
+    position_ids: torch.Tensor | None
+    row_example: torch.Tensor  # [rows] index into items
+    valid: torch.Tensor  # [rows, W] bool: real (non-pad) positions
+    packed: bool
+
+    @property
+    def width(self) -> int:
+        return int(self.ids.shape[1])
+
+
+def batch_item(p: Prepared, index: int, packed: bool) -> BatchItem:
+    """Example ``index``'s rows and read sites in the packed layout or the row layout."""
+    sites = p.sites(PACKED if packed else ROWS)
+    reads = [(where[0][0], [k for _, k in where], list(c)) for where, c in zip(sites, p.conts, strict=True)]
+    if packed:
+        return BatchItem(index, p.gold, [list(p.tokens)], [list(p.positions)], [list(p.parent)], reads)
+    return BatchItem(index, p.gold, p.input_rows(whole=False), None, None, reads)
+
+
+def _pad_id(adapter: Any) -> int:
+    tok = adapter.tokenizer
+    return int(getattr(tok, "pad_token_id", None) or 0) if tok is not None else 0
+
+
+def make_batch(adapter: Any, items: list[BatchItem], packed: bool, dtype: torch.dtype | None = None) -> Batch:
+    """``items`` as one batch on the adapter's device. Packed rows get additive block masks in
+    ``dtype`` (default: the model's parameters'); a pad position sees only itself, so no row of a
+    mask is all masked."""
+    if dtype is None:
+        dtype = next(adapter.model.parameters()).dtype
+    dev = adapter.device
+    rows = [r for it in items for r in it.rows]
+    row_example = torch.tensor([j for j, it in enumerate(items) for _ in it.rows], device=dev)
+    w = max(len(r) for r in rows)
+    ids = torch.full((len(rows), w), _pad_id(adapter), dtype=torch.long)
+    valid = torch.zeros((len(rows), w), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        valid[i, : len(r)] = True
+    if not packed:
+        return Batch(items, ids.to(dev), valid.long().to(dev), None, row_example, valid.to(dev), False)
+    pos = torch.zeros((len(rows), w), dtype=torch.long)
+    mask = torch.full((len(rows), 1, w, w), torch.finfo(dtype).min, dtype=dtype)
+    idx = torch.arange(w)
+    for i, it in enumerate(items):
+        assert it.positions is not None and it.parents is not None
+        n = len(it.rows[0])
+        pos[i, :n] = torch.tensor(it.positions[0])
+        mask[i, 0, :n, :n] = block_mask(torch.tensor(it.parents[0]), dtype)
+        mask[i, 0, idx[n:], idx[n:]] = 0.0  # a pad position sees only itself (no all-masked row)
+    return Batch(items, ids.to(dev), mask.to(dev), pos.to(dev), row_example, valid.to(dev), True)
+
+
+def plan_batches(adapter: Any, examples: Any, batch_tokens: int) -> tuple[list[list[BatchItem]], bool]:
+    """The examples prepared and grouped, in order, into batches of at most ``batch_tokens`` padded
+    tokens (fixed by the inputs alone, so a resumed run batches as the first did), and whether they
+    are packed (every example packs on this model) or in rows."""
+    prepared = prepare_all(adapter, examples)
+    packed = all(adapter.packs_choices(len(p.tokens)) for p in prepared)
+    items = [batch_item(p, i, packed) for i, p in enumerate(prepared)]
+    batches: list[list[BatchItem]] = []
+    cur: list[BatchItem] = []
+    for it in items:
+        trial = cur + [it]
+        n_rows = sum(len(x.rows) for x in trial)
+        width = max(len(r) for x in trial for r in x.rows)
+        if cur and n_rows * width > batch_tokens:
+            batches.append(cur)
+            trial = [it]
+        cur = trial
+    if cur:
+        batches.append(cur)
+    return batches, packed
+
+
+__all__ = ["PACKED", "ROWS", "Batch", "BatchItem", "Prepared", "batch_item", "block_mask", "make_batch",
+           "packed_batch", "plan_batches", "prepare", "prepare_all"]

@@ -332,7 +332,10 @@ class _FallbackEngine:
 # records, files, resume
 
 
-def _record(kind: str, head: HeadId | None, packed: list[Prepared], logliks: list[list[float]]) -> dict[str, Any]:
+def sweep_record(kind: str, head: HeadId | None, packed: list[Prepared], logliks: list[list[float]]) -> dict[str, Any]:
+    """One line of a sweep's journal: the intact ``"baseline"`` or a ``"head"`` ablated, scored from
+    its choices' log-likelihoods per prompt (predictions, accuracy and lm-eval's acc_norm). Every
+    analysis that scores heads the sweep's way (``ganda extends``' controls too) writes this record."""
     preds, preds_norm = [], []
     for p, ll in zip(packed, logliks, strict=True):
         preds.append(max(range(len(ll)), key=lambda i: ll[i]))
@@ -572,22 +575,8 @@ def run_sweep(
     needs each scored row's own donor, which batched heads do not have, and is refused.
     """
     t0 = time.perf_counter()
-    if heads is None:
-        heads = [h for h in adapter.heads() if adapter.is_active(h.layer)]
-    heads = sorted(adapter.canonical(h) for h in heads)
-    adapter.require_active({h.layer for h in heads}, "sweep")
-    if not examples:
-        raise GandaError("no examples to sweep")
-    if batch_heads < 1:
-        raise GandaError("batch_heads must be at least 1")
-    if metric not in SWEEP_METRICS:
-        raise GandaError(f"metric must be one of {', '.join(SWEEP_METRICS)}, not {metric!r}")
-    check_sweep_ablation(ablation)
-    means = None
-    if ablation == "mean":
-        if _SCORERS:
-            raise GandaError("--ablation mean runs in this process only, not on workers")
-        means = reference_means(adapter, examples, list({id(m): m for m in map(adapter.mixer_of, heads)}.values()))
+    heads = _checked_heads(adapter, examples, heads, batch_heads, metric, ablation)
+    means = _mean_reference(adapter, examples, heads) if ablation == "mean" else None
     packed = prepare_all(adapter, examples)
     cfg = {
         "model": adapter.spec,
@@ -608,6 +597,33 @@ def run_sweep(
                       means)
 
 
+def _checked_heads(adapter: ModelAdapter, examples: Sequence[Example], heads: Sequence[HeadId] | None,
+                   batch_heads: int, metric: str, ablation: str) -> list[HeadId]:
+    """The heads to sweep (default: every head of the running layers), canonical and in order, once
+    the sweep's options are known to be good: every refusal comes before any work."""
+    if heads is None:
+        heads = [h for h in adapter.heads() if adapter.is_active(h.layer)]
+    heads = sorted(adapter.canonical(h) for h in heads)
+    adapter.require_active({h.layer for h in heads}, "sweep")
+    if not examples:
+        raise GandaError("no examples to sweep")
+    if batch_heads < 1:
+        raise GandaError("batch_heads must be at least 1")
+    if metric not in SWEEP_METRICS:
+        raise GandaError(f"metric must be one of {', '.join(SWEEP_METRICS)}, not {metric!r}")
+    check_sweep_ablation(ablation)
+    return heads
+
+
+def _mean_reference(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId]
+                    ) -> dict[tuple[int, str], torch.Tensor]:
+    """Mean ablation's values: each swept head's mixer averaged over every token of the prompts
+    (:mod:`ganda.ablation`). Workers do not receive them, so a mean sweep runs in this process."""
+    if _SCORERS:
+        raise GandaError("--ablation mean runs in this process only, not on workers")
+    return reference_means(adapter, examples, list({id(m): m for m in map(adapter.mixer_of, heads)}.values()))
+
+
 _RESULT_FILES = ("results.jsonl", "results.csv", "heatmap.png", "cumulative.json", "cumulative.csv", "cumulative.png")
 
 
@@ -626,21 +642,30 @@ def _record_problem(rec: dict[str, Any]) -> str | None:
     return None if _well_formed(rec) else f"a {kind} record whose scores are malformed or not finite"
 
 
-def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric, means=None):
-    journal = runio.Journal(out / "progress.jsonl", cfg, "sweep", resume=resume, check=_record_problem) \
-        if out is not None else None
+def _resumed(out: Path | None, cfg: dict[str, Any], resume: bool
+             ) -> tuple[runio.Journal | None, dict[str, dict[str, Any]], dict[str, Any] | None]:
+    """The sweep's journal (``out/progress.jsonl``, opened) and what an earlier run of the same
+    sweep finished there: each head's record by name and the baseline. A new journal clears an
+    earlier sweep's result files, which would otherwise sit beside this one's."""
     done: dict[str, dict[str, Any]] = {}
     baseline: dict[str, Any] | None = None
-    if journal is not None:
-        journal.open()
-        for rec in journal.records:
-            if rec["type"] == "baseline":
-                baseline = rec
-            else:
-                done[rec["head"]] = rec
-        if journal.fresh:  # a new sweep: results of an earlier one in this directory would sit beside it
-            for name in _RESULT_FILES:
-                (out / name).unlink(missing_ok=True)
+    if out is None:
+        return None, done, baseline
+    journal = runio.Journal(out / "progress.jsonl", cfg, "sweep", resume=resume, check=_record_problem)
+    journal.open()
+    for rec in journal.records:
+        if rec["type"] == "baseline":
+            baseline = rec
+        else:
+            done[rec["head"]] = rec
+    if journal.fresh:  # a new sweep: results of an earlier one in this directory would sit beside it
+        for name in _RESULT_FILES:
+            (out / name).unlink(missing_ok=True)
+    return journal, done, baseline
+
+
+def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric, means=None):
+    journal, done, baseline = _resumed(out, cfg, resume)
 
     def note() -> None:
         if journal is not None:
@@ -660,24 +685,7 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
         if naive:
             baseline, new = _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head, means)
         else:
-            todo_batches: list[list[HeadId | None]] = [[None]] if baseline is None else []
-            todo_batches += [b for b in _batches(heads, batch_heads) if not all(str(h) in done for h in b)]
-            scores_of = _SCORERS[-1](adapter, examples, packed, todo_batches) if _SCORERS else \
-                local_scores(adapter, examples, packed, todo_batches, means)
-            for batch, scores in zip(todo_batches, scores_of, strict=True):
-                if batch[0] is None:  # the intact baseline
-                    baseline = _record("baseline", None, packed, scores[0])
-                    emit(baseline)
-                    continue
-                for h, ll in zip(batch, scores, strict=True):
-                    if str(h) in done:
-                        continue
-                    rec = _record("head", h, packed, ll)
-                    done[str(h)] = rec
-                    emit(rec)
-                    bar.update(1)
-                    if on_head:
-                        on_head(rec)
+            baseline = _batched(adapter, examples, packed, heads, done, baseline, emit, bar, on_head, means, batch_heads)
     finally:
         bar.close()
         if journal is not None:
@@ -692,6 +700,34 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
                              "write the results") from None
     runio.set_interrupt_note(None)
     return result
+
+
+def _batched(adapter: ModelAdapter, examples: Sequence[Example], packed: list[Prepared], heads: list[HeadId],
+             done: dict[str, dict[str, Any]], baseline: dict[str, Any] | None, emit: Callable[[dict[str, Any]], None],
+             bar: Any, on_head: Callable[[dict[str, Any]], None] | None, means: Any, batch_heads: int
+             ) -> dict[str, Any] | None:
+    """The batched engine's part of :func:`run_sweep`: the baseline (unless resumed) and every head
+    not in ``done``, up to ``batch_heads`` of one layer per pass, scored here or by the installed
+    executor; each record is emitted (journalled) as its batch comes back. Returns the baseline."""
+    todo_batches: list[list[HeadId | None]] = [[None]] if baseline is None else []
+    todo_batches += [b for b in _batches(heads, batch_heads) if not all(str(h) in done for h in b)]
+    scores_of = _SCORERS[-1](adapter, examples, packed, todo_batches) if _SCORERS else \
+        local_scores(adapter, examples, packed, todo_batches, means)
+    for batch, scores in zip(todo_batches, scores_of, strict=True):
+        if batch[0] is None:  # the intact baseline
+            baseline = sweep_record("baseline", None, packed, scores[0])
+            emit(baseline)
+            continue
+        for h, ll in zip(batch, scores, strict=True):
+            if str(h) in done:
+                continue
+            rec = sweep_record("head", h, packed, ll)
+            done[str(h)] = rec
+            emit(rec)
+            bar.update(1)
+            if on_head:
+                on_head(rec)
+    return baseline
 
 
 # where batches are scored: in this process, or by an executor installed with :func:`scored_by`
@@ -719,8 +755,8 @@ def single_ablations(adapter: ModelAdapter, examples: Sequence[Example], heads: 
         by_layer.setdefault(h.layer, []).append(h)
     batches: list[list[HeadId | None]] = [[None], *by_layer.values()]
     scores = list(local_scores(adapter, examples, packed, batches))
-    base = _record("baseline", None, packed, scores[0][0])
-    return SweepResult({}, base, [_record("head", h, packed, ll) for b, s in zip(batches[1:], scores[1:], strict=True)
+    base = sweep_record("baseline", None, packed, scores[0][0])
+    return SweepResult({}, base, [sweep_record("head", h, packed, ll) for b, s in zip(batches[1:], scores[1:], strict=True)
                                   for h, ll in zip(b, s, strict=True)])
 
 
@@ -760,12 +796,12 @@ def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head,
             return [score_example(adapter, ex).loglik for ex in examples]
 
     if baseline is None:
-        baseline = _record("baseline", None, packed, logliks([]))
+        baseline = sweep_record("baseline", None, packed, logliks([]))
         emit(baseline)
     for h in heads:
         if str(h) in done:
             continue
-        rec = _record("head", h, packed, logliks([AblateHeads([h], how="mean" if means is not None else "zero",
+        rec = sweep_record("head", h, packed, logliks([AblateHeads([h], how="mean" if means is not None else "zero",
                                                                means=means)]))
         done[str(h)] = rec
         emit(rec)
@@ -827,4 +863,4 @@ def read_sweep(path: Path, partial: bool = False) -> SweepResult:
 
 __all__ = ["SWEEP_METRICS", "BatchScorer", "Batching", "SweepResult", "engine_for", "load_result", "local_scores", "read_sweep",
            "single_ablations", "run_sweep", "scored_by",
-           "weights_fingerprint"]
+           "sweep_record", "weights_fingerprint"]

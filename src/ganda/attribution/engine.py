@@ -69,8 +69,8 @@ from ..errors import GandaError
 from ..heads import HeadId
 from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
-from ..models.ssm.common import SSMAdapterBase, torch_path
-from ..prepared import PACKED, ROWS, Prepared, block_mask, prepare_all
+from ..models.ssm.common import ssm_torch_path
+from ..prepared import Batch, BatchItem, make_batch, plan_batches
 from ..progress import tqdm
 from ..scoring import examples_digest
 from ..sweep import weights_fingerprint
@@ -110,97 +110,10 @@ def metric_value(logliks: Sequence[Sequence[float]], golds: Sequence[int], margi
 
 
 # ---------------------------------------------------------------------------------------------
-# batches
+# a batch's read-out (the batches themselves: ganda.prepared)
 
 
-@dataclass
-class _Item:
-    index: int
-    gold: int
-    rows: list[list[int]]  # token rows (packed: one)
-    positions: list[list[int]] | None  # packed only
-    parents: list[list[int]] | None  # packed only: -1 prefix, else choice index
-    reads: list[tuple[int, list[int], list[int]]]  # per choice: (row within item, positions, target ids)
-
-
-@dataclass
-class _Batch:
-    items: list[_Item]
-    ids: torch.Tensor
-    mask: torch.Tensor | None
-    position_ids: torch.Tensor | None
-    row_example: torch.Tensor  # [rows] index into items
-    valid: torch.Tensor  # [rows, W] bool: real (non-pad) positions
-    packed: bool
-
-    @property
-    def width(self) -> int:
-        return int(self.ids.shape[1])
-
-
-def _item(p: Prepared, index: int, packed: bool) -> _Item:
-    sites = p.sites(PACKED if packed else ROWS)
-    reads = [(where[0][0], [k for _, k in where], list(c)) for where, c in zip(sites, p.conts, strict=True)]
-    if packed:
-        return _Item(index, p.gold, [list(p.tokens)], [list(p.positions)], [list(p.parent)], reads)
-    return _Item(index, p.gold, p.input_rows(whole=False), None, None, reads)
-
-
-def _pad_id(adapter: ModelAdapter) -> int:
-    tok = adapter.tokenizer
-    return int(getattr(tok, "pad_token_id", None) or 0) if tok is not None else 0
-
-
-def _make_batch(adapter: ModelAdapter, items: list[_Item], packed: bool, dtype: torch.dtype) -> _Batch:
-    dev = adapter.device
-    rows = [r for it in items for r in it.rows]
-    row_example = torch.tensor([j for j, it in enumerate(items) for _ in it.rows], device=dev)
-    w = max(len(r) for r in rows)
-    ids = torch.full((len(rows), w), _pad_id(adapter), dtype=torch.long)
-    valid = torch.zeros((len(rows), w), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        valid[i, : len(r)] = True
-    if not packed:
-        return _Batch(items, ids.to(dev), valid.long().to(dev), None, row_example, valid.to(dev), False)
-    pos = torch.zeros((len(rows), w), dtype=torch.long)
-    mask = torch.full((len(rows), 1, w, w), torch.finfo(dtype).min, dtype=dtype)
-    idx = torch.arange(w)
-    for i, it in enumerate(items):
-        assert it.positions is not None and it.parents is not None
-        n = len(it.rows[0])
-        pos[i, :n] = torch.tensor(it.positions[0])
-        mask[i, 0, :n, :n] = block_mask(torch.tensor(it.parents[0]), dtype)
-        mask[i, 0, idx[n:], idx[n:]] = 0.0  # a pad position sees only itself (no all-masked row)
-    return _Batch(items, ids.to(dev), mask.to(dev), pos.to(dev), row_example, valid.to(dev), True)
-
-
-def _plan(adapter: ModelAdapter, examples: Sequence[Example], batch_tokens: int) -> tuple[list[list[_Item]], bool]:
-    """Items grouped into batches of at most ``batch_tokens`` padded tokens (fixed by the inputs)."""
-    prepared = prepare_all(adapter, examples)
-    packed = all(adapter.packs_choices(len(p.tokens)) for p in prepared)
-    items = [_item(p, i, packed) for i, p in enumerate(prepared)]
-    batches: list[list[_Item]] = []
-    cur: list[_Item] = []
-    for it in items:
-        trial = cur + [it]
-        n_rows = sum(len(x.rows) for x in trial)
-        width = max(len(r) for x in trial for r in x.rows)
-        if cur and n_rows * width > batch_tokens:
-            batches.append(cur)
-            trial = [it]
-        cur = trial
-    if cur:
-        batches.append(cur)
-    return batches, packed
-
-
-def _ssm_context(adapter: ModelAdapter) -> contextlib.AbstractContextManager[Any]:
-    """SSM families on their pure-PyTorch path, which autograd reaches through every head."""
-    return torch_path(adapter.model) if isinstance(adapter, SSMAdapterBase) else contextlib.nullcontext()
-
-
-def batch_metric(adapter: ModelAdapter, batch: _Batch, h_last: torch.Tensor, margin: str = "mean"
+def batch_metric(adapter: ModelAdapter, batch: Batch, h_last: torch.Tensor, margin: str = "mean"
              ) -> tuple[torch.Tensor, list[list[float]]]:
     """The summed margin of a batch's items (differentiable) and each item's choice log-likelihoods,
     read from the last layer's output ``h_last`` ``[rows, W, d_model]``: the one read-out the
@@ -300,9 +213,16 @@ class _Engine:
         self.dtype = next(adapter.model.parameters()).dtype
         self._indices: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # see _layer_index
 
-    def trace(self, batch: _Batch, edit: dict[str, Edit] | None = None) -> LayerCalls:
+    def take_means(self, reference: Sequence[Example]) -> None:
+        """Mean ablation's values by the one mean rule (:mod:`ganda.ablation`): each mixer's slice
+        averaged over every token of every reference prompt."""
+        mixers = [m for ms in self.by_layer.values() for m, _ in ms]
+        mu = reference_means(self.adapter, reference, mixers)
+        self.means = {z_point(m): mu[(m.layer, m.kind)] for m in mixers}
+
+    def trace(self, batch: Batch, edit: dict[str, Edit] | None = None) -> LayerCalls:
         """One no-grad pass that records every decoder layer's input and call (``edit``: IG's α edits)."""
-        with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, edit=edit or {}):
+        with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, edit=edit or {}):
             return LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
 
     @property
@@ -310,7 +230,7 @@ class _Engine:
         """Copies of a batch's rows one pass runs: IG's steps and the clean copy; 1 otherwise."""
         return 1 + len(self.alphas) if self.alphas is not None else 1
 
-    def ig_edits(self, batch: _Batch) -> dict[str, Edit]:
+    def ig_edits(self, batch: Batch) -> dict[str, Edit]:
         """IG's edits of a batch repeated :attr:`reps` times: copy 0 is clean (α = 1), copy i + 1
         runs at ``alphas[i]``; every ranked head's slice becomes ``b + α·(z − b)`` and ``z`` (what
         the head computed in that pass) is kept in ``_raw`` for the product."""
@@ -338,11 +258,11 @@ class _Engine:
                 edits[point] = edit
         return edits
 
-    def _metric(self, batch: _Batch, h_last: torch.Tensor) -> tuple[torch.Tensor, list[list[float]]]:
+    def _metric(self, batch: Batch, h_last: torch.Tensor) -> tuple[torch.Tensor, list[list[float]]]:
         return batch_metric(self.adapter, batch, h_last, self.margin)
 
     def _heads_of(self, zs: list[tuple[Mixer, list[int | None], torch.Tensor]], grads: Sequence[torch.Tensor | None],
-                  batch: _Batch, n_items: int) -> list[tuple[list[int | None], torch.Tensor]]:
+                  batch: Batch, n_items: int) -> list[tuple[list[int | None], torch.Tensor]]:
         """Per mixer: (head columns, ``[items, heads]`` first-order drops, on the model's device).
         IG: the gradient is taken at the edited ``ẑ`` and multiplied by the pass's own ``z``."""
         out = []
@@ -376,7 +296,7 @@ class _Engine:
         mixers = self.by_layer.get(k, [])
         points = [z_point(m) for m, _ in mixers]
         mine = {p: e for p, e in (edit or {}).items() if p in points}
-        with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, edit=mine, detach=False) as tr:
+        with torch.enable_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, points, edit=mine, detach=False) as tr:
             x = calls.inputs[k].detach().requires_grad_(True)  # type: ignore[index]
             out = calls.run(k, x)
         want = calls.output(k).float()
@@ -395,7 +315,7 @@ class _Engine:
             raise GandaError(f"layer {bad[-1]} replayed by hand differs from the model's own pass; "
                              f"attribution does not support {type(self.adapter.model).__name__}")
 
-    def run(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
+    def run(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
         """``[items, heads]`` AtP; ``[blocks, heads]`` summed GradDrop terms (AtP*), ``[items, heads]``
         IG (IG: ``batch`` holds :attr:`reps` copies of the items, copy 0 the clean one) or None; clean
         log-likelihoods. The scores accumulate on the model's device and move to the host once per batch."""
@@ -561,37 +481,18 @@ def attribute(
                       alphas=ig_alphas(ig_steps) if method == "ig" else None)
         if batch_tokens is None:
             batch_tokens = default_batch_tokens(adapter, eng.n_blocks if method == "atp*" else 0)
-        plan, packed = _plan(adapter, examples, max(1, batch_tokens // eng.reps))  # IG: reps copies share the budget
-        cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "method": method,
-               "ablation": ablation, "margin": margin, "heads": [str(h) for h in head_list],
-               "graddrop_blocks": eng.n_blocks if method == "atp*" else None,
-               "ig_steps": ig_steps if method == "ig" else None,
-               "batches": [[it.index for it in b] for b in plan],
-               "reference_sha": examples_digest(reference) if reference is not None else None,
-               "dtype": str(eng.dtype).removeprefix("torch.")}
-        journal = None
-        if out_dir is not None:
-            cfg["weights"] = weights_fingerprint(adapter)
-            journal = runio.Journal(Path(out_dir) / "attribution.jsonl", cfg, "attribution", resume=resume,
-                                    check=_batch_problem).open()
-        if ablation == "mean":  # the one mean rule (ganda.ablation): every token of every reference prompt
-            mixers = [m for ms in eng.by_layer.values() for m, _ in ms]
-            mu = reference_means(adapter, reference if reference is not None else examples, mixers)
-            eng.means = {z_point(m): mu[(m.layer, m.kind)] for m in mixers}
+        plan, packed = plan_batches(adapter, examples, max(1, batch_tokens // eng.reps))  # IG: reps copies share the budget
+        cfg = _config(adapter, examples, eng, plan, method, ig_steps, reference)
+        journal = _journal(adapter, out_dir, cfg, resume)
+        if ablation == "mean":
+            eng.take_means(reference if reference is not None else examples)
         try:
             atp, gd, lls = _run_batches(eng, plan, packed, len(examples), journal, progress, method)
         finally:
             if journal is not None:
                 journal.close()
         mean_atp = atp.mean(0)
-        est, gd_mag, ig = mean_atp.tolist(), None, None
-        if method == "ig":
-            assert gd is not None
-            ig = gd.mean(0).tolist()
-            est = list(ig)
-        elif gd is not None:
-            gd_mag = graddrop_scores(gd / len(examples), mean_atp, [h.layer for h in head_list], eng.n_layers, eng.n_blocks)
-            est = [(1.0 if a >= 0 else -1.0) * s for a, s in zip(mean_atp.tolist(), gd_mag, strict=True)]
+        est, gd_mag, ig = _estimates(eng, method, mean_atp, gd, len(examples))
     golds = [ex.gold for ex in examples]
     means = {(m.layer, m.kind): eng.means[z_point(m)] for ms in eng.by_layer.values() for m, _ in ms
              if z_point(m) in eng.means}
@@ -600,7 +501,46 @@ def attribute(
                        gd if method == "ig" else None)
 
 
-def _run_batches(eng: _Engine, plan: list[list[_Item]], packed: bool, n: int, journal: runio.Journal | None,
+def _journal(adapter: ModelAdapter, out_dir: str | Path | None, cfg: dict[str, Any], resume: bool
+             ) -> runio.Journal | None:
+    """``out_dir/attribution.jsonl`` opened (resumed where it matches ``cfg``, into which the weights'
+    fingerprint goes first), or None without ``out_dir``: the weights are fingerprinted only then."""
+    if out_dir is None:
+        return None
+    cfg["weights"] = weights_fingerprint(adapter)
+    return runio.Journal(Path(out_dir) / "attribution.jsonl", cfg, "attribution", resume=resume,
+                         check=_batch_problem).open()
+
+
+def _config(adapter: ModelAdapter, examples: Sequence[Example], eng: _Engine, plan: list[list[BatchItem]],
+            method: str, ig_steps: int, reference: Sequence[Example] | None) -> dict[str, Any]:
+    """What attribution's journal records and a resumed run must match: the prompts, the options,
+    the batches (fixed by the inputs) and the dtype."""
+    return {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples), "method": method,
+            "ablation": eng.ablation, "margin": eng.margin, "heads": [str(h) for h in eng.heads],
+            "graddrop_blocks": eng.n_blocks if method == "atp*" else None,
+            "ig_steps": ig_steps if method == "ig" else None,
+            "batches": [[it.index for it in b] for b in plan],
+            "reference_sha": examples_digest(reference) if reference is not None else None,
+            "dtype": str(eng.dtype).removeprefix("torch.")}
+
+
+def _estimates(eng: _Engine, method: str, mean_atp: torch.Tensor, gd: torch.Tensor | None, n: int
+               ) -> tuple[list[float], list[float] | None, list[float] | None]:
+    """Each head's estimate, by method: AtP's mean; AtP*'s GradDrop magnitude under AtP's sign; IG's
+    mean. Also AtP*'s magnitudes and IG's per-head means (None for the other methods)."""
+    est, gd_mag, ig = mean_atp.tolist(), None, None
+    if method == "ig":
+        assert gd is not None
+        ig = gd.mean(0).tolist()
+        est = list(ig)
+    elif gd is not None:
+        gd_mag = graddrop_scores(gd / n, mean_atp, [h.layer for h in eng.heads], eng.n_layers, eng.n_blocks)
+        est = [(1.0 if a >= 0 else -1.0) * s for a, s in zip(mean_atp.tolist(), gd_mag, strict=True)]
+    return est, gd_mag, ig
+
+
+def _run_batches(eng: _Engine, plan: list[list[BatchItem]], packed: bool, n: int, journal: runio.Journal | None,
                  progress: bool, method: str) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
     """Every batch's AtP, GradDrop sums (AtP*) or per-prompt IG (IG) and clean log-likelihoods,
     from the journal where an earlier run finished the batch, else computed (and journalled)."""
@@ -640,7 +580,7 @@ def _run_batches(eng: _Engine, plan: list[list[_Item]], packed: bool, n: int, jo
     return atp, gd, lls
 
 
-def _run_fitting(eng: _Engine, items: list[_Item], packed: bool) -> tuple[torch.Tensor, torch.Tensor | None,
+def _run_fitting(eng: _Engine, items: list[BatchItem], packed: bool) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                           list[list[float]]]:
     """``eng.run`` on one batch; a batch that runs the device out of memory runs as two halves
     instead (AtP is per prompt and GradDrop a sum over prompts, so the halves give the same
@@ -648,7 +588,7 @@ def _run_fitting(eng: _Engine, items: list[_Item], packed: bool) -> tuple[torch.
     per token than a Transformer's layers, and no estimate covers every kernel. IG runs the items
     :attr:`_Engine.reps` times over (its per-prompt scores concatenate like AtP's)."""
     try:
-        return eng.run(_make_batch(eng.adapter, items * eng.reps, packed, eng.dtype))
+        return eng.run(make_batch(eng.adapter, items * eng.reps, packed, eng.dtype))
     except torch.OutOfMemoryError:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -178,6 +178,18 @@ def false_negative_bound(estimate: dict[str, float], exact: dict[str, float], ve
                  ratio, at_risk)
 
 
+def bound_at_top(estimate: dict[str, float], exact: dict[str, float], verified: Sequence[str],
+                 audited: Sequence[str], threshold: float | None, top: int, confidence: float = 0.95) -> Bound | None:
+    """:func:`false_negative_bound` at ``threshold``, by default the smallest |exact| effect among the
+    verified top ``top`` (the effect an item must reach to belong in the reported top); None when
+    nothing was verified. Heads and edges are bounded alike."""
+    if not verified:
+        return None
+    known = sorted((abs(exact[h]) for h in verified), reverse=True)
+    theta = threshold if threshold is not None else known[min(top, len(known)) - 1]
+    return false_negative_bound(estimate, exact, verified, audited, theta, confidence)
+
+
 # ---------------------------------------------------------------------------------------------
 # exact effects
 
@@ -564,7 +576,6 @@ def rank_heads(
            "verify_layers": sorted(set(verify_layers)), "audit": audit, "graddrop_blocks": None,
            "ig_steps": ig_steps if method == "ig" else None, "screen": screen if method != "exact" else 0,
            "active": active if method != "exact" else 0}
-    golds = [ex.gold for ex in examples]
     secs: dict[str, float] = {}
     att: Attribution | None = None
     estimate: dict[str, float] = {}
@@ -573,60 +584,86 @@ def rank_heads(
     if method == "exact":
         chosen, audited = list(head_list), []
     else:
-        att = attribute(adapter, examples, method=method, ablation=ablation, margin=margin, heads=head_list,
-                        batch_tokens=batch_tokens, graddrop_blocks=graddrop_blocks, ig_steps=ig_steps, out_dir=out,
-                        resume=resume, progress=progress)
-        _require_finite(adapter, examples, att)
-        secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
+        att, screened, activity, also = _estimated(
+            adapter, examples, head_list, method=method, ablation=ablation, margin=margin, batch_tokens=batch_tokens,
+            graddrop_blocks=graddrop_blocks, ig_steps=ig_steps, out=out, resume=resume, progress=progress,
+            screen=screen, active=active, secs=secs)
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()
-        screened = _screened(adapter, examples, head_list, margin, progress, secs) if screen else {}
-        activity = att.activity()
-        also = sorted(screened, key=lambda h: (-screened[h], h))[:screen]
-        also += sorted(activity, key=lambda h: (-activity[h], h))[:active]
         chosen, audited = _to_verify([names[i] for i in att.order()], verify_top, set(verify_layers), audit, seed, also)
     by_name = {str(h): h for h in head_list}
     to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
-    exact: dict[str, float] = {}
-    exact_acc: dict[str, float] = {}
-    clean_acc = None
-    clean = att.clean if att is not None else float("nan")
+    checks = _ExactChecks(adapter, examples, head_list, att, ablation=ablation, margin=margin, batch_tokens=batch_tokens,
+                          batch_heads=batch_heads, resume=resume, progress=progress, task=cfg.get("task"), secs=secs)
     vdir = out / "verify" if out is not None else None
-    vcfg = {"task": cfg.get("task"), "ablation": ablation}
-
-    def verify(hs: list[HeadId], where: Path | None) -> None:
-        """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""
-        nonlocal clean, clean_acc
-        t1, c1 = time.perf_counter(), time.process_time()
-        if ablation == "zero":
-            base, lls = _exact_zero(adapter, examples, hs, where, resume, progress, vcfg, batch_heads)
-        else:
-            means = att.means if att is not None else attribute(
-                adapter, examples, method="atp", ablation="mean", margin=margin, heads=head_list,
-                batch_tokens=batch_tokens, progress=False).means
-            base, lls = _exact_mean(adapter, examples, hs, means, where, resume, progress, vcfg)
-        clean, clean_acc = metric_value(base, golds, margin), accuracy(base, golds)
-        exact.update({h: effect(clean, metric_value(ll, golds, margin)) for h, ll in lls.items()})
-        exact_acc.update({h: effect(clean_acc, accuracy(ll, golds)) for h, ll in lls.items()})
-        secs["verification"] = secs.get("verification", 0.0) + time.perf_counter() - t1
-        secs["verification_cpu"] = secs.get("verification_cpu", 0.0) + time.process_time() - c1
-
     if to_verify:
-        verify(to_verify, vdir)
+        checks.measure(to_verify, vdir)
     widened: list[str] = []
     if widen and att is not None and to_verify:  # more heads by estimate until the reported top holds
-        widened = widen_until_stable([names[i] for i in att.order()], exact, widen, top, lambda batch, k: verify(
+        widened = widen_until_stable([names[i] for i in att.order()], checks.exact, widen, top, lambda batch, k: checks.measure(
             [by_name[h] for h in batch], vdir / f"widen-{k}" if vdir else None))
     cfg["widened"] = len(widened)
     verified = [str(h) for h in chosen] + widened
-    bound = None
-    if method != "exact" and verified:
-        known = sorted((abs(exact[h]) for h in verified), reverse=True)
-        theta = threshold if threshold is not None else known[min(top, len(known)) - 1]
-        bound = false_negative_bound(estimate, exact, verified, audited, theta, confidence)
+    bound = bound_at_top(estimate, checks.exact, verified, audited, threshold, top, confidence) if method != "exact" else None
     secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
-    res = RankResult(method, ablation, margin, names, estimate, exact, verified, audited, clean, bound, att, secs, cfg, out,
-                     exact_acc, clean_acc, screened, activity)
+    res = RankResult(method, ablation, margin, names, estimate, checks.exact, verified, audited, checks.clean, bound, att,
+                     secs, cfg, out, checks.exact_acc, checks.clean_acc, screened, activity)
     if out is not None:
         res.write(out)
     return res
+
+
+def _estimated(adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId], *, method: str,
+               ablation: str, margin: str, batch_tokens: int | None, graddrop_blocks: int | None, ig_steps: int,
+               out: Path | None, resume: bool, progress: bool, screen: int, active: int, secs: dict[str, float]
+               ) -> tuple[Attribution, dict[str, float], dict[str, float], list[str]]:
+    """Attribution's estimate of every head (refused when not finite), the answer screen's effects
+    (with ``screen``), each head's activity, and the heads singled out beside the estimate's order:
+    the screen's top ``screen`` and the ``active`` most active (``secs`` gets the times)."""
+    att = attribute(adapter, examples, method=method, ablation=ablation, margin=margin, heads=head_list,
+                    batch_tokens=batch_tokens, graddrop_blocks=graddrop_blocks, ig_steps=ig_steps, out_dir=out,
+                    resume=resume, progress=progress)
+    _require_finite(adapter, examples, att)
+    secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
+    screened = _screened(adapter, examples, head_list, margin, progress, secs) if screen else {}
+    activity = att.activity()
+    also = sorted(screened, key=lambda h: (-screened[h], h))[:screen]
+    also += sorted(activity, key=lambda h: (-activity[h], h))[:active]
+    return att, screened, activity, also
+
+
+class _ExactChecks:
+    """The exact effects of the verified heads on the margin and on the accuracy, measured in rounds
+    (the first choice, then each ``widen`` round), each resumable in its own directory. Every round
+    scores the intact model too, so ``clean`` is the exact pass's baseline, not attribution's."""
+
+    def __init__(self, adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId],
+                 att: Attribution | None, *, ablation: str, margin: str, batch_tokens: int | None, batch_heads: int,
+                 resume: bool, progress: bool, task: Any, secs: dict[str, float]) -> None:
+        self.adapter, self.examples, self.head_list, self.att = adapter, examples, head_list, att
+        self.ablation, self.margin, self.batch_tokens, self.batch_heads = ablation, margin, batch_tokens, batch_heads
+        self.resume, self.progress, self.secs = resume, progress, secs
+        self.vcfg = {"task": task, "ablation": ablation}
+        self.golds = [ex.gold for ex in examples]
+        self.exact: dict[str, float] = {}
+        self.exact_acc: dict[str, float] = {}
+        self.clean = att.clean if att is not None else float("nan")
+        self.clean_acc: float | None = None
+
+    def measure(self, hs: list[HeadId], where: Path | None) -> None:
+        """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""
+        t1, c1 = time.perf_counter(), time.process_time()
+        if self.ablation == "zero":
+            base, lls = _exact_zero(self.adapter, self.examples, hs, where, self.resume, self.progress, self.vcfg,
+                                    self.batch_heads)
+        else:
+            means = self.att.means if self.att is not None else attribute(
+                self.adapter, self.examples, method="atp", ablation="mean", margin=self.margin, heads=self.head_list,
+                batch_tokens=self.batch_tokens, progress=False).means
+            base, lls = _exact_mean(self.adapter, self.examples, hs, means, where, self.resume, self.progress, self.vcfg)
+        golds, margin = self.golds, self.margin
+        self.clean, self.clean_acc = metric_value(base, golds, margin), accuracy(base, golds)
+        self.exact.update({h: effect(self.clean, metric_value(ll, golds, margin)) for h, ll in lls.items()})
+        self.exact_acc.update({h: effect(self.clean_acc, accuracy(ll, golds)) for h, ll in lls.items()})
+        self.secs["verification"] = self.secs.get("verification", 0.0) + time.perf_counter() - t1
+        self.secs["verification_cpu"] = self.secs.get("verification_cpu", 0.0) + time.process_time() - c1

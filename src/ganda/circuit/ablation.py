@@ -25,6 +25,7 @@ from ..errors import GandaError
 from ..heads import HeadId
 from ..intervals import bounds, ci
 from ..models.base import ModelAdapter
+from ..prepared import make_batch, plan_batches
 from ..progress import tqdm
 from ..scoring import examples_digest
 from ..stats import bootstrap_paired, t_interval, wilson
@@ -35,9 +36,7 @@ from .paths import (
     Variant,
     check_parts,
     check_paths,
-    make_batch,
     parse_pair,
-    path_batches,
 )
 
 INTACT, EVERYWHERE = "intact", "sender everywhere"
@@ -145,7 +144,7 @@ def path_ablation(
     part_list = check_parts(adapter, r, parts)
     means = reference_means(adapter, examples, [adapter.mixer_of(s)]) if ablation == "mean" else None
     with cpu_clock() as clock:
-        plan, packed = path_batches(adapter, examples, batch_tokens or default_batch_tokens(adapter))
+        plan, packed = plan_batches(adapter, examples, batch_tokens or default_batch_tokens(adapter))
         lls: dict[str, list[list[float]]] = {c: [[] for _ in examples] for c in
                                              [INTACT, EVERYWHERE, *(condition_name(p) for p in part_list)]}
         variants = [Variant(r, p) for p in part_list]

@@ -47,14 +47,12 @@ from .. import runio
 from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import (
     ACTIVE_EDGES,
-    _Batch,
-    _ssm_context,
     batch_metric,
     index_pairs,
     margin_of,
     metric_value,
 )
-from ..attribution.ranking import Bound, false_negative_bound, spearman, top_by_magnitude, widen_until_stable
+from ..attribution.ranking import Bound, bound_at_top, spearman, top_by_magnitude, widen_until_stable
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
 from ..heads import HeadId
@@ -62,6 +60,8 @@ from ..intervals import bounds
 from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import residual_write_scale
+from ..models.ssm.common import ssm_torch_path
+from ..prepared import Batch, make_batch, plan_batches
 from ..progress import tqdm
 from ..scoring import encode_pairs, example_pairs, examples_digest, pad_rows
 from ..stats import bootstrap_paired
@@ -69,7 +69,7 @@ from ..sweep import weights_fingerprint
 from ..tasks.base import Example
 from .ablation import cpu_clock, per_prompt
 from .costs import edges_batch_tokens
-from .paths import PathBatch, Variant, check_paths, make_batch, path_batches, run_layer
+from .paths import PathBatch, Variant, check_paths, run_layer
 
 
 def edge_name(sender: HeadId | str, receiver: HeadId | str) -> str:
@@ -145,7 +145,7 @@ class _EdgeEngine:
         layer = self.layers[pos]
         mixers = self.by_layer.get(layer, [])
         points = [z_point(m) for m in mixers]
-        with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, detach=False) as tr:
+        with torch.enable_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, points, detach=False) as tr:
             x = calls.inputs[pos].detach().requires_grad_(True)  # type: ignore[index]
             out = calls.run(pos, x)
         return x, out, [(m, tr[p]) for m, p in zip(mixers, points, strict=True)], list(tr.values)
@@ -159,7 +159,7 @@ class _EdgeEngine:
         points = list(dict.fromkeys(z_point(m) for m in mixers))
         stop = max(points, key=fired.index)
         x = calls.inputs[pos].detach()  # type: ignore[index]
-        with torch.enable_grad(), _ssm_context(self.adapter), Trace(self.adapter, points, detach=False,
+        with torch.enable_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, points, detach=False,
                                                                      stop=stop) as tr:
             xr = x.repeat(C, *([1] * (x.ndim - 1))).requires_grad_(True)
             run_layer(calls, pos, xr)
@@ -171,11 +171,11 @@ class _EdgeEngine:
         return g.float().reshape(C, *x.shape)
 
     @torch.no_grad()
-    def run(self, batch: _Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[float]]]:
+    def run(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[list[float]]]:
         """``[senders, receivers]`` scores and |scores| summed over the batch's prompts, ``[items,
         heads]`` AtP, the items' clean log-likelihoods."""
         s_points = list(dict.fromkeys(z_point(self.adapter.mixer_of(s)) for s in self.senders))
-        with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, s_points) as tr:
+        with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, s_points) as tr:
             calls = LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
         rows, width = batch.ids.shape
         writes = self._writes({p: tr[p] for p in s_points}, rows, width, calls.h0.shape[-1]) if self.senders else None
@@ -226,7 +226,7 @@ class _EdgeEngine:
         return self._index[key]
 
     def _node_atp(self, atp: torch.Tensor, zs: list[tuple[Mixer, torch.Tensor]], dz: dict[str, torch.Tensor],
-                  batch: _Batch) -> None:
+                  batch: Batch) -> None:
         for m, z in zs:
             g = dz[z_point(m)]
             rows, w = z.shape[0], z.shape[1]
@@ -268,7 +268,7 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
     d_model = adapter.mixers()[0].out_proj.out_features
     with cpu_clock() as clock:
         eng = _EdgeEngine(adapter, s_list, r_list, margin, means)
-        plan, packed = path_batches(adapter, examples, batch_tokens or edges_batch_tokens(len(s_list), d_model))
+        plan, packed = plan_batches(adapter, examples, batch_tokens or edges_batch_tokens(len(s_list), d_model))
         scores = torch.zeros((len(s_list), len(r_list)))
         activity = torch.zeros_like(scores)
         atp = torch.zeros((len(examples), len(eng.heads)))
@@ -313,7 +313,7 @@ def exact_edges(adapter: ModelAdapter, examples: Sequence[Example], edges: Seque
     ``edges_exact.jsonl`` keeps one line per finished sender and a stopped run resumes from it
     (any run on the same model, prompts, paths and margin: the edge list may grow)."""
     check_paths(adapter, paths, [s for s, _ in edges])
-    plan, packed = path_batches(adapter, examples, batch_tokens or 4096)
+    plan, packed = plan_batches(adapter, examples, batch_tokens or 4096)
     journal = None
     if out_dir is not None:
         cfg = {"model": adapter.spec, "prompts_sha": examples_digest(examples), "paths": paths, "margin": margin,
@@ -469,45 +469,53 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
     est = sc.by_edge()
     order = top_by_magnitude(est, len(est))
     chosen, audited = _to_verify(order, verify_top, audit, seed, most_active(sc.by_edge(sc.activity), active))
-    golds = [ex.gold for ex in examples]
-    clean_ll = sc.clean_logliks
-    exact: dict[str, float] = {}
-    ci: dict[str, list[float]] = {}
-    acc: dict[str, float] = {}
-
-    def measure(names: list[str], _round: int = 0) -> None:
-        """Exact path ablations of ``names`` into ``exact``, ``ci`` and ``acc`` (resumable in ``out_dir``)."""
-        nonlocal clean_ll
-        edges = [(adapter.canonical(s), adapter.canonical(r)) for s, r in map(parse_edge, names)]
-        clean_ll, lls = exact_edges(adapter, examples, edges, margin=margin, out_dir=out_dir, resume=resume,
-                                    progress=progress, means=means)
-        base_a, base_m = per_prompt(clean_ll, golds, margin)
-        for name, ll in lls.items():
-            a, m = per_prompt(ll, golds, margin)
-            bs = bootstrap_paired(base_m, m, seed=seed)
-            exact[name], ci[name] = bs["diff"], list(bounds(bs, "diff"))
-            acc[name] = (sum(base_a) - sum(a)) / len(a)
-
+    checks = _EdgeChecks(adapter, examples, sc.clean_logliks, margin=margin, seed=seed, means=means, out_dir=out_dir,
+                         resume=resume, progress=progress)
     with cpu_clock() as c2:
         if chosen or audited:
-            measure([*chosen, *audited])
-        widened = widen_until_stable(order, exact, widen, top, measure, top_of=lambda ex, k: set(
+            checks.measure([*chosen, *audited])
+        widened = widen_until_stable(order, checks.exact, widen, top, checks.measure, top_of=lambda ex, k: set(
             top_by_magnitude(ex, k))) if widen and chosen else []
         chosen += widened
-    clean = metric_value(clean_ll, golds, margin)
-    bound = None
-    if chosen:
-        known = sorted((abs(exact[e]) for e in chosen), reverse=True)
-        theta = threshold if threshold is not None else known[min(top, len(known)) - 1]
-        bound = false_negative_bound(est, exact, chosen, audited, theta, confidence)
+    clean = metric_value(checks.clean_ll, checks.golds, margin)
+    bound = bound_at_top(est, checks.exact, chosen, audited, threshold, top, confidence)
     secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
             "verification_cpu": c2["cpu"]}
     cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "active": active, "audit": audit, "seed": seed,
            "widen": widen, "widened": len(widened)}
-    res = EdgeRanking(sc, "direct", exact, ci, acc, chosen, audited, clean, bound, secs, cfg)
+    res = EdgeRanking(sc, "direct", checks.exact, checks.ci, checks.acc, chosen, audited, clean, bound, secs, cfg)
     if out_dir is not None:
         res.write(out_dir)
     return res
+
+
+class _EdgeChecks:
+    """The exact direct-path ablations of the verified edges, measured in rounds (the first choice,
+    then each ``widen`` round; resumable in ``out_dir``): each edge's margin drop as a paired
+    bootstrap over prompts against the intact run (``exact``, its interval ``ci``) and its accuracy
+    drop (``acc``). Every round re-scores the intact model, whose log-likelihoods ``clean_ll`` keeps."""
+
+    def __init__(self, adapter: ModelAdapter, examples: Sequence[Example], clean_ll: list[list[float]], *,
+                 margin: str, seed: int, means: Any, out_dir: str | Path | None, resume: bool, progress: bool) -> None:
+        self.adapter, self.examples, self.clean_ll = adapter, examples, clean_ll
+        self.margin, self.seed, self.means = margin, seed, means
+        self.out_dir, self.resume, self.progress = out_dir, resume, progress
+        self.golds = [ex.gold for ex in examples]
+        self.exact: dict[str, float] = {}
+        self.ci: dict[str, list[float]] = {}
+        self.acc: dict[str, float] = {}
+
+    def measure(self, names: list[str], _round: int = 0) -> None:
+        """Exact path ablations of ``names`` into ``exact``, ``ci`` and ``acc``."""
+        edges = [(self.adapter.canonical(s), self.adapter.canonical(r)) for s, r in map(parse_edge, names)]
+        self.clean_ll, lls = exact_edges(self.adapter, self.examples, edges, margin=self.margin, out_dir=self.out_dir,
+                                         resume=self.resume, progress=self.progress, means=self.means)
+        base_a, base_m = per_prompt(self.clean_ll, self.golds, self.margin)
+        for name, ll in lls.items():
+            a, m = per_prompt(ll, self.golds, self.margin)
+            bs = bootstrap_paired(base_m, m, seed=self.seed)
+            self.exact[name], self.ci[name] = bs["diff"], list(bounds(bs, "diff"))
+            self.acc[name] = (sum(base_a) - sum(a)) / len(a)
 
 
 def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, receiver: HeadId,
@@ -522,7 +530,7 @@ def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, rece
     pairs = encode_pairs(adapter, example_pairs(example))
     ids, mask = pad_rows(adapter, [c + t for c, t in pairs])
     sp, rp = z_point(sm), z_point(rm)
-    with torch.no_grad(), _ssm_context(adapter), Trace(adapter, [sp]) as tr:
+    with torch.no_grad(), ssm_torch_path(adapter), Trace(adapter, [sp]) as tr:
         adapter.forward(ids, attention_mask=mask)
     sl, rsl = sm.head_slice(s.head), rm.head_slice(r.head)
     w = float(residual_write_scale(adapter, sm) or 0.0) * torch.nn.functional.linear(tr[sp][..., sl], sm.out_proj.weight[:, sl])
@@ -535,7 +543,7 @@ def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, rece
             return x
         return edit
 
-    with torch.enable_grad(), _ssm_context(adapter):
+    with torch.enable_grad(), ssm_torch_path(adapter):
         edit = {f"L{r.layer}.resid_in": lambda h: h - (eps[None, :, None] * w).to(h.dtype)}
         with Trace(adapter, [rp], edit=edit, stop=rp, detach=False) as tr2:
             adapter.forward(ids, attention_mask=mask)

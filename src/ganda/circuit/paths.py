@@ -45,14 +45,15 @@ import torch
 import torch.nn.functional as F
 
 from ..ablation import edit_for
-from ..attribution.engine import _Batch, _make_batch, _plan, _ssm_context, batch_metric
+from ..attribution.engine import batch_metric
 from ..engine import Edit, LayerCall, LayerCalls, Trace
 from ..errors import GandaError
 from ..heads import HeadId
 from ..interventions import head_mask, mask_edit, z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import Site, input_parts, part_names, residual_write_scale
-from ..tasks.base import Example
+from ..models.ssm.common import ssm_torch_path
+from ..prepared import Batch
 
 PATHS = ("all", "direct")
 TOGETHER = "together"
@@ -131,11 +132,11 @@ class Variant:
 class PathBatch:
     """One batch of prompts recorded once; path ablations of any pairs replay only what they change."""
 
-    def __init__(self, adapter: ModelAdapter, batch: _Batch, margin: str = "mean",
+    def __init__(self, adapter: ModelAdapter, batch: Batch, margin: str = "mean",
                  means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
         self.adapter, self.batch, self.margin = adapter, batch, margin
         self.means = means  # mean ablation of senders (ganda.ablation); None: zero
-        with torch.no_grad(), _ssm_context(adapter):
+        with torch.no_grad(), ssm_torch_path(adapter):
             self.calls = LayerCalls(adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
         self.pos = {layer: i for i, layer in enumerate(self.calls.layers)}
         assert self.calls.final is not None
@@ -164,7 +165,7 @@ class PathBatch:
         the inputs of the layers in ``keep``."""
         last = self.calls.layers[-1] if stop is None else stop
         kept: dict[int, torch.Tensor] = {}
-        with _ssm_context(self.adapter), Trace(self.adapter, edit=edit or {}):
+        with ssm_torch_path(self.adapter), Trace(self.adapter, edit=edit or {}):
             h = hidden
             for pos in range(self.pos[layer], self.pos[last] + 1):
                 if self.calls.layers[pos] in keep:
@@ -176,7 +177,7 @@ class PathBatch:
         """The intact forward's output-projection input of ``head``'s mixer ``[B, W, H·D]``."""
         mixer = self.adapter.mixer_of(head)
         point = z_point(mixer)
-        with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, [point], stop=point) as tr:
+        with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, [point], stop=point) as tr:
             run_layer(self.calls, self.pos[mixer.layer], self.input(mixer.layer))
         return tr[point]
 
@@ -234,7 +235,7 @@ class PathBatch:
                 if name not in taken:
                     hooks += [s.module.register_forward_hook(_replace(s, clean[id(s.module)])) for s in ss]
         try:
-            with torch.no_grad(), _ssm_context(self.adapter), Trace(self.adapter, [point]) as tr:
+            with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, [point]) as tr:
                 run_layer(self.calls, self.pos[layer], x_new)
         finally:
             for h in hooks:
@@ -249,7 +250,7 @@ class PathBatch:
             modules = {id(s.module): s.module for ss in sites.values() for s in ss}
             hooks = [m.register_forward_hook(_grab(got, k)) for k, m in modules.items()]
             try:
-                with torch.no_grad(), _ssm_context(self.adapter):
+                with torch.no_grad(), ssm_torch_path(self.adapter):
                     run_layer(self.calls, self.pos[layer], self.input(layer))
             finally:
                 for h in hooks:
@@ -324,15 +325,4 @@ def _take_edit(vals: torch.Tensor, take: torch.Tensor, rows: int) -> Edit:
     return edit
 
 
-def path_batches(adapter: ModelAdapter, examples: Sequence[Example], batch_tokens: int = 4096
-                 ) -> tuple[list[list[Any]], bool]:
-    """The prompts in attribution's batches and layout (packed for Transformers, rows otherwise)."""
-    return _plan(adapter, examples, batch_tokens)
-
-
-def make_batch(adapter: ModelAdapter, items: list[Any], packed: bool) -> _Batch:
-    return _make_batch(adapter, items, packed, next(adapter.model.parameters()).dtype)
-
-
-__all__ = ["PATHS", "TOGETHER", "PathBatch", "Variant", "check_parts", "check_paths", "make_batch", "parse_pair",
-           "path_batches", "run_layer"]
+__all__ = ["PATHS", "TOGETHER", "PathBatch", "Variant", "check_parts", "check_paths", "parse_pair", "run_layer"]

@@ -260,29 +260,9 @@ def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, 
     pred_dir = (out / "predictions" / (f"set-{k + 1}" if k else "")) if out else None
     if pred_dir:
         pred_dir.mkdir(parents=True, exist_ok=True)
-    # the work units: each task under each condition on a shard of its prompts (one shard in this process)
-    units: list[tuple[Any, ...]] = []
-    names: list[str] = []
-    fns: list[Any] = []
-    groups: list[tuple[str, str, int]] = []  # (task, condition, units)
-    for name in tasks:
-        task = built.get(name)
-        shards = [(0, None)]
-        if task is not None and on_ray():
-            n_ex = len(_examples(task, limit, seed, k))
-            shards = prompt_shards(n_ex, len(tasks) * len(conditions),
-                                   align=1 if task.kind == "mc" else max(1, getattr(task, "batch_size", 8)) * 4)
-        for cond in conditions:
-            for lo, hi in shards:
-                if task is None:
-                    fns.append(_knowledge)
-                    units.append((ivs[cond], limit, seed + k, progress))
-                else:
-                    fns.append(_shard)
-                    units.append((name, options.get(name, {}), ivs[cond], limit, seed, lo, hi, progress, k))
-                names.append(f"({name}, {cond}" + (f", prompts {lo}-{hi - 1})" if hi is not None else ")"))
-            groups.append((name, cond, len(shards)))
-    results = map_units(adapter, _unit, list(zip(fns, units, strict=True)), names)
+    units, names, groups = _work_units(built, tasks, conditions, ivs, options, limit=limit, seed=seed, k=k,
+                                       progress=progress)
+    results = map_units(adapter, _unit, units, names)
     for name, cond, n_units in groups:
         task = built.get(name)
         t0 = time.perf_counter()
@@ -291,10 +271,7 @@ def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, 
             kn = parts[0]
             if kn is None:
                 continue
-            row = {"task": "knowledge", "condition": cond, **{x: kn[x] for x in ("n", "correct", "accuracy", "ci_low", "ci_high")},
-                   "seconds": round(time.perf_counter() - t0, 2),
-                   "config": {"task": "knowledge", "per_task": kn["detail"].get("tasks")},
-                   "interventions": describe_all(ivs[cond])}
+            row = _knowledge_row(kn, cond, ivs[cond], time.perf_counter() - t0)
         else:
             res = _merge(adapter, task, _examples(task, limit, seed, k) if n_units > 1 else [], parts)
             row = {"task": name, "condition": cond, "n": res.n, "correct": res.correct,
@@ -316,6 +293,42 @@ def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, 
     if out and k == 0:
         write_results(result, out)
     return result, correct
+
+
+def _work_units(built: dict[str, Task], tasks: list[str], conditions: tuple[str, ...],
+                ivs: dict[str, list[Intervention]], options: dict[str, dict[str, Any]], *, limit: int | None,
+                seed: int, k: int, progress: bool
+                ) -> tuple[list[tuple[Any, tuple[Any, ...]]], list[str], list[tuple[str, str, int]]]:
+    """Prompt set ``k``'s work units, ``(function, arguments)``: each task under each condition on a
+    shard of its prompts (one shard in this process; on Ray, shards sized so that every worker gets
+    some, a generation task's aligned to its batches), their names, and per (task, condition) how
+    many units hold it, in order (the knowledge group, ``built`` lacking it, is one unit)."""
+    units: list[tuple[Any, tuple[Any, ...]]] = []
+    names: list[str] = []
+    groups: list[tuple[str, str, int]] = []  # (task, condition, units)
+    for name in tasks:
+        task = built.get(name)
+        shards: list[tuple[int, int | None]] = [(0, None)]
+        if task is not None and on_ray():
+            n_ex = len(_examples(task, limit, seed, k))
+            shards = prompt_shards(n_ex, len(tasks) * len(conditions),
+                                   align=1 if task.kind == "mc" else max(1, getattr(task, "batch_size", 8)) * 4)
+        for cond in conditions:
+            for lo, hi in shards:
+                if task is None:
+                    units.append((_knowledge, (ivs[cond], limit, seed + k, progress)))
+                else:
+                    units.append((_shard, (name, options.get(name, {}), ivs[cond], limit, seed, lo, hi, progress, k)))
+                names.append(f"({name}, {cond}" + (f", prompts {lo}-{hi - 1})" if hi is not None else ")"))
+            groups.append((name, cond, len(shards)))
+    return units, names, groups
+
+
+def _knowledge_row(kn: dict[str, Any], cond: str, ivs: list[Intervention], seconds: float) -> dict[str, Any]:
+    """The knowledge group's row under one condition (its tasks pooled; each task's own in ``config``)."""
+    return {"task": "knowledge", "condition": cond, **{x: kn[x] for x in ("n", "correct", "accuracy", "ci_low", "ci_high")},
+            "seconds": round(seconds, 2), "config": {"task": "knowledge", "per_task": kn["detail"].get("tasks")},
+            "interventions": describe_all(ivs)}
 
 
 FINDING = {"control": "the G&A ablation costs more than the control (control accuracy minus ablated, paired over "

@@ -12,7 +12,7 @@ import importlib
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -95,6 +95,12 @@ def torch_path(model: nn.Module) -> Iterator[None]:
         for mod, fn_name, fn in reversed(patched):
             setattr(mod, fn_name, fn)
         model.train(was_training)
+
+
+def ssm_torch_path(adapter: Any) -> AbstractContextManager[Any]:
+    """:func:`torch_path` for an SSM or hybrid adapter, nothing for others: the gradient passes
+    (attribution, edges, path ablation) need autograd to reach through every head."""
+    return torch_path(adapter.model) if isinstance(adapter, SSMAdapterBase) else nullcontext()
 
 
 def causal_conv(x: torch.Tensor, conv: nn.Conv1d, act: str | None) -> torch.Tensor:

@@ -1,6 +1,9 @@
 """Invariant checks of the SSM and hybrid adapters, shared by the tests and the benchmark (the
 numbers in docs/ssm.md), and the tiny random models of every family they run on.
 
+Test and benchmark support, not part of the package: the tests import it as ``checks`` (pytest
+puts ``tests/`` on the path) and the benchmarks after putting ``tests/`` on theirs.
+
 * reconstruction: M·x + D·x against the SSD/scan output captured inside the real forward;
 * ablation: a head zeroed at the out_proj input against its out_proj columns zeroed;
 * last row: masking the query position changes only the last position's logits.
@@ -32,13 +35,13 @@ from transformers import (
     Zamba2ForCausalLM,
 )
 
-from .heads import HeadId
-from .interventions import AblateHeads, mask_last_row
-from .models.base import Mixer, ModelAdapter
-from .models.loading import from_model
-from .models.ssm.common import SSMAdapterBase
-from .models.ssm.llamba import LlambaConfig, LlambaForCausalLM
-from .models.ssm.materialize import SSDParams, head_map
+from ganda.heads import HeadId
+from ganda.interventions import AblateHeads, mask_last_row
+from ganda.models.base import Mixer, ModelAdapter
+from ganda.models.loading import from_model
+from ganda.models.ssm.common import SSMAdapterBase
+from ganda.models.ssm.llamba import LlambaConfig, LlambaForCausalLM
+from ganda.models.ssm.materialize import SSDParams, head_map
 
 
 @torch.no_grad()
