@@ -285,9 +285,9 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
     given = {p.name: p.default for p in cmds["rank"].params if p.name in rule}
     assert given == rule
     assert {k: getattr(RankOptions(), k) for k in rule} == rule
-    # plan leaves --verify-top, --audit and --active unset: each experiment's own default then applies
+    # plan's flags are the experiments' options, left unset: each experiment's own default then applies
     given = {p.name: p.default for p in cmds["plan"].params if p.name in rule}
-    assert given == {**rule, "verify_top": None, "audit": None, "active": None}
+    assert given == dict.fromkeys(rule)
     # edges' rule, as edges and `ganda run edges` take it
     from ganda.commands import options
     from ganda.experiments.circuit import EdgesOptions

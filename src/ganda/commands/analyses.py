@@ -194,13 +194,19 @@ def _reports(finished: list[tuple[Path, Any]]) -> None:
 
 
 class AnalysisGroup(typer.core.TyperGroup):
-    """ganda's commands: the hand-written ones and one per registered experiment (built when called)."""
+    """ganda's commands: the hand-written ones, one per registered experiment, and those whose
+    flags are read from the experiments (``plan``); the last two are built when called."""
+
+    #: a hand-written command built when called: name -> (its one-line summary, the builder)
+    lazy: typing.ClassVar[dict[str, tuple[str, Any]]] = {}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(self.commands) | set(registry.command_experiments()))
+        return sorted(set(self.commands) | set(self.lazy) | set(registry.command_experiments()))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.commands and cmd_name in registry.command_experiments():
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            self.commands[cmd_name] = self.lazy[cmd_name][1]()
+        elif cmd_name not in self.commands and cmd_name in registry.command_experiments():
             self.commands[cmd_name] = build_command(cmd_name)
         return self.commands.get(cmd_name)
 
@@ -210,7 +216,7 @@ class AnalysisGroup(typer.core.TyperGroup):
         for name in self.list_commands(ctx):
             cmd = self.commands.get(name)
             if cmd is None:
-                rows.append((name, registry.experiment_summary(name)))
+                rows.append((name, self.lazy[name][0] if name in self.lazy else registry.experiment_summary(name)))
             elif not cmd.hidden:
                 rows.append((name, cmd.get_short_help_str(formatter.width - 6 - len(name))))
         with formatter.section("Commands"):

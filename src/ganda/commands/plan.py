@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
+import typer.main
 
 from ..errors import GandaError
 from ..heads import expand
 from ..tasks import get_task
-from .options import ACTIVE_EDGES, FORCE, QUIET, at_least, model_inputs, parse_options, require_heads
+from .analyses import AnalysisGroup
+from .options import FORCE, QUIET, at_least, model_inputs, parse_options
 
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
@@ -175,103 +180,164 @@ def _experiment_options(experiment: str, items: list[str] | None) -> dict[str, A
     return {k: v for k, v in built.to_json().items() if k in given}
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("plan", short_help="Estimate FLOPs, peak memory and time of an experiment")
-    def plan_cmd(
-        model: str | None = typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, "
-                                           "a model directory or a hub id; omit with --paper"),
-        experiment: str = typer.Option("eval", "--experiment", "-e", help="a registered experiment with costs: eval, "
-                                       "maps, sweep, rank, path, edges, prune, transplant or a plugin's (an unknown "
-                                       "name lists them)"),
-        task: str = typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"),
-        limit: int = typer.Option(1000, "--limit", "-n", help="number of examples the run scores (in all; "
-                                  "mmlu's --limit elsewhere counts per subject)"),
-        shots: int | None = typer.Option(None, "--shots", help="few-shot exemplars (mmlu)"),
-        tokens: int | None = typer.Option(None, "--tokens", help="tokens per prompt instead of the task's"),
-        device: str = typer.Option("h100", "--device", help=", ".join(DEVICES)),
-        devices: int = typer.Option(1, "--devices", help="number of devices working side by side"),
-        dtype: str | None = typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"),
-        heads: str | None = typer.Option(None, "--heads", help="sweep: only these heads (e.g. 'L0H*,L15H*')"),
-        batch_heads: int = typer.Option(16, "--batch-heads", help="sweep: heads ablated per forward"),
-        method: str = typer.Option("atp", "--method", help="attribution: atp, atp* or ig"),
-        ig_steps: int = typer.Option(5, "--ig-steps", help="attribution (ig): integrated gradients' steps (as ganda rank)"),
-        verify_top: int | None = typer.Option(None, "--verify-top", help="attribution, edges: heads (edges) verified "
-                                              "exactly (default: ganda rank's 10, ganda edges' 10)"),
-        audit: int | None = typer.Option(None, "--audit", help="attribution, edges: random other heads (edges) "
-                                         "verified (default: ganda rank's 0, ganda edges' 10)"),
-        active: int | None = typer.Option(None, "--active", help="attribution, edges: the most active heads (edges) "
-                                          f"verified (default: ganda rank's 30, ganda edges' {ACTIVE_EDGES})"),
-        widen: int = typer.Option(0, "--widen", help="attribution, edges: the first round of --widen W (as ganda "
-                                  "rank and ganda edges; later rounds depend on what it finds)"),
-        verify_layers: str | None = typer.Option(None, "--verify-layers", help="attribution: also verify every head "
-                                                 "of these layers (as ganda rank), e.g. 0,1"),
-        graddrop_blocks: int = typer.Option(6, "--graddrop-blocks", help="attribution (atp*): GradDrop blocks of "
-                                            "layers, 0 for one per layer (as ganda rank)"),
-        rows: int | None = typer.Option(None, "--rows", help="maps: rows per map (default: every row)"),
-        map_layers: str | None = typer.Option(None, "--map-layers", help="maps: layers (default: every layer)"),
-        option: list[str] = typer.Option(None, "--option", help="an option of the experiment KEY=VALUE (repeatable; "
-                                         "any registered experiment's own, checked as ganda run checks it)"),
-        paper: bool = typer.Option(False, "--paper", help="print the paper's headline runs"),
-        as_json: bool = typer.Option(False, "--json", help="one JSON object"),
-        out: Path | None = typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"),
-        force: bool = FORCE,
-        quiet: bool = QUIET,
-    ) -> None:
-        """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
-        from .. import plan as planner
-        from ..device import parse_dtype
+#: plan's own inputs; every other flag is an option of a costed experiment (:func:`_experiment_flags`)
+OWN = ("model", "experiment", "task", "limit", "shots", "tokens", "device", "devices", "dtype", "option", "paper",
+       "as_json", "out", "force", "quiet")
 
-        for name, value in (("--devices", devices), ("--limit", limit), ("--tokens", tokens), ("--rows", rows),
-                            ("--batch-heads", batch_heads), ("--ig-steps", ig_steps)):
-            at_least(name, value)
 
-        require_heads("--heads", heads)
-        if method not in METHODS:
-            raise GandaError(f"--method must be one of {', '.join(METHODS)}, not {method!r}")
-        n = limit
-        planner.device(device)
-        if out is not None:  # checked before any work; replaced only when ganda wrote it as a plan, or with --force
-            from .. import runio
+def _own_parameters() -> list[inspect.Parameter]:
+    def p(name: str, default: Any, annotation: Any, kind: Any = inspect.Parameter.KEYWORD_ONLY) -> inspect.Parameter:
+        return inspect.Parameter(name, kind, default=default, annotation=annotation)
 
-            runio.check_output_file(out, "--out", inputs=model_inputs(model) if model else [], kind="plan", force=force)
+    return [
+        p("model", typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, a model "
+                                  "directory or a hub id; omit with --paper"), str | None),
+        p("experiment", typer.Option("eval", "--experiment", "-e", help="a registered experiment with costs: eval, maps, "
+                                     "sweep, rank, path, edges, prune, transplant or a plugin's (an unknown name lists "
+                                     "them)"), str),
+        p("task", typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"), str),
+        p("limit", typer.Option(1000, "--limit", "-n", help="number of examples the run scores (in all; mmlu's --limit "
+                                "elsewhere counts per subject)"), int),
+        p("shots", typer.Option(None, "--shots", help="few-shot exemplars (mmlu)"), int | None),
+        p("tokens", typer.Option(None, "--tokens", help="tokens per prompt instead of the task's"), int | None),
+        p("device", typer.Option("h100", "--device", help=", ".join(DEVICES)), str),
+        p("devices", typer.Option(1, "--devices", help="number of devices working side by side"), int),
+        p("dtype", typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"), str | None),
+        p("option", typer.Option(None, "--option", help="an option of the experiment KEY=VALUE (repeatable; any "
+                                 "registered experiment's own, checked as ganda run checks it)"), list[str] | None),
+        p("paper", typer.Option(False, "--paper", help="print the paper's headline runs"), bool),
+        p("as_json", typer.Option(False, "--json", help="one JSON object"), bool),
+        p("out", typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"), Path | None),
+        p("force", FORCE, bool),
+        p("quiet", QUIET, bool),
+    ]
+
+
+def _experiment_flags() -> dict[str, tuple[Any, Any, list[str]]]:
+    """Every option of the experiments ganda plan costs, as a flag of its own: name -> (field, type,
+    the experiments that declare it). Not given, an option keeps each experiment's own default (rank
+    and edges differ in --audit and --active); a name two experiments declare with different types
+    (prune's --layers, a count; transplant's, a list) is the first's, the other reached by --option."""
+    from .. import plan as planner
+    from .. import registry
+    from ..experiments.base import option_type
+
+    flags: dict[str, tuple[Any, Any, list[str]]] = {}
+    for name in planner.costed_experiments():
+        cls = registry.experiment(name)
+        if cls.name != name:  # an alias (attribution)
+            continue
+        hints = typing.get_type_hints(cls.Options)
+        for f in cls.Options.fields():
+            if f.name in OWN:
+                continue
+            if f.name not in flags:
+                flags[f.name] = (f, hints[f.name], [name])
+            elif option_type(flags[f.name][1]) is option_type(hints[f.name]):
+                flags[f.name][2].append(name)
+    return flags
+
+
+def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
+    from ..experiments.base import option_type
+    from .analyses import _turns_off
+
+    meta = f.metadata
+    flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+    text = f"{', '.join(owners)}: {meta.get('help', '')}"
+    if option_type(hint) is bool:  # a switch: given or not (``--no-x`` given: the option off)
+        return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(False, flag, help=text),
+                                 annotation=bool)
+    assert not _turns_off(f)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(None, flag, help=text),
+                             annotation=option_type(hint) | None)
+
+
+def _phase_options(experiment: str, adapter: Any, given: dict[str, Any], items: list[str] | None) -> dict[str, Any]:
+    """The options the experiment's costs read: the flags it declares (checked by its ``Options``,
+    as its own command checks them) and ``--option``, in the forms its phases take."""
+    from .. import registry
+    from .analyses import _turns_off
+
+    cls = registry.experiment(experiment)
+    fields = {f.name: f for f in cls.Options.fields()}
+    mine = {k: (not v if _turns_off(fields[k]) else v) for k, v in given.items() if k in fields}
+    built = cls.Options.build(mine, cli=True)
+    opts: dict[str, Any] = {k: getattr(built, k) for k in mine}
+    if cls.name == "rank" and opts.get("method") == "exact":
+        raise GandaError("--method exact is the exhaustive sweep: cost it with -e sweep")
+    opts.update(_experiment_options(experiment, items))
+    if "heads" in opts:
+        opts["heads_per_layer"] = _sweep_heads(adapter, opts.pop("heads"))
+    for name in ("verify_layers", "map_layers"):
+        if opts.get(name) is not None:
+            opts[name] = _layers_of(adapter, "--" + name.replace("_", "-"), opts[name])
+    if opts.get("remove_restore") is True:  # prune's costs read the minimal model's size
+        opts["remove_restore"] = opts.get("minimal") or len(adapter.original_layers())
+    if "graddrop_blocks" in opts:
+        opts["graddrop_blocks"] = opts["graddrop_blocks"] or None  # 0: one block per layer
+    return opts
+
+
+def plan_command(**values: Any) -> None:
+    """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
+    from .. import plan as planner
+    from ..device import parse_dtype
+
+    own = {k: values.pop(k) for k in OWN}
+    given = {k: v for k, v in values.items() if v is not None and v is not False}
+    model, experiment, devices, out = own["model"], own["experiment"], own["devices"], own["out"]
+    for name in ("devices", "limit", "tokens"):
+        at_least("--" + name, own[name])
+    planner.device(own["device"])
+    if out is not None:  # checked before any work; replaced only when ganda wrote it as a plan, or with --force
+        from .. import runio
+
+        runio.check_output_file(out, "--out", inputs=model_inputs(model) if model else [], kind="plan",
+                                force=own["force"])
+    if own["paper"]:
+        plans = paper_plans(own["device"], devices, own["shots"])
+    else:
+        if model is None:
+            raise GandaError("give a MODEL (or --paper)")
+        if experiment not in planner.costed_experiments():
+            raise GandaError(f"--experiment must be one of {', '.join(planner.costed_experiments())}, "
+                             f"not {experiment!r}")
+        default = os.environ.get("GANDA_DTYPE") or ("float32" if own["device"] == "cpu" else "bfloat16")
+        adapter, tok = _adapter_and_tokenizer(model, parse_dtype(own["dtype"] or default, "--dtype"))
+        w = workload(adapter, tok, own["task"], own["limit"], own["shots"], own["tokens"])
+        opts = {"layer_skip": layer_skip(adapter), **_phase_options(experiment, adapter, given, own["option"])}
+        plans = [(experiment, planner.plan(planner.profile(adapter), experiment, w, own["device"], devices, **opts))]
+    _print_plans(plans, own["paper"], own["as_json"], out)
+
+
+def _print_plans(plans: list[tuple[str, Any]], paper: bool, as_json: bool, out: Path | None) -> None:
+    from .. import plan as planner
+    from .. import runio
+
+    payload = [{"what": what, **p.to_json()} for what, p in plans]
+    if out is not None:
+        runio.write_text(out, json.dumps(payload, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(payload if paper else payload[0], indent=2))
+        return
+    for what, p in plans:
         if paper:
-            plans = paper_plans(device, devices, shots)
-        else:
-            if model is None:
-                raise GandaError("give a MODEL (or --paper)")
-            if experiment not in planner.costed_experiments():
-                raise GandaError(f"--experiment must be one of {', '.join(planner.costed_experiments())}, "
-                                 f"not {experiment!r}")
-            default = os.environ.get("GANDA_DTYPE") or ("float32" if device == "cpu" else "bfloat16")
-            dt = parse_dtype(dtype or default, "--dtype")
-            adapter, tok = _adapter_and_tokenizer(model, dt)
-            w = workload(adapter, tok, task, n, shots, tokens)
-            if graddrop_blocks < 0:
-                raise GandaError("--graddrop-blocks must be at least 0 (0: one block per layer)")
-            if min(verify_top or 0, audit or 0, active or 0, widen) < 0:
-                raise GandaError("--verify-top, --audit, --active and --widen must be at least 0")
-            opts: dict[str, Any] = {"batch_heads": batch_heads, "method": method, "layer_skip": layer_skip(adapter),
-                                    "graddrop_blocks": graddrop_blocks or None, "ig_steps": ig_steps, "widen": widen}
-            # unset: the experiment's own default (rank and edges differ in --audit and --active)
-            opts.update({k: v for k, v in (("verify_top", verify_top), ("audit", audit), ("active", active))
-                         if v is not None})
-            if verify_layers is not None:
-                opts["verify_layers"] = _layers_of(adapter, "--verify-layers", verify_layers)
-            if heads is not None:
-                opts["heads_per_layer"] = _sweep_heads(adapter, heads)
-            if rows is not None:
-                opts["rows"] = rows
-            if map_layers is not None:
-                opts["map_layers"] = _layers_of(adapter, "--map-layers", map_layers)
-            opts.update(_experiment_options(experiment, option))
-            plans = [(experiment, planner.plan(planner.profile(adapter), experiment, w, device, devices, **opts))]
-        payload = [{"what": what, **p.to_json()} for what, p in plans]
-        if out is not None:
-            runio.write_text(out, json.dumps(payload, indent=2) + "\n")
-        if as_json:
-            print(json.dumps(payload if paper else payload[0], indent=2))
-            return
-        for what, p in plans:
-            if paper:
-                print(f"# {what}")
-            print(planner.plan_text(p))
+            print(f"# {what}")
+        print(planner.plan_text(p))
+
+
+def build_plan() -> click.Command:
+    """``ganda plan``: its own inputs and every costed experiment's options (built when it is called:
+    the experiments' declarations load torch, which ``ganda --help`` does not)."""
+    flags = _experiment_flags()
+    params = _own_parameters() + [_flag_parameter(f, hint, owners) for f, hint, owners in flags.values()]
+    plan_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    plan_command.__annotations__ = {p.name: p.annotation for p in params}
+    app = typer.Typer(rich_markup_mode=None, add_completion=False)
+    app.command("plan", short_help=SUMMARY)(plan_command)
+    return typer.main.get_command(app)
+
+
+SUMMARY = "Estimate FLOPs, peak memory and time of an experiment"
+AnalysisGroup.lazy["plan"] = (SUMMARY, build_plan)

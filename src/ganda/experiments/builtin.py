@@ -198,8 +198,15 @@ class Evaluation(Experiment):
     on_task = False  # costed only: ganda eval and ganda attn run it
 
 
+@dataclass
+class MapsOptions(Options):
+    rows: int | None = option(None, "rows per map (default: every row)", low=1)
+    map_layers: str | None = option(None, "layers (default: every layer)")
+
+
 class Maps(Experiment):
     name = "maps"
+    Options = MapsOptions
     phases = "ganda.plan:maps_phases"
     on_task = False  # costed only: ganda eval and ganda attn run it
 
@@ -209,4 +216,4 @@ class Maps(Experiment):
 TOP = 20  # heads the report lists of a sweep or a ranking
 
 
-__all__ = ["Evaluation", "Maps", "Rank", "RankOptions", "Sweep", "SweepOptions"]
+__all__ = ["Evaluation", "Maps", "MapsOptions", "Rank", "RankOptions", "Sweep", "SweepOptions"]
