@@ -10,7 +10,7 @@ import pytest
 
 from ganda import registry
 from ganda.demo import DemoResult, finding, roles
-from ganda.discovery import HeadScore
+from ganda.patterns import HeadScore
 from ganda.report.html import write_report
 
 

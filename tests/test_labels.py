@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ganda
-from ganda.discovery import discover
+from ganda.experiments.heads import discover
 from ganda.labels import LABELS, MIN_SCORE, label_head, label_model, parts, role_of
 from ganda.patterns import (
     AUTO,
@@ -244,7 +244,7 @@ def test_lab_llama_g_and_a_heads_are_labelled_by_pattern(tmp_path):
     table = results.load(tmp_path).heads.set_index("head")
     assert table.loc["L2H0", "previous_token"] == pytest.approx(by["L2H0"]["previous_token"])
     assert table.loc["L3H0", "label"] == "Aggregate" and "induction" in table.columns
-    from ganda.discovery import HeadsResult
+    from ganda.experiments.heads import HeadsResult
 
     head = HeadsResult(saved).headline()  # what the report opens with
     assert "Summary token: **first+2** (the token the final rows read: L3H0's aggregate score 0.205)" in head

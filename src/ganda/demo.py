@@ -32,10 +32,10 @@ from . import registry, runio
 from .acts import head_profile, verdict, where
 from .attention import draw_attention
 from .attribution import rank_heads
-from .discovery import ablate_until_chance, added_heads, at_chance, chance_sentence
 from .effects import matters
 from .errors import GandaError
 from .experiments.common import ExperimentResult
+from .experiments.cumulative import ablate_until_chance, added_heads, at_chance, chance_sentence
 from .figures import curves
 from .intervals import bounds, ci
 from .interventions import AblateHeads

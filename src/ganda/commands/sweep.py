@@ -88,8 +88,8 @@ def register(app: typer.Typer) -> None:
         then OUT/results.jsonl, results.csv and heatmap.png.
         """
 
-        from ..discovery import cumulative_ablation
         from ..distributed import ray_sweeps
+        from ..experiments.cumulative import cumulative_ablation
         from ..heads import expand
         from ..models import load_model
         from ..sweep import SWEEP_METRICS, run_sweep

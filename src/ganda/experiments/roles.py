@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import runio
-from ..discovery import ablate_until_chance, added_heads, at_chance
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
@@ -55,6 +54,7 @@ from ..stats import bootstrap_paired, overlap, pool_sets
 from ..sweep import run_sweep
 from ..tasks.base import Example
 from .common import ExperimentResult, pct, points, prompt_sets
+from .cumulative import ablate_until_chance, added_heads, at_chance
 
 MODES = ("all", "query", "context")
 # where a head's ablation hurts, by the causal role it points to
