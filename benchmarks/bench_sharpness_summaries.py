@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import ganda
-from ganda.discovery import compare_sharpness, compare_sharpness_summaries
+from ganda.experiments.sharpness import compare_sharpness, compare_sharpness_summaries
 
 # the heads `ganda lab` measures (its roles step on the shipped checkpoints)
 HEADS = {"lab-llama": (["L1H1"], ["L0H3"]), "lab-mamba2": (["L1H2"], ["L0H2"])}

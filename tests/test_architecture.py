@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ganda.tasks", "ganda.sites"),
     ("ganda.scoring", "ganda.generation", "ganda.lmeval", "ganda.figures", "ganda.ablation"),
     ("ganda.evaluation", "ganda.acts", "ganda.prepared", "ganda.attention", "ganda.patterns", "ganda.labels", "ganda.knowledge"),
-    ("ganda.sweep", "ganda.discovery", "ganda.attribution", "ganda.plan", "ganda.circuit"),
+    ("ganda.sweep", "ganda.attribution", "ganda.plan", "ganda.circuit"),
     ("ganda.experiments", "ganda.distributed", "ganda.grid"),
     ("ganda.report", "ganda.demo", "ganda.results"),
     ("ganda.commands", "ganda.cli", "ganda.__main__", "ganda"),

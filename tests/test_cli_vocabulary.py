@@ -265,13 +265,13 @@ def test_short_options_mean_one_thing():
 
 def test_constants_spelled_in_the_command_layer_match_the_library():
     """The commands spell a few library constants so that --help needs no torch; they must agree."""
-    from ganda import discovery, models
+    from ganda import models, patterns
     from ganda import plan as planner
     from ganda.commands import core, extends, plan
     from ganda.experiments import extends as ext
 
-    assert core.DEFAULT_MODEL == models.DEFAULT_MODEL and core.SUMMARIES == tuple(discovery.SUMMARIES)
-    assert core.HEADS_SUMMARIES == (discovery.AUTO, *discovery.SUMMARY_TOKENS)
+    assert core.DEFAULT_MODEL == models.DEFAULT_MODEL and core.SUMMARIES == tuple(patterns.SUMMARIES)
+    assert core.HEADS_SUMMARIES == (patterns.AUTO, *patterns.SUMMARY_TOKENS)
     assert extends.DEFAULT_TASKS == ext.DEFAULT_TASKS and extends.CONDITIONS == tuple(ext.CONDITIONS)
     assert plan.DEVICES == tuple(planner.DEVICES)
     experiment = next(p for p in _commands()["plan"].params if p.name == "experiment")

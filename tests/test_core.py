@@ -333,7 +333,7 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path, cli):
 def test_discover_drops_equal_the_plain_ablation_loop(tiny):
     """``discover`` verifies candidates through the sweep engine; its numbers must be exactly
     what ``evaluate_examples`` under ``AblateHeads([head])`` gives for every verified head."""
-    from ganda.discovery import discover
+    from ganda.experiments.heads import discover
     from ganda.scoring import evaluate_examples
     from ganda.tasks import get_task
 

@@ -10,7 +10,7 @@ import pytest
 
 from ganda import registry
 from ganda.demo import DemoResult, finding, roles
-from ganda.discovery import HeadScore
+from ganda.patterns import HeadScore
 from ganda.report.html import write_report
 
 
@@ -45,6 +45,34 @@ def test_roles_are_the_shared_labellers():
     for s, label in zip(scores, ("Aggregate+sink", "Gather", "induction+sink", None), strict=True):
         s.label = label
     assert roles(scores) == {"L0H0": "aggregate", "L1H0": "gather", "L2H0": "neither", "L3H0": "neither"}
+
+
+def _profile(head: str, drop_all: float, final: float, ends: float, elsewhere: float) -> list[dict]:
+    rows = [{"heads": head, "ablation": "zero", "positions": "all", "drop": drop_all},
+            {"heads": head, "ablation": "mean", "positions": "all", "drop": drop_all}]
+    return rows + [{"heads": head, "ablation": "zero", "positions": c, "drop": d}
+                   for c, d in (("ends", ends), ("key", 0.0), ("final", final), ("elsewhere", elsewhere))]
+
+
+def test_the_demo_labels_its_profiled_heads_with_where_they_act():
+    """Both G&A patterns qualify for L1H0 and L2H0; where each head's ablation hurts (its profile:
+    the final position, or a class before it) keeps one, by the labeller's own rule: the demo's
+    labels and roles are label_heads' with the same evidence."""
+    from ganda.demo import _label_where
+    from ganda.labels import label_heads
+
+    std = {h: {"induction": 0.0, "previous_token": 0.0, "sink": 0.1} for h in ("L1H0", "L2H0")}
+    profiles = _profile("L1H0", 0.3, 0.25, 0.0, 0.05) + _profile("L2H0", 0.3, 0.0, 0.2, 0.1)
+    scores = [_score("L1H0", 0.06, 0.9), _score("L2H0", 0.06, 0.9)]
+    role = {}
+    _label_where(None, scores, profiles, std, role)
+    assert {s.head: s.label for s in scores} == {"L1H0": "Aggregate", "L2H0": "Gather"}
+    assert role == roles(scores) == {"L1H0": "aggregate", "L2H0": "gather"}
+    evidence = {"L1H0": {"drop_all": 0.3, "drop_query": 0.25, "drop_context": 0.05},
+                "L2H0": {"drop_all": 0.3, "drop_query": 0.0, "drop_context": 0.2}}
+    fresh = [_score("L1H0", 0.06, 0.9), _score("L2H0", 0.06, 0.9)]
+    assert {h: lab.label for h, lab in label_heads(fresh, std, evidence).items()} == {s.head: s.label for s in scores}
+    assert "the ablation hurts at the final position" in scores[0].label_reason
 
 
 def test_finding_states_heads_costs_intervals_and_heads_to_chance():

@@ -470,6 +470,8 @@ def test_smollm2_shortcuts_and_transplant_identity(smollm2) -> None:
 
 def test_head_roles_label_by_where_the_ablation_hurts(student, tmp_path: Path) -> None:
     from ganda.experiments.roles import head_roles
+    from ganda.labels import causal_role, label_model
+    from ganda.patterns import AUTO, pattern_scores
     from ganda.tasks import get_task
 
     exs = get_task("kv", pairs=3).examples(limit=12, seed=0)
@@ -483,7 +485,16 @@ def test_head_roles_label_by_where_the_ablation_hurts(student, tmp_path: Path) -
     for r in res.rows:
         assert r["drop_all"] == pytest.approx(res.summary["baseline"] - r["all"])
         assert r["drop_all"] == pytest.approx(drops[r["head"]], abs=1e-9)  # the sweep and AblateHeads agree
+        assert r["role"] == causal_role(r, control_drop=r["drop_control"], min_drop=0.0, max_control_drop=2.0)
         assert r["role"] == ("aggregate" if r["drop_query"] > r["drop_context"] else "gather")
+    # each row's label is the labeller's for that head, with the same pattern scores and ablation drops
+    heads = [HeadId.parse(h) for h in ranked]
+    scores = pattern_scores(student, exs, heads, progress=False, summary=AUTO)
+    for sc, h in zip(scores, ranked, strict=True):
+        sc.head = h
+    drops = {r["head"]: {k: r[k] for k in ("drop_all", "drop_query", "drop_context")} for r in res.rows}
+    labels = label_model(student, scores, ablations=drops, min_drop=0.0)
+    assert {r["head"]: r["label"] for r in res.rows} == {h: lab.label for h, lab in labels.items()}
     cum = res.extra["cumulative"]
     assert [c["n_heads"] for c in cum] == list(range(1, len(cum) + 1)) and len(cum) <= 3
     # a role held by several heads is also scored with all of them ablated at once

@@ -77,7 +77,7 @@ def _synthetic_rows(smooth: float) -> tuple[torch.Tensor, list[tuple[int, int]],
 
 
 def test_one_hot_map_is_sharper_than_a_smoothed_one_on_every_metric():
-    from ganda.discovery import METRICS, prompt_metrics
+    from ganda.patterns import METRICS, prompt_metrics
 
     sharp = prompt_metrics(*_synthetic_rows(0.0))
     soft = prompt_metrics(*_synthetic_rows(0.6))
@@ -91,7 +91,7 @@ def test_one_hot_map_is_sharper_than_a_smoothed_one_on_every_metric():
 
 
 def test_head_score_intervals_contain_their_summaries():
-    from ganda.discovery import METRICS, head_score
+    from ganda.patterns import METRICS, head_score
 
     rng = random.Random(2)
     samples = {m: [abs(rng.gauss(1, 0.3)) for _ in range(30)] for m in METRICS}
@@ -131,8 +131,8 @@ def _batch(adapter, n=3):
 
 
 def test_pattern_scores_keep_per_prompt_values_and_intervals(lab):
-    from ganda.discovery import METRICS, pattern_scores
     from ganda.heads import expand
+    from ganda.patterns import METRICS, pattern_scores
     from ganda.tasks import get_task
 
     for name in ("lab-llama", "lab-mamba2"):
@@ -258,7 +258,7 @@ def test_transplant_cli_runs_lab_tasks_and_records_the_swap(tmp_path, capsys):
 
 
 def test_compare_sharpness_gives_paired_differences_with_intervals(lab):
-    from ganda.discovery import compare_sharpness
+    from ganda.experiments.sharpness import compare_sharpness
 
     res = compare_sharpness({"llama": lab["lab-llama"], "mamba2": lab["lab-mamba2"]}, "lab-mmlu",
                             k=1, n=8, select_n=8, resamples=300, progress=False)
@@ -284,7 +284,8 @@ def test_sharpness_on_prompt_sets_pools_each_difference(lab, tmp_path, capsys):
     import math
 
     from ganda.cli import main
-    from ganda.discovery import RATIO_METRICS, compare_sharpness, sharpness_sets
+    from ganda.experiments.sharpness import compare_sharpness, sharpness_sets
+    from ganda.patterns import RATIO_METRICS
     from ganda.stats import pool_sets
 
     models = {"llama": lab["lab-llama"], "mamba2": lab["lab-mamba2"]}
@@ -316,7 +317,7 @@ def test_sharpness_under_both_summaries_from_one_pass_equals_two_runs(lab):
     """Finding 4 reads each prompt's maps once for the ``\\n`` and the last-word summary: the
     results must be those of two separate runs (to float rounding: the SSM's rows are computed
     in another batch)."""
-    from ganda.discovery import compare_sharpness, compare_sharpness_summaries
+    from ganda.experiments.sharpness import compare_sharpness, compare_sharpness_summaries
 
     models = {"llama": lab["lab-llama"], "mamba2": lab["lab-mamba2"]}
     heads = {"llama": (["L1H1"], ["L0H3"]), "mamba2": (["L1H2"], ["L0H2"])}
@@ -420,7 +421,7 @@ def test_hybrid_with_attention_last_aggregates_in_attention():
 
 
 def test_read_profile_splits_the_final_row_by_segment_part():
-    from ganda.discovery import READ_PARTS, read_shares
+    from ganda.patterns import READ_PARTS, read_shares
 
     spans, gold = [(3, 7), (8, 12)], 1  # letter . word word \n, twice
     row = torch.zeros(14)
@@ -433,8 +434,8 @@ def test_read_profile_splits_the_final_row_by_segment_part():
 
 
 def test_summary_last_scores_a_head_that_reads_the_last_word_as_aggregate():
-    from ganda.discovery import prompt_metrics, summary_spans
     from ganda.errors import GandaError
+    from ganda.patterns import prompt_metrics, summary_spans
 
     rows, spans, gold = _synthetic_rows(0.0)
     # move the final row's one-hot from the gold "\n" to the gold's last word
@@ -456,8 +457,8 @@ def test_lab_mamba2_c32_aggregates_at_the_last_word_not_the_newline():
     """lab-mamba2-c32's sharpest Aggregate head (L3H4) reads the gold option's last word: scored
     with the paper's ``\\n`` summary it looks like no Aggregate head at all."""
     import ganda
-    from ganda.discovery import pattern_scores
     from ganda.heads import expand
+    from ganda.patterns import pattern_scores
     from ganda.tasks import get_task
 
     a = ganda.load_model("lab-mamba2-c32", device="cpu", dtype=torch.float32)

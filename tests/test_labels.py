@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ganda
-from ganda.discovery import discover
+from ganda.experiments.heads import discover
 from ganda.labels import LABELS, MIN_SCORE, label_head, label_model, parts, role_of
 from ganda.patterns import (
     AUTO,
@@ -134,6 +134,27 @@ def test_where_the_ablation_hurts_decides_between_two_qualifying_patterns():
     assert lab.label == "Aggregate" and "before the final position" in lab.reason
 
 
+def test_the_causal_role_is_where_the_ablation_hurts():
+    """``ganda roles``' causal role and rule 3 of the labels are one rule (ganda.labels)."""
+    from ganda.labels import causal_role, where_it_hurts
+
+    at_query = {"drop_all": 0.3, "drop_query": 0.3, "drop_context": 0.1}
+    before = {"drop_all": 0.3, "drop_query": 0.1, "drop_context": 0.2}
+    assert where_it_hurts(at_query) == causal_role(at_query) == "aggregate"
+    assert where_it_hurts(before) == causal_role(before) == "gather"
+    tie = {"drop_all": 0.3, "drop_query": 0.1, "drop_context": 0.1}
+    assert causal_role(tie) == "gather"  # only a larger cost at the final position makes it Aggregate
+    harmless = {"drop_all": 0.04, "drop_query": 0.04, "drop_context": 0.0}
+    assert where_it_hurts(harmless) is None and causal_role(harmless) == "-"
+    assert causal_role(harmless, min_drop=0.0) == "aggregate"
+    assert causal_role(at_query, control_drop=0.2) == "knowledge"
+    assert causal_role(at_query, control_drop=0.2, max_control_drop=0.25) == "aggregate"
+    assert where_it_hurts({"drop_all": 0.3}) is None  # no positional ablation: the position says nothing
+    both = {"aggregate": 0.06, "gather": 0.9}
+    for drops in (at_query, before):
+        assert role_of(label_head("L1H0", **both, ablation=drops).label) == causal_role(drops)
+
+
 def test_summary_tokens_count_from_either_end():
     spans = [(10, 14), (15, 19), (20, 21)]
     assert summary_spans(spans, "end") == spans and summary_spans(spans, "last") == [(10, 13), (15, 18), (20, 20)]
@@ -243,7 +264,7 @@ def test_lab_llama_g_and_a_heads_are_labelled_by_pattern(tmp_path):
     table = results.load(tmp_path).heads.set_index("head")
     assert table.loc["L2H0", "previous_token"] == pytest.approx(by["L2H0"]["previous_token"])
     assert table.loc["L3H0", "label"] == "Aggregate" and "induction" in table.columns
-    from ganda.discovery import HeadsResult
+    from ganda.experiments.heads import HeadsResult
 
     head = HeadsResult(saved).headline()  # what the report opens with
     assert "Summary token: **first+2** (the token the final rows read: L3H0's aggregate score 0.205)" in head

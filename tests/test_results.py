@@ -374,7 +374,7 @@ def test_objects_in_memory_name_intervals_as_the_files_do():
     (no ``ci95`` pair, no ``_lo``/``_hi``), the names of every result file."""
     import dataclasses
 
-    from ganda.discovery import METRICS, HeadScore
+    from ganda.patterns import METRICS, HeadScore
     from ganda.scoring import EvalResult
     from ganda.stats import bootstrap_paired
 

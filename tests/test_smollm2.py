@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ganda import AblateHeads, KeepLayers, RemoveLayers, mask_last_row
-from ganda.discovery import prompt_positions
 from ganda.interventions import apply
+from ganda.patterns import prompt_positions
 from ganda.scoring import encode_pair, encode_pairs, evaluate_examples, score_choices
 from ganda.tasks import get_task
 

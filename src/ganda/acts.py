@@ -9,7 +9,8 @@
 * zero-ablated at one position class only (:mod:`ganda.sites`: segment ends, the queried key,
   the final position, elsewhere): *where* the head acts.
 
-:func:`verdict` and :func:`where` turn the rows into the sentences the demo and its report print.
+:func:`verdict` and :func:`where` turn the rows into the sentences the demo and its report print;
+:func:`position_evidence` into the ablation evidence the labeller takes (:mod:`ganda.labels`).
 """
 
 from __future__ import annotations
@@ -106,4 +107,17 @@ def where(rows: Sequence[dict[str, Any]]) -> str:
             f"(share of its margin drop, ablated at one class alone: {parts}).")
 
 
-__all__ = ["head_profile", "verdict", "where"]
+def position_evidence(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """A profile's accuracy drops as :func:`ganda.labels.label_head` takes them: ``drop_all`` (zero
+    at every position), ``drop_query`` (at the final position alone) and ``drop_context`` (the
+    largest drop of a position class before it: segment ends, queried key, elsewhere); empty where
+    the profile has no zero-ablation at every position or at the final position."""
+    zero = next((r for r in rows if r["positions"] == "all" and r["ablation"] == "zero"), None)
+    sited = {r["positions"]: r["drop"] for r in rows if r["positions"] != "all"}
+    if zero is None or "final" not in sited:
+        return {}
+    before = [d for c, d in sited.items() if c != "final"]
+    return {"drop_all": zero["drop"], "drop_query": sited["final"], "drop_context": max(before, default=0.0)}
+
+
+__all__ = ["head_profile", "position_evidence", "verdict", "where"]

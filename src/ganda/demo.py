@@ -29,13 +29,13 @@ from typing import Any
 from rich.console import Console
 
 from . import registry, runio
-from .acts import head_profile, verdict, where
+from .acts import head_profile, position_evidence, verdict, where
 from .attention import draw_attention
 from .attribution import rank_heads
-from .discovery import ablate_until_chance, added_heads, at_chance, chance_sentence
 from .effects import matters
 from .errors import GandaError
 from .experiments.common import ExperimentResult
+from .experiments.cumulative import ablate_until_chance, added_heads, at_chance, chance_sentence
 from .figures import curves
 from .intervals import bounds, ci
 from .interventions import AblateHeads
@@ -221,6 +221,16 @@ def _rank_and_label(adapter: ModelAdapter, task: Any, pattern_ex: Sequence[Examp
     return ranked, ranked.order(), scores, roles(scores)
 
 
+def _label_where(adapter: ModelAdapter, scores: Sequence[HeadScore], profiles: Sequence[dict[str, Any]],
+                 standard: dict[str, dict[str, float]], role: dict[str, str]) -> None:
+    """The profiled heads labelled again with where their ablation hurts (:func:`ganda.acts.position_evidence`):
+    the labeller's rule 3 keeps Aggregate or Gather by that position where both patterns qualify,
+    and every label's reason says whether the position agrees (:mod:`ganda.labels`)."""
+    evidence = {s.head: position_evidence([r for r in profiles if r["heads"] == s.head]) for s in scores}
+    label_model(adapter, scores, ablations={h: e for h, e in evidence.items() if e}, standard=standard)
+    role.update(roles(scores))
+
+
 def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list[str], role: dict[str, str],
                exact: dict[str, float], seed: int, ablation: str = "zero"
                ) -> tuple[EvalResult, list[dict[str, Any]], str | None, str | None]:
@@ -367,6 +377,7 @@ def run_demo(
     profiled = list(dict.fromkeys(h for h in (top_head(order, ranked.exact), g_head) if h)) if profile else []
     con.print(f"3/5 {', '.join(profiled) or 'no head'}: zero, mean and resample ablation, and where each acts")
     profiles = [r for h in profiled for r in head_profile(adapter, measure_ex, h, base=base, seed=seed)]
+    _label_where(adapter, [by[h] for h in profiled], profiles, standard, role)
     c = lap("profile", c)
 
     con.print("4/5 cumulative ablation in causal order until chance")

@@ -26,11 +26,16 @@ must itself reach half the minimum, so that crumbs beside a sink make no role. T
 2. **Gather** where the gather evidence >= 0.25 *and* exceeds the head's standard previous-token
    score (a head whose previous-token pattern is as strong as its gathering is not called Gather).
 3. Where both G&A rules are met and a positional ablation was run and hurts (full ablation drop
-   >= ``min_drop``), *where* it hurts keeps one of them (the final position: Aggregate; before it:
-   Gather); otherwise both are kept, the larger multiple of its minimum first.
+   >= ``min_drop``), *where* it hurts keeps one of them (:func:`where_it_hurts`: the final
+   position, Aggregate; before it, Gather); otherwise both are kept, the larger multiple of its
+   minimum first.
 4. **induction** where the induction score >= 0.3; **previous-token** where the previous-token
    score >= 0.5 — each in addition to any other role; **sink** where the sink share itself >= 0.5.
 5. **none** where no rule is met.
+
+``ganda roles`` also states each ablated head's *causal role* by the same position rule
+(:func:`causal_role`): ``aggregate`` or ``gather`` where its ablation hurts, ``-`` where it costs
+less than ``min_drop``, ``knowledge`` where it costs a control task more than ``max_control_drop``.
 
 A label is its roles joined by ``+`` in that order (``"induction+sink"``); ``sink`` alone thus
 names only heads that meet no other rule. Every label carries its reason (:attr:`Label.reason`):
@@ -55,6 +60,8 @@ ROLE_NAME = {"aggregate": "Aggregate", "gather": "Gather", "induction": "inducti
 MIN_SCORE = {"aggregate": MIN_AGGREGATE, "gather": 0.25, "induction": 0.3, "previous_token": 0.5, "sink": 0.5}
 GENERIC = ("induction", "previous_token", "sink")  # the task-free roles, in label order
 MIN_DROP = 0.05  # a positional ablation speaks only where the full ablation costs this much
+MAX_CONTROL_DROP = 0.1  # a head that costs a control task more than this carries knowledge, not retrieval
+WHERE = {"aggregate": "at the final position", "gather": "before the final position"}
 
 
 @dataclass
@@ -98,6 +105,34 @@ def _f(x: float) -> str:
     return f"{x:.3f}"
 
 
+def where_it_hurts(ablation: Mapping[str, float] | None, min_drop: float = MIN_DROP) -> str | None:
+    """The G&A role the position of a head's ablation points to: ``"aggregate"`` where ablating it
+    at the final position alone (``drop_query``) costs more than before it (``drop_context``),
+    ``"gather"`` otherwise (a Gather head writes into the segments, an Aggregate head reads them
+    at the final position); None where no positional ablation was run or the full ablation
+    (``drop_all``) costs less than ``min_drop``, so that the position of a harmless ablation
+    decides nothing."""
+    if not ablation or not _at_least(ablation.get("drop_all"), min_drop):
+        return None
+    query, context = ablation.get("drop_query"), ablation.get("drop_context")
+    if query is None or context is None:
+        return None
+    return "aggregate" if query > context else "gather"
+
+
+def causal_role(ablation: Mapping[str, float], *, control_drop: float | None = None, min_drop: float = MIN_DROP,
+                max_control_drop: float = MAX_CONTROL_DROP) -> str:
+    """A head's causal role from its ablations (``ganda roles``' ``role`` column): ``"-"`` where
+    its full ablation costs less than ``min_drop``; ``"knowledge"`` where it costs a control task
+    (``control_drop``, None where none was run) more than ``max_control_drop`` (it carries what the
+    task needs to know, not how it is retrieved); else :func:`where_it_hurts`."""
+    if not _at_least(ablation.get("drop_all"), min_drop):
+        return "-"
+    if control_drop is not None and control_drop > max_control_drop:
+        return "knowledge"
+    return where_it_hurts(ablation, min_drop) or "-"
+
+
 def off_sink(x: float | None, sink: float | None) -> float | None:
     """A role score as a share of the attention a head does not park on the first token:
     ``x / (1 - sink)``, ``sink`` the share on the first token of the rows ``x`` was measured on."""
@@ -131,10 +166,7 @@ def label_head(head: str, *, aggregate: float | None = None, gather: float | Non
                                      "gather_evidence": evidence, "induction": induction,
                                      "previous_token": previous_token, "sink": sink, "aggregate_sink": aggregate_sink,
                                      "gather_sink": gather_sink, "induction_sink": induction_sink}.items() if v is not None}
-    where = None
-    if ablation and _at_least(ablation.get("drop_all"), min_drop) and "drop_query" in ablation \
-            and "drop_context" in ablation:
-        where = "aggregate" if ablation["drop_query"] > ablation["drop_context"] else "gather"
+    where = where_it_hurts(ablation, min_drop)
     met = {r: float(off_sink(scores[r], first[r])) for r in scores if meets(r, scores[r], first[r])}  # type: ignore[arg-type]
     beaten = "gather" in met and _at_least(previous_token, float(evidence))  # type: ignore[arg-type]
     if beaten:
@@ -143,8 +175,7 @@ def label_head(head: str, *, aggregate: float | None = None, gather: float | Non
     why: list[str] = []
     if len(ga) == 2 and where is not None:
         ga = [where]
-        why.append("both G&A patterns qualify; the ablation hurts " +
-                   ("at the final position" if where == "aggregate" else "before the final position"))
+        why.append(f"both G&A patterns qualify; the ablation hurts {WHERE[where]}")
     roles = [*ga, *(r for r in ("induction", "previous_token") if r in met)]
     for r in roles:
         what = "gather evidence" if r == "gather" else f"{r.replace('_', '-')} score"
@@ -190,7 +221,8 @@ def label_heads(scores: Sequence[HeadScore], standard: Mapping[str, Mapping[str,
 
 def label_model(adapter: ModelAdapter, scores: Sequence[HeadScore], *,
                 ablations: Mapping[str, Mapping[str, float]] | None = None,
-                standard: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Label]:
+                standard: Mapping[str, Mapping[str, float]] | None = None, min_drop: float = MIN_DROP
+                ) -> dict[str, Label]:
     """The labels of the heads ``scores`` holds (:func:`ganda.patterns.pattern_scores`), with
     their standard scores measured here unless given; each :class:`~ganda.patterns.HeadScore`
     also takes its standard scores, gather evidence, label and reason."""
@@ -198,7 +230,7 @@ def label_model(adapter: ModelAdapter, scores: Sequence[HeadScore], *,
         heads = [HeadId.parse(s.head) for s in scores]
         measured = standard_scores(adapter, heads)
         standard = {s.head: measured[str(h)] for s, h in zip(scores, heads, strict=True)}
-    labels = label_heads(scores, standard, ablations)
+    labels = label_heads(scores, standard, ablations, min_drop)
     for s in scores:
         lab = labels[s.head]
         s.induction, s.previous_token, s.sink = (lab.scores.get(k) for k in GENERIC)

@@ -45,7 +45,7 @@ so each comes with a 95% interval over prompts (``HeadScore.<metric>_ci_low`` an
 ``aggregate_segment`` and ``gather``; the t interval of ``log x``, exponentiated, for the geometric
 means of the ratios (``aggregate_peak``, ``aggregate_neighbour``, ``gather_contrast``,
 ``gather_edge``); a Wilson interval for the proportion ``aggregate_hit``. Intervals treat prompts as independent draws.
-:func:`ganda.discovery.compare_sharpness` compares models' top heads with a paired bootstrap over prompts.
+:func:`ganda.experiments.sharpness.compare_sharpness` compares models' top heads with a paired bootstrap over prompts.
 
 
 **Standard scores** (:func:`standard_scores`), the field's task-free protocol (TransformerLens;

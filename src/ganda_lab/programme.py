@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from ganda.discovery import compare_sharpness_summaries, save_sharpness, top_reads
 from ganda.errors import GandaError
 from ganda.experiments import result_from_json
 from ganda.experiments.common import ExperimentResult, Scorer, flat_scores
@@ -40,11 +39,13 @@ from ganda.experiments.mask_last_row import mask_last_row_experiment
 from ganda.experiments.prune import prune_curve, remove_restore
 from ganda.experiments.retain import retain
 from ganda.experiments.roles import head_roles
+from ganda.experiments.sharpness import compare_sharpness_summaries, save_sharpness
 from ganda.experiments.transplant import transplant_sweep
 from ganda.figures import panels
 from ganda.heads import HeadId
 from ganda.intervals import ci
 from ganda.models import load_model
+from ganda.patterns import top_reads
 from ganda.report import write_report
 from ganda.scoring import evaluate_examples
 from ganda.tasks import get_task

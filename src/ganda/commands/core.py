@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ..interventions import Intervention
 
 DEFAULT_MODEL = "smollm2-135m"  # ganda.models.DEFAULT_MODEL, spelled here so that --help needs no torch
-SUMMARIES = ("end", "last")  # ganda.discovery.SUMMARIES
+SUMMARIES = ("end", "last")  # ganda.patterns.SUMMARIES
 # ganda heads --summary: "auto" (ganda.patterns.AUTO) or one of ganda.patterns.SUMMARY_TOKENS
 HEADS_SUMMARIES = ("auto", "end", "last", "first", "first+1", "first+2", "first+3")
 MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-9k, lab-hybrid-late-7k5, "
@@ -267,7 +267,7 @@ def register(app: typer.Typer) -> None:
         """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation.
         heads.csv also holds each head's read profile (where its final row lands), its standard
         induction, previous-token and sink scores (repeated random tokens) and its label."""
-        from ..discovery import discover, save_discovery
+        from ..experiments.heads import discover, save_discovery
         from ..models import load_model
         from ..tasks import task_for_model
 
@@ -321,7 +321,7 @@ def register(app: typer.Typer) -> None:
 
 def _reads(read: dict) -> str:
     """The two largest parts of a read profile, e.g. ``gold_last .62, other_last .21``."""
-    from ..discovery import top_reads
+    from ..patterns import top_reads
 
     return ", ".join(f"{k} {v:.2f}" for k, v in top_reads(read, 2))
 

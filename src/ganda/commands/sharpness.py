@@ -35,7 +35,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
         95% bootstrap intervals over prompts and the paired difference between models."""
-        from ..discovery import compare_sharpness, pooled_sharpness_lines, save_sharpness, sharpness_sets
+        from ..experiments.sharpness import (
+            compare_sharpness,
+            pooled_sharpness_lines,
+            save_sharpness,
+            sharpness_sets,
+        )
         from ..models import load_model
 
         if select not in ("pattern", "drop"):

@@ -16,9 +16,9 @@ kind               paper                                   module
 ``transplant``     Fig. 7, donor layers/heads in a student  :mod:`.transplant`
 ``roles``          Gather vs Aggregate, by where a head     :mod:`.roles`
                    matters (final position or before it)
-``heads``          heads ranked by G&A pattern scores,      :mod:`ganda.discovery`
+``heads``          heads ranked by G&A pattern scores,      :mod:`.heads`
                    the top ones verified by ablation
-``sharpness``      G&A map sharpness of two models          :mod:`ganda.discovery`
+``sharpness``      G&A map sharpness of two models          :mod:`.sharpness`
 ``circuit_path``   which of a head's effect runs through    :mod:`.circuit`
                    another (path ablation)
 ``circuit_edges``  every head pair scored, the top          :mod:`.circuit`
@@ -80,8 +80,8 @@ for _kind, _target in {
     "mask_last_row": "ganda.experiments.mask_last_row:MaskLastRowResult",
     "transplant": "ganda.experiments.transplant:TransplantResult",
     "roles": "ganda.experiments.roles:RolesResult",
-    "heads": "ganda.discovery:HeadsResult",
-    "sharpness": "ganda.discovery:SharpnessResult",
+    "heads": "ganda.experiments.heads:HeadsResult",
+    "sharpness": "ganda.experiments.sharpness:SharpnessResult",
     "circuit_path": "ganda.experiments.circuit:PathResult",
     "circuit_edges": "ganda.experiments.circuit:EdgesResult",
     "demo": "ganda.demo:DemoResult",  # ``ganda demo``'s finding (named, not imported: the demo sits above)

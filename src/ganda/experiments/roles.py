@@ -9,13 +9,15 @@ sweep ranks them), three ablations are scored on the same prompts:
 * ``query``: zeroed only at the final prompt position (what an Aggregate head does there);
 * ``context``: zeroed everywhere except the final position (what a Gather head writes before it).
 
-A head whose ``query`` ablation costs more than its ``context`` ablation is labelled
+A head whose ``query`` ablation costs more than its ``context`` ablation has the causal role
 **aggregate**, the other way round **gather**; a control task (knowledge) is scored with the full
-ablation to show the dissociation. Labels come from causal drops, not from attention maps, so
-they also hold for heads whose maps are hard to read (SSM heads, small lab models). A head whose
-full ablation costs less than ``min_drop`` is labelled ``-``, and one whose full ablation costs the
-control task more than ``max_control_drop`` is labelled ``knowledge``: it carries what the task needs
-to know, not how it is retrieved (the paper's G&A heads leave knowledge tasks alone).
+ablation to show the dissociation. The rule is the labeller's (:func:`ganda.labels.causal_role`,
+the one it applies where both G&A patterns qualify): causal roles come from drops, not from
+attention maps, so they also hold for heads whose maps are hard to read (SSM heads, small lab
+models). A head whose full ablation costs less than ``min_drop`` has the role ``-``, and one whose
+full ablation costs the control task more than ``max_control_drop`` the role ``knowledge``: it
+carries what the task needs to know, not how it is retrieved (the paper's G&A heads leave
+knowledge tasks alone).
 
 Where the task's prompts have segments, each row also carries the head's **label** from the
 labeller every command shares (:mod:`ganda.labels`): every role whose rule its scores meet
@@ -40,13 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import runio
-from ..discovery import ablate_until_chance, added_heads, at_chance
 from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
 from ..intervals import bounds, ci
 from ..interventions import AblateHeads, KeepLayers, apply
-from ..labels import Label, label_model
+from ..labels import MAX_CONTROL_DROP, MIN_DROP, WHERE, Label, causal_role, label_model
 from ..models.base import ModelAdapter
 from ..patterns import AUTO, pattern_scores
 from ..progress import tqdm
@@ -55,10 +56,9 @@ from ..stats import bootstrap_paired, overlap, pool_sets
 from ..sweep import run_sweep
 from ..tasks.base import Example
 from .common import ExperimentResult, pct, points, prompt_sets
+from .cumulative import ablate_until_chance, added_heads, at_chance
 
 MODES = ("all", "query", "context")
-# where a head's ablation hurts, by the causal role it points to
-WHERE = {"aggregate": "at the final position", "gather": "before the final position"}
 
 
 @dataclass
@@ -137,7 +137,8 @@ def answers_lost(intact: dict[str, float | None], ablated: dict[str, float | Non
     return [k for k, v in ablated.items() if v is not None and intact.get(k) is not None and intact[k] - v >= drop]
 
 
-def _labels(adapter: ModelAdapter, examples: Sequence[Example], rows: Sequence[dict[str, Any]]) -> dict[str, Label]:
+def _labels(adapter: ModelAdapter, examples: Sequence[Example], rows: Sequence[dict[str, Any]],
+            min_drop: float = MIN_DROP) -> dict[str, Label]:
     """The shared labeller's label of each row's head (:mod:`ganda.labels`): pattern scores on the
     task's prompts, and where the positional ablations hurt; none where the prompts have no segments."""
     if not rows or not all(ex.segments for ex in examples):
@@ -147,7 +148,7 @@ def _labels(adapter: ModelAdapter, examples: Sequence[Example], rows: Sequence[d
     for sc, r in zip(scores, rows, strict=True):
         sc.head = r["head"]  # the name the row uses
     drops = {r["head"]: {k: r[k] for k in ("drop_all", "drop_query", "drop_context")} for r in rows}
-    return label_model(adapter, scores, ablations=drops)
+    return label_model(adapter, scores, ablations=drops, min_drop=min_drop)
 
 
 def head_roles(
@@ -158,8 +159,8 @@ def head_roles(
     also: dict[str, Sequence[Example]] | None = None,
     ranked: Sequence[str] | None = None,
     top: int = 6,
-    min_drop: float = 0.05,
-    max_control_drop: float = 0.1,
+    min_drop: float = MIN_DROP,
+    max_control_drop: float = MAX_CONTROL_DROP,
     until_chance: bool = True,
     max_heads: int = 24,
     task_name: str = "task",
@@ -223,14 +224,10 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
         for k, exs in also.items():
             row[k] = _acc(adapter, exs, [AblateHeads(h)])[0]
             row[f"drop_{k}"] = also_base[k] - row[k]
-        if row["drop_all"] < min_drop:
-            row["role"] = "-"
-        elif control and row["drop_control"] > max_control_drop:
-            row["role"] = "knowledge"
-        else:
-            row["role"] = "aggregate" if row["drop_query"] > row["drop_context"] else "gather"
+        row["role"] = causal_role(row, control_drop=row["drop_control"] if control else None, min_drop=min_drop,
+                                  max_control_drop=max_control_drop)
         rows.append(row)
-    labels = _labels(adapter, examples, rows)
+    labels = _labels(adapter, examples, rows, min_drop)
     for row in rows:
         lab = labels.get(row["head"])
         row["label"], row["label_reason"] = (lab.label, lab.reason) if lab else (None, None)

@@ -1,6 +1,6 @@
 """The one interface every model family implements.
 
-Everything above ``models/`` (interventions, tasks, scoring, discovery, experiments) talks to a
+Everything above ``models/`` (interventions, tasks, scoring, patterns, experiments) talks to a
 model only through :class:`ModelAdapter`: its decoder layers, the mixers in each layer (attention
 or SSM) with their head layout and output projection, and ``attention_maps`` (softmax attention for
 attention heads, the exact materialised mixer for SSM heads). Adding a family means one adapter

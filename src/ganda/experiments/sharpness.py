@@ -1,246 +1,35 @@
-"""Finding Gather and Aggregate heads: pattern scores over prompts (:mod:`ganda.patterns`), every
-head labelled (:mod:`ganda.labels`), then causal verification; and the sharpness comparison.
-
-Causal verification zero-ablates the top candidates one at a time and measures the drop in
-task accuracy, which is what decides whether a head matters.
+"""``ganda sharpness``: how sharp two models' top G&A heads are, and the difference between the
+models with paired bootstrap intervals over prompts (the paper's "Transformers' G&A maps are
+sharper than SSMs'"), on one or several prompt sets.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import runio
-from .errors import GandaError
-from .figures import curves, pyplot
-from .heads import HeadId, expand
-from .intervals import bounds, ci, split_all
-from .interventions import AblateHeads
-from .labels import label_model
-from .models.base import ModelAdapter
-from .patterns import (  # noqa: F401  (the pattern scores' names, as ganda.discovery has always offered them)
+from .. import runio
+from ..errors import GandaError
+from ..figures import pyplot
+from ..heads import expand
+from ..intervals import bounds, ci, split_all
+from ..interventions import AblateHeads
+from ..models.base import ModelAdapter
+from ..patterns import (
     AGGREGATE_METRICS,
-    AUTO,
-    CI_METHOD,
     METRICS,
-    MIN_AGGREGATE,
     RATIO_METRICS,
-    READ_PARTS,
     SUMMARIES,
-    SUMMARY_TOKENS,
-    HeadScore,
-    _geo_mean,
-    choose_summary,
-    head_score,
     pattern_scores,
     pattern_scores_by_summary,
-    prompt_metrics,
-    prompt_positions,
-    read_shares,
-    standard_protocol,
-    standard_scores,
-    summary_spans,
-    top_reads,
 )
-from .progress import tqdm
-from .scoring import evaluate_examples
-from .stats import bootstrap_paired, pool_sets, weak_note
-from .sweep import run_sweep
-from .tasks import get_task
-from .tasks.base import Example
-
-
-@dataclass
-class Discovery:
-    task: dict[str, Any]
-    baseline_accuracy: float
-    n_pattern: int
-    n_verify: int
-    scores: list[HeadScore]
-    top_aggregate: list[str]
-    top_gather: list[str]
-    summary: str = "end"  # the summary token scored (chosen where "auto" was asked)
-    # per candidate summary token, its best head's Aggregate score (where "auto" chose)
-    summary_choice: dict[str, Any] = field(default_factory=dict)
-    standard: dict[str, Any] = field(default_factory=dict)  # the standard scores' protocol
-
-    def best(self, role: str) -> HeadScore | None:
-        """The verified head of a role with the largest accuracy drop."""
-        names = self.top_aggregate if role == "aggregate" else self.top_gather
-        cands = [s for s in self.scores if s.head in names and s.drop is not None]
-        return max(cands, key=lambda s: s.drop) if cands else None  # type: ignore[arg-type,return-value]
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["scores"] = [s.to_json() for s in self.scores]
-        return d
-
-
-def scores_at(adapter: ModelAdapter, examples: Sequence[Example], summary: str = AUTO, progress: bool = True
-              ) -> tuple[list[HeadScore], str, dict[str, Any]]:
-    """Every head's pattern scores at ``summary`` (``"auto"``: the token chosen by
-    :func:`ganda.patterns.choose_summary`), the summary scored and the choice's evidence."""
-    if summary != AUTO:
-        return pattern_scores(adapter, examples, progress=progress, summary=summary), summary, {}
-    by = pattern_scores_by_summary(adapter, examples, progress=progress, summaries=SUMMARY_TOKENS)
-    chosen, best = choose_summary(by)
-    return by[chosen], chosen, best
-
-
-def discover(
-    adapter: ModelAdapter,
-    pattern_examples: Sequence[Example],
-    verify_examples: Sequence[Example],
-    *,
-    top: int = 5,
-    task_config: dict[str, Any] | None = None,
-    progress: bool = True,
-    summary: str = AUTO,
-) -> Discovery:
-    """Rank heads by pattern scores (at the summary token the model reads, unless ``summary``
-    names one), then verify the top ``top`` of each list by ablation; every head is labelled by
-    :func:`ganda.labels.label_model` with its standard scores (a candidate is not a Gather or
-    Aggregate head unless its rule is met)."""
-    scores, chosen, choice = scores_at(adapter, pattern_examples, summary, progress)
-    label_model(adapter, scores)
-    by_name = {s.head: s for s in scores}
-    top_agg = [s.head for s in sorted(scores, key=lambda s: -s.aggregate)[:top]]
-    top_gat = [s.head for s in sorted(scores, key=lambda s: -s.gather)[:top]]
-    # gather heads must sit before some aggregate candidate to feed it; we still verify them all.
-    # Single-head ablations through the sweep engine: the same numbers as
-    # ``evaluate_examples(..., [AblateHeads([h])])`` per head (tested), several times faster.
-    to_verify = list(dict.fromkeys(top_agg + top_gat))
-    sw = run_sweep(adapter, verify_examples, heads=[HeadId.parse(h) for h in to_verify], progress=progress)
-    by_str = {rec["head"]: rec for rec in sw.records}
-    for name in to_verify:
-        rec = by_str[str(adapter.canonical(HeadId.parse(name)))]
-        by_name[name].ablated_accuracy = rec["acc"]
-        by_name[name].drop = sw.baseline["acc"] - rec["acc"]
-    return Discovery(
-        task=task_config or {}, baseline_accuracy=sw.baseline["acc"], n_pattern=len(pattern_examples),
-        n_verify=len(verify_examples), scores=scores, top_aggregate=top_agg, top_gather=top_gat,
-        summary=chosen, summary_choice=choice, standard=standard_protocol(adapter),
-    )
-
-
-def save_discovery(d: Discovery, out: Any, model: str) -> None:
-    """``result.json`` (kind ``heads``), ``heads.csv`` (every head, sorted by aggregate score, with
-    ``<metric>_ci_low`` / ``<metric>_ci_high`` intervals, its standard scores and label) and
-    ``per_prompt.csv`` (every head's metrics on every prompt)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    ordered = sorted(d.scores, key=lambda s: -s.aggregate)
-    rows = [s.to_json() for s in ordered]
-    verified = [r for r in rows if r["drop"] is not None]
-    result = {
-        "kind": "heads", "model": model, "ganda_version": runio.ganda_version(), "config": d.task,
-        "summary": {
-            "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
-            "top_aggregate": d.top_aggregate, "top_gather": d.top_gather, "ci_method": CI_METHOD,
-            "summary_token": d.summary, "summary_choice": d.summary_choice, "standard_protocol": d.standard,
-            "labels": {s.head: s.label for s in ordered if s.label not in (None, "none")},
-        },
-        "rows": verified,
-        "all_heads": rows,
-    }
-    runio.write_json(out / "result.json", result)
-    runio.write_csv(out / "heads.csv", [s.csv_row() for s in ordered])
-    runio.write_csv(out / "per_prompt.csv", [{"head": s.head, "prompt": i, **{k: s.samples[k][i] for k in METRICS}}
-                                       for s in ordered if s.samples for i in range(s.n_prompts)])
-
-
-def at_chance(accuracy: float, chance: float, margin: float = 0.05) -> bool:
-    """Whether an accuracy is within ``margin`` of chance (or below it): the "until chance" rule's
-    stop, and the intact model's state in which ablating heads toward chance measures nothing."""
-    return accuracy <= chance + margin
-
-
-def chance_sentence(accuracy: float, chance: float, margin: float = 0.05) -> str:
-    """Why no head count to chance exists: the intact model is already there."""
-    return (f"the intact model's accuracy {accuracy:.3f} is already at or below chance ({chance:.3f} + {margin:.2f}): "
-            "there is no retrieval for ablated heads to remove, so no number of heads to chance")
-
-
-def ablate_until_chance(
-    adapter: ModelAdapter,
-    examples: Sequence[Example],
-    ranked_heads: Sequence[str],
-    *,
-    chance: float,
-    max_heads: int = 24,
-    margin: float = 0.05,
-    progress: bool = True,
-    ablation: str = "zero",
-) -> list[dict[str, Any]]:
-    """Ablate heads cumulatively in ranked order until accuracy is within ``margin`` of chance
-    (``ablation``: zero, mean or resample, :mod:`ganda.ablation`, over ``examples``).
-
-    For models with no single-head bottleneck this answers "how many heads must go": the
-    returned curve lists the accuracy after each added head; the last row reached chance (or
-    ``max_heads`` was hit).
-    """
-    curve = []
-    chosen: list[str] = []
-    for name in tqdm(list(ranked_heads)[:max_heads], desc="cumulative ablation", disable=not progress, leave=False):
-        chosen.append(name)
-        iv = AblateHeads(list(chosen), how=ablation, reference=examples if ablation != "zero" else None)
-        r = evaluate_examples(adapter, examples, [iv], progress=False)
-        curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high))})
-        if at_chance(r.accuracy, chance, margin):
-            break
-    return curve
-
-
-def added_heads(curve: Sequence[dict[str, Any]]) -> list[str]:
-    """The names of a cumulative ablation curve's points, the intact point first: each point is
-    named by the head its step adds."""
-    return ["", *(str(r.get("added") or "") for r in curve)]
-
-
-def cumulative_ablation(
-    adapter: ModelAdapter,
-    examples: Sequence[Example],
-    ranked_heads: Sequence[str],
-    *,
-    max_heads: int = 24,
-    margin: float = 0.05,
-    out_dir: Any = None,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """:func:`ablate_until_chance` with chance taken from the examples (mean of 1/choices), as a
-    JSON-able record; with ``out_dir`` also ``cumulative.json``, ``cumulative.csv`` and a figure.
-
-    The number of heads it takes is the paper's "SSMs need more heads for G&A" measured: a model
-    whose retrieval runs through one bottleneck head reaches chance after one or two."""
-    chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
-    base = evaluate_examples(adapter, examples, progress=False)
-    baseline_at_chance = at_chance(base.accuracy, chance, margin)  # nothing to ablate toward: no curve, said so
-    curve = [] if baseline_at_chance else ablate_until_chance(adapter, examples, ranked_heads, chance=chance,
-                                                              max_heads=max_heads, margin=margin, progress=progress)
-    reached = bool(curve) and at_chance(curve[-1]["accuracy"], chance, margin)
-    rec = {"model": adapter.spec, "n": len(examples), "chance": chance, "margin": margin,
-           "baseline": base.accuracy, **ci((base.ci_low, base.ci_high), "baseline"), "reached_chance": reached,
-           "heads_to_chance": curve[-1]["n_heads"] if reached else None, "max_heads": max_heads, "curve": curve,
-           "baseline_at_chance": baseline_at_chance}
-    if baseline_at_chance:
-        rec["note"] = chance_sentence(base.accuracy, chance, margin)
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        runio.write_json(out / "cumulative.json", rec)
-        runio.write_csv(out / "cumulative.csv", curve)
-        x = [0] + [r["n_heads"] for r in curve]
-        ys = [base.accuracy] + [r["accuracy"] for r in curve]
-        los = [base.ci_low] + [r["ci_low"] for r in curve]
-        his = [base.ci_high] + [r["ci_high"] for r in curve]
-        curves(x, {"accuracy": ys}, out / "cumulative.png", bands={"accuracy": (los, his)},
-               xlabel="heads ablated (most damaging first)", hlines={"chance": chance},
-               title=f"Cumulative head ablation ({adapter.spec})", integer_x=True,
-               point_labels={"accuracy": added_heads(curve)})
-    return rec
+from ..progress import tqdm
+from ..scoring import evaluate_examples
+from ..stats import bootstrap_paired, pool_sets
+from ..tasks import get_task
+from ..tasks.base import Example
 
 
 def _select_heads(adapter: ModelAdapter, examples: Sequence[Example], k: int, select: str,
@@ -509,67 +298,6 @@ def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
         plt.close(fig)
 
 
-def _pct(x: Any) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-class HeadsResult:
-    """A saved ``heads`` run (:func:`save_discovery`) as ``ganda report`` shows it: what was found."""
-
-    title = "Heads ranked by Gather and Aggregate pattern scores"  # ganda report's section
-
-    def __init__(self, d: dict[str, Any]) -> None:
-        d = split_all(d)
-        self.summary, self.rows = d.get("summary") or {}, d.get("rows") or []
-        self.all_heads = d.get("all_heads") or self.rows
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> HeadsResult:
-        return cls(d)
-
-    def headline(self) -> str:
-        s, lines = self.summary, []
-        base, n = s.get("baseline_accuracy"), s.get("n_verify")
-        by = {r["head"]: r for r in self.rows if r.get("drop") is not None}
-        for role in ("gather", "aggregate"):
-            cands = [by[h] for h in s.get(f"top_{role}") or [] if h in by]
-            if not cands:
-                continue
-            best = max(cands, key=lambda r: r["drop"])
-            lines.append(f"{role.capitalize()} head **{best['head']}** ({role} score {best[role]:.3g}, best of "
-                         f"{len(cands)} verified): ablating it alone takes accuracy from {_pct(base)} to "
-                         f"**{_pct(best.get('ablated_accuracy'))}** on {n} prompts"
-                         f"{weak_note(base, best.get('ablated_accuracy'), n)}.")
-        if lines:
-            lines.append(f"Every head ranked by its pattern scores on {s.get('n_pattern')} prompts; the table lists "
-                         "the verified ones, heads.csv all of them.")
-        lines += self.label_lines()
-        return "\n".join(lines)
-
-    def label_lines(self) -> list[str]:
-        """The summary token scored, and how many heads take each role (:mod:`ganda.labels`),
-        with the standard protocol the task-free scores were measured by."""
-        s = self.summary
-        if "summary_token" not in s:
-            return []
-        labels = [str(h.get("label") or "none") for h in self.all_heads]
-        counts = {r: sum(r in lab.split("+") for lab in labels) for r in ("Gather", "Aggregate", "induction",
-                                                                          "previous-token")}
-        p = s.get("standard_protocol") or {}
-        choice = (s.get("summary_choice") or {}).get(s["summary_token"]) or {}
-        why = ("" if not choice else f" (the token the final rows read: {choice['head']}'s aggregate score "
-               f"{choice['aggregate']:.3f})" if choice["aggregate"] >= MIN_AGGREGATE else
-               " (no head's final row reads any candidate token of the gold segment: the paper's `\\n`)")
-        return [f"Summary token: **{s['summary_token']}**{why}.",
-                f"Labels of {len(labels)} heads: " + ", ".join(f"{n} {r}" for r, n in counts.items())
-                + f", {labels.count('sink')} sink alone, {labels.count('none')} none (induction, previous-token "
-                f"and sink on {p.get('batch')} sequences of {p.get('length')} random tokens shown twice, seed "
-                f"{p.get('seed')})."]
-
-    def draw(self, out_dir: Path) -> list[Path]:
-        return []
-
-
 class SharpnessResult:
     """A saved ``sharpness`` run (:func:`save_sharpness`): which model's G&A maps are sharper."""
 
@@ -597,4 +325,3 @@ class SharpnessResult:
 
     def draw(self, out_dir: Path) -> list[Path]:
         return []
-
