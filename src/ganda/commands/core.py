@@ -186,7 +186,7 @@ def register(app: typer.Typer) -> None:
             ivs = build_interventions(ablate, keep_layers, remove_layers, mask_last_row, mask_rule, ablation,
                                       None, ablate_at, seed)
         if task_obj.kind == "mc":
-            from .plan import announce
+            from .estimate import announce
 
             announce(adapter, task_obj.examples(limit=limit, seed=seed), shared_prefix=not no_prefix_cache)
         res = evaluate(adapter, task_obj, ivs, limit=limit, seed=seed, progress=not (as_json or quiet),

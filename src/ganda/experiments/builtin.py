@@ -13,11 +13,11 @@ from typing import Any
 
 from ..ablation import check_batched_ablation
 from ..attribution import check_rank_options, rank_heads
-from ..discovery import cumulative_ablation
 from ..errors import GandaError
 from ..heads import expand, require_heads
 from ..sweep import run_sweep
 from .base import Experiment, Options, option
+from .cumulative import cumulative_ablation
 from .tables import console, print_ranking, print_sweep
 
 ABLATION_HELP = ("what an ablated head's slice becomes: zero or mean (its mean over every token of the scored "
