@@ -90,6 +90,34 @@ def _grid(n: int, rows: int, cols: int, figsize: tuple[float, float]) -> tuple[A
     return fig, list(axes.flat[:n])
 
 
+def _attention_panel(fig: Any, ax: Any, m: Any, name: str, kind: str, labels: list[str], rows: list[int] | None,
+                     ticks: list[int], bold: bool = False) -> None:
+    """One head's map on ``ax``: keys and queries labelled with their tokens, the colour scale of
+    :func:`colour_limit`, a clipped first-token sink marked on the colour bar."""
+    t = len(labels)
+    fs = 7.5 if len(ticks) > 40 else 8.5
+    top = colour_limit(m, kind)
+    if kind == "implicit":
+        im = ax.imshow(m, cmap=DIVERGING, vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
+    else:
+        im = ax.imshow(m, cmap=SEQUENTIAL, vmin=0.0, vmax=top, aspect="auto", interpolation="nearest")
+    row_ids = rows if rows is not None else list(range(m.shape[0]))
+    xt = [i for i in ticks if i < m.shape[1]]
+    ax.set_xticks(xt)
+    ax.set_xticklabels([labels[i] for i in xt], rotation=90, fontsize=fs)
+    yt = list(range(m.shape[0])) if m.shape[0] <= MAX_TICK_LABELS else _tick_positions(m.shape[0])
+    ax.set_yticks(yt)
+    ax.set_yticklabels([labels[row_ids[i]] if 0 <= row_ids[i] < t else str(row_ids[i]) for i in yt], fontsize=fs)
+    ax.set_title(f"{name} ({kind})", fontsize=11, fontweight="bold" if bold else None)
+    ax.set_xlabel("key (read from)", fontsize=9)
+    ax.set_ylabel("query (reading)", fontsize=9)
+    clipped = float(np.abs(m).max()) > top * 1.001
+    cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, extend=("both" if kind == "implicit" else "max")
+                      if clipped else "neither")
+    if clipped:
+        cb.set_label(f"scale excludes the first key column (up to {float(np.abs(m).max()):.2f})", fontsize=7)
+
+
 def attention_panels(
     maps: Mapping[str, Any],
     tokens: Sequence[str],
@@ -123,31 +151,10 @@ def attention_panels(
     side = max(4.0, min(11.0, 0.13 * len(ticks) + 2.0))
     fig, axes = _grid(n, nrows, cols, (side * cols, side * nrows * 0.92 + 0.5))
     labels = [show_token(x) for x in tokens]
-    fs = 7.5 if len(ticks) > 40 else 8.5
     for ax, name in zip(axes, names, strict=True):
-        m = _np(maps[name])
-        kind = kinds.get(name, "softmax")
-        top = colour_limit(m, kind)
-        if kind == "implicit":
-            im = ax.imshow(m, cmap=DIVERGING, vmin=-top, vmax=top, aspect="auto", interpolation="nearest")
-        else:
-            im = ax.imshow(m, cmap=SEQUENTIAL, vmin=0.0, vmax=top, aspect="auto", interpolation="nearest")
-        row_ids = list(rows) if rows is not None else list(range(m.shape[0]))
-        xt = [i for i in ticks if i < m.shape[1]]
-        ax.set_xticks(xt)
-        ax.set_xticklabels([labels[i] for i in xt], rotation=90, fontsize=fs)
-        yt = list(range(m.shape[0])) if m.shape[0] <= MAX_TICK_LABELS else _tick_positions(m.shape[0])
-        ax.set_yticks(yt)
-        ax.set_yticklabels([labels[row_ids[i]] if 0 <= row_ids[i] < t else str(row_ids[i]) for i in yt], fontsize=fs)
         role = ROLE_TITLES.get(str(roles.get(name, "")).lower(), "")
-        ax.set_title(f"{role + ': ' if role else ''}{name} ({kind})", fontsize=11, fontweight="bold" if role else None)
-        ax.set_xlabel("key (read from)", fontsize=9)
-        ax.set_ylabel("query (reading)", fontsize=9)
-        clipped = float(np.abs(m).max()) > top * 1.001
-        cb = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, extend=("both" if kind == "implicit" else "max")
-                          if clipped else "neither")
-        if clipped:
-            cb.set_label(f"scale excludes the first key column (up to {float(np.abs(m).max()):.2f})", fontsize=7)
+        _attention_panel(fig, ax, _np(maps[name]), f"{role + ': ' if role else ''}{name}", kinds.get(name, "softmax"),
+                         labels, list(rows) if rows is not None else None, ticks, bold=bool(role))
     if title:
         fig.suptitle(title, fontsize=12)
     return _save(fig, path)

@@ -166,6 +166,53 @@ def _safetensors_sample(f: Any, size: int, h: Any) -> bool:
 _GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
 
 
+def _gguf_string(buf: Any, at: int) -> tuple[bytes, int]:
+    (k,) = struct.unpack_from("<Q", buf, at)
+    return buf[at + 8: at + 8 + k], at + 8 + k
+
+
+def _gguf_skip(buf: Any, kind: int, at: int) -> int:
+    """The offset after one metadata value of GGUF value type ``kind`` at ``at``."""
+    if kind in _GGUF_FIXED:
+        return at + _GGUF_FIXED[kind]
+    if kind == 8:
+        (k,) = struct.unpack_from("<Q", buf, at)
+        return at + 8 + k
+    if kind == 9:
+        item, count = struct.unpack_from("<IQ", buf, at)
+        at += 12
+        if item in _GGUF_FIXED:
+            return at + count * _GGUF_FIXED[item]
+        for _ in range(count):
+            at = _gguf_skip(buf, item, at)
+        return at
+    raise ValueError(f"GGUF value type {kind}")
+
+
+def _gguf_layout(buf: Any) -> tuple[int, list[int]] | None:
+    """Where a GGUF file's tensor data starts and each tensor's offset in it; None for a file
+    that is not GGUF version 2 or later. A broken header raises (struct.error, ValueError, ...)."""
+    if buf[:4] != b"GGUF" or struct.unpack_from("<I", buf, 4)[0] < 2:
+        return None
+    n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
+    pos, alignment = 24, 32
+    for _ in range(n_kv):
+        key, pos = _gguf_string(buf, pos)
+        (kind,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        if key == b"general.alignment" and kind == 4:
+            alignment = struct.unpack_from("<I", buf, pos)[0] or 32
+        pos = _gguf_skip(buf, kind, pos)
+    offsets = []
+    for _ in range(n_tensors):
+        _, pos = _gguf_string(buf, pos)
+        (dims,) = struct.unpack_from("<I", buf, pos)
+        pos += 4 + 8 * dims + 4
+        offsets.append(struct.unpack_from("<Q", buf, pos)[0])
+        pos += 8
+    return pos + (-pos) % alignment, offsets
+
+
 def _gguf_sample(f: Any, size: int, h: Any) -> bool:
     """Header (metadata and tensor infos) whole plus every tensor's blocks; False when the header
     cannot be parsed (then the file is sampled as one of unknown layout)."""
@@ -176,49 +223,10 @@ def _gguf_sample(f: Any, size: int, h: Any) -> bool:
     except (OSError, ValueError):
         return False
     try:
-        if buf[:4] != b"GGUF" or struct.unpack_from("<I", buf, 4)[0] < 2:
+        layout = _gguf_layout(buf)
+        if layout is None or layout[0] > size:
             return False
-        n_tensors, n_kv = struct.unpack_from("<QQ", buf, 8)
-        pos = 24
-        alignment = 32
-
-        def string(at: int) -> tuple[bytes, int]:
-            (k,) = struct.unpack_from("<Q", buf, at)
-            return buf[at + 8: at + 8 + k], at + 8 + k
-
-        def skip(kind: int, at: int) -> int:
-            if kind in _GGUF_FIXED:
-                return at + _GGUF_FIXED[kind]
-            if kind == 8:
-                (k,) = struct.unpack_from("<Q", buf, at)
-                return at + 8 + k
-            if kind == 9:
-                item, count = struct.unpack_from("<IQ", buf, at)
-                at += 12
-                if item in _GGUF_FIXED:
-                    return at + count * _GGUF_FIXED[item]
-                for _ in range(count):
-                    at = skip(item, at)
-                return at
-            raise ValueError(f"GGUF value type {kind}")
-
-        for _ in range(n_kv):
-            key, pos = string(pos)
-            (kind,) = struct.unpack_from("<I", buf, pos)
-            pos += 4
-            if key == b"general.alignment" and kind == 4:
-                alignment = struct.unpack_from("<I", buf, pos)[0] or 32
-            pos = skip(kind, pos)
-        offsets = []
-        for _ in range(n_tensors):
-            _, pos = string(pos)
-            (dims,) = struct.unpack_from("<I", buf, pos)
-            pos += 4 + 8 * dims + 4
-            offsets.append(struct.unpack_from("<Q", buf, pos)[0])
-            pos += 8
-        start = pos + (-pos) % alignment
-        if start > size:
-            return False
+        start, offsets = layout
         h.update(buf[:start])
     except (struct.error, ValueError, IndexError, OverflowError):
         return False
