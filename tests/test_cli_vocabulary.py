@@ -267,12 +267,10 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
     """The commands spell a few library constants so that --help needs no torch; they must agree."""
     from ganda import models, patterns
     from ganda import plan as planner
-    from ganda.commands import core, extends, plan
-    from ganda.experiments import extends as ext
+    from ganda.commands import core, plan
 
     assert core.DEFAULT_MODEL == models.DEFAULT_MODEL and core.SUMMARIES == tuple(patterns.SUMMARIES)
     assert core.HEADS_SUMMARIES == (patterns.AUTO, *patterns.SUMMARY_TOKENS)
-    assert extends.DEFAULT_TASKS == ext.DEFAULT_TASKS and extends.CONDITIONS == tuple(ext.CONDITIONS)
     assert plan.DEVICES == tuple(planner.DEVICES)
     experiment = next(p for p in _commands()["plan"].params if p.name == "experiment")
     assert set(planner.costed_experiments()) - {"attribution"} <= set(re.findall(r"[a-z]+", experiment.help))

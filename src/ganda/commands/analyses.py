@@ -75,13 +75,15 @@ def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
         "model": (MODEL, str),
         "task": (task_list_option(cls.default_tasks, "mmlu, knowledge, letters, kv20, lab-mmlu, ..."), str | None),
         "tasks": (TASKS_ALIAS, str | None),
-        "limit": (limit_option(100, "examples per task (the same examples in every condition)"), int),
+        "limit": (limit_option(cls.default_limit, "examples per task (the same examples in every condition" +
+                               ("" if cls.default_limit is not None else "; default: every example") + ")"),
+                  int | None),
         "sample": (SAMPLE, bool),
         "knowledge_limit": (typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: "
                                          "--limit)"), int | None),
         "seed": (SEED, int),
-        "out": (typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<model>)"),
-                Path | None),
+        "out": (typer.Option(None, "--out", "-o", help=f"run directory (default: "
+                             f"{cls.default_out or 'runs/<experiment>-<model>'})"), Path | None),
         "html": (typer.Option(True, "--html/--no-html", help="also write report.html into the run directory"), bool),
         "allow_pickle": (PICKLE, bool),
         "quiet": (QUIET, bool),
@@ -128,6 +130,8 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     if profile == "model":  # its own prompts: no task list
         for name in ("task", "tasks", "sample", "knowledge_limit"):
             del inputs[name]
+    if profile != "task" and not cls.report_html:
+        del inputs["html"]
     for what in sorted(cls.takes):
         inputs.update(OPTIONAL_INPUTS[what])
     hints = typing.get_type_hints(cls.Options)

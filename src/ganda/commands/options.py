@@ -10,6 +10,7 @@ import typer
 
 from .. import progress
 from ..errors import AT_MOST, GandaError, at_least  # noqa: F401  (the commands' shared checks)
+from ..experiments.base import parse_options  # noqa: F401
 from ..heads import require_heads  # noqa: F401
 
 ACTIVE_EDGES = 100  # ganda.attribution.engine.ACTIVE_EDGES, spelled here so that --help needs no torch
@@ -45,36 +46,3 @@ def model_inputs(spec: str) -> list[Path]:
     from ..models.loading import model_inputs as inputs
 
     return inputs(spec)
-
-
-def _option_value(raw: str) -> Any:
-    low = raw.strip().lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
-def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[str, Any]:
-    """``--option`` values as typed task options (booleans, integers, floats, else text; ``-`` in a
-    key reads as ``_``): ``["cot=true", "pairs=10"]`` -> ``{"cot": True, "pairs": 10}``. With
-    ``per_task`` every key names its task first: ``["bbh.cot=false"]`` -> ``{"bbh": {"cot": False}}``."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, raw = item.partition("=")
-        task, dot, name = key.partition(".") if per_task else ("", ".", key)
-        if not sep or not dot or not name.strip() or (per_task and not task.strip()):
-            form = "TASK.KEY=VALUE, e.g. bbh.cot=false" if per_task else "KEY=VALUE"
-            raise GandaError(f"--option takes {form}, got {item!r}")
-        opts = out.setdefault(task.strip(), {}) if per_task else out
-        key = name.strip().replace("-", "_")
-        if key in opts:  # one rule for a repeated key: refused, never the last one silently
-            raise GandaError(f"--option {key} is given twice ({opts[key]!r} and {_option_value(raw)!r}); give it once")
-        opts[key] = _option_value(raw)
-    return out

@@ -57,6 +57,7 @@ for _name, _entry in {
     "retain": ("ganda.experiments.retain:Retain", "Keep none, either or both critical heads (Table 1)"),
     "mask-last-row": ("ganda.experiments.mask_last_row:MaskLastRow",
                       "Zero attention's last row and score MMLU and knowledge"),
+    "extends": ("ganda.experiments.extends:Extends", "Each task intact, G&A heads ablated, random heads ablated"),
     "kv-curve": ("ganda.experiments.kv_curve:KVCurve", "KV-retrieval accuracy against the number of pairs (Figure 4)"),
     "path": ("ganda.experiments.circuit:PathExperiment",
              "Remove one head's contribution along its paths into another"),

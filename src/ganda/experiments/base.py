@@ -68,9 +68,10 @@ class Options:
             value, meta = getattr(self, f.name), f.metadata
             if value is None or isinstance(value, bool):
                 continue
-            why = f" ({meta['why']})" if meta.get("why") else ""
+            why = f" ({meta['why']})" if meta.get("why") else ""  # explains the upper bound where there is one
             if meta.get("low") is not None and value < meta["low"]:
-                raise GandaError(f"{self.flag(f.name)} must be at least {_num(meta['low'])}{why}, got {value}")
+                low_why = "" if meta.get("high") is not None else why
+                raise GandaError(f"{self.flag(f.name)} must be at least {_num(meta['low'])}{low_why}, got {value}")
             if meta.get("high") is not None and value > meta["high"]:
                 raise GandaError(f"{self.flag(f.name)} must be at most {_num(meta['high'])}{why}, got {value}")
             if meta.get("choices") and value not in meta["choices"]:
@@ -148,6 +149,39 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     return value
 
 
+def _option_value(raw: str) -> Any:
+    low = raw.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[str, Any]:
+    """``--option`` values as typed task options (booleans, integers, floats, else text; ``-`` in a
+    key reads as ``_``): ``["cot=true", "pairs=10"]`` -> ``{"cot": True, "pairs": 10}``. With
+    ``per_task`` every key names its task first: ``["bbh.cot=false"]`` -> ``{"bbh": {"cot": False}}``."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        task, dot, name = key.partition(".") if per_task else ("", ".", key)
+        if not sep or not dot or not name.strip() or (per_task and not task.strip()):
+            form = "TASK.KEY=VALUE, e.g. bbh.cot=false" if per_task else "KEY=VALUE"
+            raise GandaError(f"--option takes {form}, got {item!r}")
+        opts = out.setdefault(task.strip(), {}) if per_task else out
+        key = name.strip().replace("-", "_")
+        if key in opts:  # one rule for a repeated key: refused, never the last one silently
+            raise GandaError(f"--option {key} is given twice ({opts[key]!r} and {_option_value(raw)!r}); give it once")
+        opts[key] = _option_value(raw)
+    return out
+
+
 def _either(choices: tuple[str, ...]) -> str:
     return " or ".join(choices) if len(choices) == 2 else "one of " + ", ".join(choices)
 
@@ -217,6 +251,9 @@ class ScoredExperiment(Experiment):
     on_task = False
     inputs: ClassVar[str] = "tasks"  # "model": one model, the experiment drawing its own prompts (no Scorer)
     default_tasks: ClassVar[str] = "mmlu,knowledge"
+    default_limit: ClassVar[int | None] = 100  # examples per task (None: every example)
+    default_out: ClassVar[str | None] = None  # the run directory (default: runs/<out_name>-<model>)
+    report_html: ClassVar[bool] = True  # --html/--no-html: report.html beside each result it saves
 
     def __init__(self, resume: bool = True) -> None:
         super().__init__(resume)
@@ -248,4 +285,4 @@ class ScoredExperiment(Experiment):
             print(runio.json_text({"out": str(where), "summary": res.summary}, indent=2))
 
 
-__all__ = ["Experiment", "Options", "ScoredExperiment", "option", "option_type"]
+__all__ = ["Experiment", "Options", "ScoredExperiment", "option", "option_type", "parse_options"]

@@ -27,7 +27,7 @@ from .. import runio
 from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
 from ..generation import evaluate_generation
-from ..heads import HeadId, expand, format_heads
+from ..heads import HeadId, expand, format_heads, require_heads
 from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
@@ -37,6 +37,7 @@ from ..stats import Z95, bootstrap_paired, pool_sets, wilson
 from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
+from .base import Options, ScoredExperiment, option, parse_options
 from .common import ExperimentResult, pct, prediction_records, prompt_set, read_json_object, run_row
 
 DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
@@ -523,3 +524,103 @@ class ExtendsResult(ExperimentResult):
         lines = [f"{task}: " + ", ".join(f"{what.get(c, c)} **{pct(a)}**" for c, a in conds.items()) + "."
                  for task, conds in by.items()]
         return "\n".join([*lines, *filter(None, [sets_sentence(self.extra)])])
+
+
+@dataclass
+class ExtendsOptions(Options):
+    heads: str = option("", "the G&A heads to ablate, e.g. L16H22,L17H24", required=True)
+    task: str = option(DEFAULT_TASKS, f"comma-separated tasks: registered task names or 'knowledge' (default "
+                       f"{DEFAULT_TASKS})", short="-t")
+    tasks: str | None = option(None, "another spelling of --task", hidden=True)
+    task_option: list[str] | None = option(None, "task option TASK.KEY=VALUE (repeatable), e.g. bbh.cot=false",
+                                           flag="--option")
+    data_dir: str | None = option(None, "DREAM data directory (non-commercial licence)")
+    conditions: str = option(",".join(CONDITIONS), "which of intact,ablated,control to run")
+    prompt_sets: int = option(1, "prompt sets the comparison runs on (set k: seed seed+k, prompts disjoint where the "
+                              "task allows), pooled and counted", low=1, high=100,
+                              why="each one repeats the whole measurement")
+    ablation: str = option("zero", "zero|mean|resample (over each task's scored prompts; the control heads are drawn "
+                           "by their zero-ablation effect): what an ablated head's slice becomes (docs/heads.md)",
+                           choices=("zero", "mean", "resample"))
+
+    def names(self) -> list[str]:
+        """The task names of ``--task`` or of its other spelling ``--tasks`` (never both, differing)."""
+        if self.tasks is not None and self.task not in (DEFAULT_TASKS, self.tasks):
+            raise GandaError(f"--task {self.task} and --tasks {self.tasks}: --tasks is another spelling of --task, "
+                             "give one")
+        text = self.tasks if self.tasks is not None else self.task
+        names = [t.strip() for t in text.split(",") if t.strip()]
+        if not names:
+            raise GandaError(f"{self.flag('task')}: no task names in {text!r}")
+        return names
+
+    def task_options(self) -> dict[str, dict[str, Any]]:
+        """``--option TASK.KEY=VALUE`` and ``--data-dir`` as each task's options, checked by the task."""
+        names = self.names()
+        opts = parse_options(self.task_option, per_task=True)
+        stray = [t for t in opts if t not in names]
+        if stray:
+            raise GandaError(f"--option {stray[0]}.*: task {stray[0]!r} is not among --task {','.join(names)}")
+        if self.data_dir:
+            dreams = [n for n in names if n.startswith("dream")]
+            if not dreams:
+                raise GandaError("--data-dir is the DREAM data directory, and --task names no dream task")
+            for n in dreams:
+                opts.setdefault(n, {})["data_dir"] = self.data_dir
+        return opts
+
+    def conds(self) -> tuple[str, ...]:
+        conds = tuple(c.strip() for c in self.conditions.split(",") if c.strip())
+        if [c for c in conds if c not in CONDITIONS] or not conds:
+            raise GandaError(f"--conditions: expected some of {','.join(CONDITIONS)}, got {self.conditions!r}")
+        return conds
+
+    def check(self) -> None:
+        if not self.heads:
+            raise GandaError(f"{self.flag('heads')} is required: the G&A heads to ablate")
+        require_heads(self.flag("heads"), self.heads)
+        opts = self.task_options()
+        for n in self.names():  # unknown names, bad options, missing data: refused before the model loads
+            if n != "knowledge":
+                get_task(n, **opts.get(n, {}))
+            elif opts.get(n):
+                raise GandaError("--option knowledge.*: the knowledge tasks take no options")
+        self.conds()
+
+
+class Extends(ScoredExperiment):
+    """Each task intact vs G&A heads ablated vs as many heads from the same layers ablated, drawn at
+    random among those whose own ablation is within noise on the run's multiple-choice prompts."""
+
+    name = "extends"
+    inputs = "model"  # each task's prompts, options and data are its own
+    Options = ExtendsOptions
+    default_limit = None
+    default_out = "runs/extends"
+    report_html = False  # extends.json, extends.csv, prompt_sets.csv
+    takes = frozenset({"ray"})
+
+    def check_run(self, options: ExtendsOptions, run: Any) -> None:  # type: ignore[override]
+        if options.ablation != "zero" and run.ray is not None:  # a shard's mean would be over the shard's prompts only
+            raise GandaError(f"--ablation {options.ablation} runs in this process only; drop --ray")
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Any, options: ExtendsOptions, *, out_dir: Path,  # type: ignore[override]
+                  run: Any) -> dict[str, Any]:
+        return run_extends(adapter, options.heads, options.names(), limit=run.limit, seed=run.seed, out=out_dir,
+                           options=options.task_options(), conditions=options.conds(),
+                           prompt_sets=options.prompt_sets, ablation=options.ablation, progress=run.progress)
+
+    def show(self, result: dict[str, Any], options: ExtendsOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
+        for r in result["results"]:
+            lo, hi = (float("nan") if x is None else x for x in (r.get("ci_low"), r.get("ci_high")))
+            acc = r["accuracy"]
+            print(f"{r['task']:>14} {r['condition']:>8}  acc {acc if acc is None else round(acc, 4)}"
+                  f"  CI [{lo:.3f}, {hi:.3f}]  n={r['n']}")
+        if options.ablation != "zero":
+            print(f"ablation: {options.ablation}")
+        print(control_sentence(result))
+        if options.prompt_sets > 1:
+            print(sets_sentence(result))
+        print(f"wrote {out_dir}/extends.json and {out_dir}/extends.csv"
+              + (f" and {out_dir}/prompt_sets.csv" if options.prompt_sets > 1 else ""))
+

@@ -108,9 +108,6 @@ def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     return Run(exp, result, out_dir, adapter, examples, options)
 
 
-SCORED_LIMIT = 100  # examples per task of a ScoredExperiment when --limit is not given
-
-
 def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) -> Run:
     """Check, claim the run directory (``runs/<name>-<model>``), load the model and run ``cls`` on
     its task list, scored by one :class:`ganda.experiments.common.Scorer`."""
@@ -124,11 +121,11 @@ def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) 
     exp.check_tasks(options, names)
     exp.check_run(options, run)
     name = exp.out_name(options)
-    default = Path("runs") / f"{name}-{Path(run.model).stem or run.model}"
+    default = Path(cls.default_out or Path("runs") / f"{name}-{Path(run.model).stem or run.model}")
     out_dir = runio.claim_run_dir(run.out if run.out is not None else default,
                                   kind=runio.RESULT_COMMANDS.get(name, name), models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
-    run.limit = run.limit if run.limit is not None else SCORED_LIMIT
+    run.limit = run.limit if run.limit is not None else cls.default_limit
     scorer = Scorer(adapter, names, limit=run.limit, knowledge_limit=run.knowledge_limit, seed=run.seed,
                     progress=run.progress, sample=run.sample) if scored else None
     with ray_sweeps(run.ray, run.ray_actors, allow_pickle=run.allow_pickle):
@@ -136,4 +133,4 @@ def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) 
     return Run(exp, result, out_dir, adapter, [], options)
 
 
-__all__ = ["DEFAULT_LIMIT", "SCORED_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_on_task", "run_on_tasks"]
+__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_on_task", "run_on_tasks"]
