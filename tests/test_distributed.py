@@ -170,9 +170,10 @@ def test_grid_runs_models_tasks_experiments_and_resumes(lab, local, tmp_path, ca
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"experiments": ["prunes"]}, "grid spec: experiment 'prunes' is not one of edges, path, rank, sweep"),
-    ({"options": {"limt": 3}}, "grid spec: unknown option 'limt' (expected limit, seed, pairs, shots, subjects or "
-                               "an experiment name)"),
-    ({"options": {"sweep": {"method": "atp"}}}, "grid spec: options.sweep: unknown option 'method' (takes batch_heads, naive)"),
+    ({"options": {"limt": 3}}, "grid spec: unknown option 'limt' (expected limit, sample, pairs, shots, subjects, "
+                               "seed or an experiment name)"),
+    ({"options": {"sweep": {"method": "atp"}}}, "grid spec: options.sweep: unknown option 'method' (takes heads, "
+                                                 "batch_heads, naive, metric, ablation, top, until_chance, max_heads)"),
     ({"models": []}, "grid spec: 'models' must be a non-empty list of names"),
     ({"outdir": "x"}, "grid spec: unknown key 'outdir' (expected models, tasks, experiments, options, out)"),
 ])
