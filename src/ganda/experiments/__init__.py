@@ -54,6 +54,7 @@ for _name, _entry in {
     "prune": ("ganda.experiments.prune:Prune", "Cumulative layer pruning and the minimal model (Figures 2, 3)"),
     "transplant": ("ganda.experiments.transplant:Transplant",
                    "Replace student layers or heads with a donor's (Figure 7)"),
+    "roles": ("ganda.experiments.roles:Roles", "Where the most damaging heads matter, and their labels"),
     "retain": ("ganda.experiments.retain:Retain", "Keep none, either or both critical heads (Table 1)"),
     "mask-last-row": ("ganda.experiments.mask_last_row:MaskLastRow",
                       "Zero attention's last row and score MMLU and knowledge"),

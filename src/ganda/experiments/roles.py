@@ -46,7 +46,7 @@ from ..errors import GandaError
 from ..figures import bars, curves, heatmap
 from ..heads import HeadId
 from ..intervals import bounds, ci
-from ..interventions import AblateHeads, KeepLayers, apply
+from ..interventions import AblateHeads, KeepLayers, apply, parse_layers
 from ..labels import MAX_CONTROL_DROP, MIN_DROP, WHERE, Label, causal_role, label_model
 from ..models.base import ModelAdapter
 from ..patterns import AUTO, pattern_scores
@@ -54,7 +54,9 @@ from ..progress import tqdm
 from ..scoring import evaluate_examples
 from ..stats import bootstrap_paired, overlap, pool_sets
 from ..sweep import run_sweep
+from ..tasks import get_task
 from ..tasks.base import Example
+from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, pct, points, prompt_sets
 from .cumulative import ablate_until_chance, added_heads, at_chance
 
@@ -378,3 +380,83 @@ def set_rows(extra: dict[str, Any]) -> list[dict[str, Any]]:
             for s in extra["sets"] for role, r in s["roles"].items() for m in (*MODES, "where")]
     return rows + [{"set": "pooled", "seed": ",".join(map(str, extra["seeds"])), "disjoint": "",
                     **r, "holds": extra["findings"][r["role"]]["holds_on"]} for r in extra["pooled"]]
+
+
+@dataclass
+class RolesOptions(Options):
+    task: str = option("lab-mmlu", "multiple-choice task the heads are ranked on", short="-t")
+    control: str | None = option("lab-knowledge", "control task scored with the full ablation (knowledge); 'none' "
+                                 "to skip")
+    also: str | None = option(None, "further tasks scored with the full ablation, e.g. lab-letters")
+    top: int = option(6, "heads labelled (the most damaging of a single-head sweep)", low=1)
+    max_heads: int = option(24, "cumulative ablation gives up after this many heads", low=1)
+    keep_layers: str | None = option(None, "find the roles in a submodel, e.g. the minimal model 0-17 (the paper's "
+                                     "protocol)")
+    sample: bool = option(False, "mmlu: --limit N draws a seeded sample (--seed) of N questions across the subjects "
+                          "instead of lm-eval's first N of each subject")
+    prompt_sets: int = option(1, "prompt sets the roles found on set 1 are measured on (set k: seed seed+k, prompts "
+                              "disjoint where the task allows), pooled and counted", low=1, high=100,
+                              why="each one repeats the whole measurement")
+
+    def controls(self) -> tuple[str | None, list[str]]:
+        """The control task (None: none) and the further tasks."""
+        ctrl = None if self.control in (None, "", "none") else self.control
+        return ctrl, [t.strip() for t in (self.also or "").split(",") if t.strip()]
+
+    def check(self) -> None:
+        if self.keep_layers:
+            parse_layers(self.keep_layers)
+        ctrl, more = self.controls()
+        for name in [self.task, *([ctrl] if ctrl else []), *more]:
+            get_task(name)  # an unknown task name fails before the model loads
+
+
+class Roles(ScoredExperiment):
+    """Where ablating each of the most damaging heads hurts (final position or before it) and each
+    head's label (docs/heads.md), with a control task and the number of heads it takes to reach chance."""
+
+    name = "roles"
+    inputs = "model"  # its task, control and further tasks are options of its own
+    Options = RolesOptions
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Any, options: RolesOptions, *, out_dir: Path,  # type: ignore[override]
+                  run: Any) -> RolesResult:
+        def exs(name: str) -> list[Example]:
+            t = get_task(name, adapter=adapter, **({"sample": True} if options.sample and name == "mmlu" else {}))
+            if t.kind != "mc":
+                raise GandaError(f"task {name!r} is not multiple-choice")
+            return t.examples(limit=run.limit, seed=run.seed)
+
+        ctrl, more = options.controls()
+        keep = parse_layers(options.keep_layers) if options.keep_layers else None
+        result = head_roles(adapter, exs(options.task), control=exs(ctrl) if ctrl else None,
+                            also={t: exs(t) for t in more}, top=options.top, max_heads=options.max_heads,
+                            task_name=options.task, control_name=ctrl, progress=run.progress, keep_layers=keep)
+        result.config.update({"limit": run.limit, "seed": run.seed})
+        if options.prompt_sets > 1:
+            t = get_task(options.task, adapter=adapter,
+                         **({"sample": True} if options.sample and options.task == "mmlu" else {}))
+            sets = role_sets(adapter, lambda n, s: t.examples(limit=n, seed=s), result.summary, limit=run.limit,
+                             seed=run.seed, count=options.prompt_sets, keep_layers=keep)
+            result.extra.update(sets)
+            result.config["prompt_sets"] = options.prompt_sets
+            result.summary.update({"seeds": sets["seeds"],
+                                   "holds_on": {r: f["holds_on"] for r, f in sets["findings"].items()}})
+        return self.finish(result, out_dir)
+
+    def show(self, result: RolesResult, options: RolesOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
+        super().show(result, options, run, out_dir)
+        s, (ctrl, _) = result.summary, options.controls()
+        for role in ("gather", "aggregate"):
+            if s.get(role):
+                label = (s.get("labels") or {}).get(s[role])
+                print(f"hurts most {WHERE[role]}: {s[role]}" + (f" (label {label})" if label else "")
+                      + f": {options.task} {s['baseline']:.3f} -> {s[f'{role}_ablated']:.3f}"
+                      + (f", {ctrl} drop {s[f'{role}_control_drop']:+.3f}" if ctrl else "")
+                      + (f"; answers it serves: {s[f'{role}_answers_lost']}" if s.get(f"{role}_answers_lost") else ""))
+        if "heads_to_chance" in s:
+            n_heads = s["heads_to_chance"] or f"more than {s['heads_to_chance_max']}"
+            print(f"heads to chance: {n_heads}")
+        for line in sets_lines(result.extra):
+            print(line.replace("**", ""))
+
