@@ -15,10 +15,23 @@ fi
 if [ $# -gt 0 ]; then
   exec .venv/bin/pytest -q -p no:cacheprovider "$@"
 fi
+# the family x analysis matrix once more in bf16 on the CPU: the precision a GPU runs in, through the
+# same code path (tests/test_device_matrix.py; the run below has it in fp32). It runs beside that run
+# at the lowest CPU priority, so that it takes the cores only where that run leaves them idle (near
+# its end, when one worker has finished its files); its cells are dealt one by one, and its output
+# follows that run's.
+bf16_log="$(mktemp)"
+GANDA_TEST_DTYPE=bfloat16 nice -n 19 .venv/bin/pytest -q -p no:cacheprovider -m device --dist load --durations=5 \
+  >"$bf16_log" 2>&1 &
+bf16=$!
 # every tier (-m "" lifts the fast-tier default of pyproject's addopts, which also spreads the files over
 # the cores with pytest-xdist); the 15 slowest tests are listed
-.venv/bin/pytest -q -p no:cacheprovider -m "" --durations=15
-# the family x analysis matrix once more in bf16 on the CPU: the precision a GPU runs in, through the
-# same code path (tests/test_device_matrix.py; the run above had it in fp32); one file, so its cells are
-# dealt to the workers one by one
-GANDA_TEST_DTYPE=bfloat16 exec .venv/bin/pytest -q -p no:cacheprovider -m device --dist load --durations=5
+status=0
+.venv/bin/pytest -q -p no:cacheprovider -m "" --durations=15 || status=$?
+bf16_status=0
+wait "$bf16" || bf16_status=$?
+echo "--- the device matrix in bf16 ---"
+cat "$bf16_log"
+rm -f "$bf16_log"
+[ "$status" -eq 0 ] || exit "$status"
+exit "$bf16_status"

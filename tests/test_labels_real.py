@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import ganda
 from ganda.labels import label_model
 from ganda.patterns import AUTO, STANDARD, pattern_scores, repeated_tokens, standard_scores
 from ganda.tasks import get_task
@@ -35,17 +34,15 @@ def _plain_scores(model, seqs: list[list[int]], prefix: int, length: int) -> dic
 
 @pytest.mark.slow
 @pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m"])
-def test_standard_scores_agree_with_plain_transformers(alias):
+def test_standard_scores_agree_with_plain_transformers(alias, request):
     """Every head's induction and previous-token score within 1e-4 of the same protocol computed
     from ``model(..., output_attentions=True)`` with eager attention, the model loaded again by
     transformers from the same GGUF."""
-    from conftest import require_gemma, require_smollm2
     from transformers import AutoModelForCausalLM
 
     from ganda.models.loading import resolve_alias
 
-    (require_smollm2 if alias.startswith("smollm2") else require_gemma)()
-    a = ganda.load_model(alias, device="cpu")
+    a = request.getfixturevalue("smollm2" if alias.startswith("smollm2") else "gemma")  # one load per process
     seqs, prefix, length = repeated_tokens(a, batch=STANDARD["batch"])
     assert length == STANDARD["length"] and prefix == 1
     ours = standard_scores(a)
