@@ -270,7 +270,6 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
     from ganda.commands import core, plan
 
     assert core.DEFAULT_MODEL == models.DEFAULT_MODEL and core.SUMMARIES == tuple(patterns.SUMMARIES)
-    assert core.HEADS_SUMMARIES == (patterns.AUTO, *patterns.SUMMARY_TOKENS)
     assert plan.DEVICES == tuple(planner.DEVICES)
     experiment = next(p for p in _commands()["plan"].params if p.name == "experiment")
     assert set(planner.costed_experiments()) - {"attribution"} <= set(re.findall(r"[a-z]+", experiment.help))

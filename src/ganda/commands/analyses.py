@@ -27,6 +27,7 @@ import typer.core
 import typer.main
 
 from .. import registry
+from ..experiments.base import DEFAULT_LIMIT
 from .core import (
     MODEL,
     PICKLE,
@@ -54,18 +55,22 @@ def _task_inputs() -> dict[str, tuple[Any, Any]]:
             for p in [option_parameter(f, hints[f.name])]}
 
 
-def run_inputs() -> dict[str, tuple[Any, Any]]:
+def run_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
     """The inputs of a run on one task, in the order of ``--help``: name -> (typer default, type)."""
-    return {
+    inputs = {
         "model": (MODEL, str),
         "task": (typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, letters, lab-mmlu, mmlu, "
                               "arc_easy, arc_challenge, openbookqa, piqa, hellaswag, winogrande, ...)"), str),
         **_task_inputs(),
-        "out": (typer.Option(None, "--out", "-o", help="run directory (default: runs/<experiment>-<task>)"), Path | None),
+        "out": (typer.Option(None, "--out", "-o", help="run directory (default: "
+                             f"{cls.default_out or 'runs/<experiment>-<task>'})"), Path | None),
         "as_json": (typer.Option(False, "--json", help="print one JSON object instead of tables"), bool),
         "allow_pickle": (PICKLE, bool),
         "quiet": (QUIET, bool),
     }
+    if cls.default_limit != DEFAULT_LIMIT:  # TaskInputs' help states the usual default
+        inputs["limit"] = (limit_option(None, f"number of prompts (default: {cls.default_limit})"), int | None)
+    return inputs
 
 
 def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
@@ -126,7 +131,7 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
 def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     """The command's parameters: the model argument, the experiment's options, the other inputs."""
     profile = getattr(cls, "inputs", "task")
-    inputs = run_inputs() if profile == "task" else scored_inputs(cls)
+    inputs = run_inputs(cls) if profile == "task" else scored_inputs(cls)
     if profile == "model":  # its own prompts: no task list
         for name in ("task", "tasks", "sample", "knowledge_limit"):
             del inputs[name]

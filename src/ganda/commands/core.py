@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "smollm2-135m"  # ganda.models.DEFAULT_MODEL, spelled here so that --help needs no torch
 SUMMARIES = ("end", "last")  # ganda.patterns.SUMMARIES
-# ganda heads --summary: "auto" (ganda.patterns.AUTO) or one of ganda.patterns.SUMMARY_TOKENS
-HEADS_SUMMARIES = ("auto", "end", "last", "first", "first+1", "first+2", "first+3")
 MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-9k, lab-hybrid-late-7k5, "
               "lab-distilled-h1, ...), a .gguf file, a local HF directory or a hub id")
 MODEL = typer.Argument(DEFAULT_MODEL, help=MODEL_HELP)
@@ -245,50 +243,6 @@ def register(app: typer.Typer) -> None:
         path = draw_attention(adapter, exs[index] if t is not None else prompt, heads, out, last_rows=last_rows)
         print(f"wrote {path}" + (f" and {side.name}" if side is not None else ""))
 
-    @app.command(short_help="Rank heads by Gather and Aggregate patterns, then verify")
-    def heads(
-        model: str = MODEL,
-        task: str = typer.Option("kv", "--task", "-t", help="kv, letters, mmlu, lab-mmlu, ... (tasks with segments)"),
-        limit: int = limit_option(16, "prompts for the pattern scores"),
-        verify_n: int = typer.Option(50, "--verify-n", help="prompts for the causal verification (seed --seed+1)"),
-        top: int = typer.Option(5, "--top", help="candidates verified per role"),
-        sample: bool = SAMPLE,
-        pairs: int | None = PAIRS,
-        shots: int | None = SHOTS,
-        seed: int = SEED,
-        out: Path = typer.Option(Path("runs/heads"), "--out", "-o", help="directory for JSON and CSV"),
-        summary: str = typer.Option("auto", "--summary", help="the token scored as a segment's summary: 'auto' (the "
-                                    "one the heads' final rows read: docs/heads.md), 'end' (the \\n, as in the "
-                                    "paper), 'last' (the token before it), 'first', 'first+1', ... (counted from "
-                                    "the segment's start)"),
-        allow_pickle: bool = PICKLE,
-        quiet: bool = QUIET,
-    ) -> None:
-        """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation.
-        heads.csv also holds each head's read profile (where its final row lands), its standard
-        induction, previous-token and sink scores (repeated random tokens) and its label."""
-        from ..experiments.heads import discover, save_discovery
-        from ..models import load_model
-        from ..tasks import task_for_model
-
-        for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top)):
-            at_least(flag, value)
-        one_of("--summary", summary, HEADS_SUMMARIES)
-        opts = {"pairs": pairs, "shots": shots, **mmlu_options(sample)}
-        t = get_task(task, **opts)
-        runio.claim_run_dir(out, kind="heads", models=model_inputs(model))
-        adapter = load_model(model, allow_pickle=allow_pickle)
-        t = task_for_model(task, t, adapter, **opts)
-        pat = t.examples(limit=limit, seed=seed)
-        ver = t.examples(limit=verify_n, seed=seed + 1)
-        if not pat or not pat[0].segments:
-            raise GandaError(f"task {task!r} has no segments to score heads on")
-        d = discover(adapter, pat, ver, top=top, task_config={**t.run_config(limit, len(pat), seed), "summary": summary},
-                     summary=summary)
-        save_discovery(d, out, model=adapter.spec)
-        _print_discovery(d)
-        print(f"wrote {out}/result.json and {out}/heads.csv")
-
     @app.command(short_help="The main job: KV's G&A heads found, ablated and reported")
     def demo(
         model: str = MODEL,
@@ -317,47 +271,3 @@ def register(app: typer.Typer) -> None:
         report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed,
                           allow_pickle=allow_pickle, prompt_sets=prompt_sets, ablation=ablation, profile=not no_profile)
         print(f"report: {report}")
-
-
-def _reads(read: dict) -> str:
-    """The two largest parts of a read profile, e.g. ``gold_last .62, other_last .21``."""
-    from ..patterns import top_reads
-
-    return ", ".join(f"{k} {v:.2f}" for k, v in top_reads(read, 2))
-
-
-def _print_discovery(d) -> None:
-    from rich.table import Table
-
-    from ..experiments.tables import console
-
-    con = console()
-    con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts; summary token: {d.summary}"
-              + (" (chosen from the final rows: best aggregate " + ", ".join(
-                  f"{k} {v['aggregate']:.3f} {v['head']}" for k, v in d.summary_choice.items()) + ")"
-                 if d.summary_choice else ""))
-    for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
-        tab = Table(title=f"top {role} candidates")
-        for col in ("head", "label", "aggregate", "gather [evidence]", "induction", "prev-token", "sink",
-                    "agg peak [95% CI]", "final row reads", "ablated acc", "drop"):
-            tab.add_column(col)
-        by = {s.head: s for s in d.scores}
-        for name in names:
-            s = by[name]
-            low, high = s.aggregate_peak_ci_low, s.aggregate_peak_ci_high
-            peak = f"{s.aggregate_peak:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
-            ev = f" [{s.gather_evidence:.3f}]" if s.gather_evidence is not None else ""
-            tab.add_row(name, s.label or "-", f"{s.aggregate:.3f}", f"{s.gather:.3f}{ev}", _score(s.induction),
-                        _score(s.previous_token), _score(s.sink), peak, _reads(s.read),
-                        f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",
-                        f"{s.drop:+.3f}" if s.drop is not None else "-")
-        con.print(tab)
-    order = sorted(d.scores, key=lambda s: (s.layer, len(s.head), s.head))
-    named = [f"{s.head} {s.label}" for s in order if s.label not in (None, "none", "sink")]
-    sinks = sum(s.label == "sink" for s in order)
-    con.print("labels: " + (", ".join(named) if named else "none but sink" if sinks else "none (no rule met: docs/heads.md)")
-              + (f"; sink alone: {sinks} of {len(order)} heads" if sinks else ""))
-
-
-def _score(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"

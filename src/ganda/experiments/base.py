@@ -41,6 +41,9 @@ if typing.TYPE_CHECKING:  # ganda --help builds the commands' list without torch
     from ..tasks.base import Example
 
 
+DEFAULT_LIMIT = 32  # prompts a run on one task scores when --limit is not given
+
+
 def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
            low: float | None = None, high: float | None = None, choices: tuple[str, ...] | None = None,
            why: str = "", hidden: bool = False, required: bool = False) -> Any:
@@ -210,9 +213,12 @@ class Experiment:
     #: run inputs beyond the model, the task, its prompts and the run directory: "ray" (``--ray``,
     #: ``--ray-actors``: exact checks on a Ray cluster), "resume" (``--resume/--no-resume``)
     takes: ClassVar[frozenset[str]] = frozenset()
+    default_limit: ClassVar[int | None] = DEFAULT_LIMIT  # prompts (or examples per task) when --limit is not given
+    default_out: ClassVar[str | None] = None  # the run directory (default: runs/<name>-<task>)
 
     def __init__(self, resume: bool = True) -> None:
         self.resume = resume  # continue a stopped run in its directory (the experiment's own journal)
+        self.task: Any = None  # the task the examples were drawn from (set by the runner): a second draw
 
     def run(self, adapter: ModelAdapter, examples: list[Example], options: Options, *, out_dir: Path,
             config: dict[str, Any], progress: bool = True) -> Any:
@@ -252,7 +258,6 @@ class ScoredExperiment(Experiment):
     inputs: ClassVar[str] = "tasks"  # "model": one model, the experiment drawing its own prompts (no Scorer)
     default_tasks: ClassVar[str] = "mmlu,knowledge"
     default_limit: ClassVar[int | None] = 100  # examples per task (None: every example)
-    default_out: ClassVar[str | None] = None  # the run directory (default: runs/<out_name>-<model>)
     report_html: ClassVar[bool] = True  # --html/--no-html: report.html beside each result it saves
 
     def __init__(self, resume: bool = True) -> None:
@@ -285,4 +290,4 @@ class ScoredExperiment(Experiment):
             print(runio.json_text({"out": str(where), "summary": res.summary}, indent=2))
 
 
-__all__ = ["Experiment", "Options", "ScoredExperiment", "option", "option_type", "parse_options"]
+__all__ = ["DEFAULT_LIMIT", "Experiment", "Options", "ScoredExperiment", "option", "option_type", "parse_options"]

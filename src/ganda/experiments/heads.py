@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import runio
+from ..errors import GandaError
 from ..heads import HeadId
 from ..intervals import split_all
 from ..labels import label_model
@@ -33,6 +34,8 @@ from ..patterns import (
 from ..stats import weak_note
 from ..sweep import run_sweep
 from ..tasks.base import Example
+from .base import Experiment, Options, option
+from .tables import console, print_heads
 
 
 @dataclass
@@ -194,3 +197,45 @@ class HeadsResult:
 
     def draw(self, out_dir: Path) -> list[Path]:
         return []
+
+
+@dataclass
+class HeadsOptions(Options):
+    verify_n: int = option(50, "prompts for the causal verification (seed --seed+1)", low=1)
+    top: int = option(5, "candidates verified per role", low=1)
+    summary: str = option(AUTO, "the token scored as a segment's summary: 'auto' (the one the heads' final rows read: "
+                          "docs/heads.md), 'end' (the \\n, as in the paper), 'last' (the token before it), 'first', "
+                          "'first+1', ... (counted from the segment's start)", choices=(AUTO, *SUMMARY_TOKENS))
+
+
+class Heads(Experiment):
+    """Rank every head by Gather and Aggregate pattern scores, then verify the top ones by ablation.
+    heads.csv also holds each head's read profile (where its final row lands), its standard
+    induction, previous-token and sink scores (repeated random tokens) and its label."""
+
+    name = "heads"
+    Options = HeadsOptions
+    default_limit = 16  # prompts for the pattern scores
+    default_out = "runs/heads"
+
+    def check_examples(self, examples: list[Example], task: str) -> None:
+        if not examples[0].segments:
+            raise GandaError(f"task {task!r} has no segments to score heads on")
+
+    def run(self, adapter: ModelAdapter, examples: list[Example], options: HeadsOptions, *, out_dir: Path,  # type: ignore[override]
+            config: dict[str, Any], progress: bool = True) -> Discovery:
+        seed = int(config.get("seed", 0))
+        verify = self.task.examples(limit=options.verify_n, seed=seed + 1)
+        task_config = {**self.task.run_config(config["limit"], len(examples), seed), "summary": options.summary}
+        d = discover(adapter, examples, verify, top=options.top, task_config=task_config, summary=options.summary)
+        save_discovery(d, out_dir, model=adapter.spec)
+        return d
+
+    def job_summary(self, result: Discovery) -> dict[str, Any]:  # type: ignore[override]
+        return {"baseline": result.baseline_accuracy, "summary_token": result.summary,
+                "top_gather": (result.top_gather or [None])[0], "top_aggregate": (result.top_aggregate or [None])[0]}
+
+    def show(self, result: Discovery, options: HeadsOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
+        print_heads(console(), result)
+        print(f"wrote {out_dir}/result.json and {out_dir}/heads.csv")
+

@@ -16,10 +16,9 @@ from ..errors import GandaError, at_least
 from ..models import load_model
 from ..models.loading import model_inputs
 from ..tasks import get_task, task_for_model
-from .base import Experiment, Options, ScoredExperiment, option
+from .base import DEFAULT_LIMIT, Experiment, Options, ScoredExperiment, option
 from .common import Scorer, parse_tasks
 
-DEFAULT_LIMIT = 32  # prompts an experiment scores when --limit is not given
 LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --limit (--sample: a seeded sample of "
               "N across subjects)")
 
@@ -93,14 +92,16 @@ def check_inputs(cls: type[Experiment], run: RunInputs, options: Options) -> Any
 def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     """Check, claim the run directory, load the model, draw the examples and run ``cls``."""
     task = check_inputs(cls, run, options)
-    out_dir = runio.claim_run_dir(run.out_dir(cls.name), kind=cls.name, models=model_inputs(run.model))
+    where = run.out if run.out is not None else Path(cls.default_out or run.out_dir(cls.name))
+    out_dir = runio.claim_run_dir(where, kind=cls.name, models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
     task = task_for_model(run.task, task, adapter, **run.task_options())
-    n = run.limit if run.limit is not None else DEFAULT_LIMIT
+    n = run.limit if run.limit is not None else cls.default_limit
     examples = task.examples(limit=n, seed=run.seed)
     if not examples:
         raise GandaError(f"task {run.task!r} gave no examples")
     exp = cls(resume=run.resume)
+    exp.task = task
     exp.check_examples(examples, run.task)
     config = {"task": task.config(), "limit": n, "n": len(examples), "seed": run.seed, "options": options.to_json()}
     with ray_sweeps(run.ray, run.ray_actors, allow_pickle=run.allow_pickle):

@@ -13,6 +13,7 @@ from rich.table import Table
 from ..attribution.ranking import sign_flip_sentence
 from ..effects import NAMES
 from ..intervals import bounds
+from ..patterns import top_reads
 
 #: the width of a table printed to a file or pipe (a log): wide enough that no cell wraps or is cut
 LOG_WIDTH = 1000
@@ -156,4 +157,45 @@ def print_edges(res: Any, options: Any, run: Any) -> None:
         print(s["bound"])
 
 
-__all__ = ["LOG_WIDTH", "console", "print_edges", "print_path", "print_ranking", "print_split", "print_sweep"]
+# ---- heads -------------------------------------------------------------------------------------
+
+def _reads(read: dict) -> str:
+    """The two largest parts of a read profile, e.g. ``gold_last .62, other_last .21``."""
+    return ", ".join(f"{k} {v:.2f}" for k, v in top_reads(read, 2))
+
+
+def print_heads(con: Any, d: Any) -> None:
+    """The baseline, the summary token chosen, the top candidates of each role with every score and
+    their ablation, and the labels of every head."""
+    con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts; summary token: {d.summary}"
+              + (" (chosen from the final rows: best aggregate " + ", ".join(
+                  f"{k} {v['aggregate']:.3f} {v['head']}" for k, v in d.summary_choice.items()) + ")"
+                 if d.summary_choice else ""))
+    for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
+        tab = Table(title=f"top {role} candidates")
+        for col in ("head", "label", "aggregate", "gather [evidence]", "induction", "prev-token", "sink",
+                    "agg peak [95% CI]", "final row reads", "ablated acc", "drop"):
+            tab.add_column(col)
+        by = {s.head: s for s in d.scores}
+        for name in names:
+            s = by[name]
+            low, high = s.aggregate_peak_ci_low, s.aggregate_peak_ci_high
+            peak = f"{s.aggregate_peak:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
+            ev = f" [{s.gather_evidence:.3f}]" if s.gather_evidence is not None else ""
+            tab.add_row(name, s.label or "-", f"{s.aggregate:.3f}", f"{s.gather:.3f}{ev}", _head_score(s.induction),
+                        _head_score(s.previous_token), _head_score(s.sink), peak, _reads(s.read),
+                        f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",
+                        f"{s.drop:+.3f}" if s.drop is not None else "-")
+        con.print(tab)
+    order = sorted(d.scores, key=lambda s: (s.layer, len(s.head), s.head))
+    named = [f"{s.head} {s.label}" for s in order if s.label not in (None, "none", "sink")]
+    sinks = sum(s.label == "sink" for s in order)
+    con.print("labels: " + (", ".join(named) if named else "none but sink" if sinks else "none (no rule met: docs/heads.md)")
+              + (f"; sink alone: {sinks} of {len(order)} heads" if sinks else ""))
+
+
+def _head_score(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+__all__ = ["LOG_WIDTH", "console", "print_heads", "print_edges", "print_path", "print_ranking", "print_split", "print_sweep"]
