@@ -30,6 +30,7 @@ from .. import registry
 from ..experiments.base import DEFAULT_LIMIT
 from .core import (
     MODEL,
+    MODEL_HELP,
     PICKLE,
     QUIET,
     SAMPLE,
@@ -132,9 +133,13 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     """The command's parameters: the model argument, the experiment's options, the other inputs."""
     profile = getattr(cls, "inputs", "task")
     inputs = run_inputs(cls) if profile == "task" else scored_inputs(cls)
-    if profile == "model":  # its own prompts: no task list
+    if profile in ("model", "models"):  # its own prompts: no task list
         for name in ("task", "tasks", "sample", "knowledge_limit"):
             del inputs[name]
+    if profile == "models":  # two or more models, the same prompts for each
+        del inputs["model"]
+        inputs = {"models": (typer.Argument(..., help="two or more models, each " + MODEL_HELP + "; differences are "
+                                            "the first minus each other"), list[str]), **inputs}
     if profile != "task" and not cls.report_html:
         del inputs["html"]
     for what in sorted(cls.takes):
@@ -144,7 +149,8 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     clash = [f.name for f in fields if f.name in inputs]
     if clash:
         raise TypeError(f"{cls.__name__}.Options declares {clash[0]!r}, an input every run takes")
-    params = [_param("model", *inputs.pop("model"))]
+    first = "models" if "models" in inputs else "model"
+    params = [_param(first, *inputs.pop(first))]
     params += [option_parameter(f, hints[f.name]) for f in fields]
     params += [_param(name, default, annotation) for name, (default, annotation) in inputs.items()]
     return inspect.Signature(params), [f for f in fields]
@@ -159,7 +165,7 @@ def build_command(name: str) -> click.Command:
 
     def command(**values: Any) -> None:
         from .. import runio
-        from ..experiments.runner import run_on_task, run_on_tasks
+        from ..experiments.runner import run_on_models, run_on_task, run_on_tasks
 
         as_json, quiet, html = values.pop("as_json", False), values.pop("quiet"), values.pop("html", False)
         given = {f.name: values.pop(f.name) for f in fields}
@@ -167,8 +173,12 @@ def build_command(name: str) -> click.Command:
         options = cls.Options.build(given, cli=True)
         if "tasks" in values:  # a ScoredExperiment: --task is a list, --tasks its other spelling
             values["tasks"] = task_list(values.pop("task"), values.pop("tasks"), cls.default_tasks)
+        if "models" in values:
+            values["model"] = values["models"][0]
         run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line())
-        done = (run_on_task if getattr(cls, "inputs", "task") == "task" else run_on_tasks)(cls, run, options)
+        profile = getattr(cls, "inputs", "task")
+        runner = run_on_task if profile == "task" else run_on_models if profile == "models" else run_on_tasks
+        done = runner(cls, run, options)
         if html:
             _reports(done.experiment.finished)
         if as_json:

@@ -60,6 +60,7 @@ for _name, _entry in {
                       "Zero attention's last row and score MMLU and knowledge"),
     "extends": ("ganda.experiments.extends:Extends", "Each task intact, G&A heads ablated, random heads ablated"),
     "heads": ("ganda.experiments.heads:Heads", "Rank heads by Gather and Aggregate patterns, then verify"),
+    "sharpness": ("ganda.experiments.sharpness:Sharpness", "Sharpness of the top-k Aggregate and Gather heads of models"),
     "kv-curve": ("ganda.experiments.kv_curve:KVCurve", "KV-retrieval accuracy against the number of pairs (Figure 4)"),
     "path": ("ganda.experiments.circuit:PathExperiment",
              "Remove one head's contribution along its paths into another"),

@@ -255,7 +255,8 @@ class ScoredExperiment(Experiment):
     :class:`ganda.experiments.common.Scorer` and saves each result with :meth:`finish`."""
 
     on_task = False
-    inputs: ClassVar[str] = "tasks"  # "model": one model, the experiment drawing its own prompts (no Scorer)
+    # "model": one model, the experiment drawing its own prompts (no Scorer); "models": several models
+    inputs: ClassVar[str] = "tasks"
     default_tasks: ClassVar[str] = "mmlu,knowledge"
     default_limit: ClassVar[int | None] = 100  # examples per task (None: every example)
     report_html: ClassVar[bool] = True  # --html/--no-html: report.html beside each result it saves
@@ -275,6 +276,10 @@ class ScoredExperiment(Experiment):
     def run_tasks(self, adapter: ModelAdapter, scorer: Any, options: Options, *, out_dir: Path, run: Any) -> Any:
         """Score the conditions and :meth:`finish` each result; returns the last."""
         raise GandaError(f"the {self.name} experiment has no runner")
+
+    def run_models(self, adapters: dict[str, ModelAdapter], options: Options, *, out_dir: Path, run: Any) -> Any:
+        """Inputs "models": run on every model of the command line (name -> adapter)."""
+        raise GandaError(f"the {self.name} experiment has no runner for several models")
 
     def finish(self, result: Any, out_dir: Path) -> Any:
         """Save ``result`` into ``out_dir`` (``result.json``, CSV, PNG; the command adds report.html)."""

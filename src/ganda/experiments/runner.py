@@ -60,6 +60,7 @@ class RunInputs(TaskInputs):
     tasks: str | None = None
     knowledge_limit: int | None = None
     command: str = ""  # the command line recorded with the results
+    models: list[str] | None = None  # several models, the same prompts for each (inputs "models")
 
     def out_dir(self, experiment: str) -> Path:
         return self.out if self.out is not None else Path("runs") / f"{experiment}-{self.task}"
@@ -134,4 +135,20 @@ def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) 
     return Run(exp, result, out_dir, adapter, [], options)
 
 
-__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_on_task", "run_on_tasks"]
+def run_on_models(cls: type[ScoredExperiment], run: RunInputs, options: Options) -> Run:
+    """Check, claim the run directory, load every model of ``run.models`` and run ``cls`` on them."""
+    models = run.models or []
+    if len(models) < 2:
+        raise GandaError("give at least two models to compare")
+    at_least("--limit", run.limit)
+    exp = cls(resume=run.resume)
+    exp.check_run(options, run)
+    out_dir = runio.claim_run_dir(run.out if run.out is not None else Path(cls.default_out or f"runs/{cls.name}"),
+                                  kind=cls.name, models=[p for m in models for p in model_inputs(m)])
+    adapters = {m: load_model(m, allow_pickle=run.allow_pickle) for m in models}
+    run.limit = run.limit if run.limit is not None else cls.default_limit
+    result = exp.run_models(adapters, options, out_dir=out_dir, run=run)
+    return Run(exp, result, out_dir, adapters, [], options)
+
+
+__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_on_models", "run_on_task", "run_on_tasks"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..scoring import evaluate_examples
 from ..stats import bootstrap_paired, pool_sets
 from ..tasks import get_task
 from ..tasks.base import Example
+from .base import Options, ScoredExperiment, option
 
 
 def _select_heads(adapter: ModelAdapter, examples: Sequence[Example], k: int, select: str,
@@ -325,3 +327,53 @@ class SharpnessResult:
 
     def draw(self, out_dir: Path) -> list[Path]:
         return []
+
+
+@dataclass
+class SharpnessOptions(Options):
+    task: str = option("lab-mmlu", "a task with segments (lab-mmlu, letters, kv, ...)", short="-t")
+    top: int = option(3, "heads per role and model", short="-k", low=1)
+    select: str = option("pattern", "choose heads by 'pattern' score or causal 'drop'", choices=("pattern", "drop"))
+    select_n: int | None = option(None, "prompts for choosing heads (seed --seed+1; default --limit)", low=1)
+    resamples: int = option(2000, "bootstrap draws", low=1)
+    prompt_sets: int = option(1, "run on K prompt sets (seeds --seed, +2, +4, ...) and pool every difference over "
+                              "them", low=1, high=100, why="each one repeats the whole measurement")
+    summary: str = option("end", "the token scored as a segment's summary: 'end' (the \\n, as in the paper) or "
+                          "'last' (the last token before it)", choices=tuple(SUMMARIES))
+
+    def check(self) -> None:
+        get_task(self.task)  # an unknown task fails before the models load
+
+
+class Sharpness(ScoredExperiment):
+    """Sharpness of the top-k Aggregate/Gather heads of each model (softmax or implicit maps), with
+    95% bootstrap intervals over prompts and the paired difference between models (MODELS: the first
+    minus each other)."""
+
+    name = "sharpness"
+    inputs = "models"  # two or more models, the same prompts for each
+    Options = SharpnessOptions
+    default_out = "runs/sharpness"
+    report_html = False  # result.json, sharpness.csv, sharpness.png
+
+    def run_models(self, adapters: dict[str, ModelAdapter], options: SharpnessOptions, *, out_dir: Path,
+                   run: Any) -> dict[str, Any]:
+        kw = dict(k=options.top, n=run.limit, select=options.select, select_n=options.select_n,
+                  resamples=options.resamples, progress=run.progress, summary=options.summary)
+        res = (sharpness_sets(adapters, options.task, prompt_sets=options.prompt_sets, seed=run.seed, **kw)
+               if options.prompt_sets > 1 else compare_sharpness(adapters, options.task, seed=run.seed, **kw))
+        res["rows"] = save_sharpness(res, out_dir)
+        return res
+
+    def show(self, result: dict[str, Any], options: SharpnessOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
+        for r in result["rows"]:
+            print(f"{r['model']:>40}  {r['metric']:<18} {r['value']:9.4f}  [{r['ci_low']:.4f}, {r['ci_high']:.4f}]  "
+                  f"{r['heads']}")
+        if options.prompt_sets > 1:
+            print(f"pooled over {options.prompt_sets} prompt sets (seeds {', '.join(map(str, result['seeds']))}; the "
+                  "rows above are set 1's):")
+            for line in pooled_sharpness_lines(result["pooled"]):
+                print("  " + line)
+        print(f"wrote {out_dir}/result.json, sharpness.csv" + (", prompt_sets.csv" if options.prompt_sets > 1 else "")
+              + " and sharpness.png")
+
