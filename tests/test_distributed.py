@@ -169,7 +169,7 @@ def test_grid_runs_models_tasks_experiments_and_resumes(lab, local, tmp_path, ca
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"experiments": ["prunes"]}, "grid spec: experiment 'prunes' is not one of edges, path, rank, sweep"),
+    ({"experiments": ["prunes"]}, "grid spec: experiment 'prunes' is not one of edges, heads, path, rank, sweep"),
     ({"options": {"limt": 3}}, "grid spec: unknown option 'limt' (expected limit, sample, pairs, shots, subjects, "
                                "seed or an experiment name)"),
     ({"options": {"sweep": {"method": "atp"}}}, "grid spec: options.sweep: unknown option 'method' (takes heads, "

@@ -212,6 +212,7 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
                 runio.write_text(jdir / JOB_FILE, json.dumps(records[job["dir"]], indent=1) + "\n")  # a record, compared exactly
                 t0 = time.perf_counter()
                 options = exp.Options.build(opts.get(job["experiment"], {}))
+                exp.task = task  # an experiment that draws a second set of the task (heads' verification)
                 result = exp.run(adapter, examples, options, out_dir=jdir, config=cfg, progress=False)
                 job["result"] = exp.job_summary(result)
                 job["status"], job["seconds"] = "done", round(time.perf_counter() - t0, 2)
