@@ -1,8 +1,9 @@
 """``ganda NAME`` for every registered experiment that runs on one model and one task: its
 command is built from the experiment alone (no command body per analysis).
 
-The flags are the run's inputs, declared once here (:data:`INPUTS`: the model, ``--task``,
-``--limit``, ``--out``, ...), and the experiment's own options, read from its ``Options``
+The flags are the run's inputs (:func:`run_inputs` for a run on one task, :func:`scored_inputs`
+for one model on a task list, its own prompts or several models; the prompts' options are
+:class:`ganda.experiments.runner.TaskInputs`), and the experiment's own options, read from its ``Options``
 dataclass (:func:`ganda.experiments.base.option`: type, default, help, flag, bounds, choices).
 typer builds the command from a signature made of both, so that help, types and usage errors
 are typer's as for every hand-written command; values are then checked by ``Options.build``, the
@@ -153,7 +154,7 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     params = [_param(first, *inputs.pop(first))]
     params += [option_parameter(f, hints[f.name]) for f in fields]
     params += [_param(name, default, annotation) for name, (default, annotation) in inputs.items()]
-    return inspect.Signature(params), [f for f in fields]
+    return inspect.Signature(params), fields
 
 
 def build_command(name: str) -> click.Command:

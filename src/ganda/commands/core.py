@@ -15,6 +15,7 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
+from ..experiments.base import LIMIT_MMLU
 from ..tasks import get_task
 from .options import (
     ABLATE_AT,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from ..interventions import Intervention
 
 DEFAULT_MODEL = "smollm2-135m"  # ganda.models.DEFAULT_MODEL, spelled here so that --help needs no torch
-SUMMARIES = ("end", "last")  # ganda.patterns.SUMMARIES
 MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-9k, lab-hybrid-late-7k5, "
               "lab-distilled-h1, ...), a .gguf file, a local HF directory or a hub id")
 MODEL = typer.Argument(DEFAULT_MODEL, help=MODEL_HELP)
@@ -41,8 +41,6 @@ SEED = typer.Option(0, "--seed", help="seed of the prompt sample")
 PAIRS = typer.Option(None, "--pairs", help="kv: number of key-value pairs")
 SHOTS = typer.Option(None, "--shots", help="few-shot exemplars (mmlu, letters)")
 SUBJECTS = typer.Option(None, "--subjects", help="mmlu: comma-separated subjects")
-LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --limit (--sample: a seeded sample of "
-              "N across subjects)")
 SAMPLE = typer.Option(False, "--sample", help="mmlu: --limit N draws a seeded sample (--seed) of N questions "
                       "across the subjects instead of lm-eval's first N of each subject")
 

@@ -13,8 +13,6 @@ from ..errors import AT_MOST, GandaError, at_least  # noqa: F401  (the commands'
 from ..experiments.base import parse_options  # noqa: F401
 from ..heads import require_heads  # noqa: F401
 
-ACTIVE_EDGES = 100  # ganda.attribution.engine.ACTIVE_EDGES, spelled here so that --help needs no torch
-
 
 def _set_quiet(value: bool) -> bool:
     if value:

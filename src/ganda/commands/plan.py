@@ -22,7 +22,6 @@ from .options import FORCE, QUIET, at_least, model_inputs, parse_options
 
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
-METHODS = ("atp", "atp*", "ig")  # ganda.attribution.METHODS
 
 def _adapter_and_tokenizer(model: str, dtype: Any) -> tuple[Any, Any]:
     """The model's full-size layout (meta device) and, where the model has one locally, its tokenizer.

@@ -42,6 +42,9 @@ if typing.TYPE_CHECKING:  # ganda --help builds the commands' list without torch
 
 
 DEFAULT_LIMIT = 32  # prompts a run on one task scores when --limit is not given
+#: what --limit means for mmlu, in every command that takes it
+LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --limit (--sample: a seeded sample of "
+              "N across subjects)")
 
 
 def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,

@@ -16,11 +16,8 @@ from ..errors import GandaError, at_least
 from ..models import load_model
 from ..models.loading import model_inputs
 from ..tasks import get_task, task_for_model
-from .base import DEFAULT_LIMIT, Experiment, Options, ScoredExperiment, option
+from .base import DEFAULT_LIMIT, LIMIT_MMLU, Experiment, Options, ScoredExperiment, option
 from .common import Scorer, parse_tasks
-
-LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --limit (--sample: a seeded sample of "
-              "N across subjects)")
 
 
 @dataclass
@@ -62,8 +59,11 @@ class RunInputs(TaskInputs):
     command: str = ""  # the command line recorded with the results
     models: list[str] | None = None  # several models, the same prompts for each (inputs "models")
 
-    def out_dir(self, experiment: str) -> Path:
-        return self.out if self.out is not None else Path("runs") / f"{experiment}-{self.task}"
+    def out_dir(self, experiment: str, default: str | None = None) -> Path:
+        """``--out``, else the experiment's own default, else ``runs/<experiment>-<task>``."""
+        if self.out is not None:
+            return self.out
+        return Path(default) if default else Path("runs") / f"{experiment}-{self.task}"
 
 
 @dataclass
@@ -93,8 +93,7 @@ def check_inputs(cls: type[Experiment], run: RunInputs, options: Options) -> Any
 def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     """Check, claim the run directory, load the model, draw the examples and run ``cls``."""
     task = check_inputs(cls, run, options)
-    where = run.out if run.out is not None else Path(cls.default_out or run.out_dir(cls.name))
-    out_dir = runio.claim_run_dir(where, kind=cls.name, models=model_inputs(run.model))
+    out_dir = runio.claim_run_dir(run.out_dir(cls.name, cls.default_out), kind=cls.name, models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
     task = task_for_model(run.task, task, adapter, **run.task_options())
     n = run.limit if run.limit is not None else cls.default_limit
