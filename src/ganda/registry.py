@@ -217,15 +217,19 @@ _NO_COMMAND: set[str] = set()
 BUILTIN_EXPERIMENTS = "ganda.experiments"
 
 
-def register_experiment(name: str, target: Any, *, summary: str | None = None, command: bool = True) -> None:
+def register_experiment(name: str, target: Any, *, summary: str | None = None, command: bool = True,
+                        results: dict[str, Any] | None = None) -> None:
     """Make ``name`` run the experiment ``target`` (an ``Experiment`` class or its ``"module:Class"``
     path, imported on first use). ``summary``: its one line, listed by ``ganda --help`` without
     importing the class (default: the class's ``summary``). ``command``: ``ganda NAME`` runs it
-    (False for an alias, and for an experiment only costed by ``ganda plan``)."""
+    (False for an alias, and for an experiment only costed by ``ganda plan``). ``results``: the
+    result kinds it writes and their classes (:func:`register_result` with ``writer=name``)."""
     _EXPERIMENTS[name] = target
     if summary is not None:
         _SUMMARIES[name] = summary
     (_NO_COMMAND.discard if command else _NO_COMMAND.add)(name)
+    for kind, cls in (results or {}).items():
+        register_result(kind, cls, writer=name)
 
 
 def experiment_target(name: str) -> Any:
@@ -290,11 +294,40 @@ class ResultKind(Protocol):
 
 
 _RESULTS: dict[str, Any] = {}
+_WRITERS: dict[str, str] = {}
+_RUN_FILES: dict[str, str] = {}
 
 
-def register_result(kind: str, target: type[ResultKind] | str) -> None:
-    """Make run directories of ``kind`` read as ``target`` (a class or ``"module:Class"``)."""
+def register_result(kind: str, target: type[ResultKind] | str, *, writer: str | None = None) -> None:
+    """Make run directories of ``kind`` read as ``target`` (a class or ``"module:Class"``);
+    ``writer``: the command that writes them, where it is not spelled as the kind."""
     _RESULTS[kind] = target
+    if writer is not None:
+        _WRITERS[kind] = writer
+
+
+def writer(kind: str) -> str:
+    """The command that writes results of ``kind`` (the kind itself where none was registered):
+    the name the output policy gives a run directory that holds one."""
+    if kind not in _WRITERS:
+        load_plugins()
+    return _WRITERS.get(kind, kind)
+
+
+def register_run_file(name: str, command: str) -> None:
+    """Make a directory holding the file ``name`` a run of ``command`` for the output policy (for
+    a command whose runs hold no result kind of their own, e.g. ``ganda grid``'s ``grid.json``)."""
+    _RUN_FILES[name] = command
+
+
+def run_files() -> list[tuple[str, str]]:
+    """``(file, command)``: the files besides ``result.json`` that make a directory a command's
+    run: each result kind's ``files`` and ``claims`` (its class imported here), then the other
+    registered run files."""
+    load_plugins()
+    out = [(f, writer(kind)) for kind in sorted(_RESULTS)
+           for f in (*getattr(result_class(kind), "files", ()), *getattr(result_class(kind), "claims", ()))]
+    return out + list(_RUN_FILES.items())
 
 
 def result_class(kind: str) -> type[ResultKind] | None:

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from . import registry
 from .errors import GandaError
 from .fingerprint import fingerprint
 from .intervals import split
@@ -455,19 +456,10 @@ def claim_run_dir(path: str | Path, option: str = "--out", *, kind: str | None =
     return p
 
 
-#: the file that says which command wrote a run directory without a result.json (first found wins)
-KIND_FILES = (("ranking.json", "rank"), ("attribution.jsonl", "rank"), ("extends.json", "extends"),
-              ("edges.json", "edges"), ("edges_exact.jsonl", "edges"), ("results.jsonl", "sweep"),
-              ("progress.jsonl", "sweep"), ("grid.json", "grid"), ("prompt_sets.json", "lab"))
-#: result.json's kind -> the command that writes it, where the two are spelled differently
-RESULT_COMMANDS = {"circuit_path": "path", "circuit_edges": "edges", "kv_curve": "kv-curve",
-                   "mask_last_row": "mask-last-row", "remove_restore": "prune", "lab_models": "lab",
-                   "lab_findings": "lab"}
-
-
 def run_kind(path: str | Path) -> tuple[str, str] | None:
-    """The command whose run directory ``path`` is and the file that says so, from result.json's
-    ``kind`` or the first of :data:`KIND_FILES` present; None for a directory holding no run."""
+    """The command whose run directory ``path`` is and the file that says so: the writer of
+    result.json's ``kind``, else of the first registered run file present
+    (:func:`ganda.registry.run_files`); None for a directory holding no run."""
     path = Path(path)
     res = path / "result.json"
     if res.is_file():
@@ -476,11 +468,16 @@ def run_kind(path: str | Path) -> tuple[str, str] | None:
         except (OSError, ValueError, AttributeError):
             kind = None
         if isinstance(kind, str) and kind:
-            return RESULT_COMMANDS.get(kind, kind), f"its result.json is a {kind} result"
-    for name, command in KIND_FILES:
+            return registry.writer(kind), f"its result.json is a {kind} result"
+    if not path.is_dir() or next(path.iterdir(), None) is None:
+        return None  # nothing to ask the result classes about
+    for name, command in registry.run_files():
         if (path / name).is_file():
             return command, f"its {name}"
     return None
+
+
+registry.register_run_file("grid.json", "grid")
 
 
 #: the files that make a directory a model's (with a config.json beside them)

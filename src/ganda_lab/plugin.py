@@ -25,8 +25,9 @@ def register() -> None:
     registry.register_resolver("lab-", shipped_path, names=shipped, label="a shipped lab checkpoint")
     for name, target in TASKS.items():
         registry.register_task(name, target, number_option="pairs" if name == "lab-kv" else None)
-    registry.register_result("lab_findings", "ganda_lab.programme:LabFindingsResult")
-    registry.register_result("lab_models", "ganda_lab.programme:LabModelsResult")
+    registry.register_result("lab_findings", "ganda_lab.programme:LabFindingsResult", writer="lab")
+    registry.register_result("lab_models", "ganda_lab.programme:LabModelsResult", writer="lab")
+    registry.register_run_file("prompt_sets.json", "lab")
 
 
 def register_cli(app: Any) -> None:

@@ -41,56 +41,49 @@ from typing import Any
 from .. import registry
 from .base import Experiment, Options, option
 
-# The built-in experiments: name -> ("module:Class", its one-line summary). The class is imported
-# when the experiment is looked up; the summary is here so that ``ganda --help`` lists every
-# command without importing torch. An alias is a name whose entry is another name; eval and maps
-# are costed by ganda plan and run by the commands eval and attn.
+# The built-in experiments, the one table of them: name -> ("module:Class", its one-line summary,
+# the result kinds it writes and their classes). A class is imported when it is looked up; the
+# summary is here so that ``ganda --help`` lists every command without importing torch. An alias
+# is a name whose entry is another name; eval and maps are costed by ganda plan and run by the
+# commands eval and attn.
 for _name, _entry in {
-    "eval": ("ganda.experiments.builtin:Evaluation", "Score every example once (ganda eval)"),
-    "maps": ("ganda.experiments.builtin:Maps", "Attention and exact implicit maps of chosen heads (ganda attn)"),
-    "sweep": ("ganda.experiments.builtin:Sweep", "Single-head ablation: accuracy with each head zeroed"),
-    "rank": ("ganda.experiments.builtin:Rank", "Rank every head by its ablation effect on the task's margin"),
+    "eval": ("builtin:Evaluation", "Score every example once (ganda eval)", {}),
+    "maps": ("builtin:Maps", "Attention and exact implicit maps of chosen heads (ganda attn)", {}),
+    "sweep": ("builtin:Sweep", "Single-head ablation: accuracy with each head zeroed",
+              {"sweep": "head_effects:HeadSweepResult"}),
+    "rank": ("builtin:Rank", "Rank every head by its ablation effect on the task's margin",
+             {"rank": "head_effects:RankingResult"}),
     "attribution": "rank",
-    "prune": ("ganda.experiments.prune:Prune", "Cumulative layer pruning and the minimal model (Figures 2, 3)"),
-    "transplant": ("ganda.experiments.transplant:Transplant",
-                   "Replace student layers or heads with a donor's (Figure 7)"),
-    "roles": ("ganda.experiments.roles:Roles", "Where the most damaging heads matter, and their labels"),
-    "retain": ("ganda.experiments.retain:Retain", "Keep none, either or both critical heads (Table 1)"),
-    "mask-last-row": ("ganda.experiments.mask_last_row:MaskLastRow",
-                      "Zero attention's last row and score MMLU and knowledge"),
-    "extends": ("ganda.experiments.extends:Extends", "Each task intact, G&A heads ablated, random heads ablated"),
-    "heads": ("ganda.experiments.heads:Heads", "Rank heads by Gather and Aggregate patterns, then verify"),
-    "sharpness": ("ganda.experiments.sharpness:Sharpness", "Sharpness of the top-k Aggregate and Gather heads of models"),
-    "kv-curve": ("ganda.experiments.kv_curve:KVCurve", "KV-retrieval accuracy against the number of pairs (Figure 4)"),
-    "path": ("ganda.experiments.circuit:PathExperiment",
-             "Remove one head's contribution along its paths into another"),
-    "edges": ("ganda.experiments.circuit:EdgesExperiment",
-              "Score every sender -> receiver head pair and draw the circuit"),
+    "prune": ("prune:Prune", "Cumulative layer pruning and the minimal model (Figures 2, 3)",
+              {"prune": "prune:PruneResult", "remove_restore": "prune:RemoveRestoreResult"}),
+    "transplant": ("transplant:Transplant", "Replace student layers or heads with a donor's (Figure 7)",
+                   {"transplant": "transplant:TransplantResult"}),
+    "roles": ("roles:Roles", "Where the most damaging heads matter, and their labels", {"roles": "roles:RolesResult"}),
+    "retain": ("retain:Retain", "Keep none, either or both critical heads (Table 1)",
+               {"retain": "retain:RetainResult"}),
+    "mask-last-row": ("mask_last_row:MaskLastRow", "Zero attention's last row and score MMLU and knowledge",
+                      {"mask_last_row": "mask_last_row:MaskLastRowResult"}),
+    "extends": ("extends:Extends", "Each task intact, G&A heads ablated, random heads ablated",
+                {"extends": "extends:ExtendsResult"}),
+    "heads": ("heads:Heads", "Rank heads by Gather and Aggregate patterns, then verify", {"heads": "heads:HeadsResult"}),
+    "sharpness": ("sharpness:Sharpness", "Sharpness of the top-k Aggregate and Gather heads of models",
+                  {"sharpness": "sharpness:SharpnessResult"}),
+    "kv-curve": ("kv_curve:KVCurve", "KV-retrieval accuracy against the number of pairs (Figure 4)",
+                 {"kv_curve": "kv_curve:KVCurveResult"}),
+    "path": ("circuit:PathExperiment", "Remove one head's contribution along its paths into another",
+             {"circuit_path": "circuit:PathResult"}),
+    "edges": ("circuit:EdgesExperiment", "Score every sender -> receiver head pair and draw the circuit",
+              {"circuit_edges": "circuit:EdgesResult"}),
 }.items():
     if isinstance(_entry, str):
         registry.register_experiment(_name, registry.experiment_target(_entry), command=False)
     else:
-        registry.register_experiment(_name, _entry[0], summary=_entry[1], command=_name not in ("eval", "maps"))
-
-# The built-in result kinds (kind -> "module:Class", imported when a result of that kind is read).
-for _kind, _target in {
-    "sweep": "ganda.experiments.head_effects:HeadSweepResult",
-    "rank": "ganda.experiments.head_effects:RankingResult",
-    "extends": "ganda.experiments.extends:ExtendsResult",
-    "prune": "ganda.experiments.prune:PruneResult",
-    "remove_restore": "ganda.experiments.prune:RemoveRestoreResult",
-    "retain": "ganda.experiments.retain:RetainResult",
-    "kv_curve": "ganda.experiments.kv_curve:KVCurveResult",
-    "mask_last_row": "ganda.experiments.mask_last_row:MaskLastRowResult",
-    "transplant": "ganda.experiments.transplant:TransplantResult",
-    "roles": "ganda.experiments.roles:RolesResult",
-    "heads": "ganda.experiments.heads:HeadsResult",
-    "sharpness": "ganda.experiments.sharpness:SharpnessResult",
-    "circuit_path": "ganda.experiments.circuit:PathResult",
-    "circuit_edges": "ganda.experiments.circuit:EdgesResult",
-    "demo": "ganda.demo:DemoResult",  # ``ganda demo``'s finding (named, not imported: the demo sits above)
-}.items():
-    registry.register_result(_kind, _target)
+        _target, _summary, _results = _entry
+        registry.register_experiment(_name, f"{__name__}.{_target}", summary=_summary,
+                                     command=_name not in ("eval", "maps"),
+                                     results={k: f"{__name__}.{v}" for k, v in _results.items()})
+# ``ganda demo``'s finding (named, not imported: the demo sits above the experiments)
+registry.register_result("demo", "ganda.demo:DemoResult")
 
 
 #: names served by the modules that load torch, imported when first used (not with the package, so

@@ -201,6 +201,7 @@ class EdgesOptions(Options):
 class EdgesResult(ExperimentResult):
     kind: str = "circuit_edges"
     title = "The circuit: which head feeds which"
+    claims = ("edges.json", "edges_exact.jsonl")
 
     def verified_rows(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if r.get("verified")]

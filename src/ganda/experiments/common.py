@@ -288,6 +288,9 @@ class ExperimentResult:
     #: files other than ``result.json`` that make a directory a run of this kind (older formats,
     #: or a run's journal), the first present read by :meth:`read`
     files: ClassVar[tuple[str, ...]] = ()
+    #: files of an unfinished run of this kind (its journal): they make a directory this kind's
+    #: run for the output policy (``ganda.runio.run_kind``), and are not read
+    claims: ClassVar[tuple[str, ...]] = ()
     #: the figures the report draws from the result when the run directory lacks them (empty: drawn
     #: only for a run directory without any PNG)
     figures: ClassVar[tuple[str, ...]] = ()

@@ -135,6 +135,7 @@ class RankingResult(ExperimentResult):
 
     title = "Heads ranked by attribution, the top verified exactly"
     files = ("ranking.json",)
+    claims = ("attribution.jsonl",)
     figures = ("scatter.png", "verify_heatmap.png")
     holds_below = True
 

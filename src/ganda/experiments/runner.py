@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import runio
+from .. import registry, runio
 from ..distributed import ray_sweeps
 from ..errors import GandaError, at_least
 from ..models import load_model
@@ -124,7 +124,7 @@ def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) 
     name = exp.out_name(options)
     default = Path(cls.default_out or Path("runs") / f"{name}-{Path(run.model).stem or run.model}")
     out_dir = runio.claim_run_dir(run.out if run.out is not None else default,
-                                  kind=runio.RESULT_COMMANDS.get(name, name), models=model_inputs(run.model))
+                                  kind=registry.writer(name), models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
     run.limit = run.limit if run.limit is not None else cls.default_limit
     scorer = Scorer(adapter, names, limit=run.limit, knowledge_limit=run.knowledge_limit, seed=run.seed,
