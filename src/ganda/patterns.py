@@ -315,14 +315,14 @@ def choose_summary(by_summary: Mapping[str, Sequence[HeadScore]], minimum: float
     """The summary token the model reads (module docstring): of the candidates scored in
     ``by_summary`` (:func:`pattern_scores_by_summary`), the one on which a head's final row reads
     the gold summary (:func:`reads_gold`) with the largest Aggregate score; else ``"end"``. Also
-    each candidate's evidence: its best such head (else its best head by score), the score, its
-    interval's lower end, and whether it reads the gold (``reads_gold``)."""
+    each candidate's evidence: its best such head (else its best head by score), the score and its
+    interval, and whether it reads the gold (``reads_gold``)."""
     best = {}
     for s, scores in by_summary.items():
         reading = [x for x in scores if reads_gold(x, minimum)]
         top = max(reading or scores, key=lambda x: x.aggregate)
         best[s] = {"head": top.head, "aggregate": top.aggregate, "aggregate_ci_low": top.aggregate_ci_low,
-                   "reads_gold": bool(reading)}
+                   "aggregate_ci_high": top.aggregate_ci_high, "reads_gold": bool(reading)}
     found = [s for s in best if best[s]["reads_gold"]]
     return (max(found, key=lambda s: best[s]["aggregate"]) if found else "end"), best
 
