@@ -14,8 +14,12 @@ from ganda.experiments.heads import discover
 from ganda.labels import LABELS, MIN_SCORE, label_head, label_model, parts, role_of
 from ganda.patterns import (
     AUTO,
+    SUMMARY_TOKENS,
+    HeadScore,
+    choose_summary,
     pattern_scores,
     pattern_scores_by_summary,
+    reads_gold,
     repeated_tokens,
     standard_map_scores,
     standard_scores,
@@ -119,6 +123,41 @@ def test_gather_excludes_what_a_previous_token_pattern_gives_by_itself():
     tie = label_head("L1H0", gather=0.4, gather_previous=0.0, previous_token=0.45)
     assert tie.label == "none" and "gather evidence 0.400 <= previous-token score 0.450" in tie.reason
     assert "< 0.25" not in tie.reason
+
+
+def test_aggregate_needs_its_interval_above_zero():
+    """The aggregate score is gold less the other summaries, 0 in expectation for a final row
+    blind to which option is gold; a mean over the minimum whose interval reaches 0 is not
+    Aggregate (lab-hybrid-late-7k5's L3H2 on 40 prompts: 0.063 [-0.068, 0.195]; 0.029 on 120)."""
+    blind = label_head("L3H2", aggregate=0.063, aggregate_ci_low=-0.068)
+    assert blind.label == "none"
+    assert "not Aggregate: aggregate score 0.063's 95% interval over prompts reaches -0.068, not above 0" \
+        in blind.reason and "aggregate 0.063 < 0.05" not in blind.reason
+    reads = label_head("L3H0", aggregate=0.205, aggregate_ci_low=0.133)
+    assert reads.label == "Aggregate" and "95% interval from 0.133" in reads.reason
+    assert label_head("L3H0", aggregate=0.205).label == "Aggregate"  # no interval measured: the score decides
+    # the other roles are kept, the reason says why Aggregate is not among them
+    both = label_head("L1H0", aggregate=0.1, aggregate_ci_low=-0.01, gather=0.5, sink=0.6)
+    assert both.roles == ["Gather", "sink"] and "not Aggregate" in both.reason
+
+
+def _agg(head: str, aggregate: float, low: float | None) -> HeadScore:
+    return HeadScore(head=head, layer=3, kind="softmax", aggregate=aggregate, aggregate_segment=0.0, gather=0.0,
+                     aggregate_peak=1.0, aggregate_hit=0.0, gather_contrast=1.0, aggregate_ci_low=low)
+
+
+def test_the_summary_token_is_one_a_head_reads_the_gold_on():
+    """``auto`` chooses the candidate where a head's aggregate score meets the rule, interval
+    included: a larger score whose interval reaches 0 does not choose, another head's does."""
+    by = {"end": [_agg("L0H0", 0.01, -0.02)], "first+1": [_agg("L3H2", 0.063, -0.068)],
+          "first+2": [_agg("L3H0", 0.06, 0.01), _agg("L3H1", 0.09, -0.02)]}
+    chosen, best = choose_summary(by)
+    assert chosen == "first+2" and best["first+2"]["head"] == "L3H0" and best["first+2"]["reads_gold"]
+    assert best["first+1"] == {"head": "L3H2", "aggregate": 0.063, "aggregate_ci_low": -0.068,
+                               "aggregate_ci_high": None, "reads_gold": False}
+    del by["first+2"]
+    assert choose_summary(by)[0] == "end"  # no head reads the gold anywhere: the paper's \n
+    assert reads_gold(_agg("L3H0", 0.2, None)) and not reads_gold(_agg("L3H0", 0.04, 0.01))
 
 
 def test_where_the_ablation_hurts_decides_between_two_qualifying_patterns():
@@ -248,6 +287,8 @@ def test_lab_llama_g_and_a_heads_are_labelled_by_pattern(tmp_path):
                  "--top", "1", "--out", str(tmp_path)]) == 0
     saved = json.loads((tmp_path / "result.json").read_text())
     assert saved["summary"]["summary_token"] == "first+2"
+    choice = saved["summary"]["summary_choice"]["first+2"]  # L3H0 reads the gold first word, beyond noise
+    assert choice["head"] == "L3H0" and choice["reads_gold"] and choice["aggregate_ci_low"] > 0.1
     labels = saved["summary"]["labels"]
     assert labels == {"L2H0": "Gather", "L3H0": "Aggregate"}
     by = {r["head"]: r for r in saved["all_heads"]}
@@ -274,22 +315,26 @@ def test_lab_llama_g_and_a_heads_are_labelled_by_pattern(tmp_path):
 @pytest.mark.usefixtures("lab_checkpoints")
 def test_lab_hybrid_attention_aggregate_reads_the_question_not_the_options():
     """lab-hybrid-late-7k5's L3H3 is its Aggregate head by ablation (at the final position only:
-    84% -> 38%), but its final row reads the question's entity (``soba`` in "What is the home
-    of soba?") or the ``?`` (three quarters of it, n = 40) and otherwise the first option's
-    letter, whichever option is gold: no summary token of any option gives it an Aggregate score,
-    so the labeller does not call it Aggregate (docs/heads.md)."""
+    84% -> 38%), but its final row reads the question (``soba`` or the ``?`` in "What is the home
+    of soba?", three quarters of it, n = 40) and otherwise the first option's letter, whichever
+    option is gold: no candidate summary token gives it an aggregate score whose interval lies
+    above 0, so it is not called Aggregate; nor is L3H2 (0.063 at the ``.``, interval reaching
+    below 0), whose ablation costs nothing. No head reads the gold: the summary is the ``\\n``."""
     a = ganda.load_model("lab-hybrid-late-7k5", device="cpu", dtype=torch.float32)
     exs = get_task("lab-mmlu", adapter=a).examples(limit=40, seed=0)
-    from ganda.heads import HeadId
-
-    by = pattern_scores_by_summary(a, exs, [HeadId(3, 3)], progress=False,
-                                   summaries=("end", "last", "first", "first+1", "first+2", "first+3"))
+    by = pattern_scores_by_summary(a, exs, progress=False, summaries=SUMMARY_TOKENS)
     for scores in by.values():
-        assert scores[0].aggregate < 0.01
-    read = by["end"][0].read
+        l3h3 = next(x for x in scores if x.head == "L3H3")
+        assert l3h3.aggregate < 0.01 and l3h3.aggregate_ci_low < 0 < l3h3.aggregate_ci_high
+    read = l3h3.read
     assert read["outside"] > 0.7 and read["argmax_gold"] < 0.25  # its largest entry in the gold option: below chance
-    labels = label_model(a, pattern_scores(a, exs, progress=False, summary=AUTO))
-    assert "Aggregate" not in labels["L3H3"].roles
+    chosen, best = choose_summary(by)
+    assert chosen == "end" and not any(b["reads_gold"] for b in best.values())
+    assert best["first+1"]["head"] == "L3H2" and best["first+1"]["aggregate"] > 0.05
+    assert best["first+1"]["aggregate_ci_low"] < 0
+    labels = label_model(a, by[chosen])
+    assert not any(lab.has("Aggregate") for lab in labels.values())
+    assert labels["L3H3"].label == "none" and labels["L3H2"].label == "none"
 
 
 @pytest.mark.usefixtures("lab_checkpoints")
@@ -331,16 +376,18 @@ def test_heads_and_roles_give_every_head_they_both_report_the_same_label(tmp_pat
 
 @pytest.mark.usefixtures("lab_checkpoints")
 def test_ssm_heads_are_labelled_from_their_implicit_maps():
-    """lab-mamba2-9k's SSM heads are scored on their exact implicit maps; its final rows read the
-    options' ``\\n`` most (L3H4), so that is the summary, where L0H5's ``\\n`` rows read their own
-    option (Gather) and L3H6 the gold one (Aggregate; on these 8 prompts only: on 40 its score is
-    -0.005, docs/heads.md)."""
+    """lab-mamba2-9k's SSM heads are scored on their exact implicit maps. No final row reads the
+    gold option beyond noise, so the summary is the ``\\n``, where L0H5's rows read their own
+    option (Gather). L3H6's aggregate score on these 8 prompts, 0.105, has an interval reaching
+    far below 0 (on 40 prompts its score is -0.005): not Aggregate (docs/heads.md)."""
     a = ganda.load_model("lab-mamba2-9k", device="cpu", dtype=torch.float32)
     exs = get_task("lab-mmlu", adapter=a).examples(limit=8, seed=0)
     scores = pattern_scores(a, exs, progress=False, summary=AUTO)
     assert {s.summary for s in scores} == {"end"}
     labels = label_model(a, scores)
-    assert "Aggregate" in labels["L3H6"].roles and "Gather" in labels["L0H5"].roles
+    assert "Gather" in labels["L0H5"].roles and labels["L3H6"].label == "none"
+    l3h6 = next(x for x in scores if x.head == "L3H6")
+    assert l3h6.aggregate > 0.1 and l3h6.aggregate_ci_low < -0.2 and "not Aggregate" in labels["L3H6"].reason
     for lab in labels.values():
         assert set(lab.roles) <= set(LABELS)
         if lab.has("Gather"):

@@ -5,7 +5,8 @@ report): each head gets **every** role whose rule it meets, **Gather**, **Aggreg
 The scores (shares of ``|M|``, :mod:`ganda.patterns`):
 
 * **aggregate** and **gather**: the G&A pattern scores on the task's prompts, at the summary token
-  the model reads (``summary="auto"``: :func:`ganda.patterns.choose_summary`);
+  the model reads (``summary="auto"``: :func:`ganda.patterns.choose_summary`), the aggregate score
+  with its 95% interval over prompts;
 * **induction**, **previous_token**, **sink**: the task-free standard scores on repeated random
   tokens (:func:`ganda.patterns.standard_scores`);
 * **gather evidence** = gather − min(gather_previous, previous_token): the gather score less what a
@@ -22,7 +23,11 @@ previous-token; each a ratio of means over the same rows), and
 must itself reach half the minimum, so that crumbs beside a sink make no role. The rules
 (``MIN_SCORE``, each on the score off the first token):
 
-1. **Aggregate** where the aggregate score >= 0.05.
+1. **Aggregate** where the aggregate score >= 0.05 *and* its 95% interval over prompts lies above 0
+   (where one was measured: two prompts or more). The aggregate score is a contrast, the gold
+   summary's share less the other summaries' mean, so a final row that reads the options without
+   regard to which one is gold scores 0 in expectation; a mean of 0.05 whose interval reaches 0
+   is such a reader seen on too few prompts.
 2. **Gather** where the gather evidence >= 0.25 *and* exceeds the head's standard previous-token
    score (a head whose previous-token pattern is as strong as its gathering is not called Gather).
 3. Where both G&A rules are met and a positional ablation was run and hurts (full ablation drop
@@ -153,10 +158,13 @@ def label_head(head: str, *, aggregate: float | None = None, gather: float | Non
                gather_previous: float | None = None, induction: float | None = None,
                previous_token: float | None = None, sink: float | None = None,
                aggregate_sink: float | None = None, gather_sink: float | None = None,
-               induction_sink: float | None = None, ablation: Mapping[str, float] | None = None, min_drop: float = MIN_DROP) -> Label:
+               induction_sink: float | None = None, aggregate_ci_low: float | None = None,
+               ablation: Mapping[str, float] | None = None, min_drop: float = MIN_DROP) -> Label:
     """One head's label by the module docstring's rules. ``aggregate_sink`` and ``gather_sink``:
     the share of the final row and of the summary rows on the first token (task prompts);
-    ``sink``: the standard sink share. ``ablation``, where one was run, holds the accuracy drops
+    ``sink``: the standard sink share; ``aggregate_ci_low``: the lower end of the aggregate
+    score's 95% interval over prompts (None: none measured, the score alone decides).
+    ``ablation``, where one was run, holds the accuracy drops
     ``drop_all`` (the head zeroed everywhere), ``drop_query`` (at the final position only) and
     ``drop_context`` (everywhere before it)."""
     evidence = gather_evidence(gather, gather_previous, previous_token)
@@ -165,9 +173,13 @@ def label_head(head: str, *, aggregate: float | None = None, gather: float | Non
     kept = {k: float(v) for k, v in {"aggregate": aggregate, "gather": gather, "gather_previous": gather_previous,
                                      "gather_evidence": evidence, "induction": induction,
                                      "previous_token": previous_token, "sink": sink, "aggregate_sink": aggregate_sink,
-                                     "gather_sink": gather_sink, "induction_sink": induction_sink}.items() if v is not None}
+                                     "gather_sink": gather_sink, "induction_sink": induction_sink,
+                                     "aggregate_ci_low": aggregate_ci_low}.items() if v is not None}
     where = where_it_hurts(ablation, min_drop)
     met = {r: float(off_sink(scores[r], first[r])) for r in scores if meets(r, scores[r], first[r])}  # type: ignore[arg-type]
+    unsure = "aggregate" in met and aggregate_ci_low is not None and not aggregate_ci_low > 0
+    if unsure:
+        del met["aggregate"]
     beaten = "gather" in met and _at_least(previous_token, float(evidence))  # type: ignore[arg-type]
     if beaten:
         del met["gather"]
@@ -184,20 +196,23 @@ def label_head(head: str, *, aggregate: float | None = None, gather: float | Non
         if r in ("aggregate", "gather") and where is not None and len(ga) == 1 and not why[:1]:
             note = ("; the ablation agrees" if where == r else
                     f"; the ablation hurts {'at' if where == 'aggregate' else 'before'} the final position")
-        why.append(f"{what} {_f(float(scores[r]))}{rest} >= {MIN_SCORE[r]}{note}")  # type: ignore[arg-type]
+        low = f", 95% interval from {_f(aggregate_ci_low)}" if r == "aggregate" and aggregate_ci_low is not None else ""
+        why.append(f"{what} {_f(float(scores[r]))}{rest} >= {MIN_SCORE[r]}{low}{note}")  # type: ignore[arg-type]
     if _at_least(sink, MIN_SCORE["sink"]):
         roles.append("sink")
         why.append(f"sink share {_f(float(sink))} >= {MIN_SCORE['sink']}")  # type: ignore[arg-type]
     not_gather = (f"not Gather: gather evidence {_f(float(evidence))} <= previous-token score "  # type: ignore[arg-type]
                   f"{_f(float(previous_token))}") if beaten else None  # type: ignore[arg-type]
+    not_aggregate = (f"not Aggregate: aggregate score {_f(float(aggregate))}'s 95% interval over prompts "  # type: ignore[arg-type]
+                     f"reaches {_f(float(aggregate_ci_low))}, not above 0") if unsure else None  # type: ignore[arg-type]
+    nots = [n for n in (not_aggregate, not_gather) if n]
     names = [ROLE_NAME[r] for r in roles]
     if names:
-        return Label(head, "+".join(names), "; ".join([*why, *([not_gather] if not_gather else [])]), kept, names)
+        return Label(head, "+".join(names), "; ".join([*why, *nots]), kept, names)
     missed = [f"{'gather evidence' if k == 'gather' else k.replace('_', '-')} {_f(float(v))} < {MIN_SCORE[k]}"
               for k, v in (*scores.items(), ("sink", sink)) if _at_least(v, -1e9) and k not in met
-              and not (k == "gather" and beaten)]
-    if not_gather:
-        missed.append(not_gather)
+              and not (k == "gather" and beaten) and not (k == "aggregate" and unsure)]
+    missed += nots
     return Label(head, "none", f"no rule met ({', '.join(missed)})" if missed else "no score measured", kept, [])
 
 
@@ -215,7 +230,8 @@ def label_heads(scores: Sequence[HeadScore], standard: Mapping[str, Mapping[str,
                                  induction=g.get("induction"), previous_token=g.get("previous_token"),
                                  sink=g.get("sink"), induction_sink=g.get("induction_sink"),
                                  aggregate_sink=s.aggregate_sink, gather_sink=s.gather_sink,
-                                 ablation=ablations.get(s.head), min_drop=min_drop)
+                                 aggregate_ci_low=s.aggregate_ci_low, ablation=ablations.get(s.head),
+                                 min_drop=min_drop)
     return out
 
 

@@ -34,9 +34,9 @@ smooth") is measured per head as well:
 the first word). Every metric is then scored with that token as the summary (the segment is its
 tokens up to it). ``summary="auto"`` (:func:`choose_summary`) finds the token from the final
 rows: the candidate of ``SUMMARY_TOKENS`` on which some head's final row reads the gold segment
-most (the largest Aggregate score of any head), where that score reaches the labeller's Aggregate
-minimum, else the ``\n``. The **read profile** (:func:`read_shares`, in ``ganda heads``)
-shows where each head's final row lands: the share on the gold and on the other segments' first
+most (the largest Aggregate score of any head whose score meets the labeller's Aggregate rule:
+the minimum, with a 95% interval over prompts above 0, :func:`reads_gold`), else the ``\n``.
+The **read profile** (:func:`read_shares`, in ``ganda heads``) shows where each head's final row lands: the share on the gold and on the other segments' first
 token, inner tokens, last token before the ``\n``, and ``\n``, and outside every segment.
 
 Every metric is computed per prompt (:func:`prompt_metrics`) and kept (``HeadScore.samples``),
@@ -90,7 +90,7 @@ SUMMARIES = ("end", "last")  # the summaries ganda sharpness compares
 # every token a summary may be (module docstring); "auto" chooses one of them (choose_summary)
 SUMMARY_TOKENS = ("end", "last", "first", "first+1", "first+2", "first+3")
 AUTO = "auto"
-MIN_AGGREGATE = 0.05  # the Aggregate minimum of ganda.labels: a summary is chosen only where a head reaches it
+MIN_AGGREGATE = 0.05  # the Aggregate minimum of ganda.labels: a summary is chosen only where a head meets it (reads_gold)
 # where the final position's row lands, as shares of its |mass|: the gold segment's and the other
 # segments' first token, inner tokens, last token before the end, end token; the rest of the prompt
 READ_PARTS = ("gold_first", "gold_inner", "gold_last", "gold_end", "other_first", "other_inner", "other_last",
@@ -301,18 +301,30 @@ def pattern_scores(
     return pattern_scores_by_summary(adapter, examples, heads, progress, (summary,))[summary]
 
 
+def reads_gold(score: HeadScore, minimum: float = MIN_AGGREGATE) -> bool:
+    """Whether a head's final row reads the gold summary (module docstring): its Aggregate score
+    reaches ``minimum`` and the score's 95% interval over prompts lies above 0 (where one was
+    measured), so that a row blind to which segment is gold, whose score is 0 in expectation,
+    does not pass on a few lucky prompts."""
+    low = score.aggregate_ci_low
+    return score.aggregate >= minimum and (low is None or low > 0)
+
+
 def choose_summary(by_summary: Mapping[str, Sequence[HeadScore]], minimum: float = MIN_AGGREGATE
                    ) -> tuple[str, dict[str, dict[str, Any]]]:
     """The summary token the model reads (module docstring): of the candidates scored in
-    ``by_summary`` (:func:`pattern_scores_by_summary`), the one whose best head has the largest
-    Aggregate score, where that reaches ``minimum``; else ``"end"``. Also each candidate's best
-    head and score, the evidence for the choice."""
+    ``by_summary`` (:func:`pattern_scores_by_summary`), the one on which a head's final row reads
+    the gold summary (:func:`reads_gold`) with the largest Aggregate score; else ``"end"``. Also
+    each candidate's evidence: its best such head (else its best head by score), the score and its
+    interval, and whether it reads the gold (``reads_gold``)."""
     best = {}
     for s, scores in by_summary.items():
-        top = max(scores, key=lambda x: x.aggregate)
-        best[s] = {"head": top.head, "aggregate": top.aggregate}
-    pick = max(best, key=lambda s: best[s]["aggregate"])
-    return (pick if best[pick]["aggregate"] >= minimum else "end"), best
+        reading = [x for x in scores if reads_gold(x, minimum)]
+        top = max(reading or scores, key=lambda x: x.aggregate)
+        best[s] = {"head": top.head, "aggregate": top.aggregate, "aggregate_ci_low": top.aggregate_ci_low,
+                   "aggregate_ci_high": top.aggregate_ci_high, "reads_gold": bool(reading)}
+    found = [s for s in best if best[s]["reads_gold"]]
+    return (max(found, key=lambda s: best[s]["aggregate"]) if found else "end"), best
 
 
 def pattern_scores_by_summary(

@@ -187,7 +187,7 @@ class HeadsResult:
         p = s.get("standard_protocol") or {}
         choice = (s.get("summary_choice") or {}).get(s["summary_token"]) or {}
         why = ("" if not choice else f" (the token the final rows read: {choice['head']}'s aggregate score "
-               f"{choice['aggregate']:.3f})" if choice["aggregate"] >= MIN_AGGREGATE else
+               f"{choice['aggregate']:.3f})" if choice.get("reads_gold", choice["aggregate"] >= MIN_AGGREGATE) else
                " (no head's final row reads any candidate token of the gold segment: the paper's `\\n`)")
         return [f"Summary token: **{s['summary_token']}**{why}.",
                 f"Labels of {len(labels)} heads: " + ", ".join(f"{n} {r}" for r, n in counts.items())
