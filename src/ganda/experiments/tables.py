@@ -164,12 +164,18 @@ def _reads(read: dict) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in top_reads(read, 2))
 
 
+def _interval(v: dict[str, Any]) -> str:
+    """`` [low, high]`` of a candidate summary token's best aggregate score, where recorded."""
+    low, high = v.get("aggregate_ci_low"), v.get("aggregate_ci_high")
+    return f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+
+
 def print_heads(con: Any, d: Any) -> None:
     """The baseline, the summary token chosen, the top candidates of each role with every score and
     their ablation, and the labels of every head."""
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts; summary token: {d.summary}"
               + (" (chosen from the final rows: best aggregate " + ", ".join(
-                  f"{k} {v['aggregate']:.3f} {v['head']}" for k, v in d.summary_choice.items()) + ")"
+                  f"{k} {v['aggregate']:.3f}{_interval(v)} {v['head']}" for k, v in d.summary_choice.items()) + ")"
                  if d.summary_choice else ""))
     for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
         tab = Table(title=f"top {role} candidates")
