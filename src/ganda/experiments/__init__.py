@@ -43,11 +43,11 @@ from .base import Experiment, Options, option
 
 # The built-in experiments: name -> ("module:Class", its one-line summary). The class is imported
 # when the experiment is looked up; the summary is here so that ``ganda --help`` lists every
-# command without importing torch. An alias is a name whose entry is another name; eval and maps
-# are costed by ganda plan and run by the commands eval and attn.
+# command without importing torch. An alias is a name whose entry is another name.
 for _name, _entry in {
-    "eval": ("ganda.experiments.builtin:Evaluation", "Score every example once (ganda eval)"),
-    "maps": ("ganda.experiments.builtin:Maps", "Attention and exact implicit maps of chosen heads (ganda attn)"),
+    "eval": ("ganda.experiments.evaluation:Evaluation", "Accuracy of a model on a task, optionally under interventions"),
+    "attn": ("ganda.experiments.maps:Maps", "Draw attention maps of heads on one prompt"),
+    "maps": "attn",
     "sweep": ("ganda.experiments.builtin:Sweep", "Single-head ablation: accuracy with each head zeroed"),
     "rank": ("ganda.experiments.builtin:Rank", "Rank every head by its ablation effect on the task's margin"),
     "attribution": "rank",
@@ -70,7 +70,7 @@ for _name, _entry in {
     if isinstance(_entry, str):
         registry.register_experiment(_name, registry.experiment_target(_entry), command=False)
     else:
-        registry.register_experiment(_name, _entry[0], summary=_entry[1], command=_name not in ("eval", "maps"))
+        registry.register_experiment(_name, _entry[0], summary=_entry[1])
 
 # The built-in result kinds (kind -> "module:Class", imported when a result of that kind is read).
 for _kind, _target in {
