@@ -15,18 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import runio
+from ..ablation import ABLATIONS
 from ..errors import GandaError
 from ..evaluation import evaluate
 from ..heads import require_heads
-from ..interventions import (
-    ABLATIONS,
-    AblateHeads,
-    Intervention,
-    KeepLayers,
-    RemoveLayers,
-    apply,
-    parse_layers,
-)
+from ..interventions import AblateHeads, Intervention, KeepLayers, RemoveLayers, apply, parse_layers
 from ..interventions import mask_last_row as masked_last_row
 from ..models.base import ModelAdapter
 from ..models.loading import model_inputs
