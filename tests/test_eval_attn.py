@@ -57,6 +57,14 @@ def test_eval_gives_the_librarys_numbers_intact_and_ablated(capsys):
     assert runs[None]["n"] == runs["L2H0"]["n"] == 20
     assert runs["L2H0"]["accuracy"] < runs[None]["accuracy"]  # the head matters on this task
     assert runs["L2H0"]["interventions"] == [{"type": "ablate_heads", "heads": "L2H0", "ablation": "zero"}]
+    # a Python caller's run through the command's runner: the same numbers
+    from ganda.experiments.evaluation import EvalOptions, Evaluation
+    from ganda.experiments.runner import RunInputs, run_direct
+
+    done = run_direct(Evaluation, RunInputs(model=LAB, task="lab-mmlu", limit=20, progress=False),
+                      EvalOptions.build({"ablate": "L2H0"}))
+    assert done.out_dir is None
+    assert {k: runio.rounded(done.result.to_json())[k] for k in keys} == {k: runs["L2H0"][k] for k in keys}
     # the text line carries the same numbers
     assert main(["-q", "eval", LAB, "--task", "lab-mmlu", "--limit", "20", "--ablate", "L2H0"]) == 0
     line = capsys.readouterr().out.splitlines()[0]

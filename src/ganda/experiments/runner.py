@@ -16,16 +16,7 @@ from ..errors import GandaError, at_least
 from ..models import load_model
 from ..models.loading import model_inputs
 from ..tasks import get_task, task_for_model
-from .base import (
-    DEFAULT_LIMIT,
-    LIMIT_MMLU,
-    DirectExperiment,
-    Experiment,
-    Options,
-    ScoredExperiment,
-    option,
-    parse_options,
-)
+from .base import DEFAULT_LIMIT, LIMIT_MMLU, Experiment, Options, ScoredExperiment, option, parse_options
 from .common import Scorer, parse_tasks
 
 
@@ -166,9 +157,10 @@ def run_on_models(cls: type[ScoredExperiment], run: RunInputs, options: Options)
     return Run(exp, result, out_dir, adapters, [], options)
 
 
-def run_direct(cls: type[DirectExperiment], run: RunInputs, options: Options) -> Run:
+def run_direct(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     """Check what can be refused before the model loads (the counts, then the experiment's own
-    inputs: its task, its output files), load the model and run ``cls`` once: no run directory."""
+    inputs: its task, its output files), load the model and run ``cls`` (a
+    :class:`ganda.experiments.base.DirectExperiment`) once: no run directory."""
     at_least("--limit", run.limit)
     exp = cls(resume=False)
     exp.check_run(options, run)
