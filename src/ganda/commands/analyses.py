@@ -176,6 +176,8 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
         raise TypeError(f"{cls.__name__}.Options declares {clash[0]!r}, an input every run takes")
     first = "models" if "models" in inputs else "model"
     params = [_param(first, *inputs.pop(first))]
+    if profile == "direct":  # which prompts, then what is done to them (as ganda eval has always listed them)
+        params += [_param(name, *inputs.pop(name)) for name in ("task", *cls.task_inputs)]
     params += [option_parameter(f, hints[f.name]) for f in fields]
     params += [_param(name, default, annotation) for name, (default, annotation) in inputs.items()]
     return inspect.Signature(params), fields
