@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from ganda import runio
-from ganda.commands.core import QUIET, at_least, limit_option
+from ganda.commands.options import QUIET, at_least, limit_option
 from ganda.errors import GandaError
 
 from . import DEFAULT_MODELS, NEEDS, lab_model, shipped

@@ -1,14 +1,15 @@
-"""``ganda NAME`` for every registered experiment that runs on one model and one task: its
-command is built from the experiment alone (no command body per analysis).
+"""``ganda NAME`` for every registered experiment: its command is built from the experiment alone
+(no command body per analysis).
 
 The flags are the run's inputs (:func:`run_inputs` for a run on one task, :func:`scored_inputs`
-for one model on a task list, its own prompts or several models; the prompts' options are
-:class:`ganda.experiments.runner.TaskInputs`), and the experiment's own options, read from its ``Options``
-dataclass (:func:`ganda.experiments.base.option`: type, default, help, flag, bounds, choices).
-typer builds the command from a signature made of both, so that help, types and usage errors
-are typer's as for every hand-written command; values are then checked by ``Options.build``, the
-same check ``ganda run``, ``ganda grid`` and Python callers get, and the run goes through
-:func:`ganda.experiments.runner.run_on_task`.
+for one model on a task list, its own prompts or several models, :func:`direct_inputs` for a run
+printed with no run directory; the prompts' options are :class:`ganda.experiments.runner.TaskInputs`,
+the inputs an experiment ``takes`` :data:`OPTIONAL_INPUTS`), and the experiment's own options, read
+from its ``Options`` dataclass (:func:`ganda.experiments.base.option`: type, default, help, flag,
+bounds, choices). typer builds the command from a signature made of both, so that help, types and
+usage errors are typer's as for every hand-written command; values are then checked by
+``Options.build``, the same check ``ganda run``, ``ganda grid`` and Python callers get, and the run
+goes through the runner of its inputs (:mod:`ganda.experiments.runner`).
 
 :class:`AnalysisGroup` lists these commands beside the hand-written ones without importing an
 experiment (``ganda --help`` needs no torch) and builds one when it is called.
@@ -29,19 +30,19 @@ import typer.main
 
 from .. import registry
 from ..experiments.base import DEFAULT_LIMIT
-from .core import (
+from .estimate import announce
+from .grid import RAY, RAY_ACTORS
+from .options import (
+    FORCE,
     MODEL,
     MODEL_HELP,
     PICKLE,
     QUIET,
-    SAMPLE,
-    SEED,
     TASKS_ALIAS,
     limit_option,
     task_list,
     task_list_option,
 )
-from .grid import RAY, RAY_ACTORS
 
 
 def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
@@ -55,6 +56,13 @@ def _task_inputs() -> dict[str, tuple[Any, Any]]:
     hints = typing.get_type_hints(TaskInputs)
     return {f.name: (p.default, p.annotation) for f in TaskInputs.fields()
             for p in [option_parameter(f, hints[f.name])]}
+
+
+def _limit(cls: Any) -> tuple[Any, Any]:
+    """``-n/--limit`` of an experiment whose default is not TaskInputs' usual one."""
+    what = ("number of examples (default: every example of the task)" if cls.default_limit is None
+            else f"number of prompts (default: {cls.default_limit})")
+    return limit_option(None, what), int | None
 
 
 def run_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
@@ -71,13 +79,25 @@ def run_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
         "quiet": (QUIET, bool),
     }
     if cls.default_limit != DEFAULT_LIMIT:  # TaskInputs' help states the usual default
-        inputs["limit"] = (limit_option(None, f"number of prompts (default: {cls.default_limit})"), int | None)
+        inputs["limit"] = _limit(cls)
     return inputs
+
+
+def direct_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
+    """The inputs of a :class:`ganda.experiments.base.DirectExperiment` (run once, no run directory):
+    the model, a task of any kind and the :class:`ganda.experiments.runner.TaskInputs` it names."""
+    prompts = _task_inputs()
+    inputs = {"model": (MODEL, str), "task": (typer.Option("kv", "--task", "-t", help=cls.task_help), str),
+              **{name: prompts[name] for name in cls.task_inputs}}
+    if "limit" in inputs and cls.default_limit != DEFAULT_LIMIT:
+        inputs["limit"] = _limit(cls)
+    return {**inputs, "allow_pickle": (PICKLE, bool), "quiet": (QUIET, bool)}
 
 
 def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
     """The inputs of a :class:`ganda.experiments.base.ScoredExperiment`: one model scored on a list
     of tasks (its default the experiment's), the same examples in every condition."""
+    prompts = _task_inputs()
     return {
         "model": (MODEL, str),
         "task": (task_list_option(cls.default_tasks, "mmlu, knowledge, letters, kv20, lab-mmlu, ..."), str | None),
@@ -85,10 +105,10 @@ def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
         "limit": (limit_option(cls.default_limit, "examples per task (the same examples in every condition" +
                                ("" if cls.default_limit is not None else "; default: every example") + ")"),
                   int | None),
-        "sample": (SAMPLE, bool),
+        "sample": prompts["sample"],
         "knowledge_limit": (typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: "
                                          "--limit)"), int | None),
-        "seed": (SEED, int),
+        "seed": prompts["seed"],
         "out": (typer.Option(None, "--out", "-o", help=f"run directory (default: "
                              f"{cls.default_out or 'runs/<experiment>-<model>'})"), Path | None),
         "html": (typer.Option(True, "--html/--no-html", help="also write report.html into the run directory"), bool),
@@ -101,6 +121,10 @@ def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
 OPTIONAL_INPUTS: dict[str, dict[str, tuple[Any, Any]]] = {
     "resume": {"resume": (typer.Option(True, "--resume/--no-resume", help="continue a stopped run in --out"), bool)},
     "ray": {"ray": (RAY, str | None), "ray_actors": (RAY_ACTORS, int | None)},
+    "json": {"as_json": (typer.Option(False, "--json", help="print one JSON object"), bool)},
+    "option": {"option": (typer.Option(None, "--option", help="any task option, KEY=VALUE (repeatable), e.g. --option "
+                                       "cot=true --option subtask=date_understanding"), list[str] | None)},
+    "force": {"force": (FORCE, bool)},
 }
 
 
@@ -133,7 +157,7 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
 def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     """The command's parameters: the model argument, the experiment's options, the other inputs."""
     profile = getattr(cls, "inputs", "task")
-    inputs = run_inputs(cls) if profile == "task" else scored_inputs(cls)
+    inputs = {"task": run_inputs, "direct": direct_inputs}.get(profile, scored_inputs)(cls)
     if profile in ("model", "models"):  # its own prompts: no task list
         for name in ("task", "tasks", "sample", "knowledge_limit"):
             del inputs[name]
@@ -141,7 +165,7 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
         del inputs["model"]
         inputs = {"models": (typer.Argument(..., help="two or more models, each " + MODEL_HELP + "; differences are "
                                             "the first minus each other"), list[str]), **inputs}
-    if profile != "task" and not cls.report_html:
+    if "html" in inputs and not cls.report_html:
         del inputs["html"]
     for what in sorted(cls.takes):
         inputs.update(OPTIONAL_INPUTS[what])
@@ -152,6 +176,8 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
         raise TypeError(f"{cls.__name__}.Options declares {clash[0]!r}, an input every run takes")
     first = "models" if "models" in inputs else "model"
     params = [_param(first, *inputs.pop(first))]
+    if profile == "direct":  # which prompts, then what is done to them (as ganda eval has always listed them)
+        params += [_param(name, *inputs.pop(name)) for name in ("task", *cls.task_inputs)]
     params += [option_parameter(f, hints[f.name]) for f in fields]
     params += [_param(name, default, annotation) for name, (default, annotation) in inputs.items()]
     return inspect.Signature(params), fields
@@ -166,7 +192,7 @@ def build_command(name: str) -> click.Command:
 
     def command(**values: Any) -> None:
         from .. import runio
-        from ..experiments.runner import run_on_models, run_on_task, run_on_tasks
+        from ..experiments.runner import run_direct, run_on_models, run_on_task, run_on_tasks
 
         as_json, quiet, html = values.pop("as_json", False), values.pop("quiet"), values.pop("html", False)
         given = {f.name: values.pop(f.name) for f in fields}
@@ -176,9 +202,9 @@ def build_command(name: str) -> click.Command:
             values["tasks"] = task_list(values.pop("task"), values.pop("tasks"), cls.default_tasks)
         if "models" in values:
             values["model"] = values["models"][0]
-        run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line())
+        run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line(), announce=announce)
         profile = getattr(cls, "inputs", "task")
-        runner = run_on_task if profile == "task" else run_on_models if profile == "models" else run_on_tasks
+        runner = {"task": run_on_task, "models": run_on_models, "direct": run_direct}.get(profile, run_on_tasks)
         done = runner(cls, run, options)
         if html:
             _reports(done.experiment.finished)

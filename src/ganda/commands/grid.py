@@ -9,7 +9,7 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from .core import PICKLE, QUIET, model_inputs
+from .options import PICKLE, QUIET, model_inputs
 
 
 def _check_ray(value: str | None) -> str | None:

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from .core import MODEL, PICKLE, QUIET
+from .options import MODEL, PICKLE, QUIET
 
 
 def register(app: typer.Typer) -> None:

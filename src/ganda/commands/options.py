@@ -1,5 +1,9 @@
-"""Options every command shares that the command modules import from one another without a circle
-(``ganda.commands.core`` re-exports them)."""
+"""What the hand-written commands share: the model argument, one vocabulary of options (``-n/--limit``,
+``-t/--task``, ``--seed``, ``--allow-pickle``, ``--force``, ``-q/--quiet``) and their checks.
+The commands generated from registered experiments take theirs from the experiments' declarations
+(:mod:`ganda.commands.analyses`).
+
+Nothing here imports torch, so that ``ganda --help`` and a bad flag answer at once."""
 
 from __future__ import annotations
 
@@ -10,8 +14,15 @@ import typer
 
 from .. import progress
 from ..errors import AT_MOST, GandaError, at_least  # noqa: F401  (the commands' shared checks)
-from ..experiments.base import parse_options  # noqa: F401
+from ..experiments.base import ABLATION_HELP, LIMIT_MMLU, one_of, parse_options  # noqa: F401
 from ..heads import require_heads  # noqa: F401
+
+DEFAULT_MODEL = "smollm2-135m"  # ganda.models.DEFAULT_MODEL, spelled here so that --help needs no torch
+MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-9k, lab-hybrid-late-7k5, "
+              "lab-distilled-h1, ...), a .gguf file, a local HF directory or a hub id")
+MODEL = typer.Argument(DEFAULT_MODEL, help=MODEL_HELP)
+PICKLE = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (unpickling runs code)")
+SEED = typer.Option(0, "--seed", help="seed of the prompt sample")
 
 
 def _set_quiet(value: bool) -> bool:
@@ -27,11 +38,28 @@ FORCE = typer.Option(False, "--force", help="replace an existing output file tha
                      "file the command reads)")
 
 
+def limit_option(default: int | None, what: str = "examples per task", mmlu: bool = True) -> Any:
+    """``-n/--limit``: one name and one meaning in every command (how many examples or prompts)."""
+    return typer.Option(default, "--limit", "-n", help=what + (LIMIT_MMLU if mmlu else ""))
+
+
+TASKS_ALIAS = typer.Option(None, "--tasks", hidden=True, help="another spelling of --task")
+
+
+def task_list_option(default: str, examples: str) -> Any:
+    """``-t/--task`` of a command that scores several tasks: the one task option, a comma list."""
+    return typer.Option(None, "--task", "-t", help=f"comma-separated tasks: {examples} (default {default})")
+
+
+def task_list(task: str | None, tasks: str | None, default: str) -> str:
+    """The tasks of ``--task`` or of its other spelling ``--tasks`` (kept so that written command
+    lines still run); the two naming different lists is an error, not a silent choice."""
+    if task is not None and tasks is not None and task != tasks:
+        raise GandaError(f"--task {task} and --tasks {tasks}: --tasks is another spelling of --task, give one")
+    return task if task is not None else tasks if tasks is not None else default
+
+
 ABLATIONS = ("zero", "mean", "resample")  # ganda.ablation.ABLATIONS, spelled here so that --help needs no torch
-ABLATE_AT = ("ends", "key", "final", "elsewhere")  # ganda.sites.CLASSES
-ABLATION_HELP = ("what an ablated head's slice becomes: zero, mean (its mean over every token of the scored "
-                 "prompts) or resample (its value at the same position of another scored prompt, aligned from "
-                 "the prompt's end); docs/heads.md")
 
 
 def ablation_option(kinds: str = "zero|mean|resample") -> Any:

@@ -136,9 +136,9 @@ def _own_parameters() -> list[inspect.Parameter]:
     return [
         p("model", typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, a model "
                                   "directory or a hub id; omit with --paper"), str | None),
-        p("experiment", typer.Option("eval", "--experiment", "-e", help="a registered experiment with costs: eval, maps, "
-                                     "sweep, rank, path, edges, prune, transplant or a plugin's (an unknown name lists "
-                                     "them)"), str),
+        p("experiment", typer.Option("eval", "--experiment", "-e", help="a registered experiment with costs: eval, attn "
+                                     "(or maps), sweep, rank, path, edges, prune, transplant or a plugin's (an unknown "
+                                     "name lists them)"), str),
         p("task", typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"), str),
         p("limit", typer.Option(1000, "--limit", "-n", help="number of examples the run scores (in all; mmlu's --limit "
                                 "elsewhere counts per subject)"), int),
@@ -172,7 +172,7 @@ def _experiment_flags() -> dict[str, tuple[Any, Any, list[str]]]:
         if cls.name != name:  # an alias (attribution)
             continue
         hints = typing.get_type_hints(cls.Options)
-        for f in cls.Options.fields():
+        for f in _costed_fields(cls):
             if f.name in OWN:
                 continue
             if f.name not in flags:
@@ -180,6 +180,11 @@ def _experiment_flags() -> dict[str, tuple[Any, Any, list[str]]]:
             elif option_type(flags[f.name][1]) is option_type(hints[f.name]):
                 flags[f.name][2].append(name)
     return flags
+
+
+def _costed_fields(cls: Any) -> list[Any]:
+    """The options an experiment's costs read (``costed_options``; by default every option)."""
+    return [f for f in cls.Options.fields() if cls.costed_options is None or f.name in cls.costed_options]
 
 
 def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
@@ -204,7 +209,7 @@ def _phase_options(experiment: str, adapter: Any, given: dict[str, Any], items: 
     from .analyses import _turns_off
 
     cls = registry.experiment(experiment)
-    fields = {f.name: f for f in cls.Options.fields()}
+    fields = {f.name: f for f in _costed_fields(cls)}
     mine = {k: (not v if _turns_off(fields[k]) else v) for k, v in given.items() if k in fields}
     built = cls.Options.build(mine, cli=True)
     opts: dict[str, Any] = {k: getattr(built, k) for k in mine}

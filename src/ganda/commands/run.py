@@ -11,10 +11,7 @@ from pathlib import Path
 import typer
 
 from ..errors import GandaError
-from .core import MODEL, PICKLE, QUIET, SEED, limit_option, parse_options
-
-#: the command of a registered experiment that ``ganda run`` does not run, where it is named otherwise
-COMMANDS = {"maps": "attn"}
+from .options import MODEL, PICKLE, QUIET, SEED, limit_option, parse_options
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +38,7 @@ def register(app: typer.Typer) -> None:
         if not cls.on_task:
             runs = ", ".join(n for n in registry.experiment_names() if registry.experiment(n).on_task)
             raise GandaError(f"the {cls.name} experiment does not run on one task's examples: its command is ganda "
-                             f"{COMMANDS.get(cls.name, cls.name)} (ganda run runs {runs})")
+                             f"{cls.name} (ganda run runs {runs})")
         options = cls.Options.build(parse_options(option))
         run_inputs = RunInputs(model=model, task=task, limit=limit, seed=seed, out=out, allow_pickle=allow_pickle,
                                progress=not quiet)

@@ -44,11 +44,11 @@ from .base import Experiment, Options, option
 # The built-in experiments, the one table of them: name -> ("module:Class", its one-line summary,
 # the result kinds it writes and their classes). A class is imported when it is looked up; the
 # summary is here so that ``ganda --help`` lists every command without importing torch. An alias
-# is a name whose entry is another name; eval and maps are costed by ganda plan and run by the
-# commands eval and attn.
+# is a name whose entry is another name.
 for _name, _entry in {
-    "eval": ("builtin:Evaluation", "Score every example once (ganda eval)", {}),
-    "maps": ("builtin:Maps", "Attention and exact implicit maps of chosen heads (ganda attn)", {}),
+    "eval": ("evaluation:Evaluation", "Accuracy of a model on a task, optionally under interventions", {}),
+    "attn": ("maps:Maps", "Draw attention maps of heads on one prompt", {}),
+    "maps": "attn",
     "sweep": ("builtin:Sweep", "Single-head ablation: accuracy with each head zeroed",
               {"sweep": "head_effects:HeadSweepResult"}),
     "rank": ("builtin:Rank", "Rank every head by its ablation effect on the task's margin",
@@ -80,7 +80,6 @@ for _name, _entry in {
     else:
         _target, _summary, _results = _entry
         registry.register_experiment(_name, f"{__name__}.{_target}", summary=_summary,
-                                     command=_name not in ("eval", "maps"),
                                      results={k: f"{__name__}.{v}" for k, v in _results.items()})
 # ``ganda demo``'s finding (named, not imported: the demo sits above the experiments)
 registry.register_result("demo", "ganda.demo:DemoResult")

@@ -42,6 +42,10 @@ if typing.TYPE_CHECKING:  # ganda --help builds the commands' list without torch
 
 
 DEFAULT_LIMIT = 32  # prompts a run on one task scores when --limit is not given
+#: what --ablation means, in every command whose heads are ablated one of the three ways
+ABLATION_HELP = ("what an ablated head's slice becomes: zero, mean (its mean over every token of the scored "
+                 "prompts) or resample (its value at the same position of another scored prompt, aligned from "
+                 "the prompt's end); docs/heads.md")
 #: what --limit means for mmlu, in every command that takes it
 LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --limit (--sample: a seeded sample of "
               "N across subjects)")
@@ -188,6 +192,13 @@ def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[st
     return out
 
 
+def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    """A text among ``choices``, else one line naming them all (``--ablation must be zero or mean or
+    resample, not 'half'``)."""
+    if value not in choices:
+        raise GandaError(f"{flag} must be {' or '.join(choices)}, not {value!r}")
+
+
 def _either(choices: tuple[str, ...]) -> str:
     return " or ".join(choices) if len(choices) == 2 else "one of " + ", ".join(choices)
 
@@ -218,6 +229,8 @@ class Experiment:
     takes: ClassVar[frozenset[str]] = frozenset()
     default_limit: ClassVar[int | None] = DEFAULT_LIMIT  # prompts (or examples per task) when --limit is not given
     default_out: ClassVar[str | None] = None  # the run directory (default: runs/<name>-<task>)
+    #: the options its ``phases`` read, each a flag of ``ganda plan`` (None: every option)
+    costed_options: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, resume: bool = True) -> None:
         self.resume = resume  # continue a stopped run in its directory (the experiment's own journal)
@@ -298,4 +311,24 @@ class ScoredExperiment(Experiment):
             print(runio.json_text({"out": str(where), "summary": res.summary}, indent=2))
 
 
-__all__ = ["DEFAULT_LIMIT", "Experiment", "Options", "ScoredExperiment", "option", "option_type", "parse_options"]
+class DirectExperiment(Experiment):
+    """An experiment run once on one model and printed, with no run directory (``ganda eval``,
+    ``ganda attn``): a task of any kind (generation included) or a text of its own; it writes files
+    only where its options name them. :meth:`check_run` refuses what it can before the model
+    loads; :meth:`run_model` runs on the loaded model
+    (:func:`ganda.experiments.runner.run_direct`)."""
+
+    on_task = False
+    inputs: ClassVar[str] = "direct"
+    default_limit: ClassVar[int | None] = None  # every example of the task
+    task_help: ClassVar[str] = "the task"  # --task's help
+    #: the :class:`ganda.experiments.runner.TaskInputs` its command takes
+    task_inputs: ClassVar[tuple[str, ...]] = ("limit", "sample", "pairs", "shots", "subjects", "seed")
+
+    def run_model(self, adapter: ModelAdapter, options: Options, run: Any) -> Any:
+        """Run on the loaded model (``run``: :class:`ganda.experiments.runner.RunInputs`)."""
+        raise GandaError(f"the {self.name} experiment has no runner")
+
+
+__all__ = ["ABLATION_HELP", "DEFAULT_LIMIT", "DirectExperiment", "Experiment", "Options", "ScoredExperiment", "one_of",
+           "option", "option_type", "parse_options"]

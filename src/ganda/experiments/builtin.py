@@ -1,5 +1,4 @@
-"""ganda's experiments over the heads of one task: the exhaustive sweep and the attribution ranking,
-and the two workloads the planner costs without a runner of their own (evaluation and maps).
+"""ganda's experiments over the heads of one task: the exhaustive sweep and the attribution ranking.
 
 Their engines live below (:mod:`ganda.sweep`, :mod:`ganda.attribution`); these classes say what
 the command line, ``ganda grid``, ``ganda plan`` and :func:`ganda.results.load` need of them.
@@ -192,28 +191,4 @@ class Rank(Experiment):
         print_ranking(console(), result, options, run, out_dir)
 
 
-class Evaluation(Experiment):
-    name = "eval"
-    phases = "ganda.plan:eval_phases"
-    on_task = False  # costed only: ganda eval and ganda attn run it
-
-
-@dataclass
-class MapsOptions(Options):
-    rows: int | None = option(None, "rows per map (default: every row)", low=1)
-    map_layers: str | None = option(None, "layers (default: every layer)")
-
-
-class Maps(Experiment):
-    name = "maps"
-    Options = MapsOptions
-    phases = "ganda.plan:maps_phases"
-    on_task = False  # costed only: ganda eval and ganda attn run it
-
-
-# ---- the results of a sweep and a ranking, as ganda.results.load and ganda report read them -------
-
-TOP = 20  # heads the report lists of a sweep or a ranking
-
-
-__all__ = ["Evaluation", "Maps", "MapsOptions", "Rank", "RankOptions", "Sweep", "SweepOptions"]
+__all__ = ["Rank", "RankOptions", "Sweep", "SweepOptions"]

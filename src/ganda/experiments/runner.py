@@ -16,7 +16,7 @@ from ..errors import GandaError, at_least
 from ..models import load_model
 from ..models.loading import model_inputs
 from ..tasks import get_task, task_for_model
-from .base import DEFAULT_LIMIT, LIMIT_MMLU, Experiment, Options, ScoredExperiment, option
+from .base import DEFAULT_LIMIT, LIMIT_MMLU, Experiment, Options, ScoredExperiment, option, parse_options
 from .common import Scorer, parse_tasks
 
 
@@ -58,6 +58,13 @@ class RunInputs(TaskInputs):
     knowledge_limit: int | None = None
     command: str = ""  # the command line recorded with the results
     models: list[str] | None = None  # several models, the same prompts for each (inputs "models")
+    option: list[str] | None = None  # --option KEY=VALUE: any option of the task
+    force: bool = False  # replace an output file that ganda did not write
+    # before a long run: (adapter, examples, shared_prefix) -> says how long it will take (the command line's)
+    announce: Any = None
+
+    def task_options(self) -> dict[str, Any]:
+        return {**super().task_options(), **parse_options(self.option)}
 
     def out_dir(self, experiment: str, default: str | None = None) -> Path:
         """``--out``, else the experiment's own default, else ``runs/<experiment>-<task>``."""
@@ -72,7 +79,7 @@ class Run:
 
     experiment: Experiment
     result: Any
-    out_dir: Path
+    out_dir: Path | None  # None: a direct run, which has no run directory
     adapter: Any
     examples: list[Any]
     options: Options
@@ -150,4 +157,16 @@ def run_on_models(cls: type[ScoredExperiment], run: RunInputs, options: Options)
     return Run(exp, result, out_dir, adapters, [], options)
 
 
-__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_on_models", "run_on_task", "run_on_tasks"]
+def run_direct(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
+    """Check what can be refused before the model loads (the counts, then the experiment's own
+    inputs: its task, its output files), load the model and run ``cls`` (a
+    :class:`ganda.experiments.base.DirectExperiment`) once: no run directory."""
+    at_least("--limit", run.limit)
+    exp = cls(resume=False)
+    exp.check_run(options, run)
+    adapter = load_model(run.model, allow_pickle=run.allow_pickle)
+    return Run(exp, exp.run_model(adapter, options, run), None, adapter, [], options)
+
+
+__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_direct", "run_on_models",
+           "run_on_task", "run_on_tasks"]
