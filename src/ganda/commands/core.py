@@ -1,4 +1,4 @@
-"""Core commands: ``ganda eval``, ``ganda attn``, ``ganda heads``, ``ganda demo``; and what every
+"""Core commands: ``ganda eval``, ``ganda attn``; and what every
 command shares (the model argument, one vocabulary of options, count checks, ``--option`` parsing,
 intervention flags).
 
@@ -240,32 +240,3 @@ def register(app: typer.Typer) -> None:
         # a task example also saves its segments and gold segment beside the maps (<out>.json)
         path = draw_attention(adapter, exs[index] if t is not None else prompt, heads, out, last_rows=last_rows)
         print(f"wrote {path}" + (f" and {side.name}" if side is not None else ""))
-
-    @app.command(short_help="The main job: KV's G&A heads found, ablated and reported")
-    def demo(
-        model: str = MODEL,
-        out: Path = typer.Option(Path("runs/demo"), "--out", "-o", help="run directory (report.html, JSON, CSV, PNG)"),
-        pairs: int = typer.Option(5, "--pairs", help="key-value pairs per prompt"),
-        limit: int = limit_option(8, "prompts for the pattern scores", mmlu=False),
-        verify_n: int = typer.Option(40, "--verify-n", help="prompts for the accuracy measurements"),
-        top: int = typer.Option(4, "--top", help="top causal heads the finding names and draws"),
-        seed: int = SEED,
-        prompt_sets: int = typer.Option(3, "--prompt-sets", help="prompt sets the finding is checked on (set k: seeds "
-                                        "seed+3k, +1, +2), each reported with whether the finding holds"),
-        ablation: str = ablation_option("zero|mean|resample (the ranking of a resample demo runs mean)"),
-        no_profile: bool = typer.Option(False, "--no-profile", help="skip ablating the top causal and Gather heads "
-                                        "zero, mean and resample and at each position class (where they act)"),
-        allow_pickle: bool = PICKLE,
-        quiet: bool = QUIET,
-    ) -> None:
-        """The main job: KV baseline -> causal head ranking -> ablate the top G&A heads -> figures -> HTML report."""
-        from ..demo import run_demo
-
-        for flag, value in (("--limit", limit), ("--verify-n", verify_n), ("--top", top), ("--prompt-sets", prompt_sets)):
-            at_least(flag, value)
-        one_of("--ablation", ablation, ABLATIONS)
-        get_task("kv", pairs=pairs)  # a bad --pairs fails here, before the model loads
-        runio.claim_run_dir(out, kind="demo", models=model_inputs(model))
-        report = run_demo(model, out, pairs=pairs, n=limit, verify_n=verify_n, top=top, seed=seed,
-                          allow_pickle=allow_pickle, prompt_sets=prompt_sets, ablation=ablation, profile=not no_profile)
-        print(f"report: {report}")

@@ -66,6 +66,8 @@ for _name, _entry in {
              "Remove one head's contribution along its paths into another"),
     "edges": ("ganda.experiments.circuit:EdgesExperiment",
               "Score every sender -> receiver head pair and draw the circuit"),
+    # above the experiments' layer: the demo writes its report.html as part of its run
+    "demo": ("ganda.demo:Demo", "The main job: KV's G&A heads found, ablated and reported"),
 }.items():
     if isinstance(_entry, str):
         registry.register_experiment(_name, registry.experiment_target(_entry), command=False)
@@ -88,7 +90,7 @@ for _kind, _target in {
     "sharpness": "ganda.experiments.sharpness:SharpnessResult",
     "circuit_path": "ganda.experiments.circuit:PathResult",
     "circuit_edges": "ganda.experiments.circuit:EdgesResult",
-    "demo": "ganda.demo:DemoResult",  # ``ganda demo``'s finding (named, not imported: the demo sits above)
+    "demo": "ganda.demo:DemoResult",  # ``ganda demo``'s finding
 }.items():
     registry.register_result(_kind, _target)
 
