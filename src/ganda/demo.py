@@ -46,7 +46,7 @@ from .experiments.common import ExperimentResult
 from .experiments.cumulative import ablate_until_chance, added_heads, at_chance, chance_sentence
 from .figures import curves
 from .intervals import bounds, ci
-from .interventions import ABLATIONS, AblateHeads, parse_layers
+from .interventions import ABLATIONS, AblateHeads
 from .labels import label_model, role_of
 from .models import load_model
 from .models.base import ModelAdapter
@@ -213,10 +213,16 @@ def rank_ablation(ablation: str) -> str:
     return "mean" if ablation == "resample" else ablation
 
 
+#: the ranking's exact check: the top heads by estimate, and every head of the first two layers,
+#: which first-order estimates underrate (docs/attribution.md)
+VERIFY_TOP, VERIFY_LAYERS = 20, (0, 1)
+
+
 @dataclass
 class DemoOptions(Options):
     """The demo's options. Its pattern prompts and their seed are the run's ``-n/--limit`` and
-    ``--seed``; the hidden options are sizes the command line leaves at their defaults."""
+    ``--seed``; the hidden options are sizes the command line leaves at their defaults. The ranking
+    verifies :data:`VERIFY_TOP` heads and every head of :data:`VERIFY_LAYERS` exactly."""
 
     pairs: int = option(5, "key-value pairs per prompt")
     verify_n: int = option(40, "prompts for the accuracy measurements", low=1)
@@ -231,17 +237,10 @@ class DemoOptions(Options):
     profile: bool = option(True, "skip ablating the top causal and Gather heads zero, mean and resample and at each "
                            "position class (where they act)", flag="--no-profile")
     rank_n: int = option(16, "ranking prompts", low=1, hidden=True)
-    verify_top: int = option(20, "heads verified exactly, with every head of --verify-layers", low=0, hidden=True)
-    verify_layers: str = option("0,1", "layers whose every head is verified exactly (first-order estimates underrate "
-                                "heads of the first two layers, docs/attribution.md); empty: none", hidden=True)
     max_heads: int = option(8, "longest cumulative ablation", low=1, hidden=True)
 
     def check(self) -> None:
         get_task("kv", pairs=self.pairs)  # a bad --pairs fails here, before the model loads
-        self.layers()
-
-    def layers(self) -> list[int]:
-        return parse_layers(self.verify_layers) if self.verify_layers.strip() else []
 
 
 class Demo(ScoredExperiment):
@@ -268,12 +267,11 @@ class Demo(ScoredExperiment):
 
 
 def run_demo(model: str, out: str | Path, *, n: int = 8, seed: int = 0, allow_pickle: bool = False,
-             verify_layers: Sequence[int] | str = (0, 1), **options: Any) -> Path:
+             **options: Any) -> Path:
     """``ganda demo`` from Python: the demo of ``model`` into ``out``, its report.html returned.
     ``n``: pattern prompts; ``options``: :class:`DemoOptions` by name (``rank_n=8``, ``profile=False``),
-    checked as the command checks them; ``verify_layers`` also as a list of layers."""
-    layers = verify_layers if isinstance(verify_layers, str) else ",".join(map(str, verify_layers))
-    opts = DemoOptions.build({**options, "verify_layers": layers})
+    checked as the command checks them."""
+    opts = DemoOptions.build(options)
     clock = Clock()
     adapter = load_model(model, allow_pickle=allow_pickle)
     demo(adapter, opts, Path(out), n=n, seed=seed, clock=clock)
@@ -389,10 +387,8 @@ def _find(adapter: ModelAdapter, task: Any, prompts: Prompts, o: DemoOptions, ou
     """Steps 1-4 on prompt set 1: every head ranked causally and labelled, the best Gather and
     Aggregate heads ablated, the top causal and Gather heads profiled (and labelled again with where
     they act), the cumulative curve. Returns what they found and the model's standard scores."""
-    layers = o.layers()
-    early = f" and every head of layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}" if layers else ""
-    con.print(f"1/5 ranking every head causally (AtP, {rank_ablation(o.ablation)}-ablation, top {o.verify_top}{early} "
-              f"verified exactly on {len(prompts.rank)} prompts)")
+    con.print(f"1/5 ranking every head causally (AtP, {rank_ablation(o.ablation)}-ablation, top {VERIFY_TOP} and "
+              f"every head of layers {', '.join(map(str, VERIFY_LAYERS))} verified exactly on {len(prompts.rank)} prompts)")
     standard = standard_scores(adapter)  # task-free: once for every prompt set
     found = _rank_and_label(adapter, task, prompts, o, out / "ranking", standard)
     clock.lap("rank")
@@ -420,7 +416,7 @@ def _rank_and_label(adapter: ModelAdapter, task: Any, prompts: Prompts, o: DemoO
     """Step 1: every head ranked causally on the ranking prompts and labelled by its pattern on the
     pattern prompts and its ``standard`` scores (task-free: measured once per model,
     :func:`ganda.patterns.standard_scores`)."""
-    ranked = rank_heads(adapter, prompts.rank, method="atp", verify_top=o.verify_top, verify_layers=o.layers(),
+    ranked = rank_heads(adapter, prompts.rank, method="atp", verify_top=VERIFY_TOP, verify_layers=VERIFY_LAYERS,
                         audit=0, active=0, progress=False, out_dir=out_dir, resume=False,
                         config={"task": task.config()}, ablation=rank_ablation(o.ablation))
     scores = pattern_scores(adapter, prompts.pattern, progress=False, summary=AUTO)
@@ -591,9 +587,9 @@ def _result(model: str, task_cfg: dict[str, Any], found: Found, summary: dict[st
               "acc_drop": ranked.exact_acc.get(h), "estimate": ranked.estimate.get(h), "aggregate": by[h].aggregate,
               "gather": by[h].gather, "gather_evidence": by[h].gather_evidence, "induction": by[h].induction,
               "previous_token": by[h].previous_token, "sink": by[h].sink}
-             for i, h in enumerate(found.order[:max(o.verify_top, o.top)])]
-    config = {**task_cfg, "n_pattern": n, "n_rank": o.rank_n, "n_verify": o.verify_n, "verify_top": o.verify_top,
-              "verify_layers": o.layers(), "top": o.top, "max_heads": o.max_heads, "seed": seed,
+             for i, h in enumerate(found.order[:max(VERIFY_TOP, o.top)])]
+    config = {**task_cfg, "n_pattern": n, "n_rank": o.rank_n, "n_verify": o.verify_n, "verify_top": VERIFY_TOP,
+              "verify_layers": list(VERIFY_LAYERS), "top": o.top, "max_heads": o.max_heads, "seed": seed,
               "prompt_sets": o.prompt_sets, "rank_method": "atp", "ablation": o.ablation,
               "rank_ablation": rank_ablation(o.ablation)}
     return DemoResult(kind="demo", model=model, summary=summary, rows=found.rows, config=config,
