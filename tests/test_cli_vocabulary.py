@@ -267,9 +267,9 @@ def test_constants_spelled_in_the_command_layer_match_the_library():
     """The commands spell a few library constants so that --help needs no torch; they must agree."""
     from ganda import models
     from ganda import plan as planner
-    from ganda.commands import core, plan
+    from ganda.commands import options, plan
 
-    assert core.DEFAULT_MODEL == models.DEFAULT_MODEL
+    assert options.DEFAULT_MODEL == models.DEFAULT_MODEL
     assert plan.DEVICES == tuple(planner.DEVICES)
     experiment = next(p for p in _commands()["plan"].params if p.name == "experiment")
     assert set(planner.costed_experiments()) - {"attribution"} <= set(re.findall(r"[a-z]+", experiment.help))

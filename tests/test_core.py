@@ -265,7 +265,7 @@ def test_cli_errors_on_real_directories(tiny_dir, tmp_path, cli):
 
 
 def test_parse_options_types_and_errors():
-    from ganda.commands.core import parse_options
+    from ganda.commands.options import parse_options
 
     assert parse_options(["cot=true", "subtask=date_understanding", "pairs=10", "frac=0.5", "match=no"]) == {
         "cot": True, "subtask": "date_understanding", "pairs": 10, "frac": 0.5, "match": False}

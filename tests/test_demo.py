@@ -237,3 +237,42 @@ def test_demo_under_mean_ablation_ranks_and_ablates_by_mean(tiny_dir, tmp_path):
     assert saved["config"]["ablation"] == saved["config"]["rank_ablation"] == "mean"
     assert json.loads((tmp_path / "ranking" / "ranking.json").read_text())["ablation"] == "mean"
     assert "Every ablation here is mean-ablation" in saved["summary"]["finding"]
+
+
+def test_ganda_demo_is_generated_from_its_options(tmp_path, capsys, monkeypatch):
+    """``ganda demo`` is the registered experiment ``demo``'s generated command: its --help lists
+    every shown DemoOptions field's flag with its help and default, beside the run's inputs, and a
+    bad value is one line and exit 2 before anything is written (Python callers get the same check)."""
+    from ganda.cli import main
+    from ganda.demo import Demo, DemoOptions, run_demo
+    from ganda.errors import GandaError
+
+    assert registry.experiment("demo") is Demo and "demo" in registry.command_experiments()
+    assert main(["demo", "--help"]) == 0
+    page = " ".join(capsys.readouterr().out.split())
+    for f in DemoOptions.fields():
+        shown = DemoOptions.cli_flag(f.name) in page
+        assert shown != f.metadata["hidden"], f.name
+        if shown:
+            assert " ".join(f.metadata["help"].split())[:40] in page, f.name
+    assert "--no-profile" in page and "--verify-n <int> prompts for the accuracy measurements [default: 40]" in page
+    assert "-n, --limit <int> prompts for the pattern scores [default: 8]" in page and "lm-eval" not in page
+    for flag in ("-o, --out", "(default: runs/demo)", "--seed", "--allow-pickle", "-q, --quiet", "[default: smollm2-135m]"):
+        assert flag in page, flag
+    assert "--json" not in page and "--html" not in page and "--task" not in page
+
+    monkeypatch.chdir(tmp_path)
+    for argv, line in ((["--top", "0"], "--top must be at least 1, got 0"),
+                       (["--ablation", "half"], "--ablation must be one of zero, mean, resample, not 'half'"),
+                       (["--prompt-sets", "101"], "--prompt-sets must be at most 100 (each one repeats the whole "
+                                                  "measurement), got 101")):
+        assert main(["demo", "lab-llama-h1", *argv, "--out", "out"]) == 2
+        out, err = capsys.readouterr()
+        assert (out, err) == ("", f"ganda: error: {line}\n")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(GandaError, match="^top must be at least 1, got 0$"):
+        run_demo("lab-llama-h1", tmp_path / "py", top=0)
+    assert DemoOptions.build({}).profile is True and DemoOptions.build({"profile": False}).profile is False
+    with pytest.raises(GandaError, match="unknown option 'verify_top'"):  # the ranking's recipe is no option
+        DemoOptions.build({"verify_top": 3})
+    assert not (tmp_path / "py").exists()

@@ -297,7 +297,7 @@ def test_run_extends_writes_json_and_csv(tiny, tmp_path):
     import csv as _csv
     import json
 
-    from ganda.commands.core import parse_options
+    from ganda.commands.options import parse_options
     from ganda.experiments.extends import run_extends
 
     opts = parse_options(["gsm8k.max_new_tokens=3", "bbh.cot=false", "bbh.max_new_tokens=3",

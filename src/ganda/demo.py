@@ -16,6 +16,12 @@ One such triple states the finding; with ``prompt_sets=K`` the ranking, roles an
 again on K - 1 further triples (set k: seeds ``seed + 3k`` to ``seed + 3k + 2``), each recorded in
 ``summary["prompt_sets"]`` and ``prompt_sets.csv``, and the finding says on how many of them it
 holds (the same heads named, every established ablation cost established again) and where not, why.
+
+The demo is the registered experiment ``demo`` (:class:`Demo`, its options :class:`DemoOptions`):
+``ganda demo`` is built from it as every analysis's command is. It sits above the experiments'
+layer because it writes ``report.html`` (:mod:`ganda.report`) as part of its run. The defaults take
+1,342 CPU seconds on SmolLM2-135M (README.md), the profiles 652 of them; each further prompt set
+adds most of the rest.
 """
 
 from __future__ import annotations
@@ -23,22 +29,24 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from . import registry, runio
+from . import runio
 from .acts import head_profile, position_evidence, verdict, where
 from .attention import draw_attention
 from .attribution import rank_heads
 from .effects import matters
 from .errors import GandaError
+from .experiments.base import Options, ScoredExperiment, option
 from .experiments.common import ExperimentResult
 from .experiments.cumulative import ablate_until_chance, added_heads, at_chance, chance_sentence
 from .figures import curves
 from .intervals import bounds, ci
-from .interventions import AblateHeads
+from .interventions import ABLATIONS, AblateHeads
 from .labels import label_model, role_of
 from .models import load_model
 from .models.base import ModelAdapter
@@ -57,8 +65,6 @@ class DemoResult(ExperimentResult):
     def headline(self) -> str:
         return self.summary.get("finding") or finding(self.summary)
 
-
-registry.register_result("demo", DemoResult)
 
 
 def roles(scores: Sequence[HeadScore]) -> dict[str, str]:
@@ -207,18 +213,215 @@ def rank_ablation(ablation: str) -> str:
     return "mean" if ablation == "resample" else ablation
 
 
-def _rank_and_label(adapter: ModelAdapter, task: Any, pattern_ex: Sequence[Example], rank_ex: Sequence[Example],
-                    verify_top: int, verify_layers: Sequence[int], out_dir: Path | None,
-                    standard: dict[str, dict[str, float]] | None = None, ablation: str = "zero"
-                    ) -> tuple[Any, list[str], list[HeadScore], dict[str, str]]:
-    """Every head ranked causally on ``rank_ex`` and labelled by its pattern on ``pattern_ex`` and
-    its ``standard`` scores (task-free: measured once per model, :func:`ganda.patterns.standard_scores`)."""
-    ranked = rank_heads(adapter, rank_ex, method="atp", verify_top=verify_top, verify_layers=verify_layers, audit=0,
-                        active=0, progress=False, out_dir=out_dir, resume=False, config={"task": task.config()},
-                        ablation=rank_ablation(ablation))
-    scores = pattern_scores(adapter, pattern_ex, progress=False, summary=AUTO)
+#: the ranking's exact check: the top heads by estimate, and every head of the first two layers,
+#: which first-order estimates underrate (docs/attribution.md)
+VERIFY_TOP, VERIFY_LAYERS = 20, (0, 1)
+
+
+@dataclass
+class DemoOptions(Options):
+    """The demo's options. Its pattern prompts and their seed are the run's ``-n/--limit`` and
+    ``--seed``; the hidden options are sizes the command line leaves at their defaults. The ranking
+    verifies :data:`VERIFY_TOP` heads and every head of :data:`VERIFY_LAYERS` exactly."""
+
+    pairs: int = option(5, "key-value pairs per prompt")
+    verify_n: int = option(40, "prompts for the accuracy measurements", low=1)
+    top: int = option(4, "top causal heads the finding names and draws", low=1)
+    prompt_sets: int = option(3, "prompt sets the finding is checked on (set k: seeds seed+3k, +1, +2), each "
+                              "reported with whether the finding holds", low=1, high=100,
+                              why="each one repeats the whole measurement")
+    ablation: str = option("zero", "zero|mean|resample (the ranking of a resample demo runs mean): what an ablated "
+                           "head's slice becomes: zero, mean (its mean over every token of the scored prompts) or "
+                           "resample (its value at the same position of another scored prompt, aligned from the "
+                           "prompt's end); docs/heads.md", choices=ABLATIONS)
+    profile: bool = option(True, "skip ablating the top causal and Gather heads zero, mean and resample and at each "
+                           "position class (where they act)", flag="--no-profile")
+    rank_n: int = option(16, "ranking prompts", low=1, hidden=True)
+    max_heads: int = option(8, "longest cumulative ablation", low=1, hidden=True)
+
+    def check(self) -> None:
+        get_task("kv", pairs=self.pairs)  # a bad --pairs fails here, before the model loads
+
+
+class Demo(ScoredExperiment):
+    """The main job: KV baseline -> causal head ranking -> ablate the top G&A heads -> figures -> HTML report."""
+
+    name = "demo"
+    inputs = "model"  # its three prompt draws per set are its own: -n/--limit pattern prompts
+    Options = DemoOptions
+    default_limit = 8
+    default_out = "runs/demo"
+    report_html = False  # it writes report.html itself: the finding, then its ranking (ranking/)
+    input_help = {"limit": "prompts for the pattern scores", "out": "run directory: report.html, JSON, CSV, PNG"}
+
+    def __init__(self, resume: bool = True) -> None:
+        super().__init__(resume)
+        self.clock = Clock()  # started before the model loads: the run's seconds include loading it
+
+    def run_tasks(self, adapter: ModelAdapter, scorer: Any, options: DemoOptions, *, out_dir: Path,  # type: ignore[override]
+                  run: Any) -> DemoResult:
+        return demo(adapter, options, out_dir, n=run.limit, seed=run.seed, clock=self.clock)
+
+    def show(self, result: DemoResult, options: DemoOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
+        print(f"report: {out_dir / 'report.html'}")
+
+
+def run_demo(model: str, out: str | Path, *, n: int = 8, seed: int = 0, allow_pickle: bool = False,
+             **options: Any) -> Path:
+    """``ganda demo`` from Python: the demo of ``model`` into ``out``, its report.html returned.
+    ``n``: pattern prompts; ``options``: :class:`DemoOptions` by name (``rank_n=8``, ``profile=False``),
+    checked as the command checks them."""
+    opts = DemoOptions.build(options)
+    clock = Clock()
+    adapter = load_model(model, allow_pickle=allow_pickle)
+    demo(adapter, opts, Path(out), n=n, seed=seed, clock=clock)
+    return Path(out) / "report.html"
+
+
+class Clock:
+    """The run's wall and CPU seconds since it started, and the CPU seconds of each phase."""
+
+    def __init__(self) -> None:
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+        self.since = self.c0
+        self.phases: dict[str, float] = {}
+
+    def lap(self, name: str | None = None) -> None:
+        """End the phase ``name`` (None: the time since the last lap belongs to no phase)."""
+        if name is not None:
+            self.phases[name] = round(time.process_time() - self.since, 1)
+        self.since = time.process_time()
+
+    def totals(self) -> dict[str, Any]:
+        return {"seconds": round(time.perf_counter() - self.t0, 1), "cpu_seconds": round(time.process_time() - self.c0, 1),
+                "cpu_seconds_by_phase": self.phases}
+
+
+@dataclass
+class Prompts:
+    """One prompt set's three disjoint draws: pattern prompts (roles; seed ``seed``), ranking
+    prompts (``seed + 1``) and measurement prompts (``seed + 2``, every accuracy reported)."""
+
+    pattern: list[Example]
+    rank: list[Example]
+    measure: list[Example]
+
+    @classmethod
+    def draw(cls, task: Any, n: int, o: DemoOptions, seed: int) -> Prompts:
+        return cls(task.examples(limit=n, seed=seed), task.examples(limit=o.rank_n, seed=seed + 1),
+                   task.examples(limit=o.verify_n, seed=seed + 2))
+
+
+@dataclass
+class Found:
+    """What one prompt set found: the causal ranking and each head's scores and role (step 1), the
+    intact run and the G&A heads' ablations (step 2); on the first set also the top heads' profiles
+    (step 3) and the cumulative curve (step 4)."""
+
+    ranked: Any  # ganda.attribution.RankResult
+    order: list[str]
+    scores: list[HeadScore]
+    role: dict[str, str]
+    base: EvalResult | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    gather: str | None = None
+    aggregate: str | None = None
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+    curve: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def top(self) -> str | None:
+        return top_head(self.order, self.ranked.exact)
+
+    def record(self, k: int, seed: int) -> dict[str, Any]:
+        """Prompt set ``k`` (0-based) as ``summary["prompt_sets"]`` lists it."""
+        return {"set": k + 1, "seeds": {"pattern": seed, "rank": seed + 1, "measure": seed + 2}, "top_head": self.top,
+                "gather_head": self.gather, "aggregate_head": self.aggregate,
+                "baseline_accuracy": self.base.accuracy if self.base else None,
+                "conditions": {r["condition"]: {"heads": r["heads"], "drop": r["drop"], **ci(bounds(r, "drop"), "drop")}
+                               for r in self.rows[1:]}}
+
+
+def demo(adapter: ModelAdapter, o: DemoOptions, out: Path, *, n: int, seed: int, clock: Clock | None = None
+         ) -> DemoResult:
+    """The demo of a loaded model into ``out`` (``n`` pattern prompts, prompt set 1 drawn with
+    ``seed``): its five steps, the further prompt sets, then every file and the finding printed."""
+    con = Console(stderr=True, quiet=is_quiet())  # -q: only the command's summary line
+    clock = clock or Clock()
+    out.mkdir(parents=True, exist_ok=True)
+    con.print(f"[bold]ganda demo[/] on {adapter.spec}: KV retrieval with {o.pairs} pairs")
+    task = get_task("kv", pairs=o.pairs)
+    prompts = Prompts.draw(task, n, o, seed)
+    _check_retrieves(adapter, task, prompts.measure, o.pairs)
+    clock.lap()
+    found, standard = _find(adapter, task, prompts, o, out, seed, con, clock)
+    con.print("5/5 figures and report")
+    _figures(adapter, found, prompts.pattern[0], o, out)
+    clock.lap("figures")
+    summary = _summary(adapter.spec, task.config(), found, o.top, 1.0 / o.pairs, len(prompts.measure))
+    summary.update(_profile_summary(found.profiles, o.ablation))
+    if o.prompt_sets > 1:
+        summary.update(_further_sets(adapter, task, found, o, n, seed, standard, con))
+        clock.lap("prompt_sets")
+    summary.update(clock.totals())
+    summary["finding"] = finding(summary)
+    result = _result(adapter.spec, task.config(), found, summary, o, n, seed)
+    _write(out, result)
+    con.print(summary["finding"].replace("**", ""))
+    con.print(f"done in {summary['seconds']:.0f} s ({summary['cpu_seconds']:.0f} CPU s)")
+    return result
+
+
+def _check_retrieves(adapter: ModelAdapter, task: Any, measure: Sequence[Example], pairs: int) -> None:
+    """Refuse a model with no finding to write: a tokenizer that reads the keys as <unk>, or
+    retrieval at chance on the measurement prompts."""
+    check_representable("kv", task, adapter)
+    intact, chance = evaluate_examples(adapter, measure, progress=False), 1.0 / pairs
+    if at_chance(intact.accuracy, chance):
+        raise GandaError(f"{adapter.spec} on KV with {pairs} pairs: {chance_sentence(intact.accuracy, chance)}; "
+                         "the demo needs a model that retrieves (fewer --pairs, or another model)")
+
+
+def _find(adapter: ModelAdapter, task: Any, prompts: Prompts, o: DemoOptions, out: Path, seed: int, con: Console,
+          clock: Clock) -> tuple[Found, dict[str, dict[str, float]]]:
+    """Steps 1-4 on prompt set 1: every head ranked causally and labelled, the best Gather and
+    Aggregate heads ablated, the top causal and Gather heads profiled (and labelled again with where
+    they act), the cumulative curve. Returns what they found and the model's standard scores."""
+    con.print(f"1/5 ranking every head causally (AtP, {rank_ablation(o.ablation)}-ablation, top {VERIFY_TOP} and "
+              f"every head of layers {', '.join(map(str, VERIFY_LAYERS))} verified exactly on {len(prompts.rank)} prompts)")
+    standard = standard_scores(adapter)  # task-free: once for every prompt set
+    found = _rank_and_label(adapter, task, prompts, o, out / "ranking", standard)
+    clock.lap("rank")
+
+    con.print(f"2/5 {o.ablation}-ablating the best Gather and Aggregate heads")
+    _ablate(adapter, prompts.measure, found, seed, o.ablation)
+    clock.lap("ablate")
+
+    profiled = list(dict.fromkeys(h for h in (found.top, found.gather) if h)) if o.profile else []
+    con.print(f"3/5 {', '.join(profiled) or 'no head'}: zero, mean and resample ablation, and where each acts")
+    found.profiles = [r for h in profiled for r in head_profile(adapter, prompts.measure, h, base=found.base, seed=seed)]
+    by = {s.head: s for s in found.scores}
+    _label_where(adapter, [by[h] for h in profiled], found.profiles, standard, found.role)
+    clock.lap("profile")
+
+    con.print("4/5 cumulative ablation in causal order until chance")
+    found.curve = ablate_until_chance(adapter, prompts.measure, found.order, chance=1.0 / o.pairs,
+                                      max_heads=o.max_heads, progress=False, ablation=o.ablation)
+    clock.lap("curve")
+    return found, standard
+
+
+def _rank_and_label(adapter: ModelAdapter, task: Any, prompts: Prompts, o: DemoOptions, out_dir: Path | None,
+                    standard: dict[str, dict[str, float]] | None = None) -> Found:
+    """Step 1: every head ranked causally on the ranking prompts and labelled by its pattern on the
+    pattern prompts and its ``standard`` scores (task-free: measured once per model,
+    :func:`ganda.patterns.standard_scores`)."""
+    ranked = rank_heads(adapter, prompts.rank, method="atp", verify_top=VERIFY_TOP, verify_layers=VERIFY_LAYERS,
+                        audit=0, active=0, progress=False, out_dir=out_dir, resume=False,
+                        config={"task": task.config()}, ablation=rank_ablation(o.ablation))
+    scores = pattern_scores(adapter, prompts.pattern, progress=False, summary=AUTO)
     label_model(adapter, scores, standard=standard)
-    return ranked, ranked.order(), scores, roles(scores)
+    return Found(ranked, ranked.order(), scores, roles(scores))
 
 
 def _label_where(adapter: ModelAdapter, scores: Sequence[HeadScore], profiles: Sequence[dict[str, Any]],
@@ -231,42 +434,45 @@ def _label_where(adapter: ModelAdapter, scores: Sequence[HeadScore], profiles: S
     role.update(roles(scores))
 
 
-def _ablations(adapter: ModelAdapter, measure_ex: Sequence[Example], order: list[str], role: dict[str, str],
-               exact: dict[str, float], seed: int, ablation: str = "zero"
-               ) -> tuple[EvalResult, list[dict[str, Any]], str | None, str | None]:
-    """The intact run and the top, best Gather and best Aggregate heads ablated alone and together."""
-    base = evaluate_examples(adapter, measure_ex, progress=False)
-    g_head, a_head = _first(order, role, "gather", exact), _first(order, role, "aggregate", exact)
-    rows: list[dict[str, Any]] = [{"condition": "intact", "heads": "", "accuracy": base.accuracy,
-                                   **ci((base.ci_low, base.ci_high)), "drop": 0.0, **ci((0.0, 0.0), "drop")}]
-    top = top_head(order, exact)
-    singles = {"top": top if top not in (g_head, a_head) else None, "gather": g_head, "aggregate": a_head}
+def _ablate(adapter: ModelAdapter, measure: Sequence[Example], found: Found, seed: int, ablation: str = "zero") -> None:
+    """Step 2: the intact run and the top, best Gather and best Aggregate heads ablated alone and
+    together, into ``found``."""
+    base = evaluate_examples(adapter, measure, progress=False)
+    exact = found.ranked.exact
+    found.gather = _first(found.order, found.role, "gather", exact)
+    found.aggregate = _first(found.order, found.role, "aggregate", exact)
+    found.base = base
+    found.rows = [{"condition": "intact", "heads": "", "accuracy": base.accuracy, **ci((base.ci_low, base.ci_high)),
+                   "drop": 0.0, **ci((0.0, 0.0), "drop")}]
+    top = found.top
+    singles = {"top": top if top not in (found.gather, found.aggregate) else None, "gather": found.gather,
+               "aggregate": found.aggregate}
     together = [h for h in singles.values() if h]
     for label, heads in (*((k, [h]) for k, h in singles.items()), ("together", together)):
         if heads and all(heads) and (label != "together" or len(heads) > 1):
-            rows.append({"condition": label, **_condition(adapter, measure_ex, heads, base, seed, ablation)})
-    return base, rows, g_head, a_head
+            found.rows.append({"condition": label, **_condition(adapter, measure, heads, base, seed, ablation)})
 
 
-def _set_record(k: int, seed: int, top: str | None, g_head: str | None, a_head: str | None, base: EvalResult,
-                rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"set": k + 1, "seeds": {"pattern": seed, "rank": seed + 1, "measure": seed + 2}, "top_head": top,
-            "gather_head": g_head, "aggregate_head": a_head, "baseline_accuracy": base.accuracy,
-            "conditions": {r["condition"]: {"heads": r["heads"], "drop": r["drop"], **ci(bounds(r, "drop"), "drop")}
-                           for r in rows[1:]}}
+def _further_sets(adapter: ModelAdapter, task: Any, found: Found, o: DemoOptions, n: int, seed: int,
+                  standard: dict[str, dict[str, float]], con: Console) -> dict[str, Any]:
+    """The finding checked on prompt sets 2 to ``o.prompt_sets`` (set k: seeds ``seed + 3k`` to
+    ``seed + 3k + 2``), each with whether it holds (:func:`_holds`), each ablation's drop pooled."""
+    con.print(f"the finding on {o.prompt_sets - 1} more prompt set(s)")
+    sets = [found.record(0, seed)]
+    for k in range(1, o.prompt_sets):
+        sets.append(_replicate(adapter, task, k, seed + 3 * k, n, o, standard))
+        sets[-1].update(_holds(sets[0], sets[-1]))
+    return {"prompt_sets": sets, "holds_on": sum(r["holds"] for r in sets[1:]), "pooled": _pooled(sets)}
 
 
-def _replicate(adapter: ModelAdapter, task: Any, k: int, seed: int, n: int, rank_n: int, verify_n: int,
-               verify_top: int, verify_layers: Sequence[int], standard: dict[str, dict[str, float]] | None = None,
-               ablation: str = "zero") -> dict[str, Any]:
+def _replicate(adapter: ModelAdapter, task: Any, k: int, seed: int, n: int, o: DemoOptions,
+               standard: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """The finding's steps again (ranking, roles, ablations; not the cumulative curve) on prompt set
     ``k``, drawn with seeds ``seed``, ``seed + 1``, ``seed + 2``."""
-    pattern_ex, rank_ex = task.examples(limit=n, seed=seed), task.examples(limit=rank_n, seed=seed + 1)
-    measure_ex = task.examples(limit=verify_n, seed=seed + 2)
-    ranked, order, _, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers, None,
-                                             standard, ablation)
-    base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed, ablation)
-    return _set_record(k, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)
+    prompts = Prompts.draw(task, n, o, seed)
+    found = _rank_and_label(adapter, task, prompts, o, None, standard)
+    _ablate(adapter, prompts.measure, found, seed, o.ablation)
+    return found.record(k, seed)
 
 
 def _set_row(r: dict[str, Any]) -> dict[str, Any]:
@@ -322,148 +528,86 @@ def _holds(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     return {"holds": not why, "why_not": why}
 
 
-def run_demo(
-    model: str, out: str | Path, *, pairs: int = 5, n: int = 8, verify_n: int = 40, top: int = 4,
-    seed: int = 0, max_heads: int = 8, rank_n: int = 16, verify_top: int = 20, verify_layers: Sequence[int] = (0, 1),
-    allow_pickle: bool = False, prompt_sets: int = 3, ablation: str = "zero", profile: bool = True,
-) -> Path:
-    """Run the demo into ``out`` and return its ``report.html``. ``n``: pattern prompts (roles);
-    ``rank_n``: ranking prompts; ``verify_top``: heads verified exactly, with every head of
-    ``verify_layers`` (first-order estimates underrate heads of the first two layers, docs/attribution.md);
-    ``verify_n``: measurement prompts; ``top``: causal heads the finding names and draws;
-    ``max_heads``: longest cumulative ablation; ``prompt_sets``: how many prompt sets the finding
-    is checked on (:func:`_replicate`); ``ablation``: what an ablated head's slice becomes in every
-    measured ablation and the ranking (:mod:`ganda.ablation`; resample ranks by mean, :func:`rank_ablation`);
-    ``profile``: the top causal and Gather heads also ablated zero, mean and resample and at each
-    position class (:func:`ganda.acts.head_profile`, step 3). The defaults take 1,342 CPU seconds on
-    SmolLM2-135M (README.md), the profiles 652 of them; each further prompt set adds most of the rest."""
-    con = Console(stderr=True, quiet=is_quiet())  # -q: only the command's summary line
-    t0, c0 = time.perf_counter(), time.process_time()
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    con.print(f"[bold]ganda demo[/] on {model}: KV retrieval with {pairs} pairs")
-    adapter = load_model(model, allow_pickle=allow_pickle)
-    task = get_task("kv", pairs=pairs)
-    pattern_ex = task.examples(limit=n, seed=seed)
-    rank_ex = task.examples(limit=rank_n, seed=seed + 1)
-    measure_ex = task.examples(limit=verify_n, seed=seed + 2)
-    chance = 1.0 / pairs
-    check_representable("kv", task, adapter)  # a tokenizer that reads the keys as <unk>: no finding to write
-    intact = evaluate_examples(adapter, measure_ex, progress=False)
-    if at_chance(intact.accuracy, chance):
-        raise GandaError(f"{adapter.spec} on KV with {pairs} pairs: {chance_sentence(intact.accuracy, chance)}; "
-                         "the demo needs a model that retrieves (fewer --pairs, or another model)")
-    phases: dict[str, float] = {}
-
-    def lap(name: str, since: float) -> float:
-        phases[name] = round(time.process_time() - since, 1)
-        return time.process_time()
-
-    c = time.process_time()
-    early = f" and every head of layer{'s' if len(verify_layers) > 1 else ''} {', '.join(map(str, verify_layers))}" \
-        if verify_layers else ""
-    con.print(f"1/5 ranking every head causally (AtP, {rank_ablation(ablation)}-ablation, top {verify_top}{early} "
-              f"verified exactly on {len(rank_ex)} prompts)")
-    standard = standard_scores(adapter)  # task-free: once for every prompt set
-    ranked, order, scores, role = _rank_and_label(adapter, task, pattern_ex, rank_ex, verify_top, verify_layers,
-                                                  out / "ranking", standard, ablation)
-    by = {s.head: s for s in scores}
-    c = lap("rank", c)
-
-    con.print(f"2/5 {ablation}-ablating the best Gather and Aggregate heads")
-    base, rows, g_head, a_head = _ablations(adapter, measure_ex, order, role, ranked.exact, seed, ablation)
-    c = lap("ablate", c)
-
-    profiled = list(dict.fromkeys(h for h in (top_head(order, ranked.exact), g_head) if h)) if profile else []
-    con.print(f"3/5 {', '.join(profiled) or 'no head'}: zero, mean and resample ablation, and where each acts")
-    profiles = [r for h in profiled for r in head_profile(adapter, measure_ex, h, base=base, seed=seed)]
-    _label_where(adapter, [by[h] for h in profiled], profiles, standard, role)
-    c = lap("profile", c)
-
-    con.print("4/5 cumulative ablation in causal order until chance")
-    curve = ablate_until_chance(adapter, measure_ex, order, chance=chance, max_heads=max_heads, progress=False,
-                                ablation=ablation)
-    c = lap("curve", c)
-
-    con.print("5/5 figures and report")
-    shown = list(dict.fromkeys([*ranked.matter()[:top], *(h for h in (g_head, a_head) if h)]))
-    draw_attention(adapter, pattern_ex[0], shown, out / "ga_heads.png",
-                   title=f"{adapter.spec}: the top causal heads", roles={h: role[h] for h in shown})
-    _curve_png(curve, base, chance, out / "ablation_curve.png")
-    lap("figures", c)
-    summary = _summary(adapter, task.config(), base, rows, curve, ranked, role, order, top, chance,
-                       len(measure_ex), g_head, a_head, {h.head: h.aggregate for h in scores},
-                       {h.head: h.label for h in scores})
-    summary.update(_profile_summary(profiles, ablation))
-    if prompt_sets > 1:
-        con.print(f"the finding on {prompt_sets - 1} more prompt set(s)")
-        sets = [_set_record(0, seed, top_head(order, ranked.exact), g_head, a_head, base, rows)]
-        for k in range(1, prompt_sets):
-            sets.append(_replicate(adapter, task, k, seed + 3 * k, n, rank_n, verify_n, verify_top, verify_layers,
-                                   standard, ablation))
-            sets[-1].update(_holds(sets[0], sets[-1]))
-        summary.update({"prompt_sets": sets, "holds_on": sum(r["holds"] for r in sets[1:]), "pooled": _pooled(sets)})
-        c = lap("prompt_sets", c)
-    summary.update({"seconds": round(time.perf_counter() - t0, 1), "cpu_seconds": round(time.process_time() - c0, 1),
-                    "cpu_seconds_by_phase": phases})
-    summary["finding"] = finding(summary)
-    heads = [{"head": h, "role": role[h], "label": by[h].label, "rank": i + 1, "exact": ranked.exact.get(h),
-              "acc_drop": ranked.exact_acc.get(h), "estimate": ranked.estimate.get(h), "aggregate": by[h].aggregate,
-              "gather": by[h].gather, "gather_evidence": by[h].gather_evidence, "induction": by[h].induction,
-              "previous_token": by[h].previous_token, "sink": by[h].sink}
-             for i, h in enumerate(order[:max(verify_top, top)])]
-    result = DemoResult(
-        kind="demo", model=adapter.spec, summary=summary, rows=rows,
-        config={**task.config(), "n_pattern": n, "n_rank": rank_n, "n_verify": verify_n, "verify_top": verify_top,
-                "verify_layers": list(verify_layers), "top": top, "max_heads": max_heads, "seed": seed,
-                "prompt_sets": prompt_sets, "rank_method": "atp", "ablation": ablation,
-                "rank_ablation": rank_ablation(ablation)},
-        extra={"cumulative_ablation": curve, "heads": heads, "head_profiles": profiles})
-    runio.write_json(out / "result.json", result.to_json())
-    runio.write_csv(out / "ablations.csv", rows)
-    if profiles:
-        runio.write_csv(out / "ablation_kinds.csv", profiles)
-    runio.write_csv(out / "cumulative_ablation.csv", curve)
-    runio.write_csv(out / "heads.csv", heads)
-    if prompt_sets > 1:
-        runio.write_csv(out / "prompt_sets.csv", [*(_set_row(r) for r in summary["prompt_sets"]),
-                                                  _pooled_row(summary["pooled"], prompt_sets)])
-    report = write_report([out, out / "ranking"], out / "report.html", title=f"ganda demo: {adapter.spec}")
-    con.print(summary["finding"].replace("**", ""))
-    con.print(f"done in {summary['seconds']:.0f} s ({summary['cpu_seconds']:.0f} CPU s)")
-    return report
+def _figures(adapter: ModelAdapter, found: Found, example: Example, o: DemoOptions, out: Path) -> None:
+    """Step 5's figures: the maps of the top causal and the G&A heads on the first pattern prompt
+    (ga_heads.png, its maps as JSON beside it) and the cumulative curve (ablation_curve.png)."""
+    shown = list(dict.fromkeys([*found.ranked.matter()[:o.top], *(h for h in (found.gather, found.aggregate) if h)]))
+    draw_attention(adapter, example, shown, out / "ga_heads.png", title=f"{adapter.spec}: the top causal heads",
+                   roles={h: found.role[h] for h in shown})
+    _curve_png(found.curve, found.base, 1.0 / o.pairs, out / "ablation_curve.png")
 
 
-def _summary(adapter: ModelAdapter, task_cfg: dict[str, Any], base: EvalResult, rows: list[dict[str, Any]],
-             curve: list[dict[str, Any]], ranked: Any, role: dict[str, str], order: list[str], top: int,
-             chance: float, n_measure: int, g_head: str | None, a_head: str | None,
-             scores: dict[str, float], labels: dict[str, str | None] | None = None) -> dict[str, Any]:
+def _summary(model: str, task_cfg: dict[str, Any], found: Found, top: int, chance: float, n_measure: int
+             ) -> dict[str, Any]:
+    """The numbers the finding states (:func:`finding`), from prompt set 1."""
+    ranked, role, base = found.ranked, found.role, found.base
+    labels = {h.head: h.label for h in found.scores}
+    scores = {h.head: h.aggregate for h in found.scores}
     s: dict[str, Any] = {
-        "model": adapter.spec, "pairs": task_cfg.get("pairs"), "n_measure": n_measure, "n_rank": ranked.config.get("n"),
+        "model": model, "pairs": task_cfg.get("pairs"), "n_measure": n_measure, "n_rank": ranked.config.get("n"),
         "n_heads": len(ranked.heads), "verified": len(ranked.verified), "rank_method": ranked.method,
         "baseline_accuracy": base.accuracy, **ci((base.ci_low, base.ci_high), "baseline"), "chance": chance,
         "metric": f"{ranked.margin} margin",
         "top_heads": [_head(h, role, ranked, labels) for h in ranked.matter()[:top]],
         "helpful_when_ablated": [_head(h, role, ranked, labels) for h in ranked.helpful_when_ablated()],
         "roles_in_top": {r: sum(role[h] == r for h in ranked.matter()[:10]) for r in ("gather", "aggregate", "neither")},
-        "gather_head": g_head, "aggregate_head": a_head, "top_head": top_head(order, ranked.exact),
+        "gather_head": found.gather, "aggregate_head": found.aggregate, "top_head": found.top,
         "max_aggregate": max(scores.values()), "max_aggregate_head": max(scores, key=scores.get),
     }
-    for r in rows[1:]:
+    for r in found.rows[1:]:
         key = {"together": "both"}.get(r["condition"], r["condition"])
         if key == "both":
             s["together"] = r["heads"]
         s.update({f"{key}_accuracy": r["accuracy"], **ci(bounds(r), key), f"{key}_drop": r["drop"],
                   **ci(bounds(r, "drop"), f"{key}_drop")})
+    return {**s, **_curve_summary(found.curve, chance)}
+
+
+def _curve_summary(curve: list[dict[str, Any]], chance: float) -> dict[str, Any]:
+    """How many heads the cumulative ablation took to reach chance (within 5 points), or how far
+    its longest run got."""
     last = curve[-1] if curve else None
     reached = last is not None and last["accuracy"] <= chance + 0.05
-    s["heads_to_chance"] = last["n_heads"] if reached else None
+    s: dict[str, Any] = {"heads_to_chance": last["n_heads"] if reached else None}
     if last is not None:
         key = "chance" if reached else "curve"
         s.update({f"{key}_accuracy": last["accuracy"], **ci(bounds(last), key)})
         if not reached:
             s["curve_heads"] = last["n_heads"]
     return s
+
+
+def _result(model: str, task_cfg: dict[str, Any], found: Found, summary: dict[str, Any], o: DemoOptions, n: int,
+            seed: int) -> DemoResult:
+    """The run as a result: its summary, the ablations as rows, the curve, the ranked heads and the
+    profiles, and every setting."""
+    by = {s.head: s for s in found.scores}
+    ranked = found.ranked
+    heads = [{"head": h, "role": found.role[h], "label": by[h].label, "rank": i + 1, "exact": ranked.exact.get(h),
+              "acc_drop": ranked.exact_acc.get(h), "estimate": ranked.estimate.get(h), "aggregate": by[h].aggregate,
+              "gather": by[h].gather, "gather_evidence": by[h].gather_evidence, "induction": by[h].induction,
+              "previous_token": by[h].previous_token, "sink": by[h].sink}
+             for i, h in enumerate(found.order[:max(VERIFY_TOP, o.top)])]
+    config = {**task_cfg, "n_pattern": n, "n_rank": o.rank_n, "n_verify": o.verify_n, "verify_top": VERIFY_TOP,
+              "verify_layers": list(VERIFY_LAYERS), "top": o.top, "max_heads": o.max_heads, "seed": seed,
+              "prompt_sets": o.prompt_sets, "rank_method": "atp", "ablation": o.ablation,
+              "rank_ablation": rank_ablation(o.ablation)}
+    return DemoResult(kind="demo", model=model, summary=summary, rows=found.rows, config=config,
+                      extra={"cumulative_ablation": found.curve, "heads": heads, "head_profiles": found.profiles})
+
+
+def _write(out: Path, result: DemoResult) -> Path:
+    """result.json, the CSVs and report.html (the finding first, then the ranking in ranking/)."""
+    runio.write_json(out / "result.json", result.to_json())
+    runio.write_csv(out / "ablations.csv", result.rows)
+    if result.extra["head_profiles"]:
+        runio.write_csv(out / "ablation_kinds.csv", result.extra["head_profiles"])
+    runio.write_csv(out / "cumulative_ablation.csv", result.extra["cumulative_ablation"])
+    runio.write_csv(out / "heads.csv", result.extra["heads"])
+    if sets := result.summary.get("prompt_sets"):
+        runio.write_csv(out / "prompt_sets.csv", [*(_set_row(r) for r in sets),
+                                                  _pooled_row(result.summary["pooled"], len(sets))])
+    return write_report([out, out / "ranking"], out / "report.html", title=f"ganda demo: {result.model}")
 
 
 def _profile_summary(profiles: list[dict[str, Any]], ablation: str) -> dict[str, Any]:

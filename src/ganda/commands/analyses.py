@@ -98,18 +98,19 @@ def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
     """The inputs of a :class:`ganda.experiments.base.ScoredExperiment`: one model scored on a list
     of tasks (its default the experiment's), the same examples in every condition."""
     prompts = _task_inputs()
+    own = cls.input_help
+    limit = own.get("limit") or ("examples per task (the same examples in every condition" +
+                                 ("" if cls.default_limit is not None else "; default: every example") + ")")
     return {
         "model": (MODEL, str),
         "task": (task_list_option(cls.default_tasks, "mmlu, knowledge, letters, kv20, lab-mmlu, ..."), str | None),
         "tasks": (TASKS_ALIAS, str | None),
-        "limit": (limit_option(cls.default_limit, "examples per task (the same examples in every condition" +
-                               ("" if cls.default_limit is not None else "; default: every example") + ")"),
-                  int | None),
+        "limit": (limit_option(cls.default_limit, limit, mmlu="limit" not in own), int | None),
         "sample": prompts["sample"],
         "knowledge_limit": (typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: "
                                          "--limit)"), int | None),
         "seed": prompts["seed"],
-        "out": (typer.Option(None, "--out", "-o", help=f"run directory (default: "
+        "out": (typer.Option(None, "--out", "-o", help=f"{own.get('out', 'run directory')} (default: "
                              f"{cls.default_out or 'runs/<experiment>-<model>'})"), Path | None),
         "html": (typer.Option(True, "--html/--no-html", help="also write report.html into the run directory"), bool),
         "allow_pickle": (PICKLE, bool),

@@ -41,6 +41,12 @@ from typing import Any
 from .. import registry
 from .base import Experiment, Options, option
 
+
+def _here(target: str) -> str:
+    """A target of the table below: ``module:Class`` in this package, or a whole dotted path."""
+    return target if target.startswith("ganda.") else f"{__name__}.{target}"
+
+
 # The built-in experiments, the one table of them: name -> ("module:Class", its one-line summary,
 # the result kinds it writes and their classes). A class is imported when it is looked up; the
 # summary is here so that ``ganda --help`` lists every command without importing torch. An alias
@@ -74,15 +80,16 @@ for _name, _entry in {
              {"circuit_path": "circuit:PathResult"}),
     "edges": ("circuit:EdgesExperiment", "Score every sender -> receiver head pair and draw the circuit",
               {"circuit_edges": "circuit:EdgesResult"}),
+    # above the experiments' layer: the demo writes its report.html as part of its run
+    "demo": ("ganda.demo:Demo", "The main job: KV's G&A heads found, ablated and reported",
+             {"demo": "ganda.demo:DemoResult"}),
 }.items():
     if isinstance(_entry, str):
         registry.register_experiment(_name, registry.experiment_target(_entry), command=False)
     else:
         _target, _summary, _results = _entry
-        registry.register_experiment(_name, f"{__name__}.{_target}", summary=_summary,
-                                     results={k: f"{__name__}.{v}" for k, v in _results.items()})
-# ``ganda demo``'s finding (named, not imported: the demo sits above the experiments)
-registry.register_result("demo", "ganda.demo:DemoResult")
+        registry.register_experiment(_name, _here(_target), summary=_summary,
+                                     results={k: _here(v) for k, v in _results.items()})
 
 
 #: names served by the modules that load torch, imported when first used (not with the package, so

@@ -276,6 +276,8 @@ class ScoredExperiment(Experiment):
     default_tasks: ClassVar[str] = "mmlu,knowledge"
     default_limit: ClassVar[int | None] = 100  # examples per task (None: every example)
     report_html: ClassVar[bool] = True  # --html/--no-html: report.html beside each result it saves
+    #: ``--limit`` and ``--out``'s help where the experiment's own words say more than the shared ones
+    input_help: ClassVar[dict[str, str]] = {}
 
     def __init__(self, resume: bool = True) -> None:
         super().__init__(resume)
