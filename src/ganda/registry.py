@@ -258,10 +258,11 @@ def _load_experiments() -> None:
     load_plugins()
 
 
-def experiment_names() -> list[str]:
-    """Every registered experiment (ganda's own and plugins'), sorted."""
+def experiment_names(ordered: bool = True) -> list[str]:
+    """Every registered experiment (ganda's own and plugins'), sorted (``ordered=False``: in the
+    order they were registered)."""
     _load_experiments()
-    return sorted(_EXPERIMENTS)
+    return sorted(_EXPERIMENTS) if ordered else list(_EXPERIMENTS)
 
 
 def experiment(name: str) -> Any:

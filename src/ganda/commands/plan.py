@@ -82,34 +82,28 @@ def _layers_of(adapter: Any, flag: str, text: str) -> list[int]:
     return layers
 
 
-PAPER = [
-    ("meta-llama/Llama-3.1-8B", "sweep", {"task": "mmlu", "n": 1000}, "exhaustive single-head sweep, 1,000 MMLU"),
-    ("meta-llama/Llama-3.1-8B", "attribution", {"task": "mmlu", "n": 1000, "method": "atp*", "verify_top": 30, "active": 0,
-                                                 "audit": 10}, "the same ranked by attribution (AtP*)"),
-    ("tiiuae/falcon-mamba-7b", "maps", {"tokens": 4096, "n": 1, "rows": 1},
-     "implicit maps at L=4,096: every channel of every layer, last row"),
-    ("tiiuae/falcon-mamba-7b", "maps", {"tokens": 4096, "n": 1, "map_layers": "32"},
-     "implicit maps at L=4,096: every channel of one layer, full 4,096 x 4,096"),
-]
-
-
 def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tuple[str, Any]]:
-    """The paper's headline runs as plans (shipped configs, bf16)."""
+    """The paper's headline runs as plans (shipped configs, bf16): each experiment's ``paper`` runs."""
     from .. import plan as planner
+    from .. import registry
     from ..device import parse_dtype
     from ..interventions import parse_layers
 
     out = []
-    for model, experiment, opts, what in PAPER:
-        adapter, tok = _adapter_and_tokenizer(model, parse_dtype("bfloat16"))
-        w = workload(adapter, tok, opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"))
-        extra: dict[str, Any] = {"layer_skip": layer_skip(adapter)}
-        if "rows" in opts:
-            extra["rows"] = opts["rows"]
-        if "map_layers" in opts:
-            extra["map_layers"] = parse_layers(opts["map_layers"])
-        extra.update({k: opts[k] for k in ("method", "verify_top", "active", "audit") if k in opts})
-        out.append((what, planner.plan(planner.profile(adapter), experiment, w, device, devices, **extra)))
+    classes = list(dict.fromkeys(registry.experiment(n) for n in registry.experiment_names(ordered=False)))
+    for cls in classes:
+        for run in cls.paper:
+            opts = run.workload
+            adapter, tok = _adapter_and_tokenizer(run.model, parse_dtype("bfloat16"))
+            w = workload(adapter, tok, opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"))
+            extra: dict[str, Any] = {"layer_skip": layer_skip(adapter)}
+            if "rows" in opts:
+                extra["rows"] = opts["rows"]
+            if "map_layers" in opts:
+                extra["map_layers"] = parse_layers(opts["map_layers"])
+            extra.update({k: opts[k] for k in ("method", "verify_top", "active", "audit") if k in opts})
+            plan = planner.plan(planner.profile(adapter), run.experiment or cls.name, w, device, devices, **extra)
+            out.append((run.what, plan))
     return out
 
 

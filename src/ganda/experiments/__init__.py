@@ -52,14 +52,14 @@ def _here(target: str) -> str:
 # summary is here so that ``ganda --help`` lists every command without importing torch. An alias
 # is a name whose entry is another name.
 for _name, _entry in {
-    "eval": ("evaluation:Evaluation", "Accuracy of a model on a task, optionally under interventions", {}),
-    "attn": ("maps:Maps", "Draw attention maps of heads on one prompt", {}),
-    "maps": "attn",
     "sweep": ("builtin:Sweep", "Single-head ablation: accuracy with each head zeroed",
               {"sweep": "head_effects:HeadSweepResult"}),
     "rank": ("builtin:Rank", "Rank every head by its ablation effect on the task's margin",
              {"rank": "head_effects:RankingResult"}),
     "attribution": "rank",
+    "eval": ("evaluation:Evaluation", "Accuracy of a model on a task, optionally under interventions", {}),
+    "attn": ("maps:Maps", "Draw attention maps of heads on one prompt", {}),
+    "maps": "attn",
     "prune": ("prune:Prune", "Cumulative layer pruning and the minimal model (Figures 2, 3)",
               {"prune": "prune:PruneResult", "remove_restore": "prune:RemoveRestoreResult"}),
     "transplant": ("transplant:Transplant", "Replace student layers or heads with a donor's (Figure 7)",

@@ -31,7 +31,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from .. import runio
 from ..errors import GandaError
@@ -214,6 +214,15 @@ def option_type(hint: Any) -> type:
     return hint
 
 
+class PaperRun(NamedTuple):
+    """One of the paper's headline runs of an experiment, as ``ganda plan --paper`` costs it."""
+
+    model: str  # the shipped config it is costed on (bf16)
+    workload: dict[str, Any]  # task, n, tokens, and the experiment's options the costs read
+    what: str  # one line naming the run
+    experiment: str | None = None  # the name it is costed under (default: the experiment's)
+
+
 class Experiment:
     """Base of a registered experiment (see the module docstring)."""
 
@@ -231,6 +240,8 @@ class Experiment:
     default_out: ClassVar[str | None] = None  # the run directory (default: runs/<name>-<task>)
     #: the options its ``phases`` read, each a flag of ``ganda plan`` (None: every option)
     costed_options: ClassVar[tuple[str, ...] | None] = None
+    #: the paper's headline runs of this experiment (``ganda plan --paper``)
+    paper: ClassVar[tuple[PaperRun, ...]] = ()
 
     def __init__(self, resume: bool = True) -> None:
         self.resume = resume  # continue a stopped run in its directory (the experiment's own journal)

@@ -15,7 +15,7 @@ from ..attribution import check_rank_options, rank_heads
 from ..errors import GandaError
 from ..heads import expand, require_heads
 from ..sweep import run_sweep
-from .base import Experiment, Options, option
+from .base import Experiment, Options, PaperRun, option
 from .cumulative import cumulative_ablation
 from .tables import console, print_ranking, print_sweep
 
@@ -82,6 +82,8 @@ class Sweep(Experiment):
     Options = SweepOptions
     done_file = "results.jsonl"
     phases = "ganda.plan:sweep_phases"
+    paper = (PaperRun("meta-llama/Llama-3.1-8B", {"task": "mmlu", "n": 1000},
+                      "exhaustive single-head sweep, 1,000 MMLU"),)
     takes = frozenset({"resume", "ray"})
 
     def check_run(self, options: SweepOptions, run: Any) -> None:  # type: ignore[override]
@@ -163,6 +165,9 @@ class Rank(Experiment):
     Options = RankOptions
     done_file = "ranking.json"
     phases = "ganda.plan:attribution_phases"
+    paper = (PaperRun("meta-llama/Llama-3.1-8B", {"task": "mmlu", "n": 1000, "method": "atp*", "verify_top": 30,
+                                                  "active": 0, "audit": 10},
+                      "the same ranked by attribution (AtP*)", "attribution"),)
     takes = frozenset({"resume", "ray"})
 
     def check_examples(self, examples: list[Any], task: str) -> None:

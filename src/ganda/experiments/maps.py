@@ -17,7 +17,7 @@ from ..heads import require_heads
 from ..models.base import ModelAdapter
 from ..models.loading import model_inputs
 from ..tasks import get_task, task_for_model
-from .base import DirectExperiment, Options, option
+from .base import DirectExperiment, Options, PaperRun, option
 
 
 @dataclass
@@ -44,6 +44,10 @@ class Maps(DirectExperiment):
     aliases = ("maps",)
     Options = MapsOptions
     phases = "ganda.plan:maps_phases"
+    paper = (PaperRun("tiiuae/falcon-mamba-7b", {"tokens": 4096, "n": 1, "rows": 1},
+                      "implicit maps at L=4,096: every channel of every layer, last row", "maps"),
+             PaperRun("tiiuae/falcon-mamba-7b", {"tokens": 4096, "n": 1, "map_layers": "32"},
+                      "implicit maps at L=4,096: every channel of one layer, full 4,096 x 4,096", "maps"))
     costed_options = ("rows", "map_layers")
     takes = frozenset({"force"})
     task_help = "the task whose example is drawn (kv, letters, mmlu, ...)"
