@@ -36,12 +36,11 @@ import ganda
 from ganda import from_model
 from ganda import plan as planner
 from ganda.attribution import rank_heads
-from ganda.commands.plan import layer_skip
 from ganda.experiments.common import Scorer
 from ganda.experiments.prune import prune_curve
 from ganda.experiments.transplant import transplant_sweep
 from ganda.heads import expand
-from ganda.plan import DEVICES
+from ganda.plan import DEVICES, layer_skip
 from ganda.scoring import encode, evaluate_examples
 from ganda.sweep import run_sweep
 from ganda.tasks import get_task

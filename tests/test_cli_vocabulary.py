@@ -230,7 +230,7 @@ def test_help_and_errors_have_no_summary_line(capfd):
 
 
 def test_a_long_eval_says_how_long_before_it_starts(capfd, monkeypatch):
-    from ganda.commands import estimate as plan_cmd
+    from ganda import plan as plan_cmd
     from ganda.models import load_model
 
     five = get_task("mmlu", shots=5, subjects="anatomy,virology").examples(limit=20)

@@ -27,6 +27,7 @@ maps, circuits), which runs ganda's chunked scan (:mod:`ganda.models.ssm.selecti
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -44,11 +45,18 @@ from .attribution.engine import (
     batch_tokens_for,
     graddrop_blocks,
 )
+from .device import parse_dtype
 from .errors import GandaError
+from .heads import expand
+from .interventions import parse_layers
+from .models import hub, load_model, meta
 from .models.base import ModelAdapter
+from .models.loading import _load_tokenizer, model_path
 from .models.ssm.selective_scan import chunk_of, segment_of
-from .scoring import prefix_cache_enabled
+from .progress import note
+from .scoring import encode, prefix_cache_enabled
 from .sweep import batching_for, forward_tokens
+from .tasks import get_task
 
 GiB = float(1 << 30)
 
@@ -777,3 +785,129 @@ def plan_text(pl: Plan) -> str:
                      f"through {r['layers']} layers, {r['flops']:.3g} FLOPs, {human_seconds(r['seconds'])}")
     lines += [f"  note: {n}" for n in pl.notes]
     return "\n".join(lines)
+
+
+# ---- a plan's inputs: a model's layout, a task's workload, the paper's runs, a run's announcement ----
+
+# Published token counts are not at hand for a config alone: characters per token of English
+# text under a ~128k BPE vocabulary (Llama-3's tokenizer gives 4.1-4.4 on MMLU).
+CHARS_PER_TOKEN = 4.2
+MEASURED = 200  # examples read to measure a task's prompt lengths
+
+
+ANNOUNCE_AFTER = 60.0  # seconds: a run estimated to take longer says so before it starts
+
+
+def _new_chars(examples: list) -> float:
+    """The fraction of the prompts' characters not shared with the previous prompt: what is left to
+    compute when a shared prefix (MMLU's k-shot exemplars of one subject) is computed once."""
+    total = new = 0
+    prev = ""
+    for ex in examples:
+        shared = len(os.path.commonprefix([prev, ex.prompt]))
+        total += len(ex.prompt)
+        new += len(ex.prompt) - shared
+        prev = ex.prompt
+    return new / total if total else 1.0
+
+
+def announce(adapter: Any, examples: list, experiment: str = "eval", shared_prefix: bool = True,
+             **opts: Any) -> float | None:
+    """Before a long run, one line on stderr with ``ganda plan``'s estimate of its time on this CPU
+    (lengths measured on 50 of the examples, a prefix shared with the previous prompt counted once
+    when ``shared_prefix``); returns the estimate in seconds. Nothing on a GPU (no calibrated rates)
+    or when the run is estimated under :data:`ANNOUNCE_AFTER`."""
+
+    if not examples or adapter.device.type != "cpu":
+        return None
+    try:
+        some = examples[:: max(1, len(examples) // 50)][:50]
+        w = workload_from_examples(some, lambda text: encode(adapter, text), CHARS_PER_TOKEN)
+        tokens = w.tokens * (_new_chars(examples) if shared_prefix else 1.0)
+        w = Workload(n=len(examples), tokens=tokens, choices=w.choices, choice_tokens=w.choice_tokens,
+                             max_tokens=w.max_tokens)
+        seconds = plan(profile(adapter), experiment, w, "cpu", 1,
+                               layer_skip=layer_skip(adapter), **opts).seconds
+    except Exception:  # noqa: BLE001 - an estimate is a courtesy; a model the planner cannot cost runs anyway
+        return None
+    if seconds >= ANNOUNCE_AFTER:
+        took = f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+        note(f"this run: {len(examples):,} examples, ~{w.tokens:.0f} tokens each to compute: about {took} on one "
+             f"CPU core (ganda plan's calibrated rates); --limit N runs fewer")
+    return seconds
+
+
+def layer_skip(adapter: Any) -> bool:
+    """Whether the exact sweep recomputes only the layers after each head's (the family skips layers)."""
+    return bool(adapter.skips_layers())
+
+
+def model_layout(model: str, dtype: Any) -> tuple[Any, Any]:
+    """The model's full-size layout (meta device) and, where the model has one locally, its tokenizer.
+    A GGUF file (or an alias of one) has no config to build from: it is loaded."""
+    found = None if hub.is_hub_id(model) or model in meta.shipped() else model_path(model)
+    if found is not None and found.is_file() and found.suffix.lower() == ".gguf":
+        adapter = load_model(model, device="cpu", dtype=dtype)
+        return adapter, adapter.tokenizer
+    adapter = meta.build(model, dtype)
+    path = model_path(model) if not hub.is_hub_id(model) and model not in meta.shipped() else None
+    tok = _load_tokenizer(str(path)) if path is not None and path.is_dir() else None
+    if tok is not None:
+        tok.model_max_length = 1 << 62  # it counts tokens; a prompt past the model's context is the plan's to say
+        adapter.tokenizer = tok
+    return adapter, tok
+
+
+def task_workload(adapter: Any, tok: Any, task: str, n: int, shots: int | None, tokens: int | None,
+                  seed: int = 0) -> Workload:
+    """``n`` examples of ``task`` as token counts (measured on up to 200 of them), or ``tokens`` each."""
+    if tokens is not None:
+        return Workload(n=n, tokens=float(tokens), max_tokens=tokens)
+    opts: dict[str, Any] = {"shots": shots} if shots is not None else {}
+    if "sample" in type(get_task(task)).option_types():  # mmlu: lengths from a sample across subjects
+        opts["sample"] = True
+    exs = get_task(task, **opts).examples(limit=min(n, MEASURED), seed=seed)
+    if not exs:
+        raise GandaError(f"task {task!r} gave no examples to measure")
+    enc = (lambda text: encode(adapter, text)) if tok is not None else None
+    w = workload_from_examples(exs, enc, CHARS_PER_TOKEN)
+    return Workload(n=n, tokens=w.tokens, choices=w.choices, choice_tokens=w.choice_tokens,
+                    max_tokens=w.max_tokens)
+
+
+def heads_per_layer(adapter: Any, heads: str | None) -> list[int] | None:
+    """How many of ``heads`` sit in each of the model's layers (a sweep's cost per layer)."""
+    if heads is None:
+        return None
+    per_layer = [0] * len(adapter.original_layers())
+    for h in expand(heads, adapter):
+        per_layer[h.layer] += 1
+    return per_layer
+
+
+def model_layers(adapter: Any, flag: str, text: str) -> list[int]:
+    """A layer list of the model's own layers: one past the last is one line, not an IndexError."""
+    layers = parse_layers(text)
+    n = len(adapter.original_layers())
+    if bad := [i for i in layers if not 0 <= i < n]:
+        raise GandaError(f"{flag} {bad} outside the model's layers 0..{n - 1}")
+    return layers
+
+
+def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tuple[str, Any]]:
+    """The paper's headline runs as plans (shipped configs, bf16): each experiment's ``paper`` runs."""
+    out = []
+    classes = list(dict.fromkeys(registry.experiment(n) for n in registry.experiment_names(ordered=False)))
+    for cls in classes:
+        for run in cls.paper:
+            opts = run.workload
+            adapter, tok = model_layout(run.model, parse_dtype("bfloat16"))
+            w = task_workload(adapter, tok, opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"))
+            extra: dict[str, Any] = {"layer_skip": layer_skip(adapter)}
+            if "rows" in opts:
+                extra["rows"] = opts["rows"]
+            if "map_layers" in opts:
+                extra["map_layers"] = parse_layers(opts["map_layers"])
+            extra.update({k: opts[k] for k in ("method", "verify_top", "active", "audit") if k in opts})
+            out.append((run.what, plan(profile(adapter), run.experiment or cls.name, w, device, devices, **extra)))
+    return out

@@ -30,7 +30,6 @@ import typer.main
 
 from .. import registry
 from ..experiments.base import DEFAULT_LIMIT
-from .estimate import announce
 from .grid import RAY, RAY_ACTORS
 from .options import (
     FORCE,
@@ -203,7 +202,7 @@ def build_command(name: str) -> click.Command:
             values["tasks"] = task_list(values.pop("task"), values.pop("tasks"), cls.default_tasks)
         if "models" in values:
             values["model"] = values["models"][0]
-        run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line(), announce=announce)
+        run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line(), announce=True)
         profile = getattr(cls, "inputs", "task")
         runner = {"task": run_on_task, "models": run_on_models, "direct": run_direct}.get(profile, run_on_tasks)
         done = runner(cls, run, options)

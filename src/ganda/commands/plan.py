@@ -14,98 +14,11 @@ import typer
 import typer.main
 
 from ..errors import GandaError
-from ..heads import expand
-from ..tasks import get_task
 from .analyses import AnalysisGroup
-from .estimate import CHARS_PER_TOKEN, SAMPLE, layer_skip
 from .options import FORCE, QUIET, at_least, model_inputs, parse_options
 
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
-
-def _adapter_and_tokenizer(model: str, dtype: Any) -> tuple[Any, Any]:
-    """The model's full-size layout (meta device) and, where the model has one locally, its tokenizer.
-    A GGUF file (or an alias of one) has no config to build from: it is loaded."""
-    from ..models import hub, load_model, meta
-    from ..models.loading import _load_tokenizer, model_path
-
-    found = None if hub.is_hub_id(model) or model in meta.shipped() else model_path(model)
-    if found is not None and found.is_file() and found.suffix.lower() == ".gguf":
-        adapter = load_model(model, device="cpu", dtype=dtype)
-        return adapter, adapter.tokenizer
-    adapter = meta.build(model, dtype)
-    path = model_path(model) if not hub.is_hub_id(model) and model not in meta.shipped() else None
-    tok = _load_tokenizer(str(path)) if path is not None and path.is_dir() else None
-    if tok is not None:
-        tok.model_max_length = 1 << 62  # it counts tokens; a prompt past the model's context is the plan's to say
-        adapter.tokenizer = tok
-    return adapter, tok
-
-
-def workload(adapter: Any, tok: Any, task: str, n: int, shots: int | None, tokens: int | None,
-             seed: int = 0) -> Any:
-    """``n`` examples of ``task`` as token counts (measured on up to 200 of them), or ``tokens`` each."""
-    from .. import plan as planner
-    from ..scoring import encode
-
-    if tokens is not None:
-        return planner.Workload(n=n, tokens=float(tokens), max_tokens=tokens)
-    opts: dict[str, Any] = {"shots": shots} if shots is not None else {}
-    if "sample" in type(get_task(task)).option_types():  # mmlu: lengths from a sample across subjects
-        opts["sample"] = True
-    exs = get_task(task, **opts).examples(limit=min(n, SAMPLE), seed=seed)
-    if not exs:
-        raise GandaError(f"task {task!r} gave no examples to measure")
-    enc = (lambda text: encode(adapter, text)) if tok is not None else None
-    w = planner.workload_from_examples(exs, enc, CHARS_PER_TOKEN)
-    return planner.Workload(n=n, tokens=w.tokens, choices=w.choices, choice_tokens=w.choice_tokens,
-                            max_tokens=w.max_tokens)
-
-
-def _sweep_heads(adapter: Any, heads: str | None) -> list[int] | None:
-    if heads is None:
-        return None
-    per_layer = [0] * len(adapter.original_layers())
-    for h in expand(heads, adapter):
-        per_layer[h.layer] += 1
-    return per_layer
-
-
-def _layers_of(adapter: Any, flag: str, text: str) -> list[int]:
-    """A layer list of the model's own layers: one past the last is one line, not an IndexError."""
-    from ..interventions import parse_layers
-
-    layers = parse_layers(text)
-    n = len(adapter.original_layers())
-    if bad := [i for i in layers if not 0 <= i < n]:
-        raise GandaError(f"{flag} {bad} outside the model's layers 0..{n - 1}")
-    return layers
-
-
-def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tuple[str, Any]]:
-    """The paper's headline runs as plans (shipped configs, bf16): each experiment's ``paper`` runs."""
-    from .. import plan as planner
-    from .. import registry
-    from ..device import parse_dtype
-    from ..interventions import parse_layers
-
-    out = []
-    classes = list(dict.fromkeys(registry.experiment(n) for n in registry.experiment_names(ordered=False)))
-    for cls in classes:
-        for run in cls.paper:
-            opts = run.workload
-            adapter, tok = _adapter_and_tokenizer(run.model, parse_dtype("bfloat16"))
-            w = workload(adapter, tok, opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"))
-            extra: dict[str, Any] = {"layer_skip": layer_skip(adapter)}
-            if "rows" in opts:
-                extra["rows"] = opts["rows"]
-            if "map_layers" in opts:
-                extra["map_layers"] = parse_layers(opts["map_layers"])
-            extra.update({k: opts[k] for k in ("method", "verify_top", "active", "audit") if k in opts})
-            plan = planner.plan(planner.profile(adapter), run.experiment or cls.name, w, device, devices, **extra)
-            out.append((run.what, plan))
-    return out
-
 
 def _experiment_options(experiment: str, items: list[str] | None) -> dict[str, Any]:
     """``--option KEY=VALUE`` as the experiment's own options, built and checked by its ``Options``
@@ -199,6 +112,7 @@ def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
 def _phase_options(experiment: str, adapter: Any, given: dict[str, Any], items: list[str] | None) -> dict[str, Any]:
     """The options the experiment's costs read: the flags it declares (checked by its ``Options``,
     as its own command checks them) and ``--option``, in the forms its phases take."""
+    from .. import plan as planner
     from .. import registry
     from .analyses import _turns_off
 
@@ -211,10 +125,10 @@ def _phase_options(experiment: str, adapter: Any, given: dict[str, Any], items: 
         raise GandaError("--method exact is the exhaustive sweep: cost it with -e sweep")
     opts.update(_experiment_options(experiment, items))
     if "heads" in opts:
-        opts["heads_per_layer"] = _sweep_heads(adapter, opts.pop("heads"))
+        opts["heads_per_layer"] = planner.heads_per_layer(adapter, opts.pop("heads"))
     for name in ("verify_layers", "map_layers"):
         if opts.get(name) is not None:
-            opts[name] = _layers_of(adapter, "--" + name.replace("_", "-"), opts[name])
+            opts[name] = planner.model_layers(adapter, "--" + name.replace("_", "-"), opts[name])
     if opts.get("remove_restore") is True:  # prune's costs read the minimal model's size
         opts["remove_restore"] = opts.get("minimal") or len(adapter.original_layers())
     if "graddrop_blocks" in opts:
@@ -239,7 +153,7 @@ def plan_command(**values: Any) -> None:
         runio.check_output_file(out, "--out", inputs=model_inputs(model) if model else [], kind="plan",
                                 force=own["force"])
     if own["paper"]:
-        plans = paper_plans(own["device"], devices, own["shots"])
+        plans = planner.paper_plans(own["device"], devices, own["shots"])
     else:
         if model is None:
             raise GandaError("give a MODEL (or --paper)")
@@ -247,9 +161,9 @@ def plan_command(**values: Any) -> None:
             raise GandaError(f"--experiment must be one of {', '.join(planner.costed_experiments())}, "
                              f"not {experiment!r}")
         default = os.environ.get("GANDA_DTYPE") or ("float32" if own["device"] == "cpu" else "bfloat16")
-        adapter, tok = _adapter_and_tokenizer(model, parse_dtype(own["dtype"] or default, "--dtype"))
-        w = workload(adapter, tok, own["task"], own["limit"], own["shots"], own["tokens"])
-        opts = {"layer_skip": layer_skip(adapter), **_phase_options(experiment, adapter, given, own["option"])}
+        adapter, tok = planner.model_layout(model, parse_dtype(own["dtype"] or default, "--dtype"))
+        w = planner.task_workload(adapter, tok, own["task"], own["limit"], own["shots"], own["tokens"])
+        opts = {"layer_skip": planner.layer_skip(adapter), **_phase_options(experiment, adapter, given, own["option"])}
         plans = [(experiment, planner.plan(planner.profile(adapter), experiment, w, own["device"], devices, **opts))]
     _print_plans(plans, own["paper"], own["as_json"], out)
 

@@ -23,6 +23,7 @@ from ..interventions import AblateHeads, Intervention, KeepLayers, RemoveLayers,
 from ..interventions import mask_last_row as masked_last_row
 from ..models.base import ModelAdapter
 from ..models.loading import model_inputs
+from ..plan import announce
 from ..scoring import EvalResult, answers_text
 from ..sites import CLASSES
 from ..tasks import get_task, task_for_model
@@ -110,9 +111,8 @@ class Evaluation(DirectExperiment):
             pass
         if options.shaped():
             ivs = options.interventions(run.seed)
-        if task.kind == "mc" and run.announce is not None:
-            run.announce(adapter, task.examples(limit=run.limit, seed=run.seed),
-                         shared_prefix=not options.no_prefix_cache)
+        if task.kind == "mc" and run.announce:
+            announce(adapter, task.examples(limit=run.limit, seed=run.seed), shared_prefix=not options.no_prefix_cache)
         res = evaluate(adapter, task, ivs, limit=run.limit, seed=run.seed, progress=run.progress,
                        prefix_cache=False if options.no_prefix_cache else None)
         if options.predictions:

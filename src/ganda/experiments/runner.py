@@ -60,8 +60,7 @@ class RunInputs(TaskInputs):
     models: list[str] | None = None  # several models, the same prompts for each (inputs "models")
     option: list[str] | None = None  # --option KEY=VALUE: any option of the task
     force: bool = False  # replace an output file that ganda did not write
-    # before a long run: (adapter, examples, shared_prefix) -> says how long it will take (the command line's)
-    announce: Any = None
+    announce: bool = False  # before a long run, say how long it will take (ganda.plan.announce; the command line)
 
     def task_options(self) -> dict[str, Any]:
         return {**super().task_options(), **parse_options(self.option)}
