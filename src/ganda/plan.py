@@ -911,3 +911,28 @@ def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tup
             extra.update({k: opts[k] for k in ("method", "verify_top", "active", "audit") if k in opts})
             out.append((run.what, plan(profile(adapter), run.experiment or cls.name, w, device, devices, **extra)))
     return out
+
+
+def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],
+                  given: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The options an experiment's costs read, in the forms its phases take: ``flags`` checked by
+    its ``Options`` as its own command checks them, ``given`` (``--option KEY=VALUE``) as ``ganda
+    run`` checks them; head ids as heads per layer, layer lists as the model's own layers."""
+    cls = registry.experiment(experiment)
+    built = cls.Options.build(flags, cli=True)
+    opts: dict[str, Any] = {k: getattr(built, k) for k in flags}
+    if cls.name == "rank" and opts.get("method") == "exact":
+        raise GandaError("--method exact is the exhaustive sweep: cost it with -e sweep")
+    if given:
+        built = cls.Options.build(given, where="--option ")
+        opts.update({k: v for k, v in built.to_json().items() if k in given})
+    if "heads" in opts:
+        opts["heads_per_layer"] = heads_per_layer(adapter, opts.pop("heads"))
+    for name in ("verify_layers", "map_layers"):
+        if opts.get(name) is not None:
+            opts[name] = model_layers(adapter, "--" + name.replace("_", "-"), opts[name])
+    if opts.get("remove_restore") is True:  # prune's costs read the minimal model's size
+        opts["remove_restore"] = opts.get("minimal") or len(adapter.original_layers())
+    if "graddrop_blocks" in opts:
+        opts["graddrop_blocks"] = opts["graddrop_blocks"] or None  # 0: one block per layer
+    return opts

@@ -13,9 +13,8 @@ from typing import Any
 import typer
 
 from .. import progress
-from ..errors import AT_MOST, GandaError, at_least  # noqa: F401  (the commands' shared checks)
-from ..experiments.base import ABLATION_HELP, LIMIT_MMLU, one_of, parse_options  # noqa: F401
-from ..heads import require_heads  # noqa: F401
+from ..errors import GandaError, at_least  # noqa: F401  (the commands' shared checks)
+from ..experiments.base import LIMIT_MMLU, parse_options  # noqa: F401
 
 DEFAULT_MODEL = "smollm2-135m"  # ganda.models.DEFAULT_MODEL, spelled here so that --help needs no torch
 MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-9k, lab-hybrid-late-7k5, "
@@ -57,14 +56,6 @@ def task_list(task: str | None, tasks: str | None, default: str) -> str:
     if task is not None and tasks is not None and task != tasks:
         raise GandaError(f"--task {task} and --tasks {tasks}: --tasks is another spelling of --task, give one")
     return task if task is not None else tasks if tasks is not None else default
-
-
-ABLATIONS = ("zero", "mean", "resample")  # ganda.ablation.ABLATIONS, spelled here so that --help needs no torch
-
-
-def ablation_option(kinds: str = "zero|mean|resample") -> Any:
-    """``--ablation``, naming the kinds the command runs."""
-    return typer.Option("zero", "--ablation", help=f"{kinds}: {ABLATION_HELP}")
 
 
 def model_inputs(spec: str) -> list[Path]:

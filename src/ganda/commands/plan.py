@@ -20,17 +20,6 @@ from .options import FORCE, QUIET, at_least, model_inputs, parse_options
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
 
-def _experiment_options(experiment: str, items: list[str] | None) -> dict[str, Any]:
-    """``--option KEY=VALUE`` as the experiment's own options, built and checked by its ``Options``
-    (the values given; the others keep the costs' defaults)."""
-    from .. import registry
-    given = parse_options(items)
-    if not given:
-        return {}
-    built = registry.experiment(experiment).Options.build(given, where="--option ")
-    return {k: v for k, v in built.to_json().items() if k in given}
-
-
 #: plan's own inputs; every other flag is an option of a costed experiment (:func:`_experiment_flags`)
 OWN = ("model", "experiment", "task", "limit", "shots", "tokens", "device", "devices", "dtype", "option", "paper",
        "as_json", "out", "force", "quiet")
@@ -110,30 +99,15 @@ def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
 
 
 def _phase_options(experiment: str, adapter: Any, given: dict[str, Any], items: list[str] | None) -> dict[str, Any]:
-    """The options the experiment's costs read: the flags it declares (checked by its ``Options``,
-    as its own command checks them) and ``--option``, in the forms its phases take."""
+    """The flags the experiment declares (a ``--no-x`` flag given: its option off) and ``--option``,
+    in the forms its phases take (:func:`ganda.plan.phase_options`)."""
     from .. import plan as planner
     from .. import registry
     from .analyses import _turns_off
 
-    cls = registry.experiment(experiment)
-    fields = {f.name: f for f in _costed_fields(cls)}
-    mine = {k: (not v if _turns_off(fields[k]) else v) for k, v in given.items() if k in fields}
-    built = cls.Options.build(mine, cli=True)
-    opts: dict[str, Any] = {k: getattr(built, k) for k in mine}
-    if cls.name == "rank" and opts.get("method") == "exact":
-        raise GandaError("--method exact is the exhaustive sweep: cost it with -e sweep")
-    opts.update(_experiment_options(experiment, items))
-    if "heads" in opts:
-        opts["heads_per_layer"] = planner.heads_per_layer(adapter, opts.pop("heads"))
-    for name in ("verify_layers", "map_layers"):
-        if opts.get(name) is not None:
-            opts[name] = planner.model_layers(adapter, "--" + name.replace("_", "-"), opts[name])
-    if opts.get("remove_restore") is True:  # prune's costs read the minimal model's size
-        opts["remove_restore"] = opts.get("minimal") or len(adapter.original_layers())
-    if "graddrop_blocks" in opts:
-        opts["graddrop_blocks"] = opts["graddrop_blocks"] or None  # 0: one block per layer
-    return opts
+    fields = {f.name: f for f in _costed_fields(registry.experiment(experiment))}
+    flags = {k: (not v if _turns_off(fields[k]) else v) for k, v in given.items() if k in fields}
+    return planner.phase_options(experiment, adapter, flags, parse_options(items))
 
 
 def plan_command(**values: Any) -> None:
