@@ -14,43 +14,36 @@ import typer
 import typer.main
 
 from ..errors import GandaError
-from .analyses import AnalysisGroup
+from .analyses import AnalysisGroup, _param
 from .options import FORCE, QUIET, at_least, model_inputs, parse_options
 
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
 
-#: plan's own inputs; every other flag is an option of a costed experiment (:func:`_experiment_flags`)
-OWN = ("model", "experiment", "task", "limit", "shots", "tokens", "device", "devices", "dtype", "option", "paper",
-       "as_json", "out", "force", "quiet")
-
-
-def _own_parameters() -> list[inspect.Parameter]:
-    def p(name: str, default: Any, annotation: Any, kind: Any = inspect.Parameter.KEYWORD_ONLY) -> inspect.Parameter:
-        return inspect.Parameter(name, kind, default=default, annotation=annotation)
-
-    return [
-        p("model", typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, a model "
-                                  "directory or a hub id; omit with --paper"), str | None),
-        p("experiment", typer.Option("eval", "--experiment", "-e", help="a registered experiment with costs: eval, attn "
-                                     "(or maps), sweep, rank, path, edges, prune, transplant or a plugin's (an unknown "
-                                     "name lists them)"), str),
-        p("task", typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"), str),
-        p("limit", typer.Option(1000, "--limit", "-n", help="number of examples the run scores (in all; mmlu's --limit "
-                                "elsewhere counts per subject)"), int),
-        p("shots", typer.Option(None, "--shots", help="few-shot exemplars (mmlu)"), int | None),
-        p("tokens", typer.Option(None, "--tokens", help="tokens per prompt instead of the task's"), int | None),
-        p("device", typer.Option("h100", "--device", help=", ".join(DEVICES)), str),
-        p("devices", typer.Option(1, "--devices", help="number of devices working side by side"), int),
-        p("dtype", typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"), str | None),
-        p("option", typer.Option(None, "--option", help="an option of the experiment KEY=VALUE (repeatable; any "
-                                 "registered experiment's own, checked as ganda run checks it)"), list[str] | None),
-        p("paper", typer.Option(False, "--paper", help="print the paper's headline runs"), bool),
-        p("as_json", typer.Option(False, "--json", help="one JSON object"), bool),
-        p("out", typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"), Path | None),
-        p("force", FORCE, bool),
-        p("quiet", QUIET, bool),
-    ]
+#: plan's own inputs (name -> typer default, type), in the order of ``--help``; every other flag is
+#: an option of a costed experiment (:func:`_experiment_flags`)
+OWN: dict[str, tuple[Any, Any]] = {
+    "model": (typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, a model "
+                             "directory or a hub id; omit with --paper"), str | None),
+    "experiment": (typer.Option("eval", "--experiment", "-e", help="a registered experiment with costs: eval, attn "
+                                "(or maps), sweep, rank, path, edges, prune, transplant or a plugin's (an unknown "
+                                "name lists them)"), str),
+    "task": (typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"), str),
+    "limit": (typer.Option(1000, "--limit", "-n", help="number of examples the run scores (in all; mmlu's --limit "
+                           "elsewhere counts per subject)"), int),
+    "shots": (typer.Option(None, "--shots", help="few-shot exemplars (mmlu)"), int | None),
+    "tokens": (typer.Option(None, "--tokens", help="tokens per prompt instead of the task's"), int | None),
+    "device": (typer.Option("h100", "--device", help=", ".join(DEVICES)), str),
+    "devices": (typer.Option(1, "--devices", help="number of devices working side by side"), int),
+    "dtype": (typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"), str | None),
+    "option": (typer.Option(None, "--option", help="an option of the experiment KEY=VALUE (repeatable; any "
+                            "registered experiment's own, checked as ganda run checks it)"), list[str] | None),
+    "paper": (typer.Option(False, "--paper", help="print the paper's headline runs"), bool),
+    "as_json": (typer.Option(False, "--json", help="one JSON object"), bool),
+    "out": (typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"), Path | None),
+    "force": (FORCE, bool),
+    "quiet": (QUIET, bool),
+}
 
 
 def _experiment_flags() -> dict[str, tuple[Any, Any, list[str]]]:
@@ -162,7 +155,8 @@ def build_plan() -> click.Command:
     """``ganda plan``: its own inputs and every costed experiment's options (built when it is called:
     the experiments' declarations load torch, which ``ganda --help`` does not)."""
     flags = _experiment_flags()
-    params = _own_parameters() + [_flag_parameter(f, hint, owners) for f, hint, owners in flags.values()]
+    params = [_param(name, *own) for name, own in OWN.items()]
+    params += [_flag_parameter(f, hint, owners) for f, hint, owners in flags.values()]
     plan_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     plan_command.__annotations__ = {p.name: p.annotation for p in params}
     app = typer.Typer(rich_markup_mode=None, add_completion=False)
