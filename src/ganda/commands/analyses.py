@@ -48,20 +48,19 @@ def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def _task_inputs() -> dict[str, tuple[Any, Any]]:
-    """:class:`ganda.experiments.runner.TaskInputs` as typer options (declared there once)."""
+def _task_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
+    """:class:`ganda.experiments.runner.TaskInputs` as typer options (declared there once); ``-n/--limit``
+    states the experiment's own default where it is not TaskInputs' usual one."""
     from ..experiments.runner import TaskInputs
 
     hints = typing.get_type_hints(TaskInputs)
-    return {f.name: (p.default, p.annotation) for f in TaskInputs.fields()
-            for p in [option_parameter(f, hints[f.name])]}
-
-
-def _limit(cls: Any) -> tuple[Any, Any]:
-    """``-n/--limit`` of an experiment whose default is not TaskInputs' usual one."""
-    what = ("number of examples (default: every example of the task)" if cls.default_limit is None
-            else f"number of prompts (default: {cls.default_limit})")
-    return limit_option(None, what), int | None
+    inputs = {f.name: (p.default, p.annotation) for f in TaskInputs.fields()
+              for p in [option_parameter(f, hints[f.name])]}
+    if cls.default_limit != DEFAULT_LIMIT:
+        inputs["limit"] = (limit_option(None, "number of examples (default: every example of the task)"
+                                        if cls.default_limit is None else
+                                        f"number of prompts (default: {cls.default_limit})"), int | None)
+    return inputs
 
 
 def run_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
@@ -70,33 +69,29 @@ def run_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
         "model": (MODEL, str),
         "task": (typer.Option("kv", "--task", "-t", help="any multiple-choice task (kv, letters, lab-mmlu, mmlu, "
                               "arc_easy, arc_challenge, openbookqa, piqa, hellaswag, winogrande, ...)"), str),
-        **_task_inputs(),
+        **_task_inputs(cls),
         "out": (typer.Option(None, "--out", "-o", help="run directory (default: "
                              f"{cls.default_out or 'runs/<experiment>-<task>'})"), Path | None),
         "as_json": (typer.Option(False, "--json", help="print one JSON object instead of tables"), bool),
         "allow_pickle": (PICKLE, bool),
         "quiet": (QUIET, bool),
     }
-    if cls.default_limit != DEFAULT_LIMIT:  # TaskInputs' help states the usual default
-        inputs["limit"] = _limit(cls)
     return inputs
 
 
 def direct_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
     """The inputs of a :class:`ganda.experiments.base.DirectExperiment` (run once, no run directory):
     the model, a task of any kind and the :class:`ganda.experiments.runner.TaskInputs` it names."""
-    prompts = _task_inputs()
+    prompts = _task_inputs(cls)
     inputs = {"model": (MODEL, str), "task": (typer.Option("kv", "--task", "-t", help=cls.task_help), str),
               **{name: prompts[name] for name in cls.task_inputs}}
-    if "limit" in inputs and cls.default_limit != DEFAULT_LIMIT:
-        inputs["limit"] = _limit(cls)
     return {**inputs, "allow_pickle": (PICKLE, bool), "quiet": (QUIET, bool)}
 
 
 def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
     """The inputs of a :class:`ganda.experiments.base.ScoredExperiment`: one model scored on a list
     of tasks (its default the experiment's), the same examples in every condition."""
-    prompts = _task_inputs()
+    prompts = _task_inputs(cls)
     own = cls.input_help
     limit = own.get("limit") or ("examples per task (the same examples in every condition" +
                                  ("" if cls.default_limit is not None else "; default: every example") + ")")
@@ -192,7 +187,7 @@ def build_command(name: str) -> click.Command:
 
     def command(**values: Any) -> None:
         from .. import runio
-        from ..experiments.runner import run_direct, run_on_models, run_on_task, run_on_tasks
+        from ..experiments.runner import run_experiment
 
         as_json, quiet, html = values.pop("as_json", False), values.pop("quiet"), values.pop("html", False)
         given = {f.name: values.pop(f.name) for f in fields}
@@ -203,9 +198,7 @@ def build_command(name: str) -> click.Command:
         if "models" in values:
             values["model"] = values["models"][0]
         run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line(), announce=True)
-        profile = getattr(cls, "inputs", "task")
-        runner = {"task": run_on_task, "models": run_on_models, "direct": run_direct}.get(profile, run_on_tasks)
-        done = runner(cls, run, options)
+        done = run_experiment(cls, run, options)
         if html:
             _reports(done.experiment.finished)
         if as_json:

@@ -167,5 +167,14 @@ def run_direct(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     return Run(exp, exp.run_model(adapter, options, run), None, adapter, [], options)
 
 
-__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_direct", "run_on_models",
+
+def run_experiment(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
+    """Run ``cls`` through the runner of its inputs (``inputs``: one task's examples, a task list or
+    its own prompts, several models, or a direct run with no run directory)."""
+    runner = {"task": run_on_task, "models": run_on_models, "direct": run_direct}
+    return runner.get(getattr(cls, "inputs", "task"), run_on_tasks)(cls, run, options)  # type: ignore[arg-type]
+
+
+__all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_direct", "run_experiment",
+           "run_on_models",
            "run_on_task", "run_on_tasks"]
