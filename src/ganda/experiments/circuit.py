@@ -13,6 +13,7 @@ from typing import Any
 
 from ..ablation import check_batched_ablation
 from ..attention import draw_attention, save_attention_json
+from ..attribution.ranking import MARGIN_HELP
 from ..circuit import PATHS, TOGETHER, path_ablation
 from ..circuit.ablation import EVERYWHERE, INTACT
 from ..circuit.edges import ACTIVE_EDGES, bound_sentence, edge_positions, parse_edge, rank_edges
@@ -26,7 +27,6 @@ from ..scoring import encode
 from ..stats import overlap
 from ..tasks.base import Example
 from .base import Experiment, Options, option
-from .builtin import MARGIN_HELP
 from .common import ExperimentResult
 from .roles import head_roles
 from .tables import print_edges, print_path
