@@ -384,12 +384,6 @@ def _well_formed(rec: dict[str, Any]) -> bool:
 
 
 SWEEP_METRICS = ("acc", "acc_norm", "margin")  # what a sweep ranks heads by (ganda.effects)
-SWEEP_ABLATIONS = ("zero", "mean")  # resample needs a donor per scored row (ganda.ablation)
-
-
-def check_sweep_ablation(ablation: str, flag: str = "ablation") -> None:
-    """Refuse (one line) an ablation the sweep engine cannot run exactly."""
-    check_batched_ablation(ablation, flag, "the sweep engine")
 
 
 @dataclass
@@ -611,7 +605,7 @@ def _checked_heads(adapter: ModelAdapter, examples: Sequence[Example], heads: Se
         raise GandaError("batch_heads must be at least 1")
     if metric not in SWEEP_METRICS:
         raise GandaError(f"metric must be one of {', '.join(SWEEP_METRICS)}, not {metric!r}")
-    check_sweep_ablation(ablation)
+    check_batched_ablation(ablation, "ablation", "the sweep engine")
     return heads
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from .. import registry, runio
 from ..errors import GandaError
 from ..intervals import bounds, ci, split_all
-from ..interventions import Intervention, describe_all
+from ..interventions import Intervention
 from ..knowledge import group_score
 from ..models.base import ModelAdapter
 from ..scoring import evaluate_examples
@@ -385,7 +385,3 @@ def prediction_records(path: Path, run: str, condition: str | None) -> list[dict
         row.update({k: v for k, v in rec.items() if k != "id"})
         rows.append(row)
     return rows
-
-
-def describe_run(adapter: ModelAdapter, interventions: Sequence[Intervention] = ()) -> dict[str, Any]:
-    return {"model": adapter.spec, "interventions": describe_all(interventions)}

@@ -279,8 +279,6 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
     )
 
 
-# where each role's ablation must cost more: an Aggregate head at the final position, a Gather head before it
-ROLE_MODE = {"aggregate": ("query", "context"), "gather": ("context", "query")}
 FINDING = ("the head's ablation costs accuracy (paired drop, 95% interval above 0) and costs more where its role "
            "says (Aggregate: at the final position; Gather: before it)")
 
