@@ -511,9 +511,8 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
     shared prefix runs once and the rest in length-bucketed batches of up to ``batch_rows``
     suffixes (default the device's :func:`score_budget`: ``SUFFIX_ROWS`` on the CPU); without it up to ``batch_rows`` whole rows per forward
     (default :func:`default_batch_rows`; ``batch_rows=1`` is :func:`score_example` one by one)."""
-    if getattr(adapter, "row_needs", 0):  # resample or position-class ablation: every row whole, with its prompt
-        return _score_sited(adapter, examples, batch_rows, progress, desc)
-    if prefix_cache_enabled(adapter, prefix_cache):
+    sited = bool(getattr(adapter, "row_needs", 0))  # resample or position-class ablation: every row whole, with its prompt
+    if not sited and prefix_cache_enabled(adapter, prefix_cache):
         rows = None if batch_rows is None else max(1, int(batch_rows))
         res: list[ChoiceScores] = []
         bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
@@ -525,34 +524,11 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
         bar.close()
         return res
     n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
-    if n == 1:
+    if n == 1 and not sited:
         return [_score_pairs(adapter, example_pairs(ex), norm_chars(ex), False)
                 for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
-    out: list[ChoiceScores] = []
-    chunk: list[tuple[Pairs, bool, list[int]]] = []
-    size = 0
-    bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
-    for item in encode_examples(adapter, examples):
-        pairs, single, _ = item
-        k = 1 if single else len(pairs)
-        if chunk and size + k > n:
-            out += _score_rows(adapter, chunk)
-            bar.update(len(chunk))
-            chunk, size = [], 0
-        chunk.append(item)
-        size += k
-    if chunk:
-        out += _score_rows(adapter, chunk)
-        bar.update(len(chunk))
-    bar.close()
-    return out
-
-
-def _score_sited(adapter: ModelAdapter, examples: Sequence[Example], batch_rows: int | None, progress: bool,
-                 desc: str) -> list[ChoiceScores]:
-    """:func:`score_examples` on the rows path, each row with its ids and position classes (what a
-    resample or position-class ablation reads, :mod:`ganda.ablation`)."""
-    n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
+    # up to n rows per forward; a sited row also carries its prompt's position classes
+    # (:func:`prompt_sites`, what a resample or position-class ablation reads, :mod:`ganda.ablation`)
     out: list[ChoiceScores] = []
     chunk: list[tuple[Pairs, bool, list[int]]] = []
     where: list[dict[str, list[int]] | None] = []
@@ -561,14 +537,15 @@ def _score_sited(adapter: ModelAdapter, examples: Sequence[Example], batch_rows:
     for ex, item in zip(examples, encode_examples(adapter, examples), strict=True):
         k = 1 if item[1] else len(item[0])
         if chunk and size + k > n:
-            out += _score_rows(adapter, chunk, where)
+            out += _score_rows(adapter, chunk, where if sited else None)
             bar.update(len(chunk))
             chunk, where, size = [], [], 0
         chunk.append(item)
-        where.append(prompt_sites(adapter, ex))
+        if sited:
+            where.append(prompt_sites(adapter, ex))
         size += k
     if chunk:
-        out += _score_rows(adapter, chunk, where)
+        out += _score_rows(adapter, chunk, where if sited else None)
         bar.update(len(chunk))
     bar.close()
     return out
