@@ -261,6 +261,26 @@ def _fast_scores(scorer: Scorer, name: str, run: Any) -> dict[Any, dict[str, Any
     return {cond: group_score({t: per_task[t][cond] for t in per_task}) for cond in next(iter(per_task.values()))}
 
 
+def _scores_by_condition(adapter: ModelAdapter, scorer: Scorer, keys: list[Any], fast: Any,
+                         conds: list[tuple[list[Any], str]], desc: str) -> tuple[dict[Any, dict[str, Any]], list[str]]:
+    """Every task's score under each condition (``keys`` and ``conds`` in the same order): through the
+    fast path ``fast`` (examples -> {key: summary}; None: off) where it serves a task, else with full
+    forwards (:func:`_slow_scores`); and the tasks that took full forwards."""
+    per: dict[Any, dict[str, Any]] = {k: {} for k in keys}
+    slow_tasks = []
+    for name in scorer.tasks:
+        got = _fast_scores(scorer, name, fast) if fast is not None else None
+        if got is None:
+            slow_tasks.append(name)
+        else:
+            for k in keys:
+                per[k][name] = got[k]
+    if slow_tasks:
+        for k, scores in zip(keys, _slow_scores(adapter, scorer, slow_tasks, conds, desc), strict=True):
+            per[k].update(scores)
+    return per, slow_tasks
+
+
 def _slow_scores(adapter: ModelAdapter, scorer: Scorer, tasks: list[str], conds: list[tuple[list[Any], str]],
                  desc: str) -> Iterator[dict[str, Any]]:
     """``tasks`` scored with full forwards under each condition ``(interventions, label)``, in order:
@@ -334,20 +354,11 @@ def prune_curve(
     ks = list(range(n, min_layers - 1, -step))
     if ks[-1] != min_layers and min_layers >= 1:
         ks.append(min_layers)
-    per_k: dict[int, dict[str, Any]] = {k: {} for k in ks}
-    slow_tasks = []
-    for name in scorer.tasks:
-        fast = _fast_scores(scorer, name, lambda exs: fast_truncation_scores(adapter, exs, ks, progress=scorer.progress)) \
-            if fast_path else None
-        if fast is None:
-            slow_tasks.append(name)
-        else:
-            for k in ks:
-                per_k[k][name] = fast[k]
-    if slow_tasks:
-        conds = [([] if k == n else [truncate(k)], f"k={k}") for k in ks]
-        for k, scores in zip(ks, _slow_scores(adapter, scorer, slow_tasks, conds, "prune"), strict=True):
-            per_k[k].update(scores)
+    def fast(exs: Sequence[Any]) -> Any:
+        return fast_truncation_scores(adapter, exs, ks, progress=scorer.progress)
+
+    conds = [([] if k == n else [truncate(k)], f"k={k}") for k in ks]
+    per_k, slow_tasks = _scores_by_condition(adapter, scorer, ks, fast if fast_path else None, conds, "prune")
     rows = []
     for k in ks:
         scores = {t: per_k[k].get(t) for t in scorer.tasks}
@@ -408,21 +419,11 @@ def remove_restore(
     if not 1 <= minimal_layers <= n:
         raise GandaError(f"minimal model of {minimal_layers} layers: the model has {n}")
     keep = list(range(minimal_layers))
-    per: dict[int | None, dict[str, Any]] = {k: {} for k in [None, *keep]}
-    slow_tasks = []
-    for name in scorer.tasks:
-        fast = _fast_scores(scorer, name, lambda exs: fast_removal_scores(adapter, exs, minimal_layers,
-                                                                          progress=scorer.progress)) \
-            if fast_path else None
-        if fast is None:
-            slow_tasks.append(name)
-        else:
-            for k in per:
-                per[k][name] = fast[k]
-    if slow_tasks:
-        conds = [([KeepLayers(keep)], "minimal")] + [([KeepLayers([j for j in keep if j != i])], f"-L{i}") for i in keep]
-        for key, scores in zip(per, _slow_scores(adapter, scorer, slow_tasks, conds, "remove-restore"), strict=True):
-            per[key].update(scores)
+    def fast(exs: Sequence[Any]) -> Any:
+        return fast_removal_scores(adapter, exs, minimal_layers, progress=scorer.progress)
+
+    conds = [([KeepLayers(keep)], "minimal")] + [([KeepLayers([j for j in keep if j != i])], f"-L{i}") for i in keep]
+    per, _ = _scores_by_condition(adapter, scorer, [None, *keep], fast if fast_path else None, conds, "remove-restore")
     base = {t: per[None].get(t) for t in scorer.tasks}
     rows: list[dict[str, Any]] = [{"removed_layer": None, **flat_scores(base)}]
     for i in keep:
