@@ -177,23 +177,23 @@ def fast_truncation_scores(
             slow = _logliks_from(_forward_logp(adapter, first), first)
         if not _close(fast, slow):
             return None
-    ks = list(ks)
-    correct = dict.fromkeys(ks, 0)
-    for part in _shard_counts(adapter, _truncation_counts, examples, ks, progress, "prune"):
-        for k in ks:
-            correct[k] += part[k]
-    m = len(examples)
-    return {k: _summary(correct[k] / m, m, correct[k]) for k in ks}
+    return _sharded_scores(adapter, _truncation_counts, examples, list(ks), list(ks), progress, "prune")
 
 
-def _shard_counts(adapter: ModelAdapter, fn: Any, examples: Sequence[Any], arg: Any, progress: bool,
-                  label: str) -> Iterator[Any]:
-    """``fn(adapter, shard, arg, progress)`` for each prompt shard, in order (on Ray inside
-    :func:`ganda.distributed.ray_sweeps`); ``label`` names the units in errors."""
+def _sharded_scores(adapter: ModelAdapter, fn: Any, examples: Sequence[Any], arg: Any, keys: list[Any],
+                    progress: bool, label: str) -> dict[Any, dict[str, Any]]:
+    """Each key's accuracy over ``examples``, from ``fn(adapter, shard, arg, progress)``'s counts of
+    each prompt shard (on Ray inside :func:`ganda.distributed.ray_sweeps`); ``label`` names the
+    units in errors."""
     shards = prompt_shards(len(examples))
     units = [(list(examples[lo:hi]), arg, progress) for lo, hi in shards]
     names = [f"({label}, prompts {lo}-{hi - 1})" for lo, hi in shards]
-    return map_units(adapter, fn, units, names)
+    correct = dict.fromkeys(keys, 0)
+    for part in map_units(adapter, fn, units, names):
+        for key in keys:
+            correct[key] += part[key]
+    n = len(examples)
+    return {key: _summary(correct[key] / n, n, correct[key]) for key in keys}
 
 
 def _count_correct(adapter: ModelAdapter, examples: Sequence[Any], keys: list[Any], logliks: Any, desc: str,
@@ -231,13 +231,7 @@ def fast_removal_scores(
         slow = _logliks_from(_forward_logp(adapter, first), first)
     if not _close(fast, slow):
         return None
-    keys: list[int | None] = [None, *range(m)]
-    correct = dict.fromkeys(keys, 0)
-    for part in _shard_counts(adapter, _removal_counts, examples, m, progress, "remove-restore"):
-        for key in keys:
-            correct[key] += part[key]
-    n = len(examples)
-    return {key: _summary(correct[key] / n, n, correct[key]) for key in keys}
+    return _sharded_scores(adapter, _removal_counts, examples, m, [None, *range(m)], progress, "remove-restore")
 
 
 def _removal_counts(adapter: ModelAdapter, examples: Sequence[Any], m: int, progress: bool) -> dict[int | None, int]:
