@@ -75,7 +75,7 @@ from .ablation import check_batched_ablation, reference_means
 from .effects import effect, margin, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
-from .figures import pyplot
+from .figures import pyplot, save_figure
 from .fingerprint import fingerprint
 from .finite import check_scores
 from .heads import HeadId
@@ -523,11 +523,7 @@ class SweepResult:
         task = self.config.get("task", {})
         fig.suptitle(f"{model}: {task.get('task', '?') if isinstance(task, dict) else task} (n={self.baseline['n']})")
         fig.tight_layout()
-        try:
-            with runio.atomic_path(path) as tmp:
-                fig.savefig(tmp, dpi=120)
-        finally:
-            plt.close(fig)
+        save_figure(fig, path, dpi=120, tight=False)
 
 
 def _batches(heads: Sequence[HeadId], batch_heads: int) -> list[list[HeadId]]:

@@ -28,7 +28,7 @@ from .. import runio
 from ..effects import accuracy, effect, ordered, split
 from ..errors import GandaError
 from ..experiments.base import Options, option
-from ..figures import heatmap
+from ..figures import heatmap, save_figure
 from ..finite import check_scores, finite_json
 from ..heads import HeadId, expand, require_heads
 from ..interventions import AblateHeads
@@ -420,9 +420,7 @@ class RankResult:
         ax.set_title(f"{model} {tname or ''} (n={self.config.get('n')})", fontsize=9)
         ax.legend(fontsize=8, loc="upper left")
         fig.tight_layout()
-        with runio.atomic_path(Path(path)) as tmp:
-            fig.savefig(tmp, dpi=120)
-        plt.close(fig)
+        save_figure(fig, path, dpi=120, tight=False)
 
 
 def sign_flip_sentence(flips: Sequence[dict[str, Any]], shown: int = 5) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import runio
 from ..errors import GandaError
-from ..figures import pyplot
+from ..figures import pyplot, save_figure
 from ..heads import expand
 from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads
@@ -285,11 +285,7 @@ def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
     fig.suptitle("Sharpness, first model vs the other (blue: first sharper, red: other sharper, grey: undecided)",
                  fontsize=9)
     fig.tight_layout()
-    try:
-        with runio.atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, tight=False)
 
 
 class SharpnessResult:
