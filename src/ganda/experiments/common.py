@@ -197,6 +197,12 @@ def points(x: Any) -> str:
     return f"{100 * x:.1f} points" if isinstance(x, int | float) else str(x)
 
 
+def points_ci(r: dict[str, Any], name: str = "drop") -> str:
+    """A drop with its interval, as the prompt-set summaries give it: ``+12.0 points [3.0, 21.0]``."""
+    lo, hi = bounds(r, name)
+    return f"{100 * r[name]:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
 def acc(scores: dict[str, Any], task: str) -> float | None:
     s = scores.get(task)
     return None if s is None else s["accuracy"]

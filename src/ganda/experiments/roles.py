@@ -57,7 +57,7 @@ from ..sweep import run_sweep
 from ..tasks import get_task
 from ..tasks.base import Example
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, pct, points, prompt_sets
+from .common import ExperimentResult, pct, points, points_ci, prompt_sets
 from .cumulative import ablate_until_chance, added_heads, at_chance
 
 MODES = ("all", "query", "context")
@@ -377,18 +377,12 @@ def sets_lines(extra: dict[str, Any]) -> list[str]:
     lines = []
     for role, f in (extra.get("findings") or {}).items():
         p = next(r for r in extra["pooled"] if r["role"] == role and r["mode"] == "all")
-        misses = [f"set {s['set']} (seed {s['seed']}): drop {_pts(s['roles'][role]['all'])}, final position minus "
-                  f"before it {_pts(s['roles'][role]['where'])}" for s, ok in zip(sets, f["holds"], strict=True) if not ok]
+        misses = [f"set {s['set']} (seed {s['seed']}): drop {points_ci(s['roles'][role]['all'])}, final position minus "
+                  f"before it {points_ci(s['roles'][role]['where'])}" for s, ok in zip(sets, f["holds"], strict=True) if not ok]
         lines.append(f"{role.capitalize()} head {f['head']}: holds on **{f['holds_on']} of {f['k']}** prompt sets "
                      f"(seeds {extra['seeds'][0]}-{extra['seeds'][-1]})" + (f"; not on {'; '.join(misses)}" if misses else "")
-                     + f"; pooled drop {_pts(p)}.")
+                     + f"; pooled drop {points_ci(p)}.")
     return lines
-
-
-def _pts(r: dict[str, Any]) -> str:
-    """A drop with its interval: ``+12.0 points [3.0, 21.0]``."""
-    lo, hi = bounds(r, "drop")
-    return f"{100 * r['drop']:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def set_rows(extra: dict[str, Any]) -> list[dict[str, Any]]:
