@@ -191,45 +191,22 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
     :func:`ganda.sites.prompt_sites`, each row's position classes), so position-restricted
     interventions act on every row as they would alone; log-probabilities are taken only where a
     continuation token is scored."""
-    rows: list[list[int]] = []
-    qpos: list[int] = []
-    last: list[int] = []
-    where: list[list[int]] = []
-    owner: list[int] = []
-    for k, (pairs, single, _) in enumerate(items):
-        if single:
-            rows.append(pairs[0][0])
-            qpos.append(len(pairs[0][0]) - 1)
-            last.append(len(pairs[0][0]) - 1)
-            where.append([len(rows) - 1] * len(pairs))
-            owner.append(k)
-            continue
-        idx = []
-        for ctx, cont in pairs:
-            rows.append(ctx + cont)
-            qpos.append(len(ctx) - 1)
-            last.append(len(ctx) + len(cont) - 2)
-            idx.append(len(rows) - 1)
-            owner.append(k)
-        where.append(idx)
+    rows = _score_rows_list(items)
     dev = adapter.device
-    ids, mask = pad_rows(adapter, rows)
+    ids, mask = pad_rows(adapter, [r.ids for r in rows])
     lone = len(items) == 1 and items[0][1]  # one shared-context row: nothing padded, no mask
     classes = None
     if sites is not None:
-
-        classes = row_classes(sites, [(k, q, len(r)) for k, q, r in zip(owner, qpos, rows, strict=True)],
-                              ids.shape[1], dev)
-    read = ReadPositions(torch.tensor(qpos, device=dev), torch.tensor(last, device=dev), ids, classes)
+        classes = row_classes(sites, [(r.reads[0][0], r.first, len(r.ids)) for r in rows], ids.shape[1], dev)
+    read = ReadPositions(torch.tensor([r.first for r in rows], device=dev),
+                         torch.tensor([r.last for r in rows], device=dev), ids, classes)
     logits = adapter.forward(ids, attention_mask=None if lone else mask, read=read)
-    out = []
-    for (pairs, _single, n_chars), idx in zip(items, where, strict=True):
-        ll = []
-        for r, (ctx, cont) in zip(idx, pairs, strict=True):
-            pos = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=dev)
-            logp = torch.log_softmax(logits[r, pos].float(), -1)
-            ll.append(float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum()))
-        out.append(ChoiceScores(ll, n_chars))
+    lls = [[0.0] * len(pairs) for pairs, _, _ in items]
+    for i, r in enumerate(rows):
+        for k, c, first, cont in r.reads:
+            logp = torch.log_softmax(logits[i, torch.arange(first, first + len(cont), device=dev)].float(), -1)
+            lls[k][c] = float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum())
+    out = [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)]
     return _finite(adapter, items, out)
 
 
