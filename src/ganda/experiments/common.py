@@ -65,6 +65,18 @@ def task_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def task_series(rows: Sequence[dict[str, Any]], tasks: Sequence[str] | None = None
+                ) -> tuple[dict[str, list[Any]], dict[str, tuple[list[Any], list[Any]]]]:
+    """What a figure of result rows draws: each task's scores over ``rows`` (``tasks``, default
+    :func:`task_columns`) and, where every row has it, their 95% intervals (low, high)."""
+    series, intervals = {}, {}
+    for t in tasks or task_columns(rows):
+        series[t] = [r.get(t) for r in rows]
+        if all(f"{t}_ci_low" in r for r in rows):
+            intervals[t] = ([r[f"{t}_ci_low"] for r in rows], [r[f"{t}_ci_high"] for r in rows])
+    return series, intervals
+
+
 def parse_tasks(text: str | Sequence[str]) -> list[str]:
     """An experiment's task list, checked before any model loads: every name a multiple-choice task
     (or a group such as ``knowledge``), every option it sets within the task's bounds."""

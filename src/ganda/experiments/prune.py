@@ -39,14 +39,7 @@ from ..models.base import ModelAdapter
 from ..prepared import ROWS, Prepared, prepare
 from ..progress import tqdm
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, is_group, pct, task_columns
-
-
-def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[list[Any], list[Any]] | None]:
-    ys = [r.get(task) for r in rows]
-    if all(f"{task}_ci_low" in r for r in rows):
-        return ys, ([r[f"{task}_ci_low"] for r in rows], [r[f"{task}_ci_high"] for r in rows])
-    return ys, None
+from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, is_group, pct, task_series
 
 
 def find_drop(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
@@ -316,12 +309,7 @@ class PruneResult(ExperimentResult):
     def draw(self, out_dir: Path) -> list[Path]:
         rows = sorted(self.rows, key=lambda r: r["layers"])
         x = [r["layers"] for r in rows]
-        series, bands = {}, {}
-        for t in task_columns(rows):
-            ys, band = _series(rows, t)
-            series[t] = ys
-            if band:
-                bands[t] = band
+        series, bands = task_series(rows)
         vlines = {}
         if "minimal_layers" in self.summary:
             vlines[f"minimal model ({self.summary['minimal_layers']} layers)"] = self.summary["minimal_layers"]
@@ -392,12 +380,7 @@ class RemoveRestoreResult(ExperimentResult):
         rows = [r for r in self.rows if r.get("removed_layer") is not None]
         base = next((r for r in self.rows if r.get("removed_layer") is None), {})
         labels = [str(r["removed_layer"]) for r in rows]
-        series, errors = {}, {}
-        for t in task_columns(rows):
-            ys, band = _series(rows, t)
-            series[t] = ys
-            if band:
-                errors[t] = band
+        series, errors = task_series(rows)
         hl = {f"minimal {t}": base[t] for t in series if base.get(t) is not None}
         hl["MMLU chance"] = chance("mmlu")
         return [bars(labels, series, Path(out_dir) / "remove_restore.png", errors=errors, hlines=hl,

@@ -56,7 +56,7 @@ from ..models import load_model
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
+from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_series
 
 
 def _hidden_size(adapter: ModelAdapter) -> int:
@@ -278,12 +278,7 @@ class TransplantResult(ExperimentResult):
         base = next((r for r in self.rows if r["condition"] == "student"), {})
         donor = next((r for r in self.rows if r["condition"] == "donor"), {})
         labels = [r["condition"] for r in rows]
-        series, errors = {}, {}
-        tasks = self.config.get("tasks") or task_columns(rows)
-        for t in tasks:
-            series[t] = [r.get(t) for r in rows]
-            if all(f"{t}_ci_low" in r for r in rows):
-                errors[t] = ([r[f"{t}_ci_low"] for r in rows], [r[f"{t}_ci_high"] for r in rows])
+        series, errors = task_series(rows, self.config.get("tasks"))
         hl = {f"student {t}": base[t] for t in series if base.get(t) is not None}
         hl.update({f"donor {t}": donor[t] for t in series if donor.get(t) is not None})
         if "mmlu" in series or "lab-mmlu" in series:
