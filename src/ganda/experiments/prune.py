@@ -23,7 +23,7 @@ drop; the paper finds the last two layers (Gather and Aggregate layers).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +277,8 @@ def _slow_scores(adapter: ModelAdapter, scorer: Scorer, tasks: list[str], conds:
                  for ivs, label in conds]
         yield from map_units(adapter, _scores_under, units, [f"({desc}, {label})" for _, label in conds])
         return
-    sub = Scorer(adapter, tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
-                 seed=scorer.seed, progress=scorer.progress)
-    sub._examples = scorer._examples
+    sub = replace(scorer, adapter=adapter, tasks=tasks)
+    sub._examples = scorer._examples  # the same examples
     for ivs, label in tqdm(conds, desc=desc, leave=False, disable=not scorer.progress):
         yield sub.score(ivs, label=label)
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,6 @@ class TransplantHead(Intervention):
     donor: ModelAdapter
     head: HeadId | str
     donor_head: HeadId | str | None = None
-    _last: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def _resolve(self, adapter: ModelAdapter) -> tuple[HeadId, HeadId]:
         hs = expand([self.head] if isinstance(self.head, HeadId) else self.head, adapter)
@@ -244,7 +243,6 @@ class TransplantHead(Intervention):
 
         point = f"L{s.layer}.{mixer.kind}"
         trace = Trace(adapter, [resid, kwargs], detach=False, edit={f"{point}.z": swap_out, f"{point}.out": add_donor})
-        self._last = {"student_head": str(s), "donor_head": str(d)}
         try:
             with pad.trace, trace, adapter.whole_sequence():  # the donor head attends over the input it is given
                 yield
@@ -302,8 +300,7 @@ def transplant_sweep(
     _check_compatible(student, donor)
     rows: list[dict[str, Any]] = [{"condition": "student", **flat_scores(scorer.score([], label="student"))}]
     if score_donor:
-        dscorer = Scorer(donor, scorer.tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
-                         seed=scorer.seed, progress=scorer.progress, sample=scorer.sample)
+        dscorer = replace(scorer, adapter=donor)  # the same tasks and draw, on the donor
         rows.append({"condition": "donor", **flat_scores(dscorer.score([], label="donor"))})
     conditions: list[tuple[str, Intervention]] = []
     if heads:
