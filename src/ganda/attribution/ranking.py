@@ -35,7 +35,7 @@ from ..interventions import AblateHeads
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from ..scoring import encode, examples_digest, score_examples
-from ..sweep import run_sweep, weights_fingerprint
+from ..sweep import ABLATION_HELP, HEADS_HELP, run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import (
     ACTIVE,
@@ -434,10 +434,7 @@ def sign_flip_sentence(flips: Sequence[dict[str, Any]], shown: int = 5) -> str:
     return f"{n} verified head{'s have' if n != 1 else ' has'} the estimate's opposite sign: {each}{more}"
 
 
-ABLATION_HELP = ("what an ablated head's slice becomes: zero or mean (its mean over every token of the scored "
-                 "prompts); resample needs a donor per scored row: eval runs it (docs/heads.md)")
 MARGIN_HELP = "gold log-likelihood minus the mean or the max of the others'"
-HEADS_HELP = "only these heads (default: all), e.g. 'L16H*' or 'L*H0,L17H3'"
 
 
 def layer_list(text: str | None, flag: str) -> list[int]:

@@ -11,35 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..ablation import check_batched_ablation
-from ..attribution.ranking import ABLATION_HELP, HEADS_HELP, RankOptions, rank_heads
+from ..attribution.ranking import RankOptions, rank_heads
 from ..errors import GandaError
-from ..heads import expand, require_heads
-from ..sweep import run_sweep
+from ..sweep import SweepOptions, run_sweep
 from .base import Experiment, Options, option
 from .cumulative import cumulative_ablation
 from .tables import console, print_ranking, print_sweep
-
-
-@dataclass
-class SweepOptions(Options):
-    heads: str | None = option(None, HEADS_HELP)
-    batch_heads: int = option(16, "heads of one layer ablated per forward", low=1)
-    naive: bool = option(False, "the reference loop (AblateHeads + scoring per head), slow")
-    metric: str = option("acc", "rank heads by the drop of acc (accuracy), acc_norm or margin (mean margin) when "
-                         "each is ablated", choices=("acc", "acc_norm", "margin"))
-    ablation: str = option("zero", ABLATION_HELP)
-    top: int = option(15, "rows in each printed table", low=1)
-    until_chance: bool = option(False, "then ablate the heads that matter cumulatively, most damaging first, until "
-                                "accuracy is at chance: how many heads must go")
-    max_heads: int = option(24, "--until-chance: give up after this many heads", low=1)
-
-    def check(self) -> None:
-        require_heads(self.flag("heads"), self.heads)
-        check_batched_ablation(self.ablation, self.flag("ablation"), "the sweep engine")
-        if self.ablation != "zero" and self.until_chance:
-            raise GandaError(f"{self.flag('ablation')} {self.ablation} runs without {self.flag('until_chance')}; "
-                             f"drop {self.flag('until_chance')}")
 
 
 class Sweep(Experiment):
@@ -66,10 +43,8 @@ class Sweep(Experiment):
 
     def run(self, adapter: Any, examples: list[Any], options: SweepOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> Any:
-        heads = expand(options.heads, adapter) if options.heads else adapter.heads()
-        res = run_sweep(adapter, examples, heads=heads, out_dir=out_dir, resume=self.resume, progress=progress,
-                        config=config, batch_heads=options.batch_heads, naive=options.naive, metric=options.metric,
-                        ablation=options.ablation)
+        res = run_sweep(adapter, examples, options, out_dir=out_dir, resume=self.resume, progress=progress,
+                        config=config)
         if options.until_chance:
             res.cumulative = cumulative_ablation(adapter, examples, [r["head"] for r in res.matter()],
                                                  max_heads=options.max_heads, out_dir=out_dir, progress=progress)
