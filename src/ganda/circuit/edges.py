@@ -71,12 +71,12 @@ from ..models.base import Mixer, ModelAdapter
 from ..models.components import residual_write_scale
 from ..models.ssm.common import ssm_torch_path
 from ..prepared import Batch, make_batch, plan_batches
-from ..progress import tqdm
+from ..progress import cpu_clock, tqdm
 from ..scoring import encode_pairs, example_pairs, examples_digest, pad_rows
 from ..stats import bootstrap_paired
 from ..sweep import weights_fingerprint
 from ..tasks.base import Example
-from .ablation import cpu_clock, per_prompt
+from .ablation import per_prompt
 from .costs import edges_batch_tokens
 from .paths import PathBatch, Variant, check_paths, run_layer
 
