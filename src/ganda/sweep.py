@@ -75,7 +75,6 @@ from .ablation import check_batched_ablation, reference_means
 from .effects import effect, margin, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
-from .experiments.base import Options, option
 from .figures import pyplot, save_figure
 from .fingerprint import fingerprint
 from .finite import check_scores
@@ -83,6 +82,7 @@ from .heads import HeadId, expand, require_heads
 from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
 from .models.loading import model_path
+from .options import Options, option
 from .prepared import PACKED, ROWS, Prepared, packed_batch, prepare_all
 from .progress import tqdm
 from .scoring import examples_digest, score_example

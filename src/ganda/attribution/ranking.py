@@ -27,12 +27,12 @@ import torch
 from .. import runio
 from ..effects import accuracy, effect, ordered, split
 from ..errors import GandaError
-from ..experiments.base import Options, option
 from ..figures import heatmap, save_figure
 from ..finite import check_scores, finite_json
 from ..heads import HeadId, expand, require_heads
 from ..interventions import AblateHeads
 from ..models.base import ModelAdapter
+from ..options import Options, option
 from ..progress import tqdm
 from ..scoring import encode, examples_digest, score_examples
 from ..sweep import ABLATION_HELP, HEADS_HELP, run_sweep, weights_fingerprint

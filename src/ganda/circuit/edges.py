@@ -63,13 +63,13 @@ from ..attribution.ranking import (
 )
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
-from ..experiments.base import Options, option
 from ..heads import HeadId, expand
 from ..intervals import bounds
 from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import residual_write_scale
 from ..models.ssm.common import ssm_torch_path
+from ..options import Options, option
 from ..prepared import Batch, make_batch, plan_batches
 from ..progress import cpu_clock, tqdm
 from ..scoring import encode_pairs, example_pairs, examples_digest, pad_rows
