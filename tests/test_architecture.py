@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # lowest first; a module takes the layer of the longest listed prefix of its dotted name
 LAYERS: list[tuple[str, ...]] = [
-    ("ganda.errors", "ganda.device", "ganda.stats", "ganda.runio", "ganda.registry", "ganda.progress",
+    ("ganda.errors", "ganda.device", "ganda.stats", "ganda.runio", "ganda.registry", "ganda.progress", "ganda.options",
      "ganda.fingerprint", "ganda.finite", "ganda.intervals", "ganda.effects"),
     ("ganda.heads",),
     ("ganda.models",),

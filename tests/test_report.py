@@ -246,7 +246,7 @@ def test_attention_panels_name_roles_keep_labels_readable_and_scale_past_the_sin
         figures.pyplot().close(fig)
         return Path(path)
 
-    monkeypatch.setattr(figures, "_save", keep)
+    monkeypatch.setattr(figures, "save_figure", keep)
     t = 150
     sink = torch.full((t, t), 0.001).tril()
     sink[:, 0] = 0.9  # a first-token attention sink

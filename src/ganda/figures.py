@@ -41,13 +41,15 @@ def _np(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=float)
 
 
-def _save(fig: Any, path: str | Path) -> Path:
+def save_figure(fig: Any, path: str | Path, *, dpi: int = 110, tight: bool = True) -> Path:
+    """Write ``fig`` to ``path`` atomically, marked as ganda's (:func:`ganda.runio.written_by_ganda`),
+    and close it: every figure ganda draws is saved here."""
     path = Path(path)
     try:
         fmt = path.suffix[1:].lower() or "png"  # named: matplotlib appends .png to a bare /dev/null
         mark = {"metadata": {"Software": runio.GENERATOR}} if fmt == "png" else {}  # runio.written_by_ganda
         with runio.atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight", format=fmt, **mark)
+            fig.savefig(tmp, dpi=dpi, format=fmt, **({"bbox_inches": "tight"} if tight else {}), **mark)
     finally:
         pyplot().close(fig)
     return path
@@ -157,7 +159,7 @@ def attention_panels(
                          labels, list(rows) if rows is not None else None, ticks, bold=bool(role))
     if title:
         fig.suptitle(title, fontsize=12)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def curves(
@@ -209,7 +211,7 @@ def curves(
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def heatmap(
@@ -252,7 +254,7 @@ def heatmap(
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _floats(values: Sequence[float | None]) -> np.ndarray:
@@ -309,7 +311,7 @@ def bars(
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # beside the bars
     if title:
         ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def panels(
@@ -352,4 +354,4 @@ def panels(
         ax.legend(fontsize=6.5, loc="upper right", ncol=3, framealpha=0.9)
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)

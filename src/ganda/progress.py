@@ -4,15 +4,19 @@ half minute in a log file (no carriage-return updates to flood it), nothing unde
 Every ganda module takes its bar from here (``from ganda.progress import tqdm``, a drop-in for
 ``tqdm.auto.tqdm``), so a command's ``--quiet`` and the log-file behaviour hold at every call site
 without each one knowing about them. ``GANDA_PROGRESS_EVERY`` sets the seconds between log lines.
+:func:`cpu_clock` times a phase the way every result reports it: wall and CPU seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import sys
+import time
 import warnings
+from collections.abc import Iterator
 from typing import IO, Any
 
 from tqdm.auto import tqdm as _tqdm
@@ -27,6 +31,18 @@ _state = {"quiet": False}
 THIRD_PARTY = ("transformers", "lm_eval", "lm-eval")
 _BARS_OFF = "HF_HUB_DISABLE_PROGRESS_BARS"  # read when huggingface_hub (and transformers' bars) load
 _saved: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def cpu_clock() -> Iterator[dict[str, float]]:
+    """Wall and CPU seconds of the block (``box["wall"]``, ``box["cpu"]`` once it ends)."""
+    box: dict[str, float] = {}
+    t, c = time.perf_counter(), time.process_time()
+    try:
+        yield box
+    finally:
+        box["wall"], box["cpu"] = time.perf_counter() - t, time.process_time() - c
+
 
 
 def set_quiet(on: bool) -> None:

@@ -191,45 +191,22 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
     :func:`ganda.sites.prompt_sites`, each row's position classes), so position-restricted
     interventions act on every row as they would alone; log-probabilities are taken only where a
     continuation token is scored."""
-    rows: list[list[int]] = []
-    qpos: list[int] = []
-    last: list[int] = []
-    where: list[list[int]] = []
-    owner: list[int] = []
-    for k, (pairs, single, _) in enumerate(items):
-        if single:
-            rows.append(pairs[0][0])
-            qpos.append(len(pairs[0][0]) - 1)
-            last.append(len(pairs[0][0]) - 1)
-            where.append([len(rows) - 1] * len(pairs))
-            owner.append(k)
-            continue
-        idx = []
-        for ctx, cont in pairs:
-            rows.append(ctx + cont)
-            qpos.append(len(ctx) - 1)
-            last.append(len(ctx) + len(cont) - 2)
-            idx.append(len(rows) - 1)
-            owner.append(k)
-        where.append(idx)
+    rows = _score_rows_list(items)
     dev = adapter.device
-    ids, mask = pad_rows(adapter, rows)
+    ids, mask = pad_rows(adapter, [r.ids for r in rows])
     lone = len(items) == 1 and items[0][1]  # one shared-context row: nothing padded, no mask
     classes = None
     if sites is not None:
-
-        classes = row_classes(sites, [(k, q, len(r)) for k, q, r in zip(owner, qpos, rows, strict=True)],
-                              ids.shape[1], dev)
-    read = ReadPositions(torch.tensor(qpos, device=dev), torch.tensor(last, device=dev), ids, classes)
+        classes = row_classes(sites, [(r.reads[0][0], r.first, len(r.ids)) for r in rows], ids.shape[1], dev)
+    read = ReadPositions(torch.tensor([r.first for r in rows], device=dev),
+                         torch.tensor([r.last for r in rows], device=dev), ids, classes)
     logits = adapter.forward(ids, attention_mask=None if lone else mask, read=read)
-    out = []
-    for (pairs, _single, n_chars), idx in zip(items, where, strict=True):
-        ll = []
-        for r, (ctx, cont) in zip(idx, pairs, strict=True):
-            pos = torch.arange(len(ctx) - 1, len(ctx) + len(cont) - 1, device=dev)
-            logp = torch.log_softmax(logits[r, pos].float(), -1)
-            ll.append(float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum()))
-        out.append(ChoiceScores(ll, n_chars))
+    lls = [[0.0] * len(pairs) for pairs, _, _ in items]
+    for i, r in enumerate(rows):
+        for k, c, first, cont in r.reads:
+            logp = torch.log_softmax(logits[i, torch.arange(first, first + len(cont), device=dev)].float(), -1)
+            lls[k][c] = float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum())
+    out = [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)]
     return _finite(adapter, items, out)
 
 
@@ -511,9 +488,8 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
     shared prefix runs once and the rest in length-bucketed batches of up to ``batch_rows``
     suffixes (default the device's :func:`score_budget`: ``SUFFIX_ROWS`` on the CPU); without it up to ``batch_rows`` whole rows per forward
     (default :func:`default_batch_rows`; ``batch_rows=1`` is :func:`score_example` one by one)."""
-    if getattr(adapter, "row_needs", 0):  # resample or position-class ablation: every row whole, with its prompt
-        return _score_sited(adapter, examples, batch_rows, progress, desc)
-    if prefix_cache_enabled(adapter, prefix_cache):
+    sited = bool(getattr(adapter, "row_needs", 0))  # resample or position-class ablation: every row whole, with its prompt
+    if not sited and prefix_cache_enabled(adapter, prefix_cache):
         rows = None if batch_rows is None else max(1, int(batch_rows))
         res: list[ChoiceScores] = []
         bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
@@ -525,34 +501,11 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
         bar.close()
         return res
     n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
-    if n == 1:
+    if n == 1 and not sited:
         return [_score_pairs(adapter, example_pairs(ex), norm_chars(ex), False)
                 for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
-    out: list[ChoiceScores] = []
-    chunk: list[tuple[Pairs, bool, list[int]]] = []
-    size = 0
-    bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
-    for item in encode_examples(adapter, examples):
-        pairs, single, _ = item
-        k = 1 if single else len(pairs)
-        if chunk and size + k > n:
-            out += _score_rows(adapter, chunk)
-            bar.update(len(chunk))
-            chunk, size = [], 0
-        chunk.append(item)
-        size += k
-    if chunk:
-        out += _score_rows(adapter, chunk)
-        bar.update(len(chunk))
-    bar.close()
-    return out
-
-
-def _score_sited(adapter: ModelAdapter, examples: Sequence[Example], batch_rows: int | None, progress: bool,
-                 desc: str) -> list[ChoiceScores]:
-    """:func:`score_examples` on the rows path, each row with its ids and position classes (what a
-    resample or position-class ablation reads, :mod:`ganda.ablation`)."""
-    n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
+    # up to n rows per forward; a sited row also carries its prompt's position classes
+    # (:func:`prompt_sites`, what a resample or position-class ablation reads, :mod:`ganda.ablation`)
     out: list[ChoiceScores] = []
     chunk: list[tuple[Pairs, bool, list[int]]] = []
     where: list[dict[str, list[int]] | None] = []
@@ -561,14 +514,15 @@ def _score_sited(adapter: ModelAdapter, examples: Sequence[Example], batch_rows:
     for ex, item in zip(examples, encode_examples(adapter, examples), strict=True):
         k = 1 if item[1] else len(item[0])
         if chunk and size + k > n:
-            out += _score_rows(adapter, chunk, where)
+            out += _score_rows(adapter, chunk, where if sited else None)
             bar.update(len(chunk))
             chunk, where, size = [], [], 0
         chunk.append(item)
-        where.append(prompt_sites(adapter, ex))
+        if sited:
+            where.append(prompt_sites(adapter, ex))
         size += k
     if chunk:
-        out += _score_rows(adapter, chunk, where)
+        out += _score_rows(adapter, chunk, where if sited else None)
         bar.update(len(chunk))
     bar.close()
     return out

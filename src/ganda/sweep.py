@@ -75,13 +75,14 @@ from .ablation import check_batched_ablation, reference_means
 from .effects import effect, margin, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
 from .errors import GandaError
-from .figures import pyplot
+from .figures import pyplot, save_figure
 from .fingerprint import fingerprint
 from .finite import check_scores
-from .heads import HeadId
+from .heads import HeadId, expand, require_heads
 from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
 from .models.loading import model_path
+from .options import Options, option
 from .prepared import PACKED, ROWS, Prepared, packed_batch, prepare_all
 from .progress import tqdm
 from .scoring import examples_digest, score_example
@@ -384,12 +385,6 @@ def _well_formed(rec: dict[str, Any]) -> bool:
 
 
 SWEEP_METRICS = ("acc", "acc_norm", "margin")  # what a sweep ranks heads by (ganda.effects)
-SWEEP_ABLATIONS = ("zero", "mean")  # resample needs a donor per scored row (ganda.ablation)
-
-
-def check_sweep_ablation(ablation: str, flag: str = "ablation") -> None:
-    """Refuse (one line) an ablation the sweep engine cannot run exactly."""
-    check_batched_ablation(ablation, flag, "the sweep engine")
 
 
 @dataclass
@@ -529,11 +524,7 @@ class SweepResult:
         task = self.config.get("task", {})
         fig.suptitle(f"{model}: {task.get('task', '?') if isinstance(task, dict) else task} (n={self.baseline['n']})")
         fig.tight_layout()
-        try:
-            with runio.atomic_path(path) as tmp:
-                fig.savefig(tmp, dpi=120)
-        finally:
-            plt.close(fig)
+        save_figure(fig, path, dpi=120, tight=False)
 
 
 def _batches(heads: Sequence[HeadId], batch_heads: int) -> list[list[HeadId]]:
@@ -547,36 +538,73 @@ def _batches(heads: Sequence[HeadId], batch_heads: int) -> list[list[HeadId]]:
     return out
 
 
+ABLATION_HELP = ("what an ablated head's slice becomes: zero or mean (its mean over every token of the scored "
+                 "prompts); resample needs a donor per scored row: eval runs it (docs/heads.md)")
+HEADS_HELP = "only these heads (default: all), e.g. 'L16H*' or 'L*H0,L17H3'"
+
+
+@dataclass
+class SweepOptions(Options):
+    """How :func:`run_sweep` (``ganda sweep``, a grid's ``sweep`` jobs) ablates and ranks the heads;
+    ``top``, ``until_chance`` and ``max_heads`` are ``ganda sweep``'s own."""
+
+    heads: str | None = option(None, HEADS_HELP)
+    batch_heads: int = option(16, "heads of one layer ablated per forward", low=1)
+    naive: bool = option(False, "the reference loop (AblateHeads + scoring per head), slow")
+    metric: str = option("acc", "rank heads by the drop of acc (accuracy), acc_norm or margin (mean margin) when "
+                         "each is ablated", choices=SWEEP_METRICS)
+    ablation: str = option("zero", ABLATION_HELP)
+    top: int = option(15, "rows in each printed table", low=1)
+    until_chance: bool = option(False, "then ablate the heads that matter cumulatively, most damaging first, until "
+                                "accuracy is at chance: how many heads must go")
+    max_heads: int = option(24, "--until-chance: give up after this many heads", low=1)
+
+    def check(self) -> None:
+        require_heads(self.flag("heads"), self.heads)
+        check_batched_ablation(self.ablation, self.flag("ablation"), "the sweep engine")
+        if self.ablation != "zero" and self.until_chance:
+            raise GandaError(f"{self.flag('ablation')} {self.ablation} runs without {self.flag('until_chance')}; "
+                             f"drop {self.flag('until_chance')}")
+
+
 def run_sweep(
     adapter: ModelAdapter,
     examples: Sequence[Example],
+    options: SweepOptions | None = None,
     *,
     heads: Sequence[HeadId] | None = None,
     out_dir: str | Path | None = None,
     resume: bool = True,
-    naive: bool = False,
-    batch_heads: int = 16,
     progress: bool = True,
     config: dict[str, Any] | None = None,
     on_head: Callable[[dict[str, Any]], None] | None = None,
-    metric: str = "acc",
-    ablation: str = "zero",
+    **overrides: Any,
 ) -> SweepResult:
     """Ablate each head alone and score ``examples`` (see the module docstring).
 
-    ``heads`` defaults to every head of the running layers; a head of a layer that a layer edit
-    removes is refused. ``config`` (task options, seed, ...) is recorded and must match on resume, as must the
-    weights (their fingerprint) and the dtype. ``naive=True``
-    runs the reference loop (``AblateHeads`` + ``evaluate_examples`` per head) with the same
-    output format. ``on_head`` is called with each finished head's record. ``metric`` (``"acc"``,
-    ``"acc_norm"`` or ``"margin"``) is the effect the result ranks heads by (:meth:`SweepResult.top`).
-    ``ablation``: ``"zero"`` or ``"mean"`` (each head's slice set to its mean over every token of
-    ``examples``, :mod:`ganda.ablation`: the numbers ``eval --ablation mean`` gives); resample
-    needs each scored row's own donor, which batched heads do not have, and is refused.
+    ``options`` (default :class:`SweepOptions`' defaults) may be given field by field as keywords
+    instead, e.g. ``run_sweep(ad, exs, ablation="mean", naive=True)``. ``heads`` (default: the
+    ``heads`` option's, else every head of the running layers; a head of a layer that a layer edit
+    removes is refused) are the heads swept. ``config`` (task options, seed, ...) is recorded and
+    must match on resume, as must the weights (their fingerprint) and the dtype. ``naive`` runs the
+    reference loop (``AblateHeads`` + ``evaluate_examples`` per head) with the same output format.
+    ``on_head`` is called with each finished head's record. ``metric`` is the effect the result
+    ranks heads by (:meth:`SweepResult.top`). ``ablation`` ``"mean"`` sets each head's slice to its
+    mean over every token of ``examples`` (:mod:`ganda.ablation`: the numbers ``eval --ablation
+    mean`` gives); resample needs each scored row's own donor, which batched heads do not have, and
+    is refused.
     """
+    o = SweepOptions.build({**(options.to_json() if options is not None else {}), **overrides})
     t0 = time.perf_counter()
-    heads = _checked_heads(adapter, examples, heads, batch_heads, metric, ablation)
-    means = _mean_reference(adapter, examples, heads) if ablation == "mean" else None
+    if heads is None and o.heads:
+        heads = expand(o.heads, adapter)
+    if heads is None:
+        heads = [h for h in adapter.heads() if adapter.is_active(h.layer)]
+    heads = sorted(adapter.canonical(h) for h in heads)
+    adapter.require_active({h.layer for h in heads}, "sweep")
+    if not examples:
+        raise GandaError("no examples to sweep")
+    means = _mean_reference(adapter, examples, heads) if o.ablation == "mean" else None
     packed = prepare_all(adapter, examples)
     cfg = {
         "model": adapter.spec,
@@ -584,35 +612,17 @@ def run_sweep(
         "heads": [str(h) for h in heads],
         "prompts_sha": examples_digest(examples),
         **(config or {}),
-        "ablation": ablation,
+        "ablation": o.ablation,
     }
     out = Path(out_dir) if out_dir is not None else None
     if out is None:
-        return _sweep(adapter, examples, packed, heads, cfg, None, resume, naive, batch_heads, progress, on_head, t0, metric,
-                      means)
+        return _sweep(adapter, examples, packed, heads, cfg, None, resume, o.naive, o.batch_heads, progress, on_head,
+                      t0, o.metric, means)
     with runio.run_dir_lock(out):
         cfg["weights"] = weights_fingerprint(adapter)
         cfg["dtype"] = str(next(adapter.model.parameters()).dtype).removeprefix("torch.")
-        return _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric,
-                      means)
-
-
-def _checked_heads(adapter: ModelAdapter, examples: Sequence[Example], heads: Sequence[HeadId] | None,
-                   batch_heads: int, metric: str, ablation: str) -> list[HeadId]:
-    """The heads to sweep (default: every head of the running layers), canonical and in order, once
-    the sweep's options are known to be good: every refusal comes before any work."""
-    if heads is None:
-        heads = [h for h in adapter.heads() if adapter.is_active(h.layer)]
-    heads = sorted(adapter.canonical(h) for h in heads)
-    adapter.require_active({h.layer for h in heads}, "sweep")
-    if not examples:
-        raise GandaError("no examples to sweep")
-    if batch_heads < 1:
-        raise GandaError("batch_heads must be at least 1")
-    if metric not in SWEEP_METRICS:
-        raise GandaError(f"metric must be one of {', '.join(SWEEP_METRICS)}, not {metric!r}")
-    check_sweep_ablation(ablation)
-    return heads
+        return _sweep(adapter, examples, packed, heads, cfg, out, resume, o.naive, o.batch_heads, progress, on_head,
+                      t0, o.metric, means)
 
 
 def _mean_reference(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId]

@@ -27,8 +27,8 @@ from .engine import (
 from .ranking import (
     RANK_METHODS,
     Bound,
+    RankOptions,
     RankResult,
-    check_rank_options,
     false_negative_bound,
     quality,
     rank_heads,
@@ -39,7 +39,7 @@ from .ranking import (
 
 __all__ = [
     "ABLATIONS", "BATCH_TOKENS", "batch_tokens_for", "default_batch_tokens", "GRADDROP_BLOCKS", "IG_STEPS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute", "check_options",
-    "check_rank_options",
+    "RankOptions",
     "false_negative_bound", "graddrop_blocks", "graddrop_scores", "ig_alphas", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
     "top_by_magnitude", "upper_count",
 ]

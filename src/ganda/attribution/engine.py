@@ -52,9 +52,7 @@ run one right-padded row per choice on the pure-PyTorch SSM path, so autograd re
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +69,7 @@ from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.ssm.common import ssm_torch_path
 from ..prepared import Batch, BatchItem, make_batch, plan_batches
-from ..progress import tqdm
+from ..progress import cpu_clock, tqdm
 from ..scoring import examples_digest
 from ..sweep import weights_fingerprint
 from ..tasks.base import Example
@@ -375,17 +373,6 @@ class _Engine:
         return atp.cpu(), (gd.cpu() if gd is not None else None), lls
 
 
-@contextlib.contextmanager
-def _cpu_clock() -> Iterator[dict[str, float]]:
-    box: dict[str, float] = {}
-    t, c = time.perf_counter(), time.process_time()
-    try:
-        yield box
-    finally:
-        box["wall"] = time.perf_counter() - t
-        box["cpu"] = time.process_time() - c
-
-
 BATCH_TOKENS = 4096  # padded tokens per batch on the CPU (the measured sweet spot: docs/attribution.md)
 MAX_BATCH_TOKENS = 65536
 
@@ -475,7 +462,7 @@ def attribute(
     check_options(method, ablation, margin, batch_tokens, graddrop_blocks, ig_steps=ig_steps)
     if not examples:
         raise GandaError("no examples to attribute")
-    with _cpu_clock() as clock:
+    with cpu_clock() as clock:
         head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
         eng = _Engine(adapter, head_list, ablation, margin, graddrop=method == "atp*", blocks=graddrop_blocks,
                       alphas=ig_alphas(ig_steps) if method == "ig" else None)

@@ -27,14 +27,15 @@ import torch
 from .. import runio
 from ..effects import accuracy, effect, ordered, split
 from ..errors import GandaError
-from ..figures import heatmap
+from ..figures import heatmap, save_figure
 from ..finite import check_scores, finite_json
-from ..heads import HeadId
+from ..heads import HeadId, expand, require_heads
 from ..interventions import AblateHeads
 from ..models.base import ModelAdapter
+from ..options import Options, option
 from ..progress import tqdm
 from ..scoring import encode, examples_digest, score_examples
-from ..sweep import run_sweep, weights_fingerprint
+from ..sweep import ABLATION_HELP, HEADS_HELP, run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import (
     ACTIVE,
@@ -419,9 +420,7 @@ class RankResult:
         ax.set_title(f"{model} {tname or ''} (n={self.config.get('n')})", fontsize=9)
         ax.legend(fontsize=8, loc="upper left")
         fig.tight_layout()
-        with runio.atomic_path(Path(path)) as tmp:
-            fig.savefig(tmp, dpi=120)
-        plt.close(fig)
+        save_figure(fig, path, dpi=120, tight=False)
 
 
 def sign_flip_sentence(flips: Sequence[dict[str, Any]], shown: int = 5) -> str:
@@ -435,29 +434,75 @@ def sign_flip_sentence(flips: Sequence[dict[str, Any]], shown: int = 5) -> str:
     return f"{n} verified head{'s have' if n != 1 else ' has'} the estimate's opposite sign: {each}{more}"
 
 
-def check_rank_options(method: str = RANK_METHOD, ablation: str = "zero", margin: str = "mean",
-                       verify_top: int = VERIFY_TOP, audit: int = AUDIT, top: int = 10,
-                       threshold: float | None = None, confidence: float = 0.95,
-                       batch_tokens: int | None = None, batch_heads: int = 16,
-                       graddrop_blocks: int | None = GRADDROP_BLOCKS,
-                       name: Any = str, ig_steps: int = IG_STEPS, widen: int = 0, screen: int = 0,
-                       active: int = ACTIVE) -> None:
-    """Refuse (one line) a ranking option out of its range: the one place these are checked, for
-    ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads` (``name``: as :func:`check_options`)."""
-    if method not in RANK_METHODS:
-        raise GandaError(f"{name('method')} must be one of {', '.join(RANK_METHODS)}, not {method!r}")
-    check_options("atp", ablation, margin, batch_tokens, graddrop_blocks, name, ig_steps)
-    for key, value, least in (("verify_top", verify_top, 0), ("audit", audit, 0), ("top", top, 1),
-                              ("batch_heads", batch_heads, 1), ("widen", widen, 0),
-                              ("screen", screen, 0), ("active", active, 0)):
-        if value < least:
-            raise GandaError(f"{name(key)} must be at least {least}, got {value}")
-    if threshold is not None and not (math.isfinite(threshold) and threshold > 0):
-        raise GandaError(f"{name('threshold')} must be a positive finite number, got {threshold}")
-    if screen and ablation != "zero":
-        raise GandaError(f"{name('screen')} measures zero-ablation at the answer; it does not apply to {ablation}-ablation")
-    if not 0.0 < confidence < 1.0:
-        raise GandaError(f"{name('confidence')} must be between 0 and 1")
+MARGIN_HELP = "gold log-likelihood minus the mean or the max of the others'"
+
+
+def layer_list(text: str | None, flag: str) -> list[int]:
+    """``--verify-layers`` as layer numbers ("0,1" -> [0, 1]; not given: none); a list naming no layer
+    is refused, as an empty head list is."""
+    if text is None:
+        return []
+    try:
+        layers = [int(x) for x in text.split(",") if x.strip() and x.strip().isascii()]
+    except ValueError:
+        layers = []
+    if not layers or len(layers) != len([x for x in text.split(",") if x.strip()]):
+        raise GandaError(f"{flag} takes comma-separated layer numbers, not {text!r}")
+    return layers
+
+
+@dataclass
+class RankOptions(Options):
+    """How :func:`rank_heads` (``ganda rank``, a grid's ``rank`` jobs) chooses the heads it verifies.
+
+    Besides the estimate's top ``verify_top``, three lists catch heads a first-order estimate
+    misses (docs/attribution.md). ``verify_layers``: heads of the first layers act mostly through
+    later heads' attention patterns, which the estimate underrates; on SmolLM2 KV the AtP top 20
+    plus layers 0 and 1 holds the exhaustive top 10 on three prompt sets where the AtP top 30
+    misses one to three. ``screen``: heads acting where the answer is read
+    (:func:`ganda.attribution.screen.answer_screen`, exact there), whatever their rank. ``active``:
+    heads that move every prompt's margin but whose mean estimate is small or of the wrong sign
+    (:meth:`Attribution.activity`); on SmolLM2 KV the top 30 by activity holds the exhaustive top
+    10 on five of seven prompt sets, including the one where L18H6 (exact +0.48) has AtP* rank 104.
+    ``widen`` makes the answer independent of where the estimate's list was cut.
+    """
+
+    method: str = option(RANK_METHOD, "atp (one backward), atp* (adds GradDrop), ig (integrated gradients over "
+                         "--ig-steps) or exact (the exhaustive sweep)", short="-m", choices=RANK_METHODS)
+    graddrop_blocks: int = option(GRADDROP_BLOCKS, "atp*: GradDrop over this many blocks of layers (0: one per "
+                                  "layer, the paper's form; cost grows with it)", low=0, why="0: one block per layer")
+    ig_steps: int = option(IG_STEPS, "ig: midpoint steps from every head ablated to the clean model (each costs "
+                           "about one AtP pass)", low=1)
+    verify_top: int = option(VERIFY_TOP, "verify this many top heads exactly", short="-k", low=0)
+    verify_layers: str | None = option(None, "also verify every head of these layers, e.g. 0,1 (first-order "
+                                       "estimates underrate the first layers' heads)")
+    audit: int = option(AUDIT, "also verify this many random other heads: the false-negative bound's sample (10 "
+                        "cost about 4% of the exhaustive sweep on SmolLM2)", low=0)
+    widen: int = option(0, "then verify this many more heads by estimate, round after round, until a round leaves "
+                        "the reported top --top unchanged (0: off)", low=0)
+    screen: int = option(0, "also verify the heads whose ablation at the answer's position hurts most, this many "
+                         "(exact there, one token per head; 0: off)", low=0)
+    active: int = option(ACTIVE, "also verify this many heads with the largest mean |AtP| per prompt (heads whose "
+                         "per-prompt effects cancel in the estimate; 0: off)", low=0)
+    threshold: float | None = option(None, "effect size the bound speaks about (default: the smallest exact effect "
+                                     "in the verified top --top)")
+    ablation: str = option("zero", ABLATION_HELP)
+    margin: str = option("mean", MARGIN_HELP)
+    heads: str | None = option(None, HEADS_HELP)
+    top: int = option(10, "rows in the printed table; the bound's default threshold", low=1)
+    batch_heads: int = option(16, "heads of one layer ablated per forward (verification)", low=1)
+
+    def check(self) -> None:
+        """The rules beside each field's bounds: the one place a ranking option is checked, for
+        ``ganda rank``, a grid's ``rank`` jobs and :func:`rank_heads`."""
+        check_options("atp", self.ablation, self.margin, None, self.graddrop_blocks or None, self.flag)
+        if self.threshold is not None and not (math.isfinite(self.threshold) and self.threshold > 0):
+            raise GandaError(f"{self.flag('threshold')} must be a positive finite number, got {self.threshold}")
+        if self.screen and self.ablation != "zero":
+            raise GandaError(f"{self.flag('screen')} measures zero-ablation at the answer; it does not apply to "
+                             f"{self.ablation}-ablation")
+        layer_list(self.verify_layers, self.flag("verify_layers"))
+        require_heads(self.flag("heads"), self.heads)
 
 
 def reported_top(exact: dict[str, float], top: int) -> set[str]:
@@ -507,61 +552,38 @@ def _screened(adapter: ModelAdapter, examples: Sequence[Example], heads: list[He
 def rank_heads(
     adapter: ModelAdapter,
     examples: Sequence[Example],
+    options: RankOptions | None = None,
     *,
-    method: str = RANK_METHOD,
-    ablation: str = "zero",
-    margin: str = "mean",
-    verify_top: int = VERIFY_TOP,
-    verify_layers: Sequence[int] = (),
-    audit: int = AUDIT,
-    threshold: float | None = None,
-    top: int = 10,
-    confidence: float = 0.95,
-    seed: int = 0,
     heads: Sequence[HeadId] | None = None,
+    seed: int = 0,
+    confidence: float = 0.95,
+    batch_tokens: int | None = None,
     out_dir: str | Path | None = None,
     resume: bool = True,
     progress: bool = True,
     config: dict[str, Any] | None = None,
-    batch_tokens: int | None = None,
-    batch_heads: int = 16,
-    graddrop_blocks: int | None = GRADDROP_BLOCKS,
-    ig_steps: int = IG_STEPS,
-    widen: int = 0,
-    screen: int = 0,
-    active: int = ACTIVE,
+    **overrides: Any,
 ) -> RankResult:
     """Rank every head: attribution (``"atp"``/``"atp*"``/``"ig"``) then exact verification of the top
-    ``verify_top`` and of a random ``audit`` of the rest, or the exhaustive sweep (``"exact"``).
+    ``verify_top``, of the lists :class:`RankOptions` adds and of a seeded random ``audit`` of the
+    rest, or the exhaustive sweep (``"exact"``).
 
-    ``verify_layers``: every head of these layers is verified too, whatever its estimate. Heads of
-    the first layers act mostly through later heads' attention patterns, which a first-order
-    estimate underrates (docs/attribution.md): on SmolLM2 KV the AtP top 20 plus layers 0 and 1
-    holds the exhaustive top 10 on three prompt sets where the AtP top 30 misses one to three.
-
-    ``graddrop_blocks``: AtP*'s GradDrop over that many blocks of layers; ``ig_steps``: integrated
-    gradients' midpoint steps (``attribute``).
-
-    ``widen``: after the first verification, verify the next ``widen`` heads by estimate, again and
-    again, until a round leaves the reported top ``top`` (by signed exact effect) unchanged: the
-    answer no longer depends on where the estimate's list was cut.
-
-    ``screen``: also verify the ``screen`` heads whose ablation at the answer's position hurts most
-    (:func:`ganda.attribution.screen.answer_screen`, exact there, one token per head and prompt):
-    heads acting where the answer is read, which a first-order estimate can miss whatever its rank.
-
-    ``active``: also verify the ``active`` heads with the largest mean |AtP| per prompt
-    (:meth:`Attribution.activity`): heads that move every prompt's margin but whose mean estimate
-    is small or of the wrong sign. On SmolLM2 KV the top 30 by activity holds the exhaustive top 10
-    on five of seven prompt sets, including the one where L18H6 (exact +0.48) has AtP* rank 104
-    (docs/attribution.md). ``rank``'s default rule is AtP, ``verify_top=10``, ``active=30``.
-
-    ``threshold`` (default: the smallest |exact| effect among the verified top ``top``) is the
-    effect size the false-negative bound speaks about. With ``out_dir`` everything resumes and
-    ``ranking.json``, ``ranking.csv``, ``scatter.png`` and ``verify_heatmap.png`` are written there.
+    ``options`` (default :class:`RankOptions`' defaults, ``rank``'s rule) may be given field by
+    field as keywords instead, e.g. ``rank_heads(ad, exs, method="atp*", verify_top=30)``;
+    ``verify_layers`` then also takes a list of layers. ``heads`` (default: the ``heads`` option's,
+    else every head) are the heads ranked. ``threshold`` (default: the smallest |exact| effect among
+    the verified top ``top``) is the effect size the false-negative bound speaks about, at
+    ``confidence``. With ``out_dir`` everything resumes and ``ranking.json``, ``ranking.csv``,
+    ``scatter.png`` and ``verify_heatmap.png`` are written there.
     """
-    check_rank_options(method, ablation, margin, verify_top, audit, top, threshold, confidence, batch_tokens,
-                       batch_heads, graddrop_blocks, ig_steps=ig_steps, widen=widen, screen=screen, active=active)
+    o = _rank_options(options, overrides)
+    if not 0.0 < confidence < 1.0:
+        raise GandaError("confidence must be between 0 and 1")
+    if batch_tokens is not None and batch_tokens < 1:
+        raise GandaError("batch_tokens must be at least 1")
+    verify_layers = layer_list(o.verify_layers, "verify_layers")
+    if heads is None and o.heads:
+        heads = expand(o.heads, adapter)
     if not examples:
         raise GandaError("no examples to rank heads on")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -572,63 +594,70 @@ def rank_heads(
     if bad:
         raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
     names = [str(h) for h in head_list]
-    cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": verify_top,
-           "verify_layers": sorted(set(verify_layers)), "audit": audit, "graddrop_blocks": None,
-           "ig_steps": ig_steps if method == "ig" else None, "screen": screen if method != "exact" else 0,
-           "active": active if method != "exact" else 0}
+    cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": o.verify_top,
+           "verify_layers": sorted(set(verify_layers)), "audit": o.audit, "graddrop_blocks": None,
+           "ig_steps": o.ig_steps if o.method == "ig" else None, "screen": o.screen if o.method != "exact" else 0,
+           "active": o.active if o.method != "exact" else 0}
     secs: dict[str, float] = {}
     att: Attribution | None = None
     estimate: dict[str, float] = {}
     screened: dict[str, float] = {}
     activity: dict[str, float] = {}
-    if method == "exact":
+    if o.method == "exact":
         chosen, audited = list(head_list), []
     else:
-        att, screened, activity, also = _estimated(
-            adapter, examples, head_list, method=method, ablation=ablation, margin=margin, batch_tokens=batch_tokens,
-            graddrop_blocks=graddrop_blocks, ig_steps=ig_steps, out=out, resume=resume, progress=progress,
-            screen=screen, active=active, secs=secs)
+        att, screened, activity, also = _estimated(adapter, examples, head_list, o, batch_tokens=batch_tokens, out=out,
+                                                   resume=resume, progress=progress, secs=secs)
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()
-        chosen, audited = _to_verify([names[i] for i in att.order()], verify_top, set(verify_layers), audit, seed, also)
+        chosen, audited = _to_verify([names[i] for i in att.order()], o.verify_top, set(verify_layers), o.audit, seed, also)
     by_name = {str(h): h for h in head_list}
     to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
-    checks = _ExactChecks(adapter, examples, head_list, att, ablation=ablation, margin=margin, batch_tokens=batch_tokens,
-                          batch_heads=batch_heads, resume=resume, progress=progress, task=cfg.get("task"), secs=secs)
+    checks = _ExactChecks(adapter, examples, head_list, att, o, batch_tokens=batch_tokens, resume=resume,
+                          progress=progress, task=cfg.get("task"), secs=secs)
     vdir = out / "verify" if out is not None else None
     if to_verify:
         checks.measure(to_verify, vdir)
     widened: list[str] = []
-    if widen and att is not None and to_verify:  # more heads by estimate until the reported top holds
-        widened = widen_until_stable([names[i] for i in att.order()], checks.exact, widen, top, lambda batch, k: checks.measure(
+    if o.widen and att is not None and to_verify:  # more heads by estimate until the reported top holds
+        widened = widen_until_stable([names[i] for i in att.order()], checks.exact, o.widen, o.top, lambda batch, k: checks.measure(
             [by_name[h] for h in batch], vdir / f"widen-{k}" if vdir else None))
     cfg["widened"] = len(widened)
     verified = [str(h) for h in chosen] + widened
-    bound = bound_at_top(estimate, checks.exact, verified, audited, threshold, top, confidence) if method != "exact" else None
+    bound = bound_at_top(estimate, checks.exact, verified, audited, o.threshold, o.top, confidence) if o.method != "exact" else None
     secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
-    res = RankResult(method, ablation, margin, names, estimate, checks.exact, verified, audited, checks.clean, bound, att,
+    res = RankResult(o.method, o.ablation, o.margin, names, estimate, checks.exact, verified, audited, checks.clean, bound, att,
                      secs, cfg, out, checks.exact_acc, checks.clean_acc, screened, activity)
     if out is not None:
         res.write(out)
     return res
 
 
-def _estimated(adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId], *, method: str,
-               ablation: str, margin: str, batch_tokens: int | None, graddrop_blocks: int | None, ig_steps: int,
-               out: Path | None, resume: bool, progress: bool, screen: int, active: int, secs: dict[str, float]
+def _rank_options(options: RankOptions | None, overrides: dict[str, Any]) -> RankOptions:
+    """``options`` with ``overrides`` (fields given as keywords) applied and checked; a list of
+    ``verify_layers`` is read as the command line's "0,1"."""
+    values = {**(options.to_json() if options is not None else {}), **overrides}
+    layers = values.get("verify_layers")
+    if layers is not None and not isinstance(layers, str):
+        values["verify_layers"] = ",".join(map(str, layers)) if len(layers) else None
+    return RankOptions.build(values)
+
+
+def _estimated(adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId], o: RankOptions, *,
+               batch_tokens: int | None, out: Path | None, resume: bool, progress: bool, secs: dict[str, float]
                ) -> tuple[Attribution, dict[str, float], dict[str, float], list[str]]:
     """Attribution's estimate of every head (refused when not finite), the answer screen's effects
     (with ``screen``), each head's activity, and the heads singled out beside the estimate's order:
     the screen's top ``screen`` and the ``active`` most active (``secs`` gets the times)."""
-    att = attribute(adapter, examples, method=method, ablation=ablation, margin=margin, heads=head_list,
-                    batch_tokens=batch_tokens, graddrop_blocks=graddrop_blocks, ig_steps=ig_steps, out_dir=out,
-                    resume=resume, progress=progress)
+    att = attribute(adapter, examples, method=o.method, ablation=o.ablation, margin=o.margin, heads=head_list,
+                    batch_tokens=batch_tokens, graddrop_blocks=o.graddrop_blocks or None, ig_steps=o.ig_steps,
+                    out_dir=out, resume=resume, progress=progress)
     _require_finite(adapter, examples, att)
     secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
-    screened = _screened(adapter, examples, head_list, margin, progress, secs) if screen else {}
+    screened = _screened(adapter, examples, head_list, o.margin, progress, secs) if o.screen else {}
     activity = att.activity()
-    also = sorted(screened, key=lambda h: (-screened[h], h))[:screen]
-    also += sorted(activity, key=lambda h: (-activity[h], h))[:active]
+    also = sorted(screened, key=lambda h: (-screened[h], h))[:o.screen]
+    also += sorted(activity, key=lambda h: (-activity[h], h))[:o.active]
     return att, screened, activity, also
 
 
@@ -638,12 +667,12 @@ class _ExactChecks:
     scores the intact model too, so ``clean`` is the exact pass's baseline, not attribution's."""
 
     def __init__(self, adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId],
-                 att: Attribution | None, *, ablation: str, margin: str, batch_tokens: int | None, batch_heads: int,
-                 resume: bool, progress: bool, task: Any, secs: dict[str, float]) -> None:
+                 att: Attribution | None, o: RankOptions, *, batch_tokens: int | None, resume: bool, progress: bool,
+                 task: Any, secs: dict[str, float]) -> None:
         self.adapter, self.examples, self.head_list, self.att = adapter, examples, head_list, att
-        self.ablation, self.margin, self.batch_tokens, self.batch_heads = ablation, margin, batch_tokens, batch_heads
+        self.ablation, self.margin, self.batch_tokens, self.batch_heads = o.ablation, o.margin, batch_tokens, o.batch_heads
         self.resume, self.progress, self.secs = resume, progress, secs
-        self.vcfg = {"task": task, "ablation": ablation}
+        self.vcfg = {"task": task, "ablation": o.ablation}
         self.golds = [ex.gold for ex in examples]
         self.exact: dict[str, float] = {}
         self.exact_acc: dict[str, float] = {}

@@ -11,9 +11,7 @@ effect that does not run through the receiver (0: all of it does).
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +24,7 @@ from ..heads import HeadId
 from ..intervals import bounds, ci
 from ..models.base import ModelAdapter
 from ..prepared import make_batch, plan_batches
-from ..progress import tqdm
+from ..progress import cpu_clock, tqdm
 from ..scoring import examples_digest
 from ..stats import bootstrap_paired, t_interval, wilson
 from ..tasks.base import Example
@@ -44,17 +42,6 @@ INTACT, EVERYWHERE = "intact", "sender everywhere"
 
 def condition_name(part: str) -> str:
     return f"path ({part})"
-
-
-@contextlib.contextmanager
-def cpu_clock() -> Iterator[dict[str, float]]:
-    """Wall and CPU seconds of the block (``box["wall"]``, ``box["cpu"]`` once it ends)."""
-    box: dict[str, float] = {}
-    t, c = time.perf_counter(), time.process_time()
-    try:
-        yield box
-    finally:
-        box["wall"], box["cpu"] = time.perf_counter() - t, time.process_time() - c
 
 
 def per_prompt(logliks: Sequence[Sequence[float]], golds: Sequence[int], margin: str) -> tuple[list[float], list[float]]:
@@ -162,4 +149,4 @@ def path_ablation(
                         clock["wall"], clock["cpu"], cfg)
 
 
-__all__ = ["EVERYWHERE", "INTACT", "PathAblation", "condition_name", "cpu_clock", "path_ablation", "per_prompt"]
+__all__ = ["EVERYWHERE", "INTACT", "PathAblation", "condition_name", "path_ablation", "per_prompt"]

@@ -35,6 +35,7 @@ unverified edges could reach the verified top's smallest effect.
 from __future__ import annotations
 
 import csv
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,22 +53,30 @@ from ..attribution.engine import (
     margin_of,
     metric_value,
 )
-from ..attribution.ranking import Bound, bound_at_top, spearman, top_by_magnitude, widen_until_stable
+from ..attribution.ranking import (
+    MARGIN_HELP,
+    Bound,
+    bound_at_top,
+    spearman,
+    top_by_magnitude,
+    widen_until_stable,
+)
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
-from ..heads import HeadId
+from ..heads import HeadId, expand
 from ..intervals import bounds
 from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import residual_write_scale
 from ..models.ssm.common import ssm_torch_path
+from ..options import Options, option
 from ..prepared import Batch, make_batch, plan_batches
-from ..progress import tqdm
+from ..progress import cpu_clock, tqdm
 from ..scoring import encode_pairs, example_pairs, examples_digest, pad_rows
 from ..stats import bootstrap_paired
 from ..sweep import weights_fingerprint
 from ..tasks.base import Example
-from .ablation import cpu_clock, per_prompt
+from .ablation import per_prompt
 from .costs import edges_batch_tokens
 from .paths import PathBatch, Variant, check_paths, run_layer
 
@@ -440,13 +449,44 @@ def most_active(activity: dict[str, float], k: int) -> list[str]:
     return sorted(activity, key=lambda e: (-activity[e], e))[:k]
 
 
-def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top: int = 10, audit: int = 10,
-               top: int = 10, threshold: float | None = None, confidence: float = 0.95,
-               senders: Sequence[HeadId] | None = None, receivers: Sequence[HeadId] | None = None,
-               margin: str = "mean", seed: int = 0, batch_tokens: int | None = None,
-               out_dir: str | Path | None = None, resume: bool = True, progress: bool = True,
-               config: dict[str, Any] | None = None, widen: int = 0, active: int = ACTIVE_EDGES,
-               ablation: str = "zero") -> EdgeRanking:
+@dataclass
+class EdgesOptions(Options):
+    """How :func:`rank_edges` (``ganda edges``, a grid's ``edges`` jobs) chooses the edges it
+    verifies, and what ``ganda edges`` draws (``roles``, ``show``)."""
+
+    verify_top: int = option(10, "verify this many top edges exactly (direct paths)", short="-k", low=0)
+    audit: int = option(10, "also verify this many random other edges (the false-negative bound)", low=0)
+    active: int = option(ACTIVE_EDGES, "also verify this many edges with the largest mean |estimate| per prompt "
+                         "(their prompts' scores can cancel in the mean)", low=0)
+    widen: int = option(0, "then verify this many more edges by estimate, round after round, until a round leaves "
+                        "the top --top by |exact| unchanged (0: off)", low=0)
+    top: int = option(10, "the bound's default threshold: the smallest exact effect in the verified top TOP; rows "
+                      "printed", low=1)
+    threshold: float | None = option(None, "effect size the bound speaks about")
+    senders: str = option("", "only these senders (default: every head), e.g. 'L16H*'")
+    receivers: str = option("", "only these receivers (default: every head), e.g. L19H1")
+    margin: str = option("mean", MARGIN_HELP, choices=("mean", "max"))
+    roles: bool = option(True, "leave the drawn heads unlabelled (by default the labeller every command shares "
+                         "labels them: three ablations per head)", flag="--no-roles")
+    show: int = option(10, "verified edges drawn in circuit.png", low=1)
+    ablation: str = option("zero", "the senders' ablation: zero or mean (its mean over every token of the prompts); "
+                           "resample needs a donor per scored row: eval runs it")
+
+    def check(self) -> None:
+        check_batched_ablation(self.ablation, self.flag("ablation"), "edge attribution")
+        if self.threshold is not None and not (math.isfinite(self.threshold) and self.threshold > 0):
+            raise GandaError(f"{self.flag('threshold')} must be a positive finite number, got {self.threshold}")
+        for name in ("senders", "receivers"):
+            text = getattr(self, name)
+            if text and not [p for p in text.split(",") if p.strip()]:
+                raise GandaError(f"{self.flag(name)}: no head ids in {text!r} (expected e.g. L17H24 or 'L16H*')")
+
+
+def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], options: EdgesOptions | None = None, *,
+               senders: Sequence[HeadId] | None = None, receivers: Sequence[HeadId] | None = None, seed: int = 0,
+               confidence: float = 0.95, batch_tokens: int | None = None, out_dir: str | Path | None = None,
+               resume: bool = True, progress: bool = True, config: dict[str, Any] | None = None,
+               **overrides: Any) -> EdgeRanking:
     """Score every edge (:func:`edge_attribution`), ablate the top ``verify_top``, the ``active``
     most active (largest mean |estimate| per prompt: an edge whose prompts' first-order scores
     cancel in the mean can still have a large exact effect) and ``audit`` random others exactly
@@ -455,34 +495,38 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], *, verify_top
     edges by |estimate|, round after round, until a round leaves the top ``top`` by |exact|
     unchanged (:func:`ganda.attribution.ranking.widen_until_stable`). ``ablation``: ``"zero"`` or
     ``"mean"`` (every sender's slice set to its mean over every token of ``examples``, estimate and
-    exact checks alike, :mod:`ganda.ablation`)."""
-    check_batched_ablation(ablation, "ablation", "edge attribution")
-    if verify_top < 0 or audit < 0 or top < 1 or widen < 0 or active < 0:
-        raise GandaError("verify_top, active, audit and widen must be at least 0, top at least 1")
+    exact checks alike, :mod:`ganda.ablation`).
+
+    ``options`` (default :class:`EdgesOptions`' defaults) may be given field by field as keywords
+    instead, e.g. ``rank_edges(ad, exs, verify_top=3, active=0)``; ``senders`` and ``receivers``
+    (default: those options' heads, else every head) are the heads the edges join."""
+    o = EdgesOptions.build({**(options.to_json() if options is not None else {}), **overrides})
+    senders = senders if senders is not None or not o.senders else expand(o.senders, adapter)
+    receivers = receivers if receivers is not None or not o.receivers else expand(o.receivers, adapter)
     means = None
-    if ablation == "mean":
+    if o.ablation == "mean":
         s_all = senders if senders is not None else default_senders(adapter)
         means = reference_means(adapter, examples, list({id(m): m for m in map(adapter.mixer_of, s_all)}.values()))
     with cpu_clock() as c1:
-        sc = edge_attribution(adapter, examples, senders=senders, receivers=receivers, margin=margin,
+        sc = edge_attribution(adapter, examples, senders=senders, receivers=receivers, margin=o.margin,
                               batch_tokens=batch_tokens, progress=progress, means=means)
     est = sc.by_edge()
     order = top_by_magnitude(est, len(est))
-    chosen, audited = _to_verify(order, verify_top, audit, seed, most_active(sc.by_edge(sc.activity), active))
-    checks = _EdgeChecks(adapter, examples, sc.clean_logliks, margin=margin, seed=seed, means=means, out_dir=out_dir,
+    chosen, audited = _to_verify(order, o.verify_top, o.audit, seed, most_active(sc.by_edge(sc.activity), o.active))
+    checks = _EdgeChecks(adapter, examples, sc.clean_logliks, margin=o.margin, seed=seed, means=means, out_dir=out_dir,
                          resume=resume, progress=progress)
     with cpu_clock() as c2:
         if chosen or audited:
             checks.measure([*chosen, *audited])
-        widened = widen_until_stable(order, checks.exact, widen, top, checks.measure, top_of=lambda ex, k: set(
-            top_by_magnitude(ex, k))) if widen and chosen else []
+        widened = widen_until_stable(order, checks.exact, o.widen, o.top, checks.measure, top_of=lambda ex, k: set(
+            top_by_magnitude(ex, k))) if o.widen and chosen else []
         chosen += widened
-    clean = metric_value(checks.clean_ll, checks.golds, margin)
-    bound = bound_at_top(est, checks.exact, chosen, audited, threshold, top, confidence)
+    clean = metric_value(checks.clean_ll, checks.golds, o.margin)
+    bound = bound_at_top(est, checks.exact, chosen, audited, o.threshold, o.top, confidence)
     secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
             "verification_cpu": c2["cpu"]}
-    cfg = {**sc.config, **(config or {}), "verify_top": verify_top, "active": active, "audit": audit, "seed": seed,
-           "widen": widen, "widened": len(widened)}
+    cfg = {**sc.config, **(config or {}), "verify_top": o.verify_top, "active": o.active, "audit": o.audit, "seed": seed,
+           "widen": o.widen, "widened": len(widened)}
     res = EdgeRanking(sc, "direct", checks.exact, checks.ci, checks.acc, chosen, audited, clean, bound, secs, cfg)
     if out_dir is not None:
         res.write(out_dir)

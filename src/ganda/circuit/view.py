@@ -15,9 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..figures import pyplot
+from ..figures import pyplot, save_figure
 from ..heads import HeadId
-from ..runio import atomic_path
 
 ROLE_COLOURS = {"Gather": "#4C72B0", "Aggregate": "#C44E52", "induction": "#DD8452", "previous-token": "#CCB974",
                 "sink": "#8172B3", "none": "#BBBBBB", "unlabelled": "#FFFFFF"}  # ganda.labels.LABELS
@@ -93,13 +92,7 @@ def draw_circuit(edges: Sequence[Mapping[str, Any]], path: str | Path, *, roles:
                 Line2D([], [], color="grey", lw=2, ls="--", label="95% interval includes 0")]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(title or "verified edges: exact drop of the margin [paired 95% CI]", fontsize=9)
-    path = Path(path)
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 __all__ = ["ROLE_COLOURS", "draw_circuit"]

@@ -23,18 +23,14 @@ three); :meth:`Experiment.show` prints its result. docs/extending.md adds one in
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
-import types
 import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 from .. import runio
 from ..errors import GandaError
+from ..options import Options, option, option_type
 
 if typing.TYPE_CHECKING:  # ganda --help builds the commands' list without torch
     from ..models.base import ModelAdapter
@@ -49,114 +45,6 @@ ABLATION_HELP = ("what an ablated head's slice becomes: zero, mean (its mean ove
 #: what --limit means for mmlu, in every command that takes it
 LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --limit (--sample: a seeded sample of "
               "N across subjects)")
-
-
-def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
-           low: float | None = None, high: float | None = None, choices: tuple[str, ...] | None = None,
-           why: str = "", hidden: bool = False, required: bool = False) -> Any:
-    """One option of an experiment, declared once: its default, ``help`` text, command-line ``flag``
-    (default ``--name``; ``--no-x`` for a switch on by default that the flag turns off) and ``short`` flag,
-    the bounds ``low``/``high`` of a number (``why``: a few words on the bound) and the ``choices``
-    of a text; ``required``: the command line asks for it (the default stands for "not given").
-    Everything that reads an experiment's options reads them from here."""
-    meta = {"help": help, "flag": flag, "short": short, "low": low, "high": high, "choices": choices, "why": why,
-            "hidden": hidden, "required": required}
-    return field(default=default, metadata=meta)
-
-
-@dataclass
-class Options:
-    """Base of an experiment's options (a dataclass; see the module docstring)."""
-
-    def check(self) -> None:
-        """Refuse (one line) a combination of values that the fields' own bounds allow but the
-        experiment does not (the default accepts every combination)."""
-
-    def check_fields(self) -> None:
-        """Each field's bounds and choices, as declared by :func:`option`."""
-        for f in self.fields():
-            value, meta = getattr(self, f.name), f.metadata
-            if value is None or isinstance(value, bool):
-                continue
-            why = f" ({meta['why']})" if meta.get("why") else ""  # explains the upper bound where there is one
-            if meta.get("low") is not None and value < meta["low"]:
-                low_why = "" if meta.get("high") is not None else why
-                raise GandaError(f"{self.flag(f.name)} must be at least {_num(meta['low'])}{low_why}, got {value}")
-            if meta.get("high") is not None and value > meta["high"]:
-                raise GandaError(f"{self.flag(f.name)} must be at most {_num(meta['high'])}{why}, got {value}")
-            if meta.get("choices") and value not in meta["choices"]:
-                raise GandaError(f"{self.flag(f.name)} must be {_either(meta['choices'])}, not {value!r}")
-
-    @classmethod
-    def cli_flag(cls, name: str) -> str:
-        """The command-line flag of option ``name`` (``verify_top`` -> ``--verify-top``; a switch's
-        ``--x/--no-x`` gives ``--x``)."""
-        f = next((f for f in cls.fields() if f.name == name), None)
-        declared = f.metadata.get("flag") if f is not None else None
-        return declared.split("/")[0] if declared else "--" + name.replace("_", "-")
-
-    def flag(self, name: str) -> str:
-        """How an option is named in an error: ``--verify-top`` from the command line, else ``verify_top``."""
-        return self.cli_flag(name) if getattr(self, "_cli", False) else name
-
-    @classmethod
-    def fields(cls) -> list[dataclasses.Field]:
-        return [f for f in dataclasses.fields(cls) if not f.name.startswith("_")]
-
-    @classmethod
-    def build(cls, values: Mapping[str, Any] | None = None, *, where: str = "", cli: bool = False) -> Options:
-        """The options from a mapping (a grid spec's ``options.<experiment>``, keyword arguments):
-        an unknown key or a value of the wrong type is one line naming it (``where`` says where it
-        was written), then :meth:`check`."""
-        values = dict(values or {})
-        known = {f.name: f for f in cls.fields()}
-        for key in values:
-            if key not in known:
-                takes = ", ".join(known) or "no options"
-                raise GandaError(f"{where}unknown option {key!r} (takes {takes})")
-        hints = typing.get_type_hints(cls)
-        out = {k: _coerce(v, hints[k], cls.cli_flag(k) if cli else f"{where}{k}") for k, v in values.items()}
-        opts = cls(**out)
-        object.__setattr__(opts, "_cli", cli)
-        try:
-            opts.check_fields()
-            opts.check()
-        except GandaError as exc:
-            raise GandaError(f"{where}{exc}") from None
-        return opts
-
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in self.fields()}
-
-
-def _coerce(value: Any, hint: Any, name: str) -> Any:
-    """``value`` as the field's type (``int``, ``float``, ``str``, ``bool`` or one of them or None)."""
-    args = typing.get_args(hint)
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), hint) if args else hint
-    if value is None:
-        if optional:
-            return None
-        raise GandaError(f"{name} must be {base.__name__}, not empty")
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-        raise GandaError(f"{name} must be true or false, not {value!r}")
-    if base is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise GandaError(f"{name} must be an integer, not {value!r}")
-        return value
-    if base is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise GandaError(f"{name} must be a number, not {value!r}")
-        if not math.isfinite(value):  # nan or inf: every comparison with it is false, every result null
-            raise GandaError(f"{name} must be a finite number, not {value}")
-        return float(value)
-    if base is str:
-        if not isinstance(value, str):
-            raise GandaError(f"{name} must be text, not {value!r}")
-        return value
-    return value
 
 
 def _option_value(raw: str) -> Any:
@@ -197,21 +85,6 @@ def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
     resample, not 'half'``)."""
     if value not in choices:
         raise GandaError(f"{flag} must be {' or '.join(choices)}, not {value!r}")
-
-
-def _either(choices: tuple[str, ...]) -> str:
-    return " or ".join(choices) if len(choices) == 2 else "one of " + ", ".join(choices)
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def option_type(hint: Any) -> type:
-    """The plain type of an option's annotation (``int | None`` -> ``int``)."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return next(a for a in typing.get_args(hint) if a is not type(None))
-    return hint
 
 
 class PaperRun(NamedTuple):

@@ -6,27 +6,26 @@ what ``ganda run``, ``ganda grid``, ``ganda plan``, ``ganda report`` and ``ganda
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..ablation import check_batched_ablation
 from ..attention import draw_attention, save_attention_json
+from ..attribution.ranking import MARGIN_HELP
 from ..circuit import PATHS, TOGETHER, path_ablation
 from ..circuit.ablation import EVERYWHERE, INTACT
-from ..circuit.edges import ACTIVE_EDGES, bound_sentence, edge_positions, parse_edge, rank_edges
+from ..circuit.edges import EdgesOptions, bound_sentence, edge_positions, parse_edge, rank_edges
 from ..circuit.view import draw_circuit
 from ..errors import GandaError
 from ..figures import bars
-from ..heads import HeadId, expand
+from ..heads import HeadId
 from ..intervals import bounds
 from ..models.base import ModelAdapter
 from ..scoring import encode
 from ..stats import overlap
 from ..tasks.base import Example
 from .base import Experiment, Options, option
-from .builtin import MARGIN_HELP
 from .common import ExperimentResult
 from .roles import head_roles
 from .tables import print_edges, print_path
@@ -168,36 +167,6 @@ class PathExperiment(Experiment):
 
 
 @dataclass
-class EdgesOptions(Options):
-    verify_top: int = option(10, "verify this many top edges exactly (direct paths)", short="-k", low=0)
-    audit: int = option(10, "also verify this many random other edges (the false-negative bound)", low=0)
-    active: int = option(ACTIVE_EDGES, "also verify this many edges with the largest mean |estimate| per prompt "
-                         "(their prompts' scores can cancel in the mean)", low=0)
-    widen: int = option(0, "then verify this many more edges by estimate, round after round, until a round leaves "
-                        "the top --top by |exact| unchanged (0: off)", low=0)
-    top: int = option(10, "the bound's default threshold: the smallest exact effect in the verified top TOP; rows "
-                      "printed", low=1)
-    threshold: float | None = option(None, "effect size the bound speaks about")
-    senders: str = option("", "only these senders (default: every head), e.g. 'L16H*'")
-    receivers: str = option("", "only these receivers (default: every head), e.g. L19H1")
-    margin: str = option("mean", MARGIN_HELP, choices=("mean", "max"))
-    roles: bool = option(True, "leave the drawn heads unlabelled (by default the labeller every command shares "
-                         "labels them: three ablations per head)", flag="--no-roles")
-    show: int = option(10, "verified edges drawn in circuit.png", low=1)
-    ablation: str = option("zero", "the senders' ablation: zero or mean (its mean over every token of the prompts); "
-                           "resample needs a donor per scored row: eval runs it")
-
-    def check(self) -> None:
-        check_batched_ablation(self.ablation, self.flag("ablation"), "edge attribution")
-        if self.threshold is not None and not (math.isfinite(self.threshold) and self.threshold > 0):
-            raise GandaError(f"{self.flag('threshold')} must be a positive finite number, got {self.threshold}")
-        for name in ("senders", "receivers"):
-            text = getattr(self, name)
-            if text and not [p for p in text.split(",") if p.strip()]:
-                raise GandaError(f"{self.flag(name)}: no head ids in {text!r} (expected e.g. L17H24 or 'L16H*')")
-
-
-@dataclass
 class EdgesResult(ExperimentResult):
     kind: str = "circuit_edges"
     title = "The circuit: which head feeds which"
@@ -306,13 +275,8 @@ class EdgesExperiment(Experiment):
 
     def run(self, adapter: ModelAdapter, examples: list[Example], options: EdgesOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> EdgesResult:
-        senders = expand(options.senders, adapter) if options.senders else None
-        receivers = expand(options.receivers, adapter) if options.receivers else None
-        res = rank_edges(adapter, examples, verify_top=options.verify_top, audit=options.audit, top=options.top,
-                         widen=options.widen, active=options.active,
-                         threshold=options.threshold, senders=senders, receivers=receivers, margin=options.margin,
-                         seed=int(config.get("seed", 0)), out_dir=out_dir, resume=self.resume, progress=progress,
-                         config=config, ablation=options.ablation)
+        res = rank_edges(adapter, examples, options, seed=int(config.get("seed", 0)), out_dir=out_dir,
+                         resume=self.resume, progress=progress, config=config)
         shown = sorted(res.verified, key=lambda e: -abs(res.exact[e]))[: options.show]
         nodes = list(dict.fromkeys(h for e in shown for h in e.split(">")))
         roles = circuit_roles(adapter, examples, nodes, progress) if options.roles else {}

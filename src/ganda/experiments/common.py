@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from .. import registry, runio
 from ..errors import GandaError
 from ..intervals import bounds, ci, split_all
-from ..interventions import Intervention, describe_all
+from ..interventions import Intervention
 from ..knowledge import group_score
 from ..models.base import ModelAdapter
 from ..scoring import evaluate_examples
@@ -63,6 +63,18 @@ def task_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
             if k not in out and (is_group(k) or task_spec(k) is not None):
                 out.append(k)
     return out
+
+
+def task_series(rows: Sequence[dict[str, Any]], tasks: Sequence[str] | None = None
+                ) -> tuple[dict[str, list[Any]], dict[str, tuple[list[Any], list[Any]]]]:
+    """What a figure of result rows draws: each task's scores over ``rows`` (``tasks``, default
+    :func:`task_columns`) and, where every row has it, their 95% intervals (low, high)."""
+    series, intervals = {}, {}
+    for t in tasks or task_columns(rows):
+        series[t] = [r.get(t) for r in rows]
+        if all(f"{t}_ci_low" in r for r in rows):
+            intervals[t] = ([r[f"{t}_ci_low"] for r in rows], [r[f"{t}_ci_high"] for r in rows])
+    return series, intervals
 
 
 def parse_tasks(text: str | Sequence[str]) -> list[str]:
@@ -195,6 +207,12 @@ def points(x: Any) -> str:
     """A difference of two accuracies: ``0.125`` -> ``"12.5 points"`` (a percentage of a percentage
     would read as a ratio)."""
     return f"{100 * x:.1f} points" if isinstance(x, int | float) else str(x)
+
+
+def points_ci(r: dict[str, Any], name: str = "drop") -> str:
+    """A drop with its interval, as the prompt-set summaries give it: ``+12.0 points [3.0, 21.0]``."""
+    lo, hi = bounds(r, name)
+    return f"{100 * r[name]:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def acc(scores: dict[str, Any], task: str) -> float | None:
@@ -388,7 +406,3 @@ def prediction_records(path: Path, run: str, condition: str | None) -> list[dict
         row.update({k: v for k, v in rec.items() if k != "id"})
         rows.append(row)
     return rows
-
-
-def describe_run(adapter: ModelAdapter, interventions: Sequence[Intervention] = ()) -> dict[str, Any]:
-    return {"model": adapter.spec, "interventions": describe_all(interventions)}

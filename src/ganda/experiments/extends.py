@@ -38,7 +38,15 @@ from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
 from .base import Options, ScoredExperiment, option, parse_options
-from .common import ExperimentResult, pct, prediction_records, prompt_set, read_json_object, run_row
+from .common import (
+    ExperimentResult,
+    pct,
+    points_ci,
+    prediction_records,
+    prompt_set,
+    read_json_object,
+    run_row,
+)
 
 DEFAULT_TASKS = "gsm8k-cot,bbh,dream,dream-letters,mmlu,knowledge"
 CONDITIONS = ("intact", "ablated", "control")
@@ -410,19 +418,13 @@ def sets_sentence(result: dict[str, Any]) -> str:
     lines = []
     for task, f in (result.get("findings") or {}).items():
         what = "more than the control" if f["against"] == "control" else "accuracy"
-        misses = [f"set {s['set']} (seed {s['seed']}): {_points(s['finding'][task], 'cost')}"
+        misses = [f"set {s['set']} (seed {s['seed']}): {points_ci(s['finding'][task], 'cost')}"
                   for s, ok in zip(sets, f["holds"], strict=True) if not ok]
         lines.append(f"{task}: the G&A ablation costs {what} on {f['holds_on']} of {f['k']} prompt sets "
                      f"(seeds {result['seeds'][0]}-{result['seeds'][-1]})"
                      + (f"; not on {', '.join(misses)}" if misses else "")
-                     + f"; pooled {_points(f, 'cost')}")
+                     + f"; pooled {points_ci(f, 'cost')}")
     return "\n".join(lines)
-
-
-def _points(r: dict[str, Any], name: str) -> str:
-    """``+12.0 points [3.0, 21.0]``."""
-    lo, hi = bounds(r, name)
-    return f"{100 * r[name]:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def set_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

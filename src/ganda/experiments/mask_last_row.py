@@ -30,7 +30,7 @@ from ..interventions import Intervention, KeepLayers, mask_last_row, parse_layer
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
+from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns, task_series
 
 
 @dataclass
@@ -50,11 +50,7 @@ class MaskLastRowResult(ExperimentResult):
 
     def draw(self, out_dir: Path) -> list[Path]:
         labels = [r["condition"] for r in self.rows]
-        series, errors = {}, {}
-        for t in task_columns(self.rows):
-            series[t] = [r.get(t) for r in self.rows]
-            if all(f"{t}_ci_low" in r for r in self.rows):
-                errors[t] = ([r[f"{t}_ci_low"] for r in self.rows], [r[f"{t}_ci_high"] for r in self.rows])
+        series, errors = task_series(self.rows)
         return [bars(labels, series, Path(out_dir) / "mask_last_row.png", errors=errors,
                      hlines={"MMLU chance": chance("mmlu")}, rotate=45 if len(labels) > 3 else 0,
                      title=f"Last attention row masked ({self.model})")]

@@ -23,7 +23,7 @@ drop; the paper finds the last two layers (Gather and Aggregate layers).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +39,7 @@ from ..models.base import ModelAdapter
 from ..prepared import ROWS, Prepared, prepare
 from ..progress import tqdm
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, is_group, pct, task_columns
-
-
-def _series(rows: list[dict[str, Any]], task: str) -> tuple[list[Any], tuple[list[Any], list[Any]] | None]:
-    ys = [r.get(task) for r in rows]
-    if all(f"{task}_ci_low" in r for r in rows):
-        return ys, ([r[f"{task}_ci_low"] for r in rows], [r[f"{task}_ci_high"] for r in rows])
-    return ys, None
+from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, is_group, pct, task_series
 
 
 def find_drop(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
@@ -177,23 +170,23 @@ def fast_truncation_scores(
             slow = _logliks_from(_forward_logp(adapter, first), first)
         if not _close(fast, slow):
             return None
-    ks = list(ks)
-    correct = dict.fromkeys(ks, 0)
-    for part in _shard_counts(adapter, _truncation_counts, examples, ks, progress, "prune"):
-        for k in ks:
-            correct[k] += part[k]
-    m = len(examples)
-    return {k: _summary(correct[k] / m, m, correct[k]) for k in ks}
+    return _sharded_scores(adapter, _truncation_counts, examples, list(ks), list(ks), progress, "prune")
 
 
-def _shard_counts(adapter: ModelAdapter, fn: Any, examples: Sequence[Any], arg: Any, progress: bool,
-                  label: str) -> Iterator[Any]:
-    """``fn(adapter, shard, arg, progress)`` for each prompt shard, in order (on Ray inside
-    :func:`ganda.distributed.ray_sweeps`); ``label`` names the units in errors."""
+def _sharded_scores(adapter: ModelAdapter, fn: Any, examples: Sequence[Any], arg: Any, keys: list[Any],
+                    progress: bool, label: str) -> dict[Any, dict[str, Any]]:
+    """Each key's accuracy over ``examples``, from ``fn(adapter, shard, arg, progress)``'s counts of
+    each prompt shard (on Ray inside :func:`ganda.distributed.ray_sweeps`); ``label`` names the
+    units in errors."""
     shards = prompt_shards(len(examples))
     units = [(list(examples[lo:hi]), arg, progress) for lo, hi in shards]
     names = [f"({label}, prompts {lo}-{hi - 1})" for lo, hi in shards]
-    return map_units(adapter, fn, units, names)
+    correct = dict.fromkeys(keys, 0)
+    for part in map_units(adapter, fn, units, names):
+        for key in keys:
+            correct[key] += part[key]
+    n = len(examples)
+    return {key: _summary(correct[key] / n, n, correct[key]) for key in keys}
 
 
 def _count_correct(adapter: ModelAdapter, examples: Sequence[Any], keys: list[Any], logliks: Any, desc: str,
@@ -231,13 +224,7 @@ def fast_removal_scores(
         slow = _logliks_from(_forward_logp(adapter, first), first)
     if not _close(fast, slow):
         return None
-    keys: list[int | None] = [None, *range(m)]
-    correct = dict.fromkeys(keys, 0)
-    for part in _shard_counts(adapter, _removal_counts, examples, m, progress, "remove-restore"):
-        for key in keys:
-            correct[key] += part[key]
-    n = len(examples)
-    return {key: _summary(correct[key] / n, n, correct[key]) for key in keys}
+    return _sharded_scores(adapter, _removal_counts, examples, m, [None, *range(m)], progress, "remove-restore")
 
 
 def _removal_counts(adapter: ModelAdapter, examples: Sequence[Any], m: int, progress: bool) -> dict[int | None, int]:
@@ -261,6 +248,26 @@ def _fast_scores(scorer: Scorer, name: str, run: Any) -> dict[Any, dict[str, Any
     return {cond: group_score({t: per_task[t][cond] for t in per_task}) for cond in next(iter(per_task.values()))}
 
 
+def _scores_by_condition(adapter: ModelAdapter, scorer: Scorer, keys: list[Any], fast: Any,
+                         conds: list[tuple[list[Any], str]], desc: str) -> tuple[dict[Any, dict[str, Any]], list[str]]:
+    """Every task's score under each condition (``keys`` and ``conds`` in the same order): through the
+    fast path ``fast`` (examples -> {key: summary}; None: off) where it serves a task, else with full
+    forwards (:func:`_slow_scores`); and the tasks that took full forwards."""
+    per: dict[Any, dict[str, Any]] = {k: {} for k in keys}
+    slow_tasks = []
+    for name in scorer.tasks:
+        got = _fast_scores(scorer, name, fast) if fast is not None else None
+        if got is None:
+            slow_tasks.append(name)
+        else:
+            for k in keys:
+                per[k][name] = got[k]
+    if slow_tasks:
+        for k, scores in zip(keys, _slow_scores(adapter, scorer, slow_tasks, conds, desc), strict=True):
+            per[k].update(scores)
+    return per, slow_tasks
+
+
 def _slow_scores(adapter: ModelAdapter, scorer: Scorer, tasks: list[str], conds: list[tuple[list[Any], str]],
                  desc: str) -> Iterator[dict[str, Any]]:
     """``tasks`` scored with full forwards under each condition ``(interventions, label)``, in order:
@@ -270,9 +277,8 @@ def _slow_scores(adapter: ModelAdapter, scorer: Scorer, tasks: list[str], conds:
                  for ivs, label in conds]
         yield from map_units(adapter, _scores_under, units, [f"({desc}, {label})" for _, label in conds])
         return
-    sub = Scorer(adapter, tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
-                 seed=scorer.seed, progress=scorer.progress)
-    sub._examples = scorer._examples
+    sub = replace(scorer, adapter=adapter, tasks=tasks)
+    sub._examples = scorer._examples  # the same examples
     for ivs, label in tqdm(conds, desc=desc, leave=False, disable=not scorer.progress):
         yield sub.score(ivs, label=label)
 
@@ -302,12 +308,7 @@ class PruneResult(ExperimentResult):
     def draw(self, out_dir: Path) -> list[Path]:
         rows = sorted(self.rows, key=lambda r: r["layers"])
         x = [r["layers"] for r in rows]
-        series, bands = {}, {}
-        for t in task_columns(rows):
-            ys, band = _series(rows, t)
-            series[t] = ys
-            if band:
-                bands[t] = band
+        series, bands = task_series(rows)
         vlines = {}
         if "minimal_layers" in self.summary:
             vlines[f"minimal model ({self.summary['minimal_layers']} layers)"] = self.summary["minimal_layers"]
@@ -334,20 +335,11 @@ def prune_curve(
     ks = list(range(n, min_layers - 1, -step))
     if ks[-1] != min_layers and min_layers >= 1:
         ks.append(min_layers)
-    per_k: dict[int, dict[str, Any]] = {k: {} for k in ks}
-    slow_tasks = []
-    for name in scorer.tasks:
-        fast = _fast_scores(scorer, name, lambda exs: fast_truncation_scores(adapter, exs, ks, progress=scorer.progress)) \
-            if fast_path else None
-        if fast is None:
-            slow_tasks.append(name)
-        else:
-            for k in ks:
-                per_k[k][name] = fast[k]
-    if slow_tasks:
-        conds = [([] if k == n else [truncate(k)], f"k={k}") for k in ks]
-        for k, scores in zip(ks, _slow_scores(adapter, scorer, slow_tasks, conds, "prune"), strict=True):
-            per_k[k].update(scores)
+    def fast(exs: Sequence[Any]) -> Any:
+        return fast_truncation_scores(adapter, exs, ks, progress=scorer.progress)
+
+    conds = [([] if k == n else [truncate(k)], f"k={k}") for k in ks]
+    per_k, slow_tasks = _scores_by_condition(adapter, scorer, ks, fast if fast_path else None, conds, "prune")
     rows = []
     for k in ks:
         scores = {t: per_k[k].get(t) for t in scorer.tasks}
@@ -387,12 +379,7 @@ class RemoveRestoreResult(ExperimentResult):
         rows = [r for r in self.rows if r.get("removed_layer") is not None]
         base = next((r for r in self.rows if r.get("removed_layer") is None), {})
         labels = [str(r["removed_layer"]) for r in rows]
-        series, errors = {}, {}
-        for t in task_columns(rows):
-            ys, band = _series(rows, t)
-            series[t] = ys
-            if band:
-                errors[t] = band
+        series, errors = task_series(rows)
         hl = {f"minimal {t}": base[t] for t in series if base.get(t) is not None}
         hl["MMLU chance"] = chance("mmlu")
         return [bars(labels, series, Path(out_dir) / "remove_restore.png", errors=errors, hlines=hl,
@@ -408,21 +395,11 @@ def remove_restore(
     if not 1 <= minimal_layers <= n:
         raise GandaError(f"minimal model of {minimal_layers} layers: the model has {n}")
     keep = list(range(minimal_layers))
-    per: dict[int | None, dict[str, Any]] = {k: {} for k in [None, *keep]}
-    slow_tasks = []
-    for name in scorer.tasks:
-        fast = _fast_scores(scorer, name, lambda exs: fast_removal_scores(adapter, exs, minimal_layers,
-                                                                          progress=scorer.progress)) \
-            if fast_path else None
-        if fast is None:
-            slow_tasks.append(name)
-        else:
-            for k in per:
-                per[k][name] = fast[k]
-    if slow_tasks:
-        conds = [([KeepLayers(keep)], "minimal")] + [([KeepLayers([j for j in keep if j != i])], f"-L{i}") for i in keep]
-        for key, scores in zip(per, _slow_scores(adapter, scorer, slow_tasks, conds, "remove-restore"), strict=True):
-            per[key].update(scores)
+    def fast(exs: Sequence[Any]) -> Any:
+        return fast_removal_scores(adapter, exs, minimal_layers, progress=scorer.progress)
+
+    conds = [([KeepLayers(keep)], "minimal")] + [([KeepLayers([j for j in keep if j != i])], f"-L{i}") for i in keep]
+    per, _ = _scores_by_condition(adapter, scorer, [None, *keep], fast if fast_path else None, conds, "remove-restore")
     base = {t: per[None].get(t) for t in scorer.tasks}
     rows: list[dict[str, Any]] = [{"removed_layer": None, **flat_scores(base)}]
     for i in keep:

@@ -26,7 +26,7 @@ from ..heads import HeadId, expand, format_heads, require_heads
 from ..interventions import Intervention, KeepHeads, KeepLayers, parse_layers
 from ..models.base import ModelAdapter
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
+from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns, task_series
 
 CONFIGS = ("intact", "none", "aggregate", "gather", "both")
 
@@ -52,11 +52,7 @@ class RetainResult(ExperimentResult):
 
     def draw(self, out_dir: Path) -> list[Path]:
         labels = [r["config"] for r in self.rows]
-        series, errors = {}, {}
-        for t in task_columns(self.rows):
-            series[t] = [r.get(t) for r in self.rows]
-            if all(f"{t}_ci_low" in r for r in self.rows):
-                errors[t] = ([r[f"{t}_ci_low"] for r in self.rows], [r[f"{t}_ci_high"] for r in self.rows])
+        series, errors = task_series(self.rows)
         return [bars(labels, series, Path(out_dir) / "retain.png", errors=errors, hlines={"MMLU chance": chance("mmlu")},
                      title=f"Critical heads retained in layers {self.config.get('gather_layer')}-"
                            f"{self.config.get('aggregate_layer')}")]

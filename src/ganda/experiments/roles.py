@@ -57,7 +57,7 @@ from ..sweep import run_sweep
 from ..tasks import get_task
 from ..tasks.base import Example
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, pct, points, prompt_sets
+from .common import ExperimentResult, pct, points, points_ci, prompt_sets
 from .cumulative import ablate_until_chance, added_heads, at_chance
 
 MODES = ("all", "query", "context")
@@ -176,60 +176,97 @@ def head_roles(
     ``also``: further tasks scored with the full ablation (e.g. the letters task);
     ``keep_layers``: run every evaluation on the submodel of these layers (e.g. the minimal model
     ``range(18)``); heads keep their layer indices and only the kept layers' heads are ranked."""
+    if not examples:
+        raise GandaError("no examples to find head roles on")
+    if any(len(ex.choices) < 2 for ex in examples):
+        raise GandaError("head roles need multiple-choice examples")
     kept = None if keep_layers is None else sorted(set(keep_layers))
     with apply(adapter, [KeepLayers(kept)] if kept is not None else []):
-        res = _head_roles(adapter, examples, control=control, also=also, ranked=ranked, top=top, min_drop=min_drop,
-                          max_control_drop=max_control_drop, until_chance=until_chance, max_heads=max_heads,
-                          task_name=task_name, control_name=control_name, progress=progress, kept=kept)
+        chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
+        intact = evaluate_examples(adapter, examples, [], progress=False)
+        base = intact.accuracy
+        ranked, sweep_drops = _ranked(adapter, examples, ranked, kept, progress)
+        control_base = _acc(adapter, control, [])[0] if control else None
+        also = dict(also or {})
+        also_base = {k: _acc(adapter, v, [])[0] for k, v in also.items()}
+        rows = [_role_row(adapter, examples, h, intact, control, control_base, also, also_base, min_drop,
+                          max_control_drop) for h in tqdm(ranked[:top], desc="head roles", disable=not progress,
+                                                          leave=False)]
+        _add_labels(rows, _labels(adapter, examples, rows, min_drop))
+        summary: dict[str, Any] = {
+            "baseline": base, **ci((intact.ci_low, intact.ci_high), "baseline"), "chance": chance, "n": len(examples),
+            "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()},
+            "baseline_answers": intact.answer_accuracy(),
+            "labels": {r["head"]: r["label"] for r in rows if r["label"] is not None}}
+        for role in ("gather", "aggregate"):
+            summary.update(_role_summary(adapter, examples, role, rows, control, control_base))
+        extra: dict[str, Any] = {}
+        if until_chance and at_chance(base, chance):  # the intact model is at chance: no head count to chance
+            summary["baseline_at_chance"] = True
+            summary["heads_to_chance_max"] = max_heads
+        elif until_chance:
+            cum = ablate_until_chance(adapter, examples, ranked, chance=chance, max_heads=max_heads, progress=progress)
+            reached = bool(cum) and cum[-1]["accuracy"] <= chance + 0.05
+            summary["heads_to_chance"] = cum[-1]["n_heads"] if reached else None
+            summary["heads_to_chance_max"] = max_heads
+            extra["cumulative"] = cum
+    if sweep_drops:
+        extra["sweep_drops"] = sweep_drops
+    res = RolesResult(
+        model=adapter.spec, rows=rows, summary=summary, extra=extra,
+        config={"task": task_name, "control": control_name, "also": list(also), "top": top, "min_drop": min_drop,
+                "max_control_drop": max_control_drop,
+                "ranked": list(ranked[:top])},
+    )
     if kept is not None:
         res.config["keep_layers"] = kept
     return res
 
 
-def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_control_drop, until_chance,
-                max_heads, task_name, control_name, progress, kept: list[int] | None) -> RolesResult:
-    if not examples:
-        raise GandaError("no examples to find head roles on")
-    if any(len(ex.choices) < 2 for ex in examples):
-        raise GandaError("head roles need multiple-choice examples")
-    chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
-    intact = evaluate_examples(adapter, examples, [], progress=False)
-    base, base_ci = intact.accuracy, [intact.ci_low, intact.ci_high]
-    base_answers = intact.answer_accuracy()
+def _ranked(adapter: ModelAdapter, examples: Sequence[Example], ranked: Sequence[str] | None,
+            kept: list[int] | None, progress: bool) -> tuple[list[str], dict[str, float]]:
+    """The heads in order of damage: ``ranked``, or a single-head sweep's order (with each head's
+    drop) over every head of the running (kept) layers; a head outside the kept layers is refused."""
     sweep_drops: dict[str, float] = {}
     if ranked is None:
-        sw = run_sweep(adapter, examples, progress=progress)  # every head of the running (kept) layers
+        sw = run_sweep(adapter, examples, progress=progress)
         ranked = [r["head"] for r in sw.top(len(sw.records))]
         sweep_drops = {r["head"]: sw.drop(r) for r in sw.records}
-    ranked = list(ranked)
     if kept is not None:
         outside = [h for h in ranked if HeadId.parse(str(h)).layer not in kept]
         if outside:
             raise GandaError(f"head {outside[0]} is in a layer the submodel does not keep ({kept})")
-    control_base = _acc(adapter, control, [])[0] if control else None
-    also = dict(also or {})
-    also_base = {k: _acc(adapter, v, [])[0] for k, v in also.items()}
-    rows: list[dict[str, Any]] = []
-    for h in tqdm(ranked[:top], desc="head roles", disable=not progress, leave=False):
-        row: dict[str, Any] = {"head": h}
-        for m in MODES:
-            r = evaluate_examples(adapter, examples, [AblateHeads(h, positions=None if m == "all" else m)],
-                                  progress=False)
-            row.update({m: r.accuracy, **ci((r.ci_low, r.ci_high), m)})
-            row[f"drop_{m}"] = base - r.accuracy
-            if m == "all":  # which answer letters this head serves
-                row["answers"] = r.answer_accuracy()
-                row["answers_lost"] = " ".join(answers_lost(base_answers, row["answers"]))
-        if control:
-            row["control"] = _acc(adapter, control, [AblateHeads(h)])[0]
-            row["drop_control"] = control_base - row["control"]
-        for k, exs in also.items():
-            row[k] = _acc(adapter, exs, [AblateHeads(h)])[0]
-            row[f"drop_{k}"] = also_base[k] - row[k]
-        row["role"] = causal_role(row, control_drop=row["drop_control"] if control else None, min_drop=min_drop,
-                                  max_control_drop=max_control_drop)
-        rows.append(row)
-    labels = _labels(adapter, examples, rows, min_drop)
+    return list(ranked), sweep_drops
+
+
+def _role_row(adapter: ModelAdapter, examples: Sequence[Example], h: str, intact: Any,
+              control: Sequence[Example] | None, control_base: float | None, also: dict[str, Sequence[Example]],
+              also_base: dict[str, float], min_drop: float, max_control_drop: float) -> dict[str, Any]:
+    """One head's row: its three positional ablations on the task (accuracy, interval, drop, and
+    under the full one the answer letters it serves), the control and further tasks under the full
+    ablation, and its causal role."""
+    base, base_answers = intact.accuracy, intact.answer_accuracy()
+    row: dict[str, Any] = {"head": h}
+    for m in MODES:
+        r = evaluate_examples(adapter, examples, [AblateHeads(h, positions=None if m == "all" else m)], progress=False)
+        row.update({m: r.accuracy, **ci((r.ci_low, r.ci_high), m)})
+        row[f"drop_{m}"] = base - r.accuracy
+        if m == "all":  # which answer letters this head serves
+            row["answers"] = r.answer_accuracy()
+            row["answers_lost"] = " ".join(answers_lost(base_answers, row["answers"]))
+    if control:
+        row["control"] = _acc(adapter, control, [AblateHeads(h)])[0]
+        row["drop_control"] = control_base - row["control"]
+    for k, exs in also.items():
+        row[k] = _acc(adapter, exs, [AblateHeads(h)])[0]
+        row[f"drop_{k}"] = also_base[k] - row[k]
+    row["role"] = causal_role(row, control_drop=row["drop_control"] if control else None, min_drop=min_drop,
+                              max_control_drop=max_control_drop)
+    return row
+
+
+def _add_labels(rows: list[dict[str, Any]], labels: dict[str, Label]) -> None:
+    """Each row's label, its reason and the pattern scores it was given (None where unlabelled)."""
     for row in rows:
         lab = labels.get(row["head"])
         row["label"], row["label_reason"] = (lab.label, lab.reason) if lab else (None, None)
@@ -237,50 +274,31 @@ def _head_roles(adapter, examples, *, control, also, ranked, top, min_drop, max_
             row[f"{k}_score"] = lab.scores.get(k) if lab else None
         for k in ("gather_evidence", "induction", "previous_token", "sink"):
             row[k] = lab.scores.get(k) if lab else None
-    summary: dict[str, Any] = {"baseline": base, **ci(base_ci, "baseline"), "chance": chance, "n": len(examples),
-                               "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()},
-                               "baseline_answers": base_answers,
-                               "labels": {r["head"]: r["label"] for r in rows if r["label"] is not None}}
-    for role in ("gather", "aggregate"):
-        cands = [r for r in rows if r["role"] == role]
-        best = min(cands, key=lambda r: r["all"]) if cands else None
-        summary[role] = best["head"] if best else None
-        summary[f"{role}_ablated"] = best["all"] if best else None
-        summary.update(ci((best["all_ci_low"], best["all_ci_high"]) if best else None, f"{role}_ablated"))
-        summary[f"{role}_control_drop"] = best.get("drop_control") if best else None
-        summary[f"{role}_answers_lost"] = best["answers_lost"] if best else None
-        summary[f"{role}_heads"] = [r["head"] for r in cands]
-        if len(cands) > 1:
-            # a role split over several heads (lab-llama-wd's two last-layer Aggregate heads: 51.5%
-            # and 64.5% alone, 24% together): what removing all of them does
-            ivs = [AblateHeads(summary[f"{role}_heads"])]
-            together = evaluate_examples(adapter, examples, ivs, progress=False)
-            summary[f"{role}_together"] = together.accuracy
-            summary[f"{role}_together_answers"] = together.answer_accuracy()
-            if control:
-                summary[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)[0]
-    extra: dict[str, Any] = {}
-    if until_chance and at_chance(base, chance):  # the intact model is at chance: no head count to chance
-        summary["baseline_at_chance"] = True
-        summary["heads_to_chance_max"] = max_heads
-    elif until_chance:
-        cum = ablate_until_chance(adapter, examples, ranked, chance=chance, max_heads=max_heads, progress=progress)
-        reached = bool(cum) and cum[-1]["accuracy"] <= chance + 0.05
-        summary["heads_to_chance"] = cum[-1]["n_heads"] if reached else None
-        summary["heads_to_chance_max"] = max_heads
-        extra["cumulative"] = cum
-    if sweep_drops:
-        extra["sweep_drops"] = sweep_drops
-    return RolesResult(
-        model=adapter.spec, rows=rows, summary=summary, extra=extra,
-        config={"task": task_name, "control": control_name, "also": list(also), "top": top, "min_drop": min_drop,
-                "max_control_drop": max_control_drop,
-                "ranked": list(ranked[:top])},
-    )
 
 
-# where each role's ablation must cost more: an Aggregate head at the final position, a Gather head before it
-ROLE_MODE = {"aggregate": ("query", "context"), "gather": ("context", "query")}
+def _role_summary(adapter: ModelAdapter, examples: Sequence[Example], role: str, rows: list[dict[str, Any]],
+                  control: Sequence[Example] | None, control_base: float | None) -> dict[str, Any]:
+    """A role's entries of the summary: its most damaging head and what ablating it costs, every
+    head with the role, and, where several share it, all of them ablated together."""
+    cands = [r for r in rows if r["role"] == role]
+    best = min(cands, key=lambda r: r["all"]) if cands else None
+    out: dict[str, Any] = {
+        role: best["head"] if best else None, f"{role}_ablated": best["all"] if best else None,
+        **ci((best["all_ci_low"], best["all_ci_high"]) if best else None, f"{role}_ablated"),
+        f"{role}_control_drop": best.get("drop_control") if best else None,
+        f"{role}_answers_lost": best["answers_lost"] if best else None, f"{role}_heads": [r["head"] for r in cands]}
+    if len(cands) > 1:
+        # a role split over several heads (lab-llama-wd's two last-layer Aggregate heads: 51.5%
+        # and 64.5% alone, 24% together): what removing all of them does
+        ivs = [AblateHeads(out[f"{role}_heads"])]
+        together = evaluate_examples(adapter, examples, ivs, progress=False)
+        out[f"{role}_together"] = together.accuracy
+        out[f"{role}_together_answers"] = together.answer_accuracy()
+        if control:
+            out[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)[0]
+    return out
+
+
 FINDING = ("the head's ablation costs accuracy (paired drop, 95% interval above 0) and costs more where its role "
            "says (Aggregate: at the final position; Gather: before it)")
 
@@ -359,18 +377,12 @@ def sets_lines(extra: dict[str, Any]) -> list[str]:
     lines = []
     for role, f in (extra.get("findings") or {}).items():
         p = next(r for r in extra["pooled"] if r["role"] == role and r["mode"] == "all")
-        misses = [f"set {s['set']} (seed {s['seed']}): drop {_pts(s['roles'][role]['all'])}, final position minus "
-                  f"before it {_pts(s['roles'][role]['where'])}" for s, ok in zip(sets, f["holds"], strict=True) if not ok]
+        misses = [f"set {s['set']} (seed {s['seed']}): drop {points_ci(s['roles'][role]['all'])}, final position minus "
+                  f"before it {points_ci(s['roles'][role]['where'])}" for s, ok in zip(sets, f["holds"], strict=True) if not ok]
         lines.append(f"{role.capitalize()} head {f['head']}: holds on **{f['holds_on']} of {f['k']}** prompt sets "
                      f"(seeds {extra['seeds'][0]}-{extra['seeds'][-1]})" + (f"; not on {'; '.join(misses)}" if misses else "")
-                     + f"; pooled drop {_pts(p)}.")
+                     + f"; pooled drop {points_ci(p)}.")
     return lines
-
-
-def _pts(r: dict[str, Any]) -> str:
-    """A drop with its interval: ``+12.0 points [3.0, 21.0]``."""
-    lo, hi = bounds(r, "drop")
-    return f"{100 * r['drop']:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def set_rows(extra: dict[str, Any]) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import runio
 from ..errors import GandaError
-from ..figures import pyplot
+from ..figures import pyplot, save_figure
 from ..heads import expand
 from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads
@@ -52,7 +52,14 @@ def _select_heads(adapter: ModelAdapter, examples: Sequence[Example], k: int, se
     raise ValueError(f"select must be 'pattern' or 'drop', not {select!r}")
 
 
-def compare_sharpness(
+def compare_sharpness(adapters: Mapping[str, ModelAdapter] | Sequence[ModelAdapter], task: Any = "lab-mmlu", *,
+                      summary: str | Mapping[str, str] = "end", **kw: Any) -> dict[str, Any]:
+    """:func:`compare_sharpness_summaries` for one ``summary``: how sharp each model's top G&A heads
+    are, and the differences between models, with CIs."""
+    return compare_sharpness_summaries(adapters, task, summaries=[summary], **kw)[0]
+
+
+def compare_sharpness_summaries(
     adapters: Mapping[str, ModelAdapter] | Sequence[ModelAdapter],
     task: Any = "lab-mmlu",
     *,
@@ -64,11 +71,13 @@ def compare_sharpness(
     resamples: int = 2000,
     progress: bool = True,
     heads: Mapping[str, tuple[Sequence[str], Sequence[str]]] | None = None,
-    summary: str | Mapping[str, str] = "end",
-) -> dict[str, Any]:
-    """How sharp each model's top G&A heads are, and the differences between models, with CIs.
+    summaries: Sequence[str | Mapping[str, str]] = SUMMARIES,
+) -> list[dict[str, Any]]:
+    """How sharp each model's top G&A heads are, and the differences between models, with CIs: one
+    result per entry of ``summaries``, every model's maps read once for all of them
+    (:func:`pattern_scores_by_summary`).
 
-    ``summary``: the token scored as each segment's summary (``"end"``, the paper's ``\\n``, or
+    A summary: the token scored as each segment's summary (``"end"``, the paper's ``\\n``, or
     ``"last"``), for every model or per model name: each model is measured at the token it
     summarises into (see the read profile), which need not be the same token for both.
 
@@ -93,46 +102,11 @@ def compare_sharpness(
     with ``seed``), the same draw for both models. Differences are first model minus each other
     model (for the ratios: the first model's geometric mean divided by the other's). Positive
     means the first model is sharper: every metric grows with sharpness.
-
-    :func:`compare_sharpness_summaries` gives the same result under several ``summary`` choices
-    at the cost of one.
     """
-    return compare_sharpness_summaries(adapters, task, k=k, n=n, seed=seed, select=select, select_n=select_n,
-                                       resamples=resamples, progress=progress, heads=heads,
-                                       summaries=[summary])[0]
-
-
-def compare_sharpness_summaries(
-    adapters: Mapping[str, ModelAdapter] | Sequence[ModelAdapter],
-    task: Any = "lab-mmlu",
-    *,
-    k: int = 3,
-    n: int = 100,
-    seed: int = 0,
-    select: str = "pattern",
-    select_n: int | None = None,
-    resamples: int = 2000,
-    progress: bool = True,
-    heads: Mapping[str, tuple[Sequence[str], Sequence[str]]] | None = None,
-    summaries: Sequence[str | Mapping[str, str]] = SUMMARIES,
-) -> list[dict[str, Any]]:
-    """One :func:`compare_sharpness` result per entry of ``summaries`` (each what ``summary`` is
-    there), every model's maps read once for all of them (:func:`pattern_scores_by_summary`)."""
     named = dict(adapters) if isinstance(adapters, Mapping) else {a.spec: a for a in adapters}
     if len(named) < 1:
         raise ValueError("give at least one model")
-    if isinstance(task, str):
-        # paired comparisons need the same prompts: every model must read them in the same world
-        built = {name: get_task(task, adapter=a) for name, a in named.items()}
-        configs = {name: t.config() for name, t in built.items()}
-        first = next(iter(configs.values()))
-        odd = [name for name, c in configs.items() if c != first]
-        if odd:
-            raise GandaError(f"{task}: {', '.join(odd)} was trained on another world than {next(iter(named))}; "
-                             "a paired comparison needs the same prompts for every model")
-        t = next(iter(built.values()))
-    else:
-        t = task
+    t = _paired_task(named, task) if isinstance(task, str) else task
     measure = t.examples(limit=n, seed=seed)
     chooser = t.examples(limit=select_n or n, seed=seed + 1)
     models: list[dict[str, Any]] = [{} for _ in summaries]
@@ -160,14 +134,7 @@ def compare_sharpness_summaries(
                 values[metric] = [sum(f(scored[h].samples[metric][j]) for h in role) / len(role)
                                   for j in range(len(measure))]
             per_prompt[i][name] = values
-            metrics = {}
-            for metric, xs in values.items():
-                b = bootstrap_paired(xs, resamples=resamples, seed=seed)
-                if metric in RATIO_METRICS:
-                    metrics[metric] = {"value": math.exp(b["a"]), **ci([math.exp(v) for v in bounds(b, "a")]),
-                                       "scale": "geometric mean"}
-                else:
-                    metrics[metric] = {"value": b["a"], **ci(bounds(b, "a")), "scale": "mean"}
+            metrics = {metric: _summary(xs, metric in RATIO_METRICS, resamples, seed) for metric, xs in values.items()}
             models[i][name] = {
                 "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
                 "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
@@ -176,21 +143,8 @@ def compare_sharpness_summaries(
     names = list(named)
     out = []
     for i in range(len(summaries)):
-        diffs = []
-        for other in names[1:]:
-            for metric in METRICS:
-                b = bootstrap_paired(per_prompt[i][names[0]][metric], per_prompt[i][other][metric],
-                                     resamples=resamples, seed=seed)
-                if metric in RATIO_METRICS:
-                    row = {"value": math.exp(b["diff"]), **ci([math.exp(v) for v in bounds(b, "diff")]),
-                           "scale": f"ratio {names[0]} / {other} of geometric means"}
-                else:
-                    row = {"value": b["diff"], **ci(bounds(b, "diff")), "scale": f"difference {names[0]} - {other}"}
-                lo, hi = bounds(row)
-                neutral = 1.0 if metric in RATIO_METRICS else 0.0
-                row["sharper"] = (names[0] if lo > neutral else other if hi < neutral
-                                  else "undecided (CI covers no difference)")
-                diffs.append({"a": names[0], "b": other, "metric": metric, **row})
+        diffs = [_difference(per_prompt[i], names[0], other, metric, resamples, seed)
+                 for other in names[1:] for metric in METRICS]
         out.append({
             "kind": "sharpness", "task": t.config(), "n": len(measure), "seed": seed, "k": k,
             "select": "given" if heads is not None else select,
@@ -199,6 +153,44 @@ def compare_sharpness_summaries(
             "models": models[i], "differences": diffs,
         })
     return out
+
+
+def _paired_task(named: Mapping[str, ModelAdapter], task: str) -> Any:
+    """The task every model reads: paired comparisons need the same prompts, so every model must
+    read them in the same world (a lab model's task is built from its own)."""
+    built = {name: get_task(task, adapter=a) for name, a in named.items()}
+    configs = {name: t.config() for name, t in built.items()}
+    first = next(iter(configs.values()))
+    odd = [name for name, c in configs.items() if c != first]
+    if odd:
+        raise GandaError(f"{task}: {', '.join(odd)} was trained on another world than {next(iter(named))}; "
+                         "a paired comparison needs the same prompts for every model")
+    return next(iter(built.values()))
+
+
+def _summary(xs: list[float], ratio: bool, resamples: int, seed: int) -> dict[str, Any]:
+    """One model's metric over prompts with its bootstrap interval: the mean, or for a ratio metric
+    (``xs`` its logs) the geometric mean."""
+    b = bootstrap_paired(xs, resamples=resamples, seed=seed)
+    if ratio:
+        return {"value": math.exp(b["a"]), **ci([math.exp(v) for v in bounds(b, "a")]), "scale": "geometric mean"}
+    return {"value": b["a"], **ci(bounds(b, "a")), "scale": "mean"}
+
+
+def _difference(per_prompt: dict[str, dict[str, list[float]]], first: str, other: str, metric: str, resamples: int,
+                seed: int) -> dict[str, Any]:
+    """``first`` minus ``other`` on ``metric`` (for a ratio metric, the ratio of geometric means), a
+    paired bootstrap over prompts, and which model the interval says is sharper."""
+    b = bootstrap_paired(per_prompt[first][metric], per_prompt[other][metric], resamples=resamples, seed=seed)
+    if metric in RATIO_METRICS:
+        row = {"value": math.exp(b["diff"]), **ci([math.exp(v) for v in bounds(b, "diff")]),
+               "scale": f"ratio {first} / {other} of geometric means"}
+    else:
+        row = {"value": b["diff"], **ci(bounds(b, "diff")), "scale": f"difference {first} - {other}"}
+    lo, hi = bounds(row)
+    neutral = 1.0 if metric in RATIO_METRICS else 0.0
+    row["sharper"] = first if lo > neutral else other if hi < neutral else "undecided (CI covers no difference)"
+    return {"a": first, "b": other, "metric": metric, **row}
 
 
 def sharpness_sets(adapters: Mapping[str, ModelAdapter] | Sequence[ModelAdapter], task: Any = "lab-mmlu", *,
@@ -293,11 +285,7 @@ def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
     fig.suptitle("Sharpness, first model vs the other (blue: first sharper, red: other sharper, grey: undecided)",
                  fontsize=9)
     fig.tight_layout()
-    try:
-        with runio.atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, tight=False)
 
 
 class SharpnessResult:

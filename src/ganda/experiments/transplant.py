@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from ..models import load_model
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns
+from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_series
 
 
 def _hidden_size(adapter: ModelAdapter) -> int:
@@ -201,7 +201,6 @@ class TransplantHead(Intervention):
     donor: ModelAdapter
     head: HeadId | str
     donor_head: HeadId | str | None = None
-    _last: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def _resolve(self, adapter: ModelAdapter) -> tuple[HeadId, HeadId]:
         hs = expand([self.head] if isinstance(self.head, HeadId) else self.head, adapter)
@@ -244,7 +243,6 @@ class TransplantHead(Intervention):
 
         point = f"L{s.layer}.{mixer.kind}"
         trace = Trace(adapter, [resid, kwargs], detach=False, edit={f"{point}.z": swap_out, f"{point}.out": add_donor})
-        self._last = {"student_head": str(s), "donor_head": str(d)}
         try:
             with pad.trace, trace, adapter.whole_sequence():  # the donor head attends over the input it is given
                 yield
@@ -278,12 +276,7 @@ class TransplantResult(ExperimentResult):
         base = next((r for r in self.rows if r["condition"] == "student"), {})
         donor = next((r for r in self.rows if r["condition"] == "donor"), {})
         labels = [r["condition"] for r in rows]
-        series, errors = {}, {}
-        tasks = self.config.get("tasks") or task_columns(rows)
-        for t in tasks:
-            series[t] = [r.get(t) for r in rows]
-            if all(f"{t}_ci_low" in r for r in rows):
-                errors[t] = ([r[f"{t}_ci_low"] for r in rows], [r[f"{t}_ci_high"] for r in rows])
+        series, errors = task_series(rows, self.config.get("tasks"))
         hl = {f"student {t}": base[t] for t in series if base.get(t) is not None}
         hl.update({f"donor {t}": donor[t] for t in series if donor.get(t) is not None})
         if "mmlu" in series or "lab-mmlu" in series:
@@ -307,8 +300,7 @@ def transplant_sweep(
     _check_compatible(student, donor)
     rows: list[dict[str, Any]] = [{"condition": "student", **flat_scores(scorer.score([], label="student"))}]
     if score_donor:
-        dscorer = Scorer(donor, scorer.tasks, limit=scorer.limit, knowledge_limit=scorer.knowledge_limit,
-                         seed=scorer.seed, progress=scorer.progress, sample=scorer.sample)
+        dscorer = replace(scorer, adapter=donor)  # the same tasks and draw, on the donor
         rows.append({"condition": "donor", **flat_scores(dscorer.score([], label="donor"))})
     conditions: list[tuple[str, Intervention]] = []
     if heads:

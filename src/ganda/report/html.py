@@ -113,15 +113,6 @@ def records_table(rows: Sequence[dict[str, Any]], max_rows: int = MAX_ROWS) -> s
     return environment().get_template("macros.html.j2").module.table(_columns(rows), rows, max_rows)
 
 
-def kv_table(d: dict[str, Any]) -> str:
-    return environment().get_template("macros.html.j2").module.kv(d)
-
-
-def render_value(name: str, v: Any, depth: int = 0) -> str:
-    """Render one JSON value: scalars inline, lists of dicts as tables, dicts as sub-sections."""
-    return environment().get_template("macros.html.j2").module.value(name, _shown(v), depth, _columns)
-
-
 def _shown(v: Any) -> Any:
     """``v`` with empty values left out of every dict, at any depth."""
     if isinstance(v, dict):
@@ -247,11 +238,6 @@ def _split_cost(d: Any) -> tuple[Any, dict[str, Any]]:
 
 def _partial(summary: Any) -> bool:
     return isinstance(summary, dict) and summary.get("partial") is True
-
-
-def render_run(run_dir: Path, index: int) -> str:
-    """One run's ``<section>``."""
-    return _render_run(run_dir, index)[0]
 
 
 def _render_run(run_dir: Path, index: int) -> tuple[str, dict[str, Any]]:

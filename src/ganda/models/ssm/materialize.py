@@ -190,17 +190,6 @@ def head_map(p: SSMParams, head: int, rows: Sequence[int] | torch.Tensor | None 
     return selective_channel_map(p, head, rows, include_d)
 
 
-def apply_map(p: SSMParams, head: int, M: torch.Tensor, rows: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
-    """``(M·x + D·x)[rows]`` for one head: [R, P] (SSD) or [R] (selective); for reconstruction tests."""
-    T = p.x.shape[0]
-    r = _rows(rows, T).to(p.x.device)
-    if isinstance(p, SSDParams):
-        xh = p.x[:, head].float()  # [T, P]
-        return M @ xh + p.D[head].float() * xh[r]
-    xd = p.x[:, head].float()
-    return M @ xd + p.D[head].float() * xd[r]
-
-
 def group_channels(maps: dict[int, torch.Tensor], block: int, reduce: str = "mean") -> dict[int, torch.Tensor]:
     """Mamba-1 readability helper: combine per-channel maps into blocks of ``block`` channels.
 
