@@ -159,6 +159,17 @@ def test_a_further_prompt_set_holds_with_the_same_heads_and_every_established_co
     other = _holds(first, _set(3, "L19H1", "L15H5", (-0.05, 0.1)))
     assert other == {"holds": False, "why_not": ["gather head L15H5 (not L16H2)",
                                                   "together ablation cost not established (+2 points [-5, 10])"]}
+    # the top head labelled Gather on another set: its cost is found under its role, not "not established";
+    # the pair ablation was not run there (one head), which is said as such (Gemma-3-270M's sets 2 and 3)
+    top_first = {**first, "conditions": {**first["conditions"], "top": {"heads": "L19H1", "drop": 0.4,
+                                                                          "drop_ci_low": 0.25, "drop_ci_high": 0.6}}}
+    as_gather = {**_set(2, "L19H1", "L19H1", (0.0, 0.0)),
+                 "conditions": {"gather": {"heads": "L19H1", "drop": 0.4, "drop_ci_low": 0.22, "drop_ci_high": 0.57}}}
+    assert _holds(top_first, as_gather) == {"holds": False, "why_not": ["gather head L19H1 (not L16H2)",
+                                                                         "together ablation not run there"]}
+    weak = {**as_gather, "conditions": {"gather": {"heads": "L19H1", "drop": 0.05, "drop_ci_low": -0.05,
+                                                   "drop_ci_high": 0.15}}}
+    assert "top ablation cost not established (+5 points [-5, 15])" in _holds(top_first, weak)["why_not"]
     # a cost that was not established on the first set is not asked of the others
     assert _holds(_set(1, "L19H1", "L16H2", (0.0, 0.3)), _set(2, "L19H1", "L16H2", (-0.1, 0.1)))["holds"]
     sets = [first, {**_set(2, "L19H1", "L16H2", (0.02, 0.2)), "holds": True, "why_not": []},

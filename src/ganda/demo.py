@@ -521,10 +521,14 @@ def _holds(first: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     why = [f"{key.split('_')[0]} head {other[key] or 'none'} (not {first[key] or 'none'})"
            for key in ("top_head", "gather_head", "aggregate_head") if other[key] != first[key]]
     for label, c in first["conditions"].items():
-        o = other["conditions"].get(label)
-        if c["drop_ci_low"] > 0 and (o is None or o["drop_ci_low"] <= 0):
-            why.append(f"{label} ablation cost not established" + ("" if o is None else
-                       f" ({100 * o['drop']:+.0f} points [{100 * o['drop_ci_low']:.0f}, {100 * o['drop_ci_high']:.0f}])"))
+        o = _condition_of(other, label)  # the top head's, under its role where it has one there
+        if c["drop_ci_low"] <= 0:
+            continue
+        if o is None:  # e.g. together, where the set's top head is its Gather head: one head, no pair
+            why.append(f"{label} ablation not run there")
+        elif o["drop_ci_low"] <= 0:
+            why.append(f"{label} ablation cost not established ({100 * o['drop']:+.0f} points "
+                       f"[{100 * o['drop_ci_low']:.0f}, {100 * o['drop_ci_high']:.0f}])")
     return {"holds": not why, "why_not": why}
 
 
