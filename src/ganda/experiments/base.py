@@ -10,8 +10,9 @@ An experiment is one class, registered by name (:func:`ganda.registry.register_e
   spec's ``options.NAME`` and Python callers all build it.
 * :meth:`Experiment.run`: the examples of one task on one model in, a result out (written into
   its run directory, with ``done_file`` last).
-* ``phases``: ``"module:function"`` of its costs for ``ganda plan``, and ``done_file``, the file
-  that says a run finished (``ganda grid`` skips such jobs). What it wrote is read back by its
+* ``phases``: ``"module:function"`` of its costs for ``ganda plan`` (``costed_options``: the options
+  they read; ``paper``: the paper's headline runs of it, :class:`PaperRun`, for ``ganda plan
+  --paper``), and ``done_file``, the file that says a run finished (``ganda grid`` skips such jobs). What it wrote is read back by its
   result kind's class (:func:`ganda.registry.register_result`), for :func:`ganda.results.load` and
   ``ganda report`` alike.
 
