@@ -20,6 +20,7 @@ from .materialize import SSMParams
 class BambaAdapter(HybridAdapterBase):
     family = "bamba"
     prefix_cache_kwarg = "past_key_values"
+    model_types = {"bamba": "Bamba (hybrid)"}
 
     def __init__(self, model: nn.Module, tokenizer, spec: str = "") -> None:  # type: ignore[no-untyped-def]
         super().__init__(model, tokenizer, spec)
@@ -29,13 +30,6 @@ class BambaAdapter(HybridAdapterBase):
         """transformers' Bamba builds its attention mask from the cache's attention layers, so a
         Bamba with no attention layer (a pure-SSM student) cannot continue from a cache."""
         return bool(self._attn_indices) and super().supports_prefix_cache()
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "bamba"
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.model, "layers"
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         if layer.block_type == "full_attention":

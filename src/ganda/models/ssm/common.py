@@ -13,7 +13,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -171,10 +171,17 @@ class SSMAdapterBase(ModelAdapter):
         super().__init__(model, tokenizer, spec)
         self._orig_index = {id(layer): i for i, layer in enumerate(self._original_layers)}
 
+    #: ``config.model_type`` -> human name: what the family is registered for and what it matches
+    model_types: ClassVar[dict[str, str]] = {}
+    #: the model's attribute whose ``layers`` are the decoder blocks (``backbone`` in Mamba checkpoints)
+    layers_in: ClassVar[str] = "model"
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return (getattr(getattr(model, "config", None), "model_type", None) in cls.model_types
+                and hasattr(model, cls.layers_in))
+
     # ---- family hooks -------------------------------------------------------------------
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        """(object, attribute) holding the decoder ModuleList."""
-        raise NotImplementedError
 
     def ssm_capture_module(self, mixer: Mixer) -> nn.Module:
         """The module whose *output* the SSM inputs are recomputed from (default: in_proj)."""
@@ -193,15 +200,14 @@ class SSMAdapterBase(ModelAdapter):
 
     # ---- layers -------------------------------------------------------------------------
     def decoder_layers(self) -> nn.ModuleList:
-        obj, attr = self._layers_attr()
-        return getattr(obj, attr)
+        return getattr(self.model, self.layers_in).layers
 
     def set_decoder_layers(self, layers: nn.ModuleList) -> None:
-        obj, attr = self._layers_attr()
+        owner = getattr(self.model, self.layers_in)
         inner = [unwrap_layer(m) for m in layers]
         kept = [self._orig_index.get(id(m), -1) for m in inner]
         if kept == list(range(len(self._original_layers))):
-            setattr(obj, attr, self._original_layers)
+            owner.layers = self._original_layers
             self._on_layers_changed(None, list(self._original_layers))
             return
         arg_pos, kwarg = self.layer_index_arg
@@ -211,7 +217,7 @@ class SSMAdapterBase(ModelAdapter):
                 new.append(_Reindexed(m, orig, arg_pos, kwarg))
             else:
                 new.append(m)
-        setattr(obj, attr, nn.ModuleList(new))
+        owner.layers = nn.ModuleList(new)
         self._on_layers_changed(kept, inner)
 
     def _layer_module(self, layer: int) -> nn.Module:

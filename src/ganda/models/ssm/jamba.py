@@ -26,18 +26,12 @@ from .materialize import SSMParams
 class JambaAdapter(ScanContinuation, HybridAdapterBase):
     family = "jamba"
     prefix_cache_kwarg = "past_key_values"
+    model_types = {"jamba": "Jamba (hybrid)"}
     ssm_mixer = staticmethod(channel_mixer)  # Mamba-1 convention: every inner channel is a head
 
     def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:
         super().__init__(model, tokenizer, spec)
         self._config_class = type(model.config)
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "jamba"
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.model, "layers"
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         if hasattr(layer, "self_attn"):

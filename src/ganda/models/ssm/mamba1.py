@@ -119,14 +119,8 @@ def channel_mixer(layer: int, m: nn.Module) -> Mixer:
 class Mamba1Adapter(ScanContinuation, SSMAdapterBase):
     family = "mamba1"
     prefix_cache_kwarg = "cache_params"
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        mt = getattr(getattr(model, "config", None), "model_type", None)
-        return mt in ("mamba", "falcon_mamba") and hasattr(model, "backbone")
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.backbone, "layers"
+    model_types = {"mamba": "Mamba-1", "falcon_mamba": "Falcon-Mamba"}
+    layers_in = "backbone"
 
     def _build_mixers(self) -> list[Mixer]:
         return [channel_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..base import Mixer
 from .common import SSMAdapterBase, mamba2_params, ssm_mixer
@@ -13,13 +12,8 @@ from .materialize import SSMParams
 class Mamba2Adapter(SSMAdapterBase):
     family = "mamba2"
     prefix_cache_kwarg = "cache_params"
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "mamba2" and hasattr(model, "backbone")
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.backbone, "layers"
+    model_types = {"mamba2": "Mamba-2"}
+    layers_in = "backbone"
 
     def _build_mixers(self) -> list[Mixer]:
         return [ssm_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]

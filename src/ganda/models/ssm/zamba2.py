@@ -25,14 +25,8 @@ from .materialize import SSMParams
 class Zamba2Adapter(HybridAdapterBase):
     family = "zamba2"
     prefix_cache_kwarg = "past_key_values"
+    model_types = {"zamba2": "Zamba2 (hybrid)"}
     layer_index_arg = (2, "layer_idx")  # Zamba2Model calls layer(h, orig_h, layer_idx, ...)
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "zamba2"
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.model, "layers"
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         if hasattr(layer, "shared_transformer"):  # a hybrid layer: one invocation of a shared block
