@@ -8,7 +8,7 @@ entry point is ``ganda.models.ssm.materialize.materialize(adapter, input_ids, he
 
 from __future__ import annotations
 
-from ..loading import CUSTOM_LOADERS
+from ...registry import LOADERS
 from ..registry import register
 from .bamba import BambaAdapter
 from .falcon_h1 import FalconH1Adapter
@@ -22,9 +22,9 @@ from .zamba2 import Zamba2Adapter
 for _family in (Mamba2Adapter, Mamba1Adapter, LlambaAdapter, Zamba2Adapter, BambaAdapter, FalconH1Adapter,
                 JambaAdapter):
     register(_family, _family.model_types)
-CUSTOM_LOADERS["llamba"] = load_llamba
+LOADERS["llamba"] = load_llamba
 # Llamba's published config.json may carry no model_type; anything else without one is refused.
-CUSTOM_LOADERS.setdefault(None, load_unlabelled)
+LOADERS.setdefault(None, load_unlabelled)
 
 __all__ = [
     "BambaAdapter",
