@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from .errors import GandaError
-from .models.base import ModelAdapter
+from .models.base import ModelAdapter, hidden_of
 
 Edit = Callable[[torch.Tensor], torch.Tensor]
 
@@ -55,10 +55,6 @@ _POINT = re.compile(r"^L(\d+)\.(?:(attn|ssm)\.)?(resid_in|resid_out|kwargs|call|
 
 class StopForward(Exception):
     """Raised inside a forward once the wanted points are in; :class:`Trace` swallows it."""
-
-
-def _hidden(out: Any) -> torch.Tensor:
-    return out[0] if isinstance(out, tuple) else out
 
 
 class Trace:
@@ -174,7 +170,7 @@ class Trace:
 
     def _post(self, name: str) -> Callable[..., Any]:
         def hook(_m: Any, _args: Any, out: Any) -> Any:
-            h = self._edit_and_store(name, _hidden(out))
+            h = self._edit_and_store(name, hidden_of(out))
             if h is None:
                 return None
             return (h, *out[1:]) if isinstance(out, tuple) else h
@@ -320,7 +316,7 @@ class LayerCall:
     def __call__(self, module: nn.Module, hidden: torch.Tensor, reps: int = 1, batch: int = 1) -> torch.Tensor:
         args, kw = _repeat_batch(self.args, reps, batch), _repeat_batch(self.kwargs, reps, batch)
         out = module(*args, **kw, hidden_states=hidden) if self.by_keyword else module(hidden, *args, **kw)
-        return _hidden(out)
+        return hidden_of(out)
 
 
 class LayerCalls:

@@ -108,7 +108,7 @@ class OutputHead:
         found: dict[str, Any] = {}
 
         def on_last(_m: Any, _a: Any, out: Any) -> None:
-            last["h"] = out[0] if isinstance(out, tuple) else out
+            last["h"] = hidden_of(out)
 
         def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
             if "norm" not in found and args and "h" in last and args[0] is last["h"]:
@@ -141,7 +141,7 @@ class OutputHead:
         module = ad.decoder_layers()[pos or 0]
 
         def replace(_m: Any, _a: Any, out: Any) -> Any:
-            h = flat[None].to(_hidden_of(out).dtype)
+            h = flat[None].to(hidden_of(out).dtype)
             return (h, *out[1:]) if isinstance(out, tuple) else h
 
         token = ad.push_layer_edit([last], "final norm and LM head")
@@ -155,7 +155,8 @@ class OutputHead:
         return logits.reshape(*shape[:-1], logits.shape[-1])
 
 
-def _hidden_of(out: Any) -> torch.Tensor:
+def hidden_of(out: Any) -> torch.Tensor:
+    """The hidden states a layer or module returns: a bare tensor, or the first of a tuple (families differ)."""
     return out[0] if isinstance(out, tuple) else out
 
 

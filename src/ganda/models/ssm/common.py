@@ -21,7 +21,7 @@ from torch import nn
 
 from ...errors import GandaError
 from ...heads import HeadId
-from ..base import Mixer, ModelAdapter, PostHook, PreHook
+from ..base import Mixer, ModelAdapter, PostHook, PreHook, hidden_of
 from ..placement import weights_on
 from ..transformer import eager_attention
 from .materialize import SelectiveParams, SSDParams, SSMParams, for_math, head_map, selective_maps
@@ -328,8 +328,7 @@ class SSMAdapterBase(ModelAdapter):
 
         def cap_ssm(layer: int) -> Callable[..., None]:
             def hook(_m: nn.Module, _a: Any, out: Any) -> None:
-                t = out[0] if isinstance(out, tuple) else out
-                raw[layer] = t[0].detach()
+                raw[layer] = hidden_of(out)[0].detach()
                 done()
 
             return hook
