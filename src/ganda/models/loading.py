@@ -151,10 +151,10 @@ def _first(keys: Any, n: int = 3) -> str:
 
 # ---- strict loading -------------------------------------------------------------------------
 
-def _check_safetensors(file: Path, floating: bool = False) -> None:
+def _check_safetensors(file: Path, floating: bool = False) -> dict[str, Any]:
     """Refuse a truncated or malformed ``.safetensors`` file from its header alone (cheap); with
     ``floating``, also one holding a tensor that is not floating-point (integers and booleans would
-    be cast to floats silently: a different model, scored as if it were this one)."""
+    be cast to floats silently: a different model, scored as if it were this one). Returns the header."""
     size = file.stat().st_size
     try:
         with open(file, "rb") as f:
@@ -182,22 +182,10 @@ def _check_safetensors(file: Path, floating: bool = False) -> None:
             more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
             raise GandaError(f"{file}: tensor {odd[0][0]} is stored as {odd[0][1]}{more}; ganda loads floating-point "
                              "checkpoints (F32, F16, BF16), or quantised ones that say so in config.json")
+    return header
 
 
-def _safetensors_numel(files: list[Path]) -> int:
-    """Number of values stored in ``files`` (from their headers, already checked)."""
-    total = 0
-    for file in files:
-        with open(file, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        for k, v in header.items():
-            if k != "__metadata__":
-                total += math.prod(int(d) for d in v.get("shape", []))
-    return total
-
-
-def _check_size(config: Any, files: list[Path], path: Path) -> None:
+def _check_size(config: Any, headers: list[dict[str, Any]], path: Path) -> None:
     """Refuse a config that describes a far larger model than the weights hold, before building it.
 
     A config.json with missing fields gets transformers' defaults (a 7B Llama for ``{"model_type":
@@ -208,7 +196,8 @@ def _check_size(config: Any, files: list[Path], path: Path) -> None:
     with torch.device("meta"):
         shell = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     want = sum(p.numel() for p in shell.parameters())  # tied parameters counted once
-    have = _safetensors_numel(files)
+    have = sum(math.prod(int(d) for d in v.get("shape", [])) for header in headers  # values the weights store
+               for k, v in header.items() if k != "__metadata__")
     if want > 2 * have:
         raise GandaError(f"{path}: config.json describes a model of {want:,} parameters but the weights hold "
                          f"{have:,} values; the config does not belong to these weights")
@@ -330,8 +319,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
             )
         if not has_pickle:
             raise GandaError(f"{path} has no weights (*.safetensors)")
-    for f in safetensors:
-        _check_safetensors(f, floating="quantization_config" not in raw)
+    headers = [_check_safetensors(f, floating="quantization_config" not in raw) for f in safetensors]
     if model_type not in registry.LOADERS:
         check_model_type(model_type)  # before the tokenizer, which may read config.json's auto_map
     tok = _load_tokenizer(str(path))
@@ -342,7 +330,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
         warnings.simplefilter("ignore")
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
         if safetensors and getattr(config, "quantization_config", None) is None:  # packed weights hold fewer values
-            _check_size(config, safetensors, path)
+            _check_size(config, headers, path)
         # ignore_mismatched_sizes only makes transformers list every wrongly shaped tensor
         # (instead of stopping at the first without its name); any of them is refused below.
         model, info = AutoModelForCausalLM.from_pretrained(
