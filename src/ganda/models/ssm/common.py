@@ -182,6 +182,16 @@ class SSMAdapterBase(ModelAdapter):
                 and hasattr(model, cls.layers_in))
 
     # ---- family hooks -------------------------------------------------------------------
+    @staticmethod
+    def ssm_mixer(layer: int, module: nn.Module) -> Mixer:
+        """The Mixer of one SSM module (default: Mamba-2 SSD heads, ``num_heads`` of ``head_dim``)."""
+        return Mixer(layer=layer, kind="ssm", num_heads=module.num_heads, head_dim=module.head_dim,
+                     out_proj=module.out_proj, module=module)
+
+    def _build_mixers(self) -> list[Mixer]:
+        """Each layer's ``mixer`` module as :meth:`ssm_mixer` counts its heads (hybrids: :meth:`layer_parts`)."""
+        return [self.ssm_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]
+
 
     def ssm_capture_module(self, mixer: Mixer) -> nn.Module:
         """The module whose *output* the SSM inputs are recomputed from (default: in_proj)."""
@@ -434,12 +444,6 @@ def mamba2_params(mixer_module: nn.Module, proj: torch.Tensor) -> tuple[SSMParam
     return p, z
 
 
-def ssm_mixer(layer: int, module: nn.Module, kind: str = "ssm", **extra: Any) -> Mixer:
-    """A Mixer for a Mamba-2-style module (heads = SSD heads)."""
-    return Mixer(layer=layer, kind=kind, num_heads=module.num_heads, head_dim=module.head_dim,
-                 out_proj=module.out_proj, module=module, extra=dict(extra))
-
-
 class HybridAdapterBase(SSMAdapterBase):
     """Hybrids: every decoder layer runs an attention module, an SSM mixer, or both (attention first).
 
@@ -447,11 +451,6 @@ class HybridAdapterBase(SSMAdapterBase):
     heads of the attention module (Llama-style ``o_proj``, ``config.num_attention_heads``) and the
     SSM's heads as :meth:`ssm_mixer` counts them.
     """
-
-    @staticmethod
-    def ssm_mixer(layer: int, module: nn.Module) -> Mixer:
-        """The Mixer of one SSM module (default: Mamba-2 SSD heads)."""
-        return ssm_mixer(layer, module)
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         """(attention module or None, SSM module or None, shared block id or None) of one decoder layer."""

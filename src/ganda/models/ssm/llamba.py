@@ -353,10 +353,6 @@ class LlambaAdapter(SSMAdapterBase):
     def matches(cls, model: nn.Module) -> bool:
         return isinstance(model, LlambaForCausalLM)
 
-    def _build_mixers(self) -> list[Mixer]:
-        return [Mixer(layer=i, kind="ssm", num_heads=b.mixer.num_heads, head_dim=b.mixer.head_dim,
-                      out_proj=b.mixer.out_proj, module=b.mixer) for i, b in enumerate(self._original_layers)]
-
     def new_cache(self) -> LlambaCache:
         return LlambaCache(len(self._original_layers))
 

@@ -121,9 +121,7 @@ class Mamba1Adapter(ScanContinuation, SSMAdapterBase):
     prefix_cache_kwarg = "cache_params"
     model_types = {"mamba": "Mamba-1", "falcon_mamba": "Falcon-Mamba"}
     layers_in = "backbone"
-
-    def _build_mixers(self) -> list[Mixer]:
-        return [channel_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]
+    ssm_mixer = staticmethod(channel_mixer)  # every inner channel is a head
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
         return mamba1_params(mixer.module, captured)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..base import Mixer
-from .common import SSMAdapterBase, mamba2_params, ssm_mixer
+from .common import SSMAdapterBase, mamba2_params
 from .materialize import SSMParams
 
 
@@ -14,9 +14,6 @@ class Mamba2Adapter(SSMAdapterBase):
     prefix_cache_kwarg = "cache_params"
     model_types = {"mamba2": "Mamba-2"}
     layers_in = "backbone"
-
-    def _build_mixers(self) -> list[Mixer]:
-        return [ssm_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
         return mamba2_params(mixer.module, captured)[0]
