@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,15 +225,11 @@ def run_layers(
     edit = {} if resid is None else {f"L{first}.resid_in": lambda h: resid.to(dtype=h.dtype, device=h.device)}
     stop_at = f"L{stop}.resid_out" if stop is not None else None
     names = [*capture, *([stop_at] if stop_at else [])]
-    token = adapter.push_layer_edit([i for i in active if i >= first], f"run from layer {first}") \
-        if first != active[0] else None
+    skip = adapter.layer_edit([i for i in active if i >= first], f"run from layer {first}") \
+        if first != active[0] else nullcontext()
     logits = None
-    try:
-        with Trace(adapter, names, edit=edit, stop=stop_at, at=at) as tr:
-            logits = adapter.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    finally:
-        if token is not None:
-            adapter.pop_layer_edit(token)
+    with skip, Trace(adapter, names, edit=edit, stop=stop_at, at=at) as tr:
+        logits = adapter.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids)
     out = {name: tr[name] for name in names}
     if stop_at is not None:
         out["resid"] = out[stop_at]

@@ -384,11 +384,8 @@ class KeepLayers(Intervention):
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
         layers = list(self.layers)
-        token = adapter.push_layer_edit(layers, f"keep-layers {compress_ranges(layers) or '(none)'}")
-        try:
+        with adapter.layer_edit(layers, f"keep-layers {compress_ranges(layers) or '(none)'}"):
             yield
-        finally:
-            adapter.pop_layer_edit(token)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "keep_layers", "layers": compress_ranges(self.layers)}
@@ -415,11 +412,8 @@ class RemoveLayers(Intervention):
         bad = [i for i in self.layers if not 0 <= i < n]
         if bad:
             raise GandaError(f"{label}: layer {bad[0]} out of range, the model has layers 0-{n - 1}")
-        token = adapter.push_layer_edit([i for i in range(n) if i not in set(self.layers)], label)
-        try:
+        with adapter.layer_edit([i for i in range(n) if i not in set(self.layers)], label):
             yield
-        finally:
-            adapter.pop_layer_edit(token)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "remove_layers", "layers": compress_ranges(self.layers)}
