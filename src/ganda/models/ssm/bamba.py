@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..base import Mixer
-from .common import HybridAdapterBase, mamba2_params
-from .materialize import SSMParams
+from .common import HybridAdapterBase
 
 
 class BambaAdapter(HybridAdapterBase):
@@ -35,9 +33,6 @@ class BambaAdapter(HybridAdapterBase):
         if layer.block_type == "full_attention":
             return layer.self_attn, None, None
         return None, layer.mamba, None
-
-    def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
-        return mamba2_params(mixer.module, captured)[0]
 
     def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         cfg = self.model.config

@@ -198,8 +198,9 @@ class SSMAdapterBase(ModelAdapter):
         return mixer.module.in_proj
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
-        """Δ, B, C, x, ... of one layer from the captured tensor of sequence 0 ([T, ...])."""
-        raise NotImplementedError
+        """Δ, B, C, x, ... of one layer from the captured tensor of sequence 0 ([T, ...]) (default: a
+        Mamba-2 mixer's ``in_proj`` output, :func:`mamba2_params`)."""
+        return mamba2_params(mixer.module, captured)[0]
 
     def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         """Fix per-position config after truncation/removal.

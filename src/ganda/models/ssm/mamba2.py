@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from ..base import Mixer
-from .common import SSMAdapterBase, mamba2_params
-from .materialize import SSMParams
+from .common import SSMAdapterBase
 
 
 class Mamba2Adapter(SSMAdapterBase):
@@ -14,6 +10,3 @@ class Mamba2Adapter(SSMAdapterBase):
     prefix_cache_kwarg = "cache_params"
     model_types = {"mamba2": "Mamba-2"}
     layers_in = "backbone"
-
-    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
-        return mamba2_params(mixer.module, captured)[0]

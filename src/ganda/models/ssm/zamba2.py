@@ -17,9 +17,7 @@ from torch import nn
 
 from ...errors import GandaError
 from ...heads import HeadId
-from ..base import Mixer
-from .common import HybridAdapterBase, mamba2_params
-from .materialize import SSMParams
+from .common import HybridAdapterBase
 
 
 class Zamba2Adapter(HybridAdapterBase):
@@ -33,9 +31,6 @@ class Zamba2Adapter(HybridAdapterBase):
             block = layer.shared_transformer
             return block.self_attn, layer.mamba_decoder.mamba, block.block_id
         return None, layer.mamba, None
-
-    def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
-        return mamba2_params(mixer.module, captured)[0]
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
