@@ -23,7 +23,7 @@ import torch
 
 from .engine import Edit, Trace
 from .errors import GandaError
-from .heads import HeadId, expand, format_heads
+from .heads import HeadId, compress_ranges, expand, format_heads
 from .models.base import Mixer, ModelAdapter
 
 CLASS_POSITIONS = ("ends", "key", "final", "elsewhere")  # ganda.sites.CLASSES
@@ -505,15 +505,3 @@ def parse_layers(text: str) -> list[int]:
 def _short(heads: Sequence[HeadId]) -> str:
     text = format_heads(heads)
     return text if len(heads) <= 4 else f"{format_heads(heads[:3])},... ({len(heads)} heads)"
-
-
-def compress_ranges(xs: Iterable[int]) -> str:
-    xs = sorted(set(xs))
-    parts, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(parts)

@@ -21,8 +21,7 @@ from torch import nn
 
 from ..errors import GandaError, one_line
 from ..finite import check_config
-from ..heads import HeadId
-from ..interventions import compress_ranges
+from ..heads import HeadId, compress_ranges
 from . import hub
 from .base import ModelAdapter
 from .loading import model_path
