@@ -360,6 +360,14 @@ class RayScorer:
         """The actors' process ids (the fault drills kill them)."""
         return [i["pid"] for i in self.infos]
 
+    def _ready(self, adapter: ModelAdapter, runs: str) -> None:
+        """Refuse an edited layer list (it does not travel to the workers); start actors that hold ``adapter``."""
+        if adapter.active_layers() != list(range(adapter.num_layers)):
+            raise GandaError(f"--ray runs {runs}; a layer edit (--keep-layers, --remove-layers) does not travel to "
+                             "the workers")
+        if self.spec != adapter.spec or not self.actors:
+            self._start(adapter)
+
     # ---- scoring
 
     def _shards(self, n_examples: int, n_batches: int, actors: int | None = None) -> list[tuple[int, int]]:
@@ -376,12 +384,8 @@ class RayScorer:
         """Each batch's scores, in the order of ``batches`` (as :func:`ganda.sweep.local_scores`)."""
         if not batches:
             return
-        if adapter.active_layers() != list(range(adapter.num_layers)):
-            raise GandaError("--ray runs sweeps of the whole model; a layer edit (--keep-layers, --remove-layers) "
-                             "does not travel to the workers")
+        self._ready(adapter, "sweeps of the whole model")
         ray = _ray()
-        if self.spec != adapter.spec or not self.actors:
-            self._start(adapter)
         # the local engine's blocks of examples (sweep._groups): a shard that starts on a block's
         # first example groups its examples as this process would, so its numbers are the same
         shape = batching(packed, batches, adapter.device.type != "cpu") if adapter.skips_layers() else Batching()
@@ -447,11 +451,7 @@ class RayScorer:
         module-level function every node can import; ``names`` name the units in errors."""
         if not units:
             return
-        if adapter.active_layers() != list(range(adapter.num_layers)):
-            raise GandaError("--ray runs whole models; a layer edit (--keep-layers, --remove-layers) "
-                             "does not travel to the workers")
-        if self.spec != adapter.spec or not self.actors:
-            self._start(adapter)
+        self._ready(adapter, "whole models")
         refs = [_ray().put(tuple(u)) for u in units]
         done: dict[int, Any] = {}
         nxt = 0
@@ -476,8 +476,6 @@ class RayScorer:
         lo, hi = shards[unit[1]]
         heads = "baseline" if batch[0] is None else f"{batch[0]}..{batch[-1]}" if len(batch) > 1 else str(batch[0])
         return f"({heads}, prompts {lo}-{hi - 1})"
-
-
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ import torch
 from torch import nn
 
 from .errors import GandaError
-from .models.base import ModelAdapter
+from .models.base import ModelAdapter, hidden_of
 
 Edit = Callable[[torch.Tensor], torch.Tensor]
 
@@ -55,10 +56,6 @@ _POINT = re.compile(r"^L(\d+)\.(?:(attn|ssm)\.)?(resid_in|resid_out|kwargs|call|
 
 class StopForward(Exception):
     """Raised inside a forward once the wanted points are in; :class:`Trace` swallows it."""
-
-
-def _hidden(out: Any) -> torch.Tensor:
-    return out[0] if isinstance(out, tuple) else out
 
 
 class Trace:
@@ -174,7 +171,7 @@ class Trace:
 
     def _post(self, name: str) -> Callable[..., Any]:
         def hook(_m: Any, _args: Any, out: Any) -> Any:
-            h = self._edit_and_store(name, _hidden(out))
+            h = self._edit_and_store(name, hidden_of(out))
             if h is None:
                 return None
             return (h, *out[1:]) if isinstance(out, tuple) else h
@@ -228,15 +225,11 @@ def run_layers(
     edit = {} if resid is None else {f"L{first}.resid_in": lambda h: resid.to(dtype=h.dtype, device=h.device)}
     stop_at = f"L{stop}.resid_out" if stop is not None else None
     names = [*capture, *([stop_at] if stop_at else [])]
-    token = adapter.push_layer_edit([i for i in active if i >= first], f"run from layer {first}") \
-        if first != active[0] else None
+    skip = adapter.layer_edit([i for i in active if i >= first], f"run from layer {first}") \
+        if first != active[0] else nullcontext()
     logits = None
-    try:
-        with Trace(adapter, names, edit=edit, stop=stop_at, at=at) as tr:
-            logits = adapter.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    finally:
-        if token is not None:
-            adapter.pop_layer_edit(token)
+    with skip, Trace(adapter, names, edit=edit, stop=stop_at, at=at) as tr:
+        logits = adapter.forward(input_ids, attention_mask=attention_mask, position_ids=position_ids)
     out = {name: tr[name] for name in names}
     if stop_at is not None:
         out["resid"] = out[stop_at]
@@ -320,7 +313,7 @@ class LayerCall:
     def __call__(self, module: nn.Module, hidden: torch.Tensor, reps: int = 1, batch: int = 1) -> torch.Tensor:
         args, kw = _repeat_batch(self.args, reps, batch), _repeat_batch(self.kwargs, reps, batch)
         out = module(*args, **kw, hidden_states=hidden) if self.by_keyword else module(hidden, *args, **kw)
-        return _hidden(out)
+        return hidden_of(out)
 
 
 class LayerCalls:

@@ -149,3 +149,16 @@ def require_heads(flag: str, spec: str | None) -> None:
     an empty intervention, read as "all" it would run every head."""
     if spec is not None and not split_spec(spec):
         raise GandaError(f"{flag}: no head ids in {spec!r} (expected e.g. L17H24, L3H0-2 or 'L16H*')")
+
+
+def compress_ranges(xs: Iterable[int]) -> str:
+    """Layer or head numbers as ranges: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    xs = sorted(set(xs))
+    parts, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(parts)

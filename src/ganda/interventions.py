@@ -23,7 +23,7 @@ import torch
 
 from .engine import Edit, Trace
 from .errors import GandaError
-from .heads import HeadId, expand, format_heads
+from .heads import HeadId, compress_ranges, expand, format_heads
 from .models.base import Mixer, ModelAdapter
 
 CLASS_POSITIONS = ("ends", "key", "final", "elsewhere")  # ganda.sites.CLASSES
@@ -384,11 +384,8 @@ class KeepLayers(Intervention):
     @contextmanager
     def apply(self, adapter: ModelAdapter) -> Iterator[None]:
         layers = list(self.layers)
-        token = adapter.push_layer_edit(layers, f"keep-layers {compress_ranges(layers) or '(none)'}")
-        try:
+        with adapter.layer_edit(layers, f"keep-layers {compress_ranges(layers) or '(none)'}"):
             yield
-        finally:
-            adapter.pop_layer_edit(token)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "keep_layers", "layers": compress_ranges(self.layers)}
@@ -415,11 +412,8 @@ class RemoveLayers(Intervention):
         bad = [i for i in self.layers if not 0 <= i < n]
         if bad:
             raise GandaError(f"{label}: layer {bad[0]} out of range, the model has layers 0-{n - 1}")
-        token = adapter.push_layer_edit([i for i in range(n) if i not in set(self.layers)], label)
-        try:
+        with adapter.layer_edit([i for i in range(n) if i not in set(self.layers)], label):
             yield
-        finally:
-            adapter.pop_layer_edit(token)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "remove_layers", "layers": compress_ranges(self.layers)}
@@ -511,15 +505,3 @@ def parse_layers(text: str) -> list[int]:
 def _short(heads: Sequence[HeadId]) -> str:
     text = format_heads(heads)
     return text if len(heads) <= 4 else f"{format_heads(heads[:3])},... ({len(heads)} heads)"
-
-
-def compress_ranges(xs: Iterable[int]) -> str:
-    xs = sorted(set(xs))
-    parts, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(parts)

@@ -94,14 +94,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp
         mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_UMASK
         os.chmod(tmp, mode)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, target)
         tmp = None
-        _fsync_dir(target.parent)
+        with contextlib.suppress(OSError):  # a directory that cannot be synced still holds the file
+            _fsync(target.parent)
     except OSError as exc:
         raise write_error(path, exc) from None
     finally:
@@ -110,13 +107,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
                 tmp.unlink()
 
 
-def _fsync_dir(d: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -248,14 +244,14 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
     real = os.path.realpath(target)
     for inp in inputs:
         where = os.path.realpath(Path(inp).expanduser())
-        if real == where or (os.path.isdir(where) and real.startswith(where.rstrip(os.sep) + os.sep)):
+        if _inside(real, where):
             what = f"inside {inp}, which" if real != where else "a file that"
             raise GandaError(f"{option} {path} is {what} this command reads; ganda never writes over its inputs: "
                              "choose another path")
-    for a in Path(real).parents:  # any model's directory, not only the one this command loads
-        if a.is_dir() and holds_model(a):
-            raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
-                             "never writes into a model's files: choose another path")
+    a = _model_around(Path(real), itself=False)  # any model's directory, not only the one this command loads
+    if a is not None:
+        raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
+                         "never writes into a model's files: choose another path")
     if target.is_file() and not force and not written_by_ganda(target, kind):
         raise GandaError(f"{option} {path} exists and is not {KINDS.get(kind or '', 'a file')} that ganda wrote; "
                          "pass --force to replace it, or choose another path")
@@ -308,8 +304,7 @@ def check_not_inside(model: str | Path) -> None:
     into the model's directory."""
     where = os.path.realpath(model)
     for d in _claims:
-        real = os.path.realpath(d)
-        if os.path.isdir(where) and (real == where or real.startswith(where.rstrip(os.sep) + os.sep)):
+        if _inside(os.path.realpath(d), where):
             raise GandaError(f"--out {d} is inside the model directory {model}; ganda never writes into a model's "
                              "files: choose another --out")
 
@@ -484,6 +479,16 @@ registry.register_run_file("grid.json", "grid")
 WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.gguf", "pytorch_model*", "*.pt")
 
 
+def _inside(real: str, where: str) -> bool:
+    """Whether the resolved path ``real`` is ``where`` or lies in the directory ``where``."""
+    return real == where or (os.path.isdir(where) and real.startswith(where.rstrip(os.sep) + os.sep))
+
+
+def _model_around(d: Path, itself: bool) -> Path | None:
+    """The first directory that holds a model among ``d`` (with ``itself``) and its ancestors."""
+    return next((a for a in ((d, *d.parents) if itself else d.parents) if a.is_dir() and holds_model(a)), None)
+
+
 def holds_model(d: str | Path) -> bool:
     """Whether ``d`` is a model directory: a config.json and weights."""
     d = Path(d)
@@ -500,15 +505,13 @@ def check_not_model_dir(path: str | Path, option: str = "--out", models: Sequenc
     False: a directory above it; a command that writes a model, ``kind="model"``, may replace one)."""
     real = os.path.realpath(Path(path).expanduser())
     for m in models:
-        where = os.path.realpath(Path(m).expanduser())
-        if real == where or (os.path.isdir(where) and real.startswith(where.rstrip(os.sep) + os.sep)):
+        if _inside(real, os.path.realpath(Path(m).expanduser())):
             raise GandaError(f"{option} {path} is inside the model directory {m}; ganda never writes into a model's "
                              f"files: choose another {option}")
-    d = Path(real)
-    for a in (d, *d.parents) if itself else d.parents:
-        if a.is_dir() and holds_model(a):
-            raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
-                             f"never writes into a model's files: choose another {option}")
+    a = _model_around(Path(real), itself)
+    if a is not None:
+        raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
+                         f"never writes into a model's files: choose another {option}")
 
 
 _before: dict[str, set[str] | bool] = {}  # run directory -> its files when claimed (False: it did not exist)

@@ -108,7 +108,7 @@ class OutputHead:
         found: dict[str, Any] = {}
 
         def on_last(_m: Any, _a: Any, out: Any) -> None:
-            last["h"] = out[0] if isinstance(out, tuple) else out
+            last["h"] = hidden_of(out)
 
         def pre(mod: nn.Module, args: tuple[Any, ...]) -> None:
             if "norm" not in found and args and "h" in last and args[0] is last["h"]:
@@ -141,21 +141,20 @@ class OutputHead:
         module = ad.decoder_layers()[pos or 0]
 
         def replace(_m: Any, _a: Any, out: Any) -> Any:
-            h = flat[None].to(_hidden_of(out).dtype)
+            h = flat[None].to(hidden_of(out).dtype)
             return (h, *out[1:]) if isinstance(out, tuple) else h
 
-        token = ad.push_layer_edit([last], "final norm and LM head")
-        handle = module.register_forward_hook(replace)
-        try:
-            dummy = torch.zeros((1, flat.shape[0]), dtype=torch.long, device=flat.device)
-            logits = ad.forward(dummy)[0]
-        finally:
-            handle.remove()
-            ad.pop_layer_edit(token)
+        with ad.layer_edit([last], "final norm and LM head"):
+            handle = module.register_forward_hook(replace)
+            try:
+                logits = ad.forward(torch.zeros((1, flat.shape[0]), dtype=torch.long, device=flat.device))[0]
+            finally:
+                handle.remove()
         return logits.reshape(*shape[:-1], logits.shape[-1])
 
 
-def _hidden_of(out: Any) -> torch.Tensor:
+def hidden_of(out: Any) -> torch.Tensor:
+    """The hidden states a layer or module returns: a bare tensor, or the first of a tuple (families differ)."""
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -331,6 +330,16 @@ class ModelAdapter(ABC):
         """Undo one edit of :meth:`push_layer_edit` (the others stay in force)."""
         if self._edits.pop(token, None) is not None:
             self._apply_edits()
+
+    @contextmanager
+    def layer_edit(self, keep: Iterable[int], label: str, replace: Mapping[int, nn.Module] | None = None
+                   ) -> Iterator[None]:
+        """:meth:`push_layer_edit` for the block, undone however it ends."""
+        token = self.push_layer_edit(keep, label, replace)
+        try:
+            yield
+        finally:
+            self.pop_layer_edit(token)
 
     def _apply_edits(self) -> None:
         if not self._edits:

@@ -69,10 +69,6 @@ ALIASES = {
 }
 DEFAULT_MODEL = "smollm2-135m"
 
-# model_type -> fn(path) for families transformers does not build (the registry's table, not a copy)
-CUSTOM_LOADERS = registry.LOADERS
-
-
 def cache_dir() -> Path:
     return Path(os.environ.get("GANDA_CACHE", Path.home() / ".cache" / "ganda"))
 
@@ -141,16 +137,11 @@ def _assemble_gemma() -> Path:
                 tmp.unlink(missing_ok=True)
                 raise
     except OSError as exc:
-        raise GandaError(f"gemma3-270m: could not assemble the GGUF in {out.parent}: {_one_line(exc)}") from None
+        raise GandaError(f"gemma3-270m: could not assemble the GGUF in {out.parent}: {one_line(exc)}") from None
     return out
 
 
 # ---- errors ---------------------------------------------------------------------------------
-
-def _one_line(exc: BaseException) -> str:
-    """An exception's message in one line (library messages run to several lines): :func:`ganda.errors.one_line`."""
-    return one_line(exc)
-
 
 def _first(keys: Any, n: int = 3) -> str:
     keys = sorted(str(k) for k in keys)
@@ -160,10 +151,10 @@ def _first(keys: Any, n: int = 3) -> str:
 
 # ---- strict loading -------------------------------------------------------------------------
 
-def _check_safetensors(file: Path, floating: bool = False) -> None:
+def _check_safetensors(file: Path, floating: bool = False) -> dict[str, Any]:
     """Refuse a truncated or malformed ``.safetensors`` file from its header alone (cheap); with
     ``floating``, also one holding a tensor that is not floating-point (integers and booleans would
-    be cast to floats silently: a different model, scored as if it were this one)."""
+    be cast to floats silently: a different model, scored as if it were this one). Returns the header."""
     size = file.stat().st_size
     try:
         with open(file, "rb") as f:
@@ -175,7 +166,7 @@ def _check_safetensors(file: Path, floating: bool = False) -> None:
                 raise GandaError(f"{file}: truncated or not a safetensors file (header of {n} bytes, file of {size})")
             header = json.loads(f.read(n))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GandaError(f"{file}: not a readable safetensors file ({_one_line(exc)})") from None
+        raise GandaError(f"{file}: not a readable safetensors file ({one_line(exc)})") from None
     if not isinstance(header, dict):
         raise GandaError(f"{file}: not a safetensors file (its header is not a table of tensors)")
     try:
@@ -191,22 +182,10 @@ def _check_safetensors(file: Path, floating: bool = False) -> None:
             more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
             raise GandaError(f"{file}: tensor {odd[0][0]} is stored as {odd[0][1]}{more}; ganda loads floating-point "
                              "checkpoints (F32, F16, BF16), or quantised ones that say so in config.json")
+    return header
 
 
-def _safetensors_numel(files: list[Path]) -> int:
-    """Number of values stored in ``files`` (from their headers, already checked)."""
-    total = 0
-    for file in files:
-        with open(file, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-        for k, v in header.items():
-            if k != "__metadata__":
-                total += math.prod(int(d) for d in v.get("shape", []))
-    return total
-
-
-def _check_size(config: Any, files: list[Path], path: Path) -> None:
+def _check_size(config: Any, headers: list[dict[str, Any]], path: Path) -> None:
     """Refuse a config that describes a far larger model than the weights hold, before building it.
 
     A config.json with missing fields gets transformers' defaults (a 7B Llama for ``{"model_type":
@@ -217,7 +196,8 @@ def _check_size(config: Any, files: list[Path], path: Path) -> None:
     with torch.device("meta"):
         shell = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
     want = sum(p.numel() for p in shell.parameters())  # tied parameters counted once
-    have = _safetensors_numel(files)
+    have = sum(math.prod(int(d) for d in v.get("shape", [])) for header in headers  # values the weights store
+               for k, v in header.items() if k != "__metadata__")
     if want > 2 * have:
         raise GandaError(f"{path}: config.json describes a model of {want:,} parameters but the weights hold "
                          f"{have:,} values; the config does not belong to these weights")
@@ -258,7 +238,7 @@ def _check_loading_info(model: Any, info: dict[str, Any], where: Path) -> None:
                          f"{_first(unexpected)}")
     errors = [e for e in info.get("error_msgs") or () if e]
     if errors:
-        raise GandaError(f"{where}: {_one_line(Exception(errors[0]))}")
+        raise GandaError(f"{where}: {one_line(Exception(errors[0]))}")
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -268,9 +248,9 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         raw = json.loads(cfg_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GandaError(f"{cfg_file} is not valid JSON: {_one_line(exc)}") from None
+        raise GandaError(f"{cfg_file} is not valid JSON: {one_line(exc)}") from None
     except OSError as exc:
-        raise GandaError(f"{cfg_file}: cannot read it ({_one_line(exc)})") from None
+        raise GandaError(f"{cfg_file}: cannot read it ({one_line(exc)})") from None
     if not isinstance(raw, dict):
         raise GandaError(f"{cfg_file} is not a model config (expected a JSON object, got {type(raw).__name__})")
     return raw
@@ -301,10 +281,10 @@ def _load_tokenizer(where: str, **kwargs: Any) -> Any:
             try:
                 AutoConfig.from_pretrained(where, trust_remote_code=False)
             except Exception as cfg_exc:  # noqa: BLE001 - the config is what is wrong
-                raise GandaError(f"{where}: its config.json is not a valid config: {_one_line(cfg_exc)}") from None
+                raise GandaError(f"{where}: its config.json is not a valid config: {one_line(cfg_exc)}") from None
         if present:
-            raise GandaError(f"{where}: cannot load its tokenizer ({', '.join(present)}): {_one_line(exc)}") from None
-        log.warning("no tokenizer in %s: %s", where, _one_line(exc))
+            raise GandaError(f"{where}: cannot load its tokenizer ({', '.join(present)}): {one_line(exc)}") from None
+        log.warning("no tokenizer in %s: %s", where, one_line(exc))
         return None
 
 
@@ -319,7 +299,7 @@ def _reading(where: Path, what: str) -> Iterator[None]:
         if "trust_remote_code" in str(exc) or "custom code" in str(exc):
             raise GandaError(f"{where}: the model needs custom code from its directory (auto_map), "
                              "which ganda never runs") from None
-        raise GandaError(f"{where}: cannot load this {what}: {_one_line(exc)}") from None
+        raise GandaError(f"{where}: cannot load this {what}: {one_line(exc)}") from None
 
 
 def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.float32,
@@ -339,19 +319,18 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
             )
         if not has_pickle:
             raise GandaError(f"{path} has no weights (*.safetensors)")
-    for f in safetensors:
-        _check_safetensors(f, floating="quantization_config" not in raw)
-    if model_type not in CUSTOM_LOADERS:
+    headers = [_check_safetensors(f, floating="quantization_config" not in raw) for f in safetensors]
+    if model_type not in registry.LOADERS:
         check_model_type(model_type)  # before the tokenizer, which may read config.json's auto_map
     tok = _load_tokenizer(str(path))
-    if model_type in CUSTOM_LOADERS:
+    if model_type in registry.LOADERS:
         with _reading(path, "model"):
-            return CUSTOM_LOADERS[model_type](path), tok
+            return registry.LOADERS[model_type](path), tok
     with _reading(path, "model"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
         if safetensors and getattr(config, "quantization_config", None) is None:  # packed weights hold fewer values
-            _check_size(config, safetensors, path)
+            _check_size(config, headers, path)
         # ignore_mismatched_sizes only makes transformers list every wrongly shaped tensor
         # (instead of stopping at the first without its name); any of them is refused below.
         model, info = AutoModelForCausalLM.from_pretrained(
@@ -404,7 +383,7 @@ def _looks_like_gguf(path: Path) -> bool:
         with open(path, "rb") as f:
             return f.read(4) == b"GGUF"
     except OSError as exc:
-        raise GandaError(f"{path}: cannot read it ({_one_line(exc)})") from None
+        raise GandaError(f"{path}: cannot read it ({one_line(exc)})") from None
 
 
 def _dequantise(path: Path) -> tuple[Any, Any]:
@@ -579,7 +558,7 @@ def _load_gguf(path: Path, use_cache: bool) -> tuple[Any, Any]:
         try:
             return _load_hf_dir(entry, allow_pickle=False)
         except GandaError as exc:
-            problem = _one_line(exc)
+            problem = one_line(exc)
     if problem != "absent":
         log.warning("the cached copy of %s is damaged (%s); rebuilding it", path.name, problem)
     with contextlib.ExitStack() as stack:
@@ -587,7 +566,7 @@ def _load_gguf(path: Path, use_cache: bool) -> tuple[Any, Any]:
             root.mkdir(parents=True, exist_ok=True)
             stack.enter_context(_locked(root / f"{entry.name}.lock"))
         except OSError as exc:  # a read-only home must not stop the run
-            log.warning("could not cache the dequantised GGUF: %s", _one_line(exc))
+            log.warning("could not cache the dequantised GGUF: %s", one_line(exc))
             return _dequantise(path)
         if problem == "absent" and _entry_problem(entry) is None:  # another process built it meanwhile
             with contextlib.suppress(GandaError):
@@ -598,7 +577,7 @@ def _load_gguf(path: Path, use_cache: bool) -> tuple[Any, Any]:
             _write_entry(entry, path, model, tok)
             _drop_superseded(root, path, entry)
         except OSError as exc:  # a full or read-only disk must not stop the run
-            log.warning("could not cache the dequantised GGUF: %s", _one_line(exc))
+            log.warning("could not cache the dequantised GGUF: %s", one_line(exc))
         return model, tok
     raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow exceptions
 

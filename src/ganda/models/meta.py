@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import GandaError, one_line
 from ..finite import check_config
-from ..heads import HeadId
+from ..heads import HeadId, compress_ranges
 from . import hub
 from .base import ModelAdapter
 from .loading import model_path
@@ -153,22 +153,13 @@ def kv_heads(mixer: Any) -> int | None:
     return mixer.num_heads // (getattr(mixer.module, "num_key_value_groups", 1) or 1)
 
 
-def _ranges(layers: list[int]) -> str:
-    out, start = [], layers[0]
-    for prev, cur in zip(layers, [*layers[1:], None], strict=True):
-        if cur != prev + 1:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = cur
-    return ",".join(out)
-
-
 def summary(adapter: ModelAdapter) -> dict[str, Any]:
     """Layers, mixers (identical ones grouped), heads and parameters, JSON-able."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for m in adapter.mixers():
         key = (m.kind, m.num_heads, m.head_dim, kv_heads(m), m.shared_key is not None)
         groups.setdefault(key, []).append(m.layer)
-    mixers = [{"layers": _ranges(sorted(layers)), "n": len(layers), "kind": kind, "num_heads": heads,
+    mixers = [{"layers": compress_ranges(layers), "n": len(layers), "kind": kind, "num_heads": heads,
                "head_dim": dim, **({"kv_heads": kv} if kv is not None else {}), **({"shared": True} if shared else {})}
               for (kind, heads, dim, kv, shared), layers in groups.items()]
     by_kind: dict[str, int] = {}
@@ -221,5 +212,5 @@ def summary_text(s: dict[str, Any]) -> str:
         heads = f"{m['num_heads']:,} head{'s' if m['num_heads'] != 1 else ''}"
         lines.append(f"  {where}: {m['kind']}, {heads} of {m['head_dim']}{kv}{shared}")
     for key, layers in (s.get("shared_blocks") or {}).items():
-        lines.append(f"  {key.replace('block', 'B')} runs at layers {_ranges(layers)}")
+        lines.append(f"  {key.replace('block', 'B')} runs at layers {compress_ranges(layers)}")
     return "\n".join(lines)

@@ -12,9 +12,6 @@ from .. import registry
 from ..errors import GandaError
 from .base import ModelAdapter
 
-# model_type -> human name, for error messages (the registry's table, not a copy)
-SUPPORTED = registry.MODEL_TYPES
-
 
 def register(adapter: type[ModelAdapter], model_types: dict[str, str] | None = None, first: bool = True) -> None:
     """Register a family (see :func:`ganda.registry.register_family`; ``first=False``: a generic one)."""
@@ -22,11 +19,11 @@ def register(adapter: type[ModelAdapter], model_types: dict[str, str] | None = N
 
 
 def supported_text() -> str:
-    return ", ".join(f"{v} ({k})" for k, v in sorted(SUPPORTED.items()))
+    return ", ".join(f"{v} ({k})" for k, v in sorted(registry.MODEL_TYPES.items()))
 
 
 def check_model_type(model_type: str | None) -> None:
-    if model_type not in SUPPORTED:
+    if model_type not in registry.MODEL_TYPES:
         raise GandaError(f"unsupported architecture {model_type!r}; ganda supports: {supported_text()}")
 
 

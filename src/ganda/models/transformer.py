@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import GandaError
 from ..heads import HeadId
-from .base import Mixer, ModelAdapter
+from .base import Mixer, ModelAdapter, hidden_of
 
 
 @contextmanager
@@ -125,7 +125,7 @@ class TransformerAdapter(ModelAdapter):
         cos, sin = self._rope(layer, hidden, positions)
         out = self.original_layers()[layer](hidden, attention_mask=self._window(layer, mask), position_ids=positions,
                                             position_embeddings=(cos, sin), use_cache=False)
-        return out[0] if isinstance(out, tuple) else out
+        return hidden_of(out)
 
     def head_output(self, layer: int, head: int, hidden: torch.Tensor, positions: torch.Tensor,
                     mask: torch.Tensor) -> torch.Tensor:

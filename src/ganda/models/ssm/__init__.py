@@ -8,7 +8,7 @@ entry point is ``ganda.models.ssm.materialize.materialize(adapter, input_ids, he
 
 from __future__ import annotations
 
-from ..loading import CUSTOM_LOADERS
+from ...registry import LOADERS
 from ..registry import register
 from .bamba import BambaAdapter
 from .falcon_h1 import FalconH1Adapter
@@ -18,16 +18,13 @@ from .mamba1 import Mamba1Adapter
 from .mamba2 import Mamba2Adapter
 from .zamba2 import Zamba2Adapter
 
-register(Mamba2Adapter, {"mamba2": "Mamba-2"})
-register(Mamba1Adapter, {"mamba": "Mamba-1", "falcon_mamba": "Falcon-Mamba"})
-register(LlambaAdapter, {"llamba": "Llamba (Discrete Mamba-2)"})
-register(Zamba2Adapter, {"zamba2": "Zamba2 (hybrid)"})
-register(BambaAdapter, {"bamba": "Bamba (hybrid)"})
-register(FalconH1Adapter, {"falcon_h1": "Falcon-H1 (parallel hybrid)"})
-register(JambaAdapter, {"jamba": "Jamba (hybrid)"})
-CUSTOM_LOADERS["llamba"] = load_llamba
+# registered in this order (later ones are tried first), each for its own ``model_types``
+for _family in (Mamba2Adapter, Mamba1Adapter, LlambaAdapter, Zamba2Adapter, BambaAdapter, FalconH1Adapter,
+                JambaAdapter):
+    register(_family, _family.model_types)
+LOADERS["llamba"] = load_llamba
 # Llamba's published config.json may carry no model_type; anything else without one is refused.
-CUSTOM_LOADERS.setdefault(None, load_unlabelled)
+LOADERS.setdefault(None, load_unlabelled)
 
 __all__ = [
     "BambaAdapter",

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..base import Mixer
-from .common import HybridAdapterBase, mamba2_params
-from .materialize import SSMParams
+from .common import HybridAdapterBase
 
 
 class BambaAdapter(HybridAdapterBase):
     family = "bamba"
     prefix_cache_kwarg = "past_key_values"
+    model_types = {"bamba": "Bamba (hybrid)"}
 
     def __init__(self, model: nn.Module, tokenizer, spec: str = "") -> None:  # type: ignore[no-untyped-def]
         super().__init__(model, tokenizer, spec)
@@ -30,20 +29,10 @@ class BambaAdapter(HybridAdapterBase):
         Bamba with no attention layer (a pure-SSM student) cannot continue from a cache."""
         return bool(self._attn_indices) and super().supports_prefix_cache()
 
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "bamba"
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.model, "layers"
-
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         if layer.block_type == "full_attention":
             return layer.self_attn, None, None
         return None, layer.mamba, None
-
-    def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
-        return mamba2_params(mixer.module, captured)[0]
 
     def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         cfg = self.model.config

@@ -13,7 +13,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,7 @@ from torch import nn
 
 from ...errors import GandaError
 from ...heads import HeadId
-from ..base import Mixer, ModelAdapter, PostHook, PreHook
+from ..base import Mixer, ModelAdapter, PostHook, PreHook, hidden_of
 from ..placement import weights_on
 from ..transformer import eager_attention
 from .materialize import SelectiveParams, SSDParams, SSMParams, for_math, head_map, selective_maps
@@ -171,18 +171,36 @@ class SSMAdapterBase(ModelAdapter):
         super().__init__(model, tokenizer, spec)
         self._orig_index = {id(layer): i for i, layer in enumerate(self._original_layers)}
 
+    #: ``config.model_type`` -> human name: what the family is registered for and what it matches
+    model_types: ClassVar[dict[str, str]] = {}
+    #: the model's attribute whose ``layers`` are the decoder blocks (``backbone`` in Mamba checkpoints)
+    layers_in: ClassVar[str] = "model"
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return (getattr(getattr(model, "config", None), "model_type", None) in cls.model_types
+                and hasattr(model, cls.layers_in))
+
     # ---- family hooks -------------------------------------------------------------------
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        """(object, attribute) holding the decoder ModuleList."""
-        raise NotImplementedError
+    @staticmethod
+    def ssm_mixer(layer: int, module: nn.Module) -> Mixer:
+        """The Mixer of one SSM module (default: Mamba-2 SSD heads, ``num_heads`` of ``head_dim``)."""
+        return Mixer(layer=layer, kind="ssm", num_heads=module.num_heads, head_dim=module.head_dim,
+                     out_proj=module.out_proj, module=module)
+
+    def _build_mixers(self) -> list[Mixer]:
+        """Each layer's ``mixer`` module as :meth:`ssm_mixer` counts its heads (hybrids: :meth:`layer_parts`)."""
+        return [self.ssm_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]
+
 
     def ssm_capture_module(self, mixer: Mixer) -> nn.Module:
         """The module whose *output* the SSM inputs are recomputed from (default: in_proj)."""
         return mixer.module.in_proj
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
-        """Δ, B, C, x, ... of one layer from the captured tensor of sequence 0 ([T, ...])."""
-        raise NotImplementedError
+        """Δ, B, C, x, ... of one layer from the captured tensor of sequence 0 ([T, ...]) (default: a
+        Mamba-2 mixer's ``in_proj`` output, :func:`mamba2_params`)."""
+        return mamba2_params(mixer.module, captured)[0]
 
     def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         """Fix per-position config after truncation/removal.
@@ -193,15 +211,14 @@ class SSMAdapterBase(ModelAdapter):
 
     # ---- layers -------------------------------------------------------------------------
     def decoder_layers(self) -> nn.ModuleList:
-        obj, attr = self._layers_attr()
-        return getattr(obj, attr)
+        return getattr(self.model, self.layers_in).layers
 
     def set_decoder_layers(self, layers: nn.ModuleList) -> None:
-        obj, attr = self._layers_attr()
+        owner = getattr(self.model, self.layers_in)
         inner = [unwrap_layer(m) for m in layers]
         kept = [self._orig_index.get(id(m), -1) for m in inner]
         if kept == list(range(len(self._original_layers))):
-            setattr(obj, attr, self._original_layers)
+            owner.layers = self._original_layers
             self._on_layers_changed(None, list(self._original_layers))
             return
         arg_pos, kwarg = self.layer_index_arg
@@ -211,7 +228,7 @@ class SSMAdapterBase(ModelAdapter):
                 new.append(_Reindexed(m, orig, arg_pos, kwarg))
             else:
                 new.append(m)
-        setattr(obj, attr, nn.ModuleList(new))
+        owner.layers = nn.ModuleList(new)
         self._on_layers_changed(kept, inner)
 
     def _layer_module(self, layer: int) -> nn.Module:
@@ -322,8 +339,7 @@ class SSMAdapterBase(ModelAdapter):
 
         def cap_ssm(layer: int) -> Callable[..., None]:
             def hook(_m: nn.Module, _a: Any, out: Any) -> None:
-                t = out[0] if isinstance(out, tuple) else out
-                raw[layer] = t[0].detach()
+                raw[layer] = hidden_of(out)[0].detach()
                 done()
 
             return hook
@@ -429,12 +445,6 @@ def mamba2_params(mixer_module: nn.Module, proj: torch.Tensor) -> tuple[SSMParam
     return p, z
 
 
-def ssm_mixer(layer: int, module: nn.Module, kind: str = "ssm", **extra: Any) -> Mixer:
-    """A Mixer for a Mamba-2-style module (heads = SSD heads)."""
-    return Mixer(layer=layer, kind=kind, num_heads=module.num_heads, head_dim=module.head_dim,
-                 out_proj=module.out_proj, module=module, extra=dict(extra))
-
-
 class HybridAdapterBase(SSMAdapterBase):
     """Hybrids: every decoder layer runs an attention module, an SSM mixer, or both (attention first).
 
@@ -442,11 +452,6 @@ class HybridAdapterBase(SSMAdapterBase):
     heads of the attention module (Llama-style ``o_proj``, ``config.num_attention_heads``) and the
     SSM's heads as :meth:`ssm_mixer` counts them.
     """
-
-    @staticmethod
-    def ssm_mixer(layer: int, module: nn.Module) -> Mixer:
-        """The Mixer of one SSM module (default: Mamba-2 SSD heads)."""
-        return ssm_mixer(layer, module)
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         """(attention module or None, SSM module or None, shared block id or None) of one decoder layer."""

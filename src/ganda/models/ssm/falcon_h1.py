@@ -23,13 +23,7 @@ from .materialize import SSMParams
 class FalconH1Adapter(HybridAdapterBase):
     family = "falcon_h1"
     prefix_cache_kwarg = "past_key_values"
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "falcon_h1"
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.model, "layers"
+    model_types = {"falcon_h1": "Falcon-H1 (parallel hybrid)"}
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         return layer.self_attn, layer.mamba, None

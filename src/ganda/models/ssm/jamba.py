@@ -14,38 +14,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
-from ..base import Mixer
 from .common import HybridAdapterBase
-from .mamba1 import ScanContinuation, channel_mixer, mamba1_params
-from .materialize import SSMParams
+from .mamba1 import Mamba1Mixers
 
 
-class JambaAdapter(ScanContinuation, HybridAdapterBase):
+class JambaAdapter(Mamba1Mixers, HybridAdapterBase):
     family = "jamba"
     prefix_cache_kwarg = "past_key_values"
-    ssm_mixer = staticmethod(channel_mixer)  # Mamba-1 convention: every inner channel is a head
+    model_types = {"jamba": "Jamba (hybrid)"}
 
     def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:
         super().__init__(model, tokenizer, spec)
         self._config_class = type(model.config)
 
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "jamba"
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.model, "layers"
-
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         if hasattr(layer, "self_attn"):
             return layer.self_attn, None, None
         return None, layer.mamba, None
-
-    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
-        return mamba1_params(mixer.module, captured)
 
     def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         cfg = self.model.config

@@ -346,17 +346,12 @@ def load_unlabelled(path: str | Path) -> nn.Module:
 class LlambaAdapter(SSMAdapterBase):
     family = "llamba"
     prefix_cache_kwarg = "cache_params"
+    model_types = {"llamba": "Llamba (Discrete Mamba-2)"}
+    layers_in = "backbone"
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
         return isinstance(model, LlambaForCausalLM)
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.backbone, "layers"
-
-    def _build_mixers(self) -> list[Mixer]:
-        return [Mixer(layer=i, kind="ssm", num_heads=b.mixer.num_heads, head_dim=b.mixer.head_dim,
-                      out_proj=b.mixer.out_proj, module=b.mixer) for i, b in enumerate(self._original_layers)]
 
     def new_cache(self) -> LlambaCache:
         return LlambaCache(len(self._original_layers))

@@ -100,9 +100,20 @@ def scans_continue(cache: Any, mixers: Sequence[nn.Module]) -> Iterator[None]:
         start.state = None
 
 
-class ScanContinuation:
-    """Shared-prefix reuse for adapters with Mamba-1 mixers: :meth:`forward_cached` runs under
+def channel_mixer(layer: int, m: nn.Module) -> Mixer:
+    """Every inner channel of a Mamba-1 mixer is a head (the paper's convention)."""
+    return Mixer(layer=layer, kind="ssm", num_heads=m.intermediate_size, head_dim=1, out_proj=m.out_proj, module=m)
+
+
+class Mamba1Mixers:
+    """What adapters with Mamba-1 mixers share: every inner channel is a head (:func:`channel_mixer`),
+    Δ, B, C from :func:`mamba1_params`, and shared-prefix reuse: :meth:`forward_cached` runs under
     :func:`scans_continue`, so a suffix continues from the cached conv and recurrent states."""
+
+    ssm_mixer = staticmethod(channel_mixer)
+
+    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
+        return mamba1_params(mixer.module, captured)
 
     def _forward_cached(self, input_ids: torch.Tensor, cache: Any, position_ids: torch.Tensor,
                         attention_mask: torch.Tensor | None, keep: torch.Tensor | None) -> torch.Tensor:
@@ -111,28 +122,11 @@ class ScanContinuation:
             return super()._forward_cached(input_ids, cache, position_ids, attention_mask, keep)  # type: ignore[misc]
 
 
-def channel_mixer(layer: int, m: nn.Module) -> Mixer:
-    """Every inner channel of a Mamba-1 mixer is a head (the paper's convention)."""
-    return Mixer(layer=layer, kind="ssm", num_heads=m.intermediate_size, head_dim=1, out_proj=m.out_proj, module=m)
-
-
-class Mamba1Adapter(ScanContinuation, SSMAdapterBase):
+class Mamba1Adapter(Mamba1Mixers, SSMAdapterBase):
     family = "mamba1"
     prefix_cache_kwarg = "cache_params"
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        mt = getattr(getattr(model, "config", None), "model_type", None)
-        return mt in ("mamba", "falcon_mamba") and hasattr(model, "backbone")
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.backbone, "layers"
-
-    def _build_mixers(self) -> list[Mixer]:
-        return [channel_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]
-
-    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
-        return mamba1_params(mixer.module, captured)
+    model_types = {"mamba": "Mamba-1", "falcon_mamba": "Falcon-Mamba"}
+    layers_in = "backbone"
 
     @torch.no_grad()
     def grouped_maps(self, input_ids: torch.Tensor, layer: int, block: int, blocks: Sequence[int] | None = None,

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from ..base import Mixer
-from .common import SSMAdapterBase, mamba2_params, ssm_mixer
-from .materialize import SSMParams
+from .common import SSMAdapterBase
 
 
 class Mamba2Adapter(SSMAdapterBase):
     family = "mamba2"
     prefix_cache_kwarg = "cache_params"
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "mamba2" and hasattr(model, "backbone")
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.backbone, "layers"
-
-    def _build_mixers(self) -> list[Mixer]:
-        return [ssm_mixer(i, layer.mixer) for i, layer in enumerate(self._original_layers)]
-
-    def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
-        return mamba2_params(mixer.module, captured)[0]
+    model_types = {"mamba2": "Mamba-2"}
+    layers_in = "backbone"

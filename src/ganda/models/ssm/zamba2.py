@@ -17,31 +17,20 @@ from torch import nn
 
 from ...errors import GandaError
 from ...heads import HeadId
-from ..base import Mixer
-from .common import HybridAdapterBase, mamba2_params
-from .materialize import SSMParams
+from .common import HybridAdapterBase
 
 
 class Zamba2Adapter(HybridAdapterBase):
     family = "zamba2"
     prefix_cache_kwarg = "past_key_values"
+    model_types = {"zamba2": "Zamba2 (hybrid)"}
     layer_index_arg = (2, "layer_idx")  # Zamba2Model calls layer(h, orig_h, layer_idx, ...)
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) == "zamba2"
-
-    def _layers_attr(self) -> tuple[nn.Module, str]:
-        return self.model.model, "layers"
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         if hasattr(layer, "shared_transformer"):  # a hybrid layer: one invocation of a shared block
             block = layer.shared_transformer
             return block.self_attn, layer.mamba_decoder.mamba, block.block_id
         return None, layer.mamba, None
-
-    def ssm_params(self, mixer: Mixer, captured) -> SSMParams:  # type: ignore[no-untyped-def]
-        return mamba2_params(mixer.module, captured)[0]
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
