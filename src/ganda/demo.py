@@ -20,8 +20,8 @@ holds (the same heads named, every established ablation cost established again) 
 The demo is the registered experiment ``demo`` (:class:`Demo`, its options :class:`DemoOptions`):
 ``ganda demo`` is built from it as every analysis's command is. It sits above the experiments'
 layer because it writes ``report.html`` (:mod:`ganda.report`) as part of its run. The defaults take
-1,342 CPU seconds on SmolLM2-135M (README.md), the profiles 652 of them; each further prompt set
-adds most of the rest.
+1,253 CPU seconds on SmolLM2-135M (BENCHMARKS.md §9), the profiles 596 of them and the two further
+prompt sets 328.
 """
 
 from __future__ import annotations
