@@ -167,7 +167,6 @@ def run_direct(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     return Run(exp, exp.run_model(adapter, options, run), None, adapter, [], options)
 
 
-
 def run_experiment(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     """Run ``cls`` through the runner of its inputs (``inputs``: one task's examples, a task list or
     its own prompts, several models, or a direct run with no run directory)."""
