@@ -304,7 +304,10 @@ CASES = [
     # ganda grid, --ray
     C("grid-no-spec", "grid", "nothing.yaml", match="no grid spec at nothing.yaml"),
     C("run-unknown", "run", "swoop", LAB, match="unknown experiment 'swoop'; known: "),
-    C("run-not-on-task", "run", "prune", LAB, match="the prune experiment does not run on one task's examples"),
+    C("run-two-models", "run", "prune", LAB, LAB, match="ganda run prune takes one MODEL, not 2"),
+    C("run-own-prompts-task", "run", "kv-curve", LAB, "--task", "kv", match="the kv-curve experiment draws its own "
+      "prompts: drop --task"),
+    C("run-sharpness-one-model", "run", "sharpness", LAB, match="give at least two models to compare"),
     C("run-option-range", "run", "sweep", LAB, "--task", "lab-mmlu", "--option", "batch_heads=0", "--out", "out",
       match="batch_heads must be at least 1, got 0"),
     C("run-option-unknown", "run", "rank", LAB, "--task", "lab-mmlu", "--option", "methd=atp", "--out", "out",
@@ -457,7 +460,8 @@ CASES = [
     C("path-sender-layer-out-of-range", "path", LAB, "--task", "lab-mmlu", "--from", "L9H0", "--to", "L3H0", "--out",
       "out", match="--from L9H0: layer 9 out of range"),
     C("path-sender-empty", "path", LAB, "--from", "", "--to", "L3H0", "--out", "out", match="--from is required"),
-    C("run-eval", "run", "eval", LAB, match="its command is ganda eval (ganda run runs "),
+    C("run-eval-ablation", "run", "eval", LAB, "--option", "ablation=half",
+      match="ablation must be zero or mean or resample, not 'half'"),
     C("plan-hidden-65", "plan", "{hidden_65}", match="The hidden size (65) is not a multiple of the number of "
       "attention heads (4)"),
     C("eval-hidden-65", "eval", "{hidden_65_dir}", "--task", "lab-mmlu", match="its config.json is not a valid config: "

@@ -72,6 +72,10 @@ def test_eval_gives_the_librarys_numbers_intact_and_ablated(capsys):
     assert line.startswith(f"lab-mmlu on {r['model']}: accuracy {r['accuracy']:.3f} (95% CI {r['ci_low']:.3f}-"
                            f"{r['ci_high']:.3f}), n=20, ")
     assert line.endswith('interventions: {"type": "ablate_heads", "heads": "L2H0", "ablation": "zero"}')
+    # ganda run eval: the same run, its options as --option
+    assert main(["-q", "run", "eval", LAB, "--task", "lab-mmlu", "--limit", "20", "--option", "ablate=L2H0"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"out": None, "experiment": "eval", "task": "lab-mmlu",
+                                                   **{k: r[k] for k in ("accuracy", "ci_low", "ci_high", "n")}}
 
 
 def test_eval_options_are_checked_the_same_from_python():
@@ -107,7 +111,12 @@ def test_attn_refuses_plans_map_layers_and_run_names_its_command(tmp_path, monke
     assert main(["attn", LAB, "--heads", "L1H0", "--map-layers", "1", "--out", "a.png"]) == 2
     assert capfd.readouterr().err.splitlines() == [
         "ganda: error: --map-layers is what ganda plan costs; ganda attn draws the layers of --heads"]
+    assert not any(tmp_path.iterdir())
+    # ganda run is the same run, its options as --option (the same checks, the same files)
     for name in ("attn", "maps"):
         assert main(["run", name, LAB]) == 2
-        assert "its command is ganda attn (ganda run runs " in capfd.readouterr().err
-    assert not any(tmp_path.iterdir())
+        assert capfd.readouterr().err.splitlines() == ["ganda: error: --heads is required: head ids such as L16H22"]
+    assert main(["-q", "run", "maps", LAB, "--task", "lab-kv", "--option", "heads=L1H0", "--option", "out=b.png"]) == 0
+    assert json.loads(capfd.readouterr().out) == {"out": None, "experiment": "attn", "figure": "b.png", "maps": "b.json"}
+    assert main(["-q", "attn", LAB, "--task", "lab-kv", "--heads", "L1H0", "--out", "c.png"]) == 0
+    assert json.loads((tmp_path / "b.json").read_text())["prompts"] == json.loads((tmp_path / "c.json").read_text())["prompts"]

@@ -121,6 +121,10 @@ class Evaluation(DirectExperiment):
                     f.write(json.dumps(p, allow_nan=False) + "\n")
         return res
 
+    def job_summary(self, result: EvalResult) -> dict[str, Any]:
+        return {"task": result.task, "accuracy": result.accuracy, "ci_low": result.ci_low, "ci_high": result.ci_high,
+                "n": result.n}
+
     def as_json(self, result: EvalResult, options: Options, out_dir: Path | None) -> dict[str, Any]:  # type: ignore[override]
         return result.to_json()  # every score is finite (ganda.finite)
 

@@ -77,6 +77,9 @@ class Maps(DirectExperiment):
             prompt = exs[options.index]  # a task example also saves its segments and gold segment beside the maps
         return draw_attention(adapter, prompt, options.heads, options.out, last_rows=options.rows)
 
+    def job_summary(self, result: Any) -> dict[str, Any]:
+        return {"figure": str(result), **({"maps": str(self.side)} if self.side is not None else {})}
+
     def show(self, result: Any, options: MapsOptions, run: Any, out_dir: Path | None) -> None:  # type: ignore[override]
         print(f"wrote {result}" + (f" and {self.side.name}" if self.side is not None else ""))
 
