@@ -106,7 +106,7 @@ class Experiment:
     done_file: ClassVar[str] = "result.json"
     phases: ClassVar[str | None] = None  # "module:function" (profile, workload, options) -> (phases, kept, notes)
     aliases: ClassVar[tuple[str, ...]] = ()
-    on_task: ClassVar[bool] = True  # runs on one model and one task's examples (ganda NAME, ganda run, ganda grid)
+    on_task: ClassVar[bool] = True  # runs on one model and one task's examples (ganda grid's jobs)
     #: run inputs beyond the model, the task, its prompts and the run directory: "ray" (``--ray``,
     #: ``--ray-actors``: exact checks on a Ray cluster), "resume" (``--resume/--no-resume``)
     takes: ClassVar[frozenset[str]] = frozenset()
