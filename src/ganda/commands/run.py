@@ -15,7 +15,7 @@ from .options import MODEL_HELP, PICKLE, QUIET, SEED, limit_option, parse_option
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(short_help="Run any registered experiment, its options as --option KEY=VALUE")
+    @app.command(short_help="Run any registered experiment by name, its options as data")
     def run(
         experiment: str = typer.Argument(..., help="a registered experiment (an unknown name lists them)"),
         models: list[str] = typer.Argument(..., help=f"the model: {MODEL_HELP} (two or more for an experiment "
