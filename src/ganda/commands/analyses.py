@@ -151,7 +151,7 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
 
 def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     """The command's parameters: the model argument, the experiment's options, the other inputs."""
-    profile = getattr(cls, "inputs", "task")
+    profile = cls.inputs
     inputs = {"task": run_inputs, "direct": direct_inputs}.get(profile, scored_inputs)(cls)
     if profile in ("model", "models"):  # its own prompts: no task list
         for name in ("task", "tasks", "sample", "knowledge_limit"):

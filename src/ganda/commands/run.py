@@ -37,16 +37,13 @@ def register(app: typer.Typer) -> None:
         from ..experiments.runner import RunInputs, run_experiment
 
         cls = registry.experiment(experiment)
-        inputs = getattr(cls, "inputs", "task")
-        if inputs != "models" and len(models) != 1:
+        if cls.inputs != "models" and len(models) != 1:
             raise GandaError(f"ganda run {cls.name} takes one MODEL, not {len(models)}")
-        if inputs in ("model", "models") and task is not None:
+        if cls.inputs in ("model", "models") and task is not None:
             raise GandaError(f"the {cls.name} experiment draws its own prompts: drop --task")
         options = cls.Options.build(parse_options(option))
-        run_inputs = RunInputs(model=models[0], models=list(models) if inputs == "models" else None,
-                               task=task if task is not None and inputs != "tasks" else "kv",
-                               tasks=task if inputs == "tasks" else None, limit=limit, seed=seed, out=out,
-                               allow_pickle=allow_pickle, progress=not quiet)
+        run_inputs = RunInputs(model=models[0], models=list(models), task=task or "kv", tasks=task, limit=limit,
+                               seed=seed, out=out, allow_pickle=allow_pickle, progress=not quiet)
         done = run_experiment(cls, run_inputs, options)
         print(json.dumps(runio.rounded({"out": None if done.out_dir is None else str(done.out_dir),
                                         "experiment": cls.name, **done.experiment.job_summary(done.result)}),

@@ -107,6 +107,10 @@ class Experiment:
     phases: ClassVar[str | None] = None  # "module:function" (profile, workload, options) -> (phases, kept, notes)
     aliases: ClassVar[tuple[str, ...]] = ()
     on_task: ClassVar[bool] = True  # runs on one model and one task's examples (ganda grid's jobs)
+    #: what a run takes, which picks its runner (:func:`ganda.experiments.runner.run_experiment`) and
+    #: its command's inputs: "task" (one task's examples), "tasks" (a task list), "model" (its own
+    #: prompts), "models" (several models), "direct" (run once and printed, no run directory)
+    inputs: ClassVar[str] = "task"
     #: run inputs beyond the model, the task, its prompts and the run directory: "ray" (``--ray``,
     #: ``--ray-actors``: exact checks on a Ray cluster), "resume" (``--resume/--no-resume``)
     takes: ClassVar[frozenset[str]] = frozenset()

@@ -171,7 +171,7 @@ def run_experiment(cls: type[Experiment], run: RunInputs, options: Options) -> R
     """Run ``cls`` through the runner of its inputs (``inputs``: one task's examples, a task list or
     its own prompts, several models, or a direct run with no run directory)."""
     runner = {"task": run_on_task, "models": run_on_models, "direct": run_direct}
-    return runner.get(getattr(cls, "inputs", "task"), run_on_tasks)(cls, run, options)  # type: ignore[arg-type]
+    return runner.get(cls.inputs, run_on_tasks)(cls, run, options)  # type: ignore[arg-type]
 
 
 __all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_direct", "run_experiment",
