@@ -45,6 +45,4 @@ def register(app: typer.Typer) -> None:
         run_inputs = RunInputs(model=models[0], models=list(models), task=task or "kv", tasks=task, limit=limit,
                                seed=seed, out=out, allow_pickle=allow_pickle, progress=not quiet)
         done = run_experiment(cls, run_inputs, options)
-        print(json.dumps(runio.rounded({"out": None if done.out_dir is None else str(done.out_dir),
-                                        "experiment": cls.name, **done.experiment.job_summary(done.result)}),
-                         default=str))
+        print(json.dumps(runio.rounded(done.experiment.job_json(done.result, done.out_dir)), default=str))

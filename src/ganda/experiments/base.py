@@ -146,9 +146,14 @@ class Experiment:
         summary = getattr(result, "summary", None) or {}
         return {k: v for k, v in summary.items() if isinstance(v, int | float | str) and not isinstance(v, bool)}
 
+    def job_json(self, result: Any, out_dir: Path | None) -> dict[str, Any]:
+        """``ganda run``'s object: the run directory (None for a direct run), the experiment and
+        :meth:`job_summary`."""
+        return {"out": None if out_dir is None else str(out_dir), "experiment": self.name, **self.job_summary(result)}
+
     def as_json(self, result: Any, options: Options, out_dir: Path) -> dict[str, Any]:
-        """``ganda NAME --json``: one JSON object (default: the run directory and :meth:`job_summary`)."""
-        return {"out": str(out_dir), "experiment": self.name, **self.job_summary(result)}
+        """``ganda NAME --json``: one JSON object (default: :meth:`job_json`)."""
+        return self.job_json(result, out_dir)
 
     def show(self, result: Any, options: Options, run: Any, out_dir: Path) -> None:
         """``ganda NAME``'s printed result for a reader (default: the JSON of :meth:`as_json`)."""
