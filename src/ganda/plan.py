@@ -903,13 +903,10 @@ def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tup
             opts = run.workload
             adapter, tok = model_layout(run.model, parse_dtype("bfloat16"))
             w = task_workload(adapter, tok, opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"))
-            extra: dict[str, Any] = {"layer_skip": layer_skip(adapter)}
-            if "rows" in opts:
-                extra["rows"] = opts["rows"]
-            if "map_layers" in opts:
-                extra["map_layers"] = parse_layers(opts["map_layers"])
-            extra.update({k: opts[k] for k in ("method", "verify_top", "active", "audit") if k in opts})
-            out.append((run.what, plan(profile(adapter), run.experiment or cls.name, w, device, devices, **extra)))
+            name = run.experiment or cls.name
+            own = {k: v for k, v in opts.items() if k not in ("task", "n", "tokens")}  # the experiment's options
+            extra = {"layer_skip": layer_skip(adapter), **phase_options(name, adapter, own)}
+            out.append((run.what, plan(profile(adapter), name, w, device, devices, **extra)))
     return out
 
 
