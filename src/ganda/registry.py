@@ -321,14 +321,25 @@ def register_run_file(name: str, command: str) -> None:
     _RUN_FILES[name] = command
 
 
+def kind_files(*, claims: bool = False) -> list[tuple[str, str]]:
+    """``(file, kind)``: the files besides ``result.json`` that make a directory a run of a result
+    kind, each kind's first file before any kind's second (a finished sweep's before a journal);
+    with ``claims``, then each kind's claims (an unfinished run's journal, which the output policy
+    guards but a reader cannot read)."""
+    load_plugins()
+    by_kind = [(kind, tuple(getattr(result_class(kind), "files", ()))) for kind in result_kinds()]
+    out = [(files[i], kind) for i in range(max((len(f) for _, f in by_kind), default=0))
+           for kind, files in by_kind if i < len(files)]
+    if claims:
+        out += [(f, kind) for kind in result_kinds() for f in getattr(result_class(kind), "claims", ())]
+    return out
+
+
 def run_files() -> list[tuple[str, str]]:
     """``(file, command)``: the files besides ``result.json`` that make a directory a command's
-    run: each result kind's ``files`` and ``claims`` (its class imported here), then the other
-    registered run files."""
-    load_plugins()
-    out = [(f, writer(kind)) for kind in sorted(_RESULTS)
-           for f in (*getattr(result_class(kind), "files", ()), *getattr(result_class(kind), "claims", ()))]
-    return out + list(_RUN_FILES.items())
+    run for the output policy: each result kind's files and claims (:func:`kind_files`), then
+    the other registered run files."""
+    return [(f, writer(kind)) for f, kind in kind_files(claims=True)] + list(_RUN_FILES.items())
 
 
 def result_class(kind: str) -> type[ResultKind] | None:
@@ -396,6 +407,6 @@ __all__ = [
     "group_members", "group_names", "register_group",
     "load_plugins", "number_option", "register_experiment",
     "parse_task_name", "plugins", "register_family", "register_plugin_commands", "register_resolver",
-    "register_result", "register_task", "resolve_model", "resolve_target", "result_class", "result_kinds",
+    "kind_files", "register_result", "register_task", "resolve_model", "resolve_target", "result_class", "result_kinds",
     "resolver_names", "task_class", "task_names",
 ]

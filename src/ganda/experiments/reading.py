@@ -43,17 +43,9 @@ class _Shown(ExperimentResult):
         return list(self._shown().draw(out_dir))
 
 
-def _files() -> list[tuple[str, str]]:
-    """``(file, kind)``: the files other than ``result.json`` that make a directory a run, each
-    kind's first files before any kind's second (a finished sweep's before a journal)."""
-    by_kind = [(kind, result_class(kind).files) for kind in registry.result_kinds()]
-    return [(files[i], kind) for i in range(max((len(f) for _, f in by_kind), default=0))
-            for kind, files in by_kind if i < len(files)]
-
-
 def run_files() -> list[str]:
     """Every file that makes a directory a run: ``result.json``, then each kind's own."""
-    return list(dict.fromkeys(["result.json", *(f for f, _ in _files())]))
+    return list(dict.fromkeys(["result.json", *(f for f, _ in registry.kind_files())]))
 
 
 def run_kind(run_dir: Path) -> str | None:
@@ -63,7 +55,7 @@ def run_kind(run_dir: Path) -> str | None:
     if (run_dir / "result.json").is_file():
         d = read_json_object(run_dir / "result.json")
         return str(d.get("kind", "?"))
-    return next((kind for f, kind in _files() if (run_dir / f).is_file()), None)
+    return next((kind for f, kind in registry.kind_files() if (run_dir / f).is_file()), None)
 
 
 def read_run(run_dir: Path) -> ExperimentResult | None:
