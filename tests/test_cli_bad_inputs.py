@@ -363,7 +363,7 @@ CASES = [
     C("sharpness-unknown-task", "sharpness", LAB, LAB, "--task", "nosuch", "--out", "out", match="unknown task"),
     # ganda report
     C("report-empty-dir", "report", "{empty_run}", "--out", "page.html", match="no result.json"),
-    C("report-missing-dir", "report", "{missing}", "--out", "page.html", match="not a run directory"),
+    C("report-missing-dir", "report", "{missing}", "--out", "page.html", match="no such run directory"),
     C("report-out-is-dir", "report", "{good_run}", "--out", "pred_dir", match="is a directory"),
     # damaged result files: one line naming the file (and the line), never a page that shows the error
     C("report-garbage-line", "report", "{sweep_garbage_line}", "--out", "page.html",

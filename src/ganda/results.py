@@ -70,15 +70,7 @@ def load(*paths: str | Path) -> Results:
         if path.is_file() and path.suffix == ".jsonl":
             _predictions_file(path, t)
             continue
-        if path.is_file():
-            raise GandaError(f"{path} is a file, not a run directory (ganda.results.load reads run directories and "
-                             "ganda eval --predictions .jsonl files)")
-        if not path.is_dir():
-            raise GandaError(f"{path}: no such run directory")
-        runs = run_dirs(path)
-        if not runs:
-            raise GandaError(f"{path} is not a ganda run directory (no {', '.join(experiments.run_files())} in it or "
-                             "under it)")
+        runs = runs_in(path)
         for run in runs:
             try:
                 got = experiments.read_run(run).tables(str(run))  # type: ignore[union-attr]
@@ -110,6 +102,21 @@ def run_dirs(root: str | Path) -> list[Path]:
     return list(_run_dirs(Path(root)))
 
 
+def runs_in(path: str | Path) -> list[Path]:
+    """:func:`run_dirs` of a directory given by a user (to :func:`load` or ``ganda report``): a
+    file, a missing directory or one with no run in it or under it is refused in one line."""
+    path = Path(path)
+    if path.is_file():
+        raise GandaError(f"{path} is a file, not a run directory")
+    if not path.is_dir():
+        raise GandaError(f"{path}: no such run directory")
+    runs = run_dirs(path)
+    if not runs:
+        raise GandaError(f"{path} is not a ganda run directory (no {', '.join(experiments.run_files())} in it or "
+                         "under it)")
+    return runs
+
+
 def _run_dirs(root: Path) -> Iterable[Path]:
     """``root`` if it is a run, then the runs below it (sorted, so tables keep one order), unless
     its kind holds the directories below it (a ranking's ``verify/``, the exact sweep of its top heads)."""
@@ -132,4 +139,4 @@ def _predictions_file(path: Path, t: dict[str, list[dict[str, Any]]]) -> None:
                              sum(bool(r["correct"]) for r in rows) / len(rows)))
 
 
-__all__ = ["Results", "load", "run_dirs"]
+__all__ = ["Results", "load", "run_dirs", "runs_in"]

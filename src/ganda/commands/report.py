@@ -11,17 +11,6 @@ from ..errors import GandaError
 from .options import FORCE, QUIET
 
 
-def _runs(d: Path) -> list[Path]:
-    """``d`` when it is a run, else the runs under it that ``ganda.results.load`` reads (a grid's
-    jobs, a lab programme's prompt sets and steps); ``d`` itself when it holds none."""
-    from ..report.html import has_results
-    from ..results import run_dirs
-
-    if has_results(d):
-        return [d]
-    return [r for r in run_dirs(d) if has_results(r)] or [d]
-
-
 def register(app: typer.Typer) -> None:
     @app.command(short_help="Render run directories into one offline HTML page")
     def report(
@@ -32,19 +21,10 @@ def register(app: typer.Typer) -> None:
         quiet: bool = QUIET,
     ) -> None:
         """Render run directories into ONE offline HTML page (PNGs inlined, no external files)."""
-        from ..report.html import has_results, write_report  # registers the result kinds it rebuilds
+        from ..report.html import write_report  # registers the result kinds it rebuilds
+        from ..results import runs_in
 
-        files = [str(d) for d in run_dirs if Path(d).is_file()]
-        if files:
-            raise GandaError(f"{', '.join(files)}: a file, not a run directory")
-        missing = [str(d) for d in run_dirs if not Path(d).is_dir()]
-        if missing:
-            raise GandaError(f"not a run directory: {', '.join(missing)}")
-        run_dirs = [r for d in run_dirs for r in _runs(Path(d))]
-        empty = [str(d) for d in run_dirs if not has_results(d)]
-        if empty:
-            raise GandaError("not a run directory (no result.json, results.jsonl, ranking.json or a sweep's "
-                             f"progress.jsonl): {', '.join(empty)}")
+        run_dirs = [r for d in run_dirs for r in runs_in(d)]
         if out.is_dir():
             raise GandaError(f"--out {out} is a directory; give the HTML file to write")
         reads = [p for d in run_dirs for p in Path(d).rglob("*") if p.is_file() and p.suffix != ".html"]
