@@ -9,7 +9,7 @@ accuracy, which is what decides whether a head matters; the pattern says what it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +51,6 @@ class Discovery:
     # per candidate summary token, its best head's Aggregate score (where "auto" chose)
     summary_choice: dict[str, Any] = field(default_factory=dict)
     standard: dict[str, Any] = field(default_factory=dict)  # the standard scores' protocol
-
-    def best(self, role: str) -> HeadScore | None:
-        """The verified head of a role with the largest accuracy drop."""
-        names = self.top_aggregate if role == "aggregate" else self.top_gather
-        cands = [s for s in self.scores if s.head in names and s.drop is not None]
-        return max(cands, key=lambda s: s.drop) if cands else None  # type: ignore[arg-type,return-value]
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["scores"] = [s.to_json() for s in self.scores]
-        return d
 
 
 def scores_at(adapter: ModelAdapter, examples: Sequence[Example], summary: str = AUTO, progress: bool = True
