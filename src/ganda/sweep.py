@@ -413,10 +413,6 @@ class SweepResult:
         """The head's effect on ``metric``: intact minus ablated (positive: the head helps)."""
         return effect(self.value(self.baseline, metric), self.value(rec, metric))
 
-    def margin_drop(self, rec: dict[str, Any]) -> float:
-        """How much ablating the head lowers the mean margin."""
-        return self.drop(rec, "margin")
-
     @staticmethod
     def gold_loglik(rec: dict[str, Any]) -> float:
         """Mean log-likelihood of the gold choice over the prompts."""
@@ -474,7 +470,7 @@ class SweepResult:
             out["drop_norm"] = self.drop(rec, "acc_norm")
         if all(isinstance(r.get("loglik"), list) and isinstance(r.get("gold"), list) for r in (rec, self.baseline)):
             out["gold_loglik_drop"] = self.ll_drop(rec)
-            if not math.isnan(m := self.margin_drop(rec)):
+            if not math.isnan(m := self.drop(rec, "margin")):
                 out["margin_drop"] = m
         return out
 
@@ -505,7 +501,7 @@ class SweepResult:
             for r in self.records:
                 w.writerow([r["head"], r["layer"], r["index"], r["kind"] or "", r["n"], r["correct"], r["acc"],
                             r["acc_norm"], self.drop(r), self.drop(r, "acc_norm"), self.gold_loglik(r),
-                            self.ll_drop(r), self.value(r, "margin"), self.margin_drop(r)])
+                            self.ll_drop(r), self.value(r, "margin"), self.drop(r, "margin")])
         self.heatmap(out_dir / "heatmap.png")
 
     def heatmap(self, path: Path, metric: str | None = None) -> None:
