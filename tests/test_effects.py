@@ -67,7 +67,7 @@ def fabricated() -> SweepResult:
 
 def test_a_sweep_orders_heads_by_signed_effect_and_lists_the_helpful_ones_apart():
     res = fabricated()
-    assert res.drop(res.records[1]) == -0.5 and res.margin_drop(res.records[0]) == 1.5
+    assert res.drop(res.records[1]) == -0.5 and res.drop(res.records[0], "margin") == 1.5
     assert [r["head"] for r in res.top(None)] == ["L0H0", "L1H0", "L1H1", "L1H2", "L0H1"]  # ties: the margin drop
     assert [r["head"] for r in res.matter()] == ["L0H0"]
     assert [r["head"] for r in res.helpful_when_ablated()] == ["L0H1"]
@@ -159,6 +159,6 @@ def test_sweep_cli_prints_heads_that_matter_and_helpful_heads_apart(tiny_dir, tm
     assert ranking["matter"] == [r["head"] for r in res.matter()]
     assert ranking["helpful_when_ablated"] == [r["head"] for r in res.helpful_when_ablated()]
     assert [r["head"] for r in ranking["ranking"]] == [r["head"] for r in res.top(None)]
-    drops = {r["head"]: (res.margin_drop(r), res.drop(r)) for r in res.records}
+    drops = {r["head"]: (res.drop(r, "margin"), res.drop(r)) for r in res.records}
     for r in ranking["ranking"]:
         assert (r["exact"], r["acc_drop"]) == pytest.approx(drops[r["head"]], abs=1e-5)

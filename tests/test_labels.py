@@ -309,7 +309,7 @@ def test_lab_llama_g_and_a_heads_are_labelled_by_pattern(tmp_path):
     assert table.loc["L3H0", "label"] == "Aggregate" and "induction" in table.columns
     from ganda.experiments.heads import HeadsResult
 
-    head = HeadsResult(saved).headline()  # what the report opens with
+    head = HeadsResult.from_json(saved).headline()  # what the report opens with
     assert "Summary token: **first+2** (the token the final rows read: L3H0's aggregate score 0.205)" in head
     assert "Labels of 4 heads: 1 Gather, 1 Aggregate, 0 induction, 0 previous-token, 0 sink alone, 2 none" in head
 

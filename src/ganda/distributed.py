@@ -370,11 +370,14 @@ class RayScorer:
 
     # ---- scoring
 
-    def _shards(self, n_examples: int, n_batches: int, actors: int | None = None) -> list[tuple[int, int]]:
+    def shards(self, n_examples: int, n_groups: int) -> list[tuple[int, int]]:
+        """Prompt shards ``(lo, hi)`` for ``n_groups`` groups of ``n_examples`` prompts: enough
+        units to keep every actor busy (the pool's, or before it starts those the cluster has room
+        for), whole groups where there are plenty (``RayOptions.shards`` where set)."""
         k = self.options.shards
-        n = actors or len(self.actors)
-        if k is None:  # enough units for every actor to stay busy, whole batches where there are plenty
-            k = 1 if n_batches >= 4 * n else math.ceil(4 * n / max(1, n_batches))
+        n = len(self.actors) or self._resources()[0]
+        if k is None:
+            k = 1 if n_groups >= 4 * n else math.ceil(4 * n / max(1, n_groups))
         k = max(1, min(k, n_examples))
         bounds = [round(i * n_examples / k) for i in range(k + 1)]
         return [(bounds[i], bounds[i + 1]) for i in range(k)]
@@ -389,7 +392,7 @@ class RayScorer:
         # the local engine's blocks of examples (sweep._groups): a shard that starts on a block's
         # first example groups its examples as this process would, so its numbers are the same
         shape = batching(packed, batches, adapter.device.type != "cpu") if adapter.skips_layers() else Batching()
-        shards = self.last_shards = _aligned(self._shards(len(examples), len(batches)), len(examples), shape.examples)
+        shards = self.last_shards = _aligned(self.shards(len(examples), len(batches)), len(examples), shape.examples)
         key = f"{adapter.spec}|{id(examples)}|{time.time_ns()}"
         refs = [ray.put(list(examples[lo:hi])) for lo, hi in shards]
         yield from self._schedule(key, batches, shards, refs, shape)
@@ -397,28 +400,27 @@ class RayScorer:
     def _schedule(self, key: str, batches: list[list[HeadId | None]], shards: list[tuple[int, int]],
                   refs: list[Any], shape: Batching = Batching()) -> Iterator[list[list[list[float]]]]:
         units = [(b, s) for b in range(len(batches)) for s in range(len(shards))]
-        parts: dict[int, dict[int, list[list[list[float]]]]] = {}
-        nxt = 0
 
         def submit(actor: Any, unit: tuple[int, int]) -> Any:
             return actor.score.remote(key, unit[1], refs[unit[1]], batches[unit[0]], shape)
 
-        for i, val in self._run_units(units, submit, lambda u: self._name(batches, shards, u)):
-            parts.setdefault(units[i][0], {})[units[i][1]] = val
-            while nxt < len(batches) and len(parts.get(nxt, ())) == len(shards):
-                got = parts.pop(nxt)
-                yield [[ll for s in range(len(shards)) for ll in got[s][h]] for h in range(len(batches[nxt]))]
-                nxt += 1
-                self.batches_run += 1
+        values = self._run_units(units, submit, lambda u: self._name(batches, shards, u))
+        for batch in batches:  # a batch's shards in prompt order, joined
+            got = [next(values) for _ in shards]
+            yield [[ll for part in got for ll in part[h]] for h in range(len(batch))]
+            self.batches_run += 1
 
-    def _run_units(self, units: list[Any], submit: Any, name: Any) -> Iterator[tuple[int, Any]]:
-        """Run every unit on the pool (``submit(actor, unit)`` -> a Ray ref); yield ``(index, value)``
-        as units finish. A unit lost with its actor is queued again; one that raises stops the run."""
+    def _run_units(self, units: list[Any], submit: Any, name: Any) -> Iterator[Any]:
+        """Run every unit on the pool (``submit(actor, unit)`` -> a Ray ref); yield their values in
+        the order of ``units``, each once it and every unit before it finished. A unit lost with its
+        actor is queued again; one that raises stops the run."""
         ray = _ray()
         from ray.exceptions import RayActorError, WorkerCrashedError
 
         d = _Dispatch(self, units, submit)
         left = len(units)
+        done: dict[int, Any] = {}
+        nxt = 0
         try:
             while left:
                 d.fill()
@@ -438,7 +440,10 @@ class RayScorer:
                 self.units_run += 1
                 left -= 1
                 d.fill()  # actors stay busy while finished units are handed back
-                yield unit, val
+                done[unit] = val
+                while nxt in done:
+                    yield done.pop(nxt)
+                    nxt += 1
         finally:
             for ref in d.inflight:  # units no result waits for any more
                 with contextlib.suppress(Exception):
@@ -453,22 +458,8 @@ class RayScorer:
             return
         self._ready(adapter, "whole models")
         refs = [_ray().put(tuple(u)) for u in units]
-        done: dict[int, Any] = {}
-        nxt = 0
-        for i, val in self._run_units(list(range(len(units))), lambda actor, u: actor.run.remote(fn, refs[u]),
-                                      lambda u: names[u] if names else f"#{u}"):
-            done[i] = val
-            while nxt in done:
-                yield done.pop(nxt)
-                nxt += 1
-
-    def shards(self, n_examples: int, n_groups: int) -> list[tuple[int, int]]:
-        """Prompt shards ``(lo, hi)`` for ``n_groups`` groups of ``n_examples`` prompts: enough
-        units to keep every actor busy (``RayOptions.shards`` where set)."""
-        if not self.actors:
-            n, _, _ = self._resources()
-            return self._shards(n_examples, n_groups, n)
-        return self._shards(n_examples, n_groups)
+        yield from self._run_units(list(range(len(units))), lambda actor, u: actor.run.remote(fn, refs[u]),
+                                   lambda u: names[u] if names else f"#{u}")
 
     @staticmethod
     def _name(batches: list[list[HeadId | None]], shards: list[tuple[int, int]], unit: tuple[int, int]) -> str:

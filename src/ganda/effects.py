@@ -22,8 +22,6 @@ from collections.abc import Mapping, Sequence
 
 from .errors import GandaError
 
-METRICS = ("acc", "margin")
-MARGIN_KINDS = ("mean", "max")
 NAMES = {"acc": "accuracy", "acc_norm": "length-normalised accuracy", "margin": "mean margin"}
 
 
@@ -90,5 +88,5 @@ def split(effects: Mapping[str, float], tie: Mapping[str, float] | None = None,
     return matter, helpful
 
 
-__all__ = ["MARGIN_KINDS", "METRICS", "NAMES", "accuracy", "effect", "helpful_when_ablated", "margin", "matters",
+__all__ = ["NAMES", "accuracy", "effect", "helpful_when_ablated", "margin", "matters",
            "mean_margin", "mean_margin_or_nan", "ordered", "split"]

@@ -333,10 +333,11 @@ class _FallbackEngine:
 # records, files, resume
 
 
-def sweep_record(kind: str, head: HeadId | None, packed: list[Prepared], logliks: list[list[float]]) -> dict[str, Any]:
-    """One line of a sweep's journal: the intact ``"baseline"`` or a ``"head"`` ablated, scored from
-    its choices' log-likelihoods per prompt (predictions, accuracy and lm-eval's acc_norm). Every
-    analysis that scores heads the sweep's way (``ganda extends``' controls too) writes this record."""
+def sweep_record(head: HeadId | None, packed: list[Prepared], logliks: list[list[float]]) -> dict[str, Any]:
+    """One line of a sweep's journal: the intact ``"baseline"`` (``head`` None) or a ``"head"`` ablated,
+    scored from its choices' log-likelihoods per prompt (predictions, accuracy and lm-eval's
+    acc_norm). Every analysis that scores heads the sweep's way (``ganda extends``' controls too)
+    writes this record."""
     preds, preds_norm = [], []
     for p, ll in zip(packed, logliks, strict=True):
         preds.append(max(range(len(ll)), key=lambda i: ll[i]))
@@ -345,7 +346,7 @@ def sweep_record(kind: str, head: HeadId | None, packed: list[Prepared], logliks
     n = len(packed)
     correct = sum(int(pr == p.gold) for pr, p in zip(preds, packed, strict=True))
     correct_norm = sum(int(pr == p.gold) for pr, p in zip(preds_norm, packed, strict=True))
-    rec: dict[str, Any] = {"type": kind}
+    rec: dict[str, Any] = {"type": "baseline" if head is None else "head"}
     if head is not None:
         rec.update({"head": str(head), "layer": head.layer, "index": head.head, "kind": head.kind})
     rec.update(
@@ -412,10 +413,6 @@ class SweepResult:
         """The head's effect on ``metric``: intact minus ablated (positive: the head helps)."""
         return effect(self.value(self.baseline, metric), self.value(rec, metric))
 
-    def margin_drop(self, rec: dict[str, Any]) -> float:
-        """How much ablating the head lowers the mean margin."""
-        return self.drop(rec, "margin")
-
     @staticmethod
     def gold_loglik(rec: dict[str, Any]) -> float:
         """Mean log-likelihood of the gold choice over the prompts."""
@@ -430,28 +427,29 @@ class SweepResult:
         """Every head's effect on ``metric`` (default: the ranking metric), in head order."""
         return {r["head"]: self.drop(r, metric or self.metric) for r in self.records}
 
-    def _split(self, metric: str | None) -> tuple[list[str], list[str]]:
+    def _ranked(self, metric: str | None) -> tuple[dict[str, float], dict[str, float]]:
+        """What heads are ordered by: their effects on ``metric`` (default: the ranking metric), and
+        for ties their effects on the other of accuracy and margin."""
         metric = metric or self.metric
-        return split(self.effects(metric), self.effects("acc" if metric == "margin" else "margin"))
+        return self.effects(metric), self.effects("acc" if metric == "margin" else "margin")
+
+    def _records(self, heads: Sequence[str]) -> list[dict[str, Any]]:
+        by = {r["head"]: r for r in self.records}
+        return [by[h] for h in heads]
 
     def top(self, k: int | None = 10, metric: str | None = None) -> list[dict[str, Any]]:
         """The first ``k`` heads by signed effect on ``metric`` (default: the ranking metric),
         largest first: heads whose ablation hurts most lead, those whose ablation helps come last
         (ties: the larger effect on the other of accuracy and margin first, then head order)."""
-        metric = metric or self.metric
-        by = {r["head"]: r for r in self.records}
-        order = ordered(self.effects(metric), self.effects("acc" if metric == "margin" else "margin"))
-        return [by[h] for h in order[:k]]
+        return self._records(ordered(*self._ranked(metric))[:k])
 
     def matter(self, metric: str | None = None) -> list[dict[str, Any]]:
         """The heads whose ablation lowers ``metric`` (positive effect), largest effect first."""
-        by = {r["head"]: r for r in self.records}
-        return [by[h] for h in self._split(metric)[0]]
+        return self._records(split(*self._ranked(metric))[0])
 
     def helpful_when_ablated(self, metric: str | None = None) -> list[dict[str, Any]]:
         """The heads whose ablation raises ``metric`` (negative effect), most negative first."""
-        by = {r["head"]: r for r in self.records}
-        return [by[h] for h in self._split(metric)[1]]
+        return self._records(split(*self._ranked(metric))[1])
 
     @staticmethod
     def per_prompt(rec: dict[str, Any], metric: str = "acc") -> list[float]:
@@ -472,7 +470,7 @@ class SweepResult:
             out["drop_norm"] = self.drop(rec, "acc_norm")
         if all(isinstance(r.get("loglik"), list) and isinstance(r.get("gold"), list) for r in (rec, self.baseline)):
             out["gold_loglik_drop"] = self.ll_drop(rec)
-            if not math.isnan(m := self.margin_drop(rec)):
+            if not math.isnan(m := self.drop(rec, "margin")):
                 out["margin_drop"] = m
         return out
 
@@ -503,7 +501,7 @@ class SweepResult:
             for r in self.records:
                 w.writerow([r["head"], r["layer"], r["index"], r["kind"] or "", r["n"], r["correct"], r["acc"],
                             r["acc_norm"], self.drop(r), self.drop(r, "acc_norm"), self.gold_loglik(r),
-                            self.ll_drop(r), self.value(r, "margin"), self.margin_drop(r)])
+                            self.ll_drop(r), self.value(r, "margin"), self.drop(r, "margin")])
         self.heatmap(out_dir / "heatmap.png")
 
     def heatmap(self, path: Path, metric: str | None = None) -> None:
@@ -615,12 +613,10 @@ def run_sweep(
         "ablation": o.ablation,
     }
     out = Path(out_dir) if out_dir is not None else None
-    if out is None:
-        return _sweep(adapter, examples, packed, heads, cfg, None, resume, o.naive, o.batch_heads, progress, on_head,
-                      t0, o.metric, means)
-    with runio.run_dir_lock(out):
-        cfg["weights"] = weights_fingerprint(adapter)
-        cfg["dtype"] = str(next(adapter.model.parameters()).dtype).removeprefix("torch.")
+    with runio.run_dir_lock(out) if out is not None else contextlib.nullcontext():
+        if out is not None:
+            cfg["weights"] = weights_fingerprint(adapter)
+            cfg["dtype"] = str(next(adapter.model.parameters()).dtype).removeprefix("torch.")
         return _sweep(adapter, examples, packed, heads, cfg, out, resume, o.naive, o.batch_heads, progress, on_head,
                       t0, o.metric, means)
 
@@ -682,20 +678,26 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
             n = len(done)
             runio.set_interrupt_note(f"{n} head{'s' if n != 1 else ''} saved, rerun the same command to resume")
 
-    def emit(rec: dict[str, Any]) -> None:
-        _require_finite(adapter, packed, rec, means)
-        if journal is not None:
-            journal.append(rec)
-        note()
-
     note()
     todo = [h for h in heads if str(h) not in done]
     bar = tqdm(total=len(heads), initial=len(heads) - len(todo), desc="sweep", unit="head", disable=not progress)
     try:
-        if naive:
-            baseline, new = _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head, means)
-        else:
-            baseline = _batched(adapter, examples, packed, heads, done, baseline, emit, bar, on_head, means, batch_heads)
+        scored = (_naive(adapter, examples, heads, done, baseline is None, means) if naive else
+                  _batched(adapter, examples, packed, heads, done, baseline is None, means, batch_heads))
+        for head, logliks in scored:  # each record is journalled as its scores come back
+            rec = sweep_record(head, packed, logliks)
+            _require_finite(adapter, packed, rec, means)
+            if journal is not None:
+                journal.append(rec)
+            if head is None:
+                baseline = rec
+                note()
+                continue
+            done[str(head)] = rec
+            note()
+            bar.update(1)
+            if on_head:
+                on_head(rec)
     finally:
         bar.close()
         if journal is not None:
@@ -712,32 +714,25 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
     return result
 
 
+Scored = Iterator[tuple[HeadId | None, list[list[float]]]]  # (head or None: the intact model, its log-likelihoods)
+
+
 def _batched(adapter: ModelAdapter, examples: Sequence[Example], packed: list[Prepared], heads: list[HeadId],
-             done: dict[str, dict[str, Any]], baseline: dict[str, Any] | None, emit: Callable[[dict[str, Any]], None],
-             bar: Any, on_head: Callable[[dict[str, Any]], None] | None, means: Any, batch_heads: int
-             ) -> dict[str, Any] | None:
-    """The batched engine's part of :func:`run_sweep`: the baseline (unless resumed) and every head
-    not in ``done``, up to ``batch_heads`` of one layer per pass, scored here or by the installed
-    executor; each record is emitted (journalled) as its batch comes back. Returns the baseline."""
-    todo_batches: list[list[HeadId | None]] = [[None]] if baseline is None else []
-    todo_batches += [b for b in _batches(heads, batch_heads) if not all(str(h) in done for h in b)]
-    scores_of = _SCORERS[-1](adapter, examples, packed, todo_batches) if _SCORERS else \
-        local_scores(adapter, examples, packed, todo_batches, means)
-    for batch, scores in zip(todo_batches, scores_of, strict=True):
-        if batch[0] is None:  # the intact baseline
-            baseline = sweep_record("baseline", None, packed, scores[0])
-            emit(baseline)
-            continue
-        for h, ll in zip(batch, scores, strict=True):
-            if str(h) in done:
-                continue
-            rec = sweep_record("head", h, packed, ll)
-            done[str(h)] = rec
-            emit(rec)
-            bar.update(1)
-            if on_head:
-                on_head(rec)
-    return baseline
+             done: dict[str, dict[str, Any]], baseline: bool, means: Any, batch_heads: int) -> Scored:
+    """The batched engine's part of :func:`run_sweep`: the intact model (``baseline``: not yet
+    scored) and every head not in ``done``, up to ``batch_heads`` of one layer per pass, scored here
+    or by the installed executor, each as its batch comes back (a batch left partly done is scored whole)."""
+    batches: list[list[HeadId | None]] = [[None]] if baseline else []
+    batches += [b for b in _batches(heads, batch_heads) if not all(str(h) in done for h in b)]
+    scores = _SCORERS[-1](adapter, examples, packed, batches) if _SCORERS else \
+        local_scores(adapter, examples, packed, batches, means)
+    return ((h, ll) for h, ll in _pairs(batches, scores) if h is None or str(h) not in done)
+
+
+def _pairs(batches: list[list[HeadId | None]], scores: Iterator[list[list[list[float]]]]) -> Scored:
+    """Each head of ``batches`` (None: the intact model) with its log-likelihoods, from each batch's scores."""
+    for batch, batch_scores in zip(batches, scores, strict=True):
+        yield from zip(batch, batch_scores, strict=True)
 
 
 # where batches are scored: in this process, or by an executor installed with :func:`scored_by`
@@ -764,10 +759,8 @@ def single_ablations(adapter: ModelAdapter, examples: Sequence[Example], heads: 
     for h in heads:
         by_layer.setdefault(h.layer, []).append(h)
     batches: list[list[HeadId | None]] = [[None], *by_layer.values()]
-    scores = list(local_scores(adapter, examples, packed, batches))
-    base = sweep_record("baseline", None, packed, scores[0][0])
-    return SweepResult({}, base, [sweep_record("head", h, packed, ll) for b, s in zip(batches[1:], scores[1:], strict=True)
-                                  for h, ll in zip(b, s, strict=True)])
+    recs = [sweep_record(h, packed, ll) for h, ll in _pairs(batches, local_scores(adapter, examples, packed, batches))]
+    return SweepResult({}, recs[0], recs[1:])
 
 
 def engine_for(adapter: ModelAdapter, packed: list[Prepared], shape: Batching = Batching(),
@@ -798,27 +791,20 @@ def weights_fingerprint(adapter: ModelAdapter) -> str:
     return fingerprint(path.resolve() if path is not None else adapter.model)
 
 
-def _naive(adapter, examples, packed, heads, done, baseline, emit, bar, on_head, means=None):
+def _naive(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], done: dict[str, dict[str, Any]],
+           baseline: bool, means: Any = None) -> Scored:
     """The reference loop: ``AblateHeads([head])`` around lm-eval-style scoring of every example
-    (``score_example``, exactly as ``evaluate_examples`` runs it)."""
+    (``score_example``, exactly as ``evaluate_examples`` runs it), for the intact model (``baseline``)
+    and every head not in ``done``."""
     def logliks(ivs):
         with apply(adapter, ivs):
             return [score_example(adapter, ex).loglik for ex in examples]
 
-    if baseline is None:
-        baseline = sweep_record("baseline", None, packed, logliks([]))
-        emit(baseline)
+    if baseline:
+        yield None, logliks([])
     for h in heads:
-        if str(h) in done:
-            continue
-        rec = sweep_record("head", h, packed, logliks([AblateHeads([h], how="mean" if means is not None else "zero",
-                                                               means=means)]))
-        done[str(h)] = rec
-        emit(rec)
-        bar.update(1)
-        if on_head:
-            on_head(rec)
-    return baseline, done
+        if str(h) not in done:
+            yield h, logliks([AblateHeads([h], how="mean" if means is not None else "zero", means=means)])
 
 
 PER_PROMPT = ("pred", "pred_norm", "gold", "loglik", "predictions")  # a record's lists of one value per prompt

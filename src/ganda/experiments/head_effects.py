@@ -38,7 +38,9 @@ class HeadSweepResult(ExperimentResult):
         drop = {"acc": "drop", "acc_norm": "drop_norm"}.get(sw.metric, f"{sw.metric}_drop")
         rows = [sw.row(r) for r in sw.records]
         by = {r["head"]: r for r in rows}
-        rows = [by[h] for h in ordered({r["head"]: r.get(drop) or 0.0 for r in rows})]  # signed effect, largest first
+        # signed effect, largest first, ties in head order (a head without the effect, in an older file, as 0);
+        # ``ganda sweep``'s tables (SweepResult.top) break ties by the other of accuracy and margin instead
+        rows = [by[h] for h in ordered({r["head"]: r.get(drop) or 0.0 for r in rows})]
         matter = [r for r in rows if matters(r.get(drop))]
         summary = {"baseline_acc": sw.baseline["acc"], "n": sw.baseline.get("n"), "heads": len(rows), "metric": sw.metric,
                    "top_head": matter[0]["head"] if matter else None, "top_drop": matter[0]["drop"] if matter else None,

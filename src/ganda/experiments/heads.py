@@ -9,14 +9,13 @@ accuracy, which is what decides whether a head matters; the pattern says what it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import runio
 from ..errors import GandaError
 from ..heads import HeadId
-from ..intervals import split_all
 from ..labels import label_model
 from ..models.base import ModelAdapter
 from ..patterns import (
@@ -35,6 +34,7 @@ from ..stats import weak_note
 from ..sweep import run_sweep
 from ..tasks.base import Example
 from .base import Experiment, Options, option
+from .common import ExperimentResult
 from .tables import console, print_heads
 
 
@@ -51,17 +51,6 @@ class Discovery:
     # per candidate summary token, its best head's Aggregate score (where "auto" chose)
     summary_choice: dict[str, Any] = field(default_factory=dict)
     standard: dict[str, Any] = field(default_factory=dict)  # the standard scores' protocol
-
-    def best(self, role: str) -> HeadScore | None:
-        """The verified head of a role with the largest accuracy drop."""
-        names = self.top_aggregate if role == "aggregate" else self.top_gather
-        cands = [s for s in self.scores if s.head in names and s.drop is not None]
-        return max(cands, key=lambda s: s.drop) if cands else None  # type: ignore[arg-type,return-value]
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["scores"] = [s.to_json() for s in self.scores]
-        return d
 
 
 def scores_at(adapter: ModelAdapter, examples: Sequence[Example], summary: str = AUTO, progress: bool = True
@@ -103,7 +92,7 @@ def discover(
     for name in to_verify:
         rec = by_str[str(adapter.canonical(HeadId.parse(name)))]
         by_name[name].ablated_accuracy = rec["acc"]
-        by_name[name].drop = sw.baseline["acc"] - rec["acc"]
+        by_name[name].drop = sw.drop(rec)
     return Discovery(
         task=task_config or {}, baseline_accuracy=sw.baseline["acc"], n_pattern=len(pattern_examples),
         n_verify=len(verify_examples), scores=scores, top_aggregate=top_agg, top_gather=top_gat,
@@ -140,21 +129,14 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
 def _pct(x: Any) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
+@dataclass
+class HeadsResult(ExperimentResult):
+    """A saved ``heads`` run (:func:`save_discovery`) as ``ganda report`` shows it: what was found
+    (``rows``: the verified heads; ``extra["all_heads"]``: every head)."""
 
-
-class HeadsResult:
-    """A saved ``heads`` run (:func:`save_discovery`) as ``ganda report`` shows it: what was found."""
+    kind: str = "heads"
 
     title = "Heads ranked by Gather and Aggregate pattern scores"  # ganda report's section
-
-    def __init__(self, d: dict[str, Any]) -> None:
-        d = split_all(d)
-        self.summary, self.rows = d.get("summary") or {}, d.get("rows") or []
-        self.all_heads = d.get("all_heads") or self.rows
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> HeadsResult:
-        return cls(d)
 
     def headline(self) -> str:
         s, lines = self.summary, []
@@ -181,7 +163,7 @@ class HeadsResult:
         s = self.summary
         if "summary_token" not in s:
             return []
-        labels = [str(h.get("label") or "none") for h in self.all_heads]
+        labels = [str(h.get("label") or "none") for h in self.extra.get("all_heads") or self.rows]
         counts = {r: sum(r in lab.split("+") for lab in labels) for r in ("Gather", "Aggregate", "induction",
                                                                           "previous-token")}
         p = s.get("standard_protocol") or {}
@@ -194,9 +176,6 @@ class HeadsResult:
                 + f", {labels.count('sink')} sink alone, {labels.count('none')} none (induction, previous-token "
                 f"and sink on {p.get('batch')} sequences of {p.get('length')} random tokens shown twice, seed "
                 f"{p.get('seed')})."]
-
-    def draw(self, out_dir: Path) -> list[Path]:
-        return []
 
 
 @dataclass

@@ -58,7 +58,7 @@ def _sweep_table(res: Any, rows: list, title: str) -> Any:
     for col in ("rank", "head", "acc", "acc drop", "margin drop", "acc_norm", "drop_norm", "gold logp drop"):
         table.add_column(col, justify="right")
     for i, r in enumerate(rows, 1):
-        table.add_row(str(i), r["head"], f"{r['acc']:.3f}", f"{res.drop(r):+.3f}", f"{res.margin_drop(r):+.4f}",
+        table.add_row(str(i), r["head"], f"{r['acc']:.3f}", f"{res.drop(r):+.3f}", f"{res.drop(r, 'margin'):+.4f}",
                       f"{r['acc_norm']:.3f}", f"{res.drop(r, 'acc_norm'):+.3f}", f"{res.ll_drop(r):+.3f}")
     return table
 
