@@ -209,3 +209,31 @@ def test_every_built_in_kind_round_trips_through_the_registry(tmp_path):
         assert f"<h2>{html.escape(experiments.result_class(kind).title or kind).replace('&#x27;', '&#39;')}" in page, kind
     assert "Most critical head: <b>L0H0</b>" in page and "Largest exact effect: <b>L0H0</b>" in page
     assert "kv: intact <b>100.0%</b>, <b>L0H0</b> ablated <b>0.0%</b>, control L1H1 ablated <b>50.0%</b>." in page
+
+
+def test_report_orders_a_sweep_as_ganda_sweep_does(tmp_path):
+    """Two heads cost the same accuracy; the one that also costs more margin is the most critical
+    head in the report, as in ``ganda sweep``'s tables (SweepResult.top), and the heads whose
+    ablation helps come in the same order."""
+    from ganda.experiments.head_effects import HeadSweepResult
+    from ganda.sweep import read_sweep
+
+    def rec(head, i, pred, loglik):
+        acc = sum(p == 0 for p in pred) / 2
+        return {"type": "head", "head": head, "layer": 0, "index": i, "kind": None, "n": 2, "acc": acc,
+                "acc_norm": acc, "pred": pred, "pred_norm": pred, "gold": [0, 0], "loglik": loglik}
+
+    lines = [{"type": "header", "config": {"model": "m", "task": "t", "heads": ["L0H0", "L0H1", "L0H2", "L0H3"]},
+              "metric": "acc"},
+             {**rec("", 0, [0, 1], [[-0.1, -2.0], [-1.0, -0.5]]), "type": "baseline"},
+             rec("L0H0", 0, [1, 1], [[-0.9, -0.8], [-1.0, -0.5]]),  # acc 0.5 -> 0, small margin loss
+             rec("L0H1", 1, [1, 1], [[-3.0, -0.1], [-1.0, -0.5]]),  # acc 0.5 -> 0, large margin loss
+             rec("L0H2", 2, [0, 0], [[-0.1, -2.0], [-0.6, -0.7]]),  # acc 0.5 -> 1, margin up a little
+             rec("L0H3", 3, [0, 0], [[-0.1, -3.0], [-0.2, -0.9]])]  # acc 0.5 -> 1, margin up more
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    sw = read_sweep(tmp_path / "results.jsonl")
+    got = HeadSweepResult.read(tmp_path)
+    assert [r["head"] for r in sw.top(None)] == [r["head"] for r in got.extra["top_heads"]] == [
+        "L0H1", "L0H0", "L0H2", "L0H3"]
+    assert got.summary["top_head"] == "L0H1" and got.summary["top_drop"] == 0.5
+    assert got.summary["helpful_when_ablated"] == [r["head"] for r in sw.helpful_when_ablated()] == ["L0H2", "L0H3"]

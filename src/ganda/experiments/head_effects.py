@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..attribution.ranking import RankResult, sign_flip_sentence
-from ..effects import NAMES, helpful_when_ablated, matters, ordered
+from ..effects import NAMES, helpful_when_ablated, matters, ordered, split
 from ..errors import GandaError
 from ..stats import weak_note
 from ..sweep import SweepResult, read_sweep
@@ -38,14 +38,16 @@ class HeadSweepResult(ExperimentResult):
         drop = {"acc": "drop", "acc_norm": "drop_norm"}.get(sw.metric, f"{sw.metric}_drop")
         rows = [sw.row(r) for r in sw.records]
         by = {r["head"]: r for r in rows}
-        # signed effect, largest first, ties in head order (a head without the effect, in an older file, as 0);
-        # ``ganda sweep``'s tables (SweepResult.top) break ties by the other of accuracy and margin instead
-        rows = [by[h] for h in ordered({r["head"]: r.get(drop) or 0.0 for r in rows})]
-        matter = [r for r in rows if matters(r.get(drop))]
+        # ``ganda sweep``'s order (SweepResult.top): signed effect, largest first, ties by the other of
+        # accuracy and margin, then head order; an effect an older file lacks counts as 0
+        tie = "drop" if sw.metric == "margin" else "margin_drop"
+        effects = ({r["head"]: r.get(drop) or 0.0 for r in rows}, {r["head"]: r.get(tie) or 0.0 for r in rows})
+        rows = [by[h] for h in ordered(*effects)]
+        matter, helpful = split(*effects)
+        top = by[matter[0]] if matter else {}
         summary = {"baseline_acc": sw.baseline["acc"], "n": sw.baseline.get("n"), "heads": len(rows), "metric": sw.metric,
-                   "top_head": matter[0]["head"] if matter else None, "top_drop": matter[0]["drop"] if matter else None,
-                   "top_margin_drop": matter[0].get("margin_drop") if matter else None,
-                   "helpful_when_ablated": [r["head"] for r in reversed(rows) if helpful_when_ablated(r.get(drop))]}
+                   "top_head": top.get("head"), "top_drop": top.get("drop"), "top_margin_drop": top.get("margin_drop"),
+                   "helpful_when_ablated": helpful}
         if partial:
             summary.update({"partial": True, "heads_total": len(sw.config.get("heads") or []) or None})
         extra: dict[str, Any] = {"top_heads": rows[:TOP]}
