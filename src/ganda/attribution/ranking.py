@@ -89,6 +89,12 @@ def top_by_magnitude(values: dict[str, float], k: int) -> list[str]:
     return [h for h, _ in sorted(values.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:k]]
 
 
+def most_active(values: dict[str, float], k: int) -> list[str]:
+    """The ``k`` heads (or edges) of largest signed value (ties: name order): the most active, the
+    answer screen's most damaging."""
+    return sorted(values, key=lambda h: (-values[h], h))[:k]
+
+
 def quality(estimate: dict[str, float], exact: dict[str, float], k: int = 10, within: Sequence[int] = (10, 30)
             ) -> dict[str, Any]:
     """How well an estimate ranks heads against exhaustive exact effects (same heads, same metric):
@@ -507,7 +513,7 @@ class RankOptions(Options):
 
 def reported_top(exact: dict[str, float], top: int) -> set[str]:
     """The ``top`` heads whose ablation hurts most (signed exact effect, largest first)."""
-    return set(sorted(exact, key=lambda h: (-exact[h], h))[:top])
+    return set(most_active(exact, top))
 
 
 def widen_until_stable(order: Sequence[str], exact: dict[str, float], widen: int, top: int,
@@ -529,17 +535,16 @@ def widen_until_stable(order: Sequence[str], exact: dict[str, float], widen: int
     return widened
 
 
-def _to_verify(order: list[str], verify_top: int, layers: set[int], audit: int, seed: int,
-               also: Sequence[str] = ()) -> tuple[list[HeadId], list[str]]:
-    """The heads to verify exactly, from heads in estimate order: the top ``verify_top``, every head
-    of ``layers`` and the heads ``also`` names (the answer screen's and the activity's top); and a
-    seeded random ``audit`` of the rest (the false-negative bound's sample)."""
-    extra = set(also)
-    chosen = order[:verify_top] + [h for h in order[verify_top:] if HeadId.parse(h).layer in layers or h in extra]
+def choose_verified(order: list[str], top: int, audit: int, seed: int, also: Sequence[str] = (),
+                    by_estimate: bool = True) -> tuple[list[str], list[str]]:
+    """What ``rank`` and ``edges`` verify exactly, from heads (or edges) in estimate order: the top
+    ``top``, then those of ``also`` not among them, in ``also``'s order; and a seeded uniform audit
+    of the rest (the false-negative bound's sample), in estimate order (``by_estimate``) or by name."""
+    chosen = list(dict.fromkeys([*order[:top], *also]))
     picked = set(chosen)
     pool = [h for h in order if h not in picked]
-    audited = sorted(random.Random(seed).sample(pool, min(audit, len(pool))), key=order.index)
-    return [HeadId.parse(h) for h in chosen], audited
+    audited = random.Random(seed).sample(pool, min(audit, len(pool)))
+    return chosen, sorted(audited, key=order.index if by_estimate else None)
 
 
 def _screened(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], margin: str, progress: bool, secs: dict[str, float]) -> dict[str, float]:
@@ -604,15 +609,17 @@ def rank_heads(
     screened: dict[str, float] = {}
     activity: dict[str, float] = {}
     if o.method == "exact":
-        chosen, audited = list(head_list), []
+        chosen, audited = list(names), []
     else:
         att, screened, activity, also = _estimated(adapter, examples, head_list, o, batch_tokens=batch_tokens, out=out,
                                                    resume=resume, progress=progress, secs=secs)
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()
-        chosen, audited = _to_verify([names[i] for i in att.order()], o.verify_top, set(verify_layers), o.audit, seed, also)
+        order = [names[i] for i in att.order()]
+        also = {*also, *(str(h) for h in head_list if h.layer in verify_layers)}  # in estimate order below
+        chosen, audited = choose_verified(order, o.verify_top, o.audit, seed, [h for h in order if h in also])
     by_name = {str(h): h for h in head_list}
-    to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
+    to_verify = sorted(by_name[h] for h in [*chosen, *audited])
     checks = _ExactChecks(adapter, examples, head_list, att, o, batch_tokens=batch_tokens, resume=resume,
                           progress=progress, task=cfg.get("task"), secs=secs)
     vdir = out / "verify" if out is not None else None
@@ -623,7 +630,7 @@ def rank_heads(
         widened = widen_until_stable([names[i] for i in att.order()], checks.exact, o.widen, o.top, lambda batch, k: checks.measure(
             [by_name[h] for h in batch], vdir / f"widen-{k}" if vdir else None))
     cfg["widened"] = len(widened)
-    verified = [str(h) for h in chosen] + widened
+    verified = chosen + widened
     bound = bound_at_top(estimate, checks.exact, verified, audited, o.threshold, o.top, confidence) if o.method != "exact" else None
     secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
     res = RankResult(o.method, o.ablation, o.margin, names, estimate, checks.exact, verified, audited, checks.clean, bound, att,
@@ -656,8 +663,7 @@ def _estimated(adapter: ModelAdapter, examples: Sequence[Example], head_list: li
     secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
     screened = _screened(adapter, examples, head_list, o.margin, progress, secs) if o.screen else {}
     activity = att.activity()
-    also = sorted(screened, key=lambda h: (-screened[h], h))[:o.screen]
-    also += sorted(activity, key=lambda h: (-activity[h], h))[:o.active]
+    also = most_active(screened, o.screen) + most_active(activity, o.active)
     return att, screened, activity, also
 
 

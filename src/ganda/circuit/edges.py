@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import csv
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +56,8 @@ from ..attribution.ranking import (
     MARGIN_HELP,
     Bound,
     bound_at_top,
+    choose_verified,
+    most_active,
     spearman,
     top_by_magnitude,
     widen_until_stable,
@@ -432,23 +433,6 @@ def bound_sentence(b: Bound) -> str:
     return s + "."
 
 
-def _to_verify(order: list[str], top: int, audit: int, seed: int, also: Sequence[str] = ()) -> tuple[list[str], list[str]]:
-    """The top ``top`` by estimate, then ``also`` (the most active edges) not among them, and a
-    seeded uniform audit of the rest."""
-    chosen = order[:top]
-    seen = set(chosen)
-    chosen += [e for e in also if e not in seen]
-    seen.update(also)
-    rest = [e for e in order if e not in seen]
-    audited = sorted(random.Random(seed).sample(rest, min(audit, len(rest))))
-    return chosen, audited
-
-
-def most_active(activity: dict[str, float], k: int) -> list[str]:
-    """The ``k`` edges with the largest mean |estimate| per prompt (ties by name)."""
-    return sorted(activity, key=lambda e: (-activity[e], e))[:k]
-
-
 @dataclass
 class EdgesOptions(Options):
     """How :func:`rank_edges` (``ganda edges``, a grid's ``edges`` jobs) chooses the edges it
@@ -512,7 +496,8 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], options: Edge
                               batch_tokens=batch_tokens, progress=progress, means=means)
     est = sc.by_edge()
     order = top_by_magnitude(est, len(est))
-    chosen, audited = _to_verify(order, o.verify_top, o.audit, seed, most_active(sc.by_edge(sc.activity), o.active))
+    chosen, audited = choose_verified(order, o.verify_top, o.audit, seed, most_active(sc.by_edge(sc.activity), o.active),
+                                      by_estimate=False)
     checks = _EdgeChecks(adapter, examples, sc.clean_logliks, margin=o.margin, seed=seed, means=means, out_dir=out_dir,
                          resume=resume, progress=progress)
     with cpu_clock() as c2:
