@@ -137,6 +137,29 @@ def batch_metric(adapter: ModelAdapter, batch: Batch, h_last: torch.Tensor, marg
     return total, [[float(v.detach()) for v in ll] for ll in lls]
 
 
+def output_cotangent(adapter: ModelAdapter, batch: Batch, calls: LayerCalls, margin: str = "mean"
+                     ) -> tuple[torch.Tensor, list[list[float]]]:
+    """Where the layer-by-layer backward starts: the gradient of the batch's summed margin with
+    respect to the last layer's output, and the items' clean log-likelihoods."""
+    with torch.enable_grad():
+        assert calls.final is not None
+        top = calls.final.detach().requires_grad_(True)
+        total, lls = batch_metric(adapter, batch, top, margin)
+        (cot,) = torch.autograd.grad(total, [top])
+    return cot, lls
+
+
+def replay_layer(adapter: ModelAdapter, calls: LayerCalls, pos: int, points: Sequence[str],
+                 edit: dict[str, Edit] | None = None) -> tuple[torch.Tensor, torch.Tensor, Trace]:
+    """The layer at ``pos`` recomputed with autograd from its recorded input (the backward's one
+    layer graph at a time): that input, requiring grad; the layer's output; the trace of ``points``
+    inside it, kept in the graph."""
+    with torch.enable_grad(), ssm_torch_path(adapter), Trace(adapter, points, edit=edit, detach=False) as tr:
+        x = calls.inputs[pos].detach().requires_grad_(True)  # type: ignore[index]
+        out = calls.run(pos, x)
+    return x, out, tr
+
+
 # ---------------------------------------------------------------------------------------------
 # the result
 
@@ -256,9 +279,6 @@ class _Engine:
                 edits[point] = edit
         return edits
 
-    def _metric(self, batch: Batch, h_last: torch.Tensor) -> tuple[torch.Tensor, list[list[float]]]:
-        return batch_metric(self.adapter, batch, h_last, self.margin)
-
     def _heads_of(self, zs: list[tuple[Mixer, list[int | None], torch.Tensor]], grads: Sequence[torch.Tensor | None],
                   batch: Batch, n_items: int) -> list[tuple[list[int | None], torch.Tensor]]:
         """Per mixer: (head columns, ``[items, heads]`` first-order drops, on the model's device).
@@ -293,10 +313,7 @@ class _Engine:
         pass, a device scalar that :meth:`run` checks once per batch instead of a host sync per layer)."""
         mixers = self.by_layer.get(k, [])
         points = [z_point(m) for m, _ in mixers]
-        mine = {p: e for p, e in (edit or {}).items() if p in points}
-        with torch.enable_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, points, edit=mine, detach=False) as tr:
-            x = calls.inputs[k].detach().requires_grad_(True)  # type: ignore[index]
-            out = calls.run(k, x)
+        x, out, tr = replay_layer(self.adapter, calls, k, points, {p: e for p, e in (edit or {}).items() if p in points})
         want = calls.output(k).float()
         err = (out.detach().float() - want).abs().max() / (1.0 + want.abs().max())
         return x, out, [(m, cols, tr[p]) for (m, cols), p in zip(mixers, points, strict=True)], err
@@ -323,11 +340,7 @@ class _Engine:
         dev = batch.ids.device
         atp = torch.zeros((n_items, n_heads), device=dev)
         gd = torch.zeros((self.n_blocks, n_heads), device=dev) if self.graddrop else None
-        with torch.enable_grad():
-            assert calls.final is not None
-            top = calls.final.detach().requires_grad_(True)
-            total, lls = self._metric(batch, top)
-            (cot,) = torch.autograd.grad(total, [top])
+        cot, lls = output_cotangent(self.adapter, batch, calls, self.margin)
         drops: dict[int, torch.Tensor] = {}  # block -> cotangent at the current layer's output, its branches dropped
         errs: dict[int, torch.Tensor] = {}
         for k in reversed(range(n_layers)):

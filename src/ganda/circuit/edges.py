@@ -47,10 +47,11 @@ from .. import runio
 from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import (
     ACTIVE_EDGES,
-    batch_metric,
-    index_pairs,
+    _Engine,
     margin_of,
     metric_value,
+    output_cotangent,
+    replay_layer,
 )
 from ..attribution.ranking import (
     MARGIN_HELP,
@@ -67,7 +68,7 @@ from ..errors import GandaError
 from ..heads import HeadId, expand
 from ..intervals import bounds
 from ..interventions import z_point
-from ..models.base import Mixer, ModelAdapter
+from ..models.base import ModelAdapter
 from ..models.components import residual_write_scale
 from ..models.ssm.common import ssm_torch_path
 from ..options import Options, option
@@ -127,14 +128,10 @@ class _EdgeEngine:
         self.adapter, self.margin, self.means = adapter, margin, means
         self.senders, self.receivers = senders, receivers
         self.layers = list(adapter.active_layers())
-        self.by_layer: dict[int, list[Mixer]] = {}
-        for m in adapter.mixers():
-            self.by_layer.setdefault(m.layer, []).append(m)
-        self.heads = adapter.heads()
-        self.head_col = {h: i for i, h in enumerate(self.heads)}
+        self.nodes = _Engine(adapter, adapter.heads(), "zero", margin, graddrop=False)  # every head's plain AtP
+        self.heads = self.nodes.heads
         self.recv_col = {h: j for j, h in enumerate(receivers)}
-        self._index: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # built once per mixer
-        self._recv_index: dict[int, torch.Tensor] = {}  # ... and per receiver layer
+        self._recv_index: dict[int, torch.Tensor] = {}  # built once per receiver layer
 
     def _writes(self, zs: dict[str, torch.Tensor], rows: int, width: int, d: int) -> torch.Tensor:
         """Every sender's write ``[rows, senders, width·d]`` (fp32), senders in list order."""
@@ -149,16 +146,6 @@ class _EdgeEngine:
             w = torch.nn.functional.linear(z, mixer.out_proj.weight[:, sl].float())
             out[:, i] = (w * float(scale or 0.0)).reshape(rows, -1)
         return out
-
-    def _replay(self, calls: LayerCalls, pos: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Mixer, torch.Tensor]],
-                                                            list[str]]:
-        layer = self.layers[pos]
-        mixers = self.by_layer.get(layer, [])
-        points = [z_point(m) for m in mixers]
-        with torch.enable_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, points, detach=False) as tr:
-            x = calls.inputs[pos].detach().requires_grad_(True)  # type: ignore[index]
-            out = calls.run(pos, x)
-        return x, out, [(m, tr[p]) for m, p in zip(mixers, points, strict=True)], list(tr.values)
 
     def _receiver_grads(self, calls: LayerCalls, pos: int, dz: dict[str, torch.Tensor], fired: list[str],
                         recv: list[HeadId]) -> torch.Tensor:
@@ -194,19 +181,19 @@ class _EdgeEngine:
         scores = torch.zeros((len(self.senders), len(self.receivers)), device=dev)
         activity = torch.zeros_like(scores)
         atp = torch.zeros((n_items, len(self.heads)), device=dev)
-        with torch.enable_grad():
-            assert calls.final is not None
-            top = calls.final.detach().requires_grad_(True)
-            total, lls = batch_metric(self.adapter, batch, top, self.margin)
-            (cot,) = torch.autograd.grad(total, [top])
+        cot, lls = output_cotangent(self.adapter, batch, calls, self.margin)
         s_layers = torch.tensor([s.layer for s in self.senders], dtype=torch.long)
         for pos in reversed(range(len(self.layers))):
             layer = self.layers[pos]
-            x, out, zs, fired = self._replay(calls, pos)
-            grads = torch.autograd.grad(out, [x] + [z for _, z in zs], grad_outputs=cot.to(out.dtype),
+            mixers = self.nodes.by_layer.get(layer, [])
+            x, out, tr = replay_layer(self.adapter, calls, pos, [z_point(m) for m, _ in mixers])
+            zs, fired = [(m, cols, tr[z_point(m)]) for m, cols in mixers], list(tr.values)
+            grads = torch.autograd.grad(out, [x] + [z for *_, z in zs], grad_outputs=cot.to(out.dtype),
                                         allow_unused=True)
-            dz = {z_point(m): (g if g is not None else torch.zeros_like(z)) for (m, z), g in zip(zs, grads[1:], strict=True)}
-            self._node_atp(atp, zs, dz, batch)
+            dz = {z_point(m): (g if g is not None else torch.zeros_like(z)) for (m, _, z), g in zip(zs, grads[1:], strict=True)}
+            for (_, vals), (hsel, csel) in zip(self.nodes._heads_of(zs, grads[1:], batch, n_items),
+                                               self.nodes._layer_index(layer, dev), strict=True):
+                atp[:, csel] = vals[:, hsel]
             recv = [r for r in self.receivers if r.layer == layer]
             below = int((s_layers < layer).sum())  # senders are sorted by layer: the first ``below``
             if recv and below and writes is not None:
@@ -225,25 +212,6 @@ class _EdgeEngine:
         if layer not in self._recv_index:
             self._recv_index[layer] = torch.tensor([self.recv_col[r] for r in recv], device=self.adapter.device)
         return self._recv_index[layer]
-
-    def _head_cols(self, m: Mixer) -> tuple[torch.Tensor, torch.Tensor]:
-        """(heads of ``m`` that are columns of the AtP table, their columns), on the device."""
-        key = (z_point(m), m.layer)
-        if key not in self._index:
-            self._index[key] = index_pairs([(h, self.head_col[c]) for h in range(m.num_heads)
-                                            if (c := self.adapter.canonical(HeadId(m.layer, h, m.kind))) in self.head_col],
-                                           self.adapter.device)
-        return self._index[key]
-
-    def _node_atp(self, atp: torch.Tensor, zs: list[tuple[Mixer, torch.Tensor]], dz: dict[str, torch.Tensor],
-                  batch: Batch) -> None:
-        for m, z in zs:
-            g = dz[z_point(m)]
-            rows, w = z.shape[0], z.shape[1]
-            prod = (z.detach().float() * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
-            vals = prod.new_zeros((len(batch.items), m.num_heads)).index_add_(0, batch.row_example.to(prod.device), prod)
-            heads, cols = self._head_cols(m)
-            atp[:, cols] = vals[:, heads].to(atp.dtype)
 
 
 def _layer_span(layers: list[int]) -> str:
