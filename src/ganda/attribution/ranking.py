@@ -582,22 +582,9 @@ def rank_heads(
     ``scatter.png`` and ``verify_heatmap.png`` are written there.
     """
     o = _rank_options(options, overrides)
-    if not 0.0 < confidence < 1.0:
-        raise GandaError("confidence must be between 0 and 1")
-    if batch_tokens is not None and batch_tokens < 1:
-        raise GandaError("batch_tokens must be at least 1")
-    verify_layers = layer_list(o.verify_layers, "verify_layers")
-    if heads is None and o.heads:
-        heads = expand(o.heads, adapter)
-    if not examples:
-        raise GandaError("no examples to rank heads on")
     t0, c0 = time.perf_counter(), time.process_time()
+    head_list, verify_layers = _ranked_heads(adapter, examples, o, heads, confidence, batch_tokens)
     out = Path(out_dir) if out_dir is not None else None
-    head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
-    n_layers = len(adapter.decoder_layers())
-    bad = [x for x in verify_layers if not 0 <= x < n_layers]
-    if bad:
-        raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
     names = [str(h) for h in head_list]
     cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": o.verify_top,
            "verify_layers": sorted(set(verify_layers)), "audit": o.audit, "graddrop_blocks": None,
@@ -618,17 +605,9 @@ def rank_heads(
         order = [names[i] for i in att.order()]
         also = {*also, *(str(h) for h in head_list if h.layer in verify_layers)}  # in estimate order below
         chosen, audited = choose_verified(order, o.verify_top, o.audit, seed, [h for h in order if h in also])
-    by_name = {str(h): h for h in head_list}
-    to_verify = sorted(by_name[h] for h in [*chosen, *audited])
     checks = _ExactChecks(adapter, examples, head_list, att, o, batch_tokens=batch_tokens, resume=resume,
                           progress=progress, task=cfg.get("task"), secs=secs)
-    vdir = out / "verify" if out is not None else None
-    if to_verify:
-        checks.measure(to_verify, vdir)
-    widened: list[str] = []
-    if o.widen and att is not None and to_verify:  # more heads by estimate until the reported top holds
-        widened = widen_until_stable([names[i] for i in att.order()], checks.exact, o.widen, o.top, lambda batch, k: checks.measure(
-            [by_name[h] for h in batch], vdir / f"widen-{k}" if vdir else None))
+    widened = checks.rounds([*chosen, *audited], o.widen, o.top, out / "verify" if out is not None else None)
     cfg["widened"] = len(widened)
     verified = chosen + widened
     bound = bound_at_top(estimate, checks.exact, verified, audited, o.threshold, o.top, confidence) if o.method != "exact" else None
@@ -638,6 +617,28 @@ def rank_heads(
     if out is not None:
         res.write(out)
     return res
+
+
+def _ranked_heads(adapter: ModelAdapter, examples: Sequence[Example], o: RankOptions, heads: Sequence[HeadId] | None,
+                  confidence: float, batch_tokens: int | None) -> tuple[list[HeadId], list[int]]:
+    """The heads :func:`rank_heads` ranks (``heads``, else the ``heads`` option's, else every head;
+    canonical, in order) and the layers ``verify_layers`` names, once the arguments beside the
+    options are checked."""
+    if not 0.0 < confidence < 1.0:
+        raise GandaError("confidence must be between 0 and 1")
+    if batch_tokens is not None and batch_tokens < 1:
+        raise GandaError("batch_tokens must be at least 1")
+    verify_layers = layer_list(o.verify_layers, "verify_layers")
+    if heads is None and o.heads:
+        heads = expand(o.heads, adapter)
+    if not examples:
+        raise GandaError("no examples to rank heads on")
+    head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
+    n_layers = len(adapter.decoder_layers())
+    bad = [x for x in verify_layers if not 0 <= x < n_layers]
+    if bad:
+        raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
+    return head_list, verify_layers
 
 
 def _rank_options(options: RankOptions | None, overrides: dict[str, Any]) -> RankOptions:
@@ -684,6 +685,20 @@ class _ExactChecks:
         self.exact_acc: dict[str, float] = {}
         self.clean = att.clean if att is not None else float("nan")
         self.clean_acc: float | None = None
+
+    def rounds(self, heads: list[str], widen: int, top: int, where: Path | None) -> list[str]:
+        """The exact effects of ``heads`` (resumable in ``where``), then with ``widen`` of the next
+        ``widen`` heads by estimate, round after round, until the reported top holds
+        (:func:`widen_until_stable`, round k in ``where/widen-k``); returns the heads those rounds added."""
+        if not heads:
+            return []
+        by_name = {str(h): h for h in self.head_list}
+        self.measure(sorted(by_name[h] for h in heads), where)
+        if not widen or self.att is None:
+            return []
+        order = [str(self.att.heads[i]) for i in self.att.order()]
+        return widen_until_stable(order, self.exact, widen, top, lambda batch, k: self.measure(
+            [by_name[h] for h in batch], where / f"widen-{k}" if where else None))
 
     def measure(self, hs: list[HeadId], where: Path | None) -> None:
         """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""
