@@ -80,7 +80,7 @@ from ..sweep import weights_fingerprint
 from ..tasks.base import Example
 from .ablation import per_prompt
 from .costs import edges_batch_tokens
-from .paths import PathBatch, Variant, check_paths, run_layer
+from .paths import PathBatch, Variant, check_paths, run_layer, sender_write
 
 
 def edge_name(sender: HeadId | str, receiver: HeadId | str) -> str:
@@ -137,14 +137,7 @@ class _EdgeEngine:
         """Every sender's write ``[rows, senders, width·d]`` (fp32), senders in list order."""
         out = torch.empty((rows, len(self.senders), width * d), dtype=torch.float32, device=self.adapter.device)
         for i, s in enumerate(self.senders):
-            mixer = self.adapter.mixer_of(s)
-            sl = mixer.head_slice(s.head)
-            scale = residual_write_scale(self.adapter, mixer)
-            z = zs[z_point(mixer)][..., sl].float()
-            if self.means is not None:  # mean ablation removes z - μ (ganda.ablation)
-                z = z - self.means[(mixer.layer, mixer.kind)][sl].to(z.device)
-            w = torch.nn.functional.linear(z, mixer.out_proj.weight[:, sl].float())
-            out[:, i] = (w * float(scale or 0.0)).reshape(rows, -1)
+            out[:, i] = sender_write(self.adapter, s, zs[z_point(self.adapter.mixer_of(s))], self.means).reshape(rows, -1)
         return out
 
     def _receiver_grads(self, calls: LayerCalls, pos: int, dz: dict[str, torch.Tensor], fired: list[str],
