@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .. import runio
+from ..ablation import reference_means
 from ..effects import accuracy, effect, ordered, split
 from ..errors import GandaError
 from ..figures import heatmap, save_figure
@@ -605,8 +606,8 @@ def rank_heads(
         order = [names[i] for i in att.order()]
         also = {*also, *(str(h) for h in head_list if h.layer in verify_layers)}  # in estimate order below
         chosen, audited = choose_verified(order, o.verify_top, o.audit, seed, [h for h in order if h in also])
-    checks = _ExactChecks(adapter, examples, head_list, att, o, batch_tokens=batch_tokens, resume=resume,
-                          progress=progress, task=cfg.get("task"), secs=secs)
+    checks = _ExactChecks(adapter, examples, head_list, att, o, resume=resume, progress=progress, task=cfg.get("task"),
+                          secs=secs)
     widened = checks.rounds([*chosen, *audited], o.widen, o.top, out / "verify" if out is not None else None)
     cfg["widened"] = len(widened)
     verified = chosen + widened
@@ -674,10 +675,10 @@ class _ExactChecks:
     scores the intact model too, so ``clean`` is the exact pass's baseline, not attribution's."""
 
     def __init__(self, adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId],
-                 att: Attribution | None, o: RankOptions, *, batch_tokens: int | None, resume: bool, progress: bool,
-                 task: Any, secs: dict[str, float]) -> None:
+                 att: Attribution | None, o: RankOptions, *, resume: bool, progress: bool, task: Any,
+                 secs: dict[str, float]) -> None:
         self.adapter, self.examples, self.head_list, self.att = adapter, examples, head_list, att
-        self.ablation, self.margin, self.batch_tokens, self.batch_heads = o.ablation, o.margin, batch_tokens, o.batch_heads
+        self.ablation, self.margin, self.batch_heads = o.ablation, o.margin, o.batch_heads
         self.resume, self.progress, self.secs = resume, progress, secs
         self.vcfg = {"task": task, "ablation": o.ablation}
         self.golds = [ex.gold for ex in examples]
@@ -707,9 +708,8 @@ class _ExactChecks:
             base, lls = _exact_zero(self.adapter, self.examples, hs, where, self.resume, self.progress, self.vcfg,
                                     self.batch_heads)
         else:
-            means = self.att.means if self.att is not None else attribute(
-                self.adapter, self.examples, method="atp", ablation="mean", margin=self.margin, heads=self.head_list,
-                batch_tokens=self.batch_tokens, progress=False).means
+            means = self.att.means if self.att is not None else reference_means(self.adapter, self.examples,
+                                                                                 self.adapter.mixers())
             base, lls = _exact_mean(self.adapter, self.examples, hs, means, where, self.resume, self.progress, self.vcfg)
         golds, margin = self.golds, self.margin
         self.clean, self.clean_acc = metric_value(base, golds, margin), accuracy(base, golds)
