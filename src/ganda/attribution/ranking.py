@@ -85,6 +85,13 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return cov / (va * vb) if va and vb else float("nan")
 
 
+def spearman_verified(estimate: dict[str, float], exact: dict[str, float]) -> float | None:
+    """How well the estimate ranks what was measured exactly: Spearman of the magnitudes over the
+    heads (or edges) known both ways, None below three."""
+    known = [h for h in exact if h in estimate]
+    return spearman([abs(estimate[h]) for h in known], [abs(exact[h]) for h in known]) if len(known) > 2 else None
+
+
 def top_by_magnitude(values: dict[str, float], k: int) -> list[str]:
     """The ``k`` heads of largest ``|value|`` (ties: name order)."""
     return [h for h, _ in sorted(values.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:k]]
@@ -343,15 +350,13 @@ class RankResult:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        known = [h for h in self.exact if h in self.estimate]
-        rho = spearman([abs(self.estimate[h]) for h in known], [abs(self.exact[h]) for h in known]) if len(known) > 2 else None
         return {
             "model": self.config.get("model"), "task": self.config.get("task"), "n": self.config.get("n"),
             "method": self.method, "ablation": self.ablation, "margin": self.margin, "metric": self.metric,
             "clean": self.clean, "clean_acc": self.clean_acc, "verified": len(self.verified), "audited": self.audited,
             "matter": self.matter(), "helpful_when_ablated": self.helpful_when_ablated(),
-            "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
-            "sign_flips": self.sign_flips(),
+            "spearman_verified": spearman_verified(self.estimate, self.exact),
+            "bound": self.bound.to_json() if self.bound else None, "sign_flips": self.sign_flips(),
             "seconds": self.seconds, "ranking": self.ranking(),
             **({"screen": self.screen} if self.screen else {}),
         }

@@ -59,7 +59,7 @@ from ..attribution.ranking import (
     bound_at_top,
     choose_verified,
     most_active,
-    spearman,
+    spearman_verified,
     top_by_magnitude,
     widen_until_stable,
 )
@@ -362,14 +362,11 @@ class EdgeRanking:
         return out
 
     def to_json(self, limit: int = 100) -> dict[str, Any]:
-        known = [e for e in self.exact if e in self.estimate]
-        rho = spearman([abs(self.estimate[e]) for e in known], [abs(self.exact[e]) for e in known]) \
-            if len(known) > 2 else None
         return {"model": self.config.get("model"), "task": self.config.get("task"), "n": self.config.get("n"),
                 "paths": self.paths, "margin": self.scores.margin, "clean": self.clean,
                 "edges": len(self.estimate), "verified": self.verified, "audited": self.audited,
-                "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
-                "seconds": self.seconds, "atp": self.scores.atp, "ranking": self.rows(limit)}
+                "spearman_verified": spearman_verified(self.estimate, self.exact),
+                "bound": self.bound.to_json() if self.bound else None, "seconds": self.seconds, "atp": self.scores.atp, "ranking": self.rows(limit)}
 
     def write(self, out_dir: str | Path) -> None:
         """``edges.json`` (the top 100 edges and every exactly known one), ``edges.csv`` (every edge)."""
