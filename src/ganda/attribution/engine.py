@@ -230,16 +230,14 @@ class _Engine:
         for m in adapter.mixers():
             cols = [self.index.get(adapter.canonical(HeadId(m.layer, h, m.kind))) for h in range(m.num_heads)]
             self.by_layer.setdefault(m.layer, []).append((m, cols))
-        self.means: dict[str, torch.Tensor] = {}  # z point -> [H*D]
+        self.means: dict[tuple[int, str], torch.Tensor] = {}  # (layer, kind) -> [H*D], as ganda.ablation keys them
         self.dtype = next(adapter.model.parameters()).dtype
         self._indices: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # see _layer_index
 
     def take_means(self, reference: Sequence[Example]) -> None:
         """Mean ablation's values by the one mean rule (:mod:`ganda.ablation`): each mixer's slice
         averaged over every token of every reference prompt."""
-        mixers = [m for ms in self.by_layer.values() for m, _ in ms]
-        mu = reference_means(self.adapter, reference, mixers)
-        self.means = {z_point(m): mu[(m.layer, m.kind)] for m in mixers}
+        self.means = reference_means(self.adapter, reference, [m for ms in self.by_layer.values() for m, _ in ms])
 
     def trace(self, batch: Batch, edit: dict[str, Edit] | None = None) -> LayerCalls:
         """One no-grad pass that records every decoder layer's input and call (``edit``: IG's α edits)."""
@@ -267,11 +265,12 @@ class _Engine:
                 point = z_point(m)
                 cmask = ranked.repeat_interleave(m.head_dim)
 
-                def edit(x: torch.Tensor, point: str = point, cmask: torch.Tensor = cmask) -> torch.Tensor:
+                def edit(x: torch.Tensor, point: str = point, cmask: torch.Tensor = cmask,
+                         key: tuple[int, str] = (m.layer, m.kind)) -> torch.Tensor:
                     self._raw[point] = x.detach()
                     a = alpha.to(x.dtype)[:, None, None]
                     if self.ablation == "mean":
-                        mu = self.means[point].to(device=x.device, dtype=x.dtype)
+                        mu = self.means[key].to(device=x.device, dtype=x.dtype)
                         scaled = mu + a * (x - mu)
                     else:
                         scaled = a * x
@@ -291,7 +290,7 @@ class _Engine:
             else:
                 zf = (self._raw.get(z_point(m), z) if self.alphas is not None else z).detach().float()
                 if self.ablation == "mean":
-                    zf = zf - self.means[z_point(m)].to(zf.device)
+                    zf = zf - self.means[(m.layer, m.kind)].to(zf.device)
                 prod = (zf * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
                 vals = prod.new_zeros((n_items, m.num_heads)).index_add_(0, batch.row_example, prod)
             out.append((cols, vals))
@@ -494,10 +493,8 @@ def attribute(
         mean_atp = atp.mean(0)
         est, gd_mag, ig = _estimates(eng, method, mean_atp, gd, len(examples))
     golds = [ex.gold for ex in examples]
-    means = {(m.layer, m.kind): eng.means[z_point(m)] for ms in eng.by_layer.values() for m, _ in ms
-             if z_point(m) in eng.means}
     return Attribution(head_list, mean_atp.tolist(), est, method, ablation, margin, metric_value(lls, golds, margin),
-                       lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, means, ig,
+                       lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, eng.means, ig,
                        gd if method == "ig" else None)
 
 
