@@ -137,6 +137,29 @@ def batch_metric(adapter: ModelAdapter, batch: Batch, h_last: torch.Tensor, marg
     return total, [[float(v.detach()) for v in ll] for ll in lls]
 
 
+def output_cotangent(adapter: ModelAdapter, batch: Batch, calls: LayerCalls, margin: str = "mean"
+                     ) -> tuple[torch.Tensor, list[list[float]]]:
+    """Where the layer-by-layer backward starts: the gradient of the batch's summed margin with
+    respect to the last layer's output, and the items' clean log-likelihoods."""
+    with torch.enable_grad():
+        assert calls.final is not None
+        top = calls.final.detach().requires_grad_(True)
+        total, lls = batch_metric(adapter, batch, top, margin)
+        (cot,) = torch.autograd.grad(total, [top])
+    return cot, lls
+
+
+def replay_layer(adapter: ModelAdapter, calls: LayerCalls, pos: int, points: Sequence[str],
+                 edit: dict[str, Edit] | None = None) -> tuple[torch.Tensor, torch.Tensor, Trace]:
+    """The layer at ``pos`` recomputed with autograd from its recorded input (the backward's one
+    layer graph at a time): that input, requiring grad; the layer's output; the trace of ``points``
+    inside it, kept in the graph."""
+    with torch.enable_grad(), ssm_torch_path(adapter), Trace(adapter, points, edit=edit, detach=False) as tr:
+        x = calls.inputs[pos].detach().requires_grad_(True)  # type: ignore[index]
+        out = calls.run(pos, x)
+    return x, out, tr
+
+
 # ---------------------------------------------------------------------------------------------
 # the result
 
@@ -207,16 +230,14 @@ class _Engine:
         for m in adapter.mixers():
             cols = [self.index.get(adapter.canonical(HeadId(m.layer, h, m.kind))) for h in range(m.num_heads)]
             self.by_layer.setdefault(m.layer, []).append((m, cols))
-        self.means: dict[str, torch.Tensor] = {}  # z point -> [H*D]
+        self.means: dict[tuple[int, str], torch.Tensor] = {}  # (layer, kind) -> [H*D], as ganda.ablation keys them
         self.dtype = next(adapter.model.parameters()).dtype
         self._indices: dict[tuple[str, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}  # see _layer_index
 
     def take_means(self, reference: Sequence[Example]) -> None:
         """Mean ablation's values by the one mean rule (:mod:`ganda.ablation`): each mixer's slice
         averaged over every token of every reference prompt."""
-        mixers = [m for ms in self.by_layer.values() for m, _ in ms]
-        mu = reference_means(self.adapter, reference, mixers)
-        self.means = {z_point(m): mu[(m.layer, m.kind)] for m in mixers}
+        self.means = reference_means(self.adapter, reference, [m for ms in self.by_layer.values() for m, _ in ms])
 
     def trace(self, batch: Batch, edit: dict[str, Edit] | None = None) -> LayerCalls:
         """One no-grad pass that records every decoder layer's input and call (``edit``: IG's α edits)."""
@@ -244,20 +265,18 @@ class _Engine:
                 point = z_point(m)
                 cmask = ranked.repeat_interleave(m.head_dim)
 
-                def edit(x: torch.Tensor, point: str = point, cmask: torch.Tensor = cmask) -> torch.Tensor:
+                def edit(x: torch.Tensor, point: str = point, cmask: torch.Tensor = cmask,
+                         key: tuple[int, str] = (m.layer, m.kind)) -> torch.Tensor:
                     self._raw[point] = x.detach()
                     a = alpha.to(x.dtype)[:, None, None]
                     if self.ablation == "mean":
-                        mu = self.means[point].to(device=x.device, dtype=x.dtype)
+                        mu = self.means[key].to(device=x.device, dtype=x.dtype)
                         scaled = mu + a * (x - mu)
                     else:
                         scaled = a * x
                     return torch.where(cmask, scaled, x)
                 edits[point] = edit
         return edits
-
-    def _metric(self, batch: Batch, h_last: torch.Tensor) -> tuple[torch.Tensor, list[list[float]]]:
-        return batch_metric(self.adapter, batch, h_last, self.margin)
 
     def _heads_of(self, zs: list[tuple[Mixer, list[int | None], torch.Tensor]], grads: Sequence[torch.Tensor | None],
                   batch: Batch, n_items: int) -> list[tuple[list[int | None], torch.Tensor]]:
@@ -271,7 +290,7 @@ class _Engine:
             else:
                 zf = (self._raw.get(z_point(m), z) if self.alphas is not None else z).detach().float()
                 if self.ablation == "mean":
-                    zf = zf - self.means[z_point(m)].to(zf.device)
+                    zf = zf - self.means[(m.layer, m.kind)].to(zf.device)
                 prod = (zf * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
                 vals = prod.new_zeros((n_items, m.num_heads)).index_add_(0, batch.row_example, prod)
             out.append((cols, vals))
@@ -293,10 +312,7 @@ class _Engine:
         pass, a device scalar that :meth:`run` checks once per batch instead of a host sync per layer)."""
         mixers = self.by_layer.get(k, [])
         points = [z_point(m) for m, _ in mixers]
-        mine = {p: e for p, e in (edit or {}).items() if p in points}
-        with torch.enable_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, points, edit=mine, detach=False) as tr:
-            x = calls.inputs[k].detach().requires_grad_(True)  # type: ignore[index]
-            out = calls.run(k, x)
+        x, out, tr = replay_layer(self.adapter, calls, k, points, {p: e for p, e in (edit or {}).items() if p in points})
         want = calls.output(k).float()
         err = (out.detach().float() - want).abs().max() / (1.0 + want.abs().max())
         return x, out, [(m, cols, tr[p]) for (m, cols), p in zip(mixers, points, strict=True)], err
@@ -323,11 +339,7 @@ class _Engine:
         dev = batch.ids.device
         atp = torch.zeros((n_items, n_heads), device=dev)
         gd = torch.zeros((self.n_blocks, n_heads), device=dev) if self.graddrop else None
-        with torch.enable_grad():
-            assert calls.final is not None
-            top = calls.final.detach().requires_grad_(True)
-            total, lls = self._metric(batch, top)
-            (cot,) = torch.autograd.grad(total, [top])
+        cot, lls = output_cotangent(self.adapter, batch, calls, self.margin)
         drops: dict[int, torch.Tensor] = {}  # block -> cotangent at the current layer's output, its branches dropped
         errs: dict[int, torch.Tensor] = {}
         for k in reversed(range(n_layers)):
@@ -481,10 +493,8 @@ def attribute(
         mean_atp = atp.mean(0)
         est, gd_mag, ig = _estimates(eng, method, mean_atp, gd, len(examples))
     golds = [ex.gold for ex in examples]
-    means = {(m.layer, m.kind): eng.means[z_point(m)] for ms in eng.by_layer.values() for m, _ in ms
-             if z_point(m) in eng.means}
     return Attribution(head_list, mean_atp.tolist(), est, method, ablation, margin, metric_value(lls, golds, margin),
-                       lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, means, ig,
+                       lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, eng.means, ig,
                        gd if method == "ig" else None)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .. import runio
+from ..ablation import reference_means
 from ..effects import accuracy, effect, ordered, split
 from ..errors import GandaError
 from ..figures import heatmap, save_figure
@@ -84,9 +85,22 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return cov / (va * vb) if va and vb else float("nan")
 
 
+def spearman_verified(estimate: dict[str, float], exact: dict[str, float]) -> float | None:
+    """How well the estimate ranks what was measured exactly: Spearman of the magnitudes over the
+    heads (or edges) known both ways, None below three."""
+    known = [h for h in exact if h in estimate]
+    return spearman([abs(estimate[h]) for h in known], [abs(exact[h]) for h in known]) if len(known) > 2 else None
+
+
 def top_by_magnitude(values: dict[str, float], k: int) -> list[str]:
     """The ``k`` heads of largest ``|value|`` (ties: name order)."""
     return [h for h, _ in sorted(values.items(), key=lambda kv: (-abs(kv[1]), kv[0]))[:k]]
+
+
+def most_active(values: dict[str, float], k: int) -> list[str]:
+    """The ``k`` heads (or edges) of largest signed value (ties: name order): the most active, the
+    answer screen's most damaging."""
+    return sorted(values, key=lambda h: (-values[h], h))[:k]
 
 
 def quality(estimate: dict[str, float], exact: dict[str, float], k: int = 10, within: Sequence[int] = (10, 30)
@@ -336,15 +350,13 @@ class RankResult:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        known = [h for h in self.exact if h in self.estimate]
-        rho = spearman([abs(self.estimate[h]) for h in known], [abs(self.exact[h]) for h in known]) if len(known) > 2 else None
         return {
             "model": self.config.get("model"), "task": self.config.get("task"), "n": self.config.get("n"),
             "method": self.method, "ablation": self.ablation, "margin": self.margin, "metric": self.metric,
             "clean": self.clean, "clean_acc": self.clean_acc, "verified": len(self.verified), "audited": self.audited,
             "matter": self.matter(), "helpful_when_ablated": self.helpful_when_ablated(),
-            "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
-            "sign_flips": self.sign_flips(),
+            "spearman_verified": spearman_verified(self.estimate, self.exact),
+            "bound": self.bound.to_json() if self.bound else None, "sign_flips": self.sign_flips(),
             "seconds": self.seconds, "ranking": self.ranking(),
             **({"screen": self.screen} if self.screen else {}),
         }
@@ -507,7 +519,7 @@ class RankOptions(Options):
 
 def reported_top(exact: dict[str, float], top: int) -> set[str]:
     """The ``top`` heads whose ablation hurts most (signed exact effect, largest first)."""
-    return set(sorted(exact, key=lambda h: (-exact[h], h))[:top])
+    return set(most_active(exact, top))
 
 
 def widen_until_stable(order: Sequence[str], exact: dict[str, float], widen: int, top: int,
@@ -529,17 +541,16 @@ def widen_until_stable(order: Sequence[str], exact: dict[str, float], widen: int
     return widened
 
 
-def _to_verify(order: list[str], verify_top: int, layers: set[int], audit: int, seed: int,
-               also: Sequence[str] = ()) -> tuple[list[HeadId], list[str]]:
-    """The heads to verify exactly, from heads in estimate order: the top ``verify_top``, every head
-    of ``layers`` and the heads ``also`` names (the answer screen's and the activity's top); and a
-    seeded random ``audit`` of the rest (the false-negative bound's sample)."""
-    extra = set(also)
-    chosen = order[:verify_top] + [h for h in order[verify_top:] if HeadId.parse(h).layer in layers or h in extra]
+def choose_verified(order: list[str], top: int, audit: int, seed: int, also: Sequence[str] = (),
+                    by_estimate: bool = True) -> tuple[list[str], list[str]]:
+    """What ``rank`` and ``edges`` verify exactly, from heads (or edges) in estimate order: the top
+    ``top``, then those of ``also`` not among them, in ``also``'s order; and a seeded uniform audit
+    of the rest (the false-negative bound's sample), in estimate order (``by_estimate``) or by name."""
+    chosen = list(dict.fromkeys([*order[:top], *also]))
     picked = set(chosen)
     pool = [h for h in order if h not in picked]
-    audited = sorted(random.Random(seed).sample(pool, min(audit, len(pool))), key=order.index)
-    return [HeadId.parse(h) for h in chosen], audited
+    audited = random.Random(seed).sample(pool, min(audit, len(pool)))
+    return chosen, sorted(audited, key=order.index if by_estimate else None)
 
 
 def _screened(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], margin: str, progress: bool, secs: dict[str, float]) -> dict[str, float]:
@@ -577,22 +588,9 @@ def rank_heads(
     ``scatter.png`` and ``verify_heatmap.png`` are written there.
     """
     o = _rank_options(options, overrides)
-    if not 0.0 < confidence < 1.0:
-        raise GandaError("confidence must be between 0 and 1")
-    if batch_tokens is not None and batch_tokens < 1:
-        raise GandaError("batch_tokens must be at least 1")
-    verify_layers = layer_list(o.verify_layers, "verify_layers")
-    if heads is None and o.heads:
-        heads = expand(o.heads, adapter)
-    if not examples:
-        raise GandaError("no examples to rank heads on")
     t0, c0 = time.perf_counter(), time.process_time()
+    head_list, verify_layers = _ranked_heads(adapter, examples, o, heads, confidence, batch_tokens)
     out = Path(out_dir) if out_dir is not None else None
-    head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
-    n_layers = len(adapter.decoder_layers())
-    bad = [x for x in verify_layers if not 0 <= x < n_layers]
-    if bad:
-        raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
     names = [str(h) for h in head_list]
     cfg = {"model": adapter.spec, "n": len(examples), **(config or {}), "verify_top": o.verify_top,
            "verify_layers": sorted(set(verify_layers)), "audit": o.audit, "graddrop_blocks": None,
@@ -604,26 +602,20 @@ def rank_heads(
     screened: dict[str, float] = {}
     activity: dict[str, float] = {}
     if o.method == "exact":
-        chosen, audited = list(head_list), []
+        chosen, audited = list(names), []
     else:
         att, screened, activity, also = _estimated(adapter, examples, head_list, o, batch_tokens=batch_tokens, out=out,
                                                    resume=resume, progress=progress, secs=secs)
         cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
         estimate = att.by_head()
-        chosen, audited = _to_verify([names[i] for i in att.order()], o.verify_top, set(verify_layers), o.audit, seed, also)
-    by_name = {str(h): h for h in head_list}
-    to_verify = sorted({by_name[str(h)] for h in chosen} | {by_name[h] for h in audited})
-    checks = _ExactChecks(adapter, examples, head_list, att, o, batch_tokens=batch_tokens, resume=resume,
-                          progress=progress, task=cfg.get("task"), secs=secs)
-    vdir = out / "verify" if out is not None else None
-    if to_verify:
-        checks.measure(to_verify, vdir)
-    widened: list[str] = []
-    if o.widen and att is not None and to_verify:  # more heads by estimate until the reported top holds
-        widened = widen_until_stable([names[i] for i in att.order()], checks.exact, o.widen, o.top, lambda batch, k: checks.measure(
-            [by_name[h] for h in batch], vdir / f"widen-{k}" if vdir else None))
+        order = [names[i] for i in att.order()]
+        also = {*also, *(str(h) for h in head_list if h.layer in verify_layers)}  # in estimate order below
+        chosen, audited = choose_verified(order, o.verify_top, o.audit, seed, [h for h in order if h in also])
+    checks = _ExactChecks(adapter, examples, head_list, att, o, resume=resume, progress=progress, task=cfg.get("task"),
+                          secs=secs)
+    widened = checks.rounds([*chosen, *audited], o.widen, o.top, out / "verify" if out is not None else None)
     cfg["widened"] = len(widened)
-    verified = [str(h) for h in chosen] + widened
+    verified = chosen + widened
     bound = bound_at_top(estimate, checks.exact, verified, audited, o.threshold, o.top, confidence) if o.method != "exact" else None
     secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
     res = RankResult(o.method, o.ablation, o.margin, names, estimate, checks.exact, verified, audited, checks.clean, bound, att,
@@ -631,6 +623,28 @@ def rank_heads(
     if out is not None:
         res.write(out)
     return res
+
+
+def _ranked_heads(adapter: ModelAdapter, examples: Sequence[Example], o: RankOptions, heads: Sequence[HeadId] | None,
+                  confidence: float, batch_tokens: int | None) -> tuple[list[HeadId], list[int]]:
+    """The heads :func:`rank_heads` ranks (``heads``, else the ``heads`` option's, else every head;
+    canonical, in order) and the layers ``verify_layers`` names, once the arguments beside the
+    options are checked."""
+    if not 0.0 < confidence < 1.0:
+        raise GandaError("confidence must be between 0 and 1")
+    if batch_tokens is not None and batch_tokens < 1:
+        raise GandaError("batch_tokens must be at least 1")
+    verify_layers = layer_list(o.verify_layers, "verify_layers")
+    if heads is None and o.heads:
+        heads = expand(o.heads, adapter)
+    if not examples:
+        raise GandaError("no examples to rank heads on")
+    head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
+    n_layers = len(adapter.decoder_layers())
+    bad = [x for x in verify_layers if not 0 <= x < n_layers]
+    if bad:
+        raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
+    return head_list, verify_layers
 
 
 def _rank_options(options: RankOptions | None, overrides: dict[str, Any]) -> RankOptions:
@@ -656,8 +670,7 @@ def _estimated(adapter: ModelAdapter, examples: Sequence[Example], head_list: li
     secs.update({"attribution": att.seconds, "attribution_cpu": att.cpu_seconds})
     screened = _screened(adapter, examples, head_list, o.margin, progress, secs) if o.screen else {}
     activity = att.activity()
-    also = sorted(screened, key=lambda h: (-screened[h], h))[:o.screen]
-    also += sorted(activity, key=lambda h: (-activity[h], h))[:o.active]
+    also = most_active(screened, o.screen) + most_active(activity, o.active)
     return att, screened, activity, also
 
 
@@ -667,10 +680,10 @@ class _ExactChecks:
     scores the intact model too, so ``clean`` is the exact pass's baseline, not attribution's."""
 
     def __init__(self, adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId],
-                 att: Attribution | None, o: RankOptions, *, batch_tokens: int | None, resume: bool, progress: bool,
-                 task: Any, secs: dict[str, float]) -> None:
+                 att: Attribution | None, o: RankOptions, *, resume: bool, progress: bool, task: Any,
+                 secs: dict[str, float]) -> None:
         self.adapter, self.examples, self.head_list, self.att = adapter, examples, head_list, att
-        self.ablation, self.margin, self.batch_tokens, self.batch_heads = o.ablation, o.margin, batch_tokens, o.batch_heads
+        self.ablation, self.margin, self.batch_heads = o.ablation, o.margin, o.batch_heads
         self.resume, self.progress, self.secs = resume, progress, secs
         self.vcfg = {"task": task, "ablation": o.ablation}
         self.golds = [ex.gold for ex in examples]
@@ -679,6 +692,20 @@ class _ExactChecks:
         self.clean = att.clean if att is not None else float("nan")
         self.clean_acc: float | None = None
 
+    def rounds(self, heads: list[str], widen: int, top: int, where: Path | None) -> list[str]:
+        """The exact effects of ``heads`` (resumable in ``where``), then with ``widen`` of the next
+        ``widen`` heads by estimate, round after round, until the reported top holds
+        (:func:`widen_until_stable`, round k in ``where/widen-k``); returns the heads those rounds added."""
+        if not heads:
+            return []
+        by_name = {str(h): h for h in self.head_list}
+        self.measure(sorted(by_name[h] for h in heads), where)
+        if not widen or self.att is None:
+            return []
+        order = [str(self.att.heads[i]) for i in self.att.order()]
+        return widen_until_stable(order, self.exact, widen, top, lambda batch, k: self.measure(
+            [by_name[h] for h in batch], where / f"widen-{k}" if where else None))
+
     def measure(self, hs: list[HeadId], where: Path | None) -> None:
         """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""
         t1, c1 = time.perf_counter(), time.process_time()
@@ -686,9 +713,8 @@ class _ExactChecks:
             base, lls = _exact_zero(self.adapter, self.examples, hs, where, self.resume, self.progress, self.vcfg,
                                     self.batch_heads)
         else:
-            means = self.att.means if self.att is not None else attribute(
-                self.adapter, self.examples, method="atp", ablation="mean", margin=self.margin, heads=self.head_list,
-                batch_tokens=self.batch_tokens, progress=False).means
+            means = self.att.means if self.att is not None else reference_means(self.adapter, self.examples,
+                                                                                 self.adapter.mixers())
             base, lls = _exact_mean(self.adapter, self.examples, hs, means, where, self.resume, self.progress, self.vcfg)
         golds, margin = self.golds, self.margin
         self.clean, self.clean_acc = metric_value(base, golds, margin), accuracy(base, golds)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import csv
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,16 +47,19 @@ from .. import runio
 from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import (
     ACTIVE_EDGES,
-    batch_metric,
-    index_pairs,
+    _Engine,
     margin_of,
     metric_value,
+    output_cotangent,
+    replay_layer,
 )
 from ..attribution.ranking import (
     MARGIN_HELP,
     Bound,
     bound_at_top,
-    spearman,
+    choose_verified,
+    most_active,
+    spearman_verified,
     top_by_magnitude,
     widen_until_stable,
 )
@@ -66,7 +68,7 @@ from ..errors import GandaError
 from ..heads import HeadId, expand
 from ..intervals import bounds
 from ..interventions import z_point
-from ..models.base import Mixer, ModelAdapter
+from ..models.base import ModelAdapter
 from ..models.components import residual_write_scale
 from ..models.ssm.common import ssm_torch_path
 from ..options import Options, option
@@ -78,7 +80,7 @@ from ..sweep import weights_fingerprint
 from ..tasks.base import Example
 from .ablation import per_prompt
 from .costs import edges_batch_tokens
-from .paths import PathBatch, Variant, check_paths, run_layer
+from .paths import PathBatch, Variant, check_paths, run_layer, sender_write
 
 
 def edge_name(sender: HeadId | str, receiver: HeadId | str) -> str:
@@ -126,38 +128,17 @@ class _EdgeEngine:
         self.adapter, self.margin, self.means = adapter, margin, means
         self.senders, self.receivers = senders, receivers
         self.layers = list(adapter.active_layers())
-        self.by_layer: dict[int, list[Mixer]] = {}
-        for m in adapter.mixers():
-            self.by_layer.setdefault(m.layer, []).append(m)
-        self.heads = adapter.heads()
-        self.head_col = {h: i for i, h in enumerate(self.heads)}
+        self.nodes = _Engine(adapter, adapter.heads(), "zero", margin, graddrop=False)  # every head's plain AtP
+        self.heads = self.nodes.heads
         self.recv_col = {h: j for j, h in enumerate(receivers)}
-        self._index: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # built once per mixer
-        self._recv_index: dict[int, torch.Tensor] = {}  # ... and per receiver layer
+        self._recv_index: dict[int, torch.Tensor] = {}  # built once per receiver layer
 
     def _writes(self, zs: dict[str, torch.Tensor], rows: int, width: int, d: int) -> torch.Tensor:
         """Every sender's write ``[rows, senders, width·d]`` (fp32), senders in list order."""
         out = torch.empty((rows, len(self.senders), width * d), dtype=torch.float32, device=self.adapter.device)
         for i, s in enumerate(self.senders):
-            mixer = self.adapter.mixer_of(s)
-            sl = mixer.head_slice(s.head)
-            scale = residual_write_scale(self.adapter, mixer)
-            z = zs[z_point(mixer)][..., sl].float()
-            if self.means is not None:  # mean ablation removes z - μ (ganda.ablation)
-                z = z - self.means[(mixer.layer, mixer.kind)][sl].to(z.device)
-            w = torch.nn.functional.linear(z, mixer.out_proj.weight[:, sl].float())
-            out[:, i] = (w * float(scale or 0.0)).reshape(rows, -1)
+            out[:, i] = sender_write(self.adapter, s, zs[z_point(self.adapter.mixer_of(s))], self.means).reshape(rows, -1)
         return out
-
-    def _replay(self, calls: LayerCalls, pos: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Mixer, torch.Tensor]],
-                                                            list[str]]:
-        layer = self.layers[pos]
-        mixers = self.by_layer.get(layer, [])
-        points = [z_point(m) for m in mixers]
-        with torch.enable_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, points, detach=False) as tr:
-            x = calls.inputs[pos].detach().requires_grad_(True)  # type: ignore[index]
-            out = calls.run(pos, x)
-        return x, out, [(m, tr[p]) for m, p in zip(mixers, points, strict=True)], list(tr.values)
 
     def _receiver_grads(self, calls: LayerCalls, pos: int, dz: dict[str, torch.Tensor], fired: list[str],
                         recv: list[HeadId]) -> torch.Tensor:
@@ -193,19 +174,19 @@ class _EdgeEngine:
         scores = torch.zeros((len(self.senders), len(self.receivers)), device=dev)
         activity = torch.zeros_like(scores)
         atp = torch.zeros((n_items, len(self.heads)), device=dev)
-        with torch.enable_grad():
-            assert calls.final is not None
-            top = calls.final.detach().requires_grad_(True)
-            total, lls = batch_metric(self.adapter, batch, top, self.margin)
-            (cot,) = torch.autograd.grad(total, [top])
+        cot, lls = output_cotangent(self.adapter, batch, calls, self.margin)
         s_layers = torch.tensor([s.layer for s in self.senders], dtype=torch.long)
         for pos in reversed(range(len(self.layers))):
             layer = self.layers[pos]
-            x, out, zs, fired = self._replay(calls, pos)
-            grads = torch.autograd.grad(out, [x] + [z for _, z in zs], grad_outputs=cot.to(out.dtype),
+            mixers = self.nodes.by_layer.get(layer, [])
+            x, out, tr = replay_layer(self.adapter, calls, pos, [z_point(m) for m, _ in mixers])
+            zs, fired = [(m, cols, tr[z_point(m)]) for m, cols in mixers], list(tr.values)
+            grads = torch.autograd.grad(out, [x] + [z for *_, z in zs], grad_outputs=cot.to(out.dtype),
                                         allow_unused=True)
-            dz = {z_point(m): (g if g is not None else torch.zeros_like(z)) for (m, z), g in zip(zs, grads[1:], strict=True)}
-            self._node_atp(atp, zs, dz, batch)
+            dz = {z_point(m): (g if g is not None else torch.zeros_like(z)) for (m, _, z), g in zip(zs, grads[1:], strict=True)}
+            for (_, vals), (hsel, csel) in zip(self.nodes._heads_of(zs, grads[1:], batch, n_items),
+                                               self.nodes._layer_index(layer, dev), strict=True):
+                atp[:, csel] = vals[:, hsel]
             recv = [r for r in self.receivers if r.layer == layer]
             below = int((s_layers < layer).sum())  # senders are sorted by layer: the first ``below``
             if recv and below and writes is not None:
@@ -224,25 +205,6 @@ class _EdgeEngine:
         if layer not in self._recv_index:
             self._recv_index[layer] = torch.tensor([self.recv_col[r] for r in recv], device=self.adapter.device)
         return self._recv_index[layer]
-
-    def _head_cols(self, m: Mixer) -> tuple[torch.Tensor, torch.Tensor]:
-        """(heads of ``m`` that are columns of the AtP table, their columns), on the device."""
-        key = (z_point(m), m.layer)
-        if key not in self._index:
-            self._index[key] = index_pairs([(h, self.head_col[c]) for h in range(m.num_heads)
-                                            if (c := self.adapter.canonical(HeadId(m.layer, h, m.kind))) in self.head_col],
-                                           self.adapter.device)
-        return self._index[key]
-
-    def _node_atp(self, atp: torch.Tensor, zs: list[tuple[Mixer, torch.Tensor]], dz: dict[str, torch.Tensor],
-                  batch: Batch) -> None:
-        for m, z in zs:
-            g = dz[z_point(m)]
-            rows, w = z.shape[0], z.shape[1]
-            prod = (z.detach().float() * g.float()).reshape(rows, w, m.num_heads, m.head_dim).sum((1, 3))
-            vals = prod.new_zeros((len(batch.items), m.num_heads)).index_add_(0, batch.row_example.to(prod.device), prod)
-            heads, cols = self._head_cols(m)
-            atp[:, cols] = vals[:, heads].to(atp.dtype)
 
 
 def _layer_span(layers: list[int]) -> str:
@@ -400,14 +362,11 @@ class EdgeRanking:
         return out
 
     def to_json(self, limit: int = 100) -> dict[str, Any]:
-        known = [e for e in self.exact if e in self.estimate]
-        rho = spearman([abs(self.estimate[e]) for e in known], [abs(self.exact[e]) for e in known]) \
-            if len(known) > 2 else None
         return {"model": self.config.get("model"), "task": self.config.get("task"), "n": self.config.get("n"),
                 "paths": self.paths, "margin": self.scores.margin, "clean": self.clean,
                 "edges": len(self.estimate), "verified": self.verified, "audited": self.audited,
-                "spearman_verified": rho, "bound": self.bound.to_json() if self.bound else None,
-                "seconds": self.seconds, "atp": self.scores.atp, "ranking": self.rows(limit)}
+                "spearman_verified": spearman_verified(self.estimate, self.exact),
+                "bound": self.bound.to_json() if self.bound else None, "seconds": self.seconds, "atp": self.scores.atp, "ranking": self.rows(limit)}
 
     def write(self, out_dir: str | Path) -> None:
         """``edges.json`` (the top 100 edges and every exactly known one), ``edges.csv`` (every edge)."""
@@ -430,23 +389,6 @@ def bound_sentence(b: Bound) -> str:
         s += (f"; the audit's largest |exact|/|estimate|, {b.ratio_max:.3g}, puts {len(b.at_risk):,} edge(s) at risk"
               + (f" ({', '.join(b.at_risk[:5])}{', ...' if len(b.at_risk) > 5 else ''})" if b.at_risk else ""))
     return s + "."
-
-
-def _to_verify(order: list[str], top: int, audit: int, seed: int, also: Sequence[str] = ()) -> tuple[list[str], list[str]]:
-    """The top ``top`` by estimate, then ``also`` (the most active edges) not among them, and a
-    seeded uniform audit of the rest."""
-    chosen = order[:top]
-    seen = set(chosen)
-    chosen += [e for e in also if e not in seen]
-    seen.update(also)
-    rest = [e for e in order if e not in seen]
-    audited = sorted(random.Random(seed).sample(rest, min(audit, len(rest))))
-    return chosen, audited
-
-
-def most_active(activity: dict[str, float], k: int) -> list[str]:
-    """The ``k`` edges with the largest mean |estimate| per prompt (ties by name)."""
-    return sorted(activity, key=lambda e: (-activity[e], e))[:k]
 
 
 @dataclass
@@ -512,7 +454,8 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], options: Edge
                               batch_tokens=batch_tokens, progress=progress, means=means)
     est = sc.by_edge()
     order = top_by_magnitude(est, len(est))
-    chosen, audited = _to_verify(order, o.verify_top, o.audit, seed, most_active(sc.by_edge(sc.activity), o.active))
+    chosen, audited = choose_verified(order, o.verify_top, o.audit, seed, most_active(sc.by_edge(sc.activity), o.active),
+                                      by_estimate=False)
     checks = _EdgeChecks(adapter, examples, sc.clean_logliks, margin=o.margin, seed=seed, means=means, out_dir=out_dir,
                          resume=resume, progress=progress)
     with cpu_clock() as c2:

@@ -83,6 +83,22 @@ def check_paths(adapter: ModelAdapter, paths: str, senders: Sequence[HeadId] = (
                                  "direct path (use paths 'all')")
 
 
+def sender_write(adapter: ModelAdapter, sender: HeadId, z: torch.Tensor,
+                 means: dict[tuple[int, str], torch.Tensor] | None = None) -> torch.Tensor:
+    """The sender's write into the residual stream, ``c · W_O[:, S] z_S`` (fp32), from its mixer's
+    output-projection input ``z``; with ``means`` (mean ablation) what the write differs from its
+    mean's by, ``c · W_O[:, S] (z_S - μ_S)``: what a direct path removes."""
+    mixer = adapter.mixer_of(sender)
+    scale = residual_write_scale(adapter, mixer)
+    if scale is None:
+        raise GandaError(f"{sender} has no direct write into the residual stream")
+    sl = mixer.head_slice(sender.head)
+    zs = z[..., sl].float()
+    if means is not None:
+        zs = zs - means[(mixer.layer, mixer.kind)][sl].to(zs.device)
+    return scale * F.linear(zs, mixer.out_proj.weight[:, sl].float())
+
+
 def check_parts(adapter: ModelAdapter, receiver: HeadId, parts: Sequence[str]) -> list[str]:
     """The parts asked for, each one of the receiver's (or ``together``); refused in one line."""
     parts = [p.strip() for p in parts if p.strip()]
@@ -182,17 +198,9 @@ class PathBatch:
         return tr[point]
 
     def write(self, sender: HeadId) -> torch.Tensor:
-        """The sender's write into the residual stream, ``c · W_O[:, S] z_S`` ``[B, W, d]`` (fp32)."""
+        """The sender's write into the residual stream (:func:`sender_write`) ``[B, W, d]``."""
         if sender not in self._writes:
-            mixer = self.adapter.mixer_of(sender)
-            scale = residual_write_scale(self.adapter, mixer)
-            if scale is None:
-                raise GandaError(f"{sender} has no direct write into the residual stream")
-            sl = mixer.head_slice(sender.head)
-            z = self.z_of(sender)[..., sl].float()
-            if self.means is not None:  # mean ablation removes z - μ, what the slice differs from its mean by
-                z = z - self.means[(mixer.layer, mixer.kind)][sl].to(z.device)
-            self._writes[sender] = scale * F.linear(z, mixer.out_proj.weight[:, sl].float())
+            self._writes[sender] = sender_write(self.adapter, sender, self.z_of(sender), self.means)
         return self._writes[sender]
 
     def sender_everywhere(self, sender: HeadId) -> list[LogLiks]:
@@ -325,4 +333,5 @@ def _take_edit(vals: torch.Tensor, take: torch.Tensor, rows: int) -> Edit:
     return edit
 
 
-__all__ = ["PATHS", "TOGETHER", "PathBatch", "Variant", "check_parts", "check_paths", "parse_pair", "run_layer"]
+__all__ = ["PATHS", "TOGETHER", "PathBatch", "Variant", "check_parts", "check_paths", "parse_pair", "run_layer",
+           "sender_write"]
