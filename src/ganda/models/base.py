@@ -617,17 +617,3 @@ class ModelAdapter(ABC):
                              "tokenizer_config.json beside its weights); copy the tokenizer files into the model "
                              "directory")
         return self.tokenizer
-
-    def describe(self) -> dict[str, Any]:
-        """A JSON-able summary (family, layers, mixers and head counts)."""
-        return {
-            "spec": self.spec,
-            "family": self.family,
-            "class": type(self.model).__name__,
-            "num_layers": self.num_layers,
-            "mixers": [
-                {"layer": m.layer, "kind": m.kind, "num_heads": m.num_heads, "head_dim": m.head_dim}
-                for m in self.mixers()
-            ],
-            "n_ctx": self.n_ctx,
-        }

@@ -45,9 +45,6 @@ class Placement:
         """What ``from_pretrained`` takes to load straight into this placement."""
         return {"device_map": self.device_map, "offload_folder": str(self.offload_folder)}
 
-    def describe(self) -> dict[str, Any]:
-        return {"device_map": self.device_map, "offload_folder": str(self.offload_folder)}
-
 
 def _device_value(module: str, value: Any, source: str) -> str | int:
     if isinstance(value, bool) or not isinstance(value, (str, int)):

@@ -11,8 +11,6 @@ lists a head in every invocation of a block, to ablate them all.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from ...errors import GandaError
@@ -31,11 +29,6 @@ class Zamba2Adapter(HybridAdapterBase):
             block = layer.shared_transformer
             return block.self_attn, layer.mamba_decoder.mamba, block.block_id
         return None, layer.mamba, None
-
-    def describe(self) -> dict[str, Any]:
-        d = super().describe()
-        d["shared_blocks"] = self.shared_blocks()
-        return d
 
     def block_heads(self, block: int | str, heads: list[int] | None = None) -> list[HeadId]:
         """Head ids of ``heads`` (default all) in *every* invocation of a shared block."""
