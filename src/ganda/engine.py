@@ -180,14 +180,8 @@ class Trace:
 
     def _pre_z(self, name: str) -> Callable[..., Any]:
         def hook(_m: Any, args: tuple[Any, ...]) -> Any:
-            x = args[0]
-            fn = self.edit.get(name)
-            if fn is None:
-                self._store(name, x)
-                return None
-            x = fn(x)
-            self._store(name, x)
-            return (x, *args[1:])
+            x = self._edit_and_store(name, args[0])
+            return None if x is None else (x, *args[1:])
 
         return hook
 
