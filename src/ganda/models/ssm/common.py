@@ -448,14 +448,17 @@ def mamba2_params(mixer_module: nn.Module, proj: torch.Tensor) -> tuple[SSMParam
 class HybridAdapterBase(SSMAdapterBase):
     """Hybrids: every decoder layer runs an attention module, an SSM mixer, or both (attention first).
 
-    A family says which modules a layer holds (:meth:`layer_parts`); the mixers follow: query
-    heads of the attention module (Llama-style ``o_proj``, ``config.num_attention_heads``) and the
-    SSM's heads as :meth:`ssm_mixer` counts them.
+    :meth:`layer_parts` says which modules a layer holds; the mixers follow: query heads of the
+    attention module (Llama-style ``o_proj``, ``config.num_attention_heads``) and the SSM's heads
+    as :meth:`ssm_mixer` counts them. Hybrids continue from transformers' cache (``past_key_values``).
     """
 
+    prefix_cache_kwarg = "past_key_values"
+
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
-        """(attention module or None, SSM module or None, shared block id or None) of one decoder layer."""
-        raise NotImplementedError
+        """(attention module or None, SSM module or None, shared block id or None) of one decoder layer:
+        its ``self_attn`` and ``mamba`` where it has them (Bamba, Jamba, Falcon-H1), no shared block."""
+        return getattr(layer, "self_attn", None), getattr(layer, "mamba", None), None
 
     def _build_mixers(self) -> list[Mixer]:
         n_heads = self.model.config.num_attention_heads

@@ -20,7 +20,6 @@ from .common import HybridAdapterBase
 
 class Zamba2Adapter(HybridAdapterBase):
     family = "zamba2"
-    prefix_cache_kwarg = "past_key_values"
     model_types = {"zamba2": "Zamba2 (hybrid)"}
     layer_index_arg = (2, "layer_idx")  # Zamba2Model calls layer(h, orig_h, layer_idx, ...)
 
