@@ -310,7 +310,6 @@ class KeepHeads(Intervention):
             where = f"layers {compress_ranges(layers)}" + (f" ({self.kind})" if self.kind else "")
             raise GandaError(f"KeepHeads: {ignored[0]} is not in the mixers it acts on ({where})")
         label = f"keep-heads in layers {compress_ranges(layers)}"
-        adapter.require_active(layers, label)
         edits = {z_point(m): edit_for(adapter, m, head_mask(m, kept, keep=True)) for m, kept in plan}
         with _edit_layers(adapter, layers, label, edits):
             yield
