@@ -31,7 +31,7 @@ from ganda.circuit.edges import edge_attribution, edge_positions, parse_edge, ra
 from ganda.engine import Trace
 from ganda.errors import GandaError
 from ganda.heads import HeadId
-from ganda.interventions import AblateHeads, head_mask, mask_edit, z_point
+from ganda.interventions import AblateHeads, edit_for, head_mask, z_point
 from ganda.models.components import residual_write_scale
 from ganda.models.ssm.common import torch_path
 from ganda.prepared import make_batch, plan_batches
@@ -240,7 +240,7 @@ def test_sender_write_is_what_the_residual_stream_gets():
             return frozen.setdefault("out", out)
 
         mixer = ad.mixer_of(s)
-        edit = {z_point(mixer): mask_edit(ad, head_mask(mixer, [s.head]))}
+        edit = {z_point(mixer): edit_for(ad, mixer, head_mask(mixer, [s.head]))}
         handle = mlp.register_forward_hook(keep) if mlp is not None else None
         try:
             base, _ = pb.run_from(s.layer, pb.input(s.layer), stop=s.layer)  # the MLP's intact output is kept

@@ -7,7 +7,7 @@ import torch
 from checks import tiny_model
 
 import ganda
-from ganda.engine import Trace, final_logits, layer_returns, run_layers
+from ganda.engine import Trace, layer_returns, run_layers
 from ganda.errors import GandaError
 from ganda.interventions import AblateHeads, RemoveLayers
 
@@ -40,7 +40,7 @@ def test_points_have_their_shapes_and_values(adapter):
     assert tr[z].shape == (2, 11, m.num_heads * m.head_dim)
     assert isinstance(tr["L1.kwargs"], dict) and "hidden_states" not in tr["L1.kwargs"]
     # the final residual through the model's own norm and LM head gives its logits
-    assert torch.allclose(final_logits(adapter, tr[f"L{last}.resid_out"][1]), logits[1], atol=1e-5)
+    assert torch.allclose(adapter.unembed(tr[f"L{last}.resid_out"][1]), logits[1], atol=1e-5)
 
 
 def test_run_from_layer_k_and_stop_after_layer_m(adapter):

@@ -1,8 +1,8 @@
 """What an ablated head's slice becomes: zero, its mean, or another prompt's value.
 
 Every command that ablates heads takes ``--ablation zero|mean|resample`` and runs it through
-:class:`ganda.interventions.AblateHeads` (the sweep's batched rows through :func:`row_edit`,
-the same operation), at the output-projection input of the head's mixer:
+:class:`ganda.interventions.AblateHeads` (the sweep's batched rows through the same
+:func:`edit_for`), at the output-projection input of the head's mixer:
 
 * **zero** (the default): the slice is set to 0, which removes the head's write to the residual
   stream exactly.
@@ -27,7 +27,7 @@ the same operation), at the output-projection input of the head's mixer:
 from __future__ import annotations
 
 from .errors import GandaError
-from .interventions import ABLATIONS, Donors, check_ablation, edit_for, reference_data, row_edit
+from .interventions import ABLATIONS, Donors, check_ablation, edit_for, reference_data
 from .scoring import REFERENCE_ROWS, context_ids, reference_donors, reference_means
 
 
@@ -43,4 +43,4 @@ def check_batched_ablation(how: str, flag: str = "--ablation", what: str = "this
 
 
 __all__ = ["ABLATIONS", "REFERENCE_ROWS", "Donors", "check_ablation", "check_batched_ablation", "context_ids",
-           "edit_for", "reference_data", "reference_donors", "reference_means", "row_edit"]
+           "edit_for", "reference_data", "reference_donors", "reference_means"]

@@ -28,7 +28,7 @@ Head h of a mixer is the slice ``h * head_dim : (h + 1) * head_dim`` of its ``z`
   arguments: masks, positions, rotary embeddings) and, where asked, each layer's input; it then
   reruns single layers on new hidden states (batched over copies, with or without autograd), so
   the sweep's layer skipping and attribution's layer-by-layer backward share one replay.
-* :func:`final_logits` applies the model's final norm and LM head to residual vectors
+* :func:`logprobs` applies the model's final norm and LM head to residual vectors
   (:meth:`ModelAdapter.unembed`, the one output head every analysis reads through).
 
 Everything goes through the adapter (its layer list, layer edits and output-projection hooks,
@@ -180,14 +180,8 @@ class Trace:
 
     def _pre_z(self, name: str) -> Callable[..., Any]:
         def hook(_m: Any, args: tuple[Any, ...]) -> Any:
-            x = args[0]
-            fn = self.edit.get(name)
-            if fn is None:
-                self._store(name, x)
-                return None
-            x = fn(x)
-            self._store(name, x)
-            return (x, *args[1:])
+            x = self._edit_and_store(name, args[0])
+            return None if x is None else (x, *args[1:])
 
         return hook
 
@@ -237,12 +231,6 @@ def run_layers(
         assert logits is not None
         out["logits"] = logits[at] if at is not None else logits
     return out
-
-
-def final_logits(adapter: ModelAdapter, resid: torch.Tensor) -> torch.Tensor:
-    """The model's final norm and LM head on residual-stream vectors ``[..., d_model]`` ->
-    ``[..., V]`` (:meth:`ModelAdapter.unembed`)."""
-    return adapter.unembed(resid)
 
 
 def logprobs(adapter: ModelAdapter, resid: torch.Tensor) -> torch.Tensor:

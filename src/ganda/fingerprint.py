@@ -81,12 +81,12 @@ def _digest(entries: list[Any]) -> str:
     return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def block_ranges(n: int, block: int) -> list[tuple[int, int]]:
-    """``BLOCKS`` ranges ``(start, stop)`` of ``block`` units each, evenly spaced over ``n`` units,
+def block_ranges(n: int, block: int, blocks: int = BLOCKS) -> list[tuple[int, int]]:
+    """``blocks`` ranges ``(start, stop)`` of ``block`` units each, evenly spaced over ``n`` units,
     the first at 0 and the last ending at ``n`` (one range ``(0, n)`` when they would cover it)."""
-    if n <= BLOCKS * block:
+    if n <= blocks * block:
         return [(0, n)]
-    starts = sorted({(n - block) * k // (BLOCKS - 1) for k in range(BLOCKS)})
+    starts = sorted({(n - block) * k // (blocks - 1) for k in range(blocks)})
     return [(s, s + block) for s in starts]
 
 
@@ -120,17 +120,11 @@ def _file_entry(p: Path, rel: str) -> dict[str, Any]:
                 while chunk := f.read(1 << 20):
                     h.update(chunk)
             else:  # unknown layout, or a header that cannot be read: blocks spread over the file
-                for start, stop in _spread(size, FILE_BLOCKS, BLOCK_BYTES):
+                for start, stop in block_ranges(size, BLOCK_BYTES, FILE_BLOCKS):
                     h.update(os.pread(f.fileno(), stop - start, start))
     except OSError as exc:
         raise GandaError(f"{p}: cannot read it ({exc.strerror or exc})") from None
     return {"name": rel, "size": size, "mtime_ns": st.st_mtime_ns, "sample": h.hexdigest()[:32]}
-
-
-def _spread(n: int, k: int, block: int) -> list[tuple[int, int]]:
-    if n <= k * block:
-        return [(0, n)]
-    return [(s, s + block) for s in sorted({(n - block) * i // (k - 1) for i in range(k)})]
 
 
 def _read_blocks(fd: int, begin: int, end: int, h: Any) -> None:

@@ -47,45 +47,6 @@ def head_mask(mixer: Mixer, heads: Iterable[int], keep: bool = False) -> torch.T
     return mask.reshape(-1)
 
 
-def mask_edit(adapter: ModelAdapter, mask: torch.Tensor, positions: str | None = None) -> Edit:
-    """An edit of a ``z`` point that multiplies it by ``mask`` (``[H*D]``, or ``[B, 1, H*D]``: one
-    mask per batch row, rows repeated head-major when the batch is a multiple of it) at every
-    position, or only at each row's read position of the forward running
-    (:attr:`ModelAdapter.read_positions`; ``positions``: ``"query"``, ``"last"``, or ``"context"``:
-    every position but the query)."""
-
-    def edit(x: torch.Tensor) -> torch.Tensor:
-        m = mask.to(dtype=x.dtype, device=x.device)
-        if m.ndim == 3 and x.shape[0] != m.shape[0]:  # head-major rows: row b owns rows b*C .. b*C+C-1
-            m = m.repeat_interleave(x.shape[0] // m.shape[0], dim=0)
-        if positions is None:
-            return x * m
-        rows, idx = _read_rows(adapter, x, positions)
-        if positions == "context":  # every position before the query (its row kept as it was)
-            keep = x[rows, idx].clone()
-            x = x * m
-            x[rows, idx] = keep
-            return x
-        x = x.clone()
-        x[rows, idx] = x[rows, idx] * m
-        return x
-
-    return edit
-
-
-def _read_rows(adapter: ModelAdapter, x: torch.Tensor, positions: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The (row, position) pairs of ``x`` ``[B, T, ...]`` at which a forward is read."""
-    read = adapter.read_positions
-    rows = torch.arange(x.shape[0], device=x.device)
-    if read is None:  # unpadded or left-padded input: each row's last position
-        return rows, torch.full((x.shape[0],), x.shape[1] - 1, device=x.device)
-    idx = (read.last if positions == "last" else read.query).to(x.device)
-    # a forward over one chunk of a longer sequence (a cached prefix, then its suffix) gets
-    # positions relative to the chunk: a row whose position lies outside it has no query here
-    inside = (idx >= 0) & (idx < x.shape[1])
-    return rows[inside], idx[inside]
-
-
 def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None],
                   means: dict[tuple[int, str], torch.Tensor] | None = None) -> dict[str, Edit]:
     """The edits that zero (``means``: set to its mean, :mod:`ganda.ablation`), in batch row b, head
@@ -97,10 +58,7 @@ def row_ablations(adapter: ModelAdapter, heads: Sequence[HeadId | None],
     for mixer in {id(m): m for m in owners if m is not None}.values():
         masks = torch.stack([head_mask(mixer, [h.head] if h is not None and m is mixer else [])
                              for h, m in zip(heads, owners, strict=True)])[:, None]
-        if means is None:
-            edits[z_point(mixer)] = mask_edit(adapter, masks)
-        else:
-            edits[z_point(mixer)] = row_edit(masks == 0, means[(mixer.layer, mixer.kind)])
+        edits[z_point(mixer)] = edit_for(adapter, mixer, masks, "zero" if means is None else "mean", means)
     return edits
 
 
@@ -160,35 +118,29 @@ class Donors:
 
 
 
-def row_edit(cols: torch.Tensor, mean: torch.Tensor) -> Edit:
-    """The sweep's batched mean ablation: batch row b's columns ``cols[b]`` (``[B, 1, H*D]`` bool,
-    head-major rows repeated when the batch is a multiple of it) set to ``mean``, as
-    :func:`edit_for` sets them."""
-    def edit(x: torch.Tensor) -> torch.Tensor:
-        c = cols.to(x.device)
-        if x.shape[0] != c.shape[0]:
-            c = c.repeat_interleave(x.shape[0] // c.shape[0], dim=0)
-        return torch.where(c, mean.to(dtype=x.dtype, device=x.device), x)
-
-    return edit
-
-
-
 def _positions(adapter: ModelAdapter, x: torch.Tensor, positions: str | None) -> torch.Tensor | None:
-    """``[B, T]`` bool: where a position-restricted ablation acts (None: everywhere)."""
+    """``[B, T]`` bool: where a position-restricted ablation acts (None: everywhere). ``query`` and
+    ``last`` are each row's read position of the forward running (:attr:`ModelAdapter.read_positions`;
+    unpadded or left-padded input: each row's last position), ``context`` every position but the
+    query, a class of :mod:`ganda.sites` the positions of that class."""
     if positions is None:
         return None
+    read = adapter.read_positions
     if positions in CLASS_POSITIONS:
-        read = adapter.read_positions
         if read is None or read.classes is None:
             raise GandaError(f"an ablation at the {positions!r} positions runs on scoring's rows path only "
                              "(eval, demo, extends)")
         return read.classes[positions].to(x.device)
     sel = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
-    rows, idx = _read_rows(adapter, x, "query" if positions == "context" else positions)
-    sel[rows, idx] = True
+    if read is None:
+        sel[:, -1] = True
+    else:
+        idx = (read.last if positions == "last" else read.query).to(x.device)
+        # a forward over one chunk of a longer sequence (a cached prefix, then its suffix) gets
+        # positions relative to the chunk: a row whose position lies outside it has no query here
+        inside = (idx >= 0) & (idx < x.shape[1])
+        sel[torch.arange(x.shape[0], device=x.device)[inside], idx[inside]] = True
     return ~sel if positions == "context" else sel
-
 
 
 def _donor_values(adapter: ModelAdapter, x: torch.Tensor, donors: Donors, point: str) -> torch.Tensor:
@@ -208,15 +160,20 @@ def _donor_values(adapter: ModelAdapter, x: torch.Tensor, donors: Donors, point:
 
 
 
-def edit_for(adapter: ModelAdapter, mixer: Mixer, heads: Sequence[int], how: str, data: Any,
-             positions: str | None) -> Edit:
-    """The edit of ``mixer``'s output-projection input that ablates ``heads`` the ``how`` way
-    (``data``: :func:`reference_data`'s) at ``positions``."""
-    cols = head_mask(mixer, heads) == 0
+def edit_for(adapter: ModelAdapter, mixer: Mixer, mask: torch.Tensor, how: str = "zero", data: Any = None,
+             positions: str | None = None) -> Edit:
+    """The edit of ``mixer``'s output-projection input that ablates the columns ``mask`` zeroes
+    (:func:`head_mask`'s ``[H*D]``, or ``[B, 1, H*D]``: one mask per batch row, rows repeated
+    head-major when the batch is a multiple of it) the ``how`` way (``data``: :func:`reference_data`'s)
+    at ``positions`` (None: every position; :class:`AblateHeads`). Every head ablation, single or
+    batched, zero, mean or resample, is this edit."""
+    cols = mask == 0
     point = z_point(mixer)
 
     def edit(x: torch.Tensor) -> torch.Tensor:
         c = cols.to(x.device)
+        if c.ndim == 3 and x.shape[0] != c.shape[0]:  # head-major rows: row b owns rows b*C .. b*C+C-1
+            c = c.repeat_interleave(x.shape[0] // c.shape[0], dim=0)
         sel = c if (where := _positions(adapter, x, positions)) is None else where[..., None] & c
         if how == "zero":
             value = torch.zeros((), dtype=x.dtype, device=x.device)
@@ -227,8 +184,6 @@ def edit_for(adapter: ModelAdapter, mixer: Mixer, heads: Sequence[int], how: str
         return torch.where(sel, value, x)
 
     return edit
-
-
 
 
 def reference_data(adapter: ModelAdapter, iv: Any, mixers: Sequence[Mixer]) -> Any:
@@ -294,11 +249,8 @@ class AblateHeads(Intervention):
         for h in heads:  # a head of a removed layer would be ablated by nothing: refuse it
             adapter.require_active([h.layer], str(h))
         groups = _group_by_mixer(adapter, heads).values()
-        if self.how == "zero" and self.positions not in CLASS_POSITIONS:
-            edits = {z_point(m): mask_edit(adapter, head_mask(m, hs), self.positions) for m, hs in groups}
-        else:
-            data = reference_data(adapter, self, [m for m, _ in groups])
-            edits = {z_point(m): edit_for(adapter, m, hs, self.how, data, self.positions) for m, hs in groups}
+        data = reference_data(adapter, self, [m for m, _ in groups])
+        edits = {z_point(m): edit_for(adapter, m, head_mask(m, hs), self.how, data, self.positions) for m, hs in groups}
         rows = int(self.how == "resample" or self.positions in CLASS_POSITIONS)
         adapter.row_needs = getattr(adapter, "row_needs", 0) + rows
         try:
@@ -358,8 +310,7 @@ class KeepHeads(Intervention):
             where = f"layers {compress_ranges(layers)}" + (f" ({self.kind})" if self.kind else "")
             raise GandaError(f"KeepHeads: {ignored[0]} is not in the mixers it acts on ({where})")
         label = f"keep-heads in layers {compress_ranges(layers)}"
-        adapter.require_active(layers, label)
-        edits = {z_point(m): mask_edit(adapter, head_mask(m, kept, keep=True)) for m, kept in plan}
+        edits = {z_point(m): edit_for(adapter, m, head_mask(m, kept, keep=True)) for m, kept in plan}
         with _edit_layers(adapter, layers, label, edits):
             yield
 

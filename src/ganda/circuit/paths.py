@@ -49,7 +49,7 @@ from ..attribution.engine import batch_metric
 from ..engine import Edit, LayerCall, LayerCalls, Trace
 from ..errors import GandaError
 from ..heads import HeadId
-from ..interventions import head_mask, mask_edit, z_point
+from ..interventions import head_mask, z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import Site, input_parts, part_names, residual_write_scale
 from ..models.ssm.common import ssm_torch_path
@@ -212,9 +212,8 @@ class PathBatch:
 
     def _sender_edit(self, mixer: Mixer, sender: HeadId) -> Edit:
         """The sender's ablation at its mixer's output-projection input: zero, or its mean."""
-        if self.means is None:
-            return mask_edit(self.adapter, head_mask(mixer, [sender.head]))
-        return edit_for(self.adapter, mixer, [sender.head], "mean", self.means, None)
+        how = "zero" if self.means is None else "mean"
+        return edit_for(self.adapter, mixer, head_mask(mixer, [sender.head]), how, self.means)
 
     def ablated_inputs(self, sender: HeadId, paths: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
         """What the receivers of ``layers`` read: the stream with S removed along the chosen paths."""

@@ -268,6 +268,12 @@ class ModelAdapter(ABC):
                         f"layer {m.layer} ({m.kind}): {m.num_heads} heads of {m.head_dim} do not tile the "
                         f"{m.out_proj.in_features} inputs of its output projection; ganda cannot locate its heads"
                     )
+            # (layer, kind) and (layer, None) -> the mixer (None where the layer has several): head
+            # lookups in O(1), which a Mamba-1 model needs (d_inner heads per layer: ~500k for Falcon-Mamba-7B)
+            self._lookup: dict[tuple[int, str | None], Mixer | None] = {}
+            for m in mixers:
+                self._lookup[(m.layer, m.kind)] = m
+                self._lookup[(m.layer, None)] = None if (m.layer, None) in self._lookup else m
             self._mixers = mixers
         return self._mixers
 
@@ -381,18 +387,16 @@ class ModelAdapter(ABC):
 
     def mixer(self, layer: int, kind: str | None = None) -> Mixer:
         """The mixer of ``layer``; ``kind`` is required only where the layer has several."""
-        found = [m for m in self.mixers() if m.layer == layer and (kind is None or m.kind == kind)]
-        if not found:
-            kinds = self.layer_kinds(layer)
-            if not kinds:
-                raise GandaError(f"layer {layer} out of range, the model has layers 0-{self.num_layers - 1}")
-            raise GandaError(f"layer {layer} has no {kind} mixer (it has: {', '.join(kinds)})")
-        if len(found) > 1:
-            raise GandaError(
-                f"layer {layer} has several mixers ({', '.join(m.kind for m in found)}): "
-                f"name one, e.g. L{layer}.{found[0].kind}H0"
-            )
-        return found[0]
+        self.mixers()
+        found = self._lookup.get((layer, kind))
+        if found is not None:
+            return found
+        kinds = self.layer_kinds(layer)
+        if not kinds:
+            raise GandaError(f"layer {layer} out of range, the model has layers 0-{self.num_layers - 1}")
+        if kind is None:
+            raise GandaError(f"layer {layer} has several mixers ({', '.join(kinds)}): name one, e.g. L{layer}.{kinds[0]}H0")
+        raise GandaError(f"layer {layer} has no {kind} mixer (it has: {', '.join(kinds)})")
 
     def canonical(self, head: HeadId) -> HeadId:
         """Fill in or drop the kind so that equal heads compare equal."""
@@ -402,8 +406,8 @@ class ModelAdapter(ABC):
                 f"{head}: head {head.head} out of range, layer {head.layer} ({mixer.kind}) "
                 f"has heads 0-{mixer.num_heads - 1}"
             )
-        kind = mixer.kind if len(self.layer_kinds(head.layer)) > 1 else None
-        return HeadId(head.layer, head.head, kind)
+        single = self._lookup.get((head.layer, None)) is not None
+        return HeadId(head.layer, head.head, None if single else mixer.kind)
 
     def mixer_of(self, head: HeadId) -> Mixer:
         return self.mixer(head.layer, head.kind)
@@ -413,7 +417,8 @@ class ModelAdapter(ABC):
         out = []
         for m in self.mixers():
             if kind is None or m.kind == kind:
-                out.extend(self.canonical(HeadId(m.layer, h, m.kind)) for h in range(m.num_heads))
+                k = None if self._lookup.get((m.layer, None)) is not None else m.kind
+                out.extend(HeadId(m.layer, h, k) for h in range(m.num_heads))
         return out
 
     # ---- hooks ----------------------------------------------------------------------------
@@ -617,17 +622,3 @@ class ModelAdapter(ABC):
                              "tokenizer_config.json beside its weights); copy the tokenizer files into the model "
                              "directory")
         return self.tokenizer
-
-    def describe(self) -> dict[str, Any]:
-        """A JSON-able summary (family, layers, mixers and head counts)."""
-        return {
-            "spec": self.spec,
-            "family": self.family,
-            "class": type(self.model).__name__,
-            "num_layers": self.num_layers,
-            "mixers": [
-                {"layer": m.layer, "kind": m.kind, "num_heads": m.num_heads, "head_dim": m.head_dim}
-                for m in self.mixers()
-            ],
-            "n_ctx": self.n_ctx,
-        }

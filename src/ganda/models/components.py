@@ -45,11 +45,6 @@ class Site:
     channels: slice | None = None
 
 
-def _layer(adapter: ModelAdapter, mixer: Mixer) -> nn.Module:
-    layer = adapter.original_layers()[mixer.layer]
-    return getattr(layer, "inner", layer)  # a layer moved by a layer edit keeps its module inside
-
-
 def input_parts(adapter: ModelAdapter, mixer: Mixer) -> dict[str, list[Site]]:
     """The parts of ``mixer``'s input (module docstring), in their canonical order; refused (one
     line) for a mixer whose parts cannot be taken separately."""
@@ -98,7 +93,7 @@ def residual_write_scale(adapter: ModelAdapter, mixer: Mixer) -> float | None:
     where it is not added to it linearly (module docstring)."""
     if mixer.kind == "attn" and mixer.shared_key is not None:
         return None  # Zamba2: the shared block's MLP and per-invocation linear sit between
-    layer = _layer(adapter, mixer)
+    layer = adapter.original_layers()[mixer.layer]  # as loaded, whatever a layer edit moved
     name = "attn_out_multiplier" if mixer.kind == "attn" else "ssm_out_multiplier"
     return float(getattr(layer, name, 1.0))
 

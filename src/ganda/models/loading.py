@@ -69,9 +69,6 @@ ALIASES = {
 }
 DEFAULT_MODEL = "smollm2-135m"
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("GANDA_CACHE", Path.home() / ".cache" / "ganda"))
-
 
 def _wheel_file(dist: str, suffix: str) -> Path | None:
     try:
@@ -115,7 +112,7 @@ def _assemble_gemma() -> Path:
         parts.extend(chunks)
     if not parts:
         raise GandaError("gemma3-270m: no GGUF chunks found in the installed part wheels")
-    out = cache_dir() / "gemma3-270m" / "gemma-3-270m-Q4_K_M.gguf"
+    out = placement.cache_dir() / "gemma3-270m" / "gemma-3-270m-Q4_K_M.gguf"
     total = sum(p.stat().st_size for p in parts)
     if out.exists() and out.stat().st_size == total:
         return out
@@ -551,7 +548,7 @@ def _load_gguf(path: Path, use_cache: bool) -> tuple[Any, Any]:
         raise GandaError(f"{path} is not a GGUF file (bad magic bytes)")
     if not use_cache:
         return _dequantise(path)
-    root = cache_dir() / "gguf"
+    root = placement.cache_dir() / "gguf"
     entry = root / f"{path.stem}-{_gguf_cache_key(path)}"
     problem = _entry_problem(entry) if entry.exists() else "absent"
     if problem is None:

@@ -179,9 +179,8 @@ def summary(adapter: ModelAdapter) -> dict[str, Any]:
         "dtype": str(first.dtype).removeprefix("torch."),
         "weights_bytes": param_count(adapter.model) * first.element_size(),
         "n_ctx": adapter.n_ctx,
+        "shared_blocks": adapter.shared_blocks(),
     }
-    if hasattr(adapter, "shared_blocks"):
-        out["shared_blocks"] = adapter.shared_blocks()
     return out
 
 

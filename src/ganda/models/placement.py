@@ -45,9 +45,6 @@ class Placement:
         """What ``from_pretrained`` takes to load straight into this placement."""
         return {"device_map": self.device_map, "offload_folder": str(self.offload_folder)}
 
-    def describe(self) -> dict[str, Any]:
-        return {"device_map": self.device_map, "offload_folder": str(self.offload_folder)}
-
 
 def _device_value(module: str, value: Any, source: str) -> str | int:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -85,9 +82,9 @@ def parse_device_map(text: str | dict[str, Any], source: str = "--device-map") -
     return {str(k): _device_value(str(k), v, source) for k, v in raw.items()}
 
 
-def default_offload_folder() -> Path:
-    root = Path(os.environ.get("GANDA_CACHE", Path.home() / ".cache" / "ganda"))
-    return root / "offload"
+def cache_dir() -> Path:
+    """ganda's cache (``$GANDA_CACHE``, default ``~/.cache/ganda``): dequantised GGUFs and disk offload."""
+    return Path(os.environ.get("GANDA_CACHE", Path.home() / ".cache" / "ganda"))
 
 
 def resolve(device_map: DeviceMap | None = None, offload_folder: str | Path | None = None) -> Placement | None:
@@ -101,7 +98,7 @@ def resolve(device_map: DeviceMap | None = None, offload_folder: str | Path | No
             raise GandaError("--offload-folder needs --device-map (a map that puts some modules on disk)")
         return None
     parsed = parse_device_map(device_map, source)
-    folder = offload_folder or os.environ.get(OFFLOAD_ENV) or default_offload_folder()
+    folder = offload_folder or os.environ.get(OFFLOAD_ENV) or cache_dir() / "offload"
     return Placement(parsed, Path(folder).expanduser())
 
 

@@ -17,7 +17,6 @@ from .common import HybridAdapterBase
 
 class BambaAdapter(HybridAdapterBase):
     family = "bamba"
-    prefix_cache_kwarg = "past_key_values"
     model_types = {"bamba": "Bamba (hybrid)"}
 
     def __init__(self, model: nn.Module, tokenizer, spec: str = "") -> None:  # type: ignore[no-untyped-def]
@@ -28,11 +27,6 @@ class BambaAdapter(HybridAdapterBase):
         """transformers' Bamba builds its attention mask from the cache's attention layers, so a
         Bamba with no attention layer (a pure-SSM student) cannot continue from a cache."""
         return bool(self._attn_indices) and super().supports_prefix_cache()
-
-    def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
-        if layer.block_type == "full_attention":
-            return layer.self_attn, None, None
-        return None, layer.mamba, None
 
     def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         cfg = self.model.config

@@ -234,36 +234,6 @@ class SSMAdapterBase(ModelAdapter):
     def _layer_module(self, layer: int) -> nn.Module:
         return self._original_layers[layer]
 
-    # ---- fast lookups (a Mamba-1 model has d_inner heads per layer: ~500k for Falcon-Mamba-7B) ----
-    def _index(self) -> dict[tuple[int, str | None], Mixer]:
-        idx = getattr(self, "_mixer_index", None)
-        if idx is None:
-            idx = {}
-            for m in self.mixers():
-                idx[(m.layer, m.kind)] = m
-                idx[(m.layer, None)] = m if (m.layer, None) not in idx else None  # None: ambiguous
-            self._mixer_index = idx
-        return idx
-
-    def mixer(self, layer: int, kind: str | None = None) -> Mixer:
-        found = self._index().get((layer, kind))
-        return found if found is not None else super().mixer(layer, kind)  # errors worded by the base
-
-    def canonical(self, head: HeadId) -> HeadId:
-        mixer = self.mixer(head.layer, head.kind)
-        if not 0 <= head.head < mixer.num_heads:
-            return super().canonical(head)  # raises the out-of-range error
-        single = self._index().get((head.layer, None)) is not None
-        return HeadId(head.layer, head.head, None if single else mixer.kind)
-
-    def heads(self, kind: str | None = None) -> list[HeadId]:
-        out = []
-        for m in self.mixers():
-            if kind is None or m.kind == kind:
-                k = None if self._index().get((m.layer, None)) is not None else m.kind
-                out.extend(HeadId(m.layer, h, k) for h in range(m.num_heads))
-        return out
-
     # ---- hooks --------------------------------------------------------------------------
     def _shared(self, mixer: Mixer, module: nn.Module) -> bool:
         return any(m is not mixer and (m.module is module or m.out_proj is module) for m in self.mixers())
@@ -448,14 +418,17 @@ def mamba2_params(mixer_module: nn.Module, proj: torch.Tensor) -> tuple[SSMParam
 class HybridAdapterBase(SSMAdapterBase):
     """Hybrids: every decoder layer runs an attention module, an SSM mixer, or both (attention first).
 
-    A family says which modules a layer holds (:meth:`layer_parts`); the mixers follow: query
-    heads of the attention module (Llama-style ``o_proj``, ``config.num_attention_heads``) and the
-    SSM's heads as :meth:`ssm_mixer` counts them.
+    :meth:`layer_parts` says which modules a layer holds; the mixers follow: query heads of the
+    attention module (Llama-style ``o_proj``, ``config.num_attention_heads``) and the SSM's heads
+    as :meth:`ssm_mixer` counts them. Hybrids continue from transformers' cache (``past_key_values``).
     """
 
+    prefix_cache_kwarg = "past_key_values"
+
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
-        """(attention module or None, SSM module or None, shared block id or None) of one decoder layer."""
-        raise NotImplementedError
+        """(attention module or None, SSM module or None, shared block id or None) of one decoder layer:
+        its ``self_attn`` and ``mamba`` where it has them (Bamba, Jamba, Falcon-H1), no shared block."""
+        return getattr(layer, "self_attn", None), getattr(layer, "mamba", None), None
 
     def _build_mixers(self) -> list[Mixer]:
         n_heads = self.model.config.num_attention_heads

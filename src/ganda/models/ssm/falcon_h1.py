@@ -13,7 +13,6 @@ in the captured tensor; ``ssm_out_multiplier``/``attention_out_multiplier`` act 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from ..base import Mixer
 from .common import HybridAdapterBase, mamba2_params
@@ -22,11 +21,7 @@ from .materialize import SSMParams
 
 class FalconH1Adapter(HybridAdapterBase):
     family = "falcon_h1"
-    prefix_cache_kwarg = "past_key_values"
     model_types = {"falcon_h1": "Falcon-H1 (parallel hybrid)"}
-
-    def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
-        return layer.self_attn, layer.mamba, None
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
         mup = getattr(mixer.module, "mup_vector", None)

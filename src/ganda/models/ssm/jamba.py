@@ -22,17 +22,11 @@ from .mamba1 import Mamba1Mixers
 
 class JambaAdapter(Mamba1Mixers, HybridAdapterBase):
     family = "jamba"
-    prefix_cache_kwarg = "past_key_values"
     model_types = {"jamba": "Jamba (hybrid)"}
 
     def __init__(self, model: nn.Module, tokenizer: Any, spec: str = "") -> None:
         super().__init__(model, tokenizer, spec)
         self._config_class = type(model.config)
-
-    def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
-        if hasattr(layer, "self_attn"):
-            return layer.self_attn, None, None
-        return None, layer.mamba, None
 
     def _on_layers_changed(self, kept: list[int] | None, layers: list[nn.Module]) -> None:
         cfg = self.model.config

@@ -28,7 +28,7 @@ from torch import nn
 from ...errors import GandaError
 from ..base import Mixer
 from ..registry import supported_text
-from .common import SSMAdapterBase, causal_conv
+from .common import SSMAdapterBase
 from .materialize import SSDParams, SSMParams
 
 _SSM_DEFAULTS: dict[str, Any] = {
@@ -158,20 +158,22 @@ class DiscreteMamba2(nn.Module):
         self.ssd_output = nn.Identity()
 
     def split(self, proj: torch.Tensor, cache: LlambaCache | None = None) -> tuple[torch.Tensor, ...]:
-        """(x [.., T, Hv, P], B, C [.., T, Hqk, N], z [.., T, d_inner], a_raw [.., T, Hv]) from in_proj output.
+        """(x [.., T, Hv, P], B, C [.., T, Hqk, N], z [.., T, d_inner], a_raw [.., T, Hv]) from in_proj output,
+        in its dtype (fp32 for the implicit maps, :meth:`LlambaAdapter.ssm_params`).
 
         ``cache``: the conv continues from the cached inputs of the previous positions and the
         last ``d_conv - 1`` inputs are cached in their place."""
         E, G, N = self.d_inner, self.n_qk_heads, self.d_state
         xBC, z, a_raw = proj.split([E + 2 * G * N, E, self.n_v_heads], dim=-1)
         T = proj.shape[-2]
-        w = self.conv1d.weight
+        w = self.conv1d.weight.to(proj.dtype)
+        bias = self.conv1d.bias.to(proj.dtype) if self.conv1d.bias is not None else None
         raw = xBC.transpose(-1, -2)
         prev = cache.conv[self.layer_idx] if cache is not None else None
         if prev is None:
-            xBC = F.conv1d(raw, w, self.conv1d.bias, padding=self.d_conv - 1, groups=w.shape[0])[..., :T]
+            xBC = F.conv1d(raw, w, bias, padding=self.d_conv - 1, groups=w.shape[0])[..., :T]
         else:  # the cached inputs stand where the zero padding would
-            xBC = F.conv1d(torch.cat([prev, raw], -1), w, self.conv1d.bias, groups=w.shape[0])
+            xBC = F.conv1d(torch.cat([prev, raw], -1), w, bias, groups=w.shape[0])
         if cache is not None:
             if prev is None:
                 prev = raw.new_zeros(*raw.shape[:-1], self.d_conv - 1)
@@ -361,12 +363,6 @@ class LlambaAdapter(SSMAdapterBase):
 
     def ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
         m: DiscreteMamba2 = mixer.module
-        w_conv = m.conv1d
-        E, G, N = m.d_inner, m.n_qk_heads, m.d_state
-        xBC, z, a_raw = captured.float().split([E + 2 * G * N, E, m.n_v_heads], dim=-1)
-        xBC = causal_conv(xBC, w_conv, m.activation)
-        x, B, C = xBC.split([E, G * N, G * N], dim=-1)
-        T = x.shape[0]
+        x, B, C, z, a_raw = m.split(captured.float())  # the forward's own split and conv, in fp32
         zb = z + (m.z_bias.float() if m.z_bias is not None else 0.0)
-        return SSDParams(x=x.reshape(T, m.n_v_heads, m.head_dim), B=B.reshape(T, G, N), C=C.reshape(T, G, N),
-                         log_decay=-F.softplus(a_raw), col_scale=None, D=m.D.float(), z=zb)
+        return SSDParams(x=x, B=B, C=C, log_decay=-F.softplus(a_raw), col_scale=None, D=m.D.float(), z=zb)

@@ -11,8 +11,6 @@ lists a head in every invocation of a block, to ablate them all.
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from ...errors import GandaError
@@ -22,7 +20,6 @@ from .common import HybridAdapterBase
 
 class Zamba2Adapter(HybridAdapterBase):
     family = "zamba2"
-    prefix_cache_kwarg = "past_key_values"
     model_types = {"zamba2": "Zamba2 (hybrid)"}
     layer_index_arg = (2, "layer_idx")  # Zamba2Model calls layer(h, orig_h, layer_idx, ...)
 
@@ -31,11 +28,6 @@ class Zamba2Adapter(HybridAdapterBase):
             block = layer.shared_transformer
             return block.self_attn, layer.mamba_decoder.mamba, block.block_id
         return None, layer.mamba, None
-
-    def describe(self) -> dict[str, Any]:
-        d = super().describe()
-        d["shared_blocks"] = self.shared_blocks()
-        return d
 
     def block_heads(self, block: int | str, heads: list[int] | None = None) -> list[HeadId]:
         """Head ids of ``heads`` (default all) in *every* invocation of a shared block."""
