@@ -126,8 +126,6 @@ def prompt_sets(draw: Callable[[int | None, int], list[Any]], limit: int | None,
 def prompt_set(draw: Callable[[int | None, int], list[Any]], limit: int | None, seed: int, k: int
                ) -> tuple[list[Any], bool]:
     """Prompt set ``k`` of :func:`prompt_sets` (set 0 is the plain ``draw(limit, seed)``)."""
-    if k == 0:
-        return draw(limit, seed), True
     return prompt_sets(draw, limit, seed, k + 1)[k]
 
 
@@ -161,9 +159,9 @@ def pool_over(records: Sequence[dict[str, Any]], name: str, within: tuple[float,
                      [bounds(r, key)[1] for r in records], within=within)
 
 
-def _summary(acc: float, n: int, correct: int | None = None, **extra: Any) -> dict[str, Any]:
-    c = round(acc * n) if correct is None else correct
-    return {"accuracy": acc, **ci(wilson(c, n)), "n": n, **extra}
+def _summary(acc: float, n: int, correct: int) -> dict[str, Any]:
+    """A task's score as results record it: its accuracy, Wilson 95% interval and count."""
+    return {"accuracy": acc, **ci(wilson(correct, n)), "n": n}
 
 
 @dataclass
