@@ -68,7 +68,7 @@ from .common import (
     pool_over,
     prompt_sets,
 )
-from .cumulative import ablate_until_chance, added_heads, at_chance
+from .cumulative import added_heads, cumulative_ablation
 
 MODES = ("all", "query", "context")
 
@@ -210,31 +210,27 @@ def head_roles(
             summary.update(_role_summary(adapter, examples, role, rows, control, control_base))
         extra: dict[str, Any] = {}
         if until_chance:
-            extra = _until_chance(adapter, examples, ranked, intact.accuracy, chance, summary, max_heads, progress)
+            to_chance, extra = _to_chance(adapter, examples, ranked, max_heads, progress)
+            summary.update(to_chance)
     if sweep_drops:
         extra["sweep_drops"] = sweep_drops
-    res = RolesResult(
+    return RolesResult(
         model=adapter.spec, rows=rows, summary=summary, extra=extra,
         config={"task": task_name, "control": control_name, "also": list(also), "top": top, "min_drop": min_drop,
-                "max_control_drop": max_control_drop,
-                "ranked": list(ranked[:top])},
+                "max_control_drop": max_control_drop, "ranked": list(ranked[:top]),
+                **({"keep_layers": kept} if kept is not None else {})},
     )
-    if kept is not None:
-        res.config["keep_layers"] = kept
-    return res
 
 
-def _until_chance(adapter: ModelAdapter, examples: Sequence[Example], ranked: Sequence[str], base: float,
-                  chance: float, summary: dict[str, Any], max_heads: int, progress: bool) -> dict[str, Any]:
-    """How many heads, ablated together in ranked order, take the task to chance, into ``summary``;
-    returns the curve (none where the intact model is already at chance: nothing to count)."""
-    if at_chance(base, chance):
-        summary.update({"baseline_at_chance": True, "heads_to_chance_max": max_heads})
-        return {}
-    cum = ablate_until_chance(adapter, examples, ranked, chance=chance, max_heads=max_heads, progress=progress)
-    reached = bool(cum) and at_chance(cum[-1]["accuracy"], chance)
-    summary.update({"heads_to_chance": cum[-1]["n_heads"] if reached else None, "heads_to_chance_max": max_heads})
-    return {"cumulative": cum}
+def _to_chance(adapter: ModelAdapter, examples: Sequence[Example], ranked: Sequence[str], max_heads: int,
+               progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """How many heads, ablated together in ranked order, take the task to chance
+    (:func:`ganda.experiments.cumulative.cumulative_ablation`): the summary's entries, and the curve
+    (none where the intact model is already at chance: there is no head count to chance)."""
+    cum = cumulative_ablation(adapter, examples, ranked, max_heads=max_heads, progress=progress)
+    if cum["baseline_at_chance"]:
+        return {"baseline_at_chance": True, "heads_to_chance_max": max_heads}, {}
+    return {"heads_to_chance": cum["heads_to_chance"], "heads_to_chance_max": max_heads}, {"cumulative": cum["curve"]}
 
 
 def _ranked(adapter: ModelAdapter, examples: Sequence[Example], ranked: Sequence[str] | None,
