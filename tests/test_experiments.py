@@ -93,6 +93,34 @@ def test_find_drop_rule() -> None:
     assert find_drop([(3, 0.5), (2, 0.4), (1, 0.3)])["minimal_layers"] == 3
 
 
+def test_paired_drop_and_pool_over_read_the_prompts_and_intervals_they_name() -> None:
+    """The drop the demo and roles report for an ablation is the paired bootstrap of the two runs'
+    per-prompt correctness; a pooled value reads each set's own interval (``""``: ci_low/ci_high)."""
+    from types import SimpleNamespace
+
+    from ganda.experiments.common import paired_drop, pool_over
+    from ganda.stats import bootstrap_paired, pool_sets
+
+    def run(correct: list[bool], low: float, high: float) -> SimpleNamespace:
+        return SimpleNamespace(accuracy=sum(correct) / len(correct), ci_low=low, ci_high=high,
+                               predictions=[{"correct": c} for c in correct])
+
+    base, ablated = run([True] * 7 + [False], 0.5, 0.97), run([True, False, False, True, False, False, True, False],
+                                                                0.14, 0.69)
+    d = paired_drop(base, ablated, seed=3)
+    bs = bootstrap_paired([1.0] * 7 + [0.0], [1.0, 0, 0, 1, 0, 0, 1, 0], seed=3)
+    assert d == {"accuracy": 0.375, "ci_low": 0.14, "ci_high": 0.69, "drop": 0.5,
+                 "drop_ci_low": bs["diff_ci_low"], "drop_ci_high": bs["diff_ci_high"]}
+    assert 0 < d["drop_ci_low"] < 0.5 < d["drop_ci_high"] <= 0.875
+    sets = [{"accuracy": 0.6, "ci_low": 0.4, "ci_high": 0.8, "drop": 0.2, "drop_ci_low": 0.1, "drop_ci_high": 0.3},
+            {"accuracy": 0.7, "ci_low": 0.5, "ci_high": 0.9, "drop": 0.3, "drop_ci_low": 0.2, "drop_ci_high": 0.4}]
+    assert pool_over(sets, "accuracy", (0.0, 1.0), interval="") == pool_sets([0.6, 0.7], [0.4, 0.5], [0.8, 0.9],
+                                                                            within=(0.0, 1.0))
+    drop = pool_over(sets, "drop", (-1.0, 1.0))
+    assert drop == pool_sets([0.2, 0.3], [0.1, 0.2], [0.3, 0.4], within=(-1.0, 1.0))
+    assert drop["estimate"] == pytest.approx(0.25) and drop["holds_on"] == 2
+
+
 def test_prune_and_remove_restore(student, tmp_path: Path, small_knowledge) -> None:
     from ganda.experiments.prune import prune_curve, remove_restore
 

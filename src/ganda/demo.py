@@ -42,7 +42,7 @@ from .attribution import rank_heads
 from .effects import matters
 from .errors import GandaError
 from .experiments.base import Options, ScoredExperiment, option
-from .experiments.common import ExperimentResult
+from .experiments.common import ExperimentResult, paired_drop, pool_over
 from .experiments.cumulative import ablate_until_chance, added_heads, at_chance, chance_sentence
 from .figures import curves
 from .intervals import bounds, ci
@@ -54,7 +54,6 @@ from .patterns import AUTO, HeadScore, pattern_scores, standard_scores
 from .progress import is_quiet
 from .report.html import write_report
 from .scoring import EvalResult, evaluate_examples
-from .stats import bootstrap_paired, pool_sets
 from .tasks import check_representable, get_task
 from .tasks.base import Example
 
@@ -183,20 +182,10 @@ def _pooled_sentence(sets: Sequence[dict[str, Any]]) -> str:
 def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[str], base: EvalResult,
                seed: int, ablation: str = "zero") -> dict[str, Any]:
     """Accuracy with ``heads`` ablated (``ablation``: :mod:`ganda.ablation`, over ``examples``), and
-    its paired drop from ``base`` with a bootstrap CI."""
+    its paired drop from ``base`` with a bootstrap CI (:func:`ganda.experiments.common.paired_drop`)."""
     iv = AblateHeads(heads, how=ablation, reference=examples if ablation != "zero" else None, seed=seed)
     r = evaluate_examples(adapter, examples, [iv], progress=False)
-    a = [float(p["correct"]) for p in base.predictions]
-    b = [float(p["correct"]) for p in r.predictions]
-    bs = bootstrap_paired(a, b, seed=seed)
-    return {"heads": ",".join(heads), "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high)), "drop": bs["diff"],
-            **ci(bounds(bs, "diff"), "drop")}
-
-
-def top_head(order: Sequence[str], exact: dict[str, float]) -> str | None:
-    """The top causal head: the first verified head in causal order whose ablation lowers the margin
-    (None where no verified head's does)."""
-    return next((h for h in order if matters(exact.get(h))), None)
+    return {"heads": ",".join(heads), **paired_drop(base, r, seed)}
 
 
 def _first(order: Sequence[str], role: dict[str, str], want: str, exact: dict[str, float]) -> str | None:
@@ -331,7 +320,9 @@ class Found:
 
     @property
     def top(self) -> str | None:
-        return top_head(self.order, self.ranked.exact)
+        """The top causal head: the first verified head in causal order whose ablation lowers the
+        margin (None where no verified head's does)."""
+        return next((h for h in self.order if matters(self.ranked.exact.get(h))), None)
 
     def record(self, k: int, seed: int) -> dict[str, Any]:
         """Prompt set ``k`` (0-based) as ``summary["prompt_sets"]`` lists it."""
@@ -492,8 +483,7 @@ def _pooled(sets: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         cs = [_condition_of(r, label) for r in sets]
         if any(c is None or c.get("drop") is None for c in cs):
             continue
-        out[label] = pool_sets([c["drop"] for c in cs], [c.get("drop_ci_low") for c in cs],
-                               [c.get("drop_ci_high") for c in cs], within=(-1.0, 1.0))
+        out[label] = pool_over(cs, "drop", within=(-1.0, 1.0))
     return out
 
 
@@ -571,7 +561,7 @@ def _curve_summary(curve: list[dict[str, Any]], chance: float) -> dict[str, Any]
     """How many heads the cumulative ablation took to reach chance (within 5 points), or how far
     its longest run got."""
     last = curve[-1] if curve else None
-    reached = last is not None and last["accuracy"] <= chance + 0.05
+    reached = last is not None and at_chance(last["accuracy"], chance)
     s: dict[str, Any] = {"heads_to_chance": last["n_heads"] if reached else None}
     if last is not None:
         key = "chance" if reached else "curve"

@@ -252,7 +252,7 @@ def prompt_metrics(m: torch.Tensor, spans: Sequence[tuple[int, int]], gold: int)
     out["aggregate_sink"] = float(row_q[0]) / tot_q
     out["gather_contrast"] = sum(contrasts) / len(contrasts)
     # a segment at the very start has nothing before it: the mean is over the others
-    out["gather_edge"] = math.exp(sum(math.log(max(x, 1e-30)) for x in edges) / len(edges)) if edges else float("nan")
+    out["gather_edge"] = _geo_mean(edges) if edges else float("nan")
     return out
 
 

@@ -24,17 +24,11 @@ from ..intervals import bounds, ci, split_all
 from ..interventions import Intervention
 from ..knowledge import group_score
 from ..models.base import ModelAdapter
-from ..scoring import evaluate_examples
-from ..stats import wilson
+from ..scoring import EvalResult, evaluate_examples
+from ..stats import bootstrap_paired, pool_sets, wilson
 from ..tasks import get_task
 
 log = logging.getLogger(__name__)
-
-def task_spec(name: str) -> tuple[str, dict[str, Any]] | None:
-    """A name in a task list as ``(registered task, options)``: ``kv20`` -> ``("kv", {"pairs": 20})``,
-    ``lab-mmlu`` -> ``("lab-mmlu", {})``; None for groups (``knowledge``) and unknown names."""
-    return registry.parse_task_name(name)
-
 
 def is_group(name: str) -> bool:
     """True for a task group's name (``knowledge``)."""
@@ -44,7 +38,7 @@ def is_group(name: str) -> bool:
 def chance(task: str) -> float:
     """Chance accuracy of a name in a task list, as its task declares it (``Task.chance``; 0.0 for
     groups and unknown names)."""
-    spec = task_spec(task)
+    spec = registry.parse_task_name(task)
     if spec is None:
         return 0.0
     cls = registry.task_class(spec[0])
@@ -60,7 +54,7 @@ def task_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     out: list[str] = []
     for r in rows:
         for k in r:
-            if k not in out and (is_group(k) or task_spec(k) is not None):
+            if k not in out and (is_group(k) or registry.parse_task_name(k) is not None):
                 out.append(k)
     return out
 
@@ -84,7 +78,7 @@ def parse_tasks(text: str | Sequence[str]) -> list[str]:
     for t in items:
         if is_group(t):
             continue
-        spec = task_spec(t)
+        spec = registry.parse_task_name(t)
         cls = registry.task_class(spec[0]) if spec is not None else None
         if cls is None or cls.kind != "mc":
             numbered = [n for n in _mc_task_names() if registry.number_option(n)]
@@ -132,14 +126,42 @@ def prompt_sets(draw: Callable[[int | None, int], list[Any]], limit: int | None,
 def prompt_set(draw: Callable[[int | None, int], list[Any]], limit: int | None, seed: int, k: int
                ) -> tuple[list[Any], bool]:
     """Prompt set ``k`` of :func:`prompt_sets` (set 0 is the plain ``draw(limit, seed)``)."""
-    if k == 0:
-        return draw(limit, seed), True
     return prompt_sets(draw, limit, seed, k + 1)[k]
 
 
-def _summary(acc: float, n: int, correct: int | None = None, **extra: Any) -> dict[str, Any]:
-    c = round(acc * n) if correct is None else correct
-    return {"accuracy": acc, **ci(wilson(c, n)), "n": n, **extra}
+def per_prompt(result: EvalResult) -> list[float]:
+    """Each prompt's correctness (1.0 or 0.0), in order: what a paired comparison of two runs on
+    the same prompts resamples."""
+    return [float(bool(p["correct"])) for p in result.predictions]
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], seed: int) -> dict[str, Any]:
+    """``drop``: the mean of ``a - b`` over the same prompts, with its paired bootstrap interval
+    (:func:`ganda.stats.bootstrap_paired`)."""
+    bs = bootstrap_paired(a, b, seed=seed)
+    return {"drop": bs["diff"], **ci(bounds(bs, "diff"), "drop")}
+
+
+def paired_drop(base: EvalResult, result: EvalResult, seed: int) -> dict[str, Any]:
+    """``result``'s accuracy with its interval, and its drop from ``base`` on the same prompts
+    (:func:`paired_difference`)."""
+    return {"accuracy": result.accuracy, **ci((result.ci_low, result.ci_high)),
+            **paired_difference(per_prompt(base), per_prompt(result), seed)}
+
+
+def pool_over(records: Sequence[dict[str, Any]], name: str, within: tuple[float, float], interval: str | None = None
+              ) -> dict[str, Any]:
+    """The value ``name`` of one record per prompt set pooled over the sets, each set's interval
+    ``interval`` (default ``name``; ``""``: ``ci_low``/``ci_high``) read from its record
+    (:func:`ganda.stats.pool_sets`: the interval includes the between-set variation)."""
+    key = name if interval is None else interval
+    return pool_sets([r[name] for r in records], [bounds(r, key)[0] for r in records],
+                     [bounds(r, key)[1] for r in records], within=within)
+
+
+def _summary(acc: float, n: int, correct: int) -> dict[str, Any]:
+    """A task's score as results record it: its accuracy, Wilson 95% interval and count."""
+    return {"accuracy": acc, **ci(wilson(correct, n)), "n": n}
 
 
 @dataclass
@@ -164,7 +186,7 @@ class Scorer:
         limit = self.limit if limit == "default" else limit
         key = (name, limit)
         if key not in self._examples:
-            base, options = task_spec(name) or (name, {})
+            base, options = registry.parse_task_name(name) or (name, {})
             cls = registry.task_class(base)
             if self.sample and cls is not None and "sample" in cls.option_types():
                 options = {**options, "sample": True}

@@ -33,15 +33,18 @@ from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
 from ..scoring import EvalResult, choice_labels, evaluate_examples
-from ..stats import Z95, bootstrap_paired, pool_sets, wilson
+from ..stats import Z95, bootstrap_paired, wilson
 from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
 from .base import Options, ScoredExperiment, option, parse_options
 from .common import (
     ExperimentResult,
+    paired_difference,
     pct,
+    per_prompt,
     points_ci,
+    pool_over,
     prediction_records,
     prompt_set,
     read_json_object,
@@ -117,23 +120,13 @@ def control_heads(adapter: ModelAdapter, heads: list[HeadId], seed: int = 0,
 
 
 def _knowledge(adapter: ModelAdapter, interventions: list[Intervention], limit: int | None, seed: int = 0,
-               progress: bool = True) -> dict[str, Any] | None:
-    t0 = time.perf_counter()
-    r = evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
-    d = r.to_json() if hasattr(r, "to_json") else dict(r) if isinstance(r, dict) else {"value": r}
-    if isinstance(d.get("tasks"), dict):
-        # {"tasks": {name: {"n", "acc", "ci_low", "ci_high"}}, "mean": ...}: the paper's knowledge score is the mean acc
-        per = d["tasks"]
-        n = sum(int(t.get("n", 0)) for t in per.values())
-        return {"n": n, "correct": None, "accuracy": d.get("mean"), **ci(None),
-                "seconds": d.get("seconds", time.perf_counter() - t0), "detail": d}
-    n, correct = d.get("n"), d.get("correct")
-    acc = d.get("accuracy", d.get("score", d.get("mean")))
-    row = {"n": n, "correct": correct, "accuracy": acc, "seconds": d.get("seconds", time.perf_counter() - t0),
-           "detail": d}
-    row.update(ci(wilson(int(correct), int(n))) if n and correct is not None else ci(bounds(d)) if bounds(d)[0] is not None
-               else ci(None))
-    return row
+               progress: bool = True) -> dict[str, Any]:
+    """The knowledge group under ``interventions`` (:func:`ganda.knowledge.evaluate_knowledge`): the
+    paper's knowledge score is its members' mean accuracy, with no interval or count of its own;
+    each member's own in ``detail``."""
+    d = evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
+    return {"n": sum(int(t.get("n", 0)) for t in d["tasks"].values()), "correct": None, "accuracy": d.get("mean"),
+            **ci(None), "detail": d}
 
 
 # tasks built for a model, by (model, name, options): each built once per run (a Ray worker keeps its own)
@@ -277,16 +270,13 @@ def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, 
         t0 = time.perf_counter()
         parts = [next(results) for _ in range(n_units)]
         if task is None:
-            kn = parts[0]
-            if kn is None:
-                continue
-            row = _knowledge_row(kn, cond, ivs[cond], time.perf_counter() - t0)
+            row = _knowledge_row(parts[0], cond, ivs[cond], time.perf_counter() - t0)
         else:
             res = _merge(adapter, task, _examples(task, limit, seed, k) if n_units > 1 else [], parts)
             row = {"task": name, "condition": cond, "n": res.n, "correct": res.correct,
                    "accuracy": res.accuracy, **ci((res.ci_low, res.ci_high)), "seconds": round(res.seconds, 2),
                    "config": res.config, "interventions": res.interventions}
-            correct[(name, cond)] = [float(bool(p["correct"])) for p in res.predictions]
+            correct[(name, cond)] = per_prompt(res)
             if pred_dir:
                 with runio.atomic_open(pred_dir / f"{name}.{cond}.jsonl") as f:
                     for p in res.predictions:
@@ -350,8 +340,7 @@ def _difference(base: dict[str, Any], other: dict[str, Any], a: list[float] | No
     """``base`` accuracy minus ``other``'s with a 95% interval: the paired bootstrap over prompts where
     both have per-prompt results (``a``, ``b``), else the unpaired normal interval from their own."""
     if a is not None and b is not None:
-        bs = bootstrap_paired(a, b, seed=seed)
-        return {"drop": bs["diff"], **ci(bounds(bs, "diff"), "drop")}
+        return paired_difference(a, b, seed)
     if None in (base["accuracy"], other["accuracy"], *bounds(base), *bounds(other)):
         return {"drop": None, **ci(None, "drop")}
     se = [(hi - lo) / (2 * Z95) for lo, hi in (bounds(base), bounds(other))]
@@ -392,8 +381,7 @@ def robustness(sets: list[dict[str, Any]]) -> dict[str, Any]:
         out = {"task": row["task"], "condition": row["condition"], "n": sum(r["n"] or 0 for r in each)}
         for name, key in (("accuracy", ""), ("drop", "drop")):
             if all(r.get(name) is not None for r in each):
-                p = pool_sets([r[name] for r in each], [bounds(r, key)[0] for r in each], [bounds(r, key)[1] for r in each],
-                              within=(0.0, 1.0) if name == "accuracy" else (-1.0, 1.0))
+                p = pool_over(each, name, within=(0.0, 1.0) if name == "accuracy" else (-1.0, 1.0), interval=key)
                 out.update({name: p["estimate"], **ci(bounds(p), key), f"{name}_between_sd": p["between_sd"]})
         pooled.append(out)
     findings = {}
@@ -401,8 +389,7 @@ def robustness(sets: list[dict[str, Any]]) -> dict[str, Any]:
         each = [s["finding"].get(task) or {"cost": None, "cost_ci_low": None, "cost_ci_high": None} for s in sets]
         if any(e["cost"] is None for e in each):
             continue
-        p = pool_sets([e["cost"] for e in each], [e["cost_ci_low"] for e in each], [e["cost_ci_high"] for e in each],
-                      within=(-1.0, 1.0))
+        p = pool_over(each, "cost", within=(-1.0, 1.0))
         findings[task] = {"criterion": FINDING[f["against"]], "against": f["against"], "holds_on": p["holds_on"],
                           "k": p["k"], "holds": p["holds"], "cost": p["estimate"], **ci(bounds(p), "cost"),
                           "between_sd": p["between_sd"], "pooled_holds": p["pooled_holds"], "method": p["method"]}

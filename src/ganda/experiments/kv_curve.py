@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import GandaError
 from ..figures import curves
 from ..heads import expand, format_heads, require_heads
-from ..interventions import AblateHeads, Intervention, KeepLayers, parse_layers
+from ..interventions import AblateHeads, Intervention, KeepLayers, describe_all, parse_layers
 from ..models import load_model
 from ..models.base import ModelAdapter
 from ..progress import tqdm
@@ -108,7 +108,7 @@ def kv_curve(
         model=adapter.spec, rows=rows, summary=summary,
         config={"heads": format_heads(hs) if hs else None, "pairs": list(pairs), "limit": limit, "seed": seed,
                 "keep_layers": keep_layers, "task": task, "compare": list(compare)},
-        interventions=[iv.describe() for iv in ablated],
+        interventions=describe_all(ablated),
     )
 
 

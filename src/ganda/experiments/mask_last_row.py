@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import GandaError
 from ..figures import bars
 from ..heads import expand, format_heads, require_heads
-from ..interventions import Intervention, KeepLayers, mask_last_row, parse_layers
+from ..interventions import Intervention, KeepLayers, describe_all, mask_last_row, parse_layers
 from ..models.base import ModelAdapter
 from ..progress import tqdm
 from .base import Options, ScoredExperiment, option
@@ -109,7 +109,7 @@ def mask_last_row_experiment(
         model=adapter.spec, rows=rows, summary=summary,
         config={**scorer.config(), "heads": spec, "per_layer": per_layer, "keep_layers": keep_layers,
                 "rules": list(rules)},
-        interventions=[iv.describe() for iv in conditions[1][1]],
+        interventions=describe_all(conditions[1][1]),
     )
 
 

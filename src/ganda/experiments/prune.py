@@ -78,9 +78,11 @@ def _forward_logp(adapter: ModelAdapter, p: Prepared) -> torch.Tensor:
     return torch.log_softmax(adapter.forward(ids, attention_mask=mask).float(), -1)
 
 
-def _score_positions(p: Prepared, ids: torch.Tensor) -> tuple[list[tuple[int, int]], dict[tuple[int, int], int]]:
-    """The (row, position) pairs to score; positions with the same token prefix share a residual
-    (shared context), so each prefix is scored once."""
+def _score_positions(p: Prepared, ids: torch.Tensor
+                     ) -> tuple[tuple[torch.Tensor, torch.Tensor], dict[tuple[int, int], int]]:
+    """The (row, position) pairs to score, as a row and a position tensor, and where each choice
+    token's pair is among them; positions with the same token prefix share a residual (shared
+    context), so each prefix is scored once."""
     rep: dict[tuple[int, ...], int] = {}
     where: dict[tuple[int, int], int] = {}
     pos: list[tuple[int, int]] = []
@@ -92,7 +94,8 @@ def _score_positions(p: Prepared, ids: torch.Tensor) -> tuple[list[tuple[int, in
                 rep[key] = len(pos)
                 pos.append((r, t))
             where[(r, t)] = rep[key]
-    return pos, where
+    rows = torch.tensor([r for r, _ in pos], device=ids.device)
+    return (rows, torch.tensor([t for _, t in pos], device=ids.device)), where
 
 
 def _read(logp: torch.Tensor, base: int, where: dict[tuple[int, int], int], p: Prepared) -> list[float]:
@@ -109,15 +112,13 @@ def truncation_logliks(adapter: ModelAdapter, p: Prepared, ks: Sequence[int]) ->
     (:func:`ganda.engine.logprobs`), so no family-specific code is needed. ``k`` counts the running layers."""
     layers = adapter.active_layers()
     ids, mask = p.row_tensors(adapter)
-    pos, where = _score_positions(p, ids)
-    rr = torch.tensor([r for r, _ in pos], device=ids.device)
-    tt = torch.tensor([t for _, t in pos], device=ids.device)
+    (rr, tt), where = _score_positions(p, ids)
     need = sorted({layers[k - 1] for k in ks})
     got = run_layers(adapter, ids, attention_mask=mask, stop=need[-1],
                      capture=[f"L{i}.resid_out" for i in need], at=(rr, tt))
     ks = list(ks)
     logp = logprobs(adapter, torch.cat([got[f"L{layers[k - 1]}.resid_out"] for k in ks]))
-    return {k: _read(logp, j * len(pos), where, p) for j, k in enumerate(ks)}
+    return {k: _read(logp, j * len(rr), where, p) for j, k in enumerate(ks)}
 
 
 @torch.no_grad()
@@ -128,9 +129,7 @@ def removal_logliks(adapter: ModelAdapter, p: Prepared, m: int) -> dict[int | No
     after it replayed, :class:`ganda.engine.LayerCalls`). ``m`` counts the running layers and the
     keys are positions among them."""
     ids, mask = p.row_tensors(adapter)
-    pos, where = _score_positions(p, ids)
-    rr = torch.tensor([r for r, _ in pos], device=ids.device)
-    tt = torch.tensor([t for _, t in pos], device=ids.device)
+    (rr, tt), where = _score_positions(p, ids)
     calls = LayerCalls(adapter, ids, mask, inputs=True, stop=adapter.active_layers()[m - 1])
     assert calls.inputs is not None and calls.final is not None
     finals: list[torch.Tensor] = [calls.final[rr, tt]]
@@ -141,11 +140,24 @@ def removal_logliks(adapter: ModelAdapter, p: Prepared, m: int) -> dict[int | No
         finals.append(x[rr, tt])
     logp = logprobs(adapter, torch.cat(finals))
     keys: list[int | None] = [None, *range(m)]
-    return {key: _read(logp, j * len(pos), where, p) for j, key in enumerate(keys)}
+    return {key: _read(logp, j * len(rr), where, p) for j, key in enumerate(keys)}
 
 
 def _close(a: list[float], b: list[float]) -> bool:
     return all(abs(x - y) <= 1e-3 * max(1.0, abs(y)) for x, y in zip(a, b, strict=True))
+
+
+def _shortcut_holds(adapter: ModelAdapter, example: Any, fast: Any, intervention: Any) -> bool:
+    """Whether a one-pass shortcut (``fast``: prepared prompt -> one variant's choice
+    log-likelihoods) gives on ``example`` what a real forward under ``intervention`` gives, so that
+    a family whose blocks do not fit the stand-in trick falls back to full forwards."""
+    first = prepare(adapter, example)
+    try:
+        got = fast(first)
+    except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
+        return False
+    with intervention.apply(adapter), torch.no_grad():
+        return _close(got, _logliks_from(_forward_logp(adapter, first), first))
 
 
 def fast_truncation_scores(
@@ -160,16 +172,9 @@ def fast_truncation_scores(
         return None
     n = len(adapter.decoder_layers())
     k = next((k for k in ks if k != n), None)
-    if k is not None:
-        first = prepare(adapter, examples[0])
-        try:
-            fast = truncation_logliks(adapter, first, [k])[k]
-        except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
-            return None
-        with truncate(k).apply(adapter), torch.no_grad():
-            slow = _logliks_from(_forward_logp(adapter, first), first)
-        if not _close(fast, slow):
-            return None
+    if k is not None and not _shortcut_holds(adapter, examples[0], lambda p: truncation_logliks(adapter, p, [k])[k],
+                                             truncate(k)):
+        return None
     return _sharded_scores(adapter, _truncation_counts, examples, list(ks), list(ks), progress, "prune")
 
 
@@ -212,17 +217,9 @@ def fast_removal_scores(
     adapter: ModelAdapter, examples: Sequence[Any], m: int, *, progress: bool = False
 ) -> dict[int | None, dict[str, Any]] | None:
     """Accuracy of the m-layer model and of it minus each layer (None where the shortcut does not apply)."""
-    if not examples:
-        return None
-    first = prepare(adapter, examples[0])
     i = m // 2
-    try:
-        fast = removal_logliks(adapter, first, m)[i]
-    except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
-        return None
-    with KeepLayers([j for j in range(m) if j != i]).apply(adapter), torch.no_grad():
-        slow = _logliks_from(_forward_logp(adapter, first), first)
-    if not _close(fast, slow):
+    if not examples or not _shortcut_holds(adapter, examples[0], lambda p: removal_logliks(adapter, p, m)[i],
+                                           KeepLayers([j for j in range(m) if j != i])):
         return None
     return _sharded_scores(adapter, _removal_counts, examples, m, [None, *range(m)], progress, "remove-restore")
 

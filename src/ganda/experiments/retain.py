@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import GandaError
 from ..figures import bars
 from ..heads import HeadId, expand, format_heads, require_heads
-from ..interventions import Intervention, KeepHeads, KeepLayers, parse_layers
+from ..interventions import Intervention, KeepHeads, KeepLayers, describe_all, parse_layers
 from ..models.base import ModelAdapter
 from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_columns, task_series
@@ -102,7 +102,7 @@ def retain(
         kept = {"intact": "all", "none": "-", "aggregate": format_heads(a_heads), "gather": format_heads(g_heads),
                 "both": format_heads(g_heads + a_heads)}[name]
         rows.append({"config": name, "kept_heads": kept, **flat_scores(scores)})
-        described[name] = [iv.describe() for iv in ivs]
+        described[name] = describe_all(ivs)
     summary = {r["config"]: {t: r.get(t) for t in task_columns(rows)} for r in rows}
     return RetainResult(
         model=adapter.spec, rows=rows, summary=summary, notes=notes,

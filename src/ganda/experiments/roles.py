@@ -52,13 +52,23 @@ from ..models.base import ModelAdapter
 from ..patterns import AUTO, pattern_scores
 from ..progress import tqdm
 from ..scoring import evaluate_examples
-from ..stats import bootstrap_paired, overlap, pool_sets
+from ..stats import overlap
 from ..sweep import run_sweep
 from ..tasks import get_task
 from ..tasks.base import Example
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, pct, points, points_ci, prompt_sets
-from .cumulative import ablate_until_chance, added_heads, at_chance
+from .common import (
+    ExperimentResult,
+    paired_difference,
+    paired_drop,
+    pct,
+    per_prompt,
+    points,
+    points_ci,
+    pool_over,
+    prompt_sets,
+)
+from .cumulative import added_heads, cumulative_ablation
 
 MODES = ("all", "query", "context")
 
@@ -128,9 +138,8 @@ class RolesResult(ExperimentResult):
         return paths
 
 
-def _acc(adapter: ModelAdapter, examples: Sequence[Example], ivs: list) -> tuple[float, list[float]]:
-    r = evaluate_examples(adapter, examples, ivs, progress=False)
-    return r.accuracy, [r.ci_low, r.ci_high]
+def _acc(adapter: ModelAdapter, examples: Sequence[Example], ivs: list) -> float:
+    return evaluate_examples(adapter, examples, ivs, progress=False).accuracy
 
 
 def answers_lost(intact: dict[str, float | None], ablated: dict[str, float | None], drop: float = 0.5) -> list[str]:
@@ -181,46 +190,47 @@ def head_roles(
     if any(len(ex.choices) < 2 for ex in examples):
         raise GandaError("head roles need multiple-choice examples")
     kept = None if keep_layers is None else sorted(set(keep_layers))
+    also = dict(also or {})
     with apply(adapter, [KeepLayers(kept)] if kept is not None else []):
         chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
         intact = evaluate_examples(adapter, examples, [], progress=False)
-        base = intact.accuracy
         ranked, sweep_drops = _ranked(adapter, examples, ranked, kept, progress)
-        control_base = _acc(adapter, control, [])[0] if control else None
-        also = dict(also or {})
-        also_base = {k: _acc(adapter, v, [])[0] for k, v in also.items()}
+        control_base = _acc(adapter, control, []) if control else None
+        also_base = {k: _acc(adapter, v, []) for k, v in also.items()}
         rows = [_role_row(adapter, examples, h, intact, control, control_base, also, also_base, min_drop,
                           max_control_drop) for h in tqdm(ranked[:top], desc="head roles", disable=not progress,
                                                           leave=False)]
         _add_labels(rows, _labels(adapter, examples, rows, min_drop))
         summary: dict[str, Any] = {
-            "baseline": base, **ci((intact.ci_low, intact.ci_high), "baseline"), "chance": chance, "n": len(examples),
-            "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()},
+            "baseline": intact.accuracy, **ci((intact.ci_low, intact.ci_high), "baseline"), "chance": chance,
+            "n": len(examples), "control_baseline": control_base, **{f"{k}_baseline": v for k, v in also_base.items()},
             "baseline_answers": intact.answer_accuracy(),
             "labels": {r["head"]: r["label"] for r in rows if r["label"] is not None}}
         for role in ("gather", "aggregate"):
             summary.update(_role_summary(adapter, examples, role, rows, control, control_base))
         extra: dict[str, Any] = {}
-        if until_chance and at_chance(base, chance):  # the intact model is at chance: no head count to chance
-            summary["baseline_at_chance"] = True
-            summary["heads_to_chance_max"] = max_heads
-        elif until_chance:
-            cum = ablate_until_chance(adapter, examples, ranked, chance=chance, max_heads=max_heads, progress=progress)
-            reached = bool(cum) and cum[-1]["accuracy"] <= chance + 0.05
-            summary["heads_to_chance"] = cum[-1]["n_heads"] if reached else None
-            summary["heads_to_chance_max"] = max_heads
-            extra["cumulative"] = cum
+        if until_chance:
+            to_chance, extra = _to_chance(adapter, examples, ranked, max_heads, progress)
+            summary.update(to_chance)
     if sweep_drops:
         extra["sweep_drops"] = sweep_drops
-    res = RolesResult(
+    return RolesResult(
         model=adapter.spec, rows=rows, summary=summary, extra=extra,
         config={"task": task_name, "control": control_name, "also": list(also), "top": top, "min_drop": min_drop,
-                "max_control_drop": max_control_drop,
-                "ranked": list(ranked[:top])},
+                "max_control_drop": max_control_drop, "ranked": list(ranked[:top]),
+                **({"keep_layers": kept} if kept is not None else {})},
     )
-    if kept is not None:
-        res.config["keep_layers"] = kept
-    return res
+
+
+def _to_chance(adapter: ModelAdapter, examples: Sequence[Example], ranked: Sequence[str], max_heads: int,
+               progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """How many heads, ablated together in ranked order, take the task to chance
+    (:func:`ganda.experiments.cumulative.cumulative_ablation`): the summary's entries, and the curve
+    (none where the intact model is already at chance: there is no head count to chance)."""
+    cum = cumulative_ablation(adapter, examples, ranked, max_heads=max_heads, progress=progress)
+    if cum["baseline_at_chance"]:
+        return {"baseline_at_chance": True, "heads_to_chance_max": max_heads}, {}
+    return {"heads_to_chance": cum["heads_to_chance"], "heads_to_chance_max": max_heads}, {"cumulative": cum["curve"]}
 
 
 def _ranked(adapter: ModelAdapter, examples: Sequence[Example], ranked: Sequence[str] | None,
@@ -255,10 +265,10 @@ def _role_row(adapter: ModelAdapter, examples: Sequence[Example], h: str, intact
             row["answers"] = r.answer_accuracy()
             row["answers_lost"] = " ".join(answers_lost(base_answers, row["answers"]))
     if control:
-        row["control"] = _acc(adapter, control, [AblateHeads(h)])[0]
+        row["control"] = _acc(adapter, control, [AblateHeads(h)])
         row["drop_control"] = control_base - row["control"]
     for k, exs in also.items():
-        row[k] = _acc(adapter, exs, [AblateHeads(h)])[0]
+        row[k] = _acc(adapter, exs, [AblateHeads(h)])
         row[f"drop_{k}"] = also_base[k] - row[k]
     row["role"] = causal_role(row, control_drop=row["drop_control"] if control else None, min_drop=min_drop,
                               max_control_drop=max_control_drop)
@@ -295,7 +305,7 @@ def _role_summary(adapter: ModelAdapter, examples: Sequence[Example], role: str,
         out[f"{role}_together"] = together.accuracy
         out[f"{role}_together_answers"] = together.answer_accuracy()
         if control:
-            out[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)[0]
+            out[f"{role}_together_control_drop"] = control_base - _acc(adapter, control, ivs)
     return out
 
 
@@ -306,20 +316,15 @@ FINDING = ("the head's ablation costs accuracy (paired drop, 95% interval above 
 def _mode_rows(adapter: ModelAdapter, examples: Sequence[Example], head: str, seed: int) -> dict[str, dict[str, Any]]:
     """The head ablated at every position, at the final one and before it: each mode's accuracy and
     paired drop from intact (bootstrap over prompts), and ``where``: the query-minus-context cost."""
-    def correct(ivs: list) -> tuple[Any, list[float]]:
-        r = evaluate_examples(adapter, examples, ivs, progress=False)
-        return r, [float(bool(p["correct"])) for p in r.predictions]
-
-    _, base = correct([])
+    base = evaluate_examples(adapter, examples, progress=False)
     out: dict[str, dict[str, Any]] = {}
-    per: dict[str, list[float]] = {}
+    runs = {}
     for m in MODES:
-        r, per[m] = correct([AblateHeads(head, positions=None if m == "all" else m)])
-        bs = bootstrap_paired(base, per[m], seed=seed)
-        out[m] = {"n": r.n, "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high)), "drop": bs["diff"],
-                  **ci(bounds(bs, "diff"), "drop")}
-    where = bootstrap_paired(per["context"], per["query"], seed=seed)  # query drop minus context drop
-    out["where"] = {"drop": where["diff"], **ci(bounds(where, "diff"), "drop")}
+        runs[m] = evaluate_examples(adapter, examples, [AblateHeads(head, positions=None if m == "all" else m)],
+                                    progress=False)
+        out[m] = {"n": runs[m].n, **paired_drop(base, runs[m], seed)}
+    # query drop minus context drop
+    out["where"] = paired_difference(per_prompt(runs["context"]), per_prompt(runs["query"]), seed)
     return out
 
 
@@ -355,13 +360,11 @@ def _pool_roles(sets: list[dict[str, Any]], heads: dict[str, str]) -> dict[str, 
     for role, head in heads.items():
         for mode in (*MODES, "where"):
             each = [s["roles"][role][mode] for s in sets]
-            p = pool_sets([e["drop"] for e in each], [e["drop_ci_low"] for e in each], [e["drop_ci_high"] for e in each],
-                          within=(-1.0, 1.0))
+            p = pool_over(each, "drop", within=(-1.0, 1.0))
             row = {"role": role, "head": head, "mode": mode, "n": sum(s["n"] for s in sets),
                    "drop": p["estimate"], **ci(bounds(p), "drop"), "between_sd": p["between_sd"]}
             if mode != "where":
-                a = pool_sets([e["accuracy"] for e in each], [e["ci_low"] for e in each], [e["ci_high"] for e in each],
-                              within=(0.0, 1.0))
+                a = pool_over(each, "accuracy", within=(0.0, 1.0), interval="")
                 row.update({"accuracy": a["estimate"], **ci(bounds(a))})
             pooled.append(row)
         holds = [s["roles"][role]["holds"] for s in sets]
@@ -433,11 +436,14 @@ class Roles(ScoredExperiment):
 
     def run_tasks(self, adapter: ModelAdapter, scorer: Any, options: RolesOptions, *, out_dir: Path,  # type: ignore[override]
                   run: Any) -> RolesResult:
-        def exs(name: str) -> list[Example]:
+        def task(name: str) -> Any:
             t = get_task(name, adapter=adapter, **({"sample": True} if options.sample and name == "mmlu" else {}))
             if t.kind != "mc":
                 raise GandaError(f"task {name!r} is not multiple-choice")
-            return t.examples(limit=run.limit, seed=run.seed)
+            return t
+
+        def exs(name: str) -> list[Example]:
+            return task(name).examples(limit=run.limit, seed=run.seed)
 
         ctrl, more = options.controls()
         keep = parse_layers(options.keep_layers) if options.keep_layers else None
@@ -446,8 +452,7 @@ class Roles(ScoredExperiment):
                             task_name=options.task, control_name=ctrl, progress=run.progress, keep_layers=keep)
         result.config.update({"limit": run.limit, "seed": run.seed})
         if options.prompt_sets > 1:
-            t = get_task(options.task, adapter=adapter,
-                         **({"sample": True} if options.sample and options.task == "mmlu" else {}))
+            t = task(options.task)
             sets = role_sets(adapter, lambda n, s: t.examples(limit=n, seed=s), result.summary, limit=run.limit,
                              seed=run.seed, count=options.prompt_sets, keep_layers=keep)
             result.extra.update(sets)

@@ -16,7 +16,6 @@ from ..errors import GandaError
 from ..figures import pyplot, save_figure
 from ..heads import expand
 from ..intervals import bounds, ci, split_all
-from ..interventions import AblateHeads
 from ..models.base import ModelAdapter
 from ..patterns import (
     AGGREGATE_METRICS,
@@ -26,9 +25,8 @@ from ..patterns import (
     pattern_scores,
     pattern_scores_by_summary,
 )
-from ..progress import tqdm
-from ..scoring import evaluate_examples
 from ..stats import bootstrap_paired, pool_sets
+from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Example
 from .base import Options, ScoredExperiment, option
@@ -36,17 +34,19 @@ from .base import Options, ScoredExperiment, option
 
 def _select_heads(adapter: ModelAdapter, examples: Sequence[Example], k: int, select: str,
                   progress: bool, summary: str = "end") -> tuple[list[str], list[str], dict[str, float]]:
-    """Top-``k`` Aggregate-role and Gather-role heads of a model, chosen on ``examples``."""
+    """Top-``k`` Aggregate-role and Gather-role heads of a model, chosen on ``examples``:
+
+    * ``select="pattern"``: the Aggregate-role heads are the top ``k`` by Aggregate score, the
+      Gather-role heads the top ``k`` by Gather score;
+    * ``select="drop"``: the top ``k`` heads by accuracy drop when each head alone is zero-ablated
+      (both roles use the same heads)."""
     if select == "pattern":
         sc = pattern_scores(adapter, examples, progress=progress, summary=summary)
         agg = [s.head for s in sorted(sc, key=lambda s: -s.aggregate)[:k]]
         gat = [s.head for s in sorted(sc, key=lambda s: -s.gather)[:k]]
         return agg, gat, {s.head: s.aggregate for s in sc}
-    if select == "drop":
-        base = evaluate_examples(adapter, examples, progress=False).accuracy
-        drops = {}
-        for h in tqdm(adapter.heads(), desc="single-head ablations", disable=not progress, leave=False):
-            drops[str(h)] = base - evaluate_examples(adapter, examples, [AblateHeads([str(h)])], progress=False).accuracy
+    if select == "drop":  # each head zero-ablated alone (:func:`ganda.sweep.single_ablations`)
+        drops = single_ablations(adapter, examples, adapter.heads()).effects()
         top = sorted(drops, key=lambda h: -drops[h])[:k]
         return top, list(top), drops
     raise ValueError(f"select must be 'pattern' or 'drop', not {select!r}")
@@ -86,22 +86,14 @@ def compare_sharpness_summaries(
     causally (chosen on other prompts than ``seed``'s).
 
     Heads are **chosen on other prompts** (``select_n`` prompts, seed ``seed + 1``) than those they
-    are measured on (``n`` prompts, seed ``seed``), so selection does not inflate the scores:
-
-    * ``select="pattern"``: the Aggregate-role heads are the top ``k`` by Aggregate score, the
-      Gather-role heads the top ``k`` by Gather score;
-    * ``select="drop"``: the top ``k`` heads by accuracy drop when each head alone is zero-ablated
-      (both roles use the same heads).
-
-    Aggregate metrics (``aggregate``, ``aggregate_segment``, ``aggregate_peak``, ``aggregate_hit``)
-    are read from the Aggregate-role heads, Gather metrics from the Gather-role heads. A model's
-    value on one prompt is the mean over its ``k`` heads (of ``log x`` for the ratio metrics
-    ``aggregate_peak`` and ``gather_contrast``); its summary is the mean over prompts (exponentiated
-    for the ratios: a geometric mean). Every model sees the same prompts, so differences are
-    paired: the 95% intervals are percentile bootstraps over prompts (``resamples`` draws, seeded
-    with ``seed``), the same draw for both models. Differences are first model minus each other
-    model (for the ratios: the first model's geometric mean divided by the other's). Positive
-    means the first model is sharper: every metric grows with sharpness.
+    are measured on (``n`` prompts, seed ``seed``), so selection does not inflate the scores
+    (``select``: :func:`_select_heads`). Aggregate metrics (``aggregate``, ``aggregate_segment``,
+    ``aggregate_peak``, ``aggregate_hit``) are read from the Aggregate-role heads, Gather metrics
+    from the Gather-role heads (:func:`_head_means`). Every model sees the same prompts, so
+    differences are paired: the 95% intervals are percentile bootstraps over prompts
+    (``resamples`` draws, seeded with ``seed``), the same draw for both models. Differences are
+    first model minus each other model (for the ratios: the first model's geometric mean divided by
+    the other's). Positive means the first model is sharper: every metric grows with sharpness.
     """
     named = dict(adapters) if isinstance(adapters, Mapping) else {a.spec: a for a in adapters}
     if len(named) < 1:
@@ -109,50 +101,68 @@ def compare_sharpness_summaries(
     t = _paired_task(named, task) if isinstance(task, str) else task
     measure = t.examples(limit=n, seed=seed)
     chooser = t.examples(limit=select_n or n, seed=seed + 1)
-    models: list[dict[str, Any]] = [{} for _ in summaries]
-    per_prompt: list[dict[str, dict[str, list[float]]]] = [{} for _ in summaries]
-    for name, adapter in named.items():
-        summs = [s.get(name, "end") if isinstance(s, Mapping) else s for s in summaries]
-        picks = []  # (Aggregate heads, Gather heads, selection scores) per summary
-        for summ in summs:
-            if heads is not None and name in heads:
-                agg, gat = list(heads[name][0]), list(heads[name][1])
-                if not agg or not gat:
-                    raise GandaError(f"{name}: give at least one Aggregate-role and one Gather-role head")
-                picks.append((agg, gat, {h: float("nan") for h in agg + gat}))
-            else:
-                picks.append(_select_heads(adapter, chooser, k, select, progress, summ))
-        chosen = list(dict.fromkeys(h for agg, gat, _ in picks for h in agg + gat))
-        by_summary = pattern_scores_by_summary(adapter, measure, [expand([h], adapter)[0] for h in chosen],
-                                               progress, summs)
-        for i, (summ, (agg, gat, sel_scores)) in enumerate(zip(summs, picks, strict=True)):
-            scored = dict(zip(chosen, by_summary[summ], strict=True))
-            values: dict[str, list[float]] = {}
-            for metric in METRICS:
-                role = agg if metric in AGGREGATE_METRICS else gat
-                f = (lambda x: math.log(max(x, 1e-30))) if metric in RATIO_METRICS else (lambda x: x)
-                values[metric] = [sum(f(scored[h].samples[metric][j]) for h in role) / len(role)
-                                  for j in range(len(measure))]
-            per_prompt[i][name] = values
-            metrics = {metric: _summary(xs, metric in RATIO_METRICS, resamples, seed) for metric, xs in values.items()}
-            models[i][name] = {
-                "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
-                "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
-                "heads": [scored[h].to_json() for h in dict.fromkeys(agg + gat)], "metrics": metrics,
-            }
+    per_model = {name: _model_sharpness(name, adapter, summaries, measure=measure, chooser=chooser,
+                                        given=(heads or {}).get(name), k=k, select=select, progress=progress,
+                                        resamples=resamples, seed=seed)
+                 for name, adapter in named.items()}
     names = list(named)
     out = []
     for i in range(len(summaries)):
-        diffs = [_difference(per_prompt[i], names[0], other, metric, resamples, seed)
+        per_prompt = {name: per_model[name][i][0] for name in names}
+        diffs = [_difference(per_prompt, names[0], other, metric, resamples, seed)
                  for other in names[1:] for metric in METRICS]
         out.append({
             "kind": "sharpness", "task": t.config(), "n": len(measure), "seed": seed, "k": k,
             "select": "given" if heads is not None else select,
             "select_n": len(chooser), "select_seed": seed + 1, "resamples": resamples,
             "ci_method": "percentile bootstrap over prompts (paired: one draw for all models), seeded",
-            "models": models[i], "differences": diffs,
+            "models": {name: per_model[name][i][1] for name in names}, "differences": diffs,
         })
     return out
+
+
+def _model_sharpness(name: str, adapter: ModelAdapter, summaries: Sequence[str | Mapping[str, str]], *,
+                     measure: Sequence[Example], chooser: Sequence[Example],
+                     given: tuple[Sequence[str], Sequence[str]] | None, k: int, select: str, progress: bool,
+                     resamples: int, seed: int) -> list[tuple[dict[str, list[float]], dict[str, Any]]]:
+    """One model's part of :func:`compare_sharpness_summaries`, per summary: each metric's value on
+    every prompt of ``measure`` and the model's record (its heads, chosen on ``chooser`` unless
+    ``given``, and each metric's summary). Every chosen head's maps are read once for all summaries."""
+    summs = [s.get(name, "end") if isinstance(s, Mapping) else s for s in summaries]  # this model's
+    picks = [_given_heads(name, given) if given is not None else _select_heads(adapter, chooser, k, select, progress, s)
+             for s in summs]  # (Aggregate heads, Gather heads, selection scores) per summary
+    chosen = list(dict.fromkeys(h for agg, gat, _ in picks for h in agg + gat))
+    by_summary = pattern_scores_by_summary(adapter, measure, [expand([h], adapter)[0] for h in chosen], progress,
+                                           summs)
+    out = []
+    for summ, (agg, gat, sel_scores) in zip(summs, picks, strict=True):
+        scored = dict(zip(chosen, by_summary[summ], strict=True))
+        values = {metric: _head_means(scored, agg if metric in AGGREGATE_METRICS else gat, metric, len(measure))
+                  for metric in METRICS}
+        metrics = {metric: _summary(xs, metric in RATIO_METRICS, resamples, seed) for metric, xs in values.items()}
+        out.append((values, {
+            "spec": adapter.spec, "summary": summ, "aggregate_heads": agg, "gather_heads": gat,
+            "selection_scores": {h: sel_scores[h] for h in dict.fromkeys(agg + gat)},
+            "heads": [scored[h].to_json() for h in dict.fromkeys(agg + gat)], "metrics": metrics,
+        }))
+    return out
+
+
+def _given_heads(name: str, given: tuple[Sequence[str], Sequence[str]]) -> tuple[list[str], list[str], dict[str, float]]:
+    """Heads given for a model instead of chosen: its Aggregate-role and Gather-role heads, with no
+    selection scores."""
+    agg, gat = list(given[0]), list(given[1])
+    if not agg or not gat:
+        raise GandaError(f"{name}: give at least one Aggregate-role and one Gather-role head")
+    return agg, gat, {h: float("nan") for h in agg + gat}
+
+
+def _head_means(scored: Mapping[str, Any], heads: Sequence[str], metric: str, n: int) -> list[float]:
+    """A model's value of ``metric`` on each of ``n`` prompts: the mean over its ``k`` heads (of
+    ``log x`` for the ratio metrics such as ``aggregate_peak`` and ``gather_contrast``); its
+    summary is then the mean over prompts (exponentiated for the ratios: a geometric mean)."""
+    f = (lambda x: math.log(max(x, 1e-30))) if metric in RATIO_METRICS else (lambda x: x)
+    return [sum(f(scored[h].samples[metric][j]) for h in heads) / len(heads) for j in range(n)]
 
 
 def _paired_task(named: Mapping[str, ModelAdapter], task: str) -> Any:

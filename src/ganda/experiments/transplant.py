@@ -55,6 +55,7 @@ from ..interventions import Intervention, compress_ranges, parse_layers
 from ..models import load_model
 from ..models.base import ModelAdapter
 from ..progress import tqdm
+from ..stats import overlap
 from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_series
 
@@ -267,7 +268,7 @@ class TransplantResult(ExperimentResult):
         ci = {r["condition"]: (r.get(f"{t}_ci_low"), r.get(f"{t}_ci_high")) for r in self.rows}
         best, base = ci.get(s.get("best"), (None, None)), ci.get("student", (None, None))
         weak = (" (weak: its 95% interval overlaps the baseline's)" if None not in (*best, *base)
-                and best[0] <= base[1] and base[0] <= best[1] else "")
+                and overlap(best, base) else "")
         return (f"Best transplant: layer **{s['best_layer']}**, {pct(s.get('best_accuracy'))} "
                 f"vs baseline {pct(s.get('baseline_accuracy'))}{weak}.")
 
