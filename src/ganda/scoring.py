@@ -674,11 +674,14 @@ def context_ids(adapter: ModelAdapter, examples: Sequence[Example]) -> list[list
 
 
 
-def _batches(adapter: ModelAdapter, seqs: list[list[int]]) -> Any:
-    """Right-padded forwards of ``seqs``, ``REFERENCE_ROWS`` at a time: ``(first index, ids, mask)``."""
+def _traced(adapter: ModelAdapter, seqs: list[list[int]], points: Any) -> Any:
+    """Right-padded forwards of ``seqs``, ``REFERENCE_ROWS`` at a time, with ``points`` traced:
+    ``(first index, mask, trace)`` per forward."""
     for k in range(0, len(seqs), REFERENCE_ROWS):
         ids, mask = pad_rows(adapter, seqs[k:k + REFERENCE_ROWS])
-        yield k, ids, mask
+        with adapter.reading(ReadPositions.of_mask(mask)), Trace(adapter, points) as tr:
+            adapter.forward(ids, attention_mask=mask)
+        yield k, mask, tr
 
 
 
@@ -692,9 +695,7 @@ def reference_means(adapter: ModelAdapter, reference: Sequence[Example], mixers:
     points = {z_point(m): (m.layer, m.kind) for m in mixers}
     sums: dict[str, torch.Tensor] = {}
     count = 0
-    for _, ids, mask in _batches(adapter, context_ids(adapter, reference)):
-        with adapter.reading(ReadPositions.of_mask(mask)), Trace(adapter, points) as tr:
-            adapter.forward(ids, attention_mask=mask)
+    for _, mask, tr in _traced(adapter, context_ids(adapter, reference), points):
         for p in points:
             s = (tr[p].float() * mask[..., None]).sum((0, 1))
             sums[p] = sums[p] + s if p in sums else s
@@ -711,11 +712,9 @@ def reference_donors(adapter: ModelAdapter, reference: Sequence[Example], mixers
     seqs = context_ids(adapter, reference)
     points = [z_point(m) for m in mixers]
     z: dict[str, list[torch.Tensor]] = {p: [] for p in points}
-    for k, ids, mask in _batches(adapter, seqs):
-        with adapter.reading(ReadPositions.of_mask(mask)), Trace(adapter, points) as tr:
-            adapter.forward(ids, attention_mask=mask)
+    for k, mask, tr in _traced(adapter, seqs, points):
         for p in points:
-            z[p] += [tr[p][r, : len(seqs[k + r])].clone() for r in range(ids.shape[0])]
+            z[p] += [tr[p][r, : len(seqs[k + r])].clone() for r in range(mask.shape[0])]
     return Donors([tuple(s) for s in seqs], z, seed)
 
 
