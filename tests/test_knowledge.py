@@ -17,7 +17,7 @@ import pytest
 from ganda.knowledge import evaluate_knowledge
 from ganda.scoring import example_pairs, norm_chars
 from ganda.tasks import get_task
-from ganda.tasks.knowledge import KNOWLEDGE_TASKS, capitalize_last_fragment, hellaswag_preprocess, make_task
+from ganda.tasks.knowledge import KNOWLEDGE_TASKS, capitalize_last_fragment, hellaswag_preprocess
 
 
 def test_registered():
@@ -26,7 +26,7 @@ def test_registered():
 
 
 def test_arc_easy_format():
-    exs = make_task("arc_easy").all_examples()
+    exs = get_task("arc_easy").all_examples()
     assert len(exs) == 2376
     ex = exs[0]
     assert ex.prompt == (
@@ -49,7 +49,7 @@ def test_arc_easy_format():
 
 
 def test_arc_challenge_format():
-    exs = make_task("arc_challenge").all_examples()
+    exs = get_task("arc_challenge").all_examples()
     assert len(exs) == 1172
     ex = exs[0]
     assert ex.prompt == (
@@ -60,7 +60,7 @@ def test_arc_challenge_format():
 
 
 def test_openbookqa_format():
-    exs = make_task("openbookqa").all_examples()
+    exs = get_task("openbookqa").all_examples()
     assert len(exs) == 500
     ex = exs[0]
     assert ex.prompt == (
@@ -73,7 +73,7 @@ def test_openbookqa_format():
 
 
 def test_piqa_format():
-    exs = make_task("piqa").all_examples()
+    exs = get_task("piqa").all_examples()
     assert len(exs) == 1838
     assert exs[0].prompt == "Question: How do I ready a guinea pig cage for it's new occupants?\nAnswer:"
     assert exs[0].gold == 0
@@ -84,7 +84,7 @@ def test_piqa_format():
 
 
 def test_hellaswag_format():
-    exs = make_task("hellaswag").all_examples()
+    exs = get_task("hellaswag").all_examples()
     assert len(exs) == 10042
     ex = exs[0]
     # lm-eval: "Roof shingle removal: " + ctx_a + " " + "he".capitalize()
@@ -93,7 +93,7 @@ def test_hellaswag_format():
                           " is holding a rubik's cube.", " starts pulling up roofing on a roof."]
     assert ex.gold == 3
     assert exs[1].prompt == "Clean and jerk: A lady walks to a barbell. She bends down and grabs the pole. The lady"
-    raw = make_task("hellaswag", capitalize_ctx_b=False).all_examples()[0]
+    raw = get_task("hellaswag", capitalize_ctx_b=False).all_examples()[0]
     assert raw.prompt == "Roof shingle removal: A man is sitting on a roof. he"
 
 
@@ -105,7 +105,7 @@ def test_hellaswag_preprocess_matches_lm_eval():
 
 
 def test_winogrande_partial_scoring_shape():
-    exs = make_task("winogrande").all_examples()
+    exs = get_task("winogrande").all_examples()
     assert len(exs) == 1267
     ex = exs[0]
     assert example_pairs(ex) == [
@@ -113,17 +113,17 @@ def test_winogrande_partial_scoring_shape():
         ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases."),
     ]
     assert ex.gold == 1 and exs[1].gold == 0
-    assert make_task("winogrande").metrics == ("acc",)
+    assert get_task("winogrande").metrics == ("acc",)
     assert norm_chars(ex) == [len("always got the easier cases.")] * 2
 
 
 def test_norm_chars_exclude_delimiter():
-    ex = make_task("arc_easy").all_examples()[0]
+    ex = get_task("arc_easy").all_examples()[0]
     assert norm_chars(ex) == [len(c) - 1 for c in ex.choices]
 
 
 def test_limit_and_seed():
-    t = make_task("piqa")
+    t = get_task("piqa")
     assert [e.meta["index"] for e in t.examples(limit=3)] == [0, 1, 2]
     a = [e.meta["index"] for e in t.examples(limit=5, seed=1)]
     assert a == [e.meta["index"] for e in t.examples(limit=5, seed=1)] and a != [0, 1, 2, 3, 4]
@@ -141,7 +141,7 @@ def test_evaluate_knowledge_tiny():
     assert res["mean"] == pytest.approx((res["tasks"]["piqa"]["acc"] + res["tasks"]["winogrande"]["acc"]) / 2)
     # the same accuracy as ``ganda eval`` gets on the same examples
     for t in ("piqa", "winogrande"):
-        exs = make_task(t).examples(limit=2)
+        exs = get_task(t).examples(limit=2)
         assert res["tasks"][t]["acc"] == evaluate_examples(tiny, exs, progress=False).accuracy, t
 
 
@@ -163,12 +163,10 @@ def test_winogrande_scores_the_same_through_evaluate_examples(tiny):
     from ganda.scoring import evaluate_examples, norm_chars, score_choices
     from ganda.scoring import score_example as score_full
 
-    exs = make_task("winogrande").examples(limit=3)
+    exs = get_task("winogrande").examples(limit=3)
     res = evaluate_examples(tiny, exs, progress=False)
     for ex, p in zip(exs, res.predictions, strict=True):
         assert p["loglik"] == pytest.approx(score_full(tiny, ex).loglik, abs=1e-5)
         assert p["loglik"] != pytest.approx(score_choices(tiny, ex.prompt, ex.choices).loglik, abs=1e-3)
         assert score_full(tiny, ex).n_chars == norm_chars(ex) == [len(ex.meta["continuation"]) - 1] * 2
-    from ganda.tasks import get_task
-
     assert get_task("arc_easy").name == "arc_easy" and get_task("lab-mmlu").name == "lab-mmlu"

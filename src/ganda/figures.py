@@ -184,7 +184,7 @@ def curves(
     ``point_labels``: a series' points named, e.g. by the head each step adds ("" names none)."""
     fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for name, ys in series.items():
-        yy = np.array([np.nan if y is None else y for y in ys], dtype=float)
+        yy = _floats(ys)
         (line,) = ax.plot(list(x), yy, marker="o", ms=3.5, label=name)
         if bands and name in bands:
             lo, hi = bands[name]

@@ -42,7 +42,7 @@ from .intervals import ci
 from .interventions import CLASS_POSITIONS, Intervention, apply, bind_reference
 from .models.base import ModelAdapter
 from .progress import tqdm
-from .scoring import EvalResult, encode, prefix_cache_enabled, prefix_groups, run_prefix
+from .scoring import EvalResult, encode, pad_id, prefix_cache_enabled, prefix_groups, run_prefix
 from .stats import wilson
 from .tasks.base import Example, Task
 
@@ -130,8 +130,7 @@ def _generate_cached(adapter: ModelAdapter, rows: list[_Row], eos: set[int], pre
     (None: from nothing). Left pads sit between prefix and suffix, masked out; only adapters whose
     mask removes them exactly (``prefix_left_padding``) get rows of different lengths."""
     dev = adapter.device
-    pad = adapter.tokenizer.pad_token_id
-    pad = 0 if pad is None else pad
+    pad = pad_id(adapter)
     k = len(rows)
     width = max(len(r.prompt_ids) - plen for r in rows)
     ids = torch.full((k, width), pad, dtype=torch.long)
@@ -172,12 +171,18 @@ def _generate_prefixed(adapter: ModelAdapter, rows: list[_Row], eos: set[int], b
     ids = [r.prompt_ids for r in rows]
     for plen, members in prefix_groups(ids, [len(x) - 1 for x in ids]):
         prefix = run_prefix(adapter, ids[members[0]][:plen]) if plen else None
-        order = sorted(members, key=lambda i: len(ids[i]))
-        for k in range(0, len(order), size):
-            chunk = [rows[i] for i in order[k: k + size]]
-            _generate_cached(adapter, chunk, eos, prefix, plen)
-            bar.update(len(chunk))
+        _generate_batches(adapter, [rows[i] for i in members], eos, size, bar, prefix, plen)
         del prefix
+
+
+def _generate_batches(adapter: ModelAdapter, rows: list[_Row], eos: set[int], size: int, bar: Any,
+                      prefix: Any = None, plen: int = 0) -> None:
+    """:func:`_generate_cached` on ``size`` rows at a time, similar lengths together (less padding)."""
+    order = sorted(rows, key=lambda r: len(r.prompt_ids))
+    for k in range(0, len(order), size):
+        chunk = order[k: k + size]
+        _generate_cached(adapter, chunk, eos, prefix, plen)
+        bar.update(len(chunk))
 
 
 @torch.no_grad()
@@ -235,12 +240,7 @@ def generate(
     if use_cache is not False and prefix_cache_enabled(adapter, prefix_cache):
         _generate_prefixed(adapter, rows, eos, batch_size, bar)
     elif cached:
-        # similar lengths together: less padding
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt_ids))
-        for k in range(0, len(order), max(1, batch_size)):
-            chunk = [rows[i] for i in order[k: k + max(1, batch_size)]]
-            _generate_cached(adapter, chunk, eos)
-            bar.update(len(chunk))
+        _generate_batches(adapter, rows, eos, max(1, batch_size), bar)
     else:
         for r in rows:
             _generate_uncached(adapter, r, eos)

@@ -45,11 +45,12 @@ def evaluate_group(
     *,
     seed: int = 0,
     progress: bool = True,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """Each member task's ``acc`` (and ``acc_norm`` where the task reports it) and the mean ``acc``
     over the members, under ``interventions``: ``limit`` examples per task (the first ones, like
-    lm-eval's ``--limit``, when ``seed`` is 0)."""
-    name = group if isinstance(group, str) else "group"
+    lm-eval's ``--limit``, when ``seed`` is 0). ``name``: what an error calls the group."""
+    name = name or (group if isinstance(group, str) else "group")
     if limit is not None and limit < 1:
         raise GandaError(f"{name}: limit must be at least 1, got {limit}")
     members = members_of(group)
@@ -79,9 +80,7 @@ def evaluate_knowledge(
     progress: bool = True,
 ) -> dict[str, Any]:
     """The ``knowledge`` group (or ``tasks`` of it) scored by :func:`evaluate_group`."""
-    if limit is not None and limit < 1:
-        raise GandaError(f"knowledge: limit must be at least 1, got {limit}")
-    return evaluate_group(adapter, tuple(tasks), interventions, limit, seed=seed, progress=progress)
+    return evaluate_group(adapter, tuple(tasks), interventions, limit, seed=seed, progress=progress, name=KNOWLEDGE)
 
 
 __all__ = ["KNOWLEDGE_TASKS", "evaluate_group", "evaluate_knowledge", "group_score", "members_of"]

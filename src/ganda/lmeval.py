@@ -36,9 +36,9 @@ from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter
 from .scoring import ChoiceScores, evaluate_examples, example_pairs, norm_chars
 from .tasks import get_task
+from .tasks.mmlu import DATA_DIR as MMLU_DIR
 from .tasks.mmlu import subjects as all_subjects
 
-MMLU_DIR = Path(__file__).resolve().parent / "data" / "mmlu"
 ARC_EASY = Path(__file__).resolve().parent / "data" / "arc" / "ARC-Easy-Test.jsonl.gz"
 SHARED = Path("/work/shared/data")
 MMLU_COLUMNS = ["question", "A", "B", "C", "D", "answer"]

@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ from .models.base import ModelAdapter
 from .models.loading import _load_tokenizer, model_path
 from .models.ssm.selective_scan import chunk_of, segment_of
 from .progress import note
-from .scoring import encode, prefix_cache_enabled
+from .scoring import BATCH_ROWS, SMALL_MODEL_PARAMS, encode, prefix_cache_enabled
 from .sweep import batching_for, forward_tokens
 from .tasks import get_task
 
@@ -95,6 +96,11 @@ class Device:
 
     def rate(self, dtype: str) -> float:
         return self.flops.get(dtype, self.flops["float32"]) * self.util
+
+    def segment(self, rows: float, E: int, N: int) -> int:
+        """Tokens a no-grad chunked Mamba-1 scan of ``rows`` rows holds at once here
+        (:func:`ganda.models.ssm.selective_scan.segment_of`: rows × S × E × N within its budget)."""
+        return segment_of(max(1, round(rows)), E, N, torch.device("cpu" if self.host else "cuda"))
 
 
 # GPU rows: data-sheet dense peaks (no sparsity; fp32 without TF32, PyTorch's default). Fitted on one
@@ -321,6 +327,11 @@ class Workload:
         return self.choices, self.tokens + self.choice_tokens
 
     @property
+    def reads(self) -> float:
+        """Positions whose log-probabilities an analysis reads per example: each choice's tokens."""
+        return self.choices * self.choice_tokens
+
+    @property
     def score_rows(self) -> int:
         """Rows of log-probabilities read back per example: one shared row, or one per choice."""
         return 1 if self.single else self.choices
@@ -341,8 +352,7 @@ def workload_from_examples(examples: Sequence[Any], encode: Any | None = None, c
         return len(encode(text)) if encode is not None else max(1, round(len(text) / chars_per_token))
 
     ctx = [count(ex.prompt) for ex in examples]
-    conts = [count(c) if encode is not None else max(1, round(len(c) / chars_per_token))
-             for ex in examples for c in ex.choices]
+    conts = [count(c) for ex in examples for c in ex.choices]
     n_choices = sum(len(ex.choices) for ex in examples) / len(examples)
     return Workload(n=len(examples), tokens=sum(ctx) / len(ctx), choices=round(n_choices),
                     choice_tokens=sum(conts) / max(1, len(conts)), max_tokens=max(ctx) + max(conts, default=1))
@@ -357,10 +367,10 @@ CHUNKED = "chunked"  # ganda's chunked scan: the PyTorch path of analysis (torch
 def scan_steps(kind: str, T: int, rows: float, E: int, N: int, dev: Device) -> float:
     """Sequential steps of one Mamba-1 layer's scan over T tokens: T for the loop; for the chunked
     scan ⌈√S⌉ steps inside chunks and ⌈S/⌈√S⌉⌉ between them per segment of S tokens
-    (:func:`ganda.models.ssm.selective_scan.segment_of`: rows × S × E × N within its budget)."""
+    (:meth:`Device.segment`)."""
     if kind != CHUNKED:
         return float(T)
-    seg = segment_of(max(1, round(rows)), E, N, torch.device("cpu" if dev.host else "cuda"))
+    seg = dev.segment(rows, E, N)
 
     def one(n: int) -> int:
         q = chunk_of(n)
@@ -454,13 +464,7 @@ def _phase_act(p: Profile, ph: Phase, w: Workload, dev: Device | None = None) ->
     no-grad chunked scan on ``dev`` holds one segment at a time; with autograd it keeps them all."""
     T = max(1, round(ph.tokens or w.peak_tokens))
     rows = ph.peak_rows or ph.rows
-    segment = None
-    if ph.chunked and not ph.backward and dev is not None:
-        where = torch.device("cpu" if dev.host else "cuda")
-
-        def segment(E: int, N: int) -> int:
-            return segment_of(max(1, round(rows)), E, N, where)
-
+    segment = partial(dev.segment, rows) if ph.chunked and not ph.backward and dev is not None else None
     act = _act_peak(p, rows, T, ph.layers, ph.logit_positions, ph.chunked, segment)
     if ph.full_logits:
         # fp32 logits and their log-softmax at every position of the longest prompt, beside the
@@ -485,6 +489,13 @@ def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> P
     return registry.resolve_target(registry.experiment(experiment).phases)(p, w, opts)
 
 
+def batches_of(w: Workload, batch_tokens: int) -> tuple[int, int]:
+    """(examples per batch, batches) of a gradient pass over ``w``: examples in input order, as many
+    to a batch as ``batch_tokens`` padded tokens hold (at least one)."""
+    per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
+    return per_batch, math.ceil(w.n / per_batch)
+
+
 def eval_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda eval``: every example scored once."""
     return scoring_phases(p, w, "score every example", 1, opts), 0.0, []
@@ -494,17 +505,16 @@ def sweep_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """The exhaustive sweep: with layer skipping, one intact pass kept layer by layer and each head
     batch from its layer on; without, whole forwards per head batch."""
     L = list(range(len(p.layers)))
-    n_read = w.choices * w.choice_tokens  # positions whose log-probabilities a sweep reads
     heads = opts.get("heads_per_layer") or [layer.heads for layer in p.layers]
     bh = int(opts.get("batch_heads") or 16)
     if not opts.get("layer_skip", True):
         total = sum(heads)
         # memory: a batch holds one mixer's heads, and each forward's log-softmax covers every position
         largest = max((min(bh, hk) for hk in heads if hk), default=1)
-        phases = [Phase("intact model scored", w.n, 1, w.packed, L, n_read, examples=w.n, scored=w.n * w.score_rows,
+        phases = [Phase("intact model scored", w.n, 1, w.packed, L, w.reads, examples=w.n, scored=w.n * w.score_rows,
                         full_logits=True),
                   Phase("ablated heads (full forwards)", w.n * math.ceil(total / bh), min(bh, total),
-                        w.packed, L, n_read, scored=w.n * total * w.score_rows, full_logits=True, peak_rows=largest)]
+                        w.packed, L, w.reads, scored=w.n * total * w.score_rows, full_logits=True, peak_rows=largest)]
         return phases, 0.0, ["no layer skipping for this family: every head batch runs the whole model"]
     # the intact scores come from the pass that records each layer's input; examples run g to a
     # forward, a batch's heads split so a forward stays within the token budget (sweep.batching),
@@ -514,23 +524,23 @@ def sweep_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     shape = batching_for(w.packed, sizes, forward_tokens(gpu=dev is not None and not dev.host))
     g = min(w.n, shape.examples)
     blocks = math.ceil(w.n / g)
-    phases = [Phase("intact pass kept layer by layer", blocks, g, w.packed, L, n_read, examples=w.n, scored=blocks)]
+    phases = [Phase("intact pass kept layer by layer", blocks, g, w.packed, L, w.reads, examples=w.n, scored=blocks)]
     for k, hk in enumerate(heads):
         if hk:
             b = min(bh, hk)
             split = math.ceil(b / shape.heads_per_forward(round(w.packed), b))
             calls = blocks * math.ceil(hk / bh)
-            phases.append(Phase(f"heads of layer {k}", calls * split, b * g / split, w.packed, L[k:], n_read,
+            phases.append(Phase(f"heads of layer {k}", calls * split, b * g / split, w.packed, L[k:], w.reads,
                                 scored=calls))
     kept = w.n * w.packed * p.d_model * p.bytes_per_param  # each prompt's residual entering the current layer
-    return phases[:1] + _merge(phases[1:], "ablated heads, layers k.. only"), kept, []
+    heads_phases = [_Sum("ablated heads, layers k.. only", phases[1:])] if phases[1:] else []  # one line, exact sums
+    return phases[:1] + heads_phases, kept, []
 
 
 def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda rank``: one no-grad pass and a layer-by-layer backward per batch, then the exact
     check of the top heads, the audit and every head of ``verify_layers``."""
     L = list(range(len(p.layers)))
-    n_read = w.choices * w.choice_tokens
     method = opts.get("method", RANK_METHOD)
     dev = opts.get("_device")
     block_of = graddrop_blocks(len(L), opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
@@ -539,8 +549,7 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     batch_tokens = int(opts.get("batch_tokens") or batch_tokens_for(len(L), p.d_model, int(p.bytes_per_param),
                                                                      block_of[-1] + 1, free, state))
     reps = int(opts.get("ig_steps") or IG_STEPS) + 1 if method == "ig" else 1  # IG: k steps and a clean copy
-    per_batch = max(1, min(w.n, batch_tokens // reps // max(1, round(w.packed))))
-    calls = math.ceil(w.n / per_batch)
+    per_batch, calls = batches_of(w, batch_tokens // reps)
     width = w.packed  # batches follow the input order, each padded to its longest prompt: in one batch
     if calls == 1 and w.n > 1 and w.max_tokens:  # of unequal prompts that is the longest of all
         width += max(0.0, w.max_tokens - w.choice_tokens - w.tokens)
@@ -551,9 +560,9 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     above = sum(blocks - 1 - b for b in block_of) / depth
     vjp = dev.vjp_cost if dev is not None else 1.0
     back = 1.0 + vjp * (1.0 + above if method == "atp*" else 1.0)
-    phases = [Phase("no-grad pass, residuals kept", calls, per_batch * reps, width, L, n_read, examples=w.n,
+    phases = [Phase("no-grad pass, residuals kept", calls, per_batch * reps, width, L, w.reads, examples=w.n,
                     scored=w.n * w.score_rows * reps, scan=CHUNKED),
-              Phase(f"layer-by-layer backward ({method})", calls, per_batch * reps, width, L, n_read,
+              Phase(f"layer-by-layer backward ({method})", calls, per_batch * reps, width, L, w.reads,
                     backward=back - 1.0, scan=CHUNKED)]
     cotangents = blocks if method == "atp*" else 1
     kept = (depth + cotangents) * per_batch * reps * width * p.d_model * 4
@@ -651,8 +660,9 @@ def scoring_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[st
 
 
 def scoring_phases(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> list[Phase]:
-    """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to 64
-    rows for small models, one example per forward otherwise; logits only at the positions a choice
+    """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to
+    ``BATCH_ROWS`` rows for small models, one example per forward otherwise
+    (:func:`ganda.scoring.default_batch_rows`); logits only at the positions a choice
     is read from. Choices of several tokens on a model that continues from a cached prefix
     (:func:`ganda.scoring.prefix_cache_enabled`) are scored as the scorer does: each prompt once,
     then the choices' own tokens in batches of suffix rows."""
@@ -665,7 +675,7 @@ def scoring_phases(p: Profile, w: Workload, name: str, repeat: int, opts: dict[s
                 Phase(f"{name}: the choices after it", repeat * w.n, w.choices, w.choice_tokens, L, w.choice_tokens,
                       scored=repeat * w.n * w.score_rows)]
     rows, T = w.rows_tokens
-    batch = opts.get("batch_rows") or (64 if p.n_params < 20_000_000 else rows)
+    batch = opts.get("batch_rows") or (BATCH_ROWS if p.n_params < SMALL_MODEL_PARAMS else rows)
     per_call = max(1, min(w.n, batch // rows))
     if not opts.get("batch_rows") and gpu:  # a GPU's suffix batches (scoring.score_budget)
         per_call = max(per_call, min(w.n, GPU_SCORE_TOKENS // max(1, round(rows * T))))
@@ -691,12 +701,10 @@ class _MapPhase(Phase):
         return self.flops(p) / (dev.rate("float32") * 0.25) + self.calls * self.n_maps * dev.map_overhead
 
 
-def _merge(phases: list[Phase], name: str) -> list[Phase]:
-    """Fold the per-layer sweep phases into one line (their FLOPs and times still add up exactly)."""
-    return [_Sum(name, phases)] if phases else []
-
-
 class _Sum(Phase):
+    """Several phases as one line (the per-layer sweep phases, an extension's scoring passes):
+    their FLOPs and times still add up exactly."""
+
     def __init__(self, name: str, parts: list[Phase]) -> None:
         super().__init__(name, sum(q.calls for q in parts), max(q.rows for q in parts), parts[0].tokens,
                          sorted({i for q in parts for i in q.layers}), parts[0].logit_positions,
@@ -823,9 +831,7 @@ def announce(adapter: Any, examples: list, experiment: str = "eval", shared_pref
     try:
         some = examples[:: max(1, len(examples) // 50)][:50]
         w = workload_from_examples(some, lambda text: encode(adapter, text), CHARS_PER_TOKEN)
-        tokens = w.tokens * (_new_chars(examples) if shared_prefix else 1.0)
-        w = Workload(n=len(examples), tokens=tokens, choices=w.choices, choice_tokens=w.choice_tokens,
-                             max_tokens=w.max_tokens)
+        w = replace(w, n=len(examples), tokens=w.tokens * (_new_chars(examples) if shared_prefix else 1.0))
         seconds = plan(profile(adapter), experiment, w, "cpu", 1,
                                layer_skip=layer_skip(adapter), **opts).seconds
     except Exception:  # noqa: BLE001 - an estimate is a courtesy; a model the planner cannot cost runs anyway
@@ -850,8 +856,7 @@ def model_layout(model: str, dtype: Any) -> tuple[Any, Any]:
         adapter = load_model(model, device="cpu", dtype=dtype)
         return adapter, adapter.tokenizer
     adapter = meta.build(model, dtype)
-    path = model_path(model) if not hub.is_hub_id(model) and model not in meta.shipped() else None
-    tok = _load_tokenizer(str(path)) if path is not None and path.is_dir() else None
+    tok = _load_tokenizer(str(found)) if found is not None and found.is_dir() else None
     if tok is not None:
         tok.model_max_length = 1 << 62  # it counts tokens; a prompt past the model's context is the plan's to say
         adapter.tokenizer = tok
@@ -870,9 +875,7 @@ def task_workload(adapter: Any, tok: Any, task: str, n: int, shots: int | None, 
     if not exs:
         raise GandaError(f"task {task!r} gave no examples to measure")
     enc = (lambda text: encode(adapter, text)) if tok is not None else None
-    w = workload_from_examples(exs, enc, CHARS_PER_TOKEN)
-    return Workload(n=n, tokens=w.tokens, choices=w.choices, choice_tokens=w.choice_tokens,
-                    max_tokens=w.max_tokens)
+    return replace(workload_from_examples(exs, enc, CHARS_PER_TOKEN), n=n)
 
 
 def heads_per_layer(adapter: Any, heads: str | None) -> list[int] | None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .errors import GandaError
-from .scoring import encode_pairs, example_pairs, norm_chars, pad_rows
+from .scoring import common_prefix, encode_pairs, example_pairs, norm_chars, one_row, pad_rows, right_pad
 from .tasks.base import Example
 
 PACKED, ROWS = "packed", "rows"
@@ -120,17 +120,13 @@ def prepare(adapter: Any, ex: Example) -> Prepared:
         rows=[list(c) + list(t) for c, t in pairs],
         ctx_lens=[len(c) for c, _ in pairs],
         conts=[list(t) for _, t in pairs],
-        single=len({tuple(c) for c, _ in pairs}) == 1 and all(len(t) == 1 for _, t in pairs),
+        single=one_row(pairs),
         n_chars=norm_chars(ex),
         gold=ex.gold,
     )
     # the longest prefix shared by every row's inputs (a row's last token is never an input that is read)
     inputs = [r[:-1] for r in p.rows]
-    n = min(len(r) for r in inputs)
-    pre = 0
-    while pre < n and all(r[pre] == inputs[0][pre] for r in inputs):
-        pre += 1
-    p.prefix = pre
+    pre = p.prefix = min(common_prefix(inputs[0], r) for r in inputs)
     p.tokens = list(inputs[0][:pre])
     p.positions = list(range(pre))
     p.parent = [-1] * pre
@@ -197,11 +193,6 @@ def batch_item(p: Prepared, index: int, packed: bool) -> BatchItem:
     return BatchItem(index, p.gold, p.input_rows(whole=False), None, None, reads)
 
 
-def _pad_id(adapter: Any) -> int:
-    tok = adapter.tokenizer
-    return int(getattr(tok, "pad_token_id", None) or 0) if tok is not None else 0
-
-
 def make_batch(adapter: Any, items: list[BatchItem], packed: bool, dtype: torch.dtype | None = None) -> Batch:
     """``items`` as one batch on the adapter's device. Packed rows get additive block masks in
     ``dtype`` (default: the model's parameters'); a pad position sees only itself, so no row of a
@@ -211,14 +202,10 @@ def make_batch(adapter: Any, items: list[BatchItem], packed: bool, dtype: torch.
     dev = adapter.device
     rows = [r for it in items for r in it.rows]
     row_example = torch.tensor([j for j, it in enumerate(items) for _ in it.rows], device=dev)
-    w = max(len(r) for r in rows)
-    ids = torch.full((len(rows), w), _pad_id(adapter), dtype=torch.long)
-    valid = torch.zeros((len(rows), w), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        valid[i, : len(r)] = True
+    ids, mask = right_pad(adapter, rows)
+    w, valid = ids.shape[1], mask.bool()
     if not packed:
-        return Batch(items, ids.to(dev), valid.long().to(dev), None, row_example, valid.to(dev), False)
+        return Batch(items, ids.to(dev), mask.to(dev), None, row_example, valid.to(dev), False)
     pos = torch.zeros((len(rows), w), dtype=torch.long)
     mask = torch.full((len(rows), 1, w, w), torch.finfo(dtype).min, dtype=dtype)
     idx = torch.arange(w)

@@ -39,10 +39,8 @@ def add_bos(adapter: ModelAdapter) -> bool:
 
 
 def encode(adapter: ModelAdapter, text: str) -> list[int]:
-    ids = adapter.require_tokenizer()(text, add_special_tokens=False).input_ids
-    if add_bos(adapter) and adapter.tokenizer.bos_token_id is not None:
-        ids = [adapter.tokenizer.bos_token_id, *ids]
-    return ids
+    """``text``'s ids as the model reads them: no special tokens but a BOS where :func:`add_bos`."""
+    return encode_many(adapter, [text])[0]
 
 
 def _split_space(context: str, continuation: str) -> tuple[str, str]:
@@ -147,39 +145,46 @@ def score_example(adapter: ModelAdapter, ex: Example) -> ChoiceScores:
     return _score_pairs(adapter, example_pairs(ex), norm_chars(ex))
 
 
-def pad_rows(adapter: ModelAdapter, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``[rows, width]`` ids and attention mask on the model's device (lm-eval's
-    batch layout); fails before any work if the longest row exceeds the context."""
-    width = max(len(r) for r in rows)
-    adapter.check_length(width)
+def pad_id(adapter: ModelAdapter) -> int:
+    """The id padded positions hold: the tokenizer's pad token, else 0 (no real position reads one)."""
     tok = adapter.tokenizer
-    pad = (tok.pad_token_id or 0) if tok is not None else 0
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    return int(getattr(tok, "pad_token_id", None) or 0) if tok is not None else 0
+
+
+def right_pad(adapter: ModelAdapter, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[rows, width]`` ids right-padded with :func:`pad_id` and their 0/1 mask (long), on the CPU."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id(adapter), dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, : len(r)] = torch.tensor(list(r))
         mask[i, : len(r)] = 1
+    return ids, mask
+
+
+def pad_rows(adapter: ModelAdapter, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``[rows, width]`` ids and attention mask on the model's device (lm-eval's
+    batch layout); fails before any work if the longest row exceeds the context."""
+    adapter.check_length(max(len(r) for r in rows))
+    ids, mask = right_pad(adapter, rows)
     return ids.to(adapter.device), mask.to(adapter.device)
 
 
 Pairs = list[tuple[list[int], list[int]]]  # (context ids, continuation ids) per choice
 
 
-def _encode_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]]) -> tuple[Pairs, bool]:
-    """Encoded (context, continuation) pairs, and whether one row (their shared context) scores
-    them all: every continuation is one token after the same context (MMLU letters)."""
-    return _shared(encode_pairs(adapter, texts))
-
-
-def _shared(pairs: Pairs) -> tuple[Pairs, bool]:
-    return pairs, len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs)
+def one_row(pairs: Pairs) -> bool:
+    """Whether one row (the shared context) scores every pair: each continuation is one token after
+    the same context (MMLU letters)."""
+    return len({tuple(p[0]) for p in pairs}) == 1 and all(len(p[1]) == 1 for p in pairs)
 
 
 def encode_examples(adapter: ModelAdapter, examples: Sequence[Example]) -> list[tuple[Pairs, bool, list[int]]]:
     """``(pairs, single, n_chars)`` per example, every example's pairs in one tokenizer call."""
     texts = [example_pairs(ex) for ex in examples]
     flat = iter(encode_pairs(adapter, [p for t in texts for p in t]))
-    return [(*_shared([next(flat) for _ in t]), norm_chars(ex)) for t, ex in zip(texts, examples, strict=True)]
+    pairs = [[next(flat) for _ in t] for t in texts]
+    return [(p, one_row(p), norm_chars(ex)) for p, ex in zip(pairs, examples, strict=True)]
 
 
 @torch.no_grad()
@@ -202,20 +207,17 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
                          torch.tensor([r.last for r in rows], device=dev), ids, classes)
     logits = adapter.forward(ids, attention_mask=None if lone else mask, read=read)
     lls = [[0.0] * len(pairs) for pairs, _, _ in items]
-    for i, r in enumerate(rows):
-        for k, c, first, cont in r.reads:
-            logp = torch.log_softmax(logits[i, torch.arange(first, first + len(cont), device=dev)].float(), -1)
-            lls[k][c] = float(logp[torch.arange(len(cont), device=dev), torch.tensor(cont, device=dev)].sum())
-    out = [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)]
-    return _finite(adapter, items, out)
+    _read_batch(logits, rows, None, 0, lls)
+    return _finite(adapter, items, lls)
 
 
 def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int],
                  prefix_cache: bool | None = None) -> ChoiceScores:
-    pairs, single = _encode_pairs(adapter, texts)
+    pairs = encode_pairs(adapter, texts)
+    items = [(pairs, one_row(pairs), n_chars)]
     if prefix_cache_enabled(adapter, prefix_cache):  # the shared context once, choices as suffixes
-        return _score_rows_prefixed(adapter, [(pairs, single, n_chars)])[0]
-    return _score_rows(adapter, [(pairs, single, n_chars)])[0]
+        return _score_rows_prefixed(adapter, items)[0]
+    return _score_rows(adapter, items)[0]
 
 
 # ---- shared-prefix reuse -------------------------------------------------------------------
@@ -405,17 +407,13 @@ def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, boo
     lls = [[0.0] * len(pairs) for pairs, _, _ in items]
     budget = score_budget(adapter)
     dev = adapter.device
-    tok = adapter.tokenizer
-    pad = ((tok.pad_token_id or 0) if tok is not None else 0)
     for plen, members in prefix_groups([r.ids for r in rows], [r.first for r in rows]):
         prefix = run_prefix(adapter, rows[members[0]].ids[:plen]) if plen else None
         lengths = {m: len(rows[m].ids) - plen for m in members}
         keeps = {m: set(range(rows[m].first - plen, rows[m].last - plen + 1)) for m in members}
         for batch in suffix_batches(lengths, members, plen, keeps, max_rows, budget):
-            width = max(lengths[m] for m in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            for i, m in enumerate(batch):
-                ids[i, : lengths[m]] = torch.tensor(rows[m].ids[plen:])
+            ids, _ = right_pad(adapter, [rows[m].ids[plen:] for m in batch])
+            width = ids.shape[1]
             keep = sorted({p - plen for m in batch for p in range(rows[m].first, rows[m].last + 1)})
             col = {p: j for j, p in enumerate(keep)}
             cache = adapter.expand_cache(prefix, len(batch)) if prefix is not None else adapter.new_cache()
@@ -427,13 +425,14 @@ def _score_rows_prefixed(adapter: ModelAdapter, items: Sequence[tuple[Pairs, boo
             del cache
             _read_batch(logits, [rows[m] for m in batch], col, plen, lls)
         del prefix
-    return _finite(adapter, items, [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)])
+    return _finite(adapter, items, lls)
 
 
-def _read_batch(logits: torch.Tensor, rows: Sequence[_ScoreRow], col: Mapping[int, int], plen: int,
+def _read_batch(logits: torch.Tensor, rows: Sequence[_ScoreRow], col: Mapping[int, int] | None, plen: int,
                 lls: list[list[float]]) -> None:
-    """Each read's continuation log-likelihood into ``lls``, from one suffix batch's kept logits
-    ``[rows, kept, V]`` (``col``: a suffix position's kept column). One log-softmax over every read
+    """Each read's continuation log-likelihood into ``lls``, from one batch's kept logits
+    ``[rows, kept, V]`` (``col``: a suffix position's kept column; None: every position kept,
+    ``plen`` 0). One log-softmax over every read
     position and one transfer to the host per batch: a sync per choice leaves a GPU idle between them.
     Each choice's sum is the same float32 reduction over its own positions as one read at a time."""
     dev = logits.device
@@ -442,7 +441,7 @@ def _read_batch(logits: torch.Tensor, rows: Sequence[_ScoreRow], col: Mapping[in
         for k, c, first, cont in r.reads:
             start = len(tokens)
             at_row += [i] * len(cont)
-            at_col += [col[first - plen + j] for j in range(len(cont))]
+            at_col += [col[first - plen + j] if col is not None else first + j for j in range(len(cont))]
             tokens += list(cont)
             spans.append((k, c, start, len(tokens)))
     if not spans:
@@ -455,10 +454,11 @@ def _read_batch(logits: torch.Tensor, rows: Sequence[_ScoreRow], col: Mapping[in
 
 
 def _finite(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[int]]],
-            scores: list[ChoiceScores]) -> list[ChoiceScores]:
-    """``scores``, once every log-likelihood is finite (:func:`ganda.finite.check_scores`: a NaN
-    score would make the first choice every prediction); the prompt whose scores are not is run
+            lls: list[list[float]]) -> list[ChoiceScores]:
+    """Each item's scores, once every log-likelihood is finite (:func:`ganda.finite.check_scores`: a
+    NaN score would make the first choice every prediction); the prompt whose scores are not is run
     again to name the module where the non-finite values first appear."""
+    scores = [ChoiceScores(ll, n_chars) for ll, (_, _, n_chars) in zip(lls, items, strict=True)]
     for (pairs, _, _), sc in zip(items, scores, strict=True):
         if not all(math.isfinite(v) for v in sc.loglik):
             ctx = pairs[0][0]
@@ -674,11 +674,14 @@ def context_ids(adapter: ModelAdapter, examples: Sequence[Example]) -> list[list
 
 
 
-def _batches(adapter: ModelAdapter, seqs: list[list[int]]) -> Any:
-    """Right-padded forwards of ``seqs``, ``REFERENCE_ROWS`` at a time: ``(first index, ids, mask)``."""
+def _traced(adapter: ModelAdapter, seqs: list[list[int]], points: Any) -> Any:
+    """Right-padded forwards of ``seqs``, ``REFERENCE_ROWS`` at a time, with ``points`` traced:
+    ``(first index, mask, trace)`` per forward."""
     for k in range(0, len(seqs), REFERENCE_ROWS):
         ids, mask = pad_rows(adapter, seqs[k:k + REFERENCE_ROWS])
-        yield k, ids, mask
+        with adapter.reading(ReadPositions.of_mask(mask)), Trace(adapter, points) as tr:
+            adapter.forward(ids, attention_mask=mask)
+        yield k, mask, tr
 
 
 
@@ -692,9 +695,7 @@ def reference_means(adapter: ModelAdapter, reference: Sequence[Example], mixers:
     points = {z_point(m): (m.layer, m.kind) for m in mixers}
     sums: dict[str, torch.Tensor] = {}
     count = 0
-    for _, ids, mask in _batches(adapter, context_ids(adapter, reference)):
-        with adapter.reading(ReadPositions.of_mask(mask)), Trace(adapter, points) as tr:
-            adapter.forward(ids, attention_mask=mask)
+    for _, mask, tr in _traced(adapter, context_ids(adapter, reference), points):
         for p in points:
             s = (tr[p].float() * mask[..., None]).sum((0, 1))
             sums[p] = sums[p] + s if p in sums else s
@@ -711,11 +712,9 @@ def reference_donors(adapter: ModelAdapter, reference: Sequence[Example], mixers
     seqs = context_ids(adapter, reference)
     points = [z_point(m) for m in mixers]
     z: dict[str, list[torch.Tensor]] = {p: [] for p in points}
-    for k, ids, mask in _batches(adapter, seqs):
-        with adapter.reading(ReadPositions.of_mask(mask)), Trace(adapter, points) as tr:
-            adapter.forward(ids, attention_mask=mask)
+    for k, mask, tr in _traced(adapter, seqs, points):
         for p in points:
-            z[p] += [tr[p][r, : len(seqs[k + r])].clone() for r in range(ids.shape[0])]
+            z[p] += [tr[p][r, : len(seqs[k + r])].clone() for r in range(mask.shape[0])]
     return Donors([tuple(s) for s in seqs], z, seed)
 
 

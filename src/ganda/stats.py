@@ -13,8 +13,10 @@ import numpy as np
 
 from .intervals import ci as interval
 
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 
-def wilson(correct: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+
+def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score 95% interval for a binomial proportion (well-behaved at 0% and 100%)."""
     if n == 0:
         return (0.0, 1.0)
@@ -105,9 +107,6 @@ def weak_note(acc_a: float | None, acc_b: float | None, n: int | None, n_b: int 
         at = f"n={n}" if n == n_b else f"n={n} and {n_b}"
         return f" (weak: the 95% intervals overlap at {at}; more prompts would tell)"
     return ""
-
-
-Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 
 
 def pool_sets(estimates: Sequence[float], lows: Sequence[float | None], highs: Sequence[float | None],

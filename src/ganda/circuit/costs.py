@@ -18,12 +18,11 @@ Every pass runs on the PyTorch path of analysis (``torch_path``): Mamba-1 layers
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from ..attribution.engine import ACTIVE_EDGES, BATCH_TOKENS
 from ..heads import HeadId
-from ..plan import CHUNKED, Device, Phase, Phases, Profile, Workload
+from ..plan import CHUNKED, Device, Phase, Phases, Profile, Workload, batches_of
 
 
 class _Part(Phase):
@@ -49,11 +48,6 @@ def mixer_part(p: Profile) -> float:
         range(len(p.layers))))))
 
 
-def _batches(w: Workload, batch_tokens: int) -> tuple[int, int]:
-    per_batch = max(1, min(w.n, batch_tokens // max(1, round(w.packed))))
-    return per_batch, math.ceil(w.n / per_batch)
-
-
 def _layer(text: Any, default: int) -> int:
     try:
         return HeadId.parse(str(text)).layer
@@ -67,16 +61,15 @@ def path_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     s = min(max(0, _layer(opts.get("sender"), 0)), len(L) - 1)
     r = min(max(s, _layer(opts.get("receiver"), len(L) - 1)), len(L) - 1)
     parts = max(1, len([x for x in str(opts.get("parts") or "together").split(",") if x.strip()]))
-    n_read = w.choices * w.choice_tokens
-    per_batch, calls = _batches(w, int(opts.get("batch_tokens") or BATCH_TOKENS))
-    phases = [Phase("intact pass, every layer's input kept", calls, per_batch, w.packed, L, n_read, examples=w.n,
+    per_batch, calls = batches_of(w, int(opts.get("batch_tokens") or BATCH_TOKENS))
+    phases = [Phase("intact pass, every layer's input kept", calls, per_batch, w.packed, L, w.reads, examples=w.n,
                     scored=w.n * w.score_rows, scan=CHUNKED),
-              Phase("sender ablated everywhere", calls, per_batch, w.packed, L[s:], n_read, scan=CHUNKED)]
+              Phase("sender ablated everywhere", calls, per_batch, w.packed, L[s:], w.reads, scan=CHUNKED)]
     if opts.get("paths", "all") == "all" and r > s + 1:
         phases.append(Phase("ablated stream from the sender to the receiver", calls, per_batch, w.packed, L[s:r], 0,
                             scan=CHUNKED))
     phases.append(Phase(f"{parts} path ablation(s) from the receiver's layer on", calls * parts, per_batch, w.packed,
-                        L[r:], n_read, scan=CHUNKED))
+                        L[r:], w.reads, scan=CHUNKED))
     kept = len(L) * per_batch * w.packed * p.d_model * 4
     return phases, kept, [f"path ablation L{s} -> L{r}: the receiver's layer and the {len(L) - r - 1} after it "
                           f"per part ({parts})"]
@@ -92,13 +85,12 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda edges``: see the module docstring."""
     L = list(range(len(p.layers)))
     heads = sum(layer.heads for layer in p.layers)
-    n_read = w.choices * w.choice_tokens
     batch_tokens = int(opts.get("batch_tokens") or edges_batch_tokens(heads, p.d_model))
-    per_batch, calls = _batches(w, batch_tokens)
+    per_batch, calls = batches_of(w, batch_tokens)
     copies = sum(layer.heads for layer in p.layers[1:]) / max(1, len(L))  # receiver copies per layer, on average
-    phases = [Phase("no-grad pass, residuals and mixer outputs kept", calls, per_batch, w.packed, L, n_read,
+    phases = [Phase("no-grad pass, residuals and mixer outputs kept", calls, per_batch, w.packed, L, w.reads,
                     examples=w.n, scored=w.n * w.score_rows, scan=CHUNKED),
-              Phase("layer-by-layer backward (one VJP per layer)", calls, per_batch, w.packed, L, n_read, backward=1.0,
+              Phase("layer-by-layer backward (one VJP per layer)", calls, per_batch, w.packed, L, w.reads, backward=1.0,
                     scan=CHUNKED),
               _Part(f"receiver copies ({copies:.0f} per layer on average), forward and VJP up to the mixer", calls,
                     per_batch * copies, w.packed, L, mixer_part(p), backward=2.0)]
@@ -109,7 +101,7 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     if checks:
         depth = max(1, round(len(L) / 2))
         phases.append(Phase(f"exact check of {checks} edges (the intact forward from each receiver's layer)",
-                            calls * checks, per_batch, w.packed, L[len(L) - depth:], n_read, scan=CHUNKED))
+                            calls * checks, per_batch, w.packed, L[len(L) - depth:], w.reads, scan=CHUNKED))
     kept = (len(L) + heads) * per_batch * w.packed * p.d_model * 4
     note = (f"edges: every sender -> receiver pair of {heads} heads from one forward and one backward per batch, "
             f"{copies:.0f} receiver copies per layer; kept: every layer's input and every head's write")

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import random
 import types
 import typing
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -173,6 +175,24 @@ def _checked_examples(examples: Any) -> Any:
         return examples(self, limit, *args, **kw)
 
     return checked
+
+
+def add_lines(text: str, lines: Iterable[str]) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` followed by ``lines``, and each line's character span in the result: a prompt's
+    segments (each line ends with the newline that is its summary token)."""
+    spans = []
+    for line in lines:
+        spans.append((len(text), len(text) + len(line)))
+        text += line
+    return text, spans
+
+
+def seeded_indices(n: int, limit: int | None, seed: Any) -> list[int]:
+    """Every index below ``n``, or, for a ``limit`` below ``n``, a sample of that many drawn with
+    ``random.Random(seed)``, in order: one seed gives the same examples on every run."""
+    if limit is None or limit >= n:
+        return list(range(n))
+    return sorted(random.Random(seed).sample(range(n), limit))
 
 
 def token_spans(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

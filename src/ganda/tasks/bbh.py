@@ -25,14 +25,13 @@ Accuracy is reported per subtask and as the macro average over subtasks (``confi
 from __future__ import annotations
 
 import json
-import random
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task
+from .base import Example, Task, seeded_indices
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "bbh"
 STOP = ["</s>", "Q", "\n\n"]
@@ -151,8 +150,7 @@ class BBHTask(Task):
             for k, s in enumerate(self.subtasks):
                 n_s = len(read_examples(str(self.data_dir), s))
                 want = min(n_s, per + (1 if k < extra else 0))
-                idx = sorted(random.Random(f"bbh-{s}-{seed}").sample(range(n_s), want))
-                picks.extend((s, i) for i in idx)
+                picks.extend((s, i) for i in seeded_indices(n_s, want, f"bbh-{s}-{seed}"))
         out = []
         for s, i in picks:
             q, t = read_examples(str(self.data_dir), s)[i]

@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task
+from .base import Example, Task, add_lines, seeded_indices
 
 LETTERS = "ABC"
 SHARED_DIR = Path("/work/shared/data/dream")
@@ -103,22 +102,12 @@ def read_split(data_dir: str, split: str) -> tuple[tuple[tuple[str, ...], str, t
     return tuple(out)
 
 
-def render(turns: tuple[str, ...], question: str, choices: tuple[str, ...], letters: bool
+def render(turns: tuple[str, ...], question: str, choices: tuple[str, ...], letters: bool, before: str = ""
            ) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
-    """The question block (no answer), the char spans of dialogue turns and of option lines."""
-    text = "Dialogue:\n"
-    turn_spans = []
-    for t in turns:
-        start = len(text)
-        text += t.strip() + "\n"
-        turn_spans.append((start, len(text)))
-    text += f"\nQuestion: {question.strip()}\n"
-    opt_spans = []
-    if letters:
-        for letter, c in zip(LETTERS, choices, strict=True):
-            start = len(text)
-            text += f"{letter}. {c.strip()}\n"
-            opt_spans.append((start, len(text)))
+    """``before``, then the question block (no answer); the char spans of dialogue turns and of option lines."""
+    text, turn_spans = add_lines(before + "Dialogue:\n", (t.strip() + "\n" for t in turns))
+    options = (f"{letter}. {c.strip()}\n" for letter, c in zip(LETTERS, choices, strict=True)) if letters else ()
+    text, opt_spans = add_lines(text + f"\nQuestion: {question.strip()}\n", options)
     return text + "Answer:", turn_spans, opt_spans
 
 
@@ -150,24 +139,19 @@ class DreamTask(Task):
         for t, q, ch, g, _ in read_split(str(self.dir), "dev")[: self.shots]:
             text, _, _ = render(t, q, ch, self.letters)
             prompt += text + self._answer(ch, g) + "\n\n"
-        text, turn_spans, opt_spans = render(turns, question, choices, self.letters)
-        off = len(prompt)
-        spans = opt_spans if self.letters else turn_spans
+        prompt, turn_spans, opt_spans = render(turns, question, choices, self.letters, prompt)
         return Example(
-            prompt=prompt + text,
+            prompt=prompt,
             choices=[self._answer(choices, i) for i in range(len(choices))],
             gold=gold,
-            segments=[(a + off, b + off) for a, b in spans],
+            segments=opt_spans if self.letters else turn_spans,
             gold_segment=gold if self.letters else None,
         )
 
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
         rows = read_split(str(self.dir), self.split)
-        idx = list(range(len(rows)))
-        if limit is not None and limit < len(idx):
-            idx = sorted(random.Random(f"dream-{self.split}-{seed}").sample(idx, limit))
         out = []
-        for i in idx:
+        for i in seeded_indices(len(rows), limit, f"dream-{self.split}-{seed}"):
             turns, q, ch, g, did = rows[i]
             ex = self.build(turns, q, ch, g)
             ex.meta = {"index": i, "dialogue": did}

@@ -18,14 +18,13 @@ accuracy; both are always recorded.
 from __future__ import annotations
 
 import json
-import random
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task
+from .base import Example, Task, seeded_indices
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "gsm8k"
 
@@ -144,11 +143,8 @@ class GSM8KTask(Task):
 
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
         rows = read_test(str(self.data_dir))
-        idx = list(range(len(rows)))
-        if limit is not None and limit < len(idx):
-            idx = sorted(random.Random(f"gsm8k-{seed}").sample(idx, limit))
         out = []
-        for i in idx:
+        for i in seeded_indices(len(rows), limit, f"gsm8k-{seed}"):
             q, a = rows[i]
             out.append(Example(prompt=build_prompt(q, self.shots, self.cot), target=target_of(a),
                                stop=list(STOP), meta={"index": i}))

@@ -50,16 +50,15 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
-import random
 import re
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task
+from .base import Example, Task, seeded_indices
 
-__all__ = ["KNOWLEDGE_TASKS", "make_task"]
+__all__ = ["KNOWLEDGE_TASKS"]
 
 KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")  # the ``knowledge`` group
 
@@ -106,8 +105,7 @@ class _KnowledgeTask(Task):
         k = min(x for x in (limit, self.n, len(docs)) if x is not None)
         if seed == 0:
             return docs[:k]
-        idx = sorted(random.Random(seed).sample(range(len(docs)), k))
-        return [docs[i] for i in idx]
+        return [docs[i] for i in seeded_indices(len(docs), k, seed)]
 
 
 def _mc(context: str, texts: Sequence[str], gold: int, **meta: Any) -> Example:
@@ -115,40 +113,36 @@ def _mc(context: str, texts: Sequence[str], gold: int, **meta: Any) -> Example:
 
 
 class _ArcBase(_KnowledgeTask):
-    file = ""
+    """ARC's JSONL layout (``question: {stem, choices: [{label, text}]}``, ``answerKey``), which
+    OpenBookQA shares; ``context`` is the task's ``doc_to_text`` around the stem."""
+
+    file: tuple[str, ...] = ()
+    context = "Question: {}\nAnswer:"
 
     def _load(self) -> list[Example]:
         out = []
-        for d in _jsonl_gz("arc", self.file):
+        for d in _jsonl_gz(*self.file):
             q = d["question"]
             labels = [c["label"] for c in q["choices"]]
-            out.append(
-                _mc(f"Question: {q['stem']}\nAnswer:", [c["text"] for c in q["choices"]],
-                    labels.index(d["answerKey"]), id=d["id"])
-            )
+            out.append(_mc(self.context.format(q["stem"]), [c["text"] for c in q["choices"]],
+                           labels.index(d["answerKey"].lstrip()), id=d["id"]))
         return out
 
 
 class ArcEasyTask(_ArcBase):
     name = "arc_easy"
-    file = "ARC-Easy-Test.jsonl.gz"
+    file = ("arc", "ARC-Easy-Test.jsonl.gz")
 
 
 class ArcChallengeTask(_ArcBase):
     name = "arc_challenge"
-    file = "ARC-Challenge-Test.jsonl.gz"
+    file = ("arc", "ARC-Challenge-Test.jsonl.gz")
 
 
-class OpenBookQATask(_KnowledgeTask):
+class OpenBookQATask(_ArcBase):
     name = "openbookqa"
-
-    def _load(self) -> list[Example]:
-        out = []
-        for d in _jsonl_gz("openbookqa", "test.jsonl.gz"):
-            q = d["question"]
-            labels = [c["label"] for c in q["choices"]]
-            out.append(_mc(q["stem"], [c["text"] for c in q["choices"]], labels.index(d["answerKey"].lstrip()), id=d["id"]))
-        return out
+    file = ("openbookqa", "test.jsonl.gz")
+    context = "{}"
 
 
 class PIQATask(_KnowledgeTask):
@@ -231,18 +225,3 @@ class WinograndeTask(_KnowledgeTask):
             ))
         return out
 
-
-_CLASSES = {
-    "arc_easy": ArcEasyTask,
-    "arc_challenge": ArcChallengeTask,
-    "openbookqa": OpenBookQATask,
-    "piqa": PIQATask,
-    "hellaswag": HellaSwagTask,
-    "winogrande": WinograndeTask,
-}
-
-
-def make_task(name: str, **opts: Any) -> _KnowledgeTask:
-    if name not in _CLASSES:
-        raise GandaError(f"unknown knowledge task {name!r}; known: {', '.join(KNOWLEDGE_TASKS)}")
-    return _CLASSES[name](**opts)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .base import Example, OptionError, Task
+from .base import Example, OptionError, Task, add_lines
 from .words import sample_words, word_list
 
 
@@ -50,12 +50,8 @@ class KVTask(Task):
         keys = sample_words(rng, self.pairs)
         values = rng.sample(range(self.max_value), self.pairs)
         gold = rng.randrange(self.pairs)
-        prompt = "Memorize the following dictionary:\n"
-        segments = []
-        for k, v in zip(keys, values, strict=True):
-            start = len(prompt)
-            prompt += f"{k}:{v}\n"
-            segments.append((start, len(prompt)))
+        prompt, segments = add_lines("Memorize the following dictionary:\n",
+                                     (f"{k}:{v}\n" for k, v in zip(keys, values, strict=True)))
         prompt += f"The value of the key '{keys[gold]}' is"
         return Example(
             prompt=prompt,

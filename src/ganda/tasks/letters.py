@@ -22,6 +22,7 @@ import string
 from typing import Any
 
 from .base import Example, Task
+from .mmlu import question_text
 from .words import word_list
 
 HEADER = "The following are multiple choice questions (with answers).\n\n"
@@ -61,16 +62,9 @@ class LettersTask(Task):
         prompt = HEADER
         for _ in range(self.shots):
             q, opts, g = self._question(rng)
-            prompt += q + "".join(f"{L}. {o}\n" for L, o in zip(letters, opts, strict=True))
-            prompt += f"Answer: {letters[g]}\n\n"
+            prompt = question_text(q, opts, prompt)[0] + f" {letters[g]}\n\n"
         q, opts, gold = self._question(rng)
-        prompt += q
-        segments = []
-        for L, o in zip(letters, opts, strict=True):
-            start = len(prompt)
-            prompt += f"{L}. {o}\n"
-            segments.append((start, len(prompt)))
-        prompt += "Answer:"
+        prompt, segments = question_text(q, opts, prompt)
         return Example(
             prompt=prompt,
             choices=[f" {L}" for L in letters],

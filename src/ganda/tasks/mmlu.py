@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import csv
 import random
+import string
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task
+from .base import Example, Task, add_lines
 
 LETTERS = "ABCD"
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "mmlu"
@@ -53,14 +55,11 @@ def subjects(data_dir: Path = DATA_DIR) -> list[str]:
     return sorted(p.name[: -len("_test.csv")] for p in (data_dir / "test").glob("*_test.csv"))
 
 
-def question_text(question: str, choices: tuple[str, ...] | list[str]) -> tuple[str, list[tuple[int, int]]]:
-    """lm-eval's ``doc_to_text``, plus the char spans of the option lines (relative)."""
-    text = question.strip() + "\n"
-    spans = []
-    for letter, choice in zip(LETTERS, choices, strict=True):
-        start = len(text)
-        text += f"{letter}. {choice}\n"
-        spans.append((start, len(text)))
+def question_text(question: str, choices: Sequence[str], before: str = "") -> tuple[str, list[tuple[int, int]]]:
+    """``before``, then lm-eval's ``doc_to_text`` (the question, one option line per choice lettered
+    A, B, ..., ``Answer:``), and the char spans of the option lines in it."""
+    lines = (f"{L}. {c}\n" for L, c in zip(string.ascii_uppercase[: len(choices)], choices, strict=True))
+    text, spans = add_lines(before + question.strip() + "\n", lines)
     return text + "Answer:", spans
 
 
@@ -107,15 +106,13 @@ class MMLUTask(Task):
     def build(self, subject: str, question: str, choices: tuple[str, ...], gold: int) -> Example:
         prompt = description(subject)
         for q, ch, g in read_split(str(self.data_dir), "dev", subject)[: self.shots]:
-            text, _ = question_text(q, ch)
-            prompt += f"{text} {LETTERS[g]}\n\n"
-        text, spans = question_text(question, choices)
-        offset = len(prompt)
+            prompt = question_text(q, ch, prompt)[0] + f" {LETTERS[g]}\n\n"
+        prompt, spans = question_text(question, choices, prompt)
         return Example(
-            prompt=prompt + text,
+            prompt=prompt,
             choices=[f" {L}" for L in LETTERS],
             gold=gold,
-            segments=[(a + offset, b + offset) for a, b in spans],
+            segments=spans,
             gold_segment=gold,
             meta={"subject": subject},
         )
