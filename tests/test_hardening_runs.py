@@ -635,3 +635,19 @@ def test_a_damaged_verification_file_is_one_line(tmp_path, capsys):
         rc, _, err = _cli(capsys, *cmd)
         assert rc == 2 and len(_err_lines(err)) == 1 and "Traceback" not in err and f"{name}, line " in err, err
         f.write_bytes(kept)
+
+
+def test_grid_draws_the_prompts_ganda_sweep_draws():
+    """A grid job takes the task options ``ganda sweep`` takes (the runner's TaskInputs), mmlu's
+    seeded ``sample`` among them: the same questions as ``--sample -n 2 --seed 3``, not the first
+    question of each subject."""
+    from ganda.experiments.runner import RunInputs
+    from ganda.grid import task_options
+    from ganda.tasks import get_task
+
+    opts = {"limit": 2, "seed": 3, "sample": True, "shots": 0, "sweep": {"heads": "L0H0"}}
+    grid = get_task("mmlu", **task_options(opts)).examples(limit=2, seed=3)
+    cli = get_task("mmlu", **RunInputs(task="mmlu", sample=True, shots=0).task_options()).examples(limit=2, seed=3)
+    first = get_task("mmlu", shots=0).examples(limit=2, seed=3)
+    assert [e.prompt for e in grid] == [e.prompt for e in cli] != [e.prompt for e in first]
+    assert task_options({**opts, "sample": False}) == {"shots": 0}  # mmlu's default, as the command line passes it

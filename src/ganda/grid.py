@@ -43,7 +43,13 @@ from .models.base import ModelAdapter
 from .models.loading import load_model, model_path
 from .tasks import get_task, task_for_model
 
-TASK_OPTIONS = ("pairs", "shots", "subjects")
+TASK_OPTIONS = ("pairs", "shots", "subjects", "sample")
+
+
+def task_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """The task's own options among a spec's shared ones, as ``ganda NAME`` passes them
+    (:meth:`TaskInputs.task_options`: mmlu's ``sample`` only where it is true)."""
+    return {k: opts[k] for k in TASK_OPTIONS if k in opts and (k != "sample" or opts[k])}
 COMMON = tuple(f.name for f in TaskInputs.fields())  # limit, sample, pairs, shots, subjects, seed
 
 
@@ -115,7 +121,7 @@ def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
     if len(set(names)) != len(names):
         raise GandaError("grid spec: two models share one directory name; list each model once")
     for t in tasks:
-        task = get_task(t, **{k: opts[k] for k in TASK_OPTIONS if k in opts})
+        task = get_task(t, **task_options(opts))
         if task.kind != "mc":
             raise GandaError(f"grid spec: task {t!r} is a generation task; sweeps and rankings score multiple choice")
     return {"models": models, "tasks": tasks, "experiments": exps, "options": opts, "out": out}
@@ -140,7 +146,7 @@ def job_record(job: dict[str, Any], opts: dict[str, Any], weights: str | None, d
     """What makes a job's numbers what they are: written to its ``grid-job.json`` before it starts,
     compared on every rerun."""
     options = {"limit": int(opts.get("limit", 32)), "seed": int(opts.get("seed", 0)),
-               **{k: opts[k] for k in TASK_OPTIONS if k in opts}, job["experiment"]: opts.get(job["experiment"], {})}
+               **task_options(opts), job["experiment"]: opts.get(job["experiment"], {})}
     return {"model": job["model"], "task": job["task"], "experiment": job["experiment"], "options": options,
             "weights": weights, "dtype": dtype}
 
@@ -179,7 +185,7 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
     out = Path(spec["out"])
     opts = spec["options"]
     limit, seed = int(opts.get("limit", 32)), int(opts.get("seed", 0))
-    task_opts = {k: opts[k] for k in TASK_OPTIONS if k in opts}
+    task_opts = task_options(opts)
     todo = jobs(spec)
     dtype = str(default_dtype(default_device())).removeprefix("torch.")
     weights: dict[str, str | None] = {}
