@@ -389,7 +389,7 @@ def test_a_batch_that_runs_out_of_memory_runs_as_halves_with_the_same_numbers(fa
     adapter = llama(layers=3) if family == "llama" else ganda.from_model(tiny_model(family), CharTok(),
                                                                              spec=family)
     whole = attribute(adapter, EXAMPLES, method="atp*", progress=False)
-    real, sizes = engine._Engine.run, []
+    real, sizes = engine.AttributionEngine.run, []
 
     def run(self, batch):
         sizes.append(len(batch.items))
@@ -397,7 +397,7 @@ def test_a_batch_that_runs_out_of_memory_runs_as_halves_with_the_same_numbers(fa
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 448.00 MiB")
         return real(self, batch)
 
-    monkeypatch.setattr(engine._Engine, "run", run)
+    monkeypatch.setattr(engine.AttributionEngine, "run", run)
     split = attribute(adapter, EXAMPLES, method="atp*", progress=False)
     assert sizes[0] == len(EXAMPLES) and sizes.count(1) == len(EXAMPLES)  # whole batch, then one prompt at a time
     assert torch.allclose(split.per_example, whole.per_example, atol=1e-5)
@@ -408,7 +408,7 @@ def test_a_batch_that_runs_out_of_memory_runs_as_halves_with_the_same_numbers(fa
     def none_fit(self, batch):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(engine._Engine, "run", none_fit)
+    monkeypatch.setattr(engine.AttributionEngine, "run", none_fit)
     with pytest.raises(ganda.GandaError, match=r"one prompt \(\d+ tokens\) does not fit in the memory of cpu"):
         attribute(adapter, EXAMPLES, method="atp*", progress=False)
 

@@ -120,14 +120,14 @@ def test_out_of_memory_halves_and_resume_give_the_same_numbers(tmp_path, monkeyp
     whole = attribute(ad, EXAMPLES, method="ig", ig_steps=3, out_dir=tmp_path / "a", progress=False)
     again = attribute(ad, EXAMPLES, method="ig", ig_steps=3, out_dir=tmp_path / "a", progress=False)  # the journal's
     assert again.estimate == pytest.approx(whole.estimate, abs=1e-7) and again.atp == pytest.approx(whole.atp, abs=1e-7)
-    real = engine._Engine.run
+    real = engine.AttributionEngine.run
 
     def run(self, batch):
         if len(batch.items) > self.reps:  # more than one prompt's copies
             raise torch.OutOfMemoryError("CUDA out of memory")
         return real(self, batch)
 
-    monkeypatch.setattr(engine._Engine, "run", run)
+    monkeypatch.setattr(engine.AttributionEngine, "run", run)
     split = attribute(ad, EXAMPLES, method="ig", ig_steps=3, progress=False)
     assert split.estimate == pytest.approx(whole.estimate, abs=1e-5)
     assert torch.allclose(split.per_example_ig, whole.per_example_ig, atol=1e-5)

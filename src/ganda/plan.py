@@ -52,7 +52,7 @@ from .heads import expand
 from .interventions import parse_layers
 from .models import hub, load_model, meta
 from .models.base import ModelAdapter
-from .models.loading import _load_tokenizer, model_path
+from .models.loading import load_tokenizer, model_path
 from .models.ssm.selective_scan import chunk_of, segment_of
 from .progress import note
 from .scoring import BATCH_ROWS, SMALL_MODEL_PARAMS, encode, prefix_cache_enabled
@@ -856,7 +856,7 @@ def model_layout(model: str, dtype: Any) -> tuple[Any, Any]:
         adapter = load_model(model, device="cpu", dtype=dtype)
         return adapter, adapter.tokenizer
     adapter = meta.build(model, dtype)
-    tok = _load_tokenizer(str(found)) if found is not None and found.is_dir() else None
+    tok = load_tokenizer(str(found)) if found is not None and found.is_dir() else None
     if tok is not None:
         tok.model_max_length = 1 << 62  # it counts tokens; a prompt past the model's context is the plan's to say
         adapter.tokenizer = tok

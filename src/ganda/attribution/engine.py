@@ -212,7 +212,11 @@ def index_pairs(pairs: Sequence[tuple[int, int]], device: torch.device) -> tuple
             torch.tensor([c for _, c in pairs], dtype=torch.long, device=device))
 
 
-class _Engine:
+class AttributionEngine:
+    """The per-head state of one AtP / AtP* / IG pass (the ranked heads' columns by layer, mean
+    ablation's values, GradDrop's blocks); :mod:`ganda.circuit.edges` reuses it for every head's
+    plain AtP."""
+
     def __init__(self, adapter: ModelAdapter, heads: list[HeadId], ablation: str, margin: str, graddrop: bool,
                  blocks: int | None = None, alphas: Sequence[float] | None = None) -> None:
         self.adapter = adapter
@@ -476,7 +480,7 @@ def attribute(
         raise GandaError("no examples to attribute")
     with cpu_clock() as clock:
         head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
-        eng = _Engine(adapter, head_list, ablation, margin, graddrop=method == "atp*", blocks=graddrop_blocks,
+        eng = AttributionEngine(adapter, head_list, ablation, margin, graddrop=method == "atp*", blocks=graddrop_blocks,
                       alphas=ig_alphas(ig_steps) if method == "ig" else None)
         if batch_tokens is None:
             batch_tokens = default_batch_tokens(adapter, eng.n_blocks if method == "atp*" else 0)
@@ -509,7 +513,7 @@ def _journal(adapter: ModelAdapter, out_dir: str | Path | None, cfg: dict[str, A
                          check=_batch_problem).open()
 
 
-def _config(adapter: ModelAdapter, examples: Sequence[Example], eng: _Engine, plan: list[list[BatchItem]],
+def _config(adapter: ModelAdapter, examples: Sequence[Example], eng: AttributionEngine, plan: list[list[BatchItem]],
             method: str, ig_steps: int, reference: Sequence[Example] | None) -> dict[str, Any]:
     """What attribution's journal records and a resumed run must match: the prompts, the options,
     the batches (fixed by the inputs) and the dtype."""
@@ -522,7 +526,7 @@ def _config(adapter: ModelAdapter, examples: Sequence[Example], eng: _Engine, pl
             "dtype": str(eng.dtype).removeprefix("torch.")}
 
 
-def _estimates(eng: _Engine, method: str, mean_atp: torch.Tensor, gd: torch.Tensor | None, n: int
+def _estimates(eng: AttributionEngine, method: str, mean_atp: torch.Tensor, gd: torch.Tensor | None, n: int
                ) -> tuple[list[float], list[float] | None, list[float] | None]:
     """Each head's estimate, by method: AtP's mean; AtP*'s GradDrop magnitude under AtP's sign; IG's
     mean. Also AtP*'s magnitudes and IG's per-head means (None for the other methods)."""
@@ -537,7 +541,7 @@ def _estimates(eng: _Engine, method: str, mean_atp: torch.Tensor, gd: torch.Tens
     return est, gd_mag, ig
 
 
-def _run_batches(eng: _Engine, plan: list[list[BatchItem]], packed: bool, n: int, journal: runio.Journal | None,
+def _run_batches(eng: AttributionEngine, plan: list[list[BatchItem]], packed: bool, n: int, journal: runio.Journal | None,
                  progress: bool, method: str) -> tuple[torch.Tensor, torch.Tensor | None, list[list[float]]]:
     """Every batch's AtP, GradDrop sums (AtP*) or per-prompt IG (IG) and clean log-likelihoods,
     from the journal where an earlier run finished the batch, else computed (and journalled)."""
@@ -577,13 +581,13 @@ def _run_batches(eng: _Engine, plan: list[list[BatchItem]], packed: bool, n: int
     return atp, gd, lls
 
 
-def _run_fitting(eng: _Engine, items: list[BatchItem], packed: bool) -> tuple[torch.Tensor, torch.Tensor | None,
+def _run_fitting(eng: AttributionEngine, items: list[BatchItem], packed: bool) -> tuple[torch.Tensor, torch.Tensor | None,
                                                                           list[list[float]]]:
     """``eng.run`` on one batch; a batch that runs the device out of memory runs as two halves
     instead (AtP is per prompt and GradDrop a sum over prompts, so the halves give the same
     numbers). The batch sizes are estimates (:func:`batch_tokens_for`); an SSM's scan keeps far more
     per token than a Transformer's layers, and no estimate covers every kernel. IG runs the items
-    :attr:`_Engine.reps` times over (its per-prompt scores concatenate like AtP's)."""
+    :attr:`AttributionEngine.reps` times over (its per-prompt scores concatenate like AtP's)."""
     try:
         return eng.run(make_batch(eng.adapter, items * eng.reps, packed, eng.dtype))
     except torch.OutOfMemoryError:

@@ -47,7 +47,7 @@ from .. import runio
 from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import (
     ACTIVE_EDGES,
-    _Engine,
+    AttributionEngine,
     margin_of,
     metric_value,
     output_cotangent,
@@ -128,7 +128,7 @@ class _EdgeEngine:
         self.adapter, self.margin, self.means = adapter, margin, means
         self.senders, self.receivers = senders, receivers
         self.layers = list(adapter.active_layers())
-        self.nodes = _Engine(adapter, adapter.heads(), "zero", margin, graddrop=False)  # every head's plain AtP
+        self.nodes = AttributionEngine(adapter, adapter.heads(), "zero", margin, graddrop=False)  # every head's plain AtP
         self.heads = self.nodes.heads
         self.recv_col = {h: j for j, h in enumerate(receivers)}
         self._recv_index: dict[int, torch.Tensor] = {}  # built once per receiver layer

@@ -159,7 +159,7 @@ def pool_over(records: Sequence[dict[str, Any]], name: str, within: tuple[float,
                      [bounds(r, key)[1] for r in records], within=within)
 
 
-def _summary(acc: float, n: int, correct: int) -> dict[str, Any]:
+def task_score(acc: float, n: int, correct: int) -> dict[str, Any]:
     """A task's score as results record it: its accuracy, Wilson 95% interval and count."""
     return {"accuracy": acc, **ci(wilson(correct, n)), "n": n}
 
@@ -207,7 +207,7 @@ class Scorer:
         def one(name: str, examples: list[Any]) -> dict[str, Any]:
             r = evaluate_examples(self.adapter, examples, interventions, task_name=f"{name} {label}".strip(),
                                   progress=self.progress)
-            return _summary(r.accuracy, r.n, r.correct)
+            return task_score(r.accuracy, r.n, r.correct)
 
         for name in self.tasks:
             if is_group(name):

@@ -39,7 +39,7 @@ from ..models.base import ModelAdapter
 from ..prepared import ROWS, Prepared, prepare
 from ..progress import tqdm
 from .base import Options, ScoredExperiment, option
-from .common import ExperimentResult, Scorer, _summary, acc, chance, flat_scores, is_group, pct, task_series
+from .common import ExperimentResult, Scorer, acc, chance, flat_scores, is_group, pct, task_score, task_series
 
 
 def find_drop(points: Sequence[tuple[int, float]]) -> dict[str, Any]:
@@ -191,7 +191,7 @@ def _sharded_scores(adapter: ModelAdapter, fn: Any, examples: Sequence[Any], arg
         for key in keys:
             correct[key] += part[key]
     n = len(examples)
-    return {key: _summary(correct[key] / n, n, correct[key]) for key in keys}
+    return {key: task_score(correct[key] / n, n, correct[key]) for key in keys}
 
 
 def _count_correct(adapter: ModelAdapter, examples: Sequence[Any], keys: list[Any], logliks: Any, desc: str,

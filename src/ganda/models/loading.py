@@ -257,7 +257,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "merges.txt", "spiece.model")
 
 
-def _load_tokenizer(where: str, **kwargs: Any) -> Any:
+def load_tokenizer(where: str, **kwargs: Any) -> Any:
     """The tokenizer at ``where`` (None when the directory has no tokenizer files: the model can still
     be analysed on token ids, and a task refuses it in one line). Tokenizer files that cannot be
     read (a broken ``tokenizer.json``) are refused, as is a tokenizer that needs custom code."""
@@ -319,7 +319,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
     headers = [_check_safetensors(f, floating="quantization_config" not in raw) for f in safetensors]
     if model_type not in registry.LOADERS:
         check_model_type(model_type)  # before the tokenizer, which may read config.json's auto_map
-    tok = _load_tokenizer(str(path))
+    tok = load_tokenizer(str(path))
     if model_type in registry.LOADERS:
         with _reading(path, "model"):
             return registry.LOADERS[model_type](path), tok
@@ -394,7 +394,7 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
                 str(path.parent), gguf_file=path.name, dtype=torch.float32, trust_remote_code=False,
                 output_loading_info=True, ignore_mismatched_sizes=True,
             )
-        tok = _load_tokenizer(str(path.parent), gguf_file=path.name)
+        tok = load_tokenizer(str(path.parent), gguf_file=path.name)
     check_model_type(getattr(model.config, "model_type", None))
     _check_loading_info(model, info, path)
     return model, tok
