@@ -10,7 +10,7 @@ import matplotlib.figure
 import pytest
 
 from ganda.attribution.ranking import RankResult
-from ganda.demo import _curve_png
+from ganda.experiments.cumulative import curve_figure
 from ganda.experiments.kv_curve import KVCurveResult
 from ganda.experiments.roles import RolesResult
 
@@ -42,7 +42,8 @@ def _ticks_and_names(fig) -> tuple[list[float], list[str]]:
 
 def test_the_demo_ablation_curve_counts_heads_in_whole_numbers_and_names_its_points(drawn, tmp_path):
     base = SimpleNamespace(accuracy=0.8, ci_low=0.6, ci_high=0.9)
-    _curve_png(CURVE, base, 0.2, tmp_path / "ablation_curve.png")
+    curve_figure(CURVE, base, 0.2, tmp_path / "ablation_curve.png", series="kv accuracy",
+                 xlabel="heads ablated (cumulative, causal order)", title="How many heads must go")
     ticks, names = _ticks_and_names(drawn[-1])
     assert ticks and all(t == int(t) for t in ticks), ticks
     assert names == ["L2H0", "L3H1", "L1H0"]

@@ -43,8 +43,7 @@ from .effects import matters
 from .errors import GandaError
 from .experiments.base import Options, ScoredExperiment, option
 from .experiments.common import ExperimentResult, paired_drop, pool_over
-from .experiments.cumulative import ablate_until_chance, added_heads, at_chance, chance_sentence
-from .figures import curves
+from .experiments.cumulative import ablate_until_chance, at_chance, chance_sentence, curve_figure
 from .intervals import bounds, ci
 from .interventions import ABLATIONS, AblateHeads
 from .labels import label_model, role_of
@@ -528,7 +527,8 @@ def _figures(adapter: ModelAdapter, found: Found, example: Example, o: DemoOptio
     shown = list(dict.fromkeys([*found.ranked.matter()[:o.top], *(h for h in (found.gather, found.aggregate) if h)]))
     draw_attention(adapter, example, shown, out / "ga_heads.png", title=f"{adapter.spec}: the top causal heads",
                    roles={h: found.role[h] for h in shown})
-    _curve_png(found.curve, found.base, 1.0 / o.pairs, out / "ablation_curve.png")
+    curve_figure(found.curve, found.base, 1.0 / o.pairs, out / "ablation_curve.png", series="kv accuracy",
+                 xlabel="heads ablated (cumulative, causal order)", title="How many heads must go")
 
 
 def _summary(model: str, task_cfg: dict[str, Any], found: Found, top: int, chance: float, n_measure: int
@@ -617,13 +617,3 @@ def _head(h: str, role: dict[str, str], ranked: Any, labels: dict[str, str | Non
     exact margin and accuracy drops."""
     return {"head": h, "role": role[h], "label": (labels or {}).get(h), "exact": ranked.exact.get(h),
             "acc_drop": ranked.exact_acc.get(h)}
-
-
-def _curve_png(curve: list[dict[str, Any]], base: EvalResult, chance: float, path: Path) -> Path:
-    xs = [0] + [c["n_heads"] for c in curve]
-    ys = [base.accuracy] + [c["accuracy"] for c in curve]
-    los = [base.ci_low] + [c["ci_low"] for c in curve]
-    his = [base.ci_high] + [c["ci_high"] for c in curve]
-    return curves(xs, {"kv accuracy": ys}, path, bands={"kv accuracy": (los, his)},
-                  xlabel="heads ablated (cumulative, causal order)", hlines={"chance": chance},
-                  title="How many heads must go", integer_x=True, point_labels={"kv accuracy": added_heads(curve)})

@@ -99,12 +99,19 @@ def cumulative_ablation(
         out.mkdir(parents=True, exist_ok=True)
         runio.write_json(out / "cumulative.json", rec)
         runio.write_csv(out / "cumulative.csv", curve)
-        x = [0] + [r["n_heads"] for r in curve]
-        ys = [base.accuracy] + [r["accuracy"] for r in curve]
-        los = [base.ci_low] + [r["ci_low"] for r in curve]
-        his = [base.ci_high] + [r["ci_high"] for r in curve]
-        curves(x, {"accuracy": ys}, out / "cumulative.png", bands={"accuracy": (los, his)},
-               xlabel="heads ablated (most damaging first)", hlines={"chance": chance},
-               title=f"Cumulative head ablation ({adapter.spec})", integer_x=True,
-               point_labels={"accuracy": added_heads(curve)})
+        curve_figure(curve, base, chance, out / "cumulative.png", series="accuracy",
+                     xlabel="heads ablated (most damaging first)", title=f"Cumulative head ablation ({adapter.spec})")
     return rec
+
+
+def curve_figure(curve: Sequence[dict[str, Any]], base: Any, chance: float, path: Path, *, series: str,
+                 xlabel: str, title: str) -> Path:
+    """A cumulative ablation curve drawn: accuracy with its interval from the intact model (``base``,
+    anything with ``accuracy``, ``ci_low`` and ``ci_high``) over each added head, on whole-number
+    head counts, each point named by the head it adds, against chance."""
+    xs = [0] + [r["n_heads"] for r in curve]
+    ys = [base.accuracy] + [r["accuracy"] for r in curve]
+    los = [base.ci_low] + [r["ci_low"] for r in curve]
+    his = [base.ci_high] + [r["ci_high"] for r in curve]
+    return curves(xs, {series: ys}, path, bands={series: (los, his)}, xlabel=xlabel, hlines={"chance": chance},
+                  title=title, integer_x=True, point_labels={series: added_heads(curve)})
