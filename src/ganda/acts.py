@@ -20,12 +20,12 @@ from typing import Any
 
 from .ablation import ABLATIONS
 from .effects import margin
-from .intervals import bounds, ci
+from .intervals import ci
 from .interventions import AblateHeads
 from .models.base import ModelAdapter
 from .scoring import EvalResult, evaluate_examples
 from .sites import CLASSES
-from .stats import bootstrap_paired
+from .stats import paired_difference
 from .tasks.base import Example
 
 
@@ -35,11 +35,10 @@ def _margins(res: EvalResult) -> list[float]:
 
 def _row(base: EvalResult, res: EvalResult, seed: int, **what: Any) -> dict[str, Any]:
     """A condition's accuracy and its paired drops (accuracy and margin) from ``base``."""
-    acc = bootstrap_paired([float(p["correct"]) for p in base.predictions],
-                           [float(p["correct"]) for p in res.predictions], seed=seed)
-    mar = bootstrap_paired(_margins(base), _margins(res), seed=seed)
-    return {**what, "accuracy": res.accuracy, **ci((res.ci_low, res.ci_high)), "drop": acc["diff"],
-            **ci(bounds(acc, "diff"), "drop"), "margin_drop": mar["diff"], **ci(bounds(mar, "diff"), "margin_drop")}
+    acc = paired_difference([float(p["correct"]) for p in base.predictions],
+                            [float(p["correct"]) for p in res.predictions], seed)
+    return {**what, "accuracy": res.accuracy, **ci((res.ci_low, res.ci_high)), **acc,
+            **paired_difference(_margins(base), _margins(res), seed, name="margin_drop")}
 
 
 def head_profile(adapter: ModelAdapter, examples: Sequence[Example], heads: Sequence[str] | str, *,

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .intervals import bounds
 from .intervals import ci as interval
 
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
@@ -90,6 +91,14 @@ def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, re
         d = xa - xb
         out.update({"b": float(xb.mean()), **interval(ci(xb), "b"), "diff": float(d.mean()), **interval(ci(d), "diff")})
     return out
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], seed: int, name: str = "drop") -> dict[str, Any]:
+    """``name`` (default ``drop``): the mean of ``a - b`` over the same prompts, with its paired
+    bootstrap interval (:func:`bootstrap_paired`); one record key per drop, so an accuracy drop and
+    a margin drop sit side by side."""
+    bs = bootstrap_paired(a, b, seed=seed)
+    return {name: bs["diff"], **interval(bounds(bs, "diff"), name)}
 
 
 def overlap(a: Sequence[float], b: Sequence[float]) -> bool:

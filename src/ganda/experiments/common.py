@@ -25,7 +25,7 @@ from ..interventions import Intervention
 from ..knowledge import group_score
 from ..models.base import ModelAdapter
 from ..scoring import EvalResult, evaluate_examples
-from ..stats import bootstrap_paired, pool_sets, wilson
+from ..stats import paired_difference, pool_sets, wilson
 from ..tasks import get_task
 
 log = logging.getLogger(__name__)
@@ -133,13 +133,6 @@ def per_prompt(result: EvalResult) -> list[float]:
     """Each prompt's correctness (1.0 or 0.0), in order: what a paired comparison of two runs on
     the same prompts resamples."""
     return [float(bool(p["correct"])) for p in result.predictions]
-
-
-def paired_difference(a: Sequence[float], b: Sequence[float], seed: int) -> dict[str, Any]:
-    """``drop``: the mean of ``a - b`` over the same prompts, with its paired bootstrap interval
-    (:func:`ganda.stats.bootstrap_paired`)."""
-    bs = bootstrap_paired(a, b, seed=seed)
-    return {"drop": bs["diff"], **ci(bounds(bs, "diff"), "drop")}
 
 
 def paired_drop(base: EvalResult, result: EvalResult, seed: int) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
 from ..scoring import EvalResult, choice_labels, evaluate_examples
-from ..stats import Z95, bootstrap_paired, wilson
+from ..stats import Z95, wilson
 from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
@@ -86,12 +86,12 @@ def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[A
     effects: dict[str, dict[str, Any]] = {}
     for rec in sw.records:
         c, m = sw.per_prompt(rec), sw.per_prompt(rec, "margin")
-        acc, mar = bootstrap_paired(base_c, c, seed=seed), bootstrap_paired(base_m, m, seed=seed)
-        (a_low, a_high), (m_low, m_high) = bounds(acc, "diff"), bounds(mar, "diff")
+        acc = paired_difference(base_c, c, seed, name="acc_drop")
+        mar = paired_difference(base_m, m, seed, name="margin_drop")
+        (a_low, a_high), (m_low, m_high) = bounds(acc, "acc_drop"), bounds(mar, "margin_drop")
         noise = (a_low <= 0 <= a_high
-                 and (m_low <= 0 <= m_high or abs(mar["diff"]) <= NOISE_MARGIN * abs(base_margin)))
-        effects[rec["head"]] = {"acc_drop": acc["diff"], **ci(bounds(acc, "diff"), "acc_drop"), "margin_drop": mar["diff"],
-                                **ci(bounds(mar, "diff"), "margin_drop"), "within_noise": noise}
+                 and (m_low <= 0 <= m_high or abs(mar["margin_drop"]) <= NOISE_MARGIN * abs(base_margin)))
+        effects[rec["head"]] = {**acc, **mar, "within_noise": noise}
     return {"rule": CONTROL_RULE, "n": len(examples), "baseline_accuracy": baseline["acc"],
             "baseline_margin": base_margin, "candidates": effects}
 
