@@ -306,8 +306,6 @@ def evaluate_generation(
     bs = batch_size or getattr(task, "batch_size", 8)
     preds: list[dict[str, Any]] = []
     correct = 0
-    metric_sums: dict[str, int] = {}
-    finishes: dict[str, int] = {}
     interventions = bind_reference(interventions, examples)  # a mean ablation: over the prompts generated from
     if any(getattr(iv, "how", None) == "resample" or getattr(iv, "positions", None) in CLASS_POSITIONS
            for iv in interventions):
@@ -318,16 +316,27 @@ def evaluate_generation(
     for i, (ex, g) in enumerate(zip(examples, gens, strict=True)):
         rec = _prediction(task, ex, i, g)
         correct += rec["correct"]
+        preds.append(rec)
+    cfg = {**task.config(), "seed": seed, "max_new_tokens": max_new, **generation_tally(task, preds)}
+    return EvalResult.from_counts(task.name, adapter, correct, len(examples), t0, interventions=interventions,
+                                  config=cfg, predictions=preds)
+
+
+def generation_tally(task: Task, preds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a generation result's config tallies over its prediction records: how each generation
+    finished, every secondary metric's count and accuracy with its Wilson interval, and the task's
+    own ``aggregate`` (BBH's per-subtask accuracy); shards of one run merged tally the same."""
+    n = len(preds)
+    finishes: dict[str, int] = {}
+    metric_sums: dict[str, int] = {}
+    for rec in preds:
+        finishes[rec["finish"]] = finishes.get(rec["finish"], 0) + 1
         for name, v in rec.get("metrics", {}).items():
             metric_sums[name] = metric_sums.get(name, 0) + bool(v)
-        finishes[g.finish] = finishes.get(g.finish, 0) + 1
-        preds.append(rec)
-    n = len(examples)
-    cfg = {**task.config(), "seed": seed, "max_new_tokens": max_new, "finish": finishes}
+    out: dict[str, Any] = {"finish": finishes}
     if metric_sums:
-        cfg["metrics"] = {k: {"correct": v, "accuracy": v / n if n else 0.0, **ci(wilson(v, n))}
+        out["metrics"] = {k: {"correct": v, "accuracy": v / n if n else 0.0, **ci(wilson(v, n))}
                           for k, v in metric_sums.items()}
     if hasattr(task, "aggregate"):
-        cfg.update(task.aggregate(preds))
-    return EvalResult.from_counts(task.name, adapter, correct, n, t0, interventions=interventions, config=cfg,
-                                  predictions=preds)
+        out.update(task.aggregate(preds))
+    return out

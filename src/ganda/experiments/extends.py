@@ -26,14 +26,14 @@ from typing import Any
 from .. import runio
 from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
-from ..generation import evaluate_generation
+from ..generation import evaluate_generation, generation_tally
 from ..heads import HeadId, expand, format_heads, require_heads
 from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
 from ..scoring import EvalResult, choice_labels, evaluate_examples
-from ..stats import Z95, wilson
+from ..stats import Z95
 from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
@@ -179,18 +179,8 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
         config = {**first.config, "n": n}
         norm = sum(bool(p["correct_norm"]) for p in preds)
     else:
-        finish: dict[str, int] = {}
-        sums: dict[str, int] = {}
-        for p in preds:
-            finish[p["finish"]] = finish.get(p["finish"], 0) + 1
-            for k, v in p.get("metrics", {}).items():
-                sums[k] = sums.get(k, 0) + bool(v)
         config = {**task.run_config(first.config.get("limit"), n, first.config["seed"]),
-                  "max_new_tokens": first.config["max_new_tokens"], "finish": finish}
-        if sums:
-            config["metrics"] = {k: {"correct": v, "accuracy": v / n, **ci(wilson(v, n))} for k, v in sums.items()}
-        if hasattr(task, "aggregate"):
-            config.update(task.aggregate(preds))
+                  "max_new_tokens": first.config["max_new_tokens"], **generation_tally(task, preds)}
         norm = None
     res = EvalResult.from_counts(first.task, adapter, correct, n, time.perf_counter(), interventions=None,
                                  config=config, predictions=preds, correct_norm=norm)
