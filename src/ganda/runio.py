@@ -203,15 +203,14 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
 # output checks (before any long run)
 
 
-def _nearest_existing(path: Path) -> Path:
-    p = path
-    while not p.exists() and not p.is_symlink() and p.parent != p:
-        p = p.parent
-    return p
-
-
-def _probe_dir(d: Path, shown: Path, option: str) -> None:
-    """Fail unless a file can be created in the existing directory ``d``."""
+def _probe_dir(path: Path, shown: Path, option: str) -> None:
+    """Fail unless a file can be created in ``path``'s nearest existing ancestor (or ``path``
+    itself), which must be a directory: missing directories are created when written, not now."""
+    d = path
+    while not d.exists() and not d.is_symlink() and d.parent != d:
+        d = d.parent
+    if not d.is_dir():
+        raise GandaError(f"{option} {shown}: {d} is not a directory")
     if not os.access(d, os.W_OK | os.X_OK):
         raise GandaError(f"{option} {shown}: cannot write in {d} (permission denied)")
     try:
@@ -255,10 +254,7 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
     if target.is_file() and not force and not written_by_ganda(target, kind):
         raise GandaError(f"{option} {path} exists and is not {KINDS.get(kind or '', 'a file')} that ganda wrote; "
                          "pass --force to replace it, or choose another path")
-    anc = _nearest_existing(target.parent)
-    if not anc.is_dir():
-        raise GandaError(f"{option} {path}: {anc} is not a directory")
-    _probe_dir(anc, path, option)
+    _probe_dir(target.parent, path, option)
     return path
 
 
@@ -316,10 +312,7 @@ def check_output_dir(path: str | Path, option: str = "--out") -> Path:
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise GandaError(f"{option} {path} is a file, not a directory")
-    anc = _nearest_existing(path)
-    if not anc.is_dir():
-        raise GandaError(f"{option} {path}: {anc} is not a directory")
-    _probe_dir(anc, path, option)
+    _probe_dir(path, path, option)
     return path
 
 

@@ -44,7 +44,8 @@ from .options import (
 )
 
 
-def _param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+def param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    """A keyword parameter of a generated command (typer reads its default and annotation)."""
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
@@ -123,10 +124,22 @@ OPTIONAL_INPUTS: dict[str, dict[str, tuple[Any, Any]]] = {
 }
 
 
-def _turns_off(f: Any) -> bool:
+def turns_off(f: Any) -> bool:
     """A switch on by default whose flag turns it off (``roles`` as ``--no-roles``): the command
     takes the flag, the option gets its opposite."""
     return f.default is True and (f.metadata.get("flag") or "").startswith("--no-")
+
+
+def flag_name(f: Any) -> str:
+    """An ``Options`` field's flag: its declared one, else ``--`` and its name in dashes."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def option_values(fields: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """The flags given for ``fields`` as option values, in the order given: a ``--no-x`` flag given
+    turns its option off."""
+    by_name = {f.name: f for f in fields}
+    return {k: (not v if turns_off(by_name[k]) else v) for k, v in given.items() if k in by_name}
 
 
 def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
@@ -134,9 +147,9 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
     from ..experiments.base import option_type
 
     meta = f.metadata
-    if _turns_off(f):
-        return _param(f.name, typer.Option(False, meta["flag"], help=meta.get("help", "")), bool)
-    names = [meta.get("flag") or "--" + f.name.replace("_", "-")]
+    if turns_off(f):
+        return param(f.name, typer.Option(False, meta["flag"], help=meta.get("help", "")), bool)
+    names = [flag_name(f)]
     default = ... if meta.get("required") else f.default
     if meta.get("short"):
         names.append(meta["short"])
@@ -145,7 +158,7 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
         help_text += f" ({', '.join(meta['choices'])})"
     base = option_type(hint)
     annotation = base | None if f.default is None else base
-    return _param(f.name, typer.Option(default, *names, help=help_text, hidden=meta.get("hidden", False)),
+    return param(f.name, typer.Option(default, *names, help=help_text, hidden=meta.get("hidden", False)),
                   annotation)
 
 
@@ -170,11 +183,11 @@ def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:
     if clash:
         raise TypeError(f"{cls.__name__}.Options declares {clash[0]!r}, an input every run takes")
     first = "models" if "models" in inputs else "model"
-    params = [_param(first, *inputs.pop(first))]
+    params = [param(first, *inputs.pop(first))]
     if profile == "direct":  # which prompts, then what is done to them (as ganda eval has always listed them)
-        params += [_param(name, *inputs.pop(name)) for name in ("task", *cls.task_inputs)]
+        params += [param(name, *inputs.pop(name)) for name in ("task", *cls.task_inputs)]
     params += [option_parameter(f, hints[f.name]) for f in fields]
-    params += [_param(name, default, annotation) for name, (default, annotation) in inputs.items()]
+    params += [param(name, default, annotation) for name, (default, annotation) in inputs.items()]
     return inspect.Signature(params), fields
 
 
@@ -190,8 +203,7 @@ def build_command(name: str) -> click.Command:
         from ..experiments.runner import run_experiment
 
         as_json, quiet, html = values.pop("as_json", False), values.pop("quiet"), values.pop("html", False)
-        given = {f.name: values.pop(f.name) for f in fields}
-        given.update({f.name: not given[f.name] for f in fields if _turns_off(f)})
+        given = option_values(fields, {f.name: values.pop(f.name) for f in fields})
         options = cls.Options.build(given, cli=True)
         if "tasks" in values:  # a ScoredExperiment: --task is a list, --tasks its other spelling
             values["tasks"] = task_list(values.pop("task"), values.pop("tasks"), cls.default_tasks)
@@ -262,4 +274,5 @@ class AnalysisGroup(typer.core.TyperGroup):
             formatter.write_dl(rows)
 
 
-__all__ = ["OPTIONAL_INPUTS", "run_inputs", "AnalysisGroup", "build_command", "option_parameter"]
+__all__ = ["OPTIONAL_INPUTS", "run_inputs", "AnalysisGroup", "build_command", "option_parameter", "param", "turns_off",
+           "flag_name", "option_values"]

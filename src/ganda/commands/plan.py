@@ -14,7 +14,7 @@ import typer
 import typer.main
 
 from ..errors import GandaError
-from .analyses import AnalysisGroup, _param
+from .analyses import AnalysisGroup, flag_name, option_values, param, turns_off
 from .options import FORCE, QUIET, at_least, model_inputs, parse_options
 
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
@@ -78,17 +78,13 @@ def _costed_fields(cls: Any) -> list[Any]:
 
 def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
     from ..experiments.base import option_type
-    from .analyses import _turns_off
 
-    meta = f.metadata
-    flag = meta.get("flag") or "--" + f.name.replace("_", "-")
-    text = f"{', '.join(owners)}: {meta.get('help', '')}"
+    flag = flag_name(f)
+    text = f"{', '.join(owners)}: {f.metadata.get('help', '')}"
     if option_type(hint) is bool:  # a switch: given or not (``--no-x`` given: the option off)
-        return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(False, flag, help=text),
-                                 annotation=bool)
-    assert not _turns_off(f)
-    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(None, flag, help=text),
-                             annotation=option_type(hint) | None)
+        return param(f.name, typer.Option(False, flag, help=text), bool)
+    assert not turns_off(f)
+    return param(f.name, typer.Option(None, flag, help=text), option_type(hint) | None)
 
 
 def _phase_options(experiment: str, adapter: Any, given: dict[str, Any], items: list[str] | None) -> dict[str, Any]:
@@ -96,10 +92,8 @@ def _phase_options(experiment: str, adapter: Any, given: dict[str, Any], items: 
     in the forms its phases take (:func:`ganda.plan.phase_options`)."""
     from .. import plan as planner
     from .. import registry
-    from .analyses import _turns_off
 
-    fields = {f.name: f for f in _costed_fields(registry.experiment(experiment))}
-    flags = {k: (not v if _turns_off(fields[k]) else v) for k, v in given.items() if k in fields}
+    flags = option_values(_costed_fields(registry.experiment(experiment)), given)
     return planner.phase_options(experiment, adapter, flags, parse_options(items))
 
 
@@ -155,7 +149,7 @@ def build_plan() -> click.Command:
     """``ganda plan``: its own inputs and every costed experiment's options (built when it is called:
     the experiments' declarations load torch, which ``ganda --help`` does not)."""
     flags = _experiment_flags()
-    params = [_param(name, *own) for name, own in OWN.items()]
+    params = [param(name, *own) for name, own in OWN.items()]
     params += [_flag_parameter(f, hint, owners) for f, hint, owners in flags.values()]
     plan_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     plan_command.__annotations__ = {p.name: p.annotation for p in params}

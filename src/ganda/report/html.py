@@ -170,12 +170,6 @@ VIEWER_KEYS = {"maps", "tokens", "map_kinds"}  # shown by the attention viewer, 
 META_KEYS = ("model", "command", "seed", "ganda_version", "created")
 
 
-def has_results(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run's results: ``result.json`` or a file of a registered kind's
-    (:func:`ganda.experiments.run_files`: a sweep's ``results.jsonl``, a ranking's ``ranking.json``...)."""
-    return any((Path(run_dir) / f).is_file() for f in experiments.run_files())
-
-
 def _viewer(run_dir: Path, result: dict[str, Any], uid: str) -> dict[str, Any] | None:
     """The run's attention maps as an embedded viewer (None: the run saved no maps)."""
     docs = [(path.stem, doc) for path, doc in viewer.read_attention_files(run_dir)]
@@ -269,7 +263,7 @@ def write_report(run_dirs: list[Path], out: Path, title: str = "ganda report") -
     """Write one self-contained HTML page covering every run directory; returns ``out``."""
     out = Path(out)
     runs = [Path(d) for d in run_dirs]
-    if not any(has_results(d) for d in runs):
+    if not any((d / f).is_file() for d in runs for f in experiments.run_files()):  # result.json or a kind's own
         names = ", ".join(str(d) for d in runs) or "none given"
         raise GandaError(f"nothing to report: no {', '.join(experiments.run_files())} in {names}")
     runio.write_text(out, render_page(runs, title))
