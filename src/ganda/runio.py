@@ -247,10 +247,7 @@ def check_output_file(path: str | Path, option: str = "--out", *, inputs: Sequen
             what = f"inside {inp}, which" if real != where else "a file that"
             raise GandaError(f"{option} {path} is {what} this command reads; ganda never writes over its inputs: "
                              "choose another path")
-    a = _model_around(Path(real), itself=False)  # any model's directory, not only the one this command loads
-    if a is not None:
-        raise GandaError(f"{option} {path} is inside the model directory {a} (a config.json and weights); ganda "
-                         "never writes into a model's files: choose another path")
+    check_not_model_dir(path, option, itself=False)  # any model's directory, not only the one this command loads
     if target.is_file() and not force and not written_by_ganda(target, kind):
         raise GandaError(f"{option} {path} exists and is not {KINDS.get(kind or '', 'a file')} that ganda wrote; "
                          "pass --force to replace it, or choose another path")
