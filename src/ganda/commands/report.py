@@ -7,7 +7,6 @@ from pathlib import Path
 import typer
 
 from .. import runio
-from ..errors import GandaError
 from .options import FORCE, QUIET
 
 
@@ -25,8 +24,6 @@ def register(app: typer.Typer) -> None:
         from ..results import runs_in
 
         run_dirs = [r for d in run_dirs for r in runs_in(d)]
-        if out.is_dir():
-            raise GandaError(f"--out {out} is a directory; give the HTML file to write")
         reads = [p for d in run_dirs for p in Path(d).rglob("*") if p.is_file() and p.suffix != ".html"]
         runio.check_output_file(out, "--out", inputs=reads, kind="report", force=force)
         path = write_report(list(run_dirs), out, title=title)
