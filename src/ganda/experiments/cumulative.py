@@ -76,14 +76,16 @@ def cumulative_ablation(
     margin: float = 0.05,
     out_dir: Any = None,
     progress: bool = True,
+    base: Any = None,
 ) -> dict[str, Any]:
     """:func:`ablate_until_chance` with chance taken from the examples (mean of 1/choices), as a
     JSON-able record; with ``out_dir`` also ``cumulative.json``, ``cumulative.csv`` and a figure.
+    ``base``: the intact model's result on ``examples`` where the caller has scored it already.
 
     The number of heads it takes is the paper's "SSMs need more heads for G&A" measured: a model
     whose retrieval runs through one bottleneck head reaches chance after one or two."""
     chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
-    base = evaluate_examples(adapter, examples, progress=False)
+    base = base if base is not None else evaluate_examples(adapter, examples, progress=False)
     baseline_at_chance = at_chance(base.accuracy, chance, margin)  # nothing to ablate toward: no curve, said so
     curve = [] if baseline_at_chance else ablate_until_chance(adapter, examples, ranked_heads, chance=chance,
                                                               max_heads=max_heads, margin=margin, progress=progress)

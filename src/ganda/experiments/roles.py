@@ -210,7 +210,7 @@ def head_roles(
             summary.update(_role_summary(adapter, examples, role, rows, control, control_base))
         extra: dict[str, Any] = {}
         if until_chance:
-            to_chance, extra = _to_chance(adapter, examples, ranked, max_heads, progress)
+            to_chance, extra = _to_chance(adapter, examples, ranked, intact, max_heads, progress)
             summary.update(to_chance)
     if sweep_drops:
         extra["sweep_drops"] = sweep_drops
@@ -222,12 +222,13 @@ def head_roles(
     )
 
 
-def _to_chance(adapter: ModelAdapter, examples: Sequence[Example], ranked: Sequence[str], max_heads: int,
-               progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _to_chance(adapter: ModelAdapter, examples: Sequence[Example], ranked: Sequence[str], intact: Any,
+               max_heads: int, progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """How many heads, ablated together in ranked order, take the task to chance
-    (:func:`ganda.experiments.cumulative.cumulative_ablation`): the summary's entries, and the curve
-    (none where the intact model is already at chance: there is no head count to chance)."""
-    cum = cumulative_ablation(adapter, examples, ranked, max_heads=max_heads, progress=progress)
+    (:func:`ganda.experiments.cumulative.cumulative_ablation`, from ``intact``, the intact model's
+    result already scored): the summary's entries, and the curve (none where the intact model is
+    already at chance: there is no head count to chance)."""
+    cum = cumulative_ablation(adapter, examples, ranked, max_heads=max_heads, progress=progress, base=intact)
     if cum["baseline_at_chance"]:
         return {"baseline_at_chance": True, "heads_to_chance_max": max_heads}, {}
     return {"heads_to_chance": cum["heads_to_chance"], "heads_to_chance_max": max_heads}, {"cumulative": cum["curve"]}
