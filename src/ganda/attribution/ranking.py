@@ -597,20 +597,11 @@ def rank_heads(
            "ig_steps": o.ig_steps if o.method == "ig" else None, "screen": o.screen if o.method != "exact" else 0,
            "active": o.active if o.method != "exact" else 0}
     secs: dict[str, float] = {}
-    att: Attribution | None = None
-    estimate: dict[str, float] = {}
-    screened: dict[str, float] = {}
-    activity: dict[str, float] = {}
-    if o.method == "exact":
-        chosen, audited = list(names), []
-    else:
-        att, screened, activity, also = _estimated(adapter, examples, head_list, o, batch_tokens=batch_tokens, out=out,
-                                                   resume=resume, progress=progress, secs=secs)
-        cfg["graddrop_blocks"] = att.config["graddrop_blocks"]
-        estimate = att.by_head()
-        order = [names[i] for i in att.order()]
-        also = {*also, *(str(h) for h in head_list if h.layer in verify_layers)}  # in estimate order below
-        chosen, audited = choose_verified(order, o.verify_top, o.audit, seed, [h for h in order if h in also])
+    att, screened, activity, chosen, audited = _to_verify(adapter, examples, head_list, verify_layers, o, seed,
+                                                          batch_tokens=batch_tokens, out=out, resume=resume,
+                                                          progress=progress, secs=secs)
+    estimate = att.by_head() if att is not None else {}
+    cfg["graddrop_blocks"] = att.config["graddrop_blocks"] if att is not None else None
     checks = _ExactChecks(adapter, examples, head_list, att, o, resume=resume, progress=progress, task=cfg.get("task"),
                           secs=secs)
     widened = checks.rounds([*chosen, *audited], o.widen, o.top, out / "verify" if out is not None else None)
@@ -623,6 +614,23 @@ def rank_heads(
     if out is not None:
         res.write(out)
     return res
+
+
+def _to_verify(adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId], verify_layers: list[int],
+               o: RankOptions, seed: int, *, batch_tokens: int | None, out: Path | None, resume: bool, progress: bool,
+               secs: dict[str, float]) -> tuple[Attribution | None, dict[str, float], dict[str, float], list[str], list[str]]:
+    """The estimate phase of :func:`rank_heads` (none for ``"exact"``, which verifies every head):
+    the attribution, the screen's and the activity's effects, and the heads to verify exactly
+    (chosen, audited)."""
+    names = [str(h) for h in head_list]
+    if o.method == "exact":
+        return None, {}, {}, names, []
+    att, screened, activity, also = _estimated(adapter, examples, head_list, o, batch_tokens=batch_tokens, out=out,
+                                               resume=resume, progress=progress, secs=secs)
+    order = [names[i] for i in att.order()]
+    also = {*also, *(str(h) for h in head_list if h.layer in verify_layers)}  # in estimate order below
+    chosen, audited = choose_verified(order, o.verify_top, o.audit, seed, [h for h in order if h in also])
+    return att, screened, activity, chosen, audited
 
 
 def _ranked_heads(adapter: ModelAdapter, examples: Sequence[Example], o: RankOptions, heads: Sequence[HeadId] | None,
