@@ -238,18 +238,16 @@ def _check_loading_info(model: Any, info: dict[str, Any], where: Path) -> None:
         raise GandaError(f"{where}: {one_line(Exception(errors[0]))}")
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise GandaError(f"{path} is not a Hugging Face model directory (no config.json)")
+def read_config(file: Path) -> dict[str, Any]:
+    """A model config (``config.json`` or a copy of one) as a dict; one error line for anything else."""
     try:
-        raw = json.loads(cfg_file.read_text())
+        raw = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GandaError(f"{cfg_file} is not valid JSON: {one_line(exc)}") from None
+        raise GandaError(f"{file} is not valid JSON: {one_line(exc)}") from None
     except OSError as exc:
-        raise GandaError(f"{cfg_file}: cannot read it ({one_line(exc)})") from None
+        raise GandaError(f"{file}: cannot read it ({one_line(exc)})") from None
     if not isinstance(raw, dict):
-        raise GandaError(f"{cfg_file} is not a model config (expected a JSON object, got {type(raw).__name__})")
+        raise GandaError(f"{file} is not a model config (expected a JSON object, got {type(raw).__name__})")
     return raw
 
 
@@ -303,7 +301,9 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
                  place: placement.Placement | None = None) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
-    raw = _read_config(path)
+    if not (path / "config.json").is_file():
+        raise GandaError(f"{path} is not a Hugging Face model directory (no config.json)")
+    raw = read_config(path / "config.json")
     check_config(raw, str(path / "config.json"))
     model_type = raw.get("model_type")
     safetensors = sorted(path.glob("*.safetensors"))
