@@ -3,6 +3,6 @@
 from . import families as _families  # noqa: F401  (registers the built-in families)
 from .base import Mixer, ModelAdapter
 from .loading import DEFAULT_MODEL, from_model, load_model
-from .registry import adapter_for, register
+from .registry import adapter_for
 
-__all__ = ["DEFAULT_MODEL", "Mixer", "ModelAdapter", "adapter_for", "from_model", "load_model", "register"]
+__all__ = ["DEFAULT_MODEL", "Mixer", "ModelAdapter", "adapter_for", "from_model", "load_model"]

@@ -13,11 +13,6 @@ from ..errors import GandaError
 from .base import ModelAdapter
 
 
-def register(adapter: type[ModelAdapter], model_types: dict[str, str] | None = None, first: bool = True) -> None:
-    """Register a family (see :func:`ganda.registry.register_family`; ``first=False``: a generic one)."""
-    registry.register_family(adapter, model_types, generic=not first)
-
-
 def supported_text() -> str:
     return ", ".join(f"{v} ({k})" for k, v in sorted(registry.MODEL_TYPES.items()))
 
