@@ -36,8 +36,8 @@ spacing above, away from the blocks) or a change made on purpose to leave both s
 sampled elements unchanged. It is a check against accidents (a replaced checkpoint, a corrupt
 copy, a model edited in memory), not against an adversary.
 
-This module imports only the standard library (:mod:`ganda.runio` imports it when ganda starts): a
-model in memory is read with the torch that made its tensors.
+This module imports only the standard library: a model in memory is read with the torch that made
+its tensors.
 """
 
 from __future__ import annotations
