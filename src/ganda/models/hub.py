@@ -85,14 +85,14 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def resolve(spec: str, revision: str | None = None, *, config_only: bool = False) -> HubModel:
-    """Snapshot ``spec`` (``org/name`` or ``org/name@rev``; ``revision`` overrides) into the cache.
+def resolve(spec: str, *, config_only: bool = False) -> HubModel:
+    """Snapshot ``spec`` (``org/name`` or ``org/name@rev``) into the cache.
 
     ``config_only`` fetches ``config.json`` alone (what ``ganda plan`` and ``ganda info --meta``
     need). Every failure is one :class:`GandaError` line naming the id.
     """
     repo_id, rev = split(spec)
-    rev = revision or rev or "main"
+    rev = rev or "main"
     where = cache_dir()
     patterns = CONFIG_PATTERNS if config_only else ALLOW_PATTERNS
     try:

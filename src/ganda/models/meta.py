@@ -55,7 +55,7 @@ def config_of(spec: str) -> tuple[dict[str, Any], str]:
         return read_config(path), str(path)
     if hub.is_hub_id(spec):
         snap = hub.resolve(spec, config_only=True)
-        return read_config(snap.path / "config.json"), f"{snap.repo_id}@{snap.commit}"
+        return read_config(snap.path / "config.json"), snap.spec
     found = model_path(spec)
     if found is not None and found.is_dir() and (found / "config.json").is_file():
         return read_config(found / "config.json"), str(found)
