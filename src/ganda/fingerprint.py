@@ -42,6 +42,7 @@ its tensors.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -251,40 +252,22 @@ def _to_host(t: Any) -> list[list[int]]:
     return t.cpu().tolist()
 
 
-_INDEX_CACHE: dict[tuple[int, int, str], Any] = {}
-
-
+@functools.lru_cache(maxsize=512)
 def _sample_index(n: int, block: int, device: Any) -> Any:
     """Flat indices of the in-memory sample of an ``n``-element tensor: the strided view, then the
     blocks (``block`` elements each). Cached per size and device (layers repeat shapes)."""
     torch = _torch()
-    key = (n, block, str(device))
-    idx = _INDEX_CACHE.get(key)
-    if idx is None:
-        step = max(1, math.ceil(n / STRIDED))
-        parts = [torch.arange(0, n, step, device=device)]
-        parts += [torch.arange(a, b, device=device) for a, b in block_ranges(n, block)]
-        idx = torch.cat(parts)
-        if len(_INDEX_CACHE) > 512:
-            _INDEX_CACHE.clear()
-        _INDEX_CACHE[key] = idx
-    return idx
+    step = max(1, math.ceil(n / STRIDED))
+    parts = [torch.arange(0, n, step, device=device)]
+    parts += [torch.arange(a, b, device=device) for a, b in block_ranges(n, block)]
+    return torch.cat(parts)
 
 
-_WEIGHTS_CACHE: dict[tuple[int, str], Any] = {}
-
-
+@functools.lru_cache(maxsize=512)
 def _weights(k: int, device: Any) -> Any:
     """A fixed sequence of ``k`` integers in [1, 65521] (the weighted sum's weights)."""
     torch = _torch()
-    key = (k, str(device))
-    w = _WEIGHTS_CACHE.get(key)
-    if w is None:
-        w = (torch.arange(k, dtype=torch.int64, device=device) * 40503 + 12345) % 65521 + 1
-        if len(_WEIGHTS_CACHE) > 512:
-            _WEIGHTS_CACHE.clear()
-        _WEIGHTS_CACHE[key] = w
-    return w
+    return (torch.arange(k, dtype=torch.int64, device=device) * 40503 + 12345) % 65521 + 1
 
 
 def _bits(values: Any) -> Any:
