@@ -134,24 +134,30 @@ def _read_blocks(fd: int, begin: int, end: int, h: Any) -> None:
         h.update(os.pread(fd, stop - start, begin + start))
 
 
+def safetensors_header(fd: int, size: int) -> tuple[bytes, Any]:
+    """A safetensors file's header as stored (its 8-byte length, then the JSON) and as parsed; a
+    ValueError saying why for a file too short to have one or whose length does not fit the file."""
+    raw = os.pread(fd, 8, 0)
+    if len(raw) < 8:
+        raise ValueError(f"empty or truncated safetensors file ({size} bytes)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > min(size - 8, _HEADER_LIMIT):
+        raise ValueError(f"truncated or not a safetensors file (header of {n} bytes, file of {size})")
+    stored = raw + os.pread(fd, n, 8)
+    return stored, json.loads(stored[8:])
+
+
 def _safetensors_sample(f: Any, size: int, h: Any) -> bool:
     """Header whole plus every tensor's blocks; False when the header cannot be read."""
     fd = f.fileno()
-    raw = os.pread(fd, 8, 0)
-    if len(raw) < 8:
-        return False
-    (n,) = struct.unpack("<Q", raw)
-    if n > min(size - 8, _HEADER_LIMIT):
-        return False
-    header_bytes = os.pread(fd, n, 8)
     try:
-        header = json.loads(header_bytes)
+        stored, header = safetensors_header(fd, size)
         spans = sorted((int(v["data_offsets"][0]), int(v["data_offsets"][1]))
                        for k, v in header.items() if k != "__metadata__")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return False
-    h.update(raw + header_bytes)
-    base = 8 + n
+    h.update(stored)
+    base = len(stored)
     for begin, end in spans:
         if base + end <= size and begin <= end:
             _read_blocks(fd, base + begin, base + end, h)
@@ -319,4 +325,4 @@ def _tensor_entries(tensors: Mapping[str, Any]) -> list[Any]:
     return entries
 
 
-__all__ = ["BLOCKS", "BLOCK_BYTES", "STRIDED", "block_ranges", "fingerprint"]
+__all__ = ["BLOCKS", "BLOCK_BYTES", "STRIDED", "block_ranges", "fingerprint", "safetensors_header"]

@@ -42,7 +42,6 @@ import re
 import secrets
 import shutil
 import socket
-import struct
 import time
 import warnings
 from collections.abc import Iterator
@@ -54,7 +53,7 @@ import torch
 from .. import registry, runio
 from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError, one_line
-from ..fingerprint import fingerprint
+from ..fingerprint import fingerprint, safetensors_header
 from ..finite import check_config, check_weights
 from ..progress import tqdm as progress_bar
 from . import hub, placement
@@ -149,23 +148,19 @@ def _check_safetensors(file: Path, floating: bool = False) -> dict[str, Any]:
     size = file.stat().st_size
     try:
         with open(file, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise GandaError(f"{file}: empty or truncated safetensors file ({size} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(size - 8, 100_000_000):
-                raise GandaError(f"{file}: truncated or not a safetensors file (header of {n} bytes, file of {size})")
-            header = json.loads(f.read(n))
+            stored, header = safetensors_header(f.fileno(), size)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GandaError(f"{file}: not a readable safetensors file ({one_line(exc)})") from None
+    except ValueError as exc:  # too short, or a length that does not fit the file
+        raise GandaError(f"{file}: {exc}") from None
     if not isinstance(header, dict):
         raise GandaError(f"{file}: not a safetensors file (its header is not a table of tensors)")
     try:
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     except (KeyError, IndexError, TypeError, ValueError):
         raise GandaError(f"{file}: not a safetensors file (malformed tensor table)") from None
-    if 8 + n + end > size:
-        raise GandaError(f"{file}: truncated safetensors file ({size} bytes, its tensors need {8 + n + end})")
+    if len(stored) + end > size:
+        raise GandaError(f"{file}: truncated safetensors file ({size} bytes, its tensors need {len(stored) + end})")
     if floating:
         odd = sorted((k, str(v.get("dtype"))) for k, v in header.items()
                      if k != "__metadata__" and not str(v.get("dtype", "")).startswith(("F", "BF")))
