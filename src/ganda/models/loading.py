@@ -617,10 +617,9 @@ def load_model(
     if place is not None:
         placement.check(model)
     check_weights(model, spec)  # one NaN in one weight makes every score NaN (and every prediction A)
-    model.eval()
     if tok is not None and tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    adapter = adapter_for(model, tok, spec)
+    adapter = from_model(model, tok, spec)
     adapter.source_path = path  # type: ignore[attr-defined]  # what it was loaded from (a hub id's snapshot)
     return adapter
 
