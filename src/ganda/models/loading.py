@@ -56,9 +56,9 @@ from ..errors import GandaError, one_line
 from ..fingerprint import fingerprint, safetensors_header
 from ..finite import check_config, check_weights
 from ..progress import tqdm as progress_bar
+from ..registry import adapter_for, check_model_type
 from . import hub, placement
 from .base import ModelAdapter
-from .registry import adapter_for, check_model_type
 
 log = logging.getLogger(__name__)
 

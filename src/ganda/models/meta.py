@@ -21,10 +21,10 @@ from torch import nn
 from ..errors import GandaError, one_line
 from ..finite import check_config
 from ..heads import HeadId, compress_ranges
+from ..registry import adapter_for, check_model_type
 from . import hub
 from .base import ModelAdapter
 from .loading import model_path, read_config
-from .registry import adapter_for, check_model_type
 from .ssm.llamba import LlambaConfig, LlambaForCausalLM
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"

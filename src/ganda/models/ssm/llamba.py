@@ -26,8 +26,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ...errors import GandaError
+from ...registry import unsupported
 from ..base import Mixer
-from ..registry import supported_text
 from .common import SSMAdapterBase
 from .materialize import SSDParams, SSMParams
 
@@ -342,7 +342,7 @@ def load_unlabelled(path: str | Path) -> nn.Module:
     raw = json.loads((Path(path) / "config.json").read_text())
     if LlambaConfig.looks_like(raw):
         return load_llamba(path)
-    raise GandaError(f"unsupported architecture None; ganda supports: {supported_text()}")
+    raise unsupported(None)
 
 
 class LlambaAdapter(SSMAdapterBase):
