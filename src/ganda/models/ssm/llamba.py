@@ -28,6 +28,7 @@ from torch import nn
 from ...errors import GandaError
 from ...registry import unsupported
 from ..base import Mixer
+from ..loading import read_config
 from .common import SSMAdapterBase
 from .materialize import SSDParams, SSMParams
 
@@ -294,7 +295,7 @@ class LlambaForCausalLM(nn.Module):
 def load_llamba(path: str | Path) -> LlambaForCausalLM:
     """Build a Llamba from a local directory in the published layout (config.json + *.safetensors)."""
     path = Path(path)
-    raw = json.loads((path / "config.json").read_text())
+    raw = read_config(path / "config.json")
     if not LlambaConfig.looks_like(raw):
         raise GandaError(f"{path}/config.json is not a Llamba config (needs d_model, n_layer, ssm_cfg)")
     config = LlambaConfig(**raw)
@@ -339,7 +340,7 @@ def save_llamba(model: LlambaForCausalLM, path: str | Path, with_model_type: boo
 
 def load_unlabelled(path: str | Path) -> nn.Module:
     """Loader for config.json files without ``model_type``: Llamba's published configs omit it."""
-    raw = json.loads((Path(path) / "config.json").read_text())
+    raw = read_config(Path(path) / "config.json")
     if LlambaConfig.looks_like(raw):
         return load_llamba(path)
     raise unsupported(None)
