@@ -199,7 +199,7 @@ def _tied(model: Any, key: str) -> bool:
                if name != key and q.device.type != "meta")
 
 
-def _check_loading_info(model: Any, info: dict[str, Any], where: Path) -> None:
+def check_loading_info(model: Any, info: dict[str, Any], where: Path) -> None:
     """One error for missing, unexpected or wrongly shaped tensors (``output_loading_info``).
 
     Legitimately absent: a tied output embedding (it is the input embedding) and rotary
@@ -324,7 +324,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
             use_safetensors=bool(safetensors), output_loading_info=True, ignore_mismatched_sizes=True,
             **(place.load_kwargs() if place is not None else {}),
         )
-    _check_loading_info(model, info, path)
+    check_loading_info(model, info, path)
     return model, tok
 
 
@@ -377,7 +377,7 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
             )
         tok = load_tokenizer(str(path.parent), gguf_file=path.name)
     check_model_type(getattr(model.config, "model_type", None))
-    _check_loading_info(model, info, path)
+    check_loading_info(model, info, path)
     return model, tok
 
 

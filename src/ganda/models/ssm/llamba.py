@@ -28,7 +28,7 @@ from torch import nn
 from ...errors import GandaError
 from ...registry import unsupported
 from ..base import Mixer
-from ..loading import read_config
+from ..loading import check_loading_info, read_config
 from .common import SSMAdapterBase
 from .materialize import SSDParams, SSMParams
 
@@ -307,24 +307,13 @@ def load_llamba(path: str | Path) -> LlambaForCausalLM:
         state.update(load_file(str(f)))
     with torch.device("meta"):
         model = LlambaForCausalLM(config)
-    missing, unexpected = _check_keys(model, state)
-    if missing or unexpected:
-        raise GandaError(
-            f"{path}: weights do not match the Llamba layout (missing {missing[:3]}, unexpected {unexpected[:3]})")
     want = model.state_dict()
-    wrong = [f"{k} is {tuple(v.shape)}, the config needs {tuple(want[k].shape)}"
-             for k, v in sorted(state.items()) if v.shape != want[k].shape]
-    if wrong:
-        raise GandaError(f"{path}: wrongly shaped tensors: {'; '.join(wrong[:3])}"
-                         + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""))
+    check_loading_info(model, {  # refused as transformers' own checkpoints are, in the same words
+        "missing_keys": sorted(want.keys() - state.keys()), "unexpected_keys": sorted(state.keys() - want.keys()),
+        "mismatched_keys": [(k, v.shape, want[k].shape) for k, v in state.items() if k in want and v.shape != want[k].shape],
+    }, path)
     model.load_state_dict(state, strict=True, assign=True)
     return model
-
-
-def _check_keys(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
-    want = set(model.state_dict().keys())
-    have = set(state)
-    return sorted(want - have), sorted(have - want)
 
 
 def save_llamba(model: LlambaForCausalLM, path: str | Path, with_model_type: bool = True) -> None:
