@@ -22,7 +22,8 @@ A :class:`Journal`'s config carries the weights' fingerprint (:mod:`ganda.finger
 resumed run can tell that the model it measured has changed; :func:`ganda_version` is recorded in
 every result file.
 
-This module imports only the standard library and ganda modules that do (:mod:`ganda.errors`).
+This module imports only the standard library and ganda modules that do (:mod:`ganda.errors`,
+:mod:`ganda.registry`, :mod:`ganda.intervals`).
 """
 
 from __future__ import annotations
