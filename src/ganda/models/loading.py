@@ -341,8 +341,16 @@ def _gguf_cache_key(path: Path) -> str:
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
+def _legacy_cache_key(path: Path) -> str:
+    """The key of entries named by path, size and whole-second mtime only (no manifest): recognised
+    so that the entry which supersedes them can remove them."""
+    st = path.stat()
+    return hashlib.sha1(f"{path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+
+
 def _drop_superseded(root: Path, source: Path, keep: Path) -> None:
-    """Remove older entries of the same GGUF path (it was replaced)."""
+    """Remove older entries of the same GGUF path (it was replaced, or they predate manifests)."""
+    legacy = root / f"{source.stem}-{_legacy_cache_key(source)}"
     for d in root.glob(f"{source.stem}-*"):
         if d == keep or not d.is_dir() or _TEMP.match(d.name) or _LEGACY_TEMP.match(d.name):
             continue
@@ -350,7 +358,7 @@ def _drop_superseded(root: Path, source: Path, keep: Path) -> None:
             same = json.loads((d / CACHE_MANIFEST).read_text()).get("source") == str(source)
         except (OSError, ValueError, AttributeError):
             same = False
-        if same:
+        if same or d == legacy:
             log.info("removing %s, superseded by %s", d, keep.name)
             shutil.rmtree(d, ignore_errors=True)
             (root / f"{d.name}.lock").unlink(missing_ok=True)
