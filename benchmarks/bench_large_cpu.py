@@ -28,7 +28,7 @@ from ganda import AblateHeads, HeadId
 from ganda import plan as planner
 from ganda.interventions import parse_layers
 from ganda.models import meta
-from ganda.models.registry import adapter_for
+from ganda.registry import adapter_for
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))  # importable from the tests too

@@ -19,6 +19,7 @@ import torch
 from ganda import runio
 from ganda.cli import main
 from ganda.errors import GandaError
+from ganda.fingerprint import fingerprint
 from ganda_lab import CHECKPOINTS
 
 MODEL = "lab-llama-h1"  # four layers of one head: a full sweep is four heads
@@ -117,7 +118,7 @@ def test_resume_after_weights_changed_is_refused(tmp_path, capsys):
     # --no-resume starts over on the new weights
     assert _cli(capsys, *cmd, "--no-resume")[0] == 0
     assert _heads(out) == ["L0H0", "L1H0", "L2H0", "L3H0"]
-    assert _progress(out)[0]["config"]["weights"] == runio.model_fingerprint(model)
+    assert _progress(out)[0]["config"]["weights"] == fingerprint(model)
 
 
 def test_weights_replaced_under_the_same_size_and_mtime_are_seen_on_resume(tmp_path, capsys):
@@ -176,16 +177,16 @@ def test_resume_of_a_model_changed_in_memory_is_refused(tmp_path):
 
 def test_fingerprint_follows_the_files(tmp_path):
     model = _copy_model(tmp_path)
-    fp = runio.model_fingerprint(model)
-    assert fp == runio.model_fingerprint(model)
+    fp = fingerprint(model)
+    assert fp == fingerprint(model)
     cfg = model / "tokenizer_config.json"
     cfg.write_text(cfg.read_text() + " ")
-    assert runio.model_fingerprint(model) != fp  # a tokenizer change counts too
+    assert fingerprint(model) != fp  # a tokenizer change counts too
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(100))
-    g = runio.model_fingerprint(gguf)
+    g = fingerprint(gguf)
     os.utime(gguf, ns=(1, 1))
-    assert runio.model_fingerprint(gguf) != g
+    assert fingerprint(gguf) != g
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,7 +480,7 @@ def test_grid_reuses_a_job_only_when_its_record_matches(tmp_path, capsys, monkey
     grid = tmp_path / "grid"
     job = next(grid.glob("*/lab-mmlu/sweep"))
     record = json.loads((job / "grid-job.json").read_text())
-    assert record["options"]["limit"] == 2 and record["weights"] == runio.model_fingerprint(model)
+    assert record["options"]["limit"] == 2 and record["weights"] == fingerprint(model)
     files = {p: p.read_bytes() for p in grid.rglob("*") if p.is_file() and p.name != ".lock"}
 
     def refused(*extra: str, **env: str) -> str:

@@ -36,12 +36,13 @@ spacing above, away from the blocks) or a change made on purpose to leave both s
 sampled elements unchanged. It is a check against accidents (a replaced checkpoint, a corrupt
 copy, a model edited in memory), not against an adversary.
 
-This module imports only the standard library (:mod:`ganda.runio` imports it when ganda starts): a
-model in memory is read with the torch that made its tensors.
+This module imports only the standard library: a model in memory is read with the torch that made
+its tensors.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -133,24 +134,30 @@ def _read_blocks(fd: int, begin: int, end: int, h: Any) -> None:
         h.update(os.pread(fd, stop - start, begin + start))
 
 
+def safetensors_header(fd: int, size: int) -> tuple[bytes, Any]:
+    """A safetensors file's header as stored (its 8-byte length, then the JSON) and as parsed; a
+    ValueError saying why for a file too short to have one or whose length does not fit the file."""
+    raw = os.pread(fd, 8, 0)
+    if len(raw) < 8:
+        raise ValueError(f"empty or truncated safetensors file ({size} bytes)")
+    (n,) = struct.unpack("<Q", raw)
+    if n > min(size - 8, _HEADER_LIMIT):
+        raise ValueError(f"truncated or not a safetensors file (header of {n} bytes, file of {size})")
+    stored = raw + os.pread(fd, n, 8)
+    return stored, json.loads(stored[8:])
+
+
 def _safetensors_sample(f: Any, size: int, h: Any) -> bool:
     """Header whole plus every tensor's blocks; False when the header cannot be read."""
     fd = f.fileno()
-    raw = os.pread(fd, 8, 0)
-    if len(raw) < 8:
-        return False
-    (n,) = struct.unpack("<Q", raw)
-    if n > min(size - 8, _HEADER_LIMIT):
-        return False
-    header_bytes = os.pread(fd, n, 8)
     try:
-        header = json.loads(header_bytes)
+        stored, header = safetensors_header(fd, size)
         spans = sorted((int(v["data_offsets"][0]), int(v["data_offsets"][1]))
                        for k, v in header.items() if k != "__metadata__")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         return False
-    h.update(raw + header_bytes)
-    base = 8 + n
+    h.update(stored)
+    base = len(stored)
     for begin, end in spans:
         if base + end <= size and begin <= end:
             _read_blocks(fd, base + begin, base + end, h)
@@ -251,40 +258,22 @@ def _to_host(t: Any) -> list[list[int]]:
     return t.cpu().tolist()
 
 
-_INDEX_CACHE: dict[tuple[int, int, str], Any] = {}
-
-
+@functools.lru_cache(maxsize=512)
 def _sample_index(n: int, block: int, device: Any) -> Any:
     """Flat indices of the in-memory sample of an ``n``-element tensor: the strided view, then the
     blocks (``block`` elements each). Cached per size and device (layers repeat shapes)."""
     torch = _torch()
-    key = (n, block, str(device))
-    idx = _INDEX_CACHE.get(key)
-    if idx is None:
-        step = max(1, math.ceil(n / STRIDED))
-        parts = [torch.arange(0, n, step, device=device)]
-        parts += [torch.arange(a, b, device=device) for a, b in block_ranges(n, block)]
-        idx = torch.cat(parts)
-        if len(_INDEX_CACHE) > 512:
-            _INDEX_CACHE.clear()
-        _INDEX_CACHE[key] = idx
-    return idx
+    step = max(1, math.ceil(n / STRIDED))
+    parts = [torch.arange(0, n, step, device=device)]
+    parts += [torch.arange(a, b, device=device) for a, b in block_ranges(n, block)]
+    return torch.cat(parts)
 
 
-_WEIGHTS_CACHE: dict[tuple[int, str], Any] = {}
-
-
+@functools.lru_cache(maxsize=512)
 def _weights(k: int, device: Any) -> Any:
     """A fixed sequence of ``k`` integers in [1, 65521] (the weighted sum's weights)."""
     torch = _torch()
-    key = (k, str(device))
-    w = _WEIGHTS_CACHE.get(key)
-    if w is None:
-        w = (torch.arange(k, dtype=torch.int64, device=device) * 40503 + 12345) % 65521 + 1
-        if len(_WEIGHTS_CACHE) > 512:
-            _WEIGHTS_CACHE.clear()
-        _WEIGHTS_CACHE[key] = w
-    return w
+    return (torch.arange(k, dtype=torch.int64, device=device) * 40503 + 12345) % 65521 + 1
 
 
 def _bits(values: Any) -> Any:
@@ -336,4 +325,4 @@ def _tensor_entries(tensors: Mapping[str, Any]) -> list[Any]:
     return entries
 
 
-__all__ = ["BLOCKS", "BLOCK_BYTES", "STRIDED", "block_ranges", "fingerprint"]
+__all__ = ["BLOCKS", "BLOCK_BYTES", "STRIDED", "block_ranges", "fingerprint", "safetensors_header"]

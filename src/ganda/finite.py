@@ -192,8 +192,7 @@ def check_logits(logits: Any, what: str, adapter: Any = None, prompt_ids: Sequen
     """:func:`check_scores` for a tensor of logits (checked on its device, one synchronisation)."""
     if bool(torch.isfinite(logits).all()):
         return
-    bad = "NaN" if bool(torch.isnan(logits).any()) else "infinity"
-    check_scores(float("nan") if bad == "NaN" else float("inf"), what, adapter, prompt_ids)
+    check_scores(float("nan") if bool(torch.isnan(logits).any()) else float("inf"), what, adapter, prompt_ids)
 
 
 def _first_bad(values: Any) -> str | None:

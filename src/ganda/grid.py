@@ -39,6 +39,7 @@ from . import registry, runio
 from .device import default_device, default_dtype
 from .errors import GandaError
 from .experiments.runner import TaskInputs
+from .fingerprint import fingerprint
 from .models.base import ModelAdapter
 from .models.loading import load_model, model_path
 from .tasks import get_task, task_for_model
@@ -191,7 +192,7 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
     weights: dict[str, str | None] = {}
     for m in spec["models"]:
         path = model_path(m)
-        weights[m] = runio.model_fingerprint(path) if path is not None else None
+        weights[m] = fingerprint(path.resolve()) if path is not None else None
     records = {job["dir"]: job_record(job, opts, weights[job["model"]], dtype) for job in todo}
     earlier = _earlier(out / "grid.json")
     adapters: dict[str, ModelAdapter] = {}

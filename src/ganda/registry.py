@@ -87,6 +87,27 @@ def families() -> list[type[ModelAdapter]]:
     return list(_FAMILIES)
 
 
+def unsupported(model_type: Any) -> GandaError:
+    """The error for an architecture no registered family serves (it lists those that are)."""
+    names = ", ".join(f"{v} ({k})" for k, v in sorted(MODEL_TYPES.items()))
+    return GandaError(f"unsupported architecture {model_type!r}; ganda supports: {names}")
+
+
+def check_model_type(model_type: str | None) -> None:
+    """Refuse a ``config.model_type`` that no registered family loads."""
+    if model_type not in MODEL_TYPES:
+        raise unsupported(model_type)
+
+
+def adapter_for(model: Any, tokenizer: Any, spec: str) -> ModelAdapter:
+    """The adapter of the first family (in :func:`families` order) whose ``matches`` accepts ``model``:
+    families registered later are tried first, so specific ones come before the generic Transformer."""
+    for cls in _FAMILIES:
+        if cls.matches(model):
+            return cls(model, tokenizer, spec)
+    raise unsupported(getattr(getattr(model, "config", None), "model_type", type(model).__name__))
+
+
 @dataclass(frozen=True)
 class Resolver:
     match: str | Callable[[str], bool]
@@ -403,7 +424,8 @@ def register_plugin_commands(app: Any) -> None:
 
 
 __all__ = [
-    "LOADERS", "MODEL_TYPES", "PLUGIN_GROUP", "ResultKind", "experiment", "experiment_names", "families",
+    "LOADERS", "MODEL_TYPES", "PLUGIN_GROUP", "ResultKind", "adapter_for", "check_model_type", "experiment",
+    "experiment_names", "families", "unsupported",
     "group_members", "group_names", "register_group",
     "load_plugins", "number_option", "register_experiment",
     "parse_task_name", "plugins", "register_family", "register_plugin_commands", "register_resolver",

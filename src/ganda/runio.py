@@ -1,4 +1,4 @@
-"""Writing results safely: atomic files, run-directory locks, output checks, model fingerprints.
+"""Writing results safely: atomic files, run-directory locks, output checks.
 
 Every result file ganda writes goes through :func:`atomic_open` / :func:`atomic_path` (or the
 ``write_text`` / ``write_bytes`` shorthands): the data goes to a temporary file beside the
@@ -18,13 +18,12 @@ holds a model (:func:`holds_model`), the loaded one or another; an existing file
 write is replaced only with ``--force`` (:func:`written_by_ganda`); a command refused after it
 started leaves nothing it created (:func:`discard_claims`, called by the CLI on a refusal).
 
-:func:`model_fingerprint` summarises the weights on disk cheaply (:mod:`ganda.fingerprint`: sizes,
-modification times, headers, a fixed sample of every tensor, small files whole) so that a resumed
-run can tell that the model it measured has changed; :func:`ganda_version` is recorded in every
-result file.
+A :class:`Journal`'s config carries the weights' fingerprint (:mod:`ganda.fingerprint`), so that a
+resumed run can tell that the model it measured has changed; :func:`ganda_version` is recorded in
+every result file.
 
 This module imports only the standard library and ganda modules that do (:mod:`ganda.errors`,
-:mod:`ganda.fingerprint`).
+:mod:`ganda.registry`, :mod:`ganda.intervals`).
 """
 
 from __future__ import annotations
@@ -46,7 +45,6 @@ from typing import IO, Any
 
 from . import registry
 from .errors import GandaError
-from .fingerprint import fingerprint
 from .intervals import split
 
 _UMASK = os.umask(0)
@@ -587,18 +585,6 @@ def release_claims() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# model fingerprints
-
-
-def model_fingerprint(path: str | Path) -> str:
-    """A short digest of the model at ``path`` (a ``.gguf`` or ``.safetensors`` file, or an HF
-    directory) that changes when its weights, config or tokenizer change:
-    :func:`ganda.fingerprint.fingerprint`, which reads a fixed sample of every tensor and the small
-    files whole, so its cost does not grow with the size of the model."""
-    return fingerprint(Path(path).resolve())
-
-
-# ---------------------------------------------------------------------------------------------
 # run journals
 
 
@@ -742,6 +728,6 @@ def take_interrupt_note() -> str | None:
 
 __all__ = [
     "Journal", "read_journal", "acquire_run_dir", "check_not_model_dir", "discard_claims", "holds_model", "interrupt_summary", "run_kind", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
-    "model_fingerprint", "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
+    "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
     "take_interrupt_note", "write_bytes", "write_error", "write_text",
 ]

@@ -32,8 +32,7 @@ import torch
 
 from ganda.errors import GandaError
 from ganda.interventions import truncate
-from ganda.models import load_model
-from ganda.models.registry import adapter_for
+from ganda.models import adapter_for, load_model
 from ganda.progress import tqdm
 
 from . import checkpoint_dirs

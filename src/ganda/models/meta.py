@@ -10,7 +10,6 @@ comes from); any other ``config.json`` file, model directory or hub id (config o
 from __future__ import annotations
 
 import inspect
-import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -22,10 +21,10 @@ from torch import nn
 from ..errors import GandaError, one_line
 from ..finite import check_config
 from ..heads import HeadId, compress_ranges
+from ..registry import adapter_for, check_model_type
 from . import hub
 from .base import ModelAdapter
-from .loading import model_path
-from .registry import adapter_for, check_model_type
+from .loading import model_path, read_config
 from .ssm.llamba import LlambaConfig, LlambaForCausalLM
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -44,32 +43,22 @@ def shipped() -> dict[str, Path]:
     return {f.stem.replace("--", "/", 1): f for f in sorted(CONFIG_DIR.glob("*.json"))}
 
 
-def _read_json(file: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GandaError(f"{file}: not a readable JSON config ({str(exc).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise GandaError(f"{file} is not a model config (expected a JSON object)")
-    return raw
-
-
 def config_of(spec: str) -> tuple[dict[str, Any], str]:
     """The raw config of ``spec`` and where it was read: a shipped id, a ``.json`` file, a model
     directory or registered name, or a hub id (its ``config.json`` alone, through the cache)."""
     spec = str(spec)
     files = shipped()
     if spec in files:
-        return _read_json(files[spec]), f"shipped config {files[spec].name}"
+        return read_config(files[spec]), f"shipped config {files[spec].name}"
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".json":
-        return _read_json(path), str(path)
+        return read_config(path), str(path)
     if hub.is_hub_id(spec):
         snap = hub.resolve(spec, config_only=True)
-        return _read_json(snap.path / "config.json"), f"{snap.repo_id}@{snap.commit}"
+        return read_config(snap.path / "config.json"), snap.spec
     found = model_path(spec)
     if found is not None and found.is_dir() and (found / "config.json").is_file():
-        return _read_json(found / "config.json"), str(found)
+        return read_config(found / "config.json"), str(found)
     if found is not None:
         raise GandaError(f"{spec}: {found} has no config.json (a GGUF file is loaded whole, not on the meta device)")
     raise GandaError(f"no config for {spec!r}: give a config.json file, a model directory, a hub id or one of "

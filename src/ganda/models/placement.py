@@ -49,11 +49,10 @@ class Placement:
 def _device_value(module: str, value: Any, source: str) -> str | int:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise GandaError(f"{source}: {module!r} -> {value!r} is not a device (cpu, disk, 0, cuda:1, mps)")
-    if isinstance(value, int) or value in ("cpu", "disk"):
-        if isinstance(value, int):
-            parse_device(f"cuda:{value}", f"{source} ({module})")
-        return value
-    parse_device(value, f"{source} ({module})")
+    if isinstance(value, int):
+        parse_device(f"cuda:{value}", f"{source} ({module})")
+    elif value not in ("cpu", "disk"):
+        parse_device(value, f"{source} ({module})")
     return value
 
 

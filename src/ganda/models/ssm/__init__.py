@@ -8,8 +8,7 @@ entry point is ``ganda.models.ssm.materialize.materialize(adapter, input_ids, he
 
 from __future__ import annotations
 
-from ...registry import LOADERS
-from ..registry import register
+from ...registry import LOADERS, register_family
 from .bamba import BambaAdapter
 from .falcon_h1 import FalconH1Adapter
 from .jamba import JambaAdapter
@@ -21,7 +20,7 @@ from .zamba2 import Zamba2Adapter
 # registered in this order (later ones are tried first), each for its own ``model_types``
 for _family in (Mamba2Adapter, Mamba1Adapter, LlambaAdapter, Zamba2Adapter, BambaAdapter, FalconH1Adapter,
                 JambaAdapter):
-    register(_family, _family.model_types)
+    register_family(_family, _family.model_types)
 LOADERS["llamba"] = load_llamba
 # Llamba's published config.json may carry no model_type; anything else without one is refused.
 LOADERS.setdefault(None, load_unlabelled)

@@ -26,8 +26,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ...errors import GandaError
+from ...registry import unsupported
 from ..base import Mixer
-from ..registry import supported_text
+from ..loading import check_loading_info, read_config
 from .common import SSMAdapterBase
 from .materialize import SSDParams, SSMParams
 
@@ -294,7 +295,7 @@ class LlambaForCausalLM(nn.Module):
 def load_llamba(path: str | Path) -> LlambaForCausalLM:
     """Build a Llamba from a local directory in the published layout (config.json + *.safetensors)."""
     path = Path(path)
-    raw = json.loads((path / "config.json").read_text())
+    raw = read_config(path / "config.json")
     if not LlambaConfig.looks_like(raw):
         raise GandaError(f"{path}/config.json is not a Llamba config (needs d_model, n_layer, ssm_cfg)")
     config = LlambaConfig(**raw)
@@ -306,24 +307,13 @@ def load_llamba(path: str | Path) -> LlambaForCausalLM:
         state.update(load_file(str(f)))
     with torch.device("meta"):
         model = LlambaForCausalLM(config)
-    missing, unexpected = _check_keys(model, state)
-    if missing or unexpected:
-        raise GandaError(
-            f"{path}: weights do not match the Llamba layout (missing {missing[:3]}, unexpected {unexpected[:3]})")
     want = model.state_dict()
-    wrong = [f"{k} is {tuple(v.shape)}, the config needs {tuple(want[k].shape)}"
-             for k, v in sorted(state.items()) if v.shape != want[k].shape]
-    if wrong:
-        raise GandaError(f"{path}: wrongly shaped tensors: {'; '.join(wrong[:3])}"
-                         + (f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""))
+    check_loading_info(model, {  # refused as transformers' own checkpoints are, in the same words
+        "missing_keys": sorted(want.keys() - state.keys()), "unexpected_keys": sorted(state.keys() - want.keys()),
+        "mismatched_keys": [(k, v.shape, want[k].shape) for k, v in state.items() if k in want and v.shape != want[k].shape],
+    }, path)
     model.load_state_dict(state, strict=True, assign=True)
     return model
-
-
-def _check_keys(model: nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
-    want = set(model.state_dict().keys())
-    have = set(state)
-    return sorted(want - have), sorted(have - want)
 
 
 def save_llamba(model: LlambaForCausalLM, path: str | Path, with_model_type: bool = True) -> None:
@@ -339,10 +329,10 @@ def save_llamba(model: LlambaForCausalLM, path: str | Path, with_model_type: boo
 
 def load_unlabelled(path: str | Path) -> nn.Module:
     """Loader for config.json files without ``model_type``: Llamba's published configs omit it."""
-    raw = json.loads((Path(path) / "config.json").read_text())
+    raw = read_config(Path(path) / "config.json")
     if LlambaConfig.looks_like(raw):
         return load_llamba(path)
-    raise GandaError(f"unsupported architecture None; ganda supports: {supported_text()}")
+    raise unsupported(None)
 
 
 class LlambaAdapter(SSMAdapterBase):
