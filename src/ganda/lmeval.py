@@ -55,23 +55,15 @@ def _import_lm_eval():
     return HFLM
 
 
-def hflm(adapter: ModelAdapter, *, batch_size: int | str = 1, **kwargs: Any):
-    """An lm-eval ``HFLM`` around the adapter's (possibly hooked) HF model and tokenizer.
-
-    Build it inside the intervention context, or use :func:`lm_eval_model`; hooks attached
-    later also act, since HFLM holds the same model object.
-    """
-    HFLM = _import_lm_eval()
-    return HFLM(pretrained=adapter.model, tokenizer=adapter.tokenizer, batch_size=batch_size,
-                device=str(adapter.device), **kwargs)
-
-
 @contextmanager
-def lm_eval_model(adapter: ModelAdapter, interventions: Sequence[Intervention] | None = None,
-                  **kwargs: Any) -> Iterator[Any]:
-    """``with lm_eval_model(adapter, [AblateHeads(...)]) as lm:`` - an HFLM on the intervened model."""
+def lm_eval_model(adapter: ModelAdapter, interventions: Sequence[Intervention] | None = None, *,
+                  batch_size: int | str = 1, **kwargs: Any) -> Iterator[Any]:
+    """``with lm_eval_model(adapter, [AblateHeads(...)]) as lm:`` - an lm-eval ``HFLM`` around the
+    adapter's HF model and tokenizer, with the interventions' hooks on that very model object."""
+    HFLM = _import_lm_eval()
     with apply(adapter, interventions):
-        yield hflm(adapter, **kwargs)
+        yield HFLM(pretrained=adapter.model, tokenizer=adapter.tokenizer, batch_size=batch_size,
+                   device=str(adapter.device), **kwargs)
 
 
 def simple_evaluate(
