@@ -224,10 +224,18 @@ def points(x: Any) -> str:
     return f"{100 * x:.1f} points" if isinstance(x, int | float) else str(x)
 
 
+def interval_text(pair: Sequence[float | None] | None, scale: float = 100.0) -> str:
+    """An interval as text after its value: ``(0.03, 0.21)`` -> ``" [3.0, 21.0]"`` (``scale`` 100:
+    percent or points, one decimal; ``scale`` 1: three decimals), ``""`` where there is none."""
+    digits = 1 if scale == 100.0 else 3
+    if not pair or len(pair) != 2 or None in pair:
+        return ""
+    return f" [{scale * pair[0]:.{digits}f}, {scale * pair[1]:.{digits}f}]"  # type: ignore[operator]
+
+
 def points_ci(r: dict[str, Any], name: str = "drop") -> str:
     """A drop with its interval, as the prompt-set summaries give it: ``+12.0 points [3.0, 21.0]``."""
-    lo, hi = bounds(r, name)
-    return f"{100 * r[name]:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
+    return f"{100 * r[name]:+.1f} points{interval_text(bounds(r, name))}"
 
 
 def acc(scores: dict[str, Any], task: str) -> float | None:
