@@ -93,11 +93,12 @@ def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, re
     return out
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float], seed: int, name: str = "drop") -> dict[str, Any]:
+def paired_difference(a: Sequence[float], b: Sequence[float], seed: int, name: str = "drop", resamples: int = 2000
+                      ) -> dict[str, Any]:
     """``name`` (default ``drop``): the mean of ``a - b`` over the same prompts, with its paired
     bootstrap interval (:func:`bootstrap_paired`); one record key per drop, so an accuracy drop and
     a margin drop sit side by side."""
-    bs = bootstrap_paired(a, b, seed=seed)
+    bs = bootstrap_paired(a, b, resamples=resamples, seed=seed)
     return {name: bs["diff"], **interval(bounds(bs, "diff"), name)}
 
 
