@@ -51,12 +51,7 @@ def _mc_task_names() -> list[str]:
 
 def task_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The columns of result rows that hold a task's score (``knowledge``, ``mmlu``, ``kv20``, ...)."""
-    out: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in out and (is_group(k) or registry.parse_task_name(k) is not None):
-                out.append(k)
-    return out
+    return [k for k in runio.columns(rows) if is_group(k) or registry.parse_task_name(k) is not None]
 
 
 def task_series(rows: Sequence[dict[str, Any]], tasks: Sequence[str] | None = None

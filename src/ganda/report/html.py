@@ -98,18 +98,9 @@ def is_empty(v: Any) -> bool:
     return v is None or (isinstance(v, list | dict | str) and len(v) == 0)
 
 
-def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
-    cols: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in cols:
-                cols.append(k)
-    return cols
-
-
 def records_table(rows: Sequence[dict[str, Any]], max_rows: int = MAX_ROWS) -> str:
     """A list of dicts as an HTML table (columns in first-seen order)."""
-    return environment().get_template("macros.html.j2").module.table(_columns(rows), rows, max_rows)
+    return environment().get_template("macros.html.j2").module.table(runio.columns(rows), rows, max_rows)
 
 
 def _shown(v: Any) -> Any:
@@ -136,7 +127,7 @@ def _png_data_uri(path: Path) -> str:
 def _csv(path: Path) -> dict[str, Any] | None:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    return {"name": path.name, "rows": rows, "columns": _columns(rows)} if rows else None
+    return {"name": path.name, "rows": rows, "columns": runio.columns(rows)} if rows else None
 
 
 def _figures(run_dir: Path, obj: ExperimentResult | None, tmp: Path) -> list[Path]:
@@ -224,7 +215,7 @@ def _render_run(run_dir: Path, index: int) -> tuple[str, dict[str, Any]]:
     """One run's ``<section>`` and its entry in the page's Cost section (``cost`` empty: none)."""
     with tempfile.TemporaryDirectory() as td:
         ctx = run_context(run_dir, index, Path(td))
-        html_ = environment().get_template("run.html.j2").render(run=ctx, columns=_columns, max_rows=MAX_ROWS,
+        html_ = environment().get_template("run.html.j2").render(run=ctx, columns=runio.columns, max_rows=MAX_ROWS,
                                                                  max_csv_rows=MAX_CSV_ROWS)
     return html_, {"title": ctx["title"], "dir": ctx["dir"], "cost": ctx["cost"]}
 
@@ -238,7 +229,7 @@ def render_page(run_dirs: Sequence[Path], title: str = "ganda report") -> str:
     has_viewer = any('class="gv"' in s for s in sections)
     return env.get_template("page.html.j2").render(
         title=title, runs=[{"index": i, "name": d.name} for i, d in enumerate(runs)],
-        costs=[c for _, c in rendered if c["cost"]], columns=_columns,
+        costs=[c for _, c in rendered if c["cost"]], columns=runio.columns,
         sections=[_safe(s) for s in sections], stamp=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         css=_safe((TEMPLATES / "report.css").read_text()),
         viewer_css=_safe((TEMPLATES / "viewer.css").read_text()) if has_viewer else "",
