@@ -416,11 +416,12 @@ def prediction_records(path: Path, run: str, condition: str | None) -> list[dict
         if not isinstance(rec, dict) or "correct" not in rec:
             raise GandaError(f"{path}:{i + 1} is not a ganda prediction (no 'correct')")
         recs.append(rec)
-    rows = []
-    for i, rec in enumerate(recs):
-        key = rec.get("id") or {}
-        row = {"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
-               "doc_id": key.get("doc_id"), "example": i}
-        row.update({k: v for k, v in rec.items() if k != "id"})
-        rows.append(row)
-    return rows
+    return [{**prediction_row(run, condition, rec.get("id") or {}, i), **{k: v for k, v in rec.items() if k != "id"}}
+            for i, rec in enumerate(recs)]
+
+
+def prediction_row(run: str, condition: str | None, key: dict[str, Any], example: int) -> dict[str, Any]:
+    """What names a row of :func:`ganda.results.load`'s ``predictions`` table: the run, the condition
+    (``intact`` or the ablated head) and the example (its ``key``: :meth:`ganda.tasks.base.Example.key`)."""
+    return {"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
+            "doc_id": key.get("doc_id"), "example": example}

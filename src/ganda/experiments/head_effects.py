@@ -14,7 +14,7 @@ from ..effects import NAMES, helpful_when_ablated, matters, ordered, split
 from ..errors import GandaError
 from ..stats import weak_note
 from ..sweep import SweepResult, read_sweep
-from .common import ExperimentResult, pct, points, read_json_object, run_row
+from .common import ExperimentResult, pct, points, prediction_row, read_json_object, run_row
 
 TOP = 20  # heads the report lists of a sweep or a ranking
 
@@ -113,9 +113,8 @@ def example_rows(run: str, sw: SweepResult) -> list[dict[str, Any]]:
     for condition, rec in zip(["intact", *(r["head"] for r in sw.records)], recs, strict=True):
         for i, (gold, pred, pred_norm, ll) in enumerate(zip(rec["gold"], rec["pred"], rec["pred_norm"], rec["loglik"],
                                                             strict=True)):
-            key = ids[i] if ids else {"task": task, "subject": None, "doc_id": None}
-            out.append({"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
-                        "doc_id": key.get("doc_id"), "example": i, "gold": gold, "pred": pred, "pred_norm": pred_norm,
+            key = ids[i] if ids else {"task": task}
+            out.append({**prediction_row(run, condition, key, i), "gold": gold, "pred": pred, "pred_norm": pred_norm,
                         "correct": pred == gold, "correct_norm": pred_norm == gold, "loglik": ll})
     return out
 
