@@ -172,14 +172,11 @@ class RankingResult(ExperimentResult):
         the exact sweep of the verified heads, where it ran one."""
         d = self.ranking
         rows = d.get("ranking") or []  # the final order: verified heads by signed exact effect, then the rest by estimate
-        values = {col: {r["head"]: r[col] for r in rows if r.get(col) is not None} for col in ("estimate", "exact", "acc_drop")}
-        ranks = {"estimate": ordered(values["estimate"], by_name=True),
-                 "exact": ordered(values["exact"], values["acc_drop"], by_name=True)}
-        ranks = {col: {h: i + 1 for i, h in enumerate(order)} for col, order in ranks.items()}  # ganda rank's ranks
+        ranks = {r["head"]: r for r in RankResult.from_json(d).rows()}  # ganda rank's ranks
         audited = set(d.get("audited") or [])
         heads = [{"run": run, "head": r["head"], "rank": i, "estimate": r.get("estimate"), "exact": r.get("exact"),
-                  "acc_drop": r.get("acc_drop"), "rank_estimate": ranks["estimate"].get(r["head"]),
-                  "rank_exact": ranks["exact"].get(r["head"]), "audited": r["head"] in audited}
+                  "acc_drop": r.get("acc_drop"), "rank_estimate": ranks.get(r["head"], {}).get("rank_estimate"),
+                  "rank_exact": ranks.get(r["head"], {}).get("rank_exact"), "audited": r["head"] in audited}
                  for i, r in enumerate(rows, 1)]
         seconds = d.get("seconds") if isinstance(d.get("seconds"), dict) else {}
         more = {"method": d.get("method"), "ablation": d.get("ablation"), "margin": d.get("margin"),
