@@ -113,8 +113,7 @@ def _mmlu_dir(data_dir: str | Path | None) -> Path:
     raise GandaError(f"no MMLU CSVs found ({data_dir or MMLU_DIR})")
 
 
-def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 0,
-              name_prefix: str = "ganda_mmlu_") -> dict[str, Any]:
+def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 0) -> dict[str, Any]:
     """lm-eval's ``mmlu_<subject>`` (default template) as a config dict over the local CSVs.
 
     Same ``doc_to_text``, choices, description, first-n dev few-shot sampler and ``acc``/
@@ -129,7 +128,7 @@ def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 
     if dev.is_file():
         files["dev"] = str(dev)
     cfg: dict[str, Any] = {
-        "task": f"{name_prefix}{subject}",
+        "task": f"ganda_mmlu_{subject}",
         "dataset_path": "csv",
         "dataset_kwargs": {"data_files": files, "column_names": MMLU_COLUMNS},
         "test_split": "test",
@@ -167,7 +166,7 @@ def _arc_docs(dataset):
     return dataset.map(convert, remove_columns=dataset.column_names)
 
 
-def arc_easy_task(path: str | Path | None = None, name: str = "ganda_arc_easy") -> dict[str, Any]:
+def arc_easy_task(path: str | Path | None = None) -> dict[str, Any]:
     """lm-eval's ``arc_easy`` (``lm_eval/tasks/arc/arc_easy.yaml``: ``Question: ...\nAnswer:`` +
     each choice text, ``acc``/``acc_norm``) over ARC's JSONL (``dataset_path: json``).
 
@@ -181,7 +180,7 @@ def arc_easy_task(path: str | Path | None = None, name: str = "ganda_arc_easy") 
     if not p.is_file():
         raise GandaError(f"no ARC-Easy JSONL at {p} (pass path=...)")
     return {
-        "task": name,
+        "task": "ganda_arc_easy",
         "dataset_path": "json",
         "dataset_kwargs": {"data_files": {"test": str(p)}},
         "test_split": "test",
