@@ -66,9 +66,9 @@ MAX_TICK_LABELS = 64  # more tokens than this: every k-th token labelled, so lab
 MAX_COLS = 3  # panels side by side in a figure of several
 
 
-def _tick_positions(t: int, max_labels: int = MAX_TICK_LABELS) -> list[int]:
+def _tick_positions(t: int) -> list[int]:
     """Token positions that get a tick label: all of them, or every k-th (the last always)."""
-    step = max(1, math.ceil(t / max_labels))
+    step = max(1, math.ceil(t / MAX_TICK_LABELS))
     ticks = list(range(0, t, step))
     return ticks if ticks[-1] == t - 1 else [*ticks, t - 1]
 
