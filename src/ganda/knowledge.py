@@ -19,10 +19,8 @@ from .tasks import KNOWLEDGE, get_task
 from .tasks.knowledge import KNOWLEDGE_TASKS
 
 
-def members_of(group: str | Sequence[str]) -> tuple[str, ...]:
-    """A group's member tasks (a registered group's name, or the task names themselves)."""
-    if not isinstance(group, str):
-        return tuple(group)
+def members_of(group: str) -> tuple[str, ...]:
+    """A registered group's member tasks; another name is refused in one line."""
     members = registry.group_members(group)
     if members is None:
         raise GandaError(f"{group!r} is not a task group; groups: {', '.join(registry.group_names())}")
