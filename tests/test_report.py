@@ -13,7 +13,8 @@ import pytest
 import torch
 from conftest import CHROMIUM, needs
 
-from ganda.report import attention_panels, bars, curves, heatmap, write_report
+from ganda.figures import attention_panels, bars, curves, heatmap
+from ganda.report import write_report
 from ganda.report.html import records_table
 
 
@@ -85,7 +86,7 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     assert shot.exists() and shot.stat().st_size > 5000
 
 
-def test_report_sweep_and_fallback_figures(tmp_path: Path) -> None:
+def test_report_sweep_without_figures(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     lines = [{"type": "header", "config": {"model": "tiny", "heads": ["L0H0", "L0H1"]}},
@@ -93,14 +94,9 @@ def test_report_sweep_and_fallback_figures(tmp_path: Path) -> None:
              {"type": "head", "head": "L0H0", "layer": 0, "index": 0, "acc": 0.7, "pred": [0]},
              {"type": "head", "head": "L0H1", "layer": 0, "index": 1, "acc": 0.3, "loglik": [[1.0]]}]
     (sweep / "results.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-    maps = tmp_path / "maps"
-    maps.mkdir()
-    (maps / "result.json").write_text(json.dumps({
-        "kind": "ga_maps", "model": "tiny", "tokens": ["a", "b"],
-        "maps": {"L0H0": [[1, 0], [0.5, 0.5]], "L1H0": [[0.2, 0], [-0.3, 0.1]]}, "map_kinds": {"L1H0": "implicit"}}))
-    text = write_report([sweep, maps], tmp_path / "r.html").read_text()
+    text = write_report([sweep], tmp_path / "r.html").read_text()
     assert "Most critical head: <b>L0H1</b>" in text and "loglik" not in text.split("raw result.json")[0]
-    assert text.count("data:image/png;base64,") == 1
+    assert "data:image/png;base64," not in text  # a sweep's result class draws nothing of its own
 
 
 # ---- the page as a reader sees it -----------------------------------------------------------------

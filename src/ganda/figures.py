@@ -63,11 +63,12 @@ def show_token(tok: str) -> str:
 
 ROLE_TITLES = {"gather": "Gather", "aggregate": "Aggregate"}
 MAX_TICK_LABELS = 64  # more tokens than this: every k-th token labelled, so labels stay >= 7 pt
+MAX_COLS = 3  # panels side by side in a figure of several
 
 
-def _tick_positions(t: int, max_labels: int = MAX_TICK_LABELS) -> list[int]:
+def _tick_positions(t: int) -> list[int]:
     """Token positions that get a tick label: all of them, or every k-th (the last always)."""
-    step = max(1, math.ceil(t / max_labels))
+    step = max(1, math.ceil(t / MAX_TICK_LABELS))
     ticks = list(range(0, t, step))
     return ticks if ticks[-1] == t - 1 else [*ticks, t - 1]
 
@@ -128,7 +129,6 @@ def attention_panels(
     *,
     rows: Sequence[int] | None = None,
     title: str | None = None,
-    max_cols: int = 3,
     roles: Mapping[str, str] | None = None,
 ) -> Path:
     """One panel per head, in the order of ``maps``: keys (columns) and queries (rows) labelled
@@ -146,7 +146,7 @@ def attention_panels(
     if not names:
         raise ValueError("attention_panels: no maps given")
     n = len(names)
-    nrows = math.ceil(n / max_cols)
+    nrows = math.ceil(n / MAX_COLS)
     cols = math.ceil(n / nrows)
     t = len(tokens)
     ticks = _tick_positions(t)
@@ -174,7 +174,6 @@ def curves(
     hlines: Mapping[str, float] | None = None,
     vlines: Mapping[str, float] | None = None,
     ylim: tuple[float, float] | None = (0.0, 1.0),
-    invert_x: bool = False,
     integer_x: bool = False,
     point_labels: Mapping[str, Sequence[str]] | None = None,
 ) -> Path:
@@ -204,8 +203,6 @@ def curves(
     ax.set_ylabel(ylabel)
     if ylim:
         ax.set_ylim(*ylim)
-    if invert_x:
-        ax.invert_xaxis()
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if title:
@@ -225,10 +222,10 @@ def heatmap(
     title: str | None = None,
     cmap: str | None = None,
     center: float | None = None,
-    annotate: bool | None = None,
     colorbar_label: str = "",
 ) -> Path:
-    """A matrix as a heat map (e.g. layers x heads of accuracy drops). ``center`` makes it diverging."""
+    """A matrix as a heat map (e.g. layers x heads of accuracy drops). ``center`` makes it diverging;
+    a map of at most 400 cells has its values written in."""
     m = _np(values)
     h, w = m.shape
     fig, ax = pyplot().subplots(figsize=(max(4.0, 0.45 * w + 2), max(3.0, 0.28 * h + 1.5)))
@@ -243,7 +240,7 @@ def heatmap(
     ax.set_yticklabels(list(ylabels) if ylabels is not None else [str(i) for i in range(h)], fontsize=7)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    if annotate if annotate is not None else h * w <= 400:
+    if h * w <= 400:
         for i in range(h):
             for j in range(w):
                 if np.isfinite(m[i, j]):
@@ -318,7 +315,6 @@ def panels(
     specs: Sequence[Mapping[str, Any]],
     path: str | Path,
     *,
-    cols: int = 3,
     title: str | None = None,
 ) -> Path:
     """Small grouped-bar panels side by side, one per spec (e.g. one per finding of the lab).
@@ -327,7 +323,7 @@ def panels(
     and optionally ``errors`` (name -> (lo, hi)), ``hlines`` (name -> y), ``ylim`` ([lo, hi] or
     None for automatic), ``log`` (log y axis) and ``ylabel``."""
     n = max(1, len(specs))
-    cols = min(cols, n)
+    cols = min(MAX_COLS, n)
     rows = (n + cols - 1) // cols
     fig, axes = _grid(len(specs), rows, cols, (4.6 * cols, 3.6 * rows))
     for ax, spec in zip(axes, specs, strict=True):

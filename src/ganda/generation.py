@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,9 +56,6 @@ class Generation:
     n_tokens: int  # tokens generated (including the one that completed a stop or EOS)
     finish: str  # "stop" | "eos" | "length" | "context"
     prompt_tokens: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def cut_at_stops(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:

@@ -19,10 +19,8 @@ from .tasks import KNOWLEDGE, get_task
 from .tasks.knowledge import KNOWLEDGE_TASKS
 
 
-def members_of(group: str | Sequence[str]) -> tuple[str, ...]:
-    """A group's member tasks (a registered group's name, or the task names themselves)."""
-    if not isinstance(group, str):
-        return tuple(group)
+def members_of(group: str) -> tuple[str, ...]:
+    """A registered group's member tasks; another name is refused in one line."""
     members = registry.group_members(group)
     if members is None:
         raise GandaError(f"{group!r} is not a task group; groups: {', '.join(registry.group_names())}")
@@ -37,27 +35,24 @@ def group_score(per_task: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "n": sum(int(s["n"]) for s in per_task.values()), "tasks": accs}
 
 
-def evaluate_group(
+def evaluate_knowledge(
     adapter: ModelAdapter,
-    group: str | Sequence[str] = KNOWLEDGE,
     interventions: Sequence[Intervention] | None = None,
     limit: int | None = None,
     *,
+    tasks: Sequence[str] = KNOWLEDGE_TASKS,
     seed: int = 0,
     progress: bool = True,
-    name: str | None = None,
 ) -> dict[str, Any]:
-    """Each member task's ``acc`` (and ``acc_norm`` where the task reports it) and the mean ``acc``
-    over the members, under ``interventions``: ``limit`` examples per task (the first ones, like
-    lm-eval's ``--limit``, when ``seed`` is 0). ``name``: what an error calls the group."""
-    name = name or (group if isinstance(group, str) else "group")
+    """Each task's ``acc`` (and ``acc_norm`` where the task reports it) of the ``knowledge`` group
+    (or ``tasks`` of it) and the mean ``acc`` over them, under ``interventions``: ``limit`` examples
+    per task (the first ones, like lm-eval's ``--limit``, when ``seed`` is 0)."""
     if limit is not None and limit < 1:
-        raise GandaError(f"{name}: limit must be at least 1, got {limit}")
-    members = members_of(group)
+        raise GandaError(f"{KNOWLEDGE}: limit must be at least 1, got {limit}")
     out: dict[str, Any] = {"tasks": {}, "limit": limit, "seed": seed, "interventions": describe_all(interventions)}
     t0 = time.perf_counter()
     with apply(adapter, interventions):
-        for task_name in members:
+        for task_name in tasks:
             task = get_task(task_name, adapter=adapter)
             r = evaluate_examples(adapter, task.examples(limit=limit, seed=seed), task_name=task_name,
                                   progress=progress)
@@ -70,17 +65,4 @@ def evaluate_group(
     return out
 
 
-def evaluate_knowledge(
-    adapter: ModelAdapter,
-    interventions: Sequence[Intervention] | None = None,
-    limit: int | None = None,
-    *,
-    tasks: Sequence[str] = KNOWLEDGE_TASKS,
-    seed: int = 0,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """The ``knowledge`` group (or ``tasks`` of it) scored by :func:`evaluate_group`."""
-    return evaluate_group(adapter, tuple(tasks), interventions, limit, seed=seed, progress=progress, name=KNOWLEDGE)
-
-
-__all__ = ["KNOWLEDGE_TASKS", "evaluate_group", "evaluate_knowledge", "group_score", "members_of"]
+__all__ = ["KNOWLEDGE_TASKS", "evaluate_knowledge", "group_score", "members_of"]

@@ -55,23 +55,15 @@ def _import_lm_eval():
     return HFLM
 
 
-def hflm(adapter: ModelAdapter, *, batch_size: int | str = 1, **kwargs: Any):
-    """An lm-eval ``HFLM`` around the adapter's (possibly hooked) HF model and tokenizer.
-
-    Build it inside the intervention context, or use :func:`lm_eval_model`; hooks attached
-    later also act, since HFLM holds the same model object.
-    """
-    HFLM = _import_lm_eval()
-    return HFLM(pretrained=adapter.model, tokenizer=adapter.tokenizer, batch_size=batch_size,
-                device=str(adapter.device), **kwargs)
-
-
 @contextmanager
-def lm_eval_model(adapter: ModelAdapter, interventions: Sequence[Intervention] | None = None,
-                  **kwargs: Any) -> Iterator[Any]:
-    """``with lm_eval_model(adapter, [AblateHeads(...)]) as lm:`` - an HFLM on the intervened model."""
+def lm_eval_model(adapter: ModelAdapter, interventions: Sequence[Intervention] | None = None, *,
+                  batch_size: int | str = 1, **kwargs: Any) -> Iterator[Any]:
+    """``with lm_eval_model(adapter, [AblateHeads(...)]) as lm:`` - an lm-eval ``HFLM`` around the
+    adapter's HF model and tokenizer, with the interventions' hooks on that very model object."""
+    HFLM = _import_lm_eval()
     with apply(adapter, interventions):
-        yield hflm(adapter, **kwargs)
+        yield HFLM(pretrained=adapter.model, tokenizer=adapter.tokenizer, batch_size=batch_size,
+                   device=str(adapter.device), **kwargs)
 
 
 def simple_evaluate(
@@ -121,8 +113,7 @@ def _mmlu_dir(data_dir: str | Path | None) -> Path:
     raise GandaError(f"no MMLU CSVs found ({data_dir or MMLU_DIR})")
 
 
-def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 0,
-              name_prefix: str = "ganda_mmlu_") -> dict[str, Any]:
+def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 0) -> dict[str, Any]:
     """lm-eval's ``mmlu_<subject>`` (default template) as a config dict over the local CSVs.
 
     Same ``doc_to_text``, choices, description, first-n dev few-shot sampler and ``acc``/
@@ -137,7 +128,7 @@ def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 
     if dev.is_file():
         files["dev"] = str(dev)
     cfg: dict[str, Any] = {
-        "task": f"{name_prefix}{subject}",
+        "task": f"ganda_mmlu_{subject}",
         "dataset_path": "csv",
         "dataset_kwargs": {"data_files": files, "column_names": MMLU_COLUMNS},
         "test_split": "test",
@@ -175,7 +166,7 @@ def _arc_docs(dataset):
     return dataset.map(convert, remove_columns=dataset.column_names)
 
 
-def arc_easy_task(path: str | Path | None = None, name: str = "ganda_arc_easy") -> dict[str, Any]:
+def arc_easy_task(path: str | Path | None = None) -> dict[str, Any]:
     """lm-eval's ``arc_easy`` (``lm_eval/tasks/arc/arc_easy.yaml``: ``Question: ...\nAnswer:`` +
     each choice text, ``acc``/``acc_norm``) over ARC's JSONL (``dataset_path: json``).
 
@@ -189,7 +180,7 @@ def arc_easy_task(path: str | Path | None = None, name: str = "ganda_arc_easy") 
     if not p.is_file():
         raise GandaError(f"no ARC-Easy JSONL at {p} (pass path=...)")
     return {
-        "task": name,
+        "task": "ganda_arc_easy",
         "dataset_path": "json",
         "dataset_kwargs": {"data_files": {"test": str(p)}},
         "test_split": "test",

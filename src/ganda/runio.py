@@ -164,18 +164,23 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
     return write_text(path, json_text(obj, indent) + "\n")
 
 
-def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
-    """Rows of dicts as CSV, atomically: the columns are every key in order of first appearance,
-    every interval as two columns (:func:`ganda.intervals.split`), other lists and dicts as JSON,
-    floats to :data:`RESULT_DIGITS` as in the JSON results."""
-    rows = [split(r) for r in rows]
+def columns(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Every key of ``rows`` in order of first appearance: the columns of a table of records."""
     cols: list[str] = []
     for r in rows:
         for k in r:
             if k not in cols:
                 cols.append(k)
+    return cols
+
+
+def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
+    """Rows of dicts as CSV, atomically: the columns are every key in order of first appearance,
+    every interval as two columns (:func:`ganda.intervals.split`), other lists and dicts as JSON,
+    floats to :data:`RESULT_DIGITS` as in the JSON results."""
+    rows = [split(r) for r in rows]
     with atomic_open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
+        w = csv.DictWriter(f, fieldnames=columns(rows))
         w.writeheader()
         for r in rows:
             w.writerow({k: (json_text(v) if isinstance(v, list | dict) else rounded(v)) for k, v in r.items()})

@@ -570,12 +570,12 @@ class EvalResult:
         """``{"A": accuracy on gold-A examples, "B": ...}``."""
         return {x["answer"]: x["accuracy"] for x in self.by_answer()}
 
-    def to_json(self, with_predictions: bool = False) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        """The result as ``ganda eval --json`` prints it: no predictions (``--predictions`` writes them)."""
         d = split(asdict(self))
         if answers := self.by_answer():
             d["by_answer"] = answers
-        if not with_predictions:
-            d.pop("predictions")
+        d.pop("predictions")
         return d
 
 

@@ -93,11 +93,12 @@ def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, re
     return out
 
 
-def paired_difference(a: Sequence[float], b: Sequence[float], seed: int, name: str = "drop") -> dict[str, Any]:
+def paired_difference(a: Sequence[float], b: Sequence[float], seed: int, name: str = "drop", resamples: int = 2000
+                      ) -> dict[str, Any]:
     """``name`` (default ``drop``): the mean of ``a - b`` over the same prompts, with its paired
     bootstrap interval (:func:`bootstrap_paired`); one record key per drop, so an accuracy drop and
     a margin drop sit side by side."""
-    bs = bootstrap_paired(a, b, seed=seed)
+    bs = bootstrap_paired(a, b, resamples=resamples, seed=seed)
     return {name: bs["diff"], **interval(bounds(bs, "diff"), name)}
 
 
@@ -106,15 +107,13 @@ def overlap(a: Sequence[float], b: Sequence[float]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def weak_note(acc_a: float | None, acc_b: float | None, n: int | None, n_b: int | None = None) -> str:
-    """A headline's warning when two accuracies (on ``n`` and ``n_b`` prompts) are not told apart
-    by their Wilson 95% intervals: ``" (weak: the 95% intervals overlap at n=40)"``; else ``""``."""
+def weak_note(acc_a: float | None, acc_b: float | None, n: int | None) -> str:
+    """A headline's warning when two accuracies on the same ``n`` prompts are not told apart by
+    their Wilson 95% intervals: ``" (weak: the 95% intervals overlap at n=40)"``; else ``""``."""
     if acc_a is None or acc_b is None or not n:
         return ""
-    n_b = n_b or n
-    if overlap(wilson(round(acc_a * n), n), wilson(round(acc_b * n_b), n_b)):
-        at = f"n={n}" if n == n_b else f"n={n} and {n_b}"
-        return f" (weak: the 95% intervals overlap at {at}; more prompts would tell)"
+    if overlap(wilson(round(acc_a * n), n), wilson(round(acc_b * n), n)):
+        return f" (weak: the 95% intervals overlap at n={n}; more prompts would tell)"
     return ""
 
 

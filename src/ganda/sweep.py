@@ -85,7 +85,7 @@ from .models.loading import model_path
 from .options import Options, option
 from .prepared import PACKED, ROWS, Prepared, packed_batch, prepare_all
 from .progress import tqdm
-from .scoring import examples_digest, score_example
+from .scoring import ChoiceScores, examples_digest, score_example
 from .tasks.base import Example
 
 # ---------------------------------------------------------------------------------------------
@@ -338,11 +338,8 @@ def sweep_record(head: HeadId | None, packed: list[Prepared], logliks: list[list
     scored from its choices' log-likelihoods per prompt (predictions, accuracy and lm-eval's
     acc_norm). Every analysis that scores heads the sweep's way (``ganda extends``' controls too)
     writes this record."""
-    preds, preds_norm = [], []
-    for p, ll in zip(packed, logliks, strict=True):
-        preds.append(max(range(len(ll)), key=lambda i: ll[i]))
-        norm = [v / max(1, n) for v, n in zip(ll, p.n_chars, strict=True)]
-        preds_norm.append(max(range(len(norm)), key=lambda i: norm[i]))
+    scores = [ChoiceScores(ll, p.n_chars) for p, ll in zip(packed, logliks, strict=True)]
+    preds, preds_norm = [s.pred for s in scores], [s.pred_norm for s in scores]
     n = len(packed)
     correct = sum(int(pr == p.gold) for pr, p in zip(preds, packed, strict=True))
     correct_norm = sum(int(pr == p.gold) for pr, p in zip(preds_norm, packed, strict=True))

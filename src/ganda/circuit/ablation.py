@@ -21,12 +21,12 @@ from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import default_batch_tokens, margin_of
 from ..errors import GandaError
 from ..heads import HeadId
-from ..intervals import bounds, ci
+from ..intervals import ci
 from ..models.base import ModelAdapter
 from ..prepared import make_batch, plan_batches
 from ..progress import cpu_clock, tqdm
 from ..scoring import examples_digest
-from ..stats import bootstrap_paired, t_interval, wilson
+from ..stats import paired_difference, t_interval, wilson
 from ..tasks.base import Example
 from .paths import (
     TOGETHER,
@@ -82,15 +82,11 @@ class PathAblation:
             row: dict[str, Any] = {"condition": c, "accuracy": sum(right) / n, **ci((lo, hi), "accuracy"),
                                    "margin": sum(marg) / n, **ci(t_interval(marg), "margin")}
             if c != INTACT:
-                a = bootstrap_paired(acc[INTACT][0], right, resamples=resamples, seed=seed)
-                m = bootstrap_paired(acc[INTACT][1], marg, resamples=resamples, seed=seed)
-                row.update({"drop": a["diff"], **ci(bounds(a, "diff"), "drop"), "margin_drop": m["diff"],
-                            **ci(bounds(m, "diff"), "margin_drop")})
+                row.update({**paired_difference(acc[INTACT][0], right, seed, "drop", resamples),
+                            **paired_difference(acc[INTACT][1], marg, seed, "margin_drop", resamples)})
             if c not in (INTACT, EVERYWHERE):
-                a = bootstrap_paired(right, acc[EVERYWHERE][0], resamples=resamples, seed=seed)
-                m = bootstrap_paired(marg, acc[EVERYWHERE][1], resamples=resamples, seed=seed)
-                row.update({"vs_sender": a["diff"], **ci(bounds(a, "diff"), "vs_sender"), "margin_vs_sender": m["diff"],
-                            **ci(bounds(m, "diff"), "margin_vs_sender")})
+                row.update({**paired_difference(right, acc[EVERYWHERE][0], seed, "vs_sender", resamples),
+                            **paired_difference(marg, acc[EVERYWHERE][1], seed, "margin_vs_sender", resamples)})
                 every = out[1]["margin_drop"]
                 row["share_of_sender"] = row["margin_drop"] / every if abs(every) > 1e-12 else None
             out.append(row)

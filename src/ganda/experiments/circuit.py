@@ -26,7 +26,7 @@ from ..scoring import encode
 from ..stats import overlap
 from ..tasks.base import Example
 from .base import Experiment, Options, option
-from .common import ExperimentResult
+from .common import ExperimentResult, interval_text
 from .roles import head_roles
 from .tables import print_edges, print_path
 
@@ -77,11 +77,6 @@ class PathOptions(Options):
             raise GandaError(f"{self.flag('parts')}: no parts in {self.parts!r} (together, or e.g. q,k,v)")
 
 
-def _span(ci: Any, scale: float = 100.0) -> str:
-    digits = 1 if scale == 100.0 else 3
-    return f" [{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 and None not in ci else ""
-
-
 @dataclass
 class PathResult(ExperimentResult):
     kind: str = "circuit_path"
@@ -96,16 +91,16 @@ class PathResult(ExperimentResult):
         what = "every path" if s.get("paths") == "all" else "its direct path"
         lines = [f"Intact: {100 * base['accuracy']:.1f}% on {s.get('n')} prompts, margin {base['margin']:.3f}. "
                  f"{s['sender']} ablated everywhere: accuracy drop **{100 * every['drop']:.1f}** points"
-                 f"{_span(bounds(every, 'drop'))}, margin drop **{every['margin_drop']:.3f}**"
-                 f"{_span(bounds(every, 'margin_drop'), 1)}."]
+                 f"{interval_text(bounds(every, 'drop'))}, margin drop **{every['margin_drop']:.3f}**"
+                 f"{interval_text(bounds(every, 'margin_drop'), 1)}."]
         for r in self.rows:
             if r["condition"] in (INTACT, EVERYWHERE):
                 continue
             share = f" ({100 * r['share_of_sender']:.0f}% of the sender's)" if r.get("share_of_sender") is not None else ""
             weak = " — *weak*: its interval includes 0" if overlap(bounds(r, "margin_drop"), [0.0, 0.0]) else ""
             lines.append(f"{s['sender']} removed only along {what} into {s['receiver']}, {r['condition']}: "
-                         f"accuracy drop **{100 * r['drop']:.1f}** points{_span(bounds(r, 'drop'))}, margin drop "
-                         f"**{r['margin_drop']:.3f}**{_span(bounds(r, 'margin_drop'), 1)}{share}{weak}.")
+                         f"accuracy drop **{100 * r['drop']:.1f}** points{interval_text(bounds(r, 'drop'))}, margin drop "
+                         f"**{r['margin_drop']:.3f}**{interval_text(bounds(r, 'margin_drop'), 1)}{share}{weak}.")
         return "\n".join(lines)
 
     def draw(self, out_dir: Path) -> list[Path]:

@@ -51,12 +51,7 @@ def _mc_task_names() -> list[str]:
 
 def task_columns(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The columns of result rows that hold a task's score (``knowledge``, ``mmlu``, ``kv20``, ...)."""
-    out: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in out and (is_group(k) or registry.parse_task_name(k) is not None):
-                out.append(k)
-    return out
+    return [k for k in runio.columns(rows) if is_group(k) or registry.parse_task_name(k) is not None]
 
 
 def task_series(rows: Sequence[dict[str, Any]], tasks: Sequence[str] | None = None
@@ -224,10 +219,18 @@ def points(x: Any) -> str:
     return f"{100 * x:.1f} points" if isinstance(x, int | float) else str(x)
 
 
+def interval_text(pair: Sequence[float | None] | None, scale: float = 100.0) -> str:
+    """An interval as text after its value: ``(0.03, 0.21)`` -> ``" [3.0, 21.0]"`` (``scale`` 100:
+    percent or points, one decimal; ``scale`` 1: three decimals), ``""`` where there is none."""
+    digits = 1 if scale == 100.0 else 3
+    if not pair or len(pair) != 2 or None in pair:
+        return ""
+    return f" [{scale * pair[0]:.{digits}f}, {scale * pair[1]:.{digits}f}]"  # type: ignore[operator]
+
+
 def points_ci(r: dict[str, Any], name: str = "drop") -> str:
     """A drop with its interval, as the prompt-set summaries give it: ``+12.0 points [3.0, 21.0]``."""
-    lo, hi = bounds(r, name)
-    return f"{100 * r[name]:+.1f} points [{100 * lo:.1f}, {100 * hi:.1f}]"
+    return f"{100 * r[name]:+.1f} points{interval_text(bounds(r, name))}"
 
 
 def acc(scores: dict[str, Any], task: str) -> float | None:
@@ -413,11 +416,12 @@ def prediction_records(path: Path, run: str, condition: str | None) -> list[dict
         if not isinstance(rec, dict) or "correct" not in rec:
             raise GandaError(f"{path}:{i + 1} is not a ganda prediction (no 'correct')")
         recs.append(rec)
-    rows = []
-    for i, rec in enumerate(recs):
-        key = rec.get("id") or {}
-        row = {"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
-               "doc_id": key.get("doc_id"), "example": i}
-        row.update({k: v for k, v in rec.items() if k != "id"})
-        rows.append(row)
-    return rows
+    return [{**prediction_row(run, condition, rec.get("id") or {}, i), **{k: v for k, v in rec.items() if k != "id"}}
+            for i, rec in enumerate(recs)]
+
+
+def prediction_row(run: str, condition: str | None, key: dict[str, Any], example: int) -> dict[str, Any]:
+    """What names a row of :func:`ganda.results.load`'s ``predictions`` table: the run, the condition
+    (``intact`` or the ablated head) and the example (its ``key``: :meth:`ganda.tasks.base.Example.key`)."""
+    return {"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
+            "doc_id": key.get("doc_id"), "example": example}

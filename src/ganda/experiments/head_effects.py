@@ -14,7 +14,7 @@ from ..effects import NAMES, helpful_when_ablated, matters, ordered, split
 from ..errors import GandaError
 from ..stats import weak_note
 from ..sweep import SweepResult, read_sweep
-from .common import ExperimentResult, pct, points, read_json_object, run_row
+from .common import ExperimentResult, pct, points, prediction_row, read_json_object, run_row
 
 TOP = 20  # heads the report lists of a sweep or a ranking
 
@@ -113,9 +113,8 @@ def example_rows(run: str, sw: SweepResult) -> list[dict[str, Any]]:
     for condition, rec in zip(["intact", *(r["head"] for r in sw.records)], recs, strict=True):
         for i, (gold, pred, pred_norm, ll) in enumerate(zip(rec["gold"], rec["pred"], rec["pred_norm"], rec["loglik"],
                                                             strict=True)):
-            key = ids[i] if ids else {"task": task, "subject": None, "doc_id": None}
-            out.append({"run": run, "condition": condition, "task": key.get("task"), "subject": key.get("subject"),
-                        "doc_id": key.get("doc_id"), "example": i, "gold": gold, "pred": pred, "pred_norm": pred_norm,
+            key = ids[i] if ids else {"task": task}
+            out.append({**prediction_row(run, condition, key, i), "gold": gold, "pred": pred, "pred_norm": pred_norm,
                         "correct": pred == gold, "correct_norm": pred_norm == gold, "loglik": ll})
     return out
 
@@ -173,14 +172,11 @@ class RankingResult(ExperimentResult):
         the exact sweep of the verified heads, where it ran one."""
         d = self.ranking
         rows = d.get("ranking") or []  # the final order: verified heads by signed exact effect, then the rest by estimate
-        values = {col: {r["head"]: r[col] for r in rows if r.get(col) is not None} for col in ("estimate", "exact", "acc_drop")}
-        ranks = {"estimate": ordered(values["estimate"], by_name=True),
-                 "exact": ordered(values["exact"], values["acc_drop"], by_name=True)}
-        ranks = {col: {h: i + 1 for i, h in enumerate(order)} for col, order in ranks.items()}  # ganda rank's ranks
+        ranks = {r["head"]: r for r in RankResult.from_json(d).rows()}  # ganda rank's ranks
         audited = set(d.get("audited") or [])
         heads = [{"run": run, "head": r["head"], "rank": i, "estimate": r.get("estimate"), "exact": r.get("exact"),
-                  "acc_drop": r.get("acc_drop"), "rank_estimate": ranks["estimate"].get(r["head"]),
-                  "rank_exact": ranks["exact"].get(r["head"]), "audited": r["head"] in audited}
+                  "acc_drop": r.get("acc_drop"), "rank_estimate": ranks.get(r["head"], {}).get("rank_estimate"),
+                  "rank_exact": ranks.get(r["head"], {}).get("rank_exact"), "audited": r["head"] in audited}
                  for i, r in enumerate(rows, 1)]
         seconds = d.get("seconds") if isinstance(d.get("seconds"), dict) else {}
         more = {"method": d.get("method"), "ablation": d.get("ablation"), "margin": d.get("margin"),

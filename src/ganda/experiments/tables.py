@@ -14,6 +14,7 @@ from ..attribution.ranking import sign_flip_sentence
 from ..effects import NAMES
 from ..intervals import bounds
 from ..patterns import top_reads
+from .common import interval_text
 
 #: the width of a table printed to a file or pipe (a log): wide enough that no cell wraps or is cut
 LOG_WIDTH = 1000
@@ -44,10 +45,6 @@ def _num(v: float | None) -> str:
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
-
-
-def _ci(ci: Any, scale: float = 100.0, digits: int = 1) -> str:
-    return f"[{scale * ci[0]:.{digits}f}, {scale * ci[1]:.{digits}f}]" if ci and len(ci) == 2 and None not in ci else ""
 
 
 # ---- sweep ----------------------------------------------------------------------------------
@@ -134,9 +131,9 @@ def print_path(res: Any, options: Any, run: Any) -> None:
     print(f"{'condition':24s} {'accuracy [95% CI]':>22s} {'drop, paired CI':>22s} {'margin':>8s} "
           f"{'margin drop, paired CI':>28s}")
     for r in res.rows:
-        drop = f"{_pct(r['drop'])} {_ci(bounds(r, 'drop'))}" if "drop" in r else ""
-        mdrop = f"{r['margin_drop']:.3f} {_ci(bounds(r, 'margin_drop'), 1, 3)}" if "margin_drop" in r else ""
-        print(f"{r['condition']:24s} {_pct(r['accuracy']) + ' ' + _ci(bounds(r, 'accuracy')):>22s} {drop:>22s} "
+        drop = f"{_pct(r['drop'])}{interval_text(bounds(r, 'drop'))}" if "drop" in r else ""
+        mdrop = f"{r['margin_drop']:.3f}{interval_text(bounds(r, 'margin_drop'), 1)}" if "margin_drop" in r else ""
+        print(f"{r['condition']:24s} {_pct(r['accuracy']) + interval_text(bounds(r, 'accuracy')):>22s} {drop:>22s} "
               f"{r['margin']:8.3f} {mdrop:>28s}")
 
 
@@ -149,7 +146,7 @@ def print_edges(res: Any, options: Any, run: Any) -> None:
     print(f"{'edge':>22s} {'estimate':>9s} {'exact [paired 95% CI]':>28s} {'acc. drop':>9s} {'roles':>20s}")
     roles_of = res.extra.get("roles") or {}
     for r in res.rows[:options.top]:
-        exact = f"{r['exact']:.3f} [{r['exact_ci_low']:.3f}, {r['exact_ci_high']:.3f}]" if r["exact"] is not None else "-"
+        exact = f"{r['exact']:.3f}{interval_text(bounds(r, 'exact'), 1)}" if r["exact"] is not None else "-"
         acc = _pct(r["accuracy_drop"]) if r["accuracy_drop"] is not None else "-"
         who = f"{roles_of.get(r['sender'], '')} > {roles_of.get(r['receiver'], '')}" if roles_of else ""
         print(f"{r['edge']:>22s} {r['estimate']:9.3f} {exact:>28s} {acc:>9s} {who:>20s}")
@@ -164,18 +161,12 @@ def _reads(read: dict) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in top_reads(read, 2))
 
 
-def _interval(v: dict[str, Any]) -> str:
-    """`` [low, high]`` of a candidate summary token's best aggregate score, where recorded."""
-    low, high = v.get("aggregate_ci_low"), v.get("aggregate_ci_high")
-    return f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
-
-
 def print_heads(con: Any, d: Any) -> None:
     """The baseline, the summary token chosen, the top candidates of each role with every score and
     their ablation, and the labels of every head."""
     con.print(f"baseline accuracy {d.baseline_accuracy:.3f} on {d.n_verify} prompts; summary token: {d.summary}"
               + (" (chosen from the final rows: best aggregate " + ", ".join(
-                  f"{k} {v['aggregate']:.3f}{_interval(v)} {v['head']}" for k, v in d.summary_choice.items()) + ")"
+                  f"{k} {v['aggregate']:.3f}{interval_text(bounds(v, 'aggregate'), 1)} {v['head']}" for k, v in d.summary_choice.items()) + ")"
                  if d.summary_choice else ""))
     for role, names in (("Aggregate", d.top_aggregate), ("Gather", d.top_gather)):
         tab = Table(title=f"top {role} candidates")

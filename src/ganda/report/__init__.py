@@ -1,6 +1,5 @@
-"""The self-contained HTML report (and the figure primitives of :mod:`ganda.figures` it inlines)."""
+"""The self-contained HTML report; its figures are drawn by :mod:`ganda.figures`."""
 
-from ..figures import attention_panels, bars, curves, heatmap
 from .html import write_report
 
-__all__ = ["attention_panels", "bars", "curves", "heatmap", "write_report"]
+__all__ = ["write_report"]

@@ -36,7 +36,6 @@ from typing import Any
 from .. import experiments, runio
 from ..errors import GandaError
 from ..experiments import ExperimentResult
-from ..figures import attention_panels
 from . import viewer
 
 log = logging.getLogger(__name__)
@@ -99,18 +98,9 @@ def is_empty(v: Any) -> bool:
     return v is None or (isinstance(v, list | dict | str) and len(v) == 0)
 
 
-def _columns(rows: Sequence[dict[str, Any]]) -> list[str]:
-    cols: list[str] = []
-    for r in rows:
-        for k in r:
-            if k not in cols:
-                cols.append(k)
-    return cols
-
-
 def records_table(rows: Sequence[dict[str, Any]], max_rows: int = MAX_ROWS) -> str:
     """A list of dicts as an HTML table (columns in first-seen order)."""
-    return environment().get_template("macros.html.j2").module.table(_columns(rows), rows, max_rows)
+    return environment().get_template("macros.html.j2").module.table(runio.columns(rows), rows, max_rows)
 
 
 def _shown(v: Any) -> Any:
@@ -137,25 +127,16 @@ def _png_data_uri(path: Path) -> str:
 def _csv(path: Path) -> dict[str, Any] | None:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    return {"name": path.name, "rows": rows, "columns": _columns(rows)} if rows else None
+    return {"name": path.name, "rows": rows, "columns": runio.columns(rows)} if rows else None
 
 
-def _figures(run_dir: Path, result: dict[str, Any], obj: ExperimentResult | None, tmp: Path) -> list[Path]:
-    """The run's PNGs, and the figures drawn for it where it lacks them: for a run directory
-    without any PNG, G&A attention panels of any result with ``tokens`` and ``maps`` (head ->
-    matrix, optional ``map_kinds``), else what its result class draws; for a run that lacks one of
-    its class's :attr:`~ganda.experiments.ExperimentResult.figures`, the ones it lacks."""
+def _figures(run_dir: Path, obj: ExperimentResult | None, tmp: Path) -> list[Path]:
+    """The run's PNGs, and the figures its result class draws where it lacks them: all of them
+    for a run directory without any PNG; for a run that lacks one of its class's
+    :attr:`~ganda.experiments.ExperimentResult.figures`, the ones it lacks."""
     pngs = sorted(run_dir.glob("*.png"))
     if obj is None or (pngs and set(obj.figures) <= {p.name for p in pngs}):
         return pngs
-    if not pngs and isinstance(result.get("maps"), dict) and isinstance(result.get("tokens"), list) and result["maps"]:
-        rows = result.get("rows")
-        rows = rows if isinstance(rows, list) and all(isinstance(r, int) for r in rows) else None
-        try:
-            return [attention_panels(result["maps"], result["tokens"], result.get("map_kinds") or {},
-                                     tmp / "attention.png", rows=rows, roles=viewer.result_roles(result))]
-        except Exception:  # noqa: BLE001
-            return []
     try:
         drawn = list(obj.draw(tmp))
     except Exception as exc:  # noqa: BLE001 - a figure that cannot be drawn must not cost the page
@@ -166,16 +147,12 @@ def _figures(run_dir: Path, result: dict[str, Any], obj: ExperimentResult | None
 
 SKIP_KEYS = {"kind", "model", "summary", "panels"}  # panels: figure specs, drawn as PNG
 COST_KEYS = ("seconds", "cpu_seconds", "cpu_seconds_by_phase")  # shown in the page's closing Cost section
-VIEWER_KEYS = {"maps", "tokens", "map_kinds"}  # shown by the attention viewer, not as tables
 META_KEYS = ("model", "command", "seed", "ganda_version", "created")
 
 
 def _viewer(run_dir: Path, result: dict[str, Any], uid: str) -> dict[str, Any] | None:
     """The run's attention maps as an embedded viewer (None: the run saved no maps)."""
     docs = [(path.stem, doc) for path, doc in viewer.read_attention_files(run_dir)]
-    from_result = viewer.result_attention(result)
-    if from_result is not None:
-        docs.append(("result", from_result))
     if not docs:
         return None
     payload = viewer.viewer_payload(docs, viewer.result_roles(result))
@@ -192,9 +169,9 @@ def run_context(run_dir: Path, index: int, tmp: Path) -> dict[str, Any]:
     result = obj.page() if obj is not None else {"kind": "?", "error": "no result.json in this directory"}
     kind = obj.kind if obj is not None else "?"
     meta = {k: result[k] for k in META_KEYS if k in result}
-    pngs = _figures(run_dir, result, obj, tmp)
+    pngs = _figures(run_dir, obj, tmp)
     view = _viewer(run_dir, result, f"gv{index}")
-    skip = SKIP_KEYS | set(meta) | (VIEWER_KEYS if view else set())
+    skip = SKIP_KEYS | set(meta)
     summary, cost = _split_cost(result.get("summary"))
     rest, top_cost = _split_cost({k: v for k, v in result.items() if k not in skip and not is_empty(v)})
     return {
@@ -238,7 +215,7 @@ def _render_run(run_dir: Path, index: int) -> tuple[str, dict[str, Any]]:
     """One run's ``<section>`` and its entry in the page's Cost section (``cost`` empty: none)."""
     with tempfile.TemporaryDirectory() as td:
         ctx = run_context(run_dir, index, Path(td))
-        html_ = environment().get_template("run.html.j2").render(run=ctx, columns=_columns, max_rows=MAX_ROWS,
+        html_ = environment().get_template("run.html.j2").render(run=ctx, columns=runio.columns, max_rows=MAX_ROWS,
                                                                  max_csv_rows=MAX_CSV_ROWS)
     return html_, {"title": ctx["title"], "dir": ctx["dir"], "cost": ctx["cost"]}
 
@@ -252,7 +229,7 @@ def render_page(run_dirs: Sequence[Path], title: str = "ganda report") -> str:
     has_viewer = any('class="gv"' in s for s in sections)
     return env.get_template("page.html.j2").render(
         title=title, runs=[{"index": i, "name": d.name} for i, d in enumerate(runs)],
-        costs=[c for _, c in rendered if c["cost"]], columns=_columns,
+        costs=[c for _, c in rendered if c["cost"]], columns=runio.columns,
         sections=[_safe(s) for s in sections], stamp=_dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         css=_safe((TEMPLATES / "report.css").read_text()),
         viewer_css=_safe((TEMPLATES / "viewer.css").read_text()) if has_viewer else "",

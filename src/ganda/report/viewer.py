@@ -1,5 +1,5 @@
 """The report's interactive attention view: maps saved by a run (``attention.json`` beside its
-PNG, or ``tokens``/``maps`` in ``result.json``) as compact JSON that the page's inline script draws.
+PNG) as compact JSON that the page's inline script draws.
 
 The page stays one offline file, so what is embedded is budgeted: prompts longer than
 ``max_tokens`` are sampled (:func:`sample_positions`: the first token, the last ones, every
@@ -103,20 +103,6 @@ def read_attention_files(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
         if isinstance(doc, dict) and doc.get("format") == ATTENTION_FORMAT and doc.get("prompts"):
             out.append((p, doc))
     return out
-
-
-def result_attention(result: dict[str, Any]) -> dict[str, Any] | None:
-    """An attention document from a ``result.json`` that carries ``tokens`` and ``maps``."""
-    maps, tokens = result.get("maps"), result.get("tokens")
-    if not (isinstance(maps, dict) and maps and isinstance(tokens, list)):
-        return None
-    kinds = result.get("map_kinds") or {}
-    rows = result.get("rows") if isinstance(result.get("rows"), list) and all(
-        isinstance(r, int) for r in result["rows"]) else None
-    heads = {k: {"kind": kinds.get(k, "softmax"), "map": v} for k, v in maps.items()}
-    return {"format": ATTENTION_FORMAT, "model": result.get("model", ""), "prompts": [
-        {"label": "prompt 0", "tokens": tokens, "rows": rows, "segments": result.get("segments") or [],
-         "gold_segment": result.get("gold_segment"), "heads": heads}]}
 
 
 def result_roles(result: dict[str, Any]) -> dict[str, str]:
