@@ -48,6 +48,7 @@ from .attribution.engine import (
 )
 from .device import parse_dtype
 from .errors import GandaError
+from .experiments.base import parse_options
 from .heads import expand
 from .interventions import parse_layers
 from .models import hub, load_model, meta
@@ -832,8 +833,7 @@ def announce(adapter: Any, examples: list, experiment: str = "eval", shared_pref
         some = examples[:: max(1, len(examples) // 50)][:50]
         w = workload_from_examples(some, lambda text: encode(adapter, text), CHARS_PER_TOKEN)
         w = replace(w, n=len(examples), tokens=w.tokens * (_new_chars(examples) if shared_prefix else 1.0))
-        seconds = plan(profile(adapter), experiment, w, "cpu", 1,
-                               layer_skip=layer_skip(adapter), **opts).seconds
+        seconds = plan(profile(adapter), experiment, w, "cpu", 1, layer_skip=adapter.skips_layers(), **opts).seconds
     except Exception:  # noqa: BLE001 - an estimate is a courtesy; a model the planner cannot cost runs anyway
         return None
     if seconds >= ANNOUNCE_AFTER:
@@ -841,11 +841,6 @@ def announce(adapter: Any, examples: list, experiment: str = "eval", shared_pref
         note(f"this run: {len(examples):,} examples, ~{w.tokens:.0f} tokens each to compute: about {took} on one "
              f"CPU core (ganda plan's calibrated rates); --limit N runs fewer")
     return seconds
-
-
-def layer_skip(adapter: Any) -> bool:
-    """Whether the exact sweep recomputes only the layers after each head's (the family skips layers)."""
-    return bool(adapter.skips_layers())
 
 
 def model_layout(model: str, dtype: Any) -> tuple[Any, Any]:
@@ -904,13 +899,22 @@ def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tup
     for cls in classes:
         for run in cls.paper:
             opts = run.workload
-            adapter, tok = model_layout(run.model, parse_dtype("bfloat16"))
-            w = task_workload(adapter, tok, opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"))
-            name = run.experiment or cls.name
             own = {k: v for k, v in opts.items() if k not in ("task", "n", "tokens")}  # the experiment's options
-            extra = {"layer_skip": layer_skip(adapter), **phase_options(name, adapter, own)}
-            out.append((run.what, plan(profile(adapter), name, w, device, devices, **extra)))
+            out.append((run.what, model_plan(run.model, run.experiment or cls.name, parse_dtype("bfloat16"),
+                                             opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"), device,
+                                             devices, own)))
     return out
+
+
+def model_plan(model: str, experiment: str, dtype: Any, task: str, n: int, shots: int | None, tokens: int | None,
+               dev: str, n_devices: int, flags: dict[str, Any], option: list[str] | None = None) -> Plan:
+    """The plan of ``experiment`` on ``model``'s full-size layout for ``n`` examples of ``task``: what
+    ``ganda plan`` prints, its ``flags`` and ``--option KEY=VALUE`` items read by :func:`phase_options`."""
+    adapter, tok = model_layout(model, dtype)
+    w = task_workload(adapter, tok, task, n, shots, tokens)
+    given = parse_options(option)
+    opts = {"layer_skip": adapter.skips_layers(), **phase_options(experiment, adapter, flags, given)}
+    return plan(profile(adapter), experiment, w, dev, n_devices, **opts)
 
 
 def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],
