@@ -56,7 +56,7 @@ from .models.base import ModelAdapter
 from .models.loading import load_tokenizer, model_path
 from .models.ssm.selective_scan import chunk_of, segment_of
 from .progress import note
-from .scoring import BATCH_ROWS, SMALL_MODEL_PARAMS, encode, prefix_cache_enabled
+from .scoring import default_batch_rows, encode, prefix_cache_enabled
 from .sweep import batching_for, forward_tokens
 from .tasks import get_task
 
@@ -661,10 +661,9 @@ def scoring_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[st
 
 
 def scoring_phases(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> list[Phase]:
-    """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to
-    ``BATCH_ROWS`` rows for small models, one example per forward otherwise
-    (:func:`ganda.scoring.default_batch_rows`); logits only at the positions a choice
-    is read from. Choices of several tokens on a model that continues from a cached prefix
+    """Scoring every example ``repeat`` times as ``evaluate_examples`` does: as many examples a
+    forward as :func:`ganda.scoring.default_batch_rows` rows hold (one at least); logits only at
+    the positions a choice is read from. Choices of several tokens on a model that continues from a cached prefix
     (:func:`ganda.scoring.prefix_cache_enabled`) are scored as the scorer does: each prompt once,
     then the choices' own tokens in batches of suffix rows."""
     dev = opts.get("_device")
@@ -676,7 +675,7 @@ def scoring_phases(p: Profile, w: Workload, name: str, repeat: int, opts: dict[s
                 Phase(f"{name}: the choices after it", repeat * w.n, w.choices, w.choice_tokens, L, w.choice_tokens,
                       scored=repeat * w.n * w.score_rows)]
     rows, T = w.rows_tokens
-    batch = opts.get("batch_rows") or (BATCH_ROWS if p.n_params < SMALL_MODEL_PARAMS else rows)
+    batch = opts.get("batch_rows") or default_batch_rows(p.n_params)
     per_call = max(1, min(w.n, batch // rows))
     if not opts.get("batch_rows") and gpu:  # a GPU's suffix batches (scoring.score_budget)
         per_call = max(per_call, min(w.n, GPU_SCORE_TOKENS // max(1, round(rows * T))))

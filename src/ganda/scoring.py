@@ -471,12 +471,12 @@ SMALL_MODEL_PARAMS = 20_000_000
 BATCH_ROWS = 64
 
 
-def default_batch_rows(adapter: ModelAdapter) -> int:
-    """Rows per forward when scoring many examples: batched for small models (the lab's, tiny
-    test models), where Python and per-call overhead dominate a forward; one example per
-    forward for real LMs, which keeps their numbers identical to lm-eval's one-request layout
-    and bounds the ``rows x length x vocab`` logits."""
-    return BATCH_ROWS if adapter.n_params() < SMALL_MODEL_PARAMS else 1
+def default_batch_rows(n_params: int) -> int:
+    """Rows per forward when scoring many examples of a model of ``n_params`` parameters: batched
+    for small models (the lab's, tiny test models), where Python and per-call overhead dominate a
+    forward; one example per forward for real LMs, which keeps their numbers identical to lm-eval's
+    one-request layout and bounds the ``rows x length x vocab`` logits (``ganda plan`` reads it too)."""
+    return BATCH_ROWS if n_params < SMALL_MODEL_PARAMS else 1
 
 
 PREFIX_CHUNK = 128  # examples grouped at once (a group's prefix runs once per chunk)
@@ -500,7 +500,7 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
             bar.update(len(chunk))
         bar.close()
         return res
-    n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
+    n = default_batch_rows(adapter.n_params()) if batch_rows is None else max(1, int(batch_rows))
     if n == 1 and not sited:
         return [_score_pairs(adapter, example_pairs(ex), norm_chars(ex), False)
                 for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
