@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -48,7 +48,6 @@ from .attribution.engine import (
 )
 from .device import parse_dtype
 from .errors import GandaError
-from .experiments.base import parse_options
 from .heads import expand
 from .interventions import parse_layers
 from .models import hub, load_model, meta
@@ -899,20 +898,21 @@ def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tup
         for run in cls.paper:
             opts = run.workload
             own = {k: v for k, v in opts.items() if k not in ("task", "n", "tokens")}  # the experiment's options
-            out.append((run.what, model_plan(run.model, run.experiment or cls.name, parse_dtype("bfloat16"),
-                                             opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"), device,
-                                             devices, own)))
+            name = run.experiment or cls.name
+            out.append((run.what, model_plan(run.model, name, parse_dtype("bfloat16"), opts.get("task", "mmlu"),
+                                             opts["n"], shots, opts.get("tokens"), device, devices,
+                                             partial(phase_options, name, flags=own))))
     return out
 
 
 def model_plan(model: str, experiment: str, dtype: Any, task: str, n: int, shots: int | None, tokens: int | None,
-               dev: str, n_devices: int, flags: dict[str, Any], option: list[str] | None = None) -> Plan:
+               dev: str, n_devices: int, options: Callable[[ModelAdapter], dict[str, Any]]) -> Plan:
     """The plan of ``experiment`` on ``model``'s full-size layout for ``n`` examples of ``task``: what
-    ``ganda plan`` prints, its ``flags`` and ``--option KEY=VALUE`` items read by :func:`phase_options`."""
+    ``ganda plan`` prints. ``options(adapter)``: the experiment's options in the forms its phases
+    take (:func:`phase_options`), read once the layout and the workload are known."""
     adapter, tok = model_layout(model, dtype)
     w = task_workload(adapter, tok, task, n, shots, tokens)
-    given = parse_options(option)
-    opts = {"layer_skip": adapter.skips_layers(), **phase_options(experiment, adapter, flags, given)}
+    opts = {"layer_skip": adapter.skips_layers(), **options(adapter)}
     return plan(profile(adapter), experiment, w, dev, n_devices, **opts)
 
 

@@ -15,7 +15,7 @@ import typer.main
 
 from ..errors import GandaError
 from .analyses import AnalysisGroup, flag_name, option_values, param, turns_off
-from .options import FORCE, QUIET, at_least, model_inputs
+from .options import FORCE, QUIET, at_least, model_inputs, parse_options
 
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
@@ -115,9 +115,10 @@ def plan_command(**values: Any) -> None:
         default = os.environ.get("GANDA_DTYPE") or ("float32" if own["device"] == "cpu" else "bfloat16")
         # the flags the experiment declares (a ``--no-x`` flag given: its option off) and ``--option``
         flags = option_values(_costed_fields(registry.experiment(experiment)), given)
-        plans = [(experiment, planner.model_plan(model, experiment, parse_dtype(own["dtype"] or default, "--dtype"),
-                                                 own["task"], own["limit"], own["shots"], own["tokens"], own["device"],
-                                                 devices, flags, own["option"]))]
+        plans = [(experiment, planner.model_plan(
+            model, experiment, parse_dtype(own["dtype"] or default, "--dtype"), own["task"], own["limit"], own["shots"],
+            own["tokens"], own["device"], devices,
+            lambda adapter: planner.phase_options(experiment, adapter, flags, parse_options(own["option"]))))]
     _print_plans(plans, own["paper"], own["as_json"], out)
 
 
