@@ -264,17 +264,16 @@ def budget_for(n_layers: int, d_model: int, kv_width: int, vocab: int, elem_byte
 
 
 def score_budget(adapter: ModelAdapter) -> Budget:
-    """:func:`budget_for` on the model's device (its free memory on CUDA)."""
+    """:func:`budget_for` on the model's device (its free memory on CUDA; the CPU's fixed bounds)."""
     dev = adapter.device
-    if dev.type != "cuda":
-        return CPU_BUDGET
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
     cfg = getattr(adapter.model, "config", None)
     vocab = int(getattr(cfg, "vocab_size", None) or 1 << 15)
     d_model = adapter.mixers()[0].out_proj.out_features if adapter.mixers() else 1
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
     kv_width = d_model * kv // heads if heads and kv else d_model  # grouped-query attention keeps fewer
     elem = next(adapter.model.parameters()).element_size()
-    return budget_for(len(adapter.decoder_layers()), d_model, kv_width, vocab, elem, torch.cuda.mem_get_info(dev)[0])
+    return budget_for(len(adapter.decoder_layers()), d_model, kv_width, vocab, elem, free)
 
 
 def prefix_cache_enabled(adapter: ModelAdapter, flag: bool | None = None) -> bool:
