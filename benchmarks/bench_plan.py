@@ -40,7 +40,7 @@ from ganda.experiments.common import Scorer
 from ganda.experiments.prune import prune_curve
 from ganda.experiments.transplant import transplant_sweep
 from ganda.heads import expand
-from ganda.plan import DEVICES, layer_skip
+from ganda.plan import DEVICES
 from ganda.scoring import encode, evaluate_examples
 from ganda.sweep import run_sweep
 from ganda.tasks import get_task
@@ -172,7 +172,7 @@ def _child_calibrate() -> dict[str, Any]:
         timed(f"eval {label}", lambda a=ad_, e=exs: evaluate_examples(a, e, progress=False), "eval", w, prof)
         if label in ("llama", "mamba2"):
             timed(f"sweep {label}", lambda a=ad_, e=exs: run_sweep(a, e[:16], progress=False), "sweep",
-                  dataclasses.replace(w, n=16), prof, layer_skip=layer_skip(ad_))
+                  dataclasses.replace(w, n=16), prof, layer_skip=ad_.skips_layers())
     w = planner.workload_from_examples(letters, lambda t: encode(tl, t))
     timed("prune llama", lambda: prune_curve(tl, Scorer(tl, ["letters"], limit=32, progress=False)), "prune",
           dataclasses.replace(w, n=32), planner.profile(tl))
@@ -203,7 +203,7 @@ def _child_runtime(arg: str) -> dict[str, Any]:
         else:
             rank_heads(ad, exs, progress=False, **ATTRIBUTION_RULE)
     w = planner.workload_from_examples(exs, lambda t: encode(ad, t))
-    pl = planner.plan(planner.profile(ad), experiment, w, "cpu", layer_skip=layer_skip(ad),
+    pl = planner.plan(planner.profile(ad), experiment, w, "cpu", layer_skip=ad.skips_layers(),
                       **(ATTRIBUTION_RULE if experiment == "attribution" else {}))
     m = pl.memory
     runtime = loaded - m["weights"]
@@ -226,12 +226,9 @@ def _child_case(name: str) -> dict[str, Any]:
         examples = task.examples(limit=n, seed=0)
         prof = planner.profile(ad)
         w = planner.workload_from_examples(examples, lambda t: encode(ad, t))
-        opts: dict[str, Any] = {"layer_skip": layer_skip(ad)}
+        opts: dict[str, Any] = {"layer_skip": ad.skips_layers()}
         if "heads" in extra:
-            per_layer = [0] * len(ad.original_layers())
-            for h in expand(extra["heads"], ad):
-                per_layer[h.layer] += 1
-            opts["heads_per_layer"] = per_layer
+            opts["heads_per_layer"] = planner.heads_per_layer(ad, extra["heads"])
         if experiment == "attribution":
             opts.update({k: extra.get(k, v) for k, v in ATTRIBUTION_RULE.items()})
         if experiment == "maps":

@@ -107,7 +107,7 @@ def test_batched_scoring_equals_one_example_per_forward(name, head):
     from ganda.tasks import get_task
 
     ad = ganda.load_model(name, device="cpu")
-    assert default_batch_rows(ad) > 1
+    assert default_batch_rows(ad.n_params()) > 1
     mmlu = get_task("lab-mmlu", adapter=ad).examples(limit=24, seed=5)
     kv = get_task("lab-kv", adapter=ad, pairs=3).examples(limit=8, seed=5)
     mixed = [x for pair in zip(mmlu[:8], kv, strict=True) for x in pair] + mmlu[8:]  # rows of both kinds in a batch

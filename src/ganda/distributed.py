@@ -370,17 +370,19 @@ class RayScorer:
 
     # ---- scoring
 
-    def shards(self, n_examples: int, n_groups: int) -> list[tuple[int, int]]:
+    def shards(self, n_examples: int, n_groups: int, align: int = 1) -> list[tuple[int, int]]:
         """Prompt shards ``(lo, hi)`` for ``n_groups`` groups of ``n_examples`` prompts: enough
         units to keep every actor busy (the pool's, or before it starts those the cluster has room
-        for), whole groups where there are plenty (``RayOptions.shards`` where set)."""
+        for), whole groups where there are plenty (``RayOptions.shards`` where set); every start
+        moved to the nearest multiple of ``align`` (shards left empty dropped)."""
         k = self.options.shards
         n = len(self.actors) or self._resources()[0]
         if k is None:
             k = 1 if n_groups >= 4 * n else math.ceil(4 * n / max(1, n_groups))
         k = max(1, min(k, n_examples))
-        bounds = [round(i * n_examples / k) for i in range(k + 1)]
-        return [(bounds[i], bounds[i + 1]) for i in range(k)]
+        cuts = sorted({min(n_examples, align * round(round(i * n_examples / k) / align)) for i in range(k)})
+        cuts = [c for c in cuts if c < n_examples] or [0]
+        return [(lo, hi) for lo, hi in zip(cuts, [*cuts[1:], n_examples], strict=True)]
 
     def __call__(self, adapter: ModelAdapter, examples: Sequence[Example], packed: list[Prepared],
                  batches: list[list[HeadId | None]]) -> Iterator[list[list[list[float]]]]:
@@ -392,7 +394,7 @@ class RayScorer:
         # the local engine's blocks of examples (sweep._groups): a shard that starts on a block's
         # first example groups its examples as this process would, so its numbers are the same
         shape = batching(packed, batches, adapter.device.type != "cpu") if adapter.skips_layers() else Batching()
-        shards = self.last_shards = _aligned(self.shards(len(examples), len(batches)), len(examples), shape.examples)
+        shards = self.last_shards = self.shards(len(examples), len(batches), shape.examples)
         key = f"{adapter.spec}|{id(examples)}|{time.time_ns()}"
         refs = [ray.put(list(examples[lo:hi])) for lo, hi in shards]
         yield from self._schedule(key, batches, shards, refs, shape)
@@ -503,14 +505,7 @@ def prompt_shards(n_examples: int, n_groups: int = 1, *, align: int = 1) -> list
     every shard but the last starts at a multiple of it (generation keeps its local batches)."""
     if not _POOLS or n_examples < 1:
         return [(0, n_examples)]
-    return _aligned(_POOLS[-1].shards(n_examples, n_groups), n_examples, align)
-
-
-def _aligned(shards: list[tuple[int, int]], n_examples: int, align: int) -> list[tuple[int, int]]:
-    """``shards`` with every start moved to the nearest multiple of ``align`` (shards left empty dropped)."""
-    cuts = sorted({min(n_examples, align * round(lo / align)) for lo, _ in shards})
-    cuts = [c for c in cuts if c < n_examples] or [0]
-    return [(lo, hi) for lo, hi in zip(cuts, [*cuts[1:], n_examples], strict=True)]
+    return _POOLS[-1].shards(n_examples, n_groups, align)
 
 
 def map_units(adapter: ModelAdapter, fn: Any, units: Sequence[tuple[Any, ...]],

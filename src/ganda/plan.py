@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -55,7 +55,7 @@ from .models.base import ModelAdapter
 from .models.loading import load_tokenizer, model_path
 from .models.ssm.selective_scan import chunk_of, segment_of
 from .progress import note
-from .scoring import BATCH_ROWS, SMALL_MODEL_PARAMS, encode, prefix_cache_enabled
+from .scoring import default_batch_rows, encode, prefix_cache_enabled
 from .sweep import batching_for, forward_tokens
 from .tasks import get_task
 
@@ -660,10 +660,9 @@ def scoring_phase(p: Profile, w: Workload, name: str, repeat: int, opts: dict[st
 
 
 def scoring_phases(p: Profile, w: Workload, name: str, repeat: int, opts: dict[str, Any]) -> list[Phase]:
-    """Scoring every example ``repeat`` times as ``evaluate_examples`` does: a batch of up to
-    ``BATCH_ROWS`` rows for small models, one example per forward otherwise
-    (:func:`ganda.scoring.default_batch_rows`); logits only at the positions a choice
-    is read from. Choices of several tokens on a model that continues from a cached prefix
+    """Scoring every example ``repeat`` times as ``evaluate_examples`` does: as many examples a
+    forward as :func:`ganda.scoring.default_batch_rows` rows hold (one at least); logits only at
+    the positions a choice is read from. Choices of several tokens on a model that continues from a cached prefix
     (:func:`ganda.scoring.prefix_cache_enabled`) are scored as the scorer does: each prompt once,
     then the choices' own tokens in batches of suffix rows."""
     dev = opts.get("_device")
@@ -675,7 +674,7 @@ def scoring_phases(p: Profile, w: Workload, name: str, repeat: int, opts: dict[s
                 Phase(f"{name}: the choices after it", repeat * w.n, w.choices, w.choice_tokens, L, w.choice_tokens,
                       scored=repeat * w.n * w.score_rows)]
     rows, T = w.rows_tokens
-    batch = opts.get("batch_rows") or (BATCH_ROWS if p.n_params < SMALL_MODEL_PARAMS else rows)
+    batch = opts.get("batch_rows") or default_batch_rows(p.n_params)
     per_call = max(1, min(w.n, batch // rows))
     if not opts.get("batch_rows") and gpu:  # a GPU's suffix batches (scoring.score_budget)
         per_call = max(per_call, min(w.n, GPU_SCORE_TOKENS // max(1, round(rows * T))))
@@ -832,8 +831,7 @@ def announce(adapter: Any, examples: list, experiment: str = "eval", shared_pref
         some = examples[:: max(1, len(examples) // 50)][:50]
         w = workload_from_examples(some, lambda text: encode(adapter, text), CHARS_PER_TOKEN)
         w = replace(w, n=len(examples), tokens=w.tokens * (_new_chars(examples) if shared_prefix else 1.0))
-        seconds = plan(profile(adapter), experiment, w, "cpu", 1,
-                               layer_skip=layer_skip(adapter), **opts).seconds
+        seconds = plan(profile(adapter), experiment, w, "cpu", 1, layer_skip=adapter.skips_layers(), **opts).seconds
     except Exception:  # noqa: BLE001 - an estimate is a courtesy; a model the planner cannot cost runs anyway
         return None
     if seconds >= ANNOUNCE_AFTER:
@@ -841,11 +839,6 @@ def announce(adapter: Any, examples: list, experiment: str = "eval", shared_pref
         note(f"this run: {len(examples):,} examples, ~{w.tokens:.0f} tokens each to compute: about {took} on one "
              f"CPU core (ganda plan's calibrated rates); --limit N runs fewer")
     return seconds
-
-
-def layer_skip(adapter: Any) -> bool:
-    """Whether the exact sweep recomputes only the layers after each head's (the family skips layers)."""
-    return bool(adapter.skips_layers())
 
 
 def model_layout(model: str, dtype: Any) -> tuple[Any, Any]:
@@ -904,13 +897,23 @@ def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tup
     for cls in classes:
         for run in cls.paper:
             opts = run.workload
-            adapter, tok = model_layout(run.model, parse_dtype("bfloat16"))
-            w = task_workload(adapter, tok, opts.get("task", "mmlu"), opts["n"], shots, opts.get("tokens"))
-            name = run.experiment or cls.name
             own = {k: v for k, v in opts.items() if k not in ("task", "n", "tokens")}  # the experiment's options
-            extra = {"layer_skip": layer_skip(adapter), **phase_options(name, adapter, own)}
-            out.append((run.what, plan(profile(adapter), name, w, device, devices, **extra)))
+            name = run.experiment or cls.name
+            out.append((run.what, model_plan(run.model, name, parse_dtype("bfloat16"), opts.get("task", "mmlu"),
+                                             opts["n"], shots, opts.get("tokens"), device, devices,
+                                             partial(phase_options, name, flags=own))))
     return out
+
+
+def model_plan(model: str, experiment: str, dtype: Any, task: str, n: int, shots: int | None, tokens: int | None,
+               dev: str, n_devices: int, options: Callable[[ModelAdapter], dict[str, Any]]) -> Plan:
+    """The plan of ``experiment`` on ``model``'s full-size layout for ``n`` examples of ``task``: what
+    ``ganda plan`` prints. ``options(adapter)``: the experiment's options in the forms its phases
+    take (:func:`phase_options`), read once the layout and the workload are known."""
+    adapter, tok = model_layout(model, dtype)
+    w = task_workload(adapter, tok, task, n, shots, tokens)
+    opts = {"layer_skip": adapter.skips_layers(), **options(adapter)}
+    return plan(profile(adapter), experiment, w, dev, n_devices, **opts)
 
 
 def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],

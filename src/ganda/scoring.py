@@ -264,17 +264,16 @@ def budget_for(n_layers: int, d_model: int, kv_width: int, vocab: int, elem_byte
 
 
 def score_budget(adapter: ModelAdapter) -> Budget:
-    """:func:`budget_for` on the model's device (its free memory on CUDA)."""
+    """:func:`budget_for` on the model's device (its free memory on CUDA; the CPU's fixed bounds)."""
     dev = adapter.device
-    if dev.type != "cuda":
-        return CPU_BUDGET
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
     cfg = getattr(adapter.model, "config", None)
     vocab = int(getattr(cfg, "vocab_size", None) or 1 << 15)
     d_model = adapter.mixers()[0].out_proj.out_features if adapter.mixers() else 1
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
     kv_width = d_model * kv // heads if heads and kv else d_model  # grouped-query attention keeps fewer
     elem = next(adapter.model.parameters()).element_size()
-    return budget_for(len(adapter.decoder_layers()), d_model, kv_width, vocab, elem, torch.cuda.mem_get_info(dev)[0])
+    return budget_for(len(adapter.decoder_layers()), d_model, kv_width, vocab, elem, free)
 
 
 def prefix_cache_enabled(adapter: ModelAdapter, flag: bool | None = None) -> bool:
@@ -471,12 +470,12 @@ SMALL_MODEL_PARAMS = 20_000_000
 BATCH_ROWS = 64
 
 
-def default_batch_rows(adapter: ModelAdapter) -> int:
-    """Rows per forward when scoring many examples: batched for small models (the lab's, tiny
-    test models), where Python and per-call overhead dominate a forward; one example per
-    forward for real LMs, which keeps their numbers identical to lm-eval's one-request layout
-    and bounds the ``rows x length x vocab`` logits."""
-    return BATCH_ROWS if adapter.n_params() < SMALL_MODEL_PARAMS else 1
+def default_batch_rows(n_params: int) -> int:
+    """Rows per forward when scoring many examples of a model of ``n_params`` parameters: batched
+    for small models (the lab's, tiny test models), where Python and per-call overhead dominate a
+    forward; one example per forward for real LMs, which keeps their numbers identical to lm-eval's
+    one-request layout and bounds the ``rows x length x vocab`` logits (``ganda plan`` reads it too)."""
+    return BATCH_ROWS if n_params < SMALL_MODEL_PARAMS else 1
 
 
 PREFIX_CHUNK = 128  # examples grouped at once (a group's prefix runs once per chunk)
@@ -500,7 +499,7 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
             bar.update(len(chunk))
         bar.close()
         return res
-    n = default_batch_rows(adapter) if batch_rows is None else max(1, int(batch_rows))
+    n = default_batch_rows(adapter.n_params()) if batch_rows is None else max(1, int(batch_rows))
     if n == 1 and not sited:
         return [_score_pairs(adapter, example_pairs(ex), norm_chars(ex), False)
                 for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]

@@ -84,7 +84,7 @@ def edges_batch_tokens(n_senders: int, d_model: int, budget: float = 1 << 30) ->
 def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda edges``: see the module docstring."""
     L = list(range(len(p.layers)))
-    heads = sum(layer.heads for layer in p.layers)
+    heads = p.heads
     batch_tokens = int(opts.get("batch_tokens") or edges_batch_tokens(heads, p.d_model))
     per_batch, calls = batches_of(w, batch_tokens)
     copies = sum(layer.heads for layer in p.layers[1:]) / max(1, len(L))  # receiver copies per layer, on average

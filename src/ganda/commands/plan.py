@@ -87,19 +87,10 @@ def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
     return param(f.name, typer.Option(None, flag, help=text), option_type(hint) | None)
 
 
-def _phase_options(experiment: str, adapter: Any, given: dict[str, Any], items: list[str] | None) -> dict[str, Any]:
-    """The flags the experiment declares (a ``--no-x`` flag given: its option off) and ``--option``,
-    in the forms its phases take (:func:`ganda.plan.phase_options`)."""
-    from .. import plan as planner
-    from .. import registry
-
-    flags = option_values(_costed_fields(registry.experiment(experiment)), given)
-    return planner.phase_options(experiment, adapter, flags, parse_options(items))
-
-
 def plan_command(**values: Any) -> None:
     """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
     from .. import plan as planner
+    from .. import registry
     from ..device import parse_dtype
 
     own = {k: values.pop(k) for k in OWN}
@@ -122,10 +113,12 @@ def plan_command(**values: Any) -> None:
             raise GandaError(f"--experiment must be one of {', '.join(planner.costed_experiments())}, "
                              f"not {experiment!r}")
         default = os.environ.get("GANDA_DTYPE") or ("float32" if own["device"] == "cpu" else "bfloat16")
-        adapter, tok = planner.model_layout(model, parse_dtype(own["dtype"] or default, "--dtype"))
-        w = planner.task_workload(adapter, tok, own["task"], own["limit"], own["shots"], own["tokens"])
-        opts = {"layer_skip": planner.layer_skip(adapter), **_phase_options(experiment, adapter, given, own["option"])}
-        plans = [(experiment, planner.plan(planner.profile(adapter), experiment, w, own["device"], devices, **opts))]
+        # the flags the experiment declares (a ``--no-x`` flag given: its option off) and ``--option``
+        flags = option_values(_costed_fields(registry.experiment(experiment)), given)
+        plans = [(experiment, planner.model_plan(
+            model, experiment, parse_dtype(own["dtype"] or default, "--dtype"), own["task"], own["limit"], own["shots"],
+            own["tokens"], own["device"], devices,
+            lambda adapter: planner.phase_options(experiment, adapter, flags, parse_options(own["option"]))))]
     _print_plans(plans, own["paper"], own["as_json"], out)
 
 
