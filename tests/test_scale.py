@@ -30,6 +30,7 @@ from transformers import Mamba2Config, Mamba2ForCausalLM
 import ganda
 from ganda import AblateHeads, HeadId, KeepHeads, KeepLayers, RemoveLayers
 from ganda import plan as planner
+from ganda.attribution.engine import batch_tokens_for
 from ganda.cli import main
 from ganda.errors import GandaError
 from ganda.experiments.transplant import TransplantHead, TransplantLayer
@@ -360,6 +361,28 @@ def test_plan_prices_graddrop_blocks_ssd_layer_calls_and_host_floors(shipped):
     calls = sum(p["forwards"] for p in with_ssd.phases)
     assert math.isclose(with_ssd.seconds - without.seconds, calls * 3 * cpu_dev.ssd_layer_overhead, rel_tol=1e-9)
     assert planner.plan(small, "eval", ev, cpu_dev).seconds == planner.plan(small, "eval", ev, bare).seconds
+
+
+def test_plan_batches_backward_passes_as_the_run_does(shipped):
+    """On a GPU a backward pass's batch is what fits beside the weights (default_batch_tokens):
+    GradDrop's cotangents only for AtP*, and path ablation at attribution's default blocks."""
+    prof = planner.profile(shipped["meta-llama/Llama-3.1-8B"])
+    h100 = planner.DEVICES["h100"]
+    free = h100.memory - prof.weight_bytes - h100.runtime
+    w = planner.Workload(n=1000, tokens=300, max_tokens=300)
+
+    def rows(experiment, phase, **opts):
+        pl = planner.plan(prof, experiment, w, "h100", **opts)
+        return next(p["rows"] for p in pl.phases if p["phase"].startswith(phase))
+
+    def fits(blocks):  # the run's rule, default_batch_tokens, for 8B bf16 on an H100
+        return batch_tokens_for(32, 4096, 2, blocks, free) // 300
+
+    assert fits(0) > fits(6)  # fewer cotangents kept, more prompts a batch
+    assert rows("attribution", "no-grad pass", method="atp") == fits(0) == 218
+    assert rows("attribution", "no-grad pass", method="atp*") == fits(6) == 206
+    assert rows("path", "intact pass", sender="L1H0", receiver="L3H1") == fits(6)  # not the CPU's 4,096 tokens
+    assert rows("path", "intact pass", sender="L1H0", receiver="L3H1", batch_tokens=3000) == 10
 
 
 def test_plan_holds_the_fallback_sweeps_logits(shipped):

@@ -537,6 +537,18 @@ def sweep_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     return phases[:1] + heads_phases, kept, []
 
 
+def backward_batch_tokens(p: Profile, opts: dict[str, Any], blocks: int) -> int:
+    """Padded tokens per batch of a pass with a layer-by-layer backward (``rank``'s attribution,
+    ``path``), as the run picks them (:func:`ganda.attribution.engine.default_batch_tokens`): the
+    CPU's fixed size, on an accelerator what fits in the memory the weights leave, keeping the
+    cotangents of ``blocks`` GradDrop blocks; ``--batch-tokens`` where given."""
+    dev = opts.get("_device")
+    free = None if dev is None or dev.host else dev.memory - p.weight_bytes - dev.runtime
+    state = max((E * N for layer in p.layers for E, N in layer.selective), default=0)
+    return int(opts.get("batch_tokens") or batch_tokens_for(len(p.layers), p.d_model, int(p.bytes_per_param), blocks,
+                                                            free, state))
+
+
 def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda rank``: one no-grad pass and a layer-by-layer backward per batch, then the exact
     check of the top heads, the audit and every head of ``verify_layers``."""
@@ -544,10 +556,7 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     method = opts.get("method", RANK_METHOD)
     dev = opts.get("_device")
     block_of = graddrop_blocks(len(L), opts.get("graddrop_blocks", GRADDROP_BLOCKS))  # as attribution cuts them
-    free = None if dev is None or dev.host else dev.memory - p.weight_bytes - dev.runtime
-    state = max((E * N for layer in p.layers for E, N in layer.selective), default=0)
-    batch_tokens = int(opts.get("batch_tokens") or batch_tokens_for(len(L), p.d_model, int(p.bytes_per_param),
-                                                                     block_of[-1] + 1, free, state))
+    batch_tokens = backward_batch_tokens(p, opts, block_of[-1] + 1 if method == "atp*" else 0)
     reps = int(opts.get("ig_steps") or IG_STEPS) + 1 if method == "ig" else 1  # IG: k steps and a clean copy
     per_batch, calls = batches_of(w, batch_tokens // reps)
     width = w.packed  # batches follow the input order, each padded to its longest prompt: in one batch

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..attribution.engine import ACTIVE_EDGES, BATCH_TOKENS
+from ..attribution.engine import ACTIVE_EDGES, BATCH_TOKENS, GRADDROP_BLOCKS
 from ..heads import HeadId
-from ..plan import CHUNKED, Device, Phase, Phases, Profile, Workload, batches_of
+from ..plan import CHUNKED, Device, Phase, Phases, Profile, Workload, backward_batch_tokens, batches_of
 
 
 class _Part(Phase):
@@ -61,7 +61,7 @@ def path_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     s = min(max(0, _layer(opts.get("sender"), 0)), len(L) - 1)
     r = min(max(s, _layer(opts.get("receiver"), len(L) - 1)), len(L) - 1)
     parts = max(1, len([x for x in str(opts.get("parts") or "together").split(",") if x.strip()]))
-    per_batch, calls = batches_of(w, int(opts.get("batch_tokens") or BATCH_TOKENS))
+    per_batch, calls = batches_of(w, backward_batch_tokens(p, opts, GRADDROP_BLOCKS))  # path_ablation's default
     phases = [Phase("intact pass, every layer's input kept", calls, per_batch, w.packed, L, w.reads, examples=w.n,
                     scored=w.n * w.score_rows, scan=CHUNKED),
               Phase("sender ablated everywhere", calls, per_batch, w.packed, L[s:], w.reads, scan=CHUNKED)]
