@@ -25,10 +25,8 @@ from ..patterns import (
     MIN_AGGREGATE,
     SUMMARY_TOKENS,
     HeadScore,
-    choose_summary,
-    pattern_scores,
-    pattern_scores_by_summary,
     standard_protocol,
+    summary_scores,
 )
 from ..stats import weak_note
 from ..sweep import run_sweep
@@ -53,17 +51,6 @@ class Discovery:
     standard: dict[str, Any] = field(default_factory=dict)  # the standard scores' protocol
 
 
-def scores_at(adapter: ModelAdapter, examples: Sequence[Example], summary: str = AUTO, progress: bool = True
-              ) -> tuple[list[HeadScore], str, dict[str, Any]]:
-    """Every head's pattern scores at ``summary`` (``"auto"``: the token chosen by
-    :func:`ganda.patterns.choose_summary`), the summary scored and the choice's evidence."""
-    if summary != AUTO:
-        return pattern_scores(adapter, examples, progress=progress, summary=summary), summary, {}
-    by = pattern_scores_by_summary(adapter, examples, progress=progress, summaries=SUMMARY_TOKENS)
-    chosen, best = choose_summary(by)
-    return by[chosen], chosen, best
-
-
 def discover(
     adapter: ModelAdapter,
     pattern_examples: Sequence[Example],
@@ -78,7 +65,7 @@ def discover(
     names one), then verify the top ``top`` of each list by ablation; every head is labelled by
     :func:`ganda.labels.label_model` with its standard scores (a candidate is not a Gather or
     Aggregate head unless its rule is met)."""
-    scores, chosen, choice = scores_at(adapter, pattern_examples, summary, progress)
+    scores, chosen, choice = summary_scores(adapter, pattern_examples, progress=progress, summary=summary)
     label_model(adapter, scores)
     by_name = {s.head: s for s in scores}
     top_agg = [s.head for s in sorted(scores, key=lambda s: -s.aggregate)[:top]]
