@@ -17,8 +17,9 @@ from . import runio
 from .figures import attention_panels
 from .heads import expand
 from .models.base import ModelAdapter
+from .patterns import prompt_positions
 from .scoring import encode
-from .tasks.base import Example, token_spans
+from .tasks.base import Example
 
 ATTENTION_FORMAT = "ganda-attention/1"
 
@@ -41,9 +42,7 @@ def segment_tokens(adapter: ModelAdapter, example: Example) -> list[list[int]]:
     (a BOS token added by :func:`~ganda.scoring.encode` shifts them)."""
     if not example.segments:
         return []
-    enc = adapter.require_tokenizer()(example.prompt, add_special_tokens=False, return_offsets_mapping=True)
-    shift = len(encode(adapter, example.prompt)) - len(enc.input_ids)
-    return [[a + shift, b + shift] for a, b in token_spans(enc.offset_mapping, example.segments)]
+    return [list(span) for span in prompt_positions(adapter, example)[1]]  # the spans pattern scores read
 
 
 def attention_record(
