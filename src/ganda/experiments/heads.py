@@ -32,7 +32,7 @@ from ..stats import weak_note
 from ..sweep import run_sweep
 from ..tasks.base import Example
 from .base import Experiment, Options, option
-from .common import ExperimentResult
+from .common import ExperimentResult, pct
 from .tables import console, print_heads
 
 
@@ -113,9 +113,6 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
                                        for s in ordered if s.samples for i in range(s.n_prompts)])
 
 
-def _pct(x: Any) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
 @dataclass
 class HeadsResult(ExperimentResult):
     """A saved ``heads`` run (:func:`save_discovery`) as ``ganda report`` shows it: what was found
@@ -135,8 +132,8 @@ class HeadsResult(ExperimentResult):
                 continue
             best = max(cands, key=lambda r: r["drop"])
             lines.append(f"{role.capitalize()} head **{best['head']}** ({role} score {best[role]:.3g}, best of "
-                         f"{len(cands)} verified): ablating it alone takes accuracy from {_pct(base)} to "
-                         f"**{_pct(best.get('ablated_accuracy'))}** on {n} prompts"
+                         f"{len(cands)} verified): ablating it alone takes accuracy from {pct(base)} to "
+                         f"**{pct(best.get('ablated_accuracy'))}** on {n} prompts"
                          f"{weak_note(base, best.get('ablated_accuracy'), n)}.")
         if lines:
             lines.append(f"Every head ranked by its pattern scores on {s.get('n_pattern')} prompts; the table lists "
