@@ -432,20 +432,21 @@ def test_fast_pruning_equals_truncation(student) -> None:
 def test_fast_truncation_on_mamba2(tok) -> None:
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
-    from ganda.experiments.prune import _forward_logp, _logliks_from, truncation_logliks
+    from ganda.experiments.prune import truncation_logliks
     from ganda.interventions import truncate
     from ganda.prepared import prepare as _prepare
+    from ganda.scoring import score_example
     from ganda.tasks import get_task
 
     torch.manual_seed(0)
     cfg = Mamba2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=3, state_size=8, expand=2,
                        head_dim=8, num_heads=8, n_groups=1, chunk_size=16, pad_token_id=tok.pad_token_id)
     ssm = from_model(Mamba2ForCausalLM(cfg), tok, spec="tiny-mamba2")
-    p = _prepare(ssm, get_task("kv", pairs=3).examples(limit=1)[0])
-    lls = truncation_logliks(ssm, p, [1, 2, 3])
+    ex = get_task("kv", pairs=3).examples(limit=1)[0]
+    lls = truncation_logliks(ssm, _prepare(ssm, ex), [1, 2, 3])
     for k in (1, 2):
-        with truncate(k).apply(ssm), torch.no_grad():
-            ref = _logliks_from(_forward_logp(ssm, p), p)
+        with truncate(k).apply(ssm):
+            ref = score_example(ssm, ex).loglik  # a real truncated forward
         assert lls[k] == pytest.approx(ref, abs=1e-4)
 
 

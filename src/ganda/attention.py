@@ -17,8 +17,9 @@ from . import runio
 from .figures import attention_panels
 from .heads import expand
 from .models.base import ModelAdapter
+from .patterns import prompt_positions
 from .scoring import encode
-from .tasks.base import Example, token_spans
+from .tasks.base import Example
 
 ATTENTION_FORMAT = "ganda-attention/1"
 
@@ -41,9 +42,7 @@ def segment_tokens(adapter: ModelAdapter, example: Example) -> list[list[int]]:
     (a BOS token added by :func:`~ganda.scoring.encode` shifts them)."""
     if not example.segments:
         return []
-    enc = adapter.require_tokenizer()(example.prompt, add_special_tokens=False, return_offsets_mapping=True)
-    shift = len(encode(adapter, example.prompt)) - len(enc.input_ids)
-    return [[a + shift, b + shift] for a, b in token_spans(enc.offset_mapping, example.segments)]
+    return [list(span) for span in prompt_positions(adapter, example)[1]]  # the spans pattern scores read
 
 
 def attention_record(
@@ -80,12 +79,13 @@ def sidecar(out: str | Path) -> Path | None:
 
 def draw_attention(
     adapter: ModelAdapter, prompt: str | Example, heads: str | list, out: str | Path, last_rows: int | None = None,
-    title: str | None = None, roles: dict[str, str] | None = None,
+    title: str | None = None, roles: dict[str, str] | None = None, marks: dict[str, Any] | None = None,
 ) -> Path:
     """One PNG, one panel per head (softmax: sequential [0,1]; SSM implicit: signed, diverging),
     and the same maps as ``<out>.json`` for the report's interactive view (not when ``out`` is a
     device such as ``/dev/null``: nothing is written beside it). An :class:`Example` also records
-    its segments and gold segment; ``roles`` names heads' roles (``gather``, ...)."""
+    its segments and gold segment; ``roles`` names heads' roles (``gather``, ...); ``marks``
+    (``marks``, ``mark_label``, ``mark_values``) the prompt positions the view outlines."""
     example = prompt if isinstance(prompt, Example) else None
     text = example.prompt if example is not None else str(prompt)
     tokens, maps, kinds, rows = prompt_maps(adapter, text, heads, last_rows)
@@ -99,5 +99,5 @@ def draw_attention(
     record = attention_record(
         tokens, maps, kinds, rows, segments=segment_tokens(adapter, example) if example is not None else None,
         gold_segment=example.gold_segment if example is not None else None, roles=roles)
-    save_attention_json(sidecar(path), adapter.spec, [record])
+    save_attention_json(sidecar(path), adapter.spec, [{**record, **(marks or {})}])
     return path

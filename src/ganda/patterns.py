@@ -290,15 +290,22 @@ def pattern_scores(
     95% intervals over prompts, and each head's read profile (see module docstring). ``summary``:
     the token scored as each segment's summary, one of ``SUMMARY_TOKENS`` or ``"auto"``
     (:func:`choose_summary` over every head the model runs, whichever ``heads`` are returned)."""
-    if summary == AUTO:
-        running = [h for h in adapter.heads() if adapter.is_active(h.layer)]  # a submodel: its own heads
-        by = pattern_scores_by_summary(adapter, examples, running, progress, SUMMARY_TOKENS)
-        chosen, _ = choose_summary(by)
-        if heads is None:
-            return by[chosen]
-        named = {s.head: s for s in by[chosen]}
-        return [named[str(adapter.canonical(h))] for h in heads]
-    return pattern_scores_by_summary(adapter, examples, heads, progress, (summary,))[summary]
+    return summary_scores(adapter, examples, heads, progress, summary)[0]
+
+
+def summary_scores(adapter: ModelAdapter, examples: Sequence[Example], heads: Sequence[HeadId] | None = None,
+                   progress: bool = True, summary: str = "end") -> tuple[list[HeadScore], str, dict[str, Any]]:
+    """:func:`pattern_scores`, with the summary token scored and, where ``summary`` is ``"auto"``,
+    the choice's evidence (:func:`choose_summary`; empty where a token was named)."""
+    if summary != AUTO:
+        return pattern_scores_by_summary(adapter, examples, heads, progress, (summary,))[summary], summary, {}
+    running = [h for h in adapter.heads() if adapter.is_active(h.layer)]  # a submodel: its own heads
+    by = pattern_scores_by_summary(adapter, examples, running, progress, SUMMARY_TOKENS)
+    chosen, best = choose_summary(by)
+    if heads is None:
+        return by[chosen], chosen, best
+    named = {s.head: s for s in by[chosen]}
+    return [named[str(adapter.canonical(h))] for h in heads], chosen, best
 
 
 def reads_gold(score: HeadScore, minimum: float = MIN_AGGREGATE) -> bool:

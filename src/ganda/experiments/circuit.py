@@ -5,13 +5,12 @@ what ``ganda run``, ``ganda grid``, ``ganda plan``, ``ganda report`` and ``ganda
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..ablation import check_batched_ablation
-from ..attention import draw_attention, save_attention_json
+from ..attention import draw_attention
 from ..attribution.ranking import MARGIN_HELP
 from ..circuit import PATHS, TOGETHER, path_ablation
 from ..circuit.ablation import EVERYWHERE, INTACT
@@ -218,13 +217,10 @@ def attention_view(adapter: ModelAdapter, example: Example, sender: HeadId, rece
     n_prompt = len(encode(adapter, example.prompt))
     per_pos = edge_positions(adapter, example, s, r)[:n_prompt]
     marks = sorted(sorted(range(len(per_pos)), key=lambda i: -abs(per_pos[i]))[:MARKS])
-    path = draw_attention(adapter, example, [str(r), str(s)], Path(out_dir) / "attention.png",
-                          title=f"{adapter.spec}: receiver {r}, sender {s}", roles=roles)
-    doc_path = path.with_suffix(".json")
-    doc = json.loads(doc_path.read_text())
-    doc["prompts"][0].update(marks=marks, mark_label=f"where {s}'s write moves {r} most",
-                             mark_values=[per_pos[i] for i in marks])
-    save_attention_json(doc_path, adapter.spec, doc["prompts"])
+    draw_attention(adapter, example, [str(r), str(s)], Path(out_dir) / "attention.png",
+                   title=f"{adapter.spec}: receiver {r}, sender {s}", roles=roles,
+                   marks={"marks": marks, "mark_label": f"where {s}'s write moves {r} most",
+                          "mark_values": [per_pos[i] for i in marks]})
     return (f"attention.json: {r}'s map on the first prompt, positions {marks} marked (first-order drop of the "
             f"margin from {s}'s write there: {', '.join(f'{per_pos[i]:+.3f}' for i in marks)})")
 

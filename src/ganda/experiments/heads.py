@@ -25,16 +25,14 @@ from ..patterns import (
     MIN_AGGREGATE,
     SUMMARY_TOKENS,
     HeadScore,
-    choose_summary,
-    pattern_scores,
-    pattern_scores_by_summary,
     standard_protocol,
+    summary_scores,
 )
 from ..stats import weak_note
 from ..sweep import run_sweep
 from ..tasks.base import Example
 from .base import Experiment, Options, option
-from .common import ExperimentResult
+from .common import ExperimentResult, pct
 from .tables import console, print_heads
 
 
@@ -53,17 +51,6 @@ class Discovery:
     standard: dict[str, Any] = field(default_factory=dict)  # the standard scores' protocol
 
 
-def scores_at(adapter: ModelAdapter, examples: Sequence[Example], summary: str = AUTO, progress: bool = True
-              ) -> tuple[list[HeadScore], str, dict[str, Any]]:
-    """Every head's pattern scores at ``summary`` (``"auto"``: the token chosen by
-    :func:`ganda.patterns.choose_summary`), the summary scored and the choice's evidence."""
-    if summary != AUTO:
-        return pattern_scores(adapter, examples, progress=progress, summary=summary), summary, {}
-    by = pattern_scores_by_summary(adapter, examples, progress=progress, summaries=SUMMARY_TOKENS)
-    chosen, best = choose_summary(by)
-    return by[chosen], chosen, best
-
-
 def discover(
     adapter: ModelAdapter,
     pattern_examples: Sequence[Example],
@@ -78,7 +65,7 @@ def discover(
     names one), then verify the top ``top`` of each list by ablation; every head is labelled by
     :func:`ganda.labels.label_model` with its standard scores (a candidate is not a Gather or
     Aggregate head unless its rule is met)."""
-    scores, chosen, choice = scores_at(adapter, pattern_examples, summary, progress)
+    scores, chosen, choice = summary_scores(adapter, pattern_examples, progress=progress, summary=summary)
     label_model(adapter, scores)
     by_name = {s.head: s for s in scores}
     top_agg = [s.head for s in sorted(scores, key=lambda s: -s.aggregate)[:top]]
@@ -126,9 +113,6 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
                                        for s in ordered if s.samples for i in range(s.n_prompts)])
 
 
-def _pct(x: Any) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
 @dataclass
 class HeadsResult(ExperimentResult):
     """A saved ``heads`` run (:func:`save_discovery`) as ``ganda report`` shows it: what was found
@@ -148,8 +132,8 @@ class HeadsResult(ExperimentResult):
                 continue
             best = max(cands, key=lambda r: r["drop"])
             lines.append(f"{role.capitalize()} head **{best['head']}** ({role} score {best[role]:.3g}, best of "
-                         f"{len(cands)} verified): ablating it alone takes accuracy from {_pct(base)} to "
-                         f"**{_pct(best.get('ablated_accuracy'))}** on {n} prompts"
+                         f"{len(cands)} verified): ablating it alone takes accuracy from {pct(base)} to "
+                         f"**{pct(best.get('ablated_accuracy'))}** on {n} prompts"
                          f"{weak_note(base, best.get('ablated_accuracy'), n)}.")
         if lines:
             lines.append(f"Every head ranked by its pattern scores on {s.get('n_pattern')} prompts; the table lists "

@@ -38,6 +38,7 @@ from ..knowledge import group_score
 from ..models.base import ModelAdapter
 from ..prepared import ROWS, Prepared, prepare
 from ..progress import tqdm
+from ..scoring import score_example
 from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, acc, chance, flat_scores, is_group, pct, task_score, task_series
 
@@ -66,16 +67,6 @@ def _targets(p: Prepared) -> list[list[tuple[int, int, int]]]:
 
 def _pred(logliks: list[float]) -> int:
     return max(range(len(logliks)), key=lambda i: logliks[i])
-
-
-def _logliks_from(logp: torch.Tensor, p: Prepared) -> list[float]:
-    """``logp`` is ``[B, T, V]`` log-probs over the prepared rows."""
-    return [float(sum(logp[r, t, tok] for r, t, tok in choice)) for choice in _targets(p)]
-
-
-def _forward_logp(adapter: ModelAdapter, p: Prepared) -> torch.Tensor:
-    ids, mask = p.row_tensors(adapter)
-    return torch.log_softmax(adapter.forward(ids, attention_mask=mask).float(), -1)
 
 
 def _score_positions(p: Prepared, ids: torch.Tensor
@@ -151,13 +142,12 @@ def _shortcut_holds(adapter: ModelAdapter, example: Any, fast: Any, intervention
     """Whether a one-pass shortcut (``fast``: prepared prompt -> one variant's choice
     log-likelihoods) gives on ``example`` what a real forward under ``intervention`` gives, so that
     a family whose blocks do not fit the stand-in trick falls back to full forwards."""
-    first = prepare(adapter, example)
     try:
-        got = fast(first)
+        got = fast(prepare(adapter, example))
     except Exception:  # noqa: BLE001 - unusual block signatures: use the slow path
         return False
-    with intervention.apply(adapter), torch.no_grad():
-        return _close(got, _logliks_from(_forward_logp(adapter, first), first))
+    with intervention.apply(adapter):
+        return _close(got, score_example(adapter, example).loglik)
 
 
 def fast_truncation_scores(

@@ -85,13 +85,6 @@ def _additive_mask(t: int, pad: torch.Tensor | None, dtype: torch.dtype, device:
     return torch.where(allowed, zero, torch.full((), neg, dtype=dtype, device=device))
 
 
-def _positions(kwargs: dict[str, Any], t: int, device: torch.device) -> torch.Tensor:
-    pos = kwargs.get("position_ids")
-    if isinstance(pos, torch.Tensor) and pos.shape[-1] == t:
-        return pos if pos.dim() == 2 else pos[None]
-    return torch.arange(t, device=device)[None]
-
-
 class _PadCapture:
     """The 2-D attention mask given to the student's top-level forward (engine point ``model.kwargs``)."""
 
@@ -102,6 +95,20 @@ class _PadCapture:
     def mask(self) -> torch.Tensor | None:
         m = self.trace["model.kwargs"].get("attention_mask") if "model.kwargs" in self.trace else None
         return m if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+
+
+def _donor_inputs(block: nn.Module, hidden: torch.Tensor, kwargs: dict[str, Any], pad: _PadCapture
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the donor's own model would give its ``block`` where the student's block reads
+    ``hidden``: the states in the donor's dtype and device, the positions (the student's
+    ``position_ids``, else ``0..T-1``) and the additive causal mask with the student's padding."""
+    p = next(block.parameters())
+    h = hidden.to(dtype=p.dtype, device=p.device)
+    t = h.shape[1]
+    pos = kwargs.get("position_ids")
+    if not (isinstance(pos, torch.Tensor) and pos.shape[-1] == t):
+        pos = torch.arange(t, device=h.device)
+    return h, pos if pos.dim() == 2 else pos[None], _additive_mask(t, pad.mask, h.dtype, h.device)
 
 
 class DonorBlock(nn.Module):
@@ -116,11 +123,7 @@ class DonorBlock(nn.Module):
         self.returns_tuple = returns_tuple
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        p = next(self.block.parameters())
-        h = hidden_states.to(dtype=p.dtype, device=p.device)
-        t = h.shape[1]
-        pos = _positions(kwargs, t, h.device)
-        mask = _additive_mask(t, self._pad.mask, h.dtype, h.device)
+        h, pos, mask = _donor_inputs(self.block, hidden_states, kwargs, self._pad)
         out = self.donor.run_block(self.layer, h, pos, mask).to(dtype=hidden_states.dtype, device=hidden_states.device)
         # the student's loop may unpack several values (Bamba: hidden states, attention weights)
         return (out,) + (None,) * (self.returns_tuple - 1) if self.returns_tuple else out
@@ -232,10 +235,7 @@ class TransplantHead(Intervention):
         def swap_out(x: torch.Tensor) -> torch.Tensor:  # out_proj input: the student head's slice zeroed
             x = x.clone()
             x[..., sl] = 0
-            p = next(dblock.parameters())
-            hh = trace[resid].to(dtype=p.dtype, device=p.device)
-            pos = _positions(trace[kwargs], hh.shape[1], hh.device)
-            mask = _additive_mask(hh.shape[1], pad.mask, hh.dtype, hh.device)
+            hh, pos, mask = _donor_inputs(dblock, trace[resid], trace[kwargs], pad)
             pending.append(self.donor.head_output(d.layer, d.head, hh, pos, mask))
             return x
 
