@@ -237,3 +237,32 @@ def test_report_orders_a_sweep_as_ganda_sweep_does(tmp_path):
         "L0H1", "L0H0", "L0H2", "L0H3"]
     assert got.summary["top_head"] == "L0H1" and got.summary["top_drop"] == 0.5
     assert got.summary["helpful_when_ablated"] == [r["head"] for r in sw.helpful_when_ablated()] == ["L0H2", "L0H3"]
+
+
+def test_a_sharpness_run_is_an_experiment_result_and_its_older_layout_still_loads(tmp_path):
+    """``sharpness`` saves the layout every kind saves (settings in ``config``, the first
+    comparison's differences with their intervals in ``summary``); a result.json that keeps its
+    settings at the top level reads back to the same result."""
+    from ganda.experiments.sharpness import SharpnessResult, save_sharpness
+
+    metrics = {"aggregate": {"value": 0.5, "ci_low": 0.4, "ci_high": 0.6, "scale": "mean"}}
+    res = {"kind": "sharpness", "task": "lab-mmlu", "n": 12, "seed": 0, "k": 3,
+           "models": {"T": {"aggregate_heads": ["L3H0"], "gather_heads": ["L2H0"], "metrics": metrics},
+                      "S": {"aggregate_heads": ["L1H7"], "gather_heads": ["L0H2"], "metrics": metrics}},
+           "differences": [{"a": "T", "b": "S", "metric": "aggregate", "value": 0.21, "ci_low": 0.12, "ci_high": 0.3,
+                            "scale": "difference T - S", "sharper": "T"}]}
+    assert isinstance(SharpnessResult.of(res), ExperimentResult)
+    rows = save_sharpness(res, tmp_path / "new")
+    assert [r["heads"] for r in rows] == ["L3H0", "L1H7", "T"]
+    new = json.loads((tmp_path / "new" / "result.json").read_text())
+    assert new["config"] == {"task": "lab-mmlu", "n": 12, "seed": 0, "k": 3} and new["model"] == "T,S"
+    assert new["summary"] == {"n": 12, "compared": "T vs S", "aggregate": 0.21, "aggregate_ci_low": 0.12,
+                              "aggregate_ci_high": 0.3, "aggregate_sharper": "T"}
+    (tmp_path / "old").mkdir()
+    runio.write_json(tmp_path / "old" / "result.json", res)  # the settings at the top level
+    old, saved = read_run(tmp_path / "old"), read_run(tmp_path / "new")
+    assert type(old) is type(saved) is SharpnessResult
+    assert (old.config, old.summary, old.rows, old.extra) == (saved.config, saved.summary, saved.rows, saved.extra)
+    assert old.headline() == saved.headline() == "aggregate: **T** sharper; difference T - S 0.21 (95% CI 0.12 to 0.3, n=12)."
+    table = load(tmp_path)
+    assert list(table.runs["aggregate_ci_low"]) == [0.12, 0.12] and list(table.rows["metric"]) == ["aggregate"] * 2

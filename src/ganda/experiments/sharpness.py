@@ -30,6 +30,7 @@ from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Example
 from .base import Options, ScoredExperiment, option
+from .common import ExperimentResult
 
 
 def _select_heads(adapter: ModelAdapter, examples: Sequence[Example], k: int, select: str,
@@ -246,30 +247,33 @@ def pooled_sharpness_lines(pooled: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
-    """``result.json`` (kind ``sharpness``), ``sharpness.csv`` and ``sharpness.png`` (a forest plot
-    of every between-model difference with its 95% interval) for a :func:`compare_sharpness` result;
-    returns the CSV rows."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    runio.write_json(out / "result.json", res)
+    """Save a :func:`compare_sharpness` (or :func:`sharpness_sets`) result as a
+    :class:`SharpnessResult` into ``out``; returns the CSV rows."""
+    result = SharpnessResult.of(res)
+    result.save(out)
+    return result.rows
+
+
+def sharpness_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """``sharpness.csv``: every model's metrics with their heads, then every between-model difference."""
     rows = [{"model": m, "metric": k, "value": v["value"], **ci(bounds(v)),
              "scale": v["scale"], "heads": ",".join(d["aggregate_heads"] if k.startswith("aggregate")
                                                     else d["gather_heads"])}
-            for m, d in res["models"].items() for k, v in d["metrics"].items()]
-    rows += [{"model": f"{r['a']} vs {r['b']}", "metric": r["metric"], "value": r["value"], **ci(bounds(r)),
-              "scale": r["scale"], "heads": r["sharper"]} for r in res["differences"]]
-    runio.write_csv(out / "sharpness.csv", rows)
-    if res["differences"]:
-        _forest(res["differences"], out / "sharpness.png")
-    if res.get("pooled"):
-        def row(which: Any, seed: Any, r: dict[str, Any]) -> dict[str, Any]:
-            return {"set": which, "seed": seed, "model": f"{r['a']} vs {r['b']}", "metric": r["metric"],
-                    "value": r["value"], **ci(bounds(r)), "sharper": r["sharper"]}
+            for m, d in (res.get("models") or {}).items() for k, v in d["metrics"].items()]
+    return rows + [{"model": f"{r['a']} vs {r['b']}", "metric": r["metric"], "value": r["value"], **ci(bounds(r)),
+                    "scale": r["scale"], "heads": r["sharper"]} for r in res.get("differences") or []]
 
-        runio.write_csv(out / "prompt_sets.csv",
-                        [row(i + 1, st["seed"], r) for i, st in enumerate(res["sets"]) for r in st["differences"]]
-                        + [row("pooled", "", r) for r in res["pooled"]])
-    return rows
+
+def prompt_set_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """``prompt_sets.csv``: each set's differences, then the pooled ones (none without prompt sets)."""
+    def row(which: Any, seed: Any, r: dict[str, Any]) -> dict[str, Any]:
+        return {"set": which, "seed": seed, "model": f"{r['a']} vs {r['b']}", "metric": r["metric"],
+                "value": r["value"], **ci(bounds(r)), "sharper": r["sharper"]}
+
+    if not res.get("pooled"):
+        return []
+    return ([row(i + 1, st["seed"], r) for i, st in enumerate(res["sets"]) for r in st["differences"]]
+            + [row("pooled", "", r) for r in res["pooled"]])
 
 
 def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
@@ -298,33 +302,75 @@ def _forest(diffs: list[dict[str, Any]], path: Any) -> None:
     save_figure(fig, path, tight=False)
 
 
-class SharpnessResult:
-    """A saved ``sharpness`` run (:func:`save_sharpness`): which model's G&A maps are sharper."""
+#: what a sharpness result holds beside its settings (``config``): the measurement itself
+MEASURED = ("models", "differences", "prompt_sets", "seeds", "sets", "pooled")
 
+
+@dataclass
+class SharpnessResult(ExperimentResult):
+    """A ``sharpness`` comparison: each model's heads and metrics (``models``), the differences
+    between the first model and each other (``differences``; with prompt sets also ``sets``,
+    ``seeds`` and ``pooled``), the run's settings as ``config`` and ``sharpness.csv`` as ``rows``.
+    The summary holds the first comparison's differences, each with its interval."""
+
+    kind: str = "sharpness"
     title = "G&A map sharpness compared"  # ganda report's section
     table = "differences"  # ganda.results.load's rows
 
-    def __init__(self, d: dict[str, Any]) -> None:
-        self.d = split_all(d)
+    @classmethod
+    def of(cls, res: dict[str, Any]) -> SharpnessResult:
+        """The result of :func:`compare_sharpness` or :func:`sharpness_sets` (a dict)."""
+        res = split_all(res)
+        diffs = res.get("differences") or []
+        first = [r for r in diffs if diffs and r["b"] == diffs[0]["b"]]
+        summary: dict[str, Any] = {"n": res.get("n"), "compared": f"{first[0]['a']} vs {first[0]['b']}" if first else None}
+        for r in first:
+            summary.update({r["metric"]: r["value"], **ci(bounds(r), r["metric"]),
+                            r["metric"] + "_sharper": r["sharper"]})
+        return cls(model=",".join(res.get("models") or {}), summary=summary, rows=sharpness_rows(res),
+                   config={k: v for k, v in res.items() if k not in (*MEASURED, "kind")},
+                   extra={k: res[k] for k in MEASURED if k in res})
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SharpnessResult:
-        return cls(d)
+        """A saved result; one that keeps its settings at the top level, without ``config``, too."""
+        if "config" not in d:
+            return cls.of(d)
+        return super().from_json(d)  # type: ignore[return-value]
+
+    def page(self) -> dict[str, Any]:
+        """The ``result.json`` as written; one of the older layout as this class writes it (with no
+        ``created``: that file does not say when it was)."""
+        if self.written is None or "config" in self.written:
+            return super().page()
+        return {k: v for k, v in self.to_json().items() if k != "created"}
+
+    def save(self, out_dir: str | Path, command: str | None = None) -> Path:
+        """``result.json``, ``sharpness.csv``, ``sharpness.png`` and, with prompt sets, ``prompt_sets.csv``."""
+        out = super().save(out_dir, command)
+        if sets := prompt_set_rows(self.extra):
+            runio.write_csv(out / "prompt_sets.csv", sets)
+        return out
+
+    def draw(self, out_dir: Path) -> list[Path]:
+        """The forest plot of every between-model difference with its 95% interval."""
+        diffs = self.extra.get("differences") or []
+        if not diffs:
+            return []
+        _forest(diffs, Path(out_dir) / "sharpness.png")
+        return [Path(out_dir) / "sharpness.png"]
 
     def headline(self) -> str:
         lines = []
-        for r in self.d.get("differences") or []:
+        for r in self.extra.get("differences") or []:
             if r.get("metric") not in ("aggregate", "gather", "aggregate_peak", "gather_contrast"):
                 continue
             lo, hi = bounds(r)
             decided = not str(r.get("sharper", "")).startswith("undecided")
             verdict = f"**{r['sharper']}** sharper" if decided else "**undecided** (the 95% interval covers no difference)"
             lines.append(f"{r['metric']}: {verdict}; {r.get('scale', '')} {r['value']:.3g} "
-                         f"(95% CI {lo:.3g} to {hi:.3g}, n={self.d.get('n')}).")
+                         f"(95% CI {lo:.3g} to {hi:.3g}, n={self.config.get('n')}).")
         return "\n".join(lines)
-
-    def draw(self, out_dir: Path) -> list[Path]:
-        return []
 
 
 @dataclass
@@ -355,22 +401,21 @@ class Sharpness(ScoredExperiment):
     report_html = False  # result.json, sharpness.csv, sharpness.png
 
     def run_models(self, adapters: dict[str, ModelAdapter], options: SharpnessOptions, *, out_dir: Path,
-                   run: Any) -> dict[str, Any]:
+                   run: Any) -> SharpnessResult:
         kw = dict(k=options.top, n=run.limit, select=options.select, select_n=options.select_n,
                   resamples=options.resamples, progress=run.progress, summary=options.summary)
         res = (sharpness_sets(adapters, options.task, prompt_sets=options.prompt_sets, seed=run.seed, **kw)
                if options.prompt_sets > 1 else compare_sharpness(adapters, options.task, seed=run.seed, **kw))
-        res["rows"] = save_sharpness(res, out_dir)
-        return res
+        return self.finish(SharpnessResult.of(res), out_dir)
 
-    def show(self, result: dict[str, Any], options: SharpnessOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
-        for r in result["rows"]:
+    def show(self, result: SharpnessResult, options: SharpnessOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
+        for r in result.rows:
             print(f"{r['model']:>40}  {r['metric']:<18} {r['value']:9.4f}  [{r['ci_low']:.4f}, {r['ci_high']:.4f}]  "
                   f"{r['heads']}")
         if options.prompt_sets > 1:
-            print(f"pooled over {options.prompt_sets} prompt sets (seeds {', '.join(map(str, result['seeds']))}; the "
-                  "rows above are set 1's):")
-            for line in pooled_sharpness_lines(result["pooled"]):
+            print(f"pooled over {options.prompt_sets} prompt sets (seeds {', '.join(map(str, result.extra['seeds']))}; "
+                  "the rows above are set 1's):")
+            for line in pooled_sharpness_lines(result.extra["pooled"]):
                 print("  " + line)
         print(f"wrote {out_dir}/result.json, sharpness.csv" + (", prompt_sets.csv" if options.prompt_sets > 1 else "")
               + " and sharpness.png")
