@@ -49,10 +49,16 @@ def mean_margin_or_nan(logliks: Sequence[Sequence[float]], golds: Sequence[int],
     return mean_margin(logliks, golds, kind) if all(len(ll) > 1 for ll in logliks) else math.nan
 
 
+def predicted(logliks: Sequence[float]) -> int:
+    """The choice a model picks: the one of largest log-likelihood, ties to the first (lm-eval's
+    rule, and every accuracy ganda reports)."""
+    return max(range(len(logliks)), key=lambda i: logliks[i])
+
+
 def accuracy(logliks: Sequence[Sequence[float]], golds: Sequence[int]) -> float:
     """The accuracy metric: the share of prompts whose largest log-likelihood is the gold choice's
     (ties: the first choice, as the sweep predicts)."""
-    right = [max(range(len(ll)), key=lambda i: ll[i]) == g for ll, g in zip(logliks, golds, strict=True)]
+    right = [predicted(ll) == g for ll, g in zip(logliks, golds, strict=True)]
     return sum(right) / max(1, len(right))
 
 

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .effects import predicted
 from .errors import GandaError
 from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter
@@ -209,7 +210,7 @@ def sample_predictions(res: dict[str, Any], task: str) -> list[dict[str, Any]]:
             gold = int(gold)
         elif isinstance(gold, str) and len(gold.strip()) == 1 and gold.strip() in "ABCDE":
             gold = "ABCDE".index(gold.strip())  # MMLU's letter targets
-        out.append({"doc_id": s["doc_id"], "pred": max(range(len(ll)), key=lambda i: ll[i]),
+        out.append({"doc_id": s["doc_id"], "pred": predicted(ll),
                     "gold": gold, "loglik": ll, "acc": s.get("acc")})
     return out
 
@@ -240,8 +241,7 @@ def compare_arc(res: dict[str, Any], examples: Sequence[Any], ganda: Any,
         lens = [float(len(c)) for c in s["doc"]["choices"]["text"]]
         norm_lm = [v / n_ for v, n_ in zip(ll_lm, lens, strict=True)]
         gold = int(s["target"])
-        pred_lm = max(range(len(ll_lm)), key=lambda i: ll_lm[i])
-        pred_norm_lm = max(range(len(norm_lm)), key=lambda i: norm_lm[i])
+        pred_lm, pred_norm_lm = predicted(ll_lm), predicted(norm_lm)
         if "acc_norm" in s and float(s["acc_norm"]) != float(pred_norm_lm == gold):
             out["lm_eval_acc_norm_consistent"] = False
         sc = ChoiceScores(list(g["loglik"]), norm_chars(ex))

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .device import parse_dtype
+from .effects import predicted
 
 # (absolute per scored token, relative to |log-likelihood|): how far two computations of one
 # log-likelihood in this precision may lie apart. bf16 keeps 8 significant bits (unit roundoff
@@ -95,14 +96,10 @@ class Agreement:
         return out
 
 
-def _argmax(xs: Sequence[float]) -> int:
-    return max(range(len(xs)), key=lambda i: xs[i])
-
-
 def _clear(xs: Sequence[float], limits: Sequence[float]) -> bool:
     """Whether the top choice of ``xs`` leads every other by more than the two choices' bounds
     together (the most their difference can move)."""
-    t = _argmax(xs)
+    t = predicted(xs)
     return all(xs[t] - xs[j] > limits[t] + limits[j] for j in range(len(xs)) if j != t)
 
 
@@ -133,7 +130,7 @@ def compare_logliks(
             res.max_excess = max(res.max_excess, d / lim if lim > 0 else (0.0 if d == 0 else float("inf")))
             if d > lim:
                 res.outside.append((i, c))
-        same = _argmax(x) == _argmax(y)
+        same = predicted(x) == predicted(y)
         res.same_prediction += same
         if not (_clear(x, limits) and _clear(y, limits)):
             res.ties.append(i)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .effects import predicted
 from .engine import Trace
 from .errors import GandaError
 from .finite import check_scores
@@ -93,12 +94,12 @@ class ChoiceScores:
 
     @property
     def pred(self) -> int:
-        return max(range(len(self.loglik)), key=lambda i: self.loglik[i])
+        return predicted(self.loglik)
 
     @property
     def pred_norm(self) -> int:
         vals = [ll / max(1, n) for ll, n in zip(self.loglik, self.n_chars, strict=True)]
-        return max(range(len(vals)), key=lambda i: vals[i])
+        return predicted(vals)
 
 
 def choice_chars(choices: Sequence[str]) -> list[int]:

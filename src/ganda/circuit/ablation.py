@@ -19,6 +19,7 @@ import torch
 
 from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import default_batch_tokens, margin_of
+from ..effects import predicted
 from ..errors import GandaError
 from ..heads import HeadId
 from ..intervals import ci
@@ -46,7 +47,7 @@ def condition_name(part: str) -> str:
 
 def per_prompt(logliks: Sequence[Sequence[float]], golds: Sequence[int], margin: str) -> tuple[list[float], list[float]]:
     """(1.0 where the gold choice has the largest log-likelihood else 0.0, margin) per prompt."""
-    correct = [float(max(range(len(ll)), key=lambda i: ll[i]) == g) for ll, g in zip(logliks, golds, strict=True)]
+    correct = [float(predicted(ll) == g) for ll, g in zip(logliks, golds, strict=True)]
     margins = [float(margin_of(torch.tensor(ll, dtype=torch.float64), g, margin))
                for ll, g in zip(logliks, golds, strict=True)]
     return correct, margins

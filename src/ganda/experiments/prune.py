@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..distributed import map_units, on_ray, prompt_shards
+from ..effects import predicted
 from ..engine import LayerCalls, logprobs, run_layers
 from ..errors import GandaError
 from ..figures import bars, curves
@@ -63,10 +64,6 @@ def _targets(p: Prepared) -> list[list[tuple[int, int, int]]]:
     log-likelihood (scoring.score_choices' layout)."""
     return [[(r, k, tok) for (r, k), tok in zip(where, cont, strict=True)]
             for where, cont in zip(p.sites(ROWS), p.conts, strict=True)]
-
-
-def _pred(logliks: list[float]) -> int:
-    return max(range(len(logliks)), key=lambda i: logliks[i])
 
 
 def _score_positions(p: Prepared, ids: torch.Tensor
@@ -193,7 +190,7 @@ def _count_correct(adapter: ModelAdapter, examples: Sequence[Any], keys: list[An
         p = prepare(adapter, ex)
         lls = logliks(adapter, p)
         for key in keys:
-            correct[key] += int(_pred(lls[key]) == p.gold)
+            correct[key] += int(predicted(lls[key]) == p.gold)
     return correct
 
 
