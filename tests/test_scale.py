@@ -423,6 +423,22 @@ def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
     assert any("does not fit" in n for n in one.notes)
 
 
+def test_plan_loads_in_the_precision_a_run_would_and_names_a_bad_one_where_it_came_from(capsys, monkeypatch):
+    """No --dtype: GANDA_DTYPE, else fp32 on the CPU and bf16 on an accelerator, as a run loads."""
+    def dtype(*argv):
+        assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "eval", "-n", "10", "--json", *argv]) == 0
+        return json.loads(capsys.readouterr().out)["dtype"]
+
+    monkeypatch.delenv("GANDA_DTYPE", raising=False)  # the suite pins it
+    assert (dtype("--device", "cpu"), dtype("--device", "h100"), dtype("--dtype", "fp32")) == (
+        "float32", "bfloat16", "float32")
+    monkeypatch.setenv("GANDA_DTYPE", "fp16")
+    assert (dtype("--device", "cpu"), dtype("--dtype", "bf16")) == ("float16", "bfloat16")
+    monkeypatch.setenv("GANDA_DTYPE", "bogus")
+    assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "eval", "-n", "10"]) == 2
+    assert "GANDA_DTYPE='bogus' is not a precision" in capsys.readouterr().err
+
+
 def test_plan_command_and_the_papers_runs(capsys):
     assert main(["plan", "meta-llama/Llama-3.1-8B", "-e", "sweep", "--task", "mmlu", "-n", "1000", "--json"]) == 0
     sweep = json.loads(capsys.readouterr().out)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import typing
 from pathlib import Path
 from typing import Any
@@ -89,9 +88,11 @@ def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
 
 def plan_command(**values: Any) -> None:
     """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
+    import torch
+
     from .. import plan as planner
     from .. import registry
-    from ..device import parse_dtype
+    from ..device import default_dtype, parse_dtype
 
     own = {k: values.pop(k) for k in OWN}
     given = {k: v for k, v in values.items() if v is not None and v is not False}
@@ -112,11 +113,13 @@ def plan_command(**values: Any) -> None:
         if experiment not in planner.costed_experiments():
             raise GandaError(f"--experiment must be one of {', '.join(planner.costed_experiments())}, "
                              f"not {experiment!r}")
-        default = os.environ.get("GANDA_DTYPE") or ("float32" if own["device"] == "cpu" else "bfloat16")
+        # the precision a run on that device would load in (GANDA_DTYPE, else bf16 on an accelerator)
+        dtype = parse_dtype(own["dtype"], "--dtype") if own["dtype"] else default_dtype(
+            torch.device("cpu" if planner.device(own["device"]).host else "cuda"))
         # the flags the experiment declares (a ``--no-x`` flag given: its option off) and ``--option``
         flags = option_values(_costed_fields(registry.experiment(experiment)), given)
         plans = [(experiment, planner.model_plan(
-            model, experiment, parse_dtype(own["dtype"] or default, "--dtype"), own["task"], own["limit"], own["shots"],
+            model, experiment, dtype, own["task"], own["limit"], own["shots"],
             own["tokens"], own["device"], devices,
             lambda adapter: planner.phase_options(experiment, adapter, flags, parse_options(own["option"]))))]
     _print_plans(plans, own["paper"], own["as_json"], out)
