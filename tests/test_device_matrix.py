@@ -33,8 +33,6 @@ from ganda import AblateHeads, HeadId, generation, mask_last_row
 from ganda.attribution import attribute
 from ganda.device import parse_device, parse_dtype
 from ganda.experiments.prune import (
-    _forward_logp,
-    _logliks_from,
     fast_removal_scores,
     fast_truncation_scores,
     removal_logliks,
@@ -44,7 +42,7 @@ from ganda.experiments.transplant import TransplantHead, TransplantLayer
 from ganda.interventions import KeepLayers, apply, truncate
 from ganda.precision import coarser, compare_logliks, loglik_bound
 from ganda.prepared import prepare
-from ganda.scoring import encode, encode_pair, example_pairs, score_examples
+from ganda.scoring import encode, encode_pair, example_pairs, score_example, score_examples
 from ganda.sweep import run_sweep
 from ganda.tasks.base import Example
 
@@ -287,13 +285,13 @@ def check_prune(ref, test, family):
             one = []
             for k in ks:
                 with truncate(k).apply(test):
-                    one += _logliks_from(_forward_logp(test, p), p)
+                    one += score_example(test, ex).loglik
             slow_t.append(one)
             one = []
             for key in r:
                 keep = range(n) if key is None else [j for j in range(n) if j != key]
                 with KeepLayers(list(keep)).apply(test):
-                    one += _logliks_from(_forward_logp(test, p), p)
+                    one += score_example(test, ex).loglik
             slow_r.append(one)
     toks_t = [t * len(ks) for t in toks]
     toks_r = [t * (n + 1) for t in toks]

@@ -472,10 +472,11 @@ def test_fast_knowledge_equals_slow(student) -> None:
 def test_smollm2_shortcuts_and_transplant_identity(smollm2) -> None:
     """On the real model: one-pass truncation/removal scoring equals real truncated forwards, and
     transplanting a layer or a head from the model into itself changes nothing."""
-    from ganda.experiments.prune import _forward_logp, _logliks_from, removal_logliks, truncation_logliks
+    from ganda.experiments.prune import removal_logliks, truncation_logliks
     from ganda.experiments.transplant import TransplantHead, TransplantLayer
     from ganda.interventions import KeepLayers, truncate
     from ganda.prepared import prepare as _prepare
+    from ganda.scoring import score_example
     from ganda.tasks import get_task
 
     for ex in (get_task("mmlu").examples(limit=1)[0], get_task("kv", pairs=3).examples(limit=1)[0]):
@@ -485,9 +486,9 @@ def test_smollm2_shortcuts_and_transplant_identity(smollm2) -> None:
         with torch.no_grad():
             for k in (18, 5):
                 with truncate(k).apply(smollm2):
-                    assert lls[k] == pytest.approx(_logliks_from(_forward_logp(smollm2, p), p), abs=2e-3)
+                    assert lls[k] == pytest.approx(score_example(smollm2, ex).loglik, abs=2e-3)
             with KeepLayers([j for j in range(18) if j != 16]).apply(smollm2):
-                assert rem[16] == pytest.approx(_logliks_from(_forward_logp(smollm2, p), p), abs=2e-3)
+                assert rem[16] == pytest.approx(score_example(smollm2, ex).loglik, abs=2e-3)
     ids = torch.tensor([smollm2.tokenizer("The capital of France is Paris. The capital of Italy is").input_ids])
     with torch.no_grad():
         ref = smollm2.forward(ids)
