@@ -322,7 +322,7 @@ class SharpnessResult(ExperimentResult):
         """The result of :func:`compare_sharpness` or :func:`sharpness_sets` (a dict)."""
         res = split_all(res)
         diffs = res.get("differences") or []
-        first = [r for r in diffs if diffs and r["b"] == diffs[0]["b"]]
+        first = [r for r in diffs if r["b"] == diffs[0]["b"]]  # the first model against the second
         summary: dict[str, Any] = {"n": res.get("n"), "compared": f"{first[0]['a']} vs {first[0]['b']}" if first else None}
         for r in first:
             summary.update({r["metric"]: r["value"], **ci(bounds(r), r["metric"]),
