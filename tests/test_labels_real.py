@@ -37,17 +37,19 @@ def _plain_scores(model, seqs: list[list[int]], prefix: int, length: int) -> dic
 def test_standard_scores_agree_with_plain_transformers(alias, request):
     """Every head's induction and previous-token score within 1e-4 of the same protocol computed
     from ``model(..., output_attentions=True)`` with eager attention, the model loaded again by
-    transformers from the same GGUF."""
-    from transformers import AutoModelForCausalLM
+    transformers from the safetensors directory the GGUF was dequantised into (the same weights:
+    test_hardening_models checks that copy against the GGUF; dequantising it again takes 40 s)."""
+    from pathlib import Path
 
-    from ganda.models.loading import resolve_alias
+    from transformers import AutoModelForCausalLM
 
     a = request.getfixturevalue("smollm2" if alias.startswith("smollm2") else "gemma")  # one load per process
     seqs, prefix, length = repeated_tokens(a, batch=STANDARD["batch"])
     assert length == STANDARD["length"] and prefix == 1
     ours = standard_scores(a)
-    path = resolve_alias(alias)
-    plain_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+    where = Path(a.model.name_or_path)
+    assert (where / "model.safetensors").is_file(), where
+    plain_model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch.float32,
                                                        attn_implementation="eager").eval()
     plain = _plain_scores(plain_model, seqs, prefix, length)
     assert len(ours) == len(plain) == len(a.heads())

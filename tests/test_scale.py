@@ -538,13 +538,14 @@ def test_dtype_from_the_environment_and_the_command_line(tiny_dir, monkeypatch, 
 @pytest.mark.slow
 def test_bf16_mmlu_predictions_match_fp32_on_smollm2(smollm2):
     b16 = ganda.load_model("smollm2-135m", device="cpu", dtype=torch.bfloat16)
-    exs = get_task("mmlu", sample=True).examples(limit=12, seed=0)
+    # five questions: bf16 matmuls on a CPU without bf16 instructions take 3 s a question
+    exs = get_task("mmlu", sample=True).examples(limit=5, seed=0)
     r32 = evaluate_examples(smollm2, exs, progress=False)
     r16 = evaluate_examples(b16, exs, progress=False)
     agree = sum(p["pred"] == q["pred"] for p, q in zip(r32.predictions, r16.predictions, strict=True))
     worst = max(abs(x - y) for p, q in zip(r32.predictions, r16.predictions, strict=True)
                 for x, y in zip(p["loglik"], q["loglik"], strict=True))
-    assert agree >= 11 and worst < 1.0  # measured on 40 questions: 40/40 agree, worst |Δ log-lik| 0.38
+    assert agree == 5 and worst < 1.0  # measured on 40 questions: 40/40 agree, worst |Δ log-lik| 0.38
 
 
 # ---- placed on disk ---------------------------------------------------------------------------
