@@ -527,6 +527,32 @@ def test_gguf_loads_and_its_cached_copy_is_the_same_model(gguf_file, tmp_path):
     assert torch.equal(first.forward(x), second.forward(x))
 
 
+def test_a_gguf_is_parsed_once_a_load_and_loads_as_transformers_loads_it(gguf_file, monkeypatch):
+    """transformers opens a reader for the config, the weights and the tokenizer; a load parses the
+    file once and gives transformers' own weights and tokens."""
+    import gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parsed: list[str] = []
+    real = gguf.GGUFReader
+
+    class Counted(real):
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counted)
+    ours = load_model(str(gguf_file), device="cpu", use_cache=False)
+    assert len(parsed) == 1
+    plain = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32)
+    assert len(parsed) >= 3  # transformers alone: the config, then the config and weights again
+    assert gguf.GGUFReader is Counted  # the loader's reader is put back
+    want = plain.state_dict()
+    assert all(torch.equal(t, want[k]) for k, t in ours.model.state_dict().items())
+    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    assert ours.tokenizer("the apple A B").input_ids == tok("the apple A B").input_ids
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_damaged_cache_entry_is_logged_and_rebuilt(gguf_file, tmp_path, caplog, damage):
     x = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])

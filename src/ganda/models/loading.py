@@ -376,7 +376,7 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
     """Model (fp32) and tokenizer from a GGUF, strictly: every tensor the architecture needs."""
     from transformers import AutoModelForCausalLM  # heavy (~0.5 s): loaded with a model
 
-    with _reading(path, "GGUF file (truncated or corrupt?)"), _ganda_bars():
+    with _reading(path, "GGUF file (truncated or corrupt?)"), _gguf_loader():
         with warnings.catch_warnings():  # the model first: a file it cannot read is one error line
             warnings.simplefilter("ignore")
             model, info = AutoModelForCausalLM.from_pretrained(
@@ -390,21 +390,38 @@ def _dequantise(path: Path) -> tuple[Any, Any]:
 
 
 @contextlib.contextmanager
-def _ganda_bars() -> Iterator[None]:
-    """transformers' GGUF loader draws its own tqdm bar ("Converting and de-quantizing GGUF
-    tensors..."), which its progress-bar switch does not reach: route it through
-    :mod:`ganda.progress`, silent under ``--quiet`` and one line at a time in a log file."""
+def _gguf_loader() -> Iterator[None]:
+    """transformers' GGUF loader, for one load, with two changes:
+
+    * its own tqdm bar ("Converting and de-quantizing GGUF tensors..."), which its progress-bar
+      switch does not reach, goes through :mod:`ganda.progress`: silent under ``--quiet``, one
+      line at a time in a log file;
+    * the file is parsed once: transformers opens a new ``gguf.GGUFReader`` for the config, the
+      weights and the tokenizer, and each parses every metadata field in Python (Gemma-3's
+      262,144-token vocabulary: about 10 s a parse), so the first reader of a path serves all three.
+    """
     try:
+        import gguf
         from transformers import modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:  # pragma: no cover - transformers without GGUF support
         yield
         return
-    old = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = progress_bar
+    old_bar, old_reader = getattr(gguf_utils, "tqdm", None), gguf.GGUFReader
+    readers: dict[str, Any] = {}
+
+    def reader(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs:  # another mode than transformers' read-only one: a reader of its own
+            return old_reader(path, *args, **kwargs)
+        key = str(Path(path).resolve())
+        if key not in readers:
+            readers[key] = old_reader(path)
+        return readers[key]
+
+    gguf_utils.tqdm, gguf.GGUFReader = progress_bar, reader
     try:
         yield
     finally:
-        gguf_utils.tqdm = old
+        gguf_utils.tqdm, gguf.GGUFReader = old_bar, old_reader
 
 
 def _temp_name(name: str, tag: str) -> str:
