@@ -1,7 +1,7 @@
 """Writing results safely: atomic files, run-directory locks, output checks.
 
 Every result file ganda writes goes through :func:`atomic_open` / :func:`atomic_path` (or the
-``write_text`` / ``write_bytes`` shorthands): the data goes to a temporary file beside the
+``write_text`` shorthand): the data goes to a temporary file beside the
 target, is flushed to disk and then renamed over it, so a crash, a full disk or Ctrl-C leaves
 either the old file or the new one, never half of one. A failed write is one
 :class:`~ganda.errors.GandaError` line naming the file. JSON result files go through
@@ -193,13 +193,6 @@ def ganda_version() -> str:
         return md.version("ganda")
     except md.PackageNotFoundError:  # pragma: no cover
         return "?"
-
-
-def write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically; returns ``path``."""
-    with atomic_open(path, "wb") as f:
-        f.write(data)
-    return Path(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -734,5 +727,5 @@ def take_interrupt_note() -> str | None:
 __all__ = [
     "Journal", "read_journal", "acquire_run_dir", "check_not_model_dir", "discard_claims", "holds_model", "interrupt_summary", "run_kind", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
     "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
-    "take_interrupt_note", "write_bytes", "write_error", "write_text",
+    "take_interrupt_note", "write_error", "write_text",
 ]
