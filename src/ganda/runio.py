@@ -142,16 +142,21 @@ def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
 RESULT_DIGITS = 6
 
 
-def rounded(obj: Any, digits: int = RESULT_DIGITS) -> Any:
-    """``obj`` with every finite float rounded to ``digits`` significant digits, through nested
-    dicts, lists and tuples (tuples become lists, as JSON writes them); everything else as it is."""
+def map_floats(obj: Any, fn: Callable[[float], Any]) -> Any:
+    """``obj`` with ``fn`` applied to every float, through nested dicts, lists and tuples (tuples
+    become lists, as JSON writes them); everything else as it is."""
     if isinstance(obj, float):
-        return float(f"{obj:.{digits}g}") if math.isfinite(obj) else obj
+        return fn(obj)
     if isinstance(obj, dict):
-        return {k: rounded(v, digits) for k, v in obj.items()}
+        return {k: map_floats(v, fn) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [rounded(v, digits) for v in obj]
+        return [map_floats(v, fn) for v in obj]
     return obj
+
+
+def rounded(obj: Any, digits: int = RESULT_DIGITS) -> Any:
+    """``obj`` with every finite float rounded to ``digits`` significant digits (:func:`map_floats`)."""
+    return map_floats(obj, lambda x: float(f"{x:.{digits}g}") if math.isfinite(x) else x)
 
 
 def json_text(obj: Any, indent: int | None = None) -> str:
