@@ -121,15 +121,14 @@ def ray_installed() -> bool:
         return False
 
 
-def check_reachable(address: str, timeout: float | None = None) -> None:
-    """Refuse, after at most ``timeout`` seconds (``GANDA_RAY_CONNECT_TIMEOUT``, default
+def check_reachable(address: str) -> None:
+    """Refuse, after at most ``GANDA_RAY_CONNECT_TIMEOUT`` seconds (default
     :data:`CONNECT_TIMEOUT_S`), a cluster address (``HOST:PORT``, ``ray://HOST:PORT``) where nothing
     accepts a connection: Ray itself would retry for many minutes, printing its client's logs.
     ``local`` and ``auto`` are left to Ray (they name no host)."""
     if address in ("local", "auto"):
         return
-    if timeout is None:
-        timeout = _env_number("GANDA_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S) or CONNECT_TIMEOUT_S
+    timeout = _env_number("GANDA_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S) or CONNECT_TIMEOUT_S
     rest = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = rest.rpartition(":")
     if not sep:
@@ -151,7 +150,7 @@ def check_reachable(address: str, timeout: float | None = None) -> None:
         time.sleep(0.5)
 
 
-def connect(address: str = "local", num_cpus: int | None = None) -> None:
+def connect(address: str = "local") -> None:
     """Start (``local``) or join (an address) Ray once per process; an existing connection is kept.
     An address where nothing answers is refused after a bounded wait (:func:`check_reachable`)."""
     ray = _ray()
@@ -161,7 +160,7 @@ def connect(address: str = "local", num_cpus: int | None = None) -> None:
     try:
         quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # a command's stderr stays its own
         if address == "local":
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **quiet)
+            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, **quiet)
         else:
             ray.init(address=address, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as exc:

@@ -614,13 +614,6 @@ class Journal:
         self.fresh = True  # no earlier unit was found
         self._fh: IO[str] | None = None
 
-    def __enter__(self) -> Journal:
-        self.open()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def open(self) -> Journal:
         """Read (and check) what is there, or start the file with this run's header."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
