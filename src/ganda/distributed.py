@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .errors import GandaError
+from .errors import GandaError, at_least
 from .heads import HeadId
 from .models import hub
 from .models.base import ModelAdapter
@@ -478,8 +478,7 @@ def ray_sweeps(address: str | None, actors: int | None = None, *, allow_pickle: 
     if address is None:
         yield None
         return
-    if actors is not None and actors < 1:
-        raise GandaError(f"--ray-actors must be at least 1, got {actors}")
+    at_least("--ray-actors", actors)
     with RayScorer(RayOptions(address=address, actors=actors, allow_pickle=allow_pickle, **options)) as scorer:
         with scored_by(scorer):
             _POOLS.append(scorer)
