@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .errors import GandaError
+from .errors import GandaError, at_least
 from .heads import HeadId
 from .models import hub
 from .models.base import ModelAdapter
@@ -121,15 +121,14 @@ def ray_installed() -> bool:
         return False
 
 
-def check_reachable(address: str, timeout: float | None = None) -> None:
-    """Refuse, after at most ``timeout`` seconds (``GANDA_RAY_CONNECT_TIMEOUT``, default
+def check_reachable(address: str) -> None:
+    """Refuse, after at most ``GANDA_RAY_CONNECT_TIMEOUT`` seconds (default
     :data:`CONNECT_TIMEOUT_S`), a cluster address (``HOST:PORT``, ``ray://HOST:PORT``) where nothing
     accepts a connection: Ray itself would retry for many minutes, printing its client's logs.
     ``local`` and ``auto`` are left to Ray (they name no host)."""
     if address in ("local", "auto"):
         return
-    if timeout is None:
-        timeout = _env_number("GANDA_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S) or CONNECT_TIMEOUT_S
+    timeout = _env_number("GANDA_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S) or CONNECT_TIMEOUT_S
     rest = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = rest.rpartition(":")
     if not sep:
@@ -151,7 +150,7 @@ def check_reachable(address: str, timeout: float | None = None) -> None:
         time.sleep(0.5)
 
 
-def connect(address: str = "local", num_cpus: int | None = None) -> None:
+def connect(address: str = "local") -> None:
     """Start (``local``) or join (an address) Ray once per process; an existing connection is kept.
     An address where nothing answers is refused after a bounded wait (:func:`check_reachable`)."""
     ray = _ray()
@@ -161,7 +160,7 @@ def connect(address: str = "local", num_cpus: int | None = None) -> None:
     try:
         quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # a command's stderr stays its own
         if address == "local":
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **quiet)
+            ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, **quiet)
         else:
             ray.init(address=address, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -479,8 +478,7 @@ def ray_sweeps(address: str | None, actors: int | None = None, *, allow_pickle: 
     if address is None:
         yield None
         return
-    if actors is not None and actors < 1:
-        raise GandaError(f"--ray-actors must be at least 1, got {actors}")
+    at_least("--ray-actors", actors)
     with RayScorer(RayOptions(address=address, actors=actors, allow_pickle=allow_pickle, **options)) as scorer:
         with scored_by(scorer):
             _POOLS.append(scorer)

@@ -121,16 +121,15 @@ def _file_entry(p: Path, rel: str) -> dict[str, Any]:
                 while chunk := f.read(1 << 20):
                     h.update(chunk)
             else:  # unknown layout, or a header that cannot be read: blocks spread over the file
-                for start, stop in block_ranges(size, BLOCK_BYTES, FILE_BLOCKS):
-                    h.update(os.pread(f.fileno(), stop - start, start))
+                _read_blocks(f.fileno(), 0, size, h, FILE_BLOCKS)
     except OSError as exc:
         raise GandaError(f"{p}: cannot read it ({exc.strerror or exc})") from None
     return {"name": rel, "size": size, "mtime_ns": st.st_mtime_ns, "sample": h.hexdigest()[:32]}
 
 
-def _read_blocks(fd: int, begin: int, end: int, h: Any) -> None:
-    """Hash the sampled blocks of the byte range ``[begin, end)`` (one tensor's data)."""
-    for start, stop in block_ranges(end - begin, BLOCK_BYTES):
+def _read_blocks(fd: int, begin: int, end: int, h: Any, blocks: int = BLOCKS) -> None:
+    """Hash ``blocks`` sampled blocks of the byte range ``[begin, end)``: a tensor's data, or a file's."""
+    for start, stop in block_ranges(end - begin, BLOCK_BYTES, blocks):
         h.update(os.pread(fd, stop - start, begin + start))
 
 

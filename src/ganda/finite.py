@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .errors import GandaError
+from .runio import map_floats
 
 # ---------------------------------------------------------------------------------------------
 # config.json
@@ -207,16 +208,10 @@ def _first_bad(values: Any) -> str | None:
 
 
 def finite_json(obj: Any) -> Any:
-    """``obj`` with every NaN or infinite float replaced by None, so ``json.dumps`` writes ``null``,
-    never the bare ``NaN`` that is not JSON (a statistic undefined on the data, e.g. a rank
-    correlation of constant values)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [finite_json(v) for v in obj]
-    return obj
+    """``obj`` with every NaN or infinite float replaced by None (:func:`ganda.runio.map_floats`), so
+    ``json.dumps`` writes ``null``, never the bare ``NaN`` that is not JSON (a statistic undefined on
+    the data, e.g. a rank correlation of constant values)."""
+    return map_floats(obj, lambda x: x if math.isfinite(x) else None)
 
 
 __all__ = ["check_config", "check_logits", "check_scores", "check_weights", "finite_json", "first_nonfinite"]

@@ -96,21 +96,16 @@ def load(*paths: str | Path) -> Results:
                    rows=frame(t["rows"], ["run"]))
 
 
-def run_dirs(root: str | Path) -> list[Path]:
-    """The runs :func:`load` reads under ``root`` (``root`` first when it is one): a grid's jobs, a
-    lab programme's steps, every prompt set's."""
-    return list(_run_dirs(Path(root)))
-
-
 def runs_in(path: str | Path) -> list[Path]:
-    """:func:`run_dirs` of a directory given by a user (to :func:`load` or ``ganda report``): a
-    file, a missing directory or one with no run in it or under it is refused in one line."""
+    """The runs :func:`load` and ``ganda report`` read under a directory a user gave (the directory
+    first when it is one): a grid's jobs, a lab programme's steps, every prompt set's. A file, a
+    missing directory or one with no run in it or under it is refused in one line."""
     path = Path(path)
     if path.is_file():
         raise GandaError(f"{path} is a file, not a run directory")
     if not path.is_dir():
         raise GandaError(f"{path}: no such run directory")
-    runs = run_dirs(path)
+    runs = list(_run_dirs(path))
     if not runs:
         raise GandaError(f"{path} is not a ganda run directory (no {', '.join(experiments.run_files())} in it or "
                          "under it)")
@@ -139,4 +134,4 @@ def _predictions_file(path: Path, t: dict[str, list[dict[str, Any]]]) -> None:
                              sum(bool(r["correct"]) for r in rows) / len(rows)))
 
 
-__all__ = ["Results", "load", "run_dirs", "runs_in"]
+__all__ = ["Results", "load", "runs_in"]

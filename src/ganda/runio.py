@@ -1,7 +1,7 @@
 """Writing results safely: atomic files, run-directory locks, output checks.
 
 Every result file ganda writes goes through :func:`atomic_open` / :func:`atomic_path` (or the
-``write_text`` / ``write_bytes`` shorthands): the data goes to a temporary file beside the
+``write_text`` shorthand): the data goes to a temporary file beside the
 target, is flushed to disk and then renamed over it, so a crash, a full disk or Ctrl-C leaves
 either the old file or the new one, never half of one. A failed write is one
 :class:`~ganda.errors.GandaError` line naming the file. JSON result files go through
@@ -142,16 +142,21 @@ def write_text(path: str | Path, text: str, encoding: str = "utf-8") -> Path:
 RESULT_DIGITS = 6
 
 
-def rounded(obj: Any, digits: int = RESULT_DIGITS) -> Any:
-    """``obj`` with every finite float rounded to ``digits`` significant digits, through nested
-    dicts, lists and tuples (tuples become lists, as JSON writes them); everything else as it is."""
+def map_floats(obj: Any, fn: Callable[[float], Any]) -> Any:
+    """``obj`` with ``fn`` applied to every float, through nested dicts, lists and tuples (tuples
+    become lists, as JSON writes them); everything else as it is."""
     if isinstance(obj, float):
-        return float(f"{obj:.{digits}g}") if math.isfinite(obj) else obj
+        return fn(obj)
     if isinstance(obj, dict):
-        return {k: rounded(v, digits) for k, v in obj.items()}
+        return {k: map_floats(v, fn) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [rounded(v, digits) for v in obj]
+        return [map_floats(v, fn) for v in obj]
     return obj
+
+
+def rounded(obj: Any, digits: int = RESULT_DIGITS) -> Any:
+    """``obj`` with every finite float rounded to ``digits`` significant digits (:func:`map_floats`)."""
+    return map_floats(obj, lambda x: float(f"{x:.{digits}g}") if math.isfinite(x) else x)
 
 
 def json_text(obj: Any, indent: int | None = None) -> str:
@@ -193,13 +198,6 @@ def ganda_version() -> str:
         return md.version("ganda")
     except md.PackageNotFoundError:  # pragma: no cover
         return "?"
-
-
-def write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically; returns ``path``."""
-    with atomic_open(path, "wb") as f:
-        f.write(data)
-    return Path(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -616,13 +614,6 @@ class Journal:
         self.fresh = True  # no earlier unit was found
         self._fh: IO[str] | None = None
 
-    def __enter__(self) -> Journal:
-        self.open()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def open(self) -> Journal:
         """Read (and check) what is there, or start the file with this run's header."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -734,5 +725,5 @@ def take_interrupt_note() -> str | None:
 __all__ = [
     "Journal", "read_journal", "acquire_run_dir", "check_not_model_dir", "discard_claims", "holds_model", "interrupt_summary", "run_kind", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
     "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
-    "take_interrupt_note", "write_bytes", "write_error", "write_text",
+    "take_interrupt_note", "write_error", "write_text",
 ]

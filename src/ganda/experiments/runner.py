@@ -65,11 +65,9 @@ class RunInputs(TaskInputs):
     def task_options(self) -> dict[str, Any]:
         return {**super().task_options(), **parse_options(self.option)}
 
-    def out_dir(self, experiment: str, default: str | None = None) -> Path:
-        """``--out``, else the experiment's own default, else ``runs/<experiment>-<task>``."""
-        if self.out is not None:
-            return self.out
-        return Path(default) if default else Path("runs") / f"{experiment}-{self.task}"
+    def out_dir(self, default: str | Path) -> Path:
+        """``--out``, else ``default`` (the experiment's own, else one named after what it runs on)."""
+        return self.out if self.out is not None else Path(default)
 
 
 @dataclass
@@ -99,7 +97,8 @@ def check_inputs(cls: type[Experiment], run: RunInputs, options: Options) -> Any
 def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     """Check, claim the run directory, load the model, draw the examples and run ``cls``."""
     task = check_inputs(cls, run, options)
-    out_dir = runio.claim_run_dir(run.out_dir(cls.name, cls.default_out), kind=cls.name, models=model_inputs(run.model))
+    out_dir = runio.claim_run_dir(run.out_dir(cls.default_out or Path("runs") / f"{cls.name}-{run.task}"), kind=cls.name,
+                                  models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
     task = task_for_model(run.task, task, adapter, **run.task_options())
     n = run.limit if run.limit is not None else cls.default_limit
@@ -128,9 +127,8 @@ def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) 
     exp.check_tasks(options, names)
     exp.check_run(options, run)
     name = exp.out_name(options)
-    default = Path(cls.default_out or Path("runs") / f"{name}-{Path(run.model).stem or run.model}")
-    out_dir = runio.claim_run_dir(run.out if run.out is not None else default,
-                                  kind=registry.writer(name), models=model_inputs(run.model))
+    default = cls.default_out or Path("runs") / f"{name}-{Path(run.model).stem or run.model}"
+    out_dir = runio.claim_run_dir(run.out_dir(default), kind=registry.writer(name), models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
     run.limit = run.limit if run.limit is not None else cls.default_limit
     scorer = Scorer(adapter, names, limit=run.limit, knowledge_limit=run.knowledge_limit, seed=run.seed,
@@ -148,8 +146,8 @@ def run_on_models(cls: type[ScoredExperiment], run: RunInputs, options: Options)
     at_least("--limit", run.limit)
     exp = cls(resume=run.resume)
     exp.check_run(options, run)
-    out_dir = runio.claim_run_dir(run.out if run.out is not None else Path(cls.default_out or f"runs/{cls.name}"),
-                                  kind=cls.name, models=[p for m in models for p in model_inputs(m)])
+    out_dir = runio.claim_run_dir(run.out_dir(cls.default_out or f"runs/{cls.name}"), kind=cls.name,
+                                  models=[p for m in models for p in model_inputs(m)])
     adapters = {m: load_model(m, allow_pickle=run.allow_pickle) for m in models}
     run.limit = run.limit if run.limit is not None else cls.default_limit
     result = exp.run_models(adapters, options, out_dir=out_dir, run=run)
