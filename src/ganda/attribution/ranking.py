@@ -26,7 +26,7 @@ import torch
 
 from .. import runio
 from ..ablation import reference_means
-from ..effects import accuracy, effect, ordered, split
+from ..effects import accuracy, effect, mean_margin, ordered, split
 from ..errors import GandaError
 from ..figures import heatmap, save_figure
 from ..finite import check_scores, finite_json
@@ -48,7 +48,6 @@ from .engine import (
     Attribution,
     attribute,
     check_options,
-    metric_value,
 )
 from .screen import answer_screen
 
@@ -725,8 +724,8 @@ class _ExactChecks:
                                                                                  self.adapter.mixers())
             base, lls = _exact_mean(self.adapter, self.examples, hs, means, where, self.resume, self.progress, self.vcfg)
         golds, margin = self.golds, self.margin
-        self.clean, self.clean_acc = metric_value(base, golds, margin), accuracy(base, golds)
-        self.exact.update({h: effect(self.clean, metric_value(ll, golds, margin)) for h, ll in lls.items()})
+        self.clean, self.clean_acc = mean_margin(base, golds, margin), accuracy(base, golds)
+        self.exact.update({h: effect(self.clean, mean_margin(ll, golds, margin)) for h, ll in lls.items()})
         self.exact_acc.update({h: effect(self.clean_acc, accuracy(ll, golds)) for h, ll in lls.items()})
         self.secs["verification"] = self.secs.get("verification", 0.0) + time.perf_counter() - t1
         self.secs["verification_cpu"] = self.secs.get("verification_cpu", 0.0) + time.process_time() - c1

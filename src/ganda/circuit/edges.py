@@ -49,7 +49,6 @@ from ..attribution.engine import (
     ACTIVE_EDGES,
     AttributionEngine,
     margin_of,
-    metric_value,
     output_cotangent,
     replay_layer,
 )
@@ -63,6 +62,7 @@ from ..attribution.ranking import (
     top_by_magnitude,
     widen_until_stable,
 )
+from ..effects import mean_margin
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
 from ..heads import HeadId, expand
@@ -261,7 +261,7 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
            "senders": len(s_list), "receivers": len(r_list), "batches": len(plan),
            "layout": "packed" if packed else "rows", "ablation": "mean" if means is not None else "zero"}
     return EdgeScores(s_list, r_list, scores, activity, {str(h): v for h, v in zip(eng.heads, mean_atp, strict=True)}, margin,
-                      metric_value(lls, golds, margin), lls, golds, clock["wall"], clock["cpu"], cfg)
+                      mean_margin(lls, golds, margin), lls, golds, clock["wall"], clock["cpu"], cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,7 +464,7 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], options: Edge
         widened = widen_until_stable(order, checks.exact, o.widen, o.top, checks.measure, top_of=lambda ex, k: set(
             top_by_magnitude(ex, k))) if o.widen and chosen else []
         chosen += widened
-    clean = metric_value(checks.clean_ll, checks.golds, o.margin)
+    clean = mean_margin(checks.clean_ll, checks.golds, o.margin)
     bound = bound_at_top(est, checks.exact, chosen, audited, o.threshold, o.top, confidence)
     secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
             "verification_cpu": c2["cpu"]}

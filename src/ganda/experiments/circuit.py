@@ -38,9 +38,10 @@ def _head(flag: str, text: str) -> HeadId:
 
 def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sender", "receiver"),
                     adapter: ModelAdapter | None = None) -> None:
-    """Two head ids, the receiver in a later layer. Without ``adapter`` (before any model loads) only
-    their form is checked: a layer order between a head the model lacks and another would say the
-    wrong thing; with it, each head is checked in the model first, then the order."""
+    """Two head ids. Without ``adapter`` (before any model loads) only their form is checked: a layer
+    order between a head the model lacks and another would say the wrong thing; with it, each head
+    is checked in the model, named by its flag (the order is then
+    :func:`ganda.circuit.paths.parse_pair`'s, checked by :func:`ganda.circuit.path_ablation` before any pass)."""
     s, r = _head(flags[0], sender), _head(flags[1], receiver)
     if adapter is None:
         return
@@ -50,9 +51,6 @@ def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sende
         except GandaError as exc:
             why = str(exc) if str(exc).startswith(f"{h}:") else f"{h}: {exc}"
             raise GandaError(f"{flag} {why}") from None
-    if r.layer <= s.layer:
-        raise GandaError(f"receiver {r} is not in a later layer than sender {s}: a path runs from an earlier "
-                         "layer's head into a later layer's")
 
 
 @dataclass
