@@ -65,8 +65,8 @@ from ..attribution.ranking import (
 from ..effects import mean_margin
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
-from ..heads import HeadId, expand
-from ..intervals import bounds
+from ..heads import HeadId, expand, require_heads
+from ..intervals import bounds, ci
 from ..interventions import z_point
 from ..models.base import ModelAdapter
 from ..models.components import residual_write_scale
@@ -354,10 +354,9 @@ class EdgeRanking:
         out = []
         for e in self.order()[:limit]:
             s, r = parse_edge(e)
-            ci = self.exact_ci.get(e)
             out.append({"edge": e, "sender": str(s), "receiver": str(r), "estimate": est.get(e),
-                        "rank_estimate": rank.get(e), "exact": self.exact.get(e), "exact_ci_low": ci[0] if ci else None,
-                        "exact_ci_high": ci[1] if ci else None, "accuracy_drop": self.accuracy_drop.get(e),
+                        "rank_estimate": rank.get(e), "exact": self.exact.get(e), **ci(self.exact_ci.get(e), "exact"),
+                        "accuracy_drop": self.accuracy_drop.get(e),
                         "verified": e in self.verified, "audited": e in self.audited})
         return out
 
@@ -419,9 +418,7 @@ class EdgesOptions(Options):
         if self.threshold is not None and not (math.isfinite(self.threshold) and self.threshold > 0):
             raise GandaError(f"{self.flag('threshold')} must be a positive finite number, got {self.threshold}")
         for name in ("senders", "receivers"):
-            text = getattr(self, name)
-            if text and not [p for p in text.split(",") if p.strip()]:
-                raise GandaError(f"{self.flag(name)}: no head ids in {text!r} (expected e.g. L17H24 or 'L16H*')")
+            require_heads(self.flag(name), getattr(self, name) or None)  # "": every head
 
 
 def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], options: EdgesOptions | None = None, *,

@@ -58,7 +58,7 @@ class PathOptions(Options):
     sender: str = option("", "the sender head, e.g. L2H0", flag="--from")
     receiver: str = option("", "the receiver head in a later layer, e.g. L3H0", flag="--to")
     paths: str = option("all", "all: every path from sender to receiver (the ablated stream from the sender's layer "
-                        "on); direct: the edge alone (the sender's write)")
+                        "on); direct: the edge alone (the sender's write)", choices=PATHS)
     parts: str = option(TOGETHER, "what the receiver reads from the ablated stream: together, or parts such as q,k,v "
                         "(attention) or x,B,C,dt,gate (SSM); k+v: both")
     margin: str = option("mean", MARGIN_HELP, choices=("mean", "max"))
@@ -68,8 +68,6 @@ class PathOptions(Options):
     def check(self) -> None:
         check_batched_ablation(self.ablation, self.flag("ablation"), "path ablation")
         check_pair_text(self.sender, self.receiver, (self.flag("sender"), self.flag("receiver")))
-        if self.paths not in PATHS:
-            raise GandaError(f"{self.flag('paths')} must be one of {', '.join(PATHS)}, not {self.paths!r}")
         if not [p for p in self.parts.split(",") if p.strip()]:
             raise GandaError(f"{self.flag('parts')}: no parts in {self.parts!r} (together, or e.g. q,k,v)")
 
