@@ -151,14 +151,14 @@ def same_clean(recorded: float, now: float, what: str) -> None:
 def exact_effects(args) -> tuple:
     """The model, prompts, task options, exhaustive sweep, clean margin and every head's exact
     margin drop, the reference every estimator is measured against."""
-    from ganda.attribution import metric_value
+    from ganda.effects import mean_margin
 
     torch.set_num_threads(args.threads)
     adapter, examples, opts = load(args)
     res = exhaustive(adapter, examples, args, opts)
     golds = [ex.gold for ex in examples]
-    clean = metric_value(res.baseline["loglik"], golds, args.margin)
-    exact = {r["head"]: clean - metric_value(r["loglik"], golds, args.margin) for r in res.records}
+    clean = mean_margin(res.baseline["loglik"], golds, args.margin)
+    exact = {r["head"]: clean - mean_margin(r["loglik"], golds, args.margin) for r in res.records}
     return adapter, examples, opts, res, clean, exact
 
 
@@ -305,15 +305,16 @@ def speed_cmd(args) -> None:
 def blocks_cmd(args) -> None:
     """AtP and AtP* with GradDrop per layer and over 15, 10, 6 and 4 blocks, on SmolLM2 KV5 against
     the exhaustive sweep (resumed from the quality run's directory)."""
-    from ganda.attribution import attribute, metric_value, quality, top_by_magnitude
+    from ganda.attribution import attribute, quality, top_by_magnitude
+    from ganda.effects import mean_margin
 
     torch.set_num_threads(1)
     args.model, args.task, args.pairs, args.margin = "smollm2-135m", "kv", 5, "mean"
     adapter, examples, opts = load(args)
     res = exhaustive(adapter, examples, args, opts)
     golds = [ex.gold for ex in examples]
-    clean = metric_value(res.baseline["loglik"], golds, "mean")
-    exact = {r["head"]: clean - metric_value(r["loglik"], golds, "mean") for r in res.records}
+    clean = mean_margin(res.baseline["loglik"], golds, "mean")
+    exact = {r["head"]: clean - mean_margin(r["loglik"], golds, "mean") for r in res.records}
     attribute(adapter, examples[:1], method="atp", progress=False)  # warm-up
     rows = []
     for blocks in ("atp", 0, 15, 10, 6, 4):

@@ -127,8 +127,9 @@ def reference_edges(run: Path) -> int:
 
 
 def quality_cmd(args) -> None:
-    from ganda.attribution import attribute, metric_value, spearman, top_by_magnitude
+    from ganda.attribution import attribute, spearman, top_by_magnitude
     from ganda.circuit.edges import exact_edges, most_active, rank_edges
+    from ganda.effects import mean_margin
 
     torch.set_num_threads(args.threads)
     adapter, examples = smollm2(args.n, args.seed)
@@ -140,8 +141,8 @@ def quality_cmd(args) -> None:
     adopted = {d.name: a for d in sorted(run.glob("*")) if (a := adopt_reference(adapter, examples, d))}
     recorded = reference_edges(run / "exhaustive")
     (clean, lls), _, ex_cpu = timed(lambda: exact_edges(adapter, examples, pairs, out_dir=run / "exhaustive"))
-    base = metric_value(clean, golds)
-    exhaustive = {e: base - metric_value(ll, golds) for e, ll in lls.items()}
+    base = mean_margin(clean, golds)
+    exhaustive = {e: base - mean_margin(ll, golds) for e, ll in lls.items()}
     top10 = top_by_magnitude(exhaustive, 10)
     arms = {}
     est_rank: dict[str, int] = {}

@@ -23,7 +23,6 @@ from ganda.attribution import (
     false_negative_bound,
     graddrop_blocks,
     margin_of,
-    metric_value,
     quality,
     rank_heads,
     spearman,
@@ -31,6 +30,7 @@ from ganda.attribution import (
 )
 from ganda.attribution.ranking import hypergeom_cdf
 from ganda.cli import main
+from ganda.effects import mean_margin
 from ganda.errors import GandaError
 from ganda.scoring import example_pairs, pad_rows
 from ganda.sweep import run_sweep
@@ -83,8 +83,8 @@ LETTERS = [Example(prompt=f"Q{i}: pick {c}\nA. a\nB. b\nC. c\nAnswer:", choices=
 def exact_drops(adapter, examples, margin="mean"):
     res = run_sweep(adapter, examples, progress=False)
     golds = [ex.gold for ex in examples]
-    clean = metric_value(res.baseline["loglik"], golds, margin)
-    return clean, {r["head"]: clean - metric_value(r["loglik"], golds, margin) for r in res.records}
+    clean = mean_margin(res.baseline["loglik"], golds, margin)
+    return clean, {r["head"]: clean - mean_margin(r["loglik"], golds, margin) for r in res.records}
 
 
 def brute_atp(adapter, examples, drop: int | tuple[int, ...] | None = None) -> dict[str, float]:
@@ -284,8 +284,8 @@ def test_bound_and_statistics():
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     q = quality({"x": 5.0, "y": -4.0, "z": 0.1}, {"x": 1.0, "y": 0.2, "z": 2.0}, k=1, within=(1, 2))
     assert q["exact_top"] == ["z"] and q["recall_top1_in_1"] == 0.0 and q["recall_top1_in_2"] == 0.0
-    assert math.isclose(metric_value([[0.0, -1.0, -3.0]], [0], "mean"), 2.0)
-    assert math.isclose(metric_value([[0.0, -1.0, -3.0]], [0], "max"), 1.0)
+    assert math.isclose(mean_margin([[0.0, -1.0, -3.0]], [0], "mean"), 2.0)
+    assert math.isclose(mean_margin([[0.0, -1.0, -3.0]], [0], "max"), 1.0)
 
 
 def test_rank_json_and_bad_inputs(tiny_dir, tmp_path, capsys):

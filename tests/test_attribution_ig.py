@@ -17,8 +17,9 @@ from checks import tiny_model
 from test_attribution import EXAMPLES, LETTERS, CharTok, exact_drops, llama
 
 import ganda
-from ganda.attribution import attribute, ig_alphas, metric_value, rank_heads
+from ganda.attribution import attribute, ig_alphas, rank_heads
 from ganda.cli import main
+from ganda.effects import mean_margin
 from ganda.engine import Trace
 from ganda.interventions import AblateHeads, z_point
 from ganda.scoring import score_examples
@@ -33,10 +34,10 @@ SSM_EXAMPLES = [Example(prompt="abc defg hij kl x", choices=[" a", " bq", " c"],
 def all_ablated_drop(adapter, examples, ablation="zero", means=None):
     """m(clean) − m(every head ablated at once), through the scoring path."""
     golds = [ex.gold for ex in examples]
-    clean = metric_value([s.loglik for s in score_examples(adapter, examples)], golds)
+    clean = mean_margin([s.loglik for s in score_examples(adapter, examples)], golds)
     iv = AblateHeads(adapter.heads()) if ablation == "zero" else AblateHeads(adapter.heads(), how="mean", means=means)
     with iv.apply(adapter):
-        ablated = metric_value([s.loglik for s in score_examples(adapter, examples)], golds)
+        ablated = mean_margin([s.loglik for s in score_examples(adapter, examples)], golds)
     return clean - ablated
 
 
@@ -66,7 +67,7 @@ def scaled_metric(adapter, examples, alpha):
     golds = [ex.gold for ex in examples]
     edits = {z_point(m): (lambda x: alpha * x) for m in adapter.mixers()}
     with Trace(adapter, edit=edits):
-        return metric_value([s.loglik for s in score_examples(adapter, examples)], golds)
+        return mean_margin([s.loglik for s in score_examples(adapter, examples)], golds)
 
 
 @pytest.mark.parametrize("family", ["llama", "mamba2"])

@@ -11,9 +11,10 @@ import pytest
 import torch
 from test_attribution import EXAMPLES, LETTERS, llama
 
-from ganda.attribution import metric_value, rank_heads
+from ganda.attribution import rank_heads
 from ganda.attribution.screen import _decision, answer_screen
 from ganda.cli import main
+from ganda.effects import mean_margin
 from ganda.engine import Trace
 from ganda.errors import GandaError
 from ganda.interventions import head_mask, z_point
@@ -37,7 +38,7 @@ def brute_screen(adapter, examples, margin="mean") -> tuple[float, dict[str, flo
             out.append(torch.log_softmax(logits[0, -1].float(), -1)[first].tolist())
         return out
 
-    clean = metric_value(firsts({}), golds, margin)
+    clean = mean_margin(firsts({}), golds, margin)
     effects = {}
     for h in adapter.heads():
         mixer = adapter.mixer_of(h)
@@ -48,7 +49,7 @@ def brute_screen(adapter, examples, margin="mean") -> tuple[float, dict[str, flo
             x[:, -1] = x[:, -1] * mask.to(x.dtype)
             return x
 
-        effects[str(h)] = clean - metric_value(firsts({z_point(mixer): at_last}), golds, margin)
+        effects[str(h)] = clean - mean_margin(firsts({z_point(mixer): at_last}), golds, margin)
     return clean, effects
 
 

@@ -22,7 +22,6 @@ from .engine import (
     graddrop_scores,
     ig_alphas,
     margin_of,
-    metric_value,
 )
 from .ranking import (
     RANK_METHODS,
@@ -40,6 +39,6 @@ from .ranking import (
 __all__ = [
     "ABLATIONS", "BATCH_TOKENS", "batch_tokens_for", "default_batch_tokens", "GRADDROP_BLOCKS", "IG_STEPS", "MARGINS", "METHODS", "RANK_METHODS", "Attribution", "Bound", "RankResult", "attribute", "check_options",
     "RankOptions",
-    "false_negative_bound", "graddrop_blocks", "graddrop_scores", "ig_alphas", "margin_of", "metric_value", "quality", "rank_heads", "spearman",
+    "false_negative_bound", "graddrop_blocks", "graddrop_scores", "ig_alphas", "margin_of", "quality", "rank_heads", "spearman",
     "top_by_magnitude", "upper_count",
 ]

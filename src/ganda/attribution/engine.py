@@ -102,11 +102,6 @@ def margin_of(ll: torch.Tensor, gold: int, margin: str = "mean") -> torch.Tensor
     return ll[gold] - (others.mean() if margin == "mean" else others.max())
 
 
-def metric_value(logliks: Sequence[Sequence[float]], golds: Sequence[int], margin: str = "mean") -> float:
-    """The metric (mean margin over prompts) from per-prompt choice log-likelihoods."""
-    return mean_margin(logliks, golds, margin)
-
-
 # ---------------------------------------------------------------------------------------------
 # a batch's read-out (the batches themselves: ganda.prepared)
 
@@ -497,7 +492,7 @@ def attribute(
         mean_atp = atp.mean(0)
         est, gd_mag, ig = _estimates(eng, method, mean_atp, gd, len(examples))
     golds = [ex.gold for ex in examples]
-    return Attribution(head_list, mean_atp.tolist(), est, method, ablation, margin, metric_value(lls, golds, margin),
+    return Attribution(head_list, mean_atp.tolist(), est, method, ablation, margin, mean_margin(lls, golds, margin),
                        lls, golds, atp, gd_mag, clock["wall"], clock["cpu"], cfg, eng.means, ig,
                        gd if method == "ig" else None)
 

@@ -26,12 +26,12 @@ import torch
 
 from .. import runio
 from ..ablation import reference_means
-from ..effects import accuracy, effect, ordered, split
+from ..effects import accuracy, effect, mean_margin, ordered, split
 from ..errors import GandaError
-from ..figures import heatmap, save_figure
+from ..figures import heatmap, pyplot, save_figure
 from ..finite import check_scores, finite_json
 from ..heads import HeadId, expand, require_heads
-from ..interventions import AblateHeads
+from ..interventions import AblateHeads, parse_layers
 from ..models.base import ModelAdapter
 from ..options import Options, option
 from ..progress import tqdm
@@ -48,7 +48,6 @@ from .engine import (
     Attribution,
     attribute,
     check_options,
-    metric_value,
 )
 from .screen import answer_screen
 
@@ -207,13 +206,6 @@ def bound_at_top(estimate: dict[str, float], exact: dict[str, float], verified: 
 
 # ---------------------------------------------------------------------------------------------
 # exact effects
-
-
-def _exact_zero(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], out_dir: Path | None,
-                resume: bool, progress: bool, config: dict[str, Any], batch_heads: int) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
-    res = run_sweep(adapter, examples, heads=heads, out_dir=out_dir, resume=resume, progress=progress, config=config,
-                    batch_heads=batch_heads)
-    return res.baseline["loglik"], {r["head"]: r["loglik"] for r in res.records}
 
 
 def _require_finite(adapter: ModelAdapter, examples: Sequence[Example], att: Attribution) -> None:
@@ -402,12 +394,7 @@ class RankResult:
 
     def scatter(self, path: str | Path) -> None:
         """Estimate against exact effect for every exactly known head."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5.5, 5))
+        fig, ax = pyplot().subplots(figsize=(5.5, 5))
         for group, color, label in ((self.verified, "C0", "top by estimate"), (self.audited, "C1", "random audit")):
             hs = [h for h in group if h in self.exact and h in self.estimate]
             if hs:  # a group with no points has no legend entry
@@ -450,17 +437,12 @@ MARGIN_HELP = "gold log-likelihood minus the mean or the max of the others'"
 
 
 def layer_list(text: str | None, flag: str) -> list[int]:
-    """``--verify-layers`` as layer numbers ("0,1" -> [0, 1]; not given: none); a list naming no layer
-    is refused, as an empty head list is."""
-    if text is None:
-        return []
+    """``--verify-layers`` as layer numbers by the one layer-list rule (:func:`ganda.interventions.parse_layers`:
+    "0,1" or "0-1" -> [0, 1]; not given: none), a list naming no layer refused under ``flag``."""
     try:
-        layers = [int(x) for x in text.split(",") if x.strip() and x.strip().isascii()]
-    except ValueError:
-        layers = []
-    if not layers or len(layers) != len([x for x in text.split(",") if x.strip()]):
-        raise GandaError(f"{flag} takes comma-separated layer numbers, not {text!r}")
-    return layers
+        return parse_layers(text) if text is not None else []
+    except GandaError as exc:
+        raise GandaError(f"{flag}: {exc}") from None
 
 
 @dataclass
@@ -717,16 +699,17 @@ class _ExactChecks:
     def measure(self, hs: list[HeadId], where: Path | None) -> None:
         """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""
         t1, c1 = time.perf_counter(), time.process_time()
-        if self.ablation == "zero":
-            base, lls = _exact_zero(self.adapter, self.examples, hs, where, self.resume, self.progress, self.vcfg,
-                                    self.batch_heads)
+        if self.ablation == "zero":  # the sweep's own numbers
+            res = run_sweep(self.adapter, self.examples, heads=hs, out_dir=where, resume=self.resume,
+                            progress=self.progress, config=self.vcfg, batch_heads=self.batch_heads)
+            base, lls = res.baseline["loglik"], {r["head"]: r["loglik"] for r in res.records}
         else:
             means = self.att.means if self.att is not None else reference_means(self.adapter, self.examples,
                                                                                  self.adapter.mixers())
             base, lls = _exact_mean(self.adapter, self.examples, hs, means, where, self.resume, self.progress, self.vcfg)
         golds, margin = self.golds, self.margin
-        self.clean, self.clean_acc = metric_value(base, golds, margin), accuracy(base, golds)
-        self.exact.update({h: effect(self.clean, metric_value(ll, golds, margin)) for h, ll in lls.items()})
+        self.clean, self.clean_acc = mean_margin(base, golds, margin), accuracy(base, golds)
+        self.exact.update({h: effect(self.clean, mean_margin(ll, golds, margin)) for h, ll in lls.items()})
         self.exact_acc.update({h: effect(self.clean_acc, accuracy(ll, golds)) for h, ll in lls.items()})
         self.secs["verification"] = self.secs.get("verification", 0.0) + time.perf_counter() - t1
         self.secs["verification_cpu"] = self.secs.get("verification_cpu", 0.0) + time.process_time() - c1

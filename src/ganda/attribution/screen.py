@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..effects import mean_margin
 from ..engine import Trace
 from ..errors import GandaError
 from ..heads import HeadId
@@ -38,7 +39,6 @@ from ..models.base import ModelAdapter, ReadPositions
 from ..progress import tqdm
 from ..scoring import encode_examples, run_prefix
 from ..tasks.base import Example
-from .engine import metric_value
 
 SCREEN_ROWS = 96  # heads per forward (one query token each, every one over its own copy of the prefix cache)
 
@@ -108,8 +108,8 @@ def answer_screen(adapter: ModelAdapter, examples: Sequence[Example], heads: Seq
                 firsts[v].append(row)
             del cache
     golds = [ex.gold for _, ex in decided]
-    clean = metric_value(firsts[0], golds, margin)
-    by_head = {str(h): clean - metric_value(firsts[i + 1], golds, margin) for i, h in enumerate(head_list)}
+    clean = mean_margin(firsts[0], golds, margin)
+    by_head = {str(h): clean - mean_margin(firsts[i + 1], golds, margin) for i, h in enumerate(head_list)}
     return Screen(clean, by_head, time.perf_counter() - t0, time.process_time() - c0,
                   {"margin": margin, "n": len(decided), "left_out": len(examples) - len(decided),
                    "positions": "last shared token", "tokens": "first after it"})

@@ -49,7 +49,6 @@ from ..attribution.engine import (
     ACTIVE_EDGES,
     AttributionEngine,
     margin_of,
-    metric_value,
     output_cotangent,
     replay_layer,
 )
@@ -63,10 +62,11 @@ from ..attribution.ranking import (
     top_by_magnitude,
     widen_until_stable,
 )
+from ..effects import mean_margin
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
-from ..heads import HeadId, expand
-from ..intervals import bounds
+from ..heads import HeadId, expand, require_heads
+from ..intervals import bounds, ci
 from ..interventions import z_point
 from ..models.base import ModelAdapter
 from ..models.components import residual_write_scale
@@ -261,7 +261,7 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
            "senders": len(s_list), "receivers": len(r_list), "batches": len(plan),
            "layout": "packed" if packed else "rows", "ablation": "mean" if means is not None else "zero"}
     return EdgeScores(s_list, r_list, scores, activity, {str(h): v for h, v in zip(eng.heads, mean_atp, strict=True)}, margin,
-                      metric_value(lls, golds, margin), lls, golds, clock["wall"], clock["cpu"], cfg)
+                      mean_margin(lls, golds, margin), lls, golds, clock["wall"], clock["cpu"], cfg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,10 +354,9 @@ class EdgeRanking:
         out = []
         for e in self.order()[:limit]:
             s, r = parse_edge(e)
-            ci = self.exact_ci.get(e)
             out.append({"edge": e, "sender": str(s), "receiver": str(r), "estimate": est.get(e),
-                        "rank_estimate": rank.get(e), "exact": self.exact.get(e), "exact_ci_low": ci[0] if ci else None,
-                        "exact_ci_high": ci[1] if ci else None, "accuracy_drop": self.accuracy_drop.get(e),
+                        "rank_estimate": rank.get(e), "exact": self.exact.get(e), **ci(self.exact_ci.get(e), "exact"),
+                        "accuracy_drop": self.accuracy_drop.get(e),
                         "verified": e in self.verified, "audited": e in self.audited})
         return out
 
@@ -419,9 +418,7 @@ class EdgesOptions(Options):
         if self.threshold is not None and not (math.isfinite(self.threshold) and self.threshold > 0):
             raise GandaError(f"{self.flag('threshold')} must be a positive finite number, got {self.threshold}")
         for name in ("senders", "receivers"):
-            text = getattr(self, name)
-            if text and not [p for p in text.split(",") if p.strip()]:
-                raise GandaError(f"{self.flag(name)}: no head ids in {text!r} (expected e.g. L17H24 or 'L16H*')")
+            require_heads(self.flag(name), getattr(self, name) or None)  # "": every head
 
 
 def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], options: EdgesOptions | None = None, *,
@@ -464,7 +461,7 @@ def rank_edges(adapter: ModelAdapter, examples: Sequence[Example], options: Edge
         widened = widen_until_stable(order, checks.exact, o.widen, o.top, checks.measure, top_of=lambda ex, k: set(
             top_by_magnitude(ex, k))) if o.widen and chosen else []
         chosen += widened
-    clean = metric_value(checks.clean_ll, checks.golds, o.margin)
+    clean = mean_margin(checks.clean_ll, checks.golds, o.margin)
     bound = bound_at_top(est, checks.exact, chosen, audited, o.threshold, o.top, confidence)
     secs = {"attribution": c1["wall"], "attribution_cpu": c1["cpu"], "verification": c2["wall"],
             "verification_cpu": c2["cpu"]}

@@ -192,10 +192,7 @@ class PathBatch:
     def z_of(self, head: HeadId) -> torch.Tensor:
         """The intact forward's output-projection input of ``head``'s mixer ``[B, W, H·D]``."""
         mixer = self.adapter.mixer_of(head)
-        point = z_point(mixer)
-        with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, [point], stop=point) as tr:
-            run_layer(self.calls, self.pos[mixer.layer], self.input(mixer.layer))
-        return tr[point]
+        return self.receiver_z(mixer.layer, self.input(mixer.layer), mixer, TOGETHER)
 
     def write(self, sender: HeadId) -> torch.Tensor:
         """The sender's write into the residual stream (:func:`sender_write`) ``[B, W, d]``."""
@@ -205,33 +202,31 @@ class PathBatch:
 
     def sender_everywhere(self, sender: HeadId) -> list[LogLiks]:
         """Log-likelihoods with the sender ablated at every position (the whole forward from its layer)."""
-        mixer = self.adapter.mixer_of(sender)
-        edit = {z_point(mixer): self._sender_edit(mixer, sender)}
-        final, _ = self.run_from(sender.layer, self.input(sender.layer), edit)
-        return self.read(final)
+        return self.read(self._sender_ablated(sender)[0])
 
-    def _sender_edit(self, mixer: Mixer, sender: HeadId) -> Edit:
-        """The sender's ablation at its mixer's output-projection input: zero, or its mean."""
+    def _sender_ablated(self, sender: HeadId, stop: int | None = None, keep: Sequence[int] = ()
+                        ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """:meth:`run_from` the sender's layer with the sender ablated at its mixer's output-projection
+        input (zero, or its mean)."""
+        mixer = self.adapter.mixer_of(sender)
         how = "zero" if self.means is None else "mean"
-        return edit_for(self.adapter, mixer, head_mask(mixer, [sender.head]), how, self.means)
+        edit = {z_point(mixer): edit_for(self.adapter, mixer, head_mask(mixer, [sender.head]), how, self.means)}
+        return self.run_from(sender.layer, self.input(sender.layer), edit, stop=stop, keep=keep)
 
     def ablated_inputs(self, sender: HeadId, paths: str, layers: Sequence[int]) -> dict[int, torch.Tensor]:
         """What the receivers of ``layers`` read: the stream with S removed along the chosen paths."""
         if paths == "direct":
             w = self.write(sender)
             return {r: (self.input(r).float() - w).to(self.input(r).dtype) for r in layers}
-        mixer = self.adapter.mixer_of(sender)
-        edit = {z_point(mixer): self._sender_edit(mixer, sender)}
         top = max(layers)
-        before = self.calls.layers[self.pos[top] - 1]
-        h, kept = self.run_from(sender.layer, self.input(sender.layer), edit, stop=before, keep=layers)
+        h, kept = self._sender_ablated(sender, stop=self.calls.layers[self.pos[top] - 1], keep=layers)
         kept[top] = h
         return kept
 
     def receiver_z(self, layer: int, x_new: torch.Tensor, mixer: Mixer, part: str) -> torch.Tensor:
         """``mixer``'s output-projection input when its layer reads ``x_new`` through ``part``
         (``together``: every input; else that part, or the parts joined by ``+``, the others from
-        the intact input)."""
+        the intact input); the layer stops there."""
         point = z_point(mixer)
         hooks: list[Any] = []
         if part != TOGETHER:
@@ -242,7 +237,7 @@ class PathBatch:
                 if name not in taken:
                     hooks += [s.module.register_forward_hook(_replace(s, clean[id(s.module)])) for s in ss]
         try:
-            with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, [point]) as tr:
+            with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, [point], stop=point) as tr:
                 run_layer(self.calls, self.pos[layer], x_new)
         finally:
             for h in hooks:

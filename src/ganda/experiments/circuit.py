@@ -38,9 +38,10 @@ def _head(flag: str, text: str) -> HeadId:
 
 def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sender", "receiver"),
                     adapter: ModelAdapter | None = None) -> None:
-    """Two head ids, the receiver in a later layer. Without ``adapter`` (before any model loads) only
-    their form is checked: a layer order between a head the model lacks and another would say the
-    wrong thing; with it, each head is checked in the model first, then the order."""
+    """Two head ids. Without ``adapter`` (before any model loads) only their form is checked: a layer
+    order between a head the model lacks and another would say the wrong thing; with it, each head
+    is checked in the model, named by its flag (the order is then
+    :func:`ganda.circuit.paths.parse_pair`'s, checked by :func:`ganda.circuit.path_ablation` before any pass)."""
     s, r = _head(flags[0], sender), _head(flags[1], receiver)
     if adapter is None:
         return
@@ -50,9 +51,6 @@ def check_pair_text(sender: str, receiver: str, flags: tuple[str, str] = ("sende
         except GandaError as exc:
             why = str(exc) if str(exc).startswith(f"{h}:") else f"{h}: {exc}"
             raise GandaError(f"{flag} {why}") from None
-    if r.layer <= s.layer:
-        raise GandaError(f"receiver {r} is not in a later layer than sender {s}: a path runs from an earlier "
-                         "layer's head into a later layer's")
 
 
 @dataclass
@@ -60,7 +58,7 @@ class PathOptions(Options):
     sender: str = option("", "the sender head, e.g. L2H0", flag="--from")
     receiver: str = option("", "the receiver head in a later layer, e.g. L3H0", flag="--to")
     paths: str = option("all", "all: every path from sender to receiver (the ablated stream from the sender's layer "
-                        "on); direct: the edge alone (the sender's write)")
+                        "on); direct: the edge alone (the sender's write)", choices=PATHS)
     parts: str = option(TOGETHER, "what the receiver reads from the ablated stream: together, or parts such as q,k,v "
                         "(attention) or x,B,C,dt,gate (SSM); k+v: both")
     margin: str = option("mean", MARGIN_HELP, choices=("mean", "max"))
@@ -70,8 +68,6 @@ class PathOptions(Options):
     def check(self) -> None:
         check_batched_ablation(self.ablation, self.flag("ablation"), "path ablation")
         check_pair_text(self.sender, self.receiver, (self.flag("sender"), self.flag("receiver")))
-        if self.paths not in PATHS:
-            raise GandaError(f"{self.flag('paths')} must be one of {', '.join(PATHS)}, not {self.paths!r}")
         if not [p for p in self.parts.split(",") if p.strip()]:
             raise GandaError(f"{self.flag('parts')}: no parts in {self.parts!r} (together, or e.g. q,k,v)")
 
