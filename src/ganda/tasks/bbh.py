@@ -142,15 +142,11 @@ class BBHTask(Task):
 
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
         picks: list[tuple[str, int]] = []
-        if limit is None:
-            for s in self.subtasks:
-                picks.extend((s, i) for i in range(len(read_examples(str(self.data_dir), s))))
-        else:
-            per, extra = divmod(limit, len(self.subtasks))
-            for k, s in enumerate(self.subtasks):
-                n_s = len(read_examples(str(self.data_dir), s))
-                want = min(n_s, per + (1 if k < extra else 0))
-                picks.extend((s, i) for i in seeded_indices(n_s, want, f"bbh-{s}-{seed}"))
+        per, extra = divmod(limit, len(self.subtasks)) if limit is not None else (None, 0)
+        for k, s in enumerate(self.subtasks):
+            want = None if per is None else per + (1 if k < extra else 0)
+            picks.extend((s, i) for i in seeded_indices(len(read_examples(str(self.data_dir), s)), want,
+                                                        f"bbh-{s}-{seed}"))
         out = []
         for s, i in picks:
             q, t = read_examples(str(self.data_dir), s)[i]
