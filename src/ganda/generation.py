@@ -111,8 +111,7 @@ def _check_row(adapter: ModelAdapter, row: _Row, token: int, eos: set[int], n_ct
 
 def _finish(adapter: ModelAdapter, row: _Row) -> Generation:
     raw = adapter.tokenizer.decode(row.new, skip_special_tokens=False)
-    eos = eos_ids(adapter)
-    body = row.new[:-1] if row.finish == "eos" and row.new and row.new[-1] in eos else row.new
+    body = row.new[:-1] if row.finish == "eos" else row.new  # an EOS finish is the last token's (_check_row)
     text = adapter.tokenizer.decode(body, skip_special_tokens=False)
     text, _ = cut_at_stops(text, row.stop)
     return Generation(text=text, raw=raw, n_tokens=len(row.new), finish=row.finish or "length",

@@ -26,13 +26,14 @@ from typing import Any
 from .. import runio
 from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
-from ..generation import evaluate_generation, generation_tally
+from ..evaluation import evaluate_on
+from ..generation import generation_tally
 from ..heads import HeadId, expand, format_heads, require_heads
 from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import evaluate_knowledge, members_of
 from ..models.base import ModelAdapter
-from ..scoring import EvalResult, choice_labels, evaluate_examples
+from ..scoring import EvalResult, choice_labels
 from ..stats import Z95
 from ..sweep import single_ablations
 from ..tasks import get_task
@@ -154,14 +155,8 @@ def _shard(adapter: ModelAdapter, name: str, options: dict[str, Any], interventi
     :func:`ganda.evaluation.evaluate`); ``seed`` is the run's, set k's is ``seed + k``."""
     task = _task(adapter, name, options)
     examples = _examples(task, limit, seed, k)
-    seed += k
     part = examples[lo:hi]
-    if task.kind != "mc":
-        res = evaluate_generation(adapter, task, part, interventions, seed=seed, progress=progress)
-        res.config.update(limit=limit, n=res.n)
-    else:
-        res = evaluate_examples(adapter, part, interventions, task_name=task.name,
-                                config=task.run_config(limit, len(part), seed), progress=progress)
+    res = evaluate_on(adapter, task, part, interventions, limit=limit, seed=seed + k, progress=progress)
     if lo:
         for i, (ex, p) in enumerate(zip(part, res.predictions, strict=True)):
             p["id"] = ex.key(task.name, lo + i)
@@ -174,18 +169,14 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
         return parts[0]
     preds = [p for r in parts for p in r.predictions]
     n, correct = len(preds), sum(bool(p["correct"]) for p in preds)
-    first = parts[0]
-    if task.kind == "mc":
-        config = {**first.config, "n": n}
-        norm = sum(bool(p["correct_norm"]) for p in preds)
-    else:
-        config = {**task.run_config(first.config.get("limit"), n, first.config["seed"]),
-                  "max_new_tokens": first.config["max_new_tokens"], **generation_tally(task, preds)}
-        norm = None
+    first, mc = parts[0], task.kind == "mc"
+    # the first shard's config with the whole run's count and tallies: a run on all the prompts
+    config = {**first.config, "n": n, **({} if mc else generation_tally(task, preds))}
+    norm = sum(bool(p["correct_norm"]) for p in preds) if mc else None
     res = EvalResult.from_counts(first.task, adapter, correct, n, time.perf_counter(), interventions=None,
                                  config=config, predictions=preds, correct_norm=norm)
     res.seconds, res.interventions = sum(r.seconds for r in parts), first.interventions
-    if task.kind == "mc":
+    if mc:
         res.answer_labels = choice_labels(examples)
     return res
 
