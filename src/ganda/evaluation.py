@@ -37,17 +37,9 @@ def evaluate(
                        prefix_cache=prefix_cache)
 
 
-def evaluate_on(
-    adapter: ModelAdapter,
-    task: Task,
-    examples: Sequence[Example],
-    interventions: Sequence[Intervention] | None = None,
-    *,
-    limit: int | None,
-    seed: int,
-    progress: bool = True,
-    prefix_cache: bool | None = None,
-) -> EvalResult:
+def evaluate_on(adapter: ModelAdapter, task: Task, examples: Sequence[Example],
+                interventions: Sequence[Intervention] | None = None, *, limit: int | None, seed: int,
+                progress: bool = True, prefix_cache: bool | None = None) -> EvalResult:
     """``task``'s ``examples`` (drawn with ``limit`` and ``seed``, which the result's config records)
     scored the task's way: multiple choice by log-likelihood, a generation task by exact match of
     its greedy generations (GSM8K, BBH). A shard of a task's examples is scored the same way."""

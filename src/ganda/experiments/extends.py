@@ -122,12 +122,8 @@ def control_heads(adapter: ModelAdapter, heads: list[HeadId], seed: int = 0,
 
 def _knowledge(adapter: ModelAdapter, interventions: list[Intervention], limit: int | None, seed: int = 0,
                progress: bool = True) -> dict[str, Any]:
-    """The knowledge group under ``interventions`` (:func:`ganda.knowledge.evaluate_knowledge`): the
-    paper's knowledge score is its members' mean accuracy, with no interval or count of its own;
-    each member's own in ``detail``."""
-    d = evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
-    return {"n": sum(int(t.get("n", 0)) for t in d["tasks"].values()), "correct": None, "accuracy": d.get("mean"),
-            **ci(None), "detail": d}
+    """The knowledge group under ``interventions`` (:func:`ganda.knowledge.evaluate_knowledge`)."""
+    return evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
 
 
 # tasks built for a model, by (model, name, options): each built once per run (a Ray worker keeps its own)
@@ -305,10 +301,12 @@ def _work_units(built: dict[str, Task], tasks: list[str], conditions: tuple[str,
 
 
 def _knowledge_row(kn: dict[str, Any], cond: str, ivs: list[Intervention], seconds: float) -> dict[str, Any]:
-    """The knowledge group's row under one condition (its tasks pooled; each task's own in ``config``)."""
-    return {"task": "knowledge", "condition": cond, **{x: kn[x] for x in ("n", "correct", "accuracy", "ci_low", "ci_high")},
-            "seconds": round(seconds, 2), "config": {"task": "knowledge", "per_task": kn["detail"].get("tasks")},
-            "interventions": describe_all(ivs)}
+    """The knowledge group's row under one condition (:func:`_knowledge`): the paper's knowledge score is
+    its members' mean accuracy, with no interval or count of its own (``n``: the examples in all);
+    each member's own in ``config``."""
+    return {"task": "knowledge", "condition": cond, "n": sum(int(t.get("n", 0)) for t in kn["tasks"].values()),
+            "correct": None, "accuracy": kn.get("mean"), **ci(None), "seconds": round(seconds, 2),
+            "config": {"task": "knowledge", "per_task": kn.get("tasks")}, "interventions": describe_all(ivs)}
 
 
 FINDING = {"control": "the G&A ablation costs more than the control (control accuracy minus ablated, paired over "
