@@ -56,11 +56,10 @@ from importlib import resources
 from typing import Any
 
 from ..errors import GandaError
+from . import KNOWLEDGE_TASKS  # the ``knowledge`` group
 from .base import Example, Task, seeded_indices
 
 __all__ = ["KNOWLEDGE_TASKS"]
-
-KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")  # the ``knowledge`` group
 
 
 def _data(*parts: str):
