@@ -61,26 +61,24 @@ CONTROL_RULE = ("ablated alone on the run's multiple-choice prompts: accuracy-dr
                 f"and margin-drop 95% interval contains 0 or |margin drop| <= {NOISE_MARGIN:g} x the intact margin")
 
 
-def _by_mixer(heads: list[HeadId]) -> list[tuple[tuple[int, str | None], list[HeadId]]]:
+def _by_mixer(adapter: ModelAdapter, heads: list[HeadId]) -> list[tuple[list[HeadId], list[HeadId]]]:
+    """Per mixer of the G&A heads (by layer, then kind): its heads among them, and its other heads (the
+    candidate controls)."""
     by: dict[tuple[int, str | None], list[HeadId]] = {}
     for h in heads:
         by.setdefault((h.layer, h.kind), []).append(h)
-    return sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
-
-
-def _candidates(adapter: ModelAdapter, heads: list[HeadId]) -> list[HeadId]:
-    """Every head of the G&A heads' mixers that is not one of them."""
     out = []
-    for (layer, kind), _ in _by_mixer(heads):
+    for (layer, kind), hs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         mixer = adapter.mixer(layer, kind)
-        out += [h for i in range(mixer.num_heads) if (h := adapter.canonical(HeadId(layer, i, mixer.kind))) not in heads]
+        out.append((hs, [h for i in range(mixer.num_heads)
+                         if (h := adapter.canonical(HeadId(layer, i, mixer.kind))) not in heads]))
     return out
 
 
 def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[Any], seed: int = 0) -> dict[str, Any]:
     """Each candidate control head's exact single-head ablation effect on ``examples``, and whether
     it is within noise (:data:`CONTROL_RULE`): a control must not be a causal head itself."""
-    sw = single_ablations(adapter, examples, _candidates(adapter, heads))
+    sw = single_ablations(adapter, examples, [h for _, others in _by_mixer(adapter, heads) for h in others])
     baseline = sw.baseline
     base_c, base_m = sw.per_prompt(baseline), sw.per_prompt(baseline, "margin")
     base_margin = sum(base_m) / len(base_m)
@@ -102,21 +100,15 @@ def control_heads(adapter: ModelAdapter, heads: list[HeadId], seed: int = 0,
     """As many random heads per layer (and mixer kind) as ``heads`` has, none of them in ``heads``
     and, given a :func:`screen_controls` result, only heads it found within noise."""
     rng = random.Random(f"extends-control-{seed}")
-    chosen: set[HeadId] = set(heads)
     out: list[HeadId] = []
-    for (layer, kind), hs in _by_mixer(heads):
-        mixer = adapter.mixer(layer, kind)
-        pool = [adapter.canonical(HeadId(layer, i, mixer.kind)) for i in range(mixer.num_heads)]
-        pool = [p for p in pool if p not in chosen]
+    for hs, pool in _by_mixer(adapter, heads):  # a mixer's draw cannot meet another's pool
         if screen is not None:
             pool = [p for p in pool if screen["candidates"][str(p)]["within_noise"]]
         if len(pool) < len(hs):
             which = " whose single ablation is within noise" if screen is not None else ""
-            raise GandaError(f"layer {layer} has only {len(pool)} heads outside the G&A set{which}, "
+            raise GandaError(f"layer {hs[0].layer} has only {len(pool)} heads outside the G&A set{which}, "
                              f"{len(hs)} needed for the control")
-        pick = rng.sample(pool, len(hs))
-        out.extend(pick)
-        chosen.update(pick)
+        out.extend(rng.sample(pool, len(hs)))
     return sorted(out)
 
 
