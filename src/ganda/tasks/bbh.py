@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task, seeded_indices
+from .base import Example, Task, chosen_names, seeded_indices
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "bbh"
 STOP = ["</s>", "Q", "\n\n"]
@@ -122,14 +122,7 @@ class BBHTask(Task):
         known = subtasks(self.data_dir)
         if not known:
             raise GandaError(f"no BBH data in {self.data_dir}")
-        if isinstance(subtask, str):
-            subtask = [s.strip() for s in subtask.split(",") if s.strip()]
-        if subtask is not None and not subtask:
-            raise GandaError("no BBH subtask given")
-        chosen = list(subtask) if subtask else known
-        bad = [s for s in chosen if s not in known]
-        if bad:
-            raise GandaError(f"unknown BBH subtask {bad[0]!r}; known: {', '.join(known)}")
+        chosen = chosen_names(subtask, known, "BBH subtask", f"known: {', '.join(known)}")
         if match not in ("strict", "flexible"):
             raise GandaError("bbh: match must be 'strict' or 'flexible'")
         self.subtasks, self.cot, self.shots, self.match = chosen, bool(cot), int(shots), match

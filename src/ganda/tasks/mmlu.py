@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task, add_lines
+from .base import Example, Task, add_lines, chosen_names
 
 LETTERS = "ABCD"
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "mmlu"
@@ -90,18 +90,11 @@ class MMLUTask(Task):
         if not (self.data_dir / "test").is_dir():
             raise GandaError(f"no MMLU data in {self.data_dir} (expected test/<subject>_test.csv)")
         known = globals()["subjects"](self.data_dir)
-        if isinstance(subjects, str):
-            subjects = [s.strip() for s in subjects.split(",") if s.strip()]
-        if subjects is not None and not subjects:
-            raise GandaError("no MMLU subject given")
-        chosen = subjects or known
-        bad = [s for s in chosen if s not in known]
-        if bad:
-            raise GandaError(f"unknown MMLU subject {bad[0]!r}; e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
+        chosen = chosen_names(subjects, known, "MMLU subject", f"e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
         twice = [s for i, s in enumerate(chosen) if s in chosen[:i]]
         if twice:  # its questions would count twice and narrow the confidence interval
             raise GandaError(f"MMLU subject {twice[0]!r} is named twice; name each subject once")
-        self.shots, self.subjects, self.sample = shots, list(chosen), bool(sample)
+        self.shots, self.subjects, self.sample = shots, chosen, bool(sample)
 
     @classmethod
     def chance(cls, options: dict[str, Any] | None = None) -> float:
