@@ -27,7 +27,7 @@ from .. import runio
 from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
 from ..evaluation import evaluate_on
-from ..generation import generation_tally
+from ..generation import CHUNK, generation_tally
 from ..heads import HeadId, expand, format_heads, require_heads
 from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
@@ -280,7 +280,7 @@ def _work_units(built: dict[str, Task], tasks: list[str], conditions: tuple[str,
         if task is not None and on_ray():
             n_ex = len(_examples(task, limit, seed, k))
             shards = prompt_shards(n_ex, len(tasks) * len(conditions),
-                                   align=1 if task.kind == "mc" else max(1, getattr(task, "batch_size", 8)) * 4)
+                                   align=1 if task.kind == "mc" else CHUNK)
         for cond in conditions:
             for lo, hi in shards:
                 if task is None:
