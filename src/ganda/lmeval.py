@@ -41,7 +41,6 @@ from .tasks.mmlu import DATA_DIR as MMLU_DIR
 from .tasks.mmlu import subjects as all_subjects
 
 ARC_EASY = Path(__file__).resolve().parent / "data" / "arc" / "ARC-Easy-Test.jsonl.gz"
-SHARED = Path("/work/shared/data")
 MMLU_COLUMNS = ["question", "A", "B", "C", "D", "answer"]
 
 
@@ -108,10 +107,11 @@ def simple_evaluate(
 # ---- local task configs (no hub) -----------------------------------------------------------
 
 def _mmlu_dir(data_dir: str | Path | None) -> Path:
-    for d in [Path(data_dir)] if data_dir else [MMLU_DIR, SHARED / "mmlu"]:
-        if (d / "test").is_dir():
-            return d
-    raise GandaError(f"no MMLU CSVs found ({data_dir or MMLU_DIR})")
+    """``data_dir``, else the CSVs ganda ships, which ``get_task("mmlu")`` reads."""
+    d = Path(data_dir) if data_dir else MMLU_DIR
+    if not (d / "test").is_dir():
+        raise GandaError(f"no MMLU CSVs found ({d})")
+    return d
 
 
 def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 0) -> dict[str, Any]:
