@@ -31,7 +31,7 @@ from ..generation import CHUNK, generation_tally
 from ..heads import HeadId, expand, format_heads, require_heads
 from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
-from ..knowledge import evaluate_knowledge, members_of
+from ..knowledge import KNOWLEDGE_TASKS, evaluate_knowledge
 from ..models.base import ModelAdapter
 from ..scoring import EvalResult, choice_labels
 from ..stats import Z95
@@ -218,7 +218,7 @@ def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, 
     correct: dict[tuple[str, str], list[float]] = {}
     # every task is built (its options, its data, a lab model's world) before any of them runs
     built = {name: _task(adapter, name, options.get(name, {})) for name in tasks if name != "knowledge"}
-    screened = {**built, **({m: _task(adapter, m, {}) for m in members_of("knowledge")} if "knowledge" in tasks
+    screened = {**built, **({m: _task(adapter, m, {}) for m in KNOWLEDGE_TASKS} if "knowledge" in tasks
                             else {})}  # the knowledge group's tasks are multiple choice too
     ctrl, controls = _controls(adapter, ga, screened, limit, seed, k) if "control" in conditions else ([], None)
     ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga, how=ablation, seed=seed + k)],
