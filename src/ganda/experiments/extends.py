@@ -34,7 +34,6 @@ from ..interventions import AblateHeads, Intervention, describe_all
 from ..knowledge import KNOWLEDGE_TASKS, evaluate_knowledge
 from ..models.base import ModelAdapter
 from ..scoring import EvalResult, choice_labels
-from ..stats import Z95
 from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
@@ -306,17 +305,12 @@ FINDING = {"control": "the G&A ablation costs more than the control (control acc
            "intact": "the G&A ablation costs accuracy (intact minus ablated, paired over prompts: 95% interval above 0)"}
 
 
-def _difference(base: dict[str, Any], other: dict[str, Any], a: list[float] | None, b: list[float] | None,
-                seed: int) -> dict[str, Any]:
-    """``base`` accuracy minus ``other``'s with a 95% interval: the paired bootstrap over prompts where
-    both have per-prompt results (``a``, ``b``), else the unpaired normal interval from their own."""
-    if a is not None and b is not None:
-        return paired_difference(a, b, seed)
-    if None in (base["accuracy"], other["accuracy"], *bounds(base), *bounds(other)):
+def _difference(a: list[float] | None, b: list[float] | None, seed: int) -> dict[str, Any]:
+    """Accuracy over per-prompt results ``a`` minus ``b``, paired over the prompts with a 95% interval;
+    none for the knowledge group, which keeps no per-prompt results (nor an interval of its own)."""
+    if a is None or b is None:
         return {"drop": None, **ci(None, "drop")}
-    se = [(hi - lo) / (2 * Z95) for lo, hi in (bounds(base), bounds(other))]
-    d, half = base["accuracy"] - other["accuracy"], Z95 * (se[0] ** 2 + se[1] ** 2) ** 0.5
-    return {"drop": d, **ci((d - half, d + half), "drop")}
+    return paired_difference(a, b, seed)
 
 
 def _set_record(adapter: ModelAdapter, *, k: int, seed: int, limit: int | None, options: dict[str, dict[str, Any]],
@@ -328,12 +322,11 @@ def _set_record(adapter: ModelAdapter, *, k: int, seed: int, limit: int | None, 
     for (name, cond), r in by.items():
         row = {"task": name, "condition": cond, "n": r["n"], "accuracy": r["accuracy"], **ci(bounds(r))}
         if cond != "intact" and (name, "intact") in by:
-            row.update(_difference(by[(name, "intact")], r, correct.get((name, "intact")), correct.get((name, cond)),
-                                   seed + k))
+            row.update(_difference(correct.get((name, "intact")), correct.get((name, cond)), seed + k))
         rows.append(row)
         ref = "control" if (name, "control") in by else "intact"
         if cond == "ablated" and (name, ref) in by:
-            d = _difference(by[(name, ref)], r, correct.get((name, ref)), correct.get((name, cond)), seed + k)
+            d = _difference(correct.get((name, ref)), correct.get((name, cond)), seed + k)
             finding[name] = {"against": ref, "cost": d["drop"], **ci(bounds(d, "drop"), "cost")}
     disjoint = {name: prompt_set(lambda n, s, t=_task(adapter, name, options.get(name, {})): t.examples(limit=n, seed=s),
                                  limit, seed, k)[1] for name, _ in by if name != "knowledge"}
