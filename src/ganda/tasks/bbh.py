@@ -90,8 +90,7 @@ def extract_answer(text: str, cot: bool, anycase: bool = False) -> str:
     if cot:
         m = (COT_RE_ANYCASE if anycase else COT_RE).findall(text)
         return m[0].strip() if m else INVALID
-    lines = text.strip().split("\n")
-    return lines[0].strip() if lines else ""
+    return text.strip().split("\n")[0].strip()
 
 
 _OPTION = re.compile(r"^\(([A-R])\)")
