@@ -297,8 +297,6 @@ def evaluate_generation(
     """
     t0 = time.perf_counter()
     max_new = getattr(task, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    preds: list[dict[str, Any]] = []
-    correct = 0
     interventions = bind_reference(interventions, examples)  # a mean ablation: over the prompts generated from
     if any(getattr(iv, "how", None) == "resample" or getattr(iv, "positions", None) in CLASS_POSITIONS
            for iv in interventions):
@@ -306,13 +304,10 @@ def evaluate_generation(
                          f"{task.name!r} generates")
     with apply(adapter, interventions):
         gens = _generate_all(adapter, task.name, examples, max_new, prefix_cache, progress)
-    for i, (ex, g) in enumerate(zip(examples, gens, strict=True)):
-        rec = _prediction(task, ex, i, g)
-        correct += rec["correct"]
-        preds.append(rec)
+    preds = [_prediction(task, ex, i, g) for i, (ex, g) in enumerate(zip(examples, gens, strict=True))]
     cfg = {**task.config(), "seed": seed, "max_new_tokens": max_new, **generation_tally(task, preds)}
-    return EvalResult.from_counts(task.name, adapter, correct, len(examples), t0, interventions=interventions,
-                                  config=cfg, predictions=preds)
+    return EvalResult.from_counts(task.name, adapter, sum(p["correct"] for p in preds), len(examples), t0,
+                                  interventions=interventions, config=cfg, predictions=preds)
 
 
 def generation_tally(task: Task, preds: Sequence[dict[str, Any]]) -> dict[str, Any]:
