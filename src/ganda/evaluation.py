@@ -10,7 +10,7 @@ from .generation import evaluate_generation
 from .interventions import Intervention
 from .models.base import ModelAdapter
 from .scoring import EvalResult, evaluate_examples
-from .tasks.base import Task
+from .tasks.base import Example, Task
 
 
 def evaluate(
@@ -33,7 +33,17 @@ def evaluate(
     examples = task.examples(limit=limit, seed=seed)
     if not examples:
         raise GandaError(f"task {task.name!r} gave no examples to score (limit={limit})")
-    if task.kind != "mc":  # GSM8K, BBH: exact match of greedy generations
+    return evaluate_on(adapter, task, examples, interventions, limit=limit, seed=seed, progress=progress,
+                       prefix_cache=prefix_cache)
+
+
+def evaluate_on(adapter: ModelAdapter, task: Task, examples: Sequence[Example],
+                interventions: Sequence[Intervention] | None = None, *, limit: int | None, seed: int,
+                progress: bool = True, prefix_cache: bool | None = None) -> EvalResult:
+    """``task``'s ``examples`` (drawn with ``limit`` and ``seed``, which the result's config records)
+    scored the task's way: multiple choice by log-likelihood, a generation task by exact match of
+    its greedy generations (GSM8K, BBH). A shard of a task's examples is scored the same way."""
+    if task.kind != "mc":
         res = evaluate_generation(adapter, task, examples, interventions, seed=seed, progress=progress,
                                   prefix_cache=prefix_cache)
         res.config.update(limit=limit, n=res.n)

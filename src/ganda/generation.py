@@ -47,6 +47,8 @@ from .stats import wilson
 from .tasks.base import Example, Task
 
 DEFAULT_MAX_NEW_TOKENS = 256
+BATCH_SIZE = 8  # a generation task's prompts decoded together
+CHUNK = 4 * BATCH_SIZE  # a generation task's prompts handed to generate() at a time (the progress bar moves)
 
 
 @dataclass
@@ -111,8 +113,7 @@ def _check_row(adapter: ModelAdapter, row: _Row, token: int, eos: set[int], n_ct
 
 def _finish(adapter: ModelAdapter, row: _Row) -> Generation:
     raw = adapter.tokenizer.decode(row.new, skip_special_tokens=False)
-    eos = eos_ids(adapter)
-    body = row.new[:-1] if row.finish == "eos" and row.new and row.new[-1] in eos else row.new
+    body = row.new[:-1] if row.finish == "eos" else row.new  # an EOS finish is the last token's (_check_row)
     text = adapter.tokenizer.decode(body, skip_special_tokens=False)
     text, _ = cut_at_stops(text, row.stop)
     return Generation(text=text, raw=raw, n_tokens=len(row.new), finish=row.finish or "length",
@@ -201,7 +202,7 @@ def generate(
     *,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     stop: Sequence[str] | Sequence[Sequence[str] | None] | None = None,
-    batch_size: int = 8,
+    batch_size: int = BATCH_SIZE,
     use_cache: bool | None = None,
     progress: bool = False,
     prefix_cache: bool | None = None,
@@ -247,17 +248,15 @@ def generate(
     return gens[:1] if single else gens
 
 
-def _generate_all(adapter: ModelAdapter, desc: str, examples: Sequence[Example], max_new: int, batch_size: int,
-                  use_cache: bool | None, prefix_cache: bool | None, progress: bool) -> list[Generation]:
-    """Every example's greedy generation, in chunks of four batches so that the progress bar moves."""
+def _generate_all(adapter: ModelAdapter, desc: str, examples: Sequence[Example], max_new: int,
+                  prefix_cache: bool | None, progress: bool) -> list[Generation]:
+    """Every example's greedy generation, :data:`CHUNK` examples at a time so that the progress bar moves."""
     gens: list[Generation] = []
-    step = max(1, batch_size) * 4
     bar = tqdm(total=len(examples), desc=desc, disable=not progress, leave=False)
-    for k in range(0, len(examples), step):
-        chunk = examples[k: k + step]
+    for k in range(0, len(examples), CHUNK):
+        chunk = examples[k: k + CHUNK]
         gens.extend(generate(adapter, [ex.prompt for ex in chunk], max_new_tokens=max_new,
-                             stop=[ex.stop for ex in chunk], batch_size=batch_size, use_cache=use_cache,
-                             prefix_cache=prefix_cache))
+                             stop=[ex.stop for ex in chunk], prefix_cache=prefix_cache))
         bar.update(len(chunk))
     bar.close()
     return gens
@@ -285,9 +284,6 @@ def evaluate_generation(
     *,
     seed: int = 0,
     progress: bool = True,
-    batch_size: int | None = None,
-    max_new_tokens: int | None = None,
-    use_cache: bool | None = None,
     prefix_cache: bool | None = None,
 ) -> EvalResult:
     """Exact-match accuracy of greedy generations on a generation task.
@@ -297,26 +293,21 @@ def evaluate_generation(
     GSM8K's strict and flexible matches) and ``extract(example, text) -> str`` (the answer it
     read). Secondary metrics are aggregated into ``result.config["metrics"]``; a task's optional
     ``aggregate(records) -> dict`` (BBH: per-subtask and macro accuracy) is merged into ``config``.
+    Its ``max_new_tokens`` caps every generation (:data:`DEFAULT_MAX_NEW_TOKENS` where it has none).
     """
     t0 = time.perf_counter()
-    max_new = max_new_tokens or getattr(task, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    bs = batch_size or getattr(task, "batch_size", 8)
-    preds: list[dict[str, Any]] = []
-    correct = 0
+    max_new = getattr(task, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
     interventions = bind_reference(interventions, examples)  # a mean ablation: over the prompts generated from
     if any(getattr(iv, "how", None) == "resample" or getattr(iv, "positions", None) in CLASS_POSITIONS
            for iv in interventions):
         raise GandaError("resample ablation and position classes (--ablate-at) score multiple-choice tasks only; "
                          f"{task.name!r} generates")
     with apply(adapter, interventions):
-        gens = _generate_all(adapter, task.name, examples, max_new, bs, use_cache, prefix_cache, progress)
-    for i, (ex, g) in enumerate(zip(examples, gens, strict=True)):
-        rec = _prediction(task, ex, i, g)
-        correct += rec["correct"]
-        preds.append(rec)
+        gens = _generate_all(adapter, task.name, examples, max_new, prefix_cache, progress)
+    preds = [_prediction(task, ex, i, g) for i, (ex, g) in enumerate(zip(examples, gens, strict=True))]
     cfg = {**task.config(), "seed": seed, "max_new_tokens": max_new, **generation_tally(task, preds)}
-    return EvalResult.from_counts(task.name, adapter, correct, len(examples), t0, interventions=interventions,
-                                  config=cfg, predictions=preds)
+    return EvalResult.from_counts(task.name, adapter, sum(p["correct"] for p in preds), len(examples), t0,
+                                  interventions=interventions, config=cfg, predictions=preds)
 
 
 def generation_tally(task: Task, preds: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -9,22 +9,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import registry
 from .errors import GandaError
 from .intervals import ci
 from .interventions import Intervention, apply, describe_all
 from .models.base import ModelAdapter
 from .scoring import evaluate_examples
-from .tasks import KNOWLEDGE, get_task
-from .tasks.knowledge import KNOWLEDGE_TASKS
-
-
-def members_of(group: str) -> tuple[str, ...]:
-    """A registered group's member tasks; another name is refused in one line."""
-    members = registry.group_members(group)
-    if members is None:
-        raise GandaError(f"{group!r} is not a task group; groups: {', '.join(registry.group_names())}")
-    return members
+from .tasks import KNOWLEDGE, KNOWLEDGE_TASKS, get_task
 
 
 def group_score(per_task: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -65,4 +55,4 @@ def evaluate_knowledge(
     return out
 
 
-__all__ = ["KNOWLEDGE_TASKS", "evaluate_knowledge", "group_score", "members_of"]
+__all__ = ["KNOWLEDGE_TASKS", "evaluate_knowledge", "group_score"]

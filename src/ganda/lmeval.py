@@ -41,7 +41,6 @@ from .tasks.mmlu import DATA_DIR as MMLU_DIR
 from .tasks.mmlu import subjects as all_subjects
 
 ARC_EASY = Path(__file__).resolve().parent / "data" / "arc" / "ARC-Easy-Test.jsonl.gz"
-SHARED = Path("/work/shared/data")
 MMLU_COLUMNS = ["question", "A", "B", "C", "D", "answer"]
 
 
@@ -108,10 +107,11 @@ def simple_evaluate(
 # ---- local task configs (no hub) -----------------------------------------------------------
 
 def _mmlu_dir(data_dir: str | Path | None) -> Path:
-    for d in [Path(data_dir)] if data_dir else [MMLU_DIR, SHARED / "mmlu"]:
-        if (d / "test").is_dir():
-            return d
-    raise GandaError(f"no MMLU CSVs found ({data_dir or MMLU_DIR})")
+    """``data_dir``, else the CSVs ganda ships, which ``get_task("mmlu")`` reads."""
+    d = Path(data_dir) if data_dir else MMLU_DIR
+    if not (d / "test").is_dir():
+        raise GandaError(f"no MMLU CSVs found ({d})")
+    return d
 
 
 def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 0) -> dict[str, Any]:
@@ -220,11 +220,10 @@ def compare_arc(res: dict[str, Any], examples: Sequence[Any], ganda: Any,
     """Per-question agreement between an lm-eval ARC run (``log_samples=True``) and ganda's
     :func:`~ganda.scoring.evaluate_examples` result on the same ``examples`` (same order).
 
-    lm-eval's side is taken from its samples: the requests it built (``arguments``), its
-    log-likelihoods, ``pred`` = argmax, ``pred_norm`` = argmax of loglik / ``len(choice)`` over
-    its ``doc_to_choice`` (what ``ConfigurableTask.process_results`` does; checked against the
-    ``acc_norm`` it logged). ganda's side: its predictions, and ``acc_norm`` from its
-    :func:`~ganda.scoring.norm_chars`.
+    Both sides are :class:`~ganda.scoring.ChoiceScores`. lm-eval's is taken from its samples: the
+    requests it built (``arguments``), its log-likelihoods, and the lengths of its ``doc_to_choice``
+    (what ``ConfigurableTask.process_results`` divides by; checked against the ``acc_norm`` it
+    logged). ganda's: its predictions, and the lengths of its :func:`~ganda.scoring.norm_chars`.
     """
     samples = sorted(res.get("samples", {}).get(task) or [], key=lambda s: s["doc_id"])
     if not samples:
@@ -237,27 +236,21 @@ def compare_arc(res: dict[str, Any], examples: Sequence[Any], ganda: Any,
            "lm_eval_acc_norm_consistent": True, "same_gold": True,
            "max_abs_loglik_diff": 0.0, "max_abs_norm_diff": 0.0}
     for s, ex, g in zip(samples, examples, ganda.predictions, strict=True):
-        ll_lm = [float(r[0]) for r in s["filtered_resps"]]
-        lens = [float(len(c)) for c in s["doc"]["choices"]["text"]]
-        norm_lm = [v / n_ for v, n_ in zip(ll_lm, lens, strict=True)]
+        lm = ChoiceScores([float(r[0]) for r in s["filtered_resps"]], [len(c) for c in s["doc"]["choices"]["text"]])
+        ga = ChoiceScores(list(g["loglik"]), norm_chars(ex))
         gold = int(s["target"])
-        pred_lm, pred_norm_lm = predicted(ll_lm), predicted(norm_lm)
-        if "acc_norm" in s and float(s["acc_norm"]) != float(pred_norm_lm == gold):
+        if "acc_norm" in s and float(s["acc_norm"]) != float(lm.pred_norm == gold):
             out["lm_eval_acc_norm_consistent"] = False
-        sc = ChoiceScores(list(g["loglik"]), norm_chars(ex))
-        norm_ga = [v / max(1, n_) for v, n_ in zip(sc.loglik, sc.n_chars, strict=True)]
         out["same_requests"] += [tuple(a) for a in s["arguments"]] == example_pairs(ex)
-        out["same_pred"] += pred_lm == sc.pred
-        out["same_pred_norm"] += pred_norm_lm == sc.pred_norm
+        out["same_pred"] += lm.pred == ga.pred
+        out["same_pred_norm"] += lm.pred_norm == ga.pred_norm
         out["same_gold"] &= gold == ex.gold
-        out["lm_eval_correct"] += pred_lm == gold
-        out["lm_eval_correct_norm"] += pred_norm_lm == gold
-        out["ganda_correct"] += sc.pred == ex.gold
-        out["ganda_correct_norm"] += sc.pred_norm == ex.gold
-        out["max_abs_loglik_diff"] = max(out["max_abs_loglik_diff"],
-                                         *(abs(a - b) for a, b in zip(ll_lm, sc.loglik, strict=True)))
-        out["max_abs_norm_diff"] = max(out["max_abs_norm_diff"],
-                                       *(abs(a - b) for a, b in zip(norm_lm, norm_ga, strict=True)))
+        out["lm_eval_correct"] += lm.pred == gold
+        out["lm_eval_correct_norm"] += lm.pred_norm == gold
+        out["ganda_correct"] += ga.pred == ex.gold
+        out["ganda_correct_norm"] += ga.pred_norm == ex.gold
+        for key, a, b in (("max_abs_loglik_diff", lm.loglik, ga.loglik), ("max_abs_norm_diff", lm.norm, ga.norm)):
+            out[key] = max(out[key], *(abs(x - y) for x, y in zip(a, b, strict=True)))
     r = res["results"][task]
     out.update({"lm_eval_acc": r["acc,none"], "lm_eval_acc_norm": r["acc_norm,none"],
                 "ganda_acc": ganda.accuracy, "ganda_acc_norm": ganda.acc_norm})

@@ -97,9 +97,13 @@ class ChoiceScores:
         return predicted(self.loglik)
 
     @property
+    def norm(self) -> list[float]:
+        """Each choice's log-likelihood per character (lm-eval's ``acc_norm``)."""
+        return [ll / max(1, n) for ll, n in zip(self.loglik, self.n_chars, strict=True)]
+
+    @property
     def pred_norm(self) -> int:
-        vals = [ll / max(1, n) for ll, n in zip(self.loglik, self.n_chars, strict=True)]
-        return predicted(vals)
+        return predicted(self.norm)
 
 
 def choice_chars(choices: Sequence[str]) -> list[int]:

@@ -26,14 +26,14 @@ from typing import Any
 from .. import runio
 from ..distributed import map_units, on_ray, prompt_shards
 from ..errors import GandaError
-from ..generation import evaluate_generation, generation_tally
+from ..evaluation import evaluate_on
+from ..generation import CHUNK, generation_tally
 from ..heads import HeadId, expand, format_heads, require_heads
 from ..intervals import bounds, ci, split_all
 from ..interventions import AblateHeads, Intervention, describe_all
-from ..knowledge import evaluate_knowledge, members_of
+from ..knowledge import KNOWLEDGE_TASKS, evaluate_knowledge
 from ..models.base import ModelAdapter
-from ..scoring import EvalResult, choice_labels, evaluate_examples
-from ..stats import Z95
+from ..scoring import EvalResult, choice_labels
 from ..sweep import single_ablations
 from ..tasks import get_task
 from ..tasks.base import Task
@@ -60,26 +60,24 @@ CONTROL_RULE = ("ablated alone on the run's multiple-choice prompts: accuracy-dr
                 f"and margin-drop 95% interval contains 0 or |margin drop| <= {NOISE_MARGIN:g} x the intact margin")
 
 
-def _by_mixer(heads: list[HeadId]) -> list[tuple[tuple[int, str | None], list[HeadId]]]:
+def _by_mixer(adapter: ModelAdapter, heads: list[HeadId]) -> list[tuple[list[HeadId], list[HeadId]]]:
+    """Per mixer of the G&A heads (by layer, then kind): its heads among them, and its other heads (the
+    candidate controls)."""
     by: dict[tuple[int, str | None], list[HeadId]] = {}
     for h in heads:
         by.setdefault((h.layer, h.kind), []).append(h)
-    return sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
-
-
-def _candidates(adapter: ModelAdapter, heads: list[HeadId]) -> list[HeadId]:
-    """Every head of the G&A heads' mixers that is not one of them."""
     out = []
-    for (layer, kind), _ in _by_mixer(heads):
+    for (layer, kind), hs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         mixer = adapter.mixer(layer, kind)
-        out += [h for i in range(mixer.num_heads) if (h := adapter.canonical(HeadId(layer, i, mixer.kind))) not in heads]
+        out.append((hs, [h for i in range(mixer.num_heads)
+                         if (h := adapter.canonical(HeadId(layer, i, mixer.kind))) not in heads]))
     return out
 
 
 def screen_controls(adapter: ModelAdapter, heads: list[HeadId], examples: list[Any], seed: int = 0) -> dict[str, Any]:
     """Each candidate control head's exact single-head ablation effect on ``examples``, and whether
     it is within noise (:data:`CONTROL_RULE`): a control must not be a causal head itself."""
-    sw = single_ablations(adapter, examples, _candidates(adapter, heads))
+    sw = single_ablations(adapter, examples, [h for _, others in _by_mixer(adapter, heads) for h in others])
     baseline = sw.baseline
     base_c, base_m = sw.per_prompt(baseline), sw.per_prompt(baseline, "margin")
     base_margin = sum(base_m) / len(base_m)
@@ -101,32 +99,22 @@ def control_heads(adapter: ModelAdapter, heads: list[HeadId], seed: int = 0,
     """As many random heads per layer (and mixer kind) as ``heads`` has, none of them in ``heads``
     and, given a :func:`screen_controls` result, only heads it found within noise."""
     rng = random.Random(f"extends-control-{seed}")
-    chosen: set[HeadId] = set(heads)
     out: list[HeadId] = []
-    for (layer, kind), hs in _by_mixer(heads):
-        mixer = adapter.mixer(layer, kind)
-        pool = [adapter.canonical(HeadId(layer, i, mixer.kind)) for i in range(mixer.num_heads)]
-        pool = [p for p in pool if p not in chosen]
+    for hs, pool in _by_mixer(adapter, heads):  # a mixer's draw cannot meet another's pool
         if screen is not None:
             pool = [p for p in pool if screen["candidates"][str(p)]["within_noise"]]
         if len(pool) < len(hs):
             which = " whose single ablation is within noise" if screen is not None else ""
-            raise GandaError(f"layer {layer} has only {len(pool)} heads outside the G&A set{which}, "
+            raise GandaError(f"layer {hs[0].layer} has only {len(pool)} heads outside the G&A set{which}, "
                              f"{len(hs)} needed for the control")
-        pick = rng.sample(pool, len(hs))
-        out.extend(pick)
-        chosen.update(pick)
+        out.extend(rng.sample(pool, len(hs)))
     return sorted(out)
 
 
 def _knowledge(adapter: ModelAdapter, interventions: list[Intervention], limit: int | None, seed: int = 0,
                progress: bool = True) -> dict[str, Any]:
-    """The knowledge group under ``interventions`` (:func:`ganda.knowledge.evaluate_knowledge`): the
-    paper's knowledge score is its members' mean accuracy, with no interval or count of its own;
-    each member's own in ``detail``."""
-    d = evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
-    return {"n": sum(int(t.get("n", 0)) for t in d["tasks"].values()), "correct": None, "accuracy": d.get("mean"),
-            **ci(None), "detail": d}
+    """The knowledge group under ``interventions`` (:func:`ganda.knowledge.evaluate_knowledge`)."""
+    return evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
 
 
 # tasks built for a model, by (model, name, options): each built once per run (a Ray worker keeps its own)
@@ -154,14 +142,8 @@ def _shard(adapter: ModelAdapter, name: str, options: dict[str, Any], interventi
     :func:`ganda.evaluation.evaluate`); ``seed`` is the run's, set k's is ``seed + k``."""
     task = _task(adapter, name, options)
     examples = _examples(task, limit, seed, k)
-    seed += k
     part = examples[lo:hi]
-    if task.kind != "mc":
-        res = evaluate_generation(adapter, task, part, interventions, seed=seed, progress=progress)
-        res.config.update(limit=limit, n=res.n)
-    else:
-        res = evaluate_examples(adapter, part, interventions, task_name=task.name,
-                                config=task.run_config(limit, len(part), seed), progress=progress)
+    res = evaluate_on(adapter, task, part, interventions, limit=limit, seed=seed + k, progress=progress)
     if lo:
         for i, (ex, p) in enumerate(zip(part, res.predictions, strict=True)):
             p["id"] = ex.key(task.name, lo + i)
@@ -174,18 +156,14 @@ def _merge(adapter: ModelAdapter, task: Task, examples: list[Any], parts: list[E
         return parts[0]
     preds = [p for r in parts for p in r.predictions]
     n, correct = len(preds), sum(bool(p["correct"]) for p in preds)
-    first = parts[0]
-    if task.kind == "mc":
-        config = {**first.config, "n": n}
-        norm = sum(bool(p["correct_norm"]) for p in preds)
-    else:
-        config = {**task.run_config(first.config.get("limit"), n, first.config["seed"]),
-                  "max_new_tokens": first.config["max_new_tokens"], **generation_tally(task, preds)}
-        norm = None
+    first, mc = parts[0], task.kind == "mc"
+    # the first shard's config with the whole run's count and tallies: a run on all the prompts
+    config = {**first.config, "n": n, **({} if mc else generation_tally(task, preds))}
+    norm = sum(bool(p["correct_norm"]) for p in preds) if mc else None
     res = EvalResult.from_counts(first.task, adapter, correct, n, time.perf_counter(), interventions=None,
                                  config=config, predictions=preds, correct_norm=norm)
     res.seconds, res.interventions = sum(r.seconds for r in parts), first.interventions
-    if task.kind == "mc":
+    if mc:
         res.answer_labels = choice_labels(examples)
     return res
 
@@ -239,7 +217,7 @@ def _run_set(adapter: ModelAdapter, ga: list[HeadId], tasks: list[str], k: int, 
     correct: dict[tuple[str, str], list[float]] = {}
     # every task is built (its options, its data, a lab model's world) before any of them runs
     built = {name: _task(adapter, name, options.get(name, {})) for name in tasks if name != "knowledge"}
-    screened = {**built, **({m: _task(adapter, m, {}) for m in members_of("knowledge")} if "knowledge" in tasks
+    screened = {**built, **({m: _task(adapter, m, {}) for m in KNOWLEDGE_TASKS} if "knowledge" in tasks
                             else {})}  # the knowledge group's tasks are multiple choice too
     ctrl, controls = _controls(adapter, ga, screened, limit, seed, k) if "control" in conditions else ([], None)
     ivs: dict[str, list[Intervention]] = {"intact": [], "ablated": [AblateHeads(ga, how=ablation, seed=seed + k)],
@@ -301,7 +279,7 @@ def _work_units(built: dict[str, Task], tasks: list[str], conditions: tuple[str,
         if task is not None and on_ray():
             n_ex = len(_examples(task, limit, seed, k))
             shards = prompt_shards(n_ex, len(tasks) * len(conditions),
-                                   align=1 if task.kind == "mc" else max(1, getattr(task, "batch_size", 8)) * 4)
+                                   align=1 if task.kind == "mc" else CHUNK)
         for cond in conditions:
             for lo, hi in shards:
                 if task is None:
@@ -314,10 +292,12 @@ def _work_units(built: dict[str, Task], tasks: list[str], conditions: tuple[str,
 
 
 def _knowledge_row(kn: dict[str, Any], cond: str, ivs: list[Intervention], seconds: float) -> dict[str, Any]:
-    """The knowledge group's row under one condition (its tasks pooled; each task's own in ``config``)."""
-    return {"task": "knowledge", "condition": cond, **{x: kn[x] for x in ("n", "correct", "accuracy", "ci_low", "ci_high")},
-            "seconds": round(seconds, 2), "config": {"task": "knowledge", "per_task": kn["detail"].get("tasks")},
-            "interventions": describe_all(ivs)}
+    """The knowledge group's row under one condition (:func:`_knowledge`): the paper's knowledge score is
+    its members' mean accuracy, with no interval or count of its own (``n``: the examples in all);
+    each member's own in ``config``."""
+    return {"task": "knowledge", "condition": cond, "n": sum(int(t.get("n", 0)) for t in kn["tasks"].values()),
+            "correct": None, "accuracy": kn.get("mean"), **ci(None), "seconds": round(seconds, 2),
+            "config": {"task": "knowledge", "per_task": kn.get("tasks")}, "interventions": describe_all(ivs)}
 
 
 FINDING = {"control": "the G&A ablation costs more than the control (control accuracy minus ablated, paired over "
@@ -325,17 +305,12 @@ FINDING = {"control": "the G&A ablation costs more than the control (control acc
            "intact": "the G&A ablation costs accuracy (intact minus ablated, paired over prompts: 95% interval above 0)"}
 
 
-def _difference(base: dict[str, Any], other: dict[str, Any], a: list[float] | None, b: list[float] | None,
-                seed: int) -> dict[str, Any]:
-    """``base`` accuracy minus ``other``'s with a 95% interval: the paired bootstrap over prompts where
-    both have per-prompt results (``a``, ``b``), else the unpaired normal interval from their own."""
-    if a is not None and b is not None:
-        return paired_difference(a, b, seed)
-    if None in (base["accuracy"], other["accuracy"], *bounds(base), *bounds(other)):
+def _difference(a: list[float] | None, b: list[float] | None, seed: int) -> dict[str, Any]:
+    """Accuracy over per-prompt results ``a`` minus ``b``, paired over the prompts with a 95% interval;
+    none for the knowledge group, which keeps no per-prompt results (nor an interval of its own)."""
+    if a is None or b is None:
         return {"drop": None, **ci(None, "drop")}
-    se = [(hi - lo) / (2 * Z95) for lo, hi in (bounds(base), bounds(other))]
-    d, half = base["accuracy"] - other["accuracy"], Z95 * (se[0] ** 2 + se[1] ** 2) ** 0.5
-    return {"drop": d, **ci((d - half, d + half), "drop")}
+    return paired_difference(a, b, seed)
 
 
 def _set_record(adapter: ModelAdapter, *, k: int, seed: int, limit: int | None, options: dict[str, dict[str, Any]],
@@ -347,12 +322,11 @@ def _set_record(adapter: ModelAdapter, *, k: int, seed: int, limit: int | None, 
     for (name, cond), r in by.items():
         row = {"task": name, "condition": cond, "n": r["n"], "accuracy": r["accuracy"], **ci(bounds(r))}
         if cond != "intact" and (name, "intact") in by:
-            row.update(_difference(by[(name, "intact")], r, correct.get((name, "intact")), correct.get((name, cond)),
-                                   seed + k))
+            row.update(_difference(correct.get((name, "intact")), correct.get((name, cond)), seed + k))
         rows.append(row)
         ref = "control" if (name, "control") in by else "intact"
         if cond == "ablated" and (name, ref) in by:
-            d = _difference(by[(name, ref)], r, correct.get((name, ref)), correct.get((name, cond)), seed + k)
+            d = _difference(correct.get((name, ref)), correct.get((name, cond)), seed + k)
             finding[name] = {"against": ref, "cost": d["drop"], **ci(bounds(d, "drop"), "cost")}
     disjoint = {name: prompt_set(lambda n, s, t=_task(adapter, name, options.get(name, {})): t.examples(limit=n, seed=s),
                                  limit, seed, k)[1] for name, _ in by if name != "knowledge"}

@@ -31,7 +31,8 @@ for _name, _target in BUILTIN_TASKS.items():
     registry.register_task(_name, _target, number_option="pairs" if _name == "kv" else None)
 # the paper's knowledge score: the mean accuracy over its six tasks
 KNOWLEDGE = "knowledge"
-registry.register_group(KNOWLEDGE, ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande"))
+KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")
+registry.register_group(KNOWLEDGE, KNOWLEDGE_TASKS)
 register_task = registry.register_task
 
 

@@ -177,6 +177,19 @@ def _checked_examples(examples: Any) -> Any:
     return checked
 
 
+def chosen_names(given: str | list[str] | None, known: list[str], what: str, hint: str) -> list[str]:
+    """The names ``given`` (a list, or text with commas), each one of ``known``; None: all of them. No
+    name, or one not known, is refused (``hint`` says which exist)."""
+    if isinstance(given, str):
+        given = [s.strip() for s in given.split(",") if s.strip()]
+    if given is not None and not given:
+        raise GandaError(f"no {what} given")
+    bad = [s for s in given or () if s not in known]
+    if bad:
+        raise GandaError(f"unknown {what} {bad[0]!r}; {hint}")
+    return list(given or known)
+
+
 def add_lines(text: str, lines: Iterable[str]) -> tuple[str, list[tuple[int, int]]]:
     """``text`` followed by ``lines``, and each line's character span in the result: a prompt's
     segments (each line ends with the newline that is its summary token)."""

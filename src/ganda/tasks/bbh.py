@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task, seeded_indices
+from .base import Example, Task, chosen_names, seeded_indices
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "bbh"
 STOP = ["</s>", "Q", "\n\n"]
@@ -90,8 +90,7 @@ def extract_answer(text: str, cot: bool, anycase: bool = False) -> str:
     if cot:
         m = (COT_RE_ANYCASE if anycase else COT_RE).findall(text)
         return m[0].strip() if m else INVALID
-    lines = text.strip().split("\n")
-    return lines[0].strip() if lines else ""
+    return text.strip().split("\n")[0].strip()
 
 
 _OPTION = re.compile(r"^\(([A-R])\)")
@@ -122,14 +121,7 @@ class BBHTask(Task):
         known = subtasks(self.data_dir)
         if not known:
             raise GandaError(f"no BBH data in {self.data_dir}")
-        if isinstance(subtask, str):
-            subtask = [s.strip() for s in subtask.split(",") if s.strip()]
-        if subtask is not None and not subtask:
-            raise GandaError("no BBH subtask given")
-        chosen = list(subtask) if subtask else known
-        bad = [s for s in chosen if s not in known]
-        if bad:
-            raise GandaError(f"unknown BBH subtask {bad[0]!r}; known: {', '.join(known)}")
+        chosen = chosen_names(subtask, known, "BBH subtask", f"known: {', '.join(known)}")
         if match not in ("strict", "flexible"):
             raise GandaError("bbh: match must be 'strict' or 'flexible'")
         self.subtasks, self.cot, self.shots, self.match = chosen, bool(cot), int(shots), match
@@ -142,15 +134,11 @@ class BBHTask(Task):
 
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
         picks: list[tuple[str, int]] = []
-        if limit is None:
-            for s in self.subtasks:
-                picks.extend((s, i) for i in range(len(read_examples(str(self.data_dir), s))))
-        else:
-            per, extra = divmod(limit, len(self.subtasks))
-            for k, s in enumerate(self.subtasks):
-                n_s = len(read_examples(str(self.data_dir), s))
-                want = min(n_s, per + (1 if k < extra else 0))
-                picks.extend((s, i) for i in seeded_indices(n_s, want, f"bbh-{s}-{seed}"))
+        per, extra = divmod(limit, len(self.subtasks)) if limit is not None else (None, 0)
+        for k, s in enumerate(self.subtasks):
+            want = None if per is None else per + (1 if k < extra else 0)
+            picks.extend((s, i) for i in seeded_indices(len(read_examples(str(self.data_dir), s)), want,
+                                                        f"bbh-{s}-{seed}"))
         out = []
         for s, i in picks:
             q, t = read_examples(str(self.data_dir), s)[i]

@@ -77,10 +77,7 @@ def extract_strict(text: str) -> str:
 def extract_flexible(text: str) -> str:
     """lm-eval ``flexible-extract``: the last number-like token in the text."""
     m = FLEXIBLE_RE.findall(text)
-    if not m:
-        return INVALID
-    groups = [g for g in m[-1] if g]
-    return groups[0].strip() if groups else INVALID
+    return next(g for g in m[-1] if g).strip() if m else INVALID  # a match fills one of the two groups
 
 
 def normalize(s: str) -> str:

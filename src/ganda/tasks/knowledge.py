@@ -56,11 +56,10 @@ from importlib import resources
 from typing import Any
 
 from ..errors import GandaError
+from . import KNOWLEDGE_TASKS  # the ``knowledge`` group
 from .base import Example, Task, seeded_indices
 
 __all__ = ["KNOWLEDGE_TASKS"]
-
-KNOWLEDGE_TASKS = ("arc_easy", "arc_challenge", "openbookqa", "piqa", "hellaswag", "winogrande")  # the ``knowledge`` group
 
 
 def _data(*parts: str):
@@ -153,8 +152,8 @@ class PIQATask(_KnowledgeTask):
         labels = _labels("piqa", "valid-labels.lst")
         if len(docs) != len(labels):
             raise GandaError("piqa: data and labels differ in length")
-        return [_mc(f"Question: {d['goal']}\nAnswer:", [d["sol1"], d["sol2"]], int(lab), index=i)
-                for i, (d, lab) in enumerate(zip(docs, labels, strict=True))]
+        return [_mc(f"Question: {d['goal']}\nAnswer:", [d["sol1"], d["sol2"]], int(lab))
+                for d, lab in zip(docs, labels, strict=True)]
 
 
 def hellaswag_preprocess(text: str) -> str:
@@ -204,7 +203,7 @@ class HellaSwagTask(_KnowledgeTask):
             if self.capitalize_ctx_b and sep:
                 ctx = capitalize_last_fragment(ctx)
             query = hellaswag_preprocess(activity + sep + ctx)
-            out.append(_mc(query, [hellaswag_preprocess(e) for e in endings], int(label), index=i // 6))
+            out.append(_mc(query, [hellaswag_preprocess(e) for e in endings], int(label)))
         return out
 
 

@@ -21,7 +21,7 @@ import random
 from typing import Any
 
 from .base import Example, OptionError, Task, add_lines
-from .words import sample_words, word_list
+from .words import word_list
 
 
 class KVTask(Task):
@@ -47,7 +47,7 @@ class KVTask(Task):
         return {"task": self.name, "pairs": self.pairs, "size": self.n, "max_value": self.max_value}
 
     def make_example(self, rng: random.Random) -> Example:
-        keys = sample_words(rng, self.pairs)
+        keys = rng.sample(word_list("noun"), self.pairs)
         values = rng.sample(range(self.max_value), self.pairs)
         gold = rng.randrange(self.pairs)
         prompt, segments = add_lines("Memorize the following dictionary:\n",

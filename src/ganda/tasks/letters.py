@@ -18,11 +18,10 @@ Options are ``words`` random nouns/adjectives (multi-token), ``options`` of them
 from __future__ import annotations
 
 import random
-import string
 from typing import Any
 
 from .base import Example, Task
-from .mmlu import question_text
+from .mmlu import lettered_example
 from .words import word_list
 
 HEADER = "The following are multiple choice questions (with answers).\n\n"
@@ -58,21 +57,9 @@ class LettersTask(Task):
         return f'Which option is "{opts[gold]}"?\n', opts, gold
 
     def make_example(self, rng: random.Random) -> Example:
-        letters = string.ascii_uppercase[: self.options]
-        prompt = HEADER
-        for _ in range(self.shots):
-            q, opts, g = self._question(rng)
-            prompt = question_text(q, opts, prompt)[0] + f" {letters[g]}\n\n"
+        shots = [self._question(rng) for _ in range(self.shots)]
         q, opts, gold = self._question(rng)
-        prompt, segments = question_text(q, opts, prompt)
-        return Example(
-            prompt=prompt,
-            choices=[f" {L}" for L in letters],
-            gold=gold,
-            segments=segments,
-            gold_segment=gold,
-            meta={"options": opts},
-        )
+        return lettered_example(HEADER, shots, q, opts, gold, {"options": opts})
 
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
         rng = random.Random(f"letters-{self.options}-{self.words}-{self.shots}-{seed}")

@@ -27,13 +27,13 @@ from __future__ import annotations
 import csv
 import random
 import string
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task, add_lines
+from .base import Example, Task, add_lines, chosen_names
 
 LETTERS = "ABCD"
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "mmlu"
@@ -63,6 +63,18 @@ def question_text(question: str, choices: Sequence[str], before: str = "") -> tu
     return text + "Answer:", spans
 
 
+def lettered_example(before: str, shots: Iterable[tuple[str, Sequence[str], int]], question: str,
+                     choices: Sequence[str], gold: int, meta: dict[str, Any]) -> Example:
+    """MMLU's format: ``before``, each solved shot followed by its letter and a blank line (lm-eval's
+    target and fewshot delimiters), then the question; the choices are the letters, and each option
+    line is a segment (the gold one holds the answer)."""
+    for q, ch, g in shots:
+        before = question_text(q, ch, before)[0] + f" {string.ascii_uppercase[g]}\n\n"
+    prompt, spans = question_text(question, choices, before)
+    return Example(prompt=prompt, choices=[f" {L}" for L in string.ascii_uppercase[: len(choices)]], gold=gold,
+                   segments=spans, gold_segment=gold, meta=meta)
+
+
 def description(subject: str) -> str:
     return f"The following are multiple choice questions (with answers) about {subject.replace('_', ' ')}.\n\n"
 
@@ -78,18 +90,11 @@ class MMLUTask(Task):
         if not (self.data_dir / "test").is_dir():
             raise GandaError(f"no MMLU data in {self.data_dir} (expected test/<subject>_test.csv)")
         known = globals()["subjects"](self.data_dir)
-        if isinstance(subjects, str):
-            subjects = [s.strip() for s in subjects.split(",") if s.strip()]
-        if subjects is not None and not subjects:
-            raise GandaError("no MMLU subject given")
-        chosen = subjects or known
-        bad = [s for s in chosen if s not in known]
-        if bad:
-            raise GandaError(f"unknown MMLU subject {bad[0]!r}; e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
+        chosen = chosen_names(subjects, known, "MMLU subject", f"e.g. {', '.join(known[:4])}, ... ({len(known)} in all)")
         twice = [s for i, s in enumerate(chosen) if s in chosen[:i]]
         if twice:  # its questions would count twice and narrow the confidence interval
             raise GandaError(f"MMLU subject {twice[0]!r} is named twice; name each subject once")
-        self.shots, self.subjects, self.sample = shots, list(chosen), bool(sample)
+        self.shots, self.subjects, self.sample = shots, chosen, bool(sample)
 
     @classmethod
     def chance(cls, options: dict[str, Any] | None = None) -> float:
@@ -104,27 +109,15 @@ class MMLUTask(Task):
         return out
 
     def build(self, subject: str, question: str, choices: tuple[str, ...], gold: int) -> Example:
-        prompt = description(subject)
-        for q, ch, g in read_split(str(self.data_dir), "dev", subject)[: self.shots]:
-            prompt = question_text(q, ch, prompt)[0] + f" {LETTERS[g]}\n\n"
-        prompt, spans = question_text(question, choices, prompt)
-        return Example(
-            prompt=prompt,
-            choices=[f" {L}" for L in LETTERS],
-            gold=gold,
-            segments=spans,
-            gold_segment=gold,
-            meta={"subject": subject},
-        )
+        shots = read_split(str(self.data_dir), "dev", subject)[: self.shots]
+        return lettered_example(description(subject), shots, question, choices, gold, {"subject": subject})
 
     def examples(self, limit: int | None = None, seed: int = 0) -> list[Example]:
         """The first ``limit`` questions of each subject (lm-eval's ``--limit``; ``seed`` unused), or
         with ``sample`` a seeded sample of ``limit`` questions across the subjects."""
         sizes = {s: len(read_split(str(self.data_dir), "test", s)) for s in self.subjects}
-        if limit is not None and not self.sample:
-            items = [(s, i) for s in self.subjects for i in range(min(limit, sizes[s]))]
-        else:
-            items = [(s, i) for s in self.subjects for i in range(sizes[s])]
+        first = None if self.sample else limit
+        items = [(s, i) for s in self.subjects for i in range(sizes[s])[:first]]
         if self.sample and limit is not None and limit < len(items):
             items = sorted(random.Random(f"mmlu-{seed}").sample(items, limit))
         out = []

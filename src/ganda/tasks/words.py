@@ -1,4 +1,4 @@
-"""A real English word list (the ``wonderwords`` package's nouns), sampled with a seeded RNG.
+"""A real English word list (the ``wonderwords`` package's nouns), which tasks sample with a seeded RNG.
 
 The paper's KV task draws keys with ``wonderwords.RandomWord``; we read the same word list but
 sample it ourselves so that every example is reproducible from a seed.
@@ -7,7 +7,6 @@ sample it ourselves so that every example is reproducible from a seed.
 from __future__ import annotations
 
 import importlib.resources as resources
-import random
 from functools import lru_cache
 
 
@@ -17,8 +16,3 @@ def word_list(kind: str = "noun") -> tuple[str, ...]:
     text = resources.files("wonderwords").joinpath("assets", f"{kind}list.txt").read_text()
     words = {w.strip().lower() for w in text.splitlines()}
     return tuple(sorted(w for w in words if w.isalpha() and 3 <= len(w) <= 10))
-
-
-def sample_words(rng: random.Random, n: int, kind: str = "noun") -> list[str]:
-    """``n`` distinct words."""
-    return rng.sample(word_list(kind), n)
