@@ -282,13 +282,16 @@ def test_dream_env_dir(tmp_path, monkeypatch):
 
 def test_control_heads(tiny):
     from ganda.experiments.extends import control_heads
-    from ganda.heads import expand
+    from ganda.heads import HeadId, expand
 
     ga = expand("L1H0,L1H2,L2H3", tiny)
     ctrl = control_heads(tiny, ga, seed=0)
     assert len(ctrl) == 3 and not set(ctrl) & set(ga)
     assert sorted(h.layer for h in ctrl) == [1, 1, 2]
     assert ctrl == control_heads(tiny, ga, seed=0)
+    # a head named with its mixer's kind is the same head: the same draw, never itself a control
+    named = [HeadId(h.layer, h.head, tiny.mixer_of(h).kind) for h in ga]
+    assert named != ga and control_heads(tiny, named, seed=0) == ctrl
     with pytest.raises(GandaError):
         control_heads(tiny, expand("L1H*", tiny))
 

@@ -62,7 +62,8 @@ CONTROL_RULE = ("ablated alone on the run's multiple-choice prompts: accuracy-dr
 
 def _by_mixer(adapter: ModelAdapter, heads: list[HeadId]) -> list[tuple[list[HeadId], list[HeadId]]]:
     """Per mixer of the G&A heads (by layer, then kind): its heads among them, and its other heads (the
-    candidate controls)."""
+    candidate controls). Heads are compared canonically, so one mixer is one group however it was named."""
+    heads = [adapter.canonical(h) for h in heads]
     by: dict[tuple[int, str | None], list[HeadId]] = {}
     for h in heads:
         by.setdefault((h.layer, h.kind), []).append(h)
