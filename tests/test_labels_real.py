@@ -39,15 +39,15 @@ def test_standard_scores_agree_with_plain_transformers(alias, request):
     from ``model(..., output_attentions=True)`` with eager attention, the model loaded again by
     transformers from the safetensors directory the GGUF was dequantised into (the same weights:
     test_hardening_models checks that copy against the GGUF; dequantising it again takes 40 s)."""
-    from pathlib import Path
-
     from transformers import AutoModelForCausalLM
+
+    from ganda.models.loading import gguf_cache_entry, resolve_alias
 
     a = request.getfixturevalue("smollm2" if alias.startswith("smollm2") else "gemma")  # one load per process
     seqs, prefix, length = repeated_tokens(a, batch=STANDARD["batch"])
     assert length == STANDARD["length"] and prefix == 1
     ours = standard_scores(a)
-    where = Path(a.model.name_or_path)
+    where = gguf_cache_entry(resolve_alias(alias))  # written by the fixture's load, warm cache or not
     assert (where / "model.safetensors").is_file(), where
     plain_model = AutoModelForCausalLM.from_pretrained(str(where), dtype=torch.float32,
                                                        attn_implementation="eager").eval()

@@ -341,6 +341,11 @@ def _gguf_cache_key(path: Path) -> str:
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
+def gguf_cache_entry(path: Path) -> Path:
+    """The safetensors directory a GGUF is dequantised into (it exists once the GGUF was loaded)."""
+    return placement.cache_dir() / "gguf" / f"{path.stem}-{_gguf_cache_key(path)}"
+
+
 def _legacy_cache_key(path: Path) -> str:
     """The key of entries named by path, size and whole-second mtime only (no manifest): recognised
     so that the entry which supersedes them can remove them."""
@@ -554,8 +559,8 @@ def _load_gguf(path: Path, use_cache: bool) -> tuple[Any, Any]:
         raise GandaError(f"{path} is not a GGUF file (bad magic bytes)")
     if not use_cache:
         return _dequantise(path)
-    root = placement.cache_dir() / "gguf"
-    entry = root / f"{path.stem}-{_gguf_cache_key(path)}"
+    entry = gguf_cache_entry(path)
+    root = entry.parent
     problem = _entry_problem(entry) if entry.exists() else "absent"
     if problem is None:
         try:
