@@ -396,11 +396,12 @@ class Phase:
     scored: float = 0.0  # rows whose log-likelihoods are read back (each pays the per-score overhead)
     full_logits: bool = False  # float32 log-softmax over every position of every row (the fallback sweep)
     peak_rows: float = 0.0  # rows of the largest forward where the batches differ in size (0: rows)
+    part: float = 1.0  # the share of the listed layers run (the circuit's receiver copies stop at the mixer)
 
     def flops(self, p: Profile) -> float:
         T = max(1, round(self.tokens))
         per_row = sum(p.layers[i].flops(T) for i in self.layers) + 2.0 * p.d_model * p.vocab * self.logit_positions
-        return self.calls * self.rows * per_row * (1.0 + self.backward)
+        return self.calls * self.rows * per_row * (1.0 + self.backward) * self.part
 
     @property
     def chunked(self) -> bool:
@@ -424,7 +425,7 @@ class Phase:
                         for E, N in p.layers[i].selective)
             per_call += steps * dev.scan_step * (1.0 + self.backward)
         return (self.calls * (per_call + dev.call_overhead) + self.examples * dev.example_overhead
-                + self.examples * self.tokens * dev.token_overhead + self.scored * dev.score_overhead)
+                + self.examples * self.tokens * dev.token_overhead + self.scored * dev.score_overhead) * self.part
 
 
 @dataclass
@@ -450,22 +451,16 @@ class Plan:
         return asdict(self)
 
 
-def _act_peak(p: Profile, rows: float, T: int, layers: Sequence[int], logit_positions: float,
-              chunked: bool = False, segment: Any = None) -> float:
-    b = p.bytes_per_param
-    resid = 3.0 * rows * T * p.d_model * b
-    layer = max((p.layers[i].act_bytes(T, b, chunked, segment) for i in layers), default=0.0) * rows
-    logits = rows * logit_positions * p.vocab * (b + 4)  # the logits and their float32 log-softmax
-    return resid + max(layer, logits)
-
-
 def _phase_act(p: Profile, ph: Phase, w: Workload, dev: Device | None = None) -> float:
-    """The activation peak of one phase: :func:`_act_peak`, with what a phase holds besides. A
-    no-grad chunked scan on ``dev`` holds one segment at a time; with autograd it keeps them all."""
+    """The activation peak of one phase: the residual stream, and the largest of its layers'
+    transients and its logits with their float32 log-softmax. A no-grad chunked scan on ``dev``
+    holds one segment at a time; with autograd it keeps them all."""
     T = max(1, round(ph.tokens or w.peak_tokens))
     rows = ph.peak_rows or ph.rows
     segment = partial(dev.segment, rows) if ph.chunked and not ph.backward and dev is not None else None
-    act = _act_peak(p, rows, T, ph.layers, ph.logit_positions, ph.chunked, segment)
+    b = p.bytes_per_param
+    layer = max((p.layers[i].act_bytes(T, b, ph.chunked, segment) for i in ph.layers), default=0.0) * rows
+    act = 3.0 * rows * T * p.d_model * b + max(layer, rows * ph.logit_positions * p.vocab * (b + 4))
     if ph.full_logits:
         # fp32 logits and their log-softmax at every position of the longest prompt, beside the
         # previous prompt's log-probabilities (freed only when the next replace them), at the mean length

@@ -22,23 +22,7 @@ from typing import Any
 
 from ..attribution.engine import ACTIVE_EDGES, BATCH_TOKENS, GRADDROP_BLOCKS
 from ..heads import HeadId
-from ..plan import CHUNKED, Device, Phase, Phases, Profile, Workload, backward_batch_tokens, batches_of
-
-
-class _Part(Phase):
-    """Forwards that run only a fraction of each listed layer (the receivers' copies stop at the
-    mixer's output projection): the whole layers' cost times ``part``."""
-
-    def __init__(self, name: str, calls: float, rows: float, tokens: float, layers: list[int], part: float,
-                 backward: float) -> None:
-        super().__init__(name, calls, rows, tokens, layers, 0, backward=backward, scan=CHUNKED)
-        self.part = part
-
-    def flops(self, p: Profile) -> float:
-        return super().flops(p) * self.part
-
-    def seconds(self, p: Profile, dev: Device) -> float:
-        return super().seconds(p, dev) * self.part
+from ..plan import CHUNKED, Phase, Phases, Profile, Workload, backward_batch_tokens, batches_of
 
 
 def mixer_part(p: Profile) -> float:
@@ -92,8 +76,8 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
                     examples=w.n, scored=w.n * w.score_rows, scan=CHUNKED),
               Phase("layer-by-layer backward (one VJP per layer)", calls, per_batch, w.packed, L, w.reads, backward=1.0,
                     scan=CHUNKED),
-              _Part(f"receiver copies ({copies:.0f} per layer on average), forward and VJP up to the mixer", calls,
-                    per_batch * copies, w.packed, L, mixer_part(p), backward=2.0)]
+              Phase(f"receiver copies ({copies:.0f} per layer on average), forward and VJP up to the mixer", calls,
+                    per_batch * copies, w.packed, L, 0, backward=2.0, scan=CHUNKED, part=mixer_part(p))]
     # --widen W: its first round (at least one runs; later rounds depend on what the first finds)
     edges = sum(layer.heads * sum(q.heads for q in p.layers[:k]) for k, layer in enumerate(p.layers))
     top = max(int(opts.get("verify_top", 10)), int(opts.get("active", ACTIVE_EDGES)))
