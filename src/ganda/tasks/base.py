@@ -10,7 +10,9 @@ Aggregate head reads from the final position.
 from __future__ import annotations
 
 import functools
+import gzip
 import inspect
+import json
 import random
 import types
 import typing
@@ -198,6 +200,12 @@ def add_lines(text: str, lines: Iterable[str]) -> tuple[str, list[tuple[int, int
         spans.append((len(text), len(text) + len(line)))
         text += line
     return text, spans
+
+
+def read_jsonl(path: Any) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (gzip-compressed where its name ends in ``.gz``), blank lines skipped."""
+    with (gzip.open if str(path).endswith(".gz") else open)(str(path), "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def seeded_indices(n: int, limit: int | None, seed: Any) -> list[int]:

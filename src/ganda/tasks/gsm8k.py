@@ -17,14 +17,13 @@ accuracy; both are always recorded.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..errors import GandaError
-from .base import Example, Task, seeded_indices
+from .base import Example, Task, read_jsonl, seeded_indices
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "gsm8k"
 
@@ -101,13 +100,7 @@ def read_test(data_dir: str) -> tuple[tuple[str, str], ...]:
     path = Path(data_dir) / "test.jsonl"
     if not path.is_file():
         raise GandaError(f"no GSM8K data at {path}")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                d = json.loads(line)
-                rows.append((d["question"], d["answer"]))
-    return tuple(rows)
+    return tuple((d["question"], d["answer"]) for d in read_jsonl(path))
 
 
 def build_prompt(question: str, shots: int, cot: bool) -> str:

@@ -48,8 +48,6 @@ characters of the choice *without* the target delimiter.
 from __future__ import annotations
 
 import bz2
-import gzip
-import json
 import re
 from collections.abc import Sequence
 from importlib import resources
@@ -57,18 +55,13 @@ from typing import Any
 
 from ..errors import GandaError
 from . import KNOWLEDGE_TASKS  # the ``knowledge`` group
-from .base import Example, Task, seeded_indices
+from .base import Example, Task, read_jsonl, seeded_indices
 
 __all__ = ["KNOWLEDGE_TASKS"]
 
 
 def _data(*parts: str):
     return resources.files("ganda").joinpath("data", *parts)
-
-
-def _jsonl_gz(*parts: str) -> list[dict[str, Any]]:
-    with gzip.open(str(_data(*parts)), "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _labels(*parts: str) -> list[str]:
@@ -120,7 +113,7 @@ class _ArcBase(_KnowledgeTask):
 
     def _load(self) -> list[Example]:
         out = []
-        for d in _jsonl_gz(*self.file):
+        for d in read_jsonl(_data(*self.file)):
             q = d["question"]
             labels = [c["label"] for c in q["choices"]]
             out.append(_mc(self.context.format(q["stem"]), [c["text"] for c in q["choices"]],
@@ -148,7 +141,7 @@ class PIQATask(_KnowledgeTask):
     name = "piqa"
 
     def _load(self) -> list[Example]:
-        docs = _jsonl_gz("piqa", "valid.jsonl.gz")
+        docs = read_jsonl(_data("piqa", "valid.jsonl.gz"))
         labels = _labels("piqa", "valid-labels.lst")
         if len(docs) != len(labels):
             raise GandaError("piqa: data and labels differ in length")
@@ -213,7 +206,7 @@ class WinograndeTask(_KnowledgeTask):
 
     def _load(self) -> list[Example]:
         out = []
-        for d in _jsonl_gz("winogrande", "dev.jsonl.gz"):
+        for d in read_jsonl(_data("winogrande", "dev.jsonl.gz")):
             s = d["sentence"]
             idx = s.index("_")
             contexts = [s[:idx] + opt for opt in (d["option1"], d["option2"])]
