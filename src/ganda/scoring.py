@@ -118,7 +118,7 @@ def score_choices(adapter: ModelAdapter, context: str, choices: Sequence[str]) -
     When every continuation is one token after the same context (MMLU letters) a single
     forward of the context suffices; otherwise all ``context+choice`` rows run as one batch.
     """
-    return _score_pairs(adapter, [(context, c) for c in choices], choice_chars(choices))
+    return score_example(adapter, Example(context, list(choices)))
 
 
 def example_pairs(ex: Example) -> list[tuple[str, str]]:
@@ -146,8 +146,14 @@ def examples_digest(examples: Sequence[Example]) -> str:
 
 @torch.no_grad()
 def score_example(adapter: ModelAdapter, ex: Example) -> ChoiceScores:
-    """Score one multiple-choice example, Winogrande-style partial scoring included."""
-    return _score_pairs(adapter, example_pairs(ex), norm_chars(ex))
+    """Score one multiple-choice example, Winogrande-style partial scoring included; where the
+    model continues from a cached prefix (:func:`prefix_cache_enabled`), the shared context runs
+    once and the choices as suffixes."""
+    pairs = encode_pairs(adapter, example_pairs(ex))
+    items = [(pairs, one_row(pairs), norm_chars(ex))]
+    if prefix_cache_enabled(adapter):
+        return _score_rows_prefixed(adapter, items)[0]
+    return _score_rows(adapter, items)[0]
 
 
 def pad_id(adapter: ModelAdapter) -> int:
@@ -214,15 +220,6 @@ def _score_rows(adapter: ModelAdapter, items: Sequence[tuple[Pairs, bool, list[i
     lls = [[0.0] * len(pairs) for pairs, _, _ in items]
     _read_batch(logits, rows, None, 0, lls)
     return _finite(adapter, items, lls)
-
-
-def _score_pairs(adapter: ModelAdapter, texts: Sequence[tuple[str, str]], n_chars: list[int],
-                 prefix_cache: bool | None = None) -> ChoiceScores:
-    pairs = encode_pairs(adapter, texts)
-    items = [(pairs, one_row(pairs), n_chars)]
-    if prefix_cache_enabled(adapter, prefix_cache):  # the shared context once, choices as suffixes
-        return _score_rows_prefixed(adapter, items)[0]
-    return _score_rows(adapter, items)[0]
 
 
 # ---- shared-prefix reuse -------------------------------------------------------------------
@@ -505,11 +502,9 @@ def score_examples(adapter: ModelAdapter, examples: Sequence[Example], *, batch_
         bar.close()
         return res
     n = default_batch_rows(adapter.n_params()) if batch_rows is None else max(1, int(batch_rows))
-    if n == 1 and not sited:
-        return [_score_pairs(adapter, example_pairs(ex), norm_chars(ex), False)
-                for ex in tqdm(examples, desc=desc, disable=not progress, leave=False)]
-    # up to n rows per forward; a sited row also carries its prompt's position classes
-    # (:func:`prompt_sites`, what a resample or position-class ablation reads, :mod:`ganda.ablation`)
+    # up to n rows per forward (at n = 1 one example, whatever its rows); a sited row also carries its
+    # prompt's position classes (:func:`prompt_sites`, what a resample or position-class ablation
+    # reads, :mod:`ganda.ablation`)
     out: list[ChoiceScores] = []
     chunk: list[tuple[Pairs, bool, list[int]]] = []
     where: list[dict[str, list[int]] | None] = []
