@@ -38,6 +38,7 @@ from .models.base import ModelAdapter
 from .scoring import ChoiceScores, evaluate_examples, example_pairs, norm_chars
 from .tasks import get_task
 from .tasks.mmlu import DATA_DIR as MMLU_DIR
+from .tasks.mmlu import description
 from .tasks.mmlu import subjects as all_subjects
 
 ARC_EASY = Path(__file__).resolve().parent / "data" / "arc" / "ARC-Easy-Test.jsonl.gz"
@@ -137,8 +138,7 @@ def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 
         "doc_to_text": "{{question.strip()}}\nA. {{A}}\nB. {{B}}\nC. {{C}}\nD. {{D}}\nAnswer:",
         "doc_to_choice": ["A", "B", "C", "D"],
         "doc_to_target": "{{answer.strip()}}",
-        "description": f"The following are multiple choice questions (with answers) about "
-                       f"{subject.replace('_', ' ')}.\n\n",
+        "description": description(subject),
         "num_fewshot": shots,
         "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
                         {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],

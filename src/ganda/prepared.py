@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .errors import GandaError
-from .scoring import common_prefix, encode_pairs, example_pairs, norm_chars, one_row, pad_rows, right_pad
+from .scoring import common_prefix, encode_examples, pad_rows, right_pad
 from .tasks.base import Example
 
 PACKED, ROWS = "packed", "rows"
@@ -110,7 +110,7 @@ def block_mask(parent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def prepare(adapter: Any, ex: Example) -> Prepared:
     """Tokenise ``ex`` exactly as :func:`ganda.scoring.score_example` does, then pack it."""
-    pairs = encode_pairs(adapter, example_pairs(ex))
+    (pairs, single, n_chars), = encode_examples(adapter, [ex])
     for c, t in pairs:
         if not t:
             raise GandaError(f"a choice encodes to no token after the context: {ex.prompt[-40:]!r}")
@@ -120,8 +120,8 @@ def prepare(adapter: Any, ex: Example) -> Prepared:
         rows=[list(c) + list(t) for c, t in pairs],
         ctx_lens=[len(c) for c, _ in pairs],
         conts=[list(t) for _, t in pairs],
-        single=one_row(pairs),
-        n_chars=norm_chars(ex),
+        single=single,
+        n_chars=n_chars,
         gold=ex.gold,
     )
     # the longest prefix shared by every row's inputs (a row's last token is never an input that is read)
