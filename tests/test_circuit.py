@@ -454,6 +454,13 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     # the top by estimate and the most active are planned as the larger list; never more than every edge
     assert checked(verify_top=10, active=n_edges - 5) == pytest.approx(checked(verify_top=n_edges - 5), rel=1e-9)
     assert checked(active=n_edges - 5) < checked(active=n_edges + 50) == pytest.approx(checked(active=10 * n_edges))
+    # a phase that runs a share of its layers (the receiver copies) costs that share of the whole
+    # layers' time, compute included: the share is taken once
+    whole = planner.Phase("copies", 2, 16, 60.0, list(range(len(prof.layers))), 0, backward=2.0)
+    share = planner.Phase("copies", 2, 16, 60.0, list(range(len(prof.layers))), 0, backward=2.0, part=0.3)
+    dev = planner.device("cpu")
+    assert share.seconds(prof, dev) == pytest.approx(0.3 * whole.seconds(prof, dev), rel=1e-12)
+    assert share.flops(prof) == pytest.approx(0.3 * whole.flops(prof), rel=1e-12)
     path = planner.plan(prof, "path", w, "cpu", sender="L0H0", receiver="L2H1", parts="together,q")
     assert {"path", "edges"} <= set(planner.costed_experiments()) and path.flops < edges.flops
 

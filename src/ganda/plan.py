@@ -410,7 +410,7 @@ class Phase:
     def seconds(self, p: Profile, dev: Device) -> float:
         T = max(1, round(self.tokens))
         rate = dev.rate(p.dtype)
-        per_call = self.flops(p) / max(self.calls, 1e-12) / rate
+        per_call = self.flops(p) / self.part / max(self.calls, 1e-12) / rate  # whole layers: ``part`` once, below
         weights = (p.layer_params(self.layers) + p.d_model * p.vocab) * p.bytes_per_param
         per_call = max(per_call, weights * (1.0 + self.backward) / (dev.bandwidth * dev.bw_util))
         traffic = sum(p.layers[i].traffic(T, dev.ssd_traffic_scale, dev.library_ssd_scale, self.chunked)
