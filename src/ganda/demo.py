@@ -41,7 +41,7 @@ from .attention import draw_attention
 from .attribution import rank_heads
 from .effects import matters
 from .errors import GandaError
-from .experiments.base import Options, ScoredExperiment, option
+from .experiments.base import ABLATION_HELP, Options, ScoredExperiment, option
 from .experiments.common import ExperimentResult, paired_drop, pool_over
 from .experiments.cumulative import at_chance, chance_sentence, cumulative_ablation, curve_figure
 from .intervals import bounds, ci
@@ -217,10 +217,8 @@ class DemoOptions(Options):
     prompt_sets: int = option(3, "prompt sets the finding is checked on (set k: seeds seed+3k, +1, +2), each "
                               "reported with whether the finding holds", low=1, high=100,
                               why="each one repeats the whole measurement")
-    ablation: str = option("zero", "zero|mean|resample (the ranking of a resample demo runs mean): what an ablated "
-                           "head's slice becomes: zero, mean (its mean over every token of the scored prompts) or "
-                           "resample (its value at the same position of another scored prompt, aligned from the "
-                           "prompt's end); docs/heads.md", choices=ABLATIONS)
+    ablation: str = option("zero", f"zero|mean|resample (the ranking of a resample demo runs mean): {ABLATION_HELP}",
+                           choices=ABLATIONS)
     profile: bool = option(True, "skip ablating the top causal and Gather heads zero, mean and resample and at each "
                            "position class (where they act)", flag="--no-profile")
     rank_n: int = option(16, "ranking prompts", low=1, hidden=True)
