@@ -185,16 +185,15 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
         raise GandaError("--heads is empty")
     options = options or {}
     try:
-        first, correct = _run_set(adapter, ga, tasks, 0, limit=limit, seed=seed, out=out, options=options,
-                                  conditions=conditions, progress=progress, ablation=ablation)
-        if prompt_sets == 1:
-            return first
-        sets = [_set_record(adapter, k=0, seed=seed, limit=limit, options=options, result=first, correct=correct)]
-        for k in range(1, prompt_sets):
-            res, corr = _run_set(adapter, ga, tasks, k, limit=limit, seed=seed, out=out, options=options,
-                                 conditions=conditions, progress=progress, ablation=ablation)
-            sets.append(_set_record(adapter, k=k, seed=seed, limit=limit, options=options, result=res, correct=corr))
-        result = {**first, "prompt_sets": prompt_sets, "seeds": [seed + k for k in range(prompt_sets)], "sets": sets,
+        sets, results = [], []
+        for k in range(prompt_sets):
+            res, correct = _run_set(adapter, ga, tasks, k, limit=limit, seed=seed, out=out, options=options,
+                                    conditions=conditions, progress=progress, ablation=ablation)
+            if prompt_sets == 1:
+                return res
+            results.append(res)
+            sets.append(_set_record(adapter, k=k, seed=seed, limit=limit, options=options, result=res, correct=correct))
+        result = {**results[0], "prompt_sets": prompt_sets, "seeds": [seed + k for k in range(prompt_sets)], "sets": sets,
                   **robustness(sets)}
         if out:
             write_results(result, out)
