@@ -82,10 +82,10 @@ CASES = [
     C("eval-seed-text", "eval", LAB, "--task", "kv", "--seed", "one", match="--seed"),
     # --ablation (zero, mean, resample) and --ablate-at, in every command that ablates heads
     C("eval-ablation-kind", "eval", LAB, "--task", "kv", "--ablate", "L1H0", "--ablation", "noise",
-      match="--ablation must be zero or mean or resample, not 'noise'"),
+      match="--ablation must be one of zero, mean, resample, not 'noise'"),
     C("eval-ablation-without-heads", "eval", LAB, "--task", "kv", "--ablation", "mean", match="need --ablate"),
     C("eval-ablate-at", "eval", LAB, "--task", "kv", "--ablate", "L1H0", "--ablate-at", "middle",
-      match="--ablate-at must be ends or key or final or elsewhere"),
+      match="--ablate-at must be one of ends, key, final, elsewhere"),
     C("eval-resample-generation", "eval", "{tiny}", "--task", "gsm8k", "--limit", "2", "--ablate", "L1H0", "--ablation",
       "resample", match="score multiple-choice tasks only"),
     C("sweep-ablation-resample", "sweep", LAB, "--task", "kv", "--ablation", "resample", "--out", "out",
@@ -461,7 +461,7 @@ CASES = [
       "out", match="--from L9H0: layer 9 out of range"),
     C("path-sender-empty", "path", LAB, "--from", "", "--to", "L3H0", "--out", "out", match="--from is required"),
     C("run-eval-ablation", "run", "eval", LAB, "--option", "ablation=half",
-      match="ablation must be zero or mean or resample, not 'half'"),
+      match="ablation must be one of zero, mean, resample, not 'half'"),
     C("plan-hidden-65", "plan", "{hidden_65}", match="The hidden size (65) is not a multiple of the number of "
       "attention heads (4)"),
     C("eval-hidden-65", "eval", "{hidden_65_dir}", "--task", "lab-mmlu", match="its config.json is not a valid config: "

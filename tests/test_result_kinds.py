@@ -5,6 +5,7 @@ built-in one; every built-in kind reads back what its writer wrote."""
 
 from __future__ import annotations
 
+import csv
 import html
 import json
 from dataclasses import dataclass
@@ -243,7 +244,7 @@ def test_a_sharpness_run_is_an_experiment_result_and_its_older_layout_still_load
     """``sharpness`` saves the layout every kind saves (settings in ``config``, the first
     comparison's differences with their intervals in ``summary``); a result.json that keeps its
     settings at the top level reads back to the same result."""
-    from ganda.experiments.sharpness import SharpnessResult, save_sharpness
+    from ganda.experiments.sharpness import SharpnessResult
 
     metrics = {"aggregate": {"value": 0.5, "ci_low": 0.4, "ci_high": 0.6, "scale": "mean"}}
     res = {"kind": "sharpness", "task": "lab-mmlu", "n": 12, "seed": 0, "k": 3,
@@ -252,7 +253,8 @@ def test_a_sharpness_run_is_an_experiment_result_and_its_older_layout_still_load
            "differences": [{"a": "T", "b": "S", "metric": "aggregate", "value": 0.21, "ci_low": 0.12, "ci_high": 0.3,
                             "scale": "difference T - S", "sharper": "T"}]}
     assert isinstance(SharpnessResult.of(res), ExperimentResult)
-    rows = save_sharpness(res, tmp_path / "new")
+    SharpnessResult.of(res).save(tmp_path / "new")
+    rows = list(csv.DictReader(open(tmp_path / "new" / "sharpness.csv")))
     assert [r["heads"] for r in rows] == ["L3H0", "L1H7", "T"]
     new = json.loads((tmp_path / "new" / "result.json").read_text())
     assert new["config"] == {"task": "lab-mmlu", "n": 12, "seed": 0, "k": 3} and new["model"] == "T,S"

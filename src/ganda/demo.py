@@ -41,9 +41,9 @@ from .attention import draw_attention
 from .attribution import rank_heads
 from .effects import matters
 from .errors import GandaError
-from .experiments.base import Options, ScoredExperiment, option
+from .experiments.base import ABLATION_HELP, Options, ScoredExperiment, option
 from .experiments.common import ExperimentResult, paired_drop, pool_over
-from .experiments.cumulative import ablate_until_chance, at_chance, chance_sentence, curve_figure
+from .experiments.cumulative import at_chance, chance_sentence, cumulative_ablation, curve_figure
 from .intervals import bounds, ci
 from .interventions import ABLATIONS, AblateHeads
 from .labels import label_model, role_of
@@ -182,8 +182,7 @@ def _condition(adapter: ModelAdapter, examples: Sequence[Example], heads: list[s
                seed: int, ablation: str = "zero") -> dict[str, Any]:
     """Accuracy with ``heads`` ablated (``ablation``: :mod:`ganda.ablation`, over ``examples``), and
     its paired drop from ``base`` with a bootstrap CI (:func:`ganda.experiments.common.paired_drop`)."""
-    iv = AblateHeads(heads, how=ablation, reference=examples if ablation != "zero" else None, seed=seed)
-    r = evaluate_examples(adapter, examples, [iv], progress=False)
+    r = evaluate_examples(adapter, examples, [AblateHeads(heads, how=ablation, seed=seed)], progress=False)
     return {"heads": ",".join(heads), **paired_drop(base, r, seed)}
 
 
@@ -218,10 +217,8 @@ class DemoOptions(Options):
     prompt_sets: int = option(3, "prompt sets the finding is checked on (set k: seeds seed+3k, +1, +2), each "
                               "reported with whether the finding holds", low=1, high=100,
                               why="each one repeats the whole measurement")
-    ablation: str = option("zero", "zero|mean|resample (the ranking of a resample demo runs mean): what an ablated "
-                           "head's slice becomes: zero, mean (its mean over every token of the scored prompts) or "
-                           "resample (its value at the same position of another scored prompt, aligned from the "
-                           "prompt's end); docs/heads.md", choices=ABLATIONS)
+    ablation: str = option("zero", f"zero|mean|resample (the ranking of a resample demo runs mean): {ABLATION_HELP}",
+                           choices=ABLATIONS)
     profile: bool = option(True, "skip ablating the top causal and Gather heads zero, mean and resample and at each "
                            "position class (where they act)", flag="--no-profile")
     rank_n: int = option(16, "ranking prompts", low=1, hidden=True)
@@ -315,7 +312,7 @@ class Found:
     gather: str | None = None
     aggregate: str | None = None
     profiles: list[dict[str, Any]] = field(default_factory=list)
-    curve: list[dict[str, Any]] = field(default_factory=list)
+    cumulative: dict[str, Any] = field(default_factory=dict)  # step 4: cumulative_ablation's record
 
     @property
     def top(self) -> str | None:
@@ -342,9 +339,9 @@ def demo(adapter: ModelAdapter, o: DemoOptions, out: Path, *, n: int, seed: int,
     con.print(f"[bold]ganda demo[/] on {adapter.spec}: KV retrieval with {o.pairs} pairs")
     task = get_task("kv", pairs=o.pairs)
     prompts = Prompts.draw(task, n, o, seed)
-    _check_retrieves(adapter, task, prompts.measure, o.pairs)
+    intact = _check_retrieves(adapter, task, prompts.measure, o.pairs)
     clock.lap()
-    found, standard = _find(adapter, task, prompts, o, out, seed, con, clock)
+    found, standard = _find(adapter, task, prompts, intact, o, out, seed, con, clock)
     con.print("5/5 figures and report")
     _figures(adapter, found, prompts.pattern[0], o, out)
     clock.lap("figures")
@@ -362,21 +359,23 @@ def demo(adapter: ModelAdapter, o: DemoOptions, out: Path, *, n: int, seed: int,
     return result
 
 
-def _check_retrieves(adapter: ModelAdapter, task: Any, measure: Sequence[Example], pairs: int) -> None:
+def _check_retrieves(adapter: ModelAdapter, task: Any, measure: Sequence[Example], pairs: int) -> EvalResult:
     """Refuse a model with no finding to write: a tokenizer that reads the keys as <unk>, or
-    retrieval at chance on the measurement prompts."""
+    retrieval at chance on the measurement prompts; returns the intact run on them."""
     check_representable("kv", task, adapter)
     intact, chance = evaluate_examples(adapter, measure, progress=False), 1.0 / pairs
     if at_chance(intact.accuracy, chance):
         raise GandaError(f"{adapter.spec} on KV with {pairs} pairs: {chance_sentence(intact.accuracy, chance)}; "
                          "the demo needs a model that retrieves (fewer --pairs, or another model)")
+    return intact
 
 
-def _find(adapter: ModelAdapter, task: Any, prompts: Prompts, o: DemoOptions, out: Path, seed: int, con: Console,
-          clock: Clock) -> tuple[Found, dict[str, dict[str, float]]]:
-    """Steps 1-4 on prompt set 1: every head ranked causally and labelled, the best Gather and
-    Aggregate heads ablated, the top causal and Gather heads profiled (and labelled again with where
-    they act), the cumulative curve. Returns what they found and the model's standard scores."""
+def _find(adapter: ModelAdapter, task: Any, prompts: Prompts, intact: EvalResult, o: DemoOptions, out: Path,
+          seed: int, con: Console, clock: Clock) -> tuple[Found, dict[str, dict[str, float]]]:
+    """Steps 1-4 on prompt set 1 (``intact``: the intact run on its measurement prompts): every head
+    ranked causally and labelled, the best Gather and Aggregate heads ablated, the top causal and
+    Gather heads profiled (and labelled again with where they act), the cumulative curve. Returns
+    what they found and the model's standard scores."""
     con.print(f"1/5 ranking every head causally (AtP, {rank_ablation(o.ablation)}-ablation, top {VERIFY_TOP} and "
               f"every head of layers {', '.join(map(str, VERIFY_LAYERS))} verified exactly on {len(prompts.rank)} prompts)")
     standard = standard_scores(adapter)  # task-free: once for every prompt set
@@ -384,7 +383,7 @@ def _find(adapter: ModelAdapter, task: Any, prompts: Prompts, o: DemoOptions, ou
     clock.lap("rank")
 
     con.print(f"2/5 {o.ablation}-ablating the best Gather and Aggregate heads")
-    _ablate(adapter, prompts.measure, found, seed, o.ablation)
+    _ablate(adapter, prompts.measure, found, seed, o.ablation, base=intact)
     clock.lap("ablate")
 
     profiled = list(dict.fromkeys(h for h in (found.top, found.gather) if h)) if o.profile else []
@@ -395,8 +394,8 @@ def _find(adapter: ModelAdapter, task: Any, prompts: Prompts, o: DemoOptions, ou
     clock.lap("profile")
 
     con.print("4/5 cumulative ablation in causal order until chance")
-    found.curve = ablate_until_chance(adapter, prompts.measure, found.order, chance=1.0 / o.pairs,
-                                      max_heads=o.max_heads, progress=False, ablation=o.ablation)
+    found.cumulative = cumulative_ablation(adapter, prompts.measure, found.order, max_heads=o.max_heads,
+                                           progress=False, base=found.base, ablation=o.ablation, chance=1.0 / o.pairs)
     clock.lap("curve")
     return found, standard
 
@@ -424,10 +423,11 @@ def _label_where(adapter: ModelAdapter, scores: Sequence[HeadScore], profiles: S
     role.update(roles(scores))
 
 
-def _ablate(adapter: ModelAdapter, measure: Sequence[Example], found: Found, seed: int, ablation: str = "zero") -> None:
-    """Step 2: the intact run and the top, best Gather and best Aggregate heads ablated alone and
-    together, into ``found``."""
-    base = evaluate_examples(adapter, measure, progress=False)
+def _ablate(adapter: ModelAdapter, measure: Sequence[Example], found: Found, seed: int, ablation: str = "zero",
+           base: EvalResult | None = None) -> None:
+    """Step 2: the intact run (``base`` where it was scored already) and the top, best Gather and
+    best Aggregate heads ablated alone and together, into ``found``."""
+    base = base if base is not None else evaluate_examples(adapter, measure, progress=False)
     exact = found.ranked.exact
     found.gather = _first(found.order, found.role, "gather", exact)
     found.aggregate = _first(found.order, found.role, "aggregate", exact)
@@ -527,7 +527,7 @@ def _figures(adapter: ModelAdapter, found: Found, example: Example, o: DemoOptio
     shown = list(dict.fromkeys([*found.ranked.matter()[:o.top], *(h for h in (found.gather, found.aggregate) if h)]))
     draw_attention(adapter, example, shown, out / "ga_heads.png", title=f"{adapter.spec}: the top causal heads",
                    roles={h: found.role[h] for h in shown})
-    curve_figure(found.curve, found.base, 1.0 / o.pairs, out / "ablation_curve.png", series="kv accuracy",
+    curve_figure(found.cumulative["curve"], found.base, 1.0 / o.pairs, out / "ablation_curve.png", series="kv accuracy",
                  xlabel="heads ablated (cumulative, causal order)", title="How many heads must go")
 
 
@@ -554,20 +554,19 @@ def _summary(model: str, task_cfg: dict[str, Any], found: Found, top: int, chanc
             s["together"] = r["heads"]
         s.update({f"{key}_accuracy": r["accuracy"], **ci(bounds(r), key), f"{key}_drop": r["drop"],
                   **ci(bounds(r, "drop"), f"{key}_drop")})
-    return {**s, **_curve_summary(found.curve, chance)}
+    return {**s, **_curve_summary(found.cumulative)}
 
 
-def _curve_summary(curve: list[dict[str, Any]], chance: float) -> dict[str, Any]:
-    """How many heads the cumulative ablation took to reach chance (within 5 points), or how far
-    its longest run got."""
-    last = curve[-1] if curve else None
-    reached = last is not None and at_chance(last["accuracy"], chance)
-    s: dict[str, Any] = {"heads_to_chance": last["n_heads"] if reached else None}
-    if last is not None:
+def _curve_summary(cumulative: dict[str, Any]) -> dict[str, Any]:
+    """How many heads the cumulative ablation (:func:`ganda.experiments.cumulative.cumulative_ablation`)
+    took to reach chance (within 5 points), or how far its longest run got."""
+    curve, reached = cumulative["curve"], cumulative["reached_chance"]
+    s: dict[str, Any] = {"heads_to_chance": cumulative["heads_to_chance"]}
+    if curve:
         key = "chance" if reached else "curve"
-        s.update({f"{key}_accuracy": last["accuracy"], **ci(bounds(last), key)})
+        s.update({f"{key}_accuracy": curve[-1]["accuracy"], **ci(bounds(curve[-1]), key)})
         if not reached:
-            s["curve_heads"] = last["n_heads"]
+            s["curve_heads"] = curve[-1]["n_heads"]
     return s
 
 
@@ -587,7 +586,7 @@ def _result(model: str, task_cfg: dict[str, Any], found: Found, summary: dict[st
               "prompt_sets": o.prompt_sets, "rank_method": "atp", "ablation": o.ablation,
               "rank_ablation": rank_ablation(o.ablation)}
     return DemoResult(kind="demo", model=model, summary=summary, rows=found.rows, config=config,
-                      extra={"cumulative_ablation": found.curve, "heads": heads, "head_profiles": found.profiles})
+                      extra={"cumulative_ablation": found.cumulative["curve"], "heads": heads, "head_profiles": found.profiles})
 
 
 def _write(out: Path, result: DemoResult) -> Path:

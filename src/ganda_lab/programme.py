@@ -39,7 +39,7 @@ from ganda.experiments.mask_last_row import mask_last_row_experiment
 from ganda.experiments.prune import prune_curve, remove_restore
 from ganda.experiments.retain import retain
 from ganda.experiments.roles import head_roles
-from ganda.experiments.sharpness import compare_sharpness_summaries, save_sharpness
+from ganda.experiments.sharpness import SharpnessResult, compare_sharpness_summaries
 from ganda.experiments.transplant import transplant_sweep
 from ganda.figures import panels
 from ganda.heads import HeadId
@@ -277,7 +277,7 @@ class Programme:
         out = compare_sharpness_summaries(adapters, "lab-mmlu", n=min(self.n, 200), seed=self.seed + 100,
                                           heads=heads, progress=self.progress, summaries=["end", "last"])
         for res, d in zip(out, ("f4-sharpness", "f4-sharpness-last"), strict=True):
-            save_sharpness(res, self.out / d)
+            SharpnessResult.of(res).save(self.out / d)
         return out[0], out[1]
 
     def finding5(self):

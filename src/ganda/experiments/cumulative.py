@@ -31,36 +31,6 @@ def chance_sentence(accuracy: float, chance: float, margin: float = 0.05) -> str
             "there is no retrieval for ablated heads to remove, so no number of heads to chance")
 
 
-def ablate_until_chance(
-    adapter: ModelAdapter,
-    examples: Sequence[Example],
-    ranked_heads: Sequence[str],
-    *,
-    chance: float,
-    max_heads: int = 24,
-    margin: float = 0.05,
-    progress: bool = True,
-    ablation: str = "zero",
-) -> list[dict[str, Any]]:
-    """Ablate heads cumulatively in ranked order until accuracy is within ``margin`` of chance
-    (``ablation``: zero, mean or resample, :mod:`ganda.ablation`, over ``examples``).
-
-    For models with no single-head bottleneck this answers "how many heads must go": the
-    returned curve lists the accuracy after each added head; the last row reached chance (or
-    ``max_heads`` was hit).
-    """
-    curve = []
-    chosen: list[str] = []
-    for name in tqdm(list(ranked_heads)[:max_heads], desc="cumulative ablation", disable=not progress, leave=False):
-        chosen.append(name)
-        iv = AblateHeads(list(chosen), how=ablation, reference=examples if ablation != "zero" else None)
-        r = evaluate_examples(adapter, examples, [iv], progress=False)
-        curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high))})
-        if at_chance(r.accuracy, chance, margin):
-            break
-    return curve
-
-
 def added_heads(curve: Sequence[dict[str, Any]]) -> list[str]:
     """The names of a cumulative ablation curve's points, the intact point first: each point is
     named by the head its step adds."""
@@ -77,18 +47,31 @@ def cumulative_ablation(
     out_dir: Any = None,
     progress: bool = True,
     base: Any = None,
+    ablation: str = "zero",
+    chance: float | None = None,
 ) -> dict[str, Any]:
-    """:func:`ablate_until_chance` with chance taken from the examples (mean of 1/choices), as a
-    JSON-able record; with ``out_dir`` also ``cumulative.json``, ``cumulative.csv`` and a figure.
-    ``base``: the intact model's result on ``examples`` where the caller has scored it already.
+    """Heads ablated cumulatively in ranked order until accuracy is within ``margin`` of chance
+    (``ablation``: zero, mean or resample, :mod:`ganda.ablation`, over ``examples``), as a JSON-able
+    record: its ``curve`` lists the accuracy after each added head, the last point at chance (or
+    ``max_heads`` was hit). ``chance`` is by default taken from the examples (mean of 1/choices);
+    ``base``: the intact model's result on ``examples`` where the caller has scored it already; with
+    ``out_dir`` also ``cumulative.json``, ``cumulative.csv`` and a figure.
 
-    The number of heads it takes is the paper's "SSMs need more heads for G&A" measured: a model
-    whose retrieval runs through one bottleneck head reaches chance after one or two."""
-    chance = sum(1 / len(ex.choices) for ex in examples) / len(examples)
+    For models with no single-head bottleneck this answers "how many heads must go", the paper's
+    "SSMs need more heads for G&A" measured: a model whose retrieval runs through one bottleneck
+    head reaches chance after one or two."""
+    chance = chance if chance is not None else sum(1 / len(ex.choices) for ex in examples) / len(examples)
     base = base if base is not None else evaluate_examples(adapter, examples, progress=False)
     baseline_at_chance = at_chance(base.accuracy, chance, margin)  # nothing to ablate toward: no curve, said so
-    curve = [] if baseline_at_chance else ablate_until_chance(adapter, examples, ranked_heads, chance=chance,
-                                                              max_heads=max_heads, margin=margin, progress=progress)
+    curve: list[dict[str, Any]] = []
+    chosen: list[str] = []
+    heads = [] if baseline_at_chance else list(ranked_heads)[:max_heads]
+    for name in tqdm(heads, desc="cumulative ablation", disable=not progress or not heads, leave=False):
+        chosen.append(name)
+        r = evaluate_examples(adapter, examples, [AblateHeads(list(chosen), how=ablation)], progress=False)
+        curve.append({"n_heads": len(chosen), "added": name, "accuracy": r.accuracy, **ci((r.ci_low, r.ci_high))})
+        if at_chance(r.accuracy, chance, margin):
+            break
     reached = bool(curve) and at_chance(curve[-1]["accuracy"], chance, margin)
     rec = {"model": adapter.spec, "n": len(examples), "chance": chance, "margin": margin,
            "baseline": base.accuracy, **ci((base.ci_low, base.ci_high), "baseline"), "reached_chance": reached,

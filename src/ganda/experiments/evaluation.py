@@ -27,7 +27,7 @@ from ..plan import announce
 from ..scoring import EvalResult, answers_text
 from ..sites import CLASSES
 from ..tasks import get_task, task_for_model
-from .base import ABLATION_HELP, DirectExperiment, Options, one_of, option
+from .base import ABLATION_HELP, DirectExperiment, Options, option
 
 MASK_RULES = ("query", "last")
 
@@ -35,15 +35,15 @@ MASK_RULES = ("query", "last")
 @dataclass
 class EvalOptions(Options):
     ablate: str | None = option(None, "heads to ablate, e.g. L3H1,L4H2")
-    ablation: str = option("zero", f"zero|mean|resample: {ABLATION_HELP}")
+    ablation: str = option("zero", f"zero|mean|resample: {ABLATION_HELP}", choices=ABLATIONS)
     ablate_at: str | None = option(None, "ablate --ablate's heads only at these positions: ends (segment ends), key "
                                    "(the queried key), final (the last prompt token and the answer), elsewhere; "
-                                   "default everywhere")
+                                   "default everywhere", choices=CLASSES)
     keep_layers: str | None = option(None, "run only these layers, e.g. 0-17")
     remove_layers: str | None = option(None, "skip these layers")
     mask_last_row: str | None = option(None, "attention heads whose last row is zeroed")
     mask_rule: str = option("query", "--mask-last-row's row: query (last prompt token) or last (last scored "
-                            "position, as the authors' Zamba2 code)")
+                            "position, as the authors' Zamba2 code)", choices=MASK_RULES)
     predictions: Path | None = option(None, "write per-example predictions (JSONL): id (task, subject, doc_id: "
                                       "lm-eval's doc_id), every choice's loglik, pred (acc), pred_norm (acc_norm), "
                                       "correct, correct_norm")
@@ -51,10 +51,6 @@ class EvalOptions(Options):
                                    "GANDA_PREFIX_CACHE=0)")
 
     def check(self) -> None:
-        one_of(self.flag("mask_rule"), self.mask_rule, MASK_RULES)
-        one_of(self.flag("ablation"), self.ablation, ABLATIONS)
-        if self.ablate_at is not None:
-            one_of(self.flag("ablate_at"), self.ablate_at, CLASSES)
         if self.shaped() and self.ablate is None:
             raise GandaError(f"{self.flag('ablation')} and {self.flag('ablate_at')} need {self.flag('ablate')} HEADS")
         require_heads(self.flag("ablate"), self.ablate)

@@ -20,6 +20,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +113,6 @@ def control_heads(adapter: ModelAdapter, heads: list[HeadId], seed: int = 0,
     return sorted(out)
 
 
-def _knowledge(adapter: ModelAdapter, interventions: list[Intervention], limit: int | None, seed: int = 0,
-               progress: bool = True) -> dict[str, Any]:
-    """The knowledge group under ``interventions`` (:func:`ganda.knowledge.evaluate_knowledge`)."""
-    return evaluate_knowledge(adapter, interventions, limit, seed=seed, progress=progress)
-
-
 # tasks built for a model, by (model, name, options): each built once per run (a Ray worker keeps its own)
 _TASKS: dict[tuple[int, str, str], Task] = {}
 
@@ -190,16 +185,15 @@ def run_extends(adapter: ModelAdapter, heads: str, tasks: list[str], *, limit: i
         raise GandaError("--heads is empty")
     options = options or {}
     try:
-        first, correct = _run_set(adapter, ga, tasks, 0, limit=limit, seed=seed, out=out, options=options,
-                                  conditions=conditions, progress=progress, ablation=ablation)
-        if prompt_sets == 1:
-            return first
-        sets = [_set_record(adapter, k=0, seed=seed, limit=limit, options=options, result=first, correct=correct)]
-        for k in range(1, prompt_sets):
-            res, corr = _run_set(adapter, ga, tasks, k, limit=limit, seed=seed, out=out, options=options,
-                                 conditions=conditions, progress=progress, ablation=ablation)
-            sets.append(_set_record(adapter, k=k, seed=seed, limit=limit, options=options, result=res, correct=corr))
-        result = {**first, "prompt_sets": prompt_sets, "seeds": [seed + k for k in range(prompt_sets)], "sets": sets,
+        sets, results = [], []
+        for k in range(prompt_sets):
+            res, correct = _run_set(adapter, ga, tasks, k, limit=limit, seed=seed, out=out, options=options,
+                                    conditions=conditions, progress=progress, ablation=ablation)
+            if prompt_sets == 1:
+                return res
+            results.append(res)
+            sets.append(_set_record(adapter, k=k, seed=seed, limit=limit, options=options, result=res, correct=correct))
+        result = {**results[0], "prompt_sets": prompt_sets, "seeds": [seed + k for k in range(prompt_sets)], "sets": sets,
                   **robustness(sets)}
         if out:
             write_results(result, out)
@@ -284,7 +278,7 @@ def _work_units(built: dict[str, Task], tasks: list[str], conditions: tuple[str,
         for cond in conditions:
             for lo, hi in shards:
                 if task is None:
-                    units.append((_knowledge, (ivs[cond], limit, seed + k, progress)))
+                    units.append((partial(evaluate_knowledge, seed=seed + k, progress=progress), (ivs[cond], limit)))
                 else:
                     units.append((_shard, (name, options.get(name, {}), ivs[cond], limit, seed, lo, hi, progress, k)))
                 names.append(f"({name}, {cond}" + (f", prompts {lo}-{hi - 1})" if hi is not None else ")"))
@@ -293,9 +287,9 @@ def _work_units(built: dict[str, Task], tasks: list[str], conditions: tuple[str,
 
 
 def _knowledge_row(kn: dict[str, Any], cond: str, ivs: list[Intervention], seconds: float) -> dict[str, Any]:
-    """The knowledge group's row under one condition (:func:`_knowledge`): the paper's knowledge score is
-    its members' mean accuracy, with no interval or count of its own (``n``: the examples in all);
-    each member's own in ``config``."""
+    """The knowledge group's row under one condition (:func:`ganda.knowledge.evaluate_knowledge`): the
+    paper's knowledge score is its members' mean accuracy, with no interval or count of its own
+    (``n``: the examples in all); each member's own in ``config``."""
     return {"task": "knowledge", "condition": cond, "n": sum(int(t.get("n", 0)) for t in kn["tasks"].values()),
             "correct": None, "accuracy": kn.get("mean"), **ci(None), "seconds": round(seconds, 2),
             "config": {"task": "knowledge", "per_task": kn.get("tasks")}, "interventions": describe_all(ivs)}
@@ -415,7 +409,8 @@ def control_sentence(result: dict[str, Any]) -> str:
 
 
 def _unit(adapter: ModelAdapter, fn: Any, args: tuple[Any, ...]) -> Any:
-    """One work unit of :func:`run_extends`: ``fn`` is :func:`_shard` or :func:`_knowledge`."""
+    """One work unit of :func:`run_extends`: ``fn`` is :func:`_shard` or the knowledge group's
+    :func:`ganda.knowledge.evaluate_knowledge`."""
     return fn(adapter, *args)
 
 

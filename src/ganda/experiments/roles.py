@@ -51,7 +51,7 @@ from ..labels import MAX_CONTROL_DROP, MIN_DROP, WHERE, Label, causal_role, labe
 from ..models.base import ModelAdapter
 from ..patterns import AUTO, pattern_scores
 from ..progress import tqdm
-from ..scoring import evaluate_examples
+from ..scoring import EvalResult, evaluate_examples
 from ..stats import overlap
 from ..sweep import run_sweep
 from ..tasks import get_task
@@ -258,8 +258,7 @@ def _role_row(adapter: ModelAdapter, examples: Sequence[Example], h: str, intact
     ablation, and its causal role."""
     base, base_answers = intact.accuracy, intact.answer_accuracy()
     row: dict[str, Any] = {"head": h}
-    for m in MODES:
-        r = evaluate_examples(adapter, examples, [AblateHeads(h, positions=None if m == "all" else m)], progress=False)
+    for m, r in _mode_runs(adapter, examples, h).items():
         row.update({m: r.accuracy, **ci((r.ci_low, r.ci_high), m)})
         row[f"drop_{m}"] = base - r.accuracy
         if m == "all":  # which answer letters this head serves
@@ -314,16 +313,19 @@ FINDING = ("the head's ablation costs accuracy (paired drop, 95% interval above 
            "says (Aggregate: at the final position; Gather: before it)")
 
 
-def _mode_rows(adapter: ModelAdapter, examples: Sequence[Example], head: str, seed: int) -> dict[str, dict[str, Any]]:
-    """The head ablated at every position, at the final one and before it: each mode's accuracy and
-    paired drop from intact (bootstrap over prompts), and ``where``: the query-minus-context cost."""
-    base = evaluate_examples(adapter, examples, progress=False)
-    out: dict[str, dict[str, Any]] = {}
-    runs = {}
-    for m in MODES:
-        runs[m] = evaluate_examples(adapter, examples, [AblateHeads(head, positions=None if m == "all" else m)],
-                                    progress=False)
-        out[m] = {"n": runs[m].n, **paired_drop(base, runs[m], seed)}
+def _mode_runs(adapter: ModelAdapter, examples: Sequence[Example], head: str) -> dict[str, EvalResult]:
+    """The head ablated in each of :data:`MODES`: at every position, only at the final one, and
+    everywhere before it."""
+    return {m: evaluate_examples(adapter, examples, [AblateHeads(head, positions=None if m == "all" else m)],
+                                 progress=False) for m in MODES}
+
+
+def _mode_rows(adapter: ModelAdapter, examples: Sequence[Example], head: str, base: EvalResult, seed: int
+               ) -> dict[str, dict[str, Any]]:
+    """Each of the head's :func:`_mode_runs`: its accuracy and paired drop from the intact ``base``
+    (bootstrap over prompts), and ``where``: the query-minus-context cost."""
+    runs = _mode_runs(adapter, examples, head)
+    out = {m: {"n": r.n, **paired_drop(base, r, seed)} for m, r in runs.items()}
     # query drop minus context drop
     out["where"] = paired_difference(per_prompt(runs["context"]), per_prompt(runs["query"]), seed)
     return out
@@ -348,7 +350,8 @@ def role_sets(adapter: ModelAdapter, draw: Callable[[int | None, int], list[Exam
     sets = []
     with apply(adapter, [KeepLayers(sorted(set(keep_layers)))] if keep_layers is not None else []):
         for k, (examples, disjoint) in enumerate(prompt_sets(draw, limit, seed, count)):
-            measured = {role: _mode_rows(adapter, examples, h, seed + k) for role, h in heads.items()}
+            base = evaluate_examples(adapter, examples, progress=False)
+            measured = {role: _mode_rows(adapter, examples, h, base, seed + k) for role, h in heads.items()}
             sets.append({"set": k + 1, "seed": seed + k, "disjoint": disjoint, "n": len(examples),
                          "roles": {role: {"head": heads[role], "holds": _holds(role, m), **m}
                                    for role, m in measured.items()}})

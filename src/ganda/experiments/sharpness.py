@@ -246,14 +246,6 @@ def pooled_sharpness_lines(pooled: Sequence[dict[str, Any]]) -> list[str]:
             for r in pooled]
 
 
-def save_sharpness(res: dict[str, Any], out: Any) -> list[dict[str, Any]]:
-    """Save a :func:`compare_sharpness` (or :func:`sharpness_sets`) result as a
-    :class:`SharpnessResult` into ``out``; returns the CSV rows."""
-    result = SharpnessResult.of(res)
-    result.save(out)
-    return result.rows
-
-
 def sharpness_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     """``sharpness.csv``: every model's metrics with their heads, then every between-model difference."""
     rows = [{"model": m, "metric": k, "value": v["value"], **ci(bounds(v)),
