@@ -168,8 +168,9 @@ class SSMAdapterBase(ModelAdapter):
 
     #: ``config.model_type`` -> human name: what the family is registered for and what it matches
     model_types: ClassVar[dict[str, str]] = {}
-    #: the model's attribute whose ``layers`` are the decoder blocks (``backbone`` in Mamba checkpoints)
-    layers_in: ClassVar[str] = "model"
+    #: the model's attribute whose ``layers`` are the decoder blocks (``model`` in hybrids)
+    layers_in: ClassVar[str] = "backbone"
+    prefix_cache_kwarg = "cache_params"  # a Mamba cache (hybrids: transformers' ``past_key_values``)
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -337,6 +338,7 @@ class HybridAdapterBase(SSMAdapterBase):
     """
 
     prefix_cache_kwarg = "past_key_values"
+    layers_in = "model"
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         """(attention module or None, SSM module or None, shared block id or None) of one decoder layer:
