@@ -133,23 +133,15 @@ class OutputHead:
         self.exact_forward = True
 
     def _through_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        from ..engine import Trace  # the engine is built on this module
+
         ad = self.adapter
         shape = hidden.shape
         flat = hidden.reshape(-1, shape[-1])
         last = ad.active_layers()[-1]
-        pos = ad.layer_position(last)
-        module = ad.decoder_layers()[pos or 0]
-
-        def replace(_m: Any, _a: Any, out: Any) -> Any:
-            h = flat[None].to(hidden_of(out).dtype)
-            return (h, *out[1:]) if isinstance(out, tuple) else h
-
-        with ad.layer_edit([last], "final norm and LM head"):
-            handle = module.register_forward_hook(replace)
-            try:
-                logits = ad.forward(torch.zeros((1, flat.shape[0]), dtype=torch.long, device=flat.device))[0]
-            finally:
-                handle.remove()
+        replace = {f"L{last}.resid_out": lambda h: flat[None].to(h.dtype)}
+        with ad.layer_edit([last], "final norm and LM head"), Trace(ad, edit=replace):
+            logits = ad.forward(torch.zeros((1, flat.shape[0]), dtype=torch.long, device=flat.device))[0]
         return logits.reshape(*shape[:-1], logits.shape[-1])
 
 
@@ -170,8 +162,9 @@ def eager_attention(model: nn.Module) -> Iterator[None]:
         cfg._attn_implementation = before
 
 
-class _Captured(Exception):
-    """Raised by a capture hook once every requested tensor is in: the rest of the forward is skipped."""
+class StopForward(Exception):
+    """Raised inside a forward once the wanted values are in (:meth:`ModelAdapter._capture`,
+    :class:`ganda.engine.Trace`): the rest of the network does not run."""
 
 
 def _forward_params(model: nn.Module) -> Mapping[str, inspect.Parameter]:
@@ -512,7 +505,7 @@ class ModelAdapter(ABC):
 
         def done() -> None:  # everything captured: skip the rest of the network
             if stop_early and len(raw) == len(ssm) and len(maps) == len(attn):
-                raise _Captured
+                raise StopForward
 
         def cap_ssm(layer: int) -> Callable[..., None]:
             def hook(_m: nn.Module, _a: Any, out: Any) -> None:
@@ -545,7 +538,7 @@ class ModelAdapter(ABC):
                     stack.enter_context(eager_attention(self.model))
                 try:
                     self.forward(input_ids[:1].to(self.device))
-                except _Captured:
+                except StopForward:
                     pass
         finally:
             for handle in handles:
