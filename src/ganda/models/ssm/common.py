@@ -227,9 +227,6 @@ class SSMAdapterBase(ModelAdapter):
         owner.layers = nn.ModuleList(new)
         self._on_layers_changed(kept, inner)
 
-    def _layer_module(self, layer: int) -> nn.Module:
-        return self._original_layers[layer]
-
     # ---- hooks --------------------------------------------------------------------------
     def _shared(self, mixer: Mixer, module: nn.Module) -> bool:
         return any(m is not mixer and (m.module is module or m.out_proj is module) for m in self.mixers())
@@ -240,7 +237,7 @@ class SSMAdapterBase(ModelAdapter):
         if not self._shared(mixer, module):
             return register(fn)
         gate = _Gate()
-        root = self._layer_module(mixer.layer)
+        root = self._original_layers[mixer.layer]
 
         def on(_m: nn.Module, _a: Any) -> None:
             gate.on = True
@@ -268,12 +265,11 @@ class SSMAdapterBase(ModelAdapter):
 
     # ---- capture ------------------------------------------------------------------------
     @torch.no_grad()
-    def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int], stop_early: bool = False
-                    ) -> dict[int, SSMParams]:
-        """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path
-        (run to the end unless ``stop_early``, so other hooks see the whole pass)."""
+    def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int]) -> dict[int, SSMParams]:
+        """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path,
+        run to the end so that other hooks see the whole pass."""
         mixers = [self.mixer(layer, "ssm") for layer in layers]
-        raw, _ = self._capture(input_ids, mixers, {}, stop_early=stop_early)
+        raw, _ = self._capture(input_ids, mixers, {}, stop_early=False)
         return {mx.layer: self._ssm_params(mx, raw[mx.layer]) for mx in mixers}
 
     def _ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
