@@ -25,8 +25,8 @@ from .engine import Edit, Trace
 from .errors import GandaError
 from .heads import HeadId, compress_ranges, expand, format_heads
 from .models.base import Mixer, ModelAdapter
-from .sites import CLASSES as CLASS_POSITIONS
 
+CLASS_POSITIONS = ("ends", "key", "final", "elsewhere")  # ganda.sites.CLASSES (a layer above)
 POSITIONS = ("query", "last", "context", *CLASS_POSITIONS)
 
 

@@ -15,7 +15,7 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -46,7 +46,12 @@ class Mixer:
     out_proj: nn.Linear
     module: nn.Module
     shared_key: str | None = None  # set when the same weights are invoked at several layers (Zamba2)
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def attention(cls, layer: int, attn: nn.Module, num_heads: int, shared_key: str | None = None) -> Mixer:
+        """A Llama-style attention module's query heads, written through its ``o_proj``."""
+        head_dim = getattr(attn, "head_dim", None) or attn.o_proj.in_features // num_heads
+        return cls(layer, "attn", num_heads, head_dim, attn.o_proj, attn, shared_key)
 
     def head_slice(self, head: int) -> slice:
         return slice(head * self.head_dim, (head + 1) * self.head_dim)
@@ -133,15 +138,21 @@ class OutputHead:
         self.exact_forward = True
 
     def _through_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from ..engine import Trace  # the engine is built on this module
-
         ad = self.adapter
         shape = hidden.shape
         flat = hidden.reshape(-1, shape[-1])
-        last = ad.active_layers()[-1]
-        replace = {f"L{last}.resid_out": lambda h: flat[None].to(h.dtype)}
-        with ad.layer_edit([last], "final norm and LM head"), Trace(ad, edit=replace):
-            logits = ad.forward(torch.zeros((1, flat.shape[0]), dtype=torch.long, device=flat.device))[0]
+
+        def replace(_m: Any, _a: Any, out: Any) -> Any:
+            h = flat[None].to(hidden_of(out).dtype)
+            return (h, *out[1:]) if isinstance(out, tuple) else h
+
+        # hooked inside the edit: the one running block (a family may wrap a moved block anew)
+        with ad.layer_edit(ad.active_layers()[-1:], "final norm and LM head"):
+            handle = ad.decoder_layers()[0].register_forward_hook(replace)
+            try:
+                logits = ad.forward(torch.zeros((1, flat.shape[0]), dtype=torch.long, device=flat.device))[0]
+            finally:
+                handle.remove()
         return logits.reshape(*shape[:-1], logits.shape[-1])
 
 

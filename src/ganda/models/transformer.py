@@ -49,14 +49,8 @@ class TransformerAdapter(ModelAdapter):
         self._backbone().layers = layers
 
     def _build_mixers(self) -> list[Mixer]:
-        cfg = self.model.config
-        n_heads = cfg.num_attention_heads
-        out = []
-        for i, layer in enumerate(self.original_layers()):
-            attn = layer.self_attn
-            head_dim = getattr(attn, "head_dim", None) or attn.o_proj.in_features // n_heads
-            out.append(Mixer(layer=i, kind="attn", num_heads=n_heads, head_dim=head_dim, out_proj=attn.o_proj, module=attn))
-        return out
+        n_heads = self.model.config.num_attention_heads
+        return [Mixer.attention(i, layer.self_attn, n_heads) for i, layer in enumerate(self.original_layers())]
 
     # ---- fast paths ---------------------------------------------------------------------------
     def packs_choices(self, width: int) -> bool:

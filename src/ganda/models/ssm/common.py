@@ -347,9 +347,7 @@ class HybridAdapterBase(SSMAdapterBase):
         for i, layer in enumerate(self._original_layers):
             attn, ssm, block = self.layer_parts(layer)
             if attn is not None:
-                shared = {} if block is None else {"shared_key": f"block{block}", "extra": {"block": block}}
-                out.append(Mixer(layer=i, kind="attn", num_heads=n_heads, head_dim=attn.head_dim,
-                                 out_proj=attn.o_proj, module=attn, **shared))
+                out.append(Mixer.attention(i, attn, n_heads, None if block is None else f"block{block}"))
             if ssm is not None:
                 out.append(self.ssm_mixer(i, ssm))
         return out
