@@ -53,6 +53,11 @@ class Mixer:
         head_dim = getattr(attn, "head_dim", None) or attn.o_proj.in_features // num_heads
         return cls(layer, "attn", num_heads, head_dim, attn.o_proj, attn, shared_key)
 
+    @property
+    def kv_group(self) -> int:
+        """Query heads per key/value head (grouped-query attention; 1 where heads share nothing)."""
+        return getattr(self.module, "num_key_value_groups", 1) or 1
+
     def head_slice(self, head: int) -> slice:
         return slice(head * self.head_dim, (head + 1) * self.head_dim)
 

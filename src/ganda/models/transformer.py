@@ -113,11 +113,8 @@ class TransformerAdapter(ModelAdapter):
         softmax under ``mask``, and its columns of ``o_proj`` (no bias: that belongs to the layer)."""
         block = self.original_layers()[layer]
         attn = block.self_attn
-        cfg = attn.config
         hd = attn.head_dim
-        n_heads = cfg.num_attention_heads
-        n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
-        kv = head // (n_heads // n_kv)
+        kv = head // self.mixer(layer).kv_group
         x = block.input_layernorm(hidden)
 
         def proj(lin: nn.Linear, idx: int) -> torch.Tensor:
