@@ -16,7 +16,7 @@ from checks import tiny_model as build
 
 import ganda
 from ganda import HeadId, KeepHeads, KeepLayers, RemoveLayers, truncate
-from ganda.models.transformer import eager_attention
+from ganda.models.base import eager_attention
 
 T = 13
 

@@ -12,7 +12,7 @@ from checks import tiny_model as build
 
 import ganda
 from ganda import AblateHeads, HeadId, mask_last_row
-from ganda.models.transformer import eager_attention
+from ganda.models.base import eager_attention
 
 T = 12
 

@@ -47,15 +47,11 @@ import torch
 from torch import nn
 
 from .errors import GandaError
-from .models.base import ModelAdapter, hidden_of
+from .models.base import ModelAdapter, StopForward, hidden_of
 
 Edit = Callable[[torch.Tensor], torch.Tensor]
 
 _POINT = re.compile(r"^L(\d+)\.(?:(attn|ssm)\.)?(resid_in|resid_out|kwargs|call|z|out)$")
-
-
-class StopForward(Exception):
-    """Raised inside a forward once the wanted points are in; :class:`Trace` swallows it."""
 
 
 class Trace:

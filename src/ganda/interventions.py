@@ -26,7 +26,7 @@ from .errors import GandaError
 from .heads import HeadId, compress_ranges, expand, format_heads
 from .models.base import Mixer, ModelAdapter
 
-CLASS_POSITIONS = ("ends", "key", "final", "elsewhere")  # ganda.sites.CLASSES
+CLASS_POSITIONS = ("ends", "key", "final", "elsewhere")  # ganda.sites.CLASSES (a layer above)
 POSITIONS = ("query", "last", "context", *CLASS_POSITIONS)
 
 

@@ -14,8 +14,8 @@ import inspect
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -46,7 +46,17 @@ class Mixer:
     out_proj: nn.Linear
     module: nn.Module
     shared_key: str | None = None  # set when the same weights are invoked at several layers (Zamba2)
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def attention(cls, layer: int, attn: nn.Module, num_heads: int, shared_key: str | None = None) -> Mixer:
+        """A Llama-style attention module's query heads, written through its ``o_proj``."""
+        head_dim = getattr(attn, "head_dim", None) or attn.o_proj.in_features // num_heads
+        return cls(layer, "attn", num_heads, head_dim, attn.o_proj, attn, shared_key)
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per key/value head (grouped-query attention; 1 where heads share nothing)."""
+        return getattr(self.module, "num_key_value_groups", 1) or 1
 
     def head_slice(self, head: int) -> slice:
         return slice(head * self.head_dim, (head + 1) * self.head_dim)
@@ -136,16 +146,14 @@ class OutputHead:
         ad = self.adapter
         shape = hidden.shape
         flat = hidden.reshape(-1, shape[-1])
-        last = ad.active_layers()[-1]
-        pos = ad.layer_position(last)
-        module = ad.decoder_layers()[pos or 0]
 
         def replace(_m: Any, _a: Any, out: Any) -> Any:
             h = flat[None].to(hidden_of(out).dtype)
             return (h, *out[1:]) if isinstance(out, tuple) else h
 
-        with ad.layer_edit([last], "final norm and LM head"):
-            handle = module.register_forward_hook(replace)
+        # hooked inside the edit: the one running block (a family may wrap a moved block anew)
+        with ad.layer_edit(ad.active_layers()[-1:], "final norm and LM head"):
+            handle = ad.decoder_layers()[0].register_forward_hook(replace)
             try:
                 logits = ad.forward(torch.zeros((1, flat.shape[0]), dtype=torch.long, device=flat.device))[0]
             finally:
@@ -156,6 +164,23 @@ class OutputHead:
 def hidden_of(out: Any) -> torch.Tensor:
     """The hidden states a layer or module returns: a bare tensor, or the first of a tuple (families differ)."""
     return out[0] if isinstance(out, tuple) else out
+
+
+@contextmanager
+def eager_attention(model: nn.Module) -> Iterator[None]:
+    """Temporarily switch to eager attention, the only implementation that returns weights."""
+    cfg = model.config
+    before = cfg._attn_implementation
+    cfg._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = before
+
+
+class StopForward(Exception):
+    """Raised inside a forward once the wanted values are in (:meth:`ModelAdapter._capture`,
+    :class:`ganda.engine.Trace`): the rest of the network does not run."""
 
 
 def _forward_params(model: nn.Module) -> Mapping[str, inspect.Parameter]:
@@ -205,16 +230,17 @@ class ModelAdapter(ABC):
 
     ===============================  ==========================================================
     must implement                   ``matches``, ``decoder_layers``, ``set_decoder_layers``,
-                                     ``_build_mixers`` (each mixer's heads and output projection),
-                                     ``attention_maps``
-    may declare (a generic path      ``implicit_maps`` (SSM heads), ``packs_choices`` and
-    otherwise)                       ``skips_layers`` (the sweep's fast paths),
+                                     ``_build_mixers`` (each mixer's heads and output projection)
+    may declare (a generic path      ``implicit_maps`` with ``_ssm_maps`` and ``analysis_path``
+    otherwise)                       (SSM heads), ``packs_choices`` and
+                                     ``skips_layers`` (the sweep's fast paths),
                                      ``supports_kv_cache_generation``, ``prefix_cache_kwarg`` with
                                      ``new_cache``/``expand_cache``/``_forward_cached`` (shared
-                                     prefixes), ``register_out_proj_*_hook`` (a shared block's
+                                     prefixes), ``_gated`` (a shared block's
                                      invocations), ``run_block``/``head_output`` (transplant donor)
     gets for free                    head ids and validation, reversible layer edits, the engine's
-                                     named points and replay, ``unembed`` (found and checked on one
+                                     named points and replay, ``attention_maps`` (eager softmax
+                                     captured in one forward), ``unembed`` (found and checked on one
                                      forward), ablations, scoring, the sweep, attribution, pruning
     ===============================  ==========================================================
     """
@@ -422,21 +448,27 @@ class ModelAdapter(ABC):
         return out
 
     # ---- hooks ----------------------------------------------------------------------------
-    def register_out_proj_pre_hook(self, mixer: Mixer, fn: PreHook) -> Any:
-        """Attach ``fn`` to the input of ``mixer.out_proj``; returns a removable handle.
+    def _gated(self, mixer: Mixer, module: nn.Module, register: Callable[[Callable[..., Any]], Any],
+               fn: Callable[..., Any]) -> Any:
+        """Register ``fn`` on ``module`` (``register``: one of its ``register_*`` methods) so that it
+        fires only inside ``mixer.layer``'s invocation; returns a removable handle. Every module
+        here belongs to one layer; families whose modules run at several layers (Zamba2's shared
+        block) override this."""
+        return register(fn)
 
-        Families whose output projection is shared between invocations (Zamba2) override this
-        to fire only for the invocation of ``mixer.layer``.
-        """
-        return mixer.out_proj.register_forward_pre_hook(fn)
+    def register_out_proj_pre_hook(self, mixer: Mixer, fn: PreHook) -> Any:
+        """Attach ``fn`` to the input of ``mixer.out_proj``; returns a removable handle. Fires for
+        ``mixer.layer`` only, where the projection is shared between invocations (:meth:`_gated`)."""
+        return self._gated(mixer, mixer.out_proj, mixer.out_proj.register_forward_pre_hook, fn)
 
     def register_out_proj_hook(self, mixer: Mixer, fn: PostHook) -> Any:
         """Attach ``fn`` to the output of ``mixer.out_proj`` (ahead of hooks already there, so they
         see what ``fn`` returns); fires for ``mixer.layer`` only, as :meth:`register_out_proj_pre_hook`."""
-        return mixer.out_proj.register_forward_hook(fn, prepend=True)
+        out_proj = mixer.out_proj
+        return self._gated(mixer, out_proj, lambda f: out_proj.register_forward_hook(f, prepend=True), fn)
 
     # ---- maps -----------------------------------------------------------------------------
-    @abstractmethod
+    @torch.no_grad()
     def attention_maps(
         self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None = None
     ) -> dict[HeadId, torch.Tensor]:
@@ -445,12 +477,92 @@ class ModelAdapter(ABC):
         Attention heads: softmax probabilities (eager attention). SSM heads: the exact implicit
         attention (signed, not normalised). ``input_ids`` is one sequence ``[1, T]``.
         """
+        return self._maps(input_ids, heads, rows)
 
     def implicit_maps(self, input_ids: torch.Tensor, heads: Sequence[HeadId],
                       rows: Sequence[int] | None = None, include_d: bool = False) -> dict[HeadId, torch.Tensor]:
         """SSM heads only: the exact implicit attention ``M[rows, :]`` per head (``include_d`` adds
         ``D_h`` on the diagonal). Families without SSM heads refuse."""
         raise GandaError(f"{self.family} models have no SSM heads (implicit attention is for SSMs)")
+
+    def _maps(self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None,
+              include_d: bool = False) -> dict[HeadId, torch.Tensor]:
+        """The maps of :meth:`attention_maps` from one forward: attention heads as captured, SSM
+        heads built from their captured inputs (:meth:`_ssm_maps`, SSM families), a layer at a time."""
+        heads = [self.canonical(h) for h in heads]
+        of = {h: self.mixer_of(h) for h in set(heads)}
+        ssm = list({m.layer: m for m in of.values() if m.kind == "ssm"}.values())
+        raw, out = self._capture(input_ids, ssm, {h: m for h, m in of.items() if m.kind == "attn"}, rows)
+        for mx in ssm:
+            out.update(self._ssm_maps(mx, raw.pop(mx.layer), [h for h in of if of[h] is mx], rows, include_d))
+        return {h: out[h] for h in heads}
+
+    def analysis_path(self) -> AbstractContextManager[Any]:
+        """What a forward that reads or edits the model's insides runs under: nothing here; SSM
+        families force their PyTorch reference path, on which every hooked module runs."""
+        return nullcontext()
+
+    def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Mapping[HeadId, Mixer],
+                 rows: Sequence[int] | None = None, stop_early: bool = True
+                 ) -> tuple[dict[int, torch.Tensor], dict[HeadId, torch.Tensor]]:
+        """One forward of ``input_ids[0]`` under :meth:`analysis_path`: by layer, the raw tensor
+        each SSM mixer's inputs are recomputed from (the output of its ``ssm_capture_module``), and
+        the ``rows`` (None: all) of each attention head's eager softmax, fp32 on the CPU.
+
+        ``stop_early`` abandons the forward once everything is captured (maps of early layers
+        then cost a fraction of a forward); checks that watch later modules turn it off.
+        """
+        self.require_active([*(m.layer for m in ssm), *(h.layer for h in attn)], "map capture")
+        raw: dict[int, torch.Tensor] = {}
+        maps: dict[HeadId, torch.Tensor] = {}
+        by_mixer: dict[int, tuple[Mixer, list[HeadId]]] = {}
+        for h, mx in attn.items():
+            by_mixer.setdefault(id(mx), (mx, []))[1].append(h)
+
+        def done() -> None:  # everything captured: skip the rest of the network
+            if stop_early and len(raw) == len(ssm) and len(maps) == len(attn):
+                raise StopForward
+
+        def cap_ssm(layer: int) -> Callable[..., None]:
+            def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+                raw[layer] = hidden_of(out)[0].detach()
+                done()
+
+            return hook
+
+        def cap_attn(layer: int, hs: list[HeadId]) -> Callable[..., None]:
+            def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+                if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
+                    raise GandaError(f"layer {layer}: the attention module returned no weights (eager needed)")
+                for h in hs:
+                    w = out[1][0, h.head].detach()
+                    maps[h] = (w if rows is None else w[list(rows)]).float().cpu()
+                done()
+
+            return hook
+
+        handles = []
+        try:
+            for mx in ssm:
+                mod = self.ssm_capture_module(mx)  # type: ignore[attr-defined]  # SSM families only
+                handles.append(self._gated(mx, mod, mod.register_forward_hook, cap_ssm(mx.layer)))
+            for mx, hs in by_mixer.values():
+                handles.append(self._gated(mx, mx.module, mx.module.register_forward_hook, cap_attn(mx.layer, hs)))
+            with ExitStack() as stack:
+                stack.enter_context(self.analysis_path())
+                if attn:
+                    stack.enter_context(eager_attention(self.model))
+                try:
+                    self.forward(input_ids[:1].to(self.device))
+                except StopForward:
+                    pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        missing = sorted({m.layer for m in ssm if m.layer not in raw} | {h.layer for h in attn if h not in maps})
+        if missing:
+            raise GandaError(f"nothing captured for layers {missing} (removed by an intervention?)")
+        return raw, maps
 
     def map_kind(self, head: HeadId) -> str:
         return "softmax" if self.mixer_of(head).kind == "attn" else "implicit"

@@ -23,7 +23,7 @@ from ..finite import check_config
 from ..heads import HeadId, compress_ranges
 from ..registry import adapter_for, check_model_type
 from . import hub
-from .base import ModelAdapter
+from .base import Mixer, ModelAdapter
 from .loading import model_path, read_config
 from .ssm.llamba import LlambaConfig, LlambaForCausalLM
 
@@ -130,16 +130,11 @@ def param_count(model: nn.Module) -> int:
 def kv_head(adapter: ModelAdapter, head: HeadId) -> int | None:
     """The key/value head a query head reads under grouped-query attention (None for SSM heads)."""
     mixer = adapter.mixer_of(adapter.canonical(head))
-    if mixer.kind != "attn":
-        return None
-    groups = getattr(mixer.module, "num_key_value_groups", 1) or 1
-    return head.head // groups
+    return head.head // mixer.kv_group if mixer.kind == "attn" else None
 
 
-def kv_heads(mixer: Any) -> int | None:
-    if mixer.kind != "attn":
-        return None
-    return mixer.num_heads // (getattr(mixer.module, "num_key_value_groups", 1) or 1)
+def kv_heads(mixer: Mixer) -> int | None:
+    return mixer.num_heads // mixer.kv_group if mixer.kind == "attn" else None
 
 
 def summary(adapter: ModelAdapter) -> dict[str, Any]:

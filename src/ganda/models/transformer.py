@@ -12,28 +12,13 @@ the model (what a transplant donor provides).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import GandaError
-from ..heads import HeadId
 from .base import Mixer, ModelAdapter, hidden_of
-
-
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[None]:
-    """Temporarily switch to eager attention, the only implementation that returns weights."""
-    cfg = model.config
-    before = cfg._attn_implementation
-    cfg._attn_implementation = "eager"
-    try:
-        yield
-    finally:
-        cfg._attn_implementation = before
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -64,14 +49,8 @@ class TransformerAdapter(ModelAdapter):
         self._backbone().layers = layers
 
     def _build_mixers(self) -> list[Mixer]:
-        cfg = self.model.config
-        n_heads = cfg.num_attention_heads
-        out = []
-        for i, layer in enumerate(self.original_layers()):
-            attn = layer.self_attn
-            head_dim = getattr(attn, "head_dim", None) or attn.o_proj.in_features // n_heads
-            out.append(Mixer(layer=i, kind="attn", num_heads=n_heads, head_dim=head_dim, out_proj=attn.o_proj, module=attn))
-        return out
+        n_heads = self.model.config.num_attention_heads
+        return [Mixer.attention(i, layer.self_attn, n_heads) for i, layer in enumerate(self.original_layers())]
 
     # ---- fast paths ---------------------------------------------------------------------------
     def packs_choices(self, width: int) -> bool:
@@ -134,11 +113,8 @@ class TransformerAdapter(ModelAdapter):
         softmax under ``mask``, and its columns of ``o_proj`` (no bias: that belongs to the layer)."""
         block = self.original_layers()[layer]
         attn = block.self_attn
-        cfg = attn.config
         hd = attn.head_dim
-        n_heads = cfg.num_attention_heads
-        n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
-        kv = head // (n_heads // n_kv)
+        kv = head // self.mixer(layer).kv_group
         x = block.input_layernorm(hidden)
 
         def proj(lin: nn.Linear, idx: int) -> torch.Tensor:
@@ -160,37 +136,3 @@ class TransformerAdapter(ModelAdapter):
         probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
         o = (probs @ v)[:, 0]  # [B, T, hd]
         return F.linear(o, attn.o_proj.weight[:, head * hd : (head + 1) * hd])
-
-    @torch.no_grad()
-    def attention_maps(
-        self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None = None
-    ) -> dict[HeadId, torch.Tensor]:
-        heads = [self.canonical(h) for h in heads]
-        by_layer: dict[int, list[HeadId]] = {}
-        for h in heads:
-            by_layer.setdefault(h.layer, []).append(h)
-        self.require_active(by_layer, f"attention maps of {', '.join(str(h) for h in heads)}")
-        captured: dict[HeadId, torch.Tensor] = {}
-
-        def make_hook(layer: int):
-            def hook(_module, _args, output):
-                weights = output[1]  # [B, H, T, T] softmax probabilities (eager)
-                for h in by_layer[layer]:
-                    w = weights[0, h.head]
-                    if rows is not None:
-                        w = w[list(rows)]
-                    captured[h] = w.float().cpu()
-
-            return hook
-
-        handles = [self.mixer(layer).module.register_forward_hook(make_hook(layer)) for layer in by_layer]
-        try:
-            with eager_attention(self.model):
-                self.forward(input_ids.to(self.device))
-        finally:
-            for hd in handles:
-                hd.remove()
-        missing = [str(h) for h in heads if h not in captured]
-        if missing:
-            raise RuntimeError(f"no attention captured for {missing} (layer removed by an intervention?)")
-        return {h: captured[h] for h in heads}

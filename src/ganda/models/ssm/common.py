@@ -12,7 +12,7 @@ import importlib
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar
 
 import torch
@@ -21,9 +21,8 @@ from torch import nn
 
 from ...errors import GandaError
 from ...heads import HeadId
-from ..base import Mixer, ModelAdapter, PostHook, PreHook, hidden_of
+from ..base import Mixer, ModelAdapter
 from ..placement import weights_on
-from ..transformer import eager_attention
 from .materialize import SelectiveParams, SSDParams, SSMParams, for_math, head_map, selective_maps
 from .selective_scan import MAMBA1_MODULES, selective_scan
 
@@ -100,7 +99,7 @@ def torch_path(model: nn.Module) -> Iterator[None]:
 def ssm_torch_path(adapter: Any) -> AbstractContextManager[Any]:
     """:func:`torch_path` for an SSM or hybrid adapter, nothing for others: the gradient passes
     (attribution, edges, path ablation) need autograd to reach through every head."""
-    return torch_path(adapter.model) if isinstance(adapter, SSMAdapterBase) else nullcontext()
+    return adapter.analysis_path()
 
 
 def causal_conv(x: torch.Tensor, conv: nn.Conv1d, act: str | None) -> torch.Tensor:
@@ -114,10 +113,6 @@ def causal_conv(x: torch.Tensor, conv: nn.Conv1d, act: str | None) -> torch.Tens
     elif act not in (None, "identity"):
         raise GandaError(f"unsupported SSM conv activation {act!r}")
     return y
-
-
-class _Captured(Exception):
-    """Raised by a capture hook once every requested tensor is in: the rest of the forward is skipped."""
 
 
 class _Gate:
@@ -173,8 +168,9 @@ class SSMAdapterBase(ModelAdapter):
 
     #: ``config.model_type`` -> human name: what the family is registered for and what it matches
     model_types: ClassVar[dict[str, str]] = {}
-    #: the model's attribute whose ``layers`` are the decoder blocks (``backbone`` in Mamba checkpoints)
-    layers_in: ClassVar[str] = "model"
+    #: the model's attribute whose ``layers`` are the decoder blocks (``model`` in hybrids)
+    layers_in: ClassVar[str] = "backbone"
+    prefix_cache_kwarg = "cache_params"  # a Mamba cache (hybrids: transformers' ``past_key_values``)
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -231,9 +227,6 @@ class SSMAdapterBase(ModelAdapter):
         owner.layers = nn.ModuleList(new)
         self._on_layers_changed(kept, inner)
 
-    def _layer_module(self, layer: int) -> nn.Module:
-        return self._original_layers[layer]
-
     # ---- hooks --------------------------------------------------------------------------
     def _shared(self, mixer: Mixer, module: nn.Module) -> bool:
         return any(m is not mixer and (m.module is module or m.out_proj is module) for m in self.mixers())
@@ -244,7 +237,7 @@ class SSMAdapterBase(ModelAdapter):
         if not self._shared(mixer, module):
             return register(fn)
         gate = _Gate()
-        root = self._layer_module(mixer.layer)
+        root = self._original_layers[mixer.layer]
 
         def on(_m: nn.Module, _a: Any) -> None:
             gate.on = True
@@ -256,13 +249,6 @@ class SSMAdapterBase(ModelAdapter):
             return fn(*args, **kwargs) if gate.on else None
 
         return _Handles([root.register_forward_pre_hook(on), root.register_forward_hook(off), register(gated)])
-
-    def register_out_proj_pre_hook(self, mixer: Mixer, fn: PreHook) -> Any:
-        return self._gated(mixer, mixer.out_proj, mixer.out_proj.register_forward_pre_hook, fn)
-
-    def register_out_proj_hook(self, mixer: Mixer, fn: PostHook) -> Any:
-        out_proj = mixer.out_proj
-        return self._gated(mixer, out_proj, lambda f: out_proj.register_forward_hook(f, prepend=True), fn)
 
     def ssm_output_site(self, mixer: Mixer) -> tuple[nn.Module, str]:
         """Where the mixer's own SSM output ``y + D·x`` is visible in a forward, as (module, ``"pre"``:
@@ -279,12 +265,11 @@ class SSMAdapterBase(ModelAdapter):
 
     # ---- capture ------------------------------------------------------------------------
     @torch.no_grad()
-    def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int], stop_early: bool = False
-                    ) -> dict[int, SSMParams]:
-        """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path
-        (run to the end unless ``stop_early``, so other hooks see the whole pass)."""
+    def capture_ssm(self, input_ids: torch.Tensor, layers: Sequence[int]) -> dict[int, SSMParams]:
+        """SSM inputs of the given layers for ``input_ids[0]`` from one forward on the PyTorch path,
+        run to the end so that other hooks see the whole pass."""
         mixers = [self.mixer(layer, "ssm") for layer in layers]
-        raw, _ = self._capture(input_ids, mixers, [], stop_early)
+        raw, _ = self._capture(input_ids, mixers, {}, stop_early=False)
         return {mx.layer: self._ssm_params(mx, raw[mx.layer]) for mx in mixers}
 
     def _ssm_params(self, mixer: Mixer, captured: torch.Tensor) -> SSMParams:
@@ -292,100 +277,25 @@ class SSMAdapterBase(ModelAdapter):
         with weights_on(mixer.module):
             return for_math(self.ssm_params(mixer, captured))
 
-    def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Sequence[Mixer], stop_early: bool = True
-                 ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """One forward on the PyTorch path: raw SSM capture tensors and attention weights, by layer.
-
-        ``stop_early`` abandons the forward once everything is captured (maps of early layers
-        then cost a fraction of a forward); checks that watch later modules turn it off.
-        """
-        self.require_active([m.layer for m in (*ssm, *attn)], "map capture")
-        raw: dict[int, torch.Tensor] = {}
-        weights: dict[int, torch.Tensor] = {}
-
-        def done() -> None:  # everything captured: skip the rest of the network
-            if stop_early and len(raw) == len(ssm) and len(weights) == len(attn):
-                raise _Captured
-
-        def cap_ssm(layer: int) -> Callable[..., None]:
-            def hook(_m: nn.Module, _a: Any, out: Any) -> None:
-                raw[layer] = hidden_of(out)[0].detach()
-                done()
-
-            return hook
-
-        def cap_attn(layer: int) -> Callable[..., None]:
-            def hook(_m: nn.Module, _a: Any, out: Any) -> None:
-                if not isinstance(out, tuple) or len(out) < 2 or out[1] is None:
-                    raise GandaError(f"layer {layer}: the attention module returned no weights (eager needed)")
-                weights[layer] = out[1][0].detach()
-                done()
-
-            return hook
-
-        handles = []
-        try:
-            for mx in ssm:
-                mod = self.ssm_capture_module(mx)
-                handles.append(self._gated(mx, mod, mod.register_forward_hook, cap_ssm(mx.layer)))
-            for mx in attn:
-                handles.append(self._gated(mx, mx.module, mx.module.register_forward_hook, cap_attn(mx.layer)))
-            with ExitStack() as stack:
-                stack.enter_context(torch_path(self.model))
-                if attn:
-                    stack.enter_context(eager_attention(self.model))
-                try:
-                    self.forward(input_ids[:1].to(self.device))
-                except _Captured:
-                    pass
-        finally:
-            for h in handles:
-                h.remove()
-        missing = [m.layer for m in (*ssm, *attn) if m.layer not in (raw if m.kind == "ssm" else weights)]
-        if missing:
-            raise GandaError(f"nothing captured for layers {missing} (removed by an intervention?)")
-        return raw, weights
-
-    # ---- maps ---------------------------------------------------------------------------
-    @torch.no_grad()
-    def attention_maps(
-        self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None = None
-    ) -> dict[HeadId, torch.Tensor]:
-        return self._maps(input_ids, heads, rows, include_d=False, ssm_only=False)
+    def analysis_path(self) -> AbstractContextManager[Any]:
+        return torch_path(self.model)
 
     @torch.no_grad()
     def implicit_maps(self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None = None,
                       include_d: bool = False) -> dict[HeadId, torch.Tensor]:
         """SSM heads only: M[rows, :] per head (``include_d`` adds D_h on the diagonal)."""
-        return self._maps(input_ids, heads, rows, include_d=include_d, ssm_only=True)
-
-    def _maps(self, input_ids: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None,
-              include_d: bool, ssm_only: bool) -> dict[HeadId, torch.Tensor]:
-        heads = [self.canonical(h) for h in heads]
-        of = {h: self.mixer_of(h) for h in set(heads)}
-        if ssm_only and any(m.kind != "ssm" for m in of.values()):
-            bad = sorted(str(h) for h, m in of.items() if m.kind != "ssm")
+        bad = sorted({str(h) for h in map(self.canonical, heads) if self.mixer_of(h).kind != "ssm"})
+        if bad:
             raise GandaError(f"{', '.join(bad)}: not SSM heads (implicit maps are for SSM heads)")
-        ssm = {m.layer: m for m in of.values() if m.kind == "ssm"}
-        attn = {m.layer: m for m in of.values() if m.kind == "attn"}
-        raw, weights = self._capture(input_ids, list(ssm.values()), list(attn.values()))
-        out: dict[HeadId, torch.Tensor] = {}
-        for layer, mx in ssm.items():  # one layer's fp32 params at a time
-            p = self._ssm_params(mx, raw.pop(layer))
-            wanted = [h for h in of if of[h] is mx]
-            if isinstance(p, SelectiveParams):  # thousands of one-channel heads: batch them
-                maps = selective_maps(p, [h.head for h in wanted], rows, include_d).cpu()
-                out.update(zip(wanted, maps, strict=True))
-            else:
-                out.update((h, head_map(p, h.head, rows, include_d).cpu()) for h in wanted)
-            del p
-        for h in of:
-            if of[h].kind == "attn":
-                w = weights[h.layer][h.head]
-                if rows is not None:
-                    w = w[list(rows)]
-                out[h] = w.float().cpu()
-        return {h: out[h] for h in heads}
+        return self._maps(input_ids, heads, rows, include_d)
+
+    def _ssm_maps(self, mixer: Mixer, captured: torch.Tensor, heads: Sequence[HeadId], rows: Sequence[int] | None,
+                  include_d: bool) -> dict[HeadId, torch.Tensor]:
+        """The implicit maps of ``heads`` of one mixer from its captured tensor (:meth:`_capture`)."""
+        p = self._ssm_params(mixer, captured)
+        if isinstance(p, SelectiveParams):  # thousands of one-channel heads: batch them
+            return dict(zip(heads, selective_maps(p, [h.head for h in heads], rows, include_d).cpu(), strict=True))
+        return {h: head_map(p, h.head, rows, include_d).cpu() for h in heads}
 
 
 def mamba2_params(mixer_module: nn.Module, proj: torch.Tensor) -> tuple[SSMParams, torch.Tensor]:
@@ -424,6 +334,7 @@ class HybridAdapterBase(SSMAdapterBase):
     """
 
     prefix_cache_kwarg = "past_key_values"
+    layers_in = "model"
 
     def layer_parts(self, layer: nn.Module) -> tuple[nn.Module | None, nn.Module | None, int | None]:
         """(attention module or None, SSM module or None, shared block id or None) of one decoder layer:
@@ -436,9 +347,7 @@ class HybridAdapterBase(SSMAdapterBase):
         for i, layer in enumerate(self._original_layers):
             attn, ssm, block = self.layer_parts(layer)
             if attn is not None:
-                shared = {} if block is None else {"shared_key": f"block{block}", "extra": {"block": block}}
-                out.append(Mixer(layer=i, kind="attn", num_heads=n_heads, head_dim=attn.head_dim,
-                                 out_proj=attn.o_proj, module=attn, **shared))
+                out.append(Mixer.attention(i, attn, n_heads, None if block is None else f"block{block}"))
             if ssm is not None:
                 out.append(self.ssm_mixer(i, ssm))
         return out

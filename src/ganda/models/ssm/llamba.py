@@ -337,13 +337,7 @@ def load_unlabelled(path: str | Path) -> nn.Module:
 
 class LlambaAdapter(SSMAdapterBase):
     family = "llamba"
-    prefix_cache_kwarg = "cache_params"
-    model_types = {"llamba": "Llamba (Discrete Mamba-2)"}
-    layers_in = "backbone"
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return isinstance(model, LlambaForCausalLM)
+    model_types = {"llamba": "Llamba (Discrete Mamba-2)"}  # LlambaConfig.model_type
 
     def new_cache(self) -> LlambaCache:
         return LlambaCache(len(self._original_layers))

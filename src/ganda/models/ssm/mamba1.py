@@ -20,7 +20,7 @@ from torch import nn
 from ...heads import HeadId
 from ..base import Mixer
 from .common import SSMAdapterBase, causal_conv
-from .materialize import SelectiveParams, SSMParams, group_channels, selective_channel_map
+from .materialize import SelectiveParams, SSMParams, group_channels
 from .selective_scan import MAMBA1_MODULES, selective_scan, starting_from
 
 
@@ -124,23 +124,20 @@ class Mamba1Mixers:
 
 class Mamba1Adapter(Mamba1Mixers, SSMAdapterBase):
     family = "mamba1"
-    prefix_cache_kwarg = "cache_params"
     model_types = {"mamba": "Mamba-1", "falcon_mamba": "Falcon-Mamba"}
-    layers_in = "backbone"
 
     @torch.no_grad()
     def grouped_maps(self, input_ids: torch.Tensor, layer: int, block: int, blocks: Sequence[int] | None = None,
                      rows: Sequence[int] | None = None, reduce: str = "mean") -> dict[int, torch.Tensor]:
         """Maps of channel blocks ``[k·block, (k+1)·block)`` of one layer (mean or |·| mean).
 
-        Each channel is materialised exactly, then averaged: a readable summary for plots.
+        Each channel is materialised exactly (:meth:`implicit_maps`), then averaged: a readable
+        summary for plots.
         """
-        p = self.capture_ssm(input_ids, [layer])[layer]
-        E = p.num_heads
+        E = self.mixer(layer).num_heads
         ks = list(blocks) if blocks is not None else list(range((E + block - 1) // block))
-        chans = [c for k in ks for c in range(k * block, min(E, (k + 1) * block))]
-        maps = {c: selective_channel_map(p, c, rows) for c in chans}
-        return {k: v.cpu() for k, v in group_channels(maps, block, reduce).items()}
+        maps = self.implicit_maps(input_ids, [h for k in ks for h in self.channel_heads(layer, block, k)], rows)
+        return group_channels({h.head: m for h, m in maps.items()}, block, reduce)
 
     def channel_heads(self, layer: int, block: int, k: int) -> list[HeadId]:
         """The head ids of channel block ``k`` (e.g. to ablate a whole block)."""

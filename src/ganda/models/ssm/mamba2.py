@@ -7,6 +7,4 @@ from .common import SSMAdapterBase
 
 class Mamba2Adapter(SSMAdapterBase):
     family = "mamba2"
-    prefix_cache_kwarg = "cache_params"
     model_types = {"mamba2": "Mamba-2"}
-    layers_in = "backbone"
