@@ -60,8 +60,7 @@ class Options:
         """The command-line flag of option ``name`` (``verify_top`` -> ``--verify-top``; a switch's
         ``--x/--no-x`` gives ``--x``)."""
         f = next((f for f in cls.fields() if f.name == name), None)
-        declared = f.metadata.get("flag") if f is not None else None
-        return declared.split("/")[0] if declared else "--" + name.replace("_", "-")
+        return flag_name(f).split("/")[0] if f is not None else "--" + name.replace("_", "-")
 
     def flag(self, name: str) -> str:
         """How an option is named in an error: ``--verify-top`` from the command line, else ``verify_top``."""
@@ -125,6 +124,17 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
             raise GandaError(f"{name} must be text, not {value!r}")
         return value
     return value
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    """An option's flag as declared (``--x/--no-x`` whole), else ``--`` and its name in dashes."""
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def turns_off(f: dataclasses.Field) -> bool:
+    """A switch on by default whose flag turns it off (``roles`` as ``--no-roles``): the command
+    takes the flag, the option gets its opposite."""
+    return f.default is True and (f.metadata.get("flag") or "").startswith("--no-")
 
 
 def _either(choices: tuple[str, ...]) -> str:

@@ -53,6 +53,18 @@ def resolve_target(target: Any) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+def _resolved(table: dict[str, Any], name: str, *, plugins: bool = True) -> Any:
+    """What ``name`` is registered to in ``table``, imported once and kept (``plugins``: loaded on a
+    miss first), or None."""
+    if plugins and name not in table:
+        load_plugins()
+    target = table.get(name)
+    if target is None:
+        return None
+    table[name] = resolve_target(target)
+    return table[name]
+
+
 # ---- model families and names ---------------------------------------------------------------
 
 _FAMILIES: list[type[ModelAdapter]] = []
@@ -179,14 +191,7 @@ def task_names() -> list[str]:
 
 def task_class(name: str) -> type[Task] | None:
     """The task class registered as ``name`` (plugins loaded on a miss), or None."""
-    if name not in _TASKS:
-        load_plugins()
-    target = _TASKS.get(name)
-    if target is None:
-        return None
-    cls = resolve_target(target)
-    _TASKS[name] = cls  # imported once
-    return cls
+    return _resolved(_TASKS, name)
 
 
 def parse_task_name(text: str) -> tuple[str, dict[str, Any]] | None:
@@ -290,11 +295,9 @@ def experiment(name: str) -> Any:
     """The experiment class registered as ``name``; one line naming the known ones otherwise."""
     if name not in _EXPERIMENTS:
         _load_experiments()
-    target = _EXPERIMENTS.get(name)
-    if target is None:
+    cls = _resolved(_EXPERIMENTS, name, plugins=False)
+    if cls is None:
         raise GandaError(f"unknown experiment {name!r}; known: {', '.join(sorted(_EXPERIMENTS))}")
-    cls = resolve_target(target)
-    _EXPERIMENTS[name] = cls
     if name in _SUMMARIES and not cls.__dict__.get("summary"):
         cls.summary = _SUMMARIES[name]
     return cls
@@ -365,14 +368,7 @@ def run_files() -> list[tuple[str, str]]:
 
 def result_class(kind: str) -> type[ResultKind] | None:
     """The result class registered for ``kind`` (plugins loaded on a miss), or None."""
-    if kind not in _RESULTS:
-        load_plugins()
-    target = _RESULTS.get(kind)
-    if target is None:
-        return None
-    cls = resolve_target(target)
-    _RESULTS[kind] = cls
-    return cls
+    return _resolved(_RESULTS, kind)
 
 
 def result_kinds() -> list[str]:

@@ -30,6 +30,7 @@ import typer.main
 
 from .. import registry
 from ..experiments.base import DEFAULT_LIMIT
+from ..options import flag_name, turns_off
 from .grid import RAY, RAY_ACTORS
 from .options import (
     FORCE,
@@ -122,17 +123,6 @@ OPTIONAL_INPUTS: dict[str, dict[str, tuple[Any, Any]]] = {
                                        "cot=true --option subtask=date_understanding"), list[str] | None)},
     "force": {"force": (FORCE, bool)},
 }
-
-
-def turns_off(f: Any) -> bool:
-    """A switch on by default whose flag turns it off (``roles`` as ``--no-roles``): the command
-    takes the flag, the option gets its opposite."""
-    return f.default is True and (f.metadata.get("flag") or "").startswith("--no-")
-
-
-def flag_name(f: Any) -> str:
-    """An ``Options`` field's flag: its declared one, else ``--`` and its name in dashes."""
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
 def option_values(fields: Any, given: dict[str, Any]) -> dict[str, Any]:

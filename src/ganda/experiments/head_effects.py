@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..attribution.ranking import RankResult, sign_flip_sentence
-from ..effects import NAMES, helpful_when_ablated, matters, ordered, split
+from ..effects import NAMES, ordered, split
 from ..errors import GandaError
 from ..stats import weak_note
 from ..sweep import SweepResult, read_sweep
@@ -149,15 +149,15 @@ class RankingResult(ExperimentResult):
         rows = d.get("ranking")
         if not isinstance(rows, list) or not all(isinstance(r, dict) and "head" in r for r in rows):
             raise GandaError(f"{path} is not a ganda ranking (no list of ranked heads)")
-        best = next((r for r in rows if _number(r.get("exact")) and matters(r["exact"])), None)  # rows: largest first
+        rank = RankResult.from_json(d)  # the heads that matter and those helpful when ablated, as ganda rank splits them
+        matter = rank.matter()
         summary = {k: d.get(k) for k in ("method", "ablation", "margin", "clean", "n", "spearman_verified")}
-        summary["helpful_when_ablated"] = [r["head"] for r in sorted(
-            (r for r in rows if _number(r.get("exact")) and helpful_when_ablated(r["exact"])), key=lambda r: r["exact"])]
+        summary["helpful_when_ablated"] = rank.helpful_when_ablated()
         flips = d.get("sign_flips")
         flips = flips if isinstance(flips, list) and all(
             isinstance(f, dict) and "head" in f and _number(f.get("estimate")) and _number(f.get("exact")) for f in flips) else []
-        summary.update({"verified": d.get("verified"), "heads": len(rows), "top_head": best["head"] if best else None,
-                        "top_exact": best["exact"] if best else None, "sign_flips": flips})
+        summary.update({"verified": d.get("verified"), "heads": len(rows), "top_head": matter[0] if matter else None,
+                        "top_exact": rank.exact[matter[0]] if matter else None, "sign_flips": flips})
         verify = Path(run_dir) / "verify" / "results.jsonl"
         return cls(model=d.get("model", "?"), summary=summary, config=d.get("config") or {},
                    extra={"top_heads": rows[:TOP], "bound": d.get("bound")}, ranking=d,

@@ -39,8 +39,9 @@ def print_split(con: Any, table: Any, matter: list[Any], helpful: list[Any], top
         con.print(table(helpful[:top], f"helpful when ablated: {len(helpful)} head(s) whose ablation raises the {what}"))
 
 
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.4f}"
+def _num(v: float | None, spec: str = "+.4f") -> str:
+    """A number in a table cell (``spec``: its format), ``-`` where there is none."""
+    return "-" if v is None else format(v, spec)
 
 
 def _pct(x: float) -> str:
@@ -179,20 +180,15 @@ def print_heads(con: Any, d: Any) -> None:
             low, high = s.aggregate_peak_ci_low, s.aggregate_peak_ci_high
             peak = f"{s.aggregate_peak:.2f}" + (f" [{low:.2f}, {high:.2f}]" if low is not None else "")
             ev = f" [{s.gather_evidence:.3f}]" if s.gather_evidence is not None else ""
-            tab.add_row(name, s.label or "-", f"{s.aggregate:.3f}", f"{s.gather:.3f}{ev}", _head_score(s.induction),
-                        _head_score(s.previous_token), _head_score(s.sink), peak, _reads(s.read),
-                        f"{s.ablated_accuracy:.3f}" if s.ablated_accuracy is not None else "-",
-                        f"{s.drop:+.3f}" if s.drop is not None else "-")
+            tab.add_row(name, s.label or "-", f"{s.aggregate:.3f}", f"{s.gather:.3f}{ev}", _num(s.induction, ".3f"),
+                        _num(s.previous_token, ".3f"), _num(s.sink, ".3f"), peak, _reads(s.read),
+                        _num(s.ablated_accuracy, ".3f"), _num(s.drop, "+.3f"))
         con.print(tab)
     order = sorted(d.scores, key=lambda s: (s.layer, len(s.head), s.head))
     named = [f"{s.head} {s.label}" for s in order if s.label not in (None, "none", "sink")]
     sinks = sum(s.label == "sink" for s in order)
     con.print("labels: " + (", ".join(named) if named else "none but sink" if sinks else "none (no rule met: docs/heads.md)")
               + (f"; sink alone: {sinks} of {len(order)} heads" if sinks else ""))
-
-
-def _head_score(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"
 
 
 __all__ = ["LOG_WIDTH", "console", "print_heads", "print_edges", "print_path", "print_ranking", "print_split", "print_sweep"]
