@@ -83,7 +83,7 @@ from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
 from .models.loading import model_path
 from .options import Options, option
-from .prepared import PACKED, ROWS, Prepared, packed_batch, prepare_all
+from .prepared import PACKED, ROWS, Prepared, batch_item, make_batch, prepare_all
 from .progress import tqdm
 from .scoring import ChoiceScores, examples_digest, score_example
 from .tasks.base import Example
@@ -195,7 +195,7 @@ def _groups(adapter: ModelAdapter, packed: Sequence[Prepared], size: int) -> lis
 class _FastEngine:
     """Layer skipping: each example's intact residual is advanced a layer at a time, and a batch
     of ablations of one layer runs only that layer and the ones after it (:class:`LayerCalls`).
-    Examples run several to a forward (right-padded packed layouts, :func:`packed_batch`;
+    Examples run several to a forward (right-padded packed layouts, :func:`ganda.prepared.make_batch`;
     :class:`Batching`); a group's read rows under every head of a batch go through the LM head together."""
 
     @torch.no_grad()
@@ -213,7 +213,8 @@ class _FastEngine:
         for idx in self.groups:
             ps = [packed[i] for i in idx]
             if adapter.packs_choices(len(ps[0].tokens)):
-                self.calls.append(LayerCalls(adapter, *packed_batch(ps, dtype, self.dev)))
+                batch = make_batch(adapter, [batch_item(p, i, True) for i, p in zip(idx, ps, strict=True)], True, dtype)
+                self.calls.append(LayerCalls(adapter, batch.ids, batch.mask, batch.position_ids))
                 self.reads.append(_reads(ps, PACKED, len(ps)))
             else:
                 ids, mask = ps[0].row_tensors(adapter)
