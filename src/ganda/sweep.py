@@ -83,7 +83,7 @@ from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
 from .models.loading import model_path
 from .options import Options, option
-from .prepared import PACKED, ROWS, Prepared, batch_item, make_batch, prepare_all
+from .prepared import ROWS, BatchItem, Prepared, batch_item, make_batch, prepare_all
 from .progress import tqdm
 from .scoring import ChoiceScores, examples_digest, score_example
 from .tasks.base import Example
@@ -110,19 +110,21 @@ class _Reads:
     choices: list[int]
 
 
-def _reads(group: list[Prepared], layout: str, copy: int) -> _Reads:
-    """The distinct read sites of ``group`` in ``layout``: in ``"packed"`` example j is row j of a
-    copy; in ``"rows"`` the group is one example whose rows are the copy's."""
+def _reads(items: list[BatchItem]) -> _Reads:
+    """The distinct read sites of ``items``, whose rows in turn make one copy (packed: example j is
+    row j; in rows: the group is one example whose rows are the copy's)."""
     sites: dict[tuple[int, int], int] = {}
     site, target, lengths = [], [], []
-    for j, p in enumerate(group):
-        for where, cont in zip(p.sites(layout), p.conts, strict=True):
-            for (row, k), tok in zip(where, cont, strict=True):
-                site.append(sites.setdefault((row + j, k), len(sites)))
+    r0 = 0
+    for it in items:
+        for row, positions, targets in it.reads:
+            for k, tok in zip(positions, targets, strict=True):
+                site.append(sites.setdefault((r0 + row, k), len(sites)))
                 target.append(tok)
-            lengths.append(len(cont))
-    return _Reads(copy, [r for r, _ in sites], [k for _, k in sites], site, target, lengths,
-                  [len(p.conts) for p in group])
+            lengths.append(len(targets))
+        r0 += len(it.rows)
+    return _Reads(r0, [r for r, _ in sites], [k for _, k in sites], site, target, lengths,
+                  [len(it.reads) for it in items])
 
 
 # Rows of final residuals per LM-head call: the call streams the whole [V, d_model] output
@@ -211,15 +213,14 @@ class _FastEngine:
         self.reads: list[_Reads] = []  # per group
         dtype = next(adapter.model.parameters()).dtype
         for idx in self.groups:
-            ps = [packed[i] for i in idx]
-            if adapter.packs_choices(len(ps[0].tokens)):
-                batch = make_batch(adapter, [batch_item(p, i, True) for i, p in zip(idx, ps, strict=True)], True, dtype)
+            packs = adapter.packs_choices(len(packed[idx[0]].tokens))
+            items = [batch_item(packed[i], i, packs) for i in idx]
+            if packs:
+                batch = make_batch(adapter, items, True, dtype)
                 self.calls.append(LayerCalls(adapter, batch.ids, batch.mask, batch.position_ids))
-                self.reads.append(_reads(ps, PACKED, len(ps)))
-            else:
-                ids, mask = ps[0].row_tensors(adapter)
-                self.calls.append(LayerCalls(adapter, ids, mask))
-                self.reads.append(_reads(ps, ROWS, ids.shape[0]))
+            else:  # one example, the scorer's own rows
+                self.calls.append(LayerCalls(adapter, *packed[idx[0]].row_tensors(adapter)))
+            self.reads.append(_reads(items))
         self.layers = self.calls[0].layers if self.calls else adapter.active_layers()
         self.state = [c.h0 for c in self.calls]
         # the recording pass's last residual is the intact model's: the baseline needs no pass of its own
