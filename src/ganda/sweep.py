@@ -83,7 +83,7 @@ from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
 from .models.loading import model_path
 from .options import Options, option
-from .prepared import ROWS, BatchItem, Prepared, batch_item, make_batch, prepare_all
+from .prepared import BatchItem, Prepared, batch_item, make_batch, prepare_all
 from .progress import tqdm
 from .scoring import ChoiceScores, examples_digest, score_example
 from .tasks.base import Example
@@ -314,20 +314,17 @@ class _FallbackEngine:
         b = len(heads)
         edit = row_ablations(self.adapter, heads, self.means)
         out: list[list[list[float]]] = [[] for _ in range(b)]
-        for p in self.packed:
+        for i, p in enumerate(self.packed):
             ids, mask = p.row_tensors(self.adapter)
             c = ids.shape[0]
             ids_b = ids.repeat(b, 1)
             mask_b = mask.repeat(b, 1) if mask is not None else None
             with Trace(self.adapter, edit=edit):
                 logp = torch.log_softmax(self.adapter.forward(ids_b, attention_mask=mask_b).float(), -1)
+            reads = [(row, torch.tensor(ks, device=self.dev), torch.tensor(ts, device=self.dev))
+                     for row, ks, ts in batch_item(p, i, False).reads]
             for bi in range(b):
-                vals = []
-                for where, cont in zip(p.sites(ROWS), p.conts, strict=True):
-                    row = torch.tensor([bi * c + r for r, _ in where], device=self.dev)
-                    pos = torch.tensor([k for _, k in where], device=self.dev)
-                    vals.append(float(logp[row, pos, torch.tensor(cont, device=self.dev)].sum()))
-                out[bi].append(vals)
+                out[bi].append([float(logp[bi * c + row, ks, ts].sum()) for row, ks, ts in reads])
         return out
 
 
