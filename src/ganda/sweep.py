@@ -205,7 +205,6 @@ class _FastEngine:
                  means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
         self.adapter = adapter
         self.packed = packed
-        self.dev = adapter.device
         self.shape = shape
         self.means = means  # mean ablation (ganda.ablation); None: zero
         self.groups = _groups(adapter, packed, max(1, shape.examples))
