@@ -81,22 +81,6 @@ class Prepared:
         return out
 
 
-def packed_batch(group: list[Prepared], dtype: torch.dtype, device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Several examples' packed layouts as one batch: ``[g, W]`` ids, additive ``[g, 1, W, W]``
-    block masks and ``[g, W]`` position ids, each right-padded to the longest (one example: its own
-    layout, no pad). A pad token sees the shared prefix and the pads before it, and no real token
-    sees a pad, so every real position computes what it computes alone up to float rounding."""
-    w = max(len(p.tokens) for p in group)
-    ids, masks, pos = [], [], []
-    for p in group:
-        pad = w - len(p.tokens)
-        ids.append(p.tokens + p.tokens[-1:] * pad)
-        pos.append(p.positions + list(range(p.positions[-1] + 1, p.positions[-1] + 1 + pad)))
-        masks.append(block_mask(torch.tensor(p.parent + [len(p.conts)] * pad, device=device), dtype))
-    return torch.tensor(ids, device=device), torch.stack(masks)[:, None], torch.tensor(pos, device=device)
-
-
 def block_mask(parent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The packed layout's additive ``[W, W]`` mask: causal, and a choice's tokens see the shared
     prefix (``parent == -1``) and their own choice only."""
@@ -241,4 +225,4 @@ def plan_batches(adapter: Any, examples: Any, batch_tokens: int) -> tuple[list[l
 
 
 __all__ = ["PACKED", "ROWS", "Batch", "BatchItem", "Prepared", "batch_item", "block_mask", "make_batch",
-           "packed_batch", "plan_batches", "prepare", "prepare_all"]
+           "plan_batches", "prepare", "prepare_all"]

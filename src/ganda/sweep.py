@@ -83,7 +83,7 @@ from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
 from .models.loading import model_path
 from .options import Options, option
-from .prepared import PACKED, ROWS, Prepared, packed_batch, prepare_all
+from .prepared import BatchItem, Prepared, batch_item, make_batch, prepare_all
 from .progress import tqdm
 from .scoring import ChoiceScores, examples_digest, score_example
 from .tasks.base import Example
@@ -110,19 +110,21 @@ class _Reads:
     choices: list[int]
 
 
-def _reads(group: list[Prepared], layout: str, copy: int) -> _Reads:
-    """The distinct read sites of ``group`` in ``layout``: in ``"packed"`` example j is row j of a
-    copy; in ``"rows"`` the group is one example whose rows are the copy's."""
+def _reads(items: list[BatchItem]) -> _Reads:
+    """The distinct read sites of ``items``, whose rows in turn make one copy (packed: example j is
+    row j; in rows: the group is one example whose rows are the copy's)."""
     sites: dict[tuple[int, int], int] = {}
     site, target, lengths = [], [], []
-    for j, p in enumerate(group):
-        for where, cont in zip(p.sites(layout), p.conts, strict=True):
-            for (row, k), tok in zip(where, cont, strict=True):
-                site.append(sites.setdefault((row + j, k), len(sites)))
+    r0 = 0
+    for it in items:
+        for row, positions, targets in it.reads:
+            for k, tok in zip(positions, targets, strict=True):
+                site.append(sites.setdefault((r0 + row, k), len(sites)))
                 target.append(tok)
-            lengths.append(len(cont))
-    return _Reads(copy, [r for r, _ in sites], [k for _, k in sites], site, target, lengths,
-                  [len(p.conts) for p in group])
+            lengths.append(len(targets))
+        r0 += len(it.rows)
+    return _Reads(r0, [r for r, _ in sites], [k for _, k in sites], site, target, lengths,
+                  [len(it.reads) for it in items])
 
 
 # Rows of final residuals per LM-head call: the call streams the whole [V, d_model] output
@@ -195,7 +197,7 @@ def _groups(adapter: ModelAdapter, packed: Sequence[Prepared], size: int) -> lis
 class _FastEngine:
     """Layer skipping: each example's intact residual is advanced a layer at a time, and a batch
     of ablations of one layer runs only that layer and the ones after it (:class:`LayerCalls`).
-    Examples run several to a forward (right-padded packed layouts, :func:`packed_batch`;
+    Examples run several to a forward (right-padded packed layouts, :func:`ganda.prepared.make_batch`;
     :class:`Batching`); a group's read rows under every head of a batch go through the LM head together."""
 
     @torch.no_grad()
@@ -203,7 +205,6 @@ class _FastEngine:
                  means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
         self.adapter = adapter
         self.packed = packed
-        self.dev = adapter.device
         self.shape = shape
         self.means = means  # mean ablation (ganda.ablation); None: zero
         self.groups = _groups(adapter, packed, max(1, shape.examples))
@@ -211,14 +212,14 @@ class _FastEngine:
         self.reads: list[_Reads] = []  # per group
         dtype = next(adapter.model.parameters()).dtype
         for idx in self.groups:
-            ps = [packed[i] for i in idx]
-            if adapter.packs_choices(len(ps[0].tokens)):
-                self.calls.append(LayerCalls(adapter, *packed_batch(ps, dtype, self.dev)))
-                self.reads.append(_reads(ps, PACKED, len(ps)))
-            else:
-                ids, mask = ps[0].row_tensors(adapter)
-                self.calls.append(LayerCalls(adapter, ids, mask))
-                self.reads.append(_reads(ps, ROWS, ids.shape[0]))
+            packs = adapter.packs_choices(len(packed[idx[0]].tokens))
+            items = [batch_item(packed[i], i, packs) for i in idx]
+            if packs:
+                batch = make_batch(adapter, items, True, dtype)
+                self.calls.append(LayerCalls(adapter, batch.ids, batch.mask, batch.position_ids))
+            else:  # one example, the scorer's own rows
+                self.calls.append(LayerCalls(adapter, *packed[idx[0]].row_tensors(adapter)))
+            self.reads.append(_reads(items))
         self.layers = self.calls[0].layers if self.calls else adapter.active_layers()
         self.state = [c.h0 for c in self.calls]
         # the recording pass's last residual is the intact model's: the baseline needs no pass of its own
@@ -312,20 +313,17 @@ class _FallbackEngine:
         b = len(heads)
         edit = row_ablations(self.adapter, heads, self.means)
         out: list[list[list[float]]] = [[] for _ in range(b)]
-        for p in self.packed:
+        for i, p in enumerate(self.packed):
             ids, mask = p.row_tensors(self.adapter)
             c = ids.shape[0]
             ids_b = ids.repeat(b, 1)
             mask_b = mask.repeat(b, 1) if mask is not None else None
             with Trace(self.adapter, edit=edit):
                 logp = torch.log_softmax(self.adapter.forward(ids_b, attention_mask=mask_b).float(), -1)
+            reads = [(row, torch.tensor(ks, device=self.dev), torch.tensor(ts, device=self.dev))
+                     for row, ks, ts in batch_item(p, i, False).reads]
             for bi in range(b):
-                vals = []
-                for where, cont in zip(p.sites(ROWS), p.conts, strict=True):
-                    row = torch.tensor([bi * c + r for r, _ in where], device=self.dev)
-                    pos = torch.tensor([k for _, k in where], device=self.dev)
-                    vals.append(float(logp[row, pos, torch.tensor(cont, device=self.dev)].sum()))
-                out[bi].append(vals)
+                out[bi].append([float(logp[bi * c + row, ks, ts].sum()) for row, ks, ts in reads])
         return out
 
 
