@@ -541,16 +541,26 @@ class ModelAdapter(ABC):
 
             return hook
 
+        hooks = [(mx, self.ssm_capture_module(mx), cap_ssm(mx.layer)) for mx in ssm]  # type: ignore[attr-defined]
+        hooks += [(mx, mx.module, cap_attn(mx.layer, hs)) for mx, hs in by_mixer.values()]
+        self._forward_hooked(input_ids, hooks, eager=bool(attn))
+        missing = sorted({m.layer for m in ssm if m.layer not in raw} | {h.layer for h in attn if h not in maps})
+        if missing:
+            raise GandaError(f"nothing captured for layers {missing} (removed by an intervention?)")
+        return raw, maps
+
+    def _forward_hooked(self, input_ids: torch.Tensor, hooks: Sequence[tuple[Mixer, nn.Module, Callable[..., Any]]],
+                        eager: bool) -> None:
+        """One forward of ``input_ids[0]`` under :meth:`analysis_path` (and eager attention where
+        ``eager``), each hook on its module's output for its mixer's layer only (:meth:`_gated`); a
+        hook that raises :class:`StopForward` ends the forward there. The hooks are removed after."""
         handles = []
         try:
-            for mx in ssm:
-                mod = self.ssm_capture_module(mx)  # type: ignore[attr-defined]  # SSM families only
-                handles.append(self._gated(mx, mod, mod.register_forward_hook, cap_ssm(mx.layer)))
-            for mx, hs in by_mixer.values():
-                handles.append(self._gated(mx, mx.module, mx.module.register_forward_hook, cap_attn(mx.layer, hs)))
+            for mx, mod, fn in hooks:
+                handles.append(self._gated(mx, mod, mod.register_forward_hook, fn))
             with ExitStack() as stack:
                 stack.enter_context(self.analysis_path())
-                if attn:
+                if eager:
                     stack.enter_context(eager_attention(self.model))
                 try:
                     self.forward(input_ids[:1].to(self.device))
@@ -559,10 +569,6 @@ class ModelAdapter(ABC):
         finally:
             for handle in handles:
                 handle.remove()
-        missing = sorted({m.layer for m in ssm if m.layer not in raw} | {h.layer for h in attn if h not in maps})
-        if missing:
-            raise GandaError(f"nothing captured for layers {missing} (removed by an intervention?)")
-        return raw, maps
 
     def map_kind(self, head: HeadId) -> str:
         return "softmax" if self.mixer_of(head).kind == "attn" else "implicit"
