@@ -9,7 +9,8 @@ from checks import tiny_model
 import ganda
 from ganda.engine import Trace, layer_returns, run_layers
 from ganda.errors import GandaError
-from ganda.interventions import AblateHeads, RemoveLayers
+from ganda.interventions import AblateHeads, RemoveLayers, apply
+from ganda.models.base import OutputHead
 
 FAMILIES = ["llama", "mamba2", "mamba", "llamba", "zamba2", "bamba", "falcon_h1", "jamba"]
 IDS = torch.randint(1, 60, (2, 11), generator=torch.Generator().manual_seed(3))
@@ -156,3 +157,18 @@ def test_unembed_is_the_models_output_head(adapter):
     torch.testing.assert_close(out.detach(), logits, atol=1e-5, rtol=1e-5)
     out[0, -1].logsumexp(-1).backward()
     assert h.grad is not None and h.grad[0, -1].abs().sum() > 0 and h.grad[1].abs().sum() == 0
+
+
+def test_the_exact_output_path_is_the_models_own_logits_inside_a_layer_edit(adapter):
+    """The fallback of the output head (the model's own forward with the last running layer's output
+    replaced, for families whose output arithmetic it cannot copy) gives the model's logits, also
+    with a layer removed: the replaced output is the running last block's (Zamba2 wraps a moved
+    block anew inside the edit, so a hook placed before it never fires)."""
+    head = OutputHead(adapter)
+    for edit in ([], [RemoveLayers([1])]):
+        with torch.no_grad(), apply(adapter, edit):
+            last = adapter.active_layers()[-1]
+            with Trace(adapter, [f"L{last}.resid_out"]) as tr:
+                logits = adapter.forward(IDS)
+            out = head._through_forward(tr[f"L{last}.resid_out"])
+        torch.testing.assert_close(out, logits, atol=1e-5, rtol=1e-5)
