@@ -67,7 +67,6 @@ from ..errors import GandaError
 from ..heads import HeadId
 from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
-from ..models.ssm.common import ssm_torch_path
 from ..prepared import Batch, BatchItem, make_batch, plan_batches
 from ..progress import cpu_clock, tqdm
 from ..scoring import examples_digest
@@ -149,7 +148,7 @@ def replay_layer(adapter: ModelAdapter, calls: LayerCalls, pos: int, points: Seq
     """The layer at ``pos`` recomputed with autograd from its recorded input (the backward's one
     layer graph at a time): that input, requiring grad; the layer's output; the trace of ``points``
     inside it, kept in the graph."""
-    with torch.enable_grad(), ssm_torch_path(adapter), Trace(adapter, points, edit=edit, detach=False) as tr:
+    with torch.enable_grad(), adapter.analysis_path(), Trace(adapter, points, edit=edit, detach=False) as tr:
         x = calls.inputs[pos].detach().requires_grad_(True)  # type: ignore[index]
         out = calls.run(pos, x)
     return x, out, tr
@@ -240,7 +239,7 @@ class AttributionEngine:
 
     def trace(self, batch: Batch, edit: dict[str, Edit] | None = None) -> LayerCalls:
         """One no-grad pass that records every decoder layer's input and call (``edit``: IG's α edits)."""
-        with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, edit=edit or {}):
+        with torch.no_grad(), self.adapter.analysis_path(), Trace(self.adapter, edit=edit or {}):
             return LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
 
     @property

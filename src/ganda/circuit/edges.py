@@ -70,7 +70,6 @@ from ..intervals import bounds, ci
 from ..interventions import z_point
 from ..models.base import ModelAdapter
 from ..models.components import residual_write_scale
-from ..models.ssm.common import ssm_torch_path
 from ..options import Options, option
 from ..prepared import Batch, make_batch, plan_batches
 from ..progress import cpu_clock, tqdm
@@ -149,7 +148,7 @@ class _EdgeEngine:
         points = list(dict.fromkeys(z_point(m) for m in mixers))
         stop = max(points, key=fired.index)
         x = calls.inputs[pos].detach()  # type: ignore[index]
-        with torch.enable_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, points, detach=False,
+        with torch.enable_grad(), self.adapter.analysis_path(), Trace(self.adapter, points, detach=False,
                                                                      stop=stop) as tr:
             xr = x.repeat(C, *([1] * (x.ndim - 1))).requires_grad_(True)
             run_layer(calls, pos, xr)
@@ -165,7 +164,7 @@ class _EdgeEngine:
         """``[senders, receivers]`` scores and |scores| summed over the batch's prompts, ``[items,
         heads]`` AtP, the items' clean log-likelihoods."""
         s_points = list(dict.fromkeys(z_point(self.adapter.mixer_of(s)) for s in self.senders))
-        with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, s_points) as tr:
+        with torch.no_grad(), self.adapter.analysis_path(), Trace(self.adapter, s_points) as tr:
             calls = LayerCalls(self.adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
         rows, width = batch.ids.shape
         writes = self._writes({p: tr[p] for p in s_points}, rows, width, calls.h0.shape[-1]) if self.senders else None
@@ -514,7 +513,7 @@ def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, rece
     pairs = encode_pairs(adapter, example_pairs(example))
     ids, mask = pad_rows(adapter, [c + t for c, t in pairs])
     sp, rp = z_point(sm), z_point(rm)
-    with torch.no_grad(), ssm_torch_path(adapter), Trace(adapter, [sp]) as tr:
+    with torch.no_grad(), adapter.analysis_path(), Trace(adapter, [sp]) as tr:
         adapter.forward(ids, attention_mask=mask)
     sl, rsl = sm.head_slice(s.head), rm.head_slice(r.head)
     w = float(residual_write_scale(adapter, sm) or 0.0) * torch.nn.functional.linear(tr[sp][..., sl], sm.out_proj.weight[:, sl])
@@ -527,7 +526,7 @@ def edge_positions(adapter: ModelAdapter, example: Example, sender: HeadId, rece
             return x
         return edit
 
-    with torch.enable_grad(), ssm_torch_path(adapter):
+    with torch.enable_grad(), adapter.analysis_path():
         edit = {f"L{r.layer}.resid_in": lambda h: h - (eps[None, :, None] * w).to(h.dtype)}
         with Trace(adapter, [rp], edit=edit, stop=rp, detach=False) as tr2:
             adapter.forward(ids, attention_mask=mask)

@@ -52,7 +52,6 @@ from ..heads import HeadId
 from ..interventions import head_mask, z_point
 from ..models.base import Mixer, ModelAdapter
 from ..models.components import Site, input_parts, part_names, residual_write_scale
-from ..models.ssm.common import ssm_torch_path
 from ..prepared import Batch
 
 PATHS = ("all", "direct")
@@ -152,7 +151,7 @@ class PathBatch:
                  means: dict[tuple[int, str], torch.Tensor] | None = None) -> None:
         self.adapter, self.batch, self.margin = adapter, batch, margin
         self.means = means  # mean ablation of senders (ganda.ablation); None: zero
-        with torch.no_grad(), ssm_torch_path(adapter):
+        with torch.no_grad(), adapter.analysis_path():
             self.calls = LayerCalls(adapter, batch.ids, batch.mask, batch.position_ids, inputs=True)
         self.pos = {layer: i for i, layer in enumerate(self.calls.layers)}
         assert self.calls.final is not None
@@ -181,7 +180,7 @@ class PathBatch:
         the inputs of the layers in ``keep``."""
         last = self.calls.layers[-1] if stop is None else stop
         kept: dict[int, torch.Tensor] = {}
-        with ssm_torch_path(self.adapter), Trace(self.adapter, edit=edit or {}):
+        with self.adapter.analysis_path(), Trace(self.adapter, edit=edit or {}):
             h = hidden
             for pos in range(self.pos[layer], self.pos[last] + 1):
                 if self.calls.layers[pos] in keep:
@@ -237,7 +236,7 @@ class PathBatch:
                 if name not in taken:
                     hooks += [s.module.register_forward_hook(_replace(s, clean[id(s.module)])) for s in ss]
         try:
-            with torch.no_grad(), ssm_torch_path(self.adapter), Trace(self.adapter, [point], stop=point) as tr:
+            with torch.no_grad(), self.adapter.analysis_path(), Trace(self.adapter, [point], stop=point) as tr:
                 run_layer(self.calls, self.pos[layer], x_new)
         finally:
             for h in hooks:
@@ -252,7 +251,7 @@ class PathBatch:
             modules = {id(s.module): s.module for ss in sites.values() for s in ss}
             hooks = [m.register_forward_hook(_grab(got, k)) for k, m in modules.items()]
             try:
-                with torch.no_grad(), ssm_torch_path(self.adapter):
+                with torch.no_grad(), self.adapter.analysis_path():
                     run_layer(self.calls, self.pos[layer], self.input(layer))
             finally:
                 for h in hooks:

@@ -498,8 +498,9 @@ class ModelAdapter(ABC):
         return {h: out[h] for h in heads}
 
     def analysis_path(self) -> AbstractContextManager[Any]:
-        """What a forward that reads or edits the model's insides runs under: nothing here; SSM
-        families force their PyTorch reference path, on which every hooked module runs."""
+        """What a forward that reads or edits the model's insides runs under (map captures, the
+        gradient passes of attribution, edges and path ablation): nothing here; SSM families force
+        their PyTorch reference path, on which every hooked module runs and autograd reaches every head."""
         return nullcontext()
 
     def _capture(self, input_ids: torch.Tensor, ssm: Sequence[Mixer], attn: Mapping[HeadId, Mixer],

@@ -96,12 +96,6 @@ def torch_path(model: nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-def ssm_torch_path(adapter: Any) -> AbstractContextManager[Any]:
-    """:func:`torch_path` for an SSM or hybrid adapter, nothing for others: the gradient passes
-    (attribution, edges, path ablation) need autograd to reach through every head."""
-    return adapter.analysis_path()
-
-
 def causal_conv(x: torch.Tensor, conv: nn.Conv1d, act: str | None) -> torch.Tensor:
     """Depthwise causal conv of ``x`` [T, D] with ``conv``'s weights (fp32), then ``act``."""
     T = x.shape[0]
