@@ -399,9 +399,13 @@ class Phase:
     part: float = 1.0  # the share of the listed layers run (the circuit's receiver copies stop at the mixer)
 
     def flops(self, p: Profile) -> float:
+        return self._whole_flops(p) * self.part
+
+    def _whole_flops(self, p: Profile) -> float:
+        """The FLOPs of the listed layers run whole (``part`` 1)."""
         T = max(1, round(self.tokens))
         per_row = sum(p.layers[i].flops(T) for i in self.layers) + 2.0 * p.d_model * p.vocab * self.logit_positions
-        return self.calls * self.rows * per_row * (1.0 + self.backward) * self.part
+        return self.calls * self.rows * per_row * (1.0 + self.backward)
 
     @property
     def chunked(self) -> bool:
@@ -410,7 +414,7 @@ class Phase:
     def seconds(self, p: Profile, dev: Device) -> float:
         T = max(1, round(self.tokens))
         rate = dev.rate(p.dtype)
-        per_call = self.flops(p) / self.part / max(self.calls, 1e-12) / rate  # whole layers: ``part`` once, below
+        per_call = self._whole_flops(p) / max(self.calls, 1e-12) / rate  # whole layers: ``part`` once, below
         weights = (p.layer_params(self.layers) + p.d_model * p.vocab) * p.bytes_per_param
         per_call = max(per_call, weights * (1.0 + self.backward) / (dev.bandwidth * dev.bw_util))
         traffic = sum(p.layers[i].traffic(T, dev.ssd_traffic_scale, dev.library_ssd_scale, self.chunked)
