@@ -267,17 +267,41 @@ def test_cli_errors_on_real_directories(tiny_dir, tmp_path, cli):
 def test_parse_options_types_and_errors():
     from ganda.commands.options import parse_options
 
+    # text by key; whatever takes an option reads it as the type it declares
     assert parse_options(["cot=true", "subtask=date_understanding", "pairs=10", "frac=0.5", "match=no"]) == {
-        "cot": True, "subtask": "date_understanding", "pairs": 10, "frac": 0.5, "match": False}
+        "cot": "true", "subtask": "date_understanding", "pairs": "10", "frac": "0.5", "match": "no"}
     assert parse_options(["data-dir=/x"]) == {"data_dir": "/x"}
     with pytest.raises(GandaError, match="KEY=VALUE"):
         parse_options(["cot"])
     # ``ganda extends`` names each option's task first
     assert parse_options(["bbh.cot=false", "gsm8k-cot.shots=4", "bbh.max-new-tokens=3"], per_task=True) == {
-        "bbh": {"cot": False, "max_new_tokens": 3}, "gsm8k-cot": {"shots": 4}}
+        "bbh": {"cot": "false", "max_new_tokens": "3"}, "gsm8k-cot": {"shots": "4"}}
     for bad in (["cot=false"], [".cot=false"], ["bbh.=1"], ["bbh.cot"]):
         with pytest.raises(GandaError, match=r"TASK\.KEY=VALUE"):
             parse_options(bad, per_task=True)
+
+
+def test_option_text_is_read_as_each_option_declares_it():
+    """``--option`` text is read one way, for an experiment's options and a task's: a layer list
+    that looks like a number stays text, ``1``/``0`` are a switch's true/false, numbers become
+    numbers, and what fits no declared type is one line naming the type."""
+    from ganda.attribution.ranking import RankOptions
+    from ganda.commands.options import parse_options
+    from ganda.sweep import SweepOptions
+    from ganda.tasks import get_task
+
+    rank = RankOptions.build(parse_options(["verify_layers=1", "verify_top=7", "threshold=0.25"]), text=True)
+    assert (rank.verify_layers, rank.verify_top, rank.threshold) == ("1", 7, 0.25)
+    assert SweepOptions.build(parse_options(["naive=1"]), text=True).naive is True
+    assert SweepOptions.build(parse_options(["naive=off"]), text=True).naive is False
+    task = get_task("gsm8k", **parse_options(["cot=1", "shots=2"]))
+    assert (task.cot, task.shots) == (True, 2)
+    with pytest.raises(GandaError, match="verify_top must be an integer, not 'seven'"):
+        RankOptions.build(parse_options(["verify_top=seven"]), text=True)
+    with pytest.raises(GandaError, match="naive must be true or false, not 'maybe'"):
+        SweepOptions.build(parse_options(["naive=maybe"]), text=True)
+    with pytest.raises(GandaError, match="must be true or false, not '1'"):  # a grid spec's JSON is typed: no text reading
+        SweepOptions.build({"naive": "1"})
 
 
 def test_cli_eval_knowledge_task_with_options(tiny_dir, cli):

@@ -305,7 +305,7 @@ def test_run_extends_writes_json_and_csv(tiny, tmp_path):
 
     opts = parse_options(["gsm8k.max_new_tokens=3", "bbh.cot=false", "bbh.max_new_tokens=3",
                           "bbh.subtask=navigate"], per_task=True)
-    assert opts["bbh"] == {"cot": False, "max_new_tokens": 3, "subtask": "navigate"}
+    assert opts["bbh"] == {"cot": "false", "max_new_tokens": "3", "subtask": "navigate"}
     # the control heads are screened on the run's multiple-choice prompts: one such task is always in
     tasks = ["gsm8k", "bbh", "dream-letters" if _dream_available() else "mmlu"]
     res = run_extends(tiny, "L1H0,L2H1", tasks, limit=2, out=tmp_path, options=opts, progress=False)

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,10 +71,12 @@ class Options:
         return [f for f in dataclasses.fields(cls) if not f.name.startswith("_")]
 
     @classmethod
-    def build(cls, values: Mapping[str, Any] | None = None, *, where: str = "", cli: bool = False) -> Options:
+    def build(cls, values: Mapping[str, Any] | None = None, *, where: str = "", cli: bool = False,
+              text: bool = False) -> Options:
         """The options from a mapping (a grid spec's ``options.<experiment>``, keyword arguments):
         an unknown key or a value of the wrong type is one line naming it (``where`` says where it
-        was written), then :meth:`check`."""
+        was written), then :meth:`check`. ``text``: the values are ``--option KEY=VALUE`` text, each
+        read as its field's type (:func:`read_text`)."""
         values = dict(values or {})
         known = {f.name: f for f in cls.fields()}
         for key in values:
@@ -82,6 +84,8 @@ class Options:
                 takes = ", ".join(known) or "no options"
                 raise GandaError(f"{where}unknown option {key!r} (takes {takes})")
         hints = typing.get_type_hints(cls)
+        if text:
+            values = {k: read_text(v, [option_type(hints[k])]) if isinstance(v, str) else v for k, v in values.items()}
         out = {k: _coerce(v, hints[k], cls.cli_flag(k) if cli else f"{where}{k}") for k, v in values.items()}
         opts = cls(**out)
         object.__setattr__(opts, "_cli", cli)
@@ -124,6 +128,29 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
             raise GandaError(f"{name} must be text, not {value!r}")
         return value
     return value
+
+
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+
+
+def read_text(text: str, allowed: Sequence[Any]) -> Any:
+    """``--option KEY=VALUE`` text as the first of the ``allowed`` types it spells: itself for a
+    text option, ``true/yes/on/1`` or ``false/no/off/0`` for a switch, else an integer, else a
+    number; the text unchanged where none fits (the type check then names it). The one reading of
+    such text, for an experiment's options and a task's alike."""
+    if str in allowed:
+        return text
+    low = text.strip().lower()
+    if bool in allowed and low in TRUE_WORDS + FALSE_WORDS:
+        return low in TRUE_WORDS
+    for kind in (int, float):
+        if kind in allowed:
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    return text
 
 
 def flag_name(f: dataclasses.Field) -> str:

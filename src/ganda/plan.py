@@ -935,7 +935,7 @@ def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],
     if cls.name == "rank" and opts.get("method") == "exact":
         raise GandaError("--method exact is the exhaustive sweep: cost it with -e sweep")
     if given:
-        built = cls.Options.build(given, where="--option ")
+        built = cls.Options.build(given, where="--option ", text=True)
         opts.update({k: v for k, v in built.to_json().items() if k in given})
     if "heads" in opts:
         opts["heads_per_layer"] = heads_per_layer(adapter, opts.pop("heads"))

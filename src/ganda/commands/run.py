@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"ganda run {cls.name} takes one MODEL, not {len(models)}")
         if cls.inputs in ("model", "models") and task is not None:
             raise GandaError(f"the {cls.name} experiment draws its own prompts: drop --task")
-        options = cls.Options.build(parse_options(option))
+        options = cls.Options.build(parse_options(option), text=True)
         run_inputs = RunInputs(model=models[0], models=list(models), task=task or "kv", tasks=task, limit=limit,
                                seed=seed, out=out, allow_pickle=allow_pickle, progress=not quiet)
         done = run_experiment(cls, run_inputs, options)

@@ -48,24 +48,11 @@ LIMIT_MMLU = ("; mmlu: the first N questions of each subject, as lm-eval's --lim
               "N across subjects)")
 
 
-def _option_value(raw: str) -> Any:
-    low = raw.strip().lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
 def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[str, Any]:
-    """``--option`` values as typed task options (booleans, integers, floats, else text; ``-`` in a
-    key reads as ``_``): ``["cot=true", "pairs=10"]`` -> ``{"cot": True, "pairs": 10}``. With
-    ``per_task`` every key names its task first: ``["bbh.cot=false"]`` -> ``{"bbh": {"cot": False}}``."""
+    """``--option`` values by key, as text (``-`` in a key reads as ``_``): ``["cot=true", "pairs=10"]``
+    -> ``{"cot": "true", "pairs": "10"}``; whatever takes them reads each as the type it declares
+    (:func:`ganda.options.read_text`: ``Options.build(..., text=True)``, a task's options). With
+    ``per_task`` every key names its task first: ``["bbh.cot=false"]`` -> ``{"bbh": {"cot": "false"}}``."""
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
@@ -76,8 +63,8 @@ def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[st
         opts = out.setdefault(task.strip(), {}) if per_task else out
         key = name.strip().replace("-", "_")
         if key in opts:  # one rule for a repeated key: refused, never the last one silently
-            raise GandaError(f"--option {key} is given twice ({opts[key]!r} and {_option_value(raw)!r}); give it once")
-        opts[key] = _option_value(raw)
+            raise GandaError(f"--option {key} is given twice ({opts[key]!r} and {raw!r}); give it once")
+        opts[key] = raw
     return out
 
 

@@ -22,10 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 from ..errors import GandaError
-
-TRUE_WORDS = ("true", "yes", "on", "1")
-FALSE_WORDS = ("false", "no", "off", "0")
-
+from ..options import read_text
 
 class OptionError(GandaError, ValueError):
     """A task option that the task does not take, of the wrong type or out of range."""
@@ -249,22 +246,11 @@ def _coerce(value: Any, hint: Any, label: str) -> Any:
     if any(a is Any for a in allowed):
         return value
     if isinstance(value, str):
-        if str in allowed:
-            return value
-        text = value.strip().lower()
-        if bool in allowed and text in TRUE_WORDS + FALSE_WORDS:
-            return text in TRUE_WORDS
-        if int in allowed:
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        if float in allowed:
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif type(value) in allowed or (not isinstance(value, bool) and any(
+        value = read_text(value, allowed)
+        if isinstance(value, str) and str not in allowed:
+            raise OptionError(f"{label} takes {_type_text(allowed)}, got {value!r}")
+        return value
+    if type(value) in allowed or (not isinstance(value, bool) and any(
             isinstance(value, a) for a in allowed if a is not bool and isinstance(a, type))):
         return value
     elif isinstance(value, bool) and bool not in allowed:
