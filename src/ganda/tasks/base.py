@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from ..errors import GandaError
 from ..options import read_text
 
+
 class OptionError(GandaError, ValueError):
     """A task option that the task does not take, of the wrong type or out of range."""
 
