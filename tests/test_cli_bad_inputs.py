@@ -477,6 +477,13 @@ CASES = [
     C("eval-progress-every-text", "eval", LAB, "--task", "lab-mmlu", "--limit", "2",
       match="GANDA_PROGRESS_EVERY='abc' is not a number of seconds", GANDA_PROGRESS_EVERY="abc"),
     C("eval-head-arabic-digit", "eval", LAB, "--task", "lab-mmlu", "--ablate", "L\u0663H0", match="not a head id"),
+    # an integer flag is digits: typer's pydantic would read 0-5 as -5 and 3.0 as 3
+    C("sweep-seed-range", "sweep", LAB, "--task", "lab-kv", "--seed", "0-5", "--out", "out",
+      match="Invalid value for '--seed': not a whole number: '0-5'"),
+    C("rank-verify-top-float", "rank", LAB, "--task", "lab-mmlu", "--verify-top", "3.0", "--out", "out",
+      match="not a whole number: '3.0'"),
+    C("plan-devices-range", "plan", LAB, "-e", "sweep", "--devices", "0-2", match="not a whole number: '0-2'"),
+    C("train-steps-range", "train", "smoke", "--steps", "00-1", "--out", "out", match="not a whole number: '00-1'"),
     C("eval-layer-arabic-digit", "eval", LAB, "--task", "lab-mmlu", "--keep-layers", "\u0663", match="not a layer list"),
 ]
 
@@ -740,6 +747,31 @@ def test_every_command_has_a_bad_input_row():
     commands = {c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands}
     covered = {c.argv[0] for c in CASES}
     assert commands and commands <= covered, sorted(commands - covered)
+
+
+def test_every_integer_flag_is_read_as_digits():
+    """Every integer flag of every command (generated, hand-written and the lab plugin's) is read by
+    ``whole_number``, so none takes ``0-5`` for -5."""
+    import typing
+
+    import click
+    import typer.main
+
+    from ganda.cli import app
+    from ganda.commands.options import whole_number
+
+    root = typer.main.get_command(app)
+    ctx = click.Context(root)
+    ints = [(name, p.opts) for name in root.list_commands(ctx) for p in root.get_command(ctx, name).params
+            if (a := p.type_descriptor.annotation) is int or int in typing.get_args(a)]
+    loose = [(name, opts) for name, opts in ints
+             if next(p for p in root.get_command(ctx, name).params if p.opts == opts).type_descriptor.parameter_info
+             .parser is not whole_number]
+    assert len(ints) > 100 and not loose, loose
+    assert whole_number(" 7") == 7 and whole_number("-3") == -3 and whole_number(None) is None
+    for bad in ("0-5", "3.0", "1_000", "", "\u0663"):
+        with pytest.raises(ValueError, match="not a whole number"):
+            whole_number(bad)
 
 
 # ---- a lab model copied without its lab.json -----------------------------------------------

@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
             ctx = getattr(exc, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            print(f"ganda: error: {exc.format_message()}{hint}", file=sys.stderr)
+            message = exc.format_message().replace("Value error, ", "")  # pydantic's prefix to a parser's ValueError
+            print(f"ganda: error: {message}{hint}", file=sys.stderr)
             return int(exc.exit_code)
         if type(exc).__name__ == "Abort":
             return 1

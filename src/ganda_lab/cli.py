@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from ganda import runio
-from ganda.commands.options import QUIET, at_least, limit_option
+from ganda.commands.options import QUIET, at_least, int_option, limit_option
 from ganda.errors import GandaError
 
 from . import DEFAULT_MODELS, NEEDS, lab_model, shipped
@@ -29,10 +29,10 @@ def register(app: typer.Typer) -> None:
     def train(
         config: str = typer.Argument(..., help="lab config name (llama, mamba2, hybrid, smoke) or a JSON file/string"),
         out: Path = typer.Option(..., "--out", "-o", help="output directory (a Hugging Face model directory)"),
-        steps: int = typer.Option(None, "--steps", help="override the number of training steps"),
-        seed: int = typer.Option(None, "--seed", help="override the training seed"),
+        steps: int = int_option(None, "--steps", help="override the number of training steps"),
+        seed: int = int_option(None, "--seed", help="override the training seed"),
         resume: bool = typer.Option(False, "--resume", help="continue from OUT/checkpoint if present"),
-        eval_every: int = typer.Option(None, "--eval-every", help="steps between quick evaluations (the logged "
+        eval_every: int = int_option(None, "--eval-every", help="steps between quick evaluations (the logged "
                                        "history; the trained weights do not depend on it)"),
         quiet: bool = QUIET,
     ) -> None:
@@ -52,8 +52,8 @@ def register(app: typer.Typer) -> None:
     def distill(
         teacher: str = typer.Argument(..., help="lab Llama teacher: a model directory or a shipped checkpoint name"),
         out: Path = typer.Option(..., "--out", "-o", help="output directory for the distilled SSM"),
-        steps: int = typer.Option(None, "--steps", help="alignment steps"),
-        seed: int = typer.Option(None, "--seed", help="training seed"),
+        steps: int = int_option(None, "--steps", help="alignment steps"),
+        seed: int = int_option(None, "--seed", help="training seed"),
         quiet: bool = QUIET,
     ) -> None:
         """Distil a Mamba-2 student from a lab Llama, layer by layer (no end-to-end stage)."""
@@ -67,9 +67,9 @@ def register(app: typer.Typer) -> None:
     def grow(
         base: str = typer.Argument(..., help="lab Llama to grow: a model directory or a shipped checkpoint name"),
         out: Path = typer.Option(..., "--out", "-o", help="output directory for the grown model"),
-        layers: int = typer.Option(None, "--layers", help="new blocks on top (default 2)"),
-        steps: int = typer.Option(None, "--steps", help="training steps of the new blocks"),
-        seed: int = typer.Option(None, "--seed", help="training seed"),
+        layers: int = int_option(None, "--layers", help="new blocks on top (default 2)"),
+        steps: int = int_option(None, "--steps", help="training steps of the new blocks"),
+        seed: int = int_option(None, "--seed", help="training seed"),
         quiet: bool = QUIET,
     ) -> None:
         """Grow a lab Llama by block expansion (new blocks on top, the base frozen) and train the new
@@ -100,18 +100,18 @@ def register(app: typer.Typer) -> None:
         from_scratch: bool = typer.Option(False, "--from-scratch", help="first train all seven models into "
                                           "--workdir (resumable; two at a time), then use them"),
         workdir: Path = typer.Option(Path("runs/lab-train"), "--workdir", help="--from-scratch: model directories"),
-        jobs: int = typer.Option(2, "--jobs", help="--from-scratch: trainings at a time (one torch thread each; "
+        jobs: int = int_option(2, "--jobs", help="--from-scratch: trainings at a time (one torch thread each; "
                                  "two: the teacher, its student and the KV pair on one core, the SSM then the hybrid "
                                  "on the other; more share cores, niced but for the teacher and its student)"),
-        eval_every: int = typer.Option(1000, "--eval-every", help="--from-scratch: steps between the trainings' "
+        eval_every: int = int_option(1000, "--eval-every", help="--from-scratch: steps between the trainings' "
                                        "quick evaluations (their logged history; the weights do not depend on it)"),
-        steps: int = typer.Option(None, "--steps", help="--from-scratch: override every config's training steps"),
+        steps: int = int_option(None, "--steps", help="--from-scratch: override every config's training steps"),
         limit: int = limit_option(200, "held-out prompts per task", mmlu=False),
-        seed: int = typer.Option(0, "--seed", help="evaluation seed"),
-        prompt_sets: int = typer.Option(1, "--prompt-sets", help="run the programme on K prompt sets (evaluation "
+        seed: int = int_option(0, "--seed", help="evaluation seed"),
+        prompt_sets: int = int_option(1, "--prompt-sets", help="run the programme on K prompt sets (evaluation "
                                         "seeds --seed, +1, ...; one run directory each, OUT/set-1 ...) and count "
                                         "on how many each finding holds"),
-        top: int = typer.Option(6, "--top", help="heads whose role is tested per model"),
+        top: int = int_option(6, "--top", help="heads whose role is tested per model"),
         only: str = typer.Option("1,2,3,4,5,6", "--only", help="findings to run, e.g. 1,5"),
         out: Path = typer.Option(Path("runs/lab"), "--out", "-o", help="run directory (one folder per finding, "
                                  "findings/, report.html)"),

@@ -39,6 +39,7 @@ from .options import (
     PICKLE,
     QUIET,
     TASKS_ALIAS,
+    int_option,
     limit_option,
     task_list,
     task_list_option,
@@ -103,7 +104,7 @@ def scored_inputs(cls: Any) -> dict[str, tuple[Any, Any]]:
         "tasks": (TASKS_ALIAS, str | None),
         "limit": (limit_option(cls.default_limit, limit, mmlu="limit" not in own), int | None),
         "sample": prompts["sample"],
-        "knowledge_limit": (typer.Option(None, "--knowledge-limit", help="examples per knowledge task (default: "
+        "knowledge_limit": (int_option(None, "--knowledge-limit", help="examples per knowledge task (default: "
                                          "--limit)"), int | None),
         "seed": prompts["seed"],
         "out": (typer.Option(None, "--out", "-o", help=f"{own.get('out', 'run directory')} (default: "
@@ -148,8 +149,8 @@ def option_parameter(f: Any, hint: Any) -> inspect.Parameter:
         help_text += f" ({', '.join(meta['choices'])})"
     base = option_type(hint)
     annotation = base | None if f.default is None else base
-    return param(f.name, typer.Option(default, *names, help=help_text, hidden=meta.get("hidden", False)),
-                  annotation)
+    make = int_option if base is int else typer.Option
+    return param(f.name, make(default, *names, help=help_text, hidden=meta.get("hidden", False)), annotation)
 
 
 def _signature(cls: Any) -> tuple[inspect.Signature, list[Any]]:

@@ -9,7 +9,7 @@ import typer
 
 from .. import runio
 from ..errors import GandaError
-from .options import PICKLE, QUIET, model_inputs
+from .options import PICKLE, QUIET, int_option, model_inputs
 
 
 def _check_ray(value: str | None) -> str | None:
@@ -30,7 +30,7 @@ RAY = typer.Option(None, "--ray", metavar="ADDRESS", callback=_check_ray,
                    help="run the work on Ray: 'local' starts an instance with this machine's cores; an "
                    "address (auto, HOST:6379, ray://HOST:10001) joins that cluster, refused if it does not answer "
                    "within GANDA_RAY_CONNECT_TIMEOUT seconds (default 10). Same files as a local run")
-RAY_ACTORS = typer.Option(None, "--ray-actors", help="Ray actors, each with the model loaded once "
+RAY_ACTORS = int_option(None, "--ray-actors", help="Ray actors, each with the model loaded once "
                           "(default: one per GPU, else one per CPU core)")
 
 

@@ -20,8 +20,26 @@ DEFAULT_MODEL = "smollm2-135m"  # ganda.models.DEFAULT_MODEL, spelled here so th
 MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-9k, lab-hybrid-late-7k5, "
               "lab-distilled-h1, ...), a .gguf file, a local HF directory or a hub id")
 MODEL = typer.Argument(DEFAULT_MODEL, help=MODEL_HELP)
+
+
+def whole_number(text: Any) -> Any:
+    """An integer flag's text as an int: ASCII digits after an optional sign, nothing else. typer
+    reads an ``int`` through pydantic, which takes ``0-5`` for -5 and ``3.0`` for 3, so that
+    ``--seed 0-5`` would run seed -5 (a default, already a number, passes as it is)."""
+    if not isinstance(text, str):
+        return text
+    digits = text.strip().removeprefix("-").removeprefix("+")
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def int_option(default: Any, *names: str, **kw: Any) -> Any:
+    """``typer.Option`` of an integer (or None), its text read by :func:`whole_number`: every integer
+    flag of every command is declared through it."""
+    return typer.Option(default, *names, parser=whole_number, **kw)
 PICKLE = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (unpickling runs code)")
-SEED = typer.Option(0, "--seed", help="seed of the prompt sample")
+SEED = int_option(0, "--seed", help="seed of the prompt sample")
 
 
 def _set_quiet(value: bool) -> bool:
@@ -39,7 +57,7 @@ FORCE = typer.Option(False, "--force", help="replace an existing output file tha
 
 def limit_option(default: int | None, what: str = "examples per task", mmlu: bool = True) -> Any:
     """``-n/--limit``: one name and one meaning in every command (how many examples or prompts)."""
-    return typer.Option(default, "--limit", "-n", help=what + (LIMIT_MMLU if mmlu else ""))
+    return int_option(default, "--limit", "-n", help=what + (LIMIT_MMLU if mmlu else ""))
 
 
 TASKS_ALIAS = typer.Option(None, "--tasks", hidden=True, help="another spelling of --task")

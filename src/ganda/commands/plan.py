@@ -14,7 +14,7 @@ import typer.main
 
 from ..errors import GandaError
 from .analyses import AnalysisGroup, flag_name, option_values, param, turns_off
-from .options import FORCE, QUIET, at_least, model_inputs, parse_options
+from .options import FORCE, QUIET, at_least, int_option, model_inputs, parse_options
 
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
@@ -28,12 +28,12 @@ OWN: dict[str, tuple[Any, Any]] = {
                                 "(or maps), sweep, rank, path, edges, prune, transplant or a plugin's (an unknown "
                                 "name lists them)"), str),
     "task": (typer.Option("mmlu", "--task", "-t", help="the task whose prompts set the lengths"), str),
-    "limit": (typer.Option(1000, "--limit", "-n", help="number of examples the run scores (in all; mmlu's --limit "
+    "limit": (int_option(1000, "--limit", "-n", help="number of examples the run scores (in all; mmlu's --limit "
                            "elsewhere counts per subject)"), int),
-    "shots": (typer.Option(None, "--shots", help="few-shot exemplars (mmlu)"), int | None),
-    "tokens": (typer.Option(None, "--tokens", help="tokens per prompt instead of the task's"), int | None),
+    "shots": (int_option(None, "--shots", help="few-shot exemplars (mmlu)"), int | None),
+    "tokens": (int_option(None, "--tokens", help="tokens per prompt instead of the task's"), int | None),
     "device": (typer.Option("h100", "--device", help=", ".join(DEVICES)), str),
-    "devices": (typer.Option(1, "--devices", help="number of devices working side by side"), int),
+    "devices": (int_option(1, "--devices", help="number of devices working side by side"), int),
     "dtype": (typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"), str | None),
     "option": (typer.Option(None, "--option", help="an option of the experiment KEY=VALUE (repeatable; any "
                             "registered experiment's own, checked as ganda run checks it)"), list[str] | None),
@@ -83,7 +83,8 @@ def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
     if option_type(hint) is bool:  # a switch: given or not (``--no-x`` given: the option off)
         return param(f.name, typer.Option(False, flag, help=text), bool)
     assert not turns_off(f)
-    return param(f.name, typer.Option(None, flag, help=text), option_type(hint) | None)
+    make = int_option if option_type(hint) is int else typer.Option
+    return param(f.name, make(None, flag, help=text), option_type(hint) | None)
 
 
 def plan_command(**values: Any) -> None:
