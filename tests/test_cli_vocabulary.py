@@ -371,6 +371,28 @@ def test_limit_is_the_cap_asked_for_and_n_the_examples_scored(capsys, tmp_path):
     assert (header["limit"], header["n"], header["task"]["size"]) == (3, 3, 400)
 
 
+def test_ganda_run_makes_the_run_directory_ganda_name_makes(capsys, tmp_path, monkeypatch):
+    """``ganda run retain`` and ``ganda retain`` write the same files (report.html included) and the
+    same result.json but for the command line each records; heads' result.json records its options."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    for argv in (["-q", "retain", "lab-llama-h1", "--gather", "L2H0", "--aggregate", "L3H0", "--task", "lab-mmlu",
+                  "-n", "4", "-o", str(one)],
+                 ["-q", "run", "retain", "lab-llama-h1", "--task", "lab-mmlu", "-n", "4", "--option", "gather=L2H0",
+                  "--option", "aggregate=L3H0", "-o", str(two)]):
+        monkeypatch.setattr(sys, "argv", ["ganda", *argv])
+        assert main(argv) == 0
+    assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir()) == [
+        "report.html", "result.json", "retain.csv", "retain.png"]
+    a, b = (json.loads((d / "result.json").read_text()) for d in (one, two))
+    assert b["command"].startswith("ganda -q run retain lab-llama-h1") and a["command"].startswith("ganda -q retain")
+    assert {k: v for k, v in a.items() if k not in ("command", "created")} == {
+        k: v for k, v in b.items() if k not in ("command", "created")}
+    assert main(["-q", "heads", "lab-llama-h1", "--task", "lab-mmlu", "-n", "4", "--verify-n", "4", "--top", "2",
+                 "-o", str(tmp_path / "heads")]) == 0
+    options = json.loads((tmp_path / "heads" / "result.json").read_text())["config"]["options"]
+    assert (options["verify_n"], options["top"]) == (4, 2)
+
+
 def test_quiet_silences_transformers_and_lm_eval_and_restores_them(capfd, caplog):
     import logging
     import warnings

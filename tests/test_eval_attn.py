@@ -112,10 +112,10 @@ def test_attn_refuses_plans_map_layers_and_run_names_its_command(tmp_path, monke
     assert capfd.readouterr().err.splitlines() == [
         "ganda: error: --map-layers is what ganda plan costs; ganda attn draws the layers of --heads"]
     assert not any(tmp_path.iterdir())
-    # ganda run is the same run, its options as --option (the same checks, the same files)
+    # ganda run is the same run, its options as --option (the same checks, named as --option names them)
     for name in ("attn", "maps"):
         assert main(["run", name, LAB]) == 2
-        assert capfd.readouterr().err.splitlines() == ["ganda: error: --heads is required: head ids such as L16H22"]
+        assert capfd.readouterr().err.splitlines() == ["ganda: error: heads is required: head ids such as L16H22"]
     assert main(["-q", "run", "maps", LAB, "--task", "lab-kv", "--option", "heads=L1H0", "--option", "out=b.png"]) == 0
     assert json.loads(capfd.readouterr().out) == {"out": None, "experiment": "attn", "figure": "b.png", "maps": "b.json"}
     assert main(["-q", "attn", LAB, "--task", "lab-kv", "--heads", "L1H0", "--out", "c.png"]) == 0

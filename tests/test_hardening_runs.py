@@ -161,6 +161,14 @@ def test_resume_with_another_dtype_is_refused(tmp_path):
         run_sweep(bf16, exs, heads=bf16.heads()[:2], out_dir=out, progress=False)
 
 
+def test_a_refused_resume_names_the_option_that_differs(tmp_path, capsys):
+    """A rerun into a sweep's directory with another option names that option, not the whole set."""
+    cmd = ["sweep", MODEL, "--task", "lab-mmlu", "--limit", "2", "--out", tmp_path / "run"]
+    assert _cli(capsys, *cmd)[0] == 0
+    rc, _, err = _cli(capsys, *cmd, "--batch-heads", "3")
+    assert rc == 2 and "holds a different sweep (options.batch_heads differ)" in err, err
+
+
 def test_resume_of_a_model_changed_in_memory_is_refused(tmp_path):
     from test_sweep import tiny_adapter, tiny_examples
 
@@ -643,12 +651,40 @@ def test_grid_draws_the_prompts_ganda_sweep_draws():
     seeded ``sample`` among them: the same questions as ``--sample -n 2 --seed 3``, not the first
     question of each subject."""
     from ganda.experiments.runner import RunInputs
-    from ganda.grid import task_options
+    from ganda.grid import job_inputs, task_options
     from ganda.tasks import get_task
 
     opts = {"limit": 2, "seed": 3, "sample": True, "shots": 0, "sweep": {"heads": "L0H0"}}
-    grid = get_task("mmlu", **task_options(opts)).examples(limit=2, seed=3)
+    job = job_inputs({"model": "m", "task": "mmlu"}, opts)
+    grid = get_task("mmlu", **job.task_options()).examples(limit=job.limit, seed=job.seed)
     cli = get_task("mmlu", **RunInputs(task="mmlu", sample=True, shots=0).task_options()).examples(limit=2, seed=3)
     first = get_task("mmlu", shots=0).examples(limit=2, seed=3)
     assert [e.prompt for e in grid] == [e.prompt for e in cli] != [e.prompt for e in first]
     assert task_options({**opts, "sample": False}) == {"shots": 0}  # mmlu's default, as the command line passes it
+
+
+def test_a_grid_job_is_the_run_ganda_name_makes(tmp_path, capsys):
+    """A grid job runs through the runner ``ganda NAME`` runs through: an alias names its experiment
+    (``attribution`` is ``rank``), a null limit is the grid's 32, the job's files record its options
+    as ``ganda rank`` records them, and what ``ganda heads`` refuses before its model loads the grid
+    refuses before any job runs, writing nothing."""
+    import yaml
+
+    spec = tmp_path / "grid.yaml"
+    spec.write_text(yaml.safe_dump({"models": [MODEL], "tasks": ["lab-mmlu"], "experiments": ["attribution"],
+                                    "out": str(tmp_path / "grid"), "options": {"limit": None, "attribution":
+                                                                              {"verify_top": 2}}}))
+    assert _cli(capsys, "grid", spec)[0] == 0
+    job = tmp_path / "grid" / MODEL / "lab-mmlu" / "rank"
+    direct = tmp_path / "direct"
+    assert _cli(capsys, "rank", MODEL, "--task", "lab-mmlu", "--verify-top", "2", "--limit", "32", "--out", direct)[0] == 0
+    grid, cli = (json.loads((d / "ranking.json").read_text()) for d in (job, direct))
+    assert grid["n"] == 32 and grid["config"]["options"]["verify_top"] == 2
+    assert grid["config"] == cli["config"] and grid["ranking"] == cli["ranking"]
+    spec.write_text(yaml.safe_dump({"models": [MODEL], "tasks": ["lab-mmlu", "lab-knowledge"], "experiments": ["heads"],
+                                    "out": str(tmp_path / "grid2"), "options": {"limit": 2}}))
+    rc, _, err = _cli(capsys, "grid", spec)
+    assert rc == 2 and _err_lines(err) == ["ganda: error: task 'lab-knowledge' has no segments to score heads on"], err
+    assert not list((tmp_path / "grid2").rglob("*.json"))
+
+

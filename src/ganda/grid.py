@@ -38,11 +38,12 @@ import yaml
 from . import registry, runio
 from .device import default_device, default_dtype
 from .errors import GandaError
-from .experiments.runner import TaskInputs
+from .experiments.base import DEFAULT_LIMIT
+from .experiments.runner import RunInputs, TaskInputs, check_inputs, run_loaded
 from .fingerprint import fingerprint
 from .models.base import ModelAdapter
 from .models.loading import load_model, model_path
-from .tasks import get_task, task_for_model
+from .tasks import get_task
 
 TASK_OPTIONS = ("pairs", "shots", "subjects", "sample")
 
@@ -54,10 +55,26 @@ def task_options(opts: dict[str, Any]) -> dict[str, Any]:
 COMMON = tuple(f.name for f in TaskInputs.fields())  # limit, sample, pairs, shots, subjects, seed
 
 
-def grid_experiments() -> list[str]:
-    """The registered experiments that run as grid jobs (one model, one task's examples)."""
+def grid_experiments(aliases: bool = False) -> list[str]:
+    """The registered experiments that run as grid jobs (one model, one task's examples); with
+    ``aliases``, their other names too (``attribution`` for ``rank``)."""
     return [n for n in registry.experiment_names() if registry.experiment(n).on_task
-            and registry.experiment(n).name == n]
+            and (aliases or registry.experiment(n).name == n)]
+
+
+def _canonical(names: list[str], opts: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The spec's experiments and options under each experiment's own name (an alias is that name)."""
+    own = {n: registry.experiment(n).name for n in grid_experiments(aliases=True)}
+    bad = [e for e in names if e not in own]
+    if bad:
+        raise GandaError(f"grid spec: experiment {bad[0]!r} is not one of {', '.join(grid_experiments())}")
+    out: dict[str, Any] = {}
+    for key, val in opts.items():
+        name = own.get(key, key)
+        if name in out:
+            raise GandaError(f"grid spec: options.{key} names the experiment {name} a second time; give it once")
+        out[name] = val
+    return [own[e] for e in names], out
 
 
 JOB_FILE = "grid-job.json"
@@ -96,14 +113,12 @@ def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
     unknown = sorted(set(spec) - {"models", "tasks", "experiments", "options", "out"})
     if unknown:
         raise GandaError(f"grid spec: unknown key {unknown[0]!r} (expected models, tasks, experiments, options, out)")
-    models, tasks, exps = _list(spec, "models"), _list(spec, "tasks"), _list(spec, "experiments")
-    known = grid_experiments()
-    bad = [e for e in exps if e not in known]
-    if bad:
-        raise GandaError(f"grid spec: experiment {bad[0]!r} is not one of {', '.join(known)}")
+    models, tasks = _list(spec, "models"), _list(spec, "tasks")
     opts = spec.get("options") or {}
     if not isinstance(opts, dict):
         raise GandaError("grid spec: 'options' must be a mapping")
+    exps, opts = _canonical(_list(spec, "experiments"), opts)
+    known = grid_experiments()
     for key, val in opts.items():
         if key in known:
             if not isinstance(val, dict):
@@ -122,7 +137,10 @@ def parse_spec(spec: dict[str, Any] | str | Path) -> dict[str, Any]:
     if len(set(names)) != len(names):
         raise GandaError("grid spec: two models share one directory name; list each model once")
     for t in tasks:
-        task = get_task(t, **task_options(opts))
+        try:
+            task = get_task(t, **task_options(opts))
+        except GandaError as exc:
+            raise GandaError(f"grid spec: {exc}") from None
         if task.kind != "mc":
             raise GandaError(f"grid spec: task {t!r} is a generation task; sweeps and rankings score multiple choice")
     return {"models": models, "tasks": tasks, "experiments": exps, "options": opts, "out": out}
@@ -143,10 +161,24 @@ def _earlier(path: Path) -> dict[str, dict[str, Any]]:
         return {}
 
 
+def _limit(opts: dict[str, Any]) -> int:
+    """The prompts of every job: the spec's ``limit``, else (absent or null) 32."""
+    return DEFAULT_LIMIT if opts.get("limit") is None else int(opts["limit"])
+
+
+def job_inputs(job: dict[str, Any], opts: dict[str, Any], *, ray: str | None = None,
+               allow_pickle: bool = False) -> RunInputs:
+    """A job's inputs as ``ganda NAME`` would take them (its prompts from the spec's shared options;
+    ``ray``: the grid runs on Ray, which the experiment's checks read)."""
+    shared = {k: opts[k] for k in TASK_OPTIONS if opts.get(k) is not None}
+    return RunInputs(model=job["model"], task=job["task"], limit=_limit(opts), seed=int(opts.get("seed", 0)), **shared,
+                     ray=ray, allow_pickle=allow_pickle, progress=False)
+
+
 def job_record(job: dict[str, Any], opts: dict[str, Any], weights: str | None, dtype: str) -> dict[str, Any]:
     """What makes a job's numbers what they are: written to its ``grid-job.json`` before it starts,
     compared on every rerun."""
-    options = {"limit": int(opts.get("limit", 32)), "seed": int(opts.get("seed", 0)),
+    options = {"limit": _limit(opts), "seed": int(opts.get("seed", 0)),
                **task_options(opts), job["experiment"]: opts.get(job["experiment"], {})}
     return {"model": job["model"], "task": job["task"], "experiment": job["experiment"], "options": options,
             "weights": weights, "dtype": dtype}
@@ -177,16 +209,17 @@ def _check_job(job: dict[str, Any], want: dict[str, Any]) -> None:
                      "use another out, or delete that directory to run the job again")
 
 
-def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
+def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False, ray: str | None = None,
              on_job: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run (or finish) every job of the grid; return the job list as written to ``out/grid.json``.
 
-    Every job is checked against its ``grid-job.json`` first (see the module docstring)."""
+    Every job is checked against its ``grid-job.json``, and by its experiment as ``ganda NAME``
+    checks a run (:func:`ganda.experiments.runner.check_inputs`; ``ray``: the address the command's
+    ``--ray`` runs the jobs on), before any job runs; each runs through the runner's
+    :func:`~ganda.experiments.runner.run_loaded`, so its files are those of ``ganda NAME``."""
     spec = parse_spec(spec)
     out = Path(spec["out"])
     opts = spec["options"]
-    limit, seed = int(opts.get("limit", 32)), int(opts.get("seed", 0))
-    task_opts = task_options(opts)
     todo = jobs(spec)
     dtype = str(default_dtype(default_device())).removeprefix("torch.")
     weights: dict[str, str | None] = {}
@@ -197,31 +230,27 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
     earlier = _earlier(out / "grid.json")
     adapters: dict[str, ModelAdapter] = {}
     with runio.run_dir_lock(out):
-        for job in todo:  # every job before any work: one stale job refuses the rerun
+        checked = {}
+        for job in todo:  # every job before any work: one stale or refused job refuses the run
             _check_job(job, records[job["dir"]])
+            cls, run = registry.experiment(job["experiment"]), job_inputs(job, opts, ray=ray, allow_pickle=allow_pickle)
+            options = cls.Options.build(opts.get(job["experiment"], {}))
+            checked[job["dir"]] = (cls, run, options, check_inputs(cls, run, options))
         for job in todo:
-            exp = registry.experiment(job["experiment"])()
+            cls, run, options, task = checked[job["dir"]]
             jdir = Path(job["dir"])
-            if (jdir / exp.done_file).exists():
+            if (jdir / cls.done_file).exists():
                 job.update({k: v for k, v in earlier.get(job["dir"], {}).items() if k in ("result", "seconds")})
                 job["status"] = "done"
             else:
                 if job["model"] not in adapters:
                     adapters.clear()  # one model in memory at a time
                     adapters[job["model"]] = load_model(job["model"], allow_pickle=allow_pickle)
-                adapter = adapters[job["model"]]
-                task = task_for_model(job["task"], get_task(job["task"], **task_opts), adapter, **task_opts)
-                examples = task.examples(limit=limit, seed=seed)
-                if not examples:
-                    raise GandaError(f"task {job['task']!r} gave no examples")
-                cfg = {"task": task.config(), "limit": limit, "n": len(examples), "seed": seed}
                 jdir.mkdir(parents=True, exist_ok=True)
                 runio.write_text(jdir / JOB_FILE, json.dumps(records[job["dir"]], indent=1) + "\n")  # a record, compared exactly
                 t0 = time.perf_counter()
-                options = exp.Options.build(opts.get(job["experiment"], {}))
-                exp.task = task  # an experiment that draws a second set of the task (heads' verification)
-                result = exp.run(adapter, examples, options, out_dir=jdir, config=cfg, progress=False)
-                job["result"] = exp.job_summary(result)
+                done = run_loaded(cls, run, options, adapters[job["model"]], task, jdir)
+                job["result"] = done.experiment.job_summary(done.result)
                 job["status"], job["seconds"] = "done", round(time.perf_counter() - t0, 2)
             runio.write_json(out / "grid.json", {"spec": spec, "jobs": todo}, indent=1)
             if on_job:
@@ -229,4 +258,4 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False,
     return todo
 
 
-__all__ = ["JOB_FILE", "grid_experiments", "job_record", "jobs", "parse_spec", "run_grid", "safe_name"]
+__all__ = ["JOB_FILE", "grid_experiments", "job_inputs", "job_record", "jobs", "parse_spec", "run_grid", "safe_name"]

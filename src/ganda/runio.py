@@ -641,7 +641,7 @@ class Journal:
                 and old.get("weights", cfg["weights"]) != cfg["weights"]:
             raise GandaError(f"the weights of {cfg['model']} changed since this run started (fingerprint "
                              f"{old.get('weights')}, now {cfg['weights']}); use --no-resume or another --out")
-        keys = sorted(k for k in {*old, *cfg} if old.get(k) != cfg.get(k)) if isinstance(old, dict) else []
+        keys = _differing(old, cfg) if isinstance(old, dict) else []
         what = f"{', '.join(keys)} differ" if keys else "model, task, prompts or heads differ"
         raise GandaError(f"{self.path} holds a different {self.what} ({what}); use --no-resume to start over "
                          "or another --out")
@@ -661,6 +661,17 @@ class Journal:
             with contextlib.suppress(OSError):
                 self._fh.close()
             self._fh = None
+
+
+def _differing(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """The keys whose values differ, a mapping's inner keys named (``options.top``, not ``options``)."""
+    out = []
+    for k in sorted({*old, *new}):
+        a, b = old.get(k), new.get(k)
+        if a != b:
+            inner = _differing(a, b, f"{prefix}{k}.") if isinstance(a, dict) and isinstance(b, dict) else []
+            out += inner or [f"{prefix}{k}"]
+    return out
 
 
 def read_journal(path: str | Path, problem: Callable[[dict[str, Any]], str | None] | None = None) -> list[dict[str, Any]]:

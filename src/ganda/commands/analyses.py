@@ -200,10 +200,10 @@ def build_command(name: str) -> click.Command:
             values["tasks"] = task_list(values.pop("task"), values.pop("tasks"), cls.default_tasks)
         if "models" in values:
             values["model"] = values["models"][0]
-        run = RunInputs(**values, progress=not (quiet or as_json), command=_command_line(), announce=True)
+        run = RunInputs(**values, progress=not (quiet or as_json), command=command_line(), announce=True)
         done = run_experiment(cls, run, options)
         if html:
-            _reports(done.experiment.finished)
+            write_reports(done.experiment.finished)
         if as_json:
             from ..finite import finite_json
 
@@ -220,14 +220,15 @@ def build_command(name: str) -> click.Command:
     return typer.main.get_command(app)
 
 
-def _command_line() -> str:
+def command_line() -> str:
+    """The command as typed, recorded with its results."""
     import shlex
     import sys
 
     return "ganda " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-def _reports(finished: list[tuple[Path, Any]]) -> None:
+def write_reports(finished: list[tuple[Path, Any]]) -> None:
     """report.html in each run directory a ScoredExperiment saved."""
     from ..report import write_report
 
@@ -265,5 +266,5 @@ class AnalysisGroup(typer.core.TyperGroup):
             formatter.write_dl(rows)
 
 
-__all__ = ["OPTIONAL_INPUTS", "run_inputs", "AnalysisGroup", "build_command", "option_parameter", "param", "turns_off",
-           "flag_name", "option_values"]
+__all__ = ["OPTIONAL_INPUTS", "run_inputs", "AnalysisGroup", "build_command", "command_line", "option_parameter",
+           "param", "turns_off", "flag_name", "option_values", "write_reports"]

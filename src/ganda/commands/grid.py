@@ -62,5 +62,5 @@ def register(app: typer.Typer) -> None:
             print(f"{job['status']:>5}  {job['model']} / {job['task']} / {job['experiment']}: {head}", flush=True)
 
         with ray_sweeps(ray, ray_actors, allow_pickle=allow_pickle):
-            done = run_grid(parsed, allow_pickle=allow_pickle, on_job=show)
+            done = run_grid(parsed, allow_pickle=allow_pickle, ray=ray, on_job=show)
         print(f"wrote {parsed['out']}/grid.json ({len(done)} jobs)")

@@ -37,9 +37,10 @@ class Sweep(Experiment):
 
     def check_run(self, options: SweepOptions, run: Any) -> None:  # type: ignore[override]
         if options.ablation != "zero" and run.ray is not None:
-            raise GandaError(f"--ablation {options.ablation} runs in this process; drop --ray")
+            raise GandaError(f"{options.flag('ablation')} {options.ablation} runs in this process; drop --ray")
         if run.ray is not None and options.naive:
-            raise GandaError("--naive runs the reference loop in this process; drop --ray or --naive")
+            raise GandaError(f"{options.flag('naive')} runs the reference loop in this process; drop --ray or "
+                             f"{options.flag('naive')}")
 
     def run(self, adapter: Any, examples: list[Any], options: SweepOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> Any:

@@ -189,7 +189,8 @@ class Heads(Experiment):
             config: dict[str, Any], progress: bool = True) -> Discovery:
         seed = int(config.get("seed", 0))
         verify = self.task.examples(limit=options.verify_n, seed=seed + 1)
-        task_config = {**self.task.run_config(config["limit"], len(examples), seed), "summary": options.summary}
+        task_config = {**self.task.run_config(config["limit"], len(examples), seed), "summary": options.summary,
+                       "options": options.to_json()}
         d = discover(adapter, examples, verify, top=options.top, task_config=task_config, summary=options.summary)
         save_discovery(d, out_dir, model=adapter.spec)
         return d

@@ -55,9 +55,10 @@ class Maps(DirectExperiment):
 
     def check_run(self, options: MapsOptions, run: Any) -> None:  # type: ignore[override]
         if options.heads is None:
-            raise GandaError("--heads is required: head ids such as L16H22")
+            raise GandaError(f"{options.flag('heads')} is required: head ids such as L16H22")
         if options.map_layers is not None:
-            raise GandaError("--map-layers is what ganda plan costs; ganda attn draws the layers of --heads")
+            raise GandaError(f"{options.flag('map_layers')} is what ganda plan costs; ganda attn draws the layers of "
+                             f"{options.flag('heads')}")
         task_options = {"pairs": run.pairs, "shots": run.shots}
         self.task = get_task(run.task, **task_options) if options.prompt is None else None
         inputs = model_inputs(run.model)

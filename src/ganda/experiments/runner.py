@@ -100,6 +100,15 @@ def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     out_dir = runio.claim_run_dir(run.out_dir(cls.default_out or Path("runs") / f"{cls.name}-{run.task}"), kind=cls.name,
                                   models=model_inputs(run.model))
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
+    with ray_sweeps(run.ray, run.ray_actors, allow_pickle=run.allow_pickle):
+        return run_loaded(cls, run, options, adapter, task, out_dir)
+
+
+def run_loaded(cls: type[Experiment], run: RunInputs, options: Options, adapter: Any, task: Any,
+               out_dir: Path) -> Run:
+    """Draw the examples of ``task`` (checked by :func:`check_inputs`) for the loaded model and run
+    ``cls`` into ``out_dir``: what follows the model's load in :func:`run_on_task` and in every
+    ``ganda grid`` job, so both record the same ``config`` and refuse the same examples."""
     task = task_for_model(run.task, task, adapter, **run.task_options())
     n = run.limit if run.limit is not None else cls.default_limit
     examples = task.examples(limit=n, seed=run.seed)
@@ -109,8 +118,7 @@ def run_on_task(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     exp.task = task
     exp.check_examples(examples, run.task)
     config = {"task": task.config(), "limit": n, "n": len(examples), "seed": run.seed, "options": options.to_json()}
-    with ray_sweeps(run.ray, run.ray_actors, allow_pickle=run.allow_pickle):
-        result = exp.run(adapter, examples, options, out_dir=out_dir, config=config, progress=run.progress)
+    result = exp.run(adapter, examples, options, out_dir=out_dir, config=config, progress=run.progress)
     return Run(exp, result, out_dir, adapter, examples, options)
 
 
@@ -173,5 +181,4 @@ def run_experiment(cls: type[Experiment], run: RunInputs, options: Options) -> R
 
 
 __all__ = ["DEFAULT_LIMIT", "Run", "RunInputs", "TaskInputs", "check_inputs", "run_direct", "run_experiment",
-           "run_on_models",
-           "run_on_task", "run_on_tasks"]
+           "run_loaded", "run_on_models", "run_on_task", "run_on_tasks"]
