@@ -302,6 +302,17 @@ def test_option_text_is_read_as_each_option_declares_it():
         SweepOptions.build(parse_options(["naive=maybe"]), text=True)
     with pytest.raises(GandaError, match="must be true or false, not '1'"):  # a grid spec's JSON is typed: no text reading
         SweepOptions.build({"naive": "1"})
+    # a list of text takes one --option as one item; a list or a path of another type is one line
+    from ganda import registry
+
+    extends, attn = registry.experiment("extends").Options, registry.experiment("attn").Options
+    got = extends.build({"heads": "L0H0", **parse_options(["task_option=lab-kv.pairs=4"])}, text=True)
+    assert got.task_option == ["lab-kv.pairs=4"]
+    for bad in (5, ["a", 3]):
+        with pytest.raises(GandaError, match="task_option must be a list of text"):
+            extends.build({"heads": "L0H0", "task_option": bad})
+    with pytest.raises(GandaError, match="out must be a path, not 5"):
+        attn.build({"out": 5})
 
 
 def test_cli_eval_knowledge_task_with_options(tiny_dir, cli):

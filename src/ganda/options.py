@@ -14,6 +14,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from .errors import GandaError
@@ -127,6 +128,13 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
         if not isinstance(value, str):
             raise GandaError(f"{name} must be text, not {value!r}")
         return value
+    if typing.get_origin(base) is list:  # a list of text; one --option KEY=VALUE gives one item
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+            raise GandaError(f"{name} must be a list of text, not {value!r}")
+        return list(items)
+    if isinstance(base, type) and issubclass(base, PurePath) and not isinstance(value, str | PurePath):
+        raise GandaError(f"{name} must be a path, not {value!r}")
     return value
 
 
