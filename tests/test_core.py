@@ -306,7 +306,7 @@ def test_option_text_is_read_as_each_option_declares_it():
     from ganda import registry
 
     extends, attn = registry.experiment("extends").Options, registry.experiment("attn").Options
-    got = extends.build({"heads": "L0H0", **parse_options(["task_option=lab-kv.pairs=4"])}, text=True)
+    got = extends.build({"heads": "L0H0", "task": "lab-kv", **parse_options(["task_option=lab-kv.pairs=4"])}, text=True)
     assert got.task_option == ["lab-kv.pairs=4"]
     for bad in (5, ["a", 3]):
         with pytest.raises(GandaError, match="task_option must be a list of text"):
