@@ -413,6 +413,23 @@ def test_plan_verifies_the_larger_of_the_estimates_and_the_activitys_top(shipped
     assert check() == check(verify_top=10, active=30)  # the default rule
 
 
+def test_plan_verifies_only_the_ranked_heads(shipped):
+    """``rank --heads``: the exact check picks from the ranked heads only (a ranking of one head
+    verifies one), every ranked head of ``--verify-layers``, and never more in a layer than it ranks."""
+    prof = planner.profile(shipped["meta-llama/Llama-3.1-8B"])
+    w = planner.Workload(n=8, tokens=100, max_tokens=100)
+
+    def verified(**opts):
+        pl = planner.plan(prof, "attribution", w, "h100", method="atp", **opts)
+        return next(int(p["phase"].split()[3]) for p in pl.phases if p["phase"].startswith("exact check"))
+
+    one = [1] + [0] * 31
+    assert verified(heads_per_layer=one) == 1 < verified() == 30
+    assert verified(heads_per_layer=[2, 3] + [0] * 30, verify_layers=[1]) == 5  # 3 of layer 1, then the 2 others
+    assert planner.spread_over(6, {0: 1, 5: 32, 9: 2}) == {0: 1, 5: 3, 9: 2}  # what a layer cannot hold moves on
+    assert sorted(planner.spread_over(30, {k: 32 for k in range(32)}).values()) == [0] * 2 + [1] * 30
+
+
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
     prof = planner.profile(shipped["ai21labs/AI21-Jamba-1.5-Mini"])
     w = planner.Workload(n=100, tokens=200, max_tokens=200)

@@ -548,6 +548,20 @@ def backward_batch_tokens(p: Profile, opts: dict[str, Any], blocks: int) -> int:
                                                             free, state))
 
 
+def spread_over(n: int, room: dict[int, int]) -> dict[int, int]:
+    """``n`` heads spread evenly over the layers of ``room`` (layer -> the heads it holds), none past
+    what a layer holds: where the planner puts the heads a ranking verifies, which the estimate
+    picks only once it runs. ``n`` is at most every head of ``room``."""
+    out = dict.fromkeys(room, 0)
+    while n:
+        layers = [k for k in room if out[k] < room[k]]
+        for j in range(n):
+            out[layers[min(len(layers) - 1, int((j + 0.5) * len(layers) / n))]] += 1
+        n = sum(max(0, out[k] - room[k]) for k in out)  # past a layer's heads: spread again over the others
+        out = {k: min(v, room[k]) for k, v in out.items()}
+    return out
+
+
 def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda rank``: one no-grad pass and a layer-by-layer backward per batch, then the exact
     check of the top heads, the audit and every head of ``verify_layers``."""
@@ -577,17 +591,18 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     early = sorted(set(opts.get("verify_layers") or ()))
     if any(not 0 <= k < len(L) for k in early):
         raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
-    per_layer = [p.layers[k].heads if k in early else 0 for k in L]  # every head of those layers
-    rest = [k for k in L if k not in early]
+    ranked = opts.get("heads_per_layer") or [layer.heads for layer in p.layers]  # --heads: only those are ranked
+    per_layer = [ranked[k] if k in early else 0 for k in L]  # every ranked head of those layers
+    rest = {k: ranked[k] for k in L if k not in early and ranked[k]}
     # the estimate's top and the activity's overlap (on SmolLM2 KV the top 10 by estimate lie inside
     # the top 30 by activity): planned as the larger of the two lists; plus --widen W's first round
     # (at least one runs; later rounds depend on what the first finds)
     n_top, n_active, widen = (int(opts.get(k, d)) for k, d in (("verify_top", VERIFY_TOP), ("active", ACTIVE),
                                                                 ("widen", 0)))
     top = max(n_top, n_active) + widen
-    spread = min(sum(p.layers[k].heads for k in rest), top + int(opts.get("audit", AUDIT)))
-    for j in range(spread if rest else 0):  # the top heads and the audit, spread evenly over the other layers
-        per_layer[rest[min(len(rest) - 1, int((j + 0.5) * len(rest) / spread))]] += 1
+    spread = min(sum(rest.values()), top + int(opts.get("audit", AUDIT)))
+    for k, n in spread_over(spread, rest).items():  # the top heads and the audit, over the other layers
+        per_layer[k] += n
     verify = sum(per_layer)
     sub, _, _ = sweep_phases(p, w, {**opts, "heads_per_layer": per_layer})
     for ph in sub:
