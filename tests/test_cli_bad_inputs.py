@@ -485,6 +485,15 @@ CASES = [
     C("plan-devices-range", "plan", LAB, "-e", "sweep", "--devices", "0-2", match="not a whole number: '0-2'"),
     C("train-steps-range", "train", "smoke", "--steps", "00-1", "--out", "out", match="not a whole number: '00-1'"),
     C("eval-layer-arabic-digit", "eval", LAB, "--task", "lab-mmlu", "--keep-layers", "\u0663", match="not a layer list"),
+    # ganda plan builds one Options from its flags and --option, and checks heads as the run does
+    C("plan-rank-option-exact", "plan", LAB, "-e", "rank", "--option", "method=exact",
+      match="method exact is the exhaustive sweep: cost it with -e sweep"),
+    C("plan-flag-and-option", "plan", LAB, "-e", "sweep", "--batch-heads", "1", "--option", "batch_heads=8",
+      match="--batch-heads is given both as a flag and as --option batch_heads; give it once"),
+    C("plan-rule-across-routes", "plan", LAB, "-e", "sweep", "--ablation", "mean", "--option", "until_chance=true",
+      match="--ablation mean runs without until_chance"),
+    C("plan-option-unknown", "plan", LAB, "-e", "eval", "--option", "bogus=1",
+      match="ganda: error: unknown option 'bogus' (takes ablate,"),
 ]
 
 @pytest.fixture(scope="module")

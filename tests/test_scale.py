@@ -430,6 +430,22 @@ def test_plan_verifies_only_the_ranked_heads(shipped):
     assert sorted(planner.spread_over(30, {k: 32 for k in range(32)}).values()) == [0] * 2 + [1] * 30
 
 
+def test_plan_takes_every_option_of_the_experiment_whichever_way_it_comes(capsys):
+    """Flags and ``--option`` build one Options: the same plan each way, a required option or a
+    rule's other half given by ``--option`` beside a flag included."""
+    def plan(*argv: str) -> dict:  # lab-llama: 3 layers of 4 heads
+        assert main(["plan", "lab-llama", "-t", "lab-mmlu", "-n", "6", "--device", "cpu", "--json", "-q", *argv]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert plan("-e", "sweep", "--option", "batch_heads=1") == plan("-e", "sweep", "--batch-heads", "1") \
+        != plan("-e", "sweep")
+    assert plan("-e", "rank", "--verify-top", "1", "--method", "ig", "--active", "0") == \
+        plan("-e", "rank", "--verify-top", "1", "--option", "method=ig", "--active", "0") != plan("-e", "rank")
+    assert plan("-e", "transplant", "--option", "donor=lab-llama") == plan("-e", "transplant", "--donor", "lab-llama")
+    assert plan("-e", "path", "--from", "L0H0", "--option", "receiver=L1H0") == \
+        plan("-e", "path", "--from", "L0H0", "--to", "L1H0") != plan("-e", "path", "--from", "L0H0", "--to", "L2H0")
+
+
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
     prof = planner.profile(shipped["ai21labs/AI21-Jamba-1.5-Mini"])
     w = planner.Workload(n=100, tokens=200, max_tokens=200)

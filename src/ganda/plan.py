@@ -941,22 +941,24 @@ def model_plan(model: str, experiment: str, dtype: Any, task: str, n: int, shots
 
 def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],
                   given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The options an experiment's costs read, in the forms its phases take: ``flags`` checked by
-    its ``Options`` as its own command checks them, ``given`` (``--option KEY=VALUE``) as ``ganda
-    run`` checks them; head ids as heads per layer, layer lists as the model's own layers."""
+    """The options an experiment's costs read, in the forms its phases take: ``flags`` (typed, as its
+    own command's flags) and ``given`` (``--option KEY=VALUE`` text, as ``ganda run`` reads it) built
+    and checked as one ``Options``, as every route builds it, so that a rule between two options
+    holds whichever way each came; head ids as heads per layer, layer lists as the model's own layers."""
     cls = registry.experiment(experiment)
-    built = cls.Options.build(flags, cli=True)
-    opts: dict[str, Any] = {k: getattr(built, k) for k in flags}
-    if cls.name == "rank" and opts.get("method") == "exact":
-        raise GandaError("--method exact is the exhaustive sweep: cost it with -e sweep")
-    if given:
-        built = cls.Options.build(given, where="--option ", text=True)
-        opts.update({k: v for k, v in built.to_json().items() if k in given})
+    given = given or {}
+    if both := [k for k in flags if k in given]:
+        raise GandaError(f"{cls.Options.cli_flag(both[0])} is given both as a flag and as --option {both[0]}; "
+                         "give it once")
+    built = cls.Options.build({**flags, **given}, cli=flags, text=True)
+    opts: dict[str, Any] = {k: getattr(built, k) for k in [*flags, *given]}
+    if cls.name == "rank" and built.method == "exact":
+        raise GandaError(f"{built.flag('method')} exact is the exhaustive sweep: cost it with -e sweep")
     if "heads" in opts:
         opts["heads_per_layer"] = heads_per_layer(adapter, opts.pop("heads"))
     for name in ("verify_layers", "map_layers"):
         if opts.get(name) is not None:
-            opts[name] = model_layers(adapter, "--" + name.replace("_", "-"), opts[name])
+            opts[name] = model_layers(adapter, built.flag(name), opts[name])
     if opts.get("remove_restore") is True:  # prune's costs read the minimal model's size
         opts["remove_restore"] = opts.get("minimal") or len(adapter.original_layers())
     if "graddrop_blocks" in opts:
