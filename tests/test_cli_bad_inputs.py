@@ -494,6 +494,15 @@ CASES = [
       match="--ablation mean runs without until_chance"),
     C("plan-option-unknown", "plan", LAB, "-e", "eval", "--option", "bogus=1",
       match="ganda: error: unknown option 'bogus' (takes ablate,"),
+    C("plan-edges-senders-out-of-range", "plan", LAB, "-e", "edges", "--senders", "L99H0",
+      match="L99H0: layer 99 out of range"),
+    C("plan-edges-no-edge", "plan", LAB, "-e", "edges", "--receivers", "L0H0", match="no edge to score"),
+    C("plan-path-to-out-of-range", "plan", LAB, "-e", "path", "--from", "L0H0", "--to", "L99H0",
+      match="--to L99H0: layer 99 out of range"),
+    C("plan-path-reversed", "plan", LAB, "-e", "path", "--from", "L3H0", "--option", "receiver=L1H0",
+      match="receiver L1H0 is not in a later layer than sender L3H0"),
+    C("plan-path-no-part", "plan", LAB, "-e", "path", "--from", "L0H0", "--to", "L2H0", "--parts", "zz",
+      match="L2H0 has no part 'zz'"),
 ]
 
 @pytest.fixture(scope="module")

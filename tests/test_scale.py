@@ -432,7 +432,8 @@ def test_plan_verifies_only_the_ranked_heads(shipped):
 
 def test_plan_takes_every_option_of_the_experiment_whichever_way_it_comes(capsys):
     """Flags and ``--option`` build one Options: the same plan each way, a required option or a
-    rule's other half given by ``--option`` beside a flag included."""
+    rule's other half given by ``--option`` beside a flag included; the edge pass's
+    ``--senders``/``--receivers`` and transplant's ``layers``/``--head`` change the work."""
     def plan(*argv: str) -> dict:  # lab-llama: 3 layers of 4 heads
         assert main(["plan", "lab-llama", "-t", "lab-mmlu", "-n", "6", "--device", "cpu", "--json", "-q", *argv]) == 0
         return json.loads(capsys.readouterr().out)
@@ -444,6 +445,17 @@ def test_plan_takes_every_option_of_the_experiment_whichever_way_it_comes(capsys
     assert plan("-e", "transplant", "--option", "donor=lab-llama") == plan("-e", "transplant", "--donor", "lab-llama")
     assert plan("-e", "path", "--from", "L0H0", "--option", "receiver=L1H0") == \
         plan("-e", "path", "--from", "L0H0", "--to", "L1H0") != plan("-e", "path", "--from", "L0H0", "--to", "L2H0")
+    flops = {k: plan("-e", "transplant", "--donor", "lab-llama", *argv)["flops"] for k, argv in (
+        ("every", ()), ("option", ("--option", "layers=1")), ("head", ("--head", "L2H0")), ("two", ("--head", "L2H0-1")))}
+    assert flops["option"] == flops["head"] < flops["two"] < flops["every"]
+    edges = plan("-e", "edges")
+    senders = plan("-e", "edges", "--senders", "L0H*,L1H*")  # the heads that send an edge: fewer writes kept
+    assert senders["flops"] == edges["flops"] and senders["memory"]["kept"] < edges["memory"]["kept"]
+    narrow = plan("-e", "edges", "--receivers", "L2H0")
+    assert narrow["flops"] < plan("-e", "edges", "--receivers", "L1H0,L2H0")["flops"] < edges["flops"]
+    check = next(p for p in narrow["phases"] if p["phase"].startswith("exact check"))
+    assert check["phase"].startswith("exact check of 8 edges") and check["layers"] == 1  # from L2 on
+    assert "12 senders and 1 receivers" in narrow["notes"][0]
 
 
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):

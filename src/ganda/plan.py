@@ -634,9 +634,12 @@ def prune_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
 
 
 def transplant_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
-    """``ganda transplant``: the student scored, then once per transplanted layer."""
-    phases = [*scoring_phases(p, w, "score the student", 1, opts),
-              *scoring_phases(p, w, "score each layer transplanted", len(p.layers), opts)]
+    """``ganda transplant``: the student scored (``score_donor``: the donor too), then once per
+    transplanted layer (``layers``, default every layer) or head (``head``: the heads' ids)."""
+    donor = bool(opts.get("score_donor"))
+    what, n = ("head", len(opts["head"])) if opts.get("head") else ("layer", len(opts.get("layers") or p.layers))
+    phases = [*scoring_phases(p, w, "score the student" + (" and the donor" if donor else ""), 1 + donor, opts),
+              *scoring_phases(p, w, f"score each {what} transplanted", n, opts)]
     return phases, p.weight_bytes, ["donor assumed the student's size (its weights are counted once more)"]
 
 
@@ -894,12 +897,13 @@ def task_workload(adapter: Any, tok: Any, task: str, n: int, shots: int | None, 
     return replace(workload_from_examples(exs, enc, CHARS_PER_TOKEN), n=n)
 
 
-def heads_per_layer(adapter: Any, heads: str | None) -> list[int] | None:
-    """How many of ``heads`` sit in each of the model's layers (a sweep's cost per layer)."""
+def heads_per_layer(adapter: Any, heads: str | Sequence[Any] | None) -> list[int] | None:
+    """How many of ``heads`` (a head list's text, or canonical head ids) sit in each of the model's
+    layers (a sweep's cost per layer)."""
     if heads is None:
         return None
     per_layer = [0] * len(adapter.original_layers())
-    for h in expand(heads, adapter):
+    for h in expand(heads, adapter) if isinstance(heads, str) else heads:
         per_layer[h.layer] += 1
     return per_layer
 
@@ -944,7 +948,9 @@ def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],
     """The options an experiment's costs read, in the forms its phases take: ``flags`` (typed, as its
     own command's flags) and ``given`` (``--option KEY=VALUE`` text, as ``ganda run`` reads it) built
     and checked as one ``Options``, as every route builds it, so that a rule between two options
-    holds whichever way each came; head ids as heads per layer, layer lists as the model's own layers."""
+    holds whichever way each came; head ids checked in the model as the experiment's run checks them
+    (``heads`` as heads per layer, the rest by its ``plan_options``), layer lists as the model's own
+    layers."""
     cls = registry.experiment(experiment)
     given = given or {}
     if both := [k for k in flags if k in given]:
@@ -956,8 +962,9 @@ def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],
         raise GandaError(f"{built.flag('method')} exact is the exhaustive sweep: cost it with -e sweep")
     if "heads" in opts:
         opts["heads_per_layer"] = heads_per_layer(adapter, opts.pop("heads"))
-    for name in ("verify_layers", "map_layers"):
-        if opts.get(name) is not None:
+    cls.plan_options(adapter, built, opts)  # what only the experiment knows how to read in the model
+    for name in ("verify_layers", "map_layers", "layers"):  # prune's layers is a count, transplant's a list
+        if isinstance(opts.get(name), str):
             opts[name] = model_layers(adapter, built.flag(name), opts[name])
     if opts.get("remove_restore") is True:  # prune's costs read the minimal model's size
         opts["remove_restore"] = opts.get("minimal") or len(adapter.original_layers())
