@@ -503,6 +503,20 @@ CASES = [
       match="receiver L1H0 is not in a later layer than sender L3H0"),
     C("plan-path-no-part", "plan", LAB, "-e", "path", "--from", "L0H0", "--to", "L2H0", "--parts", "zz",
       match="L2H0 has no part 'zz'"),
+    C("plan-other-experiments-flag", "plan", LAB, "-e", "sweep", "-t", "lab-kv", "--verify-top", "5", "--method", "ig",
+      match="--verify-top is not an option of sweep (edges, rank take it)"),
+    C("plan-short-flag-of-another", "plan", LAB, "-e", "sweep", "-m", "ig", match="--method is not an option of "
+      "sweep (rank takes it)"),
+    C("plan-paper-option", "plan", "--paper", "--option", "bogus=1", match="--paper costs the paper's own runs and "
+      "takes no --option"),
+    C("plan-paper-model", "plan", "--paper", LAB, match="takes no MODEL"),
+    C("plan-paper-experiment", "plan", "--paper", "-e", "eval", match="takes no --experiment"),
+    C("plan-paper-method", "plan", "--paper", "--method", "ig", match="takes no --method"),
+    C("plan-paper-limit", "plan", "--paper", "-n", "5", match="takes no --limit"),
+    C("plan-prune-layers-text", "plan", LAB, "-e", "prune", "--layers", "x", match="--layers must be an integer, "
+      "not 'x'"),
+    C("plan-transplant-layers-past-end", "plan", LAB, "-e", "transplant", "--donor", LAB, "--layers", "9",
+      match="--layers [9] outside the model's layers 0..3"),
 ]
 
 @pytest.fixture(scope="module")
