@@ -485,6 +485,38 @@ CASES = [
     C("plan-devices-range", "plan", LAB, "-e", "sweep", "--devices", "0-2", match="not a whole number: '0-2'"),
     C("train-steps-range", "train", "smoke", "--steps", "00-1", "--out", "out", match="not a whole number: '00-1'"),
     C("eval-layer-arabic-digit", "eval", LAB, "--task", "lab-mmlu", "--keep-layers", "\u0663", match="not a layer list"),
+    # ganda plan builds one Options from its flags and --option, and checks heads as the run does
+    C("plan-rank-option-exact", "plan", LAB, "-e", "rank", "--option", "method=exact",
+      match="method exact is the exhaustive sweep: cost it with -e sweep"),
+    C("plan-flag-and-option", "plan", LAB, "-e", "sweep", "--batch-heads", "1", "--option", "batch_heads=8",
+      match="--batch-heads is given both as a flag and as --option batch_heads; give it once"),
+    C("plan-rule-across-routes", "plan", LAB, "-e", "sweep", "--ablation", "mean", "--option", "until_chance=true",
+      match="--ablation mean runs without until_chance"),
+    C("plan-option-unknown", "plan", LAB, "-e", "eval", "--option", "bogus=1",
+      match="ganda: error: unknown option 'bogus' (takes ablate,"),
+    C("plan-edges-senders-out-of-range", "plan", LAB, "-e", "edges", "--senders", "L99H0",
+      match="L99H0: layer 99 out of range"),
+    C("plan-edges-no-edge", "plan", LAB, "-e", "edges", "--receivers", "L0H0", match="no edge to score"),
+    C("plan-path-to-out-of-range", "plan", LAB, "-e", "path", "--from", "L0H0", "--to", "L99H0",
+      match="--to L99H0: layer 99 out of range"),
+    C("plan-path-reversed", "plan", LAB, "-e", "path", "--from", "L3H0", "--option", "receiver=L1H0",
+      match="receiver L1H0 is not in a later layer than sender L3H0"),
+    C("plan-path-no-part", "plan", LAB, "-e", "path", "--from", "L0H0", "--to", "L2H0", "--parts", "zz",
+      match="L2H0 has no part 'zz'"),
+    C("plan-other-experiments-flag", "plan", LAB, "-e", "sweep", "-t", "lab-kv", "--verify-top", "5", "--method", "ig",
+      match="--verify-top is not an option of sweep (edges, rank take it)"),
+    C("plan-short-flag-of-another", "plan", LAB, "-e", "sweep", "-m", "ig", match="--method is not an option of "
+      "sweep (rank takes it)"),
+    C("plan-paper-option", "plan", "--paper", "--option", "bogus=1", match="--paper costs the paper's own runs and "
+      "takes no --option"),
+    C("plan-paper-model", "plan", "--paper", LAB, match="takes no MODEL"),
+    C("plan-paper-experiment", "plan", "--paper", "-e", "eval", match="takes no --experiment"),
+    C("plan-paper-method", "plan", "--paper", "--method", "ig", match="takes no --method"),
+    C("plan-paper-limit", "plan", "--paper", "-n", "5", match="takes no --limit"),
+    C("plan-prune-layers-text", "plan", LAB, "-e", "prune", "--layers", "x", match="--layers must be an integer, "
+      "not 'x'"),
+    C("plan-transplant-layers-past-end", "plan", LAB, "-e", "transplant", "--donor", LAB, "--layers", "9",
+      match="--layers [9] outside the model's layers 0..3"),
 ]
 
 @pytest.fixture(scope="module")

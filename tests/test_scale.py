@@ -413,6 +413,65 @@ def test_plan_verifies_the_larger_of_the_estimates_and_the_activitys_top(shipped
     assert check() == check(verify_top=10, active=30)  # the default rule
 
 
+def test_plan_verifies_only_the_ranked_heads(shipped):
+    """``rank --heads``: the exact check picks from the ranked heads only (a ranking of one head
+    verifies one), every ranked head of ``--verify-layers``, and never more in a layer than it ranks."""
+    prof = planner.profile(shipped["meta-llama/Llama-3.1-8B"])
+    w = planner.Workload(n=8, tokens=100, max_tokens=100)
+
+    def verified(**opts):
+        pl = planner.plan(prof, "attribution", w, "h100", method="atp", **opts)
+        return next(int(p["phase"].split()[3]) for p in pl.phases if p["phase"].startswith("exact check"))
+
+    one = [1] + [0] * 31
+    assert verified(heads_per_layer=one) == 1 < verified() == 30
+    assert verified(heads_per_layer=[2, 3] + [0] * 30, verify_layers=[1]) == 5  # 3 of layer 1, then the 2 others
+    assert planner.spread_over(6, {0: 1, 5: 32, 9: 2}) == {0: 1, 5: 3, 9: 2}  # what a layer cannot hold moves on
+    assert sorted(planner.spread_over(30, {k: 32 for k in range(32)}).values()) == [0] * 2 + [1] * 30
+
+
+def test_plan_takes_every_option_of_the_experiment_whichever_way_it_comes(capsys):
+    """Flags, ``--option`` and the commands' short flags build one Options: the same plan each way, a
+    required option or a rule's other half given by ``--option`` beside a flag included; the edge
+    pass's ``--senders``/``--receivers`` and transplant's ``--layers``/``--head`` change the work."""
+    def plan(*argv: str) -> dict:  # lab-llama: 3 layers of 4 heads
+        assert main(["plan", "lab-llama", "-t", "lab-mmlu", "-n", "6", "--device", "cpu", "--json", "-q", *argv]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert plan("-e", "sweep", "--option", "batch_heads=1") == plan("-e", "sweep", "--batch-heads", "1") \
+        != plan("-e", "sweep")
+    assert plan("-e", "rank", "-k", "1", "-m", "ig", "--active", "0") == \
+        plan("-e", "rank", "--verify-top", "1", "--option", "method=ig", "--active", "0") != plan("-e", "rank")
+    assert plan("-e", "transplant", "--option", "donor=lab-llama") == plan("-e", "transplant", "--donor", "lab-llama")
+    assert plan("-e", "path", "--from", "L0H0", "--option", "receiver=L1H0") == \
+        plan("-e", "path", "--from", "L0H0", "--to", "L1H0") != plan("-e", "path", "--from", "L0H0", "--to", "L2H0")
+    flops = {k: plan("-e", "transplant", "--donor", "lab-llama", *argv)["flops"] for k, argv in (
+        ("every", ()), ("flag", ("--layers", "1")), ("option", ("--option", "layers=1")), ("head", ("--head", "L2H0")),
+        ("two", ("--head", "L2H0-1")))}
+    assert flops["flag"] == flops["option"] == flops["head"] < flops["two"] < flops["every"]
+    assert plan("-e", "prune", "--layers", "2") == plan("-e", "prune", "--option", "layers=2")
+    edges = plan("-e", "edges")
+    senders = plan("-e", "edges", "--senders", "L0H*,L1H*")  # the heads that send an edge: fewer writes kept
+    assert senders["flops"] == edges["flops"] and senders["memory"]["kept"] < edges["memory"]["kept"]
+    narrow = plan("-e", "edges", "--receivers", "L2H0")
+    assert narrow["flops"] < plan("-e", "edges", "--receivers", "L1H0,L2H0")["flops"] < edges["flops"]
+    check = next(p for p in narrow["phases"] if p["phase"].startswith("exact check"))
+    assert check["phase"].startswith("exact check of 8 edges") and check["layers"] == 1  # from L2 on
+    assert "12 senders and 1 receivers" in narrow["notes"][0]
+
+
+def test_plan_help_names_every_experiment_of_a_shared_flag():
+    """A flag several experiments take names them all, and says one meaning only where they agree."""
+    from ganda.commands.plan import build_plan
+
+    helps = {p.name: p.help for p in build_plan().params}
+    assert helps["verify_top"].startswith("edges, rank: ")  # neither one's meaning for both
+    assert "top edges" not in helps["verify_top"] and "top heads" not in helps["verify_top"]
+    assert helps["ablation"].startswith("edges, path, rank, sweep: ") and "senders" not in helps["ablation"]
+    assert helps["layers"].startswith("prune, transplant: ")
+    assert helps["margin"] == "edges, path, rank: " + ganda.attribution.ranking.MARGIN_HELP
+
+
 def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
     prof = planner.profile(shipped["ai21labs/AI21-Jamba-1.5-Mini"])
     w = planner.Workload(n=100, tokens=200, max_tokens=200)

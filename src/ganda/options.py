@@ -12,7 +12,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
@@ -64,20 +64,21 @@ class Options:
         return flag_name(f).split("/")[0] if f is not None else "--" + name.replace("_", "-")
 
     def flag(self, name: str) -> str:
-        """How an option is named in an error: ``--verify-top`` from the command line, else ``verify_top``."""
-        return self.cli_flag(name) if getattr(self, "_cli", False) else name
+        """How an option is named in an error: ``--verify-top`` given as a flag, else ``verify_top``."""
+        return self.cli_flag(name) if name in getattr(self, "_cli", ()) else name
 
     @classmethod
     def fields(cls) -> list[dataclasses.Field]:
         return [f for f in dataclasses.fields(cls) if not f.name.startswith("_")]
 
     @classmethod
-    def build(cls, values: Mapping[str, Any] | None = None, *, where: str = "", cli: bool = False,
+    def build(cls, values: Mapping[str, Any] | None = None, *, where: str = "", cli: bool | Collection[str] = False,
               text: bool = False) -> Options:
         """The options from a mapping (a grid spec's ``options.<experiment>``, keyword arguments):
         an unknown key or a value of the wrong type is one line naming it (``where`` says where it
-        was written), then :meth:`check`. ``text``: the values are ``--option KEY=VALUE`` text, each
-        read as its field's type (:func:`read_text`)."""
+        was written), then :meth:`check`. ``cli``: the values are command-line flags (True), or
+        those of the keys named are, and an error names them by their flag. ``text``: the text
+        values are ``--option KEY=VALUE`` text, each read as its field's type (:func:`read_text`)."""
         values = dict(values or {})
         known = {f.name: f for f in cls.fields()}
         for key in values:
@@ -87,9 +88,10 @@ class Options:
         hints = typing.get_type_hints(cls)
         if text:
             values = {k: read_text(v, [option_type(hints[k])]) if isinstance(v, str) else v for k, v in values.items()}
-        out = {k: _coerce(v, hints[k], cls.cli_flag(k) if cli else f"{where}{k}") for k, v in values.items()}
+        flags = frozenset(known) if cli is True else frozenset(cli or ())
+        out = {k: _coerce(v, hints[k], cls.cli_flag(k) if k in flags else f"{where}{k}") for k, v in values.items()}
         opts = cls(**out)
-        object.__setattr__(opts, "_cli", cli)
+        object.__setattr__(opts, "_cli", flags)
         try:
             opts.check_fields()
             opts.check()

@@ -548,6 +548,20 @@ def backward_batch_tokens(p: Profile, opts: dict[str, Any], blocks: int) -> int:
                                                             free, state))
 
 
+def spread_over(n: int, room: dict[int, int]) -> dict[int, int]:
+    """``n`` heads spread evenly over the layers of ``room`` (layer -> the heads it holds), none past
+    what a layer holds: where the planner puts the heads a ranking verifies, which the estimate
+    picks only once it runs. ``n`` is at most every head of ``room``."""
+    out = dict.fromkeys(room, 0)
+    while n:
+        layers = [k for k in room if out[k] < room[k]]
+        for j in range(n):
+            out[layers[min(len(layers) - 1, int((j + 0.5) * len(layers) / n))]] += 1
+        n = sum(max(0, out[k] - room[k]) for k in out)  # past a layer's heads: spread again over the others
+        out = {k: min(v, room[k]) for k, v in out.items()}
+    return out
+
+
 def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     """``ganda rank``: one no-grad pass and a layer-by-layer backward per batch, then the exact
     check of the top heads, the audit and every head of ``verify_layers``."""
@@ -577,17 +591,18 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
     early = sorted(set(opts.get("verify_layers") or ()))
     if any(not 0 <= k < len(L) for k in early):
         raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
-    per_layer = [p.layers[k].heads if k in early else 0 for k in L]  # every head of those layers
-    rest = [k for k in L if k not in early]
+    ranked = opts.get("heads_per_layer") or [layer.heads for layer in p.layers]  # --heads: only those are ranked
+    per_layer = [ranked[k] if k in early else 0 for k in L]  # every ranked head of those layers
+    rest = {k: ranked[k] for k in L if k not in early and ranked[k]}
     # the estimate's top and the activity's overlap (on SmolLM2 KV the top 10 by estimate lie inside
     # the top 30 by activity): planned as the larger of the two lists; plus --widen W's first round
     # (at least one runs; later rounds depend on what the first finds)
     n_top, n_active, widen = (int(opts.get(k, d)) for k, d in (("verify_top", VERIFY_TOP), ("active", ACTIVE),
                                                                 ("widen", 0)))
     top = max(n_top, n_active) + widen
-    spread = min(sum(p.layers[k].heads for k in rest), top + int(opts.get("audit", AUDIT)))
-    for j in range(spread if rest else 0):  # the top heads and the audit, spread evenly over the other layers
-        per_layer[rest[min(len(rest) - 1, int((j + 0.5) * len(rest) / spread))]] += 1
+    spread = min(sum(rest.values()), top + int(opts.get("audit", AUDIT)))
+    for k, n in spread_over(spread, rest).items():  # the top heads and the audit, over the other layers
+        per_layer[k] += n
     verify = sum(per_layer)
     sub, _, _ = sweep_phases(p, w, {**opts, "heads_per_layer": per_layer})
     for ph in sub:
@@ -619,9 +634,12 @@ def prune_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
 
 
 def transplant_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
-    """``ganda transplant``: the student scored, then once per transplanted layer."""
-    phases = [*scoring_phases(p, w, "score the student", 1, opts),
-              *scoring_phases(p, w, "score each layer transplanted", len(p.layers), opts)]
+    """``ganda transplant``: the student scored (``score_donor``: the donor too), then once per
+    transplanted layer (``layers``, default every layer) or head (``head``: the heads' ids)."""
+    donor = bool(opts.get("score_donor"))
+    what, n = ("head", len(opts["head"])) if opts.get("head") else ("layer", len(opts.get("layers") or p.layers))
+    phases = [*scoring_phases(p, w, "score the student" + (" and the donor" if donor else ""), 1 + donor, opts),
+              *scoring_phases(p, w, f"score each {what} transplanted", n, opts)]
     return phases, p.weight_bytes, ["donor assumed the student's size (its weights are counted once more)"]
 
 
@@ -879,12 +897,13 @@ def task_workload(adapter: Any, tok: Any, task: str, n: int, shots: int | None, 
     return replace(workload_from_examples(exs, enc, CHARS_PER_TOKEN), n=n)
 
 
-def heads_per_layer(adapter: Any, heads: str | None) -> list[int] | None:
-    """How many of ``heads`` sit in each of the model's layers (a sweep's cost per layer)."""
+def heads_per_layer(adapter: Any, heads: str | Sequence[Any] | None) -> list[int] | None:
+    """How many of ``heads`` (a head list's text, or canonical head ids) sit in each of the model's
+    layers (a sweep's cost per layer)."""
     if heads is None:
         return None
     per_layer = [0] * len(adapter.original_layers())
-    for h in expand(heads, adapter):
+    for h in expand(heads, adapter) if isinstance(heads, str) else heads:
         per_layer[h.layer] += 1
     return per_layer
 
@@ -926,22 +945,27 @@ def model_plan(model: str, experiment: str, dtype: Any, task: str, n: int, shots
 
 def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],
                   given: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The options an experiment's costs read, in the forms its phases take: ``flags`` checked by
-    its ``Options`` as its own command checks them, ``given`` (``--option KEY=VALUE``) as ``ganda
-    run`` checks them; head ids as heads per layer, layer lists as the model's own layers."""
+    """The options an experiment's costs read, in the forms its phases take: ``flags`` (typed, as its
+    own command's flags) and ``given`` (``--option KEY=VALUE`` text, as ``ganda run`` reads it) built
+    and checked as one ``Options``, as every route builds it, so that a rule between two options
+    holds whichever way each came; head ids checked in the model as the experiment's run checks them
+    (``heads`` as heads per layer, the rest by its ``plan_options``), layer lists as the model's own
+    layers."""
     cls = registry.experiment(experiment)
-    built = cls.Options.build(flags, cli=True)
-    opts: dict[str, Any] = {k: getattr(built, k) for k in flags}
-    if cls.name == "rank" and opts.get("method") == "exact":
-        raise GandaError("--method exact is the exhaustive sweep: cost it with -e sweep")
-    if given:
-        built = cls.Options.build(given, where="--option ", text=True)
-        opts.update({k: v for k, v in built.to_json().items() if k in given})
+    given = given or {}
+    if both := [k for k in flags if k in given]:
+        raise GandaError(f"{cls.Options.cli_flag(both[0])} is given both as a flag and as --option {both[0]}; "
+                         "give it once")
+    built = cls.Options.build({**flags, **given}, cli=flags, text=True)
+    opts: dict[str, Any] = {k: getattr(built, k) for k in [*flags, *given]}
+    if cls.name == "rank" and built.method == "exact":
+        raise GandaError(f"{built.flag('method')} exact is the exhaustive sweep: cost it with -e sweep")
     if "heads" in opts:
         opts["heads_per_layer"] = heads_per_layer(adapter, opts.pop("heads"))
-    for name in ("verify_layers", "map_layers"):
-        if opts.get(name) is not None:
-            opts[name] = model_layers(adapter, "--" + name.replace("_", "-"), opts[name])
+    cls.plan_options(adapter, built, opts)  # what only the experiment knows how to read in the model
+    for name in ("verify_layers", "map_layers", "layers"):  # prune's layers is a count, transplant's a list
+        if isinstance(opts.get(name), str):
+            opts[name] = model_layers(adapter, built.flag(name), opts[name])
     if opts.get("remove_restore") is True:  # prune's costs read the minimal model's size
         opts["remove_restore"] = opts.get("minimal") or len(adapter.original_layers())
     if "graddrop_blocks" in opts:

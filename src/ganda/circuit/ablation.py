@@ -100,6 +100,15 @@ class PathAblation:
                 "config": self.config}
 
 
+def path_inputs(adapter: ModelAdapter, sender: HeadId | str, receiver: HeadId | str, paths: str,
+                parts: Sequence[str]) -> tuple[HeadId, HeadId, list[str]]:
+    """The pair and the parts a path ablation runs, checked in the model (one line each): what
+    :func:`path_ablation` runs and ``ganda plan -e path`` costs."""
+    s, r = parse_pair(adapter, sender, receiver)
+    check_paths(adapter, paths, [s])
+    return s, r, check_parts(adapter, r, parts)
+
+
 def path_ablation(
     adapter: ModelAdapter,
     examples: Sequence[Example],
@@ -123,9 +132,7 @@ def path_ablation(
         raise GandaError("no examples to ablate paths on")
     if any(len(ex.choices) < 2 for ex in examples):
         raise GandaError("path ablation scores multiple-choice examples with at least two choices")
-    s, r = parse_pair(adapter, sender, receiver)
-    check_paths(adapter, paths, [s])
-    part_list = check_parts(adapter, r, parts)
+    s, r, part_list = path_inputs(adapter, sender, receiver, paths, parts)
     means = reference_means(adapter, examples, [adapter.mixer_of(s)]) if ablation == "mean" else None
     with cpu_clock() as clock:
         plan, packed = plan_batches(adapter, examples, batch_tokens or default_batch_tokens(adapter))
@@ -146,4 +153,4 @@ def path_ablation(
                         clock["wall"], clock["cpu"], cfg)
 
 
-__all__ = ["EVERYWHERE", "INTACT", "PathAblation", "condition_name", "path_ablation", "per_prompt"]
+__all__ = ["EVERYWHERE", "INTACT", "PathAblation", "condition_name", "path_ablation", "path_inputs", "per_prompt"]

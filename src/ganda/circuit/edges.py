@@ -218,6 +218,21 @@ def default_senders(adapter: ModelAdapter) -> list[HeadId]:
     return [h for h in adapter.heads() if residual_write_scale(adapter, adapter.mixer_of(h)) is not None]
 
 
+def edge_heads(adapter: ModelAdapter, senders: Sequence[HeadId] | None, receivers: Sequence[HeadId] | None
+               ) -> tuple[list[HeadId], list[HeadId]]:
+    """The senders and receivers an edge pass joins (default: every head that can be one), canonical
+    and in order, refused in one line where a sender has no direct write or no pair makes an edge:
+    what :func:`edge_attribution` runs on and ``ganda plan -e edges`` costs."""
+    s_list = sorted({adapter.canonical(h) for h in (senders if senders is not None else default_senders(adapter))})
+    r_list = sorted({adapter.canonical(h) for h in (receivers if receivers is not None else adapter.heads())})
+    check_paths(adapter, "direct", s_list)
+    if not any(s.layer < r.layer for s in s_list for r in r_list):
+        span = lambda hs: _layer_span([h.layer for h in hs])  # noqa: E731
+        raise GandaError(f"no edge to score: no sender is in an earlier layer than a receiver (senders in {span(s_list)}, "
+                         f"receivers in {span(r_list)})")
+    return s_list, r_list
+
+
 def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, senders: Sequence[HeadId] | None = None,
                      receivers: Sequence[HeadId] | None = None, margin: str = "mean", batch_tokens: int | None = None,
                      progress: bool = True, means: dict[tuple[int, str], torch.Tensor] | None = None) -> EdgeScores:
@@ -228,13 +243,7 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
         raise GandaError("no examples to attribute edges on")
     if any(len(ex.choices) < 2 for ex in examples):
         raise GandaError("edge attribution needs multiple-choice examples with at least two choices")
-    s_list = sorted({adapter.canonical(h) for h in (senders if senders is not None else default_senders(adapter))})
-    r_list = sorted({adapter.canonical(h) for h in (receivers if receivers is not None else adapter.heads())})
-    check_paths(adapter, "direct", s_list)
-    if not any(s.layer < r.layer for s in s_list for r in r_list):
-        span = lambda hs: _layer_span([h.layer for h in hs])  # noqa: E731
-        raise GandaError(f"no edge to score: no sender is in an earlier layer than a receiver (senders in {span(s_list)}, "
-                         f"receivers in {span(r_list)})")
+    s_list, r_list = edge_heads(adapter, senders, receivers)
     d_model = adapter.mixers()[0].out_proj.out_features
     with cpu_clock() as clock:
         eng = _EdgeEngine(adapter, s_list, r_list, margin, means)

@@ -37,7 +37,8 @@ OWN: dict[str, tuple[Any, Any]] = {
     "dtype": (typer.Option(None, "--dtype", help="weights' precision (default bf16; fp32 for cpu)"), str | None),
     "option": (typer.Option(None, "--option", help="an option of the experiment KEY=VALUE (repeatable; any "
                             "registered experiment's own, checked as ganda run checks it)"), list[str] | None),
-    "paper": (typer.Option(False, "--paper", help="print the paper's headline runs"), bool),
+    "paper": (typer.Option(False, "--paper", help="print the paper's headline runs (their own models, tasks and "
+                           "options: it takes --device, --devices, --shots and the output flags only)"), bool),
     "as_json": (typer.Option(False, "--json", help="one JSON object"), bool),
     "out": (typer.Option(None, "--out", "-o", help="also write the plan(s) as JSON here"), Path | None),
     "force": (FORCE, bool),
@@ -45,29 +46,28 @@ OWN: dict[str, tuple[Any, Any]] = {
 }
 
 
-def _experiment_flags() -> dict[str, tuple[Any, Any, list[str]]]:
-    """Every option of the experiments ganda plan costs, as a flag of its own: name -> (field, type,
-    the experiments that declare it). Not given, an option keeps each experiment's own default (rank
-    and edges differ in --audit and --active); a name two experiments declare with different types
-    (prune's --layers, a count; transplant's, a list) is the first's, the other reached by --option."""
+def _experiment_flags() -> dict[str, tuple[dict[str, Any], Any]]:
+    """Every option the costed experiments' costs read, as one flag of ganda plan: name -> (its field
+    in each experiment whose costs read it, the flag's type). Not given, an option keeps each
+    experiment's own default (rank and edges differ in --audit and --active); a name declared with
+    different types (prune's --layers, a count; transplant's, a list) is a text flag, read as the
+    chosen experiment declares it (``Options.build(..., text=True)``)."""
     from .. import plan as planner
     from .. import registry
     from ..experiments.base import option_type
 
-    flags: dict[str, tuple[Any, Any, list[str]]] = {}
+    fields: dict[str, dict[str, Any]] = {}
+    types: dict[str, set[Any]] = {}
     for name in planner.costed_experiments():
         cls = registry.experiment(name)
         if cls.name != name:  # an alias (attribution)
             continue
         hints = typing.get_type_hints(cls.Options)
         for f in _costed_fields(cls):
-            if f.name in OWN:
-                continue
-            if f.name not in flags:
-                flags[f.name] = (f, hints[f.name], [name])
-            elif option_type(flags[f.name][1]) is option_type(hints[f.name]):
-                flags[f.name][2].append(name)
-    return flags
+            if f.name not in OWN:
+                fields.setdefault(f.name, {})[name] = f
+                types.setdefault(f.name, set()).add(option_type(hints[f.name]))
+    return {k: (by, types[k].pop() if len(types[k]) == 1 else str) for k, by in fields.items()}
 
 
 def _costed_fields(cls: Any) -> list[Any]:
@@ -75,24 +75,54 @@ def _costed_fields(cls: Any) -> list[Any]:
     return [f for f in cls.Options.fields() if cls.costed_options is None or f.name in cls.costed_options]
 
 
-def _flag_parameter(f: Any, hint: Any, owners: list[str]) -> inspect.Parameter:
-    from ..experiments.base import option_type
-
-    flag = flag_name(f)
-    text = f"{', '.join(owners)}: {f.metadata.get('help', '')}"
-    if option_type(hint) is bool:  # a switch: given or not (``--no-x`` given: the option off)
-        return param(f.name, typer.Option(False, flag, help=text), bool)
+def _flag_parameter(name: str, by: dict[str, Any], kind: Any, free: set[str]) -> inspect.Parameter:
+    """The flag of option ``name``, read by the experiments ``by`` names: their help where they agree,
+    else a pointer to each one's own; their short flag where they agree and it is ``free``."""
+    f = next(iter(by.values()))
+    helps = {g.metadata.get("help", "") for g in by.values()}
+    owners = ", ".join(by)
+    text = f"{owners}: " + (helps.pop() if len(helps) == 1 else
+                            f"each as its own command's --help says ({', '.join('ganda ' + e for e in by)})")
+    shorts = {g.metadata.get("short") for g in by.values()}
+    names = [flag_name(f), *(shorts & free if len(shorts) == 1 else ())]
+    if kind is bool:  # a switch: given or not (``--no-x`` given: the option off)
+        return param(name, typer.Option(False, *names, help=text), bool)
     assert not turns_off(f)
-    make = int_option if option_type(hint) is int else typer.Option
-    return param(f.name, make(None, flag, help=text), option_type(hint) | None)
+    make = int_option if kind is int else typer.Option
+    return param(name, make(None, *names, help=text), kind | None)
 
 
-def plan_command(**values: Any) -> None:
+#: the inputs ``--paper`` reads: the paper's runs bring their own models, tasks, sizes and options
+PAPER_INPUTS = ("paper", "device", "devices", "shots", "as_json", "out", "force", "quiet")
+
+
+def _paper_only(ctx: Any) -> None:
+    """Refuse an input ``--paper`` does not read (one line), never ignore it."""
+    for p in ctx.command.params:
+        if p.name not in PAPER_INPUTS and ctx.get_parameter_source(p.name).name != "DEFAULT":
+            given = p.opts[0] if p.param_type_name == "option" else p.name.upper()
+            raise GandaError(f"--paper costs the paper's own runs and takes no {given} (it takes --device, "
+                             "--devices, --shots, --json, --out, --force, -q)")
+
+
+def _option_values(experiment: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The flags given as ``experiment``'s option values (a ``--no-x`` flag given: its option off);
+    a flag it does not declare is refused in one line, never dropped."""
+    from .. import registry
+
+    fields = registry.experiment(experiment).Options.fields()
+    if stray := [k for k in given if k not in {f.name for f in fields}]:
+        by = _experiment_flags()[stray[0]][0]
+        raise GandaError(f"{flag_name(next(iter(by.values())))} is not an option of {experiment} "
+                         f"({', '.join(by)} take{'s' if len(by) == 1 else ''} it)")
+    return option_values(fields, given)
+
+
+def plan_command(ctx: typer.Context, **values: Any) -> None:
     """Estimate FLOPs, peak memory (weights, activations, kept tensors) and time of an experiment."""
     import torch
 
     from .. import plan as planner
-    from .. import registry
     from ..device import default_dtype, parse_dtype
 
     own = {k: values.pop(k) for k in OWN}
@@ -101,6 +131,8 @@ def plan_command(**values: Any) -> None:
     for name in ("devices", "limit", "tokens"):
         at_least("--" + name, own[name])
     planner.device(own["device"])
+    if own["paper"]:
+        _paper_only(ctx)
     if out is not None:  # checked before any work; replaced only when ganda wrote it as a plan, or with --force
         from .. import runio
 
@@ -117,12 +149,11 @@ def plan_command(**values: Any) -> None:
         # the precision a run on that device would load in (GANDA_DTYPE, else bf16 on an accelerator)
         dtype = parse_dtype(own["dtype"], "--dtype") if own["dtype"] else default_dtype(
             torch.device("cpu" if planner.device(own["device"]).host else "cuda"))
-        # the flags the experiment declares (a ``--no-x`` flag given: its option off) and ``--option``
-        flags = option_values(_costed_fields(registry.experiment(experiment)), given)
+        flags, options = _option_values(experiment, given), parse_options(own["option"])
         plans = [(experiment, planner.model_plan(
             model, experiment, dtype, own["task"], own["limit"], own["shots"],
             own["tokens"], own["device"], devices,
-            lambda adapter: planner.phase_options(experiment, adapter, flags, parse_options(own["option"]))))]
+            lambda adapter: planner.phase_options(experiment, adapter, flags, options)))]
     _print_plans(plans, own["paper"], own["as_json"], out)
 
 
@@ -146,8 +177,12 @@ def build_plan() -> click.Command:
     """``ganda plan``: its own inputs and every costed experiment's options (built when it is called:
     the experiments' declarations load torch, which ``ganda --help`` does not)."""
     flags = _experiment_flags()
-    params = [param(name, *own) for name, own in OWN.items()]
-    params += [_flag_parameter(f, hint, owners) for f, hint, owners in flags.values()]
+    taken = {d for default, _ in OWN.values() for d in getattr(default, "param_decls", None) or () if d[:2] != "--"}
+    shorts = [s for by, _ in flags.values() for s in {g.metadata.get("short") for g in by.values()} if s]
+    free = {s for s in shorts if shorts.count(s) == 1} - taken  # -k, -m: as rank's; never plan's own -e, -n, -o
+    params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
+    params += [param(name, *own) for name, own in OWN.items()]
+    params += [_flag_parameter(name, by, kind, free) for name, (by, kind) in flags.items()]
     plan_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     plan_command.__annotations__ = {p.name: p.annotation for p in params}
     app = typer.Typer(rich_markup_mode=None, add_completion=False)

@@ -119,6 +119,12 @@ class Experiment:
         it. Returns the result."""
         raise GandaError(f"the {self.name} experiment is costed by ganda plan but has no runner")
 
+    @classmethod
+    def plan_options(cls, adapter: ModelAdapter, options: Options, opts: dict[str, Any]) -> None:
+        """Put into ``opts`` (what ``phases`` read, ``ganda plan``'s options) those only the model can
+        read, refused in one line where :meth:`run` refuses them (head ids it checks, counted as its
+        costs count them). The default reads nothing beyond ganda.plan's own (``heads``, layer lists)."""
+
     def check_run(self, options: Options, run: Any) -> None:
         """Refuse (one line, before any model loads) options that the run's inputs rule out
         (``run``: :class:`ganda.experiments.runner.RunInputs`, e.g. ``--ray`` with an option run

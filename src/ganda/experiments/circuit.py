@@ -13,14 +13,15 @@ from ..ablation import check_batched_ablation
 from ..attention import draw_attention
 from ..attribution.ranking import MARGIN_HELP
 from ..circuit import PATHS, TOGETHER, path_ablation
-from ..circuit.ablation import EVERYWHERE, INTACT
-from ..circuit.edges import EdgesOptions, bound_sentence, edge_positions, parse_edge, rank_edges
+from ..circuit.ablation import EVERYWHERE, INTACT, path_inputs
+from ..circuit.edges import EdgesOptions, bound_sentence, edge_heads, edge_positions, parse_edge, rank_edges
 from ..circuit.view import draw_circuit
 from ..errors import GandaError
 from ..figures import bars
-from ..heads import HeadId
+from ..heads import HeadId, expand
 from ..intervals import bounds
 from ..models.base import ModelAdapter
+from ..plan import heads_per_layer
 from ..scoring import encode
 from ..stats import overlap
 from ..tasks.base import Example
@@ -129,6 +130,13 @@ class PathExperiment(Experiment):
     name = "path"
     Options = PathOptions
     phases = "ganda.circuit.costs:path_phases"
+
+    @classmethod
+    def plan_options(cls, adapter: ModelAdapter, options: PathOptions, opts: dict[str, Any]) -> None:  # type: ignore[override]
+        """The pair and the parts as :meth:`run` checks them (:func:`ganda.circuit.ablation.path_inputs`)."""
+        check_pair_text(options.sender, options.receiver, (options.flag("sender"), options.flag("receiver")), adapter)
+        s, r, parts = path_inputs(adapter, options.sender, options.receiver, options.paths, options.parts.split(","))
+        opts.update(sender=str(s), receiver=str(r), parts=",".join(parts))
 
     def run(self, adapter: ModelAdapter, examples: list[Example], options: PathOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> PathResult:
@@ -259,6 +267,16 @@ class EdgesExperiment(Experiment):
     Options = EdgesOptions
     phases = "ganda.circuit.costs:edges_phases"
     takes = frozenset({"resume"})  # reuse the exact checks a stopped run left in its directory
+
+    @classmethod
+    def plan_options(cls, adapter: ModelAdapter, options: EdgesOptions, opts: dict[str, Any]) -> None:  # type: ignore[override]
+        """``senders`` or ``receivers``, with the other's default, as the heads per layer the edge
+        pass joins (:func:`ganda.circuit.edges.edge_heads`); neither given: every head, the costs'
+        own count, which skips listing the heads of a model with thousands of channels."""
+        given = (options.senders, options.receivers)
+        if any(given):
+            ends = edge_heads(adapter, *(expand(v, adapter) if v else None for v in given))
+            opts["senders_per_layer"], opts["receivers_per_layer"] = (heads_per_layer(adapter, hs) for hs in ends)
 
     def run(self, adapter: ModelAdapter, examples: list[Example], options: EdgesOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> EdgesResult:

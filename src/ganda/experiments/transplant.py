@@ -361,6 +361,12 @@ class Transplant(ScoredExperiment):
     phases = "ganda.plan:transplant_phases"
     default_tasks = "mmlu"
 
+    @classmethod
+    def plan_options(cls, adapter: ModelAdapter, options: Options, opts: dict[str, Any]) -> None:
+        """``head``: the heads, each transplanted on its own, checked as :func:`transplant_sweep` expands them."""
+        if opts.get("head"):
+            opts["head"] = expand(opts["head"], adapter)
+
     def run_tasks(self, adapter: ModelAdapter, scorer: Scorer, options: TransplantOptions, *,  # type: ignore[override]
                   out_dir: Path, run: Any) -> TransplantResult:
         donor = adapter if options.donor == run.model else load_model(options.donor, allow_pickle=run.allow_pickle)
