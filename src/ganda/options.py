@@ -154,13 +154,33 @@ def read_text(text: str, allowed: Sequence[Any]) -> Any:
     low = text.strip().lower()
     if bool in allowed and low in TRUE_WORDS + FALSE_WORDS:
         return low in TRUE_WORDS
-    for kind in (int, float):
-        if kind in allowed:
+    for kind in (whole_number, float):
+        if (int if kind is whole_number else kind) in allowed:
             try:
                 return kind(text)
             except ValueError:
                 pass
     return text
+
+
+def whole_number(text: Any) -> Any:
+    """Integer text as an int: ASCII digits after an optional sign, nothing else, for a flag and an
+    ``--option`` alike. typer reads an ``int`` through pydantic, which takes ``0-5`` for -5 and ``3.0``
+    for 3 (``--seed 0-5`` would run seed -5), and ``int()`` takes ``1_000`` and Arabic-Indic digits
+    (a default, already a number, passes as it is)."""
+    if not isinstance(text, str):
+        return text
+    digits = text.strip().removeprefix("-").removeprefix("+")
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"not a whole number: {text!r}")
+    return int(text)
+
+
+def option_values(fields: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags given for ``fields`` as option values, in the order given: a ``--no-x`` flag given
+    turns its option off."""
+    by_name = {f.name: f for f in fields}
+    return {k: (not v if turns_off(by_name[k]) else v) for k, v in given.items() if k in by_name}
 
 
 def flag_name(f: dataclasses.Field) -> str:

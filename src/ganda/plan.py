@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -54,6 +55,7 @@ from .models import hub, load_model, meta
 from .models.base import ModelAdapter
 from .models.loading import load_tokenizer, model_path
 from .models.ssm.selective_scan import chunk_of, segment_of
+from .options import flag_name, option_type, option_values
 from .progress import note
 from .scoring import default_batch_rows, encode, prefix_cache_enabled
 from .sweep import batching_for, forward_tokens
@@ -478,6 +480,38 @@ Phases = tuple[list[Phase], float, list[str]]  # the forwards, the bytes kept be
 def costed_experiments() -> list[str]:
     """The experiments ``ganda plan`` can cost: every registered one that declares its phases."""
     return [n for n in registry.experiment_names() if registry.experiment(n).phases]
+
+
+def plan_flags(own: set[str] = frozenset()) -> dict[str, tuple[dict[str, Any], Any]]:
+    """Every option the costed experiments' costs read (``costed_options``; by default all), as one
+    flag of ``ganda plan`` besides its ``own`` inputs: name -> (its field in each experiment whose
+    costs read it, the flag's type). Not given, an option keeps each experiment's own default (rank
+    and edges differ in --audit and --active); a name declared with different types (prune's
+    --layers, a count; transplant's, a list) is a text flag, read as the chosen experiment declares
+    it (``Options.build(..., text=True)``)."""
+    fields: dict[str, dict[str, Any]] = {}
+    types: dict[str, set[Any]] = {}
+    for name in costed_experiments():
+        cls = registry.experiment(name)
+        if cls.name != name:  # an alias (attribution)
+            continue
+        hints = typing.get_type_hints(cls.Options)
+        for f in cls.Options.fields():
+            if (cls.costed_options is None or f.name in cls.costed_options) and f.name not in own:
+                fields.setdefault(f.name, {})[name] = f
+                types.setdefault(f.name, set()).add(option_type(hints[f.name]))
+    return {k: (by, types[k].pop() if len(types[k]) == 1 else str) for k, by in fields.items()}
+
+
+def plan_flag_values(experiment: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The flags given as ``experiment``'s option values (a ``--no-x`` flag given: its option off);
+    a flag it does not declare is refused in one line, never dropped."""
+    fields = registry.experiment(experiment).Options.fields()
+    if stray := [k for k in given if k not in {f.name for f in fields}]:
+        by = plan_flags()[stray[0]][0]
+        raise GandaError(f"{flag_name(next(iter(by.values())))} is not an option of {experiment} "
+                         f"({', '.join(by)} take{'s' if len(by) == 1 else ''} it)")
+    return option_values(fields, given)
 
 
 def _phases(p: Profile, experiment: str, w: Workload, opts: dict[str, Any]) -> Phases:

@@ -30,7 +30,7 @@ import typer.main
 
 from .. import registry
 from ..experiments.base import DEFAULT_LIMIT
-from ..options import flag_name, turns_off
+from ..options import flag_name, option_values, turns_off
 from .grid import RAY, RAY_ACTORS
 from .options import (
     FORCE,
@@ -124,13 +124,6 @@ OPTIONAL_INPUTS: dict[str, dict[str, tuple[Any, Any]]] = {
                                        "cot=true --option subtask=date_understanding"), list[str] | None)},
     "force": {"force": (FORCE, bool)},
 }
-
-
-def option_values(fields: Any, given: dict[str, Any]) -> dict[str, Any]:
-    """The flags given for ``fields`` as option values, in the order given: a ``--no-x`` flag given
-    turns its option off."""
-    by_name = {f.name: f for f in fields}
-    return {k: (not v if turns_off(by_name[k]) else v) for k, v in given.items() if k in by_name}
 
 
 def option_parameter(f: Any, hint: Any) -> inspect.Parameter:

@@ -15,6 +15,7 @@ import typer
 from .. import progress
 from ..errors import GandaError, at_least  # noqa: F401  (the commands' shared checks)
 from ..experiments.base import LIMIT_MMLU, parse_options  # noqa: F401
+from ..options import whole_number
 
 DEFAULT_MODEL = "smollm2-135m"  # ganda.models.DEFAULT_MODEL, spelled here so that --help needs no torch
 MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-9k, lab-hybrid-late-7k5, "
@@ -22,21 +23,9 @@ MODEL_HELP = ("smollm2-135m, gemma3-270m, a lab model (lab-llama-h1, lab-mamba2-
 MODEL = typer.Argument(DEFAULT_MODEL, help=MODEL_HELP)
 
 
-def whole_number(text: Any) -> Any:
-    """An integer flag's text as an int: ASCII digits after an optional sign, nothing else. typer
-    reads an ``int`` through pydantic, which takes ``0-5`` for -5 and ``3.0`` for 3, so that
-    ``--seed 0-5`` would run seed -5 (a default, already a number, passes as it is)."""
-    if not isinstance(text, str):
-        return text
-    digits = text.strip().removeprefix("-").removeprefix("+")
-    if not (digits.isascii() and digits.isdigit()):
-        raise ValueError(f"not a whole number: {text!r}")
-    return int(text)
-
-
 def int_option(default: Any, *names: str, **kw: Any) -> Any:
-    """``typer.Option`` of an integer (or None), its text read by :func:`whole_number`: every integer
-    flag of every command is declared through it."""
+    """``typer.Option`` of an integer (or None), its text read by :func:`ganda.options.whole_number`:
+    every integer flag of every command is declared through it."""
     return typer.Option(default, *names, parser=whole_number, **kw)
 PICKLE = typer.Option(False, "--allow-pickle", help="allow *.bin/*.pt weights (unpickling runs code)")
 SEED = int_option(0, "--seed", help="seed of the prompt sample")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +12,14 @@ import typer
 import typer.main
 
 from ..errors import GandaError
-from .analyses import AnalysisGroup, flag_name, option_values, param, turns_off
+from .analyses import AnalysisGroup, flag_name, param, turns_off
 from .options import FORCE, QUIET, at_least, int_option, model_inputs, parse_options
 
 # ganda.plan.DEVICES, spelled here so that --help needs no torch
 DEVICES = ("h100", "h200", "a100", "l40s", "cpu")
 
 #: plan's own inputs (name -> typer default, type), in the order of ``--help``; every other flag is
-#: an option of a costed experiment (:func:`_experiment_flags`)
+#: an option of a costed experiment (:func:`ganda.plan.plan_flags`)
 OWN: dict[str, tuple[Any, Any]] = {
     "model": (typer.Argument(None, help="a shipped config (meta-llama/Llama-3.1-8B, ...), a config.json, a model "
                              "directory or a hub id; omit with --paper"), str | None),
@@ -44,35 +43,6 @@ OWN: dict[str, tuple[Any, Any]] = {
     "force": (FORCE, bool),
     "quiet": (QUIET, bool),
 }
-
-
-def _experiment_flags() -> dict[str, tuple[dict[str, Any], Any]]:
-    """Every option the costed experiments' costs read, as one flag of ganda plan: name -> (its field
-    in each experiment whose costs read it, the flag's type). Not given, an option keeps each
-    experiment's own default (rank and edges differ in --audit and --active); a name declared with
-    different types (prune's --layers, a count; transplant's, a list) is a text flag, read as the
-    chosen experiment declares it (``Options.build(..., text=True)``)."""
-    from .. import plan as planner
-    from .. import registry
-    from ..experiments.base import option_type
-
-    fields: dict[str, dict[str, Any]] = {}
-    types: dict[str, set[Any]] = {}
-    for name in planner.costed_experiments():
-        cls = registry.experiment(name)
-        if cls.name != name:  # an alias (attribution)
-            continue
-        hints = typing.get_type_hints(cls.Options)
-        for f in _costed_fields(cls):
-            if f.name not in OWN:
-                fields.setdefault(f.name, {})[name] = f
-                types.setdefault(f.name, set()).add(option_type(hints[f.name]))
-    return {k: (by, types[k].pop() if len(types[k]) == 1 else str) for k, by in fields.items()}
-
-
-def _costed_fields(cls: Any) -> list[Any]:
-    """The options an experiment's costs read (``costed_options``; by default every option)."""
-    return [f for f in cls.Options.fields() if cls.costed_options is None or f.name in cls.costed_options]
 
 
 def _flag_parameter(name: str, by: dict[str, Any], kind: Any, free: set[str]) -> inspect.Parameter:
@@ -103,19 +73,6 @@ def _paper_only(ctx: Any) -> None:
             given = p.opts[0] if p.param_type_name == "option" else p.name.upper()
             raise GandaError(f"--paper costs the paper's own runs and takes no {given} (it takes --device, "
                              "--devices, --shots, --json, --out, --force, -q)")
-
-
-def _option_values(experiment: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The flags given as ``experiment``'s option values (a ``--no-x`` flag given: its option off);
-    a flag it does not declare is refused in one line, never dropped."""
-    from .. import registry
-
-    fields = registry.experiment(experiment).Options.fields()
-    if stray := [k for k in given if k not in {f.name for f in fields}]:
-        by = _experiment_flags()[stray[0]][0]
-        raise GandaError(f"{flag_name(next(iter(by.values())))} is not an option of {experiment} "
-                         f"({', '.join(by)} take{'s' if len(by) == 1 else ''} it)")
-    return option_values(fields, given)
 
 
 def plan_command(ctx: typer.Context, **values: Any) -> None:
@@ -149,7 +106,7 @@ def plan_command(ctx: typer.Context, **values: Any) -> None:
         # the precision a run on that device would load in (GANDA_DTYPE, else bf16 on an accelerator)
         dtype = parse_dtype(own["dtype"], "--dtype") if own["dtype"] else default_dtype(
             torch.device("cpu" if planner.device(own["device"]).host else "cuda"))
-        flags, options = _option_values(experiment, given), parse_options(own["option"])
+        flags, options = planner.plan_flag_values(experiment, given), parse_options(own["option"])
         plans = [(experiment, planner.model_plan(
             model, experiment, dtype, own["task"], own["limit"], own["shots"],
             own["tokens"], own["device"], devices,
@@ -176,7 +133,9 @@ def _print_plans(plans: list[tuple[str, Any]], paper: bool, as_json: bool, out: 
 def build_plan() -> click.Command:
     """``ganda plan``: its own inputs and every costed experiment's options (built when it is called:
     the experiments' declarations load torch, which ``ganda --help`` does not)."""
-    flags = _experiment_flags()
+    from .. import plan as planner
+
+    flags = planner.plan_flags(set(OWN))
     taken = {d for default, _ in OWN.values() for d in getattr(default, "param_decls", None) or () if d[:2] != "--"}
     shorts = [s for by, _ in flags.values() for s in {g.metadata.get("short") for g in by.values()} if s]
     free = {s for s in shorts if shorts.count(s) == 1} - taken  # -k, -m: as rank's; never plan's own -e, -n, -o
