@@ -1,5 +1,6 @@
 """Position-restricted ablations: the final position ("query"), every position before it
-("context"), and the last scored position of a multi-token answer ("last")."""
+("context"), and the last scored position of a multi-token answer ("last"); roles' split of a
+scored row into the final position and what comes before it."""
 
 from __future__ import annotations
 
@@ -122,3 +123,23 @@ def test_batched_scoring_equals_one_example_per_forward(name, head):
     with apply(ad, [AblateHeads(head, positions="query")]):
         ablated = evaluate_examples(ad, mmlu, progress=False).accuracy
     assert ablated < evaluate_examples(ad, mmlu, progress=False).accuracy
+
+
+def test_roles_split_a_multi_token_answer_row_into_final_and_before_it():
+    """On a task whose answers are two tokens, ``roles``' final-position mode is eval's
+    ``--ablate-at final`` (the last prompt token and the answer's own tokens) and its context mode
+    ablates only positions before the query: the position of the answer's second token is part of
+    the final position, not of the context. lab-llama-h1's L1H0 on lab-knowledge: final 11/12, before
+    it 12/12 (the intact model is right on all 12), so its positional role is Aggregate."""
+    from ganda.experiments.roles import _mode_runs
+    from ganda.models import load_model
+    from ganda.scoring import evaluate_examples
+    from ganda.tasks import get_task
+
+    adapter = load_model("lab-llama-h1")
+    examples = get_task("lab-knowledge", adapter=adapter).examples(limit=12, seed=0)
+    assert all(len(adapter.tokenizer(ex.choices[ex.gold]).input_ids) >= 2 for ex in examples)
+    runs = _mode_runs(adapter, examples, "L1H0")
+    final = evaluate_examples(adapter, examples, [AblateHeads("L1H0", positions="final")], progress=False)
+    assert [p["correct"] for p in runs["query"].predictions] == [p["correct"] for p in final.predictions]
+    assert (runs["all"].correct, runs["query"].correct, runs["context"].correct) == (9, 11, 12)

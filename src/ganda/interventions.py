@@ -121,8 +121,9 @@ class Donors:
 def _positions(adapter: ModelAdapter, x: torch.Tensor, positions: str | None) -> torch.Tensor | None:
     """``[B, T]`` bool: where a position-restricted ablation acts (None: everywhere). ``query`` and
     ``last`` are each row's read position of the forward running (:attr:`ModelAdapter.read_positions`;
-    unpadded or left-padded input: each row's last position), ``context`` every position but the
-    query, a class of :mod:`ganda.sites` the positions of that class."""
+    unpadded or left-padded input: each row's last position), ``context`` every position before the
+    query (not the answer's own tokens after it, which predict the answer too), a class of
+    :mod:`ganda.sites` the positions of that class."""
     if positions is None:
         return None
     read = adapter.read_positions
@@ -134,6 +135,8 @@ def _positions(adapter: ModelAdapter, x: torch.Tensor, positions: str | None) ->
     sel = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
     if read is None:
         sel[:, -1] = True
+    elif positions == "context":  # positions relative to the forward's chunk (a cached prefix, then its suffix)
+        return torch.arange(x.shape[1], device=x.device)[None, :] < read.query.to(x.device)[:, None]
     else:
         idx = (read.last if positions == "last" else read.query).to(x.device)
         # a forward over one chunk of a longer sequence (a cached prefix, then its suffix) gets
@@ -229,7 +232,7 @@ class AblateHeads(Intervention):
     heads: Sequence[HeadId | str] | str
     # None: every position; "query": the last prompt token only (it predicts the answer's first
     # token); "last": the last scored position (it predicts the answer's final token);
-    # "context": every position except the query (what a Gather head writes, not what an
+    # "context": every position before the query (what a Gather head writes, not what an
     # Aggregate head reads at the answer position); a class of ganda.sites ("ends", "key",
     # "final", "elsewhere"): the positions of that class in each scored row
     positions: str | None = None

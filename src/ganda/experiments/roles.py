@@ -70,7 +70,10 @@ from .common import (
 )
 from .cumulative import added_heads, cumulative_ablation
 
-MODES = ("all", "query", "context")
+#: where a mode ablates: everywhere, at the final position (the last prompt token and the answer's own
+#: tokens after it: every position that predicts an answer token, ganda.sites' ``final``) and every
+#: position before it; the last two split each scored row
+MODES = {"all": None, "query": "final", "context": "context"}
 
 
 @dataclass
@@ -316,8 +319,8 @@ FINDING = ("the head's ablation costs accuracy (paired drop, 95% interval above 
 def _mode_runs(adapter: ModelAdapter, examples: Sequence[Example], head: str) -> dict[str, EvalResult]:
     """The head ablated in each of :data:`MODES`: at every position, only at the final one, and
     everywhere before it."""
-    return {m: evaluate_examples(adapter, examples, [AblateHeads(head, positions=None if m == "all" else m)],
-                                 progress=False) for m in MODES}
+    return {m: evaluate_examples(adapter, examples, [AblateHeads(head, positions=at)], progress=False)
+            for m, at in MODES.items()}
 
 
 def _mode_rows(adapter: ModelAdapter, examples: Sequence[Example], head: str, base: EvalResult, seed: int
