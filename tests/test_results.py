@@ -188,6 +188,18 @@ def test_rank_and_heads_tables(runs):
     assert 0.0 <= base <= 1.0 and base * 4 == round(base * 4)  # an accuracy over the 4 verify prompts
 
 
+def test_the_runs_table_holds_the_intact_baseline_of_every_run_that_has_one(runs):
+    """``runs.accuracy`` is the intact accuracy a run measured on its one task: the sweep's, the
+    ranking's (its clean accuracy), roles', heads' and transplant's, each as its own files hold it."""
+    r = load(*(runs / k for k in ("sweep", "rank", "roles", "heads", "transplant"))).runs.set_index("kind")
+    sweep = json.loads((runs / "sweep" / "results.jsonl").read_text().splitlines()[1])
+    rank = json.loads((runs / "rank" / "ranking.json").read_text())
+    roles = json.loads((runs / "roles" / "result.json").read_text())["summary"]
+    assert r.loc["sweep", "accuracy"] == sweep["acc"] == r.loc["rank", "accuracy"] == rank["clean_acc"]
+    assert r.loc["roles", "accuracy"] == roles["baseline"]
+    assert r["accuracy"].between(0, 1).all()
+
+
 @pytest.mark.slow  # a whole demo run (the slow tier holds the demo's runs)
 def test_demo_run_and_its_ranking(byte_tok, tmp_path):
     """``ganda demo`` (on a tiny random Llama, the smallest settings): its run row and heads table,

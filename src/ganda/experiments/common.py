@@ -364,7 +364,9 @@ class ExperimentResult:
                   if x is not None), None)
         models = d.get("models")  # a comparison of several models names them all
         model = d.get("model") or (",".join(models) if isinstance(models, dict) and models else None)
-        row = run_row(run, str(d.get("kind", self.kind)), model, task, n, summary.get("baseline_accuracy"),
+        base = next((b for b in (summary.get("baseline_accuracy"), summary.get("baseline"))  # roles: "baseline"
+                     if isinstance(b, int | float) and not isinstance(b, bool)), None)
+        row = run_row(run, str(d.get("kind", self.kind)), model, task, n, base,
                       {"created": d.get("created"), **scalars(summary, skip=("baseline_accuracy",))})
         rows = [r for r in (d.get(self.table) if isinstance(d.get(self.table), list) else []) if isinstance(r, dict)]
         heads = next((x for x in (d.get("heads"), d.get("all_heads")) if is_head_records(x)), None)

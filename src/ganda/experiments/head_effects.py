@@ -182,7 +182,8 @@ class RankingResult(ExperimentResult):
         more = {"method": d.get("method"), "ablation": d.get("ablation"), "margin": d.get("margin"),
                 "metric": d.get("metric", "margin"), "clean_margin": d.get("clean"), "verified": d.get("verified"),
                 "spearman_verified": d.get("spearman_verified"), "seconds": seconds.get("total")}
-        return {"runs": [run_row(run, "rank", d.get("model"), d.get("task"), d.get("n"), None, more)], "heads": heads,
+        return {"runs": [run_row(run, "rank", d.get("model"), d.get("task"), d.get("n"), d.get("clean_acc"), more)],
+                "heads": heads,
                 "predictions": example_rows(run, self.verify) if self.verify is not None else []}
 
     def headline(self) -> str:
