@@ -283,6 +283,50 @@ def test_ctrl_c_during_start_up_is_one_line(after):
         assert out == ""
 
 
+def test_a_ctrl_c_in_an_import_is_raised_once_the_import_is_done(tmp_path, monkeypatch):
+    """Raised inside an import, a KeyboardInterrupt can abort torch's C++ start-up or leave a
+    half-imported module: the command's handler raises it after the import instead."""
+    from ganda import cli
+
+    (tmp_path / "interrupted_module.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nsum(range(100000))\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = signal.signal(signal.SIGINT, cli._ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            import interrupted_module  # noqa: F401
+            time.sleep(2)  # the interrupt comes at the first call after the import
+        assert sys.getprofile() is None
+    finally:
+        signal.signal(signal.SIGINT, before)
+        sys.setprofile(None)
+    assert sys.modules.pop("interrupted_module").DONE is True
+
+
+def test_an_interrupt_a_library_turns_into_an_error_is_an_interrupt(monkeypatch, capsys):
+    """A Ctrl-C inside an import that a library swallows surfaces as that library's error (the
+    half-imported module 'most likely due to a circular import'): the command reports the interrupt."""
+    import ganda
+    from ganda.models import loading
+
+    def swallowing(*_args, **_kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except BaseException:  # noqa: BLE001 - the library's catch-all
+            pass
+        raise GandaError("lab-llama-h1: its config.json is not a valid config: cannot import name 'x'")
+
+    monkeypatch.setattr(loading, "load_tokenizer", swallowing)
+    before = signal.signal(signal.SIGINT, ganda._interrupted_at_startup)  # as when run as the command
+    try:
+        rc = main(["eval", MODEL, "--task", "lab-kv", "--limit", "2"])
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert rc == 130
+    assert _err_lines(capsys.readouterr().err) == ["ganda: interrupted"]
+
+
 @pytest.mark.integration
 def test_second_run_into_the_same_out_is_refused(tmp_path, capsys):
     out = tmp_path / "run"

@@ -16,6 +16,7 @@ import pkgutil
 import signal
 import sys
 import time
+from typing import Any
 
 import typer
 
@@ -92,6 +93,48 @@ def _interrupted(kept: str | None = None) -> int:
     return 130
 
 
+def _holds_back(code: Any) -> bool:
+    """Code in which a KeyboardInterrupt goes wrong: an import (a module's code runs under importlib's
+    frames) or a finalizer (``__del__``, whose exceptions Python prints and drops)."""
+    return code.co_name == "__del__" or code.co_filename.startswith("<frozen importlib._bootstrap")
+
+
+def _outermost_held(frame: Any) -> Any:
+    """The outermost import or finalizer frame under ``frame`` (None when there is none)."""
+    held = None
+    while frame is not None:
+        if _holds_back(frame.f_code):
+            held = frame
+        frame = frame.f_back
+    return held
+
+
+def _interrupt_when_left(frame: Any, event: str, _arg: Any, _run: dict = _run, _kill: Any = os.kill,
+                         _pid: Any = os.getpid, _profile: Any = sys.setprofile, _sig: int = signal.SIGINT) -> None:
+    """A profile function: at the first event after the held-back frame returned, Ctrl-C again
+    (its names are bound here: it may run as the interpreter shuts down)."""
+    if _run.get("held_in") is None:
+        _profile(None)
+        _kill(_pid(), _sig)
+    elif event == "return" and frame is _run["held_in"]:
+        _run["held_in"] = None
+
+
+def _ctrl_c(signum: int, frame: Any) -> None:
+    """Python's Ctrl-C, held back while a module is imported or an object finalized: raised in an
+    import, a KeyboardInterrupt aborts the process from torch's C++ start-up (``terminate called ...
+    KeyboardInterrupt``) or leaves a half-imported module that later fails as 'a circular import';
+    raised in ``__del__`` it is printed and lost. It is raised once the outermost such frame has
+    returned. An error that follows an interrupt a library swallowed is reported as the interrupt."""
+    _run["interrupted"] = True
+    held = _outermost_held(frame)
+    if held is not None:
+        _run["held_in"] = held
+        sys.setprofile(_interrupt_when_left)
+        return
+    signal.default_int_handler(signum, frame)
+
+
 def _summary() -> None:
     """The last line of every command on stderr: what ran, how long it took, where its files are."""
     if not _run.get("done"):
@@ -114,12 +157,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:  # from here on, Ctrl-C is caught below
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, _ctrl_c)
         rc = app(args=argv, standalone_mode=False, prog_name="ganda")
         if rc in (None, 0):
             _summary()
     except GandaError as exc:
         runio.discard_claims()  # a refused run leaves nothing it created (docs/reliability.md)
+        if _run.get("interrupted"):  # the error of an interrupt a library swallowed
+            return _interrupted()
         print(f"ganda: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -128,12 +173,16 @@ def main(argv: list[str] | None = None) -> int:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         return _interrupted() if code == 130 else code
     except OSError as exc:  # a full disk, a read-only file system: one line, not a traceback
+        if _run.get("interrupted"):
+            return _interrupted()
         if exc.errno not in _WRITE_ERRNOS:
             raise
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"ganda: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except Exception as exc:  # usage errors from typer's click layer: one line, like every error
+        if _run.get("interrupted"):
+            return _interrupted()
         if type(exc).__name__ == "NoArgsIsHelpError":  # plain ``ganda``: the help is the answer
             exc.show()
             return int(exc.exit_code)
@@ -148,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         kept = runio.interrupt_summary() if rc == 130 else None
+        if sys.getprofile() is _interrupt_when_left:  # a Ctrl-C still held back when the command ended
+            sys.setprofile(None)
         runio.release_claims()
         progress.set_quiet(False)
         if (placement := sys.modules.get("ganda.models.placement")) is not None:
