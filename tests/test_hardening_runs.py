@@ -169,6 +169,23 @@ def test_a_refused_resume_names_the_option_that_differs(tmp_path, capsys):
     assert rc == 2 and "holds a different sweep (options.batch_heads differ)" in err, err
 
 
+def test_a_finished_sweep_resumes_with_other_rows_printed_and_adds_its_cumulative_ablation(tmp_path, capsys):
+    """--top (rows printed), --until-chance and --max-heads (a step after the heads) do not change a
+    head's record: a rerun with them reuses every head and writes the cumulative ablation."""
+    out = tmp_path / "run"
+    cmd = ["sweep", MODEL, "--task", "lab-mmlu", "--limit", "4", "--out", out]
+    assert _cli(capsys, *cmd)[0] == 0
+    first = (out / "results.jsonl").read_text()
+    rc, text, err = _cli(capsys, *cmd, "--top", "2", "--until-chance", "--max-heads", "2")
+    assert rc == 0, err
+    assert (out / "results.jsonl").read_text() == first
+    assert len((out / "progress.jsonl").read_text().splitlines()) == 2 + 4  # header, baseline, four heads
+    cumulative = json.loads((out / "cumulative.json").read_text())
+    assert cumulative["max_heads"] == 2 and cumulative["heads_to_chance"] == 1
+    assert cumulative["curve"][0]["added"] == "L3H0" and cumulative["curve"][0]["accuracy"] == 0.0  # acc 1.0 -> 0.0
+    assert "top 2 of" in text
+
+
 def test_resume_of_a_model_changed_in_memory_is_refused(tmp_path):
     from test_sweep import tiny_adapter, tiny_examples
 

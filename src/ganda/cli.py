@@ -145,6 +145,34 @@ def _summary() -> None:
     print(f"ganda {_run['command']}: done in {seconds:.1f} s{where}", file=sys.stderr, flush=True)
 
 
+def _click_error(exc: Exception) -> int | None:
+    """The exit status of an error from typer's click layer, printed in one line (None: not one)."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # plain ``ganda``: the help is the answer
+        exc.show()  # type: ignore[attr-defined]
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        message = exc.format_message().replace("Value error, ", "")  # pydantic's prefix to a parser's ValueError
+        print(f"ganda: error: {message}{hint}", file=sys.stderr)
+        return int(exc.exit_code)
+    if type(exc).__name__ == "Abort":
+        return 1
+    return None
+
+
+def _restore() -> None:
+    """What a command set for itself goes back: claims, quiet, placement, threads, a held Ctrl-C."""
+    if sys.getprofile() is _interrupt_when_left:  # a Ctrl-C still held back when the command ended
+        sys.setprofile(None)
+    runio.release_claims()
+    progress.set_quiet(False)
+    if (placement := sys.modules.get("ganda.models.placement")) is not None:
+        placement.restore_command_options()
+    if (device := sys.modules.get("ganda.device")) is not None:
+        device.restore_threads()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: user errors print one line and exit 2, never a traceback; Ctrl-C exits 130.
 
@@ -183,28 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # usage errors from typer's click layer: one line, like every error
         if _run.get("interrupted"):
             return _interrupted()
-        if type(exc).__name__ == "NoArgsIsHelpError":  # plain ``ganda``: the help is the answer
-            exc.show()
-            return int(exc.exit_code)
-        if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
-            ctx = getattr(exc, "ctx", None)
-            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
-            message = exc.format_message().replace("Value error, ", "")  # pydantic's prefix to a parser's ValueError
-            print(f"ganda: error: {message}{hint}", file=sys.stderr)
-            return int(exc.exit_code)
-        if type(exc).__name__ == "Abort":
-            return 1
-        raise
+        if (code := _click_error(exc)) is None:
+            raise
+        return code
     finally:
         kept = runio.interrupt_summary() if rc == 130 else None
-        if sys.getprofile() is _interrupt_when_left:  # a Ctrl-C still held back when the command ended
-            sys.setprofile(None)
-        runio.release_claims()
-        progress.set_quiet(False)
-        if (placement := sys.modules.get("ganda.models.placement")) is not None:
-            placement.restore_command_options()
-        if (device := sys.modules.get("ganda.device")) is not None:
-            device.restore_threads()
+        _restore()
     if rc == 130:
         return _interrupted(kept)
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0

@@ -22,14 +22,15 @@ from .errors import GandaError
 
 def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
            low: float | None = None, high: float | None = None, choices: tuple[str, ...] | None = None,
-           why: str = "", hidden: bool = False, required: bool = False) -> Any:
+           why: str = "", hidden: bool = False, required: bool = False, journal: bool = True) -> Any:
     """One option of an experiment, declared once: its default, ``help`` text, command-line ``flag``
     (default ``--name``; ``--no-x`` for a switch on by default that the flag turns off) and ``short`` flag,
     the bounds ``low``/``high`` of a number (``why``: a few words on the bound) and the ``choices``
-    of a text; ``required``: the command line asks for it (the default stands for "not given").
-    Everything that reads an experiment's options reads them from here."""
+    of a text; ``required``: the command line asks for it (the default stands for "not given");
+    ``journal=False``: the run's journaled units do not depend on it (rows printed, a step run after
+    them), so a run resumes whatever its value (:meth:`Options.journal_json`). Everything that reads an experiment's options reads them from here."""
     meta = {"help": help, "flag": flag, "short": short, "low": low, "high": high, "choices": choices, "why": why,
-            "hidden": hidden, "required": required}
+            "hidden": hidden, "required": required, "journal": journal}
     return field(default=default, metadata=meta)
 
 
@@ -101,6 +102,10 @@ class Options:
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in self.fields()}
+
+    def journal_json(self) -> dict[str, Any]:
+        """The options a run's journal records and a resume compares: those its units depend on."""
+        return {f.name: getattr(self, f.name) for f in self.fields() if f.metadata.get("journal", True)}
 
 
 def _coerce(value: Any, hint: Any, name: str) -> Any:

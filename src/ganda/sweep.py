@@ -547,10 +547,10 @@ class SweepOptions(Options):
     metric: str = option("acc", "rank heads by the drop of acc (accuracy), acc_norm or margin (mean margin) when "
                          "each is ablated", choices=SWEEP_METRICS)
     ablation: str = option("zero", ABLATION_HELP)
-    top: int = option(15, "rows in each printed table", low=1)
+    top: int = option(15, "rows in each printed table", low=1, journal=False)
     until_chance: bool = option(False, "then ablate the heads that matter cumulatively, most damaging first, until "
-                                "accuracy is at chance: how many heads must go")
-    max_heads: int = option(24, "--until-chance: give up after this many heads", low=1)
+                                "accuracy is at chance: how many heads must go", journal=False)
+    max_heads: int = option(24, "--until-chance: give up after this many heads", low=1, journal=False)
 
     def check(self) -> None:
         require_heads(self.flag("heads"), self.heads)

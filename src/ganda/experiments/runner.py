@@ -117,7 +117,7 @@ def run_loaded(cls: type[Experiment], run: RunInputs, options: Options, adapter:
     exp = cls(resume=run.resume)
     exp.task = task
     exp.check_examples(examples, run.task)
-    config = {"task": task.config(), "limit": n, "n": len(examples), "seed": run.seed, "options": options.to_json()}
+    config = {"task": task.config(), "limit": n, "n": len(examples), "seed": run.seed, "options": options.journal_json()}
     result = exp.run(adapter, examples, options, out_dir=out_dir, config=config, progress=run.progress)
     return Run(exp, result, out_dir, adapter, examples, options)
 
