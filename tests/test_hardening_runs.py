@@ -584,6 +584,29 @@ def test_grid_reuses_a_job_only_when_its_record_matches(tmp_path, capsys, monkey
     assert rc == 0 and out.startswith(" done") and (grid / "grid.json").exists()
 
 
+def test_a_grid_job_reruns_from_its_journal_when_only_options_its_units_ignore_changed(tmp_path, capsys, monkeypatch):
+    """sweep's top, until_chance and max_heads (journal=False) do not refuse a finished job: it runs
+    again from its journal (no head swept again), adds the cumulative ablation and records the new
+    options; the same spec once more skips it without loading the model."""
+    import ganda.grid
+
+    model = _copy_model(tmp_path)
+    assert _cli(capsys, "grid", _grid(tmp_path, model))[0] == 0
+    job = next((tmp_path / "grid").glob("*/lab-mmlu/sweep"))
+    first = (job / "results.jsonl").read_text()
+    assert not (job / "cumulative.json").exists()
+    later = {"top": 2, "until_chance": True, "max_heads": 2}
+    rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, sweep=later))
+    assert rc == 0, err
+    assert (job / "results.jsonl").read_text() == first
+    assert json.loads((job / "cumulative.json").read_text())["max_heads"] == 2
+    assert json.loads((job / "grid-job.json").read_text())["options"]["sweep"] == later
+    monkeypatch.setattr(ganda.grid, "load_model", lambda *a, **k: pytest.fail("a finished job loaded its model"))
+    assert _cli(capsys, "grid", _grid(tmp_path, model, sweep=later))[0] == 0
+    rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, sweep={**later, "batch_heads": 1}))
+    assert rc == 2 and "made with other options.sweep than the spec gives now" in err
+
+
 def test_grid_refuses_a_job_directory_without_its_record(tmp_path, capsys):
     model = _copy_model(tmp_path)
     assert _cli(capsys, "grid", _grid(tmp_path, model))[0] == 0

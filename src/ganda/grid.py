@@ -184,21 +184,36 @@ def job_record(job: dict[str, Any], opts: dict[str, Any], weights: str | None, d
             "weights": weights, "dtype": dtype}
 
 
-def _check_job(job: dict[str, Any], want: dict[str, Any]) -> None:
-    """Refuse a job directory made under another record (or with results but no record)."""
+def _journaled(record: Any, cls: type) -> Any:
+    """``record`` as a rerun compares it: without the experiment's options that its units do not
+    depend on (``journal=False``: the rows it prints, a step run after them)."""
+    opts = record.get("options") if isinstance(record, dict) else None
+    own = opts.get(record.get("experiment")) if isinstance(opts, dict) else None
+    if not isinstance(own, dict):
+        return record
+    quiet = {f.name for f in cls.Options.fields() if not f.metadata.get("journal", True)}
+    return {**record, "options": {**opts, record["experiment"]: {k: v for k, v in own.items() if k not in quiet}}}
+
+
+def _check_job(job: dict[str, Any], want: dict[str, Any], cls: type) -> bool:
+    """Refuse a job directory made under another record (or with results but no record); True where
+    the record differs only in options the job's units do not depend on, so the job runs again
+    from its journal."""
     jdir = Path(job["dir"])
     record = jdir / JOB_FILE
     if not record.exists():
         if jdir.is_dir() and any(jdir.iterdir()):
             raise GandaError(f"{jdir} holds results but no {JOB_FILE} saying how they were made; delete it to run "
                              "the job again, or use another out")
-        return
+        return False
     try:
         have = json.loads(record.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise GandaError(f"{record}: not a readable job record ({exc})") from None
     if have == want:
-        return
+        return False
+    if _journaled(have, cls) == _journaled(want, cls):
+        return True
     have = have if isinstance(have, dict) else {}
     diff = [k for k in want if have.get(k) != want[k]]
     opts = [k for k in want["options"] if (have.get("options") or {}).get(k) != want["options"][k]] \
@@ -232,14 +247,15 @@ def run_grid(spec: dict[str, Any] | str | Path, *, allow_pickle: bool = False, r
     with runio.run_dir_lock(out):
         checked = {}
         for job in todo:  # every job before any work: one stale or refused job refuses the run
-            _check_job(job, records[job["dir"]])
-            cls, run = registry.experiment(job["experiment"]), job_inputs(job, opts, ray=ray, allow_pickle=allow_pickle)
+            cls = registry.experiment(job["experiment"])
+            again = _check_job(job, records[job["dir"]], cls)
+            run = job_inputs(job, opts, ray=ray, allow_pickle=allow_pickle)
             options = cls.Options.build(opts.get(job["experiment"], {}))
-            checked[job["dir"]] = (cls, run, options, check_inputs(cls, run, options))
+            checked[job["dir"]] = (cls, run, options, check_inputs(cls, run, options), again)
         for job in todo:
-            cls, run, options, task = checked[job["dir"]]
+            cls, run, options, task, again = checked[job["dir"]]
             jdir = Path(job["dir"])
-            if (jdir / cls.done_file).exists():
+            if (jdir / cls.done_file).exists() and not again:
                 job.update({k: v for k, v in earlier.get(job["dir"], {}).items() if k in ("result", "seconds")})
                 job["status"] = "done"
             else:
