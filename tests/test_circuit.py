@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -415,7 +416,7 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     assert {"result.json", "circuit_path.csv", "path.png"} <= {p.name for p in (tmp_path / "p").iterdir()}
 
     assert main(["run", "edges", "lab-llama-h1", "--task", "lab-mmlu", "--limit", "12", "--option", "verify_top=3", "--option", "active=0",
-                 "--option", "audit=1", "--option", "show=3", "--out", str(tmp_path / "e")]) == 0
+                 "--option", "audit=1", "--option", "show=1", "--out", str(tmp_path / "e")]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["edges"] == 6 and summary["verified"] == 3 and ">" in summary["top_edge"]
     files = {p.name for p in (tmp_path / "e").iterdir()}
@@ -425,8 +426,12 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     from ganda.labels import LABELS
     from ganda.tasks import get_task
 
-    labels = json.loads((tmp_path / "e" / "result.json").read_text())["roles"]
+    saved = json.loads((tmp_path / "e" / "result.json").read_text())
+    labels = saved["roles"]
     assert labels and {r for v in labels.values() for r in v.split("+")} <= set(LABELS)
+    # every head the table prints (the top 10 rows) is labelled, not only those circuit.png draws (show=1)
+    printed = {h for r in saved["rows"][:10] for h in (r["sender"], r["receiver"])}
+    assert len(printed) == 4 and printed <= set(labels)
     ad = ganda.load_model("lab-llama-h1")
     exs = get_task("lab-mmlu", adapter=ad).examples(limit=12, seed=0)  # the model's own world, as the CLI draws it
     rows = head_roles(ad, exs, ranked=sorted(labels), top=len(labels), until_chance=False, progress=False).rows
@@ -454,6 +459,20 @@ def test_path_and_edges_from_the_command_line_run_plan_and_report(tmp_path, caps
     # the top by estimate and the most active are planned as the larger list; never more than every edge
     assert checked(verify_top=10, active=n_edges - 5) == pytest.approx(checked(verify_top=n_edges - 5), rel=1e-9)
     assert checked(active=n_edges - 5) < checked(active=n_edges + 50) == pytest.approx(checked(active=10 * n_edges))
+    # the labels: two heads an edge of the longest of show, three and top (every head at the most),
+    # three positional ablations a head besides the intact run and the pattern pass
+    every = sum(layer.heads for layer in prof.layers)
+
+    def labels(**kw: Any) -> tuple[list[str], float]:
+        pl = planner.plan(prof, "edges", w, "cpu", verify_top=10, audit=10, **kw)
+        return [ph["phase"] for ph in pl.phases if ph["phase"].startswith("labels of")], pl.flops
+
+    no_roles = labels(roles=False)
+    assert no_roles[0] == []
+    for kw, heads in (({}, min(20, every)), ({"show": 1, "top": 1}, min(6, every))):
+        names, flops = labels(**kw)
+        assert names == [f"labels of about {heads} heads (three ablations each)"]
+        assert flops - no_roles[1] == pytest.approx(planner.scoring_phase(prof, w, "x", 2 + 3 * heads, {}).flops(prof))
     # a phase that runs a share of its layers (the receiver copies) costs that share of the whole
     # layers' time, compute included: the share is taken once
     whole = planner.Phase("copies", 2, 16, 60.0, list(range(len(prof.layers))), 0, backward=2.0)

@@ -12,7 +12,12 @@ planner's units (:class:`ganda.plan.Phase`: forwards of some rows through some l
   most active (planned as the larger list: the top by estimate lie mostly inside the top by
   activity), ``audit`` and ``widen``'s first round, at most every edge, each the intact forward
   from its receiver's layer (receivers spread evenly over the layers where they have an edge). ``--senders``
-  and ``--receivers`` narrow the writes kept, the copies, the edges and where the checks start.
+  and ``--receivers`` narrow the writes kept, the copies, the edges and where the checks start;
+  last, unless ``--no-roles``, the labels of the heads the figure (``show``), the finding (three)
+  and the table (``top``) name, each labelled as every command labels (the intact run and the
+  pattern pass once, three positional ablations a head): planned as two heads an edge of the
+  longest of those lists, since they hold mostly the same edges (SmolLM2, 4 KV prompts, the
+  defaults: 20 planned, 15 labelled).
 
 Every pass runs on the PyTorch path of analysis (``torch_path``): Mamba-1 layers scan chunked.
 """
@@ -24,7 +29,7 @@ from typing import Any
 from ..attribution.engine import ACTIVE_EDGES, BATCH_TOKENS, GRADDROP_BLOCKS
 from ..errors import GandaError
 from ..heads import HeadId
-from ..plan import CHUNKED, Phase, Phases, Profile, Workload, backward_batch_tokens, batches_of
+from ..plan import CHUNKED, Phase, Phases, Profile, Workload, backward_batch_tokens, batches_of, scoring_phase
 
 
 def mixer_part(p: Profile) -> float:
@@ -96,6 +101,12 @@ def edges_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
         depth = max(1, round(sum(len(L) - k for k in held) / len(held)))
         phases.append(Phase(f"exact check of {checks} edges (the intact forward from each receiver's layer)",
                             calls * checks, per_batch, w.packed, L[len(L) - depth:], w.reads, scan=CHUNKED))
+    if opts.get("roles", True):
+        named = min(edges, max(int(opts.get("show", 10)), 3, int(opts.get("top", 10))))
+        heads = min(2 * named, sum(every))
+        if heads:
+            phases.append(scoring_phase(p, w, f"labels of about {heads} heads (three ablations each)",
+                                        2 + 3 * heads, opts))
     kept = (len(L) + sum(sends)) * per_batch * w.packed * p.d_model * 4
     who = f"{sum(sends)} heads" if sends == recvs else f"{sum(sends)} senders and {sum(recvs)} receivers"
     note = (f"edges: every sender -> receiver pair of {who} from one forward and one backward per batch, "

@@ -282,10 +282,14 @@ class EdgesExperiment(Experiment):
             config: dict[str, Any], progress: bool = True) -> EdgesResult:
         res = rank_edges(adapter, examples, options, seed=int(config.get("seed", 0)), out_dir=out_dir,
                          resume=self.resume, progress=progress, config=config)
-        shown = sorted(res.verified, key=lambda e: -abs(res.exact[e]))[: options.show]
-        nodes = list(dict.fromkeys(h for e in shown for h in e.split(">")))
+        by_exact = sorted(res.verified, key=lambda e: -abs(res.exact[e]))
+        shown = by_exact[: options.show]
+        out = edges_result(adapter, res, options, config, {})
+        # every head the figure, the table (its top rows) and the finding's three edges name
+        named = shown + by_exact[:3] + [r["edge"] for r in out.rows[: options.top]]
+        nodes = list(dict.fromkeys(h for e in named for h in e.split(">")))
         roles = circuit_roles(adapter, examples, nodes, progress) if options.roles else {}
-        out = edges_result(adapter, res, options, config, roles)
+        out.extra["roles"] = roles
         if shown:
             out.notes.append(attention_view(adapter, examples[0], *parse_edge(shown[0]), out_dir, roles))
         out.save(out_dir)
