@@ -529,11 +529,11 @@ def test_new_sweep_clears_an_earlier_sweeps_results(tmp_path, capsys):
 # ganda grid reuses a job only when it was made as the spec says now
 
 
-def _grid(tmp_path: Path, model: Path | str, **options) -> Path:
+def _grid(tmp_path: Path, model: Path | str, experiment: str = "sweep", **options) -> Path:
     import yaml
 
     spec = tmp_path / "grid.yaml"
-    spec.write_text(yaml.safe_dump({"models": [str(model)], "tasks": ["lab-mmlu"], "experiments": ["sweep"],
+    spec.write_text(yaml.safe_dump({"models": [str(model)], "tasks": ["lab-mmlu"], "experiments": [experiment],
                                     "out": str(tmp_path / "grid"), "options": {"limit": 2, "seed": 0, **options}}))
     return spec
 
@@ -605,6 +605,24 @@ def test_a_grid_job_reruns_from_its_journal_when_only_options_its_units_ignore_c
     assert _cli(capsys, "grid", _grid(tmp_path, model, sweep=later))[0] == 0
     rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, sweep={**later, "batch_heads": 1}))
     assert rc == 2 and "made with other options.sweep than the spec gives now" in err
+
+
+def test_a_grid_edges_job_redraws_from_its_journal_with_other_show_and_roles(tmp_path, capsys):
+    """edges' show (edges drawn) and roles (labels) change no exact check: the finished job runs
+    again, drawing one edge with unlabelled heads; another verify_top is refused."""
+    model = _copy_model(tmp_path)
+    assert _cli(capsys, "grid", _grid(tmp_path, model, "edges", edges={"verify_top": 3}))[0] == 0
+    job = next((tmp_path / "grid").glob("*/lab-mmlu/edges"))
+    first = json.loads((job / "result.json").read_text())
+    assert first["config"]["show"] == 10 and len(first["roles"]) == 4
+    later = {"verify_top": 3, "show": 1, "roles": False}
+    rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, "edges", edges=later))
+    assert rc == 0, err
+    again = json.loads((job / "result.json").read_text())
+    assert again["config"]["show"] == 1 and again["roles"] == {} and again["rows"] == first["rows"]
+    assert json.loads((job / "grid-job.json").read_text())["options"]["edges"] == later
+    rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, "edges", edges={**later, "verify_top": 2}))
+    assert rc == 2 and "made with other options.edges than the spec gives now" in err
 
 
 def test_grid_refuses_a_job_directory_without_its_record(tmp_path, capsys):

@@ -416,8 +416,9 @@ class EdgesOptions(Options):
     receivers: str = option("", "only these receivers (default: every head), e.g. L19H1")
     margin: str = option("mean", MARGIN_HELP, choices=("mean", "max"))
     roles: bool = option(True, "leave the heads of the drawn and printed edges unlabelled (by default the labeller "
-                         "every command shares labels them: three ablations per head)", flag="--no-roles")
-    show: int = option(10, "verified edges drawn in circuit.png", low=1)
+                         "every command shares labels them: three ablations per head)", flag="--no-roles",
+                         journal=False)
+    show: int = option(10, "verified edges drawn in circuit.png", low=1, journal=False)
     ablation: str = option("zero", "the senders' ablation: zero or mean (its mean over every token of the prompts); "
                            "resample needs a donor per scored row: eval runs it")
 
