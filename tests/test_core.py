@@ -342,6 +342,7 @@ def test_attn_heads_and_demo_end_to_end(tiny_dir, tmp_path, cli):
     assert len(res["all_heads"]) == 12 and len(res["summary"]["top_aggregate"]) == 2
     assert all(0.0 <= h["gather"] <= 1.0 and -1.0 <= h["aggregate"] <= 1.0 for h in res["all_heads"])
     assert (out / "heads.csv").read_text().count("\n") == 13
+    assert "gather [evidence]" in r.stdout and "agg peak [95% CI]" in r.stdout  # headers, not rich markup
     from ganda.demo import run_demo
 
     report = run_demo(str(tiny_dir), tmp_path / "demo", pairs=3, n=2, verify_n=4, top=1, max_heads=2, rank_n=4,
@@ -399,5 +400,15 @@ def test_shipped_lab_checkpoints_load_by_name_and_sweep_from_the_cli(tmp_path):
     rows = (tmp_path / "sw" / "results.csv").read_text().strip().splitlines()
     assert len(rows) == 4 and rows[1].startswith("none,") and rows[2].startswith("L1H1,")
     assert float(rows[2].split(",")[8]) > 0.15  # L1H1 carries lab-mmlu (docs/lab.md: 91.5% -> 59.5%)
+    # its drops with their paired intervals: on 24 prompts L1H1's margin drop is told from 0, its
+    # accuracy drop (+0.167 [-0.042, 0.375]) is not
+    assert "acc drop [paired 95% CI]" in r.stdout and "margin drop [paired 95% CI]" in r.stdout
+    cells = [float(v) for v in rows[2].split(",")[8:]]
+    drop, margin_drop, (low, high), (m_low, m_high) = cells[0], cells[5], cells[6:8], cells[10:12]
+    assert low < 0 < drop < high and 0 < m_low < margin_drop < m_high
+    from ganda.experiments.head_effects import HeadSweepResult
+
+    headline = HeadSweepResult.read(tmp_path / "sw").headline()  # the report's
+    assert "**L1H1**; ablating it alone costs 16.7 points [-4.2, 37.5] of 79.2% on 24 prompts (*weak*" in headline
     r = run_cli("info", "lab-nope")
     assert r.returncode == 2 and "shipped lab checkpoint" in r.stderr

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ganda.intervals import bounds
-from ganda.stats import bootstrap_paired, pool_sets, t_interval, t_quantile
+from ganda.stats import bootstrap_paired, bootstrap_rows, pool_sets, t_interval, t_quantile
 
 
 def _reference_t_quantile(p: float, df: int) -> float:
@@ -89,6 +89,21 @@ def test_bootstrap_of_one_item_or_equal_items_is_a_point() -> None:
     r = bootstrap_paired([1.0, 1.0, 1.0], [0.0, 0.5, 1.0], seed=2)
     assert bounds(r, "a") == (1.0, 1.0)
     assert list(bounds(r, "b")) == _reference_bootstrap([1, 1, 1], [0, 0.5, 1], 2000, 2)["b"]
+
+
+@pytest.mark.parametrize(("n", "seed", "resamples", "chunk"), [(40, 0, 2000, 250), (7, 3, 500, 64), (200, 11, 1000, 1000)])
+def test_bootstrap_of_many_rows_at_once_is_each_rows_own_bootstrap(n: int, seed: int, resamples: int, chunk: int) -> None:
+    """One shared draw of counts for every row gives each row the interval bootstrap_paired gives
+    it alone (the same draw, in chunks of resamples); a row of equal items is its exact value."""
+    rng = np.random.default_rng(n)
+    base = (rng.random(n) < 0.7).astype(float)
+    rows = np.stack([base - (rng.random(n) < q).astype(float) for q in (0.2, 0.5, 0.9)] + [np.full(n, 0.25)])
+    low, high = bootstrap_rows(rows, resamples=resamples, seed=seed, chunk=chunk)
+    for i, row in enumerate(rows[:3]):
+        want = _reference_bootstrap(row, np.zeros(n), resamples, seed)["a"]
+        assert [low[i], high[i]] == pytest.approx(want, abs=1e-12)
+        assert low[i] <= row.mean() <= high[i] and low[i] < high[i]
+    assert (low[3], high[3]) == (0.25, 0.25)
 
 
 def test_pooled_interval_is_wider_than_every_set_when_the_sets_disagree() -> None:

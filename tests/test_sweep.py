@@ -163,6 +163,34 @@ def test_outputs_and_mismatch(adapter, tmp_path):
     assert run_sweep(adapter, exs, out_dir=tmp_path, progress=False, config={"task": {"task": "tiny"}}).records == res.records
 
 
+def test_each_heads_drops_have_their_paired_interval_in_the_csv_and_its_rows(adapter, tmp_path):
+    """A head's accuracy and margin drops come with the paired bootstrap interval over prompts that
+    paired_difference gives that head alone, seeded by the run's seed, in results.csv and results.load."""
+    import csv
+
+    from ganda.stats import paired_difference
+
+    res = run_sweep(adapter, tiny_examples(), out_dir=tmp_path, progress=False, config={"task": {"task": "tiny"},
+                                                                                       "seed": 3})
+    cis = res.intervals()
+    assert set(cis) == {r["head"] for r in res.records}
+    with open(tmp_path / "results.csv", newline="") as f:
+        csv_rows = {r["head"]: r for r in csv.DictReader(f)}
+    assert csv_rows["none"]["drop_ci_low"] == ""
+    widths = []
+    for r in res.records:
+        for metric, name in (("acc", "drop"), ("acc_norm", "drop_norm"), ("margin", "margin_drop")):
+            want = paired_difference(res.per_prompt(res.baseline, metric), res.per_prompt(r, metric), seed=3, name=name)
+            got = cis[r["head"]]
+            assert [got[f"{name}_ci_low"], got[f"{name}_ci_high"]] == pytest.approx(
+                [want[f"{name}_ci_low"], want[f"{name}_ci_high"]], abs=1e-12), (r["head"], name)
+            assert want[name] == pytest.approx(res.drop(r, metric), abs=1e-12)
+            assert float(csv_rows[r["head"]][f"{name}_ci_high"]) == pytest.approx(got[f"{name}_ci_high"])
+            widths.append(got[f"{name}_ci_high"] - got[f"{name}_ci_low"])
+        assert res.row(r)["drop_ci_low"] == cis[r["head"]]["drop_ci_low"]
+    assert max(widths) > 0.05  # some drop is uncertain on four prompts
+
+
 @pytest.mark.integration
 def test_kill_and_resume(adapter, tmp_path):
     killed, clean = tmp_path / "killed", tmp_path / "clean"

@@ -64,7 +64,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ from .options import Options, option
 from .prepared import BatchItem, Prepared, batch_item, make_batch, prepare_all
 from .progress import tqdm
 from .scoring import ChoiceScores, examples_digest, score_example
+from .stats import bootstrap_rows
 from .tasks.base import Example
 
 # ---------------------------------------------------------------------------------------------
@@ -381,6 +382,14 @@ def _well_formed(rec: dict[str, Any]) -> bool:
 
 
 SWEEP_METRICS = ("acc", "acc_norm", "margin")  # what a sweep ranks heads by (ganda.effects)
+#: results.csv's interval columns, after the drops (:meth:`SweepResult.intervals`)
+CI_COLUMNS = tuple(f"{d}_ci_{end}" for d in ("drop", "drop_norm", "margin_drop") for end in ("low", "high"))
+
+
+def _per_prompt_lists(rec: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Whether a head's record and the baseline hold the same prompts' predictions and log-likelihoods."""
+    keys = ("pred", "pred_norm", "gold", "loglik")
+    return all(isinstance(x.get(k), list) for x in (rec, base) for k in keys) and len(rec["gold"]) == len(base["gold"])
 
 
 @dataclass
@@ -395,6 +404,7 @@ class SweepResult:
     seconds: float = 0.0
     out_dir: Path | None = None
     metric: str = "acc"
+    _intervals: dict[str, dict[str, float]] | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def value(rec: dict[str, Any], metric: str = "acc") -> float:
@@ -448,11 +458,33 @@ class SweepResult:
 
     @staticmethod
     def per_prompt(rec: dict[str, Any], metric: str = "acc") -> list[float]:
-        """A record's ``metric`` per prompt: 1.0 or 0.0 for ``"acc"``, the margin for ``"margin"``
-        (what a paired bootstrap over prompts takes)."""
+        """A record's ``metric`` per prompt: 1.0 or 0.0 for ``"acc"`` (``"acc_norm"``: by the
+        normalised prediction), the margin for ``"margin"`` (what a paired bootstrap over prompts takes)."""
         if metric == "margin":
             return [margin(ll, g) for ll, g in zip(rec["loglik"], rec["gold"], strict=True)]
-        return [float(p == g) for p, g in zip(rec["pred"], rec["gold"], strict=True)]
+        preds = rec["pred_norm"] if metric == "acc_norm" else rec["pred"]
+        return [float(p == g) for p, g in zip(preds, rec["gold"], strict=True)]
+
+    def intervals(self) -> dict[str, dict[str, float]]:
+        """Each head's paired 95% intervals of its drops (``drop``, ``drop_norm``, ``margin_drop``:
+        ``<name>_ci_low``/``_ci_high``): a percentile bootstrap over the prompts, intact minus
+        ablated prompt by prompt, 2000 resamples seeded by the run's seed and drawn once for every
+        head (:func:`ganda.stats.bootstrap_rows`: the intervals :func:`ganda.stats.paired_difference`
+        gives one head at a time). A drop on 40 prompts is read with its uncertainty; a record
+        without its per-prompt lists, or a margin where a prompt has one choice, has none."""
+        if self._intervals is None:
+            self._intervals = {r["head"]: {} for r in self.records}
+            with_lists = [r for r in self.records if _per_prompt_lists(r, self.baseline)]
+            seed = int(self.config.get("seed", 0) or 0)
+            for metric, name in (("acc", "drop"), ("acc_norm", "drop_norm"), ("margin", "margin_drop")):
+                if not with_lists or (metric == "margin" and any(len(ll) < 2 for ll in self.baseline["loglik"])):
+                    continue
+                base = self.per_prompt(self.baseline, metric)
+                diffs = [[b - a for b, a in zip(base, self.per_prompt(r, metric), strict=True)] for r in with_lists]
+                low, high = bootstrap_rows(diffs, seed=seed)
+                for r, lo, hi in zip(with_lists, low.tolist(), high.tolist(), strict=True):
+                    self._intervals[r["head"]].update({f"{name}_ci_low": lo, f"{name}_ci_high": hi})
+        return self._intervals
 
     def row(self, rec: dict[str, Any]) -> dict[str, Any]:
         """A head's record without its per-prompt lists, with each effect its record allows (the one
@@ -467,6 +499,8 @@ class SweepResult:
             out["gold_loglik_drop"] = self.ll_drop(rec)
             if not math.isnan(m := self.drop(rec, "margin")):
                 out["margin_drop"] = m
+        if "head" in rec:
+            out.update(self.intervals().get(rec["head"], {}))
         return out
 
     def matrix(self, metric: str = "acc", kind: str | None = None) -> torch.Tensor:
@@ -489,14 +523,16 @@ class SweepResult:
         with runio.atomic_open(out_dir / "results.csv", newline="") as f:
             w = csv.writer(f)
             w.writerow(["head", "layer", "index", "kind", "n", "correct", "acc", "acc_norm", "drop", "drop_norm",
-                        "gold_loglik", "gold_loglik_drop", "margin", "margin_drop"])
+                        "gold_loglik", "gold_loglik_drop", "margin", "margin_drop", *CI_COLUMNS])
             w.writerow(["none", "", "", "", self.baseline["n"], self.baseline["correct"], self.baseline["acc"],
                         self.baseline["acc_norm"], 0.0, 0.0, self.gold_loglik(self.baseline), 0.0,
-                        self.value(self.baseline, "margin"), 0.0])
+                        self.value(self.baseline, "margin"), 0.0, *[""] * len(CI_COLUMNS)])
+            cis = self.intervals()
             for r in self.records:
                 w.writerow([r["head"], r["layer"], r["index"], r["kind"] or "", r["n"], r["correct"], r["acc"],
                             r["acc_norm"], self.drop(r), self.drop(r, "acc_norm"), self.gold_loglik(r),
-                            self.ll_drop(r), self.value(r, "margin"), self.drop(r, "margin")])
+                            self.ll_drop(r), self.value(r, "margin"), self.drop(r, "margin"),
+                            *[cis[r["head"]].get(c, "") for c in CI_COLUMNS]])
         self.heatmap(out_dir / "heatmap.png")
 
     def heatmap(self, path: Path, metric: str | None = None) -> None:

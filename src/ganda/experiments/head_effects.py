@@ -12,9 +12,10 @@ from typing import Any
 from ..attribution.ranking import RankResult, sign_flip_sentence
 from ..effects import NAMES, ordered, split
 from ..errors import GandaError
+from ..intervals import bounds
 from ..stats import weak_note
 from ..sweep import SweepResult, read_sweep
-from .common import ExperimentResult, pct, points, prediction_row, read_json_object, run_row
+from .common import ExperimentResult, interval_text, pct, points, prediction_row, read_json_object, run_row
 
 TOP = 20  # heads the report lists of a sweep or a ranking
 
@@ -47,6 +48,7 @@ class HeadSweepResult(ExperimentResult):
         top = by[matter[0]] if matter else {}
         summary = {"baseline_acc": sw.baseline["acc"], "n": sw.baseline.get("n"), "heads": len(rows), "metric": sw.metric,
                    "top_head": top.get("head"), "top_drop": top.get("drop"), "top_margin_drop": top.get("margin_drop"),
+                   **{f"top_{k}": top[k] for k in ("drop_ci_low", "drop_ci_high") if k in top},
                    "helpful_when_ablated": helpful}
         if partial:
             summary.update({"partial": True, "heads_total": len(sw.config.get("heads") or []) or None})
@@ -86,13 +88,17 @@ class HeadSweepResult(ExperimentResult):
         if not s.get("top_head"):
             return partial
         base, drop = s.get("baseline_acc"), s.get("top_drop")
-        weak = weak_note(base, base - drop, s.get("n")) if isinstance(base, float | int) and isinstance(
-            drop, float | int) else ""
+        paired = bounds(s, "top_drop")
+        if None not in paired:  # the paired interval over the prompts; else (no per-prompt lists) Wilson intervals
+            weak = " (*weak*: its paired 95% interval includes 0)" if paired[0] <= 0 else ""
+        else:
+            weak = weak_note(base, base - drop, s.get("n")) if isinstance(base, float | int) and isinstance(
+                drop, float | int) else ""
         lines = [partial] if partial else []
         margin = s.get("top_margin_drop")
         also = (f"lowers the mean margin by {margin:+.3f} and " if s.get("metric") == "margin"
                 and isinstance(margin, int | float) else "")
-        lines += [f"Most critical head: **{s['top_head']}**; ablating it alone {also}costs {points(drop)} of {pct(base)}"
+        lines += [f"Most critical head: **{s['top_head']}**; ablating it alone {also}costs {points(drop)}{interval_text(paired)} of {pct(base)}"
                   f"{' on ' + str(s['n']) + ' prompts' if s.get('n') else ''}{weak}."]
         if s.get("heads_to_chance"):
             lines.append(f"Heads ablated together, most damaging first, to reach chance: **{s['heads_to_chance']}**.")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..attribution.ranking import sign_flip_sentence
@@ -51,12 +52,17 @@ def _pct(x: float) -> str:
 # ---- sweep ----------------------------------------------------------------------------------
 
 def _sweep_table(res: Any, rows: list, title: str) -> Any:
-    """One table of heads: their accuracies and the drops of accuracy and mean margin when ablated."""
+    """One table of heads: their accuracies and the drops of accuracy and mean margin when ablated,
+    each drop with its paired 95% interval over the prompts."""
     table = Table(title=title)
-    for col in ("rank", "head", "acc", "acc drop", "margin drop", "acc_norm", "drop_norm", "gold logp drop"):
-        table.add_column(col, justify="right")
+    for col in ("rank", "head", "acc", "acc drop [paired 95% CI]", "margin drop [paired 95% CI]", "acc_norm",
+                "drop_norm", "gold logp drop"):
+        table.add_column(escape(col), justify="right")  # escaped: rich reads "[paired ...]" as markup
+    cis = res.intervals()
     for i, r in enumerate(rows, 1):
-        table.add_row(str(i), r["head"], f"{r['acc']:.3f}", f"{res.drop(r):+.3f}", f"{res.drop(r, 'margin'):+.4f}",
+        ci = cis.get(r["head"], {})
+        table.add_row(str(i), r["head"], f"{r['acc']:.3f}", f"{res.drop(r):+.3f}{interval_text(bounds(ci, 'drop'), 1)}",
+                      f"{res.drop(r, 'margin'):+.4f}{interval_text(bounds(ci, 'margin_drop'), 1)}",
                       f"{r['acc_norm']:.3f}", f"{res.drop(r, 'acc_norm'):+.3f}", f"{res.ll_drop(r):+.3f}")
     return table
 
@@ -173,7 +179,7 @@ def print_heads(con: Any, d: Any) -> None:
         tab = Table(title=f"top {role} candidates")
         for col in ("head", "label", "aggregate", "gather [evidence]", "induction", "prev-token", "sink",
                     "agg peak [95% CI]", "final row reads", "ablated acc", "drop"):
-            tab.add_column(col)
+            tab.add_column(escape(col))  # "[evidence]" is not rich markup
         by = {s.head: s for s in d.scores}
         for name in names:
             s = by[name]
