@@ -226,9 +226,30 @@ def test_verification_reproduces_the_exact_sweep(tmp_path):
     assert rest == sorted(rest, reverse=True)
     for f in ("ranking.json", "ranking.csv", "scatter.png", "attribution.jsonl", "verify/results.jsonl"):
         assert (tmp_path / f).exists(), f
+    # every exactly known head's margin and accuracy drops with their paired intervals (seed 1), the
+    # bootstrap paired_difference gives the verification's own per-prompt numbers; ranking.json keeps them
+    import json
+
+    from ganda.attribution.ranking import RankResult
+    from ganda.stats import paired_difference
+    from ganda.sweep import load_result
+
+    sw = load_result(tmp_path / "verify")
+    assert set(res.intervals) == set(res.exact)
+    for r in sw.records:
+        for metric, name in (("margin", "exact"), ("acc", "acc_drop")):
+            want = paired_difference(sw.per_prompt(sw.baseline, metric), sw.per_prompt(r, metric), seed=1, name=name)
+            assert [res.intervals[r["head"]][f"{name}_ci_{e}"] for e in ("low", "high")] == pytest.approx(
+                [want[f"{name}_ci_low"], want[f"{name}_ci_high"]], abs=1e-9)
+    back = RankResult.from_json(json.loads((tmp_path / "ranking.json").read_text())).intervals
+    assert set(back) == set(res.intervals)
+    for h, cis in back.items():  # every float of a JSON result file has RESULT_DIGITS significant digits
+        assert cis == pytest.approx(res.intervals[h], rel=1e-5, abs=1e-9)
+    header = (tmp_path / "ranking.csv").read_text().splitlines()[0].split(",")
+    assert header[-4:] == ["exact_ci_low", "exact_ci_high", "acc_drop_ci_low", "acc_drop_ci_high"]
     # a second run resumes: nothing recomputed, same numbers
     again = rank_heads(ad, EXAMPLES, method="atp*", verify_top=4, active=0, audit=3, seed=1, out_dir=tmp_path, progress=False)
-    assert again.exact == res.exact and again.estimate == res.estimate
+    assert again.exact == res.exact and again.estimate == res.estimate and again.intervals == res.intervals
 
 
 def test_attribution_resumes_from_a_torn_file(tmp_path):
@@ -295,10 +316,13 @@ def test_rank_json_and_bad_inputs(tiny_dir, tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     ranking = data["ranking"]
     assert len(ranking) == 12 and {r["head"] for r in ranking} == {f"L{i}H{j}" for i in range(3) for j in range(4)}
-    assert all(set(r) == {"head", "estimate", "exact", "acc_drop"} for r in ranking)
+    cis = {"exact_ci_low", "exact_ci_high", "acc_drop_ci_low", "acc_drop_ci_high"}  # exactly known heads only
+    assert all(set(r) == {"head", "estimate", "exact", "acc_drop"} | (cis if r["exact"] is not None else set())
+               for r in ranking)
     assert data["metric"] == "margin" and data["margin"] == "mean"
     known = [r for r in ranking if r["exact"] is not None]
     assert len(known) == 5 and ranking[:5] == known and all(r["acc_drop"] is not None for r in known)
+    assert all(r["exact_ci_low"] <= r["exact"] <= r["exact_ci_high"] for r in known)
     assert [r["exact"] for r in known] == sorted((r["exact"] for r in known), reverse=True)
     rest = [r["estimate"] for r in ranking[5:]]
     assert rest == sorted(rest, reverse=True)

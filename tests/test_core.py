@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -410,5 +411,10 @@ def test_shipped_lab_checkpoints_load_by_name_and_sweep_from_the_cli(tmp_path):
 
     headline = HeadSweepResult.read(tmp_path / "sw").headline()  # the report's
     assert "**L1H1**; ablating it alone costs 16.7 points [-4.2, 37.5] of 79.2% on 24 prompts (*weak*" in headline
+    # ganda rank verifies with the sweep's engine: the same drops and the same intervals
+    r = run_cli("rank", "lab-llama", "--task", "lab-mmlu", "--limit", "24", "--out", str(tmp_path / "rk"))
+    assert r.returncode == 0, r.stderr
+    assert "margin drop [paired 95% CI]" in r.stdout
+    assert re.search(r"L1H1 .* \+3\.3377 \[1\.579, 4\.977\] .* \+0\.1667 \[-0\.042, 0\.375\]", r.stdout), r.stdout
     r = run_cli("info", "lab-nope")
     assert r.returncode == 2 and "shipped lab checkpoint" in r.stderr

@@ -26,7 +26,7 @@ import torch
 
 from .. import runio
 from ..ablation import reference_means
-from ..effects import accuracy, effect, mean_margin, ordered, split
+from ..effects import accuracy, effect, margin, mean_margin, ordered, predicted, split
 from ..errors import GandaError
 from ..figures import heatmap, pyplot, save_figure
 from ..finite import check_scores, finite_json
@@ -36,6 +36,7 @@ from ..models.base import ModelAdapter
 from ..options import Options, option
 from ..progress import tqdm
 from ..scoring import encode, examples_digest, score_examples
+from ..stats import bootstrap_rows
 from ..sweep import ABLATION_HELP, HEADS_HELP, run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import (
@@ -265,6 +266,10 @@ def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[
 # the result
 
 
+#: a ranking row's paired 95% intervals of its exact margin drop and its accuracy drop
+CI_KEYS = ("exact_ci_low", "exact_ci_high", "acc_drop_ci_low", "acc_drop_ci_high")
+
+
 @dataclass
 class RankResult:
     """Every head with its estimate and, where verified, its exact effect: the drop of the mean
@@ -288,6 +293,8 @@ class RankResult:
     clean_acc: float | None = None
     screen: dict[str, float] = field(default_factory=dict)  # answer-screen effects (rank_heads(screen=K))
     activity: dict[str, float] = field(default_factory=dict)  # mean |AtP| per prompt (Attribution.activity)
+    #: each exactly known head's paired 95% intervals: exact_ci_low/high, acc_drop_ci_low/high
+    intervals: dict[str, dict[str, float]] = field(default_factory=dict)
 
     metric = "margin"  # what heads are ranked by: the drop of the mean margin (ganda.effects)
 
@@ -311,7 +318,7 @@ class RankResult:
         """Every head in final order: its estimate and, where measured exactly, its margin drop
         (``exact``) and accuracy drop (``acc_drop``)."""
         return [{"head": h, "estimate": self.estimate.get(h), "exact": self.exact.get(h),
-                 "acc_drop": self.exact_acc.get(h)} for h in self.order()]
+                 "acc_drop": self.exact_acc.get(h), **self.intervals.get(h, {})} for h in self.order()]
 
     def sign_flips(self) -> list[dict[str, Any]]:
         """Verified heads whose exact effect has the estimate's opposite sign, largest |exact| first:
@@ -338,7 +345,7 @@ class RankResult:
                         "rank_exact": r_ex.get(h), "atp": atp.get(h), "graddrop": gd.get(h),
                         "activity": self.activity.get(h),
                         "verified": h in set(self.verified), "audited": h in set(self.audited),
-                        "sign_flip": h in flipped})
+                        "sign_flip": h in flipped, **{k: self.intervals.get(h, {}).get(k) for k in CI_KEYS}})
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -376,10 +383,12 @@ class RankResult:
         est, exact, acc = ({r["head"]: r[k] for r in rows if isinstance(r.get(k), int | float)}
                            for k in ("estimate", "exact", "acc_drop"))
         audited = [h for h in d.get("audited") or [] if h in exact]
+        cis = {r["head"]: {k: r[k] for k in CI_KEYS if isinstance(r.get(k), int | float)} for r in rows}
         return cls(method=str(d.get("method", "?")), ablation=str(d.get("ablation", "?")), margin=str(d.get("margin", "?")),
                    heads=[r["head"] for r in rows], estimate=est, exact=exact,
                    verified=[h for h in exact if h not in set(audited)], audited=audited, clean=d.get("clean"),
-                   bound=None, config=d.get("config") or {}, exact_acc=acc, clean_acc=d.get("clean_acc"))
+                   bound=None, config=d.get("config") or {}, exact_acc=acc, clean_acc=d.get("clean_acc"),
+                   intervals={h: c for h, c in cis.items() if c})
 
     def verify_heatmap(self, path: str | Path) -> Path:
         """The exact effect of every exactly known head on a layers x heads grid (blank: not verified)."""
@@ -585,14 +594,14 @@ def rank_heads(
     estimate = att.by_head() if att is not None else {}
     cfg["graddrop_blocks"] = att.config["graddrop_blocks"] if att is not None else None
     checks = _ExactChecks(adapter, examples, head_list, att, o, resume=resume, progress=progress, task=cfg.get("task"),
-                          secs=secs)
+                          secs=secs, seed=seed)
     widened = checks.rounds([*chosen, *audited], o.widen, o.top, out / "verify" if out is not None else None)
     cfg["widened"] = len(widened)
     verified = chosen + widened
     bound = bound_at_top(estimate, checks.exact, verified, audited, o.threshold, o.top, confidence) if o.method != "exact" else None
     secs.update({"total": time.perf_counter() - t0, "total_cpu": time.process_time() - c0})
     res = RankResult(o.method, o.ablation, o.margin, names, estimate, checks.exact, verified, audited, checks.clean, bound, att,
-                     secs, cfg, out, checks.exact_acc, checks.clean_acc, screened, activity)
+                     secs, cfg, out, checks.exact_acc, checks.clean_acc, screened, activity, checks.intervals)
     if out is not None:
         res.write(out)
     return res
@@ -671,7 +680,7 @@ class _ExactChecks:
 
     def __init__(self, adapter: ModelAdapter, examples: Sequence[Example], head_list: list[HeadId],
                  att: Attribution | None, o: RankOptions, *, resume: bool, progress: bool, task: Any,
-                 secs: dict[str, float]) -> None:
+                 secs: dict[str, float], seed: int = 0) -> None:
         self.adapter, self.examples, self.head_list, self.att = adapter, examples, head_list, att
         self.ablation, self.margin, self.batch_heads = o.ablation, o.margin, o.batch_heads
         self.resume, self.progress, self.secs = resume, progress, secs
@@ -679,6 +688,8 @@ class _ExactChecks:
         self.golds = [ex.gold for ex in examples]
         self.exact: dict[str, float] = {}
         self.exact_acc: dict[str, float] = {}
+        self.intervals: dict[str, dict[str, float]] = {}
+        self.seed = seed
         self.clean = att.clean if att is not None else float("nan")
         self.clean_acc: float | None = None
 
@@ -696,6 +707,21 @@ class _ExactChecks:
         return widen_until_stable(order, self.exact, widen, top, lambda batch, k: self.measure(
             [by_name[h] for h in batch], where / f"widen-{k}" if where else None))
 
+    def _intervals(self, base: list[list[float]], lls: dict[str, list[list[float]]]) -> None:
+        """The paired 95% intervals of each head's margin and accuracy drops: a percentile bootstrap
+        over the prompts, intact minus ablated prompt by prompt, seeded by the run's seed
+        (:func:`ganda.stats.bootstrap_rows`, as a sweep's)."""
+        heads = list(lls)
+        if not heads:
+            return
+        for name, per in (("exact", lambda ll, g: margin(ll, g, self.margin)),
+                          ("acc_drop", lambda ll, g: float(predicted(ll) == g))):
+            clean = [per(ll, g) for ll, g in zip(base, self.golds, strict=True)]
+            diffs = [[c - per(ll, g) for c, ll, g in zip(clean, lls[h], self.golds, strict=True)] for h in heads]
+            low, high = bootstrap_rows(diffs, seed=self.seed)
+            for h, lo, hi in zip(heads, low.tolist(), high.tolist(), strict=True):
+                self.intervals.setdefault(h, {}).update({f"{name}_ci_low": lo, f"{name}_ci_high": hi})
+
     def measure(self, hs: list[HeadId], where: Path | None) -> None:
         """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""
         t1, c1 = time.perf_counter(), time.process_time()
@@ -707,9 +733,10 @@ class _ExactChecks:
             means = self.att.means if self.att is not None else reference_means(self.adapter, self.examples,
                                                                                  self.adapter.mixers())
             base, lls = _exact_mean(self.adapter, self.examples, hs, means, where, self.resume, self.progress, self.vcfg)
-        golds, margin = self.golds, self.margin
-        self.clean, self.clean_acc = mean_margin(base, golds, margin), accuracy(base, golds)
-        self.exact.update({h: effect(self.clean, mean_margin(ll, golds, margin)) for h, ll in lls.items()})
+        golds, kind = self.golds, self.margin
+        self.clean, self.clean_acc = mean_margin(base, golds, kind), accuracy(base, golds)
+        self.exact.update({h: effect(self.clean, mean_margin(ll, golds, kind)) for h, ll in lls.items()})
         self.exact_acc.update({h: effect(self.clean_acc, accuracy(ll, golds)) for h, ll in lls.items()})
+        self._intervals(base, lls)
         self.secs["verification"] = self.secs.get("verification", 0.0) + time.perf_counter() - t1
         self.secs["verification_cpu"] = self.secs.get("verification_cpu", 0.0) + time.process_time() - c1

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..attribution.ranking import RankResult, sign_flip_sentence
+from ..attribution.ranking import CI_KEYS, RankResult, sign_flip_sentence
 from ..effects import NAMES, ordered, split
 from ..errors import GandaError
 from ..intervals import bounds
@@ -163,7 +163,9 @@ class RankingResult(ExperimentResult):
         flips = flips if isinstance(flips, list) and all(
             isinstance(f, dict) and "head" in f and _number(f.get("estimate")) and _number(f.get("exact")) for f in flips) else []
         summary.update({"verified": d.get("verified"), "heads": len(rows), "top_head": matter[0] if matter else None,
-                        "top_exact": rank.exact[matter[0]] if matter else None, "sign_flips": flips})
+                        "top_exact": rank.exact[matter[0]] if matter else None, "sign_flips": flips,
+                        **({f"top_{k}": v for k, v in rank.intervals.get(matter[0], {}).items() if k.startswith("exact")}
+                           if matter else {})})
         verify = Path(run_dir) / "verify" / "results.jsonl"
         return cls(model=d.get("model", "?"), summary=summary, config=d.get("config") or {},
                    extra={"top_heads": rows[:TOP], "bound": d.get("bound")}, ranking=d,
@@ -181,7 +183,8 @@ class RankingResult(ExperimentResult):
         ranks = {r["head"]: r for r in RankResult.from_json(d).rows()}  # ganda rank's ranks
         audited = set(d.get("audited") or [])
         heads = [{"run": run, "head": r["head"], "rank": i, "estimate": r.get("estimate"), "exact": r.get("exact"),
-                  "acc_drop": r.get("acc_drop"), "rank_estimate": ranks.get(r["head"], {}).get("rank_estimate"),
+                  "acc_drop": r.get("acc_drop"), **{k: r.get(k) for k in CI_KEYS},
+                  "rank_estimate": ranks.get(r["head"], {}).get("rank_estimate"),
                   "rank_exact": ranks.get(r["head"], {}).get("rank_exact"), "audited": r["head"] in audited}
                  for i, r in enumerate(rows, 1)]
         seconds = d.get("seconds") if isinstance(d.get("seconds"), dict) else {}
@@ -199,8 +202,11 @@ class RankingResult(ExperimentResult):
             return f"No verified head's ablation lowers the {s.get('margin', '?')} margin. {helpful}" if helpful else ""
         clean = f" (intact {s['clean']:+.3f})" if isinstance(s.get("clean"), int | float) else ""
         flips = sign_flip_sentence(s.get("sign_flips") or [])
+        low = s.get("top_exact_ci_low")
+        weak = " (*weak*: its paired 95% interval includes 0)" if isinstance(low, int | float) and low <= 0 else ""
         return (f"Largest exact effect: **{s['top_head']}**; ablating it alone lowers the {s.get('margin', '?')} "
-                f"margin by {s['top_exact']:+.3f}{clean}; {s.get('verified', '?')} heads verified exactly"
+                f"margin by {s['top_exact']:+.3f}{interval_text(bounds(s, 'top_exact'), 1)}{clean}{weak}; "
+                f"{s.get('verified', '?')} heads verified exactly"
                 + (f"; {flips}." if flips else ".") + (f" {helpful}" if helpful else ""))
 
     def draw(self, out_dir: Path) -> list[Path]:

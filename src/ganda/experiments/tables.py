@@ -93,12 +93,14 @@ def print_sweep(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> No
 def _rank_table(res: Any, heads: list[str], title: str) -> Any:
     """One table of verified heads: estimate, exact margin drop, exact accuracy drop and both ranks."""
     table = Table(title=title)
-    for col in ("rank", "head", "estimate", "margin drop", "acc drop", "rank by estimate", "rank by exact"):
-        table.add_column(col, justify="right")
+    for col in ("rank", "head", "estimate", "margin drop [paired 95% CI]", "acc drop [paired 95% CI]",
+                "rank by estimate", "rank by exact"):
+        table.add_column(escape(col), justify="right")
     rows = {r["head"]: r for r in res.rows()}
     for i, h in enumerate(heads, 1):
         row = rows[h]
-        table.add_row(str(i), h, _num(row["estimate"]), _num(row["exact"]), _num(row["acc_drop"]),
+        table.add_row(str(i), h, _num(row["estimate"]), _num(row["exact"]) + interval_text(bounds(row, "exact"), 1),
+                      _num(row["acc_drop"]) + interval_text(bounds(row, "acc_drop"), 1),
                       str(row["rank_estimate"] or "-"), str(row["rank_exact"] or "-"))
     return table
 
