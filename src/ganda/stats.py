@@ -114,8 +114,20 @@ def bootstrap_rows(x: Any, *, resamples: int = 2000, seed: int = 0, level: float
     tail = 50 * (1 - level)
     low, high = np.percentile(means, [tail, 100 - tail], axis=1)
     flat = np.ptp(x, axis=1) == 0  # the exact mean, not a float sum's rounding of it
-    low[flat] = high[flat] = x[flat, 0] if n else 0.0
+    low[flat] = high[flat] = x[flat, 0]
     return low, high
+
+
+def paired_intervals(intact: Sequence[float], ablated: dict[str, Sequence[float]], name: str, seed: int = 0
+                     ) -> dict[str, dict[str, float]]:
+    """Each key of ``ablated`` (a head) with the paired 95% interval of ``name``, the mean of
+    ``intact - ablated`` over the same items: ``{<name>_ci_low, <name>_ci_high}``, one
+    :func:`bootstrap_rows` draw for every head (what :func:`paired_difference` gives one head)."""
+    if not ablated:
+        return {}
+    diffs = [[a - b for a, b in zip(intact, per, strict=True)] for per in ablated.values()]
+    low, high = bootstrap_rows(diffs, seed=seed)
+    return {h: interval((lo, hi), name) for h, lo, hi in zip(ablated, low.tolist(), high.tolist(), strict=True)}
 
 
 def paired_difference(a: Sequence[float], b: Sequence[float], seed: int, name: str = "drop", resamples: int = 2000

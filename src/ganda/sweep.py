@@ -86,7 +86,7 @@ from .options import Options, option
 from .prepared import BatchItem, Prepared, batch_item, make_batch, prepare_all
 from .progress import tqdm
 from .scoring import ChoiceScores, examples_digest, score_example
-from .stats import bootstrap_rows
+from .stats import paired_intervals
 from .tasks.base import Example
 
 # ---------------------------------------------------------------------------------------------
@@ -386,10 +386,10 @@ SWEEP_METRICS = ("acc", "acc_norm", "margin")  # what a sweep ranks heads by (ga
 CI_COLUMNS = tuple(f"{d}_ci_{end}" for d in ("drop", "drop_norm", "margin_drop") for end in ("low", "high"))
 
 
-def _per_prompt_lists(rec: dict[str, Any], base: dict[str, Any]) -> bool:
-    """Whether a head's record and the baseline hold the same prompts' predictions and log-likelihoods."""
-    keys = ("pred", "pred_norm", "gold", "loglik")
-    return all(isinstance(x.get(k), list) for x in (rec, base) for k in keys) and len(rec["gold"]) == len(base["gold"])
+def has_per_prompt_lists(rec: dict[str, Any]) -> bool:
+    """Whether a record keeps its prompts' predictions, golds and log-likelihoods (an older or
+    trimmed file may not): what per-prompt rows and paired intervals are made of."""
+    return all(isinstance(rec.get(k), list) for k in ("pred", "pred_norm", "gold", "loglik"))
 
 
 @dataclass
@@ -469,21 +469,21 @@ class SweepResult:
         """Each head's paired 95% intervals of its drops (``drop``, ``drop_norm``, ``margin_drop``:
         ``<name>_ci_low``/``_ci_high``): a percentile bootstrap over the prompts, intact minus
         ablated prompt by prompt, 2000 resamples seeded by the run's seed and drawn once for every
-        head (:func:`ganda.stats.bootstrap_rows`: the intervals :func:`ganda.stats.paired_difference`
+        head (:func:`ganda.stats.paired_intervals`: the intervals :func:`ganda.stats.paired_difference`
         gives one head at a time). A drop on 40 prompts is read with its uncertainty; a record
         without its per-prompt lists, or a margin where a prompt has one choice, has none."""
         if self._intervals is None:
             self._intervals = {r["head"]: {} for r in self.records}
-            with_lists = [r for r in self.records if _per_prompt_lists(r, self.baseline)]
+            base = self.baseline
+            with_lists = [r for r in self.records if has_per_prompt_lists(r) and has_per_prompt_lists(base)
+                          and len(r["gold"]) == len(base["gold"])]
             seed = int(self.config.get("seed", 0) or 0)
             for metric, name in (("acc", "drop"), ("acc_norm", "drop_norm"), ("margin", "margin_drop")):
-                if not with_lists or (metric == "margin" and any(len(ll) < 2 for ll in self.baseline["loglik"])):
+                if not with_lists or (metric == "margin" and any(len(ll) < 2 for ll in base["loglik"])):
                     continue
-                base = self.per_prompt(self.baseline, metric)
-                diffs = [[b - a for b, a in zip(base, self.per_prompt(r, metric), strict=True)] for r in with_lists]
-                low, high = bootstrap_rows(diffs, seed=seed)
-                for r, lo, hi in zip(with_lists, low.tolist(), high.tolist(), strict=True):
-                    self._intervals[r["head"]].update({f"{name}_ci_low": lo, f"{name}_ci_high": hi})
+                ablated = {r["head"]: self.per_prompt(r, metric) for r in with_lists}
+                for h, ci in paired_intervals(self.per_prompt(base, metric), ablated, name, seed).items():
+                    self._intervals[h].update(ci)
         return self._intervals
 
     def row(self, rec: dict[str, Any]) -> dict[str, Any]:

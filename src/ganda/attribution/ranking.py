@@ -36,7 +36,7 @@ from ..models.base import ModelAdapter
 from ..options import Options, option
 from ..progress import tqdm
 from ..scoring import encode, examples_digest, score_examples
-from ..stats import bootstrap_rows
+from ..stats import paired_intervals
 from ..sweep import ABLATION_HELP, HEADS_HELP, run_sweep, weights_fingerprint
 from ..tasks.base import Example
 from .engine import (
@@ -710,17 +710,13 @@ class _ExactChecks:
     def _intervals(self, base: list[list[float]], lls: dict[str, list[list[float]]]) -> None:
         """The paired 95% intervals of each head's margin and accuracy drops: a percentile bootstrap
         over the prompts, intact minus ablated prompt by prompt, seeded by the run's seed
-        (:func:`ganda.stats.bootstrap_rows`, as a sweep's)."""
-        heads = list(lls)
-        if not heads:
-            return
+        (:func:`ganda.stats.paired_intervals`, as a sweep's)."""
         for name, per in (("exact", lambda ll, g: margin(ll, g, self.margin)),
                           ("acc_drop", lambda ll, g: float(predicted(ll) == g))):
-            clean = [per(ll, g) for ll, g in zip(base, self.golds, strict=True)]
-            diffs = [[c - per(ll, g) for c, ll, g in zip(clean, lls[h], self.golds, strict=True)] for h in heads]
-            low, high = bootstrap_rows(diffs, seed=self.seed)
-            for h, lo, hi in zip(heads, low.tolist(), high.tolist(), strict=True):
-                self.intervals.setdefault(h, {}).update({f"{name}_ci_low": lo, f"{name}_ci_high": hi})
+            intact = [per(ll, g) for ll, g in zip(base, self.golds, strict=True)]
+            ablated = {h: [per(x, g) for x, g in zip(ll, self.golds, strict=True)] for h, ll in lls.items()}
+            for h, ci in paired_intervals(intact, ablated, name, self.seed).items():
+                self.intervals.setdefault(h, {}).update(ci)
 
     def measure(self, hs: list[HeadId], where: Path | None) -> None:
         """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""

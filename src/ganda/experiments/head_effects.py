@@ -13,11 +13,12 @@ from ..attribution.ranking import CI_KEYS, RankResult, sign_flip_sentence
 from ..effects import NAMES, ordered, split
 from ..errors import GandaError
 from ..intervals import bounds
-from ..stats import weak_note
-from ..sweep import SweepResult, read_sweep
+from ..stats import overlap, weak_note
+from ..sweep import SweepResult, has_per_prompt_lists, read_sweep
 from .common import ExperimentResult, interval_text, pct, points, prediction_row, read_json_object, run_row
 
 TOP = 20  # heads the report lists of a sweep or a ranking
+WEAK = " (*weak*: its paired 95% interval includes 0)"  # a headline's top head not told from no effect
 
 
 @dataclass
@@ -90,7 +91,7 @@ class HeadSweepResult(ExperimentResult):
         base, drop = s.get("baseline_acc"), s.get("top_drop")
         paired = bounds(s, "top_drop")
         if None not in paired:  # the paired interval over the prompts; else (no per-prompt lists) Wilson intervals
-            weak = " (*weak*: its paired 95% interval includes 0)" if paired[0] <= 0 else ""
+            weak = WEAK if overlap(paired, (0.0, 0.0)) else ""
         else:
             weak = weak_note(base, base - drop, s.get("n")) if isinstance(base, float | int) and isinstance(
                 drop, float | int) else ""
@@ -111,7 +112,7 @@ def example_rows(run: str, sw: SweepResult) -> list[dict[str, Any]]:
     """Every example of a sweep, intact and under each head's ablation, one row each (none where its
     records do not keep their per-prompt lists)."""
     recs = [sw.baseline, *sw.records]
-    if not all(all(isinstance(r.get(k), list) for k in ("gold", "pred", "pred_norm", "loglik")) for r in recs):
+    if not all(has_per_prompt_lists(r) for r in recs):
         return []
     task, ids = sw.config.get("task"), sw.config.get("ids")
     task = task.get("task") if isinstance(task, dict) else task
@@ -202,10 +203,10 @@ class RankingResult(ExperimentResult):
             return f"No verified head's ablation lowers the {s.get('margin', '?')} margin. {helpful}" if helpful else ""
         clean = f" (intact {s['clean']:+.3f})" if isinstance(s.get("clean"), int | float) else ""
         flips = sign_flip_sentence(s.get("sign_flips") or [])
-        low = s.get("top_exact_ci_low")
-        weak = " (*weak*: its paired 95% interval includes 0)" if isinstance(low, int | float) and low <= 0 else ""
+        paired = bounds(s, "top_exact")
+        weak = WEAK if None not in paired and overlap(paired, (0.0, 0.0)) else ""
         return (f"Largest exact effect: **{s['top_head']}**; ablating it alone lowers the {s.get('margin', '?')} "
-                f"margin by {s['top_exact']:+.3f}{interval_text(bounds(s, 'top_exact'), 1)}{clean}{weak}; "
+                f"margin by {s['top_exact']:+.3f}{interval_text(paired, 1)}{clean}{weak}; "
                 f"{s.get('verified', '?')} heads verified exactly"
                 + (f"; {flips}." if flips else ".") + (f" {helpful}" if helpful else ""))
 
