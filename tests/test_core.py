@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from ganda import AblateHeads, GandaError, HeadId, KeepHeads, KeepLayers, RemoveLayers, mask_last_row
+from ganda import AblateHeads, GandaError, HeadId, KeepHeads, KeepLayers, RemoveLayers, mask_last_row, runio
 from ganda.heads import expand
 from ganda.interventions import apply, parse_layers
 from ganda.scoring import encode_pair, score_choices
@@ -416,5 +416,19 @@ def test_shipped_lab_checkpoints_load_by_name_and_sweep_from_the_cli(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "margin drop [paired 95% CI]" in r.stdout
     assert re.search(r"L1H1 .* \+3\.3377 \[1\.579, 4\.977\] .* \+0\.1667 \[-0\.042, 0\.375\]", r.stdout), r.stdout
+    # both also write the result.json every run directory holds: kind, options, summary and every
+    # head's row with its intervals, what the reader makes of the engine's own files
+    from ganda.experiments import read_run
+
+    sw, rk = (json.loads((tmp_path / d / "result.json").read_text()) for d in ("sw", "rk"))
+    assert sw["kind"] == "sweep" and sw["model"] == "lab-llama" and sw["config"]["options"]["heads"] == "L1H1,L2H3"
+    assert sw["summary"]["top_head"] == "L1H1" and [r["head"] for r in sw["rows"]] == ["L1H1", "L2H3"]
+    assert (sw["rows"][0]["drop_ci_low"], sw["rows"][0]["margin_drop_ci_high"]) == pytest.approx((low, m_high), abs=1e-5)
+    ranking = json.loads((tmp_path / "rk" / "ranking.json").read_text())
+    assert rk["kind"] == "rank" and rk["rows"] == ranking["ranking"] and rk["summary"]["top_exact_ci_low"] is not None
+    for d, written in (("sw", sw), ("rk", rk)):
+        assert runio.rounded(read_run(tmp_path / d).summary) == runio.rounded(written["summary"])
+        (tmp_path / d / "result.json").unlink()  # a run directory of the format before result.json
+        assert runio.rounded(read_run(tmp_path / d).summary) == runio.rounded(written["summary"])
     r = run_cli("info", "lab-nope")
     assert r.returncode == 2 and "shipped lab checkpoint" in r.stderr

@@ -27,6 +27,9 @@ def test_extends_on_two_prompt_sets(tmp_path: Path, capsys) -> None:
     one = json.loads((tmp_path / "one" / "extends.json").read_text())
     assert not (tmp_path / "one" / "prompt_sets.csv").exists()
     assert not {"sets", "seeds", "pooled", "findings", "prompt_sets"} & one.keys()
+    saved = json.loads((tmp_path / "one" / "result.json").read_text())  # what every run directory holds
+    assert saved["kind"] == "extends" and saved["rows"] == one["results"] and saved["command"].startswith("ganda extends")
+    assert saved["summary"]["lab-kv.ablated"] == one["results"][4]["accuracy"] and saved["summary"]["heads"] == "L0H0,L2H1"
     capsys.readouterr()
 
     assert main([*argv, str(tmp_path / "two"), "--prompt-sets", "2"]) == 0

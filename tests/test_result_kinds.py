@@ -234,7 +234,7 @@ def test_report_orders_a_sweep_as_ganda_sweep_does(tmp_path):
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     sw = read_sweep(tmp_path / "results.jsonl")
     got = HeadSweepResult.read(tmp_path)
-    assert [r["head"] for r in sw.top(None)] == [r["head"] for r in got.extra["top_heads"]] == [
+    assert [r["head"] for r in sw.top(None)] == [r["head"] for r in got.rows] == [
         "L0H1", "L0H0", "L0H2", "L0H3"]
     assert got.summary["top_head"] == "L0H1" and got.summary["top_drop"] == 0.5
     assert got.summary["helpful_when_ablated"] == [r["head"] for r in sw.helpful_when_ablated()] == ["L0H2", "L0H3"]

@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ``standalone_mode=False``), so the return value is the exit status."""
     runio.set_interrupt_note(None)
     _run.clear()
+    runio.set_argv(argv)
     rc: object = None
     if "torch" not in sys.modules:  # read once, when torch loads OpenMP (BENCHMARKS.md, threads)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

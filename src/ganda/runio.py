@@ -726,6 +726,20 @@ def set_interrupt_note(note: str | None) -> None:
     _interrupt_note = note
 
 
+_argv: list[str] | None = None
+
+
+def set_argv(argv: list[str] | None) -> None:
+    """The arguments of the command being run (None: the process's), recorded with its results."""
+    global _argv
+    _argv = None if argv is None else list(argv)
+
+
+def argv() -> list[str] | None:
+    """The arguments :func:`set_argv` recorded (None: the process's own, ``sys.argv[1:]``)."""
+    return _argv
+
+
 def take_interrupt_note() -> str | None:
     """The current interrupt note, cleared."""
     global _interrupt_note
@@ -736,5 +750,5 @@ def take_interrupt_note() -> str | None:
 __all__ = [
     "Journal", "read_journal", "acquire_run_dir", "check_not_model_dir", "discard_claims", "holds_model", "interrupt_summary", "run_kind", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
     "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
-    "take_interrupt_note", "write_error", "write_text",
+    "take_interrupt_note", "set_argv", "argv", "write_error", "write_text",
 ]

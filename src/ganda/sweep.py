@@ -661,7 +661,7 @@ def _mean_reference(adapter: ModelAdapter, examples: Sequence[Example], heads: l
     return reference_means(adapter, examples, list({id(m): m for m in map(adapter.mixer_of, heads)}.values()))
 
 
-_RESULT_FILES = ("results.jsonl", "results.csv", "heatmap.png", "cumulative.json", "cumulative.csv", "cumulative.png")
+_RESULT_FILES = ("result.json", "results.jsonl", "results.csv", "heatmap.png", "cumulative.json", "cumulative.csv", "cumulative.png")
 
 
 _FIELDS = {"baseline": ("n", "acc", "acc_norm", "pred", "pred_norm", "gold", "loglik"),

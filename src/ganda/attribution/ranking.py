@@ -360,11 +360,15 @@ class RankResult:
             **({"screen": self.screen} if self.screen else {}),
         }
 
+    def written(self) -> dict[str, Any]:
+        """What ``ranking.json`` holds: :meth:`to_json` with the config, an undefined statistic
+        (NaN) as null so that the file stays JSON."""
+        return finite_json({**self.to_json(), "config": self.config})
+
     def write(self, out_dir: str | Path) -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        runio.write_json(out / "ranking.json",  # an undefined statistic (NaN) is null: the file stays JSON
-                         finite_json({**self.to_json(), "config": self.config}), indent=1)
+        runio.write_json(out / "ranking.json", self.written(), indent=1)
         rows = self.rows()
         with runio.atomic_open(out / "ranking.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["head"])

@@ -28,7 +28,7 @@ import typer
 import typer.core
 import typer.main
 
-from .. import registry
+from .. import registry, runio
 from ..experiments.base import DEFAULT_LIMIT
 from ..options import flag_name, option_values, turns_off
 from .grid import RAY, RAY_ACTORS
@@ -214,11 +214,13 @@ def build_command(name: str) -> click.Command:
 
 
 def command_line() -> str:
-    """The command as typed, recorded with its results."""
+    """The command as typed, recorded with its results: the arguments :func:`ganda.cli.main` was
+    given (a Python caller's list, :func:`ganda.runio.set_argv`), else the process's."""
     import shlex
     import sys
 
-    return "ganda " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    argv = runio.argv()
+    return "ganda " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
 
 
 def write_reports(finished: list[tuple[Path, Any]]) -> None:

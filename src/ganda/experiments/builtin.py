@@ -14,6 +14,7 @@ from ..errors import GandaError
 from ..sweep import SweepOptions, run_sweep
 from .base import Experiment, PaperRun
 from .cumulative import cumulative_ablation
+from .head_effects import HeadSweepResult, RankingResult
 from .tables import console, print_ranking, print_sweep
 
 
@@ -24,12 +25,12 @@ class Sweep(Experiment):
     table holds the heads that matter (positive effect), largest first; the heads whose ablation
     raises the metric are listed apart, as helpful when ablated. Both tables show the accuracy
     and the mean-margin drop. Writes OUT/progress.jsonl (one line per finished head; a killed run
-    resumes from it), then OUT/results.jsonl, results.csv and heatmap.png.
+    resumes from it), then OUT/results.jsonl, results.csv, heatmap.png and result.json (kind, model,
+    options, summary, every head's row with its intervals).
     """
 
     name = "sweep"
     Options = SweepOptions
-    done_file = "results.jsonl"
     phases = "ganda.plan:sweep_phases"
     paper = (PaperRun("meta-llama/Llama-3.1-8B", {"task": "mmlu", "n": 1000},
                       "exhaustive single-head sweep, 1,000 MMLU"),)
@@ -49,6 +50,7 @@ class Sweep(Experiment):
         if options.until_chance:
             res.cumulative = cumulative_ablation(adapter, examples, [r["head"] for r in res.matter()],
                                                  max_heads=options.max_heads, out_dir=out_dir, progress=progress)
+        HeadSweepResult.of(res, out_dir).save_json(out_dir)
         return res
 
     def job_summary(self, result: Any) -> dict[str, Any]:
@@ -69,13 +71,13 @@ class Rank(Experiment):
     show the margin and the accuracy drop.
 
     Writes OUT/ranking.json, ranking.csv, scatter.png (estimate vs exact), verify_heatmap.png (exact effect
-    by layer and head), OUT/attribution.jsonl and OUT/verify/ (both resume a stopped run).
+    by layer and head), result.json (kind, model, options, summary, every head's row), OUT/attribution.jsonl
+    and OUT/verify/ (both resume a stopped run).
     """
 
     name = "rank"
     aliases = ("attribution",)
     Options = RankOptions
-    done_file = "ranking.json"
     phases = "ganda.plan:attribution_phases"
     paper = (PaperRun("meta-llama/Llama-3.1-8B", {"task": "mmlu", "n": 1000, "method": "atp*", "verify_top": 30,
                                                   "active": 0, "audit": 10},
@@ -88,8 +90,10 @@ class Rank(Experiment):
 
     def run(self, adapter: Any, examples: list[Any], options: RankOptions, *, out_dir: Path,  # type: ignore[override]
             config: dict[str, Any], progress: bool = True) -> Any:
-        return rank_heads(adapter, examples, options, out_dir=out_dir, progress=progress, config=config,
-                          resume=self.resume, seed=int(config.get("seed", 0)))
+        res = rank_heads(adapter, examples, options, out_dir=out_dir, progress=progress, config=config,
+                         resume=self.resume, seed=int(config.get("seed", 0)))
+        RankingResult.of(res.written()).save_json(out_dir)
+        return res
 
     def job_summary(self, result: Any) -> dict[str, Any]:
         matter = result.matter()

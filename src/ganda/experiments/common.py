@@ -307,15 +307,21 @@ class ExperimentResult:
 
     def save(self, out_dir: str | Path, command: str | None = None) -> Path:
         """Write ``result.json``, ``<kind>.csv`` and the figures into ``out_dir``."""
+        out = self.save_json(out_dir, command)
+        if self.rows:
+            runio.write_csv(out / f"{self.kind}.csv", self.rows)
+        self.draw(out)
+        return out
+
+    def save_json(self, out_dir: str | Path, command: str | None = None) -> Path:
+        """Write ``result.json`` alone: what a run whose tables and figures its engine wrote adds,
+        so that every run directory holds one (kind, model, options, summary, rows)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         d = self.to_json()
         if command:
             d["command"] = command
         runio.write_json(out / "result.json", d)
-        if self.rows:
-            runio.write_csv(out / f"{self.kind}.csv", self.rows)
-        self.draw(out)
         return out
 
     # ---- reading: a run directory of this kind, as ganda.results.load and ganda report see it ----

@@ -444,8 +444,11 @@ class ExtendsResult(ExperimentResult):
     @classmethod
     def read(cls, run_dir: Path) -> ExtendsResult:
         d = split_all(read_json_object(Path(run_dir) / "extends.json"))
+        rows = [r for r in d.get("results") or [] if isinstance(r, dict)]
+        summary = {"heads": d.get("heads"), "control_heads": d.get("control_heads"),
+                   **{f"{r.get('task')}.{r.get('condition')}": r.get("accuracy") for r in rows}}
         res = cls(model=d.get("model") or "", config={k: d.get(k) for k in ("limit", "seed", "ablation")},
-                  rows=[r for r in d.get("results") or [] if isinstance(r, dict)], run_dir=Path(run_dir),
+                  summary=summary, rows=rows, run_dir=Path(run_dir),
                   extra={k: v for k, v in d.items() if k not in ("model", "results")})
         res.written = d
         return res
@@ -546,7 +549,7 @@ class Extends(ScoredExperiment):
     Options = ExtendsOptions
     default_limit = None
     default_out = "runs/extends"
-    report_html = False  # extends.json, extends.csv, prompt_sets.csv
+    report_html = False  # extends.json, extends.csv, prompt_sets.csv, result.json
     takes = frozenset({"ray"})
 
     def check_run(self, options: ExtendsOptions, run: Any) -> None:  # type: ignore[override]
@@ -555,9 +558,11 @@ class Extends(ScoredExperiment):
 
     def run_tasks(self, adapter: ModelAdapter, scorer: Any, options: ExtendsOptions, *, out_dir: Path,  # type: ignore[override]
                   run: Any) -> dict[str, Any]:
-        return run_extends(adapter, options.heads, options.names(), limit=run.limit, seed=run.seed, out=out_dir,
-                           options=options.task_options(), conditions=options.conds(),
-                           prompt_sets=options.prompt_sets, ablation=options.ablation, progress=run.progress)
+        result = run_extends(adapter, options.heads, options.names(), limit=run.limit, seed=run.seed, out=out_dir,
+                             options=options.task_options(), conditions=options.conds(),
+                             prompt_sets=options.prompt_sets, ablation=options.ablation, progress=run.progress)
+        ExtendsResult.read(out_dir).save_json(out_dir, command=self.command)
+        return result
 
     def show(self, result: dict[str, Any], options: ExtendsOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
         for r in result["results"]:
@@ -570,6 +575,6 @@ class Extends(ScoredExperiment):
         print(control_sentence(result))
         if options.prompt_sets > 1:
             print(sets_sentence(result))
-        print(f"wrote {out_dir}/extends.json and {out_dir}/extends.csv"
-              + (f" and {out_dir}/prompt_sets.csv" if options.prompt_sets > 1 else ""))
+        print(f"wrote {out_dir}/extends.json, {out_dir}/extends.csv"
+              + (f", {out_dir}/prompt_sets.csv" if options.prompt_sets > 1 else "") + f" and {out_dir}/result.json")
 

@@ -37,6 +37,15 @@ class HeadSweepResult(ExperimentResult):
         run_dir = Path(run_dir)
         partial = not (run_dir / "results.jsonl").is_file()
         sw = read_sweep(run_dir / ("progress.jsonl" if partial else "results.jsonl"), partial=partial)
+        return cls.of(sw, run_dir, partial)
+
+    @classmethod
+    def of(cls, sw: SweepResult, run_dir: Path, partial: bool = False) -> HeadSweepResult:
+        """The result of a sweep's numbers and of the cumulative ablation in ``run_dir``, if any:
+        every head's row in ``ganda sweep``'s order, with its drops and their intervals, and the
+        summary a report and ``result.json`` give."""
+        cumulative = Path(run_dir) / "cumulative.json"  # ``ganda sweep --until-chance``
+        cumulative = read_json_object(cumulative) if cumulative.is_file() else None
         drop = {"acc": "drop", "acc_norm": "drop_norm"}.get(sw.metric, f"{sw.metric}_drop")
         rows = [sw.row(r) for r in sw.records]
         by = {r["head"]: r for r in rows}
@@ -53,16 +62,15 @@ class HeadSweepResult(ExperimentResult):
                    "helpful_when_ablated": helpful}
         if partial:
             summary.update({"partial": True, "heads_total": len(sw.config.get("heads") or []) or None})
-        extra: dict[str, Any] = {"top_heads": rows[:TOP]}
-        if (run_dir / "cumulative.json").is_file():  # ``ganda sweep --until-chance``
-            c = read_json_object(run_dir / "cumulative.json")
-            summary["heads_to_chance"] = c.get("heads_to_chance")
-            extra["cumulative_ablation"] = c.get("curve", [])
+        extra: dict[str, Any] = {}
+        if cumulative is not None:
+            summary["heads_to_chance"] = cumulative.get("heads_to_chance")
+            extra["cumulative_ablation"] = cumulative.get("curve", [])
         return cls(model=sw.config.get("model", "?"), config={k: v for k, v in sw.config.items() if k != "heads"},
-                   summary=summary, extra=extra, sweep=sw)
+                   summary=summary, rows=rows, extra=extra, sweep=sw)
 
     def page(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.model, "summary": self.summary, "top_heads": self.extra.get("top_heads"),
+        return {"kind": self.kind, "model": self.model, "summary": self.summary, "top_heads": self.rows[:TOP],
                 "config": self.config, **({"cumulative_ablation": self.extra["cumulative_ablation"]}
                                           if "cumulative_ablation" in self.extra else {})}
 
@@ -152,7 +160,13 @@ class RankingResult(ExperimentResult):
     @classmethod
     def read(cls, run_dir: Path) -> RankingResult:
         path = Path(run_dir) / "ranking.json"
-        d = read_json_object(path)
+        verify = Path(run_dir) / "verify" / "results.jsonl"
+        return cls.of(read_json_object(path), read_sweep(verify) if verify.is_file() else None, path)
+
+    @classmethod
+    def of(cls, d: dict[str, Any], verify: SweepResult | None = None, path: Path | str = "ranking.json") -> RankingResult:
+        """The result of a ranking as ``ranking.json`` holds it (``d``) and of its verification's
+        exact sweep: every head's row in final order, and the summary a report and ``result.json`` give."""
         rows = d.get("ranking")
         if not isinstance(rows, list) or not all(isinstance(r, dict) and "head" in r for r in rows):
             raise GandaError(f"{path} is not a ganda ranking (no list of ranked heads)")
@@ -167,13 +181,11 @@ class RankingResult(ExperimentResult):
                         "top_exact": rank.exact[matter[0]] if matter else None, "sign_flips": flips,
                         **({f"top_{k}": v for k, v in rank.intervals.get(matter[0], {}).items() if k.startswith("exact")}
                            if matter else {})})
-        verify = Path(run_dir) / "verify" / "results.jsonl"
-        return cls(model=d.get("model", "?"), summary=summary, config=d.get("config") or {},
-                   extra={"top_heads": rows[:TOP], "bound": d.get("bound")}, ranking=d,
-                   verify=read_sweep(verify) if verify.is_file() else None)
+        return cls(model=d.get("model", "?"), summary=summary, config=d.get("config") or {}, rows=rows,
+                   extra={"bound": d.get("bound")}, ranking=d, verify=verify)
 
     def page(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.model, "summary": self.summary, "top_heads": self.extra.get("top_heads"),
+        return {"kind": self.kind, "model": self.model, "summary": self.summary, "top_heads": self.rows[:TOP],
                 "bound": self.extra.get("bound"), "config": self.config or None}
 
     def tables(self, run: str) -> dict[str, list[dict[str, Any]]]:

@@ -75,7 +75,7 @@ def print_sweep(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> No
               f" (acc_norm {b['acc_norm']:.3f}); {len(res.records)} heads {options.ablation}-ablated in {res.seconds:.1f} s")
     print_split(con, lambda rows, title: _sweep_table(res, rows, title), res.matter(), res.helpful_when_ablated(),
                 options.top, NAMES[res.metric])
-    con.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png")
+    con.print(f"wrote {out_dir}/results.jsonl, results.csv, heatmap.png, result.json")
     cum = getattr(res, "cumulative", None)
     if not cum:
         return
@@ -127,7 +127,7 @@ def print_ranking(con: Any, res: Any, options: Any, run: Any, out_dir: Path) -> 
     if flips := sign_flip_sentence(res.sign_flips()):
         con.print(f"sign: {flips}")
     con.print(f"wrote {out_dir}/ranking.json, ranking.csv" + (", scatter.png" if res.estimate and res.exact else "")
-              + (", verify_heatmap.png" if res.exact else ""))
+              + (", verify_heatmap.png" if res.exact else "") + ", result.json")
 
 
 # ---- path and edges -------------------------------------------------------------------------
