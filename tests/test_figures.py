@@ -158,6 +158,27 @@ def test_the_lab_report_panel_3_legend_names_the_models_its_bars_were_measured_o
     assert [t.get_text() for t in ax.get_xticklabels()] == ["intact", "best head ablated", "KV 8 pairs"]
 
 
+def test_the_lab_report_names_models_given_as_paths_by_their_directory(drawn, tmp_path):
+    """Models trained into long directories are named by the directory alone: a whole path in a
+    legend squeezed panel 3's axes to nothing (matplotlib's constrained-layout warning)."""
+    import warnings
+
+    from ganda.experiments import ExperimentResult
+    from ganda_lab.programme import LabFindingsResult, findings_panels
+
+    work = "/tmp/a/rather/long/directory/of/one/user/training/lab/work"
+    kv = ExperimentResult(kind="kv_curve", model=f"{work}/kv_transformer",
+                          summary={"pairs": [2, 8], "at_max_pairs": {f"{work}/kv_transformer": 0.9, f"{work}/kv_ssm": 0.4}})
+    st = {"models": {}, "kv": kv, "roles_transformer": _roles(f"{work}/transformer", 0.95, [0.3, 0.6]),
+          "roles_ssm": _roles(f"{work}/ssm", 0.9, [0.7])}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a collapsed layout is an error here
+        LabFindingsResult(extra={"panels": findings_panels(st, [])}).draw(tmp_path)
+    (ax,) = [ax for ax in drawn[-1].axes if ax.get_title().startswith("3.")]
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-2:] == ["transformer (KV: kv_transformer)",
+                                                                        "ssm (KV: kv_ssm)"]
+
+
 def test_the_verify_heat_map_shows_the_exact_effect_of_every_verified_head_by_layer_and_head(drawn, tmp_path):
     from ganda.attribution.ranking import RankResult
 

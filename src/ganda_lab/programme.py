@@ -669,7 +669,7 @@ def _panel3_bars(st: dict[str, Any]) -> dict[str, Any]:
     named = {}
     for key, role, label in (("roles_transformer", "transformer", "Transformer"), ("roles_ssm", "ssm", "SSM")):
         res = st[key]
-        name = res.model or models.get(role, {}).get("model") or label
+        name = shown_name(res.model or models.get(role, {}).get("model")) or label
         best = min((r["all"] for r in res.rows), default=None)
         named[role] = [name, [res.summary.get("baseline"), best]]
     groups = ["intact", "best head ablated"]
@@ -680,9 +680,15 @@ def _panel3_bars(st: dict[str, Any]) -> dict[str, Any]:
         groups.append(f"KV {max(kv.summary.get('pairs') or [0])} pairs")
         for role, (name, ys) in named.items():
             ys.append(at.get(kv_models[role]))
-            if kv_models[role] not in (None, name):
-                named[role][0] = f"{name} (KV: {kv_models[role]})"
+            if kv_models[role] is not None and shown_name(kv_models[role]) != name:
+                named[role][0] = f"{name} (KV: {shown_name(kv_models[role])})"
     return {"groups": groups, "series": dict(named.values())}
+
+
+def shown_name(model: str | None) -> str:
+    """A model as a figure names it: a directory's or file's own name, not its whole path (a path
+    in a panel's title or legend squeezes the panel's axes to nothing)."""
+    return Path(model).name if model and ("/" in model or "\\" in model) else model or ""
 
 
 def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -703,7 +709,7 @@ def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[
                     "hlines": chance})
     if "prune" in st:
         pr = st["prune"].rows
-        who = f" of {st['prune'].model}" if st["prune"].model else ""
+        who = f" of {shown_name(st['prune'].model)}" if st["prune"].model else ""
         out.append({"title": f"2. layers kept{who} (paper: MMLU cliff): {verdict.get(2)}",
                     "groups": [f"{r['layers']} layer{'s' if r['layers'] != 1 else ''}" for r in pr],
                     "series": {"lab-mmlu": [r.get("lab-mmlu") for r in pr],
