@@ -607,23 +607,29 @@ def test_a_grid_job_reruns_from_its_journal_when_only_options_its_units_ignore_c
     assert rc == 2 and "made with other options.sweep than the spec gives now" in err
 
 
-def test_a_grid_sweep_job_without_its_result_json_finishes_from_its_journal(tmp_path, capsys, monkeypatch):
-    """result.json says a sweep job finished; a job directory of the format before it (results.jsonl
-    alone) runs again from its journal, sweeping no head, and gains its result.json."""
+@pytest.mark.parametrize("experiment, kept", [("sweep", "results.jsonl"), ("rank", "ranking.json")])
+def test_a_grid_job_without_its_result_json_finishes_from_its_journal(tmp_path, capsys, monkeypatch, experiment, kept):
+    """result.json says a sweep or rank job finished; a job directory of the format before it (its
+    results.jsonl or ranking.json alone) runs again from its journals, measuring no head again, and
+    gains its result.json."""
     import ganda.grid
     import ganda.sweep
 
     model = _copy_model(tmp_path)
-    assert _cli(capsys, "grid", _grid(tmp_path, model))[0] == 0
-    job = next((tmp_path / "grid").glob("*/lab-mmlu/sweep"))
-    first, summary = (job / "results.jsonl").read_text(), json.loads((job / "result.json").read_text())["summary"]
+    assert _cli(capsys, "grid", _grid(tmp_path, model, experiment))[0] == 0
+    job = next((tmp_path / "grid").glob(f"*/lab-mmlu/{experiment}"))
+    first, summary = (job / kept).read_text(), json.loads((job / "result.json").read_text())["summary"]
     (job / "result.json").unlink()
     monkeypatch.setattr(ganda.sweep, "sweep_record", lambda *a, **k: pytest.fail("a journalled head was swept again"))
-    assert _cli(capsys, "grid", _grid(tmp_path, model))[0] == 0
-    assert (job / "results.jsonl").read_text() == first
+    rc, _, err = _cli(capsys, "grid", _grid(tmp_path, model, experiment))
+    assert rc == 0, err
+    if experiment == "sweep":
+        assert (job / kept).read_text() == first
+    else:  # the same ranking, timed anew
+        assert json.loads((job / kept).read_text())["ranking"] == json.loads(first)["ranking"]
     assert json.loads((job / "result.json").read_text())["summary"] == summary
     monkeypatch.setattr(ganda.grid, "load_model", lambda *a, **k: pytest.fail("a finished job loaded its model"))
-    assert _cli(capsys, "grid", _grid(tmp_path, model))[0] == 0
+    assert _cli(capsys, "grid", _grid(tmp_path, model, experiment))[0] == 0
 
 
 def test_a_grid_edges_job_redraws_from_its_journal_with_other_show_and_roles(tmp_path, capsys):
