@@ -160,7 +160,7 @@ def test_the_lab_report_panel_3_legend_names_the_models_its_bars_were_measured_o
 
 def test_the_lab_report_names_models_given_as_paths_by_their_directory(drawn, tmp_path):
     """Models trained into long directories are named by the directory alone: a whole path in a
-    legend squeezed panel 3's axes to nothing (matplotlib's constrained-layout warning)."""
+    legend squeezes panel 3's axes to nothing (matplotlib's constrained-layout warning)."""
     import warnings
 
     from ganda.experiments import ExperimentResult
