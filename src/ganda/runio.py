@@ -37,6 +37,8 @@ import json
 import math
 import os
 import re
+import shlex
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -735,9 +737,10 @@ def set_argv(argv: list[str] | None) -> None:
     _argv = None if argv is None else list(argv)
 
 
-def argv() -> list[str] | None:
-    """The arguments :func:`set_argv` recorded (None: the process's own, ``sys.argv[1:]``)."""
-    return _argv
+def command_line() -> str:
+    """The command as typed, recorded with its results: the arguments :func:`ganda.cli.main` was
+    given (a Python caller's list, :func:`set_argv`), else the process's."""
+    return "ganda " + " ".join(shlex.quote(a) for a in (_argv if _argv is not None else sys.argv[1:]))
 
 
 def take_interrupt_note() -> str | None:
@@ -750,5 +753,5 @@ def take_interrupt_note() -> str | None:
 __all__ = [
     "Journal", "read_journal", "acquire_run_dir", "check_not_model_dir", "discard_claims", "holds_model", "interrupt_summary", "run_kind", "atomic_open", "atomic_path", "check_output_dir", "check_output_file", "claim_run_dir",
     "claimed_dirs", "release_claims", "release_run_dir", "run_dir_lock", "set_interrupt_note",
-    "take_interrupt_note", "set_argv", "argv", "write_error", "write_text",
+    "take_interrupt_note", "set_argv", "command_line", "write_error", "write_text",
 ]

@@ -688,7 +688,7 @@ def _panel3_bars(st: dict[str, Any]) -> dict[str, Any]:
 def shown_name(model: str | None) -> str:
     """A model as a figure names it: a directory's or file's own name, not its whole path (a path
     in a panel's title or legend squeezes the panel's axes to nothing)."""
-    return Path(model).name if model and ("/" in model or "\\" in model) else model or ""
+    return (Path(model).name or model) if model else ""
 
 
 def findings_panels(st: dict[str, Any], findings: list[dict[str, Any]]) -> list[dict[str, Any]]:

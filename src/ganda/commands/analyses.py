@@ -28,7 +28,7 @@ import typer
 import typer.core
 import typer.main
 
-from .. import registry, runio
+from .. import registry
 from ..experiments.base import DEFAULT_LIMIT
 from ..options import flag_name, option_values, turns_off
 from .grid import RAY, RAY_ACTORS
@@ -193,7 +193,7 @@ def build_command(name: str) -> click.Command:
             values["tasks"] = task_list(values.pop("task"), values.pop("tasks"), cls.default_tasks)
         if "models" in values:
             values["model"] = values["models"][0]
-        run = RunInputs(**values, progress=not (quiet or as_json), command=command_line(), announce=True)
+        run = RunInputs(**values, progress=not (quiet or as_json), command=runio.command_line(), announce=True)
         done = run_experiment(cls, run, options)
         if html:
             write_reports(done.experiment.finished)
@@ -211,16 +211,6 @@ def build_command(name: str) -> click.Command:
     app = typer.Typer(rich_markup_mode=None, add_completion=False)
     app.command(name, short_help=registry.experiment_summary(name))(command)
     return typer.main.get_command(app)
-
-
-def command_line() -> str:
-    """The command as typed, recorded with its results: the arguments :func:`ganda.cli.main` was
-    given (a Python caller's list, :func:`ganda.runio.set_argv`), else the process's."""
-    import shlex
-    import sys
-
-    argv = runio.argv()
-    return "ganda " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
 
 
 def write_reports(finished: list[tuple[Path, Any]]) -> None:
@@ -261,5 +251,5 @@ class AnalysisGroup(typer.core.TyperGroup):
             formatter.write_dl(rows)
 
 
-__all__ = ["OPTIONAL_INPUTS", "run_inputs", "AnalysisGroup", "build_command", "command_line", "option_parameter",
+__all__ = ["OPTIONAL_INPUTS", "run_inputs", "AnalysisGroup", "build_command", "option_parameter",
            "param", "turns_off", "flag_name", "option_values", "write_reports"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from ..errors import GandaError
-from .analyses import command_line, write_reports
+from .analyses import write_reports
 from .options import MODEL_HELP, PICKLE, QUIET, SEED, limit_option, parse_options
 
 
@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
             raise GandaError(f"the {cls.name} experiment draws its own prompts: drop --task")
         options = cls.Options.build(parse_options(option), text=True)
         run_inputs = RunInputs(model=models[0], models=list(models), task=task or "kv", tasks=task, limit=limit,
-                               seed=seed, out=out, allow_pickle=allow_pickle, progress=not quiet, command=command_line())
+                               seed=seed, out=out, allow_pickle=allow_pickle, progress=not quiet, command=runio.command_line())
         done = run_experiment(cls, run_inputs, options)
         if getattr(cls, "report_html", False):  # as ganda NAME writes it (--html is its default)
             write_reports(done.experiment.finished)

@@ -443,7 +443,12 @@ class ExtendsResult(ExperimentResult):
 
     @classmethod
     def read(cls, run_dir: Path) -> ExtendsResult:
-        d = split_all(read_json_object(Path(run_dir) / "extends.json"))
+        return cls.of(read_json_object(Path(run_dir) / "extends.json"), run_dir)
+
+    @classmethod
+    def of(cls, written: dict[str, Any], run_dir: Path) -> ExtendsResult:
+        """The result of a comparison as ``extends.json`` holds it, its predictions in ``run_dir``."""
+        d = split_all(written)
         rows = [r for r in d.get("results") or [] if isinstance(r, dict)]
         summary = {"heads": d.get("heads"), "control_heads": d.get("control_heads"),
                    **{f"{r.get('task')}.{r.get('condition')}": r.get("accuracy") for r in rows}}
@@ -561,7 +566,7 @@ class Extends(ScoredExperiment):
         result = run_extends(adapter, options.heads, options.names(), limit=run.limit, seed=run.seed, out=out_dir,
                              options=options.task_options(), conditions=options.conds(),
                              prompt_sets=options.prompt_sets, ablation=options.ablation, progress=run.progress)
-        ExtendsResult.read(out_dir).save_json(out_dir, command=self.command)
+        ExtendsResult.of(result, out_dir).save_json(out_dir, command=self.command)
         return result
 
     def show(self, result: dict[str, Any], options: ExtendsOptions, run: Any, out_dir: Path) -> None:  # type: ignore[override]
