@@ -210,6 +210,30 @@ def test_graddrop_changes_nothing_without_later_layers():
     assert [s.estimate[i] for i in last] == pytest.approx([a.estimate[i] for i in last], abs=1e-7)
 
 
+def test_the_verification_files_give_the_rankings_intervals(tmp_path):
+    """verify/results.csv and the ranking bootstrap with the ranking's seed: one head, one interval,
+    whichever file a reader opens (on 12 prompts the seed moves the bounds, so a seed-0 file differs)."""
+    import csv
+
+    from ganda.stats import paired_intervals
+    from ganda.sweep import load_result
+
+    res = rank_heads(llama(layers=3, seed=4), EXAMPLES * 3, method="atp", verify_top=4, active=0, audit=0, seed=5,
+                     out_dir=tmp_path, progress=False)
+    rows = {r["head"]: r for r in csv.DictReader((tmp_path / "verify" / "results.csv").open()) if r["head"] != "none"}
+    sw = load_result(tmp_path / "verify")
+    assert set(rows) == set(res.intervals) and len(rows) == 4
+    for h, cis in res.intervals.items():
+        for mine, theirs in (("acc_drop", "drop"), ("exact", "margin_drop")):
+            want = [cis[f"{mine}_ci_{e}"] for e in ("low", "high")]
+            assert [float(rows[h][f"{theirs}_ci_{e}"]) for e in ("low", "high")] == pytest.approx(want, abs=1e-12)
+            assert [sw.intervals()[h][f"{theirs}_ci_{e}"] for e in ("low", "high")] == pytest.approx(want, abs=1e-12)
+    seed0 = paired_intervals(sw.per_prompt(sw.baseline, "margin"),
+                             {r["head"]: sw.per_prompt(r, "margin") for r in sw.records}, "exact", 0)
+    assert any(seed0[h] != pytest.approx({k: v for k, v in res.intervals[h].items() if k.startswith("exact")}, abs=1e-12)
+               for h in seed0)
+
+
 def test_verification_reproduces_the_exact_sweep(tmp_path):
     ad = llama(layers=3, seed=4)
     clean, exact = exact_drops(ad, EXAMPLES)

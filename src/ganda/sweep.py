@@ -404,6 +404,7 @@ class SweepResult:
     seconds: float = 0.0
     out_dir: Path | None = None
     metric: str = "acc"
+    seed: int | None = None  # the intervals' bootstrap seed where it is not the config's (a ranking's verification)
     _intervals: dict[str, dict[str, float]] | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
@@ -477,7 +478,7 @@ class SweepResult:
             base = self.baseline
             with_lists = [r for r in self.records if has_per_prompt_lists(r) and has_per_prompt_lists(base)
                           and len(r["gold"]) == len(base["gold"])]
-            seed = int(self.config.get("seed", 0) or 0)
+            seed = self.seed if self.seed is not None else int(self.config.get("seed", 0) or 0)
             for metric, name in (("acc", "drop"), ("acc_norm", "drop_norm"), ("margin", "margin_drop")):
                 if not with_lists or (metric == "margin" and any(len(ll) < 2 for ll in base["loglik"])):
                     continue
@@ -516,7 +517,8 @@ class SweepResult:
     def write(self, out_dir: Path) -> None:
         """``results.jsonl``, ``results.csv`` and ``heatmap.png``, each written atomically."""
         with runio.atomic_open(out_dir / "results.jsonl") as f:
-            f.write(json.dumps({"type": "header", "config": self.config, "metric": self.metric}) + "\n")
+            f.write(json.dumps({"type": "header", "config": self.config, "metric": self.metric,
+                                **({"seed": self.seed} if self.seed is not None else {})}) + "\n")
             f.write(json.dumps(self.baseline) + "\n")
             for r in self.records:
                 f.write(json.dumps(r) + "\n")
@@ -607,6 +609,7 @@ def run_sweep(
     progress: bool = True,
     config: dict[str, Any] | None = None,
     on_head: Callable[[dict[str, Any]], None] | None = None,
+    seed: int | None = None,
     **overrides: Any,
 ) -> SweepResult:
     """Ablate each head alone and score ``examples`` (see the module docstring).
@@ -617,7 +620,9 @@ def run_sweep(
     removes is refused) are the heads swept. ``config`` (task options, seed, ...) is recorded and
     must match on resume, as must the weights (their fingerprint) and the dtype. ``naive`` runs the
     reference loop (``AblateHeads`` + ``evaluate_examples`` per head) with the same output format.
-    ``on_head`` is called with each finished head's record. ``metric`` is the effect the result
+    ``on_head`` is called with each finished head's record. ``seed`` (default: ``config``'s seed,
+    else 0) seeds the bootstrap of the intervals; it changes no measured number, so it is not part
+    of what a resume must match (a ranking gives its own to its verification). ``metric`` is the effect the result
     ranks heads by (:meth:`SweepResult.top`). ``ablation`` ``"mean"`` sets each head's slice to its
     mean over every token of ``examples`` (:mod:`ganda.ablation`: the numbers ``eval --ablation
     mean`` gives); resample needs each scored row's own donor, which batched heads do not have, and
@@ -649,7 +654,7 @@ def run_sweep(
             cfg["weights"] = weights_fingerprint(adapter)
             cfg["dtype"] = str(next(adapter.model.parameters()).dtype).removeprefix("torch.")
         return _sweep(adapter, examples, packed, heads, cfg, out, resume, o.naive, o.batch_heads, progress, on_head,
-                      t0, o.metric, means)
+                      t0, o.metric, means, seed)
 
 
 def _mean_reference(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId]
@@ -701,7 +706,8 @@ def _resumed(out: Path | None, cfg: dict[str, Any], resume: bool
     return journal, done, baseline
 
 
-def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric, means=None):
+def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_heads, progress, on_head, t0, metric, means=None,
+           seed=None):
     journal, done, baseline = _resumed(out, cfg, resume)
 
     def note() -> None:
@@ -734,7 +740,7 @@ def _sweep(adapter, examples, packed, heads, cfg, out, resume, naive, batch_head
         if journal is not None:
             journal.close()
     assert baseline is not None
-    result = SweepResult(cfg, baseline, [done[str(h)] for h in heads], time.perf_counter() - t0, out, metric)
+    result = SweepResult(cfg, baseline, [done[str(h)] for h in heads], time.perf_counter() - t0, out, metric, seed)
     if out is not None:
         try:
             result.write(out)
@@ -885,7 +891,9 @@ def read_sweep(path: Path, partial: bool = False) -> SweepResult:
         raise GandaError(f"{path} is not {what} (no header with its config, or no baseline with its accuracy)")
     if any(not isinstance(r.get("head"), str) or not _numbers(r, r, "acc") for r in recs):
         raise GandaError(f"{path} holds a head record without its head or accuracy; the file is damaged")
-    return SweepResult(header["config"], base, recs, metric=header.get("metric", "acc"))
+    seed = header.get("seed")
+    return SweepResult(header["config"], base, recs, metric=header.get("metric", "acc"),
+                       seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None)
 
 
 __all__ = ["SWEEP_METRICS", "BatchScorer", "Batching", "SweepResult", "engine_for", "load_result", "local_scores", "read_sweep",

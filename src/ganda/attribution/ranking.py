@@ -727,7 +727,7 @@ class _ExactChecks:
         t1, c1 = time.perf_counter(), time.process_time()
         if self.ablation == "zero":  # the sweep's own numbers
             res = run_sweep(self.adapter, self.examples, heads=hs, out_dir=where, resume=self.resume,
-                            progress=self.progress, config=self.vcfg, batch_heads=self.batch_heads)
+                            progress=self.progress, config=self.vcfg, batch_heads=self.batch_heads, seed=self.seed)
             base, lls = res.baseline["loglik"], {r["head"]: r["loglik"] for r in res.records}
         else:
             means = self.att.means if self.att is not None else reference_means(self.adapter, self.examples,
