@@ -108,24 +108,6 @@ def pattern_scores(adapter: ModelAdapter, heads: Sequence[HeadId | str], n: int 
     return out
 
 
-def find_ga(sweep: dict[str, Any], task: str = "lab-mmlu", knowledge: str = "lab-knowledge",
-            min_drop: float = 0.2) -> list[dict[str, Any]]:
-    """Heads whose single ablation drops ``task`` by at least ``min_drop``, largest drop first."""
-    rows = [r for r in sweep["heads"] if r[f"drop:{task}"] >= min_drop]
-    rows.sort(key=lambda r: -r[f"drop:{task}"])
-    return rows
-
-
-def format_sweep(sweep: dict[str, Any], top: int | None = None) -> str:
-    tasks = list(sweep["baseline"])
-    lines = ["head      " + "  ".join(f"{t:>14}" for t in tasks),
-             "baseline  " + "  ".join(f"{sweep['baseline'][t]:>14.3f}" for t in tasks)]
-    rows = sorted(sweep["heads"], key=lambda r: -r[f"drop:{tasks[0]}"])
-    for r in rows[:top] if top else rows:
-        lines.append(f"{r['head']:<10}" + "  ".join(f"{r[t]:>8.3f} ({-r['drop:' + t]:+.2f})" for t in tasks))
-    return "\n".join(lines)
-
-
 LAB_TASKS = ("lab-knowledge", "lab-mmlu", "lab-letters", "lab-kv")
 
 
