@@ -410,7 +410,7 @@ def test_verify_layers_adds_every_head_of_those_layers():
     assert not set(res.audited) & set(res.verified) and len(res.audited) == 2
     for h in res.verified:
         assert res.exact[h] == pytest.approx(exact[h], abs=1e-5)
-    with pytest.raises(GandaError, match="verify_layers"):
+    with pytest.raises(GandaError, match=r"--verify-layers \[3\] outside the model.s layers 0..2"):
         rank_heads(ad, EXAMPLES, method="atp", verify_top=2, active=0, verify_layers=[3], progress=False)
 
 

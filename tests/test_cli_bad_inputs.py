@@ -452,6 +452,8 @@ CASES = [
     # ---- tracebacks, unbounded work, messages, one rule ----
     C("plan-map-layers-past-end", "plan", LAB, "-e", "maps", "--limit", "10", "--map-layers", "9",
       match="--map-layers [9] outside the model's layers 0..3"),
+    C("rank-verify-layers-past-end", "rank", LAB, "--task", "lab-mmlu", "--limit", "4", "--verify-layers", "7",
+      "--out", "out", match="--verify-layers [7] outside the model's layers 0..3"),
     C("plan-verify-layers-past-end", "plan", LAB, "-e", "attribution", "--limit", "10", "--verify-layers", "7",
       match="--verify-layers [7] outside the model's layers 0..3"),
     C("sharpness-prompt-sets-huge", "sharpness", LAB, LAB, "--prompt-sets", "100000000", "--out", "out",

@@ -646,7 +646,7 @@ def _ranked_heads(adapter: ModelAdapter, examples: Sequence[Example], o: RankOpt
     n_layers = len(adapter.decoder_layers())
     bad = [x for x in verify_layers if not 0 <= x < n_layers]
     if bad:
-        raise GandaError(f"verify_layers {bad} outside the model's layers 0..{n_layers - 1}")
+        raise GandaError(f"--verify-layers {bad} outside the model's layers 0..{n_layers - 1}")
     return head_list, verify_layers
 
 
