@@ -452,6 +452,10 @@ CASES = [
     # ---- tracebacks, unbounded work, messages, one rule ----
     C("plan-map-layers-past-end", "plan", LAB, "-e", "maps", "--limit", "10", "--map-layers", "9",
       match="--map-layers [9] outside the model's layers 0..3"),
+    C("run-eval-out", "run", "eval", LAB, "--task", "lab-mmlu", "--out", "out",
+      match="eval writes no run directory: drop --out"),
+    C("run-attn-out", "run", "attn", LAB, "--option", "heads=L0H0", "--option", "prompt=hi", "--out", "out",
+      match="attn writes no run directory: drop --out; its file is the out option"),
     C("rank-verify-layers-past-end", "rank", LAB, "--task", "lab-mmlu", "--limit", "4", "--verify-layers", "7",
       "--out", "out", match="--verify-layers [7] outside the model's layers 0..3"),
     C("plan-verify-layers-past-end", "plan", LAB, "-e", "attribution", "--limit", "10", "--verify-layers", "7",

@@ -167,6 +167,9 @@ def run_direct(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     inputs: its task, its output files), load the model and run ``cls`` (a
     :class:`ganda.experiments.base.DirectExperiment`) once: no run directory."""
     at_least("--limit", run.limit)
+    if run.out is not None:  # it would be ignored, and the caller would look for files that never come
+        own = "; its file is the out option (--option out=FILE)" if any(f.name == "out" for f in cls.Options.fields()) else ""
+        raise GandaError(f"{cls.name} writes no run directory: drop --out{own}")
     exp = cls(resume=False)
     exp.check_run(options, run)
     adapter = load_model(run.model, allow_pickle=run.allow_pickle)
