@@ -31,7 +31,7 @@ class TaskInputs(Options):
     pairs: int | None = option(None, "kv: number of key-value pairs")
     shots: int | None = option(None, "few-shot exemplars (mmlu, letters)")
     subjects: str | None = option(None, "mmlu: comma-separated subjects")
-    seed: int = option(0, "seed of the prompt sample")
+    seed: int = option(0, "seed of the prompt sample", low=0)
 
     def task_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"pairs": self.pairs, "shots": self.shots, "subjects": self.subjects}
@@ -65,6 +65,14 @@ class RunInputs(TaskInputs):
     def task_options(self) -> dict[str, Any]:
         return {**super().task_options(), **parse_options(self.option)}
 
+    def check_counts(self) -> None:
+        """The counts and the seed, refused before anything loads: a negative seed has no numpy
+        generator, and it would fail at the first interval, after the model had run."""
+        for flag, value in (("--limit", self.limit), ("--knowledge-limit", self.knowledge_limit),
+                            ("--ray-actors", self.ray_actors)):
+            at_least(flag, value)
+        at_least("--seed", self.seed, 0)
+
     def out_dir(self, default: str | Path) -> Path:
         """``--out``, else ``default`` (the experiment's own, else one named after what it runs on)."""
         return self.out if self.out is not None else Path(default)
@@ -85,8 +93,7 @@ class Run:
 def check_inputs(cls: type[Experiment], run: RunInputs, options: Options) -> Any:
     """Everything that can be refused before the model loads: counts, the task and its options,
     the experiment's own rules between options and inputs. Returns the task."""
-    at_least("--limit", run.limit)
-    at_least("--ray-actors", run.ray_actors)
+    run.check_counts()
     task = get_task(run.task, **run.task_options())
     if task.kind != "mc":
         raise GandaError(f"task {run.task!r} is a generation task; {cls.name} scores multiple-choice tasks only")
@@ -125,9 +132,7 @@ def run_loaded(cls: type[Experiment], run: RunInputs, options: Options, adapter:
 def run_on_tasks(cls: type[ScoredExperiment], run: RunInputs, options: Options) -> Run:
     """Check, claim the run directory (``runs/<name>-<model>``), load the model and run ``cls`` on
     its task list, scored by one :class:`ganda.experiments.common.Scorer`."""
-    at_least("--limit", run.limit)
-    at_least("--knowledge-limit", run.knowledge_limit)
-    at_least("--ray-actors", run.ray_actors)
+    run.check_counts()
     scored = cls.inputs == "tasks"  # "model": the experiment draws its own prompts
     names = parse_tasks(run.tasks or cls.default_tasks) if scored else []  # kv1, lab-kv999: refused by the task's bounds
     exp = cls(resume=run.resume)
@@ -151,7 +156,7 @@ def run_on_models(cls: type[ScoredExperiment], run: RunInputs, options: Options)
     models = run.models or []
     if len(models) < 2:
         raise GandaError("give at least two models to compare")
-    at_least("--limit", run.limit)
+    run.check_counts()
     exp = cls(resume=run.resume)
     exp.check_run(options, run)
     out_dir = runio.claim_run_dir(run.out_dir(cls.default_out or f"runs/{cls.name}"), kind=cls.name,
@@ -166,7 +171,7 @@ def run_direct(cls: type[Experiment], run: RunInputs, options: Options) -> Run:
     """Check what can be refused before the model loads (the counts, then the experiment's own
     inputs: its task, its output files), load the model and run ``cls`` (a
     :class:`ganda.experiments.base.DirectExperiment`) once: no run directory."""
-    at_least("--limit", run.limit)
+    run.check_counts()
     if run.out is not None:  # it would be ignored, and the caller would look for files that never come
         own = "; its file is the out option (--option out=FILE)" if any(f.name == "out" for f in cls.Options.fields()) else ""
         raise GandaError(f"{cls.name} writes no run directory: drop --out{own}")
