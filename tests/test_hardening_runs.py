@@ -219,23 +219,28 @@ def test_fingerprint_follows_the_files(tmp_path):
 
 
 @pytest.mark.integration
-def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path, capsys):
+@pytest.mark.parametrize(("sig", "code", "word"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+                         ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path, capsys, sig, code, word):
+    """Ctrl-C, and SIGTERM (a scheduler's time limit) alike: one line saying what was kept, the
+    run directory released, and the same command resumes."""
     out = tmp_path / "run"
     proc = _start([*SLOW, "--out", str(out)])
     try:
         _wait_for_heads(proc, out, 1)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "Traceback" not in err
+    assert not (out / ".lock").exists()
     saved = _heads(out)
     assert 1 <= len(saved) < 3
     last = _err_lines(err)[-1]
     n = len(saved)
-    assert last == f"ganda: interrupted; {n} head{'s' if n > 1 else ''} saved, rerun the same command to resume"
+    assert last == f"ganda: {word}; {n} head{'s' if n > 1 else ''} saved, rerun the same command to resume"
     assert [line for line in _err_lines(err) if line.startswith("ganda:")] == [last]
     assert not (out / "results.jsonl").exists()
 

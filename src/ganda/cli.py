@@ -88,9 +88,11 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EP
 
 
 def _interrupted(kept: str | None = None) -> int:
+    """The one line and exit status of a stopped command: 130 after Ctrl-C, 143 after SIGTERM."""
     note = runio.take_interrupt_note() or kept or runio.interrupt_summary()
-    print("ganda: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
-    return 130
+    term = _run.get("signal") == signal.SIGTERM
+    print(f"ganda: {'terminated' if term else 'interrupted'}" + (f"; {note}" if note else ""), file=sys.stderr)
+    return 143 if term else 130
 
 
 def _holds_back(code: Any) -> bool:
@@ -135,6 +137,13 @@ def _ctrl_c(signum: int, frame: Any) -> None:
     signal.default_int_handler(signum, frame)
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    """SIGTERM (a scheduler's time limit, ``kill``) stops a command as Ctrl-C does: what the
+    journals hold stays, the run directory is released, and the last line says how to resume."""
+    _run["signal"] = signal.SIGTERM
+    _ctrl_c(signal.SIGINT, frame)
+
+
 def _summary() -> None:
     """The last line of every command on stderr: what ran, how long it took, where its files are."""
     if not _run.get("done"):
@@ -174,7 +183,8 @@ def _restore() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: user errors print one line and exit 2, never a traceback; Ctrl-C exits 130.
+    """Entry point: user errors print one line and exit 2, never a traceback; Ctrl-C exits 130
+    (SIGTERM 143).
 
     typer turns a KeyboardInterrupt inside a command into exit code 130 and returns it (with
     ``standalone_mode=False``), so the return value is the exit status."""
@@ -187,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:  # from here on, Ctrl-C is caught below
             signal.signal(signal.SIGINT, _ctrl_c)
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _terminate)
         rc = app(args=argv, standalone_mode=False, prog_name="ganda")
         if rc in (None, 0):
             _summary()
