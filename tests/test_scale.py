@@ -479,7 +479,12 @@ def test_plan_splits_a_model_that_does_not_fit_and_scales_with_devices(shipped):
     eight = planner.plan(prof, "eval", w, "l40s", n_devices=8)
     assert one.devices_per_replica == 3  # ~96 GiB of bf16 weights over 48 GB cards
     assert math.isclose(eight.seconds_n, one.seconds / 2, rel_tol=1e-9)  # 8 cards = 2 copies of 3
-    assert any("does not fit" in n for n in one.notes)
+    assert any("does not fit" in n and "(the weights)" in n for n in one.notes)
+    # on an H200 the weights fit; a million-token prompt's pass does not, and the note says which
+    long = planner.plan(prof, "eval", planner.Workload(n=1, tokens=1_000_000, max_tokens=1_000_000), "h200")
+    assert long.devices_per_replica > 1
+    assert any("(the activations and kept tensors beside the weights)" in n for n in long.notes), long.notes
+    assert not any("does not fit" in n for n in planner.plan(prof, "eval", w, "h200").notes)
 
 
 def test_plan_loads_in_the_precision_a_run_would_and_names_a_bad_one_where_it_came_from(capsys, monkeypatch):

@@ -800,11 +800,12 @@ def plan(prof: Profile, experiment: str, w: Workload, dev: Device | str = "h100"
     if dev.host:
         total, host = total + host, 0.0
     per_replica = max(1, math.ceil((total - runtime) / max(1.0, dev.memory - runtime)))
-    if per_replica > 1:
-        notes.append(f"does not fit one {dev.name}: {per_replica} devices per copy of the model (device map)")
+    if per_replica > 1:  # what does not fit is named: the weights, or what one pass holds beside them
+        what = "the weights" if weights > dev.memory - runtime else "the activations and kept tensors beside the weights"
+        notes.append(f"does not fit one {dev.name} ({what}): {per_replica} devices per copy of the model (device map)")
     replicas = max(1, n_devices // per_replica)
     if n_devices < per_replica:
-        notes.append(f"needs {per_replica} devices to hold the model; with {n_devices} it offloads to CPU/disk")
+        notes.append(f"needs {per_replica} devices to hold one pass; with {n_devices} it offloads to CPU/disk")
     rows = [{"phase": ph.name, "forwards": ph.calls, "rows": ph.rows, "tokens": round(ph.tokens, 1),
              "layers": len(ph.layers), "flops": ph.flops(prof), "seconds": ph.seconds(prof, dev)} for ph in phases]
     return Plan(model=prof.spec, experiment=experiment, device=dev.name, dtype=prof.dtype, n_params=prof.n_params,
