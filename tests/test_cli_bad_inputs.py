@@ -232,6 +232,8 @@ CASES = [
     C("rank-lab-without-lab-json", "rank", "{nolab}", "--task", "lab-mmlu", "--out", "out", match="has no lab.json"),
     # experiments
     C("prune-limit-0", "prune", LAB, "--task", "kv", "--limit", "0", "--out", "out", match="--limit"),
+    C("prune-minimal-without-remove-restore", "prune", LAB, "--task", "lab-mmlu", "--minimal", "2", "--out", "out",
+      match="--minimal sizes the minimal model of --remove-restore: add that flag"),
     C("prune-unknown-task", "prune", LAB, "--task", "nosuch", "--out", "out", match="unknown task"),
     C("prune-kv1", "prune", LAB, "--task", "kv1", "--out", "out", match="pairs must be at least 2"),
     C("prune-tasks-alias-kv1", "prune", LAB, "--tasks", "kv1", "--out", "out", match="pairs must be at least 2"),

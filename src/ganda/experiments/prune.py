@@ -413,6 +413,11 @@ class PruneOptions(Options):
     drop_task: str | None = option(None, "task whose drop defines the minimal model (default: mmlu if scored, else "
                                    "the first task)")
 
+    def check(self) -> None:
+        if self.minimal is not None and not self.remove_restore:  # the curve alone has no use for it
+            raise GandaError(f"{self.flag('minimal')} sizes the minimal model of {self.flag('remove_restore')}: "
+                             "add that flag, or drop this one")
+
 
 class Prune(ScoredExperiment):
     """Cumulative layer pruning (Fig. 2) and the minimal model; --remove-restore: Fig. 3."""
