@@ -57,6 +57,18 @@ class Options:
             if meta.get("choices") and value not in meta["choices"]:
                 raise GandaError(f"{self.flag(f.name)} must be {_either(meta['choices'])}, not {value!r}")
 
+    def changed(self, name: str) -> bool:
+        """Whether option ``name`` differs from its default: a value given, which a rule of
+        :meth:`check` refuses where nothing would read it (an option of another option left out)."""
+        f = next(f for f in self.fields() if f.name == name)
+        return getattr(self, name) != f.default
+
+    def needs(self, name: str, other: str, what: str) -> None:
+        """Refuse ``name`` changed from its default while ``other`` is off: it ``what`` (its use)."""
+        if self.changed(name) and not getattr(self, other):
+            raise GandaError(f"{self.flag(name)} {what} {self.flag(other)}: give {self.flag(other)} too, or drop "
+                             f"{self.flag(name)}")
+
     @classmethod
     def cli_flag(cls, name: str) -> str:
         """The command-line flag of option ``name`` (``verify_top`` -> ``--verify-top``; a switch's

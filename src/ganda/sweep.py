@@ -596,6 +596,7 @@ class SweepOptions(Options):
         if self.ablation != "zero" and self.until_chance:
             raise GandaError(f"{self.flag('ablation')} {self.ablation} runs without {self.flag('until_chance')}; "
                              f"drop {self.flag('until_chance')}")
+        self.needs("max_heads", "until_chance", "bounds")
 
 
 def run_sweep(

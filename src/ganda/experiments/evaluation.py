@@ -55,6 +55,7 @@ class EvalOptions(Options):
             raise GandaError(f"{self.flag('ablation')} and {self.flag('ablate_at')} need {self.flag('ablate')} HEADS")
         require_heads(self.flag("ablate"), self.ablate)
         require_heads(self.flag("mask_last_row"), self.mask_last_row)
+        self.needs("mask_rule", "mask_last_row", "chooses the row of")
         for name in ("keep_layers", "remove_layers"):
             if getattr(self, name) is not None:
                 parse_layers(getattr(self, name))

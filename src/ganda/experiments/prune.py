@@ -414,9 +414,7 @@ class PruneOptions(Options):
                                    "the first task)")
 
     def check(self) -> None:
-        if self.minimal is not None and not self.remove_restore:  # the curve alone has no use for it
-            raise GandaError(f"{self.flag('minimal')} sizes the minimal model of {self.flag('remove_restore')}: "
-                             "add that flag, or drop this one")
+        self.needs("minimal", "remove_restore", "sizes the minimal model of")  # the curve alone has no use for it
 
 
 class Prune(ScoredExperiment):

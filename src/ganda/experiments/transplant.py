@@ -350,6 +350,10 @@ class TransplantOptions(Options):
             raise GandaError(f"{self.flag('donor')} is required: the donor model")
         require_heads(self.flag("head"), self.head)
         require_heads(self.flag("donor_head"), self.donor_head)
+        self.needs("donor_head", "head", "names the donor of")
+        if self.head and self.layers:
+            raise GandaError(f"{self.flag('layers')} and {self.flag('head')}: give one ({self.flag('head')} transplants "
+                             "single heads instead of layers)")
         parse_layers(self.layers) if self.layers else None
 
 
