@@ -510,6 +510,20 @@ class RankOptions(Options):
                              f"{self.ablation}-ablation")
         layer_list(self.verify_layers, self.flag("verify_layers"))
         require_heads(self.flag("heads"), self.heads)
+        self._method_reads_them()
+
+    def _method_reads_them(self) -> None:
+        """An option the method never reads is refused, not ignored: the steps of ig, GradDrop's
+        blocks of atp*, and what an estimate chooses to verify, which ``exact`` (every head) has not."""
+        for name, method in (("ig_steps", "ig"), ("graddrop_blocks", "atp*")):
+            if self.changed(name) and self.method != method:
+                raise GandaError(f"{self.flag(name)} is read by {self.flag('method')} {method} only, not "
+                                 f"{self.method}: drop it")
+        chosen = [n for n in ("verify_top", "verify_layers", "audit", "widen", "screen", "active", "threshold")
+                  if self.changed(n)]
+        if self.method == "exact" and chosen:
+            raise GandaError(f"{self.flag('method')} exact measures every head exactly, so {self.flag(chosen[0])} "
+                             "has nothing to choose or bound: drop it")
 
 
 def reported_top(exact: dict[str, float], top: int) -> set[str]:
