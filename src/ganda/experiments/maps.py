@@ -35,6 +35,9 @@ class MapsOptions(Options):
             require_heads(self.flag("heads"), self.heads)
         if self.prompt is not None and not self.prompt.strip():
             raise GandaError(f"{self.flag('prompt')} is empty")
+        if self.prompt is not None and self.changed("index"):
+            raise GandaError(f"{self.flag('index')} picks a task example and {self.flag('prompt')} is a text of its "
+                             "own: give one")
 
 
 class Maps(DirectExperiment):
@@ -60,6 +63,10 @@ class Maps(DirectExperiment):
             raise GandaError(f"{options.flag('map_layers')} is what ganda plan costs; ganda attn draws the layers of "
                              f"{options.flag('heads')}")
         task_options = {"pairs": run.pairs, "shots": run.shots}
+        given = [f"--{k}" for k, v in task_options.items() if v is not None]
+        if options.prompt is not None and given:
+            raise GandaError(f"{given[0]} shapes a task example and {options.flag('prompt')} is a text of its own: "
+                             "give one")
         self.task = get_task(run.task, **task_options) if options.prompt is None else None
         inputs = model_inputs(run.model)
         runio.check_output_file(options.out, "--out", inputs=inputs, kind="figure", force=run.force)
