@@ -787,7 +787,7 @@ def test_grid_draws_the_prompts_ganda_sweep_draws():
     from ganda.tasks import get_task
 
     opts = {"limit": 2, "seed": 3, "sample": True, "shots": 0, "sweep": {"heads": "L0H0"}}
-    job = job_inputs({"model": "m", "task": "mmlu"}, opts)
+    job = job_inputs({"model": "m", "task": "mmlu", "experiment": "sweep"}, opts)
     grid = get_task("mmlu", **job.task_options()).examples(limit=job.limit, seed=job.seed)
     cli = get_task("mmlu", **RunInputs(task="mmlu", sample=True, shots=0).task_options()).examples(limit=2, seed=3)
     first = get_task("mmlu", shots=0).examples(limit=2, seed=3)
@@ -795,9 +795,21 @@ def test_grid_draws_the_prompts_ganda_sweep_draws():
     assert task_options({**opts, "sample": False}) == {"shots": 0}  # mmlu's default, as the command line passes it
 
 
+@pytest.mark.parametrize("experiment, n", [("heads", 16), ("sweep", 32), ("rank", 32)])
+def test_a_grid_job_without_a_limit_takes_its_experiments_default(experiment, n):
+    """A spec without ``limit`` (or with null) gives each job the prompts ``ganda NAME`` takes without
+    ``--limit``: ``heads`` scores 16, not the 32 of the others, and the job's record says so."""
+    from ganda.grid import job_inputs, job_record
+
+    job = {"model": "m", "task": "mmlu", "experiment": experiment}
+    for opts in ({}, {"limit": None}):
+        assert job_inputs(job, opts).limit == n and job_record(job, opts, None, "float32")["options"]["limit"] == n
+    assert job_inputs(job, {"limit": 5}).limit == 5
+
+
 def test_a_grid_job_is_the_run_ganda_name_makes(tmp_path, capsys):
     """A grid job runs through the runner ``ganda NAME`` runs through: an alias names its experiment
-    (``attribution`` is ``rank``), a null limit is the grid's 32, the job's files record its options
+    (``attribution`` is ``rank``), a null limit is rank's default 32, the job's files record its options
     as ``ganda rank`` records them, and what ``ganda heads`` refuses before its model loads the grid
     refuses before any job runs, writing nothing."""
     import yaml

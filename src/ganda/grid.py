@@ -38,7 +38,6 @@ import yaml
 from . import registry, runio
 from .device import default_device, default_dtype
 from .errors import GandaError
-from .experiments.base import DEFAULT_LIMIT
 from .experiments.runner import RunInputs, TaskInputs, check_inputs, run_loaded
 from .fingerprint import fingerprint
 from .models.base import ModelAdapter
@@ -161,9 +160,10 @@ def _earlier(path: Path) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def _limit(opts: dict[str, Any]) -> int:
-    """The prompts of every job: the spec's ``limit``, else (absent or null) 32."""
-    return DEFAULT_LIMIT if opts.get("limit") is None else int(opts["limit"])
+def _limit(opts: dict[str, Any], experiment: str) -> int | None:
+    """A job's prompts: the spec's ``limit``, else (absent or null) the experiment's own default, as
+    ``ganda NAME`` without ``--limit`` takes (32; ``heads`` 16)."""
+    return registry.experiment(experiment).default_limit if opts.get("limit") is None else int(opts["limit"])
 
 
 def job_inputs(job: dict[str, Any], opts: dict[str, Any], *, ray: str | None = None,
@@ -171,14 +171,14 @@ def job_inputs(job: dict[str, Any], opts: dict[str, Any], *, ray: str | None = N
     """A job's inputs as ``ganda NAME`` would take them (its prompts from the spec's shared options;
     ``ray``: the grid runs on Ray, which the experiment's checks read)."""
     shared = {k: opts[k] for k in TASK_OPTIONS if opts.get(k) is not None}
-    return RunInputs(model=job["model"], task=job["task"], limit=_limit(opts), seed=int(opts.get("seed", 0)), **shared,
+    return RunInputs(model=job["model"], task=job["task"], limit=_limit(opts, job["experiment"]), seed=int(opts.get("seed", 0)), **shared,
                      ray=ray, allow_pickle=allow_pickle, progress=False)
 
 
 def job_record(job: dict[str, Any], opts: dict[str, Any], weights: str | None, dtype: str) -> dict[str, Any]:
     """What makes a job's numbers what they are: written to its ``grid-job.json`` before it starts,
     compared on every rerun."""
-    options = {"limit": _limit(opts), "seed": int(opts.get("seed", 0)),
+    options = {"limit": _limit(opts, job["experiment"]), "seed": int(opts.get("seed", 0)),
                **task_options(opts), job["experiment"]: opts.get(job["experiment"], {})}
     return {"model": job["model"], "task": job["task"], "experiment": job["experiment"], "options": options,
             "weights": weights, "dtype": dtype}
