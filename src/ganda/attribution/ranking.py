@@ -1,8 +1,7 @@
 """Rank every head by attribution, verify the top K exactly, bound the false negatives among the rest.
 
-Verification of zero-ablation runs the exact sweep engine (:func:`ganda.sweep.run_sweep`) on the
-chosen heads, so a verified head's number is the sweep's number; mean-ablation runs the scoring
-path with the head's slice replaced by its mean. Both resume from ``OUT/verify``.
+Verification runs the exact sweep engine (:func:`ganda.sweep.run_sweep`, zero- or mean-ablation) on
+the chosen heads, so a verified head's number is the sweep's number; it resumes from ``OUT/verify``.
 
 The bound follows AtP*'s diagnostic: besides the top K, a uniform random *audit* of the unverified
 heads is verified too. With θ the smallest exact effect the reported top list needs, the number
@@ -22,22 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .. import runio
-from ..ablation import reference_means
 from ..effects import accuracy, effect, margin, mean_margin, ordered, predicted, split
 from ..errors import GandaError
 from ..figures import heatmap, pyplot, save_figure
 from ..finite import check_scores, finite_json
 from ..heads import HeadId, expand, require_heads
-from ..interventions import AblateHeads, parse_layers
+from ..interventions import parse_layers
 from ..models.base import ModelAdapter
 from ..options import Options, option
-from ..progress import tqdm
-from ..scoring import encode, examples_digest, score_examples
+from ..scoring import encode
 from ..stats import paired_intervals
-from ..sweep import ABLATION_HELP, HEADS_HELP, run_sweep, weights_fingerprint
+from ..sweep import ABLATION_HELP, HEADS_HELP, run_sweep
 from ..tasks.base import Example
 from .engine import (
     ACTIVE,
@@ -216,50 +211,6 @@ def _require_finite(adapter: ModelAdapter, examples: Sequence[Example], att: Att
         if not all(math.isfinite(v) for v in ll):
             check_scores(ll, f"prompt {i}", adapter, encode(adapter, examples[i].prompt))
     check_scores([att.clean, *att.estimate], f"the {att.method} estimates", adapter)
-
-
-def _verification_problem(rec: dict[str, Any]) -> str | None:
-    """What is wrong with a line of the verification's journal (None: the baseline's or a head's)."""
-    if rec.get("type") not in ("baseline", "head"):
-        return f"a record of type {rec.get('type')!r}"
-    return None if isinstance(rec.get("loglik"), list) else f"a {rec['type']} record without loglik"
-
-
-def _exact_mean(adapter: ModelAdapter, examples: Sequence[Example], heads: list[HeadId], means: dict[tuple[int, str], torch.Tensor],
-                out_dir: Path | None, resume: bool, progress: bool, config: dict[str, Any]) -> tuple[list[list[float]], dict[str, list[list[float]]]]:
-    """Mean-ablation of each head alone through the scoring path (resumable, one line per head)."""
-    cfg = {"model": adapter.spec, "n": len(examples), "prompts_sha": examples_digest(examples),
-           "heads": [str(h) for h in heads], "dtype": str(next(adapter.model.parameters()).dtype).removeprefix("torch."),
-           **config}
-    journal = None
-    if out_dir is not None:
-        cfg["weights"] = weights_fingerprint(adapter)
-        journal = runio.Journal(out_dir / "progress.jsonl", cfg, "verification", resume=resume,
-                                check=_verification_problem)
-        journal.open()
-    baseline = next((r["loglik"] for r in journal.records if r["type"] == "baseline"), None) if journal else None
-    done = {r["head"]: r["loglik"] for r in journal.records if r["type"] == "head"} if journal else {}
-    try:
-        if baseline is None:
-            baseline = [s.loglik for s in score_examples(adapter, examples)]
-            if journal is not None:
-                journal.append({"type": "baseline", "loglik": baseline})
-        bar = tqdm(total=len(heads), initial=sum(str(h) in done for h in heads), desc="verify (mean)", unit="head",
-                   disable=not progress)
-        for h in heads:
-            if str(h) in done:
-                continue
-            with AblateHeads([h], how="mean", means=means).apply(adapter):
-                ll = [s.loglik for s in score_examples(adapter, examples)]
-            done[str(h)] = ll
-            if journal is not None:
-                journal.append({"type": "head", "head": str(h), "loglik": ll})
-            bar.update(1)
-        bar.close()
-    finally:
-        if journal is not None:
-            journal.close()
-    return baseline, {str(h): done[str(h)] for h in heads}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -739,14 +690,9 @@ class _ExactChecks:
     def measure(self, hs: list[HeadId], where: Path | None) -> None:
         """Exact effects of ``hs`` into ``exact`` and ``exact_acc`` (resumable in ``where``)."""
         t1, c1 = time.perf_counter(), time.process_time()
-        if self.ablation == "zero":  # the sweep's own numbers
-            res = run_sweep(self.adapter, self.examples, heads=hs, out_dir=where, resume=self.resume,
-                            progress=self.progress, config=self.vcfg, batch_heads=self.batch_heads, seed=self.seed)
-            base, lls = res.baseline["loglik"], {r["head"]: r["loglik"] for r in res.records}
-        else:
-            means = self.att.means if self.att is not None else reference_means(self.adapter, self.examples,
-                                                                                 self.adapter.mixers())
-            base, lls = _exact_mean(self.adapter, self.examples, hs, means, where, self.resume, self.progress, self.vcfg)
+        res = run_sweep(self.adapter, self.examples, heads=hs, out_dir=where, resume=self.resume, progress=self.progress,
+                        config=self.vcfg, batch_heads=self.batch_heads, seed=self.seed, ablation=self.ablation)
+        base, lls = res.baseline["loglik"], {r["head"]: r["loglik"] for r in res.records}
         golds, kind = self.golds, self.margin
         self.clean, self.clean_acc = mean_margin(base, golds, kind), accuracy(base, golds)
         self.exact.update({h: effect(self.clean, mean_margin(ll, golds, kind)) for h, ll in lls.items()})
