@@ -1,6 +1,6 @@
 """Small statistics helpers: confidence intervals for accuracies (Wilson), for means over prompts
 (Student t, quantiles from ``scipy.stats``) and for paired differences (percentile bootstrap over
-prompts, ``scipy.stats.bootstrap``, or one shared draw for many rows at once). scipy loads with the first interval that needs it."""
+prompts, one draw shared by every row). scipy loads with the first interval that needs it."""
 
 from __future__ import annotations
 
@@ -66,30 +66,22 @@ def bootstrap_paired(a: Sequence[float], b: Sequence[float] | None = None, *, re
     ``a``, ``b`` and ``diff`` with their intervals ``<name>_ci_low`` and ``<name>_ci_high``.
 
     ``a[i]`` and ``b[i]`` belong to the same item; every resample draws items with replacement
-    and uses the same draw for a, b and a - b: each interval is ``scipy.stats.bootstrap`` with a
-    fresh ``numpy.random.default_rng(seed)``, which draws the same ``(resamples, n)`` indices.
+    and uses the same draw for a, b and a - b (:func:`bootstrap_rows` on the three rows: the draw
+    of ``scipy.stats.bootstrap`` with ``numpy.random.default_rng(seed)``).
     """
     xa = np.asarray(a, dtype=float)
     n = len(xa)
     if n == 0:
         raise ValueError("no items to bootstrap")
-
-    def ci(x: np.ndarray) -> list[float]:
-        if n < 2 or np.ptp(x) == 0:  # one item, or all equal: every resample has the same mean
-            return [float(x.mean()), float(x.mean())]
-        from scipy import stats
-
-        r = stats.bootstrap((x,), np.mean, n_resamples=resamples, confidence_level=level, method="percentile",
-                            vectorized=True, rng=np.random.default_rng(seed))
-        return [float(r.confidence_interval.low), float(r.confidence_interval.high)]
-
-    out: dict[str, Any] = {"n": n, "resamples": resamples, "seed": seed, "a": float(xa.mean()), **interval(ci(xa), "a")}
-    if b is not None:
-        xb = np.asarray(b, dtype=float)
-        if len(xb) != n:
-            raise ValueError("paired bootstrap needs a and b of the same length")
-        d = xa - xb
-        out.update({"b": float(xb.mean()), **interval(ci(xb), "b"), "diff": float(d.mean()), **interval(ci(d), "diff")})
+    xb = np.asarray(b if b is not None else xa, dtype=float)
+    if len(xb) != n:
+        raise ValueError("paired bootstrap needs a and b of the same length")
+    rows = np.stack([xa, xb, xa - xb])
+    low, high = bootstrap_rows(rows, resamples=resamples, seed=seed, level=level)
+    names = ("a", "b", "diff") if b is not None else ("a",)
+    out: dict[str, Any] = {"n": n, "resamples": resamples, "seed": seed}
+    for i, name in enumerate(names):
+        out.update({name: float(rows[i].mean()), **interval([float(low[i]), float(high[i])], name)})
     return out
 
 
