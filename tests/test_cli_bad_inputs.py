@@ -437,7 +437,7 @@ CASES = [
       match="holds a ganda prune run"),
     # a command refused after the model loads leaves nothing it created (the table checks the tree)
     C("sweep-refused-after-start", "sweep", LAB, "--task", "lab-mmlu", "--limit", "2", "--out", "o/x",
-      match="GANDA_FORWARD_TOKENS must be a positive whole number", GANDA_FORWARD_TOKENS="0"),
+      match="GANDA_FORWARD_TOKENS='0' is not a whole number of tokens (1 or more)", GANDA_FORWARD_TOKENS="0"),
     # ---- no number without meaning ----
     C("eval-task-unrepresentable", "eval", LAB, "--task", "kv", "--limit", "4", "--json",
       match="task 'kv' cannot be represented by lab-llama-h1's tokenizer"),
@@ -1154,3 +1154,29 @@ def test_plan_lets_no_tokenizer_warning_out(tmp_path, monkeypatch, capfd):
     out, err = capfd.readouterr()
     assert json.loads(out)["workload"]["max_tokens"] > 512  # prompts past the tokenizer's maximum were counted
     assert not [m for m in seen.messages if "Token indices" in m] and "Token indices" not in err
+
+
+@pytest.mark.parametrize(("name", "raw", "want"), [
+    ("GANDA_RAY_CPUS", "1.5", "GANDA_RAY_CPUS='1.5' is not a whole number of CPUs (1 or more)"),
+    ("GANDA_RAY_CPUS", "0", "GANDA_RAY_CPUS='0' is not a whole number of CPUs (1 or more)"),
+    ("GANDA_RAY_GPUS", "-1", "GANDA_RAY_GPUS='-1' is not a number of GPUs (0 or more)"),
+    ("GANDA_PROGRESS_EVERY", "inf", "GANDA_PROGRESS_EVERY='inf' is not a number of seconds (0 or more)"),
+    ("GANDA_FORWARD_TOKENS", "nan", "GANDA_FORWARD_TOKENS='nan' is not a whole number of tokens (1 or more)"),
+])
+def test_a_numeric_setting_out_of_its_range_is_one_line(monkeypatch, name, raw, want):
+    """Every numeric GANDA_* setting is read by one rule (``errors.env_number``): a value that is not
+    a number in its range stops the command in one line naming it, and a whole-number one given as
+    ``2.0`` is read as 2."""
+    from ganda.distributed import RayOptions
+    from ganda.errors import GandaError
+    from ganda.progress import log_every
+    from ganda.sweep import forward_tokens
+
+    read = {"GANDA_RAY_CPUS": lambda: RayOptions().cpus_per_actor, "GANDA_RAY_GPUS": lambda: RayOptions().gpus_per_actor,
+            "GANDA_PROGRESS_EVERY": log_every, "GANDA_FORWARD_TOKENS": forward_tokens}[name]
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(GandaError) as exc:
+        read()
+    assert str(exc.value) == want
+    monkeypatch.setenv(name, " 2.0 ")
+    assert read() == 2

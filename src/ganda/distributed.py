@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .errors import GandaError, at_least
+from .errors import GandaError, at_least, env_number
 from .heads import HeadId
 from .models import hub
 from .models.base import ModelAdapter
@@ -65,28 +65,14 @@ class RayOptions:
 
     address: str = "local"
     actors: int | None = None  # default: one per GPU (gpus_per_actor each), else one per cpus_per_actor cores
-    cpus_per_actor: int = field(default_factory=lambda: int(_env_number("GANDA_RAY_CPUS", 1)))
+    cpus_per_actor: int = field(default_factory=lambda: int(env_number("GANDA_RAY_CPUS", 1, "CPUs", low=1, whole=True)))
     # default: 1 where the cluster has GPUs, else 0; more (GANDA_RAY_GPUS=2) with --device-map auto
-    gpus_per_actor: float | None = field(default_factory=lambda: _env_number("GANDA_RAY_GPUS", None))
+    gpus_per_actor: float | None = field(default_factory=lambda: env_number("GANDA_RAY_GPUS", None, "GPUs"))
     shards: int | None = None  # prompt shards per head batch (default: enough units to keep every actor busy)
     max_crashes: int = 3  # a unit whose actor dies this many times stops the run
     allow_pickle: bool = False
     # fault drills (docs/distributed.md): {"delay": seconds per unit, "fail_head": "L1H0"}; GANDA_RAY_DRILL (JSON)
     drill: dict[str, Any] = field(default_factory=lambda: _drill_env())
-
-
-def _env_number(name: str, default: float | None) -> float | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        val = float(raw)
-    except ValueError:
-        val = -1.0
-    if val < 0 or (name == "GANDA_RAY_CPUS" and (val < 1 or val != int(val))):
-        raise GandaError(f"{name} must be a {'whole ' if name == 'GANDA_RAY_CPUS' else ''}number of at least "
-                         f"{1 if name == 'GANDA_RAY_CPUS' else 0}, got {raw!r}")
-    return val
 
 
 def _drill_env() -> dict[str, Any]:
@@ -128,7 +114,7 @@ def check_reachable(address: str) -> None:
     ``local`` and ``auto`` are left to Ray (they name no host)."""
     if address in ("local", "auto"):
         return
-    timeout = _env_number("GANDA_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S) or CONNECT_TIMEOUT_S
+    timeout = env_number("GANDA_RAY_CONNECT_TIMEOUT", CONNECT_TIMEOUT_S, "seconds") or CONNECT_TIMEOUT_S
     rest = address.split("://", 1)[1] if "://" in address else address
     host, sep, port = rest.rpartition(":")
     if not sep:

@@ -1,5 +1,8 @@
 """User-facing errors: the CLI prints these as one line, without a traceback."""
 
+import math
+import os
+
 
 class GandaError(Exception):
     """A problem with the user's input (path, model, head id, prompt length, ...)."""
@@ -17,6 +20,22 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
         head, sep, rest = reason.partition(": ")
         text = rest if sep and head.endswith(("Error", "Exception")) and head.isidentifier() else reason
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def env_number(name: str, default: float | None, unit: str, *, low: float = 0, whole: bool = False) -> float | None:
+    """The environment variable ``name`` as a number of ``unit`` of at least ``low`` (``whole``: an
+    integer), ``default`` where it is unset or blank; any other value is one line naming it, so a
+    typo in a setting stops the command instead of running it under another number."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        val = float(raw)
+    except ValueError:
+        val = math.nan
+    if not (math.isfinite(val) and val >= low and (not whole or val == int(val))):
+        raise GandaError(f"{name}={raw!r} is not {'a whole' if whole else 'a'} number of {unit} ({low:g} or more)")
+    return int(val) if whole else val
 
 
 #: counts bounded above, by flag: each prompt set repeats the whole measurement

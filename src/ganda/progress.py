@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm as _tqdm
 
-from .errors import GandaError
+from .errors import env_number
 
 LOG_EVERY = 30.0  # seconds between progress lines when stderr is not a terminal
 
@@ -108,16 +107,7 @@ def note(text: str) -> None:
 def log_every() -> float:
     """Seconds between progress lines in a log file: ``GANDA_PROGRESS_EVERY`` or 30. A value that is
     not a number of seconds is refused, as ``GANDA_THREADS`` is (the CLI checks it at start)."""
-    text = os.environ.get("GANDA_PROGRESS_EVERY", "").strip()
-    if not text:
-        return LOG_EVERY
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise GandaError(f"GANDA_PROGRESS_EVERY={text!r} is not a number of seconds (0 or more)")
-    return seconds
+    return float(env_number("GANDA_PROGRESS_EVERY", LOG_EVERY, "seconds"))
 
 
 def _is_terminal(stream: Any) -> bool:

@@ -61,7 +61,6 @@ import contextlib
 import csv
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -74,7 +73,7 @@ from . import runio
 from .ablation import check_batched_ablation, reference_means
 from .effects import effect, margin, mean_margin_or_nan, ordered, split
 from .engine import LayerCalls, Trace, logprobs
-from .errors import GandaError
+from .errors import GandaError, env_number
 from .figures import pyplot, save_figure
 from .fingerprint import fingerprint
 from .finite import check_scores
@@ -145,12 +144,8 @@ FORWARD_TOKENS_GPU = 32768
 
 def forward_tokens(gpu: bool = False) -> int:
     """The token budget of one layer forward: ``GANDA_FORWARD_TOKENS`` where set, else the CPU's or a GPU's."""
-    raw = os.environ.get("GANDA_FORWARD_TOKENS", "").strip()
-    if not raw:
-        return FORWARD_TOKENS_GPU if gpu else FORWARD_TOKENS_CPU
-    if not raw.isdigit() or int(raw) < 1:
-        raise GandaError(f"GANDA_FORWARD_TOKENS must be a positive whole number of tokens, not {raw!r}")
-    return int(raw)
+    return int(env_number("GANDA_FORWARD_TOKENS", FORWARD_TOKENS_GPU if gpu else FORWARD_TOKENS_CPU, "tokens",
+                          low=1, whole=True))
 
 
 @dataclass(frozen=True)

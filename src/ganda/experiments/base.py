@@ -68,13 +68,6 @@ def parse_options(items: list[str] | None, *, per_task: bool = False) -> dict[st
     return out
 
 
-def one_of(flag: str, value: str, choices: tuple[str, ...]) -> None:
-    """A text among ``choices``, else one line naming them all (``--ablation must be zero or mean or
-    resample, not 'half'``)."""
-    if value not in choices:
-        raise GandaError(f"{flag} must be {' or '.join(choices)}, not {value!r}")
-
-
 class PaperRun(NamedTuple):
     """One of the paper's headline runs of an experiment, as ``ganda plan --paper`` costs it."""
 
@@ -219,5 +212,5 @@ class DirectExperiment(Experiment):
         raise GandaError(f"the {self.name} experiment has no runner")
 
 
-__all__ = ["ABLATION_HELP", "DEFAULT_LIMIT", "DirectExperiment", "Experiment", "Options", "ScoredExperiment", "one_of",
-           "option", "option_type", "parse_options"]
+__all__ = ["ABLATION_HELP", "DEFAULT_LIMIT", "DirectExperiment", "Experiment", "Options", "ScoredExperiment", "option",
+           "option_type", "parse_options"]
