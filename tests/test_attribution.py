@@ -210,6 +210,37 @@ def test_graddrop_changes_nothing_without_later_layers():
     assert [s.estimate[i] for i in last] == pytest.approx([a.estimate[i] for i in last], abs=1e-7)
 
 
+@pytest.mark.parametrize("keep", [[1, 2], [0, 2]])
+def test_a_ranking_under_a_layer_edit_is_the_submodels_own(keep):
+    """Under a layer edit attribution walks the running layers (a layer's position in them is not
+    its id): AtP*, its GradDrop blocks and the exact drops equal those of the same submodel built by
+    hand, head for head, and a head of a removed layer is refused in one line."""
+    import copy
+
+    from ganda.heads import HeadId
+
+    ad = llama(3)
+    sub = copy.deepcopy(ad.model)
+    sub.model.layers = nn.ModuleList([sub.model.layers[i] for i in keep])
+    for i, layer in enumerate(sub.model.layers):
+        layer.self_attn.layer_idx = i
+    sub.config.num_hidden_layers = len(keep)
+    want = rank_heads(ganda.from_model(sub, CharTok(), spec="sub"), LETTERS, method="atp*", graddrop_blocks=2,
+                      verify_top=3, active=0, progress=False)
+    rename = {f"L{i}H{h}": f"L{layer}H{h}" for i, layer in enumerate(keep) for h in range(4)}
+    with ad.layer_edit(keep, "the submodel"):
+        got = rank_heads(ad, LETTERS, method="atp*", graddrop_blocks=2, verify_top=3, active=0, progress=False)
+        gone = ({0, 1, 2} - set(keep)).pop()
+        with pytest.raises(GandaError, match=f"rank: layer {gone} is removed by the submodel"):
+            rank_heads(ad, LETTERS, heads=[HeadId(gone, 0)], method="atp", progress=False)
+    assert sorted(got.estimate) == sorted(rename[h] for h in want.estimate) and len(got.estimate) == 8
+    for h, v in want.estimate.items():
+        assert got.estimate[rename[h]] == pytest.approx(v, abs=1e-6), h
+    assert sorted(got.exact) == sorted(rename[h] for h in want.exact)
+    for h, v in want.exact.items():
+        assert got.exact[rename[h]] == pytest.approx(v, abs=1e-5), h
+
+
 def test_the_verification_files_give_the_rankings_intervals(tmp_path):
     """verify/results.csv and the ranking bootstrap with the ranking's seed: one head, one interval,
     whichever file a reader opens (on 12 prompts the seed moves the bounds, so a seed-0 file differs)."""

@@ -139,6 +139,15 @@ def _expand_one(part: str, adapter: ModelAdapter) -> list[HeadId]:
     return out
 
 
+def running_heads(adapter: ModelAdapter, heads: Iterable[HeadId] | None, user: str) -> list[HeadId]:
+    """The heads a measurement takes, canonical and in order: ``heads``, each refused in one line
+    where a layer edit removes its layer, else every head of the running layers (a submodel's own)."""
+    heads = heads if heads is not None else [h for h in adapter.heads() if adapter.is_active(h.layer)]
+    out = sorted(adapter.canonical(h) for h in heads)
+    adapter.require_active({h.layer for h in out}, user)
+    return out
+
+
 def format_heads(heads: Iterable[HeadId]) -> str:
     """Comma-separated, the inverse of :func:`expand` for explicit ids."""
     return ",".join(str(h) for h in heads)

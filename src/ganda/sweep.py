@@ -77,7 +77,7 @@ from .errors import GandaError, env_number
 from .figures import pyplot, save_figure
 from .fingerprint import fingerprint
 from .finite import check_scores
-from .heads import HeadId, expand, require_heads
+from .heads import HeadId, expand, require_heads, running_heads
 from .interventions import AblateHeads, apply, row_ablations
 from .models.base import ModelAdapter
 from .models.loading import model_path
@@ -628,10 +628,7 @@ def run_sweep(
     t0 = time.perf_counter()
     if heads is None and o.heads:
         heads = expand(o.heads, adapter)
-    if heads is None:
-        heads = [h for h in adapter.heads() if adapter.is_active(h.layer)]
-    heads = sorted(adapter.canonical(h) for h in heads)
-    adapter.require_active({h.layer for h in heads}, "sweep")
+    heads = running_heads(adapter, heads, "sweep")
     if not examples:
         raise GandaError("no examples to sweep")
     means = _mean_reference(adapter, examples, heads) if o.ablation == "mean" else None

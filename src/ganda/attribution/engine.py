@@ -64,7 +64,7 @@ from ..ablation import reference_means
 from ..effects import mean_margin
 from ..engine import Edit, LayerCalls, Trace, logprobs
 from ..errors import GandaError
-from ..heads import HeadId
+from ..heads import HeadId, running_heads
 from ..interventions import z_point
 from ..models.base import Mixer, ModelAdapter
 from ..prepared import Batch, BatchItem, make_batch, plan_batches
@@ -308,7 +308,7 @@ class AttributionEngine:
         """Layer k recomputed with autograd from its recorded input: (input, output, the heads' ``z``
         with their mixers and head columns, the replay's relative difference from the model's own
         pass, a device scalar that :meth:`run` checks once per batch instead of a host sync per layer)."""
-        mixers = self.by_layer.get(k, [])
+        mixers = self.by_layer.get(calls.layers[k], [])  # k: a position among the running layers
         points = [z_point(m) for m, _ in mixers]
         x, out, tr = replay_layer(self.adapter, calls, k, points, {p: e for p, e in (edit or {}).items() if p in points})
         want = calls.output(k).float()
@@ -350,7 +350,7 @@ class AttributionEngine:
             passes: list[int | None] = [None, *sorted(b for b in drops if b != own)]
             need_x = k > 0
             inputs = ([x] if need_x else []) + [z for _, _, z in zs]
-            index = self._layer_index(k, dev)
+            index = self._layer_index(calls.layers[k], dev)
             new_cot = cot
             for j, ell in enumerate(passes):
                 if not inputs:
@@ -473,7 +473,7 @@ def attribute(
     if not examples:
         raise GandaError("no examples to attribute")
     with cpu_clock() as clock:
-        head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
+        head_list = running_heads(adapter, heads, "attribution")
         eng = AttributionEngine(adapter, head_list, ablation, margin, graddrop=method == "atp*", blocks=graddrop_blocks,
                       alphas=ig_alphas(ig_steps) if method == "ig" else None)
         if batch_tokens is None:
@@ -530,7 +530,8 @@ def _estimates(eng: AttributionEngine, method: str, mean_atp: torch.Tensor, gd: 
         ig = gd.mean(0).tolist()
         est = list(ig)
     elif gd is not None:
-        gd_mag = graddrop_scores(gd / n, mean_atp, [h.layer for h in eng.heads], eng.n_layers, eng.n_blocks)
+        positions = [eng.adapter.layer_position(h.layer) for h in eng.heads]  # GradDrop's blocks: of the running layers
+        gd_mag = graddrop_scores(gd / n, mean_atp, positions, eng.n_layers, eng.n_blocks)
         est = [(1.0 if a >= 0 else -1.0) * s for a, s in zip(mean_atp.tolist(), gd_mag, strict=True)]
     return est, gd_mag, ig
 

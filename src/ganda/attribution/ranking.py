@@ -26,7 +26,7 @@ from ..effects import accuracy, effect, margin, mean_margin, ordered, predicted,
 from ..errors import GandaError
 from ..figures import heatmap, pyplot, save_figure
 from ..finite import check_scores, finite_json
-from ..heads import HeadId, expand, require_heads
+from ..heads import HeadId, expand, require_heads, running_heads
 from ..interventions import parse_layers
 from ..models.base import ModelAdapter
 from ..options import Options, option
@@ -607,8 +607,8 @@ def _ranked_heads(adapter: ModelAdapter, examples: Sequence[Example], o: RankOpt
         heads = expand(o.heads, adapter)
     if not examples:
         raise GandaError("no examples to rank heads on")
-    head_list = sorted(adapter.canonical(h) for h in (heads if heads is not None else adapter.heads()))
-    n_layers = len(adapter.decoder_layers())
+    head_list = running_heads(adapter, heads, "rank")
+    n_layers = len(adapter.original_layers())
     bad = [x for x in verify_layers if not 0 <= x < n_layers]
     if bad:
         raise GandaError(f"--verify-layers {bad} outside the model's layers 0..{n_layers - 1}")
