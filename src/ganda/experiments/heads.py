@@ -91,23 +91,16 @@ def save_discovery(d: Discovery, out: Any, model: str) -> None:
     """``result.json`` (kind ``heads``), ``heads.csv`` (every head, sorted by aggregate score, with
     ``<metric>_ci_low`` / ``<metric>_ci_high`` intervals, its standard scores and label) and
     ``per_prompt.csv`` (every head's metrics on every prompt)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     ordered = sorted(d.scores, key=lambda s: -s.aggregate)
     rows = [s.to_json() for s in ordered]
     verified = [r for r in rows if r["drop"] is not None]
-    result = {
-        "kind": "heads", "model": model, "ganda_version": runio.ganda_version(), "config": d.task,
-        "summary": {
-            "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
-            "top_aggregate": d.top_aggregate, "top_gather": d.top_gather, "ci_method": CI_METHOD,
-            "summary_token": d.summary, "summary_choice": d.summary_choice, "standard_protocol": d.standard,
-            "labels": {s.head: s.label for s in ordered if s.label not in (None, "none")},
-        },
-        "rows": verified,
-        "all_heads": rows,
+    summary = {
+        "baseline_accuracy": d.baseline_accuracy, "n_pattern": d.n_pattern, "n_verify": d.n_verify,
+        "top_aggregate": d.top_aggregate, "top_gather": d.top_gather, "ci_method": CI_METHOD,
+        "summary_token": d.summary, "summary_choice": d.summary_choice, "standard_protocol": d.standard,
+        "labels": {s.head: s.label for s in ordered if s.label not in (None, "none")},
     }
-    runio.write_json(out / "result.json", result)
+    out = HeadsResult(model=model, config=d.task, summary=summary, rows=verified, extra={"all_heads": rows}).save_json(out)
     runio.write_csv(out / "heads.csv", [s.csv_row() for s in ordered])
     runio.write_csv(out / "per_prompt.csv", [{"head": s.head, "prompt": i, **{k: s.samples[k][i] for k in METRICS}}
                                        for s in ordered if s.samples for i in range(s.n_prompts)])
