@@ -14,7 +14,6 @@ generations, for GSM8K/BBH) to ``OUT/predictions/<task>.<condition>.jsonl``.
 
 from __future__ import annotations
 
-import csv
 import json
 import random
 import sys
@@ -418,14 +417,14 @@ def write_results(result: dict[str, Any], out: Path) -> None:
     runio.write_json(out / "extends.json", result)
     if result.get("sets"):
         runio.write_csv(out / "prompt_sets.csv", set_rows(result))
-    with runio.atomic_open(out / "extends.csv", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["task", "condition", "n", "correct", "accuracy", "ci_low", "ci_high", "seconds", "heads"])
-        for r in result["results"]:
-            low, high = bounds(r)
-            heads = {"intact": "", "ablated": result["heads"], "control": result["control_heads"]}[r["condition"]]
-            w.writerow([r["task"], r["condition"], r["n"], r["correct"], r["accuracy"], low, high,
-                        r["seconds"], heads])
+    heads = {"intact": "", "ablated": result["heads"], "control": result["control_heads"]}
+    rows = []
+    for r in result["results"]:
+        low, high = bounds(r)
+        rows.append({"task": r["task"], "condition": r["condition"], "n": r["n"], "correct": r["correct"],
+                     "accuracy": r["accuracy"], "ci_low": low, "ci_high": high, "seconds": r["seconds"],
+                     "heads": heads[r["condition"]]})
+    runio.write_csv(out / "extends.csv", rows)
 
 
 # ---- the result, as ganda.results.load and ganda report read it ---------------------------------
