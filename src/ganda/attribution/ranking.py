@@ -12,7 +12,6 @@ to every unverified estimate, names the heads that could still reach θ ("at ris
 
 from __future__ import annotations
 
-import csv
 import math
 import random
 import time
@@ -320,11 +319,7 @@ class RankResult:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         runio.write_json(out / "ranking.json", self.written(), indent=1)
-        rows = self.rows()
-        with runio.atomic_open(out / "ranking.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["head"])
-            w.writeheader()
-            w.writerows(rows)
+        runio.write_csv(out / "ranking.csv", self.rows())
         if self.estimate and self.exact:
             self.scatter(out / "scatter.png")
         if self.exact:

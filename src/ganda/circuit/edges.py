@@ -34,7 +34,6 @@ unverified edges could reach the verified top's smallest effect.
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -380,11 +379,7 @@ class EdgeRanking:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         runio.write_json(out / "edges.json", {**self.to_json(), "config": self.config}, indent=1)
-        rows = self.rows()
-        with runio.atomic_open(out / "edges.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["edge"])
-            w.writeheader()
-            w.writerows(rows)
+        runio.write_csv(out / "edges.csv", self.rows())
 
 
 def bound_sentence(b: Bound) -> str:
