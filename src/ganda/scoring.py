@@ -271,7 +271,7 @@ def score_budget(adapter: ModelAdapter) -> Budget:
     free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
     cfg = getattr(adapter.model, "config", None)
     vocab = int(getattr(cfg, "vocab_size", None) or 1 << 15)
-    d_model = adapter.mixers()[0].out_proj.out_features if adapter.mixers() else 1
+    d_model = adapter.d_model
     heads, kv = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
     kv_width = d_model * kv // heads if heads and kv else d_model  # grouped-query attention keeps fewer
     elem = next(adapter.model.parameters()).element_size()

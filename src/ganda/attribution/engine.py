@@ -406,7 +406,7 @@ def default_batch_tokens(adapter: ModelAdapter, blocks: int = GRADDROP_BLOCKS) -
     """:func:`batch_tokens_for` on the model's device (its free memory on CUDA; the CPU's fixed size)."""
     dev = adapter.device
     free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else None
-    d_model = adapter.mixers()[0].out_proj.out_features if adapter.mixers() else 1
+    d_model = adapter.d_model
     elem = next(adapter.model.parameters()).element_size()
     state = max((m.num_heads * int(getattr(m.module, "ssm_state_size", 0) or 0) for m in adapter.mixers()
                  if m.kind == "ssm" and m.head_dim == 1), default=0)  # Mamba-1 channels

@@ -243,7 +243,7 @@ def edge_attribution(adapter: ModelAdapter, examples: Sequence[Example], *, send
     if any(len(ex.choices) < 2 for ex in examples):
         raise GandaError("edge attribution needs multiple-choice examples with at least two choices")
     s_list, r_list = edge_heads(adapter, senders, receivers)
-    d_model = adapter.mixers()[0].out_proj.out_features
+    d_model = adapter.d_model
     with cpu_clock() as clock:
         eng = _EdgeEngine(adapter, s_list, r_list, margin, means)
         plan, packed = plan_batches(adapter, examples, batch_tokens or edges_batch_tokens(len(s_list), d_model))

@@ -60,16 +60,8 @@ from .base import Options, ScoredExperiment, option
 from .common import ExperimentResult, Scorer, chance, flat_scores, pct, task_series
 
 
-def _hidden_size(adapter: ModelAdapter) -> int:
-    cfg = getattr(adapter.model, "config", None)
-    hs = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
-    if hs is None:
-        hs = adapter.mixers()[0].out_proj.out_features
-    return int(hs)
-
-
 def _check_compatible(student: ModelAdapter, donor: ModelAdapter) -> None:
-    a, b = _hidden_size(student), _hidden_size(donor)
+    a, b = student.d_model, donor.d_model
     if a != b:
         raise GandaError(f"student d_model {a} != donor d_model {b}: layers cannot be swapped")
 

@@ -408,6 +408,11 @@ class ModelAdapter(ABC):
     def num_layers(self) -> int:
         return max(m.layer for m in self.mixers()) + 1 if self.mixers() else 0
 
+    @property
+    def d_model(self) -> int:
+        """The residual stream's width: what every mixer's output projection writes (1 without mixers)."""
+        return self.mixers()[0].out_proj.out_features if self.mixers() else 1
+
     def layer_kinds(self, layer: int) -> list[str]:
         return [m.kind for m in self.mixers() if m.layer == layer]
 
