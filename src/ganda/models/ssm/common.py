@@ -8,7 +8,6 @@ attention in the same pass.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -24,15 +23,13 @@ from ...heads import HeadId
 from ..base import Mixer, ModelAdapter
 from ..placement import weights_on
 from .materialize import SelectiveParams, SSDParams, SSMParams, for_math, head_map, selective_maps
-from .selective_scan import MAMBA1_MODULES, selective_scan
+from .selective_scan import MAMBA1_MODULES, present, selective_scan
 
 log = logging.getLogger(__name__)
 
 # transformers modules whose module-level kernel functions we swap for their PyTorch references.
 _HF_MODULES = (
-    "transformers.models.mamba.modeling_mamba",
-    "transformers.models.falcon_mamba.modeling_falcon_mamba",
-    "transformers.models.jamba.modeling_jamba",
+    *MAMBA1_MODULES,
     "transformers.models.mamba2.modeling_mamba2",
     "transformers.models.zamba2.modeling_zamba2",
     "transformers.models.bamba.modeling_bamba",
@@ -66,11 +63,7 @@ def torch_path(model: nn.Module) -> Iterator[None]:
     """
     global _warned
     patched: list[tuple[Any, str, Any]] = []
-    for name in _HF_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - family absent from this transformers version
-            continue
+    for mod in present(_HF_MODULES):
         for fn_name in _KERNEL_FUNCS:
             fn = getattr(mod, fn_name, None)
             if fn is None or not callable(fn):
@@ -80,7 +73,7 @@ def torch_path(model: nn.Module) -> Iterator[None]:
                 patched.append((mod, fn_name, fn))
                 setattr(mod, fn_name, ref)
         scan = getattr(mod, "mamba_selective_scan", None)
-        if name in MAMBA1_MODULES and scan is not None and not getattr(scan, "ganda_scan", False):
+        if mod.__name__ in MAMBA1_MODULES and scan is not None and not getattr(scan, "ganda_scan", False):
             patched.append((mod, "mamba_selective_scan", scan))
             mod.mamba_selective_scan = selective_scan
     was_training = model.training

@@ -8,7 +8,6 @@ of blocks of consecutive channels for display (an aggregate, not an exact head).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -21,7 +20,7 @@ from ...heads import HeadId
 from ..base import Mixer
 from .common import SSMAdapterBase, causal_conv
 from .materialize import SelectiveParams, SSMParams, group_channels
-from .selective_scan import MAMBA1_MODULES, selective_scan, starting_from
+from .selective_scan import MAMBA1_MODULES, present, selective_scan, starting_from
 
 
 def mamba1_params(m: nn.Module, captured: torch.Tensor) -> SelectiveParams:
@@ -81,11 +80,7 @@ def scans_continue(cache: Any, mixers: Sequence[nn.Module]) -> Iterator[None]:
         start.state = recurrent_state(cache, module.layer_idx)
 
     swapped = []
-    for name in MAMBA1_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - family absent from this transformers version
-            continue
+    for mod in present(MAMBA1_MODULES):
         if hasattr(mod, "mamba_selective_scan"):
             swapped.append((mod, mod.mamba_selective_scan))
             mod.mamba_selective_scan = scan

@@ -30,8 +30,10 @@ read out in float32 and cast to the input's dtype (transformers rounds the state
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -43,6 +45,17 @@ MAMBA1_MODULES = (
     "transformers.models.falcon_mamba.modeling_falcon_mamba",
     "transformers.models.jamba.modeling_jamba",
 )
+
+
+def present(names: Iterable[str]) -> Iterator[ModuleType]:
+    """The transformers modules of ``names`` that this transformers version has, imported."""
+    for name in names:
+        try:
+            yield importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - family absent from this transformers version
+            continue
+
+
 # elements of one [batch, segment, d_inner, state] float32 tensor; a no-grad scan keeps about six alive
 SCAN_ELEMENTS = {"cpu": 1 << 26, "accelerator": 1 << 28}
 
