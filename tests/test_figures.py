@@ -50,13 +50,15 @@ def test_the_demo_ablation_curve_counts_heads_in_whole_numbers_and_names_its_poi
 
 
 def test_the_roles_cumulative_curve_counts_heads_in_whole_numbers_and_names_its_points(drawn, tmp_path):
-    res = RolesResult(model="m", config={"task": "lab-mmlu"}, summary={"baseline": 0.8, "chance": 0.25},
-                      extra={"cumulative": CURVE})
+    res = RolesResult(model="m", config={"task": "lab-mmlu"}, summary={"baseline": 0.8, "baseline_ci_low": 0.6,
+                      "baseline_ci_high": 0.9, "chance": 0.25}, extra={"cumulative": CURVE})
     res.draw(tmp_path)
     fig = next(f for f in drawn if f.axes[0].get_xlabel().startswith("heads ablated"))
     ticks, names = _ticks_and_names(fig)
     assert ticks and all(t == int(t) for t in ticks), ticks
     assert names == ["L2H0", "L3H1", "L1H0"]
+    band = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]  # the curve's interval, from the intact model's
+    assert band.min() == pytest.approx(0.15) and band.max() == pytest.approx(0.9)
 
 
 def test_the_kv_curve_headline_says_points_for_a_difference_of_accuracies():

@@ -39,11 +39,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from .. import runio
 from ..errors import GandaError
-from ..figures import bars, curves, heatmap
+from ..figures import bars, heatmap
 from ..heads import HeadId
 from ..intervals import bounds, ci
 from ..interventions import AblateHeads, KeepLayers, apply, parse_layers
@@ -68,7 +69,7 @@ from .common import (
     pool_over,
     prompt_sets,
 )
-from .cumulative import added_heads, cumulative_ablation
+from .cumulative import cumulative_ablation, curve_figure
 
 #: where a mode ablates: everywhere, at the final position (the last prompt token and the answer's own
 #: tokens after it: every position that predicts an answer token, ganda.sites' ``final``) and every
@@ -123,12 +124,11 @@ class RolesResult(ExperimentResult):
                       title=f"Where each head matters ({self.model}): all / final position only / before it")]
         cum = self.extra.get("cumulative") or []
         if cum:
-            x = [0] + [c["n_heads"] for c in cum]
-            ys = [self.summary.get("baseline")] + [c["accuracy"] for c in cum]
-            paths.append(curves(x, {task: ys}, Path(out_dir) / "cumulative.png", xlabel="heads ablated (ranked by drop)",
-                                hlines={"chance": self.summary.get("chance", 0.0)},
-                                title=f"Cumulative head ablation ({self.model})", integer_x=True,
-                                point_labels={task: added_heads(cum)}))
+            s = self.summary
+            base = SimpleNamespace(accuracy=s.get("baseline"), ci_low=s.get("baseline_ci_low"),
+                                   ci_high=s.get("baseline_ci_high"))
+            paths.append(curve_figure(cum, base, s.get("chance", 0.0), Path(out_dir) / "cumulative.png", series=task,
+                                      xlabel="heads ablated (ranked by drop)", title=f"Cumulative head ablation ({self.model})"))
         base_answers = self.summary.get("baseline_answers")
         if base_answers and rows and all(r.get("answers") for r in rows):
             letters = list(base_answers)
