@@ -432,6 +432,13 @@ def describe_all(interventions: Iterable[Intervention] | None) -> list[dict[str,
     return [iv.describe() for iv in interventions or []]
 
 
+def check_layers(flag: str, layers: Sequence[int], n: int) -> list[int]:
+    """``layers`` when each is one of a model's ``n`` layers, else one line naming those that are not."""
+    if bad := [i for i in layers if not 0 <= i < n]:
+        raise GandaError(f"{flag} {bad} outside the model's layers 0..{n - 1}")
+    return list(layers)
+
+
 def parse_layers(text: str) -> list[int]:
     """``"0-17"`` or ``"0,2,5-7"`` -> list of ints."""
     out: list[int] = []

@@ -50,7 +50,7 @@ from .attribution.engine import (
 from .device import parse_dtype
 from .errors import GandaError
 from .heads import expand
-from .interventions import parse_layers
+from .interventions import check_layers, parse_layers
 from .models import hub, load_model, meta
 from .models.base import ModelAdapter
 from .models.loading import load_tokenizer, model_path
@@ -622,9 +622,7 @@ def attribution_phases(p: Profile, w: Workload, opts: dict[str, Any]) -> Phases:
                     backward=back - 1.0, scan=CHUNKED)]
     cotangents = blocks if method == "atp*" else 1
     kept = (depth + cotangents) * per_batch * reps * width * p.d_model * 4
-    early = sorted(set(opts.get("verify_layers") or ()))
-    if any(not 0 <= k < len(L) for k in early):
-        raise GandaError(f"--verify-layers {early} outside the model's layers 0..{len(L) - 1}")
+    early = check_layers("--verify-layers", sorted(set(opts.get("verify_layers") or ())), len(L))
     ranked = opts.get("heads_per_layer") or [layer.heads for layer in p.layers]  # --heads: only those are ranked
     per_layer = [ranked[k] if k in early else 0 for k in L]  # every ranked head of those layers
     rest = {k: ranked[k] for k in L if k not in early and ranked[k]}
@@ -943,15 +941,6 @@ def heads_per_layer(adapter: Any, heads: str | Sequence[Any] | None) -> list[int
     return per_layer
 
 
-def model_layers(adapter: Any, flag: str, text: str) -> list[int]:
-    """A layer list of the model's own layers: one past the last is one line, not an IndexError."""
-    layers = parse_layers(text)
-    n = len(adapter.original_layers())
-    if bad := [i for i in layers if not 0 <= i < n]:
-        raise GandaError(f"{flag} {bad} outside the model's layers 0..{n - 1}")
-    return layers
-
-
 def paper_plans(device: str, devices: int, shots: int | None = None) -> list[tuple[str, Any]]:
     """The paper's headline runs as plans (shipped configs, bf16): each experiment's ``paper`` runs."""
     out = []
@@ -1000,7 +989,7 @@ def phase_options(experiment: str, adapter: ModelAdapter, flags: dict[str, Any],
     cls.plan_options(adapter, built, opts)  # what only the experiment knows how to read in the model
     for name in ("verify_layers", "map_layers", "layers"):  # prune's layers is a count, transplant's a list
         if isinstance(opts.get(name), str):
-            opts[name] = model_layers(adapter, built.flag(name), opts[name])
+            opts[name] = check_layers(built.flag(name), parse_layers(opts[name]), len(adapter.original_layers()))
     if opts.get("remove_restore") is True:  # prune's costs read the minimal model's size
         opts["remove_restore"] = opts.get("minimal") or len(adapter.original_layers())
     if "graddrop_blocks" in opts:

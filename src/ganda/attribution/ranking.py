@@ -26,7 +26,7 @@ from ..errors import GandaError
 from ..figures import heatmap, pyplot, save_figure
 from ..finite import check_scores, finite_json
 from ..heads import HeadId, expand, require_heads, running_heads
-from ..interventions import parse_layers
+from ..interventions import check_layers, parse_layers
 from ..models.base import ModelAdapter
 from ..options import Options, option
 from ..scoring import encode
@@ -603,11 +603,7 @@ def _ranked_heads(adapter: ModelAdapter, examples: Sequence[Example], o: RankOpt
     if not examples:
         raise GandaError("no examples to rank heads on")
     head_list = running_heads(adapter, heads, "rank")
-    n_layers = len(adapter.original_layers())
-    bad = [x for x in verify_layers if not 0 <= x < n_layers]
-    if bad:
-        raise GandaError(f"--verify-layers {bad} outside the model's layers 0..{n_layers - 1}")
-    return head_list, verify_layers
+    return head_list, check_layers("--verify-layers", verify_layers, len(adapter.original_layers()))
 
 
 def _rank_options(options: RankOptions | None, overrides: dict[str, Any]) -> RankOptions:
