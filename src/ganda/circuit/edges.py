@@ -46,6 +46,7 @@ from .. import runio
 from ..ablation import check_batched_ablation, reference_means
 from ..attribution.engine import (
     ACTIVE_EDGES,
+    BATCH_TOKENS,
     AttributionEngine,
     margin_of,
     output_cotangent,
@@ -291,7 +292,7 @@ def exact_edges(adapter: ModelAdapter, examples: Sequence[Example], edges: Seque
     ``edges_exact.jsonl`` keeps one line per finished sender and a stopped run resumes from it
     (any run on the same model, prompts, paths and margin: the edge list may grow)."""
     check_paths(adapter, paths, [s for s, _ in edges])
-    plan, packed = plan_batches(adapter, examples, batch_tokens or 4096)
+    plan, packed = plan_batches(adapter, examples, batch_tokens or BATCH_TOKENS)  # the CPU's measured batch, as attribution's
     journal = None
     if out_dir is not None:
         cfg = {"model": adapter.spec, "prompts_sha": examples_digest(examples), "paths": paths, "margin": margin,
