@@ -246,7 +246,7 @@ def test_attribution_fingerprints_only_what_it_writes(monkeypatch, tmp_path):
     """No run directory, no fingerprint: ``attribute`` and ``rank_heads`` without ``out_dir`` never
     read the weights for one."""
     import ganda.attribution.engine as engine
-    import ganda.attribution.ranking as ranking
+    import ganda.sweep as sweep
     from ganda.attribution import attribute, rank_heads
     from ganda.models import load_model
     from ganda.tasks import get_task
@@ -258,7 +258,7 @@ def test_attribution_fingerprints_only_what_it_writes(monkeypatch, tmp_path):
         return "counted"
 
     monkeypatch.setattr(engine, "weights_fingerprint", counted)
-    monkeypatch.setattr(ranking, "weights_fingerprint", counted)
+    monkeypatch.setattr(sweep, "weights_fingerprint", counted)  # the verification's sweep
     ad = load_model(MODEL, device="cpu")
     exs = get_task("lab-mmlu", adapter=ad).examples(limit=2)
     attribute(ad, exs, progress=False)
