@@ -13,6 +13,10 @@ checks that the per-head accuracies and every per-prompt prediction are identica
 * ``naive-rows``: the same with ``GANDA_PREFIX_CACHE=0``: every ``context + choice`` row
   scored whole, lm-eval's layout.
 
+``--ablation mean`` runs every arm under mean-ablation (each head's slice set to its mean over the
+prompts): ``naive`` is then the per-head scoring loop that a ranking's mean-ablation verification
+would be without the sweep engine.
+
     .venv/bin/python benchmarks/bench_sweep.py --task kv --pairs 4 --n 4 --threads 1
 """
 
@@ -103,6 +107,7 @@ def main() -> None:
     ap.add_argument("--heads", default=None, help="only these heads (e.g. 'L0H*,L15H*,L29H*'); default all")
     ap.add_argument("--arms", default="fast,per-head,naive", help="fast first; then any of per-head, naive, naive-rows")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--ablation", default="zero", choices=("zero", "mean"))
     ap.add_argument("--lm-head-rows", action="store_true", help="only time one LM-head call by its number of rows")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sweep.json"))
     args = ap.parse_args()
@@ -119,16 +124,18 @@ def main() -> None:
     for arm in args.arms.split(","):
         t, c = time.perf_counter(), time.process_time()
         if arm == "fast":
-            results[arm] = run_sweep(adapter, examples, heads=heads, progress=True)
+            results[arm] = run_sweep(adapter, examples, heads=heads, progress=True, ablation=args.ablation)
         elif arm == "per-head":
             with scored_by(per_head_scores):
-                results[arm] = run_sweep(adapter, examples, heads=heads, progress=True)
+                results[arm] = run_sweep(adapter, examples, heads=heads, progress=True, ablation=args.ablation)
         elif arm == "naive":
-            results[arm] = run_sweep(adapter, examples, heads=heads, progress=True, naive=True)
+            results[arm] = run_sweep(adapter, examples, heads=heads, progress=True, naive=True,
+                                         ablation=args.ablation)
         elif arm == "naive-rows":  # lm-eval's layout: every choice row scored whole, no shared-prefix reuse
             os.environ["GANDA_PREFIX_CACHE"] = "0"
             try:
-                results[arm] = run_sweep(adapter, examples, heads=heads, progress=True, naive=True)
+                results[arm] = run_sweep(adapter, examples, heads=heads, progress=True, naive=True,
+                                         ablation=args.ablation)
             finally:
                 os.environ.pop("GANDA_PREFIX_CACHE")
         else:
@@ -159,7 +166,7 @@ def main() -> None:
     top = fast.top(5)
     result = {
         "command": f"python benchmarks/bench_sweep.py --task {args.task} --pairs {args.pairs} --n {args.n} "
-        f"--seed {args.seed} --threads {args.threads} --arms {args.arms}" + (f" --heads '{args.heads}'" if args.heads else ""),
+        f"--seed {args.seed} --threads {args.threads} --arms {args.arms} --ablation {args.ablation}" + (f" --heads '{args.heads}'" if args.heads else ""),
         "model": args.model,
         "task": args.task,
         "task_options": opts,
