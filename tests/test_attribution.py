@@ -210,23 +210,28 @@ def test_graddrop_changes_nothing_without_later_layers():
     assert [s.estimate[i] for i in last] == pytest.approx([a.estimate[i] for i in last], abs=1e-7)
 
 
-@pytest.mark.parametrize("keep", [[1, 2], [0, 2]])
-def test_a_ranking_under_a_layer_edit_is_the_submodels_own(keep):
-    """Under a layer edit attribution walks the running layers (a layer's position in them is not
-    its id): AtP*, its GradDrop blocks and the exact drops equal those of the same submodel built by
-    hand, head for head, and a head of a removed layer is refused in one line."""
+def submodel(ad: ganda.ModelAdapter, keep: list[int]) -> ganda.ModelAdapter:
+    """A copy of a tiny Llama with only the layers ``keep``, built by hand (what a layer edit runs)."""
     import copy
 
-    from ganda.heads import HeadId
-
-    ad = llama(3)
     sub = copy.deepcopy(ad.model)
     sub.model.layers = nn.ModuleList([sub.model.layers[i] for i in keep])
     for i, layer in enumerate(sub.model.layers):
         layer.self_attn.layer_idx = i
     sub.config.num_hidden_layers = len(keep)
-    want = rank_heads(ganda.from_model(sub, CharTok(), spec="sub"), LETTERS, method="atp*", graddrop_blocks=2,
-                      verify_top=3, active=0, progress=False)
+    return ganda.from_model(sub, CharTok(), spec="sub")
+
+
+@pytest.mark.parametrize("keep", [[1, 2], [0, 2]])
+def test_a_ranking_under_a_layer_edit_is_the_submodels_own(keep):
+    """Under a layer edit attribution walks the running layers (a layer's position in them is not
+    its id): AtP*, its GradDrop blocks and the exact drops equal those of the same submodel built by
+    hand, head for head, and a head of a removed layer is refused in one line."""
+    from ganda.heads import HeadId
+
+    ad = llama(3)
+    want = rank_heads(submodel(ad, keep), LETTERS, method="atp*", graddrop_blocks=2, verify_top=3, active=0,
+                      progress=False)
     rename = {f"L{i}H{h}": f"L{layer}H{h}" for i, layer in enumerate(keep) for h in range(4)}
     with ad.layer_edit(keep, "the submodel"):
         got = rank_heads(ad, LETTERS, method="atp*", graddrop_blocks=2, verify_top=3, active=0, progress=False)
@@ -239,6 +244,26 @@ def test_a_ranking_under_a_layer_edit_is_the_submodels_own(keep):
     assert sorted(got.exact) == sorted(rename[h] for h in want.exact)
     for h, v in want.exact.items():
         assert got.exact[rename[h]] == pytest.approx(v, abs=1e-5), h
+
+
+def test_edges_under_a_layer_edit_are_the_submodels_own():
+    """Edge attribution inside a layer edit joins the running layers' heads only (no default sender
+    or receiver in a removed layer), and its estimates and exact checks are the hand-built submodel's."""
+    from ganda.circuit.edges import rank_edges
+
+    ad = llama(3)
+    want = rank_edges(submodel(ad, [0, 2]), LETTERS, progress=False)
+    with ad.layer_edit([0, 2], "the submodel"):
+        got = rank_edges(ad, LETTERS, progress=False)
+    rename = lambda e: e.replace("L1H", "L2H")  # noqa: E731 - the submodel's layer 1 is layer 2
+    want_rows = {rename(r["edge"]): r for r in want.rows()}
+    got_rows = {r["edge"]: r for r in got.rows()}
+    assert sorted(got_rows) == sorted(want_rows) and len(got_rows) == 16  # 4 senders of layer 0 x 4 receivers
+    for e, r in want_rows.items():
+        assert got_rows[e]["estimate"] == pytest.approx(r["estimate"], abs=1e-6), e
+        assert (got_rows[e]["exact"] is None) == (r["exact"] is None), e
+        if r["exact"] is not None:
+            assert got_rows[e]["exact"] == pytest.approx(r["exact"], abs=1e-5), e
 
 
 def test_the_verification_files_give_the_rankings_intervals(tmp_path):

@@ -143,7 +143,7 @@ def running_heads(adapter: ModelAdapter, heads: Iterable[HeadId] | None, user: s
     """The heads a measurement takes, canonical and in order: ``heads``, each refused in one line
     where a layer edit removes its layer, else every head of the running layers (a submodel's own)."""
     heads = heads if heads is not None else [h for h in adapter.heads() if adapter.is_active(h.layer)]
-    out = sorted(adapter.canonical(h) for h in heads)
+    out = sorted({adapter.canonical(h) for h in heads})
     adapter.require_active({h.layer for h in out}, user)
     return out
 

@@ -65,7 +65,7 @@ from ..attribution.ranking import (
 from ..effects import mean_margin
 from ..engine import LayerCalls, Trace
 from ..errors import GandaError
-from ..heads import HeadId, expand, require_heads
+from ..heads import HeadId, expand, require_heads, running_heads
 from ..intervals import bounds, ci
 from ..interventions import z_point
 from ..models.base import ModelAdapter
@@ -127,7 +127,8 @@ class _EdgeEngine:
         self.adapter, self.margin, self.means = adapter, margin, means
         self.senders, self.receivers = senders, receivers
         self.layers = list(adapter.active_layers())
-        self.nodes = AttributionEngine(adapter, adapter.heads(), "zero", margin, graddrop=False)  # every head's plain AtP
+        self.nodes = AttributionEngine(adapter, running_heads(adapter, None, "edges"), "zero", margin,
+                                       graddrop=False)  # every running head's plain AtP
         self.heads = self.nodes.heads
         self.recv_col = {h: j for j, h in enumerate(receivers)}
         self._recv_index: dict[int, torch.Tensor] = {}  # built once per receiver layer
@@ -214,8 +215,10 @@ def _layer_span(layers: list[int]) -> str:
 
 
 def default_senders(adapter: ModelAdapter) -> list[HeadId]:
-    """Every head whose mixer writes linearly into the residual stream (all but Zamba2's shared attention)."""
-    return [h for h in adapter.heads() if residual_write_scale(adapter, adapter.mixer_of(h)) is not None]
+    """Every running head whose mixer writes linearly into the residual stream (all but Zamba2's shared
+    attention)."""
+    return [h for h in running_heads(adapter, None, "edges")
+            if residual_write_scale(adapter, adapter.mixer_of(h)) is not None]
 
 
 def edge_heads(adapter: ModelAdapter, senders: Sequence[HeadId] | None, receivers: Sequence[HeadId] | None
@@ -223,8 +226,8 @@ def edge_heads(adapter: ModelAdapter, senders: Sequence[HeadId] | None, receiver
     """The senders and receivers an edge pass joins (default: every head that can be one), canonical
     and in order, refused in one line where a sender has no direct write or no pair makes an edge:
     what :func:`edge_attribution` runs on and ``ganda plan -e edges`` costs."""
-    s_list = sorted({adapter.canonical(h) for h in (senders if senders is not None else default_senders(adapter))})
-    r_list = sorted({adapter.canonical(h) for h in (receivers if receivers is not None else adapter.heads())})
+    s_list = running_heads(adapter, senders if senders is not None else default_senders(adapter), "edges")
+    r_list = running_heads(adapter, receivers, "edges")
     check_paths(adapter, "direct", s_list)
     if not any(s.layer < r.layer for s in s_list for r in r_list):
         span = lambda hs: _layer_span([h.layer for h in hs])  # noqa: E731
