@@ -404,3 +404,25 @@ def test_ssm_heads_are_labelled_from_their_implicit_maps():
         assert set(lab.roles) <= set(LABELS)
         if lab.has("Gather"):
             assert lab.scores["gather_evidence"] > max(lab.scores["previous_token"], MIN_SCORE["gather"] / 2)
+
+
+@pytest.mark.usefixtures("lab_checkpoints")
+def test_standard_scores_inside_a_layer_edit_are_the_submodels_own():
+    """The standard scores' default heads are the running layers' (``heads(running=True)``): inside
+    a layer edit that keeps layers 0 and 2 they are those of the same submodel built by hand."""
+    import copy
+
+    from ganda.patterns import standard_scores
+
+    a = ganda.load_model("lab-llama", device="cpu", dtype=torch.float32)
+    sub = copy.deepcopy(a.model)
+    sub.model.layers = torch.nn.ModuleList([sub.model.layers[i] for i in (0, 2)])
+    for i, layer in enumerate(sub.model.layers):
+        layer.self_attn.layer_idx = i
+    sub.config.num_hidden_layers = 2
+    want = {k.replace("L1H", "L2H"): v for k, v in standard_scores(ganda.from_model(sub, a.tokenizer, spec="sub")).items()}
+    with a.layer_edit([0, 2], "the submodel"):
+        got = standard_scores(a)
+    assert sorted(got) == sorted(want) and {k[:2] for k in got} == {"L0", "L2"}
+    for head, scores in want.items():
+        assert got[head] == pytest.approx(scores, abs=1e-6), head

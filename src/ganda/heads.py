@@ -142,7 +142,7 @@ def _expand_one(part: str, adapter: ModelAdapter) -> list[HeadId]:
 def running_heads(adapter: ModelAdapter, heads: Iterable[HeadId] | None, user: str) -> list[HeadId]:
     """The heads a measurement takes, canonical and in order: ``heads``, each refused in one line
     where a layer edit removes its layer, else every head of the running layers (a submodel's own)."""
-    heads = heads if heads is not None else [h for h in adapter.heads() if adapter.is_active(h.layer)]
+    heads = heads if heads is not None else adapter.heads(running=True)
     out = sorted({adapter.canonical(h) for h in heads})
     adapter.require_active({h.layer for h in out}, user)
     return out

@@ -299,8 +299,7 @@ def summary_scores(adapter: ModelAdapter, examples: Sequence[Example], heads: Se
     the choice's evidence (:func:`choose_summary`; empty where a token was named)."""
     if summary != AUTO:
         return pattern_scores_by_summary(adapter, examples, heads, progress, (summary,))[summary], summary, {}
-    running = [h for h in adapter.heads() if adapter.is_active(h.layer)]  # a submodel: its own heads
-    by = pattern_scores_by_summary(adapter, examples, running, progress, SUMMARY_TOKENS)
+    by = pattern_scores_by_summary(adapter, examples, None, progress, SUMMARY_TOKENS)  # the choice reads every running head
     chosen, best = choose_summary(by)
     if heads is None:
         return by[chosen], chosen, best
@@ -343,7 +342,7 @@ def pattern_scores_by_summary(
 ) -> dict[str, list[HeadScore]]:
     """:func:`pattern_scores` under several summary tokens from one pass over the prompts: each
     prompt's map rows for every summary are read in one call, so two summaries cost one map."""
-    heads = list(heads) if heads is not None else adapter.heads()
+    heads = list(heads) if heads is not None else adapter.heads(running=True)  # a submodel: its own heads
     summaries = list(dict.fromkeys(summaries))
     for s in summaries:
         summary_spans([], s)  # validates
@@ -418,7 +417,7 @@ def standard_scores(adapter: ModelAdapter, heads: Sequence[HeadId] | None = None
                     ) -> dict[str, dict[str, float]]:
     """Per head (by name), its standard induction, previous-token and sink scores, each the mean
     over the ``batch`` protocol sequences of :func:`repeated_tokens` (module docstring)."""
-    heads = list(heads) if heads is not None else adapter.heads()
+    heads = list(heads) if heads is not None else adapter.heads(running=True)
     seqs, prefix, length = repeated_tokens(adapter, batch, length, seed)
     acc = {h: dict.fromkeys(STANDARD_SCORES, 0.0) for h in heads}
     step = max(1, MAP_BUDGET // (4 * len(seqs[0]) ** 2))  # heads per pass: full fp32 maps within the budget

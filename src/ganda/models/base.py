@@ -443,11 +443,12 @@ class ModelAdapter(ABC):
     def mixer_of(self, head: HeadId) -> Mixer:
         return self.mixer(head.layer, head.kind)
 
-    def heads(self, kind: str | None = None) -> list[HeadId]:
-        """Every head of the model (optionally only attention or only SSM heads)."""
+    def heads(self, kind: str | None = None, *, running: bool = False) -> list[HeadId]:
+        """Every head of the model (optionally only attention or only SSM heads; ``running``: only
+        those of the layers a layer edit keeps, a submodel's own heads)."""
         out = []
         for m in self.mixers():
-            if kind is None or m.kind == kind:
+            if (kind is None or m.kind == kind) and (not running or self.is_active(m.layer)):
                 k = None if self._lookup.get((m.layer, None)) is not None else m.kind
                 out.extend(HeadId(m.layer, h, k) for h in range(m.num_heads))
         return out
