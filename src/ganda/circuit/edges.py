@@ -127,7 +127,7 @@ class _EdgeEngine:
         self.adapter, self.margin, self.means = adapter, margin, means
         self.senders, self.receivers = senders, receivers
         self.layers = list(adapter.active_layers())
-        self.nodes = AttributionEngine(adapter, running_heads(adapter, None, "edges"), "zero", margin,
+        self.nodes = AttributionEngine(adapter, adapter.heads(running=True), "zero", margin,
                                        graddrop=False)  # every running head's plain AtP
         self.heads = self.nodes.heads
         self.recv_col = {h: j for j, h in enumerate(receivers)}
@@ -217,8 +217,7 @@ def _layer_span(layers: list[int]) -> str:
 def default_senders(adapter: ModelAdapter) -> list[HeadId]:
     """Every running head whose mixer writes linearly into the residual stream (all but Zamba2's shared
     attention)."""
-    return [h for h in running_heads(adapter, None, "edges")
-            if residual_write_scale(adapter, adapter.mixer_of(h)) is not None]
+    return [h for h in adapter.heads(running=True) if residual_write_scale(adapter, adapter.mixer_of(h)) is not None]
 
 
 def edge_heads(adapter: ModelAdapter, senders: Sequence[HeadId] | None, receivers: Sequence[HeadId] | None
