@@ -115,6 +115,16 @@ def _mmlu_dir(data_dir: str | Path | None) -> Path:
     return d
 
 
+def _local_task(task: str, dataset_path: str, dataset_kwargs: dict[str, Any], source: str, **fields: Any
+                ) -> dict[str, Any]:
+    """An lm-eval multiple-choice task over local files (its test split), scored by lm-eval's
+    ``acc`` and ``acc_norm``: what MMLU's and ARC-Easy's configs share."""
+    return {"task": task, "dataset_path": dataset_path, "dataset_kwargs": dataset_kwargs, "test_split": "test",
+            "output_type": "multiple_choice", **fields,
+            "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")],
+            "metadata": {"version": 1.0, "source": source}}
+
+
 def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 0) -> dict[str, Any]:
     """lm-eval's ``mmlu_<subject>`` (default template) as a config dict over the local CSVs.
 
@@ -129,21 +139,11 @@ def mmlu_task(subject: str, *, data_dir: str | Path | None = None, shots: int = 
     dev = d / "dev" / f"{subject}_dev.csv"
     if dev.is_file():
         files["dev"] = str(dev)
-    cfg: dict[str, Any] = {
-        "task": f"ganda_mmlu_{subject}",
-        "dataset_path": "csv",
-        "dataset_kwargs": {"data_files": files, "column_names": MMLU_COLUMNS},
-        "test_split": "test",
-        "output_type": "multiple_choice",
-        "doc_to_text": "{{question.strip()}}\nA. {{A}}\nB. {{B}}\nC. {{C}}\nD. {{D}}\nAnswer:",
-        "doc_to_choice": ["A", "B", "C", "D"],
-        "doc_to_target": "{{answer.strip()}}",
-        "description": description(subject),
-        "num_fewshot": shots,
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                        {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
-        "metadata": {"version": 1.0, "source": "ganda local MMLU CSVs"},
-    }
+    cfg = _local_task(f"ganda_mmlu_{subject}", "csv", {"data_files": files, "column_names": MMLU_COLUMNS},
+                      "ganda local MMLU CSVs",
+                      doc_to_text="{{question.strip()}}\nA. {{A}}\nB. {{B}}\nC. {{C}}\nD. {{D}}\nAnswer:",
+                      doc_to_choice=["A", "B", "C", "D"], doc_to_target="{{answer.strip()}}",
+                      description=description(subject), num_fewshot=shots)
     if shots:
         cfg["fewshot_split"] = "dev"
         cfg["fewshot_config"] = {"sampler": "first_n"}
@@ -180,20 +180,9 @@ def arc_easy_task(path: str | Path | None = None) -> dict[str, Any]:
     p = Path(path) if path else ARC_EASY
     if not p.is_file():
         raise GandaError(f"no ARC-Easy JSONL at {p} (pass path=...)")
-    return {
-        "task": "ganda_arc_easy",
-        "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(p)}},
-        "test_split": "test",
-        "process_docs": _arc_docs,
-        "output_type": "multiple_choice",
-        "doc_to_text": "Question: {{question}}\nAnswer:",
-        "doc_to_target": "{{choices.label.index(answerKey)}}",
-        "doc_to_choice": "{{choices.text}}",
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                        {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}],
-        "metadata": {"version": 1.0, "source": "ganda local ARC-Easy JSONL"},
-    }
+    return _local_task("ganda_arc_easy", "json", {"data_files": {"test": str(p)}}, "ganda local ARC-Easy JSONL",
+                       process_docs=_arc_docs, doc_to_text="Question: {{question}}\nAnswer:",
+                       doc_to_target="{{choices.label.index(answerKey)}}", doc_to_choice="{{choices.text}}")
 
 
 def sample_predictions(res: dict[str, Any], task: str) -> list[dict[str, Any]]:

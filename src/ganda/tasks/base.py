@@ -18,7 +18,7 @@ import types
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ..errors import GandaError
@@ -39,9 +39,6 @@ class Example:
     target: str | None = None  # generation tasks: the reference answer
     stop: list[str] | None = None  # generation tasks: stop sequences
     meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
     def key(self, task: str, position: int) -> dict[str, Any]:
         """``{"task", "subject", "doc_id"}``: what joins this example's scores with another run's.
