@@ -104,6 +104,10 @@ CASES = [
       match="resample is not run by edge attribution"),
     C("heads-n-negative", "heads", LAB, "-n", "-3", "--out", "out", match="--limit must be at least 1"),
     C("eval-unknown-flag", "eval", LAB, "--colour", "red", match="No such option"),
+    # an on/off setting that is neither on nor off
+    C("eval-prefix-cache-typo", "eval", KV, "--task", "lab-kv", "--limit", "2", "--json",
+      match="GANDA_PREFIX_CACHE='flase' is not a switch (one of true, yes, on, 1, false, no, off, 0)",
+      GANDA_PREFIX_CACHE="flase"),
     # DREAM data
     C("eval-dream-env-nowhere", "eval", LAB, "--task", "dream", match="GANDA_DREAM_DIR={missing} is not a directory",
       GANDA_DREAM_DIR="{missing}"),
@@ -1180,3 +1184,38 @@ def test_a_numeric_setting_out_of_its_range_is_one_line(monkeypatch, name, raw, 
     assert str(exc.value) == want
     monkeypatch.setenv(name, " 2.0 ")
     assert read() == 2
+
+
+@pytest.mark.parametrize("name", ["GANDA_PREFIX_CACHE", "GANDA_CUDNN_SDPA", "GANDA_VERBOSE"])
+def test_an_on_off_setting_takes_the_switch_words_in_any_case(monkeypatch, name):
+    """Every on/off GANDA_* setting is read by one rule (``errors.env_switch``): ``TRUE`` and
+    ``Off`` mean on and off, unset keeps the default, and a typo stops the command in one line."""
+    from transformers.utils import logging as hf_logging
+
+    from ganda.device import shape_free_attention
+    from ganda.errors import GandaError
+    from ganda.models.loading import _quiet_transformers
+    from ganda.scoring import prefix_cache_enabled
+
+    class Cached:
+        def supports_prefix_cache(self) -> bool:
+            return True
+
+    read = {"GANDA_PREFIX_CACHE": lambda: prefix_cache_enabled(Cached()),
+            # on: cuDNN stays in, so nothing is taken out (and no CUDA call is made)
+            "GANDA_CUDNN_SDPA": lambda: not shape_free_attention(torch.device("cuda")),
+            "GANDA_VERBOSE": lambda: _quiet_transformers() or hf_logging.is_progress_bar_enabled()}[name]
+    if not hf_logging.is_progress_bar_enabled():
+        monkeypatch.setattr(hf_logging, "_tqdm_active", True)  # on: transformers' loading bars stay as they are
+    monkeypatch.setenv(name, " TRUE ")
+    assert read() is True
+    if name == "GANDA_PREFIX_CACHE":
+        for off in ("Off", "0", "no"):
+            monkeypatch.setenv(name, off)
+            assert prefix_cache_enabled(Cached()) is False
+        monkeypatch.delenv(name)
+        assert prefix_cache_enabled(Cached()) is True
+    monkeypatch.setenv(name, "ture")
+    with pytest.raises(GandaError) as exc:
+        read()
+    assert str(exc.value) == f"{name}='ture' is not a switch (one of true, yes, on, 1, false, no, off, 0)"

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from .errors import GandaError
+from .errors import GandaError, env_switch
 
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -119,7 +119,7 @@ def shape_free_attention(device: torch.device) -> bool:
     batches take a new shape at almost every call (prompt lengths, suffix buckets, packed choices);
     the flash and memory-efficient kernels PyTorch falls back to need no plan. The switch is
     process-wide (``torch.backends.cuda.enable_cudnn_sdp``), as PyTorch's backend flags are."""
-    if device.type != "cuda" or os.environ.get(CUDNN_SDPA_ENV, "").strip() in ("1", "true", "yes", "on"):
+    if device.type != "cuda" or env_switch(CUDNN_SDPA_ENV, False):
         return False
     torch.backends.cuda.enable_cudnn_sdp(False)
     return True

@@ -38,6 +38,23 @@ def env_number(name: str, default: float | None, unit: str, *, low: float = 0, w
     return int(val) if whole else val
 
 
+#: the words an on/off setting or option value may take (any case)
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """The environment variable ``name`` as an on/off switch (:data:`TRUE_WORDS`,
+    :data:`FALSE_WORDS`, any case), ``default`` where it is unset or blank; any other value is one
+    line naming it, as :func:`env_number`'s are, so ``=TRUE`` and ``=off`` mean what they say."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if raw.lower() not in TRUE_WORDS + FALSE_WORDS:
+        raise GandaError(f"{name}={raw!r} is not a switch (one of {', '.join(TRUE_WORDS + FALSE_WORDS)})")
+    return raw.lower() in TRUE_WORDS
+
+
 #: counts bounded above, by flag: each prompt set repeats the whole measurement
 AT_MOST = {"--prompt-sets": 100}
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from .errors import GandaError
+from .errors import FALSE_WORDS, TRUE_WORDS, GandaError
 
 
 def option(default: Any, help: str, *, flag: str | None = None, short: str | None = None,
@@ -155,10 +155,6 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     if isinstance(base, type) and issubclass(base, PurePath) and not isinstance(value, str | PurePath):
         raise GandaError(f"{name} must be a path, not {value!r}")
     return value
-
-
-TRUE_WORDS = ("true", "yes", "on", "1")
-FALSE_WORDS = ("false", "no", "off", "0")
 
 
 def read_text(text: str, allowed: Sequence[Any]) -> Any:

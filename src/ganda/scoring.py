@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,7 @@ import torch
 
 from .effects import predicted
 from .engine import Trace
-from .errors import GandaError
+from .errors import GandaError, env_switch
 from .finite import check_scores
 from .intervals import split
 from .interventions import REFERENCES, Donors, Intervention, apply, bind_reference, describe_all, z_point
@@ -283,7 +282,7 @@ def prefix_cache_enabled(adapter: ModelAdapter, flag: bool | None = None) -> boo
     variable ``GANDA_PREFIX_CACHE`` (``0`` turns it off; on by default), and only where the
     adapter can continue from a cached state (:meth:`ModelAdapter.supports_prefix_cache`)."""
     if flag is None:
-        flag = os.environ.get("GANDA_PREFIX_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+        flag = env_switch("GANDA_PREFIX_CACHE", True)
     return bool(flag) and adapter.supports_prefix_cache()
 
 

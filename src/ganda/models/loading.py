@@ -52,7 +52,7 @@ import torch
 
 from .. import registry, runio
 from ..device import default_device, default_dtype, parse_device, parse_dtype
-from ..errors import GandaError, one_line
+from ..errors import GandaError, env_switch, one_line
 from ..fingerprint import fingerprint, safetensors_header
 from ..finite import check_config, check_weights
 from ..progress import tqdm as progress_bar
@@ -592,7 +592,7 @@ def _load_gguf(path: Path, use_cache: bool) -> tuple[Any, Any]:
 
 def _quiet_transformers() -> None:
     """Hide transformers' per-tensor loading bars (set GANDA_VERBOSE=1 to see them)."""
-    if os.environ.get("GANDA_VERBOSE"):
+    if env_switch("GANDA_VERBOSE", False):
         return
     from transformers.utils import logging as hf_logging  # heavy (~0.5 s): loaded with a model
 
