@@ -1190,18 +1190,17 @@ def test_a_numeric_setting_out_of_its_range_is_one_line(monkeypatch, name, raw, 
 def test_an_on_off_setting_takes_the_switch_words_in_any_case(monkeypatch, name):
     """Every on/off GANDA_* setting is read by one rule (``errors.env_switch``): ``TRUE`` and
     ``Off`` mean on and off, unset keeps the default, and a typo stops the command in one line."""
+    from conftest import make_tiny_llama
     from transformers.utils import logging as hf_logging
 
+    import ganda
     from ganda.device import shape_free_attention
     from ganda.errors import GandaError
     from ganda.models.loading import _quiet_transformers
     from ganda.scoring import prefix_cache_enabled
 
-    class Cached:
-        def supports_prefix_cache(self) -> bool:
-            return True
-
-    read = {"GANDA_PREFIX_CACHE": lambda: prefix_cache_enabled(Cached()),
+    adapter = ganda.from_model(make_tiny_llama(64))  # a Llama continues from a cached prefix
+    read = {"GANDA_PREFIX_CACHE": lambda: prefix_cache_enabled(adapter),
             # on: cuDNN stays in, so nothing is taken out (and no CUDA call is made)
             "GANDA_CUDNN_SDPA": lambda: not shape_free_attention(torch.device("cuda")),
             "GANDA_VERBOSE": lambda: _quiet_transformers() or hf_logging.is_progress_bar_enabled()}[name]
@@ -1212,9 +1211,9 @@ def test_an_on_off_setting_takes_the_switch_words_in_any_case(monkeypatch, name)
     if name == "GANDA_PREFIX_CACHE":
         for off in ("Off", "0", "no"):
             monkeypatch.setenv(name, off)
-            assert prefix_cache_enabled(Cached()) is False
+            assert prefix_cache_enabled(adapter) is False
         monkeypatch.delenv(name)
-        assert prefix_cache_enabled(Cached()) is True
+        assert prefix_cache_enabled(adapter) is True
     monkeypatch.setenv(name, "ture")
     with pytest.raises(GandaError) as exc:
         read()
