@@ -36,10 +36,10 @@ def close(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1.0))
 
 
-def normwise(a: torch.Tensor, b: torch.Tensor) -> float:
-    """‖a − b‖ / ‖b‖: a whole tensor's relative error."""
+def normwise(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-30) -> float:
+    """‖a − b‖ / max(‖b‖, floor): a whole tensor's relative error, against at least ``floor``."""
     a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+    return float((a - b).norm() / b.norm().clamp_min(floor))
 
 
 def _module_of(model: torch.nn.Module):
@@ -105,7 +105,9 @@ def test_models_on_the_torch_path_match_the_sequential_scan(family, T):
     """Whole models: logits and input-embedding gradients within 1e-5 of the largest entry; every
     weight's gradient within 1e-5 as a whole (‖Δ‖/‖g‖: the sequential scan's own float32 gradients
     of Falcon-Mamba's D lie 2e-5 of the largest entry from a float64 run, so two float32 scans
-    cannot agree entry by entry to 1e-5 there)."""
+    cannot agree entry by entry to 1e-5 there). A weight whose gradient is zero in exact arithmetic
+    carries only rounding noise (a query projection at T=1, where softmax over one key is constant),
+    so each is measured against at least 1e-5 of the model's largest weight gradient."""
     model = tiny_model(family)
     mod = _module_of(model)
     ids = torch.randint(0, 60, (1, T), generator=torch.Generator().manual_seed(T + 1))
@@ -124,8 +126,9 @@ def test_models_on_the_torch_path_match_the_sequential_scan(family, T):
     l0, e0, p0 = run(True)
     assert close(l1, l0) < TOL and close(e1, e0) < TOL
     assert p1.keys() == p0.keys() and any("A_log" in n for n in p0)
+    floor = 1e-5 * max(float(g.double().norm()) for g in p0.values())
     for n in p0:
-        assert normwise(p1[n], p0[n]) < TOL, n
+        assert normwise(p1[n], p0[n], floor) < TOL, n
 
 
 def test_strong_decays_stay_finite_and_exact():
