@@ -6,7 +6,10 @@ that the same code gives the same numbers on any checkout:
 
 lines
     Physical lines (``str.splitlines``) of every ``.py`` file under ``src/ganda``, and of those
-    under ``src/ganda/commands``.
+    under ``src/ganda/commands``. Listed after the counts, for each top-level folder or module of
+    ``src/ganda`` (``parts``): its lines, those of its docstrings (module, class and function
+    docstrings, first line to last) and its blank lines, so that what a line target would take
+    away can be read against what code, docstrings and spacing hold.
 
 functions over 60 lines
     Every ``def`` / ``async def`` under ``src/ganda`` (module functions, methods and nested
@@ -140,6 +143,28 @@ def package_files(pkg: Path) -> dict[str, ast.Module]:
 def count_lines(pkg: Path, under: str = "") -> int:
     """Physical lines of the ``.py`` files under ``pkg/under``."""
     return sum(len(p.read_text(encoding="utf-8").splitlines()) for p in sorted((pkg / under).rglob("*.py")))
+
+
+def _docstring_lines(tree: ast.Module) -> int:
+    """Lines of the module's, its classes' and its functions' docstrings."""
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)]
+    docs = [n.body[0] for n in nodes if n.body and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant) and isinstance(n.body[0].value.value, str)]
+    return sum(d.end_lineno - d.lineno + 1 for d in docs)  # type: ignore[operator]
+
+
+def line_parts(pkg: Path, trees: dict[str, ast.Module]) -> dict[str, dict[str, int]]:
+    """Each top-level folder (``name/``) or module of ``pkg`` -> its lines, docstring lines and blank
+    lines, largest first."""
+    parts: dict[str, dict[str, int]] = {}
+    for rel, tree in trees.items():
+        text = (pkg / rel).read_text(encoding="utf-8").splitlines()
+        head, sep, _ = rel.partition("/")
+        part = parts.setdefault(head + ("/" if sep else ""), {"lines": 0, "docstrings": 0, "blank": 0})
+        part["lines"] += len(text)
+        part["docstrings"] += _docstring_lines(tree)
+        part["blank"] += sum(1 for line in text if not line.strip())
+    return dict(sorted(parts.items(), key=lambda kv: (-kv[1]["lines"], kv[0])))
 
 
 def _functions(tree: ast.AST, prefix: str = "") -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
@@ -385,6 +410,7 @@ def survey(root: Path) -> dict:
         "option_declaring_places": len(distinct),
         "result_readers": len(per_kind) + (1 if generic else 0),
         "detail": {
+            "parts": line_parts(pkg, trees),
             "long_functions": [asdict(x) for x in longs],
             "name_tables": [asdict(x) for x in tables],
             "option_places": {k: sorted(set(v)) for k, v in places.items()},
@@ -409,6 +435,9 @@ def table(s: dict) -> str:
     ]
     width = max(len(r[0]) for r in rows)
     out = [f"{name:<{width}}  {value:>6}" for name, value in rows]
+    out += ["", "lines by part (lines, docstrings, blank, the rest):"]
+    out += [f"  {name:<{width - 2}}  {p['lines']:>6} {p['docstrings']:>6} {p['blank']:>6} "
+            f"{p['lines'] - p['docstrings'] - p['blank']:>6}" for name, p in d["parts"].items()]
     out += ["", f"functions over {LONG} lines:"]
     out += [f"  {x['lines']:4d}  {x['file']}:{x['name']} (line {x['line']})" for x in d["long_functions"]]
     out += ["", "name tables:"]

@@ -142,6 +142,24 @@ def test_lines_and_long_functions(surface, tmp_path):
     assert s["long_functions"] == 2
 
 
+def test_lines_by_part(surface, tmp_path):
+    """Each top-level folder or module: its lines, docstring lines (module, class and function,
+    whole spans) and blank lines, largest first, and the parts add up to the package's lines."""
+    root = _tree(tmp_path)
+    pkg = root / "src" / "ganda"
+    (pkg / "documented.py").write_text('"""Module,\non two lines."""\n\n\nclass A:\n    """One."""\n\n'
+                                       '    def f(self):\n        """Two\n        lines."""\n        return "not a docstring"\n')
+    s = surface.survey(root)
+    parts = s["detail"]["parts"]
+    assert parts["documented.py"] == {"lines": 11, "docstrings": 5, "blank": 3}
+    assert parts["commands/"]["lines"] == 20 and parts["commands/"]["docstrings"] == 0
+    assert parts["long.py"]["blank"] == 4
+    assert sum(p["lines"] for p in parts.values()) == s["lines"]
+    assert list(parts)[0] == "long.py"  # the largest part first
+    out = surface.table(s)
+    assert "lines by part" in out and "documented.py" in out.split("lines by part")[1]
+
+
 def test_name_tables(surface, tmp_path):
     s = surface.survey(_tree(tmp_path))
     tables = {(t["file"], t["name"]): t["names"] for t in s["detail"]["name_tables"]}
