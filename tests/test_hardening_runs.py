@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -47,9 +48,16 @@ def _heads(out: Path) -> list[str]:
     return [r["head"] for r in _progress(out) if r["type"] == "head"]
 
 
-def _start(args: list[str], env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+def _default_sigint() -> None:
+    """A child's Ctrl-C as in a terminal, even where the suite itself runs with SIGINT ignored (a
+    background job of a script: ``.ci/run &``), which every child would inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(args: list[str], env: dict[str, str] | None = None, sigint: Any = _default_sigint,
+           **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "ganda", *args], env=env or ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint, **kw)
 
 
 def _wait_for_heads(proc: subprocess.Popen, out: Path, n: int, timeout: float = 300) -> None:
@@ -254,6 +262,29 @@ def test_ctrl_c_exits_130_with_one_line_and_the_rerun_resumes(tmp_path, capsys, 
 
 
 @pytest.mark.integration
+def test_a_job_that_ignores_ctrl_c_still_stops_in_one_line_on_sigterm(tmp_path):
+    """``nohup ganda sweep ... &`` starts ganda with SIGINT ignored: ganda keeps it ignored, and a
+    scheduler's SIGTERM still ends the run with the one line, exit 143 and the directory released."""
+    out = tmp_path / "run"
+    proc = _start([*SLOW, "--out", str(out)], sigint=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        _wait_for_heads(proc, out, 1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None  # ignored
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    n = len(_heads(out))
+    assert 1 <= n < 3
+    assert _err_lines(err)[-1] == f"ganda: terminated; {n} head{'s' if n > 1 else ''} saved, rerun the same command to resume"
+    assert not (out / ".lock").exists()
+
+
+@pytest.mark.integration
 @pytest.mark.usefixtures("lab_checkpoints")
 def test_ctrl_c_during_eval_exits_130():
     # stderr is a pipe, so progress comes as log lines; GANDA_PROGRESS_EVERY=0 writes every update
@@ -296,7 +327,8 @@ def test_ctrl_c_during_start_up_is_one_line(after):
                  *([[str(script)]] if script.exists() else [])):
         wait = 1.5 * _python_start_up() + 0.05 + after
         proc = subprocess.Popen([*argv, "eval", MODEL, "--task", "lab-kv", "--limit", "2"], env=ENV,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_default_sigint)
         time.sleep(wait)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
@@ -305,23 +337,30 @@ def test_ctrl_c_during_start_up_is_one_line(after):
         assert out == ""
 
 
-def test_a_ctrl_c_in_an_import_is_raised_once_the_import_is_done(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm-with-ctrl-c-ignored"])
+def test_a_ctrl_c_in_an_import_is_raised_once_the_import_is_done(tmp_path, monkeypatch, sig):
     """Raised inside an import, a KeyboardInterrupt can abort torch's C++ start-up or leave a
-    half-imported module: the command's handler raises it after the import instead."""
+    half-imported module: the command's handler raises it after the import instead. A SIGTERM held
+    back so is raised again as SIGTERM, which a job that ignores SIGINT still receives."""
     from ganda import cli
 
     (tmp_path / "interrupted_module.py").write_text(
-        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nsum(range(100000))\nDONE = True\n")
+        f"import os, signal\nos.kill(os.getpid(), {int(sig)})\nsum(range(100000))\nDONE = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    before = signal.signal(signal.SIGINT, cli._ctrl_c)
+    handlers = {signal.SIGINT: cli._ctrl_c} if sig == signal.SIGINT else \
+        {signal.SIGINT: signal.SIG_IGN, signal.SIGTERM: cli._terminate}
+    before = {s: signal.signal(s, h) for s, h in handlers.items()}
     try:
         with pytest.raises(KeyboardInterrupt):
             import interrupted_module  # noqa: F401
             time.sleep(2)  # the interrupt comes at the first call after the import
         assert sys.getprofile() is None
+        assert cli._run.get("signal") == (signal.SIGTERM if sig == signal.SIGTERM else None)
     finally:
-        signal.signal(signal.SIGINT, before)
+        for s, h in before.items():
+            signal.signal(s, h)
         sys.setprofile(None)
+        cli._run.clear()
     assert sys.modules.pop("interrupted_module").DONE is True
 
 

@@ -33,16 +33,20 @@ def _interrupted_at_startup(_signum: int, _frame: Any) -> None:
         os._exit(130)
 
 
-def _guard_startup() -> None:
-    """Run as the ``ganda`` command (the script or ``python -m ganda``), a Ctrl-C during start-up
-    (imports take most of a second) would print a KeyboardInterrupt traceback from whichever
-    import it hit: until :func:`ganda.cli.main` restores Python's handler, it exits 130 in one
-    line. Importing ganda as a library changes nothing."""
+def _as_command() -> bool:
+    """Whether this process is the ``ganda`` command (the script or ``python -m ganda``): only then
+    does ganda set signal handlers; a program that imports it as a library keeps its own."""
     argv = list(getattr(sys, "orig_argv", None) or [])[1:]
     while argv and argv[0].startswith("-") and argv[0] not in ("-m", "-c", "-"):  # interpreter options
         argv = argv[2:] if argv[0] in ("-X", "-W", "--check-hash-based-pycs") else argv[1:]
-    ours = argv[:2] == ["-m", "ganda"] or (bool(argv) and os.path.basename(argv[0]) == "ganda")
-    if ours and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    return argv[:2] == ["-m", "ganda"] or (bool(argv) and os.path.basename(argv[0]) == "ganda")
+
+
+def _guard_startup() -> None:
+    """Run as the ``ganda`` command, a Ctrl-C during start-up (imports take most of a second) would
+    print a KeyboardInterrupt traceback from whichever import it hit: until :func:`ganda.cli.main`
+    restores Python's handler, it exits 130 in one line."""
+    if _as_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_at_startup)
 
 

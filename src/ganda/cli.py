@@ -20,7 +20,7 @@ from typing import Any
 
 import typer
 
-from . import _interrupted_at_startup, commands, progress, registry, runio
+from . import _as_command, _interrupted_at_startup, commands, progress, registry, runio
 from .commands.analyses import AnalysisGroup
 from .errors import GandaError
 
@@ -117,7 +117,7 @@ def _interrupt_when_left(frame: Any, event: str, _arg: Any, _run: dict = _run, _
     (its names are bound here: it may run as the interpreter shuts down)."""
     if _run.get("held_in") is None:
         _profile(None)
-        _kill(_pid(), _sig)
+        _kill(_pid(), _run.get("signal", _sig))  # SIGTERM again after a SIGTERM: SIGINT may be ignored
     elif event == "return" and frame is _run["held_in"]:
         _run["held_in"] = None
 
@@ -197,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if signal.getsignal(signal.SIGINT) is _interrupted_at_startup:  # from here on, Ctrl-C is caught below
             signal.signal(signal.SIGINT, _ctrl_c)
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _terminate)
+        # SIGTERM too where SIGINT is ignored, as it is for a job started by ``nohup ganda ... &``
+        if _as_command() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminate)
         rc = app(args=argv, standalone_mode=False, prog_name="ganda")
         if rc in (None, 0):
             _summary()
